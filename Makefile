@@ -1,0 +1,126 @@
+# kvd - an etcd v3 (gRPC) daemon in one C file.  See README.md.
+#
+# Firmware trees: CC, CFLAGS, CPPFLAGS, LDFLAGS, LDLIBS, DESTDIR, PREFIX and
+# CROSS_COMPILE are honoured; kvd's own flags go after yours (KVD_CFLAGS).
+
+CROSS_COMPILE ?=
+ifeq ($(origin CC),default)
+CC = $(CROSS_COMPILE)gcc
+endif
+CFLAGS ?= -O2 -g
+PREFIX ?= /usr/local
+DESTDIR ?=
+CLANG ?= clang
+PYTHON ?= /usr/bin/python3
+FUZZ_TIME ?= 60
+
+WARN = -Wall -Wextra -Wshadow -Wundef -Wstrict-prototypes -Wmissing-prototypes \
+       -Wpointer-arith -Wwrite-strings -Wformat=2
+KVD_CFLAGS = -std=c99 $(WARN) -ffunction-sections -fdata-sections
+KVD_LDFLAGS = -Wl,--gc-sections
+KVD_LIBS = -lprotobuf-c -lmbedcrypto
+
+SAN = -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
+TEST_CFLAGS = -O1 -g -Werror
+
+SRC = kvd.c kvd.h $(wildcard proto/*.pb-c.[ch]) Makefile
+PROTOS = kv auth rpc v3lock v3election health
+
+.PHONY: all test check asan fuzz fuzz-smoke run static install clean proto proto-check symcheck toc size
+
+all: kvd
+
+# Build and start on a fresh Debian machine: installs the build deps if
+# missing, then runs kvd on 127.0.0.1:2379 with data in ./default.etcd.
+run:
+	./test/deps.sh build
+	$(MAKE) kvd
+	./kvd $(ARGS)
+
+kvd: $(SRC)
+	$(CC) $(CPPFLAGS) $(CFLAGS) $(KVD_CFLAGS) -o $@ kvd.c $(LDFLAGS) $(KVD_LDFLAGS) $(LDLIBS) $(KVD_LIBS)
+
+static: kvd-static
+kvd-static: $(SRC)
+	$(CC) $(CPPFLAGS) $(CFLAGS) $(KVD_CFLAGS) -o $@ kvd.c $(LDFLAGS) -static $(KVD_LDFLAGS) $(LDLIBS) $(KVD_LIBS)
+
+# --- tests -------------------------------------------------------------------
+# Unit tests #include kvd.c; -Werror here only, never in the default build.
+test/test: test/test.c $(SRC)
+	$(CC) $(CPPFLAGS) $(TEST_CFLAGS) $(KVD_CFLAGS) -o $@ test/test.c $(LDFLAGS) $(LDLIBS) $(KVD_LIBS)
+
+test/test-asan: test/test.c $(SRC)
+	$(CC) $(CPPFLAGS) $(TEST_CFLAGS) $(SAN) $(KVD_CFLAGS) -o $@ test/test.c $(LDFLAGS) $(LDLIBS) $(KVD_LIBS)
+
+# The daemon with test-only methods (kvd.test.Test/*), under ASan+UBSan.
+test/kvd-test: $(SRC)
+	$(CC) $(CPPFLAGS) $(TEST_CFLAGS) $(SAN) $(KVD_CFLAGS) -DKVD_TEST_SERVICES -o $@ kvd.c $(LDFLAGS) $(LDLIBS) $(KVD_LIBS)
+
+# Fuzz targets replayed over their corpus without libFuzzer (any compiler).
+FUZZERS = h2 hpack
+test/replay-%: test/fuzz_%.c test/fuzz_replay.c $(SRC)
+	$(CC) $(CPPFLAGS) $(TEST_CFLAGS) $(SAN) $(KVD_CFLAGS) -o $@ test/fuzz_$*.c test/fuzz_replay.c $(LDFLAGS) $(LDLIBS) $(KVD_LIBS)
+
+asan: test/test-asan $(FUZZERS:%=test/replay-%)
+	ASAN_OPTIONS=detect_leaks=1 ./test/test-asan
+	for f in $(FUZZERS); do ASAN_OPTIONS=detect_leaks=1 ./test/replay-$$f test/corpus/$$f || exit 1; done
+
+# The one test command (README): installs missing Debian packages (test peers
+# included), then unit tests, sanitizers, corpus replay, a short libFuzzer
+# run, proto freshness, symbols, TOC, and interop/abuse against real clients.
+test:
+	./test/deps.sh test
+	$(MAKE) check
+
+check: kvd test/test test/kvd-test asan fuzz-smoke proto-check symcheck toc
+	./test/test
+	./test/run.sh
+
+fuzz-smoke:
+	$(MAKE) fuzz FUZZ_TIME=10 FUZZ_CORPUS=/tmp/kvd-fuzz-smoke
+
+# libFuzzer (clang): FUZZ_TIME seconds per target.  New inputs go to
+# FUZZ_CORPUS (default: the committed corpus, which then grows).
+FUZZ_CORPUS ?= test/corpus
+fuzz: $(FUZZERS:%=test/fuzz-%)
+	for f in $(FUZZERS); do mkdir -p $(FUZZ_CORPUS)/$$f; \
+	  ./test/fuzz-$$f -max_total_time=$(FUZZ_TIME) -artifact_prefix=test/crash- $(FUZZ_CORPUS)/$$f test/corpus/$$f \
+	    > test/fuzz-$$f.log 2>&1 || { tail -40 test/fuzz-$$f.log; exit 1; }; \
+	  echo "fuzz-$$f: $$(grep -c . test/fuzz-$$f.log) log lines, $$(grep -o 'Done [0-9]* runs' test/fuzz-$$f.log)"; done
+test/fuzz-%: test/fuzz_%.c $(SRC)
+	$(CLANG) -O1 -g -fsanitize=fuzzer,address,undefined -o $@ test/fuzz_$*.c $(KVD_LIBS)
+
+# --- generated protobuf-c code (committed; firmware builds need no protoc) ---
+proto:
+	cd proto && protoc-c --c_out=. $(PROTOS:%=%.proto)
+
+proto-check:
+	@if ! command -v protoc-c >/dev/null; then echo "proto-check: protoc-c missing"; exit 1; fi
+	@d=$$(mktemp -d) && cp proto/*.proto $$d && (cd $$d && protoc-c --c_out=. $(PROTOS:%=%.proto)) && \
+	for f in $(PROTOS); do for x in pb-c.c pb-c.h; do \
+	  cmp -s $$d/$$f.$$x proto/$$f.$$x || { echo "proto/$$f.$$x is stale: run make proto"; rm -rf $$d; exit 1; }; \
+	done; done; rm -rf $$d; echo "proto-check: generated code is current"
+
+# Only kvd_* (and the generated protobuf-c namespaces) may be exported.
+symcheck: kvd
+	@bad=$$(nm -g --defined-only kvd | awk '$$2 ~ /[TDBR]/ && $$3 !~ /@/ {print $$3}' | \
+	  grep -Ev '^(kvd_|etcdserverpb__|mvccpb__|authpb__|v3lockpb__|v3electionpb__|grpc__health__v1__|main$$|_)' ); \
+	if [ -n "$$bad" ]; then echo "symcheck: unexpected exports: $$bad"; exit 1; fi; echo "symcheck: ok"
+
+# The table of contents must list the section banners, in order.
+toc:
+	@grep -E '^/\* ===== [0-9]+\. ' kvd.c | sed -E 's|^/\* ===== ([0-9]+)\. (.*) =+ \*/$$|\1. \2|' > .toc.banners
+	@sed -n '/TABLE OF CONTENTS/,/^ \*$$/p' kvd.c | grep -E '^ \* +[0-9]+\. ' | sed -E 's/^ \* +//; s/ +--.*$$//' > .toc.header
+	@if cmp -s .toc.banners .toc.header; then echo "toc: ok"; rm -f .toc.banners .toc.header; \
+	 else echo "toc: table of contents and banners differ:"; diff .toc.header .toc.banners; rm -f .toc.banners .toc.header; exit 1; fi
+
+size: kvd
+	@size kvd; strip -o kvd.stripped kvd && ls -l kvd.stripped | awk '{print "stripped:", $$5, "bytes"}'; rm -f kvd.stripped
+
+install: kvd
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/include
+	install -m 755 kvd $(DESTDIR)$(PREFIX)/bin/kvd
+	install -m 644 kvd.h $(DESTDIR)$(PREFIX)/include/kvd.h
+
+clean:
+	rm -f kvd kvd-static test/test test/test-asan test/kvd-test test/replay-* test/fuzz-h2 test/fuzz-hpack test/*.log .toc.*

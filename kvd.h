@@ -1,0 +1,128 @@
+/*
+ * kvd.h - embedding API of kvd, a single-file etcd v3 (gRPC) daemon.
+ * SPDX-License-Identifier: BSD-2-Clause
+ *
+ * Everything kvd keeps lives in one opaque `struct kvd`; two instances can
+ * coexist in one process.  kvd never starts threads and never installs signal
+ * handlers unless you call kvd_main().  Typical embedding:
+ *
+ *     struct kvd_config cfg;
+ *     struct kvd *k;
+ *     char err[KVD_ERRLEN];
+ *     kvd_config_init(&cfg);
+ *     cfg.data_dir = "/var/lib/kvd";
+ *     if (kvd_open(&cfg, &k, err, sizeof err) != 0) { puts(err); exit(1); }
+ *     while (kvd_poll(k, -1) == 0) {}       -- or kvd_shutdown() from elsewhere
+ *     kvd_close(k);
+ */
+#ifndef KVD_H
+#define KVD_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#ifndef KVD_API
+#ifdef KVD_STATIC
+#define KVD_API static
+#else
+#define KVD_API extern
+#endif
+#endif
+
+#define KVD_VERSION "0.1.0"
+#define KVD_VERSION_NUMBER 100 /* major*10000 + minor*100 + patch */
+#define KVD_ERRLEN 256         /* size of the err buffers below */
+
+/* Error codes: functions return 0 or one of these (negative). */
+#define KVD_ENOMEM (-1)   /* allocation failed */
+#define KVD_EPROTO (-2)   /* peer broke the protocol */
+#define KVD_EIO (-3)      /* I/O error (read, write, fsync) */
+#define KVD_EAGAIN (-4)   /* need more input */
+#define KVD_EINVAL (-5)   /* bad argument or configuration */
+#define KVD_ECORRUPT (-6) /* on-disk data failed a check */
+#define KVD_ELIMIT (-7)   /* a configured limit was hit */
+#define KVD_EBUSY (-8)    /* resource in use (port, data dir lock) */
+#define KVD_ESTOPPED (-9) /* kvd_poll: graceful shutdown finished */
+
+/* Log levels, as etcd's --log-level names them. */
+enum kvd_log_level { KVD_LOG_DEBUG, KVD_LOG_INFO, KVD_LOG_WARN, KVD_LOG_ERROR };
+
+/*
+ * Configuration.  kvd_config_init() fills etcd's defaults; strings are
+ * borrowed and only need to live until kvd_open() returns.  Each field names
+ * the etcd-style flag kvd_main() maps onto it.
+ */
+struct kvd_config {
+	const char *name;                        /* --name ("default") */
+	const char *data_dir;                    /* --data-dir (NULL: "<name>.etcd") */
+	const char *listen_client_urls;          /* --listen-client-urls, comma list */
+	const char *advertise_client_urls;       /* --advertise-client-urls */
+	const char *initial_advertise_peer_urls; /* --initial-advertise-peer-urls */
+	const char *initial_cluster_token;       /* --initial-cluster-token */
+	uint32_t max_request_bytes;              /* --max-request-bytes (1572864) */
+	uint32_t max_concurrent_streams;         /* --max-concurrent-streams (256) */
+	uint32_t max_connections;                /* --max-connections (256) */
+	uint32_t keepalive_min_time_ms;          /* --grpc-keepalive-min-time (5 s) */
+	uint32_t idle_timeout_ms;                /* --max-idle-time, 0 = never (300 s) */
+	uint32_t stall_timeout_ms;               /* --stall-timeout, 0 = never (60 s) */
+	uint32_t drain_timeout_ms;               /* --shutdown-grace (5 s) */
+	int log_level;                           /* --log-level (KVD_LOG_INFO) */
+};
+
+struct kvd;
+
+/* Fill cfg with the defaults listed above. */
+KVD_API void kvd_config_init(struct kvd_config *cfg);
+
+/*
+ * Parse etcd-style command-line flags (argv[0] is skipped) into cfg; strings
+ * point into argv.  Returns 0, 1 when --version or --help was handled (text
+ * written to err), or KVD_EINVAL with a one-line message in err.
+ */
+KVD_API int kvd_config_parse(struct kvd_config *cfg, int argc, char **argv,
+                             char *err, size_t errlen);
+
+/*
+ * Create an instance: lock the data dir, bind the listeners.  On failure
+ * returns a negative code, *out is NULL and err holds one line.
+ */
+KVD_API int kvd_open(const struct kvd_config *cfg, struct kvd **out,
+                     char *err, size_t errlen);
+
+/*
+ * Run one loop iteration: wait up to timeout_ms (-1: until something happens)
+ * and handle what is ready.  Returns 0, or KVD_ESTOPPED once a graceful
+ * shutdown has finished.
+ */
+KVD_API int kvd_poll(struct kvd *k, int timeout_ms);
+
+/* Begin a graceful shutdown (GOAWAY, finish calls); safe to call repeatedly. */
+KVD_API void kvd_shutdown(struct kvd *k);
+
+/* Release everything; NULL is accepted. */
+KVD_API void kvd_close(struct kvd *k);
+
+/* Send log lines to fn instead of stderr (fn NULL restores stderr). */
+typedef void kvd_log_fn(void *arg, int level, const char *line);
+KVD_API void kvd_set_log(struct kvd *k, kvd_log_fn *fn, void *arg);
+
+/* Name of an error code, e.g. "out of memory". */
+KVD_API const char *kvd_strerror(int err);
+
+/* Build options compiled in, e.g. "max-conns=256 ..." (also in --version). */
+KVD_API const char *kvd_build_options(void);
+
+/*
+ * The whole daemon: flags, signals (SIGTERM/SIGINT: graceful shutdown), loop.
+ * Returns the process exit code (0 clean, 1 runtime failure, 2 bad usage).
+ */
+KVD_API int kvd_main(int argc, char **argv);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* KVD_H */

@@ -1,0 +1,66 @@
+/*
+ * test/fuzz_h2.c - libFuzzer target: bytes from a hostile HTTP/2 client.
+ * SPDX-License-Identifier: BSD-2-Clause
+ *
+ * The first input byte picks the mode: bit 0 prepends a valid preface and
+ * SETTINGS (so frames are reached quickly), bits 1-3 the chunk size the input
+ * is fed in (1, 2, 4 ... 64 bytes, or all at once), bit 4 whether kvd's
+ * output is drained (a reading peer) or left to pile up.  The clock moves
+ * between chunks so timers fire too.  Everything must be freed at the end.
+ */
+#define KVD_NO_MAIN
+#include "../kvd.c"
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+	static const uint8_t preface[] = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\4\0\0\0\0\0";
+	struct kvd_config cfg;
+	struct kvd *k;
+	struct h2_conn *c;
+	char err[KVD_ERRLEN];
+	size_t off = 0, step, n, base;
+	unsigned mode;
+
+	if (!size)
+		return 0;
+	mode = data[0];
+	data++;
+	size--;
+	kvd_config_init(&cfg);
+	cfg.log_level = KVD_LOG_ERROR + 1; /* quiet */
+	if (kvd_init(&cfg, &k, err, sizeof err)) {
+		kvd_close(k);
+		return 0;
+	}
+	base = k->mem;
+	c = h2_conn_new(k, -1);
+	if (!c) {
+		kvd_close(k);
+		return 0;
+	}
+	if (mode & 1) {
+		buf_append(k, &c->in, preface, sizeof preface - 1);
+		h2_input(k, c);
+	}
+	step = ((mode >> 1) & 7) == 7 ? size : (size_t)1 << ((mode >> 1) & 7);
+	while (off < size && !c->is_closing) {
+		n = KVD_MIN(step, size - off);
+		if (buf_append(k, &c->in, data + off, n))
+			break;
+		off += n;
+		h2_input(k, c);
+		h2_flush(k, c);
+		if (mode & 0x10)
+			buf_consume(&c->out, BUF_LEN(&c->out));
+		k->now += 997;
+		h2_timers(k, c);
+		h2_flush(k, c);
+	}
+	h2_conn_free(k, c);
+	if (k->mem != base)
+		abort(); /* a leak kvd's own accounting sees */
+	kvd_close(k);
+	return 0;
+}

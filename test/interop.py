@@ -1,0 +1,359 @@
+#!/usr/bin/python3
+"""Interop tests: real clients (etcdctl 3.4, grpcio, python-h2, h2load, curl)
+against kvd.  KVD=./kvd is the release build, KVD_TEST=test/kvd-test the
+ASan build with the test-only kvd.test.Test methods (large and streamed
+responses).  Last line: "N passed, N failed".
+"""
+import json
+import os
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import time
+
+import grpc
+
+from kvdtest import (Kvd, H2, check, test, etcdctl, grpc_frame, grpc_messages, pb_string,
+                     h2_call, frame, goaways, rsts, decode_headers, count, wait_for, run_tests,
+                     free_port, ROOT, DATA, HEADERS, PING, GOAWAY, SETTINGS, RST_STREAM)
+
+KVD = os.path.abspath(os.environ.get("KVD", os.path.join(ROOT, "kvd")))
+KVD_TEST = os.path.abspath(os.environ.get("KVD_TEST", os.path.join(ROOT, "test", "kvd-test")))
+HEALTH = "/grpc.health.v1.Health/Check"
+
+
+def channel(k, big=False):
+    opts = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)] if big else []
+    return grpc.insecure_channel(k.endpoint(), options=opts)
+
+
+def grpc_error(fn):
+    try:
+        fn()
+    except grpc.RpcError as e:
+        return e.code(), e.details()
+    return None, None
+
+
+# ------------------------------------------------------------------ etcdctl
+@test
+def etcdctl_endpoint_status():
+    k = Kvd(KVD, ["--name", "node1"])
+    rc, out, err = etcdctl(k, "endpoint", "status", "-w", "json")
+    check(rc == 0, "etcdctl endpoint status rc=%d %s" % (rc, err))
+    st = json.loads(out)[0]["Status"]
+    h = st["header"]
+    check(st["version"] == "3.4.23", "version %r" % st.get("version"))
+    check(st["leader"] == h["member_id"], "leader is self")
+    check(h["revision"] == 1 and h["raft_term"] == 2, "header %r" % h)
+    check(st["raftIndex"] == 1 and st["raftAppliedIndex"] == 1, "raft index %r" % st)
+    check(h["cluster_id"] != 0 and h["member_id"] != 0, "ids set")
+    rc, out, err = etcdctl(k, "endpoint", "status")
+    check(rc == 0 and ", true, false," in out, "table shows IS LEADER true: %r" % out)
+    rc, out, err = etcdctl(k, "endpoint", "status", "--cluster", "-w", "json")
+    check(rc == 0 and json.loads(out)[0]["Endpoint"] == k.url, "--cluster dials clientURLs: %r %r" % (out, err))
+    check(k.stop() == 0, "clean exit")
+
+
+@test
+def etcdctl_member_list():
+    k = Kvd(KVD, ["--name", "node1", "--initial-advertise-peer-urls", "http://10.0.0.1:2380,http://10.0.0.2:2380"])
+    rc, out, err = etcdctl(k, "member", "list", "-w", "json")
+    check(rc == 0, "member list rc=%d %s" % (rc, err))
+    ml = json.loads(out)
+    m = ml["members"]
+    check(len(m) == 1 and m[0]["name"] == "node1", "one member named node1: %r" % m)
+    check(m[0]["peerURLs"] == ["http://10.0.0.1:2380", "http://10.0.0.2:2380"], "peer urls %r" % m[0])
+    check(m[0]["clientURLs"] == [k.url], "client urls %r" % m[0])
+    check(m[0]["ID"] == ml["header"]["member_id"], "member id in header")
+    check("revision" not in ml["header"], "MemberList header carries no revision, as etcd")
+    rc, out, err = etcdctl(k, "member", "list")
+    check(rc == 0 and ", started, node1," in out, "table shows started: %r" % out)
+    k.stop()
+
+
+@test
+def same_ids_as_etcd():
+    """etcd derives member and cluster ids from peer URLs and token; so does kvd."""
+    k = Kvd(KVD)
+    rc, out, err = etcdctl(k, "member", "list", "-w", "json")
+    ml = json.loads(out)
+    # values a default etcd 3.4.23 reports (peer URL http://localhost:2380, token etcd-cluster)
+    check(ml["header"]["member_id"] == 10276657743932975437, "member id %r" % ml["header"])
+    check(ml["header"]["cluster_id"] == 14841639068965178418, "cluster id %r" % ml["header"])
+    k.stop()
+
+
+@test
+def etcdctl_unimplemented():
+    k = Kvd(KVD)
+    rc, out, err = etcdctl(k, "get", "foo")
+    check(rc != 0 and "code = Unimplemented" in err and "not implemented yet" in err, "get: %r" % err)
+    k.stop()
+
+
+# ------------------------------------------------------------------ grpcio
+@test
+def grpcio_health_and_errors():
+    k = Kvd(KVD)
+    ch = channel(k)
+    check(ch.unary_unary(HEALTH)(b"", timeout=5) == b"\x08\x01", "SERVING")
+    code, det = grpc_error(lambda: ch.unary_unary(HEALTH)(pb_string(1, "nope"), timeout=5))
+    check(code == grpc.StatusCode.NOT_FOUND and det == "unknown service", "unknown health service")
+    code, det = grpc_error(lambda: ch.unary_unary("/etcdserverpb.KV/Nope")(b"", timeout=5))
+    check(code == grpc.StatusCode.UNIMPLEMENTED and det == "unknown method Nope for service etcdserverpb.KV",
+          "unknown method %r %r" % (code, det))
+    code, det = grpc_error(lambda: ch.unary_unary("/foo.Bar/Baz")(b"", timeout=5))
+    check(code == grpc.StatusCode.UNIMPLEMENTED and det == "unknown service foo.Bar", "unknown service")
+    code, det = grpc_error(lambda: ch.unary_unary("/etcdserverpb.Maintenance/Status")(b"\x0a\x03foo\xff", timeout=5))
+    check(code == grpc.StatusCode.INTERNAL and det.startswith("grpc: error unmarshalling request"), "bad pb %r" % det)
+    code, det = grpc_error(lambda: ch.unary_unary(HEALTH)(b"\x0a" + b"\xff" * 11, timeout=5))
+    check(code == grpc.StatusCode.INTERNAL, "bad varint")
+    # a message over the receive cap (max-request-bytes + 512 KiB), as etcd words it
+    big = b"\x0a\x03foo" + b"x" * 2200000
+    code, det = grpc_error(lambda: channel(k, True).unary_unary(HEALTH)(big, timeout=10))
+    check(code == grpc.StatusCode.RESOURCE_EXHAUSTED and
+          det == "grpc: received message larger than max (%d vs. 2097152)" % len(big), "too big: %r" % det)
+    # the connection is still good
+    check(ch.unary_unary(HEALTH)(b"", timeout=5) == b"\x08\x01", "still serving")
+    ch.close()
+    k.stop()
+
+
+@test
+def grpcio_large_request_and_response():
+    k = Kvd(KVD_TEST)
+    ch = channel(k, True)
+    # 1.5 MiB request: a health check for a 1.5 MiB service name
+    name = "s" * (1536 * 1024)
+    code, det = grpc_error(lambda: ch.unary_unary(HEALTH)(pb_string(1, name), timeout=20))
+    check(code == grpc.StatusCode.NOT_FOUND, "1.5 MiB request reached the handler: %r" % code)
+    body = os.urandom(1536 * 1024)
+    check(ch.unary_unary("/kvd.test.Test/Echo")(body, timeout=20) == body, "1.5 MiB echo")
+    out = ch.unary_unary("/kvd.test.Test/Fill")(b"6000000", timeout=30)
+    check(len(out) == 6000000 and out[:3] == b"abc" and out[-1:] == bytes([ord("a") + 5999999 % 26]), "6 MB response")
+    msgs = list(ch.unary_stream("/kvd.test.Test/Stream")(b"200 40000", timeout=30))
+    check(len(msgs) == 200 and all(len(m) == 40000 for m in msgs), "server stream 200 x 40000")
+    # several concurrent big calls on one connection
+    futs = [ch.unary_unary("/kvd.test.Test/Echo").future(body, timeout=30) for _ in range(4)]
+    check(all(f.result() == body for f in futs), "4 concurrent 1.5 MiB echoes")
+    ch.close()
+    k.stop()
+
+
+@test
+def h2_small_window_slow_reader():
+    """python-h2 raises on any flow-control violation: 1.5 MiB up, 5 MB down
+    through a 1000-byte window, and a slow reader."""
+    k = Kvd(KVD_TEST)
+    body = grpc_frame(os.urandom(1536 * 1024))
+    r = h2_call(k.port, "/kvd.test.Test/Echo", body, window=1000)
+    check(r.violation is None, "no violation: %s" % r.violation)
+    check(r.status() == "0" and r.data == body, "echo through a 1000-byte window (%d bytes)" % len(r.data))
+    r = h2_call(k.port, "/kvd.test.Test/Fill", grpc_frame(b"5000000"), window=1000, max_frame=16384)
+    check(r.violation is None and r.status() == "0" and len(r.data) == 5000005, "5 MB through 1000-byte window")
+    r = h2_call(k.port, "/kvd.test.Test/Fill", grpc_frame(b"300000"), window=4000, slow=0.002)
+    check(r.violation is None and r.status() == "0" and len(r.data) == 300005, "slow reader")
+    r = h2_call(k.port, "/kvd.test.Test/Stream", grpc_frame(b"50 20000"), window=3000)
+    check(r.violation is None and r.status() == "0" and len(grpc_messages(r.data)) == 50, "stream, small window")
+    r = h2_call(k.port, HEALTH, grpc_frame(b""), pad=20)
+    check(r.violation is None and r.status() == "0", "padded request")
+    k.stop()
+
+
+@test
+def server_side_deadline():
+    k = Kvd(KVD)
+    t0 = time.time()
+    r = h2_call(k.port, "/grpc.health.v1.Health/Watch", grpc_frame(b""), extra=[("grpc-timeout", "300m")])
+    dt = time.time() - t0
+    check(r.status() == "4" and r.message() == "context deadline exceeded", "deadline: %r" % (r.trailers,))
+    check(grpc_messages(r.data) == [b"\x08\x01"], "watch sent SERVING first")
+    check(dt >= 0.29, "not before the deadline (%.3f s)" % dt)
+    # a unary call whose body never completes
+    r = h2_call(k.port, HEALTH, b"\0\0\0\0\x09ab", extra=[("grpc-timeout", "200m")], half_close=False)
+    check(r.status() == "4" and r.reset == 0, "partial body: DEADLINE_EXCEEDED then RST(NO_ERROR): %r %r" %
+          (r.trailers or r.headers, r.reset))
+    k.stop()
+
+
+@test
+def grpcio_health_watch_and_cancel():
+    k = Kvd(KVD_TEST)
+    ch = channel(k)
+    call = ch.unary_stream("/grpc.health.v1.Health/Watch")(b"", timeout=10)
+    first = next(call)
+    check(first == b"\x08\x01", "watch SERVING")
+    call.cancel()
+    stats = lambda: ch.unary_unary("/kvd.test.Test/Stats")(b"", timeout=5).decode()
+    check(wait_for(lambda: "streams=1 " in stats(), 3), "cancel freed the watch stream: %s" % stats())
+    ch.close()
+    k.stop()
+
+
+@test
+def h2load_100k():
+    k = Kvd(KVD)
+    path = "/tmp/kvd-h2load-body.bin"
+    with open(path, "wb") as f:
+        f.write(grpc_frame(b""))
+    r = subprocess.run(["h2load", "-n", "100000", "-c", "16", "-m", "8", "-t", "1", "-d", path,
+                        "-H", "content-type: application/grpc", "-H", "te: trailers",
+                        "http://127.0.0.1:%d%s" % (k.port, HEALTH)], capture_output=True, timeout=120)
+    out = r.stdout.decode()
+    line = [l for l in out.splitlines() if l.startswith("requests:")]
+    check(line and "100000 succeeded, 0 failed, 0 errored" in line[0], "h2load: %s" % (line or out[-400:]))
+    st = [l for l in out.splitlines() if l.startswith("status codes:")]
+    check(st and st[0].startswith("status codes: 100000 2xx"), "all 2xx: %s" % st)
+    rc, out, err = etcdctl(k, "endpoint", "status")
+    check(rc == 0, "still serving after 100k calls")
+    check(k.rss_kb() < 8192, "RSS after load %d KiB" % k.rss_kb())
+    k.stop()
+
+
+@test
+def nghttp_trailers():
+    k = Kvd(KVD)
+    path = "/tmp/kvd-nghttp-body.bin"
+    with open(path, "wb") as f:
+        f.write(grpc_frame(b""))
+    r = subprocess.run(["nghttp", "-v", "-d", path, "-H", "content-type: application/grpc", "-H", "te: trailers",
+                        "http://127.0.0.1:%d%s" % (k.port, HEALTH)], capture_output=True, timeout=20)
+    out = r.stdout.decode()
+    check(r.returncode == 0 and "grpc-status: 0" in out, "nghttp sees grpc-status 0")
+    check("PROTOCOL_ERROR" not in out and "COMPRESSION" not in out, "nghttp is happy")
+    k.stop()
+
+
+# ------------------------------------------------------------------ lifecycle and flags
+@test
+def graceful_shutdown():
+    k = Kvd(KVD, ["--shutdown-grace", "1s"])
+    c = H2(k.port)
+    c.send(frame(HEADERS, 4, 1, c.block("/grpc.health.v1.Health/Watch")) + frame(DATA, 1, 1, grpc_frame(b"")))
+    fs = c.frames(0.5, until=lambda f: count(f, DATA) >= 1)
+    t0 = time.time()
+    k.p.send_signal(signal.SIGTERM)
+    fs += c.frames(1.0, until=lambda f: count(f, PING) >= 1)
+    g = goaways(fs)
+    check(g and g[0][0] == 0x7FFFFFFF and g[0][1] == "NO_ERROR", "first GOAWAY(2^31-1): %r" % g)
+    ping = [p for t, f, s, p in fs if t == PING and f == 0]
+    check(ping, "PING after the first GOAWAY")
+    c.send(frame(PING, 1, 0, ping[0]))
+    fs += c.frames(3.0)
+    g = goaways(fs)
+    check(len(g) >= 2 and g[1][0] == 1, "final GOAWAY names stream 1: %r" % g)
+    h = decode_headers(fs, 1)
+    msgs = grpc_messages(b"".join(p for t, f, s, p in fs if t == DATA and s == 1))
+    check(msgs[-1:] == [b"\x08\x02"], "watchers learn NOT_SERVING: %r" % msgs)
+    check(h and h[-1].get("grpc-status") == "14" and h[-1].get("grpc-message") == "etcdserver: server stopped",
+          "open stream ends UNAVAILABLE after the grace: %r" % h)
+    rc = k.p.wait(10)
+    check(rc == 0 and time.time() - t0 < 5, "exit 0 (rc=%r, %.1fs)" % (rc, time.time() - t0))
+    # a new connection is refused once shutdown began
+    k2 = Kvd(KVD)
+    ch = channel(k2)
+    check(ch.unary_unary(HEALTH)(b"", timeout=5) == b"\x08\x01", "serving")
+    k2.p.send_signal(signal.SIGINT)
+    check(k2.p.wait(10) == 0, "SIGINT: exit 0 with an idle client connection")
+    ch.close()
+
+
+@test
+def flags_and_errors():
+    def run(*args):
+        r = subprocess.run([KVD] + list(args), capture_output=True, timeout=10)
+        return r.returncode, r.stdout.decode(), r.stderr.decode()
+    rc, out, err = run("--nope")
+    check(rc == 2 and err.count("\n") == 1 and "unknown flag --nope" in err, "unknown flag: %r" % err)
+    rc, out, err = run("--max-request-bytes", "lots")
+    check(rc == 2 and "invalid value" in err, "bad value: %r" % err)
+    rc, out, err = run("--listen-client-urls", "https://127.0.0.1:1")
+    check(rc == 2 and "TLS is not implemented yet" in err, "https refused: %r" % err)
+    rc, out, err = run("--version")
+    check(rc == 0 and out.startswith("kvd Version: ") and "etcd API Version: 3.4.23" in out, "version: %r" % out)
+    rc, out, err = run("--help")
+    check(rc == 0 and "--listen-client-urls" in out, "help")
+    k = Kvd(KVD)
+    rc, out, err = run("--data-dir", "/tmp/kvd-other-%d" % os.getpid(), "--listen-client-urls", k.url)
+    check(rc == 1 and "address already in use" in err, "busy port: %r" % err)
+    rc, out, err = run("--data-dir", k.dir, "--listen-client-urls", "http://127.0.0.1:%d" % free_port())
+    check(rc == 1 and "in use by another kvd" in err, "locked data dir: %r" % err)
+    k.stop()
+    r = subprocess.run([KVD, "--name", "x"], capture_output=True, timeout=10,
+                       env=dict(os.environ, ETCD_NAME="y"))
+    check(r.returncode == 2 and b"conflicting environment variable" in r.stderr, "env conflict")
+
+
+@test
+def default_data_dir_and_ipv6():
+    d = "/tmp/kvd-cwd-%d" % os.getpid()
+    os.makedirs(d, exist_ok=True)
+    port = free_port()
+    p = subprocess.Popen([KVD, "--name", "n1", "--listen-client-urls",
+                          "http://127.0.0.1:%d,http://[::1]:%d" % (port, port)], cwd=d,
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    time.sleep(0.3)
+    check(os.path.isdir(os.path.join(d, "n1.etcd")), "default data dir is <name>.etcd in cwd")
+    rc, out, err = etcdctl("127.0.0.1:%d" % port, "endpoint", "status")
+    check(rc == 0, "IPv4 listener")
+    try:
+        socket.create_connection(("::1", port), timeout=2).close()
+        v6 = True
+    except OSError:
+        v6 = False
+    if v6:
+        rc, out, err = etcdctl("[::1]:%d" % port, "member", "list")
+        check(rc == 0, "IPv6 listener: %r" % err)
+    else:
+        print("  (no IPv6 loopback on this machine: IPv6 listener not exercised)")
+    p.send_signal(signal.SIGTERM)
+    check(p.wait(10) == 0, "exit 0")
+
+
+@test
+def http1_gets_an_answer():
+    k = Kvd(KVD)
+    s = socket.create_connection(("127.0.0.1", k.port), timeout=5)
+    s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+    data = b""
+    while True:
+        d = s.recv(4096)
+        if not d:
+            break
+        data += d
+    check(data.startswith(b"HTTP/1.1 505") and b"gRPC over HTTP/2" in data, "HTTP/1.1 answer: %r" % data[:80])
+    k.stop()
+
+
+@test
+def connection_limits_and_timeouts():
+    k = Kvd(KVD, ["--max-connections", "2", "--max-idle-time", "400ms", "--stall-timeout", "500ms"])
+    a, b = H2(k.port), H2(k.port)
+    a.frames(0.2)
+    b.frames(0.2)
+    c = H2(k.port)
+    g = goaways(c.frames(1.0))
+    check(g and g[0][1] == "ENHANCE_YOUR_CALM" and g[0][2] == b"too_many_connections", "3rd conn refused: %r" % g)
+    # idle: no stream for 400 ms -> GOAWAY NO_ERROR max_idle, close
+    g = goaways(a.frames(1.5))
+    check(g and g[0][1] == "NO_ERROR" and g[0][2] == b"max_idle" and a.closed, "idle close: %r" % g)
+    b.close()
+    time.sleep(0.1)
+    # stall: our window is 0, a response waits: stream reset after 500 ms
+    z = H2(k.port, init_window=0)
+    z.call(1)
+    fs = z.frames(1.5, until=lambda f: rsts(f))
+    check(("CANCEL" in [c for s, c in rsts(fs) if s == 1]), "stalled stream reset: %r" % rsts(fs))
+    z.close()
+    k.stop()
+
+
+def main():
+    return run_tests(sys.argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,390 @@
+"""kvdtest: helpers shared by kvd's integration tests (run with /usr/bin/python3).
+
+- Kvd: start a kvd binary on a free loopback port with a temporary data dir.
+- a tiny test runner: @test functions, check(), and the "N passed, N failed" line.
+- H2: a raw HTTP/2 client socket (frames built by hand, hpack for headers) to
+  send what no well-behaved client sends.
+- h2_call(): one gRPC call through python-h2, which raises on any protocol or
+  flow-control violation by the server, with a small window and a slow reader.
+"""
+import os
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import h2.config
+import h2.connection
+import h2.events
+import h2.exceptions
+import h2.settings
+from hpack import Encoder
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+DATA, HEADERS, PRIORITY, RST_STREAM, SETTINGS, PUSH_PROMISE, PING, GOAWAY, WINDOW_UPDATE, CONTINUATION = range(10)
+ERRORS = ["NO_ERROR", "PROTOCOL_ERROR", "INTERNAL_ERROR", "FLOW_CONTROL_ERROR", "SETTINGS_TIMEOUT",
+          "STREAM_CLOSED", "FRAME_SIZE_ERROR", "REFUSED_STREAM", "CANCEL", "COMPRESSION_ERROR",
+          "CONNECT_ERROR", "ENHANCE_YOUR_CALM", "INADEQUATE_SECURITY", "HTTP_1_1_REQUIRED"]
+
+
+# ------------------------------------------------------------------ runner
+class _R:
+    passed = 0
+    failed = 0
+    current = ""
+
+
+_tests = []
+
+
+def test(fn):
+    _tests.append(fn)
+    return fn
+
+
+def check(cond, what=""):
+    if cond:
+        _R.passed += 1
+    else:
+        _R.failed += 1
+        print("FAIL %s: %s" % (_R.current, what), flush=True)
+    return cond
+
+
+def run_tests(argv):
+    only = argv[1] if len(argv) > 1 else ""
+    for fn in _tests:
+        if only and only not in fn.__name__:
+            continue
+        _R.current = fn.__name__
+        t0 = time.time()
+        try:
+            fn()
+        except Exception as e:  # a test that raises has failed
+            import traceback
+            traceback.print_exc()
+            check(False, "raised %s: %s" % (type(e).__name__, e))
+        print("  %-40s %.2fs" % (fn.__name__, time.time() - t0), flush=True)
+    print("%d passed, %d failed" % (_R.passed, _R.failed), flush=True)
+    return 1 if _R.failed else 0
+
+
+# ------------------------------------------------------------------ kvd process
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    p = s.getsockname()[1]
+    s.close()
+    return p
+
+
+class Kvd:
+    """A kvd process on 127.0.0.1:<free port>; log lines collected in .log."""
+
+    def __init__(self, binary=None, args=(), data_dir=None, port=None, wait=True):
+        self.binary = binary or os.environ.get("KVD", os.path.join(ROOT, "kvd"))
+        self.port = port or free_port()
+        self.dir = data_dir or tempfile.mkdtemp(prefix="kvd-test-")
+        self.url = "http://127.0.0.1:%d" % self.port
+        self.cmd = [self.binary, "--data-dir", self.dir, "--listen-client-urls", self.url,
+                    "--advertise-client-urls", self.url] + list(args)
+        env = dict(os.environ, ASAN_OPTIONS="detect_leaks=1:abort_on_error=0")
+        self.p = subprocess.Popen(self.cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
+        self.log = []
+        self._ready = threading.Event()
+        threading.Thread(target=self._reader, daemon=True).start()
+        if wait and not self._ready.wait(10):
+            raise RuntimeError("kvd did not start: %s" % "".join(self.log))
+
+    def _reader(self):
+        for line in iter(self.p.stdout.readline, b""):
+            s = line.decode(errors="replace")
+            self.log.append(s)
+            if "serving client requests on" in s:
+                self._ready.set()
+
+    def endpoint(self):
+        return "127.0.0.1:%d" % self.port
+
+    def alive(self):
+        return self.p.poll() is None
+
+    def rss_kb(self):
+        with open("/proc/%d/status" % self.p.pid) as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1])
+        return -1
+
+    def cpu_ticks(self):
+        with open("/proc/%d/stat" % self.p.pid) as f:
+            parts = f.read().rsplit(")", 1)[1].split()
+        return int(parts[11]) + int(parts[12])
+
+    def stop(self, sig=signal.SIGTERM, timeout=15):
+        if self.p.poll() is None:
+            self.p.send_signal(sig)
+            try:
+                self.p.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.p.kill()
+                self.p.wait()
+        time.sleep(0.05)
+        return self.p.returncode
+
+    def logtext(self):
+        return "".join(self.log)
+
+
+def etcdctl(kvd, *args, timeout=20, env=None):
+    e = dict(os.environ, ETCDCTL_API="3")
+    if env:
+        e.update(env)
+    r = subprocess.run(["etcdctl", "--endpoints", kvd.endpoint() if hasattr(kvd, "endpoint") else kvd]
+                       + list(args), capture_output=True, timeout=timeout, env=e)
+    return r.returncode, r.stdout.decode(), r.stderr.decode()
+
+
+# ------------------------------------------------------------------ gRPC bytes
+def grpc_frame(msg, flag=0):
+    return struct.pack(">BI", flag, len(msg)) + msg
+
+
+def grpc_messages(data):
+    out, i = [], 0
+    while i + 5 <= len(data):
+        n = struct.unpack(">I", data[i + 1:i + 5])[0]
+        out.append(data[i + 5:i + 5 + n])
+        i += 5 + n
+    return out
+
+
+def pb_string(field, s):
+    b = s if isinstance(s, bytes) else s.encode()
+    return varint((field << 3) | 2) + varint(len(b)) + b
+
+
+def varint(n):
+    out = bytearray()
+    while True:
+        b = n & 0x7F
+        n >>= 7
+        out.append(b | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+def grpc_headers(path, port=0, extra=()):
+    return [(":method", "POST"), (":scheme", "http"), (":path", path),
+            (":authority", "127.0.0.1:%d" % port), ("content-type", "application/grpc"),
+            ("te", "trailers")] + list(extra)
+
+
+# ------------------------------------------------------------------ python-h2 client
+class CallResult:
+    def __init__(self):
+        self.headers = None
+        self.trailers = None
+        self.data = b""
+        self.reset = None
+        self.goaway = None
+        self.violation = None
+        self.closed = False
+
+    def status(self):
+        h = dict(self.trailers or self.headers or {})
+        return h.get("grpc-status")
+
+    def message(self):
+        h = dict(self.trailers or self.headers or {})
+        return h.get("grpc-message")
+
+
+def h2_call(port, path, body, window=65535, slow=0.0, extra=(), max_frame=16384, timeout=30,
+            pad=0, half_close=True, read_until=None):
+    """One call through python-h2.  The body is sent within the server's windows;
+    the response is read with our window `window`, sleeping `slow` seconds
+    before each WINDOW_UPDATE.  Protocol violations by the server land in
+    .violation (python-h2 raises them)."""
+    cfg = h2.config.H2Configuration(client_side=True, header_encoding="utf-8")
+    conn = h2.connection.H2Connection(config=cfg)
+    conn.local_settings = h2.settings.Settings(client=True, initial_values={
+        h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: window,
+        h2.settings.SettingCodes.MAX_FRAME_SIZE: max_frame,
+        h2.settings.SettingCodes.ENABLE_PUSH: 0})
+    conn.initiate_connection()
+    s = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+    s.sendall(conn.data_to_send())
+    sid = conn.get_next_available_stream_id()
+    conn.send_headers(sid, grpc_headers(path, port, extra))
+    res = CallResult()
+    off, done, t0 = 0, False, time.time()
+    sent_all = False
+    while not done and time.time() - t0 < timeout:
+        while not sent_all and off < len(body):
+            room = min(conn.local_flow_control_window(sid), conn.max_outbound_frame_size - pad - 1)
+            if room <= 0:
+                break
+            chunk = body[off:off + room]
+            off += len(chunk)
+            conn.send_data(sid, chunk, end_stream=half_close and off >= len(body), pad_length=pad or None)
+        if off >= len(body) and not sent_all:
+            if not body and half_close:
+                conn.end_stream(sid)
+            sent_all = True
+        s.sendall(conn.data_to_send())
+        try:
+            d = s.recv(1 << 16)
+        except socket.timeout:
+            break
+        if not d:
+            res.closed = True
+            break
+        try:
+            events = conn.receive_data(d)
+        except h2.exceptions.ProtocolError as e:
+            res.violation = "%s: %s" % (type(e).__name__, e)
+            break
+        for ev in events:
+            if isinstance(ev, h2.events.ResponseReceived):
+                res.headers = ev.headers
+            elif isinstance(ev, h2.events.DataReceived):
+                res.data += ev.data
+                if slow:
+                    time.sleep(slow)
+                conn.acknowledge_received_data(ev.flow_controlled_length, ev.stream_id)
+            elif isinstance(ev, h2.events.TrailersReceived):
+                res.trailers = ev.headers
+            elif isinstance(ev, h2.events.StreamEnded):
+                done = True
+            elif isinstance(ev, h2.events.StreamReset):
+                res.reset = ev.error_code
+                done = True
+            elif isinstance(ev, h2.events.ConnectionTerminated):
+                res.goaway = (ev.error_code, ev.last_stream_id, ev.additional_data)
+                done = True
+        if read_until and read_until(res):
+            break
+        try:
+            s.sendall(conn.data_to_send())
+        except OSError:
+            break
+    s.close()
+    return res
+
+
+# ------------------------------------------------------------------ raw frames
+def frame(ftype, flags, sid, payload=b""):
+    return struct.pack(">I", len(payload))[1:] + bytes([ftype, flags]) + struct.pack(">I", sid) + payload
+
+
+def settings(pairs=()):
+    return frame(SETTINGS, 0, 0, b"".join(struct.pack(">HI", k, v) for k, v in pairs))
+
+
+class H2:
+    """A raw client connection: send anything, read frames back."""
+
+    def __init__(self, port, init_window=65535, preface=True, timeout=5):
+        self.port = port
+        self.s = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+        self.s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.enc = Encoder()
+        self.buf = b""
+        self.closed = False
+        if preface:
+            self.send(PREFACE + settings([(4, init_window)]) + frame(SETTINGS, 1, 0))
+
+    def block(self, path="/grpc.health.v1.Health/Check", extra=()):
+        return self.enc.encode(grpc_headers(path, self.port, extra))
+
+    def send(self, data):
+        try:
+            self.s.sendall(data)
+            return True
+        except OSError:
+            self.closed = True
+            return False
+
+    def call(self, sid, path="/grpc.health.v1.Health/Check", body=b"\0\0\0\0\0", extra=()):
+        return self.send(frame(HEADERS, 4, sid, self.block(path, extra)) + frame(DATA, 1, sid, body))
+
+    def frames(self, wait=1.0, until=None):
+        """Frames read for up to `wait` seconds (or until `until(frames)`)."""
+        out = []
+        end = time.time() + wait
+        while time.time() < end and not self.closed:
+            self.s.settimeout(max(0.01, end - time.time()))
+            try:
+                d = self.s.recv(1 << 20)
+            except socket.timeout:
+                break
+            except OSError:
+                self.closed = True
+                break
+            if not d:
+                self.closed = True
+                break
+            self.buf += d
+            while len(self.buf) >= 9:
+                ln = int.from_bytes(self.buf[:3], "big")
+                if len(self.buf) < 9 + ln:
+                    break
+                out.append((self.buf[3], self.buf[4], struct.unpack(">I", self.buf[5:9])[0] & 0x7FFFFFFF,
+                            self.buf[9:9 + ln]))
+                self.buf = self.buf[9 + ln:]
+            if until and until(out):
+                break
+        return out
+
+    def close(self):
+        try:
+            self.s.close()
+        except OSError:
+            pass
+
+
+def goaways(frames):
+    out = []
+    for t, f, sid, p in frames:
+        if t == GOAWAY:
+            last, code = struct.unpack(">II", p[:8])
+            out.append((last, ERRORS[code] if code < len(ERRORS) else code, p[8:]))
+    return out
+
+
+def rsts(frames):
+    return [(sid, ERRORS[struct.unpack(">I", p)[0]]) for t, f, sid, p in frames if t == RST_STREAM]
+
+
+def count(frames, ftype, flags=None):
+    return sum(1 for t, f, sid, p in frames if t == ftype and (flags is None or f == flags))
+
+
+def decode_headers(frames, sid):
+    """Decode every HEADERS block kvd sent on sid (kvd never indexes, so a fresh
+    decoder per block is fine)."""
+    from hpack import Decoder
+    out = []
+    for t, f, s, p in frames:
+        if t == HEADERS and s == sid:
+            out.append(dict(Decoder().decode(p)))
+    return out
+
+
+def wait_for(pred, timeout=5.0, step=0.02):
+    end = time.time() + timeout
+    while time.time() < end:
+        if pred():
+            return True
+        time.sleep(step)
+    return pred()
+
+
+def main_guard(argv):
+    sys.exit(run_tests(argv))

@@ -1,0 +1,139 @@
+#!/usr/bin/python3
+"""Seed the fuzz corpora from real clients (run by hand, output committed).
+
+usage: test/mkcorpus.py KVD_PORT
+A relay on a free port records what each client sends to kvd at KVD_PORT:
+etcdctl 3.4 (grpc-go), grpcio, python-h2 with padding/PRIORITY/CONTINUATION.
+Each capture becomes test/corpus/h2/<name> (behind a mode byte, see
+fuzz_h2.c) and its HEADERS blocks become test/corpus/hpack/<name>-N.
+"""
+import os
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+
+import grpc
+import h2.config
+import h2.connection
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def relay(kvd_port, record):
+    ls = socket.socket()
+    ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    ls.bind(("127.0.0.1", 0))
+    ls.listen(8)
+
+    def serve():
+        while True:
+            try:
+                c, _ = ls.accept()
+            except OSError:
+                return
+            u = socket.create_connection(("127.0.0.1", kvd_port))
+
+            def pump(a, b, rec):
+                try:
+                    while True:
+                        d = a.recv(65536)
+                        if not d:
+                            break
+                        if rec:
+                            record.append(d)
+                        b.sendall(d)
+                except OSError:
+                    pass
+                try:
+                    b.shutdown(socket.SHUT_WR)
+                except OSError:
+                    pass
+            threading.Thread(target=pump, args=(c, u, True), daemon=True).start()
+            threading.Thread(target=pump, args=(u, c, False), daemon=True).start()
+    threading.Thread(target=serve, daemon=True).start()
+    return ls
+
+
+def capture(kvd_port, name, fn):
+    rec = []
+    ls = relay(kvd_port, rec)
+    fn(ls.getsockname()[1])
+    time.sleep(0.3)
+    ls.close()
+    data = b"".join(rec)
+    if not data:
+        return
+    for mode, suffix in ((0x1E, ""), (0x10, "-bytewise")):
+        with open(os.path.join(HERE, "corpus", "h2", name + suffix), "wb") as f:
+            f.write(bytes([mode]) + data)
+    # header blocks (HEADERS payload without padding/priority) for the hpack corpus
+    off, i = 24, 0
+    while off + 9 <= len(data):
+        ln = int.from_bytes(data[off:off + 3], "big")
+        typ, flags = data[off + 3], data[off + 4]
+        p = data[off + 9:off + 9 + ln]
+        if typ == 1:
+            if flags & 0x8:
+                p = p[1:len(p) - p[0]]
+            if flags & 0x20:
+                p = p[5:]
+            with open(os.path.join(HERE, "corpus", "hpack", "%s-%d" % (name, i)), "wb") as f:
+                f.write(b"\xff\x00" + p)
+            i += 1
+        off += 9 + ln
+
+
+def etcdctl(*args):
+    def run(port):
+        subprocess.run(["etcdctl", "--endpoints", "127.0.0.1:%d" % port] + list(args),
+                       env=dict(os.environ, ETCDCTL_API="3"), capture_output=True, timeout=10)
+    return run
+
+
+def grpcio_calls(port):
+    ch = grpc.insecure_channel("127.0.0.1:%d" % port)
+    ch.unary_unary("/grpc.health.v1.Health/Check")(b"", timeout=5)
+    for p in ("/etcdserverpb.Maintenance/Status", "/etcdserverpb.Cluster/MemberList", "/x.Y/Z"):
+        try:
+            ch.unary_unary(p)(b"", timeout=5)
+        except grpc.RpcError:
+            pass
+    ch.close()
+
+
+def h2_odd(port):
+    c = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+    c.initiate_connection()
+    s = socket.create_connection(("127.0.0.1", port))
+    hdrs = [(":method", "POST"), (":scheme", "http"), (":path", "/grpc.health.v1.Health/Check"),
+            (":authority", "x"), ("content-type", "application/grpc"), ("te", "trailers"),
+            ("grpc-timeout", "5S"), ("x-pad", "p" * 300)]
+    c.send_headers(1, hdrs, priority_weight=32, priority_depends_on=0, priority_exclusive=False)
+    c.send_data(1, b"\0\0\0\0\0", end_stream=True, pad_length=7)
+    c.ping(b"12345678")
+    c.increment_flow_control_window(1000)
+    s.sendall(c.data_to_send())
+    # a block split into HEADERS + CONTINUATION, by hand
+    blk = c.encoder.encode(hdrs)
+    fr = lambda t, f, sid, p: struct.pack(">I", len(p))[1:] + bytes([t, f]) + struct.pack(">I", sid) + p
+    s.sendall(fr(1, 0, 3, blk[:20]) + fr(9, 0, 3, blk[20:40]) + fr(9, 4, 3, blk[40:]) +
+              fr(0, 1, 3, b"\0\0\0\0\0"))
+    time.sleep(0.3)
+    s.close()
+
+
+def main():
+    port = int(sys.argv[1])
+    capture(port, "etcdctl-status", etcdctl("endpoint", "status", "-w", "json"))
+    capture(port, "etcdctl-members", etcdctl("member", "list"))
+    capture(port, "etcdctl-get", etcdctl("get", "foo", "--prefix"))
+    capture(port, "grpcio", grpcio_calls)
+    capture(port, "h2-odd", h2_odd)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,13 @@
+#!/bin/sh
+# test/run.sh - integration tests with real peers (etcdctl, grpcio, python-h2,
+# h2load, nghttp); `make test` runs the unit tests and sanitizers first.
+set -u
+cd "$(dirname "$0")/.." || exit 1
+PY=/usr/bin/python3
+fail=0
+for t in interop abuse; do
+	echo "== test/$t.py"
+	KVD=./kvd KVD_TEST=./test/kvd-test $PY test/$t.py || fail=1
+done
+[ $fail = 0 ] && echo "integration: all suites passed" || echo "integration: FAILED"
+exit $fail

@@ -1,0 +1,1517 @@
+/*
+ * test/test.c - kvd unit tests.  Includes kvd.c to reach its statics.
+ * SPDX-License-Identifier: BSD-2-Clause
+ *
+ *   ./test/test            all tests
+ *   ./test/test hpack      tests whose name contains "hpack"
+ *
+ * Last line: "N passed, N failed"; exit status 1 if anything failed.
+ */
+#define KVD_NO_MAIN
+#include "../kvd.c"
+
+#include <sys/mman.h>
+
+static int t_pass, t_fail;
+static const char *t_name;
+
+#define CHECK(e)                                                                   \
+	do {                                                                       \
+		if (e)                                                             \
+			t_pass++;                                                  \
+		else {                                                             \
+			t_fail++;                                                  \
+			printf("FAIL %s:%d %s: %s\n", __FILE__, __LINE__, t_name, #e); \
+		}                                                                  \
+	} while (0)
+
+/* ---- helpers ------------------------------------------------------------ */
+
+static size_t t_unhex(const char *hex, uint8_t *out, size_t cap)
+{
+	size_t n = 0;
+	unsigned v;
+
+	while (hex[0] && hex[1] && n < cap) {
+		if (hex[0] == ' ') {
+			hex++;
+			continue;
+		}
+		sscanf(hex, "%2x", &v);
+		out[n++] = (uint8_t)v;
+		hex += 2;
+	}
+	return n;
+}
+
+static void t_quiet(void *arg, int level, const char *line)
+{
+	(void)arg;
+	(void)level;
+	(void)line;
+}
+
+static struct kvd *t_kvd(void)
+{
+	struct kvd_config cfg;
+	struct kvd *k;
+	char err[KVD_ERRLEN];
+
+	kvd_config_init(&cfg);
+	if (kvd_init(&cfg, &k, err, sizeof err)) {
+		printf("kvd_init: %s\n", err);
+		exit(1);
+	}
+	kvd_set_log(k, t_quiet, NULL);
+	return k;
+}
+
+/* Copy bytes flush against a PROT_NONE page, so any over-read faults. */
+struct t_guard {
+	uint8_t *base;
+	size_t len;
+};
+static const uint8_t *t_guarded(struct t_guard *g, const void *p, size_t n)
+{
+	long pg = sysconf(_SC_PAGESIZE);
+	size_t pages = (n + (size_t)pg - 1) / (size_t)pg + 1;
+
+	g->len = pages * (size_t)pg;
+	g->base = mmap(NULL, g->len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	mprotect(g->base + g->len - (size_t)pg, (size_t)pg, PROT_NONE);
+	memcpy(g->base + g->len - (size_t)pg - n, p, n);
+	return g->base + g->len - (size_t)pg - n;
+}
+static void t_unguard(struct t_guard *g)
+{
+	munmap(g->base, g->len);
+}
+
+/* ---- bytes, buffers, allocation ---------------------------------------- */
+
+static void test_bytes(void)
+{
+	uint8_t b[8];
+
+	put_be16(b, 0x1234);
+	CHECK(b[0] == 0x12 && b[1] == 0x34 && get_be16(b) == 0x1234);
+	put_be24(b, 0xabcdef);
+	CHECK(b[0] == 0xab && b[2] == 0xef && get_be24(b) == 0xabcdef);
+	put_be32(b, 0xdeadbeef);
+	CHECK(b[0] == 0xde && b[3] == 0xef && get_be32(b) == 0xdeadbeef);
+	put_be32(b + 4, 1);
+	CHECK(get_be64(b) == 0xdeadbeef00000001ull);
+}
+
+static void test_buf(void)
+{
+	struct kvd *k = t_kvd();
+	struct kvd_buf b = {0};
+	size_t i;
+
+	CHECK(buf_append(k, &b, "hello", 5) == 0);
+	CHECK(BUF_LEN(&b) == 5 && !memcmp(BUF_DATA(&b), "hello", 5));
+	buf_consume(&b, 2);
+	CHECK(BUF_LEN(&b) == 3 && !memcmp(BUF_DATA(&b), "llo", 3));
+	for (i = 0; i < 1000; i++)
+		CHECK(buf_append(k, &b, "x", 1) == 0);
+	CHECK(BUF_LEN(&b) == 1003 && BUF_DATA(&b)[0] == 'l');
+	buf_consume(&b, 1003);
+	CHECK(b.rd == 0 && b.len == 0);
+	buf_trim(k, &b, 0);
+	CHECK(b.p == NULL && b.cap == 0);
+	buf_free(k, &b);
+	kvd_close(k);
+}
+
+static void test_alloc(void)
+{
+	struct kvd *k = t_kvd();
+	size_t base = k->mem;
+	void *p, *q;
+
+	p = kvd_malloc(k, 100);
+	CHECK(p && k->mem == base + 100);
+	q = kvd_realloc(k, p, 300);
+	CHECK(q && k->mem == base + 300);
+	kvd_free(k, q);
+	CHECK(k->mem == base);
+	k->fail_at = k->nalloc + 2;
+	p = kvd_malloc(k, 10);
+	q = kvd_malloc(k, 10);
+	CHECK(p && !q);
+	kvd_free(k, p);
+	k->fail_at = 0;
+	kvd_close(k);
+}
+
+static void test_bucket(void)
+{
+	struct bucket b;
+	int i, n = 0;
+
+	bucket_init(&b, 5, 1000);
+	for (i = 0; i < 10; i++)
+		n += bucket_take(&b, 1000, 10, 5);
+	CHECK(n == 5);
+	CHECK(bucket_take(&b, 1100, 10, 5) == 1); /* 100 ms at 10/s = 1 token */
+	CHECK(bucket_take(&b, 1100, 10, 5) == 0);
+	CHECK(bucket_take(&b, 100000, 10, 5) == 1); /* capped at burst */
+	for (i = 0, n = 0; i < 10; i++)
+		n += bucket_take(&b, 100000, 10, 5);
+	CHECK(n == 4);
+}
+
+/* ---- HPACK -------------------------------------------------------------- */
+
+static void test_hpack_int(void)
+{
+	uint8_t b[16];
+	const uint8_t *p;
+	uint32_t v;
+	struct kvd *k = t_kvd();
+	struct kvd_buf o = {0};
+
+	/* RFC 7541 C.1.1-C.1.3 */
+	b[0] = 0x0a;
+	p = b;
+	CHECK(hp_int(&p, b + 1, 5, &v) == 0 && v == 10 && p == b + 1);
+	t_unhex("1f9a0a", b, 3);
+	p = b;
+	CHECK(hp_int(&p, b + 3, 5, &v) == 0 && v == 1337 && p == b + 3);
+	b[0] = 0x2a;
+	p = b;
+	CHECK(hp_int(&p, b + 1, 8, &v) == 0 && v == 42);
+	/* truncated continuation */
+	p = b;
+	t_unhex("1f9a", b, 2);
+	CHECK(hp_int(&p, b + 2, 5, &v) == HP_EINVAL);
+	/* more than 5 continuation bytes */
+	t_unhex("1f8080808080 00", b, 7);
+	p = b;
+	CHECK(hp_int(&p, b + 7, 5, &v) == HP_EINVAL);
+	/* 2^32 does not fit */
+	t_unhex("1fe1ffffff0f", b, 6);
+	p = b;
+	CHECK(hp_int(&p, b + 6, 5, &v) == HP_EINVAL);
+	/* 2^32 - 1 fits */
+	t_unhex("1fe0ffffff0f", b, 6);
+	p = b;
+	CHECK(hp_int(&p, b + 6, 5, &v) == 0 && v == 0xffffffffu);
+	/* empty input */
+	p = b;
+	CHECK(hp_int(&p, b, 5, &v) == HP_EINVAL);
+	/* encoder round trip */
+	CHECK(hp_put_int(k, &o, 0x00, 5, 1337) == 0 && BUF_LEN(&o) == 3 && !memcmp(BUF_DATA(&o), "\x1f\x9a\x0a", 3));
+	buf_free(k, &o);
+	CHECK(hp_put_int(k, &o, 0x00, 7, 0xffffffffu) == 0);
+	p = BUF_DATA(&o);
+	CHECK(hp_int(&p, BUF_DATA(&o) + BUF_LEN(&o), 7, &v) == 0 && v == 0xffffffffu);
+	buf_free(k, &o);
+	kvd_close(k);
+}
+
+static void test_huffman(void)
+{
+	static const char all_hex[] =
+	    "ffc7fffd8fffffe2fffffe3fffffe4fffffe5fffffe6fffffe7fffffe8ffffeafffffff3fffffa7fffffabffffffdfffffeb"
+	    "fffffecfffffedfffffeefffffefffffff0ffffff1ffffff2fffffffbfffffcffffffd3fffffd7fffffdbfffffdffffffe3f"
+	    "ffffe7fffffebfffffed4fe3f9ffaffcabf1febfafefe7fdfd2cbb00089969b71d79fb9f7fff20ffbff3ff50ddbd7f061c58"
+	    "f265cd9f469d5af66dddbf871e5f9cff7ff7fffc3ff9ffe45fff4719242cb34e6e9d68a6a3d7dac426defe3cfaf7fffbfe7f"
+	    "fbffdffffffcfffe6ffff4bfff9ffffa3fffd3ffff53fffd5ffffb3fffeb7fffdaffffb7ffff73fffeeffffdeffffebffffb"
+	    "fffffd9ffffdbfffebffffe0ffffeeffffc3ffff8bffff1ffffe4fffee7fffb1ffff97fffd9ffffcdffff9fffffbffffdaff"
+	    "feeffff4ffffb7fffee7fffe8ffffd3fffdeffffd5fffeeffffbdffffe1fffdfffff7fffff5ffffecffff07fff87fffe0fff"
+	    "f17fffedffff87ffff77fffeffffeaffff8bfffe3ffff93ffff87fffcbffff37ffff1fffff83ffffe1fffebfffe3ffff3fff"
+	    "ff2ffffa3ffffd9fffff17ffffc7fffff27ffffdefffffbffffff2fffff8fffffb7fff97fff8fffffe6fffffc1fffff87fff"
+	    "fe7fffffc5ffffe5fffe4ffff2fffffd1fffff4ffffffefffffe3fffffc9fffff97fffb3ffffcffffb7fffcdffff4ffff9ff"
+	    "ffd1ffffcffffeaffffafffffddffffeffffff4fffff5fffffabffffa7ffffd7fffff9bffffecfffffb7fffff3fffffe8fff"
+	    "ffd3fffffabfffff5fffffff7ffffecfffffdbfffffbbfffff7ffffff0fffffbbf";
+	uint8_t in[600], out[600];
+	size_t n, i;
+	long r;
+	int ok = 1;
+	struct t_guard g;
+
+	/* RFC 7541 C.4.1: "www.example.com" */
+	n = t_unhex("f1e3c2e5f23a6ba0ab90f4ff", in, sizeof in);
+	r = hp_huff_decode(in, n, out, sizeof out);
+	CHECK(r == 15 && !memcmp(out, "www.example.com", 15));
+	n = t_unhex("a8eb10649cbf", in, sizeof in); /* C.4.2: "no-cache" */
+	r = hp_huff_decode(in, n, out, sizeof out);
+	CHECK(r == 8 && !memcmp(out, "no-cache", 8));
+	n = t_unhex("25a849e95bb8e8b4bf", in, sizeof in); /* C.4.3: "custom-value" */
+	r = hp_huff_decode(in, n, out, sizeof out);
+	CHECK(r == 12 && !memcmp(out, "custom-value", 12));
+	/* every byte value, encoded by an independent encoder (python-hpack) */
+	n = t_unhex(all_hex, in, sizeof in);
+	CHECK(n == 583);
+	r = hp_huff_decode(t_guarded(&g, in, n), n, out, sizeof out);
+	t_unguard(&g);
+	CHECK(r == 256);
+	for (i = 0; i < 256 && r == 256; i++)
+		ok &= out[i] == i;
+	CHECK(ok);
+	/* a real user-agent */
+	n = t_unhex("9acac8b4c7602bb2caecff", in, sizeof in);
+	r = hp_huff_decode(in, n, out, sizeof out);
+	CHECK(r == 14 && !memcmp(out, "grpc-go/1.33.3", 14));
+	/* validate-only mode gives the same length */
+	CHECK(hp_huff_decode(in, n, NULL, 0) == 14);
+	/* output too small */
+	CHECK(hp_huff_decode(in, n, out, 5) == HP_ESPACE);
+	/* empty string */
+	CHECK(hp_huff_decode(in, 0, out, sizeof out) == 0);
+	/* EOS inside the string: 30 ones then padding */
+	n = t_unhex("fffffffc", in, sizeof in);
+	CHECK(hp_huff_decode(in, n, out, sizeof out) == HP_EINVAL);
+	/* padding longer than 7 bits: "0" (00000) + 11 ones */
+	n = t_unhex("07ff", in, sizeof in);
+	CHECK(hp_huff_decode(in, n, out, sizeof out) == HP_EINVAL);
+	/* padding not all ones: "0" then 010 */
+	n = t_unhex("02", in, sizeof in);
+	CHECK(hp_huff_decode(in, n, out, sizeof out) == HP_EINVAL);
+	/* correct padding: "0" then 111 */
+	n = t_unhex("07", in, sizeof in);
+	CHECK(hp_huff_decode(in, n, out, sizeof out) == 1 && out[0] == '0');
+	/* a lone 0xff byte is 8 bits of padding */
+	n = t_unhex("ff", in, sizeof in);
+	CHECK(hp_huff_decode(in, n, out, sizeof out) == HP_EINVAL);
+}
+
+/* Decode one block with a fresh or given table; fields into a local arena. */
+struct t_dec {
+	struct hp_field f[64];
+	uint8_t arena[KVD_MAX_HEADER_LIST + HP_TABLE_SIZE + 64];
+	struct hp_out o;
+};
+
+static int t_decode(struct kvd *k, struct hp_table *t, const char *hex, struct t_dec *d)
+{
+	uint8_t blk[4096];
+	size_t n = t_unhex(hex, blk, sizeof blk);
+	struct t_guard g;
+	int r;
+
+	memset(&d->o, 0, sizeof d->o);
+	d->o.f = d->f;
+	d->o.maxf = 64;
+	d->o.a = d->arena;
+	d->o.acap = sizeof d->arena;
+	d->o.maxlist = KVD_MAX_HEADER_LIST;
+	r = hp_decode(k, t, t_guarded(&g, blk, n), n, &d->o);
+	/* check fields before unguarding: raw strings point into the block */
+	return r == 0 ? (int)d->o.nf : r < 0 ? r : -100;
+}
+
+static int t_field(const struct t_dec *d, unsigned i, const char *name, const char *value)
+{
+	return i < d->o.nf && d->f[i].nlen == strlen(name) && !memcmp(d->f[i].name, name, d->f[i].nlen) &&
+	       d->f[i].vlen == strlen(value) && !memcmp(d->f[i].value, value, d->f[i].vlen);
+}
+
+static int t_entry(struct hp_table *t, unsigned i, const char *name, const char *value)
+{
+	const uint8_t *n, *v;
+	size_t nl, vl;
+	int dyn;
+
+	if (hp_lookup(t, 62 + i, &n, &nl, &v, &vl, &dyn))
+		return 0;
+	return nl == strlen(name) && !memcmp(n, name, nl) && vl == strlen(value) && !memcmp(v, value, vl);
+}
+
+static void test_hpack_rfc_c2(void)
+{
+	struct kvd *k = t_kvd();
+	struct hp_table t;
+	static struct t_dec d;
+
+	/* C.2.1 literal with indexing */
+	hp_table_init(&t);
+	CHECK(t_decode(k, &t, "400a637573746f6d2d6b65790d637573746f6d2d686561646572", &d) == 1);
+	CHECK(t_field(&d, 0, "custom-key", "custom-header"));
+	CHECK(t.size == 55 && t.n == 1 && t_entry(&t, 0, "custom-key", "custom-header"));
+	hp_table_free(k, &t);
+	/* C.2.2 literal without indexing */
+	hp_table_init(&t);
+	CHECK(t_decode(k, &t, "040c2f73616d706c652f70617468", &d) == 1);
+	CHECK(t_field(&d, 0, ":path", "/sample/path") && t.n == 0);
+	/* C.2.3 never indexed */
+	CHECK(t_decode(k, &t, "100870617373776f726406736563726574", &d) == 1);
+	CHECK(t_field(&d, 0, "password", "secret") && t.n == 0);
+	/* C.2.4 indexed */
+	CHECK(t_decode(k, &t, "82", &d) == 1);
+	CHECK(t_field(&d, 0, ":method", "GET") && t.n == 0);
+	hp_table_free(k, &t);
+	kvd_close(k);
+}
+
+/* C.3 (raw) and C.4 (Huffman): three requests on one connection. */
+static void test_hpack_rfc_c3_c4(void)
+{
+	static const char *raw[3] = {
+	    "828684410f7777772e6578616d706c652e636f6d",
+	    "828684be58086e6f2d6361636865",
+	    "828785bf400a637573746f6d2d6b65790c637573746f6d2d76616c7565"};
+	static const char *huff[3] = {
+	    "828684418cf1e3c2e5f23a6ba0ab90f4ff",
+	    "828684be5886a8eb10649cbf",
+	    "828785bf408825a849e95ba97d7f8925a849e95bb8e8b4bf"};
+	struct kvd *k = t_kvd();
+	struct hp_table t;
+	static struct t_dec d;
+	int pass;
+
+	for (pass = 0; pass < 2; pass++) {
+		const char **v = pass ? huff : raw;
+		hp_table_init(&t);
+		CHECK(t_decode(k, &t, v[0], &d) == 4);
+		CHECK(t_field(&d, 0, ":method", "GET") && t_field(&d, 1, ":scheme", "http") &&
+		      t_field(&d, 2, ":path", "/") && t_field(&d, 3, ":authority", "www.example.com"));
+		CHECK(t.size == 57 && t_entry(&t, 0, ":authority", "www.example.com"));
+		CHECK(t_decode(k, &t, v[1], &d) == 5);
+		CHECK(t_field(&d, 3, ":authority", "www.example.com") && t_field(&d, 4, "cache-control", "no-cache"));
+		CHECK(t.size == 110 && t_entry(&t, 0, "cache-control", "no-cache") &&
+		      t_entry(&t, 1, ":authority", "www.example.com"));
+		CHECK(t_decode(k, &t, v[2], &d) == 5);
+		CHECK(t_field(&d, 1, ":scheme", "https") && t_field(&d, 2, ":path", "/index.html") &&
+		      t_field(&d, 3, ":authority", "www.example.com") && t_field(&d, 4, "custom-key", "custom-value"));
+		CHECK(t.size == 164 && t.n == 3 && t_entry(&t, 0, "custom-key", "custom-value") &&
+		      t_entry(&t, 2, ":authority", "www.example.com"));
+		hp_table_free(k, &t);
+	}
+	kvd_close(k);
+}
+
+/* C.5 (raw) and C.6 (Huffman): responses with a 256-byte table and eviction. */
+static void test_hpack_rfc_c5_c6(void)
+{
+	static const char *raw[3] = {
+	    "4803333032580770726976617465611d4d6f6e2c203231204f637420323031332032303a31333a323120474d546e1768747470733a2f2f7777772e6578616d706c652e636f6d",
+	    "4803333037c1c0bf",
+	    "88c1611d4d6f6e2c203231204f637420323031332032303a31333a323220474d54c05a04677a69707738666f6f3d4153444a4b48514b425a584f5157454f50495541585157454f49553b206d61782d6167653d333630303b2076657273696f6e3d31"};
+	static const char *huff[3] = {
+	    "488264025885aec3771a4b6196d07abe941054d444a8200595040b8166e082a62d1bff6e919d29ad171863c78f0b97c8e9ae82ae43d3",
+	    "4883640effc1c0bf",
+	    "88c16196d07abe941054d444a8200595040b8166e084a62d1bffc05a839bd9ab77ad94e7821dd7f2e6c7b335dfdfcd5b3960d5af27087f3672c1ab270fb5291f9587316065c003ed4ee5b1063d5007"};
+	struct kvd *k = t_kvd();
+	struct hp_table t;
+	static struct t_dec d;
+	int pass;
+
+	for (pass = 0; pass < 2; pass++) {
+		const char **v = pass ? huff : raw;
+		hp_table_init(&t);
+		hp_resize(&t, 256);
+		CHECK(t_decode(k, &t, v[0], &d) == 4);
+		CHECK(t_field(&d, 0, ":status", "302") && t_field(&d, 1, "cache-control", "private") &&
+		      t_field(&d, 2, "date", "Mon, 21 Oct 2013 20:13:21 GMT") &&
+		      t_field(&d, 3, "location", "https://www.example.com"));
+		CHECK(t.size == 222 && t.n == 4);
+		CHECK(t_decode(k, &t, v[1], &d) == 4);
+		CHECK(t_field(&d, 0, ":status", "307") && t_field(&d, 3, "location", "https://www.example.com"));
+		CHECK(t.size == 222 && t.n == 4 && t_entry(&t, 0, ":status", "307") &&
+		      t_entry(&t, 1, "location", "https://www.example.com") &&
+		      t_entry(&t, 3, "cache-control", "private"));
+		CHECK(t_decode(k, &t, v[2], &d) == 6);
+		CHECK(t_field(&d, 0, ":status", "200") && t_field(&d, 2, "date", "Mon, 21 Oct 2013 20:13:22 GMT") &&
+		      t_field(&d, 4, "content-encoding", "gzip") &&
+		      t_field(&d, 5, "set-cookie", "foo=ASDJKHQKBZXOQWEOPIUAXQWEOIU; max-age=3600; version=1"));
+		CHECK(t.size == 215 && t.n == 3 &&
+		      t_entry(&t, 0, "set-cookie", "foo=ASDJKHQKBZXOQWEOPIUAXQWEOIU; max-age=3600; version=1") &&
+		      t_entry(&t, 1, "content-encoding", "gzip") &&
+		      t_entry(&t, 2, "date", "Mon, 21 Oct 2013 20:13:22 GMT"));
+		hp_table_free(k, &t);
+	}
+	kvd_close(k);
+}
+
+static void test_hpack_errors(void)
+{
+	struct kvd *k = t_kvd();
+	struct hp_table t;
+	static struct t_dec d;
+
+	hp_table_init(&t);
+	CHECK(t_decode(k, &t, "80", &d) == HP_EINVAL);            /* index 0 */
+	CHECK(t_decode(k, &t, "be", &d) == HP_EINVAL);            /* dynamic index, empty table */
+	CHECK(t_decode(k, &t, "3fe21f", &d) == HP_EINVAL);        /* size update 4097 > 4096 */
+	CHECK(t_decode(k, &t, "823f e11f", &d) == HP_EINVAL);     /* size update after a field */
+	CHECK(t_decode(k, &t, "3fe11f 3fe11f 82", &d) == 1);      /* two updates to 4096 first: fine */
+	CHECK(t_decode(k, &t, "400a637573", &d) == HP_EINVAL);    /* string runs past the block */
+	CHECK(t_decode(k, &t, "4081ff00", &d) == HP_EINVAL);      /* Huffman padding too long */
+	CHECK(t_decode(k, &t, "00", &d) == HP_EINVAL);            /* literal with nothing after */
+	CHECK(t_decode(k, &t, "7f", &d) == HP_EINVAL);            /* truncated index */
+	CHECK(t_decode(k, &t, "", &d) == 0);                      /* an empty block is fine */
+	/* size update to 0 empties the table */
+	CHECK(t_decode(k, &t, "400161 0162", &d) == 1 && t.n == 1);
+	CHECK(t_decode(k, &t, "20", &d) == 0 && t.n == 0 && t.size == 0);
+	CHECK(t_decode(k, &t, "400161 0162", &d) == 1 && t.n == 0); /* max is 0 now: not stored */
+	CHECK(t_decode(k, &t, "3fe11f", &d) == 0 && t.max == 4096);
+	hp_table_free(k, &t);
+	kvd_close(k);
+}
+
+/* Header lists over kvd's caps are cut, but the table stays in sync. */
+static void test_hpack_limits(void)
+{
+	struct kvd *k = t_kvd();
+	struct hp_table t;
+	static struct t_dec d;
+	static char hex[70000];
+	size_t o, i;
+
+	hp_table_init(&t);
+	/* a 4000-byte value indexed, then referenced 16000 times (HPACK bomb) */
+	{
+		static uint8_t blk[4200 + 16000];
+		size_t n = 0;
+		struct kvd_buf b = {0};
+		blk[n++] = 0x40;
+		blk[n++] = 1;
+		blk[n++] = 'x';
+		hp_put_int(k, &b, 0, 7, 4000);
+		memcpy(blk + n, BUF_DATA(&b), BUF_LEN(&b));
+		n += BUF_LEN(&b);
+		buf_free(k, &b);
+		memset(blk + n, 'v', 4000);
+		n += 4000;
+		memset(blk + n, 0xbe, 16000);
+		n += 16000;
+		memset(&d.o, 0, sizeof d.o);
+		d.o.f = d.f;
+		d.o.maxf = 64;
+		d.o.a = d.arena;
+		d.o.acap = sizeof d.arena;
+		d.o.maxlist = KVD_MAX_HEADER_LIST;
+		CHECK(hp_decode(k, &t, blk, n, &d.o) == 0);
+		CHECK(d.o.over && d.o.nf <= 4 && d.o.list > 60000000);
+		CHECK(t.n == 1 && t.size == 4033);
+	}
+	/* the table is in sync: the next block references the entry */
+	CHECK(t_decode(k, &t, "be", &d) == 1 && d.f[0].vlen == 4000 && d.f[0].value[3999] == 'v');
+	/* 100 tiny fields: over the field cap, not the byte cap */
+	for (o = 0, i = 0; i < 100; i++)
+		o += (size_t)sprintf(hex + o, "82");
+	CHECK(t_decode(k, &t, hex, &d) == 64 && d.o.over);
+	hp_table_free(k, &t);
+	/* an entry bigger than the table empties it */
+	hp_table_init(&t);
+	CHECK(t_decode(k, &t, "400161 0162", &d) == 1 && t.n == 1);
+	{
+		static uint8_t blk[5000];
+		size_t n = 0;
+		struct kvd_buf b = {0};
+		blk[n++] = 0x40;
+		blk[n++] = 1;
+		blk[n++] = 'y';
+		hp_put_int(k, &b, 0, 7, 4100);
+		memcpy(blk + n, BUF_DATA(&b), BUF_LEN(&b));
+		n += BUF_LEN(&b);
+		buf_free(k, &b);
+		memset(blk + n, 'z', 4100);
+		n += 4100;
+		memset(&d.o, 0, sizeof d.o);
+		d.o.f = d.f;
+		d.o.maxf = 64;
+		d.o.a = d.arena;
+		d.o.acap = sizeof d.arena;
+		d.o.maxlist = KVD_MAX_HEADER_LIST;
+		CHECK(hp_decode(k, &t, blk, n, &d.o) == 0 && d.o.nf == 1 && d.f[0].vlen == 4100);
+		CHECK(t.n == 0 && t.size == 0);
+	}
+	hp_table_free(k, &t);
+	kvd_close(k);
+}
+
+/* Eviction makes room and compaction keeps bytes contiguous. */
+static void test_hpack_table(void)
+{
+	struct kvd *k = t_kvd();
+	struct hp_table t;
+	char name[16], val[300];
+	unsigned i;
+	int ok = 1;
+
+	hp_table_init(&t);
+	memset(val, 'v', sizeof val);
+	for (i = 0; i < 200; i++) { /* 200 inserts of ~310 bytes into 4096 */
+		snprintf(name, sizeof name, "n%u", i);
+		val[0] = (char)('a' + i % 26);
+		ok &= hp_insert(k, &t, (const uint8_t *)name, strlen(name), (const uint8_t *)val, 270) == 0;
+		ok &= t.size <= t.max;
+	}
+	CHECK(ok);
+	CHECK(t.n == 4096 / (270 + 4 + 32));
+	snprintf(name, sizeof name, "n%u", 199);
+	{
+		const uint8_t *n, *v;
+		size_t nl, vl;
+		int dyn;
+		CHECK(hp_lookup(&t, 62, &n, &nl, &v, &vl, &dyn) == 0 && nl == strlen(name) &&
+		      !memcmp(n, name, nl) && vl == 270 && v[0] == 'a' + 199 % 26);
+		CHECK(hp_lookup(&t, 62 + t.n, &n, &nl, &v, &vl, &dyn) == HP_EINVAL);
+	}
+	hp_resize(&t, 1000);
+	CHECK(t.size <= 1000 && t.n == 3);
+	hp_table_free(k, &t);
+	kvd_close(k);
+}
+
+/* ---- HTTP/2 over a socketless connection -------------------------------- */
+
+struct t_frame {
+	unsigned type, flags;
+	uint32_t sid, len;
+	uint8_t p[70000];
+};
+struct t_frames {
+	struct t_frame f[64];
+	unsigned n;
+	size_t bytes;
+};
+
+/* Parse everything kvd queued on c (and drop it, as if the peer read it). */
+static void t_out(struct h2_conn *c, struct t_frames *fs)
+{
+	const uint8_t *p = BUF_DATA(&c->out);
+	size_t n = BUF_LEN(&c->out), len;
+
+	fs->n = 0;
+	fs->bytes = n;
+	while (n >= 9 && fs->n < 64) {
+		len = get_be24(p);
+		if (n < 9 + len)
+			break;
+		fs->f[fs->n].type = p[3];
+		fs->f[fs->n].flags = p[4];
+		fs->f[fs->n].sid = get_be32(p + 5) & 0x7fffffff;
+		fs->f[fs->n].len = (uint32_t)len;
+		memcpy(fs->f[fs->n].p, p + 9, KVD_MIN(len, sizeof fs->f[0].p));
+		fs->n++;
+		p += 9 + len;
+		n -= 9 + len;
+	}
+	buf_consume(&c->out, BUF_LEN(&c->out));
+}
+
+static int t_find(const struct t_frames *fs, unsigned type, uint32_t sid)
+{
+	unsigned i;
+
+	for (i = 0; i < fs->n; i++)
+		if (fs->f[i].type == type && fs->f[i].sid == sid)
+			return (int)i;
+	return -1;
+}
+
+static uint32_t t_goaway_code(const struct t_frames *fs)
+{
+	int i = t_find(fs, H2_GOAWAY, 0);
+	return i < 0 ? 0xffffffffu : get_be32(fs->f[i].p + 4);
+}
+
+static uint32_t t_rst_code(const struct t_frames *fs, uint32_t sid)
+{
+	int i = t_find(fs, H2_RST_STREAM, sid);
+	return i < 0 ? 0xffffffffu : get_be32(fs->f[i].p);
+}
+
+static void t_put_frame(struct kvd_buf *b, struct kvd *k, unsigned type, unsigned flags, uint32_t sid,
+                        const void *p, size_t n)
+{
+	uint8_t h[9];
+
+	put_be24(h, (uint32_t)n);
+	h[3] = (uint8_t)type;
+	h[4] = (uint8_t)flags;
+	put_be32(h + 5, sid);
+	buf_append(k, b, h, 9);
+	buf_append(k, b, p, n);
+}
+
+/* A request header block: static :method POST, :scheme http, then literals. */
+static size_t t_req_block(struct kvd *k, uint8_t *out, const char *path, const char *extra_name,
+                          const char *extra_value)
+{
+	struct kvd_buf b = {0};
+	size_t n;
+
+	buf_append(k, &b, "\x83\x86", 2);
+	hp_put_field(k, &b, 4, NULL, path, strlen(path));
+	hp_put_field(k, &b, 1, NULL, "localhost", 9);
+	hp_put_field(k, &b, 31, NULL, "application/grpc", 16);
+	hp_put_field(k, &b, 0, "te", "trailers", 8);
+	if (extra_name)
+		hp_put_field(k, &b, 0, extra_name, extra_value, strlen(extra_value));
+	n = BUF_LEN(&b);
+	memcpy(out, BUF_DATA(&b), n);
+	buf_free(k, &b);
+	return n;
+}
+
+/* Client preface + empty SETTINGS. */
+static void t_preface(struct kvd_buf *b, struct kvd *k)
+{
+	buf_append(k, b, H2_PREFACE, H2_PREFACE_LEN);
+	t_put_frame(b, k, H2_SETTINGS, 0, 0, NULL, 0);
+}
+
+/* One Health/Check call (empty request) on stream sid. */
+static void t_health_call(struct kvd_buf *b, struct kvd *k, uint32_t sid)
+{
+	uint8_t blk[512];
+	size_t n = t_req_block(k, blk, "/grpc.health.v1.Health/Check", NULL, NULL);
+
+	t_put_frame(b, k, H2_HEADERS, H2_F_END_HEADERS, sid, blk, n);
+	t_put_frame(b, k, H2_DATA, H2_F_END_STREAM, sid, "\0\0\0\0\0", 5);
+}
+
+static struct h2_conn *t_conn(struct kvd *k)
+{
+	struct h2_conn *c = h2_conn_new(k, -1);
+
+	snprintf(c->peer, sizeof c->peer, "test");
+	return c;
+}
+
+static void t_feed(struct kvd *k, struct h2_conn *c, const void *p, size_t n)
+{
+	buf_append(k, &c->in, p, n);
+	h2_input(k, c);
+	h2_flush(k, c);
+}
+
+/* Decode response header frame i with a fresh decoder: field "name" value. */
+static int t_resp_field(struct kvd *k, const struct t_frame *f, const char *name, const char *value)
+{
+	struct hp_table t;
+	static struct t_dec d;
+	unsigned i;
+	int found = 0;
+
+	hp_table_init(&t);
+	memset(&d.o, 0, sizeof d.o);
+	d.o.f = d.f;
+	d.o.maxf = 64;
+	d.o.a = d.arena;
+	d.o.acap = sizeof d.arena;
+	d.o.maxlist = KVD_MAX_HEADER_LIST;
+	if (hp_decode(k, &t, f->p, f->len, &d.o) == 0)
+		for (i = 0; i < d.o.nf; i++)
+			if (d.f[i].nlen == strlen(name) && !memcmp(d.f[i].name, name, d.f[i].nlen))
+				found = d.f[i].vlen == strlen(value) && !memcmp(d.f[i].value, value, d.f[i].vlen);
+	hp_table_free(k, &t);
+	return found;
+}
+
+static void test_h2_health_whole_and_bytewise(void)
+{
+	struct kvd *k = t_kvd();
+	struct kvd_buf in = {0};
+	struct h2_conn *c;
+	static struct t_frames fs;
+	struct kvd_buf whole = {0}, bytewise = {0};
+	size_t i, mem0 = k->mem;
+	int h;
+
+	t_preface(&in, k);
+	t_health_call(&in, k, 1);
+	t_health_call(&in, k, 3);
+	/* whole */
+	c = t_conn(k);
+	buf_append(k, &c->in, BUF_DATA(&in), BUF_LEN(&in));
+	h2_input(k, c);
+	h2_flush(k, c);
+	buf_append(k, &whole, BUF_DATA(&c->out), BUF_LEN(&c->out));
+	t_out(c, &fs);
+	CHECK(fs.n >= 9);
+	CHECK(fs.f[0].type == H2_SETTINGS && fs.f[0].flags == 0);             /* server preface */
+	CHECK(fs.f[1].type == H2_WINDOW_UPDATE && get_be32(fs.f[1].p) == KVD_CONN_WINDOW - 65535);
+	CHECK(fs.f[2].type == H2_SETTINGS && fs.f[2].flags == H2_F_ACK);
+	h = t_find(&fs, H2_HEADERS, 1);
+	CHECK(h >= 0 && t_resp_field(k, &fs.f[h], ":status", "200") &&
+	      t_resp_field(k, &fs.f[h], "content-type", "application/grpc"));
+	h = t_find(&fs, H2_DATA, 1);
+	CHECK(h >= 0 && fs.f[h].len == 7 && !memcmp(fs.f[h].p, "\0\0\0\0\2\x08\x01", 7));
+	h = t_find(&fs, H2_DATA, 3);
+	CHECK(h >= 0 && fs.f[h].len == 7);
+	CHECK(fs.f[fs.n - 1].type == H2_HEADERS && (fs.f[fs.n - 1].flags & H2_F_END_STREAM) &&
+	      t_resp_field(k, &fs.f[fs.n - 1], "grpc-status", "0"));
+	CHECK(t_find(&fs, H2_RST_STREAM, 1) < 0 && c->nst == 0);
+	h2_conn_free(k, c);
+	/* byte by byte: the same bytes out */
+	c = t_conn(k);
+	for (i = 0; i < BUF_LEN(&in); i++)
+		t_feed(k, c, BUF_DATA(&in) + i, 1);
+	buf_append(k, &bytewise, BUF_DATA(&c->out), BUF_LEN(&c->out));
+	CHECK(BUF_LEN(&whole) == BUF_LEN(&bytewise) && !memcmp(BUF_DATA(&whole), BUF_DATA(&bytewise), BUF_LEN(&whole)));
+	h2_conn_free(k, c);
+	buf_free(k, &in);
+	buf_free(k, &whole);
+	buf_free(k, &bytewise);
+	CHECK(k->mem == mem0);
+	kvd_close(k);
+}
+
+/* Feed a preface then 'rest'; return the frames kvd answered with. */
+static struct h2_conn *t_run(struct kvd *k, const struct kvd_buf *rest, struct t_frames *fs)
+{
+	struct kvd_buf in = {0};
+	struct h2_conn *c = t_conn(k);
+
+	t_preface(&in, k);
+	buf_append(k, &in, BUF_DATA(rest), BUF_LEN(rest));
+	t_feed(k, c, BUF_DATA(&in), BUF_LEN(&in));
+	t_out(c, fs);
+	buf_free(k, &in);
+	return c;
+}
+
+static void test_h2_conn_errors(void)
+{
+	struct kvd *k = t_kvd();
+	static struct t_frames fs;
+	struct kvd_buf b = {0};
+	struct h2_conn *c;
+	uint8_t blk[512], big[20000];
+	size_t n;
+
+#define T_CASE(build, expect_code)                     \
+	do {                                           \
+		build;                                 \
+		c = t_run(k, &b, &fs);                 \
+		CHECK(t_goaway_code(&fs) == (expect_code)); \
+		CHECK(c->is_closing);                  \
+		h2_conn_free(k, c);                    \
+		buf_free(k, &b);                       \
+	} while (0)
+
+	T_CASE(t_put_frame(&b, k, H2_DATA, 0, 0, "x", 1), H2_PROTOCOL_ERROR);
+	T_CASE(t_put_frame(&b, k, H2_PING, 0, 0, "1234567", 7), H2_FRAME_SIZE_ERROR);
+	T_CASE(t_put_frame(&b, k, H2_PING, 0, 1, "12345678", 8), H2_PROTOCOL_ERROR);
+	T_CASE(t_put_frame(&b, k, H2_SETTINGS, 0, 0, "12345", 5), H2_FRAME_SIZE_ERROR);
+	T_CASE(t_put_frame(&b, k, H2_SETTINGS, H2_F_ACK, 0, "123456", 6), H2_FRAME_SIZE_ERROR);
+	T_CASE(t_put_frame(&b, k, H2_SETTINGS, 0, 1, NULL, 0), H2_PROTOCOL_ERROR);
+	T_CASE(t_put_frame(&b, k, H2_SETTINGS, 0, 0, "\0\x02\0\0\0\x02", 6), H2_PROTOCOL_ERROR);
+	T_CASE(t_put_frame(&b, k, H2_SETTINGS, 0, 0, "\0\x04\x80\0\0\0", 6), H2_FLOW_CONTROL_ERROR);
+	T_CASE(t_put_frame(&b, k, H2_SETTINGS, 0, 0, "\0\x05\0\0\x10\0", 6), H2_PROTOCOL_ERROR);
+	T_CASE(t_put_frame(&b, k, H2_PUSH_PROMISE, H2_F_END_HEADERS, 1, "\0\0\0\2", 4), H2_PROTOCOL_ERROR);
+	T_CASE(t_put_frame(&b, k, H2_WINDOW_UPDATE, 0, 0, "\0\0\0\0", 4), H2_PROTOCOL_ERROR);
+	T_CASE(t_put_frame(&b, k, H2_WINDOW_UPDATE, 0, 0, "\x7f\xff\xff\xff", 4), H2_FLOW_CONTROL_ERROR);
+	T_CASE(t_put_frame(&b, k, H2_WINDOW_UPDATE, 0, 0, "\0\0\1", 3), H2_FRAME_SIZE_ERROR);
+	T_CASE(t_put_frame(&b, k, H2_WINDOW_UPDATE, 0, 7, "\0\0\0\1", 4), H2_PROTOCOL_ERROR); /* idle */
+	T_CASE(t_put_frame(&b, k, H2_RST_STREAM, 0, 5, "\0\0\0\x08", 4), H2_PROTOCOL_ERROR);  /* idle */
+	T_CASE(t_put_frame(&b, k, H2_RST_STREAM, 0, 0, "\0\0\0\x08", 4), H2_PROTOCOL_ERROR);
+	T_CASE(t_put_frame(&b, k, H2_PRIORITY, 0, 0, "\0\0\0\0\0", 5), H2_PROTOCOL_ERROR);
+	T_CASE(t_put_frame(&b, k, H2_GOAWAY, 0, 1, "\0\0\0\0\0\0\0\0", 8), H2_PROTOCOL_ERROR);
+	T_CASE(t_put_frame(&b, k, H2_CONTINUATION, H2_F_END_HEADERS, 1, "\x82", 1), H2_PROTOCOL_ERROR);
+	T_CASE(t_put_frame(&b, k, H2_HEADERS, H2_F_END_HEADERS, 2, "\x82", 1), H2_PROTOCOL_ERROR); /* even */
+	T_CASE(t_put_frame(&b, k, H2_HEADERS, H2_F_END_HEADERS, 1, "\x80", 1), H2_COMPRESSION_ERROR);
+	/* frame interleaved inside a header block */
+	T_CASE((n = t_req_block(k, blk, "/grpc.health.v1.Health/Check", NULL, NULL),
+	        t_put_frame(&b, k, H2_HEADERS, 0, 1, blk, n), t_put_frame(&b, k, H2_PING, 0, 0, "12345678", 8)),
+	       H2_PROTOCOL_ERROR);
+	/* CONTINUATION for another stream */
+	T_CASE((n = t_req_block(k, blk, "/grpc.health.v1.Health/Check", NULL, NULL),
+	        t_put_frame(&b, k, H2_HEADERS, 0, 1, blk, 4), t_put_frame(&b, k, H2_CONTINUATION, 4, 3, blk + 4, n - 4)),
+	       H2_PROTOCOL_ERROR);
+	/* a frame over MAX_FRAME_SIZE */
+	memset(big, 0, sizeof big);
+	T_CASE(t_put_frame(&b, k, H2_DATA, 0, 1, big, 16385), H2_FRAME_SIZE_ERROR);
+	/* stream ids must increase */
+	T_CASE((n = t_req_block(k, blk, "/grpc.health.v1.Health/Watch", NULL, NULL),
+	        t_put_frame(&b, k, H2_HEADERS, H2_F_END_HEADERS, 5, blk, n),
+	        n = t_req_block(k, blk, "/grpc.health.v1.Health/Watch", NULL, NULL),
+	        t_put_frame(&b, k, H2_HEADERS, H2_F_END_HEADERS, 3, blk, n)),
+	       H2_PROTOCOL_ERROR);
+	/* padding longer than the frame */
+	T_CASE(t_put_frame(&b, k, H2_DATA, H2_F_PADDED, 1, "\x05xx", 3), H2_PROTOCOL_ERROR);
+	/* the first frame must be SETTINGS */
+	{
+		struct kvd_buf in = {0};
+		c = t_conn(k);
+		buf_append(k, &in, H2_PREFACE, H2_PREFACE_LEN);
+		t_put_frame(&in, k, H2_PING, 0, 0, "12345678", 8);
+		t_feed(k, c, BUF_DATA(&in), BUF_LEN(&in));
+		t_out(c, &fs);
+		CHECK(t_goaway_code(&fs) == H2_PROTOCOL_ERROR);
+		h2_conn_free(k, c);
+		buf_free(k, &in);
+	}
+	/* not HTTP/2 at all: an HTTP/1.1 answer, no frames */
+	{
+		c = t_conn(k);
+		t_feed(k, c, "GET / HTTP/1.1\r\n\r\n", 18);
+		CHECK(c->is_closing && BUF_LEN(&c->out) > 12 && !memcmp(BUF_DATA(&c->out), "HTTP/1.1 505", 12));
+		h2_conn_free(k, c);
+	}
+#undef T_CASE
+	kvd_close(k);
+}
+
+static void test_h2_stream_errors(void)
+{
+	struct kvd *k = t_kvd();
+	static struct t_frames fs;
+	struct kvd_buf b = {0};
+	struct h2_conn *c;
+	uint8_t blk[512];
+	size_t n;
+
+	/* WINDOW_UPDATE 0 on an open stream: stream error only */
+	n = t_req_block(k, blk, "/grpc.health.v1.Health/Watch", NULL, NULL);
+	t_put_frame(&b, k, H2_HEADERS, H2_F_END_HEADERS, 1, blk, n);
+	t_put_frame(&b, k, H2_WINDOW_UPDATE, 0, 1, "\0\0\0\0", 4);
+	c = t_run(k, &b, &fs);
+	CHECK(t_rst_code(&fs, 1) == H2_PROTOCOL_ERROR && !c->is_closing && c->nst == 0);
+	h2_conn_free(k, c);
+	buf_free(k, &b);
+	/* DATA after END_STREAM on a still-open stream: STREAM_CLOSED */
+	n = t_req_block(k, blk, "/grpc.health.v1.Health/Watch", NULL, NULL);
+	t_put_frame(&b, k, H2_HEADERS, H2_F_END_HEADERS, 1, blk, n);
+	t_put_frame(&b, k, H2_DATA, H2_F_END_STREAM, 1, "\0\0\0\0\0", 5);
+	t_put_frame(&b, k, H2_DATA, 0, 1, "x", 1);
+	c = t_run(k, &b, &fs);
+	CHECK(t_rst_code(&fs, 1) == H2_STREAM_CLOSED && !c->is_closing);
+	h2_conn_free(k, c);
+	buf_free(k, &b);
+	/* uppercase header name: malformed */
+	n = t_req_block(k, blk, "/grpc.health.v1.Health/Check", "X-Bad", "1");
+	t_put_frame(&b, k, H2_HEADERS, H2_F_END_HEADERS, 1, blk, n);
+	c = t_run(k, &b, &fs);
+	CHECK(t_rst_code(&fs, 1) == H2_PROTOCOL_ERROR && !c->is_closing);
+	h2_conn_free(k, c);
+	buf_free(k, &b);
+	/* connection-specific header */
+	n = t_req_block(k, blk, "/grpc.health.v1.Health/Check", "connection", "close");
+	t_put_frame(&b, k, H2_HEADERS, H2_F_END_HEADERS, 1, blk, n);
+	c = t_run(k, &b, &fs);
+	CHECK(t_rst_code(&fs, 1) == H2_PROTOCOL_ERROR);
+	h2_conn_free(k, c);
+	buf_free(k, &b);
+	/* te other than trailers */
+	n = t_req_block(k, blk, "/grpc.health.v1.Health/Check", "te", "gzip");
+	t_put_frame(&b, k, H2_HEADERS, H2_F_END_HEADERS, 1, blk, n);
+	c = t_run(k, &b, &fs);
+	CHECK(t_rst_code(&fs, 1) == H2_PROTOCOL_ERROR);
+	h2_conn_free(k, c);
+	buf_free(k, &b);
+	/* pseudo-header after a regular one */
+	n = t_req_block(k, blk, "/grpc.health.v1.Health/Check", NULL, NULL);
+	blk[n++] = 0x87; /* :scheme https, after te */
+	t_put_frame(&b, k, H2_HEADERS, H2_F_END_HEADERS, 1, blk, n);
+	c = t_run(k, &b, &fs);
+	CHECK(t_rst_code(&fs, 1) == H2_PROTOCOL_ERROR);
+	h2_conn_free(k, c);
+	buf_free(k, &b);
+	/* missing :path */
+	t_put_frame(&b, k, H2_HEADERS, H2_F_END_HEADERS, 1, "\x83\x86", 2);
+	c = t_run(k, &b, &fs);
+	CHECK(t_rst_code(&fs, 1) == H2_PROTOCOL_ERROR);
+	h2_conn_free(k, c);
+	buf_free(k, &b);
+	/* content-length that the DATA does not match */
+	n = t_req_block(k, blk, "/grpc.health.v1.Health/Check", "content-length", "9");
+	t_put_frame(&b, k, H2_HEADERS, H2_F_END_HEADERS, 1, blk, n);
+	t_put_frame(&b, k, H2_DATA, H2_F_END_STREAM, 1, "\0\0\0\0\0", 5);
+	c = t_run(k, &b, &fs);
+	CHECK(t_rst_code(&fs, 1) == H2_PROTOCOL_ERROR);
+	h2_conn_free(k, c);
+	buf_free(k, &b);
+	/* trailers without END_STREAM */
+	n = t_req_block(k, blk, "/grpc.health.v1.Health/Watch", NULL, NULL);
+	t_put_frame(&b, k, H2_HEADERS, H2_F_END_HEADERS, 1, blk, n);
+	t_put_frame(&b, k, H2_HEADERS, H2_F_END_HEADERS, 1, "\x40\x01x\x01y", 5);
+	c = t_run(k, &b, &fs);
+	CHECK(t_rst_code(&fs, 1) == H2_PROTOCOL_ERROR);
+	h2_conn_free(k, c);
+	buf_free(k, &b);
+	/* PRIORITY self-dependency; a valid PRIORITY opens nothing */
+	t_put_frame(&b, k, H2_PRIORITY, 0, 3, "\0\0\0\3\x10", 5);
+	t_put_frame(&b, k, H2_PRIORITY, 0, 5, "\0\0\0\1\x10", 5);
+	c = t_run(k, &b, &fs);
+	CHECK(t_rst_code(&fs, 3) == H2_PROTOCOL_ERROR && t_rst_code(&fs, 5) == 0xffffffffu && !c->is_closing && !c->nst);
+	h2_conn_free(k, c);
+	buf_free(k, &b);
+	kvd_close(k);
+}
+
+/* gRPC-level answers: unknown method/service, malformed name, timeouts. */
+static void test_grpc_errors(void)
+{
+	static const struct {
+		const char *path, *extra, *extra_v, *body;
+		size_t blen;
+		const char *status, *msg;
+	} cases[] = {
+	    {"/etcdserverpb.KV/Nope", NULL, NULL, "\0\0\0\0\0", 5, "12", "unknown method Nope for service etcdserverpb.KV"},
+	    {"/foo.Bar/Baz", NULL, NULL, "\0\0\0\0\0", 5, "12", "unknown service foo.Bar"},
+	    {"/foo", NULL, NULL, "\0\0\0\0\0", 5, "8", "malformed method name: \"/foo\""},
+	    {"//", NULL, NULL, "\0\0\0\0\0", 5, "12", "unknown service "},
+	    {"/etcdserverpb.Watch/Watch", NULL, NULL, "\0\0\0\0\0", 5, "12",
+	     "kvd: /etcdserverpb.Watch/Watch is not implemented yet"},
+	    {"/grpc.health.v1.Health/Check", NULL, NULL, "", 0, "2", "EOF"},
+	    {"/grpc.health.v1.Health/Check", NULL, NULL, "\0\0\0\0\5ab", 7, "2", "unexpected EOF"},
+	    {"/grpc.health.v1.Health/Check", NULL, NULL, "\1\0\0\0\0", 5, "13",
+	     "grpc: compressed flag set with identity or empty encoding"},
+	    {"/grpc.health.v1.Health/Check", NULL, NULL, "\2\0\0\0\0", 5, "13", "grpc: received unexpected payload format 2"},
+	    {"/grpc.health.v1.Health/Check", "grpc-encoding", "gzip", "\0\0\0\0\0", 5, "12",
+	     "grpc: Decompressor is not installed for grpc-encoding \"gzip\""},
+	    {"/grpc.health.v1.Health/Check", NULL, NULL, "\0\0\x20\0\x09", 5, "8",
+	     "grpc: received message larger than max (2097161 vs. 2097152)"},
+	    {"/grpc.health.v1.Health/Check", NULL, NULL, "\0\0\0\0\2\x0a\x05", 7, "13",
+	     "grpc: error unmarshalling request: malformed protobuf or out of memory"},
+	    {"/grpc.health.v1.Health/Check", NULL, NULL, "\0\0\0\0\5\x0a\x03" "foo", 10, "5", "unknown service"},
+	    {"/grpc.health.v1.Health/Check", "grpc-timeout", "1x", "\0\0\0\0\0", 5, "13",
+	     "transport: malformed grpc-timeout"},
+	};
+	struct kvd *k = t_kvd();
+	static struct t_frames fs;
+	struct kvd_buf b = {0};
+	struct h2_conn *c;
+	uint8_t blk[512];
+	size_t n, i;
+	int h;
+
+	for (i = 0; i < KVD_COUNT(cases); i++) {
+		n = t_req_block(k, blk, cases[i].path, cases[i].extra, cases[i].extra_v);
+		t_put_frame(&b, k, H2_HEADERS, H2_F_END_HEADERS, 1, blk, n);
+		t_put_frame(&b, k, H2_DATA, H2_F_END_STREAM, 1, cases[i].body, cases[i].blen);
+		c = t_run(k, &b, &fs);
+		h = t_find(&fs, H2_HEADERS, 1);
+		t_name = cases[i].msg;
+		CHECK(h >= 0 && (fs.f[h].flags & H2_F_END_STREAM));             /* Trailers-Only */
+		CHECK(h >= 0 && t_resp_field(k, &fs.f[h], "grpc-status", cases[i].status));
+		if (h >= 0 && strcmp(cases[i].msg, "")) {
+			char enc[600];
+			h2_pct_encode(cases[i].msg, enc, sizeof enc);
+			CHECK(t_resp_field(k, &fs.f[h], "grpc-message", enc));
+		}
+		CHECK(c->nst == 0 && !c->is_closing);
+		h2_conn_free(k, c);
+		buf_free(k, &b);
+	}
+	t_name = "grpc_errors";
+	/* early answer before the client's END_STREAM: Trailers-Only, then RST(NO_ERROR) */
+	n = t_req_block(k, blk, "/nope.X/Y", NULL, NULL);
+	t_put_frame(&b, k, H2_HEADERS, H2_F_END_HEADERS, 1, blk, n);
+	c = t_run(k, &b, &fs);
+	CHECK(t_find(&fs, H2_HEADERS, 1) >= 0 && t_rst_code(&fs, 1) == H2_NO_ERROR);
+	/* late DATA for that stream is ignored, not an error */
+	t_put_frame(&b, k, H2_DATA, H2_F_END_STREAM, 1, "\0\0\0\0\0", 5);
+	buf_consume(&b, 0);
+	t_feed(k, c, BUF_DATA(&b) + BUF_LEN(&b) - 14, 14);
+	t_out(c, &fs);
+	CHECK(fs.n == 0 && !c->is_closing);
+	h2_conn_free(k, c);
+	buf_free(k, &b);
+	/* GET and a foreign content-type */
+	{
+		struct kvd_buf x = {0};
+		uint8_t blk2[256];
+		buf_append(k, &x, "\x82\x86", 2);
+		hp_put_field(k, &x, 4, NULL, "/grpc.health.v1.Health/Check", 28);
+		hp_put_field(k, &x, 31, NULL, "application/grpc", 16);
+		memcpy(blk2, BUF_DATA(&x), BUF_LEN(&x));
+		t_put_frame(&b, k, H2_HEADERS, H2_F_END_HEADERS | H2_F_END_STREAM, 1, blk2, BUF_LEN(&x));
+		buf_free(k, &x);
+		c = t_run(k, &b, &fs);
+		h = t_find(&fs, H2_HEADERS, 1);
+		CHECK(h >= 0 && t_resp_field(k, &fs.f[h], ":status", "405") && t_resp_field(k, &fs.f[h], "grpc-status", "13"));
+		h2_conn_free(k, c);
+		buf_free(k, &b);
+		buf_append(k, &x, "\x83\x86", 2);
+		hp_put_field(k, &x, 4, NULL, "/grpc.health.v1.Health/Check", 28);
+		hp_put_field(k, &x, 31, NULL, "text/plain", 10);
+		memcpy(blk2, BUF_DATA(&x), BUF_LEN(&x));
+		t_put_frame(&b, k, H2_HEADERS, H2_F_END_HEADERS | H2_F_END_STREAM, 1, blk2, BUF_LEN(&x));
+		buf_free(k, &x);
+		c = t_run(k, &b, &fs);
+		h = t_find(&fs, H2_HEADERS, 1);
+		CHECK(h >= 0 && t_resp_field(k, &fs.f[h], ":status", "415") && t_resp_field(k, &fs.f[h], "grpc-status", "3"));
+		h2_conn_free(k, c);
+		buf_free(k, &b);
+	}
+	/* application/grpc+proto is echoed */
+	{
+		struct kvd_buf x = {0};
+		buf_append(k, &x, "\x83\x86", 2);
+		hp_put_field(k, &x, 4, NULL, "/grpc.health.v1.Health/Check", 28);
+		hp_put_field(k, &x, 31, NULL, "application/grpc+proto", 22);
+		t_put_frame(&b, k, H2_HEADERS, H2_F_END_HEADERS, 1, BUF_DATA(&x), BUF_LEN(&x));
+		t_put_frame(&b, k, H2_DATA, H2_F_END_STREAM, 1, "\0\0\0\0\0", 5);
+		buf_free(k, &x);
+		c = t_run(k, &b, &fs);
+		h = t_find(&fs, H2_HEADERS, 1);
+		CHECK(h >= 0 && t_resp_field(k, &fs.f[h], "content-type", "application/grpc+proto"));
+		h2_conn_free(k, c);
+		buf_free(k, &b);
+	}
+	kvd_close(k);
+}
+
+/* grpc-timeout: a call still waiting for its request ends DEADLINE_EXCEEDED. */
+static void test_grpc_deadline(void)
+{
+	struct kvd *k = t_kvd();
+	static struct t_frames fs;
+	struct kvd_buf b = {0};
+	struct h2_conn *c;
+	uint8_t blk[512];
+	size_t n;
+	int64_t ms;
+	struct kvd_slice v;
+	int h;
+
+	v.p = (const uint8_t *)"100m";
+	v.n = 4;
+	CHECK(grpc_parse_timeout(v, &ms) == 0 && ms == 100);
+	v.p = (const uint8_t *)"4991824u";
+	v.n = 8;
+	CHECK(grpc_parse_timeout(v, &ms) == 0 && ms == 4992);
+	v.p = (const uint8_t *)"2H";
+	v.n = 2;
+	CHECK(grpc_parse_timeout(v, &ms) == 0 && ms == 7200000);
+	v.p = (const uint8_t *)"123456789S";
+	v.n = 10;
+	CHECK(grpc_parse_timeout(v, &ms) == -1);
+	v.p = (const uint8_t *)"S";
+	v.n = 1;
+	CHECK(grpc_parse_timeout(v, &ms) == -1);
+
+	n = t_req_block(k, blk, "/grpc.health.v1.Health/Check", "grpc-timeout", "50m");
+	t_put_frame(&b, k, H2_HEADERS, H2_F_END_HEADERS, 1, blk, n);
+	t_put_frame(&b, k, H2_DATA, 0, 1, "\0\0\0\0\5ab", 7);
+	c = t_run(k, &b, &fs);
+	CHECK(t_find(&fs, H2_HEADERS, 1) < 0 && c->nst == 1);
+	k->now += 49;
+	h2_timers(k, c);
+	h2_flush(k, c);
+	t_out(c, &fs);
+	CHECK(fs.n == 0);
+	k->now += 1;
+	h2_timers(k, c);
+	h2_flush(k, c);
+	t_out(c, &fs);
+	h = t_find(&fs, H2_HEADERS, 1);
+	CHECK(h >= 0 && t_resp_field(k, &fs.f[h], "grpc-status", "4") &&
+	      t_resp_field(k, &fs.f[h], "grpc-message", "context deadline exceeded"));
+	CHECK(t_rst_code(&fs, 1) == H2_NO_ERROR && c->nst == 0);
+	h2_conn_free(k, c);
+	buf_free(k, &b);
+	kvd_close(k);
+}
+
+/* Flow control in both directions. */
+static void test_flow_control(void)
+{
+	struct kvd *k = t_kvd();
+	static struct t_frames fs;
+	struct kvd_buf b = {0};
+	struct h2_conn *c;
+	uint8_t blk[512];
+	static uint8_t body[70000];
+	size_t n;
+	int i;
+
+	/* a 60000-byte message announced by its prefix: the stream gets a grant */
+	n = t_req_block(k, blk, "/grpc.health.v1.Health/Check", NULL, NULL);
+	t_put_frame(&b, k, H2_HEADERS, H2_F_END_HEADERS, 1, blk, n);
+	body[0] = 0;
+	put_be32(body + 1, 100000);
+	t_put_frame(&b, k, H2_DATA, 0, 1, body, 16384);
+	c = t_run(k, &b, &fs);
+	i = t_find(&fs, H2_WINDOW_UPDATE, 1);
+	CHECK(i >= 0 && get_be32(fs.f[i].p) == 100005 - 65535);
+	CHECK(c->st[0]->recv_window == 100005 - 16384);
+	/* sending more than the stream window is a stream error */
+	buf_free(k, &b);
+	for (n = 0; n < 6; n++)
+		t_put_frame(&b, k, H2_DATA, 0, 1, body, 16384);
+	t_feed(k, c, BUF_DATA(&b), BUF_LEN(&b));
+	t_out(c, &fs);
+	CHECK(t_rst_code(&fs, 1) == H2_FLOW_CONTROL_ERROR && !c->is_closing);
+	/* connection credit came back as data arrived */
+	CHECK(c->recv_window > KVD_CONN_WINDOW / 2);
+	h2_conn_free(k, c);
+	buf_free(k, &b);
+
+	/* send side: a 1-byte peer window, opened step by step */
+	{
+		struct kvd_buf in = {0};
+		c = t_conn(k);
+		buf_append(k, &in, H2_PREFACE, H2_PREFACE_LEN);
+		t_put_frame(&in, k, H2_SETTINGS, 0, 0, "\0\x04\0\0\0\x01", 6);
+		n = t_req_block(k, blk, "/grpc.health.v1.Health/Check", NULL, NULL);
+		t_put_frame(&in, k, H2_HEADERS, H2_F_END_HEADERS, 1, blk, n);
+		t_put_frame(&in, k, H2_DATA, H2_F_END_STREAM, 1, "\0\0\0\0\0", 5);
+		t_feed(k, c, BUF_DATA(&in), BUF_LEN(&in));
+		t_out(c, &fs);
+		i = t_find(&fs, H2_DATA, 1);
+		CHECK(i >= 0 && fs.f[i].len == 1);
+		CHECK(c->nst == 1 && c->st[0]->send_window == 0);
+		/* the peer raises INITIAL_WINDOW_SIZE: the delta applies to the open stream */
+		buf_free(k, &in);
+		t_put_frame(&in, k, H2_SETTINGS, 0, 0, "\0\x04\0\0\0\x03", 6);
+		t_feed(k, c, BUF_DATA(&in), BUF_LEN(&in));
+		t_out(c, &fs);
+		i = t_find(&fs, H2_DATA, 1);
+		CHECK(i >= 0 && fs.f[i].len == 2);
+		/* lowering it makes the window negative: nothing is sent */
+		buf_free(k, &in);
+		t_put_frame(&in, k, H2_SETTINGS, 0, 0, "\0\x04\0\0\0\x00", 6);
+		t_feed(k, c, BUF_DATA(&in), BUF_LEN(&in));
+		t_out(c, &fs);
+		CHECK(t_find(&fs, H2_DATA, 1) < 0 && c->st[0]->send_window == -3);
+		buf_free(k, &in);
+		t_put_frame(&in, k, H2_WINDOW_UPDATE, 0, 1, "\0\0\0\x0a", 4);
+		t_feed(k, c, BUF_DATA(&in), BUF_LEN(&in));
+		t_out(c, &fs);
+		i = t_find(&fs, H2_DATA, 1);
+		CHECK(i >= 0 && fs.f[i].len == 4 && t_find(&fs, H2_HEADERS, 1) >= 0 && c->nst == 0);
+		/* stream window overflow: stream error */
+		h2_conn_free(k, c);
+		buf_free(k, &in);
+	}
+	/* a connection window of zero holds DATA until WINDOW_UPDATE(0) */
+	{
+		struct kvd_buf in = {0};
+		c = t_conn(k);
+		t_preface(&in, k);
+		t_feed(k, c, BUF_DATA(&in), BUF_LEN(&in));
+		c->send_window = 0;
+		buf_free(k, &in);
+		t_health_call(&in, k, 1);
+		t_feed(k, c, BUF_DATA(&in), BUF_LEN(&in));
+		t_out(c, &fs);
+		CHECK(t_find(&fs, H2_DATA, 1) < 0 && t_find(&fs, H2_HEADERS, 1) >= 0);
+		CHECK(c->st[0]->stalled_since != 0);
+		buf_free(k, &in);
+		t_put_frame(&in, k, H2_WINDOW_UPDATE, 0, 0, "\0\0\0\x64", 4);
+		t_feed(k, c, BUF_DATA(&in), BUF_LEN(&in));
+		t_out(c, &fs);
+		CHECK(t_find(&fs, H2_DATA, 1) >= 0 && c->nst == 0);
+		h2_conn_free(k, c);
+		buf_free(k, &in);
+	}
+	kvd_close(k);
+}
+
+/* Keepalive enforcement, settings flood, rapid reset. */
+static void test_h2_abuse(void)
+{
+	struct kvd *k = t_kvd();
+	static struct t_frames fs;
+	struct kvd_buf b = {0};
+	struct h2_conn *c;
+	uint8_t blk[512], ping[8] = {0};
+	size_t n;
+	int i;
+
+	/* four data-less pings in a row: the 4th is the third strike */
+	for (i = 0; i < 4; i++)
+		t_put_frame(&b, k, H2_PING, 0, 0, ping, 8);
+	c = t_run(k, &b, &fs);
+	CHECK(t_goaway_code(&fs) == H2_ENHANCE_YOUR_CALM);
+	{
+		int acks = 0;
+		unsigned j;
+		for (j = 0; j < fs.n; j++)
+			acks += fs.f[j].type == H2_PING && fs.f[j].flags == H2_F_ACK;
+		CHECK(acks == 4);
+	}
+	h2_conn_free(k, c);
+	buf_free(k, &b);
+	/* pings spaced by kvd's own DATA do not count (BDP pings) */
+	c = t_run(k, &b, &fs);
+	for (i = 0; i < 10; i++) {
+		buf_free(k, &b);
+		t_put_frame(&b, k, H2_PING, 0, 0, ping, 8);
+		t_health_call(&b, k, (uint32_t)(1 + 2 * i));
+		t_feed(k, c, BUF_DATA(&b), BUF_LEN(&b));
+		t_out(c, &fs);
+	}
+	CHECK(!c->is_closing);
+	h2_conn_free(k, c);
+	buf_free(k, &b);
+	/* rapid reset: HEADERS + RST_STREAM over and over */
+	c = t_run(k, &b, &fs);
+	n = t_req_block(k, blk, "/grpc.health.v1.Health/Watch", NULL, NULL);
+	for (i = 0; i < 1000 && !c->is_closing; i++) {
+		buf_free(k, &b);
+		t_put_frame(&b, k, H2_HEADERS, H2_F_END_HEADERS, (uint32_t)(1 + 2 * i), blk, n);
+		t_put_frame(&b, k, H2_RST_STREAM, 0, (uint32_t)(1 + 2 * i), "\0\0\0\x08", 4);
+		t_feed(k, c, BUF_DATA(&b), BUF_LEN(&b));
+		t_out(c, &fs);
+	}
+	CHECK(c->is_closing && i <= KVD_RST_RATE * 2 + 1);
+	h2_conn_free(k, c);
+	buf_free(k, &b);
+	/* stream limit: REFUSED_STREAM beyond max_concurrent_streams */
+	k->cfg.max_streams = 3;
+	for (i = 0; i < 5; i++) {
+		n = t_req_block(k, blk, "/grpc.health.v1.Health/Watch", NULL, NULL);
+		t_put_frame(&b, k, H2_HEADERS, H2_F_END_HEADERS, (uint32_t)(1 + 2 * i), blk, n);
+	}
+	c = t_run(k, &b, &fs);
+	CHECK(c->nst == 3 && t_rst_code(&fs, 7) == H2_REFUSED_STREAM && t_rst_code(&fs, 9) == H2_REFUSED_STREAM);
+	h2_conn_free(k, c);
+	buf_free(k, &b);
+	k->cfg.max_streams = KVD_DEFAULT_MAX_STREAMS;
+	/* CONTINUATION flood: capped */
+	n = t_req_block(k, blk, "/grpc.health.v1.Health/Check", NULL, NULL);
+	t_put_frame(&b, k, H2_HEADERS, 0, 1, blk, n);
+	for (i = 0; i < 100; i++)
+		t_put_frame(&b, k, H2_CONTINUATION, 0, 1, "\x40\x01x\x01y", 5);
+	c = t_run(k, &b, &fs);
+	CHECK(t_goaway_code(&fs) == H2_ENHANCE_YOUR_CALM && c->hblk_frames <= KVD_MAX_CONTINUATIONS + 1);
+	h2_conn_free(k, c);
+	buf_free(k, &b);
+	/* too many settings in one frame */
+	{
+		uint8_t s[6 * 70] = {0};
+		t_put_frame(&b, k, H2_SETTINGS, 0, 0, s, sizeof s);
+		c = t_run(k, &b, &fs);
+		CHECK(t_goaway_code(&fs) == H2_ENHANCE_YOUR_CALM);
+		h2_conn_free(k, c);
+		buf_free(k, &b);
+	}
+	/* empty DATA frames count as glitches */
+	n = t_req_block(k, blk, "/grpc.health.v1.Health/Watch", NULL, NULL);
+	t_put_frame(&b, k, H2_HEADERS, H2_F_END_HEADERS, 1, blk, n);
+	for (i = 0; i < 2000; i++)
+		t_put_frame(&b, k, H2_DATA, 0, 1, NULL, 0);
+	c = t_run(k, &b, &fs);
+	CHECK(t_goaway_code(&fs) == H2_ENHANCE_YOUR_CALM);
+	h2_conn_free(k, c);
+	buf_free(k, &b);
+	/* header list over the cap: answered RESOURCE_EXHAUSTED, connection lives */
+	{
+		static uint8_t big[16384];
+		struct kvd_buf x = {0};
+		char v[5000];
+		memset(v, 'a', sizeof v);
+		buf_append(k, &x, "\x83\x86", 2);
+		hp_put_field(k, &x, 4, NULL, "/grpc.health.v1.Health/Check", 28);
+		hp_put_field(k, &x, 0, "x-a", v, 5000);
+		hp_put_field(k, &x, 0, "x-b", v, 5000);
+		hp_put_field(k, &x, 0, "x-c", v, 5000);
+		hp_put_field(k, &x, 0, "x-d", v, 1300);
+		memcpy(big, BUF_DATA(&x), BUF_LEN(&x));
+		t_put_frame(&b, k, H2_HEADERS, H2_F_END_HEADERS | H2_F_END_STREAM, 1, big, BUF_LEN(&x));
+		buf_free(k, &x);
+		c = t_run(k, &b, &fs);
+		i = t_find(&fs, H2_HEADERS, 1);
+		CHECK(i >= 0 && t_resp_field(k, &fs.f[i], "grpc-status", "8") && !c->is_closing);
+		h2_conn_free(k, c);
+		buf_free(k, &b);
+	}
+	kvd_close(k);
+}
+
+/* Peer HEADER_TABLE_SIZE below 4096: kvd's next block starts with a size update. */
+static void test_h2_table_size_update(void)
+{
+	struct kvd *k = t_kvd();
+	static struct t_frames fs;
+	struct kvd_buf b = {0};
+	struct h2_conn *c;
+	int h;
+
+	t_put_frame(&b, k, H2_SETTINGS, 0, 0, "\0\x01\0\0\0\0", 6);
+	t_health_call(&b, k, 1);
+	t_health_call(&b, k, 3);
+	c = t_run(k, &b, &fs);
+	h = t_find(&fs, H2_HEADERS, 1);
+	CHECK(h >= 0 && fs.f[h].p[0] == 0x20);
+	h = t_find(&fs, H2_HEADERS, 3);
+	CHECK(h >= 0 && fs.f[h].p[0] != 0x20);
+	h2_conn_free(k, c);
+	buf_free(k, &b);
+	kvd_close(k);
+}
+
+/* Graceful shutdown: GOAWAY(2^31-1) + PING; the ACK brings the final GOAWAY. */
+static void test_h2_drain(void)
+{
+	struct kvd *k = t_kvd();
+	static struct t_frames fs;
+	struct kvd_buf b = {0};
+	struct h2_conn *c;
+	uint8_t blk[512];
+	size_t n;
+	int i;
+
+	n = t_req_block(k, blk, "/grpc.health.v1.Health/Watch", NULL, NULL);
+	t_put_frame(&b, k, H2_HEADERS, H2_F_END_HEADERS, 1, blk, n);
+	t_put_frame(&b, k, H2_DATA, H2_F_END_STREAM, 1, "\0\0\0\0\0", 5);
+	c = t_run(k, &b, &fs);
+	CHECK(c->nst == 1);
+	h2_drain(k, c);
+	t_out(c, &fs);
+	i = t_find(&fs, H2_GOAWAY, 0);
+	CHECK(i >= 0 && get_be32(fs.f[i].p) == 0x7fffffff && t_find(&fs, H2_PING, 0) >= 0);
+	buf_free(k, &b);
+	t_put_frame(&b, k, H2_PING, H2_F_ACK, 0, h2_stop_ping, 8);
+	t_feed(k, c, BUF_DATA(&b), BUF_LEN(&b));
+	t_out(c, &fs);
+	i = t_find(&fs, H2_GOAWAY, 0);
+	CHECK(i >= 0 && get_be32(fs.f[i].p) == 1 && !c->is_closing);
+	/* a new stream after the final GOAWAY is ignored */
+	buf_free(k, &b);
+	n = t_req_block(k, blk, "/grpc.health.v1.Health/Check", NULL, NULL);
+	t_put_frame(&b, k, H2_HEADERS, H2_F_END_HEADERS, 3, blk, n);
+	t_feed(k, c, BUF_DATA(&b), BUF_LEN(&b));
+	CHECK(c->nst == 1);
+	/* the last call ends: the connection closes */
+	grpc_finish(k, c->st[0], GRPC_UNAVAILABLE, "etcdserver: server stopped");
+	h2_flush(k, c);
+	CHECK(c->nst == 0 && c->is_closing);
+	h2_conn_free(k, c);
+	buf_free(k, &b);
+	kvd_close(k);
+}
+
+/* Allocation failures anywhere in a call: no crash, no leak. */
+static void test_oom_sweep(void)
+{
+	struct kvd *k = t_kvd();
+	struct kvd_buf in = {0};
+	struct h2_conn *c;
+	uint64_t i, base;
+	size_t mem0;
+	int ok = 1;
+
+	t_preface(&in, k);
+	t_health_call(&in, k, 1);
+	t_put_frame(&in, k, H2_SETTINGS, 0, 0, "\0\x01\0\0\0\0", 6);
+	t_health_call(&in, k, 3);
+	mem0 = k->mem;
+	for (i = 1; i < 60; i++) {
+		base = k->nalloc;
+		k->fail_at = base + i;
+		c = h2_conn_new(k, -1);
+		if (c) {
+			t_feed(k, c, BUF_DATA(&in), BUF_LEN(&in));
+			h2_conn_free(k, c);
+		}
+		k->fail_at = 0;
+		ok &= k->mem == mem0;
+	}
+	CHECK(ok);
+	buf_free(k, &in);
+	kvd_close(k);
+}
+
+/* ---- configuration ------------------------------------------------------ */
+
+static void test_cfg(void)
+{
+	struct kvd_config cfg;
+	char err[KVD_ERRLEN], url_h[64], url_p[8];
+	uint32_t ms;
+	const char *a1[] = {"kvd", "--name", "n1", "-data-dir=/tmp/x", "--max-request-bytes", "100",
+	              "--grpc-keepalive-min-time=1m30s", "--log-level", "debug"};
+	const char *a2[] = {"kvd", "--nope"};
+	const char *a3[] = {"kvd", "--max-request-bytes", "-1"};
+	const char *a4[] = {"kvd", "--name"};
+	const char *a5[] = {"kvd", "stray"};
+	const char *a6[] = {"kvd", "--max-idle-time", "5x"};
+	struct kvd *k;
+
+	CHECK(cfg_duration("5s", &ms) == 0 && ms == 5000);
+	CHECK(cfg_duration("1m30s", &ms) == 0 && ms == 90000);
+	CHECK(cfg_duration("300ms", &ms) == 0 && ms == 300);
+	CHECK(cfg_duration("1.5h", &ms) == 0 && ms == 5400000);
+	CHECK(cfg_duration("0", &ms) == 0 && ms == 0);
+	CHECK(cfg_duration("10us", &ms) == 0 && ms == 1);
+	CHECK(cfg_duration("5", &ms) == -1 && cfg_duration("", &ms) == -1 && cfg_duration("s", &ms) == -1);
+	kvd_config_init(&cfg);
+	CHECK(kvd_config_parse(&cfg, 9, (char **)a1, err, sizeof err) == 0);
+	CHECK(!strcmp(cfg.name, "n1") && !strcmp(cfg.data_dir, "/tmp/x") && cfg.max_request_bytes == 100 &&
+	      cfg.keepalive_min_time_ms == 90000 && cfg.log_level == KVD_LOG_DEBUG);
+	kvd_config_init(&cfg);
+	CHECK(kvd_config_parse(&cfg, 2, (char **)a2, err, sizeof err) == KVD_EINVAL && strstr(err, "unknown flag --nope"));
+	CHECK(kvd_config_parse(&cfg, 3, (char **)a3, err, sizeof err) == KVD_EINVAL && strstr(err, "invalid value"));
+	CHECK(kvd_config_parse(&cfg, 2, (char **)a4, err, sizeof err) == KVD_EINVAL && strstr(err, "needs an argument"));
+	CHECK(kvd_config_parse(&cfg, 2, (char **)a5, err, sizeof err) == KVD_EINVAL && strstr(err, "not a valid flag"));
+	CHECK(kvd_config_parse(&cfg, 3, (char **)a6, err, sizeof err) == KVD_EINVAL);
+	setenv("ETCD_NAME", "fromenv", 1);
+	kvd_config_init(&cfg);
+	CHECK(kvd_config_parse(&cfg, 1, (char **)a1, err, sizeof err) == 0 && !strcmp(cfg.name, "fromenv"));
+	CHECK(kvd_config_parse(&cfg, 9, (char **)a1, err, sizeof err) == KVD_EINVAL && strstr(err, "conflicting environment"));
+	unsetenv("ETCD_NAME");
+	/* URLs */
+	CHECK(net_split_url("http://127.0.0.1:2379", url_h, sizeof url_h, url_p, sizeof url_p, err, sizeof err) == 0 &&
+	      !strcmp(url_h, "127.0.0.1") && !strcmp(url_p, "2379"));
+	CHECK(net_split_url("http://[::1]:23", url_h, sizeof url_h, url_p, sizeof url_p, err, sizeof err) == 0 &&
+	      !strcmp(url_h, "::1") && !strcmp(url_p, "23"));
+	CHECK(net_split_url("https://1.2.3.4:1", url_h, sizeof url_h, url_p, sizeof url_p, err, sizeof err) == KVD_EINVAL &&
+	      strstr(err, "TLS"));
+	CHECK(net_split_url("http://1.2.3.4", url_h, sizeof url_h, url_p, sizeof url_p, err, sizeof err) == KVD_EINVAL);
+	CHECK(net_split_url("http://1.2.3.4:x", url_h, sizeof url_h, url_p, sizeof url_p, err, sizeof err) == KVD_EINVAL);
+	/* member and cluster ids as etcd derives them (observed on etcd 3.4.23
+	 * with default --initial-advertise-peer-urls and token) */
+	kvd_config_init(&cfg);
+	CHECK(kvd_init(&cfg, &k, err, sizeof err) == 0);
+	CHECK(k->member_id == 10276657743932975437ull && k->cluster_id == 14841639068965178418ull);
+	CHECK(!strcmp(k->cfg.data_dir, "default.etcd"));
+	kvd_close(k);
+}
+
+static void test_pct_encode(void)
+{
+	char out[64];
+
+	h2_pct_encode("a%b\nc\xc3\xa9", out, sizeof out);
+	CHECK(!strcmp(out, "a%25b%0Ac%C3%A9"));
+	h2_pct_encode("plain text: ok", out, sizeof out);
+	CHECK(!strcmp(out, "plain text: ok"));
+}
+
+/* ---- runner ------------------------------------------------------------- */
+
+static const struct {
+	const char *name;
+	void (*fn)(void);
+} tests[] = {
+	{"bytes", test_bytes},
+	{"buf", test_buf},
+	{"alloc", test_alloc},
+	{"bucket", test_bucket},
+	{"hpack_int", test_hpack_int},
+	{"hpack_huffman", test_huffman},
+	{"hpack_rfc_c2", test_hpack_rfc_c2},
+	{"hpack_rfc_c3_c4", test_hpack_rfc_c3_c4},
+	{"hpack_rfc_c5_c6", test_hpack_rfc_c5_c6},
+	{"hpack_errors", test_hpack_errors},
+	{"hpack_limits", test_hpack_limits},
+	{"hpack_table", test_hpack_table},
+	{"h2_health_whole_and_bytewise", test_h2_health_whole_and_bytewise},
+	{"h2_conn_errors", test_h2_conn_errors},
+	{"h2_stream_errors", test_h2_stream_errors},
+	{"h2_table_size_update", test_h2_table_size_update},
+	{"h2_abuse", test_h2_abuse},
+	{"h2_drain", test_h2_drain},
+	{"grpc_errors", test_grpc_errors},
+	{"grpc_deadline", test_grpc_deadline},
+	{"flow_control", test_flow_control},
+	{"oom_sweep", test_oom_sweep},
+	{"cfg", test_cfg},
+	{"pct_encode", test_pct_encode},
+};
+
+int main(int argc, char **argv)
+{
+	size_t i;
+
+	for (i = 0; i < KVD_COUNT(tests); i++) {
+		if (argc > 1 && !strstr(tests[i].name, argv[1]))
+			continue;
+		t_name = tests[i].name;
+		tests[i].fn();
+	}
+	printf("%d passed, %d failed\n", t_pass, t_fail);
+	return t_fail != 0;
+}
