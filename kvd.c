@@ -12,14 +12,15 @@
  *    3. Utilities: allocation, log, bytes, clock, rate buckets
  *    4. Byte buffers (buf_)
  *    5. Protobuf glue (pb_)
- *    6. HPACK (hp_)
- *    7. HTTP/2 frames, streams, flow control (h2_)
- *    8. gRPC framing and routing (grpc_)
- *    9. Services: health, maintenance, cluster (svc_)
- *   10. Sockets and the poll loop (net_, loop_)
- *   11. Flags and configuration (cfg_)
- *   12. Public embedding API (kvd_)
- *   13. main()
+ *    6. MVCC store: log, index, revisions (mvcc_)
+ *    7. HPACK (hp_)
+ *    8. HTTP/2 frames, streams, flow control (h2_)
+ *    9. gRPC framing and routing (grpc_)
+ *   10. Services: KV, health, maintenance, cluster (svc_)
+ *   11. Sockets and the poll loop (net_, loop_)
+ *   12. Flags and configuration (cfg_)
+ *   13. Public embedding API (kvd_)
+ *   14. main()
  *
  * Prefixes mark the section a static function belongs to; only kvd_* (and the
  * generated protobuf-c symbols) are exported.  Functions return 0 or a
@@ -240,6 +241,62 @@ struct kvd;
 struct h2_conn;
 struct h2_stream;
 
+/* The store (section 6).  Per key, RAM holds only the latest revision. */
+struct mvcc_key {
+	int64_t mod, create, ver, lease; /* latest op; create == 0: it was a delete */
+	uint64_t op;                     /* log offset of that op */
+	uint32_t vlen, klen;
+	uint8_t key[];
+};
+#define MVCC_LEAF 64 /* keys per index leaf */
+struct mvcc_leaf {
+	unsigned n;
+	struct mvcc_key *k[MVCC_LEAF];
+};
+/* One revision of a key as a read sees it; the value stays in the log. */
+struct mvcc_kv {
+	const struct mvcc_key *r;
+	int64_t mod, create, ver, lease;
+	uint64_t voff;
+	uint32_t vlen;
+};
+struct mvcc_was { /* the mutable fields of a key, for undo */
+	int64_t mod, create, ver, lease;
+	uint64_t op;
+	uint32_t vlen;
+};
+enum { MVCC_UNDO_CHANGED, MVCC_UNDO_CREATED, MVCC_UNDO_REMOVED };
+struct mvcc_undo {
+	struct mvcc_key *r;
+	struct mvcc_was was;
+	unsigned kind;
+};
+/* A write txn being built: one record, one revision. */
+struct mvcc_txn {
+	int64_t rev;
+	size_t at, nops_at, undo_at;
+	uint32_t nops;
+};
+struct mvcc {
+	int fd;
+	uint64_t size;                 /* durable log bytes */
+	struct kvd_buf w;              /* the batch: records not yet written */
+	int64_t rev, rev_durable;      /* current revision (batch included), durable one */
+	int64_t compacted, compacted_durable, pending_compact;
+	struct mvcc_leaf **leaf;       /* index: sorted leaves of sorted keys */
+	size_t nleaf, leafcap, nkeys;
+	struct mvcc_undo *undo;        /* how to undo the batch */
+	size_t nundo, undocap;
+	struct { int64_t rev; uint64_t bytes; } *dead; /* superseded bytes by revision bucket */
+	size_t ndead, deadcap;
+	struct { int64_t rev; uint64_t off; } *marks;  /* sparse revision -> record offset */
+	size_t nmarks, markcap;
+	uint64_t reclaimable;          /* bytes a rewrite of the log would drop */
+	unsigned broken : 1;           /* a failed write could not be cut back */
+	unsigned no_fsync : 1;         /* --unsafe-no-fsync */
+	char why[96];
+};
+
 /* A gRPC method: how calls to one :path are served (section 8, 9). */
 enum grpc_kind { GRPC_UNARY, GRPC_SERVER_STREAM, GRPC_BIDI };
 struct grpc_method {
@@ -251,6 +308,8 @@ struct grpc_method {
 	void (*on_half_close)(struct kvd *k, struct h2_stream *s);
 	/* the stream goes away (finished or reset): free service state (optional) */
 	void (*on_close)(struct kvd *k, struct h2_stream *s);
+	/* the peer can take more and the stream's queue is empty (optional) */
+	void (*on_produce)(struct kvd *k, struct h2_stream *s);
 };
 
 /* One HTTP/2 stream carrying one gRPC call. */
@@ -266,6 +325,9 @@ struct h2_stream {
 	unsigned has_cl : 1;        /* content-length given */
 	unsigned ctype_proto : 1;   /* answer with application/grpc+proto */
 	unsigned bad_encoding : 1;  /* grpc-encoding kvd cannot decode */
+	unsigned wrote : 1;         /* the call wrote to the store */
+	unsigned held : 1;          /* its reply waits for the log flush (k->held) */
+	unsigned produce : 1;       /* the method's on_produce makes more output */
 	int64_t send_window;        /* what kvd may still send on this stream */
 	int64_t recv_window;        /* what the client may still send */
 	uint32_t recv_owed;         /* consumed, not yet credited back */
@@ -273,6 +335,7 @@ struct h2_stream {
 	int64_t deadline;           /* grpc-timeout, monotonic ms, 0 = none */
 	int64_t stalled_since;      /* output blocked by a zero window since */
 	struct kvd_buf in, out;     /* request bytes, response gRPC messages */
+	size_t out_mark;            /* out.len before the current request's reply */
 	const struct grpc_method *m;
 	int status;                 /* final gRPC status once finished */
 	int http_status;            /* 200 unless an early HTTP-level refusal */
@@ -338,7 +401,8 @@ struct net_listener {
 struct kvd_cfg {
 	char *name, *data_dir, *listen, *advertise, *peer_urls, *token;
 	uint32_t max_request, max_streams, max_conns, ping_min_ms, idle_ms,
-	    stall_ms, drain_ms;
+	    stall_ms, drain_ms, max_txn_ops;
+	int no_fsync;
 	int log_level;
 };
 
@@ -375,10 +439,9 @@ struct kvd {
 	unsigned nclient_urls, npeer_urls;
 	int lock_fd;
 	int wake[2];                 /* self-pipe: kvd_shutdown() is async-signal-safe */
-	/* the store's revision and sizes; with no KV store yet the revision is
-	 * that of an empty etcd store (1) and nothing is on disk */
-	int64_t revision;
-	int64_t db_size, db_size_in_use;
+	struct mvcc db;              /* the store */
+	struct h2_stream **held;     /* calls answered while the batch was open */
+	size_t nheld, heldcap;
 	/* HPACK decode scratch, shared: one header block is decoded at a time */
 	struct hp_field hf[KVD_MAX_HEADER_FIELDS];
 	uint8_t harena[KVD_MAX_HEADER_LIST + HP_TABLE_SIZE + 64];
@@ -670,7 +733,1205 @@ static void pb_free(struct kvd *k, void *m)
 		protobuf_c_message_free_unpacked(m, &k->pba);
 }
 
-/* ===== 6. HPACK (hp_) ==================================================== */
+/* ===== 6. MVCC store: log, index, revisions (mvcc_) ====================== */
+
+/*
+ * The store is one append-only log, <data-dir>/kvd.log, and an in-memory
+ * ordered index of keys.  RAM holds per key only its latest revision
+ * (revisions, version, lease, where its op sits in the log); values and older
+ * revisions stay in the file.  Each op points back to the previous op of the
+ * same key, so history is a chain on disk that reads at old revisions walk
+ * with pread.  RAM therefore grows with the number of keys, not with the data
+ * or the history.
+ *
+ * Log format, integers big-endian or varint (LEB128), CRC-32C:
+ *   record  = u32 len | u32 crc | u8 type | payload[len]
+ *             crc covers the 4 len bytes, the type byte and the payload
+ *   HEADER  (1) = "kvd-log\n" | u32 format (1)          -- the first record
+ *   TXN     (2) = varint rev | u32 nops | op[nops]       -- one write txn = one revision
+ *   COMPACT (3) = varint rev
+ *   op      = u8 kind (1 put, 2 delete) | u64 prev | varint rev | varint create
+ *             | varint version | varint zigzag(lease) | varint klen | varint vlen
+ *             | key | value                              (prev: offset of the key's
+ *             previous op + 1, 0 if none; a delete has create = version = lease = 0)
+ * A whole txn is one record, so a crash never leaves half of it: recovery
+ * keeps the longest prefix of valid records and cuts a torn tail.
+ *
+ * Group commit: write txns append records to m->w; at the end of the loop
+ * iteration one pwrite and one fdatasync make the batch durable, and only
+ * then do replies leave (the loop flushes the log before any socket).  The
+ * index changes at once, so later txns of the batch see earlier ones; an undo
+ * list restores it if the write fails.
+ */
+
+#define MVCC_REC_HDR 9
+#define MVCC_REC_HEADER 1
+#define MVCC_REC_TXN 2
+#define MVCC_REC_COMPACT 3
+#define MVCC_OP_PUT 1
+#define MVCC_OP_DEL 2
+#define MVCC_MAGIC "kvd-log\n"
+#define MVCC_FORMAT 1
+#define MVCC_MARK_EVERY 256    /* revisions between rev->offset marks */
+#define MVCC_DEAD_BUCKET 1024  /* revisions per reclaimable-bytes bucket */
+
+static const uint32_t crc32c_table[256] = {
+	0x00000000, 0xf26b8303, 0xe13b70f7, 0x1350f3f4, 0xc79a971f, 0x35f1141c, 0x26a1e7e8, 0xd4ca64eb,
+	0x8ad958cf, 0x78b2dbcc, 0x6be22838, 0x9989ab3b, 0x4d43cfd0, 0xbf284cd3, 0xac78bf27, 0x5e133c24,
+	0x105ec76f, 0xe235446c, 0xf165b798, 0x030e349b, 0xd7c45070, 0x25afd373, 0x36ff2087, 0xc494a384,
+	0x9a879fa0, 0x68ec1ca3, 0x7bbcef57, 0x89d76c54, 0x5d1d08bf, 0xaf768bbc, 0xbc267848, 0x4e4dfb4b,
+	0x20bd8ede, 0xd2d60ddd, 0xc186fe29, 0x33ed7d2a, 0xe72719c1, 0x154c9ac2, 0x061c6936, 0xf477ea35,
+	0xaa64d611, 0x580f5512, 0x4b5fa6e6, 0xb93425e5, 0x6dfe410e, 0x9f95c20d, 0x8cc531f9, 0x7eaeb2fa,
+	0x30e349b1, 0xc288cab2, 0xd1d83946, 0x23b3ba45, 0xf779deae, 0x05125dad, 0x1642ae59, 0xe4292d5a,
+	0xba3a117e, 0x4851927d, 0x5b016189, 0xa96ae28a, 0x7da08661, 0x8fcb0562, 0x9c9bf696, 0x6ef07595,
+	0x417b1dbc, 0xb3109ebf, 0xa0406d4b, 0x522bee48, 0x86e18aa3, 0x748a09a0, 0x67dafa54, 0x95b17957,
+	0xcba24573, 0x39c9c670, 0x2a993584, 0xd8f2b687, 0x0c38d26c, 0xfe53516f, 0xed03a29b, 0x1f682198,
+	0x5125dad3, 0xa34e59d0, 0xb01eaa24, 0x42752927, 0x96bf4dcc, 0x64d4cecf, 0x77843d3b, 0x85efbe38,
+	0xdbfc821c, 0x2997011f, 0x3ac7f2eb, 0xc8ac71e8, 0x1c661503, 0xee0d9600, 0xfd5d65f4, 0x0f36e6f7,
+	0x61c69362, 0x93ad1061, 0x80fde395, 0x72966096, 0xa65c047d, 0x5437877e, 0x4767748a, 0xb50cf789,
+	0xeb1fcbad, 0x197448ae, 0x0a24bb5a, 0xf84f3859, 0x2c855cb2, 0xdeeedfb1, 0xcdbe2c45, 0x3fd5af46,
+	0x7198540d, 0x83f3d70e, 0x90a324fa, 0x62c8a7f9, 0xb602c312, 0x44694011, 0x5739b3e5, 0xa55230e6,
+	0xfb410cc2, 0x092a8fc1, 0x1a7a7c35, 0xe811ff36, 0x3cdb9bdd, 0xceb018de, 0xdde0eb2a, 0x2f8b6829,
+	0x82f63b78, 0x709db87b, 0x63cd4b8f, 0x91a6c88c, 0x456cac67, 0xb7072f64, 0xa457dc90, 0x563c5f93,
+	0x082f63b7, 0xfa44e0b4, 0xe9141340, 0x1b7f9043, 0xcfb5f4a8, 0x3dde77ab, 0x2e8e845f, 0xdce5075c,
+	0x92a8fc17, 0x60c37f14, 0x73938ce0, 0x81f80fe3, 0x55326b08, 0xa759e80b, 0xb4091bff, 0x466298fc,
+	0x1871a4d8, 0xea1a27db, 0xf94ad42f, 0x0b21572c, 0xdfeb33c7, 0x2d80b0c4, 0x3ed04330, 0xccbbc033,
+	0xa24bb5a6, 0x502036a5, 0x4370c551, 0xb11b4652, 0x65d122b9, 0x97baa1ba, 0x84ea524e, 0x7681d14d,
+	0x2892ed69, 0xdaf96e6a, 0xc9a99d9e, 0x3bc21e9d, 0xef087a76, 0x1d63f975, 0x0e330a81, 0xfc588982,
+	0xb21572c9, 0x407ef1ca, 0x532e023e, 0xa145813d, 0x758fe5d6, 0x87e466d5, 0x94b49521, 0x66df1622,
+	0x38cc2a06, 0xcaa7a905, 0xd9f75af1, 0x2b9cd9f2, 0xff56bd19, 0x0d3d3e1a, 0x1e6dcdee, 0xec064eed,
+	0xc38d26c4, 0x31e6a5c7, 0x22b65633, 0xd0ddd530, 0x0417b1db, 0xf67c32d8, 0xe52cc12c, 0x1747422f,
+	0x49547e0b, 0xbb3ffd08, 0xa86f0efc, 0x5a048dff, 0x8ecee914, 0x7ca56a17, 0x6ff599e3, 0x9d9e1ae0,
+	0xd3d3e1ab, 0x21b862a8, 0x32e8915c, 0xc083125f, 0x144976b4, 0xe622f5b7, 0xf5720643, 0x07198540,
+	0x590ab964, 0xab613a67, 0xb831c993, 0x4a5a4a90, 0x9e902e7b, 0x6cfbad78, 0x7fab5e8c, 0x8dc0dd8f,
+	0xe330a81a, 0x115b2b19, 0x020bd8ed, 0xf0605bee, 0x24aa3f05, 0xd6c1bc06, 0xc5914ff2, 0x37faccf1,
+	0x69e9f0d5, 0x9b8273d6, 0x88d28022, 0x7ab90321, 0xae7367ca, 0x5c18e4c9, 0x4f48173d, 0xbd23943e,
+	0xf36e6f75, 0x0105ec76, 0x12551f82, 0xe03e9c81, 0x34f4f86a, 0xc69f7b69, 0xd5cf889d, 0x27a40b9e,
+	0x79b737ba, 0x8bdcb4b9, 0x988c474d, 0x6ae7c44e, 0xbe2da0a5, 0x4c4623a6, 0x5f16d052, 0xad7d5351,
+};
+
+/* CRC-32C (Castagnoli), as iSCSI/ext4 use it; start with crc = 0. */
+static uint32_t crc32c(uint32_t crc, const void *data, size_t n)
+{
+	const uint8_t *p = data;
+
+	crc = ~crc;
+	while (n--)
+		crc = crc32c_table[(crc ^ *p++) & 0xff] ^ (crc >> 8);
+	return ~crc;
+}
+
+static size_t mvcc_vlen(uint64_t v)
+{
+	size_t n = 1;
+
+	while (v >= 0x80) {
+		v >>= 7;
+		n++;
+	}
+	return n;
+}
+
+static uint8_t *mvcc_put_varint(uint8_t *p, uint64_t v)
+{
+	while (v >= 0x80) {
+		*p++ = (uint8_t)(v | 0x80);
+		v >>= 7;
+	}
+	*p++ = (uint8_t)v;
+	return p;
+}
+
+static int mvcc_get_varint(const uint8_t **pp, const uint8_t *end, uint64_t *v)
+{
+	const uint8_t *p = *pp;
+	uint64_t r = 0;
+	unsigned shift = 0;
+
+	do {
+		if (p >= end || shift > 63)
+			return -1;
+		r |= (uint64_t)(*p & 0x7f) << shift;
+		shift += 7;
+	} while (*p++ & 0x80);
+	*v = r;
+	*pp = p;
+	return 0;
+}
+
+static uint64_t mvcc_zigzag(int64_t v)
+{
+	return v < 0 ? ~((uint64_t)v << 1) : (uint64_t)v << 1;
+}
+
+static int64_t mvcc_unzigzag(uint64_t v)
+{
+	return (v & 1) ? (int64_t)~(v >> 1) : (int64_t)(v >> 1);
+}
+
+static void put_be64(uint8_t *p, uint64_t v)
+{
+	put_be32(p, (uint32_t)(v >> 32));
+	put_be32(p + 4, (uint32_t)v);
+}
+
+/* Bytes of an op's header, from fields RAM knows. */
+static size_t mvcc_op_hdr(int64_t rev, int64_t create, int64_t ver, int64_t lease, size_t klen, size_t vlen)
+{
+	return 1 + 8 + mvcc_vlen((uint64_t)rev) + mvcc_vlen((uint64_t)create) + mvcc_vlen((uint64_t)ver) +
+	       mvcc_vlen(mvcc_zigzag(lease)) + mvcc_vlen(klen) + mvcc_vlen(vlen);
+}
+
+static size_t mvcc_key_opsize(const struct mvcc_key *r)
+{
+	return mvcc_op_hdr(r->mod, r->create, r->ver, r->lease, r->klen, r->vlen) + r->klen + r->vlen;
+}
+
+/* Where the latest value of r sits in the log. */
+static uint64_t mvcc_voff(const struct mvcc_key *r)
+{
+	return r->op + mvcc_op_hdr(r->mod, r->create, r->ver, r->lease, r->klen, r->vlen) + r->klen;
+}
+
+static int mvcc_cmp(const uint8_t *a, size_t an, const uint8_t *b, size_t bn)
+{
+	int c = an && bn ? memcmp(a, b, KVD_MIN(an, bn)) : 0;
+
+	return c ? c : (an > bn) - (an < bn);
+}
+
+/* ---- the index: a two-level B+tree (sorted leaves + a sorted leaf array) */
+
+struct mvcc_it {
+	size_t li;
+	unsigned ki;
+};
+
+/* Position of the first key >= key; *eq set when it is key itself. */
+static struct mvcc_it mvcc_seek(struct mvcc *m, const uint8_t *key, size_t n, int *eq)
+{
+	struct mvcc_it it = {0, 0};
+	size_t lo = 0, hi = m->nleaf, mid;
+	struct mvcc_leaf *l;
+	unsigned a, b, c;
+
+	*eq = 0;
+	if (!m->nleaf)
+		return it;
+	while (hi - lo > 1) {
+		mid = lo + (hi - lo) / 2;
+		if (mvcc_cmp(m->leaf[mid]->k[0]->key, m->leaf[mid]->k[0]->klen, key, n) <= 0)
+			lo = mid;
+		else
+			hi = mid;
+	}
+	l = m->leaf[lo];
+	a = 0;
+	b = l->n;
+	while (a < b) {
+		c = a + (b - a) / 2;
+		if (mvcc_cmp(l->k[c]->key, l->k[c]->klen, key, n) < 0)
+			a = c + 1;
+		else
+			b = c;
+	}
+	it.li = lo;
+	it.ki = a;
+	if (a < l->n)
+		*eq = !mvcc_cmp(l->k[a]->key, l->k[a]->klen, key, n);
+	else {
+		it.li++;
+		it.ki = 0;
+	}
+	return it;
+}
+
+static struct mvcc_key *mvcc_at(struct mvcc *m, struct mvcc_it it)
+{
+	return it.li < m->nleaf ? m->leaf[it.li]->k[it.ki] : NULL;
+}
+
+static void mvcc_next(struct mvcc *m, struct mvcc_it *it)
+{
+	if (++it->ki >= m->leaf[it->li]->n) {
+		it->li++;
+		it->ki = 0;
+	}
+}
+
+static struct mvcc_key *mvcc_find(struct mvcc *m, const uint8_t *key, size_t n)
+{
+	int eq;
+	struct mvcc_it it = mvcc_seek(m, key, n, &eq);
+
+	return eq ? mvcc_at(m, it) : NULL;
+}
+
+static int mvcc_leaf_slot(struct kvd *k, struct mvcc *m, size_t at, struct mvcc_leaf *l)
+{
+	if (m->nleaf == m->leafcap) {
+		size_t cap = m->leafcap ? m->leafcap * 2 : 16;
+		struct mvcc_leaf **nl = kvd_realloc(k, m->leaf, cap * sizeof *nl);
+		if (!nl)
+			return KVD_ENOMEM;
+		m->leaf = nl;
+		m->leafcap = cap;
+	}
+	memmove(m->leaf + at + 1, m->leaf + at, (m->nleaf - at) * sizeof *m->leaf);
+	m->leaf[at] = l;
+	m->nleaf++;
+	return 0;
+}
+
+/* Insert r where mvcc_seek said it belongs. */
+static int mvcc_insert(struct kvd *k, struct mvcc *m, struct mvcc_it it, struct mvcc_key *r)
+{
+	struct mvcc_leaf *l, *nl;
+	unsigned half;
+
+	if (!m->nleaf) {
+		if (!(l = kvd_malloc(k, sizeof *l)))
+			return KVD_ENOMEM;
+		l->n = 0;
+		if (mvcc_leaf_slot(k, m, 0, l)) {
+			kvd_free(k, l);
+			return KVD_ENOMEM;
+		}
+		it.li = 0;
+		it.ki = 0;
+	} else if (it.li == m->nleaf) {
+		it.li = m->nleaf - 1;
+		it.ki = m->leaf[it.li]->n;
+	} else if (it.ki == 0 && it.li > 0 && m->leaf[it.li - 1]->n < MVCC_LEAF) {
+		it.li--; /* append to the previous leaf rather than shifting this one */
+		it.ki = m->leaf[it.li]->n;
+	}
+	l = m->leaf[it.li];
+	if (l->n == MVCC_LEAF) { /* split */
+		if (!(nl = kvd_malloc(k, sizeof *nl)))
+			return KVD_ENOMEM;
+		half = MVCC_LEAF / 2;
+		if (it.ki == MVCC_LEAF)
+			half = MVCC_LEAF; /* appending at the end: start a fresh leaf */
+		nl->n = MVCC_LEAF - half;
+		memcpy(nl->k, l->k + half, nl->n * sizeof *nl->k);
+		if (mvcc_leaf_slot(k, m, it.li + 1, nl)) {
+			kvd_free(k, nl);
+			return KVD_ENOMEM;
+		}
+		l->n = half;
+		if (it.ki >= half) {
+			it.ki -= half;
+			it.li++;
+			l = nl;
+		}
+	}
+	memmove(l->k + it.ki + 1, l->k + it.ki, (l->n - it.ki) * sizeof *l->k);
+	l->k[it.ki] = r;
+	l->n++;
+	m->nkeys++;
+	return 0;
+}
+
+/* Remove the key at it; empty leaves go, small neighbours merge.  Returns
+ * the position of the key that followed it. */
+static struct mvcc_it mvcc_remove(struct kvd *k, struct mvcc *m, struct mvcc_it it)
+{
+	struct mvcc_leaf *l = m->leaf[it.li], *r;
+
+	memmove(l->k + it.ki, l->k + it.ki + 1, (l->n - it.ki - 1) * sizeof *l->k);
+	l->n--;
+	m->nkeys--;
+	if (!l->n) {
+		kvd_free(k, l);
+		memmove(m->leaf + it.li, m->leaf + it.li + 1, (m->nleaf - it.li - 1) * sizeof *m->leaf);
+		m->nleaf--;
+		it.ki = 0;
+		return it;
+	}
+	if (it.li + 1 < m->nleaf && l->n + (r = m->leaf[it.li + 1])->n <= MVCC_LEAF / 2) {
+		memcpy(l->k + l->n, r->k, r->n * sizeof *r->k);
+		l->n += r->n;
+		kvd_free(k, r);
+		memmove(m->leaf + it.li + 1, m->leaf + it.li + 2, (m->nleaf - it.li - 2) * sizeof *m->leaf);
+		m->nleaf--;
+	}
+	if (it.ki >= l->n) {
+		it.li++;
+		it.ki = 0;
+	}
+	return it;
+}
+
+static void mvcc_free_key(struct kvd *k, struct mvcc_key *r)
+{
+	kvd_free(k, r);
+}
+
+/* ---- reading ------------------------------------------------------------ */
+
+/* Read n bytes at log offset off: from the file, or from the unwritten batch. */
+static int mvcc_pread(struct mvcc *m, void *dst, size_t n, uint64_t off)
+{
+	uint8_t *d = dst;
+	ssize_t r;
+
+	if (off + n > m->size) { /* (part of it) is still in the batch */
+		size_t in_file = off < m->size ? (size_t)(m->size - off) : 0;
+		uint64_t boff = off + in_file - m->size;
+		if (boff + (n - in_file) > m->w.len)
+			return KVD_EIO;
+		memcpy(d + in_file, m->w.p + boff, n - in_file);
+		n = in_file;
+	}
+	while (n) {
+		r = pread(m->fd, d, n, (off_t)off);
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r <= 0)
+			return KVD_EIO;
+		d += r;
+		n -= (size_t)r;
+		off += (uint64_t)r;
+	}
+	return 0;
+}
+
+/* One op read back from the log (history walks). */
+struct mvcc_op {
+	int kind;
+	uint64_t prev;
+	int64_t rev, create, ver, lease;
+	uint64_t klen, vlen, voff;
+};
+
+static int mvcc_read_op(struct mvcc *m, uint64_t off, struct mvcc_op *op)
+{
+	uint8_t b[1 + 8 + 6 * 10];
+	const uint8_t *p = b + 9, *end;
+	uint64_t v[6];
+	size_t n = sizeof b, i;
+
+	if (off + n > m->size + m->w.len)
+		n = (size_t)(m->size + m->w.len - off);
+	if (n < 9 + 6 || mvcc_pread(m, b, n, off))
+		return KVD_ECORRUPT;
+	end = b + n;
+	op->kind = b[0];
+	op->prev = get_be64(b + 1);
+	for (i = 0; i < 6; i++)
+		if (mvcc_get_varint(&p, end, &v[i]))
+			return KVD_ECORRUPT;
+	op->rev = (int64_t)v[0];
+	op->create = (int64_t)v[1];
+	op->ver = (int64_t)v[2];
+	op->lease = mvcc_unzigzag(v[3]);
+	op->klen = v[4];
+	op->vlen = v[5];
+	op->voff = off + (uint64_t)(p - b) + op->klen;
+	return 0;
+}
+
+/*
+ * The revision of r visible at rev (rev 0 or >= r->mod: the latest).  Fills
+ * kv and returns 1 if the key exists there, 0 if not, <0 on a read error.
+ */
+static int mvcc_visible(struct mvcc *m, const struct mvcc_key *r, int64_t rev, struct mvcc_kv *kv)
+{
+	struct mvcc_op op;
+	uint64_t prev;
+
+	if (!rev || r->mod <= rev) {
+		if (!r->create)
+			return 0;
+		kv->r = r;
+		kv->mod = r->mod;
+		kv->create = r->create;
+		kv->ver = r->ver;
+		kv->lease = r->lease;
+		kv->voff = mvcc_voff(r);
+		kv->vlen = r->vlen;
+		return 1;
+	}
+	if (mvcc_read_op(m, r->op, &op))
+		return KVD_ECORRUPT;
+	for (prev = op.prev; prev; prev = op.prev) {
+		if (mvcc_read_op(m, prev - 1, &op))
+			return KVD_ECORRUPT;
+		if (op.rev <= rev) {
+			if (op.kind != MVCC_OP_PUT)
+				return 0;
+			kv->r = r;
+			kv->mod = op.rev;
+			kv->create = op.create;
+			kv->ver = op.ver;
+			kv->lease = op.lease;
+			kv->voff = op.voff;
+			kv->vlen = (uint32_t)op.vlen;
+			return 1;
+		}
+	}
+	return 0;
+}
+
+/* ---- writing ------------------------------------------------------------ */
+
+static void mvcc_save(struct mvcc_was *w, const struct mvcc_key *r)
+{
+	w->mod = r->mod;
+	w->create = r->create;
+	w->ver = r->ver;
+	w->lease = r->lease;
+	w->op = r->op;
+	w->vlen = r->vlen;
+}
+
+static void mvcc_restore(struct mvcc_key *r, const struct mvcc_was *w)
+{
+	r->mod = w->mod;
+	r->create = w->create;
+	r->ver = w->ver;
+	r->lease = w->lease;
+	r->op = w->op;
+	r->vlen = w->vlen;
+}
+
+/* Remember r's state (changed, new or removed) so a failed flush can undo. */
+static int mvcc_undo_push(struct kvd *k, struct mvcc *m, struct mvcc_key *r, unsigned kind)
+{
+	if (m->nundo == m->undocap) {
+		size_t cap = m->undocap ? m->undocap * 2 : 64;
+		struct mvcc_undo *u = kvd_realloc(k, m->undo, cap * sizeof *u);
+		if (!u)
+			return KVD_ENOMEM;
+		m->undo = u;
+		m->undocap = cap;
+	}
+	m->undo[m->nundo].r = r;
+	m->undo[m->nundo].kind = kind;
+	if (kind == MVCC_UNDO_CHANGED)
+		mvcc_save(&m->undo[m->nundo].was, r);
+	m->nundo++;
+	return 0;
+}
+
+/* Bytes superseded at revision rev: reclaimable once compaction passes it. */
+static void mvcc_dead(struct kvd *k, struct mvcc *m, int64_t rev, uint64_t bytes)
+{
+	if (!m->ndead || rev >= m->dead[m->ndead - 1].rev + MVCC_DEAD_BUCKET) {
+		if (m->ndead == m->deadcap) {
+			size_t cap = m->deadcap ? m->deadcap * 2 : 16;
+			void *d = kvd_realloc(k, m->dead, cap * sizeof *m->dead);
+			if (!d) { /* only the in-use figure suffers: fold into the last bucket */
+				if (m->ndead)
+					m->dead[m->ndead - 1].bytes += bytes;
+				return;
+			}
+			m->dead = d;
+			m->deadcap = cap;
+		}
+		m->dead[m->ndead].rev = rev;
+		m->dead[m->ndead].bytes = 0;
+		m->ndead++;
+	}
+	m->dead[m->ndead - 1].bytes += bytes;
+}
+
+/* A rev -> record offset mark, every MVCC_MARK_EVERY revisions. */
+static void mvcc_mark(struct kvd *k, struct mvcc *m, int64_t rev, uint64_t off)
+{
+	if (m->nmarks && rev < m->marks[m->nmarks - 1].rev + MVCC_MARK_EVERY)
+		return;
+	if (m->nmarks == m->markcap) {
+		size_t cap = m->markcap ? m->markcap * 2 : 16;
+		void *p = kvd_realloc(k, m->marks, cap * sizeof *m->marks);
+		if (!p)
+			return; /* a sparser map only costs longer scans */
+		m->marks = p;
+		m->markcap = cap;
+	}
+	m->marks[m->nmarks].rev = rev;
+	m->marks[m->nmarks].off = off;
+	m->nmarks++;
+}
+
+/* Start a write txn: its record header goes to the batch now, its length
+ * and CRC when it ends. */
+static int mvcc_txn_begin(struct kvd *k, struct mvcc_txn *t)
+{
+	struct mvcc *m = &k->db;
+	uint8_t *p;
+
+	memset(t, 0, sizeof *t);
+	if (m->broken)
+		return KVD_EIO;
+	t->rev = m->rev + 1;
+	t->at = m->w.len;
+	t->undo_at = m->nundo;
+	if (buf_reserve(k, &m->w, MVCC_REC_HDR + 10 + 4))
+		return KVD_ENOMEM;
+	p = m->w.p + m->w.len + MVCC_REC_HDR;
+	p = mvcc_put_varint(p, (uint64_t)t->rev);
+	t->nops_at = (size_t)(p - m->w.p);
+	m->w.len = t->nops_at + 4;
+	return 0;
+}
+
+static void mvcc_seal(uint8_t *rec, size_t payload, unsigned type)
+{
+	uint32_t crc;
+
+	put_be32(rec, (uint32_t)payload);
+	rec[8] = (uint8_t)type;
+	crc = crc32c(0, rec, 4);
+	crc = crc32c(crc, rec + 8, 1 + payload);
+	put_be32(rec + 4, crc);
+}
+
+/* End a write txn: no ops, no record and no revision; else the revision. */
+static void mvcc_txn_end(struct kvd *k, struct mvcc_txn *t)
+{
+	struct mvcc *m = &k->db;
+
+	if (!t->nops) {
+		m->w.len = t->at;
+		return;
+	}
+	put_be32(m->w.p + t->nops_at, t->nops);
+	mvcc_seal(m->w.p + t->at, m->w.len - t->at - MVCC_REC_HDR, MVCC_REC_TXN);
+	mvcc_mark(k, m, t->rev, m->size + t->at);
+	m->rev = t->rev;
+}
+
+/* Append one op to the txn's record; *off gets its log offset. */
+static int mvcc_emit(struct kvd *k, struct mvcc_txn *t, int kind, uint64_t prev, int64_t create,
+                     int64_t ver, int64_t lease, const uint8_t *key, size_t klen, const uint8_t *val,
+                     size_t vlen, uint64_t *off)
+{
+	struct mvcc *m = &k->db;
+	uint8_t *p;
+
+	if (buf_reserve(k, &m->w, 1 + 8 + 6 * 10 + klen + vlen))
+		return KVD_ENOMEM;
+	*off = m->size + m->w.len;
+	p = m->w.p + m->w.len;
+	*p++ = (uint8_t)kind;
+	put_be64(p, prev);
+	p += 8;
+	p = mvcc_put_varint(p, (uint64_t)t->rev);
+	p = mvcc_put_varint(p, (uint64_t)create);
+	p = mvcc_put_varint(p, (uint64_t)ver);
+	p = mvcc_put_varint(p, mvcc_zigzag(lease));
+	p = mvcc_put_varint(p, klen);
+	p = mvcc_put_varint(p, vlen);
+	if (klen)
+		memcpy(p, key, klen);
+	p += klen;
+	if (vlen)
+		memcpy(p, val, vlen);
+	p += vlen;
+	m->w.len = (size_t)(p - m->w.p);
+	t->nops++;
+	return 0;
+}
+
+/* Put key=val with lease in txn t. */
+static int mvcc_put(struct kvd *k, struct mvcc_txn *t, const uint8_t *key, size_t klen, const uint8_t *val,
+                    size_t vlen, int64_t lease)
+{
+	struct mvcc *m = &k->db;
+	struct mvcc_key *r;
+	struct mvcc_it it;
+	int eq, live;
+	uint64_t off;
+	int64_t create, ver;
+	size_t wlen = m->w.len;
+
+	if (klen > 0xffffffffu || vlen > 0x7fffffffu)
+		return KVD_ELIMIT;
+	it = mvcc_seek(m, key, klen, &eq);
+	r = eq ? mvcc_at(m, it) : NULL;
+	live = r && r->create;
+	create = live ? r->create : t->rev;
+	ver = live ? r->ver + 1 : 1;
+	if (!r) {
+		if (!(r = kvd_malloc(k, sizeof *r + klen)))
+			return KVD_ENOMEM;
+		memset(r, 0, sizeof *r);
+		r->klen = (uint32_t)klen;
+		memcpy(r->key, key, klen);
+		if (mvcc_insert(k, m, it, r)) {
+			kvd_free(k, r);
+			return KVD_ENOMEM;
+		}
+		if (mvcc_undo_push(k, m, r, MVCC_UNDO_CREATED)) {
+			mvcc_remove(k, m, mvcc_seek(m, key, klen, &eq));
+			kvd_free(k, r);
+			return KVD_ENOMEM;
+		}
+		eq = 0;
+	} else if (mvcc_undo_push(k, m, r, MVCC_UNDO_CHANGED)) {
+		return KVD_ENOMEM;
+	}
+	if (mvcc_emit(k, t, MVCC_OP_PUT, eq ? r->op + 1 : 0, create, ver, lease, key, klen, val, vlen, &off)) {
+		m->nundo--; /* nothing changed yet */
+		if (!eq) {
+			mvcc_remove(k, m, mvcc_seek(m, key, klen, &eq));
+			kvd_free(k, r);
+		}
+		m->w.len = wlen;
+		return KVD_ENOMEM;
+	}
+	if (eq)
+		mvcc_dead(k, m, t->rev, mvcc_key_opsize(r));
+	r->mod = t->rev;
+	r->create = create;
+	r->ver = ver;
+	r->lease = lease;
+	r->op = off;
+	r->vlen = (uint32_t)vlen;
+	return 0;
+}
+
+/* Delete live key r in txn t (a tombstone op). */
+static int mvcc_del(struct kvd *k, struct mvcc_txn *t, struct mvcc_key *r)
+{
+	struct mvcc *m = &k->db;
+	uint64_t off;
+
+	if (mvcc_undo_push(k, m, r, MVCC_UNDO_CHANGED))
+		return KVD_ENOMEM;
+	if (mvcc_emit(k, t, MVCC_OP_DEL, r->op + 1, 0, 0, 0, r->key, r->klen, NULL, 0, &off)) {
+		m->nundo--;
+		return KVD_ENOMEM;
+	}
+	mvcc_dead(k, m, t->rev, mvcc_key_opsize(r));
+	r->mod = t->rev;
+	r->create = r->ver = r->lease = 0;
+	r->vlen = 0;
+	r->op = off;
+	return 0;
+}
+
+/*
+ * Compaction in RAM.  Keys whose latest op is a tombstone <= rev leave the
+ * index (with undo when a batch is open: they are freed once it is durable);
+ * the statistics follow once the compaction is durable (mvcc_compact_stats).
+ */
+static int mvcc_compact_index(struct kvd *k, struct mvcc *m, int64_t rev, int with_undo)
+{
+	struct mvcc_it it = {0, 0};
+	struct mvcc_key *r;
+
+	while ((r = mvcc_at(m, it))) {
+		if (!r->create && r->mod <= rev) {
+			if (with_undo && mvcc_undo_push(k, m, r, MVCC_UNDO_REMOVED))
+				return KVD_ENOMEM;
+			m->reclaimable += mvcc_key_opsize(r);
+			it = mvcc_remove(k, m, it);
+			if (!with_undo)
+				mvcc_free_key(k, r);
+			continue;
+		}
+		mvcc_next(m, &it);
+	}
+	return 0;
+}
+
+/* Superseded bytes at or below rev become reclaimable. */
+static void mvcc_compact_stats(struct mvcc *m, int64_t rev)
+{
+	size_t i, n = 0;
+
+	for (i = 0; i < m->ndead && m->dead[i].rev + MVCC_DEAD_BUCKET - 1 <= rev; i++) {
+		m->reclaimable += m->dead[i].bytes;
+		n++;
+	}
+	if (n) {
+		memmove(m->dead, m->dead + n, (m->ndead - n) * sizeof *m->dead);
+		m->ndead -= n;
+	}
+}
+
+/* Log a compaction to rev and apply it to the index. */
+static int mvcc_compact(struct kvd *k, int64_t rev)
+{
+	struct mvcc *m = &k->db;
+	uint8_t *p;
+	size_t at = m->w.len, nundo = m->nundo;
+	uint64_t recl = m->reclaimable;
+
+	if (m->broken)
+		return KVD_EIO;
+	if (buf_reserve(k, &m->w, MVCC_REC_HDR + 10))
+		return KVD_ENOMEM;
+	if (mvcc_compact_index(k, m, rev, 1)) { /* put back what was taken */
+		while (m->nundo > nundo) {
+			struct mvcc_key *r = m->undo[--m->nundo].r;
+			int eq;
+			mvcc_insert(k, m, mvcc_seek(m, r->key, r->klen, &eq), r);
+		}
+		m->reclaimable = recl;
+		return KVD_ENOMEM;
+	}
+	p = mvcc_put_varint(m->w.p + at + MVCC_REC_HDR, (uint64_t)rev);
+	m->w.len = (size_t)(p - m->w.p);
+	mvcc_seal(m->w.p + at, m->w.len - at - MVCC_REC_HDR, MVCC_REC_COMPACT);
+	m->compacted = rev;
+	m->pending_compact = rev;
+	return 0;
+}
+
+/* Undo index changes back to undo entry 'mark'. */
+static void mvcc_undo_to(struct kvd *k, struct mvcc *m, size_t mark)
+{
+	struct mvcc_undo *u;
+	int eq;
+
+	while (m->nundo > mark) {
+		u = &m->undo[--m->nundo];
+		if (u->kind == MVCC_UNDO_CREATED) {
+			mvcc_remove(k, m, mvcc_seek(m, u->r->key, u->r->klen, &eq));
+			mvcc_free_key(k, u->r);
+		} else if (u->kind == MVCC_UNDO_REMOVED) {
+			m->reclaimable -= mvcc_key_opsize(u->r);
+			if (mvcc_insert(k, m, mvcc_seek(m, u->r->key, u->r->klen, &eq), u->r)) {
+				kvd_log(k, KVD_LOG_ERROR, "out of memory undoing a compaction: key dropped from the index");
+				mvcc_free_key(k, u->r);
+			}
+		} else {
+			mvcc_restore(u->r, &u->was);
+		}
+	}
+}
+
+/* Forget a txn half-way (an op failed): its changes and its ops go. */
+static void mvcc_txn_abort(struct kvd *k, struct mvcc_txn *t)
+{
+	mvcc_undo_to(k, &k->db, t->undo_at);
+	t->nops = 0; /* mvcc_txn_end then drops the record */
+}
+
+/* Undo the batch: index, revision, compaction. */
+static void mvcc_rollback(struct kvd *k, struct mvcc *m)
+{
+	mvcc_undo_to(k, m, 0);
+	while (m->nmarks && m->marks[m->nmarks - 1].off >= m->size)
+		m->nmarks--;
+	m->rev = m->rev_durable;
+	m->compacted = m->compacted_durable;
+	m->pending_compact = 0;
+	m->w.len = 0;
+}
+
+/* The batch is durable: free what compaction took out, forget the undo. */
+static void mvcc_commit(struct kvd *k, struct mvcc *m)
+{
+	size_t i;
+
+	for (i = 0; i < m->nundo; i++)
+		if (m->undo[i].kind == MVCC_UNDO_REMOVED)
+			mvcc_free_key(k, m->undo[i].r);
+	m->nundo = 0;
+	if (m->undocap > 4096) {
+		kvd_free(k, m->undo);
+		m->undo = NULL;
+		m->undocap = 0;
+	}
+	m->rev_durable = m->rev;
+	m->compacted_durable = m->compacted;
+	if (m->pending_compact) {
+		mvcc_compact_stats(m, m->pending_compact);
+		m->pending_compact = 0;
+	}
+}
+
+/*
+ * Make the batch durable: one pwrite at the end of the log, one fdatasync.
+ * On failure the file is cut back, the batch undone, and a negative errno
+ * returned; if the file cannot be cut back, writes stop until a restart.
+ */
+static int mvcc_flush(struct kvd *k)
+{
+	struct mvcc *m = &k->db;
+	const uint8_t *p = m->w.p;
+	size_t n = m->w.len;
+	uint64_t off = m->size;
+	ssize_t r;
+	int err;
+
+	if (!n)
+		return 0;
+	while (n) {
+		r = pwrite(m->fd, p, n, (off_t)off);
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r <= 0) {
+			err = r < 0 ? errno : ENOSPC;
+			goto fail;
+		}
+		p += r;
+		n -= (size_t)r;
+		off += (uint64_t)r;
+	}
+	if (!m->no_fsync && fdatasync(m->fd)) {
+		err = errno;
+		goto fail;
+	}
+	m->size += m->w.len;
+	m->w.len = 0;
+	buf_trim(k, &m->w, 1 << 20);
+	mvcc_commit(k, m);
+	return 0;
+fail:
+	if (ftruncate(m->fd, (off_t)m->size) || (!m->no_fsync && fdatasync(m->fd))) {
+		m->broken = 1;
+		snprintf(m->why, sizeof m->why, "%s", strerror(err));
+		kvd_log(k, KVD_LOG_ERROR, "log write failed (%s) and the log cannot be cut back: "
+		        "writes refused until restart", strerror(err));
+	} else {
+		kvd_log(k, KVD_LOG_WARN, "log write failed: %s; %zu bytes of this batch not committed",
+		        strerror(err), m->w.len);
+	}
+	mvcc_rollback(k, m);
+	return -err;
+}
+
+/* ---- recovery ----------------------------------------------------------- */
+
+/* Apply one op found in a TXN record at log offset off. */
+static int mvcc_replay_op(struct kvd *k, struct mvcc *m, int64_t rev, const uint8_t **pp, const uint8_t *end,
+                          uint64_t base, const uint8_t *start, const char **why)
+{
+	const uint8_t *p = *pp;
+	uint64_t v[6], prev, off = base + (uint64_t)(p - start);
+	struct mvcc_key *r;
+	struct mvcc_it it;
+	int kind, eq, i;
+
+	if (end - p < 9) {
+		*why = "short op";
+		return -1;
+	}
+	kind = *p++;
+	prev = get_be64(p);
+	p += 8;
+	for (i = 0; i < 6; i++)
+		if (mvcc_get_varint(&p, end, &v[i])) {
+			*why = "bad op varint";
+			return -1;
+		}
+	if ((kind != MVCC_OP_PUT && kind != MVCC_OP_DEL) || (int64_t)v[0] != rev ||
+	    v[4] > (uint64_t)(end - p) || v[5] > (uint64_t)(end - p) - v[4] || !v[4]) {
+		*why = "bad op";
+		return -1;
+	}
+	it = mvcc_seek(m, p, v[4], &eq);
+	r = eq ? mvcc_at(m, it) : NULL;
+	if ((r ? r->op + 1 : 0) != prev) {
+		*why = "op chain does not match the index";
+		return -1;
+	}
+	if (kind == MVCC_OP_DEL && (!r || !r->create)) {
+		*why = "delete of a missing key";
+		return -1;
+	}
+	if (!r) {
+		if (!(r = kvd_malloc(k, sizeof *r + v[4])) || (memset(r, 0, sizeof *r), 0) ||
+		    (r->klen = (uint32_t)v[4], memcpy(r->key, p, v[4]), mvcc_insert(k, m, it, r))) {
+			kvd_free(k, r);
+			*why = "out of memory";
+			return -2;
+		}
+	} else {
+		mvcc_dead(k, m, rev, mvcc_key_opsize(r));
+	}
+	r->mod = rev;
+	r->create = kind == MVCC_OP_PUT ? (int64_t)v[1] : 0;
+	r->ver = kind == MVCC_OP_PUT ? (int64_t)v[2] : 0;
+	r->lease = kind == MVCC_OP_PUT ? mvcc_unzigzag(v[3]) : 0;
+	r->vlen = (uint32_t)v[5];
+	r->op = off;
+	*pp = p + v[4] + v[5];
+	return 0;
+}
+
+/* Apply one whole record (payload p[0..n)) found at off. */
+static int mvcc_replay_record(struct kvd *k, struct mvcc *m, unsigned type, const uint8_t *p, size_t n,
+                              uint64_t off, const char **why)
+{
+	const uint8_t *end = p + n, *start = p - MVCC_REC_HDR;
+	uint64_t rev;
+	uint32_t nops, i;
+	int r;
+
+	switch (type) {
+	case MVCC_REC_HEADER:
+		if (off != 0 || n < 12 || memcmp(p, MVCC_MAGIC, 8) || get_be32(p + 8) != MVCC_FORMAT) {
+			*why = "bad header record";
+			return -1;
+		}
+		return 0;
+	case MVCC_REC_TXN:
+		if (mvcc_get_varint(&p, end, &rev) || end - p < 4 || (int64_t)rev != m->rev + 1) {
+			*why = "txn revision out of sequence";
+			return -1;
+		}
+		nops = get_be32(p);
+		p += 4;
+		for (i = 0; i < nops; i++)
+			if ((r = mvcc_replay_op(k, m, (int64_t)rev, &p, end, off, start, why)))
+				return r;
+		if (p != end || !nops) {
+			*why = "txn record length mismatch";
+			return -1;
+		}
+		mvcc_mark(k, m, (int64_t)rev, off);
+		m->rev = (int64_t)rev;
+		return 0;
+	case MVCC_REC_COMPACT:
+		if (mvcc_get_varint(&p, end, &rev) || p != end || (int64_t)rev > m->rev ||
+		    (int64_t)rev <= m->compacted) {
+			*why = "bad compact record";
+			return -1;
+		}
+		m->compacted = (int64_t)rev;
+		if (mvcc_compact_index(k, m, (int64_t)rev, 0))
+			return -2;
+		mvcc_compact_stats(m, (int64_t)rev);
+		return 0;
+	}
+	*why = "unknown record type";
+	return -1;
+}
+
+/* Is there a complete record with a good CRC at off (within [off, size))? */
+static int mvcc_valid_at(struct kvd *k, struct mvcc *m, uint64_t off, uint64_t size)
+{
+	uint8_t h[MVCC_REC_HDR], *b;
+	uint32_t len;
+	int ok;
+
+	if (off + MVCC_REC_HDR > size || mvcc_pread(m, h, MVCC_REC_HDR, off))
+		return 0;
+	len = get_be32(h);
+	if (h[8] < MVCC_REC_HEADER || h[8] > MVCC_REC_COMPACT || len > size - off - MVCC_REC_HDR)
+		return 0;
+	if (!(b = kvd_malloc(k, (size_t)len + 1)))
+		return 1; /* cannot tell: assume valid data follows, the safe answer */
+	b[0] = h[8];
+	ok = !mvcc_pread(m, b + 1, len, off + MVCC_REC_HDR) &&
+	     crc32c(crc32c(0, h, 4), b, 1 + (size_t)len) == get_be32(h + 4);
+	kvd_free(k, b);
+	return ok;
+}
+
+/* First offset after 'from' where a valid record starts, or 0.  Headers are
+ * screened in memory; only plausible ones are read whole and checksummed. */
+static uint64_t mvcc_next_valid(struct kvd *k, struct mvcc *m, uint64_t from, uint64_t size, uint8_t *buf, size_t cap)
+{
+	uint64_t base, pos;
+	size_t n, i;
+	ssize_t got;
+
+	for (base = from + 1; base < size; base += n > MVCC_REC_HDR ? n - (MVCC_REC_HDR - 1) : n) {
+		n = (size_t)KVD_MIN((uint64_t)cap, size - base);
+		got = pread(m->fd, buf, n, (off_t)base);
+		if (got <= 0)
+			return 0;
+		n = (size_t)got;
+		for (i = 0; i < n; i++) {
+			pos = base + i;
+			if (i + MVCC_REC_HDR <= n &&
+			    (buf[i + 8] < MVCC_REC_HEADER || buf[i + 8] > MVCC_REC_COMPACT ||
+			     get_be32(buf + i) > size - pos - MVCC_REC_HDR))
+				continue;
+			if (mvcc_valid_at(k, m, pos, size))
+				return pos;
+		}
+		if (n <= MVCC_REC_HDR)
+			break;
+	}
+	return 0;
+}
+
+/*
+ * Replay the log into the index.  A bad record with nothing valid after it
+ * is a torn tail (a crash mid-write): cut it, say how many bytes and why.  A
+ * bad record followed by valid ones is corruption: refuse to start.
+ */
+static int mvcc_replay(struct kvd *k, struct mvcc *m, uint64_t size, char *err, size_t errlen)
+{
+	size_t cap = 1 << 20, have = 0;
+	uint8_t *buf = kvd_malloc(k, cap), *nb;
+	uint64_t off = 0, boff = 0, scan;
+	uint32_t len, crc;
+	const char *why = NULL;
+	int r = 0;
+	ssize_t got;
+
+	if (!buf) {
+		snprintf(err, errlen, "out of memory reading the log");
+		return KVD_ENOMEM;
+	}
+	while (off < size) {
+		/* make [off, off + 9) resident */
+		if (off + MVCC_REC_HDR > boff + have) {
+			memmove(buf, buf + (off - boff), (size_t)(boff + have - off));
+			have = (size_t)(boff + have - off);
+			boff = off;
+			got = pread(m->fd, buf + have, cap - have, (off_t)(boff + have));
+			if (got > 0)
+				have += (size_t)got;
+			if (off + MVCC_REC_HDR > boff + have) {
+				why = "short record header";
+				break;
+			}
+		}
+		len = get_be32(buf + (off - boff));
+		if (len > size - off - MVCC_REC_HDR || buf[off - boff + 8] < MVCC_REC_HEADER ||
+		    buf[off - boff + 8] > MVCC_REC_COMPACT) {
+			why = len > size - off - MVCC_REC_HDR ? "record runs past the end" : "bad record type";
+			break;
+		}
+		if (off + MVCC_REC_HDR + len > boff + have) { /* grow or refill */
+			memmove(buf, buf + (off - boff), (size_t)(boff + have - off));
+			have = (size_t)(boff + have - off);
+			boff = off;
+			if (MVCC_REC_HDR + len > cap) {
+				if (!(nb = kvd_realloc(k, buf, MVCC_REC_HDR + len))) {
+					snprintf(err, errlen, "out of memory reading a %u-byte record", len);
+					r = KVD_ENOMEM;
+					goto out;
+				}
+				buf = nb;
+				cap = MVCC_REC_HDR + len;
+			}
+			while (have < MVCC_REC_HDR + len) {
+				got = pread(m->fd, buf + have, cap - have, (off_t)(boff + have));
+				if (got <= 0)
+					break;
+				have += (size_t)got;
+			}
+			if (have < MVCC_REC_HDR + len) {
+				why = "short read";
+				break;
+			}
+		}
+		crc = crc32c(crc32c(0, buf + (off - boff), 4), buf + (off - boff) + 8, 1 + len);
+		if (crc != get_be32(buf + (off - boff) + 4)) {
+			why = "checksum mismatch";
+			break;
+		}
+		r = mvcc_replay_record(k, m, buf[off - boff + 8], buf + (off - boff) + MVCC_REC_HDR, len, off, &why);
+		if (r == -2) {
+			snprintf(err, errlen, "out of memory replaying the log");
+			r = KVD_ENOMEM;
+			goto out;
+		}
+		if (r) {
+			snprintf(err, errlen, "%s/kvd.log: %s at offset %llu: refusing to start",
+			         k->cfg.data_dir, why, (unsigned long long)off);
+			r = KVD_ECORRUPT;
+			goto out;
+		}
+		off += MVCC_REC_HDR + len;
+	}
+	if (off < size) { /* torn tail, or corruption with valid records after it */
+		if ((scan = mvcc_next_valid(k, m, off, size, buf, cap))) {
+			snprintf(err, errlen, "%s/kvd.log: %s at offset %llu, but valid records follow at %llu: "
+			         "corruption, refusing to start (acknowledged data would be lost)",
+			         k->cfg.data_dir, why, (unsigned long long)off, (unsigned long long)scan);
+			r = KVD_ECORRUPT;
+			goto out;
+		}
+		kvd_log(k, KVD_LOG_WARN, "log: cutting a torn tail of %llu bytes at offset %llu (%s)",
+		        (unsigned long long)(size - off), (unsigned long long)off, why);
+		if (ftruncate(m->fd, (off_t)off) || fdatasync(m->fd)) {
+			snprintf(err, errlen, "cannot cut the log's torn tail: %s", strerror(errno));
+			r = KVD_EIO;
+			goto out;
+		}
+	}
+	m->size = off;
+out:
+	kvd_free(k, buf);
+	return r;
+}
+
+/* Open (or create) the log and rebuild the index from it. */
+static int mvcc_open(struct kvd *k, char *err, size_t errlen)
+{
+	struct mvcc *m = &k->db;
+	char path[PATH_MAX];
+	uint8_t rec[MVCC_REC_HDR + 12];
+	struct stat st;
+	int64_t t0 = util_now_ms(), dfd;
+	int r;
+
+	snprintf(path, sizeof path, "%s/kvd.log", k->cfg.data_dir);
+	m->fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+	if (m->fd < 0 || fstat(m->fd, &st)) {
+		snprintf(err, errlen, "cannot open %s: %s", path, strerror(errno));
+		return KVD_EIO;
+	}
+	if (st.st_size == 0) { /* new store: the header record, made durable with its directory entry */
+		memcpy(rec + MVCC_REC_HDR, MVCC_MAGIC, 8);
+		put_be32(rec + MVCC_REC_HDR + 8, MVCC_FORMAT);
+		mvcc_seal(rec, 12, MVCC_REC_HEADER);
+		if (pwrite(m->fd, rec, sizeof rec, 0) != (ssize_t)sizeof rec || fsync(m->fd)) {
+			snprintf(err, errlen, "cannot write %s: %s", path, strerror(errno));
+			return KVD_EIO;
+		}
+		if ((dfd = open(k->cfg.data_dir, O_RDONLY | O_CLOEXEC)) >= 0) {
+			fsync((int)dfd);
+			close((int)dfd);
+		}
+		m->size = sizeof rec;
+		kvd_log(k, KVD_LOG_INFO, "created %s", path);
+		return 0;
+	}
+	if ((r = mvcc_replay(k, m, (uint64_t)st.st_size, err, errlen)))
+		return r;
+	m->rev_durable = m->rev;
+	m->compacted_durable = m->compacted;
+	kvd_log(k, KVD_LOG_INFO, "log replayed: %zu keys, revision %lld, compacted %lld, %llu bytes in %lld ms",
+	        m->nkeys, (long long)m->rev, (long long)m->compacted, (unsigned long long)m->size,
+	        (long long)(util_now_ms() - t0));
+	return 0;
+}
+
+static void mvcc_close(struct kvd *k)
+{
+	struct mvcc *m = &k->db;
+	size_t i;
+	unsigned j;
+
+	for (i = 0; i < m->nleaf; i++) {
+		for (j = 0; j < m->leaf[i]->n; j++)
+			mvcc_free_key(k, m->leaf[i]->k[j]);
+		kvd_free(k, m->leaf[i]);
+	}
+	kvd_free(k, m->leaf);
+	kvd_free(k, m->undo);
+	kvd_free(k, m->dead);
+	kvd_free(k, m->marks);
+	buf_free(k, &m->w);
+	if (m->fd >= 0)
+		close(m->fd);
+	memset(m, 0, sizeof *m);
+	m->fd = -1;
+}
+
+static void mvcc_init(struct mvcc *m)
+{
+	memset(m, 0, sizeof *m);
+	m->fd = -1;
+	m->rev = m->rev_durable = 1; /* an empty etcd store is at revision 1 */
+	m->compacted = m->compacted_durable = -1;
+}
+
+/* ===== 7. HPACK (hp_) ==================================================== */
 
 /*
  * RFC 7541.  The decoder is complete (static and dynamic tables, Huffman,
@@ -1078,7 +2339,7 @@ static int hp_put_status(struct kvd *k, struct kvd_buf *b, int status)
 	return hp_put_field(k, b, 8, NULL, s, 3);
 }
 
-/* ===== 7. HTTP/2 frames, streams, flow control (h2_) ===================== */
+/* ===== 8. HTTP/2 frames, streams, flow control (h2_) ===================== */
 
 /*
  * RFC 9113, server side, cleartext with prior knowledge.  Input is parsed
@@ -1216,6 +2477,10 @@ static void h2_stream_close(struct h2_conn *c, struct h2_stream *s)
 		}
 	if (s->m && s->m->on_close)
 		s->m->on_close(k, s);
+	if (s->held) /* its reply was waiting for the log flush */
+		for (i = 0; i < k->nheld; i++)
+			if (k->held[i] == s)
+				k->held[i] = NULL;
 	c->reset_ring[c->reset_pos++ % KVD_COUNT(c->reset_ring)] = s->id;
 	c->buffered -= BUF_LEN(&s->in);
 	buf_free(k, &s->in);
@@ -2062,46 +3327,61 @@ static int h2_send_headers(struct h2_conn *c, struct h2_stream *s, int with_stat
 
 /*
  * Move what stream s may send into c->out: response HEADERS, DATA within
- * min(connection window, stream window, peer frame size), then trailers.
- * Returns 1 when the stream ended and was freed.
+ * min(connection window, stream window, peer frame size), then trailers.  A
+ * producing stream (RangeStream, later Watch) makes its next message only
+ * when its queue is empty and the window is open, so a slow reader holds one
+ * message, not the whole answer.  Returns 1 when the stream ended and was freed.
  */
 static int h2_stream_send(struct kvd *k, struct h2_conn *c, struct h2_stream *s)
 {
 	size_t n;
 	int64_t room;
 
-	if (!s->hdrs_sent) {
-		if (s->finished && !BUF_LEN(&s->out)) { /* Trailers-Only */
-			if (h2_send_headers(c, s, 1, 1))
-				return 0;
-			goto ended;
-		}
-		if (!BUF_LEN(&s->out) || h2_send_headers(c, s, 0, 0))
-			return 0;
-	}
-	while (BUF_LEN(&s->out) && BUF_LEN(&c->out) < KVD_MAX_OUTPUT) {
+	for (;;) {
 		room = KVD_MIN(c->send_window, s->send_window);
-		if (room <= 0) {
-			if (!s->stalled_since) {
-				s->stalled_since = k->now ? k->now : 1;
-				if (k->cfg.stall_ms)
-					loop_arm(k, k->now + k->cfg.stall_ms);
-			}
-			return 0;
+		if (!BUF_LEN(&s->out) && s->produce && !s->finished && room > 0 && BUF_LEN(&c->out) < KVD_MAX_OUTPUT) {
+			s->m->on_produce(k, s);
+			if (!BUF_LEN(&s->out) && !s->finished)
+				return 0; /* nothing more for now */
 		}
-		n = KVD_MIN(BUF_LEN(&s->out), (size_t)KVD_MIN(room, (int64_t)c->peer_max_frame));
-		if (h2_frame(c, H2_DATA, 0, s->id, BUF_DATA(&s->out), n))
-			return 0;
-		buf_consume(&s->out, n);
-		c->send_window -= (int64_t)n;
-		s->send_window -= (int64_t)n;
-		c->sent_since_ping = 1;
+		if (!s->hdrs_sent) {
+			if (s->finished && !BUF_LEN(&s->out)) { /* Trailers-Only */
+				if (h2_send_headers(c, s, 1, 1))
+					return 0;
+				goto ended;
+			}
+			if (!BUF_LEN(&s->out) || h2_send_headers(c, s, 0, 0))
+				return 0;
+		}
+		while (BUF_LEN(&s->out) && BUF_LEN(&c->out) < KVD_MAX_OUTPUT) {
+			room = KVD_MIN(c->send_window, s->send_window);
+			if (room <= 0) {
+				if (!s->stalled_since) {
+					s->stalled_since = k->now ? k->now : 1;
+					if (k->cfg.stall_ms)
+						loop_arm(k, k->now + k->cfg.stall_ms);
+				}
+				return 0;
+			}
+			n = KVD_MIN(BUF_LEN(&s->out), (size_t)KVD_MIN(room, (int64_t)c->peer_max_frame));
+			if (h2_frame(c, H2_DATA, 0, s->id, BUF_DATA(&s->out), n))
+				return 0;
+			buf_consume(&s->out, n);
+			c->send_window -= (int64_t)n;
+			s->send_window -= (int64_t)n;
+			c->sent_since_ping = 1;
+		}
+		s->stalled_since = 0;
+		if (BUF_LEN(&s->out))
+			return 0; /* connection output is full */
+		buf_trim(k, &s->out, 16384);
+		if (s->finished)
+			break;
+		if (!s->produce || BUF_LEN(&c->out) >= KVD_MAX_OUTPUT ||
+		    KVD_MIN(c->send_window, s->send_window) <= 0)
+			return 0; /* the next message waits for room */
 	}
-	s->stalled_since = 0;
-	if (BUF_LEN(&s->out))
-		return 0;
-	buf_trim(k, &s->out, 16384);
-	if (!s->finished || h2_send_headers(c, s, 1, 1))
+	if (h2_send_headers(c, s, 1, 1))
 		return 0;
 ended:
 	if (!s->remote_closed) /* early server closure (gRPC over HTTP/2) */
@@ -2228,7 +3508,7 @@ static void h2_conn_free(struct kvd *k, struct h2_conn *c)
 	kvd_free(k, c);
 }
 
-/* ===== 8. gRPC framing and routing (grpc_) =============================== */
+/* ===== 9. gRPC framing and routing (grpc_) =============================== */
 
 /*
  * gRPC over HTTP/2 (grpc doc/PROTOCOL-HTTP2.md): each message is a 1-byte
@@ -2247,6 +3527,25 @@ static uint32_t grpc_max_recv(struct kvd *k)
 	return k->cfg.max_request + KVD_GRPC_RECV_SLACK;
 }
 
+/*
+ * A reply produced while the log batch is open may show writes a failed
+ * flush takes back: it waits in k->held, and the flush either releases it or
+ * replaces it with the error (loop_log_flush).
+ */
+static void grpc_hold(struct kvd *k, struct h2_stream *s)
+{
+	if (k->nheld == k->heldcap) {
+		size_t cap = k->heldcap ? k->heldcap * 2 : 64;
+		struct h2_stream **h = kvd_realloc(k, k->held, cap * sizeof *h);
+		if (!h)
+			return; /* cannot track it: it leaves after the flush all the same */
+		k->held = h;
+		k->heldcap = cap;
+	}
+	k->held[k->nheld++] = s;
+	s->held = 1;
+}
+
 /* Final status for s.  The message is copied; later calls are ignored.  Any
  * request bytes still buffered are dropped. */
 static void grpc_finish(struct kvd *k, struct h2_stream *s, int code, const char *fmt, ...)
@@ -2262,6 +3561,8 @@ static void grpc_finish(struct kvd *k, struct h2_stream *s, int code, const char
 	s->status = code;
 	s->status_msg = msg[0] ? kvd_strdup(k, msg) : NULL;
 	s->finished = s->discard = 1;
+	if (k->db.w.len && !s->held)
+		grpc_hold(k, s);
 	if (BUF_LEN(&s->in)) {
 		size_t n = BUF_LEN(&s->in);
 		buf_free(k, &s->in);
@@ -2453,6 +3754,7 @@ static void grpc_on_data(struct kvd *k, struct h2_stream *s)
 		}
 		if (s->m->kind == GRPC_BIDI || !s->got_msg) {
 			s->got_msg = 1;
+			s->out_mark = s->out.len;
 			s->m->on_msg(k, s, p + 5, len); /* may finish s, never frees it */
 		}
 		if (s->finished) /* grpc_finish already dropped the buffer */
@@ -2479,7 +3781,7 @@ static void grpc_on_remote_close(struct kvd *k, struct h2_stream *s)
 		s->m->on_half_close(k, s);
 }
 
-/* ===== 9. Services: health, maintenance, cluster (svc_) ================== */
+/* ===== 10. Services: KV, health, maintenance, cluster (svc_) ============= */
 
 #define SVC_RAFT_TERM 2 /* what a fresh single-node etcd reports; kvd never elects */
 
@@ -2490,7 +3792,7 @@ static void svc_header(struct kvd *k, Etcdserverpb__ResponseHeader *h, int with_
 	h->member_id = k->member_id;
 	h->raft_term = SVC_RAFT_TERM;
 	if (with_revision)
-		h->revision = k->revision;
+		h->revision = k->db.rev;
 }
 
 /* grpc.health.v1.Health/Check: "" is SERVING, any other name unknown (as
@@ -2548,11 +3850,11 @@ static void svc_status(struct kvd *k, struct h2_stream *s, const uint8_t *p, siz
 	svc_header(k, &h, 1);
 	rs.header = &h;
 	rs.version = (char *)KVD_ETCD_VERSION;
-	rs.dbsize = k->db_size;
-	rs.dbsizeinuse = k->db_size_in_use;
+	rs.dbsize = (int64_t)k->db.size;
+	rs.dbsizeinuse = (int64_t)(k->db.size - KVD_MIN(k->db.reclaimable, k->db.size));
 	rs.leader = k->member_id;
-	rs.raftindex = (uint64_t)k->revision;
-	rs.raftappliedindex = (uint64_t)k->revision;
+	rs.raftindex = (uint64_t)k->db.rev;
+	rs.raftappliedindex = (uint64_t)k->db.rev;
 	rs.raftterm = SVC_RAFT_TERM;
 	grpc_reply(k, s, &rs.base);
 	pb_free(k, rq);
@@ -2587,6 +3889,1503 @@ static void svc_member_list(struct kvd *k, struct h2_stream *s, const uint8_t *p
 	rs.n_members = 1;
 	rs.members = &mp;
 	grpc_reply(k, s, &rs.base);
+	pb_free(k, rq);
+}
+
+/* ---- KV service (etcdserverpb.KV) ---------------------------------------- */
+
+/*
+ * Semantics follow etcd 3.4 (etcdserver/apply.go, v3rpc/key.go, mvcc): error
+ * texts byte for byte, the order checks run in, header revisions of
+ * top-level and txn sub-responses, count before filters, and sorting with Go
+ * 1.19's sort.Sort (pdqsort, not stable) so ties order exactly as etcd's do.
+ */
+
+#define E_EMPTY_KEY "etcdserver: key is not provided"
+#define E_KEY_NOT_FOUND "etcdserver: key not found"
+#define E_VALUE_PROVIDED "etcdserver: value is provided"
+#define E_LEASE_PROVIDED "etcdserver: lease is provided"
+#define E_TOO_MANY_OPS "etcdserver: too many operations in txn request"
+#define E_DUP_KEY "etcdserver: duplicate key given in txn request"
+#define E_TOO_LARGE "etcdserver: request is too large"
+#define E_COMPACTED "etcdserver: mvcc: required revision has been compacted"
+#define E_FUTURE_REV "etcdserver: mvcc: required revision is a future revision"
+#define E_LEASE_NOT_FOUND "etcdserver: requested lease not found"
+#define E_NO_SPACE "etcdserver: mvcc: database space exceeded"
+#define E_BAD_SORT "etcdserver: invalid sort option"
+
+/* An error to return: gRPC code and etcd's text. */
+struct svc_err {
+	int code;
+	const char *msg;
+};
+
+static int svc_fail(struct svc_err *e, int code, const char *msg)
+{
+	e->code = code;
+	e->msg = msg;
+	return -1;
+}
+
+/* Allocations for one response, freed together. */
+struct svc_pool {
+	struct kvd *k;
+	void *head;
+	int oom;
+};
+
+static void *svc_alloc(struct svc_pool *pl, size_t n)
+{
+	void **b = kvd_malloc(pl->k, sizeof(void *) + n);
+
+	if (!b) {
+		pl->oom = 1;
+		return NULL;
+	}
+	*b = pl->head;
+	pl->head = b;
+	memset(b + 1, 0, n);
+	return b + 1;
+}
+
+static void svc_pool_free(struct svc_pool *pl)
+{
+	void **b = pl->head, **next;
+
+	for (; b; b = next) {
+		next = *b;
+		kvd_free(pl->k, b);
+	}
+	pl->head = NULL;
+}
+
+/* The size etcd compares with --max-request-bytes is the raft entry: the
+ * request plus an InternalRaftRequest envelope of about 29 bytes. */
+static int svc_too_large(struct kvd *k, size_t n)
+{
+	return n + 29 > k->cfg.max_request;
+}
+
+/* ---- Go's sort.Sort (pdqsort as in Go 1.19), over an array of kvs */
+
+struct gosort {
+	struct mvcc_kv *v;
+	int target;     /* RangeRequest.SortTarget */
+	int reverse;    /* sort.Reverse */
+	struct kvd *k;  /* VALUE sorts read values */
+	uint8_t **val;  /* values, read once for VALUE sorts */
+};
+
+static int gosort_less_raw(struct gosort *g, size_t i, size_t j)
+{
+	const struct mvcc_kv *a = &g->v[i], *b = &g->v[j];
+
+	switch (g->target) {
+	case 0: return mvcc_cmp(a->r->key, a->r->klen, b->r->key, b->r->klen) < 0;
+	case 1: return a->ver < b->ver;
+	case 2: return a->create < b->create;
+	case 3: return a->mod < b->mod;
+	default: return mvcc_cmp(g->val[i], a->vlen, g->val[j], b->vlen) < 0;
+	}
+}
+
+static int gosort_less(struct gosort *g, size_t i, size_t j)
+{
+	return g->reverse ? gosort_less_raw(g, j, i) : gosort_less_raw(g, i, j);
+}
+
+static void gosort_swap(struct gosort *g, size_t i, size_t j)
+{
+	struct mvcc_kv t = g->v[i];
+	uint8_t *tv;
+
+	g->v[i] = g->v[j];
+	g->v[j] = t;
+	if (g->val) {
+		tv = g->val[i];
+		g->val[i] = g->val[j];
+		g->val[j] = tv;
+	}
+}
+
+static unsigned gosort_bitlen(size_t n)
+{
+	unsigned l = 0;
+
+	while (n) {
+		l++;
+		n >>= 1;
+	}
+	return l;
+}
+
+static void gosort_insertion(struct gosort *g, size_t a, size_t b)
+{
+	size_t i, j;
+
+	for (i = a + 1; i < b; i++)
+		for (j = i; j > a && gosort_less(g, j, j - 1); j--)
+			gosort_swap(g, j, j - 1);
+}
+
+static void gosort_sift(struct gosort *g, size_t lo, size_t hi, size_t first)
+{
+	size_t root = lo, child;
+
+	for (;;) {
+		child = 2 * root + 1;
+		if (child >= hi)
+			return;
+		if (child + 1 < hi && gosort_less(g, first + child, first + child + 1))
+			child++;
+		if (!gosort_less(g, first + root, first + child))
+			return;
+		gosort_swap(g, first + root, first + child);
+		root = child;
+	}
+}
+
+static void gosort_heap(struct gosort *g, size_t a, size_t b)
+{
+	size_t hi = b - a, i;
+
+	for (i = (hi - 1) / 2 + 1; i-- > 0;)
+		gosort_sift(g, i, hi, a);
+	for (i = hi; i-- > 0;) {
+		gosort_swap(g, a, a + i);
+		gosort_sift(g, 0, i, a);
+	}
+}
+
+static void gosort_order2(struct gosort *g, size_t *a, size_t *b, int *swaps)
+{
+	size_t t;
+
+	if (gosort_less(g, *b, *a)) {
+		(*swaps)++;
+		t = *a;
+		*a = *b;
+		*b = t;
+	}
+}
+
+static size_t gosort_median(struct gosort *g, size_t a, size_t b, size_t c, int *swaps)
+{
+	gosort_order2(g, &a, &b, swaps);
+	gosort_order2(g, &b, &c, swaps);
+	gosort_order2(g, &a, &b, swaps);
+	return b;
+}
+
+/* hint: 0 unknown, 1 increasing, 2 decreasing */
+static size_t gosort_pivot(struct gosort *g, size_t a, size_t b, int *hint)
+{
+	size_t l = b - a, i = a + l / 4 * 1, j = a + l / 4 * 2, kk = a + l / 4 * 3;
+	int swaps = 0;
+
+	if (l >= 8) {
+		if (l >= 50) {
+			i = gosort_median(g, i - 1, i, i + 1, &swaps);
+			j = gosort_median(g, j - 1, j, j + 1, &swaps);
+			kk = gosort_median(g, kk - 1, kk, kk + 1, &swaps);
+		}
+		j = gosort_median(g, i, j, kk, &swaps);
+	}
+	*hint = swaps == 0 ? 1 : swaps == 12 ? 2 : 0;
+	return j;
+}
+
+static void gosort_reverse_range(struct gosort *g, size_t a, size_t b)
+{
+	size_t i = a, j = b - 1;
+
+	while (i < j)
+		gosort_swap(g, i++, j--);
+}
+
+static int gosort_partial_insertion(struct gosort *g, size_t a, size_t b)
+{
+	size_t i = a + 1, j;
+	int step;
+
+	for (step = 0; step < 5; step++) {
+		while (i < b && !gosort_less(g, i, i - 1))
+			i++;
+		if (i == b)
+			return 1;
+		if (b - a < 50)
+			return 0;
+		gosort_swap(g, i, i - 1);
+		if (i - a >= 2)
+			for (j = i - 1; j >= 1; j--) {
+				if (!gosort_less(g, j, j - 1))
+					break;
+				gosort_swap(g, j, j - 1);
+			}
+		if (b - i >= 2)
+			for (j = i + 1; j < b; j++) {
+				if (!gosort_less(g, j, j - 1))
+					break;
+				gosort_swap(g, j, j - 1);
+			}
+	}
+	return 0;
+}
+
+static void gosort_break_patterns(struct gosort *g, size_t a, size_t b)
+{
+	size_t length = b - a, idx, other, modulus;
+	uint64_t r;
+	int i;
+
+	if (length < 8)
+		return;
+	r = length; /* Go 1.19's xorshift: <<13, >>17, <<5, seeded with the length */
+	modulus = (size_t)1 << gosort_bitlen(length);
+	idx = a + (length / 4) * 2 - 1;
+	for (i = 0; i < 3; i++) {
+		r ^= r << 13;
+		r ^= r >> 17;
+		r ^= r << 5;
+		other = (size_t)(r & (modulus - 1));
+		if (other >= length)
+			other -= length;
+		gosort_swap(g, idx + (size_t)i, a + other);
+	}
+}
+
+static size_t gosort_partition(struct gosort *g, size_t a, size_t b, size_t pivot, int *already)
+{
+	size_t i = a + 1, j = b - 1; /* inclusive; j may go below i (signed semantics) */
+	long li, lj;
+
+	gosort_swap(g, a, pivot);
+	li = (long)i;
+	lj = (long)j;
+	while (li <= lj && gosort_less(g, (size_t)li, a))
+		li++;
+	while (li <= lj && !gosort_less(g, (size_t)lj, a))
+		lj--;
+	if (li > lj) {
+		gosort_swap(g, (size_t)lj, a);
+		*already = 1;
+		return (size_t)lj;
+	}
+	gosort_swap(g, (size_t)li, (size_t)lj);
+	li++;
+	lj--;
+	for (;;) {
+		while (li <= lj && gosort_less(g, (size_t)li, a))
+			li++;
+		while (li <= lj && !gosort_less(g, (size_t)lj, a))
+			lj--;
+		if (li > lj)
+			break;
+		gosort_swap(g, (size_t)li, (size_t)lj);
+		li++;
+		lj--;
+	}
+	gosort_swap(g, (size_t)lj, a);
+	*already = 0;
+	return (size_t)lj;
+}
+
+static size_t gosort_partition_equal(struct gosort *g, size_t a, size_t b, size_t pivot)
+{
+	long li = (long)a + 1, lj = (long)b - 1;
+
+	gosort_swap(g, a, pivot);
+	for (;;) {
+		while (li <= lj && !gosort_less(g, a, (size_t)li))
+			li++;
+		while (li <= lj && gosort_less(g, a, (size_t)lj))
+			lj--;
+		if (li > lj)
+			break;
+		gosort_swap(g, (size_t)li, (size_t)lj);
+		li++;
+		lj--;
+	}
+	return (size_t)li;
+}
+
+static void gosort_pdq(struct gosort *g, size_t a, size_t b, unsigned limit)
+{
+	int balanced = 1, partitioned = 1, hint, already;
+	size_t length, pivot, mid, left, right;
+
+	for (;;) {
+		length = b - a;
+		if (length <= 12) {
+			gosort_insertion(g, a, b);
+			return;
+		}
+		if (!limit) {
+			gosort_heap(g, a, b);
+			return;
+		}
+		if (!balanced) {
+			gosort_break_patterns(g, a, b);
+			limit--;
+		}
+		pivot = gosort_pivot(g, a, b, &hint);
+		if (hint == 2) {
+			gosort_reverse_range(g, a, b);
+			pivot = (b - 1) - (pivot - a);
+			hint = 1;
+		}
+		if (balanced && partitioned && hint == 1 && gosort_partial_insertion(g, a, b))
+			return;
+		if (a > 0 && !gosort_less(g, a - 1, pivot)) {
+			a = gosort_partition_equal(g, a, b, pivot);
+			continue;
+		}
+		mid = gosort_partition(g, a, b, pivot, &already);
+		partitioned = already;
+		left = mid - a;
+		right = b - mid;
+		if (left < right) {
+			balanced = left >= length / 8;
+			gosort_pdq(g, a, mid, limit);
+			a = mid + 1;
+		} else {
+			balanced = right >= length / 8;
+			gosort_pdq(g, mid + 1, b, limit);
+			b = mid;
+		}
+	}
+}
+
+/* ---- ranges ------------------------------------------------------------- */
+
+/* kvs found by a range, before they become protobuf. */
+struct svc_range {
+	struct mvcc_kv *kv;
+	size_t n, cap;
+	int64_t count;
+	int more;
+};
+
+static int svc_range_push(struct kvd *k, struct svc_range *rr, const struct mvcc_kv *kv)
+{
+	if (rr->n == rr->cap) {
+		size_t cap = rr->cap ? rr->cap * 2 : 16;
+		struct mvcc_kv *v = kvd_realloc(k, rr->kv, cap * sizeof *v);
+		if (!v)
+			return KVD_ENOMEM;
+		rr->kv = v;
+		rr->cap = cap;
+	}
+	rr->kv[rr->n++] = *kv;
+	return 0;
+}
+
+/* Is key inside [start, end) as etcd reads range_end: empty = just start,
+ * "\0" = no upper bound. */
+static int svc_in_range(const uint8_t *key, size_t n, const ProtobufCBinaryData *end)
+{
+	if (end->len == 1 && end->data[0] == 0)
+		return 1;
+	return mvcc_cmp(key, n, end->data, end->len) < 0;
+}
+
+/*
+ * etcd's mvcc Range + apply.go filtering, sorting and limit.  cur is the
+ * revision reads see (inside a write txn: the txn's own, once it changed
+ * something).  Values are not read here (svc_kv_values does it).
+ */
+static int svc_range(struct kvd *k, const Etcdserverpb__RangeRequest *rq, int64_t cur, struct svc_range *rr,
+                     struct svc_err *e)
+{
+	struct mvcc *m = &k->db;
+	int64_t rev = rq->revision, at, fetch;
+	struct mvcc_it it;
+	struct mvcc_key *r;
+	struct mvcc_kv kv;
+	int eq, vis, sorted, order;
+	size_t i, o;
+
+	memset(rr, 0, sizeof *rr);
+	if (rev > cur)
+		return svc_fail(e, GRPC_OUT_OF_RANGE, E_FUTURE_REV);
+	if (rev <= 0)
+		rev = cur;
+	if (rev < m->compacted)
+		return svc_fail(e, GRPC_OUT_OF_RANGE, E_COMPACTED);
+	at = rev >= cur ? 0 : rev; /* 0: the latest state, which RAM holds */
+	sorted = rq->sort_order != 0 || rq->min_mod_revision || rq->max_mod_revision ||
+	         rq->min_create_revision || rq->max_create_revision;
+	fetch = sorted ? 0 : rq->limit > 0 ? rq->limit + 1 : 0;
+	it = mvcc_seek(m, rq->key.data, rq->key.len, &eq);
+	if (!rq->range_end.len && !eq)
+		it.li = m->nleaf; /* a single key that does not exist */
+	for (; (r = mvcc_at(m, it)); mvcc_next(m, &it)) {
+		if (rq->range_end.len && !svc_in_range(r->key, r->klen, &rq->range_end))
+			break;
+		vis = mvcc_visible(m, r, at, &kv);
+		if (vis < 0)
+			return svc_fail(e, GRPC_DATA_LOSS, "kvd: cannot read the log");
+		if (vis) {
+			rr->count++;
+			if (!rq->count_only && (!fetch || (int64_t)rr->n < fetch) && svc_range_push(k, rr, &kv))
+				return svc_fail(e, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+		}
+		if (!rq->range_end.len)
+			break;
+	}
+	/* revision filters, in etcd's order */
+	for (i = o = 0; i < rr->n; i++) {
+		kv = rr->kv[i];
+		if ((rq->max_mod_revision && kv.mod > rq->max_mod_revision) ||
+		    (rq->min_mod_revision && kv.mod < rq->min_mod_revision) ||
+		    (rq->max_create_revision && kv.create > rq->max_create_revision) ||
+		    (rq->min_create_revision && kv.create < rq->min_create_revision))
+			continue;
+		rr->kv[o++] = kv;
+	}
+	rr->n = o;
+	order = (int)rq->sort_order;
+	if (rq->sort_target != 0 && order == 0)
+		order = 1; /* results are key-ordered; other targets sort ascending */
+	if ((order == 1 || order == 2) && rq->sort_target <= 4 && rr->n > 1 &&
+	    !(rq->sort_target == 0 && order == 1)) {
+		struct gosort g = {rr->kv, (int)rq->sort_target, order == 2, k, NULL};
+		if (g.target == 4) { /* by value: read them once */
+			g.val = kvd_calloc(k, rr->n * sizeof *g.val);
+			for (i = 0; g.val && i < rr->n; i++)
+				if (!(g.val[i] = kvd_malloc(k, rr->kv[i].vlen + 1)) ||
+				    mvcc_pread(m, g.val[i], rr->kv[i].vlen, rr->kv[i].voff))
+					break;
+			if (!g.val || i < rr->n) {
+				for (o = 0; g.val && o <= i && o < rr->n; o++)
+					kvd_free(k, g.val[o]);
+				kvd_free(k, g.val);
+				return svc_fail(e, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+			}
+		}
+		gosort_pdq(&g, 0, rr->n, gosort_bitlen(rr->n));
+		if (g.val) {
+			for (i = 0; i < rr->n; i++)
+				kvd_free(k, g.val[i]);
+			kvd_free(k, g.val);
+		}
+	} /* ASCEND by KEY: already in key order, which pdqsort leaves untouched */
+	if (rq->limit > 0 && (int64_t)rr->n > rq->limit) {
+		rr->n = (size_t)rq->limit;
+		rr->more = 1;
+	}
+	return 0;
+}
+
+/*
+ * Turn kvs into protobuf KeyValues.  Keys point into the index (valid until
+ * the next write); values are read into one block from the pool.
+ */
+static int svc_kvs(struct kvd *k, struct svc_pool *pl, const struct mvcc_kv *kv, size_t n, int keys_only,
+                   Mvccpb__KeyValue ***out)
+{
+	Mvccpb__KeyValue **pp, *v;
+	uint8_t *vals = NULL;
+	size_t i, total = 0;
+
+	*out = NULL;
+	if (!n)
+		return 0;
+	for (i = 0; i < n && !keys_only; i++)
+		total += kv[i].vlen;
+	pp = svc_alloc(pl, n * sizeof *pp);
+	v = svc_alloc(pl, n * sizeof *v);
+	if (!pp || !v || (total && !(vals = svc_alloc(pl, total))))
+		return KVD_ENOMEM;
+	for (i = 0; i < n; i++) {
+		mvccpb__key_value__init(&v[i]);
+		v[i].key.data = (uint8_t *)kv[i].r->key;
+		v[i].key.len = kv[i].r->klen;
+		v[i].create_revision = kv[i].create;
+		v[i].mod_revision = kv[i].mod;
+		v[i].version = kv[i].ver;
+		v[i].lease = kv[i].lease;
+		if (!keys_only && kv[i].vlen) {
+			if (mvcc_pread(&k->db, vals, kv[i].vlen, kv[i].voff))
+				return KVD_EIO;
+			v[i].value.data = vals;
+			v[i].value.len = kv[i].vlen;
+			vals += kv[i].vlen;
+		}
+		pp[i] = &v[i];
+	}
+	*out = pp;
+	return 0;
+}
+
+/* ---- txn machinery shared by Put, DeleteRange and Txn -------------------- */
+
+/* The revision reads see inside write txn t (etcd: beginRev, +1 once changed). */
+static int64_t svc_cur(struct kvd *k, const struct mvcc_txn *t)
+{
+	return t && t->nops ? t->rev : k->db.rev;
+}
+
+static int svc_range_op(struct kvd *k, struct svc_pool *pl, const struct mvcc_txn *t,
+                        const Etcdserverpb__RangeRequest *rq, Etcdserverpb__RangeResponse *rs, struct svc_err *e)
+{
+	struct svc_range rr;
+	int r;
+
+	r = svc_range(k, rq, svc_cur(k, t), &rr, e);
+	if (!r && svc_kvs(k, pl, rr.kv, rr.n, rq->keys_only, &rs->kvs))
+		r = svc_fail(e, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+	if (!r) {
+		rs->n_kvs = rs->kvs ? rr.n : 0;
+		rs->more = rr.more;
+		rs->count = rr.count;
+	}
+	kvd_free(k, rr.kv);
+	return r;
+}
+
+/* The live kv of key, or NULL. */
+static struct mvcc_key *svc_live(struct kvd *k, const ProtobufCBinaryData *key)
+{
+	struct mvcc_key *r = mvcc_find(&k->db, key->data, key->len);
+
+	return r && r->create ? r : NULL;
+}
+
+static void svc_kv_of(const struct mvcc_key *r, struct mvcc_kv *kv)
+{
+	kv->r = r;
+	kv->mod = r->mod;
+	kv->create = r->create;
+	kv->ver = r->ver;
+	kv->lease = r->lease;
+	kv->voff = mvcc_voff(r);
+	kv->vlen = r->vlen;
+}
+
+/* Lease lookups: until leases exist, no lease is ever found. */
+static int svc_lease_exists(struct kvd *k, int64_t id)
+{
+	(void)k;
+	(void)id;
+	return 0;
+}
+
+static int svc_put_op(struct kvd *k, struct svc_pool *pl, struct mvcc_txn *t,
+                      const Etcdserverpb__PutRequest *rq, Etcdserverpb__PutResponse *rs, struct svc_err *e)
+{
+	struct mvcc_key *r = svc_live(k, &rq->key);
+	struct mvcc_kv kv;
+	const uint8_t *val = rq->value.data;
+	size_t vlen = rq->value.len;
+	uint8_t *copy = NULL;
+	int64_t lease = rq->lease;
+	int err;
+
+	etcdserverpb__put_response__init(rs);
+	if ((rq->ignore_value || rq->ignore_lease) && !r)
+		return svc_fail(e, GRPC_INVALID_ARGUMENT, E_KEY_NOT_FOUND);
+	if (rq->prev_kv && r) {
+		Mvccpb__KeyValue **pp;
+		svc_kv_of(r, &kv);
+		if (svc_kvs(k, pl, &kv, 1, 0, &pp))
+			return svc_fail(e, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+		rs->prev_kv = pp[0];
+	}
+	if (rq->ignore_value) { /* the old value, copied: the batch may move */
+		vlen = r->vlen;
+		if (!(copy = kvd_malloc(k, vlen + 1)) || mvcc_pread(&k->db, copy, vlen, mvcc_voff(r))) {
+			kvd_free(k, copy);
+			return svc_fail(e, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+		}
+		val = copy;
+	}
+	if (rq->ignore_lease)
+		lease = r->lease;
+	err = mvcc_put(k, t, rq->key.data, rq->key.len, val, vlen, lease);
+	kvd_free(k, copy);
+	if (err)
+		return svc_fail(e, GRPC_RESOURCE_EXHAUSTED, err == KVD_ELIMIT ? E_TOO_LARGE : "kvd: out of memory");
+	if (!(rs->header = svc_alloc(pl, sizeof *rs->header)))
+		return svc_fail(e, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+	etcdserverpb__response_header__init(rs->header);
+	rs->header->revision = t->rev;
+	return 0;
+}
+
+static int svc_delete_op(struct kvd *k, struct svc_pool *pl, struct mvcc_txn *t,
+                         const Etcdserverpb__DeleteRangeRequest *rq, Etcdserverpb__DeleteRangeResponse *rs,
+                         struct svc_err *e)
+{
+	struct mvcc *m = &k->db;
+	struct svc_range rr = {0};
+	struct mvcc_it it;
+	struct mvcc_key *r;
+	struct mvcc_kv kv;
+	size_t i;
+	int eq, err = 0;
+
+	etcdserverpb__delete_range_response__init(rs);
+	it = mvcc_seek(m, rq->key.data, rq->key.len, &eq);
+	if (!rq->range_end.len && !eq)
+		it.li = m->nleaf;
+	for (; (r = mvcc_at(m, it)); mvcc_next(m, &it)) {
+		if (rq->range_end.len && !svc_in_range(r->key, r->klen, &rq->range_end))
+			break;
+		if (r->create) {
+			svc_kv_of(r, &kv);
+			if (svc_range_push(k, &rr, &kv)) {
+				err = svc_fail(e, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+				goto out;
+			}
+		}
+		if (!rq->range_end.len)
+			break;
+	}
+	if (rq->prev_kv && svc_kvs(k, pl, rr.kv, rr.n, 0, &rs->prev_kvs)) {
+		err = svc_fail(e, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+		goto out;
+	}
+	rs->n_prev_kvs = rq->prev_kv ? rr.n : 0;
+	for (i = 0; i < rr.n; i++)
+		if (mvcc_del(k, t, (struct mvcc_key *)rr.kv[i].r)) {
+			err = svc_fail(e, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+			goto out;
+		}
+	rs->deleted = (int64_t)rr.n;
+	if (!(rs->header = svc_alloc(pl, sizeof *rs->header))) {
+		err = svc_fail(e, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+		goto out;
+	}
+	etcdserverpb__response_header__init(rs->header);
+	rs->header->revision = svc_cur(k, t);
+out:
+	kvd_free(k, rr.kv);
+	return err;
+}
+
+/* ---- Txn ---------------------------------------------------------------- */
+
+/* v3rpc checkTxnRequest / checkRequestOp: sizes, empty keys, empty ops;
+ * nested txns get what the outer one leaves of --max-txn-ops. */
+static int svc_txn_check(const Etcdserverpb__TxnRequest *rq, long max, struct svc_err *e);
+
+static int svc_op_check(const Etcdserverpb__RequestOp *op, long max, struct svc_err *e)
+{
+	switch (op->request_case) {
+	case ETCDSERVERPB__REQUEST_OP__REQUEST_REQUEST_RANGE:
+		return op->request_range->key.len ? 0 : svc_fail(e, GRPC_INVALID_ARGUMENT, E_EMPTY_KEY);
+	case ETCDSERVERPB__REQUEST_OP__REQUEST_REQUEST_PUT: {
+		const Etcdserverpb__PutRequest *p = op->request_put;
+		if (!p->key.len)
+			return svc_fail(e, GRPC_INVALID_ARGUMENT, E_EMPTY_KEY);
+		if (p->ignore_value && p->value.len)
+			return svc_fail(e, GRPC_INVALID_ARGUMENT, E_VALUE_PROVIDED);
+		if (p->ignore_lease && p->lease)
+			return svc_fail(e, GRPC_INVALID_ARGUMENT, E_LEASE_PROVIDED);
+		return 0;
+	}
+	case ETCDSERVERPB__REQUEST_OP__REQUEST_REQUEST_DELETE_RANGE:
+		return op->request_delete_range->key.len ? 0 : svc_fail(e, GRPC_INVALID_ARGUMENT, E_EMPTY_KEY);
+	case ETCDSERVERPB__REQUEST_OP__REQUEST_REQUEST_TXN:
+		return svc_txn_check(op->request_txn, max, e);
+	default:
+		return svc_fail(e, GRPC_INVALID_ARGUMENT, E_KEY_NOT_FOUND);
+	}
+}
+
+static int svc_txn_check(const Etcdserverpb__TxnRequest *rq, long max, struct svc_err *e)
+{
+	long opc = (long)rq->n_compare;
+	size_t i;
+
+	opc = KVD_MAX(opc, (long)rq->n_success);
+	opc = KVD_MAX(opc, (long)rq->n_failure);
+	if (opc > max)
+		return svc_fail(e, GRPC_INVALID_ARGUMENT, E_TOO_MANY_OPS);
+	for (i = 0; i < rq->n_compare; i++)
+		if (!rq->compare[i]->key.len)
+			return svc_fail(e, GRPC_INVALID_ARGUMENT, E_EMPTY_KEY);
+	for (i = 0; i < rq->n_success; i++)
+		if (svc_op_check(rq->success[i], max - opc, e))
+			return -1;
+	for (i = 0; i < rq->n_failure; i++)
+		if (svc_op_check(rq->failure[i], max - opc, e))
+			return -1;
+	return 0;
+}
+
+/*
+ * v3rpc checkIntervals: puts may not overlap other puts or deletes of the
+ * same branch, nested txns included (their then/else branches may share
+ * keys).  Intervals use etcd's "affine" strings: "" as an end is +infinity,
+ * and a delete with range_end "\0" becomes [key, "\0"), which overlaps
+ * nothing -- as in etcd.
+ */
+struct svc_ivs {
+	struct { const ProtobufCBinaryData *a, *b; int point; } *iv; /* deletes */
+	size_t ni, capi;
+	const ProtobufCBinaryData **puts;
+	size_t np, capp;
+};
+
+static int svc_iv_hit(const struct svc_ivs *s, const ProtobufCBinaryData *key)
+{
+	size_t i;
+
+	for (i = 0; i < s->ni; i++) {
+		const ProtobufCBinaryData *a = s->iv[i].a, *b = s->iv[i].b;
+		if (s->iv[i].point) { /* [a, a\0) meets [key, key\0) iff a == key */
+			if (!mvcc_cmp(a->data, a->len, key->data, key->len))
+				return 1;
+		} else if (mvcc_cmp(a->data, a->len, key->data, key->len) <= 0 &&
+		           mvcc_cmp(key->data, key->len, b->data, b->len) < 0) {
+			return 1;
+		}
+	}
+	return 0;
+}
+
+static int svc_put_seen(const struct svc_ivs *s, const ProtobufCBinaryData *key)
+{
+	size_t i;
+
+	for (i = 0; i < s->np; i++)
+		if (!mvcc_cmp(s->puts[i]->data, s->puts[i]->len, key->data, key->len))
+			return 1;
+	return 0;
+}
+
+static int svc_ivs_add_put(struct kvd *k, struct svc_ivs *s, const ProtobufCBinaryData *key)
+{
+	if (svc_put_seen(s, key)) /* a set, as etcd's map */
+		return 0;
+	if (s->np == s->capp) {
+		size_t cap = s->capp ? s->capp * 2 : 16;
+		const ProtobufCBinaryData **p = kvd_realloc(k, s->puts, cap * sizeof *p);
+		if (!p)
+			return KVD_ENOMEM;
+		s->puts = p;
+		s->capp = cap;
+	}
+	s->puts[s->np++] = key;
+	return 0;
+}
+
+static int svc_ivs_add_del(struct kvd *k, struct svc_ivs *s, const ProtobufCBinaryData *a,
+                           const ProtobufCBinaryData *b, int point)
+{
+	if (s->ni == s->capi) {
+		size_t cap = s->capi ? s->capi * 2 : 16;
+		void *p = kvd_realloc(k, s->iv, cap * sizeof *s->iv);
+		if (!p)
+			return KVD_ENOMEM;
+		s->iv = p;
+		s->capi = cap;
+	}
+	s->iv[s->ni].a = a;
+	s->iv[s->ni].b = b;
+	s->iv[s->ni].point = point;
+	s->ni++;
+	return 0;
+}
+
+static void svc_ivs_free(struct kvd *k, struct svc_ivs *s)
+{
+	kvd_free(k, s->iv);
+	kvd_free(k, s->puts);
+}
+
+static int svc_intervals(struct kvd *k, Etcdserverpb__RequestOp **ops, size_t n, struct svc_ivs *out,
+                         struct svc_err *e)
+{
+	struct svc_ivs then, els;
+	size_t i, j;
+	int r = 0;
+
+	memset(out, 0, sizeof *out);
+	for (i = 0; i < n; i++)
+		if (ops[i]->request_case == ETCDSERVERPB__REQUEST_OP__REQUEST_REQUEST_DELETE_RANGE) {
+			const Etcdserverpb__DeleteRangeRequest *d = ops[i]->request_delete_range;
+			if (svc_ivs_add_del(k, out, &d->key, &d->range_end, d->range_end.len == 0))
+				return svc_fail(e, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+		}
+	for (i = 0; i < n && !r; i++) {
+		const Etcdserverpb__TxnRequest *t;
+		if (ops[i]->request_case != ETCDSERVERPB__REQUEST_OP__REQUEST_REQUEST_TXN)
+			continue;
+		t = ops[i]->request_txn;
+		memset(&then, 0, sizeof then);
+		memset(&els, 0, sizeof els);
+		if (svc_intervals(k, t->success, t->n_success, &then, e) ||
+		    svc_intervals(k, t->failure, t->n_failure, &els, e)) {
+			r = -1;
+		} else {
+			for (j = 0; j < then.np && !r; j++) {
+				if (svc_put_seen(out, then.puts[j]) || svc_iv_hit(out, then.puts[j]))
+					r = svc_fail(e, GRPC_INVALID_ARGUMENT, E_DUP_KEY);
+				else if (svc_ivs_add_put(k, out, then.puts[j]))
+					r = svc_fail(e, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+			}
+			for (j = 0; j < els.np && !r; j++) {
+				if ((svc_put_seen(out, els.puts[j]) && !svc_put_seen(&then, els.puts[j])) ||
+				    svc_iv_hit(out, els.puts[j]))
+					r = svc_fail(e, GRPC_INVALID_ARGUMENT, E_DUP_KEY);
+				else if (svc_ivs_add_put(k, out, els.puts[j]))
+					r = svc_fail(e, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+			}
+			for (j = 0; j < then.ni && !r; j++)
+				if (svc_ivs_add_del(k, out, then.iv[j].a, then.iv[j].b, then.iv[j].point))
+					r = svc_fail(e, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+			for (j = 0; j < els.ni && !r; j++)
+				if (svc_ivs_add_del(k, out, els.iv[j].a, els.iv[j].b, els.iv[j].point))
+					r = svc_fail(e, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+		}
+		svc_ivs_free(k, &then);
+		svc_ivs_free(k, &els);
+	}
+	for (i = 0; i < n && !r; i++) {
+		const ProtobufCBinaryData *key;
+		if (ops[i]->request_case != ETCDSERVERPB__REQUEST_OP__REQUEST_REQUEST_PUT)
+			continue;
+		key = &ops[i]->request_put->key;
+		if (svc_put_seen(out, key) || svc_iv_hit(out, key))
+			r = svc_fail(e, GRPC_INVALID_ARGUMENT, E_DUP_KEY);
+		else if (svc_ivs_add_put(k, out, key))
+			r = svc_fail(e, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+	}
+	if (r) {
+		svc_ivs_free(k, out);
+		memset(out, 0, sizeof *out);
+	}
+	return r;
+}
+
+/* One Compare against the state before the txn (apply.go applyCompare). */
+static int svc_compare(struct kvd *k, const Etcdserverpb__Compare *c, int *res)
+{
+	struct mvcc *m = &k->db;
+	struct mvcc_it it;
+	struct mvcc_key *r;
+	struct mvcc_kv kv;
+	int eq, any = 0, ok = 1, cmp;
+	int64_t want = 0, have;
+	uint8_t *v;
+
+	it = mvcc_seek(m, c->key.data, c->key.len, &eq);
+	if (!c->range_end.len && !eq)
+		it.li = m->nleaf;
+	for (; ok && (r = mvcc_at(m, it)); mvcc_next(m, &it)) {
+		if (c->range_end.len && !svc_in_range(r->key, r->klen, &c->range_end))
+			break;
+		if (r->create) {
+			any = 1;
+			svc_kv_of(r, &kv);
+			if (c->target == ETCDSERVERPB__COMPARE__COMPARE_TARGET__VALUE) {
+				if (!(v = kvd_malloc(k, kv.vlen + 1)) || mvcc_pread(m, v, kv.vlen, kv.voff)) {
+					kvd_free(k, v);
+					return KVD_ENOMEM;
+				}
+				cmp = mvcc_cmp(v, kv.vlen, c->target_union_case == ETCDSERVERPB__COMPARE__TARGET_UNION_VALUE
+				               ? c->value.data : NULL,
+				               c->target_union_case == ETCDSERVERPB__COMPARE__TARGET_UNION_VALUE ? c->value.len : 0);
+				kvd_free(k, v);
+			} else {
+				switch (c->target) {
+				case ETCDSERVERPB__COMPARE__COMPARE_TARGET__CREATE:
+					have = kv.create;
+					want = c->target_union_case == ETCDSERVERPB__COMPARE__TARGET_UNION_CREATE_REVISION ? c->create_revision : 0;
+					break;
+				case ETCDSERVERPB__COMPARE__COMPARE_TARGET__MOD:
+					have = kv.mod;
+					want = c->target_union_case == ETCDSERVERPB__COMPARE__TARGET_UNION_MOD_REVISION ? c->mod_revision : 0;
+					break;
+				case ETCDSERVERPB__COMPARE__COMPARE_TARGET__LEASE:
+					have = kv.lease;
+					want = c->target_union_case == ETCDSERVERPB__COMPARE__TARGET_UNION_LEASE ? c->lease : 0;
+					break;
+				case ETCDSERVERPB__COMPARE__COMPARE_TARGET__VERSION:
+					have = kv.ver;
+					want = c->target_union_case == ETCDSERVERPB__COMPARE__TARGET_UNION_VERSION ? c->version : 0;
+					break;
+				default:
+					have = want = 0;
+				}
+				cmp = (have > want) - (have < want);
+			}
+			switch (c->result) {
+			case ETCDSERVERPB__COMPARE__COMPARE_RESULT__EQUAL: ok = cmp == 0; break;
+			case ETCDSERVERPB__COMPARE__COMPARE_RESULT__NOT_EQUAL: ok = cmp != 0; break;
+			case ETCDSERVERPB__COMPARE__COMPARE_RESULT__GREATER: ok = cmp > 0; break;
+			case ETCDSERVERPB__COMPARE__COMPARE_RESULT__LESS: ok = cmp < 0; break;
+			default: ok = 1;
+			}
+		}
+		if (!c->range_end.len)
+			break;
+	}
+	if (!any) { /* a missing key: VALUE compares fail, the rest compare with 0 */
+		if (c->target == ETCDSERVERPB__COMPARE__COMPARE_TARGET__VALUE) {
+			ok = 0;
+		} else {
+			switch (c->target) {
+			case ETCDSERVERPB__COMPARE__COMPARE_TARGET__CREATE:
+				want = c->target_union_case == ETCDSERVERPB__COMPARE__TARGET_UNION_CREATE_REVISION ? c->create_revision : 0;
+				break;
+			case ETCDSERVERPB__COMPARE__COMPARE_TARGET__MOD:
+				want = c->target_union_case == ETCDSERVERPB__COMPARE__TARGET_UNION_MOD_REVISION ? c->mod_revision : 0;
+				break;
+			case ETCDSERVERPB__COMPARE__COMPARE_TARGET__LEASE:
+				want = c->target_union_case == ETCDSERVERPB__COMPARE__TARGET_UNION_LEASE ? c->lease : 0;
+				break;
+			case ETCDSERVERPB__COMPARE__COMPARE_TARGET__VERSION:
+				want = c->target_union_case == ETCDSERVERPB__COMPARE__TARGET_UNION_VERSION ? c->version : 0;
+				break;
+			default:
+				want = 0;
+			}
+			cmp = (0 > want) - (0 < want);
+			switch (c->result) {
+			case ETCDSERVERPB__COMPARE__COMPARE_RESULT__EQUAL: ok = cmp == 0; break;
+			case ETCDSERVERPB__COMPARE__COMPARE_RESULT__NOT_EQUAL: ok = cmp != 0; break;
+			case ETCDSERVERPB__COMPARE__COMPARE_RESULT__GREATER: ok = cmp > 0; break;
+			case ETCDSERVERPB__COMPARE__COMPARE_RESULT__LESS: ok = cmp < 0; break;
+			default: ok = 1;
+			}
+		}
+	}
+	*res = ok;
+	return 0;
+}
+
+/* compareToPath: the branch taken by this txn and every nested one, in
+ * depth-first order, all decided before any op runs. */
+struct svc_path {
+	uint8_t *b;
+	size_t n, cap, at;
+};
+
+static int svc_txn_path(struct kvd *k, const Etcdserverpb__TxnRequest *rq, struct svc_path *p)
+{
+	Etcdserverpb__RequestOp **ops;
+	size_t i, n;
+	int ok = 1, res;
+
+	for (i = 0; i < rq->n_compare && ok; i++) {
+		if (svc_compare(k, rq->compare[i], &res))
+			return KVD_ENOMEM;
+		ok = res;
+	}
+	if (p->n == p->cap) {
+		size_t cap = p->cap ? p->cap * 2 : 16;
+		uint8_t *b = kvd_realloc(k, p->b, cap);
+		if (!b)
+			return KVD_ENOMEM;
+		p->b = b;
+		p->cap = cap;
+	}
+	p->b[p->n++] = (uint8_t)ok;
+	ops = ok ? rq->success : rq->failure;
+	n = ok ? rq->n_success : rq->n_failure;
+	for (i = 0; i < n; i++)
+		if (ops[i]->request_case == ETCDSERVERPB__REQUEST_OP__REQUEST_REQUEST_TXN &&
+		    svc_txn_path(k, ops[i]->request_txn, p))
+			return KVD_ENOMEM;
+	return 0;
+}
+
+/* checkRequests along the path: pass 0 checks puts (ignore_* keys, leases),
+ * pass 1 range revisions; the first failure fails the whole txn. */
+static int svc_txn_precheck(struct kvd *k, const Etcdserverpb__TxnRequest *rq, struct svc_path *p, int pass,
+                            struct svc_err *e)
+{
+	Etcdserverpb__RequestOp **ops;
+	size_t i, n;
+	int ok = p->b[p->at++];
+
+	ops = ok ? rq->success : rq->failure;
+	n = ok ? rq->n_success : rq->n_failure;
+	for (i = 0; i < n; i++) {
+		const Etcdserverpb__RequestOp *op = ops[i];
+		if (op->request_case == ETCDSERVERPB__REQUEST_OP__REQUEST_REQUEST_TXN) {
+			if (svc_txn_precheck(k, op->request_txn, p, pass, e))
+				return -1;
+		} else if (pass == 0 && op->request_case == ETCDSERVERPB__REQUEST_OP__REQUEST_REQUEST_PUT) {
+			const Etcdserverpb__PutRequest *pr = op->request_put;
+			if ((pr->ignore_value || pr->ignore_lease) && !svc_live(k, &pr->key))
+				return svc_fail(e, GRPC_INVALID_ARGUMENT, E_KEY_NOT_FOUND);
+			if (pr->lease && !svc_lease_exists(k, pr->lease))
+				return svc_fail(e, GRPC_NOT_FOUND, E_LEASE_NOT_FOUND);
+		} else if (pass == 1 && op->request_case == ETCDSERVERPB__REQUEST_OP__REQUEST_REQUEST_RANGE) {
+			int64_t rev = op->request_range->revision;
+			if (rev > k->db.rev)
+				return svc_fail(e, GRPC_OUT_OF_RANGE, E_FUTURE_REV);
+			if (rev && rev < k->db.compacted)
+				return svc_fail(e, GRPC_OUT_OF_RANGE, E_COMPACTED);
+		}
+	}
+	return 0;
+}
+
+/* Run the taken branch of rq (and nested txns) into rs. */
+static int svc_txn_apply(struct kvd *k, struct svc_pool *pl, struct mvcc_txn *t,
+                         const Etcdserverpb__TxnRequest *rq, struct svc_path *p, Etcdserverpb__TxnResponse *rs,
+                         struct svc_err *e)
+{
+	Etcdserverpb__RequestOp **ops;
+	Etcdserverpb__ResponseOp *ro;
+	size_t i, n;
+	int ok = p->b[p->at++];
+
+	etcdserverpb__txn_response__init(rs);
+	rs->succeeded = ok;
+	/* etcd gives every TxnResponse a header; nested ones stay empty */
+	if (!(rs->header = svc_alloc(pl, sizeof *rs->header)))
+		return svc_fail(e, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+	etcdserverpb__response_header__init(rs->header);
+	ops = ok ? rq->success : rq->failure;
+	n = ok ? rq->n_success : rq->n_failure;
+	if (!n)
+		return 0;
+	rs->responses = svc_alloc(pl, n * sizeof *rs->responses);
+	ro = svc_alloc(pl, n * sizeof *ro);
+	if (!rs->responses || !ro)
+		return svc_fail(e, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+	rs->n_responses = n;
+	for (i = 0; i < n; i++) {
+		const Etcdserverpb__RequestOp *op = ops[i];
+		etcdserverpb__response_op__init(&ro[i]);
+		rs->responses[i] = &ro[i];
+		switch (op->request_case) {
+		case ETCDSERVERPB__REQUEST_OP__REQUEST_REQUEST_RANGE: {
+			Etcdserverpb__RangeResponse *x = svc_alloc(pl, sizeof *x);
+			Etcdserverpb__ResponseHeader *h = svc_alloc(pl, sizeof *h);
+			ro[i].response_case = ETCDSERVERPB__RESPONSE_OP__RESPONSE_RESPONSE_RANGE;
+			ro[i].response_range = x;
+			if (!x || !h)
+				return svc_fail(e, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+			etcdserverpb__range_response__init(x);
+			if (svc_range_op(k, pl, t, op->request_range, x, e))
+				return -1;
+			etcdserverpb__response_header__init(h); /* inside a txn: revision only */
+			h->revision = svc_cur(k, t);
+			x->header = h;
+			break;
+		}
+		case ETCDSERVERPB__REQUEST_OP__REQUEST_REQUEST_PUT: {
+			Etcdserverpb__PutResponse *x = svc_alloc(pl, sizeof *x);
+			ro[i].response_case = ETCDSERVERPB__RESPONSE_OP__RESPONSE_RESPONSE_PUT;
+			ro[i].response_put = x;
+			if (!x)
+				return svc_fail(e, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+			if (svc_put_op(k, pl, t, op->request_put, x, e))
+				return -1;
+			break;
+		}
+		case ETCDSERVERPB__REQUEST_OP__REQUEST_REQUEST_DELETE_RANGE: {
+			Etcdserverpb__DeleteRangeResponse *x = svc_alloc(pl, sizeof *x);
+			ro[i].response_case = ETCDSERVERPB__RESPONSE_OP__RESPONSE_RESPONSE_DELETE_RANGE;
+			ro[i].response_delete_range = x;
+			if (!x)
+				return svc_fail(e, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+			if (svc_delete_op(k, pl, t, op->request_delete_range, x, e))
+				return -1;
+			break;
+		}
+		case ETCDSERVERPB__REQUEST_OP__REQUEST_REQUEST_TXN: {
+			Etcdserverpb__TxnResponse *x = svc_alloc(pl, sizeof *x);
+			ro[i].response_case = ETCDSERVERPB__RESPONSE_OP__RESPONSE_RESPONSE_TXN;
+			ro[i].response_txn = x;
+			if (!x)
+				return svc_fail(e, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+			if (svc_txn_apply(k, pl, t, op->request_txn, p, x, e))
+				return -1;
+			break;
+		}
+		default:
+			break;
+		}
+	}
+	return 0;
+}
+
+/* Is every op, in both branches, a Range? (etcd isTxnReadonly) */
+static int svc_txn_readonly(const Etcdserverpb__TxnRequest *rq)
+{
+	size_t i;
+
+	for (i = 0; i < rq->n_success; i++)
+		if (rq->success[i]->request_case != ETCDSERVERPB__REQUEST_OP__REQUEST_REQUEST_RANGE)
+			return 0;
+	for (i = 0; i < rq->n_failure; i++)
+		if (rq->failure[i]->request_case != ETCDSERVERPB__REQUEST_OP__REQUEST_REQUEST_RANGE)
+			return 0;
+	return 1;
+}
+
+/* ---- handlers ----------------------------------------------------------- */
+
+/* The store refuses writes after a write error it could not repair. */
+static int svc_writable(struct kvd *k, struct svc_err *e)
+{
+	if (k->db.broken)
+		return svc_fail(e, GRPC_UNAVAILABLE, "kvd: the log is unwritable after an I/O error; restart kvd");
+	return 0;
+}
+
+/* End a unary KV call: the reply, or the error in e. */
+static void svc_end(struct kvd *k, struct h2_stream *s, const ProtobufCMessage *m, const struct svc_err *e)
+{
+	if (e->msg)
+		grpc_finish(k, s, e->code, "%s", e->msg);
+	else
+		grpc_reply(k, s, m);
+}
+
+static void svc_range_rpc(struct kvd *k, struct h2_stream *s, const uint8_t *p, size_t n)
+{
+	Etcdserverpb__RangeRequest *rq;
+	Etcdserverpb__RangeResponse rs = ETCDSERVERPB__RANGE_RESPONSE__INIT;
+	Etcdserverpb__ResponseHeader h;
+	struct svc_pool pl = {k, NULL, 0};
+	struct svc_err e = {0, NULL};
+
+	rq = (Etcdserverpb__RangeRequest *)grpc_unpack(k, s, &etcdserverpb__range_request__descriptor, p, n);
+	if (!rq)
+		return;
+	if (!rq->key.len)
+		svc_fail(&e, GRPC_INVALID_ARGUMENT, E_EMPTY_KEY);
+	else if (!svc_range_op(k, &pl, NULL, rq, &rs, &e)) {
+		svc_header(k, &h, 1);
+		rs.header = &h;
+	}
+	svc_end(k, s, &rs.base, &e);
+	svc_pool_free(&pl);
+	pb_free(k, rq);
+}
+
+static void svc_put_rpc(struct kvd *k, struct h2_stream *s, const uint8_t *p, size_t n)
+{
+	Etcdserverpb__PutRequest *rq;
+	Etcdserverpb__PutResponse rs;
+	Etcdserverpb__ResponseHeader h;
+	struct svc_pool pl = {k, NULL, 0};
+	struct svc_err e = {0, NULL};
+	struct mvcc_txn t;
+
+	rq = (Etcdserverpb__PutRequest *)grpc_unpack(k, s, &etcdserverpb__put_request__descriptor, p, n);
+	if (!rq)
+		return;
+	etcdserverpb__put_response__init(&rs);
+	if (!rq->key.len)
+		svc_fail(&e, GRPC_INVALID_ARGUMENT, E_EMPTY_KEY);
+	else if (rq->ignore_value && rq->value.len)
+		svc_fail(&e, GRPC_INVALID_ARGUMENT, E_VALUE_PROVIDED);
+	else if (rq->ignore_lease && rq->lease)
+		svc_fail(&e, GRPC_INVALID_ARGUMENT, E_LEASE_PROVIDED);
+	else if (svc_too_large(k, n))
+		svc_fail(&e, GRPC_INVALID_ARGUMENT, E_TOO_LARGE);
+	else if (rq->lease && !svc_lease_exists(k, rq->lease))
+		svc_fail(&e, GRPC_NOT_FOUND, E_LEASE_NOT_FOUND);
+	else if (!svc_writable(k, &e)) {
+		if (mvcc_txn_begin(k, &t)) {
+			svc_fail(&e, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+		} else {
+			if (svc_put_op(k, &pl, &t, rq, &rs, &e))
+				mvcc_txn_abort(k, &t);
+			mvcc_txn_end(k, &t);
+			if (!e.msg) {
+				svc_header(k, &h, 1);
+				h.revision = rs.header->revision;
+				rs.header = &h;
+				s->wrote = 1;
+			}
+		}
+	}
+	svc_end(k, s, &rs.base, &e);
+	svc_pool_free(&pl);
+	pb_free(k, rq);
+}
+
+static void svc_delete_rpc(struct kvd *k, struct h2_stream *s, const uint8_t *p, size_t n)
+{
+	Etcdserverpb__DeleteRangeRequest *rq;
+	Etcdserverpb__DeleteRangeResponse rs;
+	Etcdserverpb__ResponseHeader h;
+	struct svc_pool pl = {k, NULL, 0};
+	struct svc_err e = {0, NULL};
+	struct mvcc_txn t;
+
+	rq = (Etcdserverpb__DeleteRangeRequest *)grpc_unpack(k, s, &etcdserverpb__delete_range_request__descriptor, p, n);
+	if (!rq)
+		return;
+	etcdserverpb__delete_range_response__init(&rs);
+	if (!rq->key.len)
+		svc_fail(&e, GRPC_INVALID_ARGUMENT, E_EMPTY_KEY);
+	else if (svc_too_large(k, n))
+		svc_fail(&e, GRPC_INVALID_ARGUMENT, E_TOO_LARGE);
+	else if (!svc_writable(k, &e)) {
+		if (mvcc_txn_begin(k, &t)) {
+			svc_fail(&e, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+		} else {
+			if (svc_delete_op(k, &pl, &t, rq, &rs, &e))
+				mvcc_txn_abort(k, &t);
+			mvcc_txn_end(k, &t);
+			if (!e.msg) {
+				svc_header(k, &h, 1);
+				h.revision = rs.header->revision;
+				rs.header = &h;
+				s->wrote = rs.deleted > 0;
+			}
+		}
+	}
+	svc_end(k, s, &rs.base, &e);
+	svc_pool_free(&pl);
+	pb_free(k, rq);
+}
+
+static void svc_txn_rpc(struct kvd *k, struct h2_stream *s, const uint8_t *p, size_t n)
+{
+	Etcdserverpb__TxnRequest *rq;
+	Etcdserverpb__TxnResponse rs;
+	Etcdserverpb__ResponseHeader h;
+	struct svc_pool pl = {k, NULL, 0};
+	struct svc_err e = {0, NULL};
+	struct svc_ivs iv;
+	struct svc_path path = {NULL, 0, 0, 0};
+	struct mvcc_txn t;
+	int ro;
+
+	rq = (Etcdserverpb__TxnRequest *)grpc_unpack(k, s, &etcdserverpb__txn_request__descriptor, p, n);
+	if (!rq)
+		return;
+	etcdserverpb__txn_response__init(&rs);
+	ro = svc_txn_readonly(rq);
+	/* v3rpc checks, then etcd's apply: compares, put checks, range checks */
+	if (svc_txn_check(rq, (long)k->cfg.max_txn_ops, &e))
+		goto out;
+	if (svc_intervals(k, rq->success, rq->n_success, &iv, &e))
+		goto out;
+	svc_ivs_free(k, &iv);
+	if (svc_intervals(k, rq->failure, rq->n_failure, &iv, &e))
+		goto out;
+	svc_ivs_free(k, &iv);
+	if (!ro && svc_too_large(k, n)) {
+		svc_fail(&e, GRPC_INVALID_ARGUMENT, E_TOO_LARGE);
+		goto out;
+	}
+	if (svc_txn_path(k, rq, &path)) {
+		svc_fail(&e, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+		goto out;
+	}
+	if (!ro && svc_txn_precheck(k, rq, &path, 0, &e))
+		goto out;
+	path.at = 0;
+	if (svc_txn_precheck(k, rq, &path, 1, &e))
+		goto out;
+	path.at = 0;
+	if (ro) {
+		if (!svc_txn_apply(k, &pl, NULL, rq, &path, &rs, &e))
+			svc_header(k, &h, 1);
+	} else if (!svc_writable(k, &e)) {
+		if (mvcc_txn_begin(k, &t)) {
+			svc_fail(&e, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+			goto out;
+		}
+		if (svc_txn_apply(k, &pl, &t, rq, &path, &rs, &e))
+			mvcc_txn_abort(k, &t);
+		svc_header(k, &h, 1);
+		h.revision = svc_cur(k, &t);
+		s->wrote = t.nops > 0;
+		mvcc_txn_end(k, &t);
+	}
+	rs.header = &h;
+out:
+	svc_end(k, s, &rs.base, &e);
+	kvd_free(k, path.b);
+	svc_pool_free(&pl);
+	pb_free(k, rq);
+}
+
+static void svc_compact_rpc(struct kvd *k, struct h2_stream *s, const uint8_t *p, size_t n)
+{
+	Etcdserverpb__CompactionRequest *rq;
+	Etcdserverpb__CompactionResponse rs = ETCDSERVERPB__COMPACTION_RESPONSE__INIT;
+	Etcdserverpb__ResponseHeader h;
+	struct svc_err e = {0, NULL};
+
+	rq = (Etcdserverpb__CompactionRequest *)grpc_unpack(k, s, &etcdserverpb__compaction_request__descriptor, p, n);
+	if (!rq)
+		return;
+	if (svc_too_large(k, n))
+		svc_fail(&e, GRPC_INVALID_ARGUMENT, E_TOO_LARGE);
+	else if (rq->revision <= k->db.compacted)
+		svc_fail(&e, GRPC_OUT_OF_RANGE, E_COMPACTED);
+	else if (rq->revision > k->db.rev)
+		svc_fail(&e, GRPC_OUT_OF_RANGE, E_FUTURE_REV);
+	else if (!svc_writable(k, &e) && mvcc_compact(k, rq->revision))
+		svc_fail(&e, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+	if (!e.msg) {
+		/* physical or not, the answer leaves once the compaction is durable */
+		svc_header(k, &h, 1);
+		rs.header = &h;
+		s->wrote = 1;
+	}
+	svc_end(k, s, &rs.base, &e);
+	pb_free(k, rq);
+}
+
+/* ---- RangeStream: chunks produced as the client's window opens ---------- */
+
+#define SVC_CHUNK_BYTES (64 * 1024)
+#define SVC_CHUNK_KEYS 1000
+
+struct svc_rstream {
+	Etcdserverpb__RangeRequest *rq; /* owned */
+	int64_t rev;                     /* pinned */
+	uint8_t *last;                   /* last key sent (owned), NULL before the first */
+	size_t lastn;
+	int64_t sent, count;
+	unsigned counted : 1;
+};
+
+static void svc_rstream_close(struct kvd *k, struct h2_stream *s)
+{
+	struct svc_rstream *st = s->svc;
+
+	if (!st)
+		return;
+	pb_free(k, st->rq);
+	kvd_free(k, st->last);
+	kvd_free(k, st);
+	s->svc = NULL;
+}
+
+static void svc_rstream_chunk(struct kvd *k, struct h2_stream *s)
+{
+	struct svc_rstream *st = s->svc;
+	Etcdserverpb__RangeRequest *rq = st->rq;
+	Etcdserverpb__RangeStreamResponse msg = ETCDSERVERPB__RANGE_STREAM_RESPONSE__INIT;
+	Etcdserverpb__RangeResponse rr = ETCDSERVERPB__RANGE_RESPONSE__INIT;
+	Etcdserverpb__ResponseHeader h;
+	struct mvcc *m = &k->db;
+	struct svc_range got = {0};
+	struct svc_pool pl = {k, NULL, 0};
+	struct mvcc_it it;
+	struct mvcc_key *r;
+	struct mvcc_kv kv;
+	size_t bytes = 0;
+	int eq, vis, done = 0;
+	int64_t left = rq->limit > 0 ? rq->limit - st->sent : INT64_MAX;
+
+	if (st->rev < m->compacted) {
+		grpc_finish(k, s, GRPC_OUT_OF_RANGE, "%s", E_COMPACTED);
+		return;
+	}
+	if (st->last)
+		it = mvcc_seek(m, st->last, st->lastn, &eq);
+	else
+		it = mvcc_seek(m, rq->key.data, rq->key.len, &eq);
+	if (st->last && eq)
+		mvcc_next(m, &it);
+	for (;;) {
+		r = mvcc_at(m, it);
+		if (!r || (!rq->range_end.len ? mvcc_cmp(r->key, r->klen, rq->key.data, rq->key.len) != 0
+		                              : !svc_in_range(r->key, r->klen, &rq->range_end))) {
+			done = 1;
+			break;
+		}
+		vis = mvcc_visible(m, r, st->rev >= m->rev ? 0 : st->rev, &kv);
+		if (vis < 0) {
+			grpc_finish(k, s, GRPC_DATA_LOSS, "kvd: cannot read the log");
+			goto out;
+		}
+		if (vis) {
+			if (left <= 0 || rq->count_only) {
+				st->count++; /* past the limit: only counted */
+			} else {
+				if (got.n >= SVC_CHUNK_KEYS || bytes >= SVC_CHUNK_BYTES)
+					break;
+				if (svc_range_push(k, &got, &kv)) {
+					grpc_finish(k, s, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+					goto out;
+				}
+				bytes += r->klen + (rq->keys_only ? 0 : kv.vlen) + 32;
+				st->count++;
+				left--;
+			}
+		}
+		if (!rq->range_end.len) {
+			done = 1;
+			break;
+		}
+		mvcc_next(m, &it);
+	}
+	if (got.n) {
+		const struct mvcc_key *lk = got.kv[got.n - 1].r;
+		uint8_t *nl = kvd_realloc(k, st->last, lk->klen ? lk->klen : 1);
+		if (!nl || svc_kvs(k, &pl, got.kv, got.n, rq->keys_only, &rr.kvs)) {
+			if (nl)
+				st->last = nl;
+			grpc_finish(k, s, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+			goto out;
+		}
+		st->last = nl;
+		memcpy(st->last, lk->key, lk->klen);
+		st->lastn = lk->klen;
+		rr.n_kvs = got.n;
+		st->sent += (int64_t)got.n;
+	}
+	if (done) {
+		svc_header(k, &h, 1);
+		rr.header = &h;
+		rr.count = st->count;
+		rr.more = !rq->count_only && rq->limit > 0 && st->count > rq->limit;
+	}
+	if (got.n || done) {
+		msg.range_response = &rr;
+		if (grpc_send(k, s, &msg.base))
+			goto out;
+	}
+	if (done)
+		grpc_finish(k, s, GRPC_OK, "%s", "");
+out:
+	kvd_free(k, got.kv);
+	svc_pool_free(&pl);
+}
+
+static void svc_rangestream_rpc(struct kvd *k, struct h2_stream *s, const uint8_t *p, size_t n)
+{
+	Etcdserverpb__RangeRequest *rq;
+	struct svc_rstream *st;
+	int64_t rev;
+
+	rq = (Etcdserverpb__RangeRequest *)grpc_unpack(k, s, &etcdserverpb__range_request__descriptor, p, n);
+	if (!rq)
+		return;
+	rev = rq->revision;
+	if (!rq->key.len)
+		grpc_finish(k, s, GRPC_INVALID_ARGUMENT, "%s", E_EMPTY_KEY);
+	else if (rq->sort_order > 2 || rq->sort_target > 4)
+		grpc_finish(k, s, GRPC_INVALID_ARGUMENT, "%s", E_BAD_SORT);
+	else if (rq->sort_order != 0 && !(rq->sort_target == 0 && rq->sort_order == 1))
+		grpc_finish(k, s, GRPC_UNIMPLEMENTED, "RangeStream does not support custom sort orders");
+	else if (rq->min_mod_revision || rq->max_mod_revision || rq->min_create_revision || rq->max_create_revision)
+		grpc_finish(k, s, GRPC_UNIMPLEMENTED, "RangeStream does not support revision filters");
+	else if (rev > k->db.rev)
+		grpc_finish(k, s, GRPC_OUT_OF_RANGE, "%s", E_FUTURE_REV);
+	else if (rev > 0 && rev < k->db.compacted)
+		grpc_finish(k, s, GRPC_OUT_OF_RANGE, "%s", E_COMPACTED);
+	else if (!(st = kvd_calloc(k, sizeof *st)))
+		grpc_finish(k, s, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+	else {
+		/* pin the newest durable revision: a chunk never shows a write a crash could undo */
+		st->rq = rq;
+		st->rev = rev > 0 ? rev : k->db.rev_durable;
+		s->svc = st;
+		s->produce = 1;
+		return; /* chunks come from svc_rstream_chunk as the window opens */
+	}
 	pb_free(k, rq);
 }
 
@@ -2674,14 +5473,16 @@ static void svc_test_stream(struct kvd *k, struct h2_stream *s, const uint8_t *p
  * Every method kvd knows, by service.  A NULL on_msg answers Unimplemented
  * ("kvd: ... is not implemented yet"); unknown ones get grpc-go's texts.
  */
-#define SVC_NONE(path, kind) {path, kind, NULL, NULL, NULL}
+#define SVC_NONE(path, kind) {path, kind, NULL, NULL, NULL, NULL}
+#define SVC_UNARY(path, fn) {path, GRPC_UNARY, fn, NULL, NULL, NULL}
 static const struct grpc_method svc_kv[] = {
-	SVC_NONE("/etcdserverpb.KV/Range", GRPC_UNARY),
-	SVC_NONE("/etcdserverpb.KV/RangeStream", GRPC_SERVER_STREAM),
-	SVC_NONE("/etcdserverpb.KV/Put", GRPC_UNARY),
-	SVC_NONE("/etcdserverpb.KV/DeleteRange", GRPC_UNARY),
-	SVC_NONE("/etcdserverpb.KV/Txn", GRPC_UNARY),
-	SVC_NONE("/etcdserverpb.KV/Compact", GRPC_UNARY),
+	SVC_UNARY("/etcdserverpb.KV/Range", svc_range_rpc),
+	{"/etcdserverpb.KV/RangeStream", GRPC_SERVER_STREAM, svc_rangestream_rpc, NULL, svc_rstream_close,
+	 svc_rstream_chunk},
+	SVC_UNARY("/etcdserverpb.KV/Put", svc_put_rpc),
+	SVC_UNARY("/etcdserverpb.KV/DeleteRange", svc_delete_rpc),
+	SVC_UNARY("/etcdserverpb.KV/Txn", svc_txn_rpc),
+	SVC_UNARY("/etcdserverpb.KV/Compact", svc_compact_rpc),
 };
 static const struct grpc_method svc_watch[] = {
 	SVC_NONE("/etcdserverpb.Watch/Watch", GRPC_BIDI),
@@ -2697,12 +5498,12 @@ static const struct grpc_method svc_cluster[] = {
 	SVC_NONE("/etcdserverpb.Cluster/MemberAdd", GRPC_UNARY),
 	SVC_NONE("/etcdserverpb.Cluster/MemberRemove", GRPC_UNARY),
 	SVC_NONE("/etcdserverpb.Cluster/MemberUpdate", GRPC_UNARY),
-	{"/etcdserverpb.Cluster/MemberList", GRPC_UNARY, svc_member_list, NULL, NULL},
+	SVC_UNARY("/etcdserverpb.Cluster/MemberList", svc_member_list),
 	SVC_NONE("/etcdserverpb.Cluster/MemberPromote", GRPC_UNARY),
 };
 static const struct grpc_method svc_maintenance[] = {
 	SVC_NONE("/etcdserverpb.Maintenance/Alarm", GRPC_UNARY),
-	{"/etcdserverpb.Maintenance/Status", GRPC_UNARY, svc_status, NULL, NULL},
+	SVC_UNARY("/etcdserverpb.Maintenance/Status", svc_status),
 	SVC_NONE("/etcdserverpb.Maintenance/Defragment", GRPC_UNARY),
 	SVC_NONE("/etcdserverpb.Maintenance/Hash", GRPC_UNARY),
 	SVC_NONE("/etcdserverpb.Maintenance/HashKV", GRPC_UNARY),
@@ -2741,8 +5542,8 @@ static const struct grpc_method svc_election[] = {
 	SVC_NONE("/v3electionpb.Election/Resign", GRPC_UNARY),
 };
 static const struct grpc_method svc_health[] = {
-	{"/grpc.health.v1.Health/Check", GRPC_UNARY, svc_health_check, NULL, NULL},
-	{"/grpc.health.v1.Health/Watch", GRPC_SERVER_STREAM, svc_health_watch, NULL, NULL},
+	SVC_UNARY("/grpc.health.v1.Health/Check", svc_health_check),
+	{"/grpc.health.v1.Health/Watch", GRPC_SERVER_STREAM, svc_health_watch, NULL, NULL, NULL},
 };
 #ifdef KVD_TEST_SERVICES
 /* Stats: kvd's own accounting, so tests can prove memory stays bounded. */
@@ -2765,10 +5566,10 @@ static void svc_test_stats(struct kvd *k, struct h2_stream *s, const uint8_t *p,
 }
 
 static const struct grpc_method svc_test[] = {
-	{"/kvd.test.Test/Stats", GRPC_UNARY, svc_test_stats, NULL, NULL},
-	{"/kvd.test.Test/Echo", GRPC_UNARY, svc_test_echo, NULL, NULL},
-	{"/kvd.test.Test/Fill", GRPC_UNARY, svc_test_fill, NULL, NULL},
-	{"/kvd.test.Test/Stream", GRPC_SERVER_STREAM, svc_test_stream, NULL, NULL},
+	SVC_UNARY("/kvd.test.Test/Stats", svc_test_stats),
+	SVC_UNARY("/kvd.test.Test/Echo", svc_test_echo),
+	SVC_UNARY("/kvd.test.Test/Fill", svc_test_fill),
+	{"/kvd.test.Test/Stream", GRPC_SERVER_STREAM, svc_test_stream, NULL, NULL, NULL},
 };
 #endif
 
@@ -2826,7 +5627,7 @@ static void svc_shutdown(struct kvd *k)
 				grpc_send(k, c->st[i], &rs.base);
 }
 
-/* ===== 10. Sockets and the poll loop (net_, loop_) ======================= */
+/* ===== 11. Sockets and the poll loop (net_, loop_) ======================= */
 
 /*
  * One poll() loop, no threads.  Each kvd_poll() call:
@@ -3187,21 +5988,51 @@ static void loop_timers(struct kvd *k)
 		loop_arm(k, k->accept_pause_until);
 }
 
-/* Before sleeping: send what streams have, resume held-back input, reap. */
+/*
+ * Group commit: make this iteration's writes durable, then let the replies
+ * that waited for it go -- or, if the write failed, replace them with the
+ * error (the batch was undone, so what they showed never happened).
+ */
+static void loop_log_flush(struct kvd *k)
+{
+	struct h2_stream *s;
+	int err = mvcc_flush(k);
+	size_t i;
+
+	for (i = 0; i < k->nheld; i++) {
+		if (!(s = k->held[i]))
+			continue;
+		s->held = 0;
+		if (!err)
+			continue;
+		s->out.len = KVD_MAX(s->out.rd, KVD_MIN(s->out.len, s->out_mark));
+		kvd_free(k, s->status_msg);
+		s->status_msg = NULL;
+		s->finished = 0;
+		if (s->wrote && (err == -ENOSPC || err == -EDQUOT))
+			grpc_finish(k, s, GRPC_RESOURCE_EXHAUSTED, "%s", E_NO_SPACE);
+		else
+			grpc_finish(k, s, GRPC_UNAVAILABLE, "kvd: log write failed (%s); %s", strerror(-err),
+			            s->wrote ? "not applied" : "retry");
+	}
+	k->nheld = 0;
+}
+
+/* Before sleeping: input held back by output pressure, the log flush, then
+ * every stream's output into its socket, then reaping. */
 static void loop_flush(struct kvd *k)
 {
 	struct h2_conn *c;
 
+	for (c = k->conns; c; c = c->next)
+		if (!c->dead && BUF_LEN(&c->in) && !c->is_closing && BUF_LEN(&c->out) < KVD_MAX_OUTPUT)
+			h2_input(k, c);
+	loop_log_flush(k);
 	for (c = k->conns; c; c = c->next) {
 		if (c->dead)
 			continue;
 		h2_flush(k, c);
 		net_write(k, c);
-		if (BUF_LEN(&c->in) && !c->is_closing && BUF_LEN(&c->out) < KVD_MAX_OUTPUT) {
-			h2_input(k, c);
-			h2_flush(k, c);
-			net_write(k, c);
-		}
 	}
 	net_reap(k);
 }
@@ -3247,14 +6078,14 @@ static int loop_pollset(struct kvd *k)
 	return (int)n;
 }
 
-/* ===== 11. Flags and configuration (cfg_) ================================ */
+/* ===== 12. Flags and configuration (cfg_) ================================ */
 
 /*
  * etcd's flag syntax (Go's flag package): -flag or --flag, "=value" or the
  * next argument; every flag may also come from ETCD_<FLAG_IN_CAPS>, and, as in
  * etcd 3.4, setting both is an error.  Durations are Go durations ("5s").
  */
-enum cfg_type { CFG_STR, CFG_U32, CFG_MS, CFG_LEVEL };
+enum cfg_type { CFG_STR, CFG_U32, CFG_MS, CFG_LEVEL, CFG_BOOL };
 struct cfg_flag {
 	const char *name;
 	enum cfg_type type;
@@ -3289,6 +6120,9 @@ static const struct cfg_flag cfg_flags[] = {
 	{"shutdown-grace", CFG_MS, CFG_OFF(drain_timeout_ms), 0,
 	 "on SIGTERM/SIGINT, time calls get to finish (default 5s)"},
 	{"log-level", CFG_LEVEL, CFG_OFF(log_level), 0, "debug, info, warn or error (default info)"},
+	{"max-txn-ops", CFG_U32, CFG_OFF(max_txn_ops), 0, "operations per txn request (default 128)"},
+	{"unsafe-no-fsync", CFG_BOOL, CFG_OFF(unsafe_no_fsync), 0,
+	 "acknowledge writes before they reach the disk (loses them on power failure)"},
 };
 
 /* Go duration ("1m30s", "300ms", "0") to milliseconds. */
@@ -3359,6 +6193,16 @@ static int cfg_set(struct kvd_config *cfg, const struct cfg_flag *f, const char 
 		}
 		*(uint32_t *)(void *)((char *)cfg + f->off) = ms;
 		return 0;
+	case CFG_BOOL:
+		if (!strcmp(v, "true") || !strcmp(v, "1") || !strcmp(v, "t") || !strcmp(v, "TRUE"))
+			*(int *)(void *)((char *)cfg + f->off) = 1;
+		else if (!strcmp(v, "false") || !strcmp(v, "0") || !strcmp(v, "f") || !strcmp(v, "FALSE"))
+			*(int *)(void *)((char *)cfg + f->off) = 0;
+		else {
+			snprintf(err, errlen, "invalid boolean value \"%s\" for -%s", v, f->name);
+			return KVD_EINVAL;
+		}
+		return 0;
 	case CFG_LEVEL:
 		if (!strcmp(v, "debug"))
 			cfg->log_level = KVD_LOG_DEBUG;
@@ -3399,7 +6243,7 @@ static void cfg_usage(void)
 	       "Every flag may also be set as ETCD_<FLAG> (e.g. ETCD_DATA_DIR).\n");
 }
 
-/* ===== 12. Public embedding API (kvd_) =================================== */
+/* ===== 13. Public embedding API (kvd_) =================================== */
 
 #define KVD_STR_(x) #x
 #define KVD_STR(x) KVD_STR_(x)
@@ -3453,6 +6297,7 @@ KVD_API void kvd_config_init(struct kvd_config *cfg)
 	cfg->stall_timeout_ms = KVD_DEFAULT_STALL_MS;
 	cfg->drain_timeout_ms = KVD_DEFAULT_DRAIN_MS;
 	cfg->log_level = KVD_LOG_INFO;
+	cfg->max_txn_ops = 128;
 }
 
 KVD_API int kvd_config_parse(struct kvd_config *cfg, int argc, char **argv, char *err, size_t errlen)
@@ -3492,6 +6337,8 @@ KVD_API int kvd_config_parse(struct kvd_config *cfg, int argc, char **argv, char
 		}
 		if (eq) {
 			v = eq + 1;
+		} else if (cfg_flags[i].type == CFG_BOOL) {
+			v = "true"; /* Go: a bare boolean flag is true, it takes no argument */
 		} else if (ai + 1 < argc) {
 			v = argv[++ai];
 		} else {
@@ -3676,7 +6523,6 @@ static int kvd_init(const struct kvd_config *cfg, struct kvd **out, char *err, s
 	k->pba.allocator_data = k;
 	k->next_timer = INT64_MAX;
 	k->lock_fd = k->wake[0] = k->wake[1] = -1;
-	k->revision = 1;
 	k->now = util_now_ms();
 	k->cfg.log_level = cfg->log_level;
 	k->cfg.max_request = cfg->max_request_bytes;
@@ -3686,6 +6532,9 @@ static int kvd_init(const struct kvd_config *cfg, struct kvd **out, char *err, s
 	k->cfg.idle_ms = cfg->idle_timeout_ms;
 	k->cfg.stall_ms = cfg->stall_timeout_ms;
 	k->cfg.drain_ms = cfg->drain_timeout_ms;
+	k->cfg.max_txn_ops = cfg->max_txn_ops;
+	mvcc_init(&k->db);
+	k->db.no_fsync = cfg->unsafe_no_fsync != 0;
 	*out = k;
 	if (!(k->cfg.name = kvd_strdup(k, cfg->name)) ||
 	    !(k->cfg.listen = kvd_strdup(k, cfg->listen_client_urls ? cfg->listen_client_urls : "")) ||
@@ -3721,7 +6570,8 @@ KVD_API int kvd_open(const struct kvd_config *cfg, struct kvd **out, char *err, 
 		r = KVD_EIO;
 		goto fail;
 	}
-	if ((r = cfg_mkdirs(k->cfg.data_dir, err, errlen)) || (r = cfg_lock(k, err, errlen)))
+	if ((r = cfg_mkdirs(k->cfg.data_dir, err, errlen)) || (r = cfg_lock(k, err, errlen)) ||
+	    (r = mvcc_open(k, err, errlen)))
 		goto fail;
 	if (!(list = kvd_strdup(k, k->cfg.listen))) {
 		r = KVD_ENOMEM;
@@ -3736,9 +6586,10 @@ KVD_API int kvd_open(const struct kvd_config *cfg, struct kvd **out, char *err, 
 		goto fail;
 	}
 	kvd_free(k, list);
-	kvd_log(k, KVD_LOG_INFO, "kvd %s (etcd API %s) name=%s data-dir=%s member-id=%016llx cluster-id=%016llx",
+	kvd_log(k, KVD_LOG_INFO, "kvd %s (etcd API %s) name=%s data-dir=%s member-id=%016llx cluster-id=%016llx%s",
 	        KVD_VERSION, KVD_ETCD_VERSION, k->cfg.name, k->cfg.data_dir,
-	        (unsigned long long)k->member_id, (unsigned long long)k->cluster_id);
+	        (unsigned long long)k->member_id, (unsigned long long)k->cluster_id,
+	        k->db.no_fsync ? " (--unsafe-no-fsync: writes are acknowledged before they are durable)" : "");
 	*out = k;
 	return 0;
 fail:
@@ -3829,6 +6680,10 @@ KVD_API void kvd_close(struct kvd *k)
 	}
 	for (i = 0; i < k->nls; i++)
 		close(k->ls[i].fd);
+	if (k->db.fd >= 0)
+		mvcc_flush(k); /* an embedder closing mid-batch: keep what was written */
+	mvcc_close(k);
+	kvd_free(k, k->held);
 	kvd_free(k, k->ls);
 	kvd_free(k, k->pfd);
 	kvd_free(k, k->pobj);
@@ -3897,7 +6752,7 @@ KVD_API int kvd_main(int argc, char **argv)
 	return 0;
 }
 
-/* ===== 13. main() ======================================================== */
+/* ===== 14. main() ======================================================== */
 
 #ifndef KVD_NO_MAIN
 int main(int argc, char **argv)

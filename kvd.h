@@ -71,6 +71,8 @@ struct kvd_config {
 	uint32_t stall_timeout_ms;               /* --stall-timeout, 0 = never (60 s) */
 	uint32_t drain_timeout_ms;               /* --shutdown-grace (5 s) */
 	int log_level;                           /* --log-level (KVD_LOG_INFO) */
+	uint32_t max_txn_ops;                    /* --max-txn-ops (128) */
+	int unsafe_no_fsync;                     /* --unsafe-no-fsync (0) */
 };
 
 struct kvd;

@@ -4,7 +4,7 @@
 # As root it runs apt-get; otherwise it prints the command and fails.
 set -u
 BUILD="gcc make libc6-dev libmbedtls-dev libprotobuf-c-dev"
-TEST="protobuf-c-compiler clang libclang-rt-14-dev etcd-server etcd-client python3 python3-grpcio \
+TEST="protobuf-c-compiler protobuf-compiler clang libclang-rt-14-dev etcd-server etcd-client python3 python3-grpcio \
 python3-h2 python3-hpack python3-etcd3 python3-protobuf nghttp2-client curl procps"
 pkgs=$BUILD
 [ "${1:-build}" = test ] && pkgs="$BUILD $TEST"
