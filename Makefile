@@ -57,7 +57,7 @@ test/kvd-test: $(SRC)
 	$(CC) $(CPPFLAGS) $(TEST_CFLAGS) $(SAN) $(KVD_CFLAGS) -DKVD_TEST_SERVICES -o $@ kvd.c $(LDFLAGS) $(LDLIBS) $(KVD_LIBS)
 
 # Fuzz targets replayed over their corpus without libFuzzer (any compiler).
-FUZZERS = h2 hpack
+FUZZERS = h2 hpack log
 test/replay-%: test/fuzz_%.c test/fuzz_replay.c $(SRC)
 	$(CC) $(CPPFLAGS) $(TEST_CFLAGS) $(SAN) $(KVD_CFLAGS) -o $@ test/fuzz_$*.c test/fuzz_replay.c $(LDFLAGS) $(LDLIBS) $(KVD_LIBS)
 
@@ -123,4 +123,4 @@ install: kvd
 	install -m 644 kvd.h $(DESTDIR)$(PREFIX)/include/kvd.h
 
 clean:
-	rm -f kvd kvd-static test/test test/test-asan test/kvd-test test/replay-* test/fuzz-h2 test/fuzz-hpack test/*.log .toc.*
+	rm -f kvd kvd-static test/test test/test-asan test/kvd-test test/replay-* test/fuzz-h2 test/fuzz-hpack test/fuzz-log test/*.log .toc.*

@@ -1774,6 +1774,7 @@ static int mvcc_replay(struct kvd *k, struct mvcc *m, uint64_t size, char *err, 
 		snprintf(err, errlen, "out of memory reading the log");
 		return KVD_ENOMEM;
 	}
+	m->size = size; /* mvcc_pread reads the file up to here */
 	while (off < size) {
 		/* make [off, off + 9) resident */
 		if (off + MVCC_REC_HDR > boff + have) {

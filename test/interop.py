@@ -227,6 +227,40 @@ def nghttp_trailers():
     k.stop()
 
 
+@test
+def rangestream_bounded_memory():
+    """A 6 MB range streams in chunks through a small window while kvd holds
+    about one chunk; the merged chunks equal Range's answer."""
+    from kvdtest import Client, pb
+    R = pb()["rpc"]
+    k = Kvd(KVD_TEST)
+    c = Client(k.endpoint())
+    for t0 in range(0, 6000, 100):
+        t = R.TxnRequest()
+        for i in range(t0, t0 + 100):
+            t.success.add().request_put.CopyFrom(R.PutRequest(key=b"big/%05d" % i, value=bytes([65 + i % 26]) * 1000))
+        check(c.call("Txn", t)[0] == "ok", "load")
+    stats = lambda: dict(x.split("=") for x in c.ch.unary_unary("/kvd.test.Test/Stats")(b"").decode().split())
+    base = int(stats()["peak"])
+    req = R.RangeRequest(key=b"big/", range_end=b"big0", limit=5500)
+    r = h2_call(k.port, "/etcdserverpb.KV/RangeStream", grpc_frame(req.SerializeToString()), window=8192)
+    check(r.violation is None and r.status() == "0", "stream ok: %r %s" % (r.trailers, r.violation))
+    chunks = [R.RangeStreamResponse.FromString(m) for m in grpc_messages(r.data)]
+    merged = R.RangeResponse()
+    for ch in chunks:
+        merged.MergeFrom(ch.range_response)
+    check(len(chunks) > 5 and all(not ch.range_response.HasField("header") for ch in chunks[:-1]),
+          "%d chunks, header only in the last" % len(chunks))
+    peak = int(stats()["peak"])
+    check(peak - base < 1024 * 1024, "kvd's peak grew %d bytes for a %d-byte answer" % (peak - base, len(r.data)))
+    ans = c.call("Range", req)
+    check(ans[0] == "ok" and merged == ans[1], "merged chunks == Range (%d kvs, more=%s, count=%d)" %
+          (len(merged.kvs), merged.more, merged.count))
+    check(merged.more and merged.count == 6000 and len(merged.kvs) == 5500, "limit, more and count")
+    c.close()
+    k.stop()
+
+
 # ------------------------------------------------------------------ lifecycle and flags
 @test
 def graceful_shutdown():

@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 """Seed the fuzz corpora from real clients (run by hand, output committed).
 
-usage: test/mkcorpus.py KVD_PORT
+usage: test/mkcorpus.py KVD_PORT   (h2 and hpack seeds)
+       test/mkcorpus.py log        (log seeds: kvd's own logs under random traffic)
 A relay on a free port records what each client sends to kvd at KVD_PORT:
 etcdctl 3.4 (grpc-go), grpcio, python-h2 with padding/PRIORITY/CONTINUATION.
 Each capture becomes test/corpus/h2/<name> (behind a mode byte, see
@@ -125,7 +126,34 @@ def h2_odd(port):
     s.close()
 
 
+def log_seeds():
+    """Logs written by kvd itself under random KV traffic (test/diff.py's
+    generator), whole and cut into pieces: test/corpus/log/."""
+    sys.path.insert(0, HERE)
+    from kvdtest import Kvd, Client
+    from diff import Gen
+    for seed, nops in ((1, 40), (2, 150), (3, 400)):
+        k = Kvd(os.path.join(os.path.dirname(HERE), "kvd"))
+        c = Client(k.endpoint())
+        g = Gen(seed)
+        for _ in range(nops):
+            m, q = g.next()
+            if m == "Put" and len(q.value) > 100000:
+                continue
+            g.learn(m, q, c.call(m, q))
+        c.close()
+        k.stop()
+        data = open(os.path.join(k.dir, "kvd.log"), "rb").read()
+        with open(os.path.join(HERE, "corpus", "log", "kvd-%d" % seed), "wb") as f:
+            f.write(b"\x00" + data)
+        with open(os.path.join(HERE, "corpus", "log", "kvd-%d-noheader" % seed), "wb") as f:
+            f.write(b"\x01" + data[21:])
+
+
 def main():
+    if sys.argv[1:] == ["log"]:
+        log_seeds()
+        return 0
     port = int(sys.argv[1])
     capture(port, "etcdctl-status", etcdctl("endpoint", "status", "-w", "json"))
     capture(port, "etcdctl-members", etcdctl("member", "list"))
