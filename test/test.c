@@ -1454,9 +1454,7 @@ static void test_mvcc_index(void)
 		snprintf(key, sizeof key, "k%u", (seed >> 8) % 2500);
 		it = mvcc_seek(m, (const uint8_t *)key, strlen(key), &eq);
 		if (!eq && n < KVD_COUNT(ref) && (seed & 0x100)) {
-			r = kvd_calloc(k, sizeof *r + strlen(key));
-			r->klen = (uint32_t)strlen(key);
-			memcpy(r->key, key, r->klen);
+			r = mvcc_new_key(k, (const uint8_t *)key, strlen(key));
 			ok &= mvcc_insert(k, m, it, r) == 0;
 			ref[n++] = r;
 		} else if (eq) {
@@ -1465,7 +1463,7 @@ static void test_mvcc_index(void)
 			for (j = 0; j < n && ref[j] != r; j++)
 				;
 			ref[j] = ref[--n];
-			kvd_free(k, r);
+			mvcc_free_key(k, r);
 		}
 	}
 	CHECK(ok);
@@ -1490,7 +1488,7 @@ static void test_mvcc_index(void)
 		it.ki = 0;
 		r = mvcc_at(m, it);
 		mvcc_remove(k, m, it);
-		kvd_free(k, r);
+		mvcc_free_key(k, r);
 	}
 	CHECK(m->nleaf == 0);
 	kvd_close(k);

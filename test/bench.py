@@ -1,0 +1,214 @@
+#!/usr/bin/python3
+"""kvd and Debian's etcd side by side: the same h2load calls, same bodies,
+data on the same disk.  A benchmark, not a test: it prints figures and
+kvd/etcd ratios (the README records them).
+
+  test/bench.py [--n N] [--keys K] [--only transport|kv]
+"""
+import os
+import signal
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+
+from kvdtest import ROOT, Kvd, Client, pb, free_port, grpc_frame, pb_string, wait_for
+
+KVD = os.path.abspath(os.environ.get("KVD", os.path.join(ROOT, "kvd")))
+R = pb()["rpc"]
+DISK = "/var/tmp"
+
+
+class EtcdDisk:
+    """etcd with its data on the same disk as kvd's (durability costs the same)."""
+
+    def __init__(self, d=None, port=None):
+        self.port = port or free_port()
+        self.dir = d or tempfile.mkdtemp(prefix="etcd-bench-", dir=DISK)
+        self.url = "http://127.0.0.1:%d" % self.port
+        self.t0 = time.time()
+        self.p = subprocess.Popen(["etcd", "--name", "bench", "--data-dir", self.dir, "--listen-client-urls", self.url,
+                                   "--advertise-client-urls", self.url,
+                                   "--listen-peer-urls", "http://127.0.0.1:%d" % free_port(), "--log-level", "error"],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def endpoint(self):
+        return "127.0.0.1:%d" % self.port
+
+    def stop(self):
+        self.p.send_signal(signal.SIGTERM)
+        self.p.wait(20)
+
+
+def proc(pid, field):
+    with open("/proc/%d/status" % pid) as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    return -1
+
+
+def io_written(pid):
+    with open("/proc/%d/io" % pid) as f:
+        for line in f:
+            if line.startswith("write_bytes:"):
+                return int(line.split()[1])
+    return 0
+
+
+def cpu_ticks(pid):
+    with open("/proc/%d/stat" % pid) as f:
+        parts = f.read().rsplit(")", 1)[1].split()
+    return int(parts[11]) + int(parts[12])
+
+
+def h2load(port, path, body, n, c, m):
+    bf = tempfile.NamedTemporaryFile(delete=False)
+    bf.write(body)
+    bf.close()
+    r = subprocess.run(["h2load", "-n", str(n), "-c", str(c), "-m", str(m), "-t", "1", "-d", bf.name,
+                        "-H", "content-type: application/grpc", "-H", "te: trailers",
+                        "http://127.0.0.1:%d%s" % (port, path)], capture_output=True, text=True)
+    os.unlink(bf.name)
+    rate, ok = 0.0, False
+    for line in r.stdout.splitlines():
+        if line.startswith("finished in"):
+            rate = float(line.split()[3])
+        if line.startswith("requests:"):
+            w = line.split()
+            ok = w[9] == "0" and w[11] == "0" and w[13] == "0"  # failed, errored, timeout
+    return rate if ok else -1.0
+
+
+def fdatasync_rate(seconds=2.0):
+    """The disk's raw rate of small appends each made durable (kvd's serial put bound)."""
+    fd, path = tempfile.mkstemp(dir=DISK)
+    n, t0 = 0, time.time()
+    while time.time() - t0 < seconds:
+        os.write(fd, b"x" * 130)
+        os.fdatasync(fd)
+        n += 1
+    os.close(fd)
+    os.unlink(path)
+    return n / (time.time() - t0)
+
+
+def row(name, e, k, unit="req/s", higher=True):
+    ratio = (k / e if higher else e / k) if e > 0 and k > 0 else float("nan")
+    print("%-46s %14s %14s %8s" % (name, "%.0f %s" % (e, unit) if e >= 0 else "ERR",
+                                   "%.0f %s" % (k, unit) if k >= 0 else "ERR", "%.1fx" % ratio), flush=True)
+
+
+def load(endpoint, nkeys, vsize=100):
+    c = Client(endpoint)
+    v = b"v" * vsize
+    for base in range(0, nkeys, 128):
+        t = R.TxnRequest()
+        for i in range(base, min(nkeys, base + 128)):
+            t.success.add().request_put.CopyFrom(R.PutRequest(key=b"key-%07d" % i, value=v))
+        a = c.call("Txn", t, timeout=60)
+        if a[0] != "ok":
+            raise RuntimeError("load failed: %r" % (a,))
+    c.close()
+
+
+def first_answer(start, endpoint):
+    """Seconds from exec to the first answered Range (a fresh channel per try:
+    grpc's reconnect backoff would otherwise dominate)."""
+    import socket
+    host, port = endpoint.split(":")
+    t0 = time.time()
+    p = start()
+    while time.time() - t0 < 120:
+        try:
+            socket.create_connection((host, int(port)), timeout=0.2).close()
+        except OSError:
+            time.sleep(0.002)
+            continue
+        c = Client(endpoint)
+        ok = c.call("Range", R.RangeRequest(key=b"key-0000001"), timeout=1)[0] == "ok"
+        c.close()
+        if ok:
+            break
+    return time.time() - t0, p
+
+
+def main(argv):
+    n = int(argv[argv.index("--n") + 1]) if "--n" in argv else 100000
+    nkeys = int(argv[argv.index("--keys") + 1]) if "--keys" in argv else 200000
+    only = argv[argv.index("--only") + 1] if "--only" in argv else ""
+    kvd_dir = tempfile.mkdtemp(prefix="kvd-bench-", dir=DISK)
+    e = EtcdDisk()
+    k = Kvd(KVD, ["--name", "bench"], data_dir=kvd_dir)
+    wait_for(lambda: Client(e.endpoint()).call("Range", R.RangeRequest(key=b"x"))[0] == "ok", 30)
+    print("kvd vs %s, %d CPUs; h2load -t 1; data on %s" %
+          (subprocess.run(["etcd", "--version"], capture_output=True, text=True).stdout.splitlines()[0],
+           os.cpu_count(), DISK))
+    print("%-46s %14s %14s %8s" % ("", "etcd", "kvd", "kvd/etcd"))
+    row("idle RSS", proc(e.p.pid, "VmRSS"), proc(k.p.pid, "VmRSS"), "KiB", higher=False)
+    row("binary size", os.path.getsize(subprocess.run(["which", "etcd"], capture_output=True, text=True)
+                                       .stdout.strip()), os.path.getsize(KVD), "B", higher=False)
+    empty = grpc_frame(b"")
+    if only in ("", "transport"):
+        for path in ("/grpc.health.v1.Health/Check", "/etcdserverpb.Maintenance/Status"):
+            for c, m in ((1, 1), (16, 8)):
+                row("%s -c %d -m %d" % (path.split("/")[-1], c, m), h2load(e.port, path, empty, n, c, m),
+                    h2load(k.port, path, empty, n, c, m))
+    if only in ("", "kv"):
+        put = grpc_frame(R.PutRequest(key=b"foo", value=b"bar").SerializeToString())
+        rng = grpc_frame(R.RangeRequest(key=b"foo").SerializeToString())
+        srng = grpc_frame(R.RangeRequest(key=b"foo", serializable=True).SerializeToString())
+        raw = fdatasync_rate()
+        print("%-46s %14s" % ("disk: raw 130-byte append+fdatasync rate", "%.0f /s" % raw))
+        pe = h2load(e.port, "/etcdserverpb.KV/Put", put, max(2000, n // 20), 1, 1)
+        pk = h2load(k.port, "/etcdserverpb.KV/Put", put, max(2000, n // 20), 1, 1)
+        row("Put (durable) -c 1 -m 1", pe, pk)
+        print("%-46s %14s %14s" % ("  ... as a share of the raw fdatasync rate", "%.2f" % (pe / raw), "%.2f" % (pk / raw)))
+        pe = h2load(e.port, "/etcdserverpb.KV/Put", put, n, 16, 8)
+        pk = h2load(k.port, "/etcdserverpb.KV/Put", put, n, 16, 8)
+        row("Put (durable) -c 16 -m 8", pe, pk)
+        # flash wear: bytes the disk gets per put, a 10-byte key and a 100-byte value
+        big = R.PutRequest(key=b"key-000001", value=b"v" * 100)
+        we, wk = io_written(e.p.pid), io_written(k.p.pid)
+        h2load(e.port, "/etcdserverpb.KV/Put", grpc_frame(big.SerializeToString()), n, 16, 8)
+        h2load(k.port, "/etcdserverpb.KV/Put", grpc_frame(big.SerializeToString()), n, 16, 8)
+        we, wk = io_written(e.p.pid) - we, io_written(k.p.pid) - wk
+        rec = 9 + 4 + 4 + 1 + 8 + 4 + 3 + 3 + 1 + 1 + 1 + 10 + 100  # header, rev, nops, op
+        row("bytes written per put of %d B (c16 m8)" % big.ByteSize(), we / n, wk / n, "B", higher=False)
+        print("%-46s %14s %14s" % ("  ... per byte of kvd's log record (%d B)" % rec, "%.1f" % (we / n / rec),
+                                   "%.1f" % (wk / n / rec)))
+        for name, body in (("Range linearizable", rng), ("Range serializable", srng)):
+            for c, m in ((1, 1), (16, 8)):
+                row("%s -c %d -m %d" % (name, c, m), h2load(e.port, "/etcdserverpb.KV/Range", body, n, c, m),
+                    h2load(k.port, "/etcdserverpb.KV/Range", body, n, c, m))
+        t0 = time.time()
+        load(e.endpoint(), nkeys)
+        te = time.time() - t0
+        t0 = time.time()
+        load(k.endpoint(), nkeys)
+        tk = time.time() - t0
+        row("load %d keys x 100 B (txns of 128)" % nkeys, nkeys / te, nkeys / tk, "keys/s")
+        time.sleep(1)
+        row("RSS with %d keys" % nkeys, proc(e.p.pid, "VmRSS"), proc(k.p.pid, "VmRSS"), "KiB", higher=False)
+        e.stop()
+        k.stop()
+        se, ep = first_answer(lambda: EtcdDisk(e.dir, e.port), e.endpoint())
+        sk, kp = first_answer(lambda: Kvd(KVD, ["--name", "bench"], data_dir=kvd_dir, port=k.port, wait=False),
+                              k.endpoint())
+        row("start to first answer with %d keys" % nkeys, se * 1000, sk * 1000, "ms", higher=False)
+        row("RSS after restart", proc(ep.p.pid, "VmRSS"), proc(kp.p.pid, "VmRSS"), "KiB", higher=False)
+        print("%-46s %14s %14s" % ("data on disk", subprocess.run(["du", "-sh", e.dir], capture_output=True, text=True)
+                                   .stdout.split()[0], subprocess.run(["du", "-sh", kvd_dir], capture_output=True,
+                                                                      text=True).stdout.split()[0]))
+        ep.stop()
+        kp.stop()
+    else:
+        e.stop()
+        k.stop()
+    os.system("rm -rf %s %s" % (e.dir, kvd_dir))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
