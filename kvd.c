@@ -109,6 +109,9 @@
 #ifndef _DEFAULT_SOURCE
 #define _DEFAULT_SOURCE /* flock(), and POSIX.1-2008 */
 #endif
+#ifndef _FILE_OFFSET_BITS
+#define _FILE_OFFSET_BITS 64 /* logs past 2 GiB on 32-bit targets */
+#endif
 #ifndef _POSIX_C_SOURCE
 #define _POSIX_C_SOURCE 200809L
 #endif

@@ -1,28 +1,54 @@
 #!/bin/sh
 # test/deps.sh [build|test] - install what is missing from Debian's packages:
-# the build dependencies, and with "test" the real peers the tests talk to.
+# the build dependencies, and with "test" the real peers the tests talk to,
+# then (best effort) the i386 and s390x cross toolchains for `make cross`.
 # As root it runs apt-get; otherwise it prints the command and fails.
 set -u
 BUILD="gcc make libc6-dev libmbedtls-dev libprotobuf-c-dev"
 TEST="protobuf-c-compiler protobuf-compiler clang libclang-rt-14-dev etcd-server etcd-client python3 python3-grpcio \
 python3-h2 python3-hpack python3-etcd3 python3-protobuf nghttp2-client curl procps"
-pkgs=$BUILD
-[ "${1:-build}" = test ] && pkgs="$BUILD $TEST"
-missing=""
-for p in $pkgs; do
-	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
-done
-[ -z "$missing" ] && exit 0
-echo "deps: installing:$missing"
+CROSS="gcc-i686-linux-gnu libc6-dev-i386-cross libprotobuf-c-dev:i386 libmbedtls-dev:i386 \
+gcc-s390x-linux-gnu libc6-dev-s390x-cross libprotobuf-c-dev:s390x libmbedtls-dev:s390x qemu-user"
+
+missing() {
+	m=""
+	for p in "$@"; do
+		dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || m="$m $p"
+	done
+	echo "$m"
+}
+
+need=$(missing $BUILD)
+[ "${1:-build}" = test ] && need="$need$(missing $TEST)"
+cross=""
+[ "${1:-build}" = test ] && cross=$(missing $CROSS)
+[ -z "$need$cross" ] && exit 0
 if [ "$(id -u)" = 0 ]; then
 	SUDO=""
 elif command -v sudo >/dev/null && sudo -n true 2>/dev/null; then
 	SUDO="sudo"
 else
-	echo "deps: missing Debian packages; run: sudo apt-get install -y$missing" >&2
-	exit 1
+	echo "deps: missing Debian packages; run: sudo apt-get install -y$need$cross" >&2
+	[ -n "$need" ] && exit 1
+	exit 0
 fi
 export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update -qq || exit 1
-$SUDO apt-get install -y -qq --no-install-recommends $missing >/dev/null || exit 1
+if [ -n "$cross" ]; then
+	for arch in i386 s390x; do
+		dpkg --print-foreign-architectures | grep -qx $arch || $SUDO dpkg --add-architecture $arch
+	done
+fi
+# a mirror mid-sync fails one index now and then: retry, then go on with what we have
+$SUDO apt-get update -qq || { sleep 5; $SUDO apt-get update -qq; } || echo "deps: apt-get update had errors"
+if [ -n "$need" ]; then
+	echo "deps: installing:$need"
+	$SUDO apt-get install -y -qq --no-install-recommends $need >/dev/null || exit 1
+fi
+if [ -n "$cross" ]; then
+	# multiarch needs the foreign libc at the host's exact version; a lagging
+	# mirror can refuse that, so cross toolchains never fail the install
+	echo "deps: installing (best effort):$cross"
+	$SUDO apt-get install -y -qq --no-install-recommends $cross >/dev/null ||
+		echo "deps: cross toolchains unavailable: make cross will say SKIPPED"
+fi
 echo "deps: done"
