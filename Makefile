@@ -61,6 +61,10 @@ FUZZERS = h2 hpack log
 test/replay-%: test/fuzz_%.c test/fuzz_replay.c $(SRC)
 	$(CC) $(CPPFLAGS) $(TEST_CFLAGS) $(SAN) $(KVD_CFLAGS) -o $@ test/fuzz_$*.c test/fuzz_replay.c $(LDFLAGS) $(LDLIBS) $(KVD_LIBS)
 
+# Watch load generator for test/bench.py (plain C, no kvd code inside).
+test/watchbench: test/watchbench.c
+	$(CC) $(CPPFLAGS) -O2 -g $(WARN) -o $@ test/watchbench.c $(LDFLAGS) $(LDLIBS)
+
 asan: test/test-asan $(FUZZERS:%=test/replay-%)
 	ASAN_OPTIONS=detect_leaks=1 ./test/test-asan
 	for f in $(FUZZERS); do ASAN_OPTIONS=detect_leaks=1 ./test/replay-$$f test/corpus/$$f || exit 1; done
@@ -142,4 +146,4 @@ install: kvd
 	install -m 644 kvd.h $(DESTDIR)$(PREFIX)/include/kvd.h
 
 clean:
-	rm -f kvd kvd-static test/test test/test-asan test/test-i386 test/test-s390x test/kvd-s390x test/kvd-test test/replay-* test/fuzz-h2 test/fuzz-hpack test/fuzz-log test/*.log .toc.*
+	rm -f kvd kvd-static test/test test/test-asan test/test-i386 test/test-s390x test/kvd-s390x test/kvd-test test/watchbench test/replay-* test/fuzz-h2 test/fuzz-hpack test/fuzz-log test/*.log .toc.*

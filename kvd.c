@@ -17,10 +17,11 @@
  *    8. HTTP/2 frames, streams, flow control (h2_)
  *    9. gRPC framing and routing (grpc_)
  *   10. Services: KV, health, maintenance, cluster (svc_)
- *   11. Sockets and the poll loop (net_, loop_)
- *   12. Flags and configuration (cfg_)
- *   13. Public embedding API (kvd_)
- *   14. main()
+ *   11. Watch (watch_)
+ *   12. Sockets and the poll loop (net_, loop_)
+ *   13. Flags and configuration (cfg_)
+ *   14. Public embedding API (kvd_)
+ *   15. main()
  *
  * Prefixes mark the section a static function belongs to; only kvd_* (and the
  * generated protobuf-c symbols) are exported.  Functions return 0 or a
@@ -280,6 +281,50 @@ struct mvcc_txn {
 	size_t at, nops_at, undo_at;
 	uint32_t nops;
 };
+/* Watch (section 11). */
+struct watch_stream;
+struct watch {
+	struct watch_stream *ws;
+	struct watch *hnext;           /* hash chain: key and prefix watchers */
+	struct watch *gprev, *gnext;   /* the list of range and from-key watchers */
+	int64_t id, seq;               /* watch id on its stream; creation order */
+	int64_t next;                  /* first revision it still owes its client */
+	uint64_t next_off;             /* catch-up: log offset to read next (0: look it up) */
+	uint32_t klen, elen;
+	uint8_t kind;
+	unsigned noput : 1, nodelete : 1, prev_kv : 1, progress : 1, fragment : 1;
+	unsigned synced : 1;           /* live events reach it; else it catches up from the log */
+	unsigned sent : 1;             /* events since the last progress tick */
+	unsigned dead : 1;             /* cancelled by compaction: only its id remains, as in etcd */
+	uint8_t key[];                 /* key, then range end */
+};
+struct watch_stream {
+	struct h2_stream *s;
+	struct watch_stream *prev, *next;
+	struct watch **w;
+	size_t n, cap, unsynced, rr;
+	int64_t next_id;
+	int64_t progress_at;
+};
+struct watch_ev;
+struct watch_hit;
+struct watch_reg {
+	struct watch **tab;            /* key and prefix watchers, by hash of their key */
+	size_t mask, nhashed, total;
+	uint32_t *plen;                /* prefix watchers by prefix length */
+	size_t nplen;
+	struct watch *ranges;
+	struct watch_stream *streams;
+	int64_t seq;
+	struct watch_ev *evs;          /* scratch: the events of one record */
+	size_t nevs, evcap;
+	struct watch_hit *hits;        /* scratch: (watcher, event) pairs of one record */
+	size_t nhits, hitcap;
+	struct kvd_buf rbuf;           /* scratch: a record read back for catch-up */
+	struct kvd_buf enc;            /* scratch: one record's header and events, packed */
+	size_t hdr_len;                /* packed header in enc[0..hdr_len); 0: not yet */
+};
+
 struct mvcc {
 	int fd;
 	uint64_t size;                 /* durable log bytes */
@@ -295,6 +340,7 @@ struct mvcc {
 	struct { int64_t rev; uint64_t off; } *marks;  /* sparse revision -> record offset */
 	size_t nmarks, markcap;
 	uint64_t reclaimable;          /* bytes a rewrite of the log would drop */
+	size_t flushed;                /* bytes of the batch the last flush made durable */
 	unsigned broken : 1;           /* a failed write could not be cut back */
 	unsigned no_fsync : 1;         /* --unsafe-no-fsync */
 	char why[96];
@@ -404,7 +450,7 @@ struct net_listener {
 struct kvd_cfg {
 	char *name, *data_dir, *listen, *advertise, *peer_urls, *token;
 	uint32_t max_request, max_streams, max_conns, ping_min_ms, idle_ms,
-	    stall_ms, drain_ms, max_txn_ops;
+	    stall_ms, drain_ms, max_txn_ops, max_watchers, watch_progress_ms;
 	int no_fsync;
 	int log_level;
 };
@@ -443,6 +489,7 @@ struct kvd {
 	int lock_fd;
 	int wake[2];                 /* self-pipe: kvd_shutdown() is async-signal-safe */
 	struct mvcc db;              /* the store */
+	struct watch_reg watch;      /* watchers */
 	struct h2_stream **held;     /* calls answered while the batch was open */
 	size_t nheld, heldcap;
 	/* HPACK decode scratch, shared: one header block is decoded at a time */
@@ -1874,8 +1921,8 @@ static int mvcc_flush(struct kvd *k)
 		goto fail;
 	}
 	m->size += m->w.len;
+	m->flushed = m->w.len; /* the bytes stay in m->w.p for mvcc_batch_done's caller */
 	m->w.len = 0;
-	buf_trim(k, &m->w, 1 << 20);
 	mvcc_commit(k, m);
 	return 0;
 fail:
@@ -1890,6 +1937,13 @@ fail:
 	}
 	mvcc_rollback(k, m);
 	return -err;
+}
+
+/* The last flushed batch has been looked at (watch dispatch): let it go. */
+static void mvcc_batch_done(struct kvd *k)
+{
+	k->db.flushed = 0;
+	buf_trim(k, &k->db.w, 1 << 20);
 }
 
 /* ---- recovery ----------------------------------------------------------- */
@@ -5779,8 +5833,12 @@ static const struct grpc_method svc_kv[] = {
 	SVC_UNARY("/etcdserverpb.KV/Txn", svc_txn_rpc),
 	SVC_UNARY("/etcdserverpb.KV/Compact", svc_compact_rpc),
 };
+static void watch_on_msg(struct kvd *k, struct h2_stream *s, const uint8_t *p, size_t n);
+static void watch_on_close(struct kvd *k, struct h2_stream *s);
+static void watch_produce(struct kvd *k, struct h2_stream *s);
 static const struct grpc_method svc_watch[] = {
-	SVC_NONE("/etcdserverpb.Watch/Watch", GRPC_BIDI),
+	/* no on_half_close: the stream stays open after the client half-closes */
+	{"/etcdserverpb.Watch/Watch", GRPC_BIDI, watch_on_msg, NULL, watch_on_close, watch_produce},
 };
 static const struct grpc_method svc_lease[] = {
 	SVC_NONE("/etcdserverpb.Lease/LeaseGrant", GRPC_UNARY),
@@ -5922,7 +5980,982 @@ static void svc_shutdown(struct kvd *k)
 				grpc_send(k, c->st[i], &rs.base);
 }
 
-/* ===== 11. Sockets and the poll loop (net_, loop_) ======================= */
+/* ===== 11. Watch (watch_) ================================================ */
+
+/*
+ * etcd's Watch: many watchers per bidi stream.  A watcher owes its client
+ * every matching event from w->next on.  Live events come from each batch of
+ * records once it is durable (loop_log_flush -> watch_batch), so no watcher
+ * ever sees a revision a crash could take back.  A watcher that starts in
+ * the past, or whose stream's queue passed KVD_MAX_WATCH_QUEUE (a slow
+ * reader), is "unsynced": it catches up by reading the log from w->next,
+ * one response of at most 1000 revisions at a time, as the client's window
+ * opens (the stream's on_produce).  Memory per stream stays bounded and no
+ * event is lost; history compacted meanwhile cancels it as etcd does.
+ *
+ * Matching does not scan every watcher: single-key and prefix watchers sit
+ * in one hash table keyed by their key; an event on key K probes K itself
+ * and each prefix length some watcher uses.  Only arbitrary ranges and
+ * from-key watchers are on a list.
+ */
+
+#ifndef KVD_MAX_WATCH_QUEUE /* @@ queued bytes on a watch stream before its watchers pause */
+#define KVD_MAX_WATCH_QUEUE (256 * 1024)
+#endif
+#ifndef KVD_MAX_WATCHERS /* @@ watchers in all (--max-watchers default) */
+#define KVD_MAX_WATCHERS 100000
+#endif
+#define WATCH_BATCH_REVS 1000     /* revisions per catch-up response, as etcd */
+#define WATCH_SCAN_BYTES (1 << 20) /* log read per catch-up step */
+#define WATCH_MAX_PREFIX 1024     /* longer prefixes go to the range list */
+
+enum { WATCH_KEY, WATCH_PREFIX, WATCH_RANGE, WATCH_FROM };
+
+/* One event read back from a record (key and value point into the record). */
+struct watch_ev {
+	int type; /* MVCC_OP_PUT / MVCC_OP_DEL */
+	const uint8_t *key, *val;
+	size_t klen, vlen;
+	int64_t rev, create, ver, lease;
+	uint64_t prev; /* log offset of the key's previous op + 1 */
+	size_t eoff[2], elen[2]; /* packed Event without/with prev_kv in g->enc; elen 0: not yet */
+};
+
+struct watch_hit { /* watcher w wants event ev of the current record */
+	struct watch *w;
+	int ev;
+};
+
+static uint64_t watch_hash(const uint8_t *p, size_t n)
+{
+	uint64_t h = 1469598103934665603ull; /* FNV-1a */
+
+	while (n--)
+		h = (h ^ *p++) * 1099511628211ull;
+	return h;
+}
+
+static int watch_reg_grow(struct kvd *k)
+{
+	struct watch_reg *g = &k->watch;
+	size_t sz = g->mask ? (g->mask + 1) * 2 : 64, i;
+	struct watch **t = kvd_calloc(k, sz * sizeof *t), *w, *next;
+
+	if (!t)
+		return KVD_ENOMEM;
+	for (i = 0; g->tab && i <= g->mask; i++)
+		for (w = g->tab[i]; w; w = next) {
+			next = w->hnext;
+			w->hnext = t[watch_hash(w->key, w->klen) & (sz - 1)];
+			t[watch_hash(w->key, w->klen) & (sz - 1)] = w;
+		}
+	kvd_free(k, g->tab);
+	g->tab = t;
+	g->mask = sz - 1;
+	return 0;
+}
+
+static int watch_register(struct kvd *k, struct watch *w)
+{
+	struct watch_reg *g = &k->watch;
+	struct watch **b;
+
+	if (w->kind == WATCH_KEY || w->kind == WATCH_PREFIX) {
+		if ((!g->tab || g->nhashed + 1 > g->mask + 1) && watch_reg_grow(k))
+			return KVD_ENOMEM;
+		if (w->kind == WATCH_PREFIX) {
+			if (w->klen >= g->nplen) {
+				size_t n = w->klen + 1;
+				uint32_t *pl = kvd_realloc(k, g->plen, n * sizeof *pl);
+				if (!pl)
+					return KVD_ENOMEM;
+				memset(pl + g->nplen, 0, (n - g->nplen) * sizeof *pl);
+				g->plen = pl;
+				g->nplen = n;
+			}
+			g->plen[w->klen]++;
+		}
+		b = &g->tab[watch_hash(w->key, w->klen) & g->mask];
+		w->hnext = *b;
+		*b = w;
+		g->nhashed++;
+	} else {
+		w->gnext = g->ranges;
+		w->gprev = NULL;
+		if (g->ranges)
+			g->ranges->gprev = w;
+		g->ranges = w;
+	}
+	g->total++;
+	return 0;
+}
+
+static void watch_unregister(struct kvd *k, struct watch *w)
+{
+	struct watch_reg *g = &k->watch;
+	struct watch **b;
+
+	if (w->kind == WATCH_KEY || w->kind == WATCH_PREFIX) {
+		for (b = &g->tab[watch_hash(w->key, w->klen) & g->mask]; *b; b = &(*b)->hnext)
+			if (*b == w) {
+				*b = w->hnext;
+				break;
+			}
+		if (w->kind == WATCH_PREFIX)
+			g->plen[w->klen]--;
+		g->nhashed--;
+	} else {
+		if (w->gprev)
+			w->gprev->gnext = w->gnext;
+		else
+			g->ranges = w->gnext;
+		if (w->gnext)
+			w->gnext->gprev = w->gprev;
+	}
+	g->total--;
+}
+
+static int watch_matches(const struct watch *w, const uint8_t *key, size_t n)
+{
+	switch (w->kind) {
+	case WATCH_KEY: return w->klen == n && !memcmp(w->key, key, n);
+	case WATCH_PREFIX: return w->klen <= n && !memcmp(w->key, key, w->klen);
+	case WATCH_FROM: return mvcc_cmp(key, n, w->key, w->klen) >= 0;
+	default:
+		return mvcc_cmp(key, n, w->key, w->klen) >= 0 && mvcc_cmp(key, n, w->key + w->klen, w->elen) < 0;
+	}
+}
+
+/* ---- records to events ---------------------------------------------------- */
+
+/* Decode the ops of a TXN record payload into k->watch.evs. */
+static int watch_decode(struct kvd *k, const uint8_t *p, size_t n, int64_t *rev_out)
+{
+	struct watch_reg *g = &k->watch;
+	const uint8_t *end = p + n;
+	uint64_t rev, v[6];
+	uint32_t nops, i;
+	int j;
+
+	g->nevs = 0;
+	g->enc.len = g->hdr_len = 0;
+	if (mvcc_get_varint(&p, end, &rev) || end - p < 4)
+		return KVD_ECORRUPT;
+	nops = get_be32(p);
+	p += 4;
+	*rev_out = (int64_t)rev;
+	if (nops > g->evcap) {
+		struct watch_ev *e = kvd_realloc(k, g->evs, nops * sizeof *e);
+		if (!e)
+			return KVD_ENOMEM;
+		g->evs = e;
+		g->evcap = nops;
+	}
+	for (i = 0; i < nops; i++) {
+		struct watch_ev *e = &g->evs[i];
+		if (end - p < 9)
+			return KVD_ECORRUPT;
+		e->type = *p++;
+		e->elen[0] = e->elen[1] = 0;
+		e->prev = get_be64(p);
+		p += 8;
+		for (j = 0; j < 6; j++)
+			if (mvcc_get_varint(&p, end, &v[j]))
+				return KVD_ECORRUPT;
+		if (v[4] > (uint64_t)(end - p) || v[5] > (uint64_t)(end - p) - v[4])
+			return KVD_ECORRUPT;
+		e->rev = (int64_t)v[0];
+		e->create = (int64_t)v[1];
+		e->ver = (int64_t)v[2];
+		e->lease = mvcc_unzigzag(v[3]);
+		e->klen = v[4];
+		e->vlen = v[5];
+		e->key = p;
+		e->val = p + v[4];
+		p += v[4] + v[5];
+	}
+	g->nevs = nops;
+	return 0;
+}
+
+/* The previous kv of an event, as etcd's Range at mod_revision - 1 gives it. */
+static int watch_prev_kv(struct kvd *k, struct svc_pool *pl, const struct watch_ev *e, Mvccpb__KeyValue **out)
+{
+	struct mvcc_op op;
+	Mvccpb__KeyValue *kv;
+	uint8_t *v = NULL;
+
+	*out = NULL;
+	if (!e->prev || (e->type == MVCC_OP_PUT && e->ver == 1) || e->rev - 1 < k->db.compacted)
+		return 0;
+	/* the key as of rev - 1: skip earlier ops of the same txn */
+	for (op.prev = e->prev, op.rev = e->rev; op.rev >= e->rev;)
+		if (!op.prev || mvcc_read_op(&k->db, op.prev - 1, &op))
+			return 0;
+	if (op.kind != MVCC_OP_PUT)
+		return 0;
+	if (!(kv = svc_alloc(pl, sizeof *kv)) || (op.vlen && !(v = svc_alloc(pl, op.vlen))))
+		return KVD_ENOMEM;
+	if (op.vlen && mvcc_pread(&k->db, v, op.vlen, op.voff))
+		return 0;
+	mvccpb__key_value__init(kv);
+	kv->key.data = (uint8_t *)e->key;
+	kv->key.len = e->klen;
+	kv->create_revision = op.create;
+	kv->mod_revision = op.rev;
+	kv->version = op.ver;
+	kv->lease = op.lease;
+	kv->value.data = v;
+	kv->value.len = op.vlen;
+	*out = kv;
+	return 0;
+}
+
+static void watch_header(struct kvd *k, Etcdserverpb__ResponseHeader *h, int64_t rev)
+{
+	svc_header(k, h, 0);
+	h->revision = rev;
+}
+
+/* Send a response, in fragments when the watcher asked and it is big. */
+static int watch_send(struct kvd *k, struct watch *w, Etcdserverpb__WatchResponse *r)
+{
+	struct h2_stream *s = w->ws->s;
+	size_t total, i, at, n;
+	Mvccpb__Event **all;
+
+	if (!w->fragment || r->n_events < 2 ||
+	    (total = protobuf_c_message_get_packed_size(&r->base)) < k->cfg.max_request)
+		return grpc_send(k, s, &r->base);
+	(void)total;
+	all = r->events;
+	n = r->n_events;
+	r->fragment = 1;
+	for (at = 0; at < n;) { /* etcd's sendFragments: grow until the next event would reach the limit */
+		r->events = all + at;
+		r->n_events = 0;
+		for (i = at; i < n; i++) {
+			r->n_events++;
+			if (r->n_events > 1 && protobuf_c_message_get_packed_size(&r->base) >= k->cfg.max_request) {
+				r->n_events--;
+				break;
+			}
+		}
+		at += r->n_events;
+		r->fragment = at < n;
+		if (grpc_send(k, s, &r->base))
+			return KVD_ENOMEM;
+	}
+	return 0;
+}
+
+/* An event as protobuf-c structs; key and value point where the caller says. */
+static void watch_ev_pb(const struct watch_ev *x, const uint8_t *key, const uint8_t *val, Mvccpb__Event *e,
+                        Mvccpb__KeyValue *kv)
+{
+	mvccpb__event__init(e);
+	mvccpb__key_value__init(kv);
+	kv->key.data = (uint8_t *)key;
+	kv->key.len = x->klen;
+	kv->mod_revision = x->rev;
+	if (x->type == MVCC_OP_PUT) {
+		kv->create_revision = x->create;
+		kv->version = x->ver;
+		kv->lease = x->lease;
+		kv->value.data = (uint8_t *)val;
+		kv->value.len = x->vlen;
+	} else {
+		e->type = MVCCPB__EVENT__EVENT_TYPE__DELETE;
+	}
+	e->kv = kv;
+}
+
+/* Build and send one response for w with the events hits[0..n) name. */
+static int watch_emit(struct kvd *k, struct watch *w, const struct watch_hit *hits, size_t n, int64_t hdr_rev)
+{
+	Etcdserverpb__WatchResponse r = ETCDSERVERPB__WATCH_RESPONSE__INIT;
+	Etcdserverpb__ResponseHeader h;
+	struct svc_pool pl = {k, NULL, 0};
+	Mvccpb__Event **ev, *e;
+	Mvccpb__KeyValue *kv;
+	size_t i;
+	int rc = 0;
+
+	ev = svc_alloc(&pl, n * sizeof *ev);
+	e = svc_alloc(&pl, n * sizeof *e);
+	kv = svc_alloc(&pl, n * sizeof *kv);
+	if (!ev || !e || !kv) {
+		rc = KVD_ENOMEM;
+		goto out;
+	}
+	for (i = 0; i < n; i++) {
+		const struct watch_ev *x = &k->watch.evs[hits[i].ev];
+		watch_ev_pb(x, x->key, x->val, &e[i], &kv[i]);
+		if (w->prev_kv && (rc = watch_prev_kv(k, &pl, x, &e[i].prev_kv)))
+			goto out;
+		ev[i] = &e[i];
+	}
+	watch_header(k, &h, hdr_rev);
+	r.header = &h;
+	r.watch_id = w->id;
+	r.n_events = n;
+	r.events = ev;
+	rc = watch_send(k, w, &r);
+	w->sent = 1;
+out:
+	svc_pool_free(&pl);
+	return rc;
+}
+
+/* Pack a message at the end of g->enc; its offset and length. */
+static int watch_enc_pack(struct kvd *k, const ProtobufCMessage *m, size_t *off, size_t *len)
+{
+	struct kvd_buf *b = &k->watch.enc;
+	size_t n = protobuf_c_message_get_packed_size(m);
+
+	if (buf_reserve(k, b, n))
+		return KVD_ENOMEM;
+	*off = b->len;
+	*len = protobuf_c_message_pack(m, b->p + b->len);
+	b->len += *len;
+	return 0;
+}
+
+/* Event ev of the current record, packed (with its prev_kv if asked) once
+ * per record however many watchers want it. */
+static int watch_enc_event(struct kvd *k, int ev, int with_prev)
+{
+	struct watch_ev *x = &k->watch.evs[ev];
+	Mvccpb__Event e;
+	Mvccpb__KeyValue kv;
+	struct svc_pool pl = {k, NULL, 0};
+	int rc;
+
+	if (x->elen[with_prev])
+		return 0;
+	watch_ev_pb(x, x->key, x->val, &e, &kv);
+	rc = with_prev ? watch_prev_kv(k, &pl, x, &e.prev_kv) : 0;
+	if (!rc)
+		rc = watch_enc_pack(k, &e.base, &x->eoff[with_prev], &x->elen[with_prev]);
+	svc_pool_free(&pl);
+	return rc;
+}
+
+/* The live path: a WatchResponse {header, watch_id, events} assembled from
+ * bytes packed once per record (field order as protobuf-c packs it), so a
+ * thousand watchers of one key cost a thousand memcpy, not a thousand packs.
+ * The record's header is at enc[0..hdr_len) (watch_live_record packs it
+ * first).  Fragmenting watchers with big responses take watch_emit. */
+static int watch_emit_live(struct kvd *k, struct watch *w, const struct watch_hit *hits, size_t n, int64_t rev)
+{
+	struct watch_reg *g = &k->watch;
+	struct h2_stream *s = w->ws->s;
+	size_t i, total;
+	uint8_t *p;
+
+	total = 1 + mvcc_vlen(g->hdr_len) + g->hdr_len + (w->id ? 1 + mvcc_vlen((uint64_t)w->id) : 0);
+	for (i = 0; i < n; i++) {
+		const struct watch_ev *x = &g->evs[hits[i].ev];
+		if (watch_enc_event(k, hits[i].ev, w->prev_kv))
+			return KVD_ENOMEM;
+		total += 1 + mvcc_vlen(x->elen[w->prev_kv]) + x->elen[w->prev_kv];
+	}
+	if (w->fragment && n > 1 && total >= k->cfg.max_request)
+		return watch_emit(k, w, hits, n, rev);
+	if (total > 0xffffffffu || buf_reserve(k, &s->out, 5 + total)) {
+		grpc_finish(k, s, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+		return KVD_ENOMEM;
+	}
+	p = s->out.p + s->out.len;
+	*p++ = 0;
+	put_be32(p, (uint32_t)total);
+	p += 4;
+	*p++ = 1 << 3 | 2; /* header */
+	p = mvcc_put_varint(p, g->hdr_len);
+	memcpy(p, g->enc.p, g->hdr_len);
+	p += g->hdr_len;
+	if (w->id) {
+		*p++ = 2 << 3; /* watch_id: int64, negative ones take ten bytes */
+		p = mvcc_put_varint(p, (uint64_t)w->id);
+	}
+	for (i = 0; i < n; i++) {
+		const struct watch_ev *x = &g->evs[hits[i].ev];
+		*p++ = 11 << 3 | 2; /* events */
+		p = mvcc_put_varint(p, x->elen[w->prev_kv]);
+		memcpy(p, g->enc.p + x->eoff[w->prev_kv], x->elen[w->prev_kv]);
+		p += x->elen[w->prev_kv];
+	}
+	s->out.len = (size_t)(p - s->out.p);
+	w->sent = 1;
+	return 0;
+}
+
+/* Does this event interest w (filters; tombstones at the compaction point
+ * are gone from etcd's history, so catch-up skips them too)? */
+static int watch_wants(const struct kvd *k, const struct watch *w, const struct watch_ev *e, int catchup)
+{
+	if (e->type == MVCC_OP_PUT ? w->noput : w->nodelete)
+		return 0;
+	if (catchup && e->type == MVCC_OP_DEL && e->rev <= k->db.compacted)
+		return 0;
+	return e->rev >= w->next;
+}
+
+static void watch_pause(struct watch *w, int64_t rev, uint64_t rec_off)
+{
+	if (!w->synced)
+		return;
+	w->synced = 0;
+	w->next = rev;
+	w->next_off = rec_off;
+	w->ws->unsynced++;
+	w->ws->s->produce = 1;
+}
+
+/* ---- live events: a durable batch ----------------------------------------- */
+
+static int watch_hit_cmp(const void *a, const void *b)
+{
+	const struct watch_hit *x = a, *y = b;
+
+	if (x->w != y->w) /* group by watcher, in creation order */
+		return x->w->seq < y->w->seq ? -1 : 1;
+	return x->ev - y->ev;
+}
+
+static int watch_add_hit(struct kvd *k, struct watch *w, int ev)
+{
+	struct watch_reg *g = &k->watch;
+
+	if (g->nhits == g->hitcap) {
+		size_t cap = g->hitcap ? g->hitcap * 2 : 64;
+		struct watch_hit *h = kvd_realloc(k, g->hits, cap * sizeof *h);
+		if (!h)
+			return KVD_ENOMEM;
+		g->hits = h;
+		g->hitcap = cap;
+	}
+	g->hits[g->nhits].w = w;
+	g->hits[g->nhits].ev = ev;
+	g->nhits++;
+	return 0;
+}
+
+/* Every synced watcher that one event of the current record interests. */
+static void watch_match(struct kvd *k, int ev)
+{
+	struct watch_reg *g = &k->watch;
+	const struct watch_ev *e = &g->evs[ev];
+	struct watch *w;
+	size_t l;
+
+	if (g->nhashed) {
+		for (l = 0; l <= e->klen; l++) {
+			if (l < e->klen && (l >= g->nplen || !g->plen[l]))
+				continue; /* no prefix watcher of this length */
+			for (w = g->tab[watch_hash(e->key, l) & g->mask]; w; w = w->hnext)
+				if (w->klen == l && w->synced && (w->kind == WATCH_PREFIX || l == e->klen) &&
+				    !memcmp(w->key, e->key, l) && watch_wants(k, w, e, 0))
+					watch_add_hit(k, w, ev);
+		}
+	}
+	for (w = g->ranges; w; w = w->gnext)
+		if (w->synced && watch_matches(w, e->key, e->klen) && watch_wants(k, w, e, 0))
+			watch_add_hit(k, w, ev);
+}
+
+/* One durable TXN record at log offset off: one response per interested
+ * watcher, header revision = the record's. */
+static void watch_live_record(struct kvd *k, const uint8_t *payload, size_t n, uint64_t off)
+{
+	struct watch_reg *g = &k->watch;
+	Etcdserverpb__ResponseHeader h;
+	int64_t rev;
+	size_t i, j, hoff;
+
+	if (watch_decode(k, payload, n, &rev))
+		return;
+	g->nhits = 0;
+	for (i = 0; i < g->nevs; i++)
+		watch_match(k, (int)i);
+	if (!g->nhits)
+		return;
+	watch_header(k, &h, rev);
+	if (watch_enc_pack(k, &h.base, &hoff, &g->hdr_len))
+		g->hdr_len = 0; /* every hit below pauses: catch-up retries later */
+	if (g->nevs > 1) /* one event: each watcher has one hit already */
+		qsort(g->hits, g->nhits, sizeof *g->hits, watch_hit_cmp);
+	for (i = 0; i < g->nhits; i = j) {
+		struct watch *w = g->hits[i].w;
+		struct h2_stream *s = w->ws->s;
+		for (j = i; j < g->nhits && g->hits[j].w == w; j++)
+			;
+		if (!w->synced)
+			continue;
+		if (BUF_LEN(&s->out) >= KVD_MAX_WATCH_QUEUE || s->finished) {
+			watch_pause(w, rev, off); /* a slow reader: catch up from the log later */
+			continue;
+		}
+		if (!g->hdr_len || watch_emit_live(k, w, g->hits + i, j - i, rev))
+			watch_pause(w, rev, off);
+		else
+			w->next = rev + 1;
+	}
+}
+
+/* A durable batch (what the last flush wrote at base): deliver its events. */
+static void watch_batch(struct kvd *k, const uint8_t *p, size_t n, uint64_t base)
+{
+	size_t at = 0;
+	uint32_t len;
+
+	if (!k->watch.total)
+		return;
+	while (at + MVCC_REC_HDR <= n) {
+		len = get_be32(p + at);
+		if (at + MVCC_REC_HDR + len > n)
+			break;
+		if (p[at + 8] == MVCC_REC_TXN)
+			watch_live_record(k, p + at + MVCC_REC_HDR, len, base + at);
+		at += MVCC_REC_HDR + len;
+	}
+}
+
+/* ---- catch-up from the log ------------------------------------------------ */
+
+/* Offset of the first record with revision >= rev (or the log's end). */
+static uint64_t watch_seek(struct kvd *k, int64_t rev)
+{
+	struct mvcc *m = &k->db;
+	size_t lo = 0, hi = m->nmarks, mid;
+	uint64_t off = MVCC_REC_HDR + 12; /* after the header record */
+	uint8_t h[MVCC_REC_HDR + 10];
+	const uint8_t *p;
+	uint64_t r;
+
+	while (lo < hi) { /* last mark with rev <= wanted */
+		mid = lo + (hi - lo) / 2;
+		if (m->marks[mid].rev <= rev)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	if (lo)
+		off = m->marks[lo - 1].off;
+	while (off + MVCC_REC_HDR <= m->size) {
+		size_t n = (size_t)KVD_MIN((uint64_t)sizeof h, m->size - off);
+		if (mvcc_pread(m, h, n, off))
+			break;
+		p = h + MVCC_REC_HDR;
+		if (h[8] == MVCC_REC_TXN && !mvcc_get_varint(&p, h + n, &r) && (int64_t)r >= rev)
+			break;
+		off += MVCC_REC_HDR + get_be32(h);
+	}
+	return off;
+}
+
+/* Drop a watcher: its stream, the registry, memory. */
+static void watch_free(struct kvd *k, struct watch *w)
+{
+	struct watch_stream *ws = w->ws;
+	size_t i;
+
+	for (i = 0; i < ws->n; i++)
+		if (ws->w[i] == w) {
+			memmove(ws->w + i, ws->w + i + 1, (ws->n - i - 1) * sizeof *ws->w);
+			ws->n--;
+			break;
+		}
+	if (!w->dead) {
+		if (!w->synced)
+			ws->unsynced--;
+		watch_unregister(k, w);
+	}
+	kvd_free(k, w);
+}
+
+/*
+ * One catch-up step for w: at most WATCH_BATCH_REVS revisions of its events
+ * in one response (a txn is never split), reading at most WATCH_SCAN_BYTES
+ * of log.  Returns 1 when it queued output.
+ */
+static int watch_catchup(struct kvd *k, struct watch *w)
+{
+	struct mvcc *m = &k->db;
+	struct watch_reg *g = &k->watch;
+	struct kvd_buf *b = &g->rbuf;
+	Etcdserverpb__WatchResponse r = ETCDSERVERPB__WATCH_RESPONSE__INIT;
+	Etcdserverpb__ResponseHeader h;
+	size_t scanned = 0, i;
+	int64_t rev, revs = 0, last = 0;
+	uint64_t off;
+	uint32_t len;
+	int sent = 0;
+	struct svc_pool pl = {k, NULL, 0};
+	Mvccpb__Event **evp = NULL;
+	size_t nev = 0, evcap = 0;
+
+	if (w->next < m->compacted) { /* its history is gone: etcd's compacted cancel */
+		watch_header(k, &h, 0);
+		r.header = &h;
+		h.revision = 0;
+		r.watch_id = w->id;
+		r.canceled = 1;
+		r.compact_revision = m->compacted;
+		grpc_send(k, w->ws->s, &r.base);
+		/* etcd keeps the id on the stream (a later cancel is answered, the id
+		 * stays taken) but the watcher sees nothing more */
+		w->ws->unsynced--;
+		watch_unregister(k, w);
+		w->dead = 1;
+		w->synced = 1;
+		return 1;
+	}
+	if (!w->next_off)
+		w->next_off = watch_seek(k, w->next);
+	off = w->next_off;
+	while (off + MVCC_REC_HDR <= m->size && scanned < WATCH_SCAN_BYTES) {
+		uint8_t hdr[MVCC_REC_HDR];
+		if (mvcc_pread(m, hdr, MVCC_REC_HDR, off))
+			break;
+		len = get_be32(hdr);
+		if (off + MVCC_REC_HDR + len > m->size)
+			break;
+		if (hdr[8] != MVCC_REC_TXN) {
+			off += MVCC_REC_HDR + len;
+			continue;
+		}
+		b->len = 0;
+		if (buf_reserve(k, b, len) || mvcc_pread(m, b->p, len, off + MVCC_REC_HDR) ||
+		    watch_decode(k, b->p, len, &rev))
+			break;
+		b->len = len;
+		{
+			int any = 0;
+			for (i = 0; i < g->nevs; i++)
+				if (watch_matches(w, g->evs[i].key, g->evs[i].klen) && watch_wants(k, w, &g->evs[i], 1)) {
+					any = 1;
+					break;
+				}
+			if (any && revs == WATCH_BATCH_REVS)
+				break; /* the next response starts with this record */
+			if (any) {
+				/* copy this record's matching events out: the buffer is reused */
+				for (i = 0; i < g->nevs; i++) {
+					const struct watch_ev *x = &g->evs[i];
+					Mvccpb__Event *e;
+					Mvccpb__KeyValue *kv;
+					uint8_t *kb;
+					if (!watch_matches(w, x->key, x->klen) || !watch_wants(k, w, x, 1))
+						continue;
+					if (nev == evcap) {
+						size_t nc = evcap ? evcap * 2 : 64;
+						Mvccpb__Event **ne = svc_alloc(&pl, nc * sizeof *ne);
+						if (!ne)
+							goto oom;
+						if (nev)
+							memcpy(ne, evp, nev * sizeof *ne);
+						evp = ne;
+						evcap = nc;
+					}
+					e = svc_alloc(&pl, sizeof *e);
+					kv = svc_alloc(&pl, sizeof *kv);
+					kb = svc_alloc(&pl, x->klen + x->vlen + 1);
+					if (!e || !kv || !kb)
+						goto oom;
+					memcpy(kb, x->key, x->klen);
+					memcpy(kb + x->klen, x->val, x->vlen);
+					watch_ev_pb(x, kb, kb + x->klen, e, kv);
+					if (w->prev_kv) {
+						struct watch_ev copy = *x;
+						copy.key = kb;
+						if (watch_prev_kv(k, &pl, &copy, &e->prev_kv))
+							goto oom;
+					}
+					evp[nev++] = e;
+				}
+				revs++;
+			}
+		}
+		last = rev;
+		off += MVCC_REC_HDR + len;
+		scanned += MVCC_REC_HDR + len;
+	}
+	if (nev) {
+		watch_header(k, &h, m->rev_durable);
+		r.header = &h;
+		r.watch_id = w->id;
+		r.n_events = nev;
+		r.events = evp;
+		watch_send(k, w, &r);
+		w->sent = 1;
+		sent = 1;
+	}
+	if (last)
+		w->next = last + 1;
+	w->next_off = off;
+	if (off + MVCC_REC_HDR > m->size || w->next > m->rev_durable) { /* caught up: live from now on */
+		w->synced = 1;
+		w->next = KVD_MAX(w->next, m->rev_durable + 1);
+		w->ws->unsynced--;
+	}
+	svc_pool_free(&pl);
+	return sent;
+oom:
+	svc_pool_free(&pl);
+	grpc_finish(k, w->ws->s, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+	return 1;
+}
+
+/* The stream's producer: catch up its unsynced watchers, round-robin. */
+static void watch_produce(struct kvd *k, struct h2_stream *s)
+{
+	struct watch_stream *ws = s->svc;
+	size_t tries;
+
+	if (!ws || !ws->unsynced) {
+		s->produce = 0;
+		return;
+	}
+	for (tries = 0; tries < ws->n && ws->unsynced && !BUF_LEN(&s->out) && !s->finished; tries++) {
+		struct watch *w = ws->w[ws->rr++ % ws->n];
+		if (!w->synced && !w->dead && watch_catchup(k, w))
+			break;
+	}
+	if (!ws->unsynced)
+		s->produce = 0;
+	else if (!BUF_LEN(&s->out))
+		loop_arm(k, k->now); /* long stretches without matches: come back at once */
+}
+
+/* ---- the Watch RPC -------------------------------------------------------- */
+
+static struct watch *watch_find(struct watch_stream *ws, int64_t id)
+{
+	size_t i;
+
+	for (i = 0; i < ws->n; i++)
+		if (ws->w[i]->id == id)
+			return ws->w[i];
+	return NULL;
+}
+
+static void watch_reply_ctrl(struct kvd *k, struct h2_stream *s, int64_t id, int created, int canceled,
+                             const char *reason)
+{
+	Etcdserverpb__WatchResponse r = ETCDSERVERPB__WATCH_RESPONSE__INIT;
+	Etcdserverpb__ResponseHeader h;
+
+	watch_header(k, &h, k->db.rev_durable);
+	r.header = &h;
+	r.watch_id = id;
+	r.created = created;
+	r.canceled = canceled;
+	r.cancel_reason = (char *)(reason ? reason : "");
+	grpc_send(k, s, &r.base);
+}
+
+static int watch_prefix_end(const uint8_t *key, size_t n, const uint8_t *end, size_t elen)
+{
+	size_t i = n;
+
+	while (i && key[i - 1] == 0xff)
+		i--;
+	if (!i)
+		return 0;
+	return elen == i && !memcmp(end, key, i - 1) && end[i - 1] == key[i - 1] + 1;
+}
+
+static void watch_create(struct kvd *k, struct h2_stream *s, struct watch_stream *ws,
+                         const Etcdserverpb__WatchCreateRequest *c)
+{
+	static const uint8_t zero = 0;
+	const uint8_t *key = c->key.len ? c->key.data : &zero, *end = c->range_end.data;
+	size_t klen = c->key.len ? c->key.len : 1, elen = c->range_end.len, i;
+	struct watch *w;
+	int64_t id = c->watch_id;
+	int kind;
+
+	if (!elen)
+		kind = WATCH_KEY;
+	else if (elen == 1 && end[0] == 0)
+		kind = WATCH_FROM;
+	else if (mvcc_cmp(key, klen, end, elen) >= 0) {
+		watch_reply_ctrl(k, s, -1, 1, 1, "mvcc: watcher range is empty");
+		return;
+	} else
+		kind = watch_prefix_end(key, klen, end, elen) && klen <= WATCH_MAX_PREFIX ? WATCH_PREFIX : WATCH_RANGE;
+	if (!id) {
+		while (watch_find(ws, ws->next_id))
+			ws->next_id++;
+		id = ws->next_id++;
+	} else if (watch_find(ws, id)) {
+		watch_reply_ctrl(k, s, -1, 1, 1, "mvcc: duplicate watch ID provided on the WatchStream");
+		return;
+	}
+	if (k->watch.total >= k->cfg.max_watchers) {
+		watch_reply_ctrl(k, s, -1, 1, 1, "kvd: too many watchers (--max-watchers)");
+		return;
+	}
+	if (ws->n == ws->cap) {
+		size_t cap = ws->cap ? ws->cap * 2 : 8;
+		struct watch **a = kvd_realloc(k, ws->w, cap * sizeof *a);
+		if (!a) {
+			watch_reply_ctrl(k, s, -1, 1, 1, "kvd: out of memory");
+			return;
+		}
+		ws->w = a;
+		ws->cap = cap;
+	}
+	w = kvd_calloc(k, sizeof *w + klen + (kind == WATCH_RANGE ? elen : 0));
+	if (!w) {
+		watch_reply_ctrl(k, s, -1, 1, 1, "kvd: out of memory");
+		return;
+	}
+	w->ws = ws;
+	w->id = id;
+	w->seq = ++k->watch.seq;
+	w->kind = (uint8_t)kind;
+	w->klen = (uint32_t)klen;
+	memcpy(w->key, key, klen);
+	if (kind == WATCH_RANGE) {
+		w->elen = (uint32_t)elen;
+		memcpy(w->key + klen, end, elen);
+	}
+	for (i = 0; i < c->n_filters; i++) {
+		if (c->filters[i] == ETCDSERVERPB__WATCH_CREATE_REQUEST__FILTER_TYPE__NOPUT)
+			w->noput = 1;
+		else if (c->filters[i] == ETCDSERVERPB__WATCH_CREATE_REQUEST__FILTER_TYPE__NODELETE)
+			w->nodelete = 1;
+	}
+	w->prev_kv = c->prev_kv;
+	w->progress = c->progress_notify;
+	w->fragment = c->fragment;
+	w->next = c->start_revision ? c->start_revision : k->db.rev_durable + 1;
+	w->synced = w->next > k->db.rev_durable;
+	if (watch_register(k, w)) {
+		kvd_free(k, w);
+		watch_reply_ctrl(k, s, -1, 1, 1, "kvd: out of memory");
+		return;
+	}
+	ws->w[ws->n++] = w;
+	watch_reply_ctrl(k, s, id, 1, 0, NULL);
+	if (!w->synced) {
+		ws->unsynced++;
+		s->produce = 1;
+	}
+	if (w->progress && !ws->progress_at) {
+		ws->progress_at = k->now + k->cfg.watch_progress_ms;
+		loop_arm(k, ws->progress_at);
+	}
+}
+
+static void watch_on_msg(struct kvd *k, struct h2_stream *s, const uint8_t *p, size_t n)
+{
+	Etcdserverpb__WatchRequest *rq;
+	struct watch_stream *ws = s->svc;
+	struct watch *w;
+
+	if (!ws) {
+		if (!(ws = kvd_calloc(k, sizeof *ws))) {
+			grpc_finish(k, s, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+			return;
+		}
+		ws->s = s;
+		ws->next = k->watch.streams;
+		if (k->watch.streams)
+			k->watch.streams->prev = ws;
+		k->watch.streams = ws;
+		s->svc = ws;
+	}
+	rq = (Etcdserverpb__WatchRequest *)grpc_unpack(k, s, &etcdserverpb__watch_request__descriptor, p, n);
+	if (!rq)
+		return;
+	switch (rq->request_union_case) {
+	case ETCDSERVERPB__WATCH_REQUEST__REQUEST_UNION_CREATE_REQUEST:
+		watch_create(k, s, ws, rq->create_request);
+		break;
+	case ETCDSERVERPB__WATCH_REQUEST__REQUEST_UNION_CANCEL_REQUEST:
+		if ((w = watch_find(ws, rq->cancel_request->watch_id))) { /* unknown ids: no reply, as etcd */
+			int64_t id = w->id;
+			watch_free(k, w);
+			watch_reply_ctrl(k, s, id, 0, 1, NULL);
+		}
+		break;
+	case ETCDSERVERPB__WATCH_REQUEST__REQUEST_UNION_PROGRESS_REQUEST:
+		watch_reply_ctrl(k, s, -1, 0, 0, NULL); /* etcd 3.4: at once, watch_id -1 */
+		break;
+	default:
+		break; /* etcd ignores what it does not know */
+	}
+	pb_free(k, rq);
+}
+
+static void watch_on_close(struct kvd *k, struct h2_stream *s)
+{
+	struct watch_stream *ws = s->svc;
+
+	if (!ws)
+		return;
+	while (ws->n)
+		watch_free(k, ws->w[ws->n - 1]);
+	if (ws->prev)
+		ws->prev->next = ws->next;
+	else
+		k->watch.streams = ws->next;
+	if (ws->next)
+		ws->next->prev = ws->prev;
+	kvd_free(k, ws->w);
+	kvd_free(k, ws);
+	s->svc = NULL;
+}
+
+/* progress_notify: every interval, watchers that got no events since the
+ * last tick and are synced get an empty response (etcd's elision rule). */
+static void watch_timers(struct kvd *k)
+{
+	struct watch_stream *ws;
+	size_t i;
+
+	for (ws = k->watch.streams; ws; ws = ws->next) {
+		if (!ws->progress_at)
+			continue;
+		if (k->now < ws->progress_at) {
+			loop_arm(k, ws->progress_at);
+			continue;
+		}
+		ws->progress_at = 0;
+		for (i = 0; i < ws->n; i++) {
+			struct watch *w = ws->w[i];
+			if (!w->progress || w->dead)
+				continue;
+			if (!w->sent && w->synced && !ws->s->finished) {
+				Etcdserverpb__WatchResponse r = ETCDSERVERPB__WATCH_RESPONSE__INIT;
+				Etcdserverpb__ResponseHeader h;
+				watch_header(k, &h, k->db.rev_durable);
+				r.header = &h;
+				r.watch_id = w->id;
+				grpc_send(k, ws->s, &r.base);
+			}
+			w->sent = 0;
+			ws->progress_at = k->now + k->cfg.watch_progress_ms;
+		}
+		if (ws->progress_at)
+			loop_arm(k, ws->progress_at);
+	}
+}
+
+static void watch_fini(struct kvd *k)
+{
+	kvd_free(k, k->watch.tab);
+	kvd_free(k, k->watch.plen);
+	kvd_free(k, k->watch.evs);
+	kvd_free(k, k->watch.hits);
+	buf_free(k, &k->watch.rbuf);
+	buf_free(k, &k->watch.enc);
+}
+
+/* ===== 12. Sockets and the poll loop (net_, loop_) ======================= */
 
 /*
  * One poll() loop, no threads.  Each kvd_poll() call:
@@ -6281,6 +7314,7 @@ static void loop_timers(struct kvd *k)
 	}
 	if (k->accept_pause_until > k->now)
 		loop_arm(k, k->accept_pause_until);
+	watch_timers(k);
 }
 
 /*
@@ -6293,6 +7327,11 @@ static void loop_log_flush(struct kvd *k)
 	struct h2_stream *s;
 	int err = mvcc_flush(k);
 	size_t i;
+
+	if (!err && k->db.flushed) { /* durable now: its events may go out */
+		watch_batch(k, k->db.w.p, k->db.flushed, k->db.size - k->db.flushed);
+		mvcc_batch_done(k);
+	}
 
 	for (i = 0; i < k->nheld; i++) {
 		if (!(s = k->held[i]))
@@ -6373,7 +7412,7 @@ static int loop_pollset(struct kvd *k)
 	return (int)n;
 }
 
-/* ===== 12. Flags and configuration (cfg_) ================================ */
+/* ===== 13. Flags and configuration (cfg_) ================================ */
 
 /*
  * etcd's flag syntax (Go's flag package): -flag or --flag, "=value" or the
@@ -6416,6 +7455,9 @@ static const struct cfg_flag cfg_flags[] = {
 	 "on SIGTERM/SIGINT, time calls get to finish (default 5s)"},
 	{"log-level", CFG_LEVEL, CFG_OFF(log_level), 0, "debug, info, warn or error (default info)"},
 	{"max-txn-ops", CFG_U32, CFG_OFF(max_txn_ops), 0, "operations per txn request (default 128)"},
+	{"experimental-watch-progress-notify-interval", CFG_MS, CFG_OFF(watch_progress_notify_ms), 1,
+	 "interval of progress notifications to watchers that asked (default 10m0s)"},
+	{"max-watchers", CFG_U32, CFG_OFF(max_watchers), 0, "watchers in all streams (default 100000)"},
 	{"unsafe-no-fsync", CFG_BOOL, CFG_OFF(unsafe_no_fsync), 0,
 	 "acknowledge writes before they reach the disk (loses them on power failure)"},
 };
@@ -6538,7 +7580,7 @@ static void cfg_usage(void)
 	       "Every flag may also be set as ETCD_<FLAG> (e.g. ETCD_DATA_DIR).\n");
 }
 
-/* ===== 13. Public embedding API (kvd_) =================================== */
+/* ===== 14. Public embedding API (kvd_) =================================== */
 
 #define KVD_STR_(x) #x
 #define KVD_STR(x) KVD_STR_(x)
@@ -6593,6 +7635,8 @@ KVD_API void kvd_config_init(struct kvd_config *cfg)
 	cfg->drain_timeout_ms = KVD_DEFAULT_DRAIN_MS;
 	cfg->log_level = KVD_LOG_INFO;
 	cfg->max_txn_ops = 128;
+	cfg->watch_progress_notify_ms = 600000;
+	cfg->max_watchers = KVD_MAX_WATCHERS;
 }
 
 KVD_API int kvd_config_parse(struct kvd_config *cfg, int argc, char **argv, char *err, size_t errlen)
@@ -6828,6 +7872,8 @@ static int kvd_init(const struct kvd_config *cfg, struct kvd **out, char *err, s
 	k->cfg.stall_ms = cfg->stall_timeout_ms;
 	k->cfg.drain_ms = cfg->drain_timeout_ms;
 	k->cfg.max_txn_ops = cfg->max_txn_ops;
+	k->cfg.max_watchers = cfg->max_watchers;
+	k->cfg.watch_progress_ms = cfg->watch_progress_notify_ms ? cfg->watch_progress_notify_ms : 1;
 	mvcc_init(&k->db);
 	k->db.no_fsync = cfg->unsafe_no_fsync != 0;
 	*out = k;
@@ -6978,6 +8024,7 @@ KVD_API void kvd_close(struct kvd *k)
 	if (k->db.fd >= 0)
 		mvcc_flush(k); /* an embedder closing mid-batch: keep what was written */
 	mvcc_close(k);
+	watch_fini(k);
 	kvd_free(k, k->held);
 	kvd_free(k, k->ls);
 	kvd_free(k, k->pfd);
@@ -7047,7 +8094,7 @@ KVD_API int kvd_main(int argc, char **argv)
 	return 0;
 }
 
-/* ===== 14. main() ======================================================== */
+/* ===== 15. main() ======================================================== */
 
 #ifndef KVD_NO_MAIN
 int main(int argc, char **argv)

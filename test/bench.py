@@ -3,7 +3,7 @@
 data on the same disk.  A benchmark, not a test: it prints figures and
 kvd/etcd ratios (the README records them).
 
-  test/bench.py [--n N] [--keys K] [--only transport|kv]
+  test/bench.py [--n N] [--keys K] [--only transport|watch|kv]
 """
 import os
 import signal
@@ -18,6 +18,7 @@ from kvdtest import ROOT, Kvd, Client, pb, free_port, grpc_frame, pb_string, wai
 KVD = os.path.abspath(os.environ.get("KVD", os.path.join(ROOT, "kvd")))
 R = pb()["rpc"]
 DISK = "/var/tmp"
+WATCHBENCH = os.path.join(ROOT, "test", "watchbench")
 
 
 class EtcdDisk:
@@ -113,6 +114,31 @@ def load(endpoint, nkeys, vsize=100):
     c.close()
 
 
+def watchbench(port, conns, per, keys, secs, inflight):
+    """Events delivered per second by test/watchbench (C: Python cannot
+    count millions of events a second), from the first Put to the last event."""
+    r = subprocess.run([WATCHBENCH, str(port), str(conns), str(per), str(keys), str(secs), str(inflight)],
+                       capture_output=True, text=True, timeout=300)
+    w = r.stdout.split()
+    if r.returncode or len(w) < 8 or w[3] != w[5]:
+        print("  watchbench: %s %s" % (r.stdout.strip(), r.stderr.strip()[-200:]))
+        return -1.0
+    return int(w[3]) / float(w[7])
+
+
+def idle_watchers(srv, port, conns, per):
+    """RSS bytes per idle watcher: conns streams of per watchers each."""
+    before = proc(srv.p.pid, "VmRSS")
+    p = subprocess.Popen([WATCHBENCH, str(port), str(conns), str(per), str(conns * per), "30", "0"],
+                         stdout=subprocess.PIPE, text=True)
+    line = p.stdout.readline()
+    time.sleep(2)
+    after = proc(srv.p.pid, "VmRSS")
+    p.kill()
+    p.wait()
+    return (after - before) * 1024.0 / (conns * per) if line.startswith("created") else -1.0
+
+
 def first_answer(start, endpoint):
     """Seconds from exec to the first answered Range (a fresh channel per try:
     grpc's reconnect backoff would otherwise dominate)."""
@@ -155,6 +181,17 @@ def main(argv):
             for c, m in ((1, 1), (16, 8)):
                 row("%s -c %d -m %d" % (path.split("/")[-1], c, m), h2load(e.port, path, empty, n, c, m),
                     h2load(k.port, path, empty, n, c, m))
+    if only in ("", "watch"):
+        subprocess.run(["make", "-s", "-C", ROOT, "test/watchbench"], check=True)
+        # first, while the heaps hold no freed pages that would hide the growth
+        row("RSS per idle watcher (10 streams x 1000)", idle_watchers(e, e.port, 10, 1000),
+            idle_watchers(k, k.port, 10, 1000), "B", higher=False)
+        for name, keys, inflight in (("1000 watchers on 1 key, serial Put", 1, 1),
+                                     ("1000 watchers on 1 key, 16 Puts in flight", 1, 16),
+                                     ("1000 watchers on 1000 keys, 16 in flight", 1000, 16),
+                                     ("1000 watchers on 1000 keys, 128 in flight", 1000, 128)):
+            row("watch: " + name, watchbench(e.port, 10, 100, keys, 3, inflight),
+                watchbench(k.port, 10, 100, keys, 3, inflight), "ev/s")
     if only in ("", "kv"):
         put = grpc_frame(R.PutRequest(key=b"foo", value=b"bar").SerializeToString())
         rng = grpc_frame(R.RangeRequest(key=b"foo").SerializeToString())

@@ -226,6 +226,64 @@ class Client:
         self.ch.close()
 
 
+class WatchStream:
+    """One Watch bidi stream through grpcio: send() requests, responses pile
+    up in .got (a reader thread), wait_for() them."""
+
+    def __init__(self, endpoint, metadata=None):
+        import grpc
+        import queue
+        self.rpc = pb()["rpc"]
+        self.ch = grpc.insecure_channel(endpoint, options=[("grpc.max_receive_message_length", -1)])
+        self.q = queue.Queue()
+        self.got = []
+        self.error = None
+        self.done = threading.Event()
+        f = self.ch.stream_stream("/etcdserverpb.Watch/Watch", request_serializer=lambda m: m.SerializeToString(),
+                                  response_deserializer=self.rpc.WatchResponse.FromString)
+
+        def reqs():
+            while True:
+                r = self.q.get()
+                if r is None:
+                    return
+                yield r
+        self.call = f(reqs(), metadata=metadata)
+
+        def reader():
+            try:
+                for r in self.call:
+                    self.got.append(r)
+            except Exception as e:  # stream ended or cancelled
+                self.error = e
+            self.done.set()
+        threading.Thread(target=reader, daemon=True).start()
+
+    def create(self, **kw):
+        r = self.rpc.WatchRequest()
+        r.create_request.CopyFrom(self.rpc.WatchCreateRequest(**kw))
+        self.q.put(r)
+
+    def cancel(self, wid):
+        r = self.rpc.WatchRequest()
+        r.cancel_request.watch_id = wid
+        self.q.put(r)
+
+    def progress(self):
+        r = self.rpc.WatchRequest()
+        r.progress_request.SetInParent()
+        self.q.put(r)
+
+    def wait(self, n, timeout=5.0):
+        """Wait until at least n responses arrived."""
+        return wait_for(lambda: len(self.got) >= n, timeout, 0.005)
+
+    def close(self):
+        self.q.put(None)
+        self.call.cancel()
+        self.ch.close()
+
+
 def etcdctl(kvd, *args, timeout=20, env=None):
     e = dict(os.environ, ETCDCTL_API="3")
     if env:
