@@ -13,15 +13,16 @@
  *    4. Byte buffers (buf_)
  *    5. Protobuf glue (pb_)
  *    6. MVCC store: log, index, revisions (mvcc_)
- *    7. HPACK (hp_)
- *    8. HTTP/2 frames, streams, flow control (h2_)
- *    9. gRPC framing and routing (grpc_)
- *   10. Services: KV, health, maintenance, cluster (svc_)
- *   11. Watch (watch_)
- *   12. Sockets and the poll loop (net_, loop_)
- *   13. Flags and configuration (cfg_)
- *   14. Public embedding API (kvd_)
- *   15. main()
+ *    7. Leases (lease_)
+ *    8. HPACK (hp_)
+ *    9. HTTP/2 frames, streams, flow control (h2_)
+ *   10. gRPC framing and routing (grpc_)
+ *   11. Services: KV, lease, health, maintenance, cluster (svc_)
+ *   12. Watch (watch_)
+ *   13. Sockets and the poll loop (net_, loop_)
+ *   14. Flags and configuration (cfg_)
+ *   15. Public embedding API (kvd_)
+ *   16. main()
  *
  * Prefixes mark the section a static function belongs to; only kvd_* (and the
  * generated protobuf-c symbols) are exported.  Functions return 0 or a
@@ -269,19 +270,39 @@ struct mvcc_was { /* the mutable fields of a key, for undo */
 	uint64_t op;
 	uint32_t vlen;
 };
-enum { MVCC_UNDO_CHANGED, MVCC_UNDO_CREATED, MVCC_UNDO_REMOVED };
+enum { MVCC_UNDO_CHANGED, MVCC_UNDO_CREATED, MVCC_UNDO_REMOVED, MVCC_UNDO_GRANTED, MVCC_UNDO_REVOKED };
 struct mvcc_undo {
 	struct mvcc_key *r;
+	struct lease *l;   /* GRANTED, REVOKED */
 	struct mvcc_was was;
 	unsigned kind;
 };
-/* A write txn being built: one record, one revision. */
+/* A write txn being built: one record, one revision if it touches a key. */
 struct mvcc_txn {
 	int64_t rev;
 	size_t at, nops_at, undo_at;
-	uint32_t nops;
+	uint32_t nops, nkeys;
 };
-/* Watch (section 11). */
+/* Leases (section 7): a table by id, a timer wheel, attached keys. */
+struct lease {
+	int64_t id, ttl;              /* granted TTL, seconds */
+	int64_t deadline;             /* monotonic ms */
+	struct lease *hnext;          /* table chain */
+	struct lease *wprev, *wnext;  /* wheel slot list */
+	struct mvcc_key **keys;       /* attached keys: open-addressing set of kmask + 1 slots */
+	uint32_t nkeys, kmask, slot;
+};
+struct lease_reg {
+	struct lease **tab;           /* by id, chained */
+	size_t mask, n;
+	struct lease **wheel;         /* LEASE_SLOTS lists, by deadline tick */
+	uint64_t *bits;               /* non-empty slots */
+	int64_t cursor;               /* next tick to look at */
+	uint64_t idgen;               /* etcd's id generator: member bits | time | counter */
+	int64_t min_ttl;              /* seconds, from the election timeout as etcd */
+	int warned;                   /* a failed expiry was logged */
+};
+/* Watch (section 12). */
 struct watch_stream;
 struct watch {
 	struct watch_stream *ws;
@@ -346,7 +367,7 @@ struct mvcc {
 	char why[96];
 };
 
-/* A gRPC method: how calls to one :path are served (section 8, 9). */
+/* A gRPC method: how calls to one :path are served (section 9, 10). */
 enum grpc_kind { GRPC_UNARY, GRPC_SERVER_STREAM, GRPC_BIDI };
 struct grpc_method {
 	const char *path;  /* "/etcdserverpb.KV/Range" */
@@ -450,7 +471,7 @@ struct net_listener {
 struct kvd_cfg {
 	char *name, *data_dir, *listen, *advertise, *peer_urls, *token;
 	uint32_t max_request, max_streams, max_conns, ping_min_ms, idle_ms,
-	    stall_ms, drain_ms, max_txn_ops, max_watchers, watch_progress_ms;
+	    stall_ms, drain_ms, max_txn_ops, max_watchers, watch_progress_ms, heartbeat_ms, election_ms;
 	int no_fsync;
 	int log_level;
 };
@@ -490,6 +511,7 @@ struct kvd {
 	int wake[2];                 /* self-pipe: kvd_shutdown() is async-signal-safe */
 	struct mvcc db;              /* the store */
 	struct watch_reg watch;      /* watchers */
+	struct lease_reg lease;      /* leases */
 	struct h2_stream **held;     /* calls answered while the batch was open */
 	size_t nheld, heldcap;
 	/* HPACK decode scratch, shared: one header block is decoded at a time */
@@ -499,6 +521,15 @@ struct kvd {
 };
 
 static void grpc_finish(struct kvd *k, struct h2_stream *s, int code, const char *fmt, ...) KVD_PRINTF(4, 5);
+/* The store keeps leases' key sets in step with its keys (section 7). */
+static struct lease *lease_find(struct kvd *k, int64_t id);
+static void lease_rebind(struct kvd *k, struct mvcc_key *r, int64_t from, int64_t to);
+static int lease_reserve(struct kvd *k, int64_t id);
+static void lease_undo(struct kvd *k, struct lease *l, unsigned kind);
+static void lease_free(struct kvd *k, struct lease *l);
+static int lease_replay(struct kvd *k, int kind, int64_t id, int64_t ttl);
+static void lease_promote(struct kvd *k);
+static void loop_arm(struct kvd *k, int64_t when);
 
 /* ===== 3. Utilities: allocation, log, bytes, clock, rate buckets ========= */
 
@@ -831,6 +862,12 @@ static void pb_free(struct kvd *k, void *m)
  *             | varint version | varint zigzag(lease) | varint klen | varint vlen
  *             | key | value                              (prev: offset of the key's
  *             previous op + 1, 0 if none; a delete has create = version = lease = 0)
+ *           | u8 kind (3 lease grant) | varint zigzag(id) | varint ttl
+ *           | u8 kind (4 lease revoke) | varint zigzag(id)
+ * A TXN makes a revision only if it has a put or delete: a lease grant, or
+ * the revoke of a lease without keys, is a TXN of its own that does not
+ * (rev is still current + 1, as a check).  A revoke shares its TXN with the
+ * deletes of its keys.
  * A whole txn is one record, so a crash never leaves half of it: recovery
  * keeps the longest prefix of valid records and cuts a torn tail.
  *
@@ -847,6 +884,8 @@ static void pb_free(struct kvd *k, void *m)
 #define MVCC_REC_COMPACT 3
 #define MVCC_OP_PUT 1
 #define MVCC_OP_DEL 2
+#define MVCC_OP_GRANT 3
+#define MVCC_OP_REVOKE 4
 #define MVCC_MAGIC "kvd-log\n"
 #define MVCC_FORMAT 1
 #define MVCC_MARK_EVERY 256    /* revisions between rev->offset marks */
@@ -1531,8 +1570,9 @@ static void mvcc_save(struct mvcc_was *w, const struct mvcc_key *r)
 	w->vlen = r->vlen;
 }
 
-static void mvcc_restore(struct mvcc_key *r, const struct mvcc_was *w)
+static void mvcc_restore(struct kvd *k, struct mvcc_key *r, const struct mvcc_was *w)
 {
+	lease_rebind(k, r, r->lease, w->lease);
 	r->mod = w->mod;
 	r->create = w->create;
 	r->ver = w->ver;
@@ -1644,6 +1684,8 @@ static void mvcc_txn_end(struct kvd *k, struct mvcc_txn *t)
 	}
 	put_be32(m->w.p + t->nops_at, t->nops);
 	mvcc_seal(m->w.p + t->at, m->w.len - t->at - MVCC_REC_HDR, MVCC_REC_TXN);
+	if (!t->nkeys)
+		return; /* lease ops only: no revision */
 	mvcc_mark(k, m, t->rev, m->size + t->at);
 	m->rev = t->rev;
 }
@@ -1677,6 +1719,35 @@ static int mvcc_emit(struct kvd *k, struct mvcc_txn *t, int kind, uint64_t prev,
 	p += vlen;
 	m->w.len = (size_t)(p - m->w.p);
 	t->nops++;
+	t->nkeys++;
+	return 0;
+}
+
+/* Append a lease op (grant or revoke) to the txn's record. */
+static int mvcc_emit_lease(struct kvd *k, struct mvcc_txn *t, int kind, int64_t id, int64_t ttl)
+{
+	struct mvcc *m = &k->db;
+	uint8_t *p;
+
+	if (buf_reserve(k, &m->w, 1 + 2 * 10))
+		return KVD_ENOMEM;
+	p = m->w.p + m->w.len;
+	*p++ = (uint8_t)kind;
+	p = mvcc_put_varint(p, mvcc_zigzag(id));
+	if (kind == MVCC_OP_GRANT)
+		p = mvcc_put_varint(p, (uint64_t)ttl);
+	m->w.len = (size_t)(p - m->w.p);
+	t->nops++;
+	return 0;
+}
+
+/* Remember a lease op so a failed flush can undo it. */
+static int mvcc_undo_lease(struct kvd *k, struct mvcc *m, struct lease *l, unsigned kind)
+{
+	if (mvcc_undo_push(k, m, NULL, MVCC_UNDO_CREATED))
+		return KVD_ENOMEM;
+	m->undo[m->nundo - 1].kind = kind;
+	m->undo[m->nundo - 1].l = l;
 	return 0;
 }
 
@@ -1694,6 +1765,8 @@ static int mvcc_put(struct kvd *k, struct mvcc_txn *t, const uint8_t *key, size_
 
 	if (klen > 0xffffffffu || vlen > 0x7fffffffu)
 		return KVD_ELIMIT;
+	if (lease_reserve(k, lease)) /* attaching the key cannot fail later */
+		return KVD_ENOMEM;
 	it = mvcc_seek(m, key, klen, &eq);
 	r = eq ? mvcc_at(m, it) : NULL;
 	live = r && r->create;
@@ -1726,6 +1799,7 @@ static int mvcc_put(struct kvd *k, struct mvcc_txn *t, const uint8_t *key, size_
 	}
 	if (eq)
 		mvcc_dead(k, m, t->rev, mvcc_key_opsize(r));
+	lease_rebind(k, r, r->lease, lease);
 	r->mod = t->rev;
 	r->create = create;
 	r->ver = ver;
@@ -1748,6 +1822,7 @@ static int mvcc_del(struct kvd *k, struct mvcc_txn *t, struct mvcc_key *r)
 		return KVD_ENOMEM;
 	}
 	mvcc_dead(k, m, t->rev, mvcc_key_opsize(r));
+	lease_rebind(k, r, r->lease, 0);
 	r->mod = t->rev;
 	r->create = r->ver = r->lease = 0;
 	r->vlen = 0;
@@ -1832,7 +1907,10 @@ static void mvcc_undo_to(struct kvd *k, struct mvcc *m, size_t mark)
 
 	while (m->nundo > mark) {
 		u = &m->undo[--m->nundo];
-		if (u->kind == MVCC_UNDO_CREATED) {
+		if (u->kind == MVCC_UNDO_GRANTED || u->kind == MVCC_UNDO_REVOKED) {
+			lease_undo(k, u->l, u->kind);
+		} else if (u->kind == MVCC_UNDO_CREATED) {
+			lease_rebind(k, u->r, u->r->lease, 0);
 			mvcc_remove(k, m, mvcc_seek(m, u->r->key, u->r->klen, &eq));
 			mvcc_free_key(k, u->r);
 		} else if (u->kind == MVCC_UNDO_REMOVED) {
@@ -1842,7 +1920,7 @@ static void mvcc_undo_to(struct kvd *k, struct mvcc *m, size_t mark)
 				mvcc_free_key(k, u->r);
 			}
 		} else {
-			mvcc_restore(u->r, &u->was);
+			mvcc_restore(k, u->r, &u->was);
 		}
 	}
 }
@@ -1874,6 +1952,8 @@ static void mvcc_commit(struct kvd *k, struct mvcc *m)
 	for (i = 0; i < m->nundo; i++)
 		if (m->undo[i].kind == MVCC_UNDO_REMOVED)
 			mvcc_free_key(k, m->undo[i].r);
+		else if (m->undo[i].kind == MVCC_UNDO_REVOKED)
+			lease_free(k, m->undo[i].l);
 	m->nundo = 0;
 	if (m->undocap > 4096) {
 		kvd_free(k, m->undo);
@@ -1948,7 +2028,8 @@ static void mvcc_batch_done(struct kvd *k)
 
 /* ---- recovery ----------------------------------------------------------- */
 
-/* Apply one op found in a TXN record at log offset off. */
+/* Apply one op found in a TXN record at log offset off: 0 for a key op,
+ * 1 for a lease op, negative on error (-2: out of memory). */
 static int mvcc_replay_op(struct kvd *k, struct mvcc *m, int64_t rev, const uint8_t **pp, const uint8_t *end,
                           uint64_t base, const uint8_t *start, const char **why)
 {
@@ -1958,6 +2039,20 @@ static int mvcc_replay_op(struct kvd *k, struct mvcc *m, int64_t rev, const uint
 	struct mvcc_it it;
 	int kind, eq, i;
 
+	if (end - p >= 1 && (*p == MVCC_OP_GRANT || *p == MVCC_OP_REVOKE)) {
+		kind = *p++;
+		if (mvcc_get_varint(&p, end, &v[0]) || (kind == MVCC_OP_GRANT && mvcc_get_varint(&p, end, &v[1]))) {
+			*why = "bad lease op";
+			return -1;
+		}
+		if ((i = lease_replay(k, kind, mvcc_unzigzag(v[0]), kind == MVCC_OP_GRANT ? (int64_t)v[1] : 0))) {
+			*why = i == -2 ? "out of memory" : kind == MVCC_OP_GRANT ? "lease granted twice" :
+			                                   "revoke of a missing lease, or of one with keys";
+			return i;
+		}
+		*pp = p;
+		return 1;
+	}
 	if (end - p < 9) {
 		*why = "short op";
 		return -1;
@@ -1985,6 +2080,10 @@ static int mvcc_replay_op(struct kvd *k, struct mvcc *m, int64_t rev, const uint
 		*why = "delete of a missing key";
 		return -1;
 	}
+	if (kind == MVCC_OP_PUT && v[3] && !lease_find(k, mvcc_unzigzag(v[3]))) {
+		*why = "put with a lease that does not exist";
+		return -1;
+	}
 	if (!r) {
 		if (!(r = mvcc_new_key(k, p, v[4])) || mvcc_insert(k, m, it, r)) {
 			mvcc_free_key(k, r);
@@ -1997,6 +2096,7 @@ static int mvcc_replay_op(struct kvd *k, struct mvcc *m, int64_t rev, const uint
 	r->mod = rev;
 	r->create = kind == MVCC_OP_PUT ? (int64_t)v[1] : 0;
 	r->ver = kind == MVCC_OP_PUT ? (int64_t)v[2] : 0;
+	lease_rebind(k, r, r->lease, kind == MVCC_OP_PUT ? mvcc_unzigzag(v[3]) : 0);
 	r->lease = kind == MVCC_OP_PUT ? mvcc_unzigzag(v[3]) : 0;
 	r->vlen = (uint32_t)v[5];
 	r->op = off;
@@ -2010,7 +2110,7 @@ static int mvcc_replay_record(struct kvd *k, struct mvcc *m, unsigned type, cons
 {
 	const uint8_t *end = p + n, *start = p - MVCC_REC_HDR;
 	uint64_t rev;
-	uint32_t nops, i;
+	uint32_t nops, i, nkeys = 0;
 	int r;
 
 	switch (type) {
@@ -2027,13 +2127,17 @@ static int mvcc_replay_record(struct kvd *k, struct mvcc *m, unsigned type, cons
 		}
 		nops = get_be32(p);
 		p += 4;
-		for (i = 0; i < nops; i++)
-			if ((r = mvcc_replay_op(k, m, (int64_t)rev, &p, end, off, start, why)))
+		for (i = 0; i < nops; i++) {
+			if ((r = mvcc_replay_op(k, m, (int64_t)rev, &p, end, off, start, why)) < 0)
 				return r;
+			nkeys += r == 0;
+		}
 		if (p != end || !nops) {
 			*why = "txn record length mismatch";
 			return -1;
 		}
+		if (!nkeys)
+			return 0; /* lease ops only: no revision */
 		mvcc_mark(k, m, (int64_t)rev, off);
 		m->rev = (int64_t)rev;
 		return 0;
@@ -2244,8 +2348,9 @@ static int mvcc_open(struct kvd *k, char *err, size_t errlen)
 		return r;
 	m->rev_durable = m->rev;
 	m->compacted_durable = m->compacted;
-	kvd_log(k, KVD_LOG_INFO, "log replayed: %zu keys, revision %lld, compacted %lld, %llu bytes in %lld ms",
-	        m->nkeys, (long long)m->rev, (long long)m->compacted, (unsigned long long)m->size,
+	lease_promote(k);
+	kvd_log(k, KVD_LOG_INFO, "log replayed: %zu keys, %zu leases, revision %lld, compacted %lld, %llu bytes in %lld ms",
+	        m->nkeys, k->lease.n, (long long)m->rev, (long long)m->compacted, (unsigned long long)m->size,
 	        (long long)(util_now_ms() - t0));
 	return 0;
 }
@@ -2280,7 +2385,484 @@ static void mvcc_init(struct mvcc *m)
 	m->compacted = m->compacted_durable = -1;
 }
 
-/* ===== 7. HPACK (hp_) ==================================================== */
+/* ===== 7. Leases (lease_) ================================================ */
+
+/*
+ * A lease is an id, a granted TTL, a deadline on the monotonic clock (boards
+ * have no RTC) and the set of keys attached to it.  Grants and revokes are
+ * ops in the log (section 6); a revoke shares its record and its revision
+ * with the deletes of its keys, so a crash never leaves half of one.
+ * Keep-alives are not logged (they would wear flash for nothing): after a
+ * restart every lease gets its full TTL plus the election timeout, which is
+ * what etcd does without lease checkpoints.
+ *
+ * Deadlines sit on a hashed timer wheel: LEASE_SLOTS slots of LEASE_TICK ms,
+ * a lease in the slot of its deadline's tick, a bitmap of non-empty slots.
+ * Grant, renew and revoke are O(1); the poll timeout is the next non-empty
+ * slot; a lease due in a later turn of the wheel is looked at once per turn.
+ * Expiry revokes at most KVD_LEASE_EXPIRE_MAX leases per loop iteration.
+ *
+ * A lease's keys are an open-addressing set of pointers to the index's key
+ * records (which never move): attach, detach and revoke cost no scan of the
+ * index, and keys without a lease cost nothing.
+ */
+
+#ifndef KVD_LEASE_EXPIRE_MAX /* @@ leases revoked by expiry per loop iteration */
+#define KVD_LEASE_EXPIRE_MAX 512
+#endif
+#define LEASE_TICK 100              /* ms per wheel slot */
+#define LEASE_SLOTS 1024            /* one turn of the wheel: 102.4 s */
+#define LEASE_MAX_TTL 9000000000ll  /* etcd's MaxLeaseTTL, seconds */
+#define LEASE_RETRY_MS 1000         /* an expiry that could not be written is retried */
+
+static size_t lease_hash(int64_t id)
+{
+	uint64_t x = (uint64_t)id;
+
+	x ^= x >> 33;
+	x *= 0xff51afd7ed558ccdull;
+	return (size_t)(x ^ (x >> 33));
+}
+
+static struct lease *lease_find(struct kvd *k, int64_t id)
+{
+	struct lease *l;
+
+	if (!k->lease.tab)
+		return NULL;
+	for (l = k->lease.tab[lease_hash(id) & k->lease.mask]; l; l = l->hnext)
+		if (l->id == id)
+			return l;
+	return NULL;
+}
+
+/* ---- attached keys ------------------------------------------------------- */
+
+static size_t lease_kslot(const struct lease *l, const struct mvcc_key *r)
+{
+	return (size_t)(((uint64_t)(uintptr_t)r >> 3) * 0x9e3779b97f4a7c15ull >> 24) & l->kmask;
+}
+
+static void lease_kput(struct lease *l, struct mvcc_key *r)
+{
+	size_t i = lease_kslot(l, r);
+
+	while (l->keys[i])
+		i = (i + 1) & l->kmask;
+	l->keys[i] = r;
+	l->nkeys++;
+}
+
+/* Room for n keys at a load of at most 1/2. */
+static int lease_kgrow(struct kvd *k, struct lease *l, uint32_t n)
+{
+	struct mvcc_key **old = l->keys;
+	uint32_t cap = l->keys ? l->kmask + 1 : 0, ncap = cap ? cap : 4, i;
+
+	if ((uint64_t)n * 2 <= cap)
+		return 0;
+	while ((uint64_t)n * 2 > ncap)
+		ncap *= 2;
+	if (ncap > 0x40000000u || !(l->keys = kvd_calloc(k, (size_t)ncap * sizeof *l->keys))) {
+		l->keys = old;
+		return KVD_ENOMEM;
+	}
+	l->kmask = ncap - 1;
+	l->nkeys = 0;
+	for (i = 0; i < cap; i++)
+		if (old[i])
+			lease_kput(l, old[i]);
+	kvd_free(k, old);
+	return 0;
+}
+
+/* Remove r, shifting back the entries of its probe run (no tombstones). */
+static void lease_kdel(struct kvd *k, struct lease *l, struct mvcc_key *r)
+{
+	size_t i, j, h;
+
+	if (!l->keys)
+		return;
+	for (i = lease_kslot(l, r); l->keys[i] != r; i = (i + 1) & l->kmask)
+		if (!l->keys[i])
+			return;
+	l->keys[i] = NULL;
+	l->nkeys--;
+	for (j = (i + 1) & l->kmask; l->keys[j]; j = (j + 1) & l->kmask) {
+		h = lease_kslot(l, l->keys[j]);
+		if (((j - h) & l->kmask) >= ((j - i) & l->kmask)) { /* h is not in (i, j]: move it to i */
+			l->keys[i] = l->keys[j];
+			l->keys[j] = NULL;
+			i = j;
+		}
+	}
+	if (!l->nkeys) {
+		kvd_free(k, l->keys);
+		l->keys = NULL;
+		l->kmask = 0;
+	}
+}
+
+/* Before a put attaches a key to lease id: make sure that cannot fail. */
+static int lease_reserve(struct kvd *k, int64_t id)
+{
+	struct lease *l = id ? lease_find(k, id) : NULL;
+
+	return l ? lease_kgrow(k, l, l->nkeys + 1) : 0;
+}
+
+/* Key r moves from lease 'from' to lease 'to' (0: none). */
+static void lease_rebind(struct kvd *k, struct mvcc_key *r, int64_t from, int64_t to)
+{
+	struct lease *l;
+
+	if (from == to)
+		return;
+	if (from && (l = lease_find(k, from)))
+		lease_kdel(k, l, r);
+	if (to && (l = lease_find(k, to))) {
+		if (lease_kgrow(k, l, l->nkeys + 1)) /* only an undo can get here */
+			kvd_log(k, KVD_LOG_ERROR, "out of memory: a key of lease %016llx will outlive it",
+			        (unsigned long long)to);
+		else
+			lease_kput(l, r);
+	}
+}
+
+/* ---- the timer wheel ----------------------------------------------------- */
+
+static void lease_wheel_add(struct kvd *k, struct lease *l)
+{
+	struct lease_reg *g = &k->lease;
+	int64_t t = (l->deadline + LEASE_TICK - 1) / LEASE_TICK;
+
+	if (t < g->cursor)
+		t = g->cursor;
+	l->slot = (uint32_t)(t & (LEASE_SLOTS - 1));
+	l->wprev = NULL;
+	l->wnext = g->wheel[l->slot];
+	if (l->wnext)
+		l->wnext->wprev = l;
+	g->wheel[l->slot] = l;
+	g->bits[l->slot / 64] |= 1ull << (l->slot % 64);
+	loop_arm(k, t * LEASE_TICK);
+}
+
+static void lease_wheel_del(struct kvd *k, struct lease *l)
+{
+	struct lease_reg *g = &k->lease;
+
+	if (l->wprev)
+		l->wprev->wnext = l->wnext;
+	else
+		g->wheel[l->slot] = l->wnext;
+	if (l->wnext)
+		l->wnext->wprev = l->wprev;
+	if (!g->wheel[l->slot])
+		g->bits[l->slot / 64] &= ~(1ull << (l->slot % 64));
+	l->wprev = l->wnext = NULL;
+}
+
+/* The first tick in [from, to] whose slot holds leases, or to + 1. */
+static int64_t lease_next_tick(const struct lease_reg *g, int64_t from, int64_t to)
+{
+	int64_t t = from;
+	unsigned s, b;
+	uint64_t w;
+
+	if (to > from + LEASE_SLOTS - 1)
+		to = from + LEASE_SLOTS - 1;
+	while (t <= to) {
+		s = (unsigned)(t & (LEASE_SLOTS - 1));
+		w = g->bits[s / 64] >> (s % 64);
+		if (!w) {
+			t += 64 - s % 64;
+			continue;
+		}
+		for (b = 0; !(w & 1); b++)
+			w >>= 1;
+		return t + b <= to ? t + b : to + 1;
+	}
+	return to + 1;
+}
+
+/* ---- the table ----------------------------------------------------------- */
+
+static int lease_setup(struct kvd *k)
+{
+	struct lease_reg *g = &k->lease;
+	size_t sz = g->mask ? (g->mask + 1) * 2 : 64, i;
+	struct lease **t, *l, *next;
+
+	if (!g->wheel) {
+		if (!(g->wheel = kvd_calloc(k, LEASE_SLOTS * sizeof *g->wheel)))
+			return KVD_ENOMEM;
+		if (!(g->bits = kvd_calloc(k, LEASE_SLOTS / 64 * sizeof *g->bits))) {
+			kvd_free(k, g->wheel);
+			g->wheel = NULL;
+			return KVD_ENOMEM;
+		}
+		g->cursor = k->now / LEASE_TICK;
+	}
+	if (g->tab && g->n < g->mask + 1)
+		return 0;
+	if (!(t = kvd_calloc(k, sz * sizeof *t)))
+		return KVD_ENOMEM;
+	for (i = 0; g->tab && i <= g->mask; i++)
+		for (l = g->tab[i]; l; l = next) {
+			next = l->hnext;
+			l->hnext = t[lease_hash(l->id) & (sz - 1)];
+			t[lease_hash(l->id) & (sz - 1)] = l;
+		}
+	kvd_free(k, g->tab);
+	g->tab = t;
+	g->mask = sz - 1;
+	return 0;
+}
+
+/* Into the table (and onto the wheel when its deadline is known). */
+static void lease_link(struct kvd *k, struct lease *l, int on_wheel)
+{
+	struct lease **b = &k->lease.tab[lease_hash(l->id) & k->lease.mask];
+
+	l->hnext = *b;
+	*b = l;
+	k->lease.n++;
+	if (on_wheel)
+		lease_wheel_add(k, l);
+}
+
+static void lease_unlink(struct kvd *k, struct lease *l)
+{
+	struct lease **b = &k->lease.tab[lease_hash(l->id) & k->lease.mask];
+
+	while (*b != l)
+		b = &(*b)->hnext;
+	*b = l->hnext;
+	k->lease.n--;
+	lease_wheel_del(k, l);
+}
+
+static void lease_free(struct kvd *k, struct lease *l)
+{
+	kvd_free(k, l->keys);
+	kvd_free(k, l);
+}
+
+static struct lease *lease_new(struct kvd *k, int64_t id, int64_t ttl)
+{
+	struct lease *l;
+
+	if (lease_setup(k) || !(l = kvd_calloc(k, sizeof *l)))
+		return NULL;
+	l->id = id;
+	l->ttl = ttl;
+	return l;
+}
+
+/* A server-chosen id: etcd's generator (16 bits of the member id, 40 bits
+ * of wall-clock ms at start, a counter), positive, not in use. */
+static int64_t lease_next_id(struct kvd *k)
+{
+	struct lease_reg *g = &k->lease;
+	const uint64_t low = (1ull << 48) - 1;
+	int64_t id;
+
+	if (!g->idgen)
+		g->idgen = (k->member_id & 0xffff) << 48 | ((uint64_t)time(NULL) * 1000 & ((1ull << 40) - 1)) << 8;
+	do {
+		g->idgen = (g->idgen & ~low) | ((g->idgen + 1) & low);
+		id = (int64_t)(g->idgen & INT64_MAX);
+	} while (!id || lease_find(k, id));
+	return id;
+}
+
+/* ---- grant, renew, revoke -------------------------------------------------- */
+
+/* Grant lease id (not in use) with ttl seconds, in txn t. */
+static int lease_grant(struct kvd *k, struct mvcc_txn *t, int64_t id, int64_t ttl)
+{
+	struct lease *l = lease_new(k, id, ttl);
+
+	if (!l)
+		return KVD_ENOMEM;
+	if (mvcc_emit_lease(k, t, MVCC_OP_GRANT, id, ttl) || mvcc_undo_lease(k, &k->db, l, MVCC_UNDO_GRANTED)) {
+		lease_free(k, l);
+		return KVD_ENOMEM;
+	}
+	l->deadline = k->now + ttl * 1000;
+	lease_link(k, l, 1);
+	return 0;
+}
+
+static void lease_renew(struct kvd *k, struct lease *l)
+{
+	lease_wheel_del(k, l);
+	l->deadline = k->now + l->ttl * 1000;
+	lease_wheel_add(k, l);
+}
+
+static int lease_key_cmp(const void *a, const void *b)
+{
+	const struct mvcc_key *x = *(const struct mvcc_key *const *)a, *y = *(const struct mvcc_key *const *)b;
+
+	return mvcc_cmp(x->key, x->klen, y->key, y->klen);
+}
+
+/* Revoke l in txn t: its keys are deleted in key order (one revision, as
+ * etcd), then the lease goes.  On error the caller aborts the txn. */
+static int lease_revoke(struct kvd *k, struct mvcc_txn *t, struct lease *l)
+{
+	struct mvcc_key **v = NULL;
+	uint32_t n = 0, i;
+	int r = 0;
+
+	if (l->nkeys) {
+		if (!(v = kvd_malloc(k, (size_t)l->nkeys * sizeof *v)))
+			return KVD_ENOMEM;
+		for (i = 0; i <= l->kmask; i++)
+			if (l->keys[i])
+				v[n++] = l->keys[i];
+		qsort(v, n, sizeof *v, lease_key_cmp);
+		for (i = 0; i < n && !r; i++)
+			r = mvcc_del(k, t, v[i]); /* detaches it from l */
+		kvd_free(k, v);
+	}
+	if (r || (r = mvcc_emit_lease(k, t, MVCC_OP_REVOKE, l->id, 0)) ||
+	    (r = mvcc_undo_lease(k, &k->db, l, MVCC_UNDO_REVOKED)))
+		return r;
+	lease_unlink(k, l); /* freed once the batch is durable */
+	return 0;
+}
+
+/* A failed flush takes a grant or a revoke back. */
+static void lease_undo(struct kvd *k, struct lease *l, unsigned kind)
+{
+	if (kind == MVCC_UNDO_GRANTED) {
+		lease_unlink(k, l);
+		lease_free(k, l);
+		return;
+	}
+	l->deadline = KVD_MAX(l->deadline, k->now + LEASE_RETRY_MS); /* an expiry: try again later */
+	lease_link(k, l, 1);
+}
+
+/* Expire l: revoke it in a txn of its own. */
+static void lease_expire(struct kvd *k, struct lease *l)
+{
+	struct mvcc_txn t;
+	int r = mvcc_txn_begin(k, &t);
+
+	if (!r) {
+		if ((r = lease_revoke(k, &t, l)))
+			mvcc_txn_abort(k, &t);
+		mvcc_txn_end(k, &t);
+	}
+	if (!r)
+		return;
+	if (!k->lease.warned++)
+		kvd_log(k, KVD_LOG_WARN, "lease %016llx expired but cannot be revoked now (%s): retrying every %d ms",
+		        (unsigned long long)l->id, k->db.broken ? k->db.why : "out of memory", LEASE_RETRY_MS);
+	lease_wheel_del(k, l);
+	l->deadline = k->now + LEASE_RETRY_MS;
+	lease_wheel_add(k, l);
+}
+
+/* Due ticks: expire what is due (bounded), then arm the next slot. */
+static void lease_timers(struct kvd *k)
+{
+	struct lease_reg *g = &k->lease;
+	int64_t now_t = k->now / LEASE_TICK, t;
+	struct lease *l, *next;
+	unsigned done = 0;
+
+	if (!g->wheel)
+		return;
+	if (!g->n) {
+		g->cursor = now_t + 1;
+		return;
+	}
+	while (g->cursor <= now_t) {
+		t = lease_next_tick(g, g->cursor, now_t);
+		if (t > now_t) {
+			g->cursor = now_t + 1;
+			break;
+		}
+		for (l = g->wheel[t & (LEASE_SLOTS - 1)]; l; l = next) {
+			next = l->wnext;
+			if (l->deadline > k->now)
+				continue; /* a later turn of the wheel */
+			if (done++ == KVD_LEASE_EXPIRE_MAX) {
+				g->cursor = t;
+				loop_arm(k, k->now); /* the rest next iteration */
+				return;
+			}
+			lease_expire(k, l);
+		}
+		g->cursor = t + 1;
+	}
+	t = lease_next_tick(g, g->cursor, g->cursor + LEASE_SLOTS - 1);
+	if (t < g->cursor + LEASE_SLOTS)
+		loop_arm(k, t * LEASE_TICK);
+}
+
+/* ---- recovery and shutdown -------------------------------------------------- */
+
+/* A lease op read back from the log (keys come back through lease_rebind). */
+static int lease_replay(struct kvd *k, int kind, int64_t id, int64_t ttl)
+{
+	struct lease *l = lease_find(k, id);
+
+	if (kind == MVCC_OP_GRANT) {
+		if (l)
+			return -1;
+		if (!(l = lease_new(k, id, ttl)))
+			return -2;
+		lease_link(k, l, 0);
+		return 0;
+	}
+	if (!l || l->nkeys)
+		return -1;
+	lease_unlink(k, l);
+	lease_free(k, l);
+	return 0;
+}
+
+/* After replay: every lease gets its full TTL plus the election timeout. */
+static void lease_promote(struct kvd *k)
+{
+	struct lease_reg *g = &k->lease;
+	struct lease *l;
+	size_t i;
+
+	if (!g->tab)
+		return;
+	g->cursor = k->now / LEASE_TICK;
+	for (i = 0; i <= g->mask; i++)
+		for (l = g->tab[i]; l; l = l->hnext) {
+			l->deadline = k->now + l->ttl * 1000 + k->cfg.election_ms;
+			lease_wheel_add(k, l);
+		}
+}
+
+static void lease_fini(struct kvd *k)
+{
+	struct lease_reg *g = &k->lease;
+	struct lease *l, *next;
+	size_t i;
+
+	for (i = 0; g->tab && i <= g->mask; i++)
+		for (l = g->tab[i]; l; l = next) {
+			next = l->hnext;
+			lease_free(k, l);
+		}
+	kvd_free(k, g->tab);
+	kvd_free(k, g->wheel);
+	kvd_free(k, g->bits);
+	memset(g, 0, sizeof *g);
+}
+
+/* ===== 8. HPACK (hp_) ==================================================== */
 
 /*
  * RFC 7541.  The decoder is complete (static and dynamic tables, Huffman,
@@ -2688,7 +3270,7 @@ static int hp_put_status(struct kvd *k, struct kvd_buf *b, int status)
 	return hp_put_field(k, b, 8, NULL, s, 3);
 }
 
-/* ===== 8. HTTP/2 frames, streams, flow control (h2_) ===================== */
+/* ===== 9. HTTP/2 frames, streams, flow control (h2_) ===================== */
 
 /*
  * RFC 9113, server side, cleartext with prior knowledge.  Input is parsed
@@ -2712,7 +3294,6 @@ struct h2_req {
 static void grpc_on_headers(struct kvd *k, struct h2_stream *s, const struct h2_req *rq);
 static void grpc_on_data(struct kvd *k, struct h2_stream *s);
 static void grpc_on_remote_close(struct kvd *k, struct h2_stream *s);
-static void loop_arm(struct kvd *k, int64_t when);
 
 static int h2_frame(struct h2_conn *c, unsigned type, unsigned flags, uint32_t sid,
                     const void *payload, size_t len)
@@ -3857,7 +4438,7 @@ static void h2_conn_free(struct kvd *k, struct h2_conn *c)
 	kvd_free(k, c);
 }
 
-/* ===== 9. gRPC framing and routing (grpc_) =============================== */
+/* ===== 10. gRPC framing and routing (grpc_) ============================== */
 
 /*
  * gRPC over HTTP/2 (grpc doc/PROTOCOL-HTTP2.md): each message is a 1-byte
@@ -4130,7 +4711,7 @@ static void grpc_on_remote_close(struct kvd *k, struct h2_stream *s)
 		s->m->on_half_close(k, s);
 }
 
-/* ===== 10. Services: KV, health, maintenance, cluster (svc_) ============= */
+/* ===== 11. Services: KV, lease, health, maintenance, cluster (svc_) ====== */
 
 #define SVC_RAFT_TERM 2 /* what a fresh single-node etcd reports; kvd never elects */
 
@@ -4812,12 +5393,9 @@ static void svc_kv_of(const struct mvcc_key *r, struct mvcc_kv *kv)
 	kv->vlen = r->vlen;
 }
 
-/* Lease lookups: until leases exist, no lease is ever found. */
 static int svc_lease_exists(struct kvd *k, int64_t id)
 {
-	(void)k;
-	(void)id;
-	return 0;
+	return id && lease_find(k, id);
 }
 
 static int svc_put_op(struct kvd *k, struct svc_pool *pl, struct mvcc_txn *t,
@@ -5584,6 +6162,225 @@ static void svc_compact_rpc(struct kvd *k, struct h2_stream *s, const uint8_t *p
 	pb_free(k, rq);
 }
 
+/* ---- Lease ----------------------------------------------------------------- */
+
+#define E_LEASE_EXISTS "etcdserver: lease already exists"
+#define E_LEASE_TTL "etcdserver: too large lease TTL"
+
+/* Lease id if it is alive; one whose deadline passed is revoked now (the
+ * wheel may not have reached it yet), as etcd answers for an expired one. */
+static struct lease *svc_lease_live(struct kvd *k, int64_t id)
+{
+	struct lease *l = id ? lease_find(k, id) : NULL;
+
+	if (l && l->deadline <= k->now) {
+		lease_expire(k, l);
+		return NULL;
+	}
+	return l;
+}
+
+/* A grant (l NULL) or the revoke of l, in a txn of its own. */
+static void svc_lease_write(struct kvd *k, struct svc_err *e, struct lease *l, int64_t id, int64_t ttl)
+{
+	struct mvcc_txn t;
+
+	if (mvcc_txn_begin(k, &t)) {
+		svc_fail(e, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+		return;
+	}
+	if (l ? lease_revoke(k, &t, l) : lease_grant(k, &t, id, ttl)) {
+		mvcc_txn_abort(k, &t);
+		svc_fail(e, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+	}
+	mvcc_txn_end(k, &t);
+}
+
+static void svc_lease_grant_rpc(struct kvd *k, struct h2_stream *s, const uint8_t *p, size_t n)
+{
+	Etcdserverpb__LeaseGrantRequest *rq;
+	Etcdserverpb__LeaseGrantResponse rs = ETCDSERVERPB__LEASE_GRANT_RESPONSE__INIT;
+	Etcdserverpb__ResponseHeader h;
+	struct svc_err e = {0, NULL};
+	int64_t id, ttl;
+
+	rq = (Etcdserverpb__LeaseGrantRequest *)grpc_unpack(k, s, &etcdserverpb__lease_grant_request__descriptor, p, n);
+	if (!rq)
+		return;
+	id = rq->id;
+	ttl = KVD_MAX(rq->ttl, k->lease.min_ttl); /* 0 and negative too, as etcd */
+	if (svc_too_large(k, n))
+		svc_fail(&e, GRPC_INVALID_ARGUMENT, E_TOO_LARGE);
+	else if (rq->ttl > LEASE_MAX_TTL)
+		svc_fail(&e, GRPC_OUT_OF_RANGE, E_LEASE_TTL);
+	else if (id && lease_find(k, id))
+		svc_fail(&e, GRPC_FAILED_PRECONDITION, E_LEASE_EXISTS);
+	else if (!svc_writable(k, &e))
+		svc_lease_write(k, &e, NULL, id ? id : (id = lease_next_id(k)), ttl);
+	if (!e.msg) { /* the answer leaves once the grant is durable */
+		svc_header(k, &h, 1);
+		rs.header = &h;
+		rs.id = id;
+		rs.ttl = ttl;
+		s->wrote = 1;
+	}
+	svc_end(k, s, &rs.base, &e);
+	pb_free(k, rq);
+}
+
+static void svc_lease_revoke_rpc(struct kvd *k, struct h2_stream *s, const uint8_t *p, size_t n)
+{
+	Etcdserverpb__LeaseRevokeRequest *rq;
+	Etcdserverpb__LeaseRevokeResponse rs = ETCDSERVERPB__LEASE_REVOKE_RESPONSE__INIT;
+	Etcdserverpb__ResponseHeader h;
+	struct svc_err e = {0, NULL};
+	struct lease *l;
+
+	rq = (Etcdserverpb__LeaseRevokeRequest *)grpc_unpack(k, s, &etcdserverpb__lease_revoke_request__descriptor, p, n);
+	if (!rq)
+		return;
+	if (svc_too_large(k, n))
+		svc_fail(&e, GRPC_INVALID_ARGUMENT, E_TOO_LARGE);
+	else if (!(l = svc_lease_live(k, rq->id)))
+		svc_fail(&e, GRPC_NOT_FOUND, E_LEASE_NOT_FOUND);
+	else if (!svc_writable(k, &e))
+		svc_lease_write(k, &e, l, 0, 0);
+	if (!e.msg) {
+		svc_header(k, &h, 1); /* the revision that deleted its keys, if it had any */
+		rs.header = &h;
+		s->wrote = 1;
+	}
+	svc_end(k, s, &rs.base, &e);
+	pb_free(k, rq);
+}
+
+/* LeaseKeepAlive: one answer per request; an unknown lease gets TTL 0 and
+ * no error, as etcd.  Renewals are not logged (see section 7). */
+static void svc_lease_keepalive_msg(struct kvd *k, struct h2_stream *s, const uint8_t *p, size_t n)
+{
+	Etcdserverpb__LeaseKeepAliveRequest *rq;
+	Etcdserverpb__LeaseKeepAliveResponse rs = ETCDSERVERPB__LEASE_KEEP_ALIVE_RESPONSE__INIT;
+	Etcdserverpb__ResponseHeader h;
+	struct lease *l;
+
+	rq = (Etcdserverpb__LeaseKeepAliveRequest *)grpc_unpack(k, s, &etcdserverpb__lease_keep_alive_request__descriptor,
+	                                                         p, n);
+	if (!rq)
+		return;
+	svc_header(k, &h, 1); /* filled before the renewal, as etcd */
+	rs.header = &h;
+	rs.id = rq->id;
+	if ((l = svc_lease_live(k, rq->id))) {
+		lease_renew(k, l);
+		rs.ttl = l->ttl;
+	}
+	grpc_send(k, s, &rs.base);
+	pb_free(k, rq);
+}
+
+static void svc_lease_keepalive_end(struct kvd *k, struct h2_stream *s)
+{
+	grpc_finish(k, s, GRPC_OK, "%s", "");
+}
+
+static void svc_lease_ttl_rpc(struct kvd *k, struct h2_stream *s, const uint8_t *p, size_t n)
+{
+	Etcdserverpb__LeaseTimeToLiveRequest *rq;
+	Etcdserverpb__LeaseTimeToLiveResponse rs = ETCDSERVERPB__LEASE_TIME_TO_LIVE_RESPONSE__INIT;
+	Etcdserverpb__ResponseHeader h;
+	struct svc_pool pl = {k, NULL, 0};
+	struct svc_err e = {0, NULL};
+	struct mvcc_key **v;
+	struct lease *l;
+	uint32_t i, nk = 0;
+
+	rq = (Etcdserverpb__LeaseTimeToLiveRequest *)grpc_unpack(k, s, &etcdserverpb__lease_time_to_live_request__descriptor,
+	                                                          p, n);
+	if (!rq)
+		return;
+	svc_header(k, &h, 1);
+	rs.header = &h;
+	rs.id = rq->id;
+	rs.ttl = -1; /* unknown: TTL -1, granted 0, no error */
+	if (svc_too_large(k, n)) {
+		svc_fail(&e, GRPC_INVALID_ARGUMENT, E_TOO_LARGE);
+	} else if ((l = svc_lease_live(k, rq->id))) {
+		rs.ttl = (l->deadline - k->now) / 1000; /* whole seconds left, truncated as etcd */
+		rs.grantedttl = l->ttl;
+		if (rq->keys && l->nkeys) {
+			v = svc_alloc(&pl, l->nkeys * sizeof *v);
+			rs.keys = svc_alloc(&pl, l->nkeys * sizeof *rs.keys);
+			if (!v || !rs.keys) {
+				svc_fail(&e, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+			} else {
+				for (i = 0; i <= l->kmask; i++)
+					if (l->keys[i])
+						v[nk++] = l->keys[i];
+				qsort(v, nk, sizeof *v, lease_key_cmp);
+				for (i = 0; i < nk; i++) {
+					rs.keys[i].data = v[i]->key;
+					rs.keys[i].len = v[i]->klen;
+				}
+				rs.n_keys = nk;
+			}
+		}
+	}
+	svc_end(k, s, &rs.base, &e);
+	svc_pool_free(&pl);
+	pb_free(k, rq);
+}
+
+static int svc_lease_cmp(const void *a, const void *b)
+{
+	const struct lease *x = *(const struct lease *const *)a, *y = *(const struct lease *const *)b;
+
+	if (x->deadline != y->deadline)
+		return x->deadline < y->deadline ? -1 : 1;
+	return (x->id > y->id) - (x->id < y->id);
+}
+
+/* LeaseLeases: every lease, soonest expiry first (etcd's leasesByExpiry). */
+static void svc_lease_leases_rpc(struct kvd *k, struct h2_stream *s, const uint8_t *p, size_t n)
+{
+	Etcdserverpb__LeaseLeasesRequest *rq;
+	Etcdserverpb__LeaseLeasesResponse rs = ETCDSERVERPB__LEASE_LEASES_RESPONSE__INIT;
+	Etcdserverpb__ResponseHeader h;
+	struct svc_pool pl = {k, NULL, 0};
+	struct svc_err e = {0, NULL};
+	struct lease_reg *g = &k->lease;
+	struct lease **v, *l;
+	Etcdserverpb__LeaseStatus *st;
+	size_t i, nl = 0;
+
+	rq = (Etcdserverpb__LeaseLeasesRequest *)grpc_unpack(k, s, &etcdserverpb__lease_leases_request__descriptor, p, n);
+	if (!rq)
+		return;
+	svc_header(k, &h, 1);
+	rs.header = &h;
+	if (g->n) {
+		v = svc_alloc(&pl, g->n * sizeof *v);
+		st = svc_alloc(&pl, g->n * sizeof *st);
+		rs.leases = svc_alloc(&pl, g->n * sizeof *rs.leases);
+		if (!v || !st || !rs.leases) {
+			svc_fail(&e, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+		} else {
+			for (i = 0; i <= g->mask; i++)
+				for (l = g->tab[i]; l; l = l->hnext)
+					v[nl++] = l;
+			qsort(v, nl, sizeof *v, svc_lease_cmp);
+			for (i = 0; i < nl; i++) {
+				etcdserverpb__lease_status__init(&st[i]);
+				st[i].id = v[i]->id;
+				rs.leases[i] = &st[i];
+			}
+			rs.n_leases = nl;
+		}
+	}
+	svc_end(k, s, &rs.base, &e);
+	svc_pool_free(&pl);
+	pb_free(k, rq);
+}
+
 /* ---- RangeStream: chunks produced as the client's window opens ---------- */
 
 #define SVC_CHUNK_BYTES (64 * 1024)
@@ -5841,11 +6638,11 @@ static const struct grpc_method svc_watch[] = {
 	{"/etcdserverpb.Watch/Watch", GRPC_BIDI, watch_on_msg, NULL, watch_on_close, watch_produce},
 };
 static const struct grpc_method svc_lease[] = {
-	SVC_NONE("/etcdserverpb.Lease/LeaseGrant", GRPC_UNARY),
-	SVC_NONE("/etcdserverpb.Lease/LeaseRevoke", GRPC_UNARY),
-	SVC_NONE("/etcdserverpb.Lease/LeaseKeepAlive", GRPC_BIDI),
-	SVC_NONE("/etcdserverpb.Lease/LeaseTimeToLive", GRPC_UNARY),
-	SVC_NONE("/etcdserverpb.Lease/LeaseLeases", GRPC_UNARY),
+	SVC_UNARY("/etcdserverpb.Lease/LeaseGrant", svc_lease_grant_rpc),
+	SVC_UNARY("/etcdserverpb.Lease/LeaseRevoke", svc_lease_revoke_rpc),
+	{"/etcdserverpb.Lease/LeaseKeepAlive", GRPC_BIDI, svc_lease_keepalive_msg, svc_lease_keepalive_end, NULL, NULL},
+	SVC_UNARY("/etcdserverpb.Lease/LeaseTimeToLive", svc_lease_ttl_rpc),
+	SVC_UNARY("/etcdserverpb.Lease/LeaseLeases", svc_lease_leases_rpc),
 };
 static const struct grpc_method svc_cluster[] = {
 	SVC_NONE("/etcdserverpb.Cluster/MemberAdd", GRPC_UNARY),
@@ -5980,7 +6777,7 @@ static void svc_shutdown(struct kvd *k)
 				grpc_send(k, c->st[i], &rs.base);
 }
 
-/* ===== 11. Watch (watch_) ================================================ */
+/* ===== 12. Watch (watch_) ================================================ */
 
 /*
  * etcd's Watch: many watchers per bidi stream.  A watcher owes its client
@@ -6151,8 +6948,14 @@ static int watch_decode(struct kvd *k, const uint8_t *p, size_t n, int64_t *rev_
 		g->evs = e;
 		g->evcap = nops;
 	}
-	for (i = 0; i < nops; i++) {
-		struct watch_ev *e = &g->evs[i];
+	for (i = 0, g->nevs = 0; i < nops; i++) {
+		struct watch_ev *e = &g->evs[g->nevs];
+		if (end - p >= 1 && (*p == MVCC_OP_GRANT || *p == MVCC_OP_REVOKE)) { /* not an event */
+			j = *p++ == MVCC_OP_GRANT;
+			if (mvcc_get_varint(&p, end, &v[0]) || (j && mvcc_get_varint(&p, end, &v[1])))
+				return KVD_ECORRUPT;
+			continue;
+		}
 		if (end - p < 9)
 			return KVD_ECORRUPT;
 		e->type = *p++;
@@ -6173,8 +6976,8 @@ static int watch_decode(struct kvd *k, const uint8_t *p, size_t n, int64_t *rev_
 		e->key = p;
 		e->val = p + v[4];
 		p += v[4] + v[5];
+		g->nevs++;
 	}
-	g->nevs = nops;
 	return 0;
 }
 
@@ -6677,7 +7480,8 @@ static int watch_catchup(struct kvd *k, struct watch *w)
 				revs++;
 			}
 		}
-		last = rev;
+		if (g->nevs) /* lease ops alone make no revision */
+			last = rev;
 		off += MVCC_REC_HDR + len;
 		scanned += MVCC_REC_HDR + len;
 	}
@@ -6955,7 +7759,7 @@ static void watch_fini(struct kvd *k)
 	buf_free(k, &k->watch.enc);
 }
 
-/* ===== 12. Sockets and the poll loop (net_, loop_) ======================= */
+/* ===== 13. Sockets and the poll loop (net_, loop_) ======================= */
 
 /*
  * One poll() loop, no threads.  Each kvd_poll() call:
@@ -7315,6 +8119,7 @@ static void loop_timers(struct kvd *k)
 	if (k->accept_pause_until > k->now)
 		loop_arm(k, k->accept_pause_until);
 	watch_timers(k);
+	lease_timers(k);
 }
 
 /*
@@ -7412,7 +8217,7 @@ static int loop_pollset(struct kvd *k)
 	return (int)n;
 }
 
-/* ===== 13. Flags and configuration (cfg_) ================================ */
+/* ===== 14. Flags and configuration (cfg_) ================================ */
 
 /*
  * etcd's flag syntax (Go's flag package): -flag or --flag, "=value" or the
@@ -7455,6 +8260,10 @@ static const struct cfg_flag cfg_flags[] = {
 	 "on SIGTERM/SIGINT, time calls get to finish (default 5s)"},
 	{"log-level", CFG_LEVEL, CFG_OFF(log_level), 0, "debug, info, warn or error (default info)"},
 	{"max-txn-ops", CFG_U32, CFG_OFF(max_txn_ops), 0, "operations per txn request (default 128)"},
+	{"heartbeat-interval", CFG_U32, CFG_OFF(heartbeat_interval_ms), 1,
+	 "ms; with --election-timeout, sets the minimum lease TTL as etcd (default 100)"},
+	{"election-timeout", CFG_U32, CFG_OFF(election_timeout_ms), 1,
+	 "ms; minimum lease TTL = ceil(1.5 x this), added to TTLs at restart (default 1000)"},
 	{"experimental-watch-progress-notify-interval", CFG_MS, CFG_OFF(watch_progress_notify_ms), 1,
 	 "interval of progress notifications to watchers that asked (default 10m0s)"},
 	{"max-watchers", CFG_U32, CFG_OFF(max_watchers), 0, "watchers in all streams (default 100000)"},
@@ -7580,7 +8389,7 @@ static void cfg_usage(void)
 	       "Every flag may also be set as ETCD_<FLAG> (e.g. ETCD_DATA_DIR).\n");
 }
 
-/* ===== 14. Public embedding API (kvd_) =================================== */
+/* ===== 15. Public embedding API (kvd_) =================================== */
 
 #define KVD_STR_(x) #x
 #define KVD_STR(x) KVD_STR_(x)
@@ -7593,6 +8402,8 @@ KVD_API const char *kvd_build_options(void)
 	       " max-header-fields=" KVD_STR(KVD_MAX_HEADER_FIELDS)
 	       " max-output=" KVD_STR(KVD_MAX_OUTPUT)
 	       " conn-window=" KVD_STR(KVD_CONN_WINDOW)
+	       " watch-queue=" KVD_STR(KVD_MAX_WATCH_QUEUE)
+	       " lease-expire-max=" KVD_STR(KVD_LEASE_EXPIRE_MAX)
 	       " etcd-api=" KVD_ETCD_VERSION
 	       " tls=no"
 #ifdef KVD_TEST_SERVICES
@@ -7635,6 +8446,8 @@ KVD_API void kvd_config_init(struct kvd_config *cfg)
 	cfg->drain_timeout_ms = KVD_DEFAULT_DRAIN_MS;
 	cfg->log_level = KVD_LOG_INFO;
 	cfg->max_txn_ops = 128;
+	cfg->heartbeat_interval_ms = 100;
+	cfg->election_timeout_ms = 1000;
 	cfg->watch_progress_notify_ms = 600000;
 	cfg->max_watchers = KVD_MAX_WATCHERS;
 }
@@ -7849,8 +8662,19 @@ static int kvd_init(const struct kvd_config *cfg, struct kvd **out, char *err, s
 		return KVD_EINVAL;
 	}
 	if (!cfg->max_request_bytes || !cfg->max_concurrent_streams || !cfg->max_connections ||
+	    !cfg->heartbeat_interval_ms ||
 	    cfg->max_request_bytes > 0x7fffffffu - KVD_GRPC_RECV_SLACK) {
 		snprintf(err, errlen, "limits must be at least 1 (and --max-request-bytes below 2 GiB)");
+		return KVD_EINVAL;
+	}
+	if (cfg->heartbeat_interval_ms * 5ull > cfg->election_timeout_ms) {
+		snprintf(err, errlen, "--election-timeout[%ums] should be at least as 5 times as --heartbeat-interval[%ums]",
+		         (unsigned)cfg->election_timeout_ms, (unsigned)cfg->heartbeat_interval_ms);
+		return KVD_EINVAL;
+	}
+	if (cfg->election_timeout_ms > 50000) {
+		snprintf(err, errlen, "--election-timeout[%ums] is too long, and should be set less than 50000ms",
+		         (unsigned)cfg->election_timeout_ms);
 		return KVD_EINVAL;
 	}
 	k = KVD_SYS_CALLOC(1, sizeof *k); /* big, mostly buffers: calloc leaves
@@ -7872,6 +8696,12 @@ static int kvd_init(const struct kvd_config *cfg, struct kvd **out, char *err, s
 	k->cfg.stall_ms = cfg->stall_timeout_ms;
 	k->cfg.drain_ms = cfg->drain_timeout_ms;
 	k->cfg.max_txn_ops = cfg->max_txn_ops;
+	k->cfg.heartbeat_ms = cfg->heartbeat_interval_ms;
+	k->cfg.election_ms = cfg->election_timeout_ms;
+	{ /* etcd: minTTL = ceil(((3 * electionTicks) / 2) * heartbeat), in seconds */
+		int64_t ticks = cfg->election_timeout_ms / cfg->heartbeat_interval_ms;
+		k->lease.min_ttl = ((3 * ticks / 2) * cfg->heartbeat_interval_ms + 999) / 1000;
+	}
 	k->cfg.max_watchers = cfg->max_watchers;
 	k->cfg.watch_progress_ms = cfg->watch_progress_notify_ms ? cfg->watch_progress_notify_ms : 1;
 	mvcc_init(&k->db);
@@ -8025,6 +8855,7 @@ KVD_API void kvd_close(struct kvd *k)
 		mvcc_flush(k); /* an embedder closing mid-batch: keep what was written */
 	mvcc_close(k);
 	watch_fini(k);
+	lease_fini(k);
 	kvd_free(k, k->held);
 	kvd_free(k, k->ls);
 	kvd_free(k, k->pfd);
@@ -8094,7 +8925,7 @@ KVD_API int kvd_main(int argc, char **argv)
 	return 0;
 }
 
-/* ===== 15. main() ======================================================== */
+/* ===== 16. main() ======================================================== */
 
 #ifndef KVD_NO_MAIN
 int main(int argc, char **argv)

@@ -72,6 +72,8 @@ struct kvd_config {
 	uint32_t drain_timeout_ms;               /* --shutdown-grace (5 s) */
 	int log_level;                           /* --log-level (KVD_LOG_INFO) */
 	uint32_t max_txn_ops;                    /* --max-txn-ops (128) */
+	uint32_t heartbeat_interval_ms;          /* --heartbeat-interval (100) */
+	uint32_t election_timeout_ms;            /* --election-timeout (1000) */
 	uint32_t watch_progress_notify_ms;       /* --experimental-watch-progress-notify-interval (10 min) */
 	uint32_t max_watchers;                   /* --max-watchers (100000) */
 	int unsafe_no_fsync;                     /* --unsafe-no-fsync (0) */

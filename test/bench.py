@@ -3,7 +3,7 @@
 data on the same disk.  A benchmark, not a test: it prints figures and
 kvd/etcd ratios (the README records them).
 
-  test/bench.py [--n N] [--keys K] [--only transport|watch|kv]
+  test/bench.py [--n N] [--keys K] [--only transport|watch|lease|kv]
 """
 import os
 import signal
@@ -97,8 +97,8 @@ def fdatasync_rate(seconds=2.0):
 
 def row(name, e, k, unit="req/s", higher=True):
     ratio = (k / e if higher else e / k) if e > 0 and k > 0 else float("nan")
-    print("%-46s %14s %14s %8s" % (name, "%.0f %s" % (e, unit) if e >= 0 else "ERR",
-                                   "%.0f %s" % (k, unit) if k >= 0 else "ERR", "%.1fx" % ratio), flush=True)
+    fmt = lambda v: ("%.2f %s" if 0 <= v < 10 and v != int(v) else "%.0f %s") % (v, unit) if v >= 0 else "ERR"
+    print("%-46s %14s %14s %8s" % (name, fmt(e), fmt(k), "%.1fx" % ratio if ratio == ratio else "-"), flush=True)
 
 
 def load(endpoint, nkeys, vsize=100):
@@ -192,6 +192,29 @@ def main(argv):
                                      ("1000 watchers on 1000 keys, 128 in flight", 1000, 128)):
             row("watch: " + name, watchbench(e.port, 10, 100, keys, 3, inflight),
                 watchbench(k.port, 10, 100, keys, 3, inflight), "ev/s")
+    if only in ("", "lease"):
+        lease = "/etcdserverpb.Lease/"
+        grant = grpc_frame(R.LeaseGrantRequest(TTL=600).SerializeToString())
+        row("LeaseGrant (durable) -c 1 -m 1", h2load(e.port, lease + "LeaseGrant", grant, max(2000, n // 20), 1, 1),
+            h2load(k.port, lease + "LeaseGrant", grant, max(2000, n // 20), 1, 1))
+        row("LeaseGrant (durable) -c 16 -m 8", h2load(e.port, lease + "LeaseGrant", grant, n, 16, 8),
+            h2load(k.port, lease + "LeaseGrant", grant, n, 16, 8))
+        for side in (e, k):
+            c = Client(side.endpoint())
+            c.call("LeaseGrant", R.LeaseGrantRequest(ID=12345, TTL=600), service="etcdserverpb.Lease",
+                   resp="LeaseGrantResponse")
+            c.close()
+        ka = grpc_frame(R.LeaseKeepAliveRequest(ID=12345).SerializeToString())
+        row("LeaseKeepAlive (a stream per call) -c 16 -m 8", h2load(e.port, lease + "LeaseKeepAlive", ka, n, 16, 8),
+            h2load(k.port, lease + "LeaseKeepAlive", ka, n, 16, 8))
+        time.sleep(2)
+        row("RSS with %d leases" % (n + max(2000, n // 20) + 1), proc(e.p.pid, "VmRSS"), proc(k.p.pid, "VmRSS"),
+            "KiB", higher=False)
+        ce, ck = cpu_ticks(e.p.pid), cpu_ticks(k.p.pid)
+        time.sleep(5)
+        hz = os.sysconf("SC_CLK_TCK")
+        row("idle CPU with those leases (% of a core)", (cpu_ticks(e.p.pid) - ce) * 100.0 / hz / 5,
+            (cpu_ticks(k.p.pid) - ck) * 100.0 / hz / 5, "%", higher=False)
     if only in ("", "kv"):
         put = grpc_frame(R.PutRequest(key=b"foo", value=b"bar").SerializeToString())
         rng = grpc_frame(R.RangeRequest(key=b"foo").SerializeToString())

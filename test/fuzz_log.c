@@ -4,7 +4,8 @@
  *
  * The input becomes <dir>/kvd.log (byte 0: bit 0 prepends a valid header
  * record, so the fuzzer reaches records quickly).  Replay must either refuse
- * with an error or produce a sane index; then a write must append cleanly,
+ * with an error or produce a sane index (and leases whose key sets are
+ * exactly their live keys); then a write must append cleanly,
  * and a second replay must agree.  Everything is freed.
  */
 #define KVD_NO_MAIN
@@ -39,7 +40,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	struct mvcc_it it = {0, 0};
 	struct mvcc_key *r, *prev = NULL;
 	struct mvcc_txn t;
-	size_t n = 0;
+	size_t n = 0, at2;
+	struct lease *l2;
 	int64_t rev;
 	int fd, rc;
 
@@ -79,6 +81,23 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		}
 		if (n != k->db.nkeys)
 			abort();
+		for (it.li = 0, it.ki = 0, n = 0; (r = mvcc_at(&k->db, it)); mvcc_next(&k->db, &it)) {
+			struct lease *l = r->create && r->lease ? lease_find(k, r->lease) : NULL;
+			size_t at;
+			if (!r->create || !r->lease)
+				continue;
+			if (!l || !l->keys) /* replay refuses a put naming a missing lease */
+				abort();
+			for (at = lease_kslot(l, r); l->keys[at] != r; at = (at + 1) & l->kmask)
+				if (!l->keys[at])
+					abort();
+			n++;
+		}
+		for (at2 = 0; k->lease.tab && at2 <= k->lease.mask; at2++)
+			for (l2 = k->lease.tab[at2]; l2; l2 = l2->hnext)
+				n -= l2->nkeys;
+		if (n)
+			abort(); /* every attached key is a live key of that lease */
 		rev = k->db.rev;
 		if (!mvcc_txn_begin(k, &t)) {
 			mvcc_put(k, &t, (const uint8_t *)"fuzz", 4, (const uint8_t *)"v", 1, 0);

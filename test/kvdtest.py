@@ -56,6 +56,20 @@ def check(cond, what=""):
     return cond
 
 
+def check_script(script, port, timeout=120):
+    """Run test/<script> (a client in its own interpreter, e.g. python3-etcd3,
+    whose generated etcd modules would clash with ours) against port; each
+    "CHECK ok|FAIL what" line it prints becomes a check."""
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "test", script), str(port)],
+                       capture_output=True, text=True, timeout=timeout)
+    for line in r.stdout.splitlines():
+        if line.startswith("CHECK "):
+            ok, _, what = line[6:].partition(" ")
+            check(ok == "ok", what)
+    check(r.returncode == 0 and "CHECK " in r.stdout, "%s ran: %s" % (script, r.stderr[-800:]))
+    return r.stdout
+
+
 def run_tests(argv):
     only = argv[1] if len(argv) > 1 else ""
     for fn in _tests:

@@ -127,8 +127,8 @@ def h2_odd(port):
 
 
 def log_seeds():
-    """Logs written by kvd itself under random KV traffic (test/diff.py's
-    generator), whole and cut into pieces: test/corpus/log/."""
+    """Logs written by kvd itself under random KV and lease traffic
+    (test/diff.py's and test/leasediff.py's generators): test/corpus/log/."""
     sys.path.insert(0, HERE)
     from kvdtest import Kvd, Client
     from diff import Gen
@@ -148,6 +148,20 @@ def log_seeds():
             f.write(b"\x00" + data)
         with open(os.path.join(HERE, "corpus", "log", "kvd-%d-noheader" % seed), "wb") as f:
             f.write(b"\x01" + data[21:])
+    # leases: grants, attached keys, revokes (test/leasediff.py's generator)
+    from leasediff import Gen as LeaseGen, call
+    for seed, nops in ((1, 60), (2, 200)):
+        k = Kvd(os.path.join(os.path.dirname(HERE), "kvd"))
+        c = Client(k.endpoint())
+        g = LeaseGen(seed)
+        for _ in range(nops):
+            for kind, m, q in g.next():
+                call(c, kind, m, q)
+        c.close()
+        k.stop()
+        data = open(os.path.join(k.dir, "kvd.log"), "rb").read()
+        with open(os.path.join(HERE, "corpus", "log", "kvd-lease-%d" % seed), "wb") as f:
+            f.write(b"\x00" + data)
 
 
 def main():

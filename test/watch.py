@@ -11,11 +11,10 @@ import socket
 import struct
 import subprocess
 import sys
-import threading
 import time
 
-from kvdtest import (ROOT, Kvd, Etcd, Client, WatchStream, pb, check, test, run_tests, etcdctl, wait_for,
-                     grpc_frame, grpc_messages, grpc_headers)
+from kvdtest import (ROOT, Kvd, Etcd, Client, WatchStream, pb, check, check_script, test, run_tests, wait_for,
+                     grpc_frame, grpc_headers)
 
 KVD = os.path.abspath(os.environ.get("KVD", os.path.join(ROOT, "kvd")))
 KVD_TEST = os.path.abspath(os.environ.get("KVD_TEST", os.path.join(ROOT, "test", "kvd-test")))
@@ -102,13 +101,7 @@ def etcdctl_watch_interactive_progress():
 def python_etcd3():
     """python3-etcd3 in its own interpreter: its kv.proto would clash with ours."""
     k = Kvd(KVD)
-    r = subprocess.run([sys.executable, os.path.join(ROOT, "test", "etcd3client.py"), str(k.port)],
-                       capture_output=True, text=True, timeout=60)
-    for line in r.stdout.splitlines():
-        if line.startswith("CHECK "):
-            ok, _, what = line[6:].partition(" ")
-            check(ok == "ok", what)
-    check(r.returncode == 0 and "CHECK " in r.stdout, "etcd3client.py ran: %s" % r.stderr[-800:])
+    check_script("etcd3client.py", k.port, 60)
     k.stop()
 
 
@@ -137,7 +130,6 @@ def slow_reader_100k_events():
     stats = lambda: dict(x.split("=") for x in c.ch.unary_unary("/kvd.test.Test/Stats")(b"").decode().split())
     base = int(stats()["mem"])
     peak = 0
-    n = 0
     for t0 in range(0, 100000, 100):
         t = R.TxnRequest()
         for i in range(t0, t0 + 100):
