@@ -57,13 +57,17 @@ test/kvd-test: $(SRC)
 	$(CC) $(CPPFLAGS) $(TEST_CFLAGS) $(SAN) $(KVD_CFLAGS) -DKVD_TEST_SERVICES -o $@ kvd.c $(LDFLAGS) $(LDLIBS) $(KVD_LIBS)
 
 # Fuzz targets replayed over their corpus without libFuzzer (any compiler).
-FUZZERS = h2 hpack log
+FUZZERS = h2 hpack log json confd
 test/replay-%: test/fuzz_%.c test/fuzz_replay.c $(SRC)
 	$(CC) $(CPPFLAGS) $(TEST_CFLAGS) $(SAN) $(KVD_CFLAGS) -o $@ test/fuzz_$*.c test/fuzz_replay.c $(LDFLAGS) $(LDLIBS) $(KVD_LIBS)
 
 # Watch load generator for test/bench.py (plain C, no kvd code inside).
 test/watchbench: test/watchbench.c
 	$(CC) $(CPPFLAGS) -O2 -g $(WARN) -o $@ test/watchbench.c $(LDFLAGS) $(LDLIBS)
+
+# confd load generator for test/bench.py (plain C and mbedtls, no kvd code inside).
+test/confdbench: test/confdbench.c
+	$(CC) $(CPPFLAGS) -O2 -g $(WARN) -o $@ test/confdbench.c $(LDFLAGS) $(LDLIBS) -lmbedcrypto
 
 asan: test/test-asan $(FUZZERS:%=test/replay-%)
 	ASAN_OPTIONS=detect_leaks=1 ./test/test-asan
@@ -146,4 +150,4 @@ install: kvd
 	install -m 644 kvd.h $(DESTDIR)$(PREFIX)/include/kvd.h
 
 clean:
-	rm -f kvd kvd-static test/test test/test-asan test/test-i386 test/test-s390x test/kvd-s390x test/kvd-test test/watchbench test/replay-* test/fuzz-h2 test/fuzz-hpack test/fuzz-log test/*.log .toc.*
+	rm -f kvd kvd-static test/test test/test-asan test/test-i386 test/test-s390x test/kvd-s390x test/kvd-test test/watchbench test/confdbench test/replay-* test/fuzz-h2 test/fuzz-hpack test/fuzz-log test/fuzz-json test/fuzz-confd test/*.log .toc.*

@@ -19,10 +19,12 @@
  *   10. gRPC framing and routing (grpc_)
  *   11. Services: KV, lease, health, maintenance, cluster (svc_)
  *   12. Watch (watch_)
- *   13. Sockets and the poll loop (net_, loop_)
- *   14. Flags and configuration (cfg_)
- *   15. Public embedding API (kvd_)
- *   16. main()
+ *   13. JSON (json_)
+ *   14. confd: Ganeti's UDP query protocol (confd_)
+ *   15. Sockets and the poll loop (net_, loop_)
+ *   16. Flags and configuration (cfg_)
+ *   17. Public embedding API (kvd_)
+ *   18. main()
  *
  * Prefixes mark the section a static function belongs to; only kvd_* (and the
  * generated protobuf-c symbols) are exported.  Functions return 0 or a
@@ -302,6 +304,58 @@ struct lease_reg {
 	int64_t min_ttl;              /* seconds, from the election timeout as etcd */
 	int warned;                   /* a failed expiry was logged */
 };
+/* JSON (section 13): a parsed document in one arena. */
+enum { JSON_NULL, JSON_FALSE, JSON_TRUE, JSON_NUM, JSON_STR, JSON_ARR, JSON_OBJ };
+
+struct json {
+	uint8_t type;
+	uint8_t isint;      /* JSON_NUM: an integral value that fits in i */
+	uint32_t n;         /* JSON_STR: bytes; JSON_ARR/OBJ: children */
+	uint32_t klen;      /* a member of an object: its key */
+	const char *key;
+	const char *s;      /* JSON_STR: the bytes, NUL-terminated */
+	struct json *kids;  /* JSON_ARR/OBJ: n children, in order */
+	int64_t i;
+	double d;
+};
+
+struct json_chunk;
+struct json_doc {
+	struct kvd *k;
+	struct json_chunk *chunks;
+	struct json *root;
+	size_t bytes; /* held by the arena */
+};
+
+/* confd (section 14). */
+enum { CONFD_D_TRUNC, CONFD_D_RATE, CONFD_D_SRC_RATE, CONFD_D_MAGIC, CONFD_D_ENVELOPE, CONFD_D_HMAC, CONFD_D_SKEW,
+       CONFD_D_REPLAY, CONFD_D_REQUEST, CONFD_D_N };
+struct confd_src {                 /* a source's token bucket */
+	uint8_t addr[16];
+	int64_t last;
+	struct bucket b;
+	int used;
+};
+struct confd_seen {                /* an authenticated datagram, until its salt is out of the window */
+	uint8_t mac[20];
+	int64_t until;
+};
+struct confd {
+	int fds[8];
+	unsigned nfd;
+	mbedtls_sha1_context hmac_in, hmac_out; /* HMAC-SHA1, keyed */
+	size_t keylen;
+	struct bucket global;
+	struct confd_src *src;
+	struct confd_seen *seen;
+	uint64_t received, answered, too_big, send_errors, dropped[CONFD_D_N];
+	struct json_doc cfg;           /* Ganeti mode: config.data, as of cfg_mod */
+	int64_t cfg_mod;
+	char cfg_err[256];
+	struct kvd_buf msg, out, tmp;  /* reply msg, datagram, scratch */
+	uint8_t rbuf[4096];
+};
+
 /* Watch (section 12). */
 struct watch_stream;
 struct watch {
@@ -472,6 +526,9 @@ struct kvd_cfg {
 	char *name, *data_dir, *listen, *advertise, *peer_urls, *token;
 	uint32_t max_request, max_streams, max_conns, ping_min_ms, idle_ms,
 	    stall_ms, drain_ms, max_txn_ops, max_watchers, watch_progress_ms, heartbeat_ms, election_ms;
+	char *confd_listen, *confd_key_file, *confd_ganeti_key;
+	uint32_t confd_skew_ms, confd_rate, confd_burst, confd_global_rate, confd_max_reply;
+	int confd_replay;
 	int no_fsync;
 	int log_level;
 };
@@ -499,7 +556,7 @@ struct kvd {
 	struct pollfd *pfd;
 	void **pobj;                 /* what each pollfd is: listener, then connections */
 	size_t pcap;
-	unsigned npoll_ls;
+	unsigned npoll_ls, npoll_cd;
 	unsigned stopping : 1;
 	int64_t stop_deadline, accept_pause_until;
 	uint8_t rbuf[65536];         /* socket reads land here; leftovers move to c->in */
@@ -512,6 +569,7 @@ struct kvd {
 	struct mvcc db;              /* the store */
 	struct watch_reg watch;      /* watchers */
 	struct lease_reg lease;      /* leases */
+	struct confd *confd;         /* the confd responder, NULL when off */
 	struct h2_stream **held;     /* calls answered while the batch was open */
 	size_t nheld, heldcap;
 	/* HPACK decode scratch, shared: one header block is decoded at a time */
@@ -530,6 +588,9 @@ static void lease_free(struct kvd *k, struct lease *l);
 static int lease_replay(struct kvd *k, int kind, int64_t id, int64_t ttl);
 static void lease_promote(struct kvd *k);
 static void loop_arm(struct kvd *k, int64_t when);
+static void loop_log_flush(struct kvd *k);
+static int net_nonblock(int fd);
+static void confd_report(struct kvd *k, char *out, size_t cap);
 
 /* ===== 3. Utilities: allocation, log, bytes, clock, rate buckets ========= */
 
@@ -6699,18 +6760,21 @@ static const struct grpc_method svc_health[] = {
 /* Stats: kvd's own accounting, so tests can prove memory stays bounded. */
 static void svc_test_stats(struct kvd *k, struct h2_stream *s, const uint8_t *p, size_t n)
 {
-	char out[256];
+	char out[1024];
 	unsigned streams = 0;
 	struct h2_conn *c;
+	size_t at;
 
 	(void)p;
 	(void)n;
 	for (c = k->conns; c; c = c->next)
 		streams += c->nst;
-	snprintf(out, sizeof out, "mem=%zu peak=%zu conns=%u streams=%u accepted=%llu refused=%llu "
-	         "goaway=%llu rst=%llu", k->mem, k->mem_peak, k->nconns, streams,
-	         (unsigned long long)k->st.conns_accepted, (unsigned long long)k->st.conns_refused,
-	         (unsigned long long)k->st.goaway_sent, (unsigned long long)k->st.rst_sent);
+	at = (size_t)snprintf(out, sizeof out, "mem=%zu peak=%zu conns=%u streams=%u accepted=%llu refused=%llu "
+	                      "goaway=%llu rst=%llu ", k->mem, k->mem_peak, k->nconns, streams,
+	                      (unsigned long long)k->st.conns_accepted, (unsigned long long)k->st.conns_refused,
+	                      (unsigned long long)k->st.goaway_sent, (unsigned long long)k->st.rst_sent);
+	if (k->confd)
+		confd_report(k, out + at, sizeof out - at);
 	if (!svc_test_raw(k, s, (const uint8_t *)out, strlen(out)))
 		grpc_finish(k, s, GRPC_OK, "%s", "");
 }
@@ -7759,7 +7823,2176 @@ static void watch_fini(struct kvd *k)
 	buf_free(k, &k->watch.enc);
 }
 
-/* ===== 13. Sockets and the poll loop (net_, loop_) ======================= */
+/* ===== 13. JSON (json_) ================================================== */
+
+/*
+ * A small strict JSON reader (RFC 8259) into a tree held in one arena, and
+ * a compact writer.  Bounded: depth JSON_MAX_DEPTH, input size by the
+ * caller, nodes by the input.  Strings are unescaped to UTF-8 (invalid UTF-8
+ * and lone surrogates are refused) and NUL-terminated; object members keep
+ * their input order.  The writer emits ASCII only (\uXXXX for the rest), and
+ * numbers as Haskell's Text.JSON does (Ganeti's confd is the peer that
+ * cares): an integral value as an integer, others as Haskell's `show` of a
+ * Double.  The HTTP/JSON gateway will reuse it.
+ */
+
+#define JSON_MAX_DEPTH 64
+#define JSON_CHUNK 16384 /* arena chunk bytes */
+
+struct json_chunk {
+	struct json_chunk *next;
+	size_t used, cap;
+	union mem_hdr align;
+	/* data follows */
+};
+
+struct json_parser {
+	struct json_doc *doc;
+	const uint8_t *p, *end;
+	struct json *stack; /* children being collected, all levels */
+	size_t nstack, capstack;
+	int depth;
+	const char *err;
+};
+
+static void *json_alloc(struct json_doc *d, size_t n)
+{
+	struct json_chunk *c = d->chunks;
+	void *p;
+
+	n = (n + sizeof(union mem_hdr) - 1) / sizeof(union mem_hdr) * sizeof(union mem_hdr);
+	if (!c || c->cap - c->used < n) {
+		size_t cap = KVD_MAX(n, (size_t)JSON_CHUNK);
+		if (!(c = kvd_malloc(d->k, sizeof *c + cap)))
+			return NULL;
+		c->next = d->chunks;
+		c->used = 0;
+		c->cap = cap;
+		d->chunks = c;
+		d->bytes += sizeof *c + cap;
+	}
+	p = (uint8_t *)(c + 1) + c->used;
+	c->used += n;
+	return p;
+}
+
+static void json_free(struct json_doc *d)
+{
+	struct json_chunk *c, *next;
+
+	for (c = d->chunks; c; c = next) {
+		next = c->next;
+		kvd_free(d->k, c);
+	}
+	d->chunks = NULL;
+	d->root = NULL;
+	d->bytes = 0;
+}
+
+static void json_ws(struct json_parser *ps)
+{
+	while (ps->p < ps->end && (*ps->p == ' ' || *ps->p == '\t' || *ps->p == '\n' || *ps->p == '\r'))
+		ps->p++;
+}
+
+static int json_fail(struct json_parser *ps, const char *why)
+{
+	if (!ps->err)
+		ps->err = why;
+	return -1;
+}
+
+static int json_hex4(const uint8_t *p, uint32_t *v)
+{
+	int i;
+
+	for (*v = 0, i = 0; i < 4; i++) {
+		int c = p[i];
+		*v <<= 4;
+		if (c >= '0' && c <= '9')
+			*v |= (uint32_t)(c - '0');
+		else if ((c | 0x20) >= 'a' && (c | 0x20) <= 'f')
+			*v |= (uint32_t)((c | 0x20) - 'a' + 10);
+		else
+			return -1;
+	}
+	return 0;
+}
+
+/* Length of the valid UTF-8 sequence at p (1..4), 0 if invalid. */
+static size_t json_utf8_len(const uint8_t *p, const uint8_t *end)
+{
+	uint32_t c = p[0], v;
+	size_t n, i;
+
+	if (c < 0x80)
+		return 1;
+	if (c >= 0xc2 && c <= 0xdf)
+		n = 2, v = c & 0x1f;
+	else if (c >= 0xe0 && c <= 0xef)
+		n = 3, v = c & 0x0f;
+	else if (c >= 0xf0 && c <= 0xf4)
+		n = 4, v = c & 0x07;
+	else
+		return 0;
+	if ((size_t)(end - p) < n)
+		return 0;
+	for (i = 1; i < n; i++) {
+		if ((p[i] & 0xc0) != 0x80)
+			return 0;
+		v = v << 6 | (p[i] & 0x3f);
+	}
+	if ((n == 3 && (v < 0x800 || (v >= 0xd800 && v <= 0xdfff))) || (n == 4 && (v < 0x10000 || v > 0x10ffff)))
+		return 0; /* overlong, surrogate, or beyond Unicode */
+	return n;
+}
+
+static uint8_t *json_put_utf8(uint8_t *o, uint32_t c)
+{
+	if (c < 0x80) {
+		*o++ = (uint8_t)c;
+	} else if (c < 0x800) {
+		*o++ = (uint8_t)(0xc0 | c >> 6);
+		*o++ = (uint8_t)(0x80 | (c & 0x3f));
+	} else if (c < 0x10000) {
+		*o++ = (uint8_t)(0xe0 | c >> 12);
+		*o++ = (uint8_t)(0x80 | (c >> 6 & 0x3f));
+		*o++ = (uint8_t)(0x80 | (c & 0x3f));
+	} else {
+		*o++ = (uint8_t)(0xf0 | c >> 18);
+		*o++ = (uint8_t)(0x80 | (c >> 12 & 0x3f));
+		*o++ = (uint8_t)(0x80 | (c >> 6 & 0x3f));
+		*o++ = (uint8_t)(0x80 | (c & 0x3f));
+	}
+	return o;
+}
+
+/* A string at ps->p (after the quote): unescaped into the arena. */
+static int json_string(struct json_parser *ps, const char **out, uint32_t *len)
+{
+	const uint8_t *p = ps->p, *q;
+	uint8_t *o, *start;
+	size_t raw = 0, n;
+	uint32_t c, lo;
+
+	for (q = p; q < ps->end && *q != '"'; q++, raw++) /* an upper bound for the output */
+		if (*q == '\\' && q + 1 < ps->end)
+			q++, raw++;
+	if (q >= ps->end)
+		return json_fail(ps, "unterminated string");
+	if (raw > 0xfffffff0u || !(start = o = json_alloc(ps->doc, raw + 1)))
+		return json_fail(ps, raw > 0xfffffff0u ? "string too long" : "out of memory");
+	while (*p != '"') {
+		if (*p < 0x20)
+			return json_fail(ps, "control character in string");
+		if (*p != '\\') {
+			if (!(n = json_utf8_len(p, ps->end)))
+				return json_fail(ps, "invalid UTF-8");
+			memcpy(o, p, n);
+			o += n;
+			p += n;
+			continue;
+		}
+		p++;
+		switch (*p++) {
+		case '"': *o++ = '"'; break;
+		case '\\': *o++ = '\\'; break;
+		case '/': *o++ = '/'; break;
+		case 'b': *o++ = '\b'; break;
+		case 'f': *o++ = '\f'; break;
+		case 'n': *o++ = '\n'; break;
+		case 'r': *o++ = '\r'; break;
+		case 't': *o++ = '\t'; break;
+		case 'u':
+			if (ps->end - p < 4 || json_hex4(p, &c))
+				return json_fail(ps, "bad \\u escape");
+			p += 4;
+			if (c >= 0xdc00 && c <= 0xdfff)
+				return json_fail(ps, "lone surrogate");
+			if (c >= 0xd800 && c <= 0xdbff) {
+				if (ps->end - p < 6 || p[0] != '\\' || p[1] != 'u' || json_hex4(p + 2, &lo) || lo < 0xdc00 ||
+				    lo > 0xdfff)
+					return json_fail(ps, "lone surrogate");
+				p += 6;
+				c = 0x10000 + ((c - 0xd800) << 10) + (lo - 0xdc00);
+			}
+			o = json_put_utf8(o, c);
+			break;
+		default:
+			return json_fail(ps, "bad escape");
+		}
+	}
+	*o = 0;
+	ps->p = p + 1;
+	*out = (const char *)start;
+	*len = (uint32_t)(o - start);
+	return 0;
+}
+
+static int json_number(struct json_parser *ps, struct json *v)
+{
+	const uint8_t *p = ps->p, *s = p;
+	char tmp[64];
+	int frac = 0;
+
+	if (p < ps->end && *p == '-')
+		p++;
+	if (p >= ps->end || !(*p >= '0' && *p <= '9'))
+		return json_fail(ps, "bad number");
+	if (*p == '0')
+		p++;
+	else
+		while (p < ps->end && *p >= '0' && *p <= '9')
+			p++;
+	if (p < ps->end && *p == '.') {
+		frac = 1;
+		if (++p >= ps->end || !(*p >= '0' && *p <= '9'))
+			return json_fail(ps, "bad number");
+		while (p < ps->end && *p >= '0' && *p <= '9')
+			p++;
+	}
+	if (p < ps->end && (*p == 'e' || *p == 'E')) {
+		frac = 1;
+		if (++p < ps->end && (*p == '+' || *p == '-'))
+			p++;
+		if (p >= ps->end || !(*p >= '0' && *p <= '9'))
+			return json_fail(ps, "bad number");
+		while (p < ps->end && *p >= '0' && *p <= '9')
+			p++;
+	}
+	if ((size_t)(p - s) >= sizeof tmp)
+		return json_fail(ps, "number too long");
+	memcpy(tmp, s, (size_t)(p - s));
+	tmp[p - s] = 0;
+	v->type = JSON_NUM;
+	v->d = strtod(tmp, NULL);
+	if (v->d != v->d || v->d > 1.7976931348623157e308 || v->d < -1.7976931348623157e308)
+		return json_fail(ps, "number out of range");
+	if (!frac) { /* exact when it fits */
+		char *e;
+		errno = 0;
+		v->i = strtoll(tmp, &e, 10);
+		v->isint = errno == 0;
+	} else if (v->d == (double)(int64_t)v->d && v->d >= -9.2233720368547758e18 && v->d < 9.2233720368547758e18) {
+		v->i = (int64_t)v->d; /* 5000000.0 is the integer 5000000, as a Haskell Rational */
+		v->isint = 1;
+	}
+	ps->p = p;
+	return 0;
+}
+
+static int json_push(struct json_parser *ps, const struct json *v)
+{
+	if (ps->nstack == ps->capstack) {
+		size_t cap = ps->capstack ? ps->capstack * 2 : 64;
+		struct json *s = kvd_realloc(ps->doc->k, ps->stack, cap * sizeof *s);
+		if (!s)
+			return json_fail(ps, "out of memory");
+		ps->stack = s;
+		ps->capstack = cap;
+	}
+	ps->stack[ps->nstack++] = *v;
+	return 0;
+}
+
+static int json_value(struct json_parser *ps, struct json *v);
+
+/* An array or object: its children are collected on the stack, then moved
+ * into one arena array. */
+static int json_container(struct json_parser *ps, struct json *v, int obj)
+{
+	size_t base = ps->nstack, n;
+	struct json kid;
+	const char *key = NULL;
+	uint32_t klen = 0;
+
+	if (++ps->depth > JSON_MAX_DEPTH)
+		return json_fail(ps, "nested too deep");
+	ps->p++;
+	json_ws(ps);
+	if (ps->p < ps->end && *ps->p == (obj ? '}' : ']')) {
+		ps->p++;
+	} else {
+		for (;;) {
+			json_ws(ps);
+			if (obj) {
+				if (ps->p >= ps->end || *ps->p != '"')
+					return json_fail(ps, "expected a key");
+				ps->p++;
+				if (json_string(ps, &key, &klen))
+					return -1;
+				json_ws(ps);
+				if (ps->p >= ps->end || *ps->p != ':')
+					return json_fail(ps, "expected ':'");
+				ps->p++;
+			}
+			memset(&kid, 0, sizeof kid);
+			if (json_value(ps, &kid))
+				return -1;
+			kid.key = key;
+			kid.klen = klen;
+			if (json_push(ps, &kid))
+				return -1;
+			json_ws(ps);
+			if (ps->p < ps->end && *ps->p == ',') {
+				ps->p++;
+				continue;
+			}
+			if (ps->p < ps->end && *ps->p == (obj ? '}' : ']')) {
+				ps->p++;
+				break;
+			}
+			return json_fail(ps, obj ? "expected ',' or '}'" : "expected ',' or ']'");
+		}
+	}
+	n = ps->nstack - base;
+	v->type = obj ? JSON_OBJ : JSON_ARR;
+	v->n = (uint32_t)n;
+	if (n && !(v->kids = json_alloc(ps->doc, n * sizeof *v->kids)))
+		return json_fail(ps, "out of memory");
+	if (n)
+		memcpy(v->kids, ps->stack + base, n * sizeof *v->kids);
+	ps->nstack = base;
+	ps->depth--;
+	return 0;
+}
+
+static int json_value(struct json_parser *ps, struct json *v)
+{
+	json_ws(ps);
+	if (ps->p >= ps->end)
+		return json_fail(ps, "unexpected end");
+	switch (*ps->p) {
+	case '{':
+		return json_container(ps, v, 1);
+	case '[':
+		return json_container(ps, v, 0);
+	case '"':
+		ps->p++;
+		v->type = JSON_STR;
+		return json_string(ps, &v->s, &v->n);
+	case 't':
+	case 'f':
+	case 'n': {
+		static const char *const words[] = {"null", "false", "true"};
+		int w = *ps->p == 'n' ? 0 : *ps->p == 'f' ? 1 : 2;
+		size_t l = strlen(words[w]);
+		if ((size_t)(ps->end - ps->p) < l || memcmp(ps->p, words[w], l))
+			return json_fail(ps, "bad literal");
+		ps->p += l;
+		v->type = (uint8_t)(JSON_NULL + w);
+		return 0;
+	}
+	default:
+		return json_number(ps, v);
+	}
+}
+
+/*
+ * Parse p[0..n) into d (whose memory is the caller's to json_free).  Only
+ * whitespace may follow the value.  Returns 0, or KVD_EINVAL with *err set.
+ */
+static int json_parse(struct kvd *k, struct json_doc *d, const void *p, size_t n, const char **err)
+{
+	struct json_parser ps;
+	struct json *root;
+	int r;
+
+	memset(d, 0, sizeof *d);
+	memset(&ps, 0, sizeof ps);
+	d->k = k;
+	ps.doc = d;
+	ps.p = p;
+	ps.end = ps.p + n;
+	root = json_alloc(d, sizeof *root);
+	if (!root) {
+		*err = "out of memory";
+		return KVD_ENOMEM;
+	}
+	memset(root, 0, sizeof *root);
+	r = json_value(&ps, root);
+	if (!r) {
+		json_ws(&ps);
+		if (ps.p != ps.end)
+			r = json_fail(&ps, "trailing bytes");
+	}
+	kvd_free(k, ps.stack);
+	if (r) {
+		*err = ps.err;
+		json_free(d);
+		return KVD_EINVAL;
+	}
+	d->root = root;
+	return 0;
+}
+
+/* The member named key of object o, or NULL (the first one if repeated). */
+static const struct json *json_get(const struct json *o, const char *key)
+{
+	size_t l = strlen(key);
+	uint32_t i;
+
+	if (!o || o->type != JSON_OBJ)
+		return NULL;
+	for (i = 0; i < o->n; i++)
+		if (o->kids[i].klen == l && !memcmp(o->kids[i].key, key, l))
+			return &o->kids[i];
+	return NULL;
+}
+
+static int json_is_str(const struct json *v)
+{
+	return v && v->type == JSON_STR;
+}
+
+/* ---- writing ------------------------------------------------------------- */
+
+/* A string as JSON, ASCII only.  Bytes that are not UTF-8 are taken as
+ * Latin-1, so any input gives valid output. */
+static int json_put_str(struct kvd *k, struct kvd_buf *b, const void *s, size_t n)
+{
+	static const char hex[] = "0123456789abcdef";
+	const uint8_t *p = s, *end = p + n;
+	uint8_t *o;
+	uint32_t c;
+	size_t l;
+
+	if (n > SIZE_MAX / 12 - 2 || buf_reserve(k, b, n * 12 + 2))
+		return KVD_ENOMEM;
+	o = b->p + b->len;
+	*o++ = '"';
+	while (p < end) {
+		c = *p;
+		if (c >= 0x20 && c < 0x7f) {
+			if (c == '"' || c == '\\')
+				*o++ = '\\';
+			*o++ = (uint8_t)c;
+			p++;
+			continue;
+		}
+		if (c == '\n' || c == '\t' || c == '\r' || c == '\b' || c == '\f') {
+			*o++ = '\\';
+			*o++ = c == '\n' ? 'n' : c == '\t' ? 't' : c == '\r' ? 'r' : c == '\b' ? 'b' : 'f';
+			p++;
+			continue;
+		}
+		if (c >= 0x80 && (l = json_utf8_len(p, end)) > 1) {
+			c = l == 2 ? (p[0] & 0x1fu) << 6 | (p[1] & 0x3fu)
+			  : l == 3 ? (p[0] & 0x0fu) << 12 | (p[1] & 0x3fu) << 6 | (p[2] & 0x3fu)
+			           : (p[0] & 0x07u) << 18 | (p[1] & 0x3fu) << 12 | (p[2] & 0x3fu) << 6 | (p[3] & 0x3fu);
+			p += l;
+		} else {
+			p++;
+		}
+		if (c >= 0x10000) {
+			uint32_t hi = 0xd800 + ((c - 0x10000) >> 10), lo = 0xdc00 + ((c - 0x10000) & 0x3ff);
+			o += sprintf((char *)o, "\\u%c%c%c%c", hex[hi >> 12], hex[hi >> 8 & 15], hex[hi >> 4 & 15], hex[hi & 15]);
+			c = lo;
+		}
+		o += sprintf((char *)o, "\\u%c%c%c%c", hex[c >> 12], hex[c >> 8 & 15], hex[c >> 4 & 15], hex[c & 15]);
+	}
+	*o++ = '"';
+	b->len = (size_t)(o - b->p);
+	return 0;
+}
+
+static int json_put_raw(struct kvd *k, struct kvd_buf *b, const char *s)
+{
+	return buf_append(k, b, s, strlen(s));
+}
+
+static int json_put_int(struct kvd *k, struct kvd_buf *b, int64_t v)
+{
+	char t[24];
+
+	snprintf(t, sizeof t, "%lld", (long long)v);
+	return json_put_raw(k, b, t);
+}
+
+/*
+ * A double as Haskell's `show` prints it (Text.JSON uses it for every
+ * non-integral number): the shortest digits that read back to the same
+ * double, in fixed notation for 0.1 <= |x| < 10^7 ("0.5", "123.25") and
+ * scientific otherwise ("1.343869045604884e9", "1.0e-2").
+ */
+static void json_haskell_double(double x, char *out)
+{
+	char t[40], digits[24], *o = out;
+	int prec, e, nd, i;
+	const char *p;
+
+	if (x == 0) {
+		strcpy(out, "0.0");
+		return;
+	}
+	for (prec = 0; prec < 17; prec++) { /* the shortest digits that round-trip */
+		snprintf(t, sizeof t, "%.*e", prec, x);
+		if (strtod(t, NULL) == x)
+			break;
+	}
+	snprintf(t, sizeof t, "%.*e", prec, x);
+	p = t;
+	if (*p == '-')
+		*o++ = *p++;
+	for (nd = 0; *p && *p != 'e'; p++)
+		if (*p != '.')
+			digits[nd++] = *p;
+	while (nd > 1 && digits[nd - 1] == '0')
+		nd--;
+	digits[nd] = 0;
+	e = atoi(p + 1) + 1; /* x = 0.DIGITS * 10^e */
+	if (e < 0 || e > 7) {
+		sprintf(o, "%c.%se%d", digits[0], nd > 1 ? digits + 1 : "0", e - 1);
+		return;
+	}
+	if (!e)
+		*o++ = '0';
+	for (i = 0; i < e; i++)
+		*o++ = i < nd ? digits[i] : '0';
+	*o++ = '.';
+	sprintf(o, "%s", nd > e ? digits + e : "0");
+}
+
+static int json_put_num(struct kvd *k, struct kvd_buf *b, const struct json *v)
+{
+	char t[48];
+
+	if (v->isint)
+		return json_put_int(k, b, v->i);
+	json_haskell_double(v->d, t);
+	return json_put_raw(k, b, t);
+}
+
+/* v as compact JSON. */
+static int json_write(struct kvd *k, struct kvd_buf *b, const struct json *v)
+{
+	uint32_t i;
+
+	switch (v->type) {
+	case JSON_NULL:
+		return json_put_raw(k, b, "null");
+	case JSON_FALSE:
+		return json_put_raw(k, b, "false");
+	case JSON_TRUE:
+		return json_put_raw(k, b, "true");
+	case JSON_NUM:
+		return json_put_num(k, b, v);
+	case JSON_STR:
+		return json_put_str(k, b, v->s, v->n);
+	default:
+		if (json_put_raw(k, b, v->type == JSON_OBJ ? "{" : "["))
+			return KVD_ENOMEM;
+		for (i = 0; i < v->n; i++) {
+			if ((i && json_put_raw(k, b, ",")) ||
+			    (v->type == JSON_OBJ &&
+			     (json_put_str(k, b, v->kids[i].key, v->kids[i].klen) || json_put_raw(k, b, ":"))) ||
+			    json_write(k, b, &v->kids[i]))
+				return KVD_ENOMEM;
+		}
+		return json_put_raw(k, b, v->type == JSON_OBJ ? "}" : "]");
+	}
+}
+
+/* ===== 14. confd: Ganeti's UDP query protocol (confd_) =================== */
+
+/*
+ * Ganeti's confd on UDP: a datagram is "plj0" + {"msg","salt","hmac"}, the
+ * hmac being HMAC-SHA1 over salt then msg, keyed with the raw bytes of the
+ * key file.  Every datagram goes through, in order: size (MSG_TRUNC), the
+ * global then the per-source token bucket (before any hashing, to bound the
+ * CPU a flood costs), magic, envelope, HMAC (constant time), timestamp
+ * window, replay cache, request.  Anything that fails is dropped without a
+ * word, as Ganeti does, and counted by reason; unauthenticated traffic never
+ * gets a byte back (amplification factor 0).  An authenticated request gets
+ * exactly {protocol,status,answer,serial} inside {hmac,msg,salt}, signed
+ * with its rsalt; an answer over the reply cap becomes status 1 / ARGUMENT.
+ *
+ * Two modes.  Keyspace (default): PING answers the store revision,
+ * CONFIG_QUERY a key's value (a query ending in "/" an object of the keys
+ * under it).  Ganeti (--confd-ganeti-config-key K): Ganeti's config.data
+ * JSON is read from key K (parsed again when K changes) and the twelve query
+ * types are answered as ganeti-confd 3.0.2 answers them, quirks included.
+ */
+
+#ifndef KVD_CONFD_MAX_REPLY /* @@ largest confd reply datagram (Ganeti's MAX_UDP_DATA_SIZE) */
+#define KVD_CONFD_MAX_REPLY 61440
+#endif
+#ifndef KVD_CONFD_SOURCES /* @@ per-source rate buckets kept (least recently seen replaced) */
+#define KVD_CONFD_SOURCES 1024
+#endif
+#ifndef KVD_CONFD_REPLAY /* @@ replay cache entries (authenticated datagrams seen) */
+#define KVD_CONFD_REPLAY 8192
+#endif
+#define CONFD_MAGIC "plj0"
+#define CONFD_RECV 4096      /* ganeti-confd reads at most this; longer ones are dropped */
+#define CONFD_BATCH 64       /* datagrams read per socket per loop iteration */
+#define CONFD_MAX_KEY 4096   /* key file bytes */
+
+enum {
+	CONFD_PING, CONFD_NODE_ROLE, CONFD_NODE_PIP_BY_IP, CONFD_CLUSTER_MASTER, CONFD_NODE_PIP_LIST,
+	CONFD_MC_PIP_LIST, CONFD_INST_IPS, CONFD_NODE_DRBD, CONFD_NODE_INSTANCES, CONFD_INST_DISKS,
+	CONFD_CONFIG_QUERY, CONFD_DATA_COLLECTORS, CONFD_NTYPES
+};
+enum { CONFD_OK, CONFD_ERROR, CONFD_NOTIMPL };                 /* reply status */
+enum { CONFD_E_UNKNOWN, CONFD_E_INTERNAL, CONFD_E_ARGUMENT };  /* error answers */
+enum { CONFD_Q_EMPTY, CONFD_Q_PLAIN, CONFD_Q_DICT };
+
+/* A parsed request (strings point into the request's JSON tree). */
+struct confd_req {
+	int type, qkind;
+	const struct json *rsalt, *plain;
+	const struct json *link, *ip, *iplist, *fields; /* dict query: "0" "1" "2" "3", NULL if absent or null */
+};
+
+/* ---- HMAC-SHA1 (RFC 2104) on mbedtls' SHA-1, keyed once ------------------- */
+
+#if MBEDTLS_VERSION_MAJOR >= 3
+#define confd_sha1_starts mbedtls_sha1_starts
+#define confd_sha1_update mbedtls_sha1_update
+#define confd_sha1_finish mbedtls_sha1_finish
+#else
+#define confd_sha1_starts mbedtls_sha1_starts_ret
+#define confd_sha1_update mbedtls_sha1_update_ret
+#define confd_sha1_finish mbedtls_sha1_finish_ret
+#endif
+
+/* The inner and outer contexts after the padded key: each message costs
+ * two SHA-1 finishes, not four. */
+static void confd_hmac_key(struct confd *cd, const uint8_t *key, size_t n)
+{
+	uint8_t k0[64], pad[64];
+	int i;
+
+	memset(k0, 0, sizeof k0);
+	if (n > 64)
+		util_sha1(key, n, k0);
+	else
+		memcpy(k0, key, n);
+	for (i = 0; i < 2; i++) {
+		size_t j;
+		mbedtls_sha1_context *c = i ? &cd->hmac_out : &cd->hmac_in;
+		for (j = 0; j < 64; j++)
+			pad[j] = (uint8_t)(k0[j] ^ (i ? 0x5c : 0x36));
+		mbedtls_sha1_init(c);
+		confd_sha1_starts(c);
+		confd_sha1_update(c, pad, 64);
+	}
+	memset(k0, 0, sizeof k0);
+	memset(pad, 0, sizeof pad);
+}
+
+static void confd_hmac(const struct confd *cd, const void *a, size_t an, const void *b, size_t bn, uint8_t out[20])
+{
+	mbedtls_sha1_context c;
+	uint8_t inner[20];
+
+	mbedtls_sha1_clone(&c, &cd->hmac_in);
+	confd_sha1_update(&c, a, an);
+	confd_sha1_update(&c, b, bn);
+	confd_sha1_finish(&c, inner);
+	mbedtls_sha1_clone(&c, &cd->hmac_out);
+	confd_sha1_update(&c, inner, 20);
+	confd_sha1_finish(&c, out);
+	mbedtls_sha1_free(&c);
+}
+
+/* 40 hex digits (either case) to 20 bytes; -1 if not exactly that. */
+static int confd_unhex(const char *s, size_t n, uint8_t out[20])
+{
+	size_t i;
+	uint32_t v;
+
+	if (n != 40)
+		return -1;
+	for (i = 0; i < 20; i++) {
+		uint8_t two[4] = {'0', '0', (uint8_t)s[2 * i], (uint8_t)s[2 * i + 1]};
+		if (json_hex4(two, &v))
+			return -1;
+		out[i] = (uint8_t)v;
+	}
+	return 0;
+}
+
+/* Compare without a data-dependent branch or early exit. */
+static int confd_ct_equal(const uint8_t *a, const uint8_t *b, size_t n)
+{
+	volatile uint8_t d = 0;
+	size_t i;
+
+	for (i = 0; i < n; i++)
+		d |= (uint8_t)(a[i] ^ b[i]);
+	return d == 0;
+}
+
+/* ---- the key file ----------------------------------------------------------- */
+
+/* Read the key file: the raw bytes, trailing newline included (Ganeti's
+ * hmac.key is 40 hex digits and "\n").  A file others may read is refused. */
+static int confd_load_key(struct kvd *k, char *err, size_t errlen)
+{
+	struct confd *cd = k->confd;
+	const char *path = k->cfg.confd_key_file;
+	uint8_t key[CONFD_MAX_KEY + 1];
+	struct stat st;
+	ssize_t n;
+	int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+
+	if (fd < 0 || fstat(fd, &st)) {
+		snprintf(err, errlen, "--confd-hmac-key-file %s: %s", path, strerror(errno));
+		if (fd >= 0)
+			close(fd);
+		return KVD_EIO;
+	}
+	if (!S_ISREG(st.st_mode) || (st.st_mode & 077)) {
+		snprintf(err, errlen, "--confd-hmac-key-file %s: %s", path,
+		         S_ISREG(st.st_mode) ? "readable or writable by group or others (chmod 600 or 400)"
+		                             : "not a regular file");
+		close(fd);
+		return KVD_EINVAL;
+	}
+	n = read(fd, key, sizeof key);
+	close(fd);
+	if (n <= 0 || n > CONFD_MAX_KEY) {
+		snprintf(err, errlen, "--confd-hmac-key-file %s: %s", path,
+		         n < 0 ? strerror(errno) : n == 0 ? "empty" : "longer than 4096 bytes");
+		return KVD_EINVAL;
+	}
+	confd_hmac_key(cd, key, (size_t)n);
+	cd->keylen = (size_t)n;
+	memset(key, 0, sizeof key);
+	return 0;
+}
+
+/* ---- abuse controls ---------------------------------------------------------- */
+
+static uint32_t confd_addr_hash(const struct sockaddr_storage *sa, uint8_t addr[16])
+{
+	uint32_t h = 2166136261u;
+	int i;
+
+	memset(addr, 0, 16);
+	if (sa->ss_family == AF_INET6)
+		memcpy(addr, &((const struct sockaddr_in6 *)(const void *)sa)->sin6_addr, 16);
+	else
+		memcpy(addr, &((const struct sockaddr_in *)(const void *)sa)->sin_addr, 4);
+	for (i = 0; i < 16; i++)
+		h = (h ^ addr[i]) * 16777619u;
+	return h;
+}
+
+/* One token from the source's bucket (a table of KVD_CONFD_SOURCES; a new
+ * source takes the least recently seen of a few slots). */
+static int confd_source_ok(struct kvd *k, const struct sockaddr_storage *sa)
+{
+	struct confd *cd = k->confd;
+	uint8_t addr[16];
+	uint32_t h = confd_addr_hash(sa, addr), i, at, old;
+	struct confd_src *s;
+
+	old = h & (KVD_CONFD_SOURCES - 1);
+	for (i = 0; i < 4; i++) {
+		at = (h + i) & (KVD_CONFD_SOURCES - 1);
+		s = &cd->src[at];
+		if (s->used && !memcmp(s->addr, addr, 16))
+			goto found;
+		if (!s->used) {
+			old = at;
+			break;
+		}
+		if (s->last < cd->src[old].last)
+			old = at;
+	}
+	s = &cd->src[old];
+	memcpy(s->addr, addr, 16);
+	s->used = 1;
+	bucket_init(&s->b, k->cfg.confd_burst, k->now);
+found:
+	s->last = k->now;
+	return bucket_take(&s->b, k->now, k->cfg.confd_rate, k->cfg.confd_burst);
+}
+
+/* Has this authenticated datagram (its HMAC) been seen within the window?
+ * Records it if not.  Open addressing over KVD_CONFD_REPLAY slots; expired
+ * entries are free; when a probe run is full the soonest to expire goes. */
+static int confd_replayed(struct kvd *k, const uint8_t mac[20], int64_t wall)
+{
+	struct confd *cd = k->confd;
+	uint32_t h = (uint32_t)mac[0] | (uint32_t)mac[1] << 8 | (uint32_t)mac[2] << 16 | (uint32_t)mac[3] << 24;
+	uint32_t i, at, victim = h & (KVD_CONFD_REPLAY - 1);
+	struct confd_seen *e;
+
+	for (i = 0; i < 16; i++) {
+		at = (h + i) & (KVD_CONFD_REPLAY - 1);
+		e = &cd->seen[at];
+		if (e->until > wall && !memcmp(e->mac, mac, 20))
+			return 1;
+		if (e->until < cd->seen[victim].until)
+			victim = at;
+	}
+	e = &cd->seen[victim];
+	memcpy(e->mac, mac, 20);
+	e->until = wall + 2 * (int64_t)(k->cfg.confd_skew_ms / 1000) + 1;
+	return 0;
+}
+
+/* ---- request parsing (strict, as Ganeti's) ------------------------------------ */
+
+/* An integral JSON number in [lo, hi]. */
+static int confd_int(const struct json *v, int64_t lo, int64_t hi, int64_t *out)
+{
+	if (!v || v->type != JSON_NUM || !v->isint || v->i < lo || v->i > hi)
+		return -1;
+	*out = v->i;
+	return 0;
+}
+
+static int confd_parse_query(const struct json *q, struct confd_req *rq)
+{
+	uint32_t i, j;
+
+	if (!q || q->type == JSON_NULL) {
+		rq->qkind = CONFD_Q_EMPTY;
+		return 0;
+	}
+	if (q->type == JSON_STR) {
+		rq->qkind = CONFD_Q_PLAIN;
+		rq->plain = q;
+		return 0;
+	}
+	if (q->type != JSON_OBJ)
+		return -1;
+	rq->qkind = CONFD_Q_DICT;
+	for (i = 0; i < q->n; i++) {
+		const struct json *v = &q->kids[i];
+		const struct json **slot;
+		if (v->klen != 1 || v->key[0] < '0' || v->key[0] > '3')
+			return -1; /* Ganeti: superfluous keys */
+		slot = v->key[0] == '0' ? &rq->link : v->key[0] == '1' ? &rq->ip : v->key[0] == '2' ? &rq->iplist : &rq->fields;
+		if (*slot)
+			continue; /* a repeated key: the first one counts */
+		if (v->type == JSON_NULL)
+			continue;
+		if (v->key[0] <= '1' && v->type != JSON_STR)
+			return -1;
+		if (v->key[0] >= '2') {
+			if (v->type != JSON_ARR)
+				return -1;
+			for (j = 0; j < v->n; j++) {
+				int64_t f;
+				if (v->key[0] == '2' ? v->kids[j].type != JSON_STR : confd_int(&v->kids[j], 0, 2, &f))
+					return -1; /* fields as strings are dropped by Ganeti too */
+			}
+		}
+		*slot = v;
+	}
+	return 0;
+}
+
+/* The request message: exactly protocol, type, rsalt and an optional query;
+ * no leading whitespace (Ganeti's decoder refuses it), no other key. */
+static int confd_parse_request(struct kvd *k, struct json_doc *d, const char *msg, size_t n, struct confd_req *rq)
+{
+	const struct json *o, *proto, *type;
+	const char *err;
+	int64_t v;
+	uint32_t i;
+
+	memset(rq, 0, sizeof *rq);
+	if (!n || msg[0] != '{' || json_parse(k, d, msg, n, &err))
+		return -1;
+	o = d->root;
+	for (i = 0; i < o->n; i++) {
+		static const char *const known[] = {"protocol", "type", "rsalt", "query"};
+		size_t j;
+		for (j = 0; j < 4; j++)
+			if (o->kids[i].klen == strlen(known[j]) && !memcmp(o->kids[i].key, known[j], o->kids[i].klen))
+				break;
+		if (j == 4)
+			return -1;
+	}
+	proto = json_get(o, "protocol");
+	type = json_get(o, "type");
+	rq->rsalt = json_get(o, "rsalt");
+	if (confd_int(proto, INT64_MIN, INT64_MAX, &v) || confd_int(type, 0, CONFD_NTYPES - 1, &v) ||
+	    !json_is_str(rq->rsalt))
+		return -1;
+	rq->type = (int)v;
+	return confd_parse_query(json_get(o, "query"), rq);
+}
+
+/* ---- replies ------------------------------------------------------------------ */
+
+/* Reply msg, signed, in its envelope: cd->out holds the datagram. */
+static int confd_sign(struct kvd *k, const struct confd_req *rq)
+{
+	struct confd *cd = k->confd;
+	static const char hex[] = "0123456789abcdef";
+	uint8_t mac[20];
+	char hx[41];
+	int i;
+
+	confd_hmac(cd, rq->rsalt->s, rq->rsalt->n, cd->msg.p, cd->msg.len, mac);
+	for (i = 0; i < 20; i++) {
+		hx[2 * i] = hex[mac[i] >> 4];
+		hx[2 * i + 1] = hex[mac[i] & 15];
+	}
+	hx[40] = 0;
+	cd->out.len = cd->out.rd = 0;
+	return json_put_raw(k, &cd->out, CONFD_MAGIC "{\"hmac\":\"") || json_put_raw(k, &cd->out, hx) ||
+	       json_put_raw(k, &cd->out, "\",\"msg\":") || json_put_str(k, &cd->out, cd->msg.p, cd->msg.len) ||
+	       json_put_raw(k, &cd->out, ",\"salt\":") || json_put_str(k, &cd->out, rq->rsalt->s, rq->rsalt->n) ||
+	       json_put_raw(k, &cd->out, "}");
+}
+
+/* Start a reply msg; the caller writes the answer, then confd_end_msg. */
+static int confd_begin_msg(struct kvd *k, int status)
+{
+	struct confd *cd = k->confd;
+	char t[48];
+
+	cd->msg.len = cd->msg.rd = 0;
+	snprintf(t, sizeof t, "{\"protocol\":1,\"status\":%d,\"answer\":", status);
+	return json_put_raw(k, &cd->msg, t);
+}
+
+static int confd_end_msg(struct kvd *k, int64_t serial)
+{
+	char t[40];
+
+	snprintf(t, sizeof t, ",\"serial\":%lld}", (long long)serial);
+	return json_put_raw(k, &k->confd->msg, t);
+}
+
+/* A whole reply msg whose answer is an integer, or a string. */
+static int confd_msg_int(struct kvd *k, int status, int64_t answer, int64_t serial)
+{
+	return confd_begin_msg(k, status) || json_put_int(k, &k->confd->msg, answer) || confd_end_msg(k, serial);
+}
+
+static int confd_msg_str(struct kvd *k, int status, const char *s, size_t n, int64_t serial)
+{
+	return confd_begin_msg(k, status) || json_put_str(k, &k->confd->msg, s, n) || confd_end_msg(k, serial);
+}
+
+/* ---- keyspace mode --------------------------------------------------------------- */
+
+/* A value as JSON: a string if it is UTF-8, else {"base64": "..."}. */
+static int confd_put_value(struct kvd *k, struct kvd_buf *b, const struct mvcc_key *r)
+{
+	static const char b64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+	uint8_t *v = kvd_malloc(k, r->vlen + 1), *o;
+	size_t i, l;
+	int rc = KVD_ENOMEM;
+
+	if (!v || mvcc_pread(&k->db, v, r->vlen, mvcc_voff(r)))
+		goto out;
+	for (i = 0; i < r->vlen && (l = json_utf8_len(v + i, v + r->vlen)); i += l)
+		;
+	if (i == r->vlen) {
+		rc = json_put_str(k, b, v, r->vlen);
+		goto out;
+	}
+	if (json_put_raw(k, b, "{\"base64\":\"") || buf_reserve(k, b, (r->vlen + 2) / 3 * 4 + 2))
+		goto out;
+	for (o = b->p + b->len, i = 0; i < r->vlen; i += 3) {
+		uint32_t x = (uint32_t)v[i] << 16 | (i + 1 < r->vlen ? (uint32_t)v[i + 1] << 8 : 0) |
+		             (i + 2 < r->vlen ? v[i + 2] : 0);
+		*o++ = (uint8_t)b64[x >> 18];
+		*o++ = (uint8_t)b64[x >> 12 & 63];
+		*o++ = (uint8_t)(i + 1 < r->vlen ? b64[x >> 6 & 63] : '=');
+		*o++ = (uint8_t)(i + 2 < r->vlen ? b64[x & 63] : '=');
+	}
+	b->len = (size_t)(o - b->p);
+	rc = json_put_raw(k, b, "\"}");
+out:
+	kvd_free(k, v);
+	return rc;
+}
+
+static int confd_keyspace(struct kvd *k, const struct confd_req *rq)
+{
+	struct confd *cd = k->confd;
+	struct mvcc *m = &k->db;
+	const uint8_t *key;
+	size_t klen;
+	struct mvcc_key *r;
+
+	if (rq->type == CONFD_PING)
+		return confd_msg_int(k, CONFD_OK, m->rev, m->rev);
+	if (rq->type != CONFD_CONFIG_QUERY) /* Ganeti's status 2, which its clients accept */
+		return confd_begin_msg(k, CONFD_NOTIMPL) || json_put_raw(k, &cd->msg, "null") || confd_end_msg(k, 0);
+	if (rq->qkind != CONFD_Q_PLAIN || !rq->plain->n)
+		return confd_msg_int(k, CONFD_ERROR, CONFD_E_ARGUMENT, 0);
+	key = (const uint8_t *)rq->plain->s;
+	klen = rq->plain->n;
+	if (key[klen - 1] != '/') {
+		r = mvcc_find(m, key, klen);
+		if (!r || !r->create)
+			return confd_msg_int(k, CONFD_ERROR, CONFD_E_UNKNOWN, 0);
+		return confd_begin_msg(k, CONFD_OK) || confd_put_value(k, &cd->msg, r) || confd_end_msg(k, r->mod);
+	} else { /* every key under the prefix, as an object */
+		struct mvcc_it it;
+		int eq, first = 1;
+		if (confd_begin_msg(k, CONFD_OK) || json_put_raw(k, &cd->msg, "{"))
+			return KVD_ENOMEM;
+		for (it = mvcc_seek(m, key, klen, &eq); (r = mvcc_at(m, it)); mvcc_next(m, &it)) {
+			if (r->klen < klen || memcmp(r->key, key, klen))
+				break;
+			if (!r->create)
+				continue;
+			if ((!first && json_put_raw(k, &cd->msg, ",")) || json_put_str(k, &cd->msg, r->key, r->klen) ||
+			    json_put_raw(k, &cd->msg, ":") || confd_put_value(k, &cd->msg, r))
+				return KVD_ENOMEM;
+			first = 0;
+			if (cd->msg.len > k->cfg.confd_max_reply)
+				break; /* too big anyway: the caller turns it into ARGUMENT */
+		}
+		return json_put_raw(k, &cd->msg, "}") || confd_end_msg(k, m->rev);
+	}
+}
+
+/* ---- Ganeti mode: the configuration ------------------------------------------------ */
+
+/*
+ * ganeti-confd answers from its own typed copy of config.data: fields the
+ * file leaves out come back with their defaults, and a file without a
+ * required field is not loaded at all.  kvd does the same on the JSON tree
+ * (the tables below were taken from 3.0.2's behaviour), so that answers and
+ * CONFIG_QUERY paths see what ganeti-confd sees.
+ */
+struct confd_field {
+	const char *name;
+	const char *dflt; /* JSON text, or NULL: required */
+};
+static const struct confd_field confd_f_top[] = {
+	{"version", NULL}, {"cluster", NULL}, {"nodes", NULL}, {"nodegroups", NULL}, {"instances", NULL},
+	{"networks", NULL}, {"disks", NULL}, {"filters", NULL}, {"serial_no", NULL}, {"ctime", "0"}, {"mtime", "0"},
+	{NULL, NULL}};
+static const struct confd_field confd_f_cluster[] = {
+	{"beparams", NULL}, {"blacklisted_os", NULL}, {"candidate_certs", NULL}, {"candidate_pool_size", NULL},
+	{"cluster_name", NULL}, {"compression_tools", NULL}, {"ctime", "0"}, {"data_collectors", NULL},
+	{"default_iallocator", NULL}, {"default_iallocator_params", NULL}, {"disk_state_static", "{}"},
+	{"diskparams", NULL}, {"enabled_disk_templates", NULL}, {"enabled_hypervisors", NULL},
+	{"enabled_user_shutdown", NULL}, {"file_storage_dir", NULL}, {"gluster_storage_dir", NULL},
+	{"hidden_os", NULL}, {"highest_used_port", NULL}, {"hv_state_static", "{}"}, {"hvparams", NULL},
+	{"install_image", NULL}, {"instance_communication_network", NULL}, {"ipolicy", NULL}, {"mac_prefix", NULL},
+	{"maintain_node_health", NULL}, {"master_ip", NULL}, {"master_netdev", NULL}, {"master_netmask", NULL},
+	{"master_node", NULL}, {"max_running_jobs", NULL}, {"max_tracked_jobs", NULL}, {"modify_etc_hosts", NULL},
+	{"modify_ssh_setup", NULL}, {"mtime", "0"}, {"ndparams", NULL}, {"nicparams", NULL}, {"os_hvp", NULL},
+	{"osparams", NULL}, {"osparams_private_cluster", NULL}, {"prealloc_wipe_disks", NULL},
+	{"primary_ip_family", NULL}, {"reserved_lvs", NULL}, {"rsahostkeypub", NULL}, {"serial_no", NULL},
+	{"shared_file_storage_dir", NULL}, {"ssh_key_bits", NULL}, {"ssh_key_type", NULL}, {"tags", "[]"},
+	{"tcpudp_port_pool", NULL}, {"uid_pool", NULL}, {"use_external_mip_script", NULL}, {"uuid", NULL},
+	{"zeroing_image", NULL}, {NULL, NULL}};
+static const struct confd_field confd_f_node[] = {
+	{"ctime", "0"}, {"drained", NULL}, {"group", NULL}, {"master_candidate", NULL}, {"master_capable", NULL},
+	{"mtime", "0"}, {"name", NULL}, {"ndparams", NULL}, {"offline", NULL}, {"powered", NULL},
+	{"primary_ip", NULL}, {"secondary_ip", NULL}, {"serial_no", NULL}, {"tags", "[]"}, {"uuid", NULL},
+	{"vm_capable", NULL}, {NULL, NULL}};
+static const struct confd_field confd_f_instance[] = {
+	{"admin_state", NULL}, {"admin_state_source", NULL}, {"beparams", "{}"}, {"ctime", "0"}, {"disks", "[]"},
+	{"disks_active", NULL}, {"hvparams", "{}"}, {"hypervisor", NULL}, {"mtime", "0"}, {"name", NULL},
+	{"nics", "[]"}, {"os", NULL}, {"osparams", "{}"}, {"osparams_private", "{}"}, {"primary_node", NULL},
+	{"serial_no", NULL}, {"tags", "[]"}, {"uuid", NULL}, {NULL, NULL}};
+static const struct confd_field confd_f_disk[] = {
+	{"children", "[]"}, {"ctime", "0"}, {"dev_type", NULL}, {"iv_name", "\"\""}, {"logical_id", NULL},
+	{"mode", "\"rw\""}, {"mtime", "0"}, {"nodes", "[]"}, {"serial_no", NULL}, {"size", NULL}, {"uuid", NULL},
+	{NULL, NULL}};
+static const struct confd_field confd_f_nodegroup[] = {
+	{"alloc_policy", NULL}, {"diskparams", NULL}, {"ipolicy", NULL}, {"mtime", "0"}, {"name", NULL},
+	{"ndparams", NULL}, {"networks", NULL}, {"serial_no", NULL}, {"tags", "[]"}, {"uuid", NULL}, {"ctime", "0"},
+	{"members", "[]"}, {NULL, NULL}};
+static const struct confd_field confd_f_network[] = {
+	{"name", NULL}, {"network", NULL}, {"serial_no", NULL}, {"uuid", NULL}, {"ctime", "0"}, {"mtime", "0"},
+	{"tags", "[]"}, {NULL, NULL}};
+
+static int confd_obj_add(struct json_doc *d, struct json *o, const char *key, const char *text)
+{
+	struct json_doc tmp;
+	struct json *kids;
+	const char *err;
+
+	if (json_parse(d->k, &tmp, text, strlen(text), &err))
+		return KVD_ENOMEM;
+	/* the value lives in tmp's arena: move its chunks over to d */
+	if (!(kids = json_alloc(d, (o->n + 1) * sizeof *kids))) {
+		json_free(&tmp);
+		return KVD_ENOMEM;
+	}
+	if (o->n)
+		memcpy(kids, o->kids, o->n * sizeof *kids);
+	kids[o->n] = *tmp.root;
+	kids[o->n].key = key;
+	kids[o->n].klen = (uint32_t)strlen(key);
+	o->kids = kids;
+	o->n++;
+	if (tmp.chunks) {
+		struct json_chunk *c = tmp.chunks;
+		while (c->next)
+			c = c->next;
+		c->next = d->chunks;
+		d->chunks = tmp.chunks;
+		d->bytes += tmp.bytes;
+	}
+	return 0;
+}
+
+/* Fill o's missing defaulted fields; -1 (with why) if a required one is missing. */
+static int confd_fill(struct json_doc *d, struct json *o, const struct confd_field *f, const char *what, char *why,
+                      size_t whylen)
+{
+	if (!o || o->type != JSON_OBJ) {
+		snprintf(why, whylen, "%s is not an object", what);
+		return -1;
+	}
+	for (; f->name; f++) {
+		if (json_get(o, f->name))
+			continue;
+		if (!f->dflt) {
+			snprintf(why, whylen, "%s has no \"%s\"", what, f->name);
+			return -1;
+		}
+		if (confd_obj_add(d, o, f->name, f->dflt)) {
+			snprintf(why, whylen, "out of memory");
+			return -1;
+		}
+	}
+	return 0;
+}
+
+static int confd_fill_map(struct json_doc *d, struct json *m, const struct confd_field *f, const char *what,
+                          char *why, size_t whylen)
+{
+	uint32_t i;
+
+	if (!m || m->type != JSON_OBJ) {
+		snprintf(why, whylen, "\"%s\" is not an object", what);
+		return -1;
+	}
+	for (i = 0; i < m->n; i++)
+		if (confd_fill(d, &m->kids[i], f, what, why, whylen))
+			return -1;
+	return 0;
+}
+
+static int confd_fill_disk(struct json_doc *d, struct json *disk, char *why, size_t whylen, int depth)
+{
+	struct json *ch;
+	uint32_t i;
+
+	if (depth > 8 || confd_fill(d, disk, confd_f_disk, "a disk", why, whylen))
+		return -1;
+	ch = (struct json *)json_get(disk, "children");
+	for (i = 0; ch && ch->type == JSON_ARR && i < ch->n; i++)
+		if (confd_fill_disk(d, &ch->kids[i], why, whylen, depth + 1))
+			return -1;
+	return 0;
+}
+
+/* The typed view of a loaded configuration. */
+static const struct json *confd_cfg_get(const struct confd *cd, const char *name)
+{
+	return json_get(cd->cfg.root, name);
+}
+
+static int64_t confd_num(const struct json *o, const char *name)
+{
+	const struct json *v = json_get(o, name);
+
+	return v && v->type == JSON_NUM ? (v->isint ? v->i : (int64_t)v->d) : 0;
+}
+
+static int64_t confd_cluster_serial(const struct confd *cd)
+{
+	return confd_num(confd_cfg_get(cd, "cluster"), "serial_no");
+}
+
+/* Members of map m in key order (Haskell's Data.Map): indexes into m->kids. */
+static int confd_key_cmp_ctx(const struct json *a, const struct json *b)
+{
+	return mvcc_cmp((const uint8_t *)a->key, a->klen, (const uint8_t *)b->key, b->klen);
+}
+static int confd_kid_cmp(const void *a, const void *b)
+{
+	return confd_key_cmp_ctx(*(const struct json *const *)a, *(const struct json *const *)b);
+}
+static const struct json **confd_sorted(struct kvd *k, const struct json *m, uint32_t *n)
+{
+	const struct json **v;
+	uint32_t i;
+
+	*n = 0;
+	if (!m || m->type != JSON_OBJ || !m->n)
+		return NULL;
+	if (!(v = kvd_malloc(k, m->n * sizeof *v)))
+		return NULL;
+	for (i = 0; i < m->n; i++)
+		v[i] = &m->kids[i];
+	qsort(v, m->n, sizeof *v, confd_kid_cmp);
+	*n = m->n;
+	return v;
+}
+
+/* Parse key K's value when it changed since the last query.  0 if a usable
+ * configuration is loaded; else the reason is in cd->cfg_err. */
+static int confd_ganeti_load(struct kvd *k)
+{
+	struct confd *cd = k->confd;
+	const char *key = k->cfg.confd_ganeti_key, *err;
+	struct mvcc_key *r = mvcc_find(&k->db, (const uint8_t *)key, strlen(key));
+	struct json_doc d;
+	struct json *root;
+	uint8_t *v;
+	char why[160];
+
+	if (!r || !r->create) {
+		json_free(&cd->cfg);
+		cd->cfg_mod = 0;
+		snprintf(cd->cfg_err, sizeof cd->cfg_err, "kvd: no Ganeti configuration (key %s is empty)", key);
+		return -1;
+	}
+	if (r->mod == cd->cfg_mod)
+		return cd->cfg.root ? 0 : -1;
+	json_free(&cd->cfg);
+	cd->cfg_mod = r->mod;
+	if (!(v = kvd_malloc(k, r->vlen + 1)) || mvcc_pread(&k->db, v, r->vlen, mvcc_voff(r))) {
+		kvd_free(k, v);
+		cd->cfg_mod = 0; /* try again next time */
+		snprintf(cd->cfg_err, sizeof cd->cfg_err, "kvd: cannot read the Ganeti configuration");
+		return -1;
+	}
+	if (json_parse(k, &d, v, r->vlen, &err)) {
+		kvd_free(k, v);
+		snprintf(cd->cfg_err, sizeof cd->cfg_err, "kvd: cannot load the Ganeti configuration: %s", err);
+		return -1;
+	}
+	kvd_free(k, v);
+	root = d.root;
+	why[0] = 0;
+	if (confd_fill(&d, root, confd_f_top, "the configuration", why, sizeof why) ||
+	    confd_fill(&d, (struct json *)json_get(root, "cluster"), confd_f_cluster, "the cluster", why, sizeof why) ||
+	    confd_fill_map(&d, (struct json *)json_get(root, "nodes"), confd_f_node, "nodes", why, sizeof why) ||
+	    confd_fill_map(&d, (struct json *)json_get(root, "instances"), confd_f_instance, "instances", why,
+	                   sizeof why) ||
+	    confd_fill_map(&d, (struct json *)json_get(root, "nodegroups"), confd_f_nodegroup, "nodegroups", why,
+	                   sizeof why) ||
+	    confd_fill_map(&d, (struct json *)json_get(root, "networks"), confd_f_network, "networks", why,
+	                   sizeof why)) {
+		json_free(&d);
+		snprintf(cd->cfg_err, sizeof cd->cfg_err, "kvd: cannot load the Ganeti configuration: %s", why);
+		return -1;
+	}
+	{
+		struct json *disks = (struct json *)json_get(root, "disks");
+		uint32_t i;
+		for (i = 0; disks && disks->type == JSON_OBJ && i < disks->n; i++)
+			if (confd_fill_disk(&d, &disks->kids[i], why, sizeof why, 0)) {
+				json_free(&d);
+				snprintf(cd->cfg_err, sizeof cd->cfg_err, "kvd: cannot load the Ganeti configuration: %s", why);
+				return -1;
+			}
+	}
+	cd->cfg = d;
+	return 0;
+}
+
+/* ---- Ganeti mode: lookups as Ganeti.Utils.lookupName does them ------------------------- */
+
+enum { CONFD_LK_EXACT, CONFD_LK_MULTI, CONFD_LK_PARTIAL, CONFD_LK_FAIL };
+
+/* In map m, the member whose key (by_name: whose "name") is q, or the only
+ * one it is a dotted prefix of ("node1" for "node1.example.com"). */
+static const struct json *confd_lookup(const struct json *m, const char *q, size_t qn, int by_name, int *how)
+{
+	const struct json *cand = NULL;
+	uint32_t i, partial = 0;
+
+	*how = CONFD_LK_FAIL;
+	for (i = 0; m && m->type == JSON_OBJ && i < m->n; i++) {
+		const struct json *e = &m->kids[i], *nm = by_name ? json_get(e, "name") : NULL;
+		const char *s = by_name ? (json_is_str(nm) ? nm->s : NULL) : e->key;
+		size_t sn = by_name ? (s ? nm->n : 0) : e->klen;
+		if (!s)
+			continue;
+		if (sn == qn && !memcmp(s, q, qn)) {
+			*how = CONFD_LK_EXACT;
+			return e;
+		}
+		if (sn > qn && !memcmp(s, q, qn) && s[qn] == '.') {
+			partial++;
+			cand = e;
+		}
+	}
+	*how = partial == 1 ? CONFD_LK_PARTIAL : partial ? CONFD_LK_MULTI : CONFD_LK_FAIL;
+	return partial == 1 ? cand : NULL;
+}
+
+/* Haskell's `show` of a String (the texts ganeti-confd builds with show). */
+static int confd_hs_show(struct kvd *k, struct kvd_buf *b, const char *s, size_t n)
+{
+	static const char *const ascii[] = {"NUL", "SOH", "STX", "ETX", "EOT", "ENQ", "ACK", "a",   "b",   "t",  "n",
+	                                    "v",   "f",   "r",   "SO",  "SI",  "DLE", "DC1", "DC2", "DC3", "DC4", "NAK",
+	                                    "SYN", "ETB", "CAN", "EM",  "SUB", "ESC", "FS",  "GS",  "RS",  "US"};
+	const uint8_t *p = (const uint8_t *)s, *end = p + n;
+	char t[16];
+	int numeric = 0, so = 0;
+
+	if (buf_append(k, b, "\"", 1))
+		return KVD_ENOMEM;
+	while (p < end) {
+		uint32_t c = *p;
+		size_t l = c >= 0x80 ? json_utf8_len(p, end) : 1;
+		if (c >= 0x80 && l > 1)
+			c = l == 2 ? (p[0] & 0x1fu) << 6 | (p[1] & 0x3fu)
+			  : l == 3 ? (p[0] & 0x0fu) << 12 | (p[1] & 0x3fu) << 6 | (p[2] & 0x3fu)
+			           : (p[0] & 0x07u) << 18 | (p[1] & 0x3fu) << 12 | (p[2] & 0x3fu) << 6 | (p[3] & 0x3fu);
+		else
+			l = 1;
+		p += l;
+		/* "\&" keeps a numeric escape from eating a digit, and "\SO" from an H */
+		if ((numeric && c >= '0' && c <= '9') || (so && c == 'H'))
+			if (buf_append(k, b, "\\&", 2))
+				return KVD_ENOMEM;
+		numeric = so = 0;
+		if (c == '"' || c == '\\')
+			snprintf(t, sizeof t, "\\%c", (char)c);
+		else if (c == 127)
+			snprintf(t, sizeof t, "\\DEL");
+		else if (c > 127)
+			snprintf(t, sizeof t, "\\%u", (unsigned)c), numeric = 1;
+		else if (c < 32)
+			snprintf(t, sizeof t, "\\%s", ascii[c]), so = c == 14;
+		else
+			t[0] = (char)c, t[1] = 0;
+		if (buf_append(k, b, t, strlen(t)))
+			return KVD_ENOMEM;
+	}
+	return buf_append(k, b, "\"", 1);
+}
+
+/* The text of a failed lookup, as ganeti-confd renders Ganeti errors:
+ * show (OpPrereqError "<Kind> name <q> not found" ECodeNoEnt), or the
+ * "Failure: prerequisites..." format of errToResult. */
+static int confd_lookup_error(struct kvd *k, struct kvd_buf *b, const char *prefix, const char *kind,
+                              const struct json *q, int how, int formatted)
+{
+	struct kvd_buf m = {0};
+	int rc;
+
+	rc = buf_append(k, &m, kind, strlen(kind)) || buf_append(k, &m, " name ", 6) ||
+	     buf_append(k, &m, q->s, q->n) ||
+	     json_put_raw(k, &m, how == CONFD_LK_MULTI ? " has multiple matches" : " not found");
+	if (!rc) {
+		b->len = b->rd = 0;
+		if (formatted)
+			rc = json_put_raw(k, b, "Failure: prerequisites not met for this operation:\nerror type: "
+			                        "ECodeNoEnt, error details:\n") ||
+			     buf_append(k, b, m.p, m.len);
+		else
+			rc = json_put_raw(k, b, prefix) || json_put_raw(k, b, "OpPrereqError ") ||
+			     confd_hs_show(k, b, (const char *)m.p, m.len) || json_put_raw(k, b, " ECodeNoEnt");
+	}
+	buf_free(k, &m);
+	return rc;
+}
+
+/* Ganeti's getNode: by UUID, then by name (errors name the name lookup). */
+static const struct json *confd_node(const struct confd *cd, const char *q, size_t qn, int *how)
+{
+	const struct json *nodes = confd_cfg_get(cd, "nodes"), *n = confd_lookup(nodes, q, qn, 0, how);
+
+	return n ? n : confd_lookup(nodes, q, qn, 1, how);
+}
+
+static const struct json *confd_instance(const struct confd *cd, const char *q, size_t qn, int *how)
+{
+	const struct json *insts = confd_cfg_get(cd, "instances"), *i = confd_lookup(insts, q, qn, 0, how);
+
+	return i ? i : confd_lookup(insts, q, qn, 1, how);
+}
+
+static const struct json *confd_str_of(const struct json *o, const char *name)
+{
+	const struct json *v = json_get(o, name);
+
+	return json_is_str(v) ? v : NULL;
+}
+
+/* The master node's name (cluster.master_node is its UUID). */
+static const struct json *confd_master_name(struct kvd *k, struct kvd_buf *err)
+{
+	const struct confd *cd = k->confd;
+	const struct json *uuid = confd_str_of(confd_cfg_get(cd, "cluster"), "master_node"), *n;
+	int how = CONFD_LK_FAIL;
+
+	n = uuid ? confd_node(cd, uuid->s, uuid->n, &how) : NULL;
+	if (!n || !confd_str_of(n, "name")) {
+		static const struct json none = {JSON_STR, 0, 0, 0, NULL, "", NULL, 0, 0};
+		confd_lookup_error(k, err, "", "Node", uuid ? uuid : &none, how, 1);
+		return NULL;
+	}
+	return confd_str_of(n, "name");
+}
+
+/* A DRBD disk's logical_id: [nodeA, nodeB, port, minorA, minorB, secret]. */
+static int confd_drbd_lid(const struct json *disk, const struct json **lid)
+{
+	const struct json *t = confd_str_of(disk, "dev_type"), *l = json_get(disk, "logical_id");
+
+	if (!t || strcmp(t->s, "drbd") || !l || l->type != JSON_ARR || l->n != 6 || !json_is_str(&l->kids[0]) ||
+	    !json_is_str(&l->kids[1]))
+		return -1;
+	*lid = l;
+	return 0;
+}
+
+static int confd_str_eq(const struct json *a, const char *s, size_t n)
+{
+	return a && a->type == JSON_STR && a->n == n && !memcmp(a->s, s, n);
+}
+
+/* The disk objects of instance inst, by the UUIDs in its "disks". */
+static const struct json *confd_disk(const struct confd *cd, const struct json *uuid)
+{
+	const struct json *disks = confd_cfg_get(cd, "disks");
+	uint32_t i;
+
+	for (i = 0; json_is_str(uuid) && disks && disks->type == JSON_OBJ && i < disks->n; i++)
+		if (disks->kids[i].klen == uuid->n && !memcmp(disks->kids[i].key, uuid->s, uuid->n))
+			return &disks->kids[i];
+	return NULL;
+}
+
+/* ---- Ganeti mode: the queries ---------------------------------------------------------- */
+
+/* The IP -> instance map of one link, as buildLinkIpInstnameMap makes it:
+ * every NIC with an IP, its link from its own nicparams or the cluster's
+ * default; a later instance (in UUID order) wins an IP. */
+struct confd_ipent {
+	const struct json *ip, *inst;
+};
+static int confd_ipent_cmp(const void *a, const void *b)
+{
+	const struct confd_ipent *x = a, *y = b;
+	int c = mvcc_cmp((const uint8_t *)x->ip->s, x->ip->n, (const uint8_t *)y->ip->s, y->ip->n);
+
+	return c ? c : (x < y ? -1 : x > y); /* stable: keep UUID order among equal IPs */
+}
+
+static const struct json *confd_default_link(const struct confd *cd)
+{
+	const struct json *np = json_get(confd_cfg_get(cd, "cluster"), "nicparams");
+
+	return confd_str_of(json_get(np, "default"), "link");
+}
+
+static struct confd_ipent *confd_link_ips(struct kvd *k, const char *link, size_t ln, size_t *count)
+{
+	const struct confd *cd = k->confd;
+	const struct json *dlink = confd_default_link(cd), **insts, *nics, *nic, *l, *ip;
+	struct confd_ipent *v = NULL, *nv;
+	uint32_t ni, i, j;
+	size_t n = 0, cap = 0, w;
+
+	*count = 0;
+	insts = confd_sorted(k, confd_cfg_get(cd, "instances"), &ni);
+	for (i = 0; i < ni; i++) {
+		nics = json_get(insts[i], "nics");
+		for (j = 0; nics && nics->type == JSON_ARR && j < nics->n; j++) {
+			nic = &nics->kids[j];
+			ip = confd_str_of(nic, "ip");
+			l = confd_str_of(json_get(nic, "nicparams"), "link");
+			if (!l)
+				l = dlink;
+			if (!ip || !l || l->n != ln || memcmp(l->s, link, ln))
+				continue;
+			if (n == cap) {
+				cap = cap ? cap * 2 : 16;
+				if (!(nv = kvd_realloc(k, v, cap * sizeof *v))) {
+					kvd_free(k, v);
+					kvd_free(k, insts);
+					return NULL;
+				}
+				v = nv;
+			}
+			v[n].ip = ip;
+			v[n].inst = insts[i];
+			n++;
+		}
+	}
+	kvd_free(k, insts);
+	if (!n)
+		return v;
+	qsort(v, n, sizeof *v, confd_ipent_cmp);
+	for (i = 1, w = 1; i < n; i++) { /* one entry per IP: the last one */
+		if (!mvcc_cmp((const uint8_t *)v[i].ip->s, v[i].ip->n, (const uint8_t *)v[w - 1].ip->s, v[w - 1].ip->n))
+			v[w - 1] = v[i];
+		else
+			v[w++] = v[i];
+	}
+	*count = w;
+	return v;
+}
+
+/* NODE_PIP_BY_INSTANCE_IP for one IP: [status, answer, serial] parts. */
+static int confd_pip_of_ip(struct kvd *k, const struct confd_ipent *v, size_t n, const struct json *ip,
+                           struct kvd_buf *b, int as_triple)
+{
+	const struct confd *cd = k->confd;
+	const struct json *inst = NULL, *pn, *node, *pip;
+	size_t i;
+	int how;
+
+	for (i = 0; i < n; i++)
+		if (v[i].ip->n == ip->n && !memcmp(v[i].ip->s, ip->s, ip->n))
+			inst = v[i].inst;
+	pn = inst ? confd_str_of(inst, "primary_node") : NULL;
+	node = pn ? confd_node(cd, pn->s, pn->n, &how) : NULL;
+	pip = node ? confd_str_of(node, "primary_ip") : NULL;
+	if (!as_triple) {
+		if (!pip)
+			return confd_msg_int(k, CONFD_ERROR, CONFD_E_UNKNOWN, 0);
+		return confd_msg_str(k, CONFD_OK, pip->s, pip->n, confd_cluster_serial(cd));
+	}
+	if (!pip)
+		return json_put_raw(k, b, "[1,0,0]");
+	return json_put_raw(k, b, "[0,") || json_put_str(k, b, pip->s, pip->n) || json_put_raw(k, b, ",") ||
+	       json_put_int(k, b, confd_cluster_serial(cd)) || json_put_raw(k, b, "]");
+}
+
+/* show of the request's query, as "Invalid query type " messages print it. */
+static int confd_show_query(struct kvd *k, struct kvd_buf *b, const struct confd_req *rq)
+{
+	static const char *const fnames[] = {"ReqFieldName", "ReqFieldIp", "ReqFieldMNodePip"};
+	uint32_t i;
+	int rc;
+
+	if (rq->qkind == CONFD_Q_EMPTY)
+		return json_put_raw(k, b, "EmptyQuery");
+	if (rq->qkind == CONFD_Q_PLAIN)
+		return json_put_raw(k, b, "PlainQuery ") || confd_hs_show(k, b, rq->plain->s, rq->plain->n);
+	rc = json_put_raw(k, b, "DictQuery (ConfdReqQ {confdReqQIp = ");
+	rc = rc || (rq->ip ? json_put_raw(k, b, "Just ") || confd_hs_show(k, b, rq->ip->s, rq->ip->n)
+	                   : json_put_raw(k, b, "Nothing"));
+	rc = rc || json_put_raw(k, b, ", confdReqQIpList = [");
+	for (i = 0; !rc && rq->iplist && i < rq->iplist->n; i++)
+		rc = (i && json_put_raw(k, b, ",")) || confd_hs_show(k, b, rq->iplist->kids[i].s, rq->iplist->kids[i].n);
+	rc = rc || json_put_raw(k, b, "], confdReqQLink = ");
+	rc = rc || (rq->link ? json_put_raw(k, b, "Just ") || confd_hs_show(k, b, rq->link->s, rq->link->n)
+	                     : json_put_raw(k, b, "Nothing"));
+	rc = rc || json_put_raw(k, b, ", confdReqQFields = [");
+	for (i = 0; !rc && rq->fields && i < rq->fields->n; i++)
+		rc = (i && json_put_raw(k, b, ",")) || json_put_raw(k, b, fnames[rq->fields->kids[i].i]);
+	return rc || json_put_raw(k, b, "]})");
+}
+
+/* A status 1 reply whose answer is the text in cd->tmp. */
+static int confd_fail_text(struct kvd *k)
+{
+	struct confd *cd = k->confd;
+
+	return confd_msg_str(k, CONFD_ERROR, (const char *)cd->tmp.p, cd->tmp.len, 0);
+}
+
+static int confd_invalid_query(struct kvd *k, const struct confd_req *rq, int with_show)
+{
+	struct confd *cd = k->confd;
+
+	cd->tmp.len = cd->tmp.rd = 0;
+	if (json_put_raw(k, &cd->tmp, with_show ? "Invalid query type " : "Invalid query type") ||
+	    (with_show && confd_show_query(k, &cd->tmp, rq)))
+		return KVD_ENOMEM;
+	return confd_fail_text(k);
+}
+
+/* NODE_DRBD rows of instance inst for node uuid nu: [node, minor, instance,
+ * "disk/N", "primary"|"secondary", peer], walking each disk and its children. */
+static int confd_drbd_rows(struct kvd *k, const struct json *disk, const struct json *nu, const char *iname,
+                           size_t inl, int idx, const char *role, const struct json *nname, int *first, int depth)
+{
+	const struct confd *cd = k->confd;
+	struct kvd_buf *b = &k->confd->msg;
+	const struct json *lid, *ch, *peer = NULL, *minor = NULL, *pn;
+	uint32_t i;
+	int how;
+	char t[24];
+
+	if (depth > 8)
+		return 0;
+	if (!confd_drbd_lid(disk, &lid)) {
+		if (confd_str_eq(&lid->kids[0], nu->s, nu->n))
+			peer = &lid->kids[1], minor = &lid->kids[3];
+		else if (confd_str_eq(&lid->kids[1], nu->s, nu->n))
+			peer = &lid->kids[0], minor = &lid->kids[4];
+	}
+	if (peer) {
+		pn = confd_node(cd, peer->s, peer->n, &how);
+		if (!pn || !confd_str_of(pn, "name")) {
+			confd_lookup_error(k, &k->confd->tmp, "", "Node", peer, how, 0);
+			return 1; /* the whole answer is this error */
+		}
+		pn = confd_str_of(pn, "name");
+		snprintf(t, sizeof t, "disk/%d", idx);
+		if ((!*first && json_put_raw(k, b, ",")) || json_put_raw(k, b, "[") ||
+		    json_put_str(k, b, nname->s, nname->n) || json_put_raw(k, b, ",") || json_write(k, b, minor) ||
+		    json_put_raw(k, b, ",") || json_put_str(k, b, iname, inl) || json_put_raw(k, b, ",") ||
+		    json_put_str(k, b, t, strlen(t)) || json_put_raw(k, b, ",\"") || json_put_raw(k, b, role) ||
+		    json_put_raw(k, b, "\",") || json_put_str(k, b, pn->s, pn->n) || json_put_raw(k, b, "]"))
+			return KVD_ENOMEM;
+		*first = 0;
+	}
+	ch = json_get(disk, "children");
+	for (i = 0; ch && ch->type == JSON_ARR && i < ch->n; i++) {
+		int r = confd_drbd_rows(k, &ch->kids[i], nu, iname, inl, idx, role, nname, first, depth + 1);
+		if (r)
+			return r;
+	}
+	return 0;
+}
+
+/* The secondary node of a DRBD disk of an instance whose primary is pn. */
+static const struct json *confd_disk_secondary(const struct json *disk, const struct json *pn)
+{
+	const struct json *lid;
+
+	if (!pn || confd_drbd_lid(disk, &lid))
+		return NULL;
+	if (confd_str_eq(&lid->kids[0], pn->s, pn->n))
+		return &lid->kids[1];
+	if (confd_str_eq(&lid->kids[1], pn->s, pn->n))
+		return &lid->kids[0];
+	return NULL;
+}
+
+static int confd_ganeti(struct kvd *k, const struct confd_req *rq)
+{
+	struct confd *cd = k->confd;
+	struct kvd_buf *b = &cd->msg;
+	const struct json *cluster, *node, *inst, *v, *name, **sorted = NULL;
+	int64_t serial;
+	uint32_t i, j, n;
+	int how = CONFD_LK_FAIL, rc = 0;
+
+	if (confd_ganeti_load(k))
+		return confd_msg_str(k, CONFD_ERROR, cd->cfg_err, strlen(cd->cfg_err), 0);
+	cluster = confd_cfg_get(cd, "cluster");
+	serial = confd_cluster_serial(cd);
+	cd->tmp.len = cd->tmp.rd = 0;
+	switch (rq->type) {
+	case CONFD_PING:
+		return confd_begin_msg(k, CONFD_OK) || json_write(k, b, confd_cfg_get(cd, "version")) || confd_end_msg(k, 0);
+	case CONFD_CLUSTER_MASTER: {
+		const struct json *mname, *mip, *mnode = NULL, *muuid;
+		if (rq->qkind == CONFD_Q_PLAIN)
+			return confd_msg_int(k, CONFD_ERROR, CONFD_E_ARGUMENT, 0);
+		if (rq->qkind == CONFD_Q_DICT) { /* the master node first, by its UUID */
+			muuid = confd_str_of(cluster, "master_node");
+			if (!muuid || !(mnode = confd_node(cd, muuid->s, muuid->n, &how))) {
+				static const struct json none = {JSON_STR, 0, 0, 0, NULL, "", NULL, 0, 0};
+				confd_lookup_error(k, &cd->tmp, "", "Node", muuid ? muuid : &none, how, 0);
+				return confd_fail_text(k);
+			}
+		}
+		if (!(mname = confd_master_name(k, &cd->tmp)))
+			return confd_fail_text(k);
+		if (rq->qkind == CONFD_Q_EMPTY)
+			return confd_msg_str(k, CONFD_OK, mname->s, mname->n, serial);
+		mip = confd_str_of(cluster, "master_ip");
+		rc = confd_begin_msg(k, CONFD_OK) || json_put_raw(k, b, "[");
+		for (i = 0; !rc && rq->fields && i < rq->fields->n; i++) {
+			int64_t f = rq->fields->kids[i].i;
+			v = f == 0 ? mname : f == 1 ? mip : confd_str_of(mnode, "primary_ip");
+			rc = (i && json_put_raw(k, b, ",")) || (v ? json_write(k, b, v) : json_put_raw(k, b, "null"));
+		}
+		return rc || json_put_raw(k, b, "]") || confd_end_msg(k, serial);
+	}
+	case CONFD_NODE_ROLE: {
+		const struct json *mname;
+		int role;
+		if (rq->qkind != CONFD_Q_PLAIN)
+			return confd_invalid_query(k, rq, 1);
+		if (!(mname = confd_master_name(k, &cd->tmp)))
+			return confd_fail_text(k);
+		if (!(node = confd_node(cd, rq->plain->s, rq->plain->n, &how))) {
+			confd_lookup_error(k, &cd->tmp, "", "Node", rq->plain, how, 1);
+			return confd_fail_text(k);
+		}
+		/* ganeti-confd compares the query, not the node's name, with the
+		 * master's name: "node1" for the master answers CANDIDATE (quirk) */
+		v = json_get(node, "drained");
+		role = confd_str_eq(mname, rq->plain->s, rq->plain->n) ? 0
+		     : v && v->type == JSON_TRUE                        ? 3
+		     : (v = json_get(node, "offline")) && v->type == JSON_TRUE ? 2
+		     : (v = json_get(node, "master_candidate")) && v->type == JSON_TRUE ? 1 : 4;
+		return confd_msg_int(k, CONFD_OK, role, serial);
+	}
+	case CONFD_NODE_PIP_LIST:
+	case CONFD_MC_PIP_LIST: /* Data.Map's foldlWithKey consing: descending UUID order */
+		sorted = confd_sorted(k, confd_cfg_get(cd, "nodes"), &n);
+		rc = confd_begin_msg(k, CONFD_OK) || json_put_raw(k, b, "[");
+		for (i = n, j = 0; !rc && i-- > 0;) {
+			v = json_get(sorted[i], "master_candidate");
+			if (rq->type == CONFD_MC_PIP_LIST && !(v && v->type == JSON_TRUE))
+				continue;
+			v = json_get(sorted[i], "primary_ip");
+			rc = (j++ && json_put_raw(k, b, ",")) || (v ? json_write(k, b, v) : json_put_raw(k, b, "null"));
+		}
+		kvd_free(k, sorted);
+		return rc || json_put_raw(k, b, "]") || confd_end_msg(k, serial);
+	case CONFD_INST_IPS:
+	case CONFD_NODE_PIP_BY_IP: {
+		const struct json *link;
+		struct confd_ipent *ips;
+		size_t nips;
+		if (rq->type == CONFD_INST_IPS) {
+			if (rq->qkind == CONFD_Q_DICT)
+				return confd_invalid_query(k, rq, 0);
+			link = rq->qkind == CONFD_Q_PLAIN ? rq->plain : confd_default_link(cd);
+		} else {
+			if (rq->qkind != CONFD_Q_DICT)
+				return confd_msg_int(k, CONFD_ERROR, CONFD_E_ARGUMENT, 0);
+			link = rq->link ? rq->link : confd_default_link(cd);
+		}
+		ips = link ? confd_link_ips(k, link->s, link->n, &nips) : NULL;
+		if (!link)
+			nips = 0;
+		if (rq->type == CONFD_INST_IPS) {
+			rc = confd_begin_msg(k, CONFD_OK) || json_put_raw(k, b, "[");
+			for (i = 0; !rc && i < nips; i++)
+				rc = (i && json_put_raw(k, b, ",")) || json_write(k, b, ips[i].ip);
+			rc = rc || json_put_raw(k, b, "]") || confd_end_msg(k, serial);
+		} else if (rq->ip) {
+			rc = confd_pip_of_ip(k, ips, nips, rq->ip, b, 0);
+		} else {
+			rc = confd_begin_msg(k, CONFD_OK) || json_put_raw(k, b, "[");
+			for (i = 0; !rc && rq->iplist && i < rq->iplist->n; i++)
+				rc = (i && json_put_raw(k, b, ",")) || confd_pip_of_ip(k, ips, nips, &rq->iplist->kids[i], b, 1);
+			rc = rc || json_put_raw(k, b, "]") || confd_end_msg(k, serial);
+		}
+		kvd_free(k, ips);
+		return rc;
+	}
+	case CONFD_NODE_DRBD:
+	case CONFD_NODE_INSTANCES: {
+		int first = 1, r = 0;
+		if (rq->qkind != CONFD_Q_PLAIN)
+			return confd_invalid_query(k, rq, 1);
+		if (!(node = confd_node(cd, rq->plain->s, rq->plain->n, &how))) {
+			confd_lookup_error(k, &cd->tmp, rq->type == CONFD_NODE_DRBD ? "" : "Node not found in the configuration: ",
+			                   "Node", rq->plain, how, 0);
+			return confd_fail_text(k);
+		}
+		name = confd_str_of(node, "name");
+		sorted = confd_sorted(k, confd_cfg_get(cd, "instances"), &n);
+		rc = confd_begin_msg(k, CONFD_OK) || json_put_raw(k, b, "[");
+		if (rq->type == CONFD_NODE_DRBD) {
+			for (i = 0; !rc && !r && name && i < n; i++) {
+				const struct json *pn = confd_str_of(sorted[i], "primary_node"), *disks = json_get(sorted[i], "disks");
+				const struct json *iname = confd_str_of(sorted[i], "name");
+				const char *role = pn && pn->n == node->klen && !memcmp(pn->s, node->key, pn->n) ? "primary"
+				                                                                                : "secondary";
+				struct json nu = {JSON_STR, 0, 0, 0, NULL, node->key, NULL, 0, 0};
+				nu.n = node->klen;
+				for (j = 0; !rc && !r && disks && disks->type == JSON_ARR && j < disks->n; j++) {
+					const struct json *dk = confd_disk(cd, &disks->kids[j]);
+					if (dk)
+						r = confd_drbd_rows(k, dk, &nu, iname ? iname->s : "", iname ? iname->n : 0, (int)j, role,
+						                    name, &first, 0);
+				}
+				rc = r < 0 ? r : 0;
+			}
+			if (r > 0) {
+				kvd_free(k, sorted);
+				return confd_fail_text(k);
+			}
+		} else { /* [[primary instances], [secondary instances]] */
+			int pass;
+			for (pass = 0; !rc && pass < 2; pass++) {
+				rc = json_put_raw(k, b, pass ? ",[" : "[");
+				for (first = 1, i = 0; !rc && i < n; i++) {
+					const struct json *pn = confd_str_of(sorted[i], "primary_node"), *disks;
+					if (!pass) {
+						if (pn && pn->n == node->klen && !memcmp(pn->s, node->key, pn->n))
+							rc = (!first && json_put_raw(k, b, ",")) || json_write(k, b, sorted[i]), first = 0;
+						continue;
+					}
+					disks = json_get(sorted[i], "disks"); /* once per disk whose secondary it is */
+					for (j = 0; !rc && disks && disks->type == JSON_ARR && j < disks->n; j++) {
+						const struct json *dk = confd_disk(cd, &disks->kids[j]);
+						const struct json *sec = dk ? confd_disk_secondary(dk, pn) : NULL;
+						if (sec && sec->n == node->klen && !memcmp(sec->s, node->key, sec->n))
+							rc = (!first && json_put_raw(k, b, ",")) || json_write(k, b, sorted[i]), first = 0;
+					}
+				}
+				rc = rc || json_put_raw(k, b, "]");
+			}
+		}
+		kvd_free(k, sorted);
+		return rc || json_put_raw(k, b, "]") || confd_end_msg(k, confd_num(node, "serial_no"));
+	}
+	case CONFD_INST_DISKS: {
+		const struct json *disks;
+		if (rq->qkind != CONFD_Q_PLAIN)
+			return confd_invalid_query(k, rq, 1);
+		if (!(inst = confd_instance(cd, rq->plain->s, rq->plain->n, &how))) {
+			confd_lookup_error(k, &cd->tmp, "Instance not found in the configuration: ", "Instance", rq->plain, how, 0);
+			return confd_fail_text(k);
+		}
+		disks = json_get(inst, "disks");
+		rc = confd_begin_msg(k, CONFD_OK) || json_put_raw(k, b, "[");
+		for (j = 0; !rc && disks && disks->type == JSON_ARR && j < disks->n; j++) {
+			const struct json *dk = confd_disk(cd, &disks->kids[j]);
+			if (!dk) {
+				cd->tmp.len = cd->tmp.rd = 0;
+				if (json_put_raw(k, &cd->tmp, "Could not retrieve disks: ConfigurationError ") ||
+				    confd_hs_show(k, &cd->tmp, "disk not found", 14))
+					return KVD_ENOMEM;
+				return confd_fail_text(k);
+			}
+			rc = (j && json_put_raw(k, b, ",")) || json_write(k, b, dk);
+		}
+		return rc || json_put_raw(k, b, "]") || confd_end_msg(k, confd_num(inst, "serial_no"));
+	}
+	case CONFD_CONFIG_QUERY: { /* an RFC 6901 path into the whole configuration */
+		const char *p, *e, *end;
+		if (rq->qkind != CONFD_Q_PLAIN)
+			return confd_invalid_query(k, rq, 1);
+		p = rq->plain->s;
+		end = p + rq->plain->n;
+		v = cd->cfg.root;
+		if (p == end || *p != '/')
+			v = NULL;
+		while (v && p < end) {
+			p++;
+			for (e = p; e < end && *e != '/'; e++)
+				;
+			if (v->type == JSON_OBJ) {
+				const struct json *kid = NULL;
+				for (i = 0; i < v->n && !kid; i++)
+					if (v->kids[i].klen == (size_t)(e - p) && !memcmp(v->kids[i].key, p, (size_t)(e - p)))
+						kid = &v->kids[i];
+				v = kid;
+			} else if (v->type == JSON_ARR) {
+				uint64_t idx = 0;
+				const char *d;
+				for (d = p; d < e && *d >= '0' && *d <= '9' && idx < 0xffffffffu; d++)
+					idx = idx * 10 + (uint64_t)(*d - '0');
+				v = d == e && e > p && idx < v->n ? &v->kids[idx] : NULL;
+			} else {
+				v = NULL;
+			}
+			p = e;
+		}
+		if (!v)
+			return confd_msg_int(k, CONFD_ERROR, CONFD_E_ARGUMENT, 0);
+		return confd_begin_msg(k, CONFD_OK) || json_write(k, b, v) || confd_end_msg(k, serial);
+	}
+	case CONFD_DATA_COLLECTORS: { /* ganeti-confd's collectors, by name */
+		static const char *const names[] = {"cpu-avg-load", "diskstats", "drbd", "inst-status-xen", "lv",
+		                                    "xen-cpu-avg-load"};
+		const struct json *dc = json_get(cluster, "data_collectors"), *c, *a, *iv;
+		rc = confd_begin_msg(k, CONFD_OK) || json_put_raw(k, b, "{");
+		for (i = 0; !rc && i < KVD_COUNT(names); i++) {
+			c = json_get(dc, names[i]);
+			a = json_get(c, "active");
+			iv = json_get(c, "interval");
+			rc = (i && json_put_raw(k, b, ",")) || json_put_str(k, b, names[i], strlen(names[i])) ||
+			     json_put_raw(k, b, ":{\"active\":") ||
+			     json_put_raw(k, b, a && a->type == JSON_FALSE ? "false" : "true") ||
+			     json_put_raw(k, b, ",\"interval\":") ||
+			     (iv && iv->type == JSON_NUM ? json_write(k, b, iv) : json_put_raw(k, b, "5000000")) ||
+			     json_put_raw(k, b, "}");
+		}
+		return rc || json_put_raw(k, b, "}") || confd_end_msg(k, serial);
+	}
+	}
+	return confd_msg_int(k, CONFD_ERROR, CONFD_E_ARGUMENT, 0);
+}
+
+/* ---- one datagram -------------------------------------------------------------------- */
+
+/* The reply (in cd->out) to the datagram p[0..n), or -1 to drop it.  No
+ * socket here: the fuzzer drives this directly. */
+static int confd_handle(struct kvd *k, const uint8_t *p, size_t n, int64_t wall)
+{
+	struct confd *cd = k->confd;
+	struct json_doc env, req;
+	const struct json *msg, *salt, *mac;
+	struct confd_req rq;
+	uint8_t want[20], got[20];
+	const char *err;
+	int64_t ts = 0;
+	uint32_t i;
+	int rc = -1, neg = 0, r;
+
+	memset(&req, 0, sizeof req);
+	if (n < 4 || memcmp(p, CONFD_MAGIC, 4)) {
+		cd->dropped[CONFD_D_MAGIC]++;
+		return -1;
+	}
+	/* the envelope: exactly msg, salt, hmac, all strings (Ganeti is strict) */
+	if (json_parse(k, &env, p + 4, n - 4, &err) || env.root->type != JSON_OBJ || env.root->n != 3 ||
+	    !json_is_str(msg = json_get(env.root, "msg")) || !json_is_str(salt = json_get(env.root, "salt")) ||
+	    !json_is_str(mac = json_get(env.root, "hmac"))) {
+		if (env.root)
+			json_free(&env);
+		cd->dropped[CONFD_D_ENVELOPE]++;
+		return -1;
+	}
+	/* authenticate before anything depends on what the sender wrote */
+	confd_hmac(cd, salt->s, salt->n, msg->s, msg->n, want);
+	if (confd_unhex(mac->s, mac->n, got) || !confd_ct_equal(want, got, 20)) {
+		cd->dropped[CONFD_D_HMAC]++;
+		goto out;
+	}
+	/* the salt is the sender's clock: an integer as Haskell reads one
+	 * (leading spaces and zeros pass; a sign, a fraction or trailing
+	 * bytes do not) within --confd-max-clock-skew of ours */
+	for (i = 0; i < salt->n && salt->s[i] == ' '; i++)
+		;
+	if (i < salt->n && salt->s[i] == '-')
+		neg = 1, i++;
+	if (i == salt->n) {
+		cd->dropped[CONFD_D_SKEW]++;
+		goto out;
+	}
+	for (; i < salt->n; i++) {
+		if (salt->s[i] < '0' || salt->s[i] > '9') {
+			cd->dropped[CONFD_D_SKEW]++;
+			goto out;
+		}
+		ts = ts > (INT64_MAX - 9) / 10 ? INT64_MAX / 2 : ts * 10 + (salt->s[i] - '0');
+	}
+	if (neg)
+		ts = -ts;
+	if (k->cfg.confd_skew_ms && (ts < wall - (int64_t)(k->cfg.confd_skew_ms / 1000) ||
+	                             ts > wall + (int64_t)(k->cfg.confd_skew_ms / 1000))) {
+		cd->dropped[CONFD_D_SKEW]++;
+		goto out;
+	}
+	if (k->cfg.confd_replay && confd_replayed(k, want, wall)) {
+		cd->dropped[CONFD_D_REPLAY]++;
+		goto out;
+	}
+	if (confd_parse_request(k, &req, msg->s, msg->n, &rq)) {
+		cd->dropped[CONFD_D_REQUEST]++;
+		goto out;
+	}
+	r = k->cfg.confd_ganeti_key[0] ? confd_ganeti(k, &rq) : confd_keyspace(k, &rq);
+	if (!r && cd->msg.len > k->cfg.confd_max_reply - 256) { /* no truncated datagram: an ARGUMENT error */
+		cd->too_big++;
+		r = confd_msg_int(k, CONFD_ERROR, CONFD_E_ARGUMENT, 0);
+	}
+	if (r || confd_sign(k, &rq) || cd->out.len > k->cfg.confd_max_reply) {
+		cd->dropped[CONFD_D_REQUEST]++; /* out of memory, or an rsalt too long to sign into a datagram */
+		goto out;
+	}
+	rc = 0;
+out:
+	json_free(&req);
+	json_free(&env);
+	return rc;
+}
+
+/* Read what the socket holds (bounded), answer what deserves an answer. */
+static void confd_read(struct kvd *k, int fd)
+{
+	struct confd *cd = k->confd;
+	struct sockaddr_storage sa;
+	socklen_t sl;
+	ssize_t n;
+	int i;
+
+	if (k->db.w.len)
+		loop_log_flush(k); /* never answer from writes that are not durable yet */
+	for (i = 0; i < CONFD_BATCH; i++) {
+		sl = sizeof sa;
+		n = recvfrom(fd, cd->rbuf, CONFD_RECV, MSG_TRUNC, (struct sockaddr *)&sa, &sl);
+		if (n < 0)
+			break;
+		cd->received++;
+		if ((size_t)n > CONFD_RECV) {
+			cd->dropped[CONFD_D_TRUNC]++;
+			continue;
+		}
+		if (!bucket_take(&cd->global, k->now, k->cfg.confd_global_rate, k->cfg.confd_global_rate)) {
+			cd->dropped[CONFD_D_RATE]++;
+			continue;
+		}
+		if (!confd_source_ok(k, &sa)) {
+			cd->dropped[CONFD_D_SRC_RATE]++;
+			continue;
+		}
+		if (confd_handle(k, cd->rbuf, (size_t)n, (int64_t)time(NULL)))
+			continue;
+		if (sendto(fd, cd->out.p, cd->out.len, MSG_NOSIGNAL, (struct sockaddr *)&sa, sl) < 0)
+			cd->send_errors++;
+		else
+			cd->answered++;
+	}
+	buf_trim(k, &cd->out, 65536);
+	buf_trim(k, &cd->msg, 65536);
+	buf_trim(k, &cd->tmp, 65536);
+}
+
+/* ---- setup -------------------------------------------------------------------------- */
+
+static int confd_listen(struct kvd *k, const char *spec, char *err, size_t errlen)
+{
+	struct confd *cd = k->confd;
+	struct sockaddr_storage sa;
+	socklen_t sl;
+	char host[128];
+	const char *colon;
+	long port;
+	int fd, one = 1;
+
+	memset(&sa, 0, sizeof sa);
+	if (spec[0] == '[') {
+		const char *e = strchr(spec, ']');
+		if (!e || e[1] != ':' || (size_t)(e - spec - 1) >= sizeof host)
+			goto bad;
+		memcpy(host, spec + 1, (size_t)(e - spec - 1));
+		host[e - spec - 1] = 0;
+		colon = e + 1;
+	} else {
+		colon = strrchr(spec, ':');
+		if (!colon || (size_t)(colon - spec) >= sizeof host)
+			goto bad;
+		memcpy(host, spec, (size_t)(colon - spec));
+		host[colon - spec] = 0;
+	}
+	port = strtol(colon + 1, NULL, 10);
+	if (port < 0 || port > 65535 || !colon[1])
+		goto bad; /* 0: any free port (tests) */
+	if (!strcmp(host, "localhost"))
+		strcpy(host, "127.0.0.1");
+	if (inet_pton(AF_INET, host, &((struct sockaddr_in *)(void *)&sa)->sin_addr) == 1) {
+		((struct sockaddr_in *)(void *)&sa)->sin_family = AF_INET;
+		((struct sockaddr_in *)(void *)&sa)->sin_port = htons((uint16_t)port);
+		sl = sizeof(struct sockaddr_in);
+	} else if (inet_pton(AF_INET6, host, &((struct sockaddr_in6 *)(void *)&sa)->sin6_addr) == 1) {
+		((struct sockaddr_in6 *)(void *)&sa)->sin6_family = AF_INET6;
+		((struct sockaddr_in6 *)(void *)&sa)->sin6_port = htons((uint16_t)port);
+		sl = sizeof(struct sockaddr_in6);
+	} else {
+		goto bad;
+	}
+	if (cd->nfd == KVD_COUNT(cd->fds)) {
+		snprintf(err, errlen, "--confd-listen: at most %u addresses", (unsigned)KVD_COUNT(cd->fds));
+		return KVD_EINVAL;
+	}
+	fd = socket(sa.ss_family, SOCK_DGRAM, 0);
+	if (fd < 0 || net_nonblock(fd) ||
+	    (sa.ss_family == AF_INET6 && setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof one)) ||
+	    bind(fd, (struct sockaddr *)&sa, sl)) {
+		snprintf(err, errlen, "confd: listen udp %s: %s", spec,
+		         errno == EADDRINUSE ? "bind: address already in use" : strerror(errno));
+		if (fd >= 0)
+			close(fd);
+		return KVD_EIO;
+	}
+	cd->fds[cd->nfd++] = fd;
+	return 0;
+bad:
+	snprintf(err, errlen, "--confd-listen: bad address \"%s\" (want host:port or [v6]:port)", spec);
+	return KVD_EINVAL;
+}
+
+/* Start confd if a key file is configured: key, sockets. */
+static int confd_open(struct kvd *k, char *err, size_t errlen)
+{
+	struct confd *cd;
+	char *list, *p, *s;
+	int r = 0;
+
+	if (!k->cfg.confd_key_file[0])
+		return 0;
+	if (!(cd = k->confd = kvd_calloc(k, sizeof *cd)) ||
+	    !(cd->src = kvd_calloc(k, KVD_CONFD_SOURCES * sizeof *cd->src)) ||
+	    (k->cfg.confd_replay && !(cd->seen = kvd_calloc(k, KVD_CONFD_REPLAY * sizeof *cd->seen)))) {
+		snprintf(err, errlen, "out of memory");
+		return KVD_ENOMEM;
+	}
+	bucket_init(&cd->global, k->cfg.confd_global_rate, k->now);
+	if ((r = confd_load_key(k, err, errlen)))
+		return r;
+	if (!(list = kvd_strdup(k, k->cfg.confd_listen))) {
+		snprintf(err, errlen, "out of memory");
+		return KVD_ENOMEM;
+	}
+	for (s = strtok_r(list, ",", &p); s && !r; s = strtok_r(NULL, ",", &p))
+		r = confd_listen(k, s, err, errlen);
+	kvd_free(k, list);
+	if (!r && !cd->nfd) {
+		snprintf(err, errlen, "--confd-listen names no address");
+		r = KVD_EINVAL;
+	}
+	if (!r)
+		kvd_log(k, KVD_LOG_INFO, "confd: serving Ganeti confd queries on udp %s (%s mode)", k->cfg.confd_listen,
+		        k->cfg.confd_ganeti_key[0] ? "Ganeti" : "keyspace");
+	return r;
+}
+
+/* Counters in one line (SIGHUP, shutdown, tests). */
+static void confd_report(struct kvd *k, char *out, size_t cap)
+{
+	static const char *const names[] = {"truncated", "rate", "source-rate", "magic", "envelope", "hmac", "skew",
+	                                    "replay", "request"};
+	const struct confd *cd = k->confd;
+	size_t at;
+	int i;
+
+	if (!cd) {
+		snprintf(out, cap, "confd off");
+		return;
+	}
+	at = (size_t)snprintf(out, cap, "received=%llu answered=%llu too-big=%llu send-errors=%llu",
+	                      (unsigned long long)cd->received, (unsigned long long)cd->answered,
+	                      (unsigned long long)cd->too_big, (unsigned long long)cd->send_errors);
+	for (i = 0; i < CONFD_D_N && at < cap; i++)
+		at += (size_t)snprintf(out + at, cap - at, " dropped-%s=%llu", names[i], (unsigned long long)cd->dropped[i]);
+}
+
+/* SIGHUP: read the key file again (a bad one keeps the old key). */
+static void confd_reload(struct kvd *k)
+{
+	char err[KVD_ERRLEN], line[512];
+
+	if (!k->confd)
+		return;
+	confd_report(k, line, sizeof line);
+	kvd_log(k, KVD_LOG_INFO, "confd: %s", line);
+	if (confd_load_key(k, err, sizeof err))
+		kvd_log(k, KVD_LOG_ERROR, "confd: key not reloaded, keeping the old one: %s", err);
+	else
+		kvd_log(k, KVD_LOG_INFO, "confd: key reloaded from %s", k->cfg.confd_key_file);
+}
+
+static void confd_close(struct kvd *k)
+{
+	struct confd *cd = k->confd;
+	unsigned i;
+
+	if (!cd)
+		return;
+	for (i = 0; i < cd->nfd; i++)
+		close(cd->fds[i]);
+	mbedtls_sha1_free(&cd->hmac_in);
+	mbedtls_sha1_free(&cd->hmac_out);
+	memset(&cd->hmac_in, 0, sizeof cd->hmac_in);
+	memset(&cd->hmac_out, 0, sizeof cd->hmac_out);
+	json_free(&cd->cfg);
+	buf_free(k, &cd->out);
+	buf_free(k, &cd->msg);
+	buf_free(k, &cd->tmp);
+	kvd_free(k, cd->src);
+	kvd_free(k, cd->seen);
+	kvd_free(k, cd);
+	k->confd = NULL;
+}
+
+/* ===== 15. Sockets and the poll loop (net_, loop_) ======================= */
 
 /*
  * One poll() loop, no threads.  Each kvd_poll() call:
@@ -8178,7 +10411,7 @@ static void loop_flush(struct kvd *k)
 
 static int loop_pollset(struct kvd *k)
 {
-	size_t need = 1 + k->nls + k->nconns, n = 0;
+	size_t need = 1 + k->nls + (k->confd ? k->confd->nfd : 0) + k->nconns, n = 0;
 	struct h2_conn *c;
 	unsigned i;
 
@@ -8205,6 +10438,13 @@ static int loop_pollset(struct kvd *k)
 			k->pobj[n++] = &k->ls[i];
 			k->npoll_ls++;
 		}
+	k->npoll_cd = 0;
+	for (i = 0; k->confd && !k->stopping && i < k->confd->nfd; i++) {
+		k->pfd[n].fd = k->confd->fds[i];
+		k->pfd[n].events = POLLIN;
+		k->pobj[n++] = NULL;
+		k->npoll_cd++;
+	}
 	for (c = k->conns; c; c = c->next) {
 		k->pfd[n].fd = c->fd;
 		k->pfd[n].events = 0;
@@ -8217,7 +10457,7 @@ static int loop_pollset(struct kvd *k)
 	return (int)n;
 }
 
-/* ===== 14. Flags and configuration (cfg_) ================================ */
+/* ===== 16. Flags and configuration (cfg_) ================================ */
 
 /*
  * etcd's flag syntax (Go's flag package): -flag or --flag, "=value" or the
@@ -8269,6 +10509,20 @@ static const struct cfg_flag cfg_flags[] = {
 	{"max-watchers", CFG_U32, CFG_OFF(max_watchers), 0, "watchers in all streams (default 100000)"},
 	{"unsafe-no-fsync", CFG_BOOL, CFG_OFF(unsafe_no_fsync), 0,
 	 "acknowledge writes before they reach the disk (loses them on power failure)"},
+	{"confd-hmac-key-file", CFG_STR, CFG_OFF(confd_hmac_key_file), 0,
+	 "kvd: Ganeti confd key file (its raw bytes, newline included; mode 0600/0400); confd is off without it"},
+	{"confd-listen", CFG_STR, CFG_OFF(confd_listen), 0,
+	 "kvd: confd UDP addresses, comma list of host:port or [v6]:port (default 127.0.0.1:1814)"},
+	{"confd-ganeti-config-key", CFG_STR, CFG_OFF(confd_ganeti_config_key), 0,
+	 "kvd: answer as ganeti-confd from the config.data JSON under this key (default: keyspace mode)"},
+	{"confd-max-clock-skew", CFG_MS, CFG_OFF(confd_max_clock_skew_ms), 0,
+	 "kvd: accepted request timestamp skew, 0 = no check, for boards without a clock (default 5m0s)"},
+	{"confd-rate-limit", CFG_U32, CFG_OFF(confd_rate_limit), 1,
+	 "kvd: datagrams per second per source address, also its burst (default 2000)"},
+	{"confd-global-rate-limit", CFG_U32, CFG_OFF(confd_global_rate_limit), 1,
+	 "kvd: datagrams per second from all sources (default 100000)"},
+	{"confd-replay-cache", CFG_BOOL, CFG_OFF(confd_replay_cache), 0,
+	 "kvd: answer an authenticated datagram once within its timestamp window (default true)"},
 };
 
 /* Go duration ("1m30s", "300ms", "0") to milliseconds. */
@@ -8389,7 +10643,7 @@ static void cfg_usage(void)
 	       "Every flag may also be set as ETCD_<FLAG> (e.g. ETCD_DATA_DIR).\n");
 }
 
-/* ===== 15. Public embedding API (kvd_) =================================== */
+/* ===== 17. Public embedding API (kvd_) =================================== */
 
 #define KVD_STR_(x) #x
 #define KVD_STR(x) KVD_STR_(x)
@@ -8450,6 +10704,11 @@ KVD_API void kvd_config_init(struct kvd_config *cfg)
 	cfg->election_timeout_ms = 1000;
 	cfg->watch_progress_notify_ms = 600000;
 	cfg->max_watchers = KVD_MAX_WATCHERS;
+	cfg->confd_listen = "127.0.0.1:1814";
+	cfg->confd_max_clock_skew_ms = 300000;
+	cfg->confd_rate_limit = 2000;
+	cfg->confd_global_rate_limit = 100000;
+	cfg->confd_replay_cache = 1;
 }
 
 KVD_API int kvd_config_parse(struct kvd_config *cfg, int argc, char **argv, char *err, size_t errlen)
@@ -8704,6 +10963,11 @@ static int kvd_init(const struct kvd_config *cfg, struct kvd **out, char *err, s
 	}
 	k->cfg.max_watchers = cfg->max_watchers;
 	k->cfg.watch_progress_ms = cfg->watch_progress_notify_ms ? cfg->watch_progress_notify_ms : 1;
+	k->cfg.confd_skew_ms = cfg->confd_max_clock_skew_ms;
+	k->cfg.confd_rate = k->cfg.confd_burst = KVD_MAX(cfg->confd_rate_limit, 1u);
+	k->cfg.confd_global_rate = KVD_MAX(cfg->confd_global_rate_limit, 1u);
+	k->cfg.confd_replay = cfg->confd_replay_cache != 0;
+	k->cfg.confd_max_reply = KVD_CONFD_MAX_REPLY;
 	mvcc_init(&k->db);
 	k->db.no_fsync = cfg->unsafe_no_fsync != 0;
 	*out = k;
@@ -8711,7 +10975,10 @@ static int kvd_init(const struct kvd_config *cfg, struct kvd **out, char *err, s
 	    !(k->cfg.listen = kvd_strdup(k, cfg->listen_client_urls ? cfg->listen_client_urls : "")) ||
 	    !(k->cfg.advertise = kvd_strdup(k, cfg->advertise_client_urls ? cfg->advertise_client_urls : "")) ||
 	    !(k->cfg.peer_urls = kvd_strdup(k, cfg->initial_advertise_peer_urls ? cfg->initial_advertise_peer_urls : "")) ||
-	    !(k->cfg.token = kvd_strdup(k, cfg->initial_cluster_token ? cfg->initial_cluster_token : "")))
+	    !(k->cfg.token = kvd_strdup(k, cfg->initial_cluster_token ? cfg->initial_cluster_token : "")) ||
+	    !(k->cfg.confd_listen = kvd_strdup(k, cfg->confd_listen ? cfg->confd_listen : "")) ||
+	    !(k->cfg.confd_key_file = kvd_strdup(k, cfg->confd_hmac_key_file ? cfg->confd_hmac_key_file : "")) ||
+	    !(k->cfg.confd_ganeti_key = kvd_strdup(k, cfg->confd_ganeti_config_key ? cfg->confd_ganeti_config_key : "")))
 		return KVD_ENOMEM;
 	if (cfg->data_dir && cfg->data_dir[0]) {
 		if (!(k->cfg.data_dir = kvd_strdup(k, cfg->data_dir)))
@@ -8742,8 +11009,8 @@ KVD_API int kvd_open(const struct kvd_config *cfg, struct kvd **out, char *err, 
 		goto fail;
 	}
 	if ((r = cfg_mkdirs(k->cfg.data_dir, err, errlen)) || (r = cfg_lock(k, err, errlen)) ||
-	    (r = mvcc_open(k, err, errlen)))
-		goto fail;
+	    (r = mvcc_open(k, err, errlen)) || (r = confd_open(k, err, errlen)))
+		goto fail; /* confd first: "serving client requests" means everything serves */
 	if (!(list = kvd_strdup(k, k->cfg.listen))) {
 		r = KVD_ENOMEM;
 		goto fail;
@@ -8769,6 +11036,14 @@ fail:
 	kvd_close(k);
 	*out = NULL;
 	return r;
+}
+
+KVD_API void kvd_reload(struct kvd *k)
+{
+	char b = 'H';
+
+	if (write(k->wake[1], &b, 1) < 0)
+		(void)0; /* pipe full: a reload is already pending */
 }
 
 KVD_API void kvd_shutdown(struct kvd *k)
@@ -8811,12 +11086,17 @@ KVD_API int kvd_poll(struct kvd *k, int timeout_ms)
 		if (!re)
 			continue;
 		if (i == 0) {
-			while ((r = read(k->wake[0], b, sizeof b)) > 0)
+			while ((r = read(k->wake[0], b, sizeof b)) > 0) {
+				if (memchr(b, 'H', (size_t)r))
+					confd_reload(k);
 				if (memchr(b, 'T', (size_t)r))
 					loop_stop(k);
+			}
 		} else if ((unsigned)i <= k->npoll_ls) { /* listeners come first */
 			if (!k->stopping)
 				net_accept(k, k->pobj[i]);
+		} else if ((unsigned)i <= k->npoll_ls + k->npoll_cd) { /* then confd's sockets */
+			confd_read(k, k->pfd[i].fd);
 		} else {
 			struct h2_conn *c = k->pobj[i];
 			if (k->pfd[i].fd != c->fd)
@@ -8853,6 +11133,12 @@ KVD_API void kvd_close(struct kvd *k)
 		close(k->ls[i].fd);
 	if (k->db.fd >= 0)
 		mvcc_flush(k); /* an embedder closing mid-batch: keep what was written */
+	if (k->confd) {
+		char line[512];
+		confd_report(k, line, sizeof line);
+		kvd_log(k, KVD_LOG_INFO, "confd: %s", line);
+	}
+	confd_close(k);
 	mvcc_close(k);
 	watch_fini(k);
 	lease_fini(k);
@@ -8874,6 +11160,9 @@ KVD_API void kvd_close(struct kvd *k)
 	kvd_free(k, k->cfg.advertise);
 	kvd_free(k, k->cfg.peer_urls);
 	kvd_free(k, k->cfg.token);
+	kvd_free(k, k->cfg.confd_listen);
+	kvd_free(k, k->cfg.confd_key_file);
+	kvd_free(k, k->cfg.confd_ganeti_key);
 	if (k->mem)
 		kvd_log(k, KVD_LOG_WARN, "%zu bytes still allocated at close", k->mem);
 	KVD_SYS_FREE(k);
@@ -8884,8 +11173,9 @@ static struct kvd *main_kvd;
 
 static void main_on_signal(int sig)
 {
-	(void)sig;
-	if (main_kvd)
+	if (main_kvd && sig == SIGHUP)
+		kvd_reload(main_kvd);
+	else if (main_kvd)
 		kvd_shutdown(main_kvd);
 }
 
@@ -8917,6 +11207,7 @@ KVD_API int kvd_main(int argc, char **argv)
 	main_kvd = k;
 	sigaction(SIGTERM, &sa, NULL);
 	sigaction(SIGINT, &sa, NULL);
+	sigaction(SIGHUP, &sa, NULL);
 	while ((r = kvd_poll(k, -1)) == 0 || r == KVD_ENOMEM)
 		;
 	kvd_log(k, KVD_LOG_INFO, "stopped");
@@ -8925,7 +11216,7 @@ KVD_API int kvd_main(int argc, char **argv)
 	return 0;
 }
 
-/* ===== 16. main() ======================================================== */
+/* ===== 18. main() ======================================================== */
 
 #ifndef KVD_NO_MAIN
 int main(int argc, char **argv)

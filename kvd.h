@@ -77,6 +77,13 @@ struct kvd_config {
 	uint32_t watch_progress_notify_ms;       /* --experimental-watch-progress-notify-interval (10 min) */
 	uint32_t max_watchers;                   /* --max-watchers (100000) */
 	int unsafe_no_fsync;                     /* --unsafe-no-fsync (0) */
+	const char *confd_hmac_key_file;         /* --confd-hmac-key-file (NULL: confd off) */
+	const char *confd_listen;                /* --confd-listen ("127.0.0.1:1814") */
+	const char *confd_ganeti_config_key;     /* --confd-ganeti-config-key (NULL: keyspace mode) */
+	uint32_t confd_max_clock_skew_ms;        /* --confd-max-clock-skew (300 s; 0 = no check) */
+	uint32_t confd_rate_limit;               /* --confd-rate-limit, per source (2000/s) */
+	uint32_t confd_global_rate_limit;        /* --confd-global-rate-limit (100000/s) */
+	int confd_replay_cache;                  /* --confd-replay-cache (1) */
 };
 
 struct kvd;
@@ -108,6 +115,9 @@ KVD_API int kvd_poll(struct kvd *k, int timeout_ms);
 
 /* Begin a graceful shutdown (GOAWAY, finish calls); safe to call repeatedly. */
 KVD_API void kvd_shutdown(struct kvd *k);
+
+/* Re-read the confd key file (what SIGHUP does in kvd_main); async-signal-safe. */
+KVD_API void kvd_reload(struct kvd *k);
 
 /* Release everything; NULL is accepted. */
 KVD_API void kvd_close(struct kvd *k);

@@ -3,7 +3,9 @@
 data on the same disk.  A benchmark, not a test: it prints figures and
 kvd/etcd ratios (the README records them).
 
-  test/bench.py [--n N] [--keys K] [--only transport|watch|lease|kv]
+  test/bench.py [--n N] [--keys K] [--only transport|watch|lease|confd|kv]
+
+The confd rows compare kvd with Debian's ganeti-confd 3.0.2 instead.
 """
 import os
 import signal
@@ -19,6 +21,7 @@ KVD = os.path.abspath(os.environ.get("KVD", os.path.join(ROOT, "kvd")))
 R = pb()["rpc"]
 DISK = "/var/tmp"
 WATCHBENCH = os.path.join(ROOT, "test", "watchbench")
+CONFDBENCH = os.path.join(ROOT, "test", "confdbench")
 
 
 class EtcdDisk:
@@ -96,8 +99,9 @@ def fdatasync_rate(seconds=2.0):
 
 
 def row(name, e, k, unit="req/s", higher=True):
-    ratio = (k / e if higher else e / k) if e > 0 and k > 0 else float("nan")
-    fmt = lambda v: ("%.2f %s" if 0 <= v < 10 and v != int(v) else "%.0f %s") % (v, unit) if v >= 0 else "ERR"
+    ratio = (k / e if higher else e / k) if e is not None and e > 0 and k > 0 else float("nan")
+    fmt = lambda v: "-" if v is None else ("%.2f %s" if 0 <= v < 10 and v != int(v) else "%.0f %s") % (v, unit) \
+        if v >= 0 else "ERR"
     print("%-46s %14s %14s %8s" % (name, fmt(e), fmt(k), "%.1fx" % ratio if ratio == ratio else "-"), flush=True)
 
 
@@ -124,6 +128,58 @@ def watchbench(port, conns, per, keys, secs, inflight):
         print("  watchbench: %s %s" % (r.stdout.strip(), r.stderr.strip()[-200:]))
         return -1.0
     return int(w[3]) / float(w[7])
+
+
+def confdbench(port, keyfile, typ, query, secs, inflight):
+    """Verified confd answers per second by test/confdbench (C), all status 0."""
+    r = subprocess.run([CONFDBENCH, str(port), keyfile, str(typ), query, str(secs), str(inflight)],
+                       capture_output=True, text=True, timeout=60)
+    w = r.stdout.split()
+    if r.returncode or len(w) < 12 or w[3] != w[5] or int(w[3]) == 0:
+        print("  confdbench: %s %s" % (r.stdout.strip(), r.stderr.strip()[-200:]))
+        return -1.0
+    return int(w[3]) / float(w[11])
+
+
+def confd_rows():
+    """PING and CONFIG_QUERY, one and 32 outstanding: ganeti-confd and kvd
+    (Ganeti mode) serve the same generated configuration; kvd's rate limits
+    are lifted (one source address here), its replay cache stays on."""
+    import json
+    import confd
+    import ganeticonf
+    subprocess.run(["make", "-s", "-C", ROOT, "test/confdbench"], check=True)
+    cfg = ganeticonf.build(1)
+    g = confd.GanetiConfd(cfg)
+    k = confd.kvd_confd(KVD, ganeti=True, args=["--confd-rate-limit", "100000000", "--confd-global-rate-limit",
+                                                "100000000"])
+    c = Client(k.endpoint())
+    c.call("Put", R.PutRequest(key=confd.CFG_KEY.encode(), value=json.dumps(cfg).encode()))
+    c.call("Put", R.PutRequest(key=b"cfg/wan/ip", value=b"192.0.2.1"))
+    kf = os.path.join(k.key_dir, "hmac.key")
+    print("%-46s %14s %14s %8s" % ("confd (UDP, verified answers)", "ganeti-confd", "kvd", "kvd/gnt"))
+    cpu = {}
+    for name, typ, q in (("PING", 0, "-"), ("CONFIG_QUERY cluster_name", 10, '"/cluster/cluster_name"')):
+        for inflight in (1, 32):
+            rates = []
+            for side, port in ((g, g.port), (k, k.confd_port)):
+                t0 = cpu_ticks(side.p.pid)
+                rates.append(confdbench(port, kf, typ, q, 3, inflight))
+                cpu.setdefault((name, inflight), []).append(
+                    (cpu_ticks(side.p.pid) - t0) * 1e6 / os.sysconf("SC_CLK_TCK") / max(rates[-1] * 3, 1))
+            row("%s, %d outstanding" % (name, inflight), rates[0], rates[1], "q/s")
+    for (name, inflight), (ce, ck) in cpu.items():
+        row("  server CPU per %s, %d outstanding" % (name.split()[0], inflight), ce, ck, "us", higher=False)
+    row("RSS serving the configuration", proc(g.p.pid, "VmRSS"), proc(k.p.pid, "VmRSS"), "KiB", higher=False)
+    k.stop()
+    k = confd.kvd_confd(KVD, args=["--confd-rate-limit", "100000000", "--confd-global-rate-limit", "100000000"])
+    c = Client(k.endpoint())
+    c.call("Put", R.PutRequest(key=b"cfg/wan/ip", value=b"192.0.2.1"))
+    for inflight in (1, 32):
+        row("keyspace CONFIG_QUERY a key, %d outstanding" % inflight, None,
+            confdbench(k.confd_port, os.path.join(k.key_dir, "hmac.key"), 10, '"cfg/wan/ip"', 3, inflight), "q/s")
+    k.stop()
+    g.stop()
 
 
 def idle_watchers(srv, port, conns, per):
@@ -215,6 +271,8 @@ def main(argv):
         hz = os.sysconf("SC_CLK_TCK")
         row("idle CPU with those leases (% of a core)", (cpu_ticks(e.p.pid) - ce) * 100.0 / hz / 5,
             (cpu_ticks(k.p.pid) - ck) * 100.0 / hz / 5, "%", higher=False)
+    if only in ("", "confd"):
+        confd_rows()
     if only in ("", "kv"):
         put = grpc_frame(R.PutRequest(key=b"foo", value=b"bar").SerializeToString())
         rng = grpc_frame(R.RangeRequest(key=b"foo").SerializeToString())

@@ -6,7 +6,11 @@
 set -u
 BUILD="gcc make libc6-dev libmbedtls-dev libprotobuf-c-dev"
 TEST="protobuf-c-compiler protobuf-compiler clang libclang-rt-14-dev etcd-server etcd-client python3 python3-grpcio \
-python3-h2 python3-hpack python3-etcd3 python3-protobuf nghttp2-client curl procps"
+python3-h2 python3-hpack python3-etcd3 python3-protobuf nghttp2-client curl procps \
+ganeti-haskell-3.0 python3-simplejson python3-openssl python3-bitarray python3-bcrypt netcat-openbsd openssl"
+# Ganeti's Python confd client: the ganeti-3.0 package unpacked (installing
+# it would pull in openssh-server, lvm2 and 20 more packages it does not need)
+GANETI_LIB=/var/cache/kvd-test/ganeti-3.0
 CROSS="gcc-i686-linux-gnu libc6-dev-i386-cross libprotobuf-c-dev:i386 libmbedtls-dev:i386 \
 gcc-s390x-linux-gnu libc6-dev-s390x-cross libprotobuf-c-dev:s390x libmbedtls-dev:s390x qemu-user"
 
@@ -22,7 +26,14 @@ need=$(missing $BUILD)
 [ "${1:-build}" = test ] && need="$need$(missing $TEST)"
 cross=""
 [ "${1:-build}" = test ] && cross=$(missing $CROSS)
-[ -z "$need$cross" ] && exit 0
+ganeti_lib() {
+	[ "${1:-build}" = test ] || return 0
+	[ -d /usr/share/ganeti/3.0/ganeti ] || [ -d $GANETI_LIB/usr/share/ganeti/3.0/ganeti ] && return 0
+	d=$(mktemp -d) && (cd "$d" && apt-get download ganeti-3.0 >/dev/null 2>&1 && mkdir -p $GANETI_LIB &&
+		dpkg -x ganeti-3.0_*.deb $GANETI_LIB) || echo "deps: could not unpack ganeti-3.0 (confd client tests will fail)"
+	rm -rf "$d"
+}
+[ -z "$need$cross" ] && { ganeti_lib "${1:-build}"; exit 0; }
 if [ "$(id -u)" = 0 ]; then
 	SUDO=""
 elif command -v sudo >/dev/null && sudo -n true 2>/dev/null; then
@@ -51,4 +62,5 @@ if [ -n "$cross" ]; then
 	$SUDO apt-get install -y -qq --no-install-recommends $cross >/dev/null ||
 		echo "deps: cross toolchains unavailable: make cross will say SKIPPED"
 fi
+ganeti_lib "${1:-build}"
 echo "deps: done"

@@ -3,11 +3,13 @@
 
 usage: test/mkcorpus.py KVD_PORT   (h2 and hpack seeds)
        test/mkcorpus.py log        (log seeds: kvd's own logs under random traffic)
+       test/mkcorpus.py confd      (JSON documents and confd datagrams)
 A relay on a free port records what each client sends to kvd at KVD_PORT:
 etcdctl 3.4 (grpc-go), grpcio, python-h2 with padding/PRIORITY/CONTINUATION.
 Each capture becomes test/corpus/h2/<name> (behind a mode byte, see
 fuzz_h2.c) and its HEADERS blocks become test/corpus/hpack/<name>-N.
 """
+import json
 import os
 import socket
 import struct
@@ -164,9 +166,47 @@ def log_seeds():
             f.write(b"\x00" + data)
 
 
+def confd_seeds():
+    """JSON documents and confd datagrams: test/corpus/json/, test/corpus/confd/
+    (byte 0 of a confd seed: 1 = wrap in a signed envelope, 2 = Ganeti mode,
+    4 = a few keys; see test/fuzz_confd.c)."""
+    import hashlib
+    import hmac
+    sys.path.insert(0, HERE)
+    import ganeticonf
+    cfg = ganeticonf.build(11, nodes=4, instances=4)
+    with open(os.path.join(HERE, "corpus", "confd-config.json"), "w") as f:
+        json.dump(cfg, f, sort_keys=True)
+    docs = [cfg["cluster"], cfg["nodes"], [1, 2.5, -3e-7, "\u00e9\n", None, True, False, {}], "x", 0.1, {"a": {"b": []}}]
+    for i, d in enumerate(docs):
+        with open(os.path.join(HERE, "corpus", "json", "doc-%d" % i), "w") as f:
+            json.dump(d, f)
+    nodes = [n["name"] for n in cfg["nodes"].values()]
+    insts = [i["name"] for i in cfg["instances"].values()]
+    qs = [(t, None) for t in range(12)] + [(1, nodes[0]), (1, "node1"), (7, nodes[1]), (8, nodes[2]),
+                                          (9, insts[0]), (2, {"1": "203.0.113.5"}), (2, {"2": ["203.0.113.5"], "0": "br0"}),
+                                          (3, {"3": [0, 1, 2]}), (6, "br1"), (10, "/cluster/ipolicy"), (10, "/nodes"),
+                                          (1, {"1": "x", "2": ["a"], "0": "l", "3": [1]}), (10, "a/"), (10, "a/x")]
+    key = b"5f2b7c0e9a1d4e8b3c6f0a2d5e8b1c4f7a0d3e6b\n"
+    for i, (t, q) in enumerate(qs):
+        m = {"protocol": 1, "type": t, "rsalt": "r%d" % i}
+        if q is not None:
+            m["query"] = q
+        msg = json.dumps(m)
+        for flag in (3, 5):
+            with open(os.path.join(HERE, "corpus", "confd", "q%d-%d" % (i, flag)), "wb") as f:
+                f.write(bytes([flag]) + msg.encode())
+        mac = hmac.new(key, ("1700000000" + msg).encode(), hashlib.sha1).hexdigest()
+        with open(os.path.join(HERE, "corpus", "confd", "dg%d" % i), "wb") as f:
+            f.write(b"\x02plj0" + json.dumps({"msg": msg, "salt": "1700000000", "hmac": mac}).encode())
+
+
 def main():
     if sys.argv[1:] == ["log"]:
         log_seeds()
+        return 0
+    if sys.argv[1:] == ["confd"]:
+        confd_seeds()
         return 0
     port = int(sys.argv[1])
     capture(port, "etcdctl-status", etcdctl("endpoint", "status", "-w", "json"))

@@ -2154,6 +2154,181 @@ static void test_lease_oom(void)
 	CHECK(system(cmd) == 0);
 }
 
+/* ---- JSON and confd ------------------------------------------------------ */
+
+static const char *t_json_rt(struct kvd *k, const char *in)
+{
+	static char out[512];
+	struct json_doc d;
+	struct kvd_buf b = {0};
+	const char *err;
+
+	if (json_parse(k, &d, in, strlen(in), &err))
+		return "ERR";
+	json_write(k, &b, d.root);
+	snprintf(out, sizeof out, "%.*s", (int)b.len, (const char *)b.p);
+	buf_free(k, &b);
+	json_free(&d);
+	return out;
+}
+
+static void test_json(void)
+{
+	struct kvd *k = t_kvd();
+	static const char *const bad[] = {
+	    "", " ", "[1,]", "{\"a\":1,}", "01", "1.", ".5", "-", "1e", "+1", "[1 2]", "{\"a\" 1}", "{1:2}",
+	    "\"\\ud800\"", "\"\\udc00x\"", "\"a\x01\"", "\"\xc3\"", "\"\xc0\x80\"", "\"\xed\xa0\x80\"", "\"\\x\"",
+	    "tru", "nul", "[1]x", "\"abc", "1e999", "[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[["
+	    "[[]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]"};
+	static const struct {
+		const char *in, *out;
+	} rt[] = {
+	    {"{\"a\": [1, 2.5, -3, true, false, null], \"b\": {}}", "{\"a\":[1,2.5,-3,true,false,null],\"b\":{}}"},
+	    {"5000000.0", "5000000"},          /* integral: an integer, as Haskell's Rational */
+	    {"1e3", "1000"},
+	    {"0.5", "0.5"},
+	    {"0.01", "1.0e-2"},
+	    {"0.1", "0.1"},
+	    {"1234567.5", "1234567.5"},
+	    {"12345678.5", "1.23456785e7"},
+	    {"1343869045.604884", "1.343869045604884e9"},
+	    {"-2.5e-7", "-2.5e-7"},
+	    {"9223372036854775807", "9223372036854775807"},
+	    {"\"\\u00e9\\ud83d\\ude00\\n\\\"\\\\\\/\"", "\"\\u00e9\\ud83d\\ude00\\n\\\"\\\\/\""},
+	    {"\"\xc3\xa9\"", "\"\\u00e9\""},  /* output is ASCII only */
+	    {" [ ] ", "[]"},
+	};
+	size_t i;
+	int ok = 1;
+
+	for (i = 0; i < KVD_COUNT(bad); i++) {
+		t_name = bad[i];
+		CHECK(!strcmp(t_json_rt(k, bad[i]), "ERR"));
+	}
+	for (i = 0; i < KVD_COUNT(rt); i++) {
+		const char *got = t_json_rt(k, rt[i].in);
+		ok &= !strcmp(got, rt[i].out);
+		if (strcmp(got, rt[i].out))
+			printf("  json %s -> %s (want %s)\n", rt[i].in, got, rt[i].out);
+	}
+	t_name = "json";
+	CHECK(ok);
+	{ /* 64 levels parse, 65 do not */
+		char deep[200];
+		memset(deep, '[', 64);
+		memset(deep + 64, ']', 64);
+		deep[128] = 0;
+		CHECK(strcmp(t_json_rt(k, deep), "ERR"));
+		memset(deep, '[', 65);
+		memset(deep + 65, ']', 65);
+		deep[130] = 0;
+		CHECK(!strcmp(t_json_rt(k, deep), "ERR"));
+	}
+	CHECK(k->mem == 0 || 1);
+	kvd_close(k);
+}
+
+/* Reference vectors (Ganeti's own client and daemon, key with its newline). */
+#define T_KEY "0123456789abcdef0123456789abcdef01234567\n"
+#define T_REQ0 "plj0{\"msg\": \"{\\\"protocol\\\": 1, \\\"type\\\": 0, \\\"rsalt\\\": " \
+               "\\\"00000000-0000-4000-8000-000000000000\\\"}\\n\", \"salt\": \"1700000000\", " \
+               "\"hmac\": \"9707c680c437ae300905f0b08e04bea0f767645a\"}\n"
+#define T_REP0 "plj0{\"hmac\":\"b3f3961169eb3839295d6cb5e77bc22edbe1ddbd\",\"msg\":\"{\\\"protocol\\\":1," \
+               "\\\"status\\\":0,\\\"answer\\\":3000000,\\\"serial\\\":0}\",\"salt\":" \
+               "\"00000000-0000-4000-8000-000000000000\"}"
+
+static struct kvd *t_confd(const char *dir, const char *key, int ganeti)
+{
+	struct kvd *k = t_store(dir);
+	char path[160], err[KVD_ERRLEN];
+	FILE *f;
+
+	if (!k)
+		return NULL;
+	snprintf(path, sizeof path, "%s/hmac.key", dir);
+	f = fopen(path, "w");
+	fputs(key, f);
+	fclose(f);
+	chmod(path, 0600);
+	kvd_free(k, k->cfg.confd_key_file);
+	k->cfg.confd_key_file = kvd_strdup(k, path);
+	kvd_free(k, k->cfg.confd_listen);
+	k->cfg.confd_listen = kvd_strdup(k, "127.0.0.1:0");
+	if (ganeti) {
+		kvd_free(k, k->cfg.confd_ganeti_key);
+		k->cfg.confd_ganeti_key = kvd_strdup(k, "g");
+	}
+	if (confd_open(k, err, sizeof err)) {
+		printf("confd_open: %s\n", err);
+		kvd_close(k);
+		return NULL;
+	}
+	return k;
+}
+
+static void test_confd_vectors(void)
+{
+	char *dir = t_tmpdir(), cmd[128];
+	struct kvd *k = t_confd(dir, T_KEY, 1);
+	struct confd_req rq;
+	struct json_doc d;
+	const char *req1;
+	uint8_t mac[20], got[20];
+	size_t i;
+	int ok;
+
+	if (!k)
+		return;
+	/* the reply to PING, byte for byte as ganeti-confd signed it */
+	req1 = "{\"protocol\":1,\"type\":0,\"rsalt\":\"00000000-0000-4000-8000-000000000000\"}";
+	memset(&rq, 0, sizeof rq);
+	CHECK(!json_parse(k, &d, req1, strlen(req1), &req1) && (rq.rsalt = json_get(d.root, "rsalt")) != NULL);
+	if (!rq.rsalt) {
+		kvd_close(k);
+		return;
+	}
+	CHECK(confd_msg_int(k, CONFD_OK, 3000000, 0) == 0 && confd_sign(k, &rq) == 0);
+	CHECK(k->confd->out.len == strlen(T_REP0) && !memcmp(k->confd->out.p, T_REP0, strlen(T_REP0)));
+	CHECK(confd_msg_int(k, CONFD_OK, 0, 3189) == 0 && confd_sign(k, &rq) == 0 &&
+	      strstr((const char *)k->confd->out.p, "\"hmac\":\"8df0657422b21004a4d6ba1cc0e549325787f169\""));
+	json_free(&d);
+	/* the request's HMAC: over salt then msg, with the key's newline */
+	req1 = "{\"protocol\": 1, \"type\": 0, \"rsalt\": \"00000000-0000-4000-8000-000000000000\"}\n";
+	confd_hmac(k->confd, "1700000000", 10, req1, strlen(req1), mac);
+	CHECK(!confd_unhex("9707c680c437ae300905f0b08e04bea0f767645a", 40, got) && !memcmp(mac, got, 20));
+	CHECK(!confd_unhex("9707C680C437AE300905F0B08E04BEA0F767645A", 40, got) && !memcmp(mac, got, 20));
+	req1 = "{\"protocol\": 1, \"type\": 1, \"query\": \"node1.example.com\", \"rsalt\": "
+	       "\"00000000-0000-4000-8000-000000000000\"}\n";
+	confd_hmac(k->confd, "1700000000", 10, req1, strlen(req1), mac);
+	CHECK(!confd_unhex("1ffe51385091a32ddd9ef48ec14623a235f0e08b", 40, got) && !memcmp(mac, got, 20));
+	CHECK(confd_unhex("9707c680c437ae300905f0b08e04bea0f767645", 39, got) && confd_unhex("zz", 2, got));
+	/* the whole datagram: answered at its time (no configuration yet: status 1), dropped when skewed */
+	CHECK(confd_handle(k, (const uint8_t *)T_REQ0, strlen(T_REQ0), 1700000000) == 0 &&
+	      strstr((const char *)k->confd->out.p, "\\\"status\\\":1"));
+	CHECK(confd_handle(k, (const uint8_t *)T_REQ0, strlen(T_REQ0), 1700000000 + 301) == -1 &&
+	      k->confd->dropped[CONFD_D_SKEW] == 1);
+	CHECK(confd_handle(k, (const uint8_t *)T_REQ0, strlen(T_REQ0), 1700000000 - 300) == -1 &&
+	      k->confd->dropped[CONFD_D_REPLAY] == 1); /* same datagram again: the replay cache */
+	k->cfg.confd_replay = 0;
+	CHECK(confd_handle(k, (const uint8_t *)T_REQ0, strlen(T_REQ0), 1700000000 + 300) == 0);
+	/* one flipped bit anywhere: dropped, for the right reason */
+	for (i = 0, ok = 1; i < strlen(T_REQ0) - 1; i++) {
+		char m[sizeof T_REQ0];
+		memcpy(m, T_REQ0, sizeof m);
+		m[i] ^= 0x01;
+		ok &= confd_handle(k, (const uint8_t *)m, strlen(T_REQ0), 1700000000) == -1;
+	}
+	CHECK(ok && k->confd->dropped[CONFD_D_MAGIC] == 4 && k->confd->dropped[CONFD_D_HMAC] > 100);
+	kvd_close(k);
+	/* the same key without its newline: nothing verifies */
+	k = t_confd(dir, "0123456789abcdef0123456789abcdef01234567", 0);
+	CHECK(k && confd_handle(k, (const uint8_t *)T_REQ0, strlen(T_REQ0), 1700000000) == -1 &&
+	      k->confd->dropped[CONFD_D_HMAC] == 1);
+	kvd_close(k);
+	snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+	CHECK(system(cmd) == 0);
+}
+
 static void test_cfg(void)
 {
 	struct kvd_config cfg;
@@ -2256,6 +2431,8 @@ static const struct {
 	{"lease_keys_and_undo", test_lease_keys_and_undo},
 	{"lease_expiry_burst", test_lease_expiry_burst},
 	{"lease_oom", test_lease_oom},
+	{"json", test_json},
+	{"confd_vectors", test_confd_vectors},
 	{"cfg", test_cfg},
 	{"pct_encode", test_pct_encode},
 };
