@@ -307,10 +307,26 @@ def differential_vs_ganeti_confd():
 
 # ------------------------------------------------------------------ Ganeti's client
 
-def ganeti_client(port, keypath, queries, timeout=2.0):
+def ganeti_client(port, keypath, queries, timeout=2.0, tamper=None):
     r = subprocess.run(["/usr/bin/python3", os.path.join(ROOT, "test", "ganeticlient.py"), str(port), keypath,
-                        json.dumps(queries), str(timeout)], capture_output=True, text=True, timeout=120)
+                        json.dumps(queries), str(timeout)] + ([tamper] if tamper else []),
+                       capture_output=True, text=True, timeout=120)
     return r.returncode, [json.loads(l) if not l.startswith("RAISED") else l for l in r.stdout.splitlines()], r.stderr
+
+
+def silence(k, mode):
+    """A wrong key, a timestamp 400 s off either way, a wrong magic: Ganeti's
+    client sends, kvd stays silent; 300 s off is still answered."""
+    d = tempfile.mkdtemp()
+    keypath = os.path.join(k.key_dir, "hmac.key")
+    for name, path, tamper, want in (("wrong key", key_file(d, b"0" * 40 + b"\n"), None, "NOREPLY"),
+                                     ("400 s ahead", keypath, "skew:400", "NOREPLY"),
+                                     ("400 s behind", keypath, "skew:-400", "NOREPLY"),
+                                     ("bad magic", keypath, "magic:plj1", "NOREPLY"),
+                                     ("299 s behind", keypath, "skew:-299", "answer")):
+        rc, out, err = ganeti_client(k.confd_port, path, [[0, None]], 1.0, tamper)
+        check(rc == 0 and len(out) == 1 and (out[0] == "NOREPLY") == (want == "NOREPLY"),
+              "%s, %s: %s: %r %s" % (mode, name, want, out, err[-200:]))
 
 
 @test
@@ -329,10 +345,7 @@ def ganeti_client_library():
     check(rc == 0 and len(out) == len(qs) and "NOREPLY" not in out, "all answered: %d %r %s" % (rc, out, err[-300:]))
     check(out and out[0] == [0, 3000000, 0] and out[1][1] == master, "PING and CLUSTER_MASTER: %r" % out[:2])
     check(len(out) > 7 and out[6] == [0, 0, cfg["cluster"]["serial_no"]], "the master's role: %r" % out[6:7])
-    # a wrong key: Ganeti's client sends, kvd stays silent
-    d = tempfile.mkdtemp()
-    rc, out, err = ganeti_client(k.confd_port, key_file(d, b"0" * 40 + b"\n"), [[0, None]], 1.0)
-    check(rc == 0 and out == ["NOREPLY"], "wrong key: no reply: %r" % out)
+    silence(k, "Ganeti mode")
     c.close()
     k.stop()
     # keyspace mode
@@ -343,6 +356,7 @@ def ganeti_client_library():
                                  [[0, None], [10, "cfg/wan/ip"], [10, "cfg/"], [10, "missing"], [1, "x"]])
     check(rc == 0 and out == [[0, 2, 2], [0, "192.0.2.1", 2], [0, {"cfg/wan/ip": "192.0.2.1"}, 2], [1, 0, 0],
                               [2, None, 0]], "keyspace mode through Ganeti's client: %r %s" % (out, err[-300:]))
+    silence(k, "keyspace mode")
     c.close()
     k.stop()
 
