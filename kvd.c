@@ -767,6 +767,11 @@ static void put_be32(uint8_t *p, uint32_t v)
 	p[0] = (uint8_t)(v >> 24); p[1] = (uint8_t)(v >> 16);
 	p[2] = (uint8_t)(v >> 8); p[3] = (uint8_t)v;
 }
+static void put_be64(uint8_t *p, uint64_t v)
+{
+	put_be32(p, (uint32_t)(v >> 32));
+	put_be32(p + 4, (uint32_t)v);
+}
 
 /* SHA-1 of one buffer (member ids are derived as etcd derives them). */
 static void util_sha1(const void *p, size_t n, uint8_t out[20])
@@ -954,7 +959,7 @@ static void pb_free(struct kvd *k, void *m)
 
 /* CRC-32C tables for slicing-by-8: table[0] is the classic byte table,
  * table[t] advances a byte t positions further (generated from 0x82F63B78). */
-static const uint32_t crc32c_table[8][256] = {
+static const uint32_t mvcc_crc32c_table[8][256] = {
 	{
 		0x00000000, 0xf26b8303, 0xe13b70f7, 0x1350f3f4, 0xc79a971f, 0x35f1141c, 0x26a1e7e8, 0xd4ca64eb,
 		0x8ad958cf, 0x78b2dbcc, 0x6be22838, 0x9989ab3b, 0x4d43cfd0, 0xbf284cd3, 0xac78bf27, 0x5e133c24,
@@ -1232,7 +1237,7 @@ static const uint32_t crc32c_table[8][256] = {
 
 /* CRC-32C (Castagnoli), as iSCSI/ext4 use it; start with crc = 0.  Eight
  * bytes per step, assembled byte by byte, so any host order gives the same. */
-static uint32_t crc32c(uint32_t crc, const void *data, size_t n)
+static uint32_t mvcc_crc32c(uint32_t crc, const void *data, size_t n)
 {
 	const uint8_t *p = data;
 	uint32_t lo, hi;
@@ -1241,15 +1246,15 @@ static uint32_t crc32c(uint32_t crc, const void *data, size_t n)
 	while (n >= 8) {
 		lo = crc ^ ((uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24);
 		hi = (uint32_t)p[4] | (uint32_t)p[5] << 8 | (uint32_t)p[6] << 16 | (uint32_t)p[7] << 24;
-		crc = crc32c_table[7][lo & 0xff] ^ crc32c_table[6][(lo >> 8) & 0xff] ^
-		      crc32c_table[5][(lo >> 16) & 0xff] ^ crc32c_table[4][lo >> 24] ^
-		      crc32c_table[3][hi & 0xff] ^ crc32c_table[2][(hi >> 8) & 0xff] ^
-		      crc32c_table[1][(hi >> 16) & 0xff] ^ crc32c_table[0][hi >> 24];
+		crc = mvcc_crc32c_table[7][lo & 0xff] ^ mvcc_crc32c_table[6][(lo >> 8) & 0xff] ^
+		      mvcc_crc32c_table[5][(lo >> 16) & 0xff] ^ mvcc_crc32c_table[4][lo >> 24] ^
+		      mvcc_crc32c_table[3][hi & 0xff] ^ mvcc_crc32c_table[2][(hi >> 8) & 0xff] ^
+		      mvcc_crc32c_table[1][(hi >> 16) & 0xff] ^ mvcc_crc32c_table[0][hi >> 24];
 		p += 8;
 		n -= 8;
 	}
 	while (n--)
-		crc = crc32c_table[0][(crc ^ *p++) & 0xff] ^ (crc >> 8);
+		crc = mvcc_crc32c_table[0][(crc ^ *p++) & 0xff] ^ (crc >> 8);
 	return ~crc;
 }
 
@@ -1299,12 +1304,6 @@ static uint64_t mvcc_zigzag(int64_t v)
 static int64_t mvcc_unzigzag(uint64_t v)
 {
 	return (v & 1) ? (int64_t)~(v >> 1) : (int64_t)(v >> 1);
-}
-
-static void put_be64(uint8_t *p, uint64_t v)
-{
-	put_be32(p, (uint32_t)(v >> 32));
-	put_be32(p + 4, (uint32_t)v);
 }
 
 /* Bytes of an op's header, from fields RAM knows. */
@@ -1729,8 +1728,8 @@ static void mvcc_seal(uint8_t *rec, size_t payload, unsigned type)
 
 	put_be32(rec, (uint32_t)payload);
 	rec[8] = (uint8_t)type;
-	crc = crc32c(0, rec, 4);
-	crc = crc32c(crc, rec + 8, 1 + payload);
+	crc = mvcc_crc32c(0, rec, 4);
+	crc = mvcc_crc32c(crc, rec + 8, 1 + payload);
 	put_be32(rec + 4, crc);
 }
 
@@ -2234,7 +2233,7 @@ static int mvcc_valid_at(struct kvd *k, struct mvcc *m, uint64_t off, uint64_t s
 		return 1; /* cannot tell: assume valid data follows, the safe answer */
 	b[0] = h[8];
 	ok = !mvcc_pread(m, b + 1, len, off + MVCC_REC_HDR) &&
-	     crc32c(crc32c(0, h, 4), b, 1 + (size_t)len) == get_be32(h + 4);
+	     mvcc_crc32c(mvcc_crc32c(0, h, 4), b, 1 + (size_t)len) == get_be32(h + 4);
 	kvd_free(k, b);
 	return ok;
 }
@@ -2332,7 +2331,7 @@ static int mvcc_replay(struct kvd *k, struct mvcc *m, uint64_t size, char *err, 
 				break;
 			}
 		}
-		crc = crc32c(crc32c(0, buf + (off - boff), 4), buf + (off - boff) + 8, 1 + len);
+		crc = mvcc_crc32c(mvcc_crc32c(0, buf + (off - boff), 4), buf + (off - boff) + 8, 1 + len);
 		if (crc != get_be32(buf + (off - boff) + 4)) {
 			why = "checksum mismatch";
 			break;
@@ -4967,7 +4966,7 @@ struct gosort {
 	uint8_t **val;  /* values, read once for VALUE sorts */
 };
 
-static int gosort_less_raw(struct gosort *g, size_t i, size_t j)
+static int svc_gosort_less_raw(struct gosort *g, size_t i, size_t j)
 {
 	const struct mvcc_kv *a = &g->v[i], *b = &g->v[j];
 
@@ -4980,12 +4979,12 @@ static int gosort_less_raw(struct gosort *g, size_t i, size_t j)
 	}
 }
 
-static int gosort_less(struct gosort *g, size_t i, size_t j)
+static int svc_gosort_less(struct gosort *g, size_t i, size_t j)
 {
-	return g->reverse ? gosort_less_raw(g, j, i) : gosort_less_raw(g, i, j);
+	return g->reverse ? svc_gosort_less_raw(g, j, i) : svc_gosort_less_raw(g, i, j);
 }
 
-static void gosort_swap(struct gosort *g, size_t i, size_t j)
+static void svc_gosort_swap(struct gosort *g, size_t i, size_t j)
 {
 	struct mvcc_kv t = g->v[i];
 	uint8_t *tv;
@@ -4999,7 +4998,7 @@ static void gosort_swap(struct gosort *g, size_t i, size_t j)
 	}
 }
 
-static unsigned gosort_bitlen(size_t n)
+static unsigned svc_gosort_bitlen(size_t n)
 {
 	unsigned l = 0;
 
@@ -5010,16 +5009,16 @@ static unsigned gosort_bitlen(size_t n)
 	return l;
 }
 
-static void gosort_insertion(struct gosort *g, size_t a, size_t b)
+static void svc_gosort_insertion(struct gosort *g, size_t a, size_t b)
 {
 	size_t i, j;
 
 	for (i = a + 1; i < b; i++)
-		for (j = i; j > a && gosort_less(g, j, j - 1); j--)
-			gosort_swap(g, j, j - 1);
+		for (j = i; j > a && svc_gosort_less(g, j, j - 1); j--)
+			svc_gosort_swap(g, j, j - 1);
 }
 
-static void gosort_sift(struct gosort *g, size_t lo, size_t hi, size_t first)
+static void svc_gosort_sift(struct gosort *g, size_t lo, size_t hi, size_t first)
 {
 	size_t root = lo, child;
 
@@ -5027,32 +5026,32 @@ static void gosort_sift(struct gosort *g, size_t lo, size_t hi, size_t first)
 		child = 2 * root + 1;
 		if (child >= hi)
 			return;
-		if (child + 1 < hi && gosort_less(g, first + child, first + child + 1))
+		if (child + 1 < hi && svc_gosort_less(g, first + child, first + child + 1))
 			child++;
-		if (!gosort_less(g, first + root, first + child))
+		if (!svc_gosort_less(g, first + root, first + child))
 			return;
-		gosort_swap(g, first + root, first + child);
+		svc_gosort_swap(g, first + root, first + child);
 		root = child;
 	}
 }
 
-static void gosort_heap(struct gosort *g, size_t a, size_t b)
+static void svc_gosort_heap(struct gosort *g, size_t a, size_t b)
 {
 	size_t hi = b - a, i;
 
 	for (i = (hi - 1) / 2 + 1; i-- > 0;)
-		gosort_sift(g, i, hi, a);
+		svc_gosort_sift(g, i, hi, a);
 	for (i = hi; i-- > 0;) {
-		gosort_swap(g, a, a + i);
-		gosort_sift(g, 0, i, a);
+		svc_gosort_swap(g, a, a + i);
+		svc_gosort_sift(g, 0, i, a);
 	}
 }
 
-static void gosort_order2(struct gosort *g, size_t *a, size_t *b, int *swaps)
+static void svc_gosort_order2(struct gosort *g, size_t *a, size_t *b, int *swaps)
 {
 	size_t t;
 
-	if (gosort_less(g, *b, *a)) {
+	if (svc_gosort_less(g, *b, *a)) {
 		(*swaps)++;
 		t = *a;
 		*a = *b;
@@ -5060,70 +5059,70 @@ static void gosort_order2(struct gosort *g, size_t *a, size_t *b, int *swaps)
 	}
 }
 
-static size_t gosort_median(struct gosort *g, size_t a, size_t b, size_t c, int *swaps)
+static size_t svc_gosort_median(struct gosort *g, size_t a, size_t b, size_t c, int *swaps)
 {
-	gosort_order2(g, &a, &b, swaps);
-	gosort_order2(g, &b, &c, swaps);
-	gosort_order2(g, &a, &b, swaps);
+	svc_gosort_order2(g, &a, &b, swaps);
+	svc_gosort_order2(g, &b, &c, swaps);
+	svc_gosort_order2(g, &a, &b, swaps);
 	return b;
 }
 
 /* hint: 0 unknown, 1 increasing, 2 decreasing */
-static size_t gosort_pivot(struct gosort *g, size_t a, size_t b, int *hint)
+static size_t svc_gosort_pivot(struct gosort *g, size_t a, size_t b, int *hint)
 {
 	size_t l = b - a, i = a + l / 4 * 1, j = a + l / 4 * 2, kk = a + l / 4 * 3;
 	int swaps = 0;
 
 	if (l >= 8) {
 		if (l >= 50) {
-			i = gosort_median(g, i - 1, i, i + 1, &swaps);
-			j = gosort_median(g, j - 1, j, j + 1, &swaps);
-			kk = gosort_median(g, kk - 1, kk, kk + 1, &swaps);
+			i = svc_gosort_median(g, i - 1, i, i + 1, &swaps);
+			j = svc_gosort_median(g, j - 1, j, j + 1, &swaps);
+			kk = svc_gosort_median(g, kk - 1, kk, kk + 1, &swaps);
 		}
-		j = gosort_median(g, i, j, kk, &swaps);
+		j = svc_gosort_median(g, i, j, kk, &swaps);
 	}
 	*hint = swaps == 0 ? 1 : swaps == 12 ? 2 : 0;
 	return j;
 }
 
-static void gosort_reverse_range(struct gosort *g, size_t a, size_t b)
+static void svc_gosort_reverse_range(struct gosort *g, size_t a, size_t b)
 {
 	size_t i = a, j = b - 1;
 
 	while (i < j)
-		gosort_swap(g, i++, j--);
+		svc_gosort_swap(g, i++, j--);
 }
 
-static int gosort_partial_insertion(struct gosort *g, size_t a, size_t b)
+static int svc_gosort_partial_insertion(struct gosort *g, size_t a, size_t b)
 {
 	size_t i = a + 1, j;
 	int step;
 
 	for (step = 0; step < 5; step++) {
-		while (i < b && !gosort_less(g, i, i - 1))
+		while (i < b && !svc_gosort_less(g, i, i - 1))
 			i++;
 		if (i == b)
 			return 1;
 		if (b - a < 50)
 			return 0;
-		gosort_swap(g, i, i - 1);
+		svc_gosort_swap(g, i, i - 1);
 		if (i - a >= 2)
 			for (j = i - 1; j >= 1; j--) {
-				if (!gosort_less(g, j, j - 1))
+				if (!svc_gosort_less(g, j, j - 1))
 					break;
-				gosort_swap(g, j, j - 1);
+				svc_gosort_swap(g, j, j - 1);
 			}
 		if (b - i >= 2)
 			for (j = i + 1; j < b; j++) {
-				if (!gosort_less(g, j, j - 1))
+				if (!svc_gosort_less(g, j, j - 1))
 					break;
-				gosort_swap(g, j, j - 1);
+				svc_gosort_swap(g, j, j - 1);
 			}
 	}
 	return 0;
 }
 
-static void gosort_break_patterns(struct gosort *g, size_t a, size_t b)
+static void svc_gosort_break_patterns(struct gosort *g, size_t a, size_t b)
 {
 	size_t length = b - a, idx, other, modulus;
 	uint64_t r;
@@ -5132,7 +5131,7 @@ static void gosort_break_patterns(struct gosort *g, size_t a, size_t b)
 	if (length < 8)
 		return;
 	r = length; /* Go 1.19's xorshift: <<13, >>17, <<5, seeded with the length */
-	modulus = (size_t)1 << gosort_bitlen(length);
+	modulus = (size_t)1 << svc_gosort_bitlen(length);
 	idx = a + (length / 4) * 2 - 1;
 	for (i = 0; i < 3; i++) {
 		r ^= r << 13;
@@ -5141,66 +5140,66 @@ static void gosort_break_patterns(struct gosort *g, size_t a, size_t b)
 		other = (size_t)(r & (modulus - 1));
 		if (other >= length)
 			other -= length;
-		gosort_swap(g, idx + (size_t)i, a + other);
+		svc_gosort_swap(g, idx + (size_t)i, a + other);
 	}
 }
 
-static size_t gosort_partition(struct gosort *g, size_t a, size_t b, size_t pivot, int *already)
+static size_t svc_gosort_partition(struct gosort *g, size_t a, size_t b, size_t pivot, int *already)
 {
 	size_t i = a + 1, j = b - 1; /* inclusive; j may go below i (signed semantics) */
 	long li, lj;
 
-	gosort_swap(g, a, pivot);
+	svc_gosort_swap(g, a, pivot);
 	li = (long)i;
 	lj = (long)j;
-	while (li <= lj && gosort_less(g, (size_t)li, a))
+	while (li <= lj && svc_gosort_less(g, (size_t)li, a))
 		li++;
-	while (li <= lj && !gosort_less(g, (size_t)lj, a))
+	while (li <= lj && !svc_gosort_less(g, (size_t)lj, a))
 		lj--;
 	if (li > lj) {
-		gosort_swap(g, (size_t)lj, a);
+		svc_gosort_swap(g, (size_t)lj, a);
 		*already = 1;
 		return (size_t)lj;
 	}
-	gosort_swap(g, (size_t)li, (size_t)lj);
+	svc_gosort_swap(g, (size_t)li, (size_t)lj);
 	li++;
 	lj--;
 	for (;;) {
-		while (li <= lj && gosort_less(g, (size_t)li, a))
+		while (li <= lj && svc_gosort_less(g, (size_t)li, a))
 			li++;
-		while (li <= lj && !gosort_less(g, (size_t)lj, a))
+		while (li <= lj && !svc_gosort_less(g, (size_t)lj, a))
 			lj--;
 		if (li > lj)
 			break;
-		gosort_swap(g, (size_t)li, (size_t)lj);
+		svc_gosort_swap(g, (size_t)li, (size_t)lj);
 		li++;
 		lj--;
 	}
-	gosort_swap(g, (size_t)lj, a);
+	svc_gosort_swap(g, (size_t)lj, a);
 	*already = 0;
 	return (size_t)lj;
 }
 
-static size_t gosort_partition_equal(struct gosort *g, size_t a, size_t b, size_t pivot)
+static size_t svc_gosort_partition_equal(struct gosort *g, size_t a, size_t b, size_t pivot)
 {
 	long li = (long)a + 1, lj = (long)b - 1;
 
-	gosort_swap(g, a, pivot);
+	svc_gosort_swap(g, a, pivot);
 	for (;;) {
-		while (li <= lj && !gosort_less(g, a, (size_t)li))
+		while (li <= lj && !svc_gosort_less(g, a, (size_t)li))
 			li++;
-		while (li <= lj && gosort_less(g, a, (size_t)lj))
+		while (li <= lj && svc_gosort_less(g, a, (size_t)lj))
 			lj--;
 		if (li > lj)
 			break;
-		gosort_swap(g, (size_t)li, (size_t)lj);
+		svc_gosort_swap(g, (size_t)li, (size_t)lj);
 		li++;
 		lj--;
 	}
 	return (size_t)li;
 }
 
-static void gosort_pdq(struct gosort *g, size_t a, size_t b, unsigned limit)
+static void svc_gosort_pdq(struct gosort *g, size_t a, size_t b, unsigned limit)
 {
 	int balanced = 1, partitioned = 1, hint, already;
 	size_t length, pivot, mid, left, right;
@@ -5208,40 +5207,40 @@ static void gosort_pdq(struct gosort *g, size_t a, size_t b, unsigned limit)
 	for (;;) {
 		length = b - a;
 		if (length <= 12) {
-			gosort_insertion(g, a, b);
+			svc_gosort_insertion(g, a, b);
 			return;
 		}
 		if (!limit) {
-			gosort_heap(g, a, b);
+			svc_gosort_heap(g, a, b);
 			return;
 		}
 		if (!balanced) {
-			gosort_break_patterns(g, a, b);
+			svc_gosort_break_patterns(g, a, b);
 			limit--;
 		}
-		pivot = gosort_pivot(g, a, b, &hint);
+		pivot = svc_gosort_pivot(g, a, b, &hint);
 		if (hint == 2) {
-			gosort_reverse_range(g, a, b);
+			svc_gosort_reverse_range(g, a, b);
 			pivot = (b - 1) - (pivot - a);
 			hint = 1;
 		}
-		if (balanced && partitioned && hint == 1 && gosort_partial_insertion(g, a, b))
+		if (balanced && partitioned && hint == 1 && svc_gosort_partial_insertion(g, a, b))
 			return;
-		if (a > 0 && !gosort_less(g, a - 1, pivot)) {
-			a = gosort_partition_equal(g, a, b, pivot);
+		if (a > 0 && !svc_gosort_less(g, a - 1, pivot)) {
+			a = svc_gosort_partition_equal(g, a, b, pivot);
 			continue;
 		}
-		mid = gosort_partition(g, a, b, pivot, &already);
+		mid = svc_gosort_partition(g, a, b, pivot, &already);
 		partitioned = already;
 		left = mid - a;
 		right = b - mid;
 		if (left < right) {
 			balanced = left >= length / 8;
-			gosort_pdq(g, a, mid, limit);
+			svc_gosort_pdq(g, a, mid, limit);
 			a = mid + 1;
 		} else {
 			balanced = right >= length / 8;
-			gosort_pdq(g, mid + 1, b, limit);
+			svc_gosort_pdq(g, mid + 1, b, limit);
 			b = mid;
 		}
 	}
@@ -5354,7 +5353,7 @@ static int svc_range(struct kvd *k, const Etcdserverpb__RangeRequest *rq, int64_
 				return svc_fail(e, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
 			}
 		}
-		gosort_pdq(&g, 0, rr->n, gosort_bitlen(rr->n));
+		svc_gosort_pdq(&g, 0, rr->n, svc_gosort_bitlen(rr->n));
 		if (g.val) {
 			for (i = 0; i < rr->n; i++)
 				kvd_free(k, g.val[i]);
@@ -6052,6 +6051,26 @@ static void svc_range_rpc(struct kvd *k, struct h2_stream *s, const uint8_t *p, 
 	pb_free(k, rq);
 }
 
+/* Put (del 0) or DeleteRange (del 1) in a write txn of its own.  0 when
+ * applied (rs then holds the op's answer); else the error is in *e. */
+static int svc_write1(struct kvd *k, struct h2_stream *s, struct svc_pool *pl, const void *rq, void *rs, int del,
+                      struct svc_err *e)
+{
+	struct mvcc_txn t;
+
+	if (svc_writable(k, e))
+		return -1;
+	if (mvcc_txn_begin(k, &t)) {
+		svc_fail(e, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+		return -1;
+	}
+	if (del ? svc_delete_op(k, pl, &t, rq, rs, e) : svc_put_op(k, pl, &t, rq, rs, e))
+		mvcc_txn_abort(k, &t);
+	s->wrote = !e->msg && t.nops > 0; /* a delete that matched nothing wrote nothing */
+	mvcc_txn_end(k, &t);
+	return e->msg ? -1 : 0;
+}
+
 static void svc_put_rpc(struct kvd *k, struct h2_stream *s, const uint8_t *p, size_t n)
 {
 	Etcdserverpb__PutRequest *rq;
@@ -6059,7 +6078,6 @@ static void svc_put_rpc(struct kvd *k, struct h2_stream *s, const uint8_t *p, si
 	Etcdserverpb__ResponseHeader h;
 	struct svc_pool pl = {k, NULL, 0};
 	struct svc_err e = {0, NULL};
-	struct mvcc_txn t;
 
 	rq = (Etcdserverpb__PutRequest *)grpc_unpack(k, s, &etcdserverpb__put_request__descriptor, p, n);
 	if (!rq)
@@ -6075,20 +6093,10 @@ static void svc_put_rpc(struct kvd *k, struct h2_stream *s, const uint8_t *p, si
 		svc_fail(&e, GRPC_INVALID_ARGUMENT, E_TOO_LARGE);
 	else if (rq->lease && !svc_lease_exists(k, rq->lease))
 		svc_fail(&e, GRPC_NOT_FOUND, E_LEASE_NOT_FOUND);
-	else if (!svc_writable(k, &e)) {
-		if (mvcc_txn_begin(k, &t)) {
-			svc_fail(&e, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
-		} else {
-			if (svc_put_op(k, &pl, &t, rq, &rs, &e))
-				mvcc_txn_abort(k, &t);
-			mvcc_txn_end(k, &t);
-			if (!e.msg) {
-				svc_header(k, &h, 1);
-				h.revision = rs.header->revision;
-				rs.header = &h;
-				s->wrote = 1;
-			}
-		}
+	else if (!svc_write1(k, s, &pl, rq, &rs, 0, &e)) {
+		svc_header(k, &h, 1);
+		h.revision = rs.header->revision;
+		rs.header = &h;
 	}
 	svc_end(k, s, &rs.base, &e);
 	svc_pool_free(&pl);
@@ -6102,7 +6110,6 @@ static void svc_delete_rpc(struct kvd *k, struct h2_stream *s, const uint8_t *p,
 	Etcdserverpb__ResponseHeader h;
 	struct svc_pool pl = {k, NULL, 0};
 	struct svc_err e = {0, NULL};
-	struct mvcc_txn t;
 
 	rq = (Etcdserverpb__DeleteRangeRequest *)grpc_unpack(k, s, &etcdserverpb__delete_range_request__descriptor, p, n);
 	if (!rq)
@@ -6112,20 +6119,10 @@ static void svc_delete_rpc(struct kvd *k, struct h2_stream *s, const uint8_t *p,
 		svc_fail(&e, GRPC_INVALID_ARGUMENT, E_EMPTY_KEY);
 	else if (svc_too_large(k, n))
 		svc_fail(&e, GRPC_INVALID_ARGUMENT, E_TOO_LARGE);
-	else if (!svc_writable(k, &e)) {
-		if (mvcc_txn_begin(k, &t)) {
-			svc_fail(&e, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
-		} else {
-			if (svc_delete_op(k, &pl, &t, rq, &rs, &e))
-				mvcc_txn_abort(k, &t);
-			mvcc_txn_end(k, &t);
-			if (!e.msg) {
-				svc_header(k, &h, 1);
-				h.revision = rs.header->revision;
-				rs.header = &h;
-				s->wrote = rs.deleted > 0;
-			}
-		}
+	else if (!svc_write1(k, s, &pl, rq, &rs, 1, &e)) {
+		svc_header(k, &h, 1);
+		h.revision = rs.header->revision;
+		rs.header = &h;
 	}
 	svc_end(k, s, &rs.base, &e);
 	svc_pool_free(&pl);
@@ -10643,6 +10640,133 @@ static void cfg_usage(void)
 	       "Every flag may also be set as ETCD_<FLAG> (e.g. ETCD_DATA_DIR).\n");
 }
 
+/* Split a comma list into an owned array of owned strings. */
+static int cfg_split(struct kvd *k, const char *list, char ***out, unsigned *n)
+{
+	const char *p = list, *e;
+	char **a = NULL, **na;
+
+	*n = 0;
+	while (*p) {
+		e = p + strcspn(p, ",");
+		if (e > p) {
+			na = kvd_realloc(k, a, (*n + 1) * sizeof *a);
+			if (!na || !(na[*n] = kvd_malloc(k, (size_t)(e - p) + 1))) {
+				*out = na ? na : a;
+				return KVD_ENOMEM;
+			}
+			a = na;
+			memcpy(a[*n], p, (size_t)(e - p));
+			a[*n][e - p] = 0;
+			(*n)++;
+		}
+		p = *e ? e + 1 : e;
+	}
+	*out = a;
+	return 0;
+}
+
+static void cfg_free_list(struct kvd *k, char **a, unsigned n)
+{
+	unsigned i;
+
+	for (i = 0; a && i < n; i++)
+		kvd_free(k, a[i]);
+	kvd_free(k, a);
+}
+
+static int cfg_strcmp(const void *a, const void *b)
+{
+	return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/*
+ * etcd's member id: SHA-1 of the sorted peer URLs and the cluster token, first
+ * 8 bytes big-endian; the cluster id hashes the member ids.  The same flags
+ * give kvd and etcd the same ids.
+ */
+static int cfg_ids(struct kvd *k)
+{
+	char **sorted;
+	size_t len = strlen(k->cfg.token), o = 0;
+	unsigned i;
+	uint8_t *buf, h[20], idb[8];
+
+	for (i = 0; i < k->npeer_urls; i++)
+		len += strlen(k->peer_urls[i]);
+	sorted = kvd_malloc(k, (k->npeer_urls + 1) * sizeof *sorted);
+	buf = kvd_malloc(k, len + 1);
+	if (!sorted || !buf) {
+		kvd_free(k, sorted);
+		kvd_free(k, buf);
+		return KVD_ENOMEM;
+	}
+	memcpy(sorted, k->peer_urls, k->npeer_urls * sizeof *sorted);
+	qsort(sorted, k->npeer_urls, sizeof *sorted, cfg_strcmp);
+	for (i = 0; i < k->npeer_urls; i++) {
+		memcpy(buf + o, sorted[i], strlen(sorted[i]));
+		o += strlen(sorted[i]);
+	}
+	memcpy(buf + o, k->cfg.token, strlen(k->cfg.token));
+	o += strlen(k->cfg.token);
+	util_sha1(buf, o, h);
+	k->member_id = get_be64(h);
+	memcpy(idb, h, 8);
+	util_sha1(idb, 8, h);
+	k->cluster_id = get_be64(h);
+	kvd_free(k, sorted);
+	kvd_free(k, buf);
+	return 0;
+}
+
+/* mkdir -p, 0700 as etcd. */
+static int cfg_mkdirs(const char *dir, char *err, size_t errlen)
+{
+	char tmp[PATH_MAX];
+	size_t i, n = strlen(dir);
+	struct stat st;
+
+	if (!n || n >= sizeof tmp) {
+		snprintf(err, errlen, "bad --data-dir \"%s\"", dir);
+		return KVD_EINVAL;
+	}
+	memcpy(tmp, dir, n + 1);
+	for (i = 1; i <= n; i++) {
+		if (tmp[i] != '/' && tmp[i] != 0)
+			continue;
+		tmp[i] = 0;
+		if (mkdir(tmp, 0700) && errno != EEXIST) {
+			snprintf(err, errlen, "cannot create data dir %s: %s", tmp, strerror(errno));
+			return KVD_EIO;
+		}
+		tmp[i] = i < n ? '/' : 0;
+	}
+	if (stat(dir, &st) || !S_ISDIR(st.st_mode)) {
+		snprintf(err, errlen, "data dir %s is not a directory", dir);
+		return KVD_EINVAL;
+	}
+	return 0;
+}
+
+/* Exactly one kvd per data dir: an exclusive flock on <dir>/kvd.lock. */
+static int cfg_lock(struct kvd *k, char *err, size_t errlen)
+{
+	char path[PATH_MAX];
+
+	snprintf(path, sizeof path, "%s/kvd.lock", k->cfg.data_dir);
+	k->lock_fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+	if (k->lock_fd < 0) {
+		snprintf(err, errlen, "cannot open %s: %s", path, strerror(errno));
+		return KVD_EIO;
+	}
+	if (flock(k->lock_fd, LOCK_EX | LOCK_NB)) {
+		snprintf(err, errlen, "data dir %s is in use by another kvd (%s is locked)",
+		         k->cfg.data_dir, path);
+		return KVD_EBUSY;
+	}
+	return 0;
+}
+
 /* ===== 17. Public embedding API (kvd_) =================================== */
 
 #define KVD_STR_(x) #x
@@ -10775,133 +10899,6 @@ KVD_API int kvd_config_parse(struct kvd_config *cfg, int argc, char **argv, char
 		}
 		if ((r = cfg_set(cfg, &cfg_flags[i], v, err, errlen)))
 			return r;
-	}
-	return 0;
-}
-
-/* Split a comma list into an owned array of owned strings. */
-static int cfg_split(struct kvd *k, const char *list, char ***out, unsigned *n)
-{
-	const char *p = list, *e;
-	char **a = NULL, **na;
-
-	*n = 0;
-	while (*p) {
-		e = p + strcspn(p, ",");
-		if (e > p) {
-			na = kvd_realloc(k, a, (*n + 1) * sizeof *a);
-			if (!na || !(na[*n] = kvd_malloc(k, (size_t)(e - p) + 1))) {
-				*out = na ? na : a;
-				return KVD_ENOMEM;
-			}
-			a = na;
-			memcpy(a[*n], p, (size_t)(e - p));
-			a[*n][e - p] = 0;
-			(*n)++;
-		}
-		p = *e ? e + 1 : e;
-	}
-	*out = a;
-	return 0;
-}
-
-static void cfg_free_list(struct kvd *k, char **a, unsigned n)
-{
-	unsigned i;
-
-	for (i = 0; a && i < n; i++)
-		kvd_free(k, a[i]);
-	kvd_free(k, a);
-}
-
-static int cfg_strcmp(const void *a, const void *b)
-{
-	return strcmp(*(char *const *)a, *(char *const *)b);
-}
-
-/*
- * etcd's member id: SHA-1 of the sorted peer URLs and the cluster token, first
- * 8 bytes big-endian; the cluster id hashes the member ids.  The same flags
- * give kvd and etcd the same ids.
- */
-static int cfg_ids(struct kvd *k)
-{
-	char **sorted;
-	size_t len = strlen(k->cfg.token), o = 0;
-	unsigned i;
-	uint8_t *buf, h[20], idb[8];
-
-	for (i = 0; i < k->npeer_urls; i++)
-		len += strlen(k->peer_urls[i]);
-	sorted = kvd_malloc(k, (k->npeer_urls + 1) * sizeof *sorted);
-	buf = kvd_malloc(k, len + 1);
-	if (!sorted || !buf) {
-		kvd_free(k, sorted);
-		kvd_free(k, buf);
-		return KVD_ENOMEM;
-	}
-	memcpy(sorted, k->peer_urls, k->npeer_urls * sizeof *sorted);
-	qsort(sorted, k->npeer_urls, sizeof *sorted, cfg_strcmp);
-	for (i = 0; i < k->npeer_urls; i++) {
-		memcpy(buf + o, sorted[i], strlen(sorted[i]));
-		o += strlen(sorted[i]);
-	}
-	memcpy(buf + o, k->cfg.token, strlen(k->cfg.token));
-	o += strlen(k->cfg.token);
-	util_sha1(buf, o, h);
-	k->member_id = get_be64(h);
-	memcpy(idb, h, 8);
-	util_sha1(idb, 8, h);
-	k->cluster_id = get_be64(h);
-	kvd_free(k, sorted);
-	kvd_free(k, buf);
-	return 0;
-}
-
-/* mkdir -p, 0700 as etcd. */
-static int cfg_mkdirs(const char *dir, char *err, size_t errlen)
-{
-	char tmp[PATH_MAX];
-	size_t i, n = strlen(dir);
-	struct stat st;
-
-	if (!n || n >= sizeof tmp) {
-		snprintf(err, errlen, "bad --data-dir \"%s\"", dir);
-		return KVD_EINVAL;
-	}
-	memcpy(tmp, dir, n + 1);
-	for (i = 1; i <= n; i++) {
-		if (tmp[i] != '/' && tmp[i] != 0)
-			continue;
-		tmp[i] = 0;
-		if (mkdir(tmp, 0700) && errno != EEXIST) {
-			snprintf(err, errlen, "cannot create data dir %s: %s", tmp, strerror(errno));
-			return KVD_EIO;
-		}
-		tmp[i] = i < n ? '/' : 0;
-	}
-	if (stat(dir, &st) || !S_ISDIR(st.st_mode)) {
-		snprintf(err, errlen, "data dir %s is not a directory", dir);
-		return KVD_EINVAL;
-	}
-	return 0;
-}
-
-/* Exactly one kvd per data dir: an exclusive flock on <dir>/kvd.lock. */
-static int cfg_lock(struct kvd *k, char *err, size_t errlen)
-{
-	char path[PATH_MAX];
-
-	snprintf(path, sizeof path, "%s/kvd.lock", k->cfg.data_dir);
-	k->lock_fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-	if (k->lock_fd < 0) {
-		snprintf(err, errlen, "cannot open %s: %s", path, strerror(errno));
-		return KVD_EIO;
-	}
-	if (flock(k->lock_fd, LOCK_EX | LOCK_NB)) {
-		snprintf(err, errlen, "data dir %s is in use by another kvd (%s is locked)",
-		         k->cfg.data_dir, path);
-		return KVD_EBUSY;
 	}
 	return 0;
 }
@@ -11171,7 +11168,7 @@ KVD_API void kvd_close(struct kvd *k)
 /* The signal handlers' only state: the instance kvd_main runs. */
 static struct kvd *main_kvd;
 
-static void main_on_signal(int sig)
+static void kvd_on_signal(int sig)
 {
 	if (main_kvd && sig == SIGHUP)
 		kvd_reload(main_kvd);
@@ -11202,7 +11199,7 @@ KVD_API int kvd_main(int argc, char **argv)
 	memset(&sa, 0, sizeof sa);
 	sa.sa_handler = SIG_IGN;
 	sigaction(SIGPIPE, &sa, NULL);
-	sa.sa_handler = main_on_signal;
+	sa.sa_handler = kvd_on_signal;
 	sigemptyset(&sa.sa_mask);
 	main_kvd = k;
 	sigaction(SIGTERM, &sa, NULL);

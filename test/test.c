@@ -1415,8 +1415,8 @@ static void test_crc32c_varint(void)
 	int64_t vals[] = {0, 1, -1, 127, 128, -64, 300, INT64_MAX, INT64_MIN, 1234567890123LL};
 	size_t i;
 
-	CHECK(crc32c(0, "123456789", 9) == 0xe3069283u); /* the CRC-32C check value */
-	CHECK(crc32c(crc32c(0, "1234", 4), "56789", 5) == 0xe3069283u);
+	CHECK(mvcc_crc32c(0, "123456789", 9) == 0xe3069283u); /* the CRC-32C check value */
+	CHECK(mvcc_crc32c(mvcc_crc32c(0, "1234", 4), "56789", 5) == 0xe3069283u);
 	for (i = 0; i < KVD_COUNT(vals); i++) {
 		uint8_t *e = mvcc_put_varint(b, mvcc_zigzag(vals[i]));
 		p = b;
