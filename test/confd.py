@@ -18,7 +18,7 @@ import tempfile
 import threading
 import time
 
-from kvdtest import ROOT, Kvd, Client, pb, check, test, run_tests, wait_for
+from kvdtest import ROOT, Kvd, Client, pb, check, test, run_tests, wait_for, spawn
 import ganeticonf
 
 KVD = os.path.abspath(os.environ.get("KVD", os.path.join(ROOT, "kvd")))
@@ -117,7 +117,7 @@ class GanetiConfd:
             json.dump(cfg, f)
         key_file(os.path.join(self.root, "var/lib/ganeti"), key, 0o400)
         self.port = udp_port()
-        self.p = subprocess.Popen([GANETI_CONFD, "-f", "--no-user-checks", "-b", "127.0.0.1", "-p", str(self.port)],
+        self.p = spawn([GANETI_CONFD, "-f", "--no-user-checks", "-b", "127.0.0.1", "-p", str(self.port)],
                                   env=dict(os.environ, GANETI_ROOTDIR=self.root), stdout=subprocess.DEVNULL,
                                   stderr=subprocess.DEVNULL)
         c = Confd(self.port, key, timeout=0.2)

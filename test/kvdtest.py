@@ -6,7 +6,11 @@
   send what no well-behaved client sends.
 - h2_call(): one gRPC call through python-h2, which raises on any protocol or
   flow-control violation by the server, with a small window and a slow reader.
+- spawn(): every process a test starts (servers, clients) is tracked; when a
+  test function ends, pass or fail, what it started and left running is
+  stopped, and at exit (or SIGTERM/SIGINT) everything still running is.
 """
+import atexit
 import os
 import signal
 import socket
@@ -30,6 +34,53 @@ DATA, HEADERS, PRIORITY, RST_STREAM, SETTINGS, PUSH_PROMISE, PING, GOAWAY, WINDO
 ERRORS = ["NO_ERROR", "PROTOCOL_ERROR", "INTERNAL_ERROR", "FLOW_CONTROL_ERROR", "SETTINGS_TIMEOUT",
           "STREAM_CLOSED", "FRAME_SIZE_ERROR", "REFUSED_STREAM", "CANCEL", "COMPRESSION_ERROR",
           "CONNECT_ERROR", "ENHANCE_YOUR_CALM", "INADEQUATE_SECURITY", "HTTP_1_1_REQUIRED"]
+
+
+# ------------------------------------------------------------------ processes
+_procs = []  # every process started through spawn(), in order
+
+
+def spawn(cmd, **kw):
+    """subprocess.Popen, tracked: stopped when the test that started it ends."""
+    p = subprocess.Popen(cmd, **kw)
+    _procs.append(p)
+    return p
+
+
+def _stop_procs(since=0):
+    left = [p for p in _procs[since:] if p.poll() is None]
+    for p in left:
+        try:
+            p.terminate()
+        except OSError:
+            pass
+    for p in left:
+        try:
+            p.wait(10)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+    return len(left)
+
+
+_tmpdirs = []  # etcd data dirs on tmpfs: RAM, so never left behind
+
+
+def _at_exit():
+    _stop_procs()
+    for d in _tmpdirs:
+        subprocess.run(["rm", "-rf", d])
+
+
+atexit.register(_at_exit)
+
+
+def _on_signal(sig, frame):
+    sys.exit(128 + sig)  # atexit stops what is running
+
+
+for _sig in (signal.SIGTERM, signal.SIGINT):
+    signal.signal(_sig, _on_signal)
 
 
 # ------------------------------------------------------------------ runner
@@ -77,12 +128,17 @@ def run_tests(argv):
             continue
         _R.current = fn.__name__
         t0 = time.time()
+        mark = len(_procs)
         try:
             fn()
         except Exception as e:  # a test that raises has failed
             import traceback
             traceback.print_exc()
             check(False, "raised %s: %s" % (type(e).__name__, e))
+        finally:
+            n = _stop_procs(mark)  # what this test started and left running
+            if n and _R.failed:
+                print("  (stopped %d process(es) %s left running)" % (n, fn.__name__), flush=True)
         print("  %-40s %.2fs" % (fn.__name__, time.time() - t0), flush=True)
     print("%d passed, %d failed" % (_R.passed, _R.failed), flush=True)
     return 1 if _R.failed else 0
@@ -108,7 +164,7 @@ class Kvd:
         self.cmd = [self.binary, "--data-dir", self.dir, "--listen-client-urls", self.url,
                     "--advertise-client-urls", self.url] + list(args)
         env = dict(os.environ, ASAN_OPTIONS="detect_leaks=1:abort_on_error=0")
-        self.p = subprocess.Popen(self.cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
+        self.p = spawn(self.cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
         self.log = []
         self._ready = threading.Event()
         threading.Thread(target=self._reader, daemon=True).start()
@@ -164,11 +220,12 @@ class Etcd:
         base = "/dev/shm" if os.path.isdir("/dev/shm") else None
         self.dir = tempfile.mkdtemp(prefix="etcd-test-", dir=base)
         self.url = "http://127.0.0.1:%d" % self.port
-        self.p = subprocess.Popen(["etcd", "--name", "ref", "--data-dir", self.dir,
-                                   "--listen-client-urls", self.url, "--advertise-client-urls", self.url,
-                                   "--listen-peer-urls", "http://127.0.0.1:%d" % free_port(),
-                                   "--log-level", "error"] + list(args),
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        _tmpdirs.append(self.dir)
+        self.p = spawn(["etcd", "--name", "ref", "--data-dir", self.dir,
+                        "--listen-client-urls", self.url, "--advertise-client-urls", self.url,
+                        "--listen-peer-urls", "http://127.0.0.1:%d" % free_port(),
+                        "--log-level", "error"] + list(args),
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         if not wait_for(lambda: etcdctl(self, "endpoint", "health", timeout=5)[0] == 0, 20, 0.1):
             raise RuntimeError("etcd did not start")
 

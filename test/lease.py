@@ -13,7 +13,7 @@ import tempfile
 import threading
 import time
 
-from kvdtest import ROOT, Kvd, Etcd, Client, pb, check, check_script, test, run_tests, etcdctl, wait_for, grpc_frame
+from kvdtest import ROOT, Kvd, Etcd, Client, pb, check, check_script, test, run_tests, etcdctl, wait_for, grpc_frame, spawn
 
 KVD = os.path.abspath(os.environ.get("KVD", os.path.join(ROOT, "kvd")))
 KVD_TEST = os.path.abspath(os.environ.get("KVD_TEST", os.path.join(ROOT, "test", "kvd-test")))
@@ -30,7 +30,7 @@ def ctl_env():
 
 
 def ctl_popen(server, *args):
-    return subprocess.Popen(["etcdctl", "--endpoints", server.endpoint()] + list(args), stdout=subprocess.PIPE,
+    return spawn(["etcdctl", "--endpoints", server.endpoint()] + list(args), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, env=ctl_env())
 
 

@@ -14,7 +14,7 @@ import sys
 import time
 
 from kvdtest import (ROOT, Kvd, Etcd, Client, WatchStream, pb, check, check_script, test, run_tests, wait_for,
-                     grpc_frame, grpc_headers)
+                     grpc_frame, grpc_headers, spawn)
 
 KVD = os.path.abspath(os.environ.get("KVD", os.path.join(ROOT, "kvd")))
 KVD_TEST = os.path.abspath(os.environ.get("KVD_TEST", os.path.join(ROOT, "test", "kvd-test")))
@@ -27,7 +27,7 @@ def ctl_env():
 
 def watch_session(server, argv, actions, stdin=None):
     """Run `etcdctl watch ...` while actions(client) writes; its stdout."""
-    p = subprocess.Popen(["etcdctl", "--endpoints", server.endpoint(), "watch"] + argv,
+    p = spawn(["etcdctl", "--endpoints", server.endpoint(), "watch"] + argv,
                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=ctl_env())
     if stdin:
         p.stdin.write(stdin.encode())
@@ -251,7 +251,7 @@ def make_mirror_into_etcd():
     c = Client(k.endpoint())
     for i in range(50):
         c.call("Put", R.PutRequest(key=b"cfg/%02d" % i, value=b"v%d" % i))
-    p = subprocess.Popen(["etcdctl", "--endpoints", k.endpoint(), "make-mirror", e.endpoint()],
+    p = spawn(["etcdctl", "--endpoints", k.endpoint(), "make-mirror", e.endpoint()],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=ctl_env())
     ce = Client(e.endpoint())
     get_all = lambda: ce.call("Range", R.RangeRequest(key=b"cfg/", range_end=b"cfg0"))
