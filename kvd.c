@@ -44,6 +44,9 @@
 #ifndef KVD_DEFAULT_MAX_CONNECTIONS /* @@ --max-connections default */
 #define KVD_DEFAULT_MAX_CONNECTIONS 256
 #endif
+#ifndef KVD_DEFAULT_MAX_CONNS_PER_IP /* @@ --max-connections-per-ip default */
+#define KVD_DEFAULT_MAX_CONNS_PER_IP 64
+#endif
 #ifndef KVD_DEFAULT_MAX_STREAMS /* @@ --max-concurrent-streams default (etcd: 2^32-1) */
 #define KVD_DEFAULT_MAX_STREAMS 256
 #endif
@@ -201,6 +204,22 @@ enum grpc_code {
 	GRPC_ABORTED, GRPC_OUT_OF_RANGE, GRPC_UNIMPLEMENTED, GRPC_INTERNAL,
 	GRPC_UNAVAILABLE, GRPC_DATA_LOSS, GRPC_UNAUTHENTICATED
 };
+
+/* etcd's error texts, byte for byte: clients match errors by text. */
+#define E_EMPTY_KEY "etcdserver: key is not provided"
+#define E_KEY_NOT_FOUND "etcdserver: key not found"
+#define E_VALUE_PROVIDED "etcdserver: value is provided"
+#define E_LEASE_PROVIDED "etcdserver: lease is provided"
+#define E_TOO_MANY_OPS "etcdserver: too many operations in txn request"
+#define E_DUP_KEY "etcdserver: duplicate key given in txn request"
+#define E_TOO_LARGE "etcdserver: request is too large"
+#define E_COMPACTED "etcdserver: mvcc: required revision has been compacted"
+#define E_FUTURE_REV "etcdserver: mvcc: required revision is a future revision"
+#define E_LEASE_NOT_FOUND "etcdserver: requested lease not found"
+#define E_NO_SPACE "etcdserver: mvcc: database space exceeded"
+#define E_BAD_SORT "etcdserver: invalid sort option"
+#define E_LEASE_EXISTS "etcdserver: lease already exists"
+#define E_LEASE_TTL "etcdserver: too large lease TTL"
 
 /* An owned, growable byte buffer; live bytes are p[rd..len). */
 struct kvd_buf {
@@ -426,8 +445,11 @@ enum grpc_kind { GRPC_UNARY, GRPC_SERVER_STREAM, GRPC_BIDI };
 struct grpc_method {
 	const char *path;  /* "/etcdserverpb.KV/Range" */
 	enum grpc_kind kind;
-	/* one request message; NULL means "not implemented yet" */
-	void (*on_msg)(struct kvd *k, struct h2_stream *s, const uint8_t *p, size_t n);
+	/* request and response messages (NULL req: raw bytes, test methods only) */
+	const ProtobufCMessageDescriptor *req, *resp;
+	/* one request message, decoded (req) and as it came (raw); NULL means
+	 * "not implemented yet".  The handler may keep req by clearing s->rq. */
+	void (*on_msg)(struct kvd *k, struct h2_stream *s);
 	/* the client half-closed a streaming call (optional) */
 	void (*on_half_close)(struct kvd *k, struct h2_stream *s);
 	/* the stream goes away (finished or reset): free service state (optional) */
@@ -456,7 +478,7 @@ struct h2_stream {
 	int64_t recv_window;        /* what the client may still send */
 	uint32_t recv_owed;         /* consumed, not yet credited back */
 	uint64_t content_length, data_seen;
-	int64_t deadline;           /* grpc-timeout, monotonic ms, 0 = none */
+	int64_t deadline;           /* grpc-timeout, monotonic us, 0 = none */
 	int64_t stalled_since;      /* output blocked by a zero window since */
 	struct kvd_buf in, out;     /* request bytes, response gRPC messages */
 	size_t out_mark;            /* out.len before the current request's reply */
@@ -464,6 +486,8 @@ struct h2_stream {
 	int status;                 /* final gRPC status once finished */
 	int http_status;            /* 200 unless an early HTTP-level refusal */
 	char *status_msg;           /* owned, may be NULL */
+	ProtobufCMessage *rq;       /* the request being handled (owned) */
+	struct kvd_slice raw;       /* its bytes, valid while on_msg runs */
 	struct hp_field *meta;      /* request metadata (regular fields), one block */
 	unsigned nmeta;
 	void *svc;                  /* service state of a streaming call */
@@ -475,6 +499,8 @@ struct h2_conn {
 	struct h2_conn *next;
 	int fd;
 	char peer[64];
+	uint8_t src[9];              /* source address: family, then the IPv4 address or IPv6 /64 */
+	unsigned uncounted : 1;      /* evicted: no longer counts toward --max-connections */
 	unsigned preface_done : 1;
 	unsigned settings_seen : 1;  /* client SETTINGS arrived */
 	unsigned is_closing : 1;     /* close once output is written */
@@ -498,8 +524,8 @@ struct h2_conn {
 	struct h2_stream **st;
 	unsigned nst, stcap, rr;
 	uint32_t last_sid;          /* highest client stream id seen */
-	uint32_t reset_ring[32];    /* recently reset ids: their late frames are ignored */
-	unsigned reset_pos;
+	uint32_t closed_ring[32];   /* recently closed ids << 1 | 1 if kvd reset them */
+	unsigned closed_pos;
 	/* flow control */
 	int64_t send_window;        /* connection window kvd may use */
 	int64_t recv_window;        /* what the client may still send */
@@ -512,7 +538,8 @@ struct h2_conn {
 	unsigned ping_strikes;
 	int64_t last_ping;
 	/* times, monotonic ms */
-	int64_t t_open, t_active, t_drain_ping, t_close;
+	int64_t t_open, t_drain_ping, t_close;
+	int64_t t_active;           /* last progress: a call opened, request data, a call ended */
 };
 
 /* A listening socket. */
@@ -524,7 +551,7 @@ struct net_listener {
 /* Internal copy of the configuration (strings owned). */
 struct kvd_cfg {
 	char *name, *data_dir, *listen, *advertise, *peer_urls, *token;
-	uint32_t max_request, max_streams, max_conns, ping_min_ms, idle_ms,
+	uint32_t max_request, max_streams, max_conns, max_conns_ip, ping_min_ms, idle_ms,
 	    stall_ms, drain_ms, max_txn_ops, max_watchers, watch_progress_ms, heartbeat_ms, election_ms;
 	char *confd_listen, *confd_key_file, *confd_ganeti_key;
 	uint32_t confd_skew_ms, confd_rate, confd_burst, confd_global_rate, confd_max_reply;
@@ -535,7 +562,7 @@ struct kvd_cfg {
 
 /* Counters, reported by logs and tests. */
 struct kvd_stats {
-	uint64_t conns_accepted, conns_refused, goaway_sent, rst_sent, calls;
+	uint64_t conns_accepted, conns_refused, conns_refused_ip, conns_evicted, goaway_sent, rst_sent, calls;
 };
 
 struct kvd {
@@ -548,6 +575,7 @@ struct kvd {
 	size_t mem, mem_peak;
 	uint64_t nalloc, fail_at;    /* fail_at: test hook, fail allocation N */
 	ProtobufCAllocator pba;
+	int pb_oom;                  /* an allocation failed inside protobuf-c */
 	/* network */
 	struct net_listener *ls;
 	unsigned nls;
@@ -891,14 +919,343 @@ static void buf_trim(struct kvd *k, struct kvd_buf *b, size_t keep)
 #pragma GCC diagnostic pop
 #endif
 
-static void *pb_alloc(void *data, size_t n) { return kvd_malloc(data, n); }
+/*
+ * Requests are checked before protobuf-c sees them.  protobuf-c unpacks a
+ * nested message by recursing, so a TxnRequest nested a few thousand levels
+ * deep (29 KB on the wire) would run any stack dry; and it is laxer than
+ * etcd's decoders (a bool with the wrong wire type passes).  pb_check walks
+ * the bytes once, without recursion (an explicit stack of PB_MAX_DEPTH
+ * levels), and applies the checks of etcd's own decoder in the order it
+ * applies them, so a malformed request gets etcd's text.  etcd has two:
+ *
+ *   gogo (etcdserverpb, mvccpb, authpb, v3lockpb, v3electionpb: generated
+ *   Unmarshal methods) -- a known field with the wrong wire type is an error:
+ *     proto: wrong wireType = 1 for field PrevKv
+ *     proto: PutRequest: illegal tag 0 (wire type 2)
+ *     proto: PutRequest: wiretype end group for non-group
+ *     proto: illegal wireType 6             (skipping an unknown field)
+ *     proto: integer overflow               (a varint of more than 10 bytes)
+ *     proto: negative length found during unmarshaling
+ *     unexpected EOF
+ *   golang/protobuf 1.3 (grpc.health.v1, grpc-go's health service) -- a
+ *   known field with the wrong wire type is skipped as unknown; any bad
+ *   varint or length is "unexpected EOF"; then
+ *     proto: grpc_health_v1.HealthCheckRequest: illegal tag 0 (wire type 2)
+ *     proto: can't skip unknown wire type 4
+ *     proto: field "grpc.health.v1.HealthCheckRequest.service" contains invalid UTF-8
+ *
+ * Only then does protobuf-c run, on bytes whose depth is bounded.  What etcd
+ * skips and protobuf-c refuses (groups, mistyped fields the golang dialect
+ * skips) is dropped from a top-level message first (pb_strip); a group
+ * deeper down is refused, and said to be.  Only a Txn can nest
+ * (TxnRequest -> RequestOp -> TxnRequest): two message levels per txn level,
+ * so KVD_MAX_TXN_NEST levels of txns below the top one take PB_MAX_DEPTH.
+ * etcd's own bound is --max-txn-ops levels (each level costs its parent one
+ * op); kvd answers deeper ones as etcd answers those: "too many operations
+ * in txn request".
+ */
+#ifndef KVD_MAX_TXN_NEST /* @@ txns nested inside a txn, below the top one (etcd: --max-txn-ops) */
+#define KVD_MAX_TXN_NEST 32
+#endif
+#define PB_MAX_DEPTH (2 * KVD_MAX_TXN_NEST + 3) /* + RequestOp and its Range/Put/Delete */
+#define PB_F_STRIP 1u      /* the top level holds fields protobuf-c cannot take: pb_strip them */
+#define PB_F_DEEP 2u       /* so does a message below it: unsupported */
+
+static size_t json_utf8_len(const uint8_t *p, const uint8_t *end);
+
+/* gogo's CamelCase of a proto field name ("prev_kv" -> "PrevKv"). */
+static void pb_go_name(const char *s, char *out, size_t cap)
+{
+	size_t o = 0;
+
+	if (*s == '_' && o + 1 < cap) {
+		out[o++] = 'X';
+		s++;
+	}
+	for (; *s && o + 1 < cap; s++) {
+		char c = *s;
+		if (c == '_' && s[1] >= 'a' && s[1] <= 'z')
+			continue;
+		if (c >= 'a' && c <= 'z')
+			c = (char)(c - 'a' + 'A');
+		out[o++] = c;
+		while (s[1] >= 'a' && s[1] <= 'z' && o + 1 < cap)
+			out[o++] = *++s;
+	}
+	out[o] = 0;
+}
+
+/* A varint as etcd reads it.  gogo: up to 10 bytes ("integer overflow"),
+ * the bits past 64 dropped.  golang: a 10th byte above 1 is as bad as a cut. */
+static const char *pb_varint(const uint8_t **pp, const uint8_t *end, uint64_t *v, int golang)
+{
+	const uint8_t *p = *pp;
+	unsigned shift;
+
+	*v = 0;
+	for (shift = 0;; shift += 7) {
+		if (shift >= 64 || (golang && shift == 63 && p < end && *p > 1))
+			return golang ? "unexpected EOF" : "proto: integer overflow";
+		if (p >= end)
+			return "unexpected EOF";
+		*v |= (uint64_t)(*p & 0x7f) << shift;
+		if (*p++ < 0x80)
+			break;
+	}
+	*pp = p;
+	return NULL;
+}
+
+/* A length prefix and what it covers. */
+static const char *pb_len(const uint8_t **pp, const uint8_t *end, const uint8_t **body_end, int golang)
+{
+	const char *e;
+	uint64_t n;
+
+	if ((e = pb_varint(pp, end, &n, golang)))
+		return e;
+	if ((n >> 63) && !golang)
+		return "proto: negative length found during unmarshaling";
+	if (n > (uint64_t)(end - *pp))
+		return "unexpected EOF";
+	*body_end = *pp + n;
+	return NULL;
+}
+
+/* Skip an unknown field whose tag (wire type wt) was just read.  Groups are
+ * skipped to their end, nesting counted, never recursed. */
+static const char *pb_skip(const uint8_t **pp, const uint8_t *end, unsigned wt, int golang, int *group)
+{
+	const uint8_t *body;
+	const char *e;
+	uint64_t v, depth = 0;
+
+	for (;;) {
+		switch (wt) {
+		case 0: e = pb_varint(pp, end, &v, golang); break;
+		case 1: e = end - *pp < 8 ? "unexpected EOF" : NULL; *pp += e ? 0 : 8; break;
+		case 2: e = pb_len(pp, end, &body, golang); *pp = e ? *pp : body; break;
+		case 3: e = NULL; depth++; *group = 1; break;
+		case 4:
+			if (!depth) /* golang cannot skip it; gogo never gets here (the caller caught it) */
+				return "proto: can't skip unknown wire type 4";
+			e = NULL;
+			depth--;
+			break;
+		case 5: e = end - *pp < 4 ? "unexpected EOF" : NULL; *pp += e ? 0 : 4; break;
+		default:
+			if (golang)
+				return wt == 6 ? "proto: can't skip unknown wire type 6" : "proto: can't skip unknown wire type 7";
+			return wt == 6 ? "proto: illegal wireType 6" : "proto: illegal wireType 7";
+		}
+		if (e || !depth)
+			return e;
+		if ((e = pb_varint(pp, end, &v, golang)))
+			return e;
+		wt = (unsigned)(v & 7);
+	}
+}
+
+/* The wire type a field takes: 0 varint, 1 fixed64, 2 bytes, 5 fixed32. */
+static unsigned pb_wire_type(const ProtobufCFieldDescriptor *f)
+{
+	switch (f->type) {
+	case PROTOBUF_C_TYPE_STRING:
+	case PROTOBUF_C_TYPE_BYTES:
+	case PROTOBUF_C_TYPE_MESSAGE: return 2;
+	case PROTOBUF_C_TYPE_FIXED64: case PROTOBUF_C_TYPE_SFIXED64: case PROTOBUF_C_TYPE_DOUBLE: return 1;
+	case PROTOBUF_C_TYPE_FIXED32: case PROTOBUF_C_TYPE_SFIXED32: case PROTOBUF_C_TYPE_FLOAT: return 5;
+	default: return 0;
+	}
+}
+
+/* A field's wire type as protobuf-c takes it (scalars may come packed). */
+static int pb_wire_ok(const ProtobufCFieldDescriptor *f, unsigned wt)
+{
+	unsigned want = pb_wire_type(f);
+
+	return wt == want || (wt == 2 && want != 2 && f->label == PROTOBUF_C_LABEL_REPEATED);
+}
+
+/* The decoder etcd uses for a message: golang/protobuf for grpc-go's health
+ * service, gogo for all of etcd's own. */
+static int pb_golang(const ProtobufCMessageDescriptor *d)
+{
+	return d->package_name && !strcmp(d->package_name, "grpc.health.v1");
+}
+
+/* The Go type of a message in error texts: gogo names the type alone;
+ * golang its Go package too ("grpc_health_v1.HealthCheckRequest"). */
+static void pb_go_type(const ProtobufCMessageDescriptor *d, int golang, char *out, size_t cap)
+{
+	size_t n = d->package_name ? strlen(d->package_name) : 0, i;
+	const char *type = n && !strncmp(d->name, d->package_name, n) && d->name[n] == '.' ? d->name + n + 1 : d->name;
+
+	if (!golang || !n) {
+		snprintf(out, cap, "%s", type);
+		return;
+	}
+	snprintf(out, cap, "%s.%s", d->package_name, type);
+	for (i = 0; i < n && i < cap; i++)
+		if (out[i] == '.')
+			out[i] = '_';
+}
+
+/*
+ * Check request bytes as etcd's decoder would, depth first and in order, so
+ * the first fault found is the one etcd reports.  Returns 0 (flags: PB_F_*),
+ * KVD_EPROTO (why: etcd's text), or KVD_ELIMIT (nested deeper than max_depth).
+ */
+static int pb_check(const ProtobufCMessageDescriptor *d, const uint8_t *p, size_t n, unsigned max_depth,
+                    char *why, size_t whylen, unsigned *flags)
+{
+	struct { const ProtobufCMessageDescriptor *d; const uint8_t *end; } st[PB_MAX_DEPTH];
+	const ProtobufCFieldDescriptor *f;
+	const uint8_t *body, *at;
+	const char *e = NULL, *utf8 = NULL;
+	char name[80];
+	unsigned depth = 0, wt;
+	int golang, group;
+	int32_t num;
+	uint64_t tag, v;
+
+	*flags = 0;
+	if (max_depth > PB_MAX_DEPTH)
+		max_depth = PB_MAX_DEPTH;
+	st[0].d = d;
+	st[0].end = p + n;
+	for (;;) {
+		while (p == st[depth].end) {
+			if (!depth) {
+				if (!utf8) /* golang reports bad UTF-8 last, once nothing worse was found */
+					return 0;
+				snprintf(why, whylen, "proto: field \"%s.%s\" contains invalid UTF-8", st[0].d->name, utf8);
+				return KVD_EPROTO;
+			}
+			depth--;
+		}
+		d = st[depth].d;
+		golang = pb_golang(d);
+		at = p;
+		if ((e = pb_varint(&p, st[depth].end, &tag, golang)))
+			break;
+		num = (int32_t)(uint32_t)(tag >> 3); /* gogo: int32(wire >> 3) */
+		wt = (unsigned)(tag & 7);
+		if (!golang && wt == 4) {
+			pb_go_type(d, golang, name, sizeof name);
+			snprintf(why, whylen, "proto: %s: wiretype end group for non-group", name);
+			return KVD_EPROTO;
+		}
+		if (golang ? !(tag >> 3) : num <= 0) {
+			pb_go_type(d, golang, name, sizeof name);
+			snprintf(why, whylen, "proto: %s: illegal tag %d (wire type %llu)", name, (int)num,
+			         golang ? (unsigned long long)wt : (unsigned long long)tag);
+			return KVD_EPROTO;
+		}
+		f = tag >> 35 ? NULL : protobuf_c_message_descriptor_get_field(d, (unsigned)(tag >> 3));
+		if (f && !pb_wire_ok(f, wt)) {
+			if (!golang) {
+				pb_go_name(f->name, name, sizeof name);
+				snprintf(why, whylen, "proto: wrong wireType = %u for field %s", wt, name);
+				return KVD_EPROTO;
+			}
+			f = NULL; /* golang: skipped as an unknown field */
+			*flags |= depth ? 0 : PB_F_STRIP;
+		}
+		if (!f) { /* protobuf-c takes neither groups nor tags of more than 5 bytes */
+			group = p - at > 5;
+			if ((e = pb_skip(&p, st[depth].end, wt, golang, &group)))
+				break;
+			*flags |= !group ? 0 : depth ? PB_F_DEEP : PB_F_STRIP;
+			continue;
+		}
+		if (wt == 0) {
+			e = pb_varint(&p, st[depth].end, &v, golang);
+		} else if (wt == 1 || wt == 5) {
+			e = st[depth].end - p < (wt == 1 ? 8 : 4) ? "unexpected EOF" : NULL;
+			p += e ? 0 : wt == 1 ? 8 : 4;
+		} else if (!(e = pb_len(&p, st[depth].end, &body, golang))) {
+			if (f->type == PROTOBUF_C_TYPE_MESSAGE) {
+				if (depth + 1 >= max_depth)
+					return KVD_ELIMIT;
+				depth++;
+				st[depth].d = f->descriptor;
+				st[depth].end = body;
+				continue;
+			}
+			if (pb_wire_type(f) == 0) { /* packed varints; gogo reads the last one up to the message's end */
+				while (!e && p < body)
+					e = pb_varint(&p, st[depth].end, &v, golang);
+				if (!e && p != body)
+					e = "unexpected EOF"; /* gogo would go on from there; protobuf-c cannot */
+			}
+			if (golang && f->type == PROTOBUF_C_TYPE_STRING && !utf8)
+				for (at = p; at < body; at += v)
+					if (!(v = json_utf8_len(at, body))) {
+						utf8 = f->name;
+						break;
+					}
+			p = e ? p : KVD_MAX(p, body);
+		}
+		if (e)
+			break;
+	}
+	snprintf(why, whylen, "%s", e);
+	return KVD_EPROTO;
+}
+
+/*
+ * The top level of a message pb_check accepted, without what protobuf-c
+ * cannot take and etcd skips (groups; fields of the wrong wire type in the
+ * golang dialect), into out (n bytes at most).  Returns its length.
+ */
+static size_t pb_strip(const ProtobufCMessageDescriptor *d, const uint8_t *p, size_t n, uint8_t *out)
+{
+	const uint8_t *end = p + n, *field;
+	const ProtobufCFieldDescriptor *f;
+	size_t o = 0;
+	uint64_t tag;
+	unsigned wt;
+	int group, golang = pb_golang(d);
+
+	while (p < end) {
+		field = p;
+		if (pb_varint(&p, end, &tag, golang))
+			break; /* cannot happen: pb_check read it */
+		wt = (unsigned)(tag & 7);
+		f = tag >> 35 ? NULL : protobuf_c_message_descriptor_get_field(d, (unsigned)(tag >> 3));
+		group = 0;
+		if (pb_skip(&p, end, wt, golang, &group))
+			break;
+		if (f && pb_wire_ok(f, wt) && !group) {
+			memcpy(out + o, field, (size_t)(p - field));
+			o += (size_t)(p - field);
+		}
+	}
+	return o;
+}
+
+static void *pb_alloc(void *data, size_t n)
+{
+	struct kvd *k = data;
+	void *p = kvd_malloc(k, n);
+
+	k->pb_oom |= !p;
+	return p;
+}
 static void pb_release(void *data, void *p) { kvd_free(data, p); }
 
-/* Unpack a request; NULL on malformed input or no memory. */
+/* Unpack bytes pb_check accepted; NULL on no memory (*oom set) or on the
+ * little protobuf-c refuses that etcd takes (groups). */
 static ProtobufCMessage *pb_unpack(struct kvd *k, const ProtobufCMessageDescriptor *d,
-                                   const uint8_t *p, size_t n)
+                                   const uint8_t *p, size_t n, int *oom)
 {
-	return protobuf_c_message_unpack(d, &k->pba, n, p);
+	ProtobufCMessage *m;
+
+	k->pb_oom = 0;
+	m = protobuf_c_message_unpack(d, &k->pba, n, p);
+	*oom = k->pb_oom;
+	return m;
 }
 
 static void pb_free(struct kvd *k, void *m)
@@ -3406,14 +3763,37 @@ static void h2_glitch(struct h2_conn *c)
 		h2_fail(c, H2_ENHANCE_YOUR_CALM, "too_many_glitches");
 }
 
-static int h2_recently_reset(struct h2_conn *c, uint32_t sid)
-{
-	unsigned i;
+/*
+ * Recently closed streams (RFC 9113 5.1).  Frames the peer sent before it
+ * saw kvd's RST_STREAM are in flight and ignored; any other frame on a
+ * closed stream is the peer's error (STREAM_CLOSED).
+ */
+enum { H2_GONE_UNKNOWN, H2_GONE_CLOSED, H2_GONE_RESET_BY_KVD };
 
-	for (i = 0; i < KVD_COUNT(c->reset_ring); i++)
-		if (c->reset_ring[i] == sid)
-			return 1;
-	return 0;
+static void h2_remember_closed(struct h2_conn *c, uint32_t sid, int reset_by_kvd)
+{
+	c->closed_ring[c->closed_pos++ % KVD_COUNT(c->closed_ring)] = sid << 1 | (reset_by_kvd ? 1 : 0);
+}
+
+static int h2_closed_how(struct h2_conn *c, uint32_t sid)
+{
+	unsigned i, how = H2_GONE_UNKNOWN;
+
+	for (i = 0; i < KVD_COUNT(c->closed_ring); i++) /* the newest entry for sid decides */
+		if (c->closed_ring[(c->closed_pos - 1 - i) % KVD_COUNT(c->closed_ring)] >> 1 == sid) {
+			how = c->closed_ring[(c->closed_pos - 1 - i) % KVD_COUNT(c->closed_ring)] & 1 ?
+			      H2_GONE_RESET_BY_KVD : H2_GONE_CLOSED;
+			break;
+		}
+	return (int)how;
+}
+
+/* RST_STREAM from kvd: late frames of sid are ignored from now on. */
+static void h2_rst(struct h2_conn *c, uint32_t sid, enum h2_error code)
+{
+	h2_frame_u32(c, H2_RST_STREAM, sid, code);
+	c->k->st.rst_sent++;
+	h2_remember_closed(c, sid, 1);
 }
 
 static struct h2_stream *h2_stream_find(struct h2_conn *c, uint32_t sid)
@@ -3471,17 +3851,18 @@ static void h2_stream_close(struct h2_conn *c, struct h2_stream *s)
 		for (i = 0; i < k->nheld; i++)
 			if (k->held[i] == s)
 				k->held[i] = NULL;
-	c->reset_ring[c->reset_pos++ % KVD_COUNT(c->reset_ring)] = s->id;
+	if (h2_closed_how(c, s->id) != H2_GONE_RESET_BY_KVD)
+		h2_remember_closed(c, s->id, 0);
 	c->buffered -= BUF_LEN(&s->in);
 	buf_free(k, &s->in);
 	buf_free(k, &s->out);
 	kvd_free(k, s->meta);
 	kvd_free(k, s->status_msg);
 	kvd_free(k, s);
+	c->t_active = k->now; /* a call ended: progress */
+	if (k->cfg.idle_ms)
+		loop_arm(k, k->now + k->cfg.idle_ms);
 	if (!c->nst) {
-		c->t_active = k->now;
-		if (k->cfg.idle_ms)
-			loop_arm(k, k->now + k->cfg.idle_ms);
 		if (c->goaway_sent)
 			c->is_closing = 1;
 		if (!c->stcap || c->stcap > 8) { /* shrink after a burst */
@@ -3498,12 +3879,9 @@ static void h2_stream_error(struct h2_conn *c, uint32_t sid, enum h2_error code)
 {
 	struct h2_stream *s = h2_stream_find(c, sid);
 
-	h2_frame_u32(c, H2_RST_STREAM, sid, code);
-	c->k->st.rst_sent++;
+	h2_rst(c, sid, code);
 	if (s)
 		h2_stream_close(c, s);
-	else
-		c->reset_ring[c->reset_pos++ % KVD_COUNT(c->reset_ring)] = sid;
 	h2_glitch(c);
 }
 
@@ -3760,8 +4138,11 @@ static void h2_on_block(struct kvd *k, struct h2_conn *c, uint32_t sid, unsigned
 		return;
 	}
 	if (sid <= c->last_sid) {
-		if (!h2_recently_reset(c, sid))
-			h2_fail(c, H2_PROTOCOL_ERROR, "stream id not increasing");
+		switch (h2_closed_how(c, sid)) {
+		case H2_GONE_RESET_BY_KVD: break; /* sent before our RST_STREAM arrived */
+		case H2_GONE_CLOSED: h2_stream_error(c, sid, H2_STREAM_CLOSED); break;
+		default: h2_fail(c, H2_PROTOCOL_ERROR, "stream id not increasing");
+		}
 		return;
 	}
 	c->last_sid = sid;
@@ -3780,10 +4161,11 @@ static void h2_on_block(struct kvd *k, struct h2_conn *c, uint32_t sid, unsigned
 		return;
 	}
 	if (!(s = h2_stream_new(c, sid))) {
-		h2_frame_u32(c, H2_RST_STREAM, sid, H2_REFUSED_STREAM);
+		h2_rst(c, sid, H2_REFUSED_STREAM);
 		return;
 	}
 	k->st.calls++;
+	c->t_active = k->now; /* a new call: progress */
 	if (flags & H2_F_END_STREAM)
 		s->remote_closed = 1;
 	if (o.over) { /* answered, not served: the list broke kvd's caps */
@@ -3908,7 +4290,7 @@ static void h2_on_data(struct kvd *k, struct h2_conn *c, unsigned flags, uint32_
 	if (!s) {
 		if (sid > c->last_sid)
 			h2_fail(c, H2_PROTOCOL_ERROR, "DATA on idle stream");
-		else if (!h2_recently_reset(c, sid))
+		else if (h2_closed_how(c, sid) != H2_GONE_RESET_BY_KVD)
 			h2_stream_error(c, sid, H2_STREAM_CLOSED);
 		h2_credit(c);
 		return;
@@ -3942,6 +4324,8 @@ static void h2_on_data(struct kvd *k, struct h2_conn *c, unsigned flags, uint32_
 		}
 	} else {
 		c->buffered += n;
+		if (n)
+			c->t_active = k->now; /* request data: progress */
 		grpc_on_data(k, s);
 	}
 	if (flags & H2_F_END_STREAM)
@@ -4167,25 +4551,69 @@ static void h2_send_preface(struct kvd *k, struct h2_conn *c)
 	}
 }
 
-/* Not HTTP/2: answer an HTTP/1.x request with a plain explanation. */
-static void h2_not_h2(struct h2_conn *c)
+/*
+ * What the first bytes of a connection are: the HTTP/2 preface, an HTTP/1.x
+ * request line (RFC 9112 3: token SP target SP "HTTP/1." DIGIT CRLF), or
+ * neither.  Bounded and non-allocating; "need more" is distinct from "bad".
+ */
+enum { H2_SNIFF_MORE, H2_SNIFF_H2, H2_SNIFF_HTTP1, H2_SNIFF_BAD };
+#define H2_MAX_REQUEST_LINE 8192 /* an HTTP/1.x request line longer than this is not waited for */
+
+static int h2_sniff(const uint8_t *p, size_t n)
+{
+	static const char ver[] = "HTTP/1.";
+	size_t i = 0, j;
+
+	if (!memcmp(p, H2_PREFACE, KVD_MIN(n, (size_t)H2_PREFACE_LEN)))
+		return n >= H2_PREFACE_LEN ? H2_SNIFF_H2 : H2_SNIFF_MORE;
+	while (i < n && h2_token_char(p[i] >= 'A' && p[i] <= 'Z' ? (unsigned char)(p[i] | 0x20) : p[i]))
+		i++; /* method (a token; upper case as sent) */
+	if (i == n)
+		return n < H2_MAX_REQUEST_LINE ? H2_SNIFF_MORE : H2_SNIFF_HTTP1;
+	if (!i || p[i++] != ' ')
+		return H2_SNIFF_BAD;
+	for (j = i; i < n && p[i] > ' ' && p[i] < 0x7f; i++)
+		; /* request-target */
+	if (i == n)
+		return n < H2_MAX_REQUEST_LINE ? H2_SNIFF_MORE : H2_SNIFF_HTTP1;
+	if (i == j || p[i++] != ' ')
+		return H2_SNIFF_BAD;
+	for (j = 0; j < 7 && i < n; j++, i++)
+		if (p[i] != (uint8_t)ver[j])
+			return H2_SNIFF_BAD;
+	if (i == n)
+		return H2_SNIFF_MORE;
+	if (p[i] < '0' || p[i] > '9')
+		return H2_SNIFF_BAD;
+	if (++i == n)
+		return H2_SNIFF_MORE;
+	if (p[i] == '\n' || (p[i] == '\r' && (i + 1 == n || p[i + 1] == '\n')))
+		return i + 1 == n && p[i] == '\r' ? H2_SNIFF_MORE : H2_SNIFF_HTTP1;
+	return H2_SNIFF_BAD;
+}
+
+/*
+ * Not HTTP/2.  An HTTP/1.x request gets a plain explanation (the JSON
+ * gateway will serve it); anything else a SETTINGS and GOAWAY
+ * PROTOCOL_ERROR (RFC 9113 3.4: the preface was invalid).
+ */
+static void h2_not_h2(struct h2_conn *c, int what)
 {
 	static const char body[] =
 	    "kvd speaks gRPC over HTTP/2 (h2c with prior knowledge); use an etcd v3 client.\n";
 	char hdr[160];
-	const uint8_t *p = BUF_DATA(&c->in);
-	size_t i, n = BUF_LEN(&c->in);
 
-	for (i = 0; i < n && p[i] >= 'A' && p[i] <= 'Z'; i++)
-		;
-	if (i && i < n && p[i] == ' ') {
+	if (what == H2_SNIFF_HTTP1) {
 		snprintf(hdr, sizeof hdr, "HTTP/1.1 505 HTTP Version Not Supported\r\n"
 		         "Content-Type: text/plain\r\nConnection: close\r\nContent-Length: %u\r\n\r\n",
 		         (unsigned)(sizeof body - 1));
 		buf_append(c->k, &c->out, hdr, strlen(hdr));
 		buf_append(c->k, &c->out, body, sizeof body - 1);
+		c->is_closing = c->goaway_sent = 1;
+		return;
 	}
-	c->is_closing = c->goaway_sent = 1;
+	h2_frame(c, H2_SETTINGS, 0, 0, NULL, 0);
+	h2_fail(c, H2_PROTOCOL_ERROR, "invalid connection preface");
 }
 
 /*
@@ -4205,12 +4633,13 @@ static void h2_input(struct kvd *k, struct h2_conn *c)
 		if (!n)
 			break;
 		if (!c->preface_done) {
-			if (memcmp(p, H2_PREFACE, KVD_MIN(n, (size_t)H2_PREFACE_LEN))) {
-				h2_not_h2(c);
+			int what = h2_sniff(p, n);
+			if (what == H2_SNIFF_MORE)
+				break;
+			if (what != H2_SNIFF_H2) {
+				h2_not_h2(c, what);
 				return;
 			}
-			if (n < H2_PREFACE_LEN)
-				break;
 			buf_consume(&c->in, H2_PREFACE_LEN);
 			c->preface_done = 1;
 			h2_send_preface(k, c);
@@ -4229,7 +4658,6 @@ static void h2_input(struct kvd *k, struct h2_conn *c)
 		if (n < H2_FRAME_HDR + len)
 			break;
 		p += H2_FRAME_HDR;
-		c->t_active = k->now;
 		if (!c->settings_seen && type != H2_SETTINGS) {
 			h2_fail(c, H2_PROTOCOL_ERROR, "first frame is not SETTINGS");
 			return;
@@ -4260,7 +4688,7 @@ static void h2_input(struct kvd *k, struct h2_conn *c)
 		}
 		buf_consume(&c->in, H2_FRAME_HDR + len);
 	}
-	if (!c->nst && k->cfg.idle_ms)
+	if (k->cfg.idle_ms)
 		loop_arm(k, c->t_active + (int64_t)k->cfg.idle_ms);
 }
 
@@ -4375,7 +4803,7 @@ static int h2_stream_send(struct kvd *k, struct h2_conn *c, struct h2_stream *s)
 		return 0;
 ended:
 	if (!s->remote_closed) /* early server closure (gRPC over HTTP/2) */
-		h2_frame_u32(c, H2_RST_STREAM, s->id, H2_NO_ERROR);
+		h2_rst(c, s->id, H2_NO_ERROR);
 	h2_stream_close(c, s);
 	return 1;
 }
@@ -4397,6 +4825,23 @@ static void h2_flush(struct kvd *k, struct h2_conn *c)
 	}
 }
 
+/*
+ * Is a call being served (it has its request: a unary call being answered,
+ * a Watch, a keep-alive stream)?  A connection that is not busy and makes
+ * no progress -- no new call, no request data -- for --max-idle-time is
+ * closed; pings, window updates and settings are not progress, so they
+ * cannot hold a connection slot.
+ */
+static int h2_busy(const struct h2_conn *c)
+{
+	unsigned i;
+
+	for (i = 0; i < c->nst; i++)
+		if (c->st[i]->got_msg)
+			return 1;
+	return 0;
+}
+
 /* Per-connection timers; returns the next time this connection needs a look. */
 static int64_t h2_timers(struct kvd *k, struct h2_conn *c)
 {
@@ -4416,7 +4861,7 @@ static int64_t h2_timers(struct kvd *k, struct h2_conn *c)
 		else
 			next = KVD_MIN(next, c->t_drain_ping + 1000);
 	}
-	if (!c->nst && k->cfg.idle_ms && c->settings_seen && !c->is_closing) {
+	if (k->cfg.idle_ms && c->settings_seen && !c->is_closing && !h2_busy(c)) {
 		if (now - c->t_active >= (int64_t)k->cfg.idle_ms)
 			h2_fail(c, H2_NO_ERROR, "max_idle");
 		else
@@ -4425,16 +4870,16 @@ static int64_t h2_timers(struct kvd *k, struct h2_conn *c)
 	for (i = 0; i < c->nst; i++) {
 		struct h2_stream *s = c->st[i];
 		if (s->deadline && !s->finished) {
-			if (now >= s->deadline)
+			if (now * 1000 >= s->deadline)
 				grpc_finish(k, s, GRPC_DEADLINE_EXCEEDED, "context deadline exceeded");
 			else
-				next = KVD_MIN(next, s->deadline);
+				next = KVD_MIN(next, (s->deadline + 999) / 1000);
 		}
 		if (s->stalled_since && k->cfg.stall_ms) {
 			if (now - s->stalled_since >= (int64_t)k->cfg.stall_ms) {
 				kvd_log(k, KVD_LOG_INFO, "%s: stream %u stalled on a zero window, reset",
 				        c->peer, s->id);
-				h2_frame_u32(c, H2_RST_STREAM, s->id, H2_CANCEL);
+				h2_rst(c, s->id, H2_CANCEL);
 				h2_stream_close(c, s);
 				i--;
 				continue;
@@ -4598,16 +5043,54 @@ static KVD_UNUSED const char *grpc_meta(const struct h2_stream *s, const char *n
 	return NULL;
 }
 
-/* Unpack the request or end the call as grpc-go does for bad protobuf. */
-static ProtobufCMessage *grpc_unpack(struct kvd *k, struct h2_stream *s,
-                                     const ProtobufCMessageDescriptor *d, const uint8_t *p, size_t n)
+/*
+ * Decode a request message for s's method into s->rq, or end the call as
+ * etcd does: its decoder's text for malformed bytes (pb_check), its txn
+ * limit for nesting beyond what kvd decodes, and kvd's own words only for
+ * what is kvd's (memory, groups).  Returns 0 or a negative KVD_E*.
+ */
+static int grpc_decode(struct kvd *k, struct h2_stream *s, const uint8_t *p, size_t n)
 {
-	ProtobufCMessage *m = pb_unpack(k, d, p, n);
+	const ProtobufCMessageDescriptor *d = s->m->req;
+	char why[160];
+	unsigned flags;
+	int oom, r;
 
-	if (!m)
+	if (!d)
+		return 0; /* raw bytes (test methods) */
+	r = pb_check(d, p, n, PB_MAX_DEPTH, why, sizeof why, &flags);
+	if (r == KVD_ELIMIT) { /* only a Txn nests: etcd's answer for deep ones */
+		grpc_finish(k, s, GRPC_INVALID_ARGUMENT, "%s", E_TOO_MANY_OPS);
+		return r;
+	}
+	if (r) {
+		grpc_finish(k, s, GRPC_INTERNAL, "grpc: error unmarshalling request: %s", why);
+		return r;
+	}
+	if (flags & PB_F_DEEP) {
 		grpc_finish(k, s, GRPC_INTERNAL, "grpc: error unmarshalling request: %s",
-		            "malformed protobuf or out of memory");
-	return m;
+		            "kvd: unknown fields as groups or with over-long tags are not supported below the top level");
+		return KVD_EPROTO;
+	}
+	if (flags & PB_F_STRIP) { /* what etcd skips, protobuf-c would refuse */
+		uint8_t *copy = kvd_malloc(k, n ? n : 1);
+		if (!copy) {
+			grpc_finish(k, s, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+			return KVD_ENOMEM;
+		}
+		s->rq = pb_unpack(k, d, copy, pb_strip(d, p, n, copy), &oom);
+		kvd_free(k, copy);
+	} else {
+		s->rq = pb_unpack(k, d, p, n, &oom);
+	}
+	if (s->rq)
+		return 0;
+	if (oom) {
+		grpc_finish(k, s, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+		return KVD_ENOMEM;
+	}
+	grpc_finish(k, s, GRPC_INTERNAL, "grpc: error unmarshalling request: kvd: malformed protobuf");
+	return KVD_EPROTO;
 }
 
 static int grpc_slice_is(struct kvd_slice v, const char *s)
@@ -4617,8 +5100,9 @@ static int grpc_slice_is(struct kvd_slice v, const char *s)
 	return v.n == n && !memcmp(v.p, s, n);
 }
 
-/* grpc-timeout: 1-8 digits and a unit (H M S m u n); rounds up to ms. */
-static int grpc_parse_timeout(struct kvd_slice v, int64_t *ms)
+/* grpc-timeout: 1-8 digits and a unit (H M S m u n), in microseconds
+ * (nanoseconds round down: under 1 us, the call is over before it starts). */
+static int grpc_parse_timeout(struct kvd_slice v, int64_t *us)
 {
 	uint64_t n = 0;
 	size_t i;
@@ -4631,12 +5115,12 @@ static int grpc_parse_timeout(struct kvd_slice v, int64_t *ms)
 		n = n * 10 + (uint64_t)(v.p[i] - '0');
 	}
 	switch (v.p[v.n - 1]) {
-	case 'H': *ms = (int64_t)n * 3600000; break;
-	case 'M': *ms = (int64_t)n * 60000; break;
-	case 'S': *ms = (int64_t)n * 1000; break;
-	case 'm': *ms = (int64_t)n; break;
-	case 'u': *ms = (int64_t)((n + 999) / 1000); break;
-	case 'n': *ms = (int64_t)((n + 999999) / 1000000); break;
+	case 'H': *us = (int64_t)n * 3600000000ll; break;
+	case 'M': *us = (int64_t)n * 60000000ll; break;
+	case 'S': *us = (int64_t)n * 1000000; break;
+	case 'm': *us = (int64_t)n * 1000; break;
+	case 'u': *us = (int64_t)n; break;
+	case 'n': *us = (int64_t)(n / 1000); break;
 	default: return -1;
 	}
 	return 0;
@@ -4647,7 +5131,7 @@ static void grpc_on_headers(struct kvd *k, struct h2_stream *s, const struct h2_
 {
 	const char *path = (const char *)rq->path.p, *svc, *slash;
 	size_t plen = rq->path.n;
-	int64_t ms;
+	int64_t us;
 	int known;
 	size_t i;
 
@@ -4666,12 +5150,16 @@ static void grpc_on_headers(struct kvd *k, struct h2_stream *s, const struct h2_
 	}
 	s->ctype_proto = grpc_slice_is(rq->ctype, "application/grpc+proto");
 	if (rq->timeout.n) {
-		if (grpc_parse_timeout(rq->timeout, &ms)) {
+		if (grpc_parse_timeout(rq->timeout, &us)) {
 			grpc_finish(k, s, GRPC_INTERNAL, "transport: malformed grpc-timeout");
 			return;
 		}
-		s->deadline = k->now + (ms ? ms : 1);
-		loop_arm(k, s->deadline);
+		if (!us) { /* as grpc-go: a deadline already past fails the call */
+			grpc_finish(k, s, GRPC_DEADLINE_EXCEEDED, "context deadline exceeded");
+			return;
+		}
+		s->deadline = k->now * 1000 + us;
+		loop_arm(k, (s->deadline + 999) / 1000);
 	}
 	if (rq->encoding.n && !grpc_slice_is(rq->encoding, "identity"))
 		s->bad_encoding = 1;
@@ -4745,7 +5233,14 @@ static void grpc_on_data(struct kvd *k, struct h2_stream *s)
 		if (s->m->kind == GRPC_BIDI || !s->got_msg) {
 			s->got_msg = 1;
 			s->out_mark = s->out.len;
-			s->m->on_msg(k, s, p + 5, len); /* may finish s, never frees it */
+			if (!grpc_decode(k, s, p + 5, len)) {
+				s->raw.p = p + 5;
+				s->raw.n = len;
+				s->m->on_msg(k, s); /* may finish s, never frees it */
+				pb_free(k, s->rq);
+				s->rq = NULL;
+				s->raw.n = 0;
+			}
 		}
 		if (s->finished) /* grpc_finish already dropped the buffer */
 			return;
@@ -4787,15 +5282,11 @@ static void svc_header(struct kvd *k, Etcdserverpb__ResponseHeader *h, int with_
 
 /* grpc.health.v1.Health/Check: "" is SERVING, any other name unknown (as
  * etcd registers only ""). */
-static void svc_health_check(struct kvd *k, struct h2_stream *s, const uint8_t *p, size_t n)
+static void svc_health_check(struct kvd *k, struct h2_stream *s)
 {
-	Grpc__Health__V1__HealthCheckRequest *rq;
+	const Grpc__Health__V1__HealthCheckRequest *rq = (const void *)s->rq;
 	Grpc__Health__V1__HealthCheckResponse rs = GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__INIT;
 
-	rq = (Grpc__Health__V1__HealthCheckRequest *)grpc_unpack(
-	    k, s, &grpc__health__v1__health_check_request__descriptor, p, n);
-	if (!rq)
-		return;
 	if (rq->service && rq->service[0]) {
 		grpc_finish(k, s, GRPC_NOT_FOUND, "unknown service");
 	} else {
@@ -4803,20 +5294,15 @@ static void svc_health_check(struct kvd *k, struct h2_stream *s, const uint8_t *
 		                        : GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING;
 		grpc_reply(k, s, &rs.base);
 	}
-	pb_free(k, rq);
 }
 
 /* Health/Watch: the current status now, then the stream stays open; kvd
  * announces NOT_SERVING when it begins to shut down (svc_shutdown). */
-static void svc_health_watch(struct kvd *k, struct h2_stream *s, const uint8_t *p, size_t n)
+static void svc_health_watch(struct kvd *k, struct h2_stream *s)
 {
-	Grpc__Health__V1__HealthCheckRequest *rq;
+	const Grpc__Health__V1__HealthCheckRequest *rq = (const void *)s->rq;
 	Grpc__Health__V1__HealthCheckResponse rs = GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__INIT;
 
-	rq = (Grpc__Health__V1__HealthCheckRequest *)grpc_unpack(
-	    k, s, &grpc__health__v1__health_check_request__descriptor, p, n);
-	if (!rq)
-		return;
 	if (rq->service && rq->service[0])
 		rs.status = GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVICE_UNKNOWN;
 	else
@@ -4824,19 +5310,14 @@ static void svc_health_watch(struct kvd *k, struct h2_stream *s, const uint8_t *
 		                        : GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING;
 	s->svc = rq->service && rq->service[0] ? NULL : (void *)s; /* marks a watcher of "" */
 	grpc_send(k, s, &rs.base);
-	pb_free(k, rq);
 }
 
 /* Maintenance/Status, with the fields etcd 3.4 sets (leader = self). */
-static void svc_status(struct kvd *k, struct h2_stream *s, const uint8_t *p, size_t n)
+static void svc_status(struct kvd *k, struct h2_stream *s)
 {
-	Etcdserverpb__StatusRequest *rq;
 	Etcdserverpb__StatusResponse rs = ETCDSERVERPB__STATUS_RESPONSE__INIT;
 	Etcdserverpb__ResponseHeader h;
 
-	rq = (Etcdserverpb__StatusRequest *)grpc_unpack(k, s, &etcdserverpb__status_request__descriptor, p, n);
-	if (!rq)
-		return;
 	svc_header(k, &h, 1);
 	rs.header = &h;
 	rs.version = (char *)KVD_ETCD_VERSION;
@@ -4847,7 +5328,6 @@ static void svc_status(struct kvd *k, struct h2_stream *s, const uint8_t *p, siz
 	rs.raftappliedindex = (uint64_t)k->db.rev;
 	rs.raftterm = SVC_RAFT_TERM;
 	grpc_reply(k, s, &rs.base);
-	pb_free(k, rq);
 }
 
 static void svc_member(struct kvd *k, Etcdserverpb__Member *m)
@@ -4862,24 +5342,18 @@ static void svc_member(struct kvd *k, Etcdserverpb__Member *m)
 }
 
 /* Cluster/MemberList: this member only; the header carries no revision. */
-static void svc_member_list(struct kvd *k, struct h2_stream *s, const uint8_t *p, size_t n)
+static void svc_member_list(struct kvd *k, struct h2_stream *s)
 {
-	Etcdserverpb__MemberListRequest *rq;
 	Etcdserverpb__MemberListResponse rs = ETCDSERVERPB__MEMBER_LIST_RESPONSE__INIT;
 	Etcdserverpb__ResponseHeader h;
 	Etcdserverpb__Member m, *mp = &m;
 
-	rq = (Etcdserverpb__MemberListRequest *)grpc_unpack(
-	    k, s, &etcdserverpb__member_list_request__descriptor, p, n);
-	if (!rq)
-		return;
 	svc_header(k, &h, 0);
 	svc_member(k, &m);
 	rs.header = &h;
 	rs.n_members = 1;
 	rs.members = &mp;
 	grpc_reply(k, s, &rs.base);
-	pb_free(k, rq);
 }
 
 /* ---- KV service (etcdserverpb.KV) ---------------------------------------- */
@@ -4890,19 +5364,6 @@ static void svc_member_list(struct kvd *k, struct h2_stream *s, const uint8_t *p
  * top-level and txn sub-responses, count before filters, and sorting with Go
  * 1.19's sort.Sort (pdqsort, not stable) so ties order exactly as etcd's do.
  */
-
-#define E_EMPTY_KEY "etcdserver: key is not provided"
-#define E_KEY_NOT_FOUND "etcdserver: key not found"
-#define E_VALUE_PROVIDED "etcdserver: value is provided"
-#define E_LEASE_PROVIDED "etcdserver: lease is provided"
-#define E_TOO_MANY_OPS "etcdserver: too many operations in txn request"
-#define E_DUP_KEY "etcdserver: duplicate key given in txn request"
-#define E_TOO_LARGE "etcdserver: request is too large"
-#define E_COMPACTED "etcdserver: mvcc: required revision has been compacted"
-#define E_FUTURE_REV "etcdserver: mvcc: required revision is a future revision"
-#define E_LEASE_NOT_FOUND "etcdserver: requested lease not found"
-#define E_NO_SPACE "etcdserver: mvcc: database space exceeded"
-#define E_BAD_SORT "etcdserver: invalid sort option"
 
 /* An error to return: gRPC code and etcd's text. */
 struct svc_err {
@@ -5554,10 +6015,11 @@ out:
 /* ---- Txn ---------------------------------------------------------------- */
 
 /* v3rpc checkTxnRequest / checkRequestOp: sizes, empty keys, empty ops;
- * nested txns get what the outer one leaves of --max-txn-ops. */
-static int svc_txn_check(const Etcdserverpb__TxnRequest *rq, long max, struct svc_err *e);
+ * nested txns get what the outer one leaves of --max-txn-ops, and at most
+ * KVD_MAX_TXN_NEST levels (the decoder bounded the recursion already). */
+static int svc_txn_check(const Etcdserverpb__TxnRequest *rq, long max, unsigned depth, struct svc_err *e);
 
-static int svc_op_check(const Etcdserverpb__RequestOp *op, long max, struct svc_err *e)
+static int svc_op_check(const Etcdserverpb__RequestOp *op, long max, unsigned depth, struct svc_err *e)
 {
 	switch (op->request_case) {
 	case ETCDSERVERPB__REQUEST_OP__REQUEST_REQUEST_RANGE:
@@ -5575,29 +6037,29 @@ static int svc_op_check(const Etcdserverpb__RequestOp *op, long max, struct svc_
 	case ETCDSERVERPB__REQUEST_OP__REQUEST_REQUEST_DELETE_RANGE:
 		return op->request_delete_range->key.len ? 0 : svc_fail(e, GRPC_INVALID_ARGUMENT, E_EMPTY_KEY);
 	case ETCDSERVERPB__REQUEST_OP__REQUEST_REQUEST_TXN:
-		return svc_txn_check(op->request_txn, max, e);
+		return svc_txn_check(op->request_txn, max, depth + 1, e);
 	default:
 		return svc_fail(e, GRPC_INVALID_ARGUMENT, E_KEY_NOT_FOUND);
 	}
 }
 
-static int svc_txn_check(const Etcdserverpb__TxnRequest *rq, long max, struct svc_err *e)
+static int svc_txn_check(const Etcdserverpb__TxnRequest *rq, long max, unsigned depth, struct svc_err *e)
 {
 	long opc = (long)rq->n_compare;
 	size_t i;
 
 	opc = KVD_MAX(opc, (long)rq->n_success);
 	opc = KVD_MAX(opc, (long)rq->n_failure);
-	if (opc > max)
+	if (opc > max || depth > KVD_MAX_TXN_NEST)
 		return svc_fail(e, GRPC_INVALID_ARGUMENT, E_TOO_MANY_OPS);
 	for (i = 0; i < rq->n_compare; i++)
 		if (!rq->compare[i]->key.len)
 			return svc_fail(e, GRPC_INVALID_ARGUMENT, E_EMPTY_KEY);
 	for (i = 0; i < rq->n_success; i++)
-		if (svc_op_check(rq->success[i], max - opc, e))
+		if (svc_op_check(rq->success[i], max - opc, depth, e))
 			return -1;
 	for (i = 0; i < rq->n_failure; i++)
-		if (svc_op_check(rq->failure[i], max - opc, e))
+		if (svc_op_check(rq->failure[i], max - opc, depth, e))
 			return -1;
 	return 0;
 }
@@ -6029,17 +6491,14 @@ static void svc_end(struct kvd *k, struct h2_stream *s, const ProtobufCMessage *
 		grpc_reply(k, s, m);
 }
 
-static void svc_range_rpc(struct kvd *k, struct h2_stream *s, const uint8_t *p, size_t n)
+static void svc_range_rpc(struct kvd *k, struct h2_stream *s)
 {
-	Etcdserverpb__RangeRequest *rq;
+	const Etcdserverpb__RangeRequest *rq = (const void *)s->rq;
 	Etcdserverpb__RangeResponse rs = ETCDSERVERPB__RANGE_RESPONSE__INIT;
 	Etcdserverpb__ResponseHeader h;
 	struct svc_pool pl = {k, NULL, 0};
 	struct svc_err e = {0, NULL};
 
-	rq = (Etcdserverpb__RangeRequest *)grpc_unpack(k, s, &etcdserverpb__range_request__descriptor, p, n);
-	if (!rq)
-		return;
 	if (!rq->key.len)
 		svc_fail(&e, GRPC_INVALID_ARGUMENT, E_EMPTY_KEY);
 	else if (!svc_range_op(k, &pl, NULL, rq, &rs, &e)) {
@@ -6048,7 +6507,6 @@ static void svc_range_rpc(struct kvd *k, struct h2_stream *s, const uint8_t *p, 
 	}
 	svc_end(k, s, &rs.base, &e);
 	svc_pool_free(&pl);
-	pb_free(k, rq);
 }
 
 /* Put (del 0) or DeleteRange (del 1) in a write txn of its own.  0 when
@@ -6071,17 +6529,14 @@ static int svc_write1(struct kvd *k, struct h2_stream *s, struct svc_pool *pl, c
 	return e->msg ? -1 : 0;
 }
 
-static void svc_put_rpc(struct kvd *k, struct h2_stream *s, const uint8_t *p, size_t n)
+static void svc_put_rpc(struct kvd *k, struct h2_stream *s)
 {
-	Etcdserverpb__PutRequest *rq;
+	const Etcdserverpb__PutRequest *rq = (const void *)s->rq;
 	Etcdserverpb__PutResponse rs;
 	Etcdserverpb__ResponseHeader h;
 	struct svc_pool pl = {k, NULL, 0};
 	struct svc_err e = {0, NULL};
 
-	rq = (Etcdserverpb__PutRequest *)grpc_unpack(k, s, &etcdserverpb__put_request__descriptor, p, n);
-	if (!rq)
-		return;
 	etcdserverpb__put_response__init(&rs);
 	if (!rq->key.len)
 		svc_fail(&e, GRPC_INVALID_ARGUMENT, E_EMPTY_KEY);
@@ -6089,7 +6544,7 @@ static void svc_put_rpc(struct kvd *k, struct h2_stream *s, const uint8_t *p, si
 		svc_fail(&e, GRPC_INVALID_ARGUMENT, E_VALUE_PROVIDED);
 	else if (rq->ignore_lease && rq->lease)
 		svc_fail(&e, GRPC_INVALID_ARGUMENT, E_LEASE_PROVIDED);
-	else if (svc_too_large(k, n))
+	else if (svc_too_large(k, s->raw.n))
 		svc_fail(&e, GRPC_INVALID_ARGUMENT, E_TOO_LARGE);
 	else if (rq->lease && !svc_lease_exists(k, rq->lease))
 		svc_fail(&e, GRPC_NOT_FOUND, E_LEASE_NOT_FOUND);
@@ -6100,24 +6555,20 @@ static void svc_put_rpc(struct kvd *k, struct h2_stream *s, const uint8_t *p, si
 	}
 	svc_end(k, s, &rs.base, &e);
 	svc_pool_free(&pl);
-	pb_free(k, rq);
 }
 
-static void svc_delete_rpc(struct kvd *k, struct h2_stream *s, const uint8_t *p, size_t n)
+static void svc_delete_rpc(struct kvd *k, struct h2_stream *s)
 {
-	Etcdserverpb__DeleteRangeRequest *rq;
+	const Etcdserverpb__DeleteRangeRequest *rq = (const void *)s->rq;
 	Etcdserverpb__DeleteRangeResponse rs;
 	Etcdserverpb__ResponseHeader h;
 	struct svc_pool pl = {k, NULL, 0};
 	struct svc_err e = {0, NULL};
 
-	rq = (Etcdserverpb__DeleteRangeRequest *)grpc_unpack(k, s, &etcdserverpb__delete_range_request__descriptor, p, n);
-	if (!rq)
-		return;
 	etcdserverpb__delete_range_response__init(&rs);
 	if (!rq->key.len)
 		svc_fail(&e, GRPC_INVALID_ARGUMENT, E_EMPTY_KEY);
-	else if (svc_too_large(k, n))
+	else if (svc_too_large(k, s->raw.n))
 		svc_fail(&e, GRPC_INVALID_ARGUMENT, E_TOO_LARGE);
 	else if (!svc_write1(k, s, &pl, rq, &rs, 1, &e)) {
 		svc_header(k, &h, 1);
@@ -6126,12 +6577,11 @@ static void svc_delete_rpc(struct kvd *k, struct h2_stream *s, const uint8_t *p,
 	}
 	svc_end(k, s, &rs.base, &e);
 	svc_pool_free(&pl);
-	pb_free(k, rq);
 }
 
-static void svc_txn_rpc(struct kvd *k, struct h2_stream *s, const uint8_t *p, size_t n)
+static void svc_txn_rpc(struct kvd *k, struct h2_stream *s)
 {
-	Etcdserverpb__TxnRequest *rq;
+	const Etcdserverpb__TxnRequest *rq = (const void *)s->rq;
 	Etcdserverpb__TxnResponse rs;
 	Etcdserverpb__ResponseHeader h;
 	struct svc_pool pl = {k, NULL, 0};
@@ -6141,13 +6591,10 @@ static void svc_txn_rpc(struct kvd *k, struct h2_stream *s, const uint8_t *p, si
 	struct mvcc_txn t;
 	int ro;
 
-	rq = (Etcdserverpb__TxnRequest *)grpc_unpack(k, s, &etcdserverpb__txn_request__descriptor, p, n);
-	if (!rq)
-		return;
 	etcdserverpb__txn_response__init(&rs);
 	ro = svc_txn_readonly(rq);
 	/* v3rpc checks, then etcd's apply: compares, put checks, range checks */
-	if (svc_txn_check(rq, (long)k->cfg.max_txn_ops, &e))
+	if (svc_txn_check(rq, (long)k->cfg.max_txn_ops, 0, &e))
 		goto out;
 	if (svc_intervals(k, rq->success, rq->n_success, &iv, &e))
 		goto out;
@@ -6155,7 +6602,7 @@ static void svc_txn_rpc(struct kvd *k, struct h2_stream *s, const uint8_t *p, si
 	if (svc_intervals(k, rq->failure, rq->n_failure, &iv, &e))
 		goto out;
 	svc_ivs_free(k, &iv);
-	if (!ro && svc_too_large(k, n)) {
+	if (!ro && svc_too_large(k, s->raw.n)) {
 		svc_fail(&e, GRPC_INVALID_ARGUMENT, E_TOO_LARGE);
 		goto out;
 	}
@@ -6189,20 +6636,16 @@ out:
 	svc_end(k, s, &rs.base, &e);
 	kvd_free(k, path.b);
 	svc_pool_free(&pl);
-	pb_free(k, rq);
 }
 
-static void svc_compact_rpc(struct kvd *k, struct h2_stream *s, const uint8_t *p, size_t n)
+static void svc_compact_rpc(struct kvd *k, struct h2_stream *s)
 {
-	Etcdserverpb__CompactionRequest *rq;
+	const Etcdserverpb__CompactionRequest *rq = (const void *)s->rq;
 	Etcdserverpb__CompactionResponse rs = ETCDSERVERPB__COMPACTION_RESPONSE__INIT;
 	Etcdserverpb__ResponseHeader h;
 	struct svc_err e = {0, NULL};
 
-	rq = (Etcdserverpb__CompactionRequest *)grpc_unpack(k, s, &etcdserverpb__compaction_request__descriptor, p, n);
-	if (!rq)
-		return;
-	if (svc_too_large(k, n))
+	if (svc_too_large(k, s->raw.n))
 		svc_fail(&e, GRPC_INVALID_ARGUMENT, E_TOO_LARGE);
 	else if (rq->revision <= k->db.compacted)
 		svc_fail(&e, GRPC_OUT_OF_RANGE, E_COMPACTED);
@@ -6217,13 +6660,10 @@ static void svc_compact_rpc(struct kvd *k, struct h2_stream *s, const uint8_t *p
 		s->wrote = 1;
 	}
 	svc_end(k, s, &rs.base, &e);
-	pb_free(k, rq);
 }
 
 /* ---- Lease ----------------------------------------------------------------- */
 
-#define E_LEASE_EXISTS "etcdserver: lease already exists"
-#define E_LEASE_TTL "etcdserver: too large lease TTL"
 
 /* Lease id if it is alive; one whose deadline passed is revoked now (the
  * wheel may not have reached it yet), as etcd answers for an expired one. */
@@ -6254,20 +6694,17 @@ static void svc_lease_write(struct kvd *k, struct svc_err *e, struct lease *l, i
 	mvcc_txn_end(k, &t);
 }
 
-static void svc_lease_grant_rpc(struct kvd *k, struct h2_stream *s, const uint8_t *p, size_t n)
+static void svc_lease_grant_rpc(struct kvd *k, struct h2_stream *s)
 {
-	Etcdserverpb__LeaseGrantRequest *rq;
+	const Etcdserverpb__LeaseGrantRequest *rq = (const void *)s->rq;
 	Etcdserverpb__LeaseGrantResponse rs = ETCDSERVERPB__LEASE_GRANT_RESPONSE__INIT;
 	Etcdserverpb__ResponseHeader h;
 	struct svc_err e = {0, NULL};
 	int64_t id, ttl;
 
-	rq = (Etcdserverpb__LeaseGrantRequest *)grpc_unpack(k, s, &etcdserverpb__lease_grant_request__descriptor, p, n);
-	if (!rq)
-		return;
 	id = rq->id;
 	ttl = KVD_MAX(rq->ttl, k->lease.min_ttl); /* 0 and negative too, as etcd */
-	if (svc_too_large(k, n))
+	if (svc_too_large(k, s->raw.n))
 		svc_fail(&e, GRPC_INVALID_ARGUMENT, E_TOO_LARGE);
 	else if (rq->ttl > LEASE_MAX_TTL)
 		svc_fail(&e, GRPC_OUT_OF_RANGE, E_LEASE_TTL);
@@ -6283,21 +6720,17 @@ static void svc_lease_grant_rpc(struct kvd *k, struct h2_stream *s, const uint8_
 		s->wrote = 1;
 	}
 	svc_end(k, s, &rs.base, &e);
-	pb_free(k, rq);
 }
 
-static void svc_lease_revoke_rpc(struct kvd *k, struct h2_stream *s, const uint8_t *p, size_t n)
+static void svc_lease_revoke_rpc(struct kvd *k, struct h2_stream *s)
 {
-	Etcdserverpb__LeaseRevokeRequest *rq;
+	const Etcdserverpb__LeaseRevokeRequest *rq = (const void *)s->rq;
 	Etcdserverpb__LeaseRevokeResponse rs = ETCDSERVERPB__LEASE_REVOKE_RESPONSE__INIT;
 	Etcdserverpb__ResponseHeader h;
 	struct svc_err e = {0, NULL};
 	struct lease *l;
 
-	rq = (Etcdserverpb__LeaseRevokeRequest *)grpc_unpack(k, s, &etcdserverpb__lease_revoke_request__descriptor, p, n);
-	if (!rq)
-		return;
-	if (svc_too_large(k, n))
+	if (svc_too_large(k, s->raw.n))
 		svc_fail(&e, GRPC_INVALID_ARGUMENT, E_TOO_LARGE);
 	else if (!(l = svc_lease_live(k, rq->id)))
 		svc_fail(&e, GRPC_NOT_FOUND, E_LEASE_NOT_FOUND);
@@ -6309,22 +6742,17 @@ static void svc_lease_revoke_rpc(struct kvd *k, struct h2_stream *s, const uint8
 		s->wrote = 1;
 	}
 	svc_end(k, s, &rs.base, &e);
-	pb_free(k, rq);
 }
 
 /* LeaseKeepAlive: one answer per request; an unknown lease gets TTL 0 and
  * no error, as etcd.  Renewals are not logged (see section 7). */
-static void svc_lease_keepalive_msg(struct kvd *k, struct h2_stream *s, const uint8_t *p, size_t n)
+static void svc_lease_keepalive_msg(struct kvd *k, struct h2_stream *s)
 {
-	Etcdserverpb__LeaseKeepAliveRequest *rq;
+	const Etcdserverpb__LeaseKeepAliveRequest *rq = (const void *)s->rq;
 	Etcdserverpb__LeaseKeepAliveResponse rs = ETCDSERVERPB__LEASE_KEEP_ALIVE_RESPONSE__INIT;
 	Etcdserverpb__ResponseHeader h;
 	struct lease *l;
 
-	rq = (Etcdserverpb__LeaseKeepAliveRequest *)grpc_unpack(k, s, &etcdserverpb__lease_keep_alive_request__descriptor,
-	                                                         p, n);
-	if (!rq)
-		return;
 	svc_header(k, &h, 1); /* filled before the renewal, as etcd */
 	rs.header = &h;
 	rs.id = rq->id;
@@ -6333,7 +6761,6 @@ static void svc_lease_keepalive_msg(struct kvd *k, struct h2_stream *s, const ui
 		rs.ttl = l->ttl;
 	}
 	grpc_send(k, s, &rs.base);
-	pb_free(k, rq);
 }
 
 static void svc_lease_keepalive_end(struct kvd *k, struct h2_stream *s)
@@ -6341,9 +6768,9 @@ static void svc_lease_keepalive_end(struct kvd *k, struct h2_stream *s)
 	grpc_finish(k, s, GRPC_OK, "%s", "");
 }
 
-static void svc_lease_ttl_rpc(struct kvd *k, struct h2_stream *s, const uint8_t *p, size_t n)
+static void svc_lease_ttl_rpc(struct kvd *k, struct h2_stream *s)
 {
-	Etcdserverpb__LeaseTimeToLiveRequest *rq;
+	const Etcdserverpb__LeaseTimeToLiveRequest *rq = (const void *)s->rq;
 	Etcdserverpb__LeaseTimeToLiveResponse rs = ETCDSERVERPB__LEASE_TIME_TO_LIVE_RESPONSE__INIT;
 	Etcdserverpb__ResponseHeader h;
 	struct svc_pool pl = {k, NULL, 0};
@@ -6352,15 +6779,11 @@ static void svc_lease_ttl_rpc(struct kvd *k, struct h2_stream *s, const uint8_t 
 	struct lease *l;
 	uint32_t i, nk = 0;
 
-	rq = (Etcdserverpb__LeaseTimeToLiveRequest *)grpc_unpack(k, s, &etcdserverpb__lease_time_to_live_request__descriptor,
-	                                                          p, n);
-	if (!rq)
-		return;
 	svc_header(k, &h, 1);
 	rs.header = &h;
 	rs.id = rq->id;
 	rs.ttl = -1; /* unknown: TTL -1, granted 0, no error */
-	if (svc_too_large(k, n)) {
+	if (svc_too_large(k, s->raw.n)) {
 		svc_fail(&e, GRPC_INVALID_ARGUMENT, E_TOO_LARGE);
 	} else if ((l = svc_lease_live(k, rq->id))) {
 		rs.ttl = (l->deadline - k->now) / 1000; /* whole seconds left, truncated as etcd */
@@ -6385,7 +6808,6 @@ static void svc_lease_ttl_rpc(struct kvd *k, struct h2_stream *s, const uint8_t 
 	}
 	svc_end(k, s, &rs.base, &e);
 	svc_pool_free(&pl);
-	pb_free(k, rq);
 }
 
 static int svc_lease_cmp(const void *a, const void *b)
@@ -6398,9 +6820,8 @@ static int svc_lease_cmp(const void *a, const void *b)
 }
 
 /* LeaseLeases: every lease, soonest expiry first (etcd's leasesByExpiry). */
-static void svc_lease_leases_rpc(struct kvd *k, struct h2_stream *s, const uint8_t *p, size_t n)
+static void svc_lease_leases_rpc(struct kvd *k, struct h2_stream *s)
 {
-	Etcdserverpb__LeaseLeasesRequest *rq;
 	Etcdserverpb__LeaseLeasesResponse rs = ETCDSERVERPB__LEASE_LEASES_RESPONSE__INIT;
 	Etcdserverpb__ResponseHeader h;
 	struct svc_pool pl = {k, NULL, 0};
@@ -6410,9 +6831,6 @@ static void svc_lease_leases_rpc(struct kvd *k, struct h2_stream *s, const uint8
 	Etcdserverpb__LeaseStatus *st;
 	size_t i, nl = 0;
 
-	rq = (Etcdserverpb__LeaseLeasesRequest *)grpc_unpack(k, s, &etcdserverpb__lease_leases_request__descriptor, p, n);
-	if (!rq)
-		return;
 	svc_header(k, &h, 1);
 	rs.header = &h;
 	if (g->n) {
@@ -6436,7 +6854,6 @@ static void svc_lease_leases_rpc(struct kvd *k, struct h2_stream *s, const uint8
 	}
 	svc_end(k, s, &rs.base, &e);
 	svc_pool_free(&pl);
-	pb_free(k, rq);
 }
 
 /* ---- RangeStream: chunks produced as the client's window opens ---------- */
@@ -6558,15 +6975,12 @@ out:
 	svc_pool_free(&pl);
 }
 
-static void svc_rangestream_rpc(struct kvd *k, struct h2_stream *s, const uint8_t *p, size_t n)
+static void svc_rangestream_rpc(struct kvd *k, struct h2_stream *s)
 {
-	Etcdserverpb__RangeRequest *rq;
+	const Etcdserverpb__RangeRequest *rq = (const void *)s->rq;
 	struct svc_rstream *st;
 	int64_t rev;
 
-	rq = (Etcdserverpb__RangeRequest *)grpc_unpack(k, s, &etcdserverpb__range_request__descriptor, p, n);
-	if (!rq)
-		return;
 	rev = rq->revision;
 	if (!rq->key.len)
 		grpc_finish(k, s, GRPC_INVALID_ARGUMENT, "%s", E_EMPTY_KEY);
@@ -6584,13 +6998,13 @@ static void svc_rangestream_rpc(struct kvd *k, struct h2_stream *s, const uint8_
 		grpc_finish(k, s, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
 	else {
 		/* pin the newest durable revision: a chunk never shows a write a crash could undo */
-		st->rq = rq;
+		st->rq = (Etcdserverpb__RangeRequest *)s->rq; /* kept: see on_msg */
+		s->rq = NULL;
 		st->rev = rev > 0 ? rev : k->db.rev_durable;
 		s->svc = st;
 		s->produce = 1;
 		return; /* chunks come from svc_rstream_chunk as the window opens */
 	}
-	pb_free(k, rq);
 }
 
 #ifdef KVD_TEST_SERVICES
@@ -6619,8 +7033,11 @@ static int svc_test_raw(struct kvd *k, struct h2_stream *s, const uint8_t *p, si
 	return 0;
 }
 
-static void svc_test_echo(struct kvd *k, struct h2_stream *s, const uint8_t *p, size_t n)
+static void svc_test_echo(struct kvd *k, struct h2_stream *s)
 {
+	const uint8_t *p = s->raw.p;
+	size_t n = s->raw.n;
+
 	if (!svc_test_raw(k, s, p, n))
 		grpc_finish(k, s, GRPC_OK, "%s", "");
 }
@@ -6635,8 +7052,11 @@ static uint8_t *svc_test_pattern(struct kvd *k, size_t n)
 	return b;
 }
 
-static void svc_test_fill(struct kvd *k, struct h2_stream *s, const uint8_t *p, size_t n)
+static void svc_test_fill(struct kvd *k, struct h2_stream *s)
 {
+	const uint8_t *p = s->raw.p;
+	size_t n = s->raw.n;
+
 	char num[24];
 	size_t size;
 	uint8_t *b;
@@ -6652,8 +7072,11 @@ static void svc_test_fill(struct kvd *k, struct h2_stream *s, const uint8_t *p, 
 	kvd_free(k, b);
 }
 
-static void svc_test_stream(struct kvd *k, struct h2_stream *s, const uint8_t *p, size_t n)
+static void svc_test_stream(struct kvd *k, struct h2_stream *s)
 {
+	const uint8_t *p = s->raw.p;
+	size_t n = s->raw.n;
+
 	char num[48];
 	unsigned long count = 0, size = 0, i;
 	uint8_t *b;
@@ -6677,86 +7100,93 @@ static void svc_test_stream(struct kvd *k, struct h2_stream *s, const uint8_t *p
  * Every method kvd knows, by service.  A NULL on_msg answers Unimplemented
  * ("kvd: ... is not implemented yet"); unknown ones get grpc-go's texts.
  */
-#define SVC_NONE(path, kind) {path, kind, NULL, NULL, NULL, NULL}
-#define SVC_UNARY(path, fn) {path, GRPC_UNARY, fn, NULL, NULL, NULL}
+/*
+ * Every method kvd knows, by service, with its request and response types
+ * (the JSON gateway and the fuzzers use them too).  A NULL on_msg answers
+ * Unimplemented ("kvd: ... is not implemented yet"); unknown paths get
+ * grpc-go's texts.
+ */
+#define PB(name) &name##__descriptor
 static const struct grpc_method svc_kv[] = {
-	SVC_UNARY("/etcdserverpb.KV/Range", svc_range_rpc),
-	{"/etcdserverpb.KV/RangeStream", GRPC_SERVER_STREAM, svc_rangestream_rpc, NULL, svc_rstream_close,
-	 svc_rstream_chunk},
-	SVC_UNARY("/etcdserverpb.KV/Put", svc_put_rpc),
-	SVC_UNARY("/etcdserverpb.KV/DeleteRange", svc_delete_rpc),
-	SVC_UNARY("/etcdserverpb.KV/Txn", svc_txn_rpc),
-	SVC_UNARY("/etcdserverpb.KV/Compact", svc_compact_rpc),
+	{"/etcdserverpb.KV/Range", GRPC_UNARY, PB(etcdserverpb__range_request), PB(etcdserverpb__range_response), svc_range_rpc, NULL, NULL, NULL},
+	{"/etcdserverpb.KV/RangeStream", GRPC_SERVER_STREAM, PB(etcdserverpb__range_request), PB(etcdserverpb__range_stream_response), svc_rangestream_rpc, NULL, svc_rstream_close, svc_rstream_chunk},
+	{"/etcdserverpb.KV/Put", GRPC_UNARY, PB(etcdserverpb__put_request), PB(etcdserverpb__put_response), svc_put_rpc, NULL, NULL, NULL},
+	{"/etcdserverpb.KV/DeleteRange", GRPC_UNARY, PB(etcdserverpb__delete_range_request), PB(etcdserverpb__delete_range_response), svc_delete_rpc, NULL, NULL, NULL},
+	{"/etcdserverpb.KV/Txn", GRPC_UNARY, PB(etcdserverpb__txn_request), PB(etcdserverpb__txn_response), svc_txn_rpc, NULL, NULL, NULL},
+	{"/etcdserverpb.KV/Compact", GRPC_UNARY, PB(etcdserverpb__compaction_request), PB(etcdserverpb__compaction_response), svc_compact_rpc, NULL, NULL, NULL},
 };
-static void watch_on_msg(struct kvd *k, struct h2_stream *s, const uint8_t *p, size_t n);
+static void watch_on_msg(struct kvd *k, struct h2_stream *s);
 static void watch_on_close(struct kvd *k, struct h2_stream *s);
 static void watch_produce(struct kvd *k, struct h2_stream *s);
 static const struct grpc_method svc_watch[] = {
 	/* no on_half_close: the stream stays open after the client half-closes */
-	{"/etcdserverpb.Watch/Watch", GRPC_BIDI, watch_on_msg, NULL, watch_on_close, watch_produce},
+	{"/etcdserverpb.Watch/Watch", GRPC_BIDI, PB(etcdserverpb__watch_request), PB(etcdserverpb__watch_response), watch_on_msg, NULL, watch_on_close, watch_produce},
 };
 static const struct grpc_method svc_lease[] = {
-	SVC_UNARY("/etcdserverpb.Lease/LeaseGrant", svc_lease_grant_rpc),
-	SVC_UNARY("/etcdserverpb.Lease/LeaseRevoke", svc_lease_revoke_rpc),
-	{"/etcdserverpb.Lease/LeaseKeepAlive", GRPC_BIDI, svc_lease_keepalive_msg, svc_lease_keepalive_end, NULL, NULL},
-	SVC_UNARY("/etcdserverpb.Lease/LeaseTimeToLive", svc_lease_ttl_rpc),
-	SVC_UNARY("/etcdserverpb.Lease/LeaseLeases", svc_lease_leases_rpc),
+	{"/etcdserverpb.Lease/LeaseGrant", GRPC_UNARY, PB(etcdserverpb__lease_grant_request), PB(etcdserverpb__lease_grant_response), svc_lease_grant_rpc, NULL, NULL, NULL},
+	{"/etcdserverpb.Lease/LeaseRevoke", GRPC_UNARY, PB(etcdserverpb__lease_revoke_request), PB(etcdserverpb__lease_revoke_response), svc_lease_revoke_rpc, NULL, NULL, NULL},
+	{"/etcdserverpb.Lease/LeaseKeepAlive", GRPC_BIDI, PB(etcdserverpb__lease_keep_alive_request), PB(etcdserverpb__lease_keep_alive_response), svc_lease_keepalive_msg, svc_lease_keepalive_end, NULL, NULL},
+	{"/etcdserverpb.Lease/LeaseTimeToLive", GRPC_UNARY, PB(etcdserverpb__lease_time_to_live_request), PB(etcdserverpb__lease_time_to_live_response), svc_lease_ttl_rpc, NULL, NULL, NULL},
+	{"/etcdserverpb.Lease/LeaseLeases", GRPC_UNARY, PB(etcdserverpb__lease_leases_request), PB(etcdserverpb__lease_leases_response), svc_lease_leases_rpc, NULL, NULL, NULL},
 };
 static const struct grpc_method svc_cluster[] = {
-	SVC_NONE("/etcdserverpb.Cluster/MemberAdd", GRPC_UNARY),
-	SVC_NONE("/etcdserverpb.Cluster/MemberRemove", GRPC_UNARY),
-	SVC_NONE("/etcdserverpb.Cluster/MemberUpdate", GRPC_UNARY),
-	SVC_UNARY("/etcdserverpb.Cluster/MemberList", svc_member_list),
-	SVC_NONE("/etcdserverpb.Cluster/MemberPromote", GRPC_UNARY),
+	{"/etcdserverpb.Cluster/MemberAdd", GRPC_UNARY, PB(etcdserverpb__member_add_request), PB(etcdserverpb__member_add_response), NULL, NULL, NULL, NULL},
+	{"/etcdserverpb.Cluster/MemberRemove", GRPC_UNARY, PB(etcdserverpb__member_remove_request), PB(etcdserverpb__member_remove_response), NULL, NULL, NULL, NULL},
+	{"/etcdserverpb.Cluster/MemberUpdate", GRPC_UNARY, PB(etcdserverpb__member_update_request), PB(etcdserverpb__member_update_response), NULL, NULL, NULL, NULL},
+	{"/etcdserverpb.Cluster/MemberList", GRPC_UNARY, PB(etcdserverpb__member_list_request), PB(etcdserverpb__member_list_response), svc_member_list, NULL, NULL, NULL},
+	{"/etcdserverpb.Cluster/MemberPromote", GRPC_UNARY, PB(etcdserverpb__member_promote_request), PB(etcdserverpb__member_promote_response), NULL, NULL, NULL, NULL},
 };
 static const struct grpc_method svc_maintenance[] = {
-	SVC_NONE("/etcdserverpb.Maintenance/Alarm", GRPC_UNARY),
-	SVC_UNARY("/etcdserverpb.Maintenance/Status", svc_status),
-	SVC_NONE("/etcdserverpb.Maintenance/Defragment", GRPC_UNARY),
-	SVC_NONE("/etcdserverpb.Maintenance/Hash", GRPC_UNARY),
-	SVC_NONE("/etcdserverpb.Maintenance/HashKV", GRPC_UNARY),
-	SVC_NONE("/etcdserverpb.Maintenance/Snapshot", GRPC_SERVER_STREAM),
-	SVC_NONE("/etcdserverpb.Maintenance/MoveLeader", GRPC_UNARY),
-	SVC_NONE("/etcdserverpb.Maintenance/Downgrade", GRPC_UNARY),
+	{"/etcdserverpb.Maintenance/Alarm", GRPC_UNARY, PB(etcdserverpb__alarm_request), PB(etcdserverpb__alarm_response), NULL, NULL, NULL, NULL},
+	{"/etcdserverpb.Maintenance/Status", GRPC_UNARY, PB(etcdserverpb__status_request), PB(etcdserverpb__status_response), svc_status, NULL, NULL, NULL},
+	{"/etcdserverpb.Maintenance/Defragment", GRPC_UNARY, PB(etcdserverpb__defragment_request), PB(etcdserverpb__defragment_response), NULL, NULL, NULL, NULL},
+	{"/etcdserverpb.Maintenance/Hash", GRPC_UNARY, PB(etcdserverpb__hash_request), PB(etcdserverpb__hash_response), NULL, NULL, NULL, NULL},
+	{"/etcdserverpb.Maintenance/HashKV", GRPC_UNARY, PB(etcdserverpb__hash_kvrequest), PB(etcdserverpb__hash_kvresponse), NULL, NULL, NULL, NULL},
+	{"/etcdserverpb.Maintenance/Snapshot", GRPC_SERVER_STREAM, PB(etcdserverpb__snapshot_request), PB(etcdserverpb__snapshot_response), NULL, NULL, NULL, NULL},
+	{"/etcdserverpb.Maintenance/MoveLeader", GRPC_UNARY, PB(etcdserverpb__move_leader_request), PB(etcdserverpb__move_leader_response), NULL, NULL, NULL, NULL},
+	{"/etcdserverpb.Maintenance/Downgrade", GRPC_UNARY, PB(etcdserverpb__downgrade_request), PB(etcdserverpb__downgrade_response), NULL, NULL, NULL, NULL},
 };
 static const struct grpc_method svc_auth[] = {
-	SVC_NONE("/etcdserverpb.Auth/AuthEnable", GRPC_UNARY),
-	SVC_NONE("/etcdserverpb.Auth/AuthDisable", GRPC_UNARY),
-	SVC_NONE("/etcdserverpb.Auth/AuthStatus", GRPC_UNARY),
-	SVC_NONE("/etcdserverpb.Auth/Authenticate", GRPC_UNARY),
-	SVC_NONE("/etcdserverpb.Auth/UserAdd", GRPC_UNARY),
-	SVC_NONE("/etcdserverpb.Auth/UserGet", GRPC_UNARY),
-	SVC_NONE("/etcdserverpb.Auth/UserList", GRPC_UNARY),
-	SVC_NONE("/etcdserverpb.Auth/UserDelete", GRPC_UNARY),
-	SVC_NONE("/etcdserverpb.Auth/UserChangePassword", GRPC_UNARY),
-	SVC_NONE("/etcdserverpb.Auth/UserGrantRole", GRPC_UNARY),
-	SVC_NONE("/etcdserverpb.Auth/UserRevokeRole", GRPC_UNARY),
-	SVC_NONE("/etcdserverpb.Auth/RoleAdd", GRPC_UNARY),
-	SVC_NONE("/etcdserverpb.Auth/RoleGet", GRPC_UNARY),
-	SVC_NONE("/etcdserverpb.Auth/RoleList", GRPC_UNARY),
-	SVC_NONE("/etcdserverpb.Auth/RoleDelete", GRPC_UNARY),
-	SVC_NONE("/etcdserverpb.Auth/RoleGrantPermission", GRPC_UNARY),
-	SVC_NONE("/etcdserverpb.Auth/RoleRevokePermission", GRPC_UNARY),
+	{"/etcdserverpb.Auth/AuthEnable", GRPC_UNARY, PB(etcdserverpb__auth_enable_request), PB(etcdserverpb__auth_enable_response), NULL, NULL, NULL, NULL},
+	{"/etcdserverpb.Auth/AuthDisable", GRPC_UNARY, PB(etcdserverpb__auth_disable_request), PB(etcdserverpb__auth_disable_response), NULL, NULL, NULL, NULL},
+	{"/etcdserverpb.Auth/AuthStatus", GRPC_UNARY, PB(etcdserverpb__auth_status_request), PB(etcdserverpb__auth_status_response), NULL, NULL, NULL, NULL},
+	{"/etcdserverpb.Auth/Authenticate", GRPC_UNARY, PB(etcdserverpb__authenticate_request), PB(etcdserverpb__authenticate_response), NULL, NULL, NULL, NULL},
+	{"/etcdserverpb.Auth/UserAdd", GRPC_UNARY, PB(etcdserverpb__auth_user_add_request), PB(etcdserverpb__auth_user_add_response), NULL, NULL, NULL, NULL},
+	{"/etcdserverpb.Auth/UserGet", GRPC_UNARY, PB(etcdserverpb__auth_user_get_request), PB(etcdserverpb__auth_user_get_response), NULL, NULL, NULL, NULL},
+	{"/etcdserverpb.Auth/UserList", GRPC_UNARY, PB(etcdserverpb__auth_user_list_request), PB(etcdserverpb__auth_user_list_response), NULL, NULL, NULL, NULL},
+	{"/etcdserverpb.Auth/UserDelete", GRPC_UNARY, PB(etcdserverpb__auth_user_delete_request), PB(etcdserverpb__auth_user_delete_response), NULL, NULL, NULL, NULL},
+	{"/etcdserverpb.Auth/UserChangePassword", GRPC_UNARY, PB(etcdserverpb__auth_user_change_password_request), PB(etcdserverpb__auth_user_change_password_response), NULL, NULL, NULL, NULL},
+	{"/etcdserverpb.Auth/UserGrantRole", GRPC_UNARY, PB(etcdserverpb__auth_user_grant_role_request), PB(etcdserverpb__auth_user_grant_role_response), NULL, NULL, NULL, NULL},
+	{"/etcdserverpb.Auth/UserRevokeRole", GRPC_UNARY, PB(etcdserverpb__auth_user_revoke_role_request), PB(etcdserverpb__auth_user_revoke_role_response), NULL, NULL, NULL, NULL},
+	{"/etcdserverpb.Auth/RoleAdd", GRPC_UNARY, PB(etcdserverpb__auth_role_add_request), PB(etcdserverpb__auth_role_add_response), NULL, NULL, NULL, NULL},
+	{"/etcdserverpb.Auth/RoleGet", GRPC_UNARY, PB(etcdserverpb__auth_role_get_request), PB(etcdserverpb__auth_role_get_response), NULL, NULL, NULL, NULL},
+	{"/etcdserverpb.Auth/RoleList", GRPC_UNARY, PB(etcdserverpb__auth_role_list_request), PB(etcdserverpb__auth_role_list_response), NULL, NULL, NULL, NULL},
+	{"/etcdserverpb.Auth/RoleDelete", GRPC_UNARY, PB(etcdserverpb__auth_role_delete_request), PB(etcdserverpb__auth_role_delete_response), NULL, NULL, NULL, NULL},
+	{"/etcdserverpb.Auth/RoleGrantPermission", GRPC_UNARY, PB(etcdserverpb__auth_role_grant_permission_request), PB(etcdserverpb__auth_role_grant_permission_response), NULL, NULL, NULL, NULL},
+	{"/etcdserverpb.Auth/RoleRevokePermission", GRPC_UNARY, PB(etcdserverpb__auth_role_revoke_permission_request), PB(etcdserverpb__auth_role_revoke_permission_response), NULL, NULL, NULL, NULL},
 };
 static const struct grpc_method svc_lock[] = {
-	SVC_NONE("/v3lockpb.Lock/Lock", GRPC_UNARY),
-	SVC_NONE("/v3lockpb.Lock/Unlock", GRPC_UNARY),
+	{"/v3lockpb.Lock/Lock", GRPC_UNARY, PB(v3lockpb__lock_request), PB(v3lockpb__lock_response), NULL, NULL, NULL, NULL},
+	{"/v3lockpb.Lock/Unlock", GRPC_UNARY, PB(v3lockpb__unlock_request), PB(v3lockpb__unlock_response), NULL, NULL, NULL, NULL},
 };
 static const struct grpc_method svc_election[] = {
-	SVC_NONE("/v3electionpb.Election/Campaign", GRPC_UNARY),
-	SVC_NONE("/v3electionpb.Election/Proclaim", GRPC_UNARY),
-	SVC_NONE("/v3electionpb.Election/Leader", GRPC_UNARY),
-	SVC_NONE("/v3electionpb.Election/Observe", GRPC_SERVER_STREAM),
-	SVC_NONE("/v3electionpb.Election/Resign", GRPC_UNARY),
+	{"/v3electionpb.Election/Campaign", GRPC_UNARY, PB(v3electionpb__campaign_request), PB(v3electionpb__campaign_response), NULL, NULL, NULL, NULL},
+	{"/v3electionpb.Election/Proclaim", GRPC_UNARY, PB(v3electionpb__proclaim_request), PB(v3electionpb__proclaim_response), NULL, NULL, NULL, NULL},
+	{"/v3electionpb.Election/Leader", GRPC_UNARY, PB(v3electionpb__leader_request), PB(v3electionpb__leader_response), NULL, NULL, NULL, NULL},
+	{"/v3electionpb.Election/Observe", GRPC_SERVER_STREAM, PB(v3electionpb__leader_request), PB(v3electionpb__leader_response), NULL, NULL, NULL, NULL},
+	{"/v3electionpb.Election/Resign", GRPC_UNARY, PB(v3electionpb__resign_request), PB(v3electionpb__resign_response), NULL, NULL, NULL, NULL},
 };
 static const struct grpc_method svc_health[] = {
-	SVC_UNARY("/grpc.health.v1.Health/Check", svc_health_check),
-	{"/grpc.health.v1.Health/Watch", GRPC_SERVER_STREAM, svc_health_watch, NULL, NULL, NULL},
+	{"/grpc.health.v1.Health/Check", GRPC_UNARY, PB(grpc__health__v1__health_check_request), PB(grpc__health__v1__health_check_response), svc_health_check, NULL, NULL, NULL},
+	{"/grpc.health.v1.Health/Watch", GRPC_SERVER_STREAM, PB(grpc__health__v1__health_check_request), PB(grpc__health__v1__health_check_response), svc_health_watch, NULL, NULL, NULL},
 };
 #ifdef KVD_TEST_SERVICES
 /* Stats: kvd's own accounting, so tests can prove memory stays bounded. */
-static void svc_test_stats(struct kvd *k, struct h2_stream *s, const uint8_t *p, size_t n)
+static void svc_test_stats(struct kvd *k, struct h2_stream *s)
 {
+	const uint8_t *p = s->raw.p;
+	size_t n = s->raw.n;
+
 	char out[1024];
 	unsigned streams = 0;
 	struct h2_conn *c;
@@ -6767,8 +7197,9 @@ static void svc_test_stats(struct kvd *k, struct h2_stream *s, const uint8_t *p,
 	for (c = k->conns; c; c = c->next)
 		streams += c->nst;
 	at = (size_t)snprintf(out, sizeof out, "mem=%zu peak=%zu conns=%u streams=%u accepted=%llu refused=%llu "
-	                      "goaway=%llu rst=%llu ", k->mem, k->mem_peak, k->nconns, streams,
+	                      "refused-ip=%llu evicted=%llu goaway=%llu rst=%llu ", k->mem, k->mem_peak, k->nconns, streams,
 	                      (unsigned long long)k->st.conns_accepted, (unsigned long long)k->st.conns_refused,
+	                      (unsigned long long)k->st.conns_refused_ip, (unsigned long long)k->st.conns_evicted,
 	                      (unsigned long long)k->st.goaway_sent, (unsigned long long)k->st.rst_sent);
 	if (k->confd)
 		confd_report(k, out + at, sizeof out - at);
@@ -6776,11 +7207,11 @@ static void svc_test_stats(struct kvd *k, struct h2_stream *s, const uint8_t *p,
 		grpc_finish(k, s, GRPC_OK, "%s", "");
 }
 
-static const struct grpc_method svc_test[] = {
-	SVC_UNARY("/kvd.test.Test/Stats", svc_test_stats),
-	SVC_UNARY("/kvd.test.Test/Echo", svc_test_echo),
-	SVC_UNARY("/kvd.test.Test/Fill", svc_test_fill),
-	{"/kvd.test.Test/Stream", GRPC_SERVER_STREAM, svc_test_stream, NULL, NULL, NULL},
+static const struct grpc_method svc_test[] = { /* raw bytes in and out */
+	{"/kvd.test.Test/Stats", GRPC_UNARY, NULL, NULL, svc_test_stats, NULL, NULL, NULL},
+	{"/kvd.test.Test/Echo", GRPC_UNARY, NULL, NULL, svc_test_echo, NULL, NULL, NULL},
+	{"/kvd.test.Test/Fill", GRPC_UNARY, NULL, NULL, svc_test_fill, NULL, NULL, NULL},
+	{"/kvd.test.Test/Stream", GRPC_SERVER_STREAM, NULL, NULL, svc_test_stream, NULL, NULL, NULL},
 };
 #endif
 
@@ -7715,9 +8146,9 @@ static void watch_create(struct kvd *k, struct h2_stream *s, struct watch_stream
 	}
 }
 
-static void watch_on_msg(struct kvd *k, struct h2_stream *s, const uint8_t *p, size_t n)
+static void watch_on_msg(struct kvd *k, struct h2_stream *s)
 {
-	Etcdserverpb__WatchRequest *rq;
+	const Etcdserverpb__WatchRequest *rq = (const void *)s->rq;
 	struct watch_stream *ws = s->svc;
 	struct watch *w;
 
@@ -7733,9 +8164,6 @@ static void watch_on_msg(struct kvd *k, struct h2_stream *s, const uint8_t *p, s
 		k->watch.streams = ws;
 		s->svc = ws;
 	}
-	rq = (Etcdserverpb__WatchRequest *)grpc_unpack(k, s, &etcdserverpb__watch_request__descriptor, p, n);
-	if (!rq)
-		return;
 	switch (rq->request_union_case) {
 	case ETCDSERVERPB__WATCH_REQUEST__REQUEST_UNION_CREATE_REQUEST:
 		watch_create(k, s, ws, rq->create_request);
@@ -7753,7 +8181,6 @@ static void watch_on_msg(struct kvd *k, struct h2_stream *s, const uint8_t *p, s
 	default:
 		break; /* etcd ignores what it does not know */
 	}
-	pb_free(k, rq);
 }
 
 static void watch_on_close(struct kvd *k, struct h2_stream *s)
@@ -10175,11 +10602,78 @@ static void net_refuse(struct kvd *k, int fd)
 	k->st.conns_refused++;
 }
 
+static void net_write(struct kvd *k, struct h2_conn *c)
+{
+	ssize_t n;
+
+	while (BUF_LEN(&c->out) && !c->dead) {
+		n = send(c->fd, BUF_DATA(&c->out), BUF_LEN(&c->out), MSG_NOSIGNAL);
+		if (n > 0)
+			buf_consume(&c->out, (size_t)n);
+		else if (n < 0 && errno == EINTR)
+			continue;
+		else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+			break;
+		else
+			c->dead = 1;
+	}
+	buf_trim(k, &c->out, 65536);
+}
+
+/* The key connections are counted by: an IPv4 address, or an IPv6 /64
+ * (one host often holds a whole /64); IPv4-mapped IPv6 counts as IPv4. */
+static void net_src_key(const struct sockaddr_storage *ss, uint8_t key[9])
+{
+	memset(key, 0, 9);
+	if (ss->ss_family == AF_INET) {
+		key[0] = 4;
+		memcpy(key + 1, &((const struct sockaddr_in *)(const void *)ss)->sin_addr, 4);
+	} else if (ss->ss_family == AF_INET6) {
+		const uint8_t *a = ((const struct sockaddr_in6 *)(const void *)ss)->sin6_addr.s6_addr;
+		static const uint8_t mapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+		if (!memcmp(a, mapped, 12)) {
+			key[0] = 4;
+			memcpy(key + 1, a + 12, 4);
+		} else {
+			key[0] = 6;
+			memcpy(key + 1, a, 8);
+		}
+	}
+}
+
+/*
+ * The table is full: close the connection that has gone longest without
+ * progress and serves no call, so a new client gets its slot; a flood of
+ * silent or ping-only connections then only displaces itself.  Returns 0
+ * when one was evicted.
+ */
+static int net_evict(struct kvd *k)
+{
+	struct h2_conn *c, *victim = NULL;
+
+	for (c = k->conns; c; c = c->next)
+		if (!c->uncounted && !c->is_closing && !c->dead && !h2_busy(c) &&
+		    (!victim || c->t_active <= victim->t_active)) /* newest first: ties go to the oldest */
+			victim = c;
+	if (!victim)
+		return -1;
+	if (victim->settings_seen)
+		h2_fail(victim, H2_NO_ERROR, "too_many_connections");
+	net_write(k, victim); /* best effort: the GOAWAY, then the socket goes */
+	victim->dead = victim->uncounted = 1;
+	k->nconns--;
+	k->st.conns_evicted++;
+	kvd_log(k, KVD_LOG_DEBUG, "%s: evicted (idle) for a new connection", victim->peer);
+	return 0;
+}
+
 static void net_accept(struct kvd *k, struct net_listener *l)
 {
 	struct sockaddr_storage ss;
 	socklen_t sl;
 	struct h2_conn *c;
+	uint8_t key[9];
+	unsigned same;
 	int fd, one = 1, i;
 
 	for (i = 0; i < KVD_ACCEPTS_PER_TICK; i++) {
@@ -10200,11 +10694,20 @@ static void net_accept(struct kvd *k, struct net_listener *l)
 			continue;
 		}
 		setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-		if (k->nconns >= k->cfg.max_conns || k->stopping || !(c = h2_conn_new(k, fd))) {
+		net_src_key(&ss, key);
+		for (same = 0, c = k->conns; c && k->cfg.max_conns_ip; c = c->next)
+			same += !c->uncounted && !memcmp(c->src, key, sizeof key);
+		if (k->cfg.max_conns_ip && same >= k->cfg.max_conns_ip) {
+			k->st.conns_refused_ip++;
+			net_refuse(k, fd);
+			continue;
+		}
+		if (k->stopping || (k->nconns >= k->cfg.max_conns && net_evict(k)) || !(c = h2_conn_new(k, fd))) {
 			net_refuse(k, fd);
 			continue;
 		}
 		net_addr_str((struct sockaddr *)&ss, c->peer, sizeof c->peer);
+		memcpy(c->src, key, sizeof key);
 		c->next = k->conns;
 		k->conns = c;
 		k->nconns++;
@@ -10255,24 +10758,6 @@ static void net_read(struct kvd *k, struct h2_conn *c)
 	buf_trim(k, &c->in, 0);
 }
 
-static void net_write(struct kvd *k, struct h2_conn *c)
-{
-	ssize_t n;
-
-	while (BUF_LEN(&c->out) && !c->dead) {
-		n = send(c->fd, BUF_DATA(&c->out), BUF_LEN(&c->out), MSG_NOSIGNAL);
-		if (n > 0)
-			buf_consume(&c->out, (size_t)n);
-		else if (n < 0 && errno == EINTR)
-			continue;
-		else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
-			break;
-		else
-			c->dead = 1;
-	}
-	buf_trim(k, &c->out, 65536);
-}
-
 /* Close connections that are done: after their output is written, a
  * shutdown(SHUT_WR) and a short linger so the peer reads our GOAWAY before
  * any RST (closing with unread input would send one). */
@@ -10294,8 +10779,9 @@ static void net_reap(struct kvd *k)
 		    (c->t_close && k->now - c->t_close >= 5000)) {
 			*pp = c->next;
 			close(c->fd);
+			if (!c->uncounted)
+				k->nconns--;
 			h2_conn_free(k, c);
-			k->nconns--;
 			continue;
 		}
 		pp = &c->next;
@@ -10486,7 +10972,10 @@ static const struct cfg_flag cfg_flags[] = {
 	{"max-concurrent-streams", CFG_U32, CFG_OFF(max_concurrent_streams), 1,
 	 "HTTP/2 streams per connection (default 256; etcd's is 2^32-1)"},
 	{"max-connections", CFG_U32, CFG_OFF(max_connections), 1,
-	 "client connections at once; more are refused with GOAWAY (default 256)"},
+	 "kvd: client connections at once; when full, the oldest idle one is closed for a new one, "
+	 "else it is refused (default 256)"},
+	{"max-connections-per-ip", CFG_U32, CFG_OFF(max_connections_per_ip), 0,
+	 "kvd: client connections from one IPv4 address or IPv6 /64, 0 = no limit (default 64)"},
 	{"grpc-keepalive-min-time", CFG_MS, CFG_OFF(keepalive_min_time_ms), 0,
 	 "minimum interval between client pings (default 5s)"},
 	{"max-idle-time", CFG_MS, CFG_OFF(idle_timeout_ms), 0,
@@ -10775,6 +11264,7 @@ static int cfg_lock(struct kvd *k, char *err, size_t errlen)
 KVD_API const char *kvd_build_options(void)
 {
 	return "max-conns=" KVD_STR(KVD_DEFAULT_MAX_CONNECTIONS)
+	       " max-conns-per-ip=" KVD_STR(KVD_DEFAULT_MAX_CONNS_PER_IP)
 	       " max-streams=" KVD_STR(KVD_DEFAULT_MAX_STREAMS)
 	       " max-header-list=" KVD_STR(KVD_MAX_HEADER_LIST)
 	       " max-header-fields=" KVD_STR(KVD_MAX_HEADER_FIELDS)
@@ -10818,6 +11308,7 @@ KVD_API void kvd_config_init(struct kvd_config *cfg)
 	cfg->max_request_bytes = KVD_DEFAULT_MAX_REQUEST;
 	cfg->max_concurrent_streams = KVD_DEFAULT_MAX_STREAMS;
 	cfg->max_connections = KVD_DEFAULT_MAX_CONNECTIONS;
+	cfg->max_connections_per_ip = KVD_DEFAULT_MAX_CONNS_PER_IP;
 	cfg->keepalive_min_time_ms = 5000;
 	cfg->idle_timeout_ms = KVD_DEFAULT_IDLE_MS;
 	cfg->stall_timeout_ms = KVD_DEFAULT_STALL_MS;
@@ -10947,6 +11438,7 @@ static int kvd_init(const struct kvd_config *cfg, struct kvd **out, char *err, s
 	k->cfg.max_request = cfg->max_request_bytes;
 	k->cfg.max_streams = cfg->max_concurrent_streams;
 	k->cfg.max_conns = cfg->max_connections;
+	k->cfg.max_conns_ip = cfg->max_connections_per_ip;
 	k->cfg.ping_min_ms = cfg->keepalive_min_time_ms;
 	k->cfg.idle_ms = cfg->idle_timeout_ms;
 	k->cfg.stall_ms = cfg->stall_timeout_ms;
@@ -11096,7 +11588,7 @@ KVD_API int kvd_poll(struct kvd *k, int timeout_ms)
 			confd_read(k, k->pfd[i].fd);
 		} else {
 			struct h2_conn *c = k->pobj[i];
-			if (k->pfd[i].fd != c->fd)
+			if (k->pfd[i].fd != c->fd || c->dead)
 				continue;
 			if (re & (POLLIN | POLLHUP | POLLERR))
 				net_read(k, c);

@@ -66,6 +66,7 @@ struct kvd_config {
 	uint32_t max_request_bytes;              /* --max-request-bytes (1572864) */
 	uint32_t max_concurrent_streams;         /* --max-concurrent-streams (256) */
 	uint32_t max_connections;                /* --max-connections (256) */
+	uint32_t max_connections_per_ip;         /* --max-connections-per-ip (64; 0 = no limit) */
 	uint32_t keepalive_min_time_ms;          /* --grpc-keepalive-min-time (5 s) */
 	uint32_t idle_timeout_ms;                /* --max-idle-time, 0 = never (300 s) */
 	uint32_t stall_timeout_ms;               /* --stall-timeout, 0 = never (60 s) */

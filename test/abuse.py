@@ -9,13 +9,14 @@ import os
 import socket
 import struct
 import sys
+import threading
 import time
 
 import grpc
 
 from kvdtest import (Kvd, H2, check, test, run_tests, frame, settings, goaways, rsts, count,
                      decode_headers, grpc_frame, wait_for, ROOT, DATA, HEADERS, PING, SETTINGS,
-                     RST_STREAM, CONTINUATION, WINDOW_UPDATE)
+                     RST_STREAM, CONTINUATION, WINDOW_UPDATE, GOAWAY)
 
 KVD_TEST = os.path.abspath(os.environ.get("KVD_TEST", os.path.join(ROOT, "test", "kvd-test")))
 HEALTH = "/grpc.health.v1.Health/Check"
@@ -207,11 +208,119 @@ def made_you_reset():
     after("made-you-reset")
 
 
+def honest_calls(port, n):
+    """n Health/Check calls from 127.0.0.1, each on a new connection: how
+    many succeeded, and their latencies (connect to answer)."""
+    ok, lat = 0, []
+    for _ in range(n):
+        t0 = time.monotonic()
+        try:
+            c = H2(port, timeout=5)
+            c.call(1)
+            fs = c.frames(5.0, until=lambda f: len(decode_headers(f, 1)) >= 2 or goaways(f))
+            h = decode_headers(fs, 1)
+            ok += bool(h and h[-1].get("grpc-status") == "0")
+            c.close()
+        except OSError:
+            pass
+        lat.append(time.monotonic() - t0)
+    lat.sort()
+    return ok, lat
+
+
+def slot_attack(port, stop, keepers, loris):
+    """300 connections from 127.0.0.2 that only send WINDOW_UPDATEs, and
+    slowloris connections from 127.0.0.3 that dribble the preface and
+    reconnect when cut."""
+    for _ in range(300):
+        try:
+            s = socket.create_connection(("127.0.0.1", port), timeout=2, source_address=("127.0.0.2", 0))
+            s.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + settings() + frame(SETTINGS, 1, 0))
+            keepers.append(s)
+        except OSError:
+            pass
+
+    def keep():
+        while not stop.is_set():
+            for s in keepers:
+                try:
+                    s.sendall(frame(WINDOW_UPDATE, 0, 0, struct.pack(">I", 1)))
+                    s.setblocking(False)
+                    try:
+                        s.recv(65536)
+                    except OSError:
+                        pass
+                    s.setblocking(True)
+                except OSError:
+                    pass
+            stop.wait(0.5)
+
+    def dribble():
+        pre = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+        socks = {}
+        while not stop.is_set():
+            for i in range(100):
+                s, at = socks.get(i, (None, 0))
+                try:
+                    if s is None:
+                        s = socket.create_connection(("127.0.0.1", port), timeout=2, source_address=("127.0.0.3", 0))
+                        at = 0
+                    s.sendall(pre[at % len(pre):at % len(pre) + 1])
+                    socks[i] = (s, at + 1)
+                    loris[0] += 1
+                except OSError:
+                    if s is not None:
+                        s.close()
+                    socks[i] = (None, 0)
+            stop.wait(0.2)
+        for s, _ in socks.values():
+            if s is not None:
+                s.close()
+    threads = [threading.Thread(target=keep, daemon=True), threading.Thread(target=dribble, daemon=True)]
+    for t in threads:
+        t.start()
+    return threads
+
+
+@test
+def connection_slots_under_attack():
+    """Slots cannot be held forever: pings and window updates are not
+    progress, one address gets --max-connections-per-ip, and a full table
+    makes room by closing its oldest idle connection.  With both attacks
+    running, 100 calls from another address all succeed."""
+    for args, name in (([], "per-IP limit"), (["--max-connections-per-ip", "0"], "no per-IP limit: eviction")):
+        k = Kvd(KVD_TEST, args)
+        stop, keepers, loris = threading.Event(), [], [0]
+        threads = slot_attack(k.port, stop, keepers, loris)
+        wait_for(lambda: loris[0] > 300, 20)
+        ok, lat = honest_calls(k.port, 100)
+        ch = grpc.insecure_channel(k.endpoint())
+        st = dict(kv.split("=") for kv in ch.unary_unary("/kvd.test.Test/Stats")(b"", timeout=5).decode().split())
+        ch.close()
+        stop.set()
+        for t in threads:
+            t.join(10)
+        for s in keepers:
+            s.close()
+        check(ok == 100, "%s: %d of 100 calls from 127.0.0.1 succeeded" % (name, ok))
+        check(k.alive(), "%s: kvd alive" % name)
+        if args:
+            check(int(st["evicted"]) >= 100, "%s: the calls evicted idle connections: %s" % (name, st["evicted"]))
+        else:
+            check(int(st["refused-ip"]) >= 300 - 64, "%s: 127.0.0.2 held 64 slots: %s refused" % (name, st["refused-ip"]))
+        print("    %s: 100 calls, p50 %.1f ms, p99 %.1f ms; %s accepted, %s refused per IP, %s evicted" %
+              (name, lat[49] * 1000, lat[98] * 1000, st["accepted"], st["refused-ip"], st["evicted"]))
+        k.stop()
+        log = k.logtext()
+        check("ERROR: AddressSanitizer" not in log and "runtime error" not in log, "%s: no sanitizer report" % name)
+
+
 @test
 def connection_flood():
     ch = grpc.insecure_channel(K.endpoint())  # opened before the flood: it holds a slot
     pre = lambda: dict(kv.split("=") for kv in ch.unary_unary("/kvd.test.Test/Stats")(b"", timeout=5).decode().split())
-    pre()
+    b = pre()
+    base = int(b["accepted"]) + int(b["refused"])
     socks, refused = [], 0
     for _ in range(400):
         try:
@@ -219,7 +328,7 @@ def connection_flood():
             socks.append(s)
         except OSError:
             refused += 1
-    time.sleep(0.5)
+    wait_for(lambda: (lambda s: int(s["accepted"]) + int(s["refused"]) >= base + len(socks))(pre()), 10)
     st = pre()
     check(int(st["conns"]) <= 256, "at most 256 connections: %s" % st["conns"])
     check(int(st["refused"]) >= 400 - 255, "the rest refused: %s" % st["refused"])
@@ -231,20 +340,35 @@ def connection_flood():
 
 @test
 def garbage():
-    for junk in (os.urandom(5000), b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + os.urandom(3000), b"\x16\x03\x01" + os.urandom(300)):
+    """Not HTTP/2 and not an HTTP/1.x request: SETTINGS, then GOAWAY
+    PROTOCOL_ERROR (h2spec 3.5/2), and the connection closes."""
+    for junk in (os.urandom(5000), b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + os.urandom(3000),
+                 b"\x16\x03\x01" + os.urandom(300), b"INVALID CONNECTION PREFACE\r\n\r\n",
+                 b"PRI * HTTP/2.0\r\n\r\nSM\r\n\rQ"):
         s = socket.create_connection(("127.0.0.1", K.port), timeout=3)
+        data, closed = b"", False
         try:
             s.sendall(junk)
             s.settimeout(3)
-            while s.recv(65536):
-                pass
+            while True:
+                d = s.recv(65536)
+                if not d:
+                    break
+                data += d
             closed = True
         except OSError:
             closed = True
         s.close()
         check(closed, "garbage connection closed")
+        if junk[:24] != b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n":
+            fs, at = [], 0
+            while at + 9 <= len(data):
+                n = int.from_bytes(data[at:at + 3], "big")
+                fs.append((data[at + 3], data[at + 4], 0, data[at + 9:at + 9 + n]))
+                at += 9 + n
+            check([f[0] for f in fs] == [SETTINGS, GOAWAY] and goaways(fs)[0][1] == "PROTOCOL_ERROR",
+                  "%r...: SETTINGS + GOAWAY PROTOCOL_ERROR: %r" % (junk[:12], data[:40]))
     after("garbage")
-
 
 def main():
     global K

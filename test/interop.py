@@ -16,8 +16,8 @@ import time
 import grpc
 
 from kvdtest import (Kvd, H2, check, test, etcdctl, grpc_frame, grpc_messages, pb_string,
-                     h2_call, frame, goaways, rsts, decode_headers, count, wait_for, run_tests,
-                     free_port, ROOT, DATA, HEADERS, PING, GOAWAY, SETTINGS, RST_STREAM)
+                     h2_call, frame, goaways, rsts, decode_headers, count, wait_for, run_tests, spawn,
+                     free_port, ROOT, DATA, HEADERS, PING, GOAWAY, SETTINGS, RST_STREAM, WINDOW_UPDATE)
 
 KVD = os.path.abspath(os.environ.get("KVD", os.path.join(ROOT, "kvd")))
 KVD_TEST = os.path.abspath(os.environ.get("KVD_TEST", os.path.join(ROOT, "test", "kvd-test")))
@@ -326,7 +326,7 @@ def default_data_dir_and_ipv6():
     d = "/tmp/kvd-cwd-%d" % os.getpid()
     os.makedirs(d, exist_ok=True)
     port = free_port()
-    p = subprocess.Popen([KVD, "--name", "n1", "--listen-client-urls",
+    p = spawn([KVD, "--name", "n1", "--listen-client-urls",
                           "http://127.0.0.1:%d,http://[::1]:%d" % (port, port)], cwd=d,
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     time.sleep(0.3)
@@ -365,24 +365,106 @@ def http1_gets_an_answer():
 @test
 def connection_limits_and_timeouts():
     k = Kvd(KVD, ["--max-connections", "2", "--max-idle-time", "400ms", "--stall-timeout", "500ms"])
+    # two connections serving calls (Health/Watch streams): full of busy ones, a third is refused
     a, b = H2(k.port), H2(k.port)
-    a.frames(0.2)
-    b.frames(0.2)
+    a.call(1, "/grpc.health.v1.Health/Watch")
+    b.call(1, "/grpc.health.v1.Health/Watch")
+    check(a.frames(2.0, until=lambda f: count(f, DATA)) and b.frames(2.0, until=lambda f: count(f, DATA)),
+          "two watches served")
     c = H2(k.port)
-    g = goaways(c.frames(1.0))
+    g = goaways(c.frames(2.0, until=goaways))
     check(g and g[0][1] == "ENHANCE_YOUR_CALM" and g[0][2] == b"too_many_connections", "3rd conn refused: %r" % g)
-    # idle: no stream for 400 ms -> GOAWAY NO_ERROR max_idle, close
-    g = goaways(a.frames(1.5))
-    check(g and g[0][1] == "NO_ERROR" and g[0][2] == b"max_idle" and a.closed, "idle close: %r" % g)
+    c.close()
+    # a busy connection is never idle, however quiet
     b.close()
-    time.sleep(0.1)
+    d = None
+    for _ in range(50):  # until kvd has reaped b
+        d = H2(k.port)
+        if not goaways(d.frames(0.3, until=goaways)):
+            break
+        d.close()
+    # idle: no call and no progress for 400 ms -> GOAWAY NO_ERROR max_idle, close
+    g = goaways(d.frames(3.0, until=goaways))
+    check(g and g[0][1] == "NO_ERROR" and g[0][2] == b"max_idle", "idle close: %r" % g)
+    check(not goaways(a.frames(0.5)) and not a.closed, "the watching connection stays")
+    a.close()
+    d.close()
     # stall: our window is 0, a response waits: stream reset after 500 ms
-    z = H2(k.port, init_window=0)
-    z.call(1)
-    fs = z.frames(1.5, until=lambda f: rsts(f))
+    z = None
+    for _ in range(50):
+        z = H2(k.port, init_window=0)
+        z.call(1)
+        fs = z.frames(3.0, until=lambda f: rsts(f) or goaways(f))
+        if not goaways(fs):
+            break
+        z.close()
     check(("CANCEL" in [c for s, c in rsts(fs) if s == 1]), "stalled stream reset: %r" % rsts(fs))
     z.close()
     k.stop()
+
+
+@test
+def full_table_evicts_the_oldest_idle():
+    """--max-connections full of idle connections: a new client gets a slot,
+    the connection idle the longest gets GOAWAY too_many_connections."""
+    k = Kvd(KVD, ["--max-connections", "3"])
+    old = [H2(k.port) for _ in range(3)]
+    for c in old:
+        c.frames(0.2)
+    old[1].send(frame(WINDOW_UPDATE, 0, 0, struct.pack(">I", 1000)))  # not progress: it stays the oldest
+    new = H2(k.port)
+    new.call(1)
+    fs = new.frames(3.0, until=lambda f: count(f, HEADERS) >= 2)
+    check(decode_headers(fs, 1) and decode_headers(fs, 1)[-1].get("grpc-status") == "0", "new client served")
+    g = goaways(old[0].frames(3.0, until=goaways))
+    check(g and g[0][1] == "NO_ERROR" and g[0][2] == b"too_many_connections", "oldest evicted: %r" % g)
+    check(not goaways(old[1].frames(0.3)) and not goaways(old[2].frames(0.3)), "the others stay")
+    for c in old + [new]:
+        c.close()
+    k.stop()
+
+
+@test
+def failed_tests_leave_nothing_running():
+    """The harness: servers a test started are stopped when it fails or
+    raises, and when the runner itself is killed."""
+    import re
+    script = """
+import sys, time
+sys.path.insert(0, %r)
+from kvdtest import Kvd, Etcd, test, run_tests, check
+@test
+def raises():
+    k = Kvd(%r)
+    print("PID", k.p.pid, flush=True)
+    raise RuntimeError("boom")
+@test
+def fails():
+    e = Etcd()
+    print("PID", e.p.pid, flush=True)
+    check(False, "on purpose")
+@test
+def hangs():
+    k = Kvd(%r)
+    print("PID", k.p.pid, flush=True)
+    if len(sys.argv) > 1:
+        time.sleep(600)
+run_tests(sys.argv[:1] + sys.argv[2:])
+""" % (os.path.join(ROOT, "test"), KVD, KVD)
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    pids = re.findall(r"PID (\d+)", r.stdout)
+    check(len(pids) == 3 and r.stdout.splitlines()[-1] == "0 passed, 2 failed", "ran: %r" % r.stdout[-300:])
+    check(all(not os.path.exists("/proc/%s" % p) for p in pids), "all stopped: %r" % pids)
+    # the runner killed while a test waits: what it started goes too
+    p = subprocess.Popen([sys.executable, "-c", script, "hang", "hangs"], stdout=subprocess.PIPE, text=True)
+    line = ""
+    for line in p.stdout:
+        if line.startswith("PID"):
+            break
+    p.terminate()
+    p.wait(30)
+    pid = line.split()[1] if line.startswith("PID") else "0"
+    check(wait_for(lambda: not os.path.exists("/proc/%s" % pid), 15), "stopped with the runner: %s" % pid)
 
 
 def main():

@@ -4,6 +4,7 @@
 usage: test/mkcorpus.py KVD_PORT   (h2 and hpack seeds)
        test/mkcorpus.py log        (log seeds: kvd's own logs under random traffic)
        test/mkcorpus.py confd      (JSON documents and confd datagrams)
+       test/mkcorpus.py pb         (request messages of every gRPC method)
 A relay on a free port records what each client sends to kvd at KVD_PORT:
 etcdctl 3.4 (grpc-go), grpcio, python-h2 with padding/PRIORITY/CONTINUATION.
 Each capture becomes test/corpus/h2/<name> (behind a mode byte, see
@@ -201,12 +202,92 @@ def confd_seeds():
             f.write(b"\x02plj0" + json.dumps({"msg": msg, "salt": "1700000000", "hmac": mac}).encode())
 
 
+def pb_seeds():
+    """Request messages of every gRPC method: test/corpus/pb/ (byte 0: the
+    method's index in kvd.c's tables; then 2-byte length + message, repeated
+    for streaming calls; see test/fuzz_pb.c).  Includes the 29 KB Txn nested
+    4400 levels deep that once crashed kvd, and txns at kvd's nesting bound."""
+    import re
+    sys.path.insert(0, HERE)
+    from kvdtest import pb, varint
+    src = open(os.path.join(os.path.dirname(HERE), "kvd.c")).read()
+    paths = [p for p in re.findall(r'^\t\{"(/[^"]+)", GRPC_', src, re.M) if not p.startswith("/kvd.test.")]
+    rpc, lock, elect, health = pb()["rpc"], pb()["v3lock"], pb()["v3election"], pb()["health"]
+    out = os.path.join(HERE, "corpus", "pb")
+    os.makedirs(out, exist_ok=True)
+
+    def seed(name, path, *msgs):
+        blob = bytes([paths.index(path)])
+        for m in msgs:
+            b = m if isinstance(m, bytes) else m.SerializeToString()
+            blob += struct.pack(">H", len(b)) + b
+        with open(os.path.join(out, name), "wb") as f:
+            f.write(blob)
+
+    def field(n, b):
+        return varint(n << 3 | 2) + varint(len(b)) + b
+
+    def nested(levels, leaf=b""):
+        inner = leaf
+        for _ in range(levels):
+            inner = field(2, field(4, inner))
+        return inner
+    kv = "/etcdserverpb.KV/"
+    put = rpc.PutRequest(key=b"k1", value=b"v1", prev_kv=True)
+    seed("put", kv + "Put", put)
+    seed("range", kv + "Range", rpc.RangeRequest(key=b"a", range_end=b"\0", limit=3, sort_order=2, sort_target=4,
+                                                  min_mod_revision=1, revision=0, count_only=False))
+    seed("rangestream", kv + "RangeStream", rpc.RangeRequest(key=b"\0", range_end=b"\0", keys_only=True))
+    seed("delete", kv + "DeleteRange", rpc.DeleteRangeRequest(key=b"a", range_end=b"z", prev_kv=True))
+    txn = rpc.TxnRequest(compare=[rpc.Compare(result=1, target=3, key=b"k1", value=b"v1")],
+                         success=[rpc.RequestOp(request_put=put),
+                                  rpc.RequestOp(request_range=rpc.RangeRequest(key=b"k1"))],
+                         failure=[rpc.RequestOp(request_delete_range=rpc.DeleteRangeRequest(key=b"k1"))])
+    seed("txn", kv + "Txn", txn)
+    seed("txn-nested", kv + "Txn", rpc.TxnRequest(success=[rpc.RequestOp(request_txn=txn)]))
+    seed("txn-nest-4400", kv + "Txn", nested(4400))
+    seed("txn-nest-bound", kv + "Txn", nested(32))
+    seed("txn-nest-over", kv + "Txn", nested(33))
+    seed("txn-nest-over-decoder", kv + "Txn", nested(34))
+    seed("txn-nest-bound-put", kv + "Txn", nested(32, field(2, field(2, put.SerializeToString()))))
+    seed("compact", kv + "Compact", rpc.CompactionRequest(revision=1, physical=True))
+    seed("put-wrong-wire", kv + "Put", field(1, b"k") + bytes([4 << 3 | 1]) + b"\1" * 8)
+    w = "/etcdserverpb.Watch/Watch"
+    seed("watch", w, rpc.WatchRequest(create_request=rpc.WatchCreateRequest(key=b"a", range_end=b"b", prev_kv=True,
+                                                                             progress_notify=True, filters=[0, 1])),
+         rpc.WatchRequest(progress_request=rpc.WatchProgressRequest()),
+         put,  # a put's bytes as a WatchRequest: whatever they decode to
+         rpc.WatchRequest(create_request=rpc.WatchCreateRequest(key=b"k", start_revision=1, watch_id=7, fragment=True)),
+         rpc.WatchRequest(cancel_request=rpc.WatchCancelRequest(watch_id=7)))
+    l = "/etcdserverpb.Lease/"
+    seed("lease-grant", l + "LeaseGrant", rpc.LeaseGrantRequest(TTL=60, ID=5))
+    seed("lease-revoke", l + "LeaseRevoke", rpc.LeaseRevokeRequest(ID=5))
+    seed("lease-keepalive", l + "LeaseKeepAlive", rpc.LeaseKeepAliveRequest(ID=5), rpc.LeaseKeepAliveRequest(ID=6))
+    seed("lease-ttl", l + "LeaseTimeToLive", rpc.LeaseTimeToLiveRequest(ID=5, keys=True))
+    seed("lease-leases", l + "LeaseLeases", rpc.LeaseLeasesRequest())
+    seed("status", "/etcdserverpb.Maintenance/Status", rpc.StatusRequest())
+    seed("members", "/etcdserverpb.Cluster/MemberList", rpc.MemberListRequest())
+    seed("member-add", "/etcdserverpb.Cluster/MemberAdd", rpc.MemberAddRequest(peerURLs=["http://10.0.0.2:2380"]))
+    seed("alarm", "/etcdserverpb.Maintenance/Alarm", rpc.AlarmRequest(action=1, memberID=1, alarm=1))
+    seed("hashkv", "/etcdserverpb.Maintenance/HashKV", rpc.HashKVRequest(revision=3))
+    seed("auth-user-add", "/etcdserverpb.Auth/UserAdd", rpc.AuthUserAddRequest(name="u", password="p"))
+    seed("auth-grant", "/etcdserverpb.Auth/RoleGrantPermission",
+         rpc.AuthRoleGrantPermissionRequest(name="r", perm=pb()["auth"].Permission(permType=2, key=b"a", range_end=b"b")))
+    seed("lock", "/v3lockpb.Lock/Lock", lock.LockRequest(name=b"l", lease=5))
+    seed("campaign", "/v3electionpb.Election/Campaign", elect.CampaignRequest(name=b"e", lease=5, value=b"v"))
+    seed("health", "/grpc.health.v1.Health/Check", health.HealthCheckRequest(service=""))
+    seed("health-watch", "/grpc.health.v1.Health/Watch", health.HealthCheckRequest(service="x"))
+
+
 def main():
     if sys.argv[1:] == ["log"]:
         log_seeds()
         return 0
     if sys.argv[1:] == ["confd"]:
         confd_seeds()
+        return 0
+    if sys.argv[1:] == ["pb"]:
+        pb_seeds()
         return 0
     port = int(sys.argv[1])
     capture(port, "etcdctl-status", etcdctl("endpoint", "status", "-w", "json"))

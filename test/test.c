@@ -961,7 +961,7 @@ static void test_grpc_errors(void)
 	    {"/grpc.health.v1.Health/Check", NULL, NULL, "\0\0\x20\0\x09", 5, "8",
 	     "grpc: received message larger than max (2097161 vs. 2097152)"},
 	    {"/grpc.health.v1.Health/Check", NULL, NULL, "\0\0\0\0\2\x0a\x05", 7, "13",
-	     "grpc: error unmarshalling request: malformed protobuf or out of memory"},
+	     "grpc: error unmarshalling request: unexpected EOF"},
 	    {"/grpc.health.v1.Health/Check", NULL, NULL, "\0\0\0\0\5\x0a\x03" "foo", 10, "5", "unknown service"},
 	    {"/grpc.health.v1.Health/Check", "grpc-timeout", "1x", "\0\0\0\0\0", 5, "13",
 	     "transport: malformed grpc-timeout"},
@@ -1060,25 +1060,42 @@ static void test_grpc_deadline(void)
 	struct h2_conn *c;
 	uint8_t blk[512];
 	size_t n;
-	int64_t ms;
+	int64_t us;
 	struct kvd_slice v;
 	int h;
 
 	v.p = (const uint8_t *)"100m";
 	v.n = 4;
-	CHECK(grpc_parse_timeout(v, &ms) == 0 && ms == 100);
+	CHECK(grpc_parse_timeout(v, &us) == 0 && us == 100000);
 	v.p = (const uint8_t *)"4991824u";
 	v.n = 8;
-	CHECK(grpc_parse_timeout(v, &ms) == 0 && ms == 4992);
+	CHECK(grpc_parse_timeout(v, &us) == 0 && us == 4991824);
 	v.p = (const uint8_t *)"2H";
 	v.n = 2;
-	CHECK(grpc_parse_timeout(v, &ms) == 0 && ms == 7200000);
+	CHECK(grpc_parse_timeout(v, &us) == 0 && us == 7200000000ll);
+	v.p = (const uint8_t *)"1n";
+	v.n = 2;
+	CHECK(grpc_parse_timeout(v, &us) == 0 && us == 0);
+	v.p = (const uint8_t *)"1500n";
+	v.n = 5;
+	CHECK(grpc_parse_timeout(v, &us) == 0 && us == 1);
 	v.p = (const uint8_t *)"123456789S";
 	v.n = 10;
-	CHECK(grpc_parse_timeout(v, &ms) == -1);
+	CHECK(grpc_parse_timeout(v, &us) == -1);
 	v.p = (const uint8_t *)"S";
 	v.n = 1;
-	CHECK(grpc_parse_timeout(v, &ms) == -1);
+	CHECK(grpc_parse_timeout(v, &us) == -1);
+
+	/* under a microsecond: over before it starts, as grpc-go answers "1n" */
+	n = t_req_block(k, blk, "/grpc.health.v1.Health/Check", "grpc-timeout", "1n");
+	t_put_frame(&b, k, H2_HEADERS, H2_F_END_HEADERS, 1, blk, n);
+	t_put_frame(&b, k, H2_DATA, H2_F_END_STREAM, 1, "\0\0\0\0\0", 5);
+	c = t_run(k, &b, &fs);
+	h = t_find(&fs, H2_HEADERS, 1);
+	CHECK(h >= 0 && t_resp_field(k, &fs.f[h], "grpc-status", "4") &&
+	      t_resp_field(k, &fs.f[h], "grpc-message", "context deadline exceeded"));
+	h2_conn_free(k, c);
+	buf_free(k, &b);
 
 	n = t_req_block(k, blk, "/grpc.health.v1.Health/Check", "grpc-timeout", "50m");
 	t_put_frame(&b, k, H2_HEADERS, H2_F_END_HEADERS, 1, blk, n);
@@ -2393,6 +2410,405 @@ static void test_pct_encode(void)
 	CHECK(!strcmp(out, "plain text: ok"));
 }
 
+/* ---- request decoding (pb_check) ---------------------------------------- */
+
+static size_t t_pbfield(uint8_t *o, unsigned num, const uint8_t *p, size_t n)
+{
+	uint8_t *s = o;
+
+	o = mvcc_put_varint(o, num << 3 | 2);
+	o = mvcc_put_varint(o, n);
+	memmove(o, p, n);
+	return (size_t)(o - s) + n;
+}
+
+/* A TxnRequest nested levels deep: success[0].request_txn, repeatedly. */
+static size_t t_nested(uint8_t *buf, size_t cap, unsigned levels)
+{
+	uint8_t *tmp = malloc(cap);
+	size_t n = 0;
+	unsigned i;
+
+	for (i = 0; i < levels && n + 20 < cap; i++) {
+		n = t_pbfield(tmp, 4, buf, n);
+		n = t_pbfield(buf, 2, tmp, n);
+	}
+	free(tmp);
+	return n;
+}
+
+static const char *t_check(const ProtobufCMessageDescriptor *d, const char *hex, unsigned *flags)
+{
+	static char why[160];
+	uint8_t b[256];
+	size_t n = t_unhex(hex, b, sizeof b);
+	struct t_guard g;
+	int r = pb_check(d, t_guarded(&g, b, n), n, PB_MAX_DEPTH, why, sizeof why, flags);
+
+	t_unguard(&g);
+	return r == 0 ? "ok" : r == KVD_ELIMIT ? "deep" : why;
+}
+
+/* The texts are etcd 3.4's decoder's (test/malformed.py compares them with
+ * a running etcd). */
+static void test_pb_check(void)
+{
+	static const struct {
+		const ProtobufCMessageDescriptor *d;
+		const char *hex, *want;
+	} cases[] = {
+	    {&etcdserverpb__put_request__descriptor, "0a016b 120176 2001", "ok"},
+	    {&etcdserverpb__put_request__descriptor, "0a016b 21 0101010101010101", "proto: wrong wireType = 1 for field PrevKv"},
+	    {&etcdserverpb__put_request__descriptor, "0a016b 0a056162", "unexpected EOF"},
+	    {&etcdserverpb__put_request__descriptor, "0a", "unexpected EOF"},
+	    {&etcdserverpb__put_request__descriptor, "18 ffffffffffffffffff01", "ok"}, /* 10 bytes: still a varint */
+	    {&etcdserverpb__put_request__descriptor, "18 ffffffffffffffffffff01", "proto: integer overflow"},
+	    {&etcdserverpb__put_request__descriptor, "0a ffffffffffffffffff01", "proto: negative length found during unmarshaling"},
+	    {&etcdserverpb__put_request__descriptor, "0a016b 04", "proto: PutRequest: wiretype end group for non-group"},
+	    {&etcdserverpb__put_request__descriptor, "0a016b 0200", "proto: PutRequest: illegal tag 0 (wire type 2)"},
+	    {&etcdserverpb__put_request__descriptor, "0a016b 7e", "proto: illegal wireType 6"},
+	    {&etcdserverpb__put_request__descriptor, "0a016b 7d 0102", "unexpected EOF"},             /* fixed32 cut */
+	    {&etcdserverpb__put_request__descriptor, "0a016b 7d 01020304 7901020304050607", "unexpected EOF"},
+	    {&etcdserverpb__put_request__descriptor, "0a016b 7b 7801 7c", "ok"},                    /* a group, skipped */
+	    {&etcdserverpb__put_request__descriptor, "0a016b 7b 7801", "unexpected EOF"},
+	    {&etcdserverpb__txn_request__descriptor, "1202 0801", "proto: wrong wireType = 0 for field RequestRange"},
+	    {&etcdserverpb__txn_request__descriptor, "0a09 09 0000000000000000", "proto: wrong wireType = 1 for field Result"},
+	    {&etcdserverpb__txn_request__descriptor, "1204 2202 0c00", "proto: TxnRequest: wiretype end group for non-group"},
+	    {&etcdserverpb__watch_request__descriptor, "0a04 2a020001", "ok"},                      /* packed filters */
+	    {&etcdserverpb__watch_request__descriptor, "0a04 28012800", "ok"},                      /* unpacked */
+	    {&etcdserverpb__watch_request__descriptor, "0a04 2a0380", "unexpected EOF"},
+	    {&etcdserverpb__watch_request__descriptor, "0a03 2a0280", "unexpected EOF"},            /* runs past the field */
+	    {&etcdserverpb__lease_grant_request__descriptor, "0a00", "proto: wrong wireType = 2 for field TTL"},
+	    {&etcdserverpb__lease_grant_request__descriptor, "1100", "proto: wrong wireType = 1 for field ID"},
+	    {&etcdserverpb__member_add_request__descriptor, "0800", "proto: wrong wireType = 0 for field PeerURLs"},
+	};
+	char name[64];
+	uint8_t *b = malloc(65536);
+	unsigned flags;
+	size_t i, n;
+	int r;
+
+	t_name = "pb_check";
+	for (i = 0; i < KVD_COUNT(cases); i++) {
+		const char *got = t_check(cases[i].d, cases[i].hex, &flags);
+		if (strcmp(got, cases[i].want))
+			printf("  case %zu: got \"%s\"\n", i, got);
+		CHECK(!strcmp(got, cases[i].want));
+	}
+	t_check(&etcdserverpb__put_request__descriptor, "0a016b 7b 7801 7c", &flags);
+	CHECK(flags == PB_F_STRIP); /* etcd skips it; protobuf-c cannot: kvd drops it first */
+	pb_go_name("prev_kv", name, sizeof name);
+	CHECK(!strcmp(name, "PrevKv"));
+	pb_go_name("peerURLs", name, sizeof name);
+	CHECK(!strcmp(name, "PeerURLs"));
+	pb_go_name("v3_x9y", name, sizeof name);
+	CHECK(!strcmp(name, "V3X9y"));
+	/* nesting: bounded before anything recurses, whatever the depth */
+	n = t_nested(b, 65536, KVD_MAX_TXN_NEST + 1);
+	CHECK(pb_check(&etcdserverpb__txn_request__descriptor, b, n, PB_MAX_DEPTH, name, sizeof name, &flags) == 0);
+	n = t_nested(b, 65536, KVD_MAX_TXN_NEST + 2);
+	r = pb_check(&etcdserverpb__txn_request__descriptor, b, n, PB_MAX_DEPTH, name, sizeof name, &flags);
+	CHECK(r == KVD_ELIMIT);
+	n = t_nested(b, 65536, 4400);
+	CHECK(n > 29000);
+	r = pb_check(&etcdserverpb__txn_request__descriptor, b, n, PB_MAX_DEPTH, name, sizeof name, &flags);
+	CHECK(r == KVD_ELIMIT);
+	free(b);
+}
+
+/* A Txn through the real handler: decode bounds, then etcd's checks. */
+static const char *t_txn_call(struct kvd *k, const uint8_t *msg, size_t n)
+{
+	static char out[160];
+	struct kvd_buf b = {0};
+	static struct t_frames fs;
+	struct h2_conn *c;
+	uint8_t blk[512], pre[5];
+	size_t bn;
+	int h;
+
+	bn = t_req_block(k, blk, "/etcdserverpb.KV/Txn", NULL, NULL);
+	t_put_frame(&b, k, H2_HEADERS, H2_F_END_HEADERS, 1, blk, bn);
+	pre[0] = 0;
+	put_be32(pre + 1, (uint32_t)n);
+	buf_append(k, &b, "", 0);
+	{
+		uint8_t *d = malloc(5 + n);
+		memcpy(d, pre, 5);
+		memcpy(d + 5, msg, n);
+		for (bn = 0; bn < 5 + n; bn += 16384)
+			t_put_frame(&b, k, H2_DATA, bn + 16384 >= 5 + n ? H2_F_END_STREAM : 0, 1, d + bn,
+			            KVD_MIN((size_t)16384, 5 + n - bn));
+		free(d);
+	}
+	c = t_run(k, &b, &fs);
+	h = t_find(&fs, H2_HEADERS, 1);
+	snprintf(out, sizeof out, "?");
+	if (h >= 0) {
+		struct hp_out o;
+		unsigned i;
+		memset(&o, 0, sizeof o);
+		o.f = k->hf;
+		o.maxf = KVD_MAX_HEADER_FIELDS;
+		o.a = k->harena;
+		o.acap = sizeof k->harena;
+		o.maxlist = KVD_MAX_HEADER_LIST;
+		{
+			struct hp_table t;
+			hp_table_init(&t);
+			hp_decode(k, &t, fs.f[h].p, fs.f[h].len, &o);
+			hp_table_free(k, &t);
+		}
+		for (i = 0; i < o.nf; i++)
+			if (h2_is(&o.f[i], "grpc-message"))
+				snprintf(out, sizeof out, "%.*s", (int)o.f[i].vlen, o.f[i].value);
+	}
+	h2_conn_free(k, c);
+	buf_free(k, &b);
+	return out;
+}
+
+static void test_txn_nesting(void)
+{
+	struct kvd *k = t_kvd();
+	uint8_t *b = malloc(65536);
+	size_t n;
+
+	t_name = "txn_nesting";
+	/* kvd's bound (the decoder's, then etcd's check at the same place) */
+	n = t_nested(b, 65536, KVD_MAX_TXN_NEST + 1);
+	CHECK(!strcmp(t_txn_call(k, b, n), "etcdserver: too many operations in txn request"));
+	n = t_nested(b, 65536, 4400);
+	CHECK(!strcmp(t_txn_call(k, b, n), "etcdserver: too many operations in txn request"));
+	/* within it, the nested txns reach the store's checks (read-only: answered) */
+	n = t_nested(b, 65536, KVD_MAX_TXN_NEST);
+	CHECK(!strcmp(t_txn_call(k, b, n), "?")); /* no grpc-message in the response HEADERS */
+	free(b);
+	kvd_close(k);
+}
+
+/* Decoding with allocation failures: a clean error, nothing leaked. */
+static void test_decode_oom(void)
+{
+	static const uint8_t txn[] = {0x0a, 0x05, 0x08, 0x00, 0x1a, 0x01, 'k', 0x12, 0x0a, 0x12, 0x08, 0x0a, 0x01, 'k',
+	                              0x12, 0x01, 'v', 0x20, 0x01};
+	struct kvd *k = t_kvd();
+	struct h2_conn *c = h2_conn_new(k, -1);
+	struct h2_stream *s;
+	size_t mem0 = k->mem;
+	uint64_t i;
+	int ok = 1, r, got = 0;
+
+	t_name = "decode_oom";
+	for (i = 1; i < 40; i++) {
+		s = h2_stream_new(c, 1);
+		s->m = &svc_kv[4]; /* Txn */
+		mem0 = k->mem;
+		k->fail_at = k->nalloc + i;
+		r = grpc_decode(k, s, txn, sizeof txn);
+		k->fail_at = 0;
+		if (r == 0) {
+			got++;
+			pb_free(k, s->rq);
+			s->rq = NULL;
+		} else {
+			ok &= r == KVD_ENOMEM && s->status == GRPC_RESOURCE_EXHAUSTED;
+			kvd_free(k, s->status_msg);
+			s->status_msg = NULL;
+		}
+		ok &= k->mem == mem0;
+		h2_stream_close(c, s);
+	}
+	CHECK(ok && got > 0);
+	h2_conn_free(k, c);
+	kvd_close(k);
+}
+
+/* The first bytes of a connection: HTTP/2, HTTP/1.x, or neither. */
+static void test_sniff(void)
+{
+	static const struct {
+		const char *in;
+		int want;
+	} cases[] = {
+	    {"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", H2_SNIFF_H2},
+	    {"PRI * HTTP/2.0\r\n", H2_SNIFF_MORE},
+	    {"PRI * HTTP/2.0\r\n\r\nSM\r\n\rQ", H2_SNIFF_BAD},
+	    {"GET / HTTP/1.1\r\n", H2_SNIFF_HTTP1},
+	    {"GET / HTTP/1.1\n", H2_SNIFF_HTTP1},
+	    {"POST /v3/kv/range HTTP/1.0\r", H2_SNIFF_MORE},
+	    {"GET /health HTT", H2_SNIFF_MORE},
+	    {"G", H2_SNIFF_MORE},
+	    {"INVALID CONNECTION PREFACE\r\n\r\n", H2_SNIFF_BAD},
+	    {"GET / HTTP/2.0\r\n", H2_SNIFF_BAD},
+	    {"GET  / HTTP/1.1\r\n", H2_SNIFF_BAD},
+	    {" GET", H2_SNIFF_BAD},
+	    {"\x16\x03\x01\x02\x00\x01\x00\x01", H2_SNIFF_BAD},
+	    {"GET / HTTP/1.1 \r\n", H2_SNIFF_BAD},
+	};
+	static struct t_frames fs;
+	struct kvd *k = t_kvd();
+	struct h2_conn *c;
+	struct t_guard g;
+	size_t i, n;
+
+	t_name = "sniff";
+	for (i = 0; i < KVD_COUNT(cases); i++) {
+		n = strlen(cases[i].in);
+		CHECK(h2_sniff(t_guarded(&g, cases[i].in, n), n) == cases[i].want);
+		t_unguard(&g);
+	}
+	/* a request line longer than kvd waits for */
+	{
+		char *line = malloc(H2_MAX_REQUEST_LINE + 16);
+		memset(line, 'a', H2_MAX_REQUEST_LINE + 16);
+		memcpy(line, "GET /", 5);
+		CHECK(h2_sniff((const uint8_t *)line, H2_MAX_REQUEST_LINE + 16) == H2_SNIFF_HTTP1);
+		free(line);
+	}
+	/* not a preface, not HTTP/1: SETTINGS, then GOAWAY PROTOCOL_ERROR */
+	c = t_conn(k);
+	t_feed(k, c, "INVALID CONNECTION PREFACE\r\n\r\n", 30);
+	t_out(c, &fs);
+	CHECK(fs.n == 2 && fs.f[0].type == H2_SETTINGS && t_goaway_code(&fs) == H2_PROTOCOL_ERROR && c->is_closing);
+	h2_conn_free(k, c);
+	/* bytes arriving one at a time decide nothing early */
+	c = t_conn(k);
+	for (i = 0; i < 14; i++)
+		t_feed(k, c, "GET / HTTP/1.1\r\n" + i, 1);
+	CHECK(!c->is_closing && BUF_LEN(&c->out) == 0);
+	t_feed(k, c, "\r\n", 2);
+	CHECK(c->is_closing && !memcmp(BUF_DATA(&c->out), "HTTP/1.1 505", 12));
+	h2_conn_free(k, c);
+	kvd_close(k);
+}
+
+/* RFC 9113 5.1 closed streams: the peer's frames after its own RST_STREAM or
+ * after both sides ended are STREAM_CLOSED; frames in flight when kvd reset
+ * a stream are ignored. */
+static void test_h2_closed_streams(void)
+{
+	struct kvd *k = t_kvd();
+	static struct t_frames fs;
+	struct kvd_buf b = {0};
+	struct h2_conn *c;
+	uint8_t blk[512];
+	size_t n;
+
+	t_name = "h2_closed_streams";
+	/* client RST_STREAM, then DATA: STREAM_CLOSED (h2spec 5.1/8) */
+	n = t_req_block(k, blk, "/grpc.health.v1.Health/Check", NULL, NULL);
+	t_put_frame(&b, k, H2_HEADERS, H2_F_END_HEADERS, 1, blk, n);
+	t_put_frame(&b, k, H2_RST_STREAM, 0, 1, "\0\0\0\x08", 4);
+	t_put_frame(&b, k, H2_DATA, 0, 1, "\0\0\0\0\0", 5);
+	c = t_run(k, &b, &fs);
+	CHECK(t_rst_code(&fs, 1) == H2_STREAM_CLOSED);
+	h2_conn_free(k, c);
+	buf_free(k, &b);
+	/* client RST_STREAM, then HEADERS: STREAM_CLOSED (5.1/9) */
+	t_put_frame(&b, k, H2_HEADERS, H2_F_END_HEADERS, 1, blk, n);
+	t_put_frame(&b, k, H2_RST_STREAM, 0, 1, "\0\0\0\x08", 4);
+	t_put_frame(&b, k, H2_HEADERS, H2_F_END_HEADERS | H2_F_END_STREAM, 1, blk, n);
+	c = t_run(k, &b, &fs);
+	CHECK(t_rst_code(&fs, 1) == H2_STREAM_CLOSED && !c->goaway_sent);
+	h2_conn_free(k, c);
+	buf_free(k, &b);
+	/* a finished call (both sides ended), then DATA or HEADERS (5.1/11, 12) */
+	t_put_frame(&b, k, H2_HEADERS, H2_F_END_HEADERS, 1, blk, n);
+	t_put_frame(&b, k, H2_DATA, H2_F_END_STREAM, 1, "\0\0\0\0\0", 5);
+	c = t_run(k, &b, &fs);
+	CHECK(c->nst == 0 && t_find(&fs, H2_HEADERS, 1) >= 0);
+	buf_free(k, &b);
+	t_put_frame(&b, k, H2_DATA, 0, 1, "\0\0\0\0\0", 5);
+	t_feed(k, c, BUF_DATA(&b), BUF_LEN(&b));
+	t_out(c, &fs);
+	CHECK(t_rst_code(&fs, 1) == H2_STREAM_CLOSED);
+	buf_free(k, &b);
+	h2_conn_free(k, c);
+	t_put_frame(&b, k, H2_HEADERS, H2_F_END_HEADERS, 1, blk, n);
+	t_put_frame(&b, k, H2_DATA, H2_F_END_STREAM, 1, "\0\0\0\0\0", 5);
+	c = t_run(k, &b, &fs);
+	buf_free(k, &b);
+	t_put_frame(&b, k, H2_HEADERS, H2_F_END_HEADERS | H2_F_END_STREAM, 1, blk, n);
+	t_feed(k, c, BUF_DATA(&b), BUF_LEN(&b));
+	t_out(c, &fs);
+	CHECK(t_rst_code(&fs, 1) == H2_STREAM_CLOSED);
+	buf_free(k, &b);
+	h2_conn_free(k, c);
+	/* kvd answered early and reset the stream: the client's late DATA is ignored */
+	n = t_req_block(k, blk, "/nope.X/Y", NULL, NULL);
+	t_put_frame(&b, k, H2_HEADERS, H2_F_END_HEADERS, 1, blk, n);
+	c = t_run(k, &b, &fs);
+	CHECK(t_rst_code(&fs, 1) == H2_NO_ERROR);
+	buf_free(k, &b);
+	t_put_frame(&b, k, H2_DATA, H2_F_END_STREAM, 1, "\0\0\0\0\0", 5);
+	t_feed(k, c, BUF_DATA(&b), BUF_LEN(&b));
+	t_out(c, &fs);
+	CHECK(fs.n == 0 || (t_rst_code(&fs, 1) == (uint32_t)-1 && !c->goaway_sent));
+	buf_free(k, &b);
+	h2_conn_free(k, c);
+	/* HEADERS reusing an id never seen open: PROTOCOL_ERROR, as before */
+	n = t_req_block(k, blk, "/grpc.health.v1.Health/Check", NULL, NULL);
+	t_put_frame(&b, k, H2_HEADERS, H2_F_END_HEADERS, 5, blk, n);
+	t_put_frame(&b, k, H2_HEADERS, H2_F_END_HEADERS, 3, blk, n);
+	c = t_run(k, &b, &fs);
+	CHECK(t_goaway_code(&fs) == H2_PROTOCOL_ERROR);
+	buf_free(k, &b);
+	h2_conn_free(k, c);
+	kvd_close(k);
+}
+
+/* Idle means no progress: pings, window updates and settings do not count. */
+static void test_h2_idle_progress(void)
+{
+	struct kvd *k = t_kvd();
+	static struct t_frames fs;
+	struct kvd_buf b = {0};
+	struct h2_conn *c;
+	uint8_t blk[512];
+	size_t n;
+	int i;
+
+	t_name = "h2_idle_progress";
+	k->cfg.idle_ms = 1000;
+	c = t_run(k, &b, &fs);
+	for (i = 0; i < 5; i++) { /* a WINDOW_UPDATE, a SETTINGS and a PRIORITY every 300 ms */
+		k->now += 300;
+		t_put_frame(&b, k, H2_WINDOW_UPDATE, 0, 0, "\0\0\0\x01", 4);
+		t_put_frame(&b, k, H2_SETTINGS, 0, 0, NULL, 0);
+		t_put_frame(&b, k, H2_PRIORITY, 0, 1, "\0\0\0\0\x10", 5);
+		t_feed(k, c, BUF_DATA(&b), BUF_LEN(&b));
+		buf_free(k, &b);
+		h2_timers(k, c);
+	}
+	t_out(c, &fs);
+	CHECK(c->is_closing && t_goaway_code(&fs) == H2_NO_ERROR);
+	h2_conn_free(k, c);
+	/* a stream waiting for its request does not hold the slot either */
+	n = t_req_block(k, blk, "/grpc.health.v1.Health/Check", NULL, NULL);
+	t_put_frame(&b, k, H2_HEADERS, H2_F_END_HEADERS, 1, blk, n);
+	c = t_run(k, &b, &fs);
+	buf_free(k, &b);
+	k->now += 999;
+	h2_timers(k, c);
+	CHECK(!c->is_closing);
+	k->now += 1;
+	h2_timers(k, c);
+	CHECK(c->is_closing);
+	h2_conn_free(k, c);
+	/* a call being served (a Watch) keeps it, however quiet */
+	n = t_req_block(k, blk, "/grpc.health.v1.Health/Watch", NULL, NULL);
+	t_put_frame(&b, k, H2_HEADERS, H2_F_END_HEADERS, 1, blk, n);
+	t_put_frame(&b, k, H2_DATA, 0, 1, "\0\0\0\0\0", 5);
+	c = t_run(k, &b, &fs);
+	buf_free(k, &b);
+	k->now += 100000;
+	h2_timers(k, c);
+	CHECK(!c->is_closing && h2_busy(c));
+	h2_conn_free(k, c);
+	kvd_close(k);
+}
+
 /* ---- runner ------------------------------------------------------------- */
 
 static const struct {
@@ -2421,6 +2837,12 @@ static const struct {
 	{"grpc_deadline", test_grpc_deadline},
 	{"flow_control", test_flow_control},
 	{"oom_sweep", test_oom_sweep},
+	{"pb_check", test_pb_check},
+	{"txn_nesting", test_txn_nesting},
+	{"decode_oom", test_decode_oom},
+	{"sniff", test_sniff},
+	{"h2_closed_streams", test_h2_closed_streams},
+	{"h2_idle_progress", test_h2_idle_progress},
 	{"crc32c_varint", test_crc32c_varint},
 	{"mvcc_index", test_mvcc_index},
 	{"mvcc_history_and_replay", test_mvcc_history_and_replay},
