@@ -16,7 +16,7 @@
  *    7. Leases (lease_)
  *    8. HPACK (hp_)
  *    9. HTTP/2 frames, streams, flow control (h2_)
- *   10. gRPC framing and routing (grpc_)
+ *   10. Calls and gRPC framing (call_, grpc_)
  *   11. Services: KV, lease, health, maintenance, cluster (svc_)
  *   12. Watch (watch_)
  *   13. JSON (json_)
@@ -394,7 +394,7 @@ struct watch {
 	uint8_t key[];                 /* key, then range end */
 };
 struct watch_stream {
-	struct h2_stream *s;
+	struct call *s;
 	struct watch_stream *prev, *next;
 	struct watch **w;
 	size_t n, cap, unsynced, rr;
@@ -442,51 +442,53 @@ struct mvcc {
 	char why[96];
 };
 
-/* A gRPC method: how calls to one :path are served (section 9, 10). */
+/* A gRPC method: how calls to one :path are served (section 10). */
+struct call;
 enum grpc_kind { GRPC_UNARY, GRPC_SERVER_STREAM, GRPC_BIDI };
 struct grpc_method {
 	const char *path;  /* "/etcdserverpb.KV/Range" */
 	enum grpc_kind kind;
 	/* request and response messages (NULL req: raw bytes, test methods only) */
 	const ProtobufCMessageDescriptor *req, *resp;
-	/* one request message, decoded (req) and as it came (raw); NULL means
-	 * "not implemented yet".  The handler may keep req by clearing s->rq. */
-	void (*on_msg)(struct kvd *k, struct h2_stream *s);
+	/* one request message, in c->rq (decoded) and c->raw (as it came); NULL
+	 * means "not implemented yet".  The handler may keep c->rq by taking
+	 * it (c->rq = NULL); otherwise it is freed when the handler returns. */
+	void (*on_msg)(struct kvd *k, struct call *c);
 	/* the client half-closed a streaming call (optional) */
-	void (*on_half_close)(struct kvd *k, struct h2_stream *s);
-	/* the stream goes away (finished or reset): free service state (optional) */
-	void (*on_close)(struct kvd *k, struct h2_stream *s);
-	/* the peer can take more and the stream's queue is empty (optional) */
-	void (*on_produce)(struct kvd *k, struct h2_stream *s);
+	void (*on_half_close)(struct kvd *k, struct call *c);
+	/* the call goes away (finished or cancelled): free service state (optional) */
+	void (*on_close)(struct kvd *k, struct call *c);
+	/* the carrier can take more and the call's queue is empty (optional) */
+	void (*on_produce)(struct kvd *k, struct call *c);
+	/* kvd begins to shut down (optional): Health watchers say NOT_SERVING */
+	void (*on_shutdown)(struct kvd *k, struct call *c);
 };
 
-/* One HTTP/2 stream carrying one gRPC call. */
-struct h2_stream {
-	struct h2_conn *c;
-	uint32_t id;
-	unsigned remote_closed : 1; /* client sent END_STREAM */
-	unsigned hdrs_sent : 1;     /* response HEADERS went out */
+/*
+ * One call being served, whatever carries it (section 10): the method, the
+ * request, its metadata, the response messages queued for the carrier
+ * (gRPC-framed: 5-byte prefix, message), the final status, and whether the
+ * reply waits for the group commit.  A carrier embeds it: an HTTP/2 stream
+ * (gRPC), and in-process calls; the JSON gateway will be another.
+ */
+struct call_carrier {
+	const char *name;
+	/* the call finished: request bytes still buffered can go (optional) */
+	void (*finished)(struct kvd *k, struct call *c);
+};
+struct call {
+	const struct grpc_method *m;
+	const struct call_carrier *carrier;
+	struct call *prev, *next;   /* k->calls: every live call */
 	unsigned finished : 1;      /* the service set a final status */
-	unsigned discard : 1;       /* answer given: drop further request data */
 	unsigned got_msg : 1;       /* a unary call has its request */
-	unsigned want_grant : 1;    /* a message needs a window grant later */
-	unsigned has_cl : 1;        /* content-length given */
-	unsigned ctype_proto : 1;   /* answer with application/grpc+proto */
-	unsigned bad_encoding : 1;  /* grpc-encoding kvd cannot decode */
 	unsigned wrote : 1;         /* the call wrote to the store */
 	unsigned held : 1;          /* its reply waits for the log flush (k->held) */
 	unsigned produce : 1;       /* the method's on_produce makes more output */
-	int64_t send_window;        /* what kvd may still send on this stream */
-	int64_t recv_window;        /* what the client may still send */
-	uint32_t recv_owed;         /* consumed, not yet credited back */
-	uint64_t content_length, data_seen;
 	int64_t deadline;           /* grpc-timeout, monotonic us, 0 = none */
-	int64_t stalled_since;      /* output blocked by a zero window since */
-	struct kvd_buf in, out;     /* request bytes, response gRPC messages */
+	struct kvd_buf out;         /* response messages, gRPC-framed */
 	size_t out_mark;            /* out.len before the current request's reply */
-	const struct grpc_method *m;
 	int status;                 /* final gRPC status once finished */
-	int http_status;            /* 200 unless an early HTTP-level refusal */
 	char *status_msg;           /* owned, may be NULL */
 	ProtobufCMessage *rq;       /* the request being handled (owned) */
 	struct kvd_slice raw;       /* its bytes, valid while on_msg runs */
@@ -494,6 +496,28 @@ struct h2_stream {
 	unsigned nmeta;
 	void *svc;                  /* service state of a streaming call */
 };
+
+/* One HTTP/2 stream carrying one gRPC call. */
+struct h2_stream {
+	struct call call;           /* first: the stream is found from its call */
+	struct h2_conn *c;
+	uint32_t id;
+	unsigned remote_closed : 1; /* client sent END_STREAM */
+	unsigned hdrs_sent : 1;     /* response HEADERS went out */
+	unsigned discard : 1;       /* answer given: drop further request data */
+	unsigned want_grant : 1;    /* a message needs a window grant later */
+	unsigned has_cl : 1;        /* content-length given */
+	unsigned ctype_proto : 1;   /* answer with application/grpc+proto */
+	unsigned bad_encoding : 1;  /* grpc-encoding kvd cannot decode */
+	int64_t send_window;        /* what kvd may still send on this stream */
+	int64_t recv_window;        /* what the client may still send */
+	uint32_t recv_owed;         /* consumed, not yet credited back */
+	uint64_t content_length, data_seen;
+	int64_t stalled_since;      /* output blocked by a zero window since */
+	struct kvd_buf in;          /* request bytes (gRPC-framed) */
+	int http_status;            /* 200 unless an early HTTP-level refusal */
+};
+#define H2_STREAM_OF(cp) ((struct h2_stream *)(void *)(cp)) /* call is the first member */
 
 /* One client connection. */
 struct h2_conn {
@@ -600,7 +624,8 @@ struct kvd {
 	struct watch_reg watch;      /* watchers */
 	struct lease_reg lease;      /* leases */
 	struct confd *confd;         /* the confd responder, NULL when off */
-	struct h2_stream **held;     /* calls answered while the batch was open */
+	struct call *calls;          /* every live call, whatever its carrier */
+	struct call **held;          /* calls answered while the batch was open */
 	size_t nheld, heldcap;
 	/* HPACK decode scratch, shared: one header block is decoded at a time */
 	struct hp_field hf[KVD_MAX_HEADER_FIELDS];
@@ -608,7 +633,7 @@ struct kvd {
 	struct kvd_stats st;
 };
 
-static void grpc_finish(struct kvd *k, struct h2_stream *s, int code, const char *fmt, ...) KVD_PRINTF(4, 5);
+static void call_finish(struct kvd *k, struct call *c, int code, const char *fmt, ...) KVD_PRINTF(4, 5);
 /* The store keeps leases' key sets in step with its keys (section 7). */
 static struct lease *lease_find(struct kvd *k, int64_t id);
 static void lease_rebind(struct kvd *k, struct mvcc_key *r, int64_t from, int64_t to);
@@ -3880,6 +3905,9 @@ struct h2_req {
 static void grpc_on_headers(struct kvd *k, struct h2_stream *s, const struct h2_req *rq);
 static void grpc_on_data(struct kvd *k, struct h2_stream *s);
 static void grpc_on_remote_close(struct kvd *k, struct h2_stream *s);
+static void call_init(struct kvd *k, struct call *c, const struct grpc_method *m, const struct call_carrier *car);
+static void call_fini(struct kvd *k, struct call *c);
+static const struct call_carrier grpc_h2_carrier;
 
 static int h2_frame(struct h2_conn *c, unsigned type, unsigned flags, uint32_t sid,
                     const void *payload, size_t len)
@@ -3991,6 +4019,7 @@ static struct h2_stream *h2_stream_new(struct h2_conn *c, uint32_t sid)
 	s = kvd_calloc(k, sizeof *s);
 	if (!s)
 		return NULL;
+	call_init(k, &s->call, NULL, &grpc_h2_carrier);
 	s->c = c;
 	s->id = sid;
 	s->send_window = c->peer_init_window;
@@ -4014,19 +4043,11 @@ static void h2_stream_close(struct h2_conn *c, struct h2_stream *s)
 			c->st[i] = c->st[--c->nst];
 			break;
 		}
-	if (s->m && s->m->on_close)
-		s->m->on_close(k, s);
-	if (s->held) /* its reply was waiting for the log flush */
-		for (i = 0; i < k->nheld; i++)
-			if (k->held[i] == s)
-				k->held[i] = NULL;
+	call_fini(k, &s->call);
 	if (h2_closed_how(c, s->id) != H2_GONE_RESET_BY_KVD)
 		h2_remember_closed(c, s->id, 0);
 	c->buffered -= BUF_LEN(&s->in);
 	buf_free(k, &s->in);
-	buf_free(k, &s->out);
-	kvd_free(k, s->meta);
-	kvd_free(k, s->status_msg);
 	kvd_free(k, s);
 	c->t_active = k->now; /* a call ended: progress */
 	if (k->cfg.idle_ms)
@@ -4216,7 +4237,7 @@ static int h2_parse_request(const struct hp_field *f, unsigned nf, struct h2_req
 }
 
 /* Keep the regular (metadata) fields for the service, in one allocation. */
-static int h2_keep_meta(struct kvd *k, struct h2_stream *s, const struct hp_field *f, unsigned nf)
+static int h2_keep_meta(struct kvd *k, struct call *s, const struct hp_field *f, unsigned nf)
 {
 	size_t bytes = 0;
 	unsigned i, n = 0;
@@ -4339,7 +4360,7 @@ static void h2_on_block(struct kvd *k, struct h2_conn *c, uint32_t sid, unsigned
 		s->remote_closed = 1;
 	if (o.over) { /* answered, not served: the list broke kvd's caps */
 		h2_glitch(c);
-		grpc_finish(k, s, GRPC_RESOURCE_EXHAUSTED,
+		call_finish(k, &s->call, GRPC_RESOURCE_EXHAUSTED,
 		            "kvd: request header list too large (limits: %d bytes, %d fields)",
 		            KVD_MAX_HEADER_LIST, KVD_MAX_HEADER_FIELDS);
 		s->discard = 1;
@@ -4351,9 +4372,8 @@ static void h2_on_block(struct kvd *k, struct h2_conn *c, uint32_t sid, unsigned
 		h2_stream_error(c, sid, H2_PROTOCOL_ERROR);
 		return;
 	}
-	if (h2_keep_meta(k, s, o.f, o.nf)) {
-		grpc_finish(k, s, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
-		s->discard = 1;
+	if (h2_keep_meta(k, &s->call, o.f, o.nf)) {
+		call_finish(k, &s->call, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
 		return;
 	}
 	grpc_on_headers(k, s, &rq);
@@ -4487,10 +4507,8 @@ static void h2_on_data(struct kvd *k, struct h2_conn *c, unsigned flags, uint32_
 	if (flags & H2_F_END_STREAM)
 		s->remote_closed = 1;
 	if (s->discard || buf_append(k, &s->in, p, n)) {
-		if (!s->discard) {
-			grpc_finish(k, s, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
-			s->discard = 1;
-		}
+		if (!s->discard)
+			call_finish(k, &s->call, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
 	} else {
 		c->buffered += n;
 		if (n)
@@ -4899,9 +4917,9 @@ static int h2_send_headers(struct h2_conn *c, struct h2_stream *s, int with_stat
 		                            : hp_put_field(k, &b, 31, NULL, "application/grpc", 16));
 	}
 	if (with_status) {
-		snprintf(code, sizeof code, "%d", s->status);
+		snprintf(code, sizeof code, "%d", s->call.status);
 		r = r ? r : hp_put_field(k, &b, 0, "grpc-status", code, strlen(code));
-		h2_pct_encode(s->status_msg ? s->status_msg : "", msg, sizeof msg);
+		h2_pct_encode(s->call.status_msg ? s->call.status_msg : "", msg, sizeof msg);
 		r = r ? r : hp_put_field(k, &b, 0, "grpc-message", msg, strlen(msg));
 	}
 	r = r ? r : h2_frame(c, H2_HEADERS, H2_F_END_HEADERS | (end ? H2_F_END_STREAM : 0), s->id,
@@ -4926,21 +4944,21 @@ static int h2_stream_send(struct kvd *k, struct h2_conn *c, struct h2_stream *s)
 
 	for (;;) {
 		room = KVD_MIN(c->send_window, s->send_window);
-		if (!BUF_LEN(&s->out) && s->produce && !s->finished && room > 0 && BUF_LEN(&c->out) < KVD_MAX_OUTPUT) {
-			s->m->on_produce(k, s);
-			if (!BUF_LEN(&s->out) && !s->finished)
+		if (!BUF_LEN(&s->call.out) && s->call.produce && !s->call.finished && room > 0 && BUF_LEN(&c->out) < KVD_MAX_OUTPUT) {
+			s->call.m->on_produce(k, &s->call);
+			if (!BUF_LEN(&s->call.out) && !s->call.finished)
 				return 0; /* nothing more for now */
 		}
 		if (!s->hdrs_sent) {
-			if (s->finished && !BUF_LEN(&s->out)) { /* Trailers-Only */
+			if (s->call.finished && !BUF_LEN(&s->call.out)) { /* Trailers-Only */
 				if (h2_send_headers(c, s, 1, 1))
 					return 0;
 				goto ended;
 			}
-			if (!BUF_LEN(&s->out) || h2_send_headers(c, s, 0, 0))
+			if (!BUF_LEN(&s->call.out) || h2_send_headers(c, s, 0, 0))
 				return 0;
 		}
-		while (BUF_LEN(&s->out) && BUF_LEN(&c->out) < KVD_MAX_OUTPUT) {
+		while (BUF_LEN(&s->call.out) && BUF_LEN(&c->out) < KVD_MAX_OUTPUT) {
 			room = KVD_MIN(c->send_window, s->send_window);
 			if (room <= 0) {
 				if (!s->stalled_since) {
@@ -4950,21 +4968,21 @@ static int h2_stream_send(struct kvd *k, struct h2_conn *c, struct h2_stream *s)
 				}
 				return 0;
 			}
-			n = KVD_MIN(BUF_LEN(&s->out), (size_t)KVD_MIN(room, (int64_t)c->peer_max_frame));
-			if (h2_frame(c, H2_DATA, 0, s->id, BUF_DATA(&s->out), n))
+			n = KVD_MIN(BUF_LEN(&s->call.out), (size_t)KVD_MIN(room, (int64_t)c->peer_max_frame));
+			if (h2_frame(c, H2_DATA, 0, s->id, BUF_DATA(&s->call.out), n))
 				return 0;
-			buf_consume(&s->out, n);
+			buf_consume(&s->call.out, n);
 			c->send_window -= (int64_t)n;
 			s->send_window -= (int64_t)n;
 			c->sent_since_ping = 1;
 		}
 		s->stalled_since = 0;
-		if (BUF_LEN(&s->out))
+		if (BUF_LEN(&s->call.out))
 			return 0; /* connection output is full */
-		buf_trim(k, &s->out, 16384);
-		if (s->finished)
+		buf_trim(k, &s->call.out, 16384);
+		if (s->call.finished)
 			break;
-		if (!s->produce || BUF_LEN(&c->out) >= KVD_MAX_OUTPUT ||
+		if (!s->call.produce || BUF_LEN(&c->out) >= KVD_MAX_OUTPUT ||
 		    KVD_MIN(c->send_window, s->send_window) <= 0)
 			return 0; /* the next message waits for room */
 	}
@@ -5006,7 +5024,7 @@ static int h2_busy(const struct h2_conn *c)
 	unsigned i;
 
 	for (i = 0; i < c->nst; i++)
-		if (c->st[i]->got_msg)
+		if (c->st[i]->call.got_msg)
 			return 1;
 	return 0;
 }
@@ -5038,11 +5056,11 @@ static int64_t h2_timers(struct kvd *k, struct h2_conn *c)
 	}
 	for (i = 0; i < c->nst; i++) {
 		struct h2_stream *s = c->st[i];
-		if (s->deadline && !s->finished) {
-			if (now * 1000 >= s->deadline)
-				grpc_finish(k, s, GRPC_DEADLINE_EXCEEDED, "context deadline exceeded");
+		if (s->call.deadline && !s->call.finished) {
+			if (now * 1000 >= s->call.deadline)
+				call_finish(k, &s->call, GRPC_DEADLINE_EXCEEDED, "context deadline exceeded");
 			else
-				next = KVD_MIN(next, (s->deadline + 999) / 1000);
+				next = KVD_MIN(next, (s->call.deadline + 999) / 1000);
 		}
 		if (s->stalled_since && k->cfg.stall_ms) {
 			if (now - s->stalled_since >= (int64_t)k->cfg.stall_ms) {
@@ -5112,9 +5130,19 @@ static void h2_conn_free(struct kvd *k, struct h2_conn *c)
 	kvd_free(k, c);
 }
 
-/* ===== 10. gRPC framing and routing (grpc_) ============================== */
+/* ===== 10. Calls and gRPC framing (call_, grpc_) ========================= */
 
 /*
+ * A call is one RPC being served, apart from what carries it.  A service
+ * sees only its call: the decoded request (c->rq), its metadata (the auth
+ * token will be one), and where its answer goes -- response messages queued
+ * on c->out, a final status, and whether that answer must wait for the
+ * group commit (c->held).  Carriers move the bytes: gRPC over HTTP/2 (an
+ * h2 stream embeds its call; this section's grpc_ half frames the
+ * messages), in-process calls (tests, fuzzers), and later the JSON gateway
+ * over HTTP/1.1 -- all through the same svc_* handlers.  Every live call is
+ * on k->calls, so shutdown and timers reach them without knowing carriers.
+ *
  * gRPC over HTTP/2 (grpc doc/PROTOCOL-HTTP2.md): each message is a 1-byte
  * compressed flag, a 4-byte big-endian length, then the protobuf bytes;
  * messages may span DATA frames or share one.  Status goes in trailers;
@@ -5125,10 +5153,39 @@ static void h2_conn_free(struct kvd *k, struct h2_conn *c)
 static const struct grpc_method *svc_route(const char *svc, size_t slen, const char *meth,
                                            size_t mlen, int *known_service);
 
-/* The receive cap: etcd's --max-request-bytes plus grpc's slack. */
-static uint32_t grpc_max_recv(struct kvd *k)
+/* A new call of method m (NULL until routed) on carrier car: on k->calls. */
+static void call_init(struct kvd *k, struct call *c, const struct grpc_method *m, const struct call_carrier *car)
 {
-	return k->cfg.max_request + KVD_GRPC_RECV_SLACK;
+	memset(c, 0, sizeof *c);
+	c->m = m;
+	c->carrier = car;
+	c->next = k->calls;
+	if (k->calls)
+		k->calls->prev = c;
+	k->calls = c;
+}
+
+/* The call goes away: its service state, a held reply, its memory (not c). */
+static void call_fini(struct kvd *k, struct call *c)
+{
+	size_t i;
+
+	if (c->m && c->m->on_close)
+		c->m->on_close(k, c);
+	if (c->held) /* its reply was waiting for the log flush */
+		for (i = 0; i < k->nheld; i++)
+			if (k->held[i] == c)
+				k->held[i] = NULL;
+	if (c->prev)
+		c->prev->next = c->next;
+	else
+		k->calls = c->next;
+	if (c->next)
+		c->next->prev = c->prev;
+	pb_free(k, c->rq);
+	buf_free(k, &c->out);
+	kvd_free(k, c->meta);
+	kvd_free(k, c->status_msg);
 }
 
 /*
@@ -5136,91 +5193,87 @@ static uint32_t grpc_max_recv(struct kvd *k)
  * flush takes back: it waits in k->held, and the flush either releases it or
  * replaces it with the error (loop_log_flush).
  */
-static void grpc_hold(struct kvd *k, struct h2_stream *s)
+static void call_hold(struct kvd *k, struct call *c)
 {
 	if (k->nheld == k->heldcap) {
 		size_t cap = k->heldcap ? k->heldcap * 2 : 64;
-		struct h2_stream **h = kvd_realloc(k, k->held, cap * sizeof *h);
+		struct call **h = kvd_realloc(k, k->held, cap * sizeof *h);
 		if (!h)
 			return; /* cannot track it: it leaves after the flush all the same */
 		k->held = h;
 		k->heldcap = cap;
 	}
-	k->held[k->nheld++] = s;
-	s->held = 1;
+	k->held[k->nheld++] = c;
+	c->held = 1;
 }
 
-/* Final status for s.  The message is copied; later calls are ignored.  Any
- * request bytes still buffered are dropped. */
-static void grpc_finish(struct kvd *k, struct h2_stream *s, int code, const char *fmt, ...)
+/* Final status for c.  The message is copied; later calls are ignored. */
+static void call_finish(struct kvd *k, struct call *c, int code, const char *fmt, ...)
 {
 	char msg[512];
 	va_list ap;
 
-	if (s->finished)
+	if (c->finished)
 		return;
 	va_start(ap, fmt);
 	vsnprintf(msg, sizeof msg, fmt, ap);
 	va_end(ap);
-	s->status = code;
-	s->status_msg = msg[0] ? kvd_strdup(k, msg) : NULL;
-	s->finished = s->discard = 1;
-	if (k->db.w.len && !s->held)
-		grpc_hold(k, s);
-	if (BUF_LEN(&s->in)) {
-		size_t n = BUF_LEN(&s->in);
-		buf_free(k, &s->in);
-		h2_consumed(s, n);
-	}
+	c->status = code;
+	c->status_msg = msg[0] ? kvd_strdup(k, msg) : NULL;
+	c->finished = 1;
+	if (k->db.w.len && !c->held)
+		call_hold(k, c);
+	if (c->carrier->finished)
+		c->carrier->finished(k, c);
 }
 
 /* Queue one response message.  On failure the call ends RESOURCE_EXHAUSTED. */
-static int grpc_send(struct kvd *k, struct h2_stream *s, const ProtobufCMessage *m)
+static int call_send(struct kvd *k, struct call *c, const ProtobufCMessage *m)
 {
 	size_t n = protobuf_c_message_get_packed_size(m);
 	uint8_t *p;
 
-	if (s->finished)
+	if (c->finished)
 		return KVD_EINVAL;
-	if (n > 0xffffffffu || buf_reserve(k, &s->out, 5 + n)) {
-		grpc_finish(k, s, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+	if (n > 0xffffffffu || buf_reserve(k, &c->out, 5 + n)) {
+		call_finish(k, c, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
 		return KVD_ENOMEM;
 	}
-	p = s->out.p + s->out.len;
+	p = c->out.p + c->out.len;
 	p[0] = 0;
 	put_be32(p + 1, (uint32_t)n);
 	protobuf_c_message_pack(m, p + 5);
-	s->out.len += 5 + n;
+	c->out.len += 5 + n;
 	return 0;
 }
 
 /* A unary answer: one message, then status OK. */
-static void grpc_reply(struct kvd *k, struct h2_stream *s, const ProtobufCMessage *m)
+static void call_reply(struct kvd *k, struct call *c, const ProtobufCMessage *m)
 {
-	if (!grpc_send(k, s, m))
-		grpc_finish(k, s, GRPC_OK, "%s", "");
+	if (!call_send(k, c, m))
+		call_finish(k, c, GRPC_OK, "%s", "");
 }
 
 /* Request metadata by (lowercase) name, NUL-terminated; NULL if absent. */
-static KVD_UNUSED const char *grpc_meta(const struct h2_stream *s, const char *name)
+static const char *call_meta(const struct call *c, const char *name)
 {
 	unsigned i;
 
-	for (i = 0; i < s->nmeta; i++)
-		if (!strcmp(s->meta[i].name, name))
-			return s->meta[i].value;
+	for (i = 0; i < c->nmeta; i++)
+		if (!strcmp(c->meta[i].name, name))
+			return c->meta[i].value;
 	return NULL;
 }
 
 /*
- * Decode a request message for s's method into s->rq, or end the call as
+ * Decode a request message for c's method into c->rq, or end the call as
  * etcd does: its decoder's text for malformed bytes (pb_check), its txn
  * limit for nesting beyond what kvd decodes, and kvd's own words only for
  * what is kvd's (memory, groups).  Returns 0 or a negative KVD_E*.
  */
-static int grpc_decode(struct kvd *k, struct h2_stream *s, const uint8_t *p, size_t n)
+static int call_decode(struct kvd *k, struct call *c, const uint8_t *p, size_t n)
 {
-	const ProtobufCMessageDescriptor *d = s->m->req;
+	const ProtobufCMessageDescriptor *d = c->m->req;
 	char why[160];
 	unsigned flags;
 	int oom, r;
@@ -5229,38 +5282,136 @@ static int grpc_decode(struct kvd *k, struct h2_stream *s, const uint8_t *p, siz
 		return 0; /* raw bytes (test methods) */
 	r = pb_check(d, p, n, PB_MAX_DEPTH, why, sizeof why, &flags);
 	if (r == KVD_ELIMIT) { /* only a Txn nests: etcd's answer for deep ones */
-		grpc_finish(k, s, GRPC_INVALID_ARGUMENT, "%s", E_TOO_MANY_OPS);
+		call_finish(k, c, GRPC_INVALID_ARGUMENT, "%s", E_TOO_MANY_OPS);
 		return r;
 	}
 	if (r) {
-		grpc_finish(k, s, GRPC_INTERNAL, "grpc: error unmarshalling request: %s", why);
+		call_finish(k, c, GRPC_INTERNAL, "grpc: error unmarshalling request: %s", why);
 		return r;
 	}
 	if (flags & PB_F_DEEP) {
-		grpc_finish(k, s, GRPC_INTERNAL, "grpc: error unmarshalling request: %s",
+		call_finish(k, c, GRPC_INTERNAL, "grpc: error unmarshalling request: %s",
 		            "kvd: unknown fields as groups or with over-long tags are not supported below the top level");
 		return KVD_EPROTO;
 	}
 	if (flags & PB_F_STRIP) { /* what etcd skips, protobuf-c would refuse */
 		uint8_t *copy = kvd_malloc(k, n ? n : 1);
 		if (!copy) {
-			grpc_finish(k, s, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+			call_finish(k, c, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
 			return KVD_ENOMEM;
 		}
-		s->rq = pb_unpack(k, d, copy, pb_strip(d, p, n, copy), &oom);
+		c->rq = pb_unpack(k, d, copy, pb_strip(d, p, n, copy), &oom);
 		kvd_free(k, copy);
 	} else {
-		s->rq = pb_unpack(k, d, p, n, &oom);
+		c->rq = pb_unpack(k, d, p, n, &oom);
 	}
-	if (s->rq)
+	if (c->rq)
 		return 0;
 	if (oom) {
-		grpc_finish(k, s, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+		call_finish(k, c, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
 		return KVD_ENOMEM;
 	}
-	grpc_finish(k, s, GRPC_INTERNAL, "grpc: error unmarshalling request: kvd: malformed protobuf");
+	call_finish(k, c, GRPC_INTERNAL, "grpc: error unmarshalling request: kvd: malformed protobuf");
 	return KVD_EPROTO;
 }
+
+/* One request message for c: decoded, then handed to the method (a unary
+ * call takes only its first).  The handler may finish c, never frees it. */
+static void call_message(struct kvd *k, struct call *c, const uint8_t *p, size_t n)
+{
+	if (c->m->kind != GRPC_BIDI && c->got_msg)
+		return;
+	c->got_msg = 1;
+	c->out_mark = c->out.len;
+	if (call_decode(k, c, p, n))
+		return;
+	c->raw.p = p;
+	c->raw.n = n;
+	c->m->on_msg(k, c);
+	pb_free(k, c->rq);
+	c->rq = NULL;
+	c->raw.n = 0;
+}
+
+/* The client will send nothing more (gRPC: io.EOF / io.ErrUnexpectedEOF
+ * when the request never came, as grpc-go answers). */
+static void call_half_close(struct kvd *k, struct call *c, int partial)
+{
+	if (c->finished)
+		return;
+	if (!c->got_msg) {
+		call_finish(k, c, GRPC_UNKNOWN, partial ? "unexpected EOF" : "EOF");
+		return;
+	}
+	if (partial && c->m->kind == GRPC_BIDI) {
+		call_finish(k, c, GRPC_INTERNAL, "unexpected EOF");
+		return;
+	}
+	if (c->m->on_half_close)
+		c->m->on_half_close(k, c);
+}
+
+/* Route a path as grpc-go does (strip one leading '/', split at the last
+ * '/'); 0, or the call finished with grpc-go's text. */
+static int call_route(struct kvd *k, struct call *c, const char *path, size_t plen)
+{
+	const char *svc = path, *slash = NULL, *orig = path;
+	size_t i, olen = plen;
+	int known;
+
+	if (plen && path[0] == '/') {
+		path++;
+		plen--;
+	}
+	for (i = plen; i > 0; i--)
+		if (path[i - 1] == '/') {
+			slash = path + i - 1;
+			break;
+		}
+	if (!slash) {
+		call_finish(k, c, GRPC_RESOURCE_EXHAUSTED, "malformed method name: \"%.*s\"", (int)KVD_MIN(olen, 200), orig);
+		return KVD_EINVAL;
+	}
+	svc = path;
+	c->m = svc_route(svc, (size_t)(slash - svc), slash + 1, plen - (size_t)(slash - svc) - 1, &known);
+	if (!c->m) {
+		if (known)
+			call_finish(k, c, GRPC_UNIMPLEMENTED, "unknown method %.*s for service %.*s",
+			            (int)KVD_MIN(plen - (size_t)(slash - svc) - 1, 200), slash + 1, (int)(slash - svc), svc);
+		else
+			call_finish(k, c, GRPC_UNIMPLEMENTED, "unknown service %.*s", (int)KVD_MIN((size_t)(slash - svc), 200), svc);
+		return KVD_EINVAL;
+	}
+	if (!c->m->on_msg) {
+		call_finish(k, c, GRPC_UNIMPLEMENTED, "kvd: %s is not implemented yet", c->m->path);
+		return KVD_EINVAL;
+	}
+	return 0;
+}
+
+/* ---- gRPC over HTTP/2: the h2 stream as a carrier ------------------------- */
+
+/* The receive cap: etcd's --max-request-bytes plus grpc's slack. */
+static uint32_t grpc_max_recv(struct kvd *k)
+{
+	return k->cfg.max_request + KVD_GRPC_RECV_SLACK;
+}
+
+/* The call finished: request bytes still buffered are dropped, and their
+ * window credited back. */
+static void grpc_finished(struct kvd *k, struct call *c)
+{
+	struct h2_stream *s = H2_STREAM_OF(c);
+	size_t n = BUF_LEN(&s->in);
+
+	s->discard = 1;
+	if (n) {
+		buf_free(k, &s->in);
+		h2_consumed(s, n);
+	}
+}
+
+static const struct call_carrier grpc_h2_carrier = {"grpc", grpc_finished};
 
 static int grpc_slice_is(struct kvd_slice v, const char *s)
 {
@@ -5298,86 +5449,53 @@ static int grpc_parse_timeout(struct kvd_slice v, int64_t *us)
 /* A new call: check method, content-type and timeout, then route :path. */
 static void grpc_on_headers(struct kvd *k, struct h2_stream *s, const struct h2_req *rq)
 {
-	const char *path = (const char *)rq->path.p, *svc, *slash;
-	size_t plen = rq->path.n;
+	struct call *c = &s->call;
 	int64_t us;
-	int known;
-	size_t i;
 
 	if (!grpc_slice_is(rq->method, "POST")) {
 		s->http_status = 405;
-		grpc_finish(k, s, GRPC_INTERNAL, "invalid gRPC request method \"%.*s\"",
+		call_finish(k, c, GRPC_INTERNAL, "invalid gRPC request method \"%.*s\"",
 		            (int)KVD_MIN(rq->method.n, 64), (const char *)rq->method.p);
 		return;
 	}
 	if (!(rq->ctype.n >= 16 && !memcmp(rq->ctype.p, "application/grpc", 16) &&
 	      (rq->ctype.n == 16 || rq->ctype.p[16] == '+' || rq->ctype.p[16] == ';'))) {
 		s->http_status = 415;
-		grpc_finish(k, s, GRPC_INVALID_ARGUMENT, "invalid gRPC request content-type \"%.*s\"",
+		call_finish(k, c, GRPC_INVALID_ARGUMENT, "invalid gRPC request content-type \"%.*s\"",
 		            (int)KVD_MIN(rq->ctype.n, 64), (const char *)rq->ctype.p);
 		return;
 	}
 	s->ctype_proto = grpc_slice_is(rq->ctype, "application/grpc+proto");
 	if (rq->timeout.n) {
 		if (grpc_parse_timeout(rq->timeout, &us)) {
-			grpc_finish(k, s, GRPC_INTERNAL, "transport: malformed grpc-timeout");
+			call_finish(k, c, GRPC_INTERNAL, "transport: malformed grpc-timeout");
 			return;
 		}
 		if (!us) { /* as grpc-go: a deadline already past fails the call */
-			grpc_finish(k, s, GRPC_DEADLINE_EXCEEDED, "context deadline exceeded");
+			call_finish(k, c, GRPC_DEADLINE_EXCEEDED, "context deadline exceeded");
 			return;
 		}
-		s->deadline = k->now * 1000 + us;
-		loop_arm(k, (s->deadline + 999) / 1000);
+		c->deadline = k->now * 1000 + us;
+		loop_arm(k, (c->deadline + 999) / 1000);
 	}
 	if (rq->encoding.n && !grpc_slice_is(rq->encoding, "identity"))
 		s->bad_encoding = 1;
-	/* route as grpc-go: strip one leading '/', split at the last '/' */
-	if (plen && path[0] == '/') {
-		path++;
-		plen--;
-	}
-	slash = NULL;
-	for (i = plen; i > 0; i--)
-		if (path[i - 1] == '/') {
-			slash = path + i - 1;
-			break;
-		}
-	if (!slash) {
-		grpc_finish(k, s, GRPC_RESOURCE_EXHAUSTED, "malformed method name: \"%.*s\"",
-		            (int)KVD_MIN(rq->path.n, 200), (const char *)rq->path.p);
-		return;
-	}
-	svc = path;
-	s->m = svc_route(svc, (size_t)(slash - svc), slash + 1, plen - (size_t)(slash - svc) - 1, &known);
-	if (!s->m) {
-		if (known)
-			grpc_finish(k, s, GRPC_UNIMPLEMENTED, "unknown method %.*s for service %.*s",
-			            (int)KVD_MIN(plen - (size_t)(slash - svc) - 1, 200), slash + 1,
-			            (int)(slash - svc), svc);
-		else
-			grpc_finish(k, s, GRPC_UNIMPLEMENTED, "unknown service %.*s",
-			            (int)KVD_MIN((size_t)(slash - svc), 200), svc);
-		return;
-	}
-	if (!s->m->on_msg) {
-		grpc_finish(k, s, GRPC_UNIMPLEMENTED, "kvd: %s is not implemented yet", s->m->path);
-		return;
-	}
+	call_route(k, c, (const char *)rq->path.p, rq->path.n);
 }
 
 /* Deliver every complete message buffered on s. */
 static void grpc_on_data(struct kvd *k, struct h2_stream *s)
 {
+	struct call *c = &s->call;
 	const uint8_t *p;
 	uint32_t len;
 	size_t have;
 
-	while (!s->finished && (have = BUF_LEN(&s->in)) >= 5) {
+	while (!c->finished && (have = BUF_LEN(&s->in)) >= 5) {
 		p = BUF_DATA(&s->in);
 		len = get_be32(p + 1);
 		if (len > grpc_max_recv(k)) {
-			grpc_finish(k, s, GRPC_RESOURCE_EXHAUSTED,
+			call_finish(k, c, GRPC_RESOURCE_EXHAUSTED,
 			            "grpc: received message larger than max (%u vs. %u)", len, grpc_max_recv(k));
 			return;
 		}
@@ -5386,32 +5504,21 @@ static void grpc_on_data(struct kvd *k, struct h2_stream *s)
 			return;
 		}
 		if (p[0] > 1) {
-			grpc_finish(k, s, GRPC_INTERNAL, "grpc: received unexpected payload format %u", p[0]);
+			call_finish(k, c, GRPC_INTERNAL, "grpc: received unexpected payload format %u", p[0]);
 			return;
 		}
 		if (s->bad_encoding) {
-			const char *e = grpc_meta(s, "grpc-encoding");
-			grpc_finish(k, s, GRPC_UNIMPLEMENTED,
+			const char *e = call_meta(c, "grpc-encoding");
+			call_finish(k, c, GRPC_UNIMPLEMENTED,
 			            "grpc: Decompressor is not installed for grpc-encoding \"%.100s\"", e ? e : "");
 			return;
 		}
 		if (p[0] == 1) {
-			grpc_finish(k, s, GRPC_INTERNAL, "grpc: compressed flag set with identity or empty encoding");
+			call_finish(k, c, GRPC_INTERNAL, "grpc: compressed flag set with identity or empty encoding");
 			return;
 		}
-		if (s->m->kind == GRPC_BIDI || !s->got_msg) {
-			s->got_msg = 1;
-			s->out_mark = s->out.len;
-			if (!grpc_decode(k, s, p + 5, len)) {
-				s->raw.p = p + 5;
-				s->raw.n = len;
-				s->m->on_msg(k, s); /* may finish s, never frees it */
-				pb_free(k, s->rq);
-				s->rq = NULL;
-				s->raw.n = 0;
-			}
-		}
-		if (s->finished) /* grpc_finish already dropped the buffer */
+		call_message(k, c, p + 5, len);
+		if (c->finished) /* call_finish already dropped the buffer */
 			return;
 		buf_consume(&s->in, 5 + (size_t)len);
 		h2_consumed(s, 5 + (size_t)len);
@@ -5421,18 +5528,7 @@ static void grpc_on_data(struct kvd *k, struct h2_stream *s)
 /* The client sent END_STREAM. */
 static void grpc_on_remote_close(struct kvd *k, struct h2_stream *s)
 {
-	if (s->finished)
-		return;
-	if (!s->got_msg) { /* as grpc-go: io.EOF / io.ErrUnexpectedEOF */
-		grpc_finish(k, s, GRPC_UNKNOWN, BUF_LEN(&s->in) ? "unexpected EOF" : "EOF");
-		return;
-	}
-	if (BUF_LEN(&s->in) && s->m->kind == GRPC_BIDI) {
-		grpc_finish(k, s, GRPC_INTERNAL, "unexpected EOF");
-		return;
-	}
-	if (s->m->on_half_close)
-		s->m->on_half_close(k, s);
+	call_half_close(k, &s->call, BUF_LEN(&s->in) != 0);
 }
 
 /* ===== 11. Services: KV, lease, health, maintenance, cluster (svc_) ====== */
@@ -5451,23 +5547,23 @@ static void svc_header(struct kvd *k, Etcdserverpb__ResponseHeader *h, int with_
 
 /* grpc.health.v1.Health/Check: "" is SERVING, any other name unknown (as
  * etcd registers only ""). */
-static void svc_health_check(struct kvd *k, struct h2_stream *s)
+static void svc_health_check(struct kvd *k, struct call *s)
 {
 	const Grpc__Health__V1__HealthCheckRequest *rq = (const void *)s->rq;
 	Grpc__Health__V1__HealthCheckResponse rs = GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__INIT;
 
 	if (rq->service && rq->service[0]) {
-		grpc_finish(k, s, GRPC_NOT_FOUND, "unknown service");
+		call_finish(k, s, GRPC_NOT_FOUND, "unknown service");
 	} else {
 		rs.status = k->stopping ? GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__NOT_SERVING
 		                        : GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING;
-		grpc_reply(k, s, &rs.base);
+		call_reply(k, s, &rs.base);
 	}
 }
 
 /* Health/Watch: the current status now, then the stream stays open; kvd
  * announces NOT_SERVING when it begins to shut down (svc_shutdown). */
-static void svc_health_watch(struct kvd *k, struct h2_stream *s)
+static void svc_health_watch(struct kvd *k, struct call *s)
 {
 	const Grpc__Health__V1__HealthCheckRequest *rq = (const void *)s->rq;
 	Grpc__Health__V1__HealthCheckResponse rs = GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__INIT;
@@ -5478,11 +5574,20 @@ static void svc_health_watch(struct kvd *k, struct h2_stream *s)
 		rs.status = k->stopping ? GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__NOT_SERVING
 		                        : GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING;
 	s->svc = rq->service && rq->service[0] ? NULL : (void *)s; /* marks a watcher of "" */
-	grpc_send(k, s, &rs.base);
+	call_send(k, s, &rs.base);
+}
+
+static void svc_health_watch_shutdown(struct kvd *k, struct call *s)
+{
+	Grpc__Health__V1__HealthCheckResponse rs = GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__INIT;
+
+	rs.status = GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__NOT_SERVING;
+	if (s->svc)
+		call_send(k, s, &rs.base);
 }
 
 /* Maintenance/Status, with the fields etcd 3.4 sets (leader = self). */
-static void svc_status(struct kvd *k, struct h2_stream *s)
+static void svc_status(struct kvd *k, struct call *s)
 {
 	Etcdserverpb__StatusResponse rs = ETCDSERVERPB__STATUS_RESPONSE__INIT;
 	Etcdserverpb__ResponseHeader h;
@@ -5496,7 +5601,7 @@ static void svc_status(struct kvd *k, struct h2_stream *s)
 	rs.raftindex = (uint64_t)k->db.rev;
 	rs.raftappliedindex = (uint64_t)k->db.rev;
 	rs.raftterm = SVC_RAFT_TERM;
-	grpc_reply(k, s, &rs.base);
+	call_reply(k, s, &rs.base);
 }
 
 static void svc_member(struct kvd *k, Etcdserverpb__Member *m)
@@ -5511,7 +5616,7 @@ static void svc_member(struct kvd *k, Etcdserverpb__Member *m)
 }
 
 /* Cluster/MemberList: this member only; the header carries no revision. */
-static void svc_member_list(struct kvd *k, struct h2_stream *s)
+static void svc_member_list(struct kvd *k, struct call *s)
 {
 	Etcdserverpb__MemberListResponse rs = ETCDSERVERPB__MEMBER_LIST_RESPONSE__INIT;
 	Etcdserverpb__ResponseHeader h;
@@ -5522,7 +5627,7 @@ static void svc_member_list(struct kvd *k, struct h2_stream *s)
 	rs.header = &h;
 	rs.n_members = 1;
 	rs.members = &mp;
-	grpc_reply(k, s, &rs.base);
+	call_reply(k, s, &rs.base);
 }
 
 /* ---- KV service (etcdserverpb.KV) ---------------------------------------- */
@@ -6652,15 +6757,15 @@ static int svc_writable(struct kvd *k, struct svc_err *e)
 }
 
 /* End a unary KV call: the reply, or the error in e. */
-static void svc_end(struct kvd *k, struct h2_stream *s, const ProtobufCMessage *m, const struct svc_err *e)
+static void svc_end(struct kvd *k, struct call *s, const ProtobufCMessage *m, const struct svc_err *e)
 {
 	if (e->msg)
-		grpc_finish(k, s, e->code, "%s", e->msg);
+		call_finish(k, s, e->code, "%s", e->msg);
 	else
-		grpc_reply(k, s, m);
+		call_reply(k, s, m);
 }
 
-static void svc_range_rpc(struct kvd *k, struct h2_stream *s)
+static void svc_range_rpc(struct kvd *k, struct call *s)
 {
 	const Etcdserverpb__RangeRequest *rq = (const void *)s->rq;
 	Etcdserverpb__RangeResponse rs = ETCDSERVERPB__RANGE_RESPONSE__INIT;
@@ -6680,7 +6785,7 @@ static void svc_range_rpc(struct kvd *k, struct h2_stream *s)
 
 /* Put (del 0) or DeleteRange (del 1) in a write txn of its own.  0 when
  * applied (rs then holds the op's answer); else the error is in *e. */
-static int svc_write1(struct kvd *k, struct h2_stream *s, struct svc_pool *pl, const void *rq, void *rs, int del,
+static int svc_write1(struct kvd *k, struct call *s, struct svc_pool *pl, const void *rq, void *rs, int del,
                       struct svc_err *e)
 {
 	struct mvcc_txn t;
@@ -6698,7 +6803,7 @@ static int svc_write1(struct kvd *k, struct h2_stream *s, struct svc_pool *pl, c
 	return e->msg ? -1 : 0;
 }
 
-static void svc_put_rpc(struct kvd *k, struct h2_stream *s)
+static void svc_put_rpc(struct kvd *k, struct call *s)
 {
 	const Etcdserverpb__PutRequest *rq = (const void *)s->rq;
 	Etcdserverpb__PutResponse rs;
@@ -6726,7 +6831,7 @@ static void svc_put_rpc(struct kvd *k, struct h2_stream *s)
 	svc_pool_free(&pl);
 }
 
-static void svc_delete_rpc(struct kvd *k, struct h2_stream *s)
+static void svc_delete_rpc(struct kvd *k, struct call *s)
 {
 	const Etcdserverpb__DeleteRangeRequest *rq = (const void *)s->rq;
 	Etcdserverpb__DeleteRangeResponse rs;
@@ -6748,7 +6853,7 @@ static void svc_delete_rpc(struct kvd *k, struct h2_stream *s)
 	svc_pool_free(&pl);
 }
 
-static void svc_txn_rpc(struct kvd *k, struct h2_stream *s)
+static void svc_txn_rpc(struct kvd *k, struct call *s)
 {
 	const Etcdserverpb__TxnRequest *rq = (const void *)s->rq;
 	Etcdserverpb__TxnResponse rs;
@@ -6807,7 +6912,7 @@ out:
 	svc_pool_free(&pl);
 }
 
-static void svc_compact_rpc(struct kvd *k, struct h2_stream *s)
+static void svc_compact_rpc(struct kvd *k, struct call *s)
 {
 	const Etcdserverpb__CompactionRequest *rq = (const void *)s->rq;
 	Etcdserverpb__CompactionResponse rs = ETCDSERVERPB__COMPACTION_RESPONSE__INIT;
@@ -6863,7 +6968,7 @@ static void svc_lease_write(struct kvd *k, struct svc_err *e, struct lease *l, i
 	mvcc_txn_end(k, &t);
 }
 
-static void svc_lease_grant_rpc(struct kvd *k, struct h2_stream *s)
+static void svc_lease_grant_rpc(struct kvd *k, struct call *s)
 {
 	const Etcdserverpb__LeaseGrantRequest *rq = (const void *)s->rq;
 	Etcdserverpb__LeaseGrantResponse rs = ETCDSERVERPB__LEASE_GRANT_RESPONSE__INIT;
@@ -6891,7 +6996,7 @@ static void svc_lease_grant_rpc(struct kvd *k, struct h2_stream *s)
 	svc_end(k, s, &rs.base, &e);
 }
 
-static void svc_lease_revoke_rpc(struct kvd *k, struct h2_stream *s)
+static void svc_lease_revoke_rpc(struct kvd *k, struct call *s)
 {
 	const Etcdserverpb__LeaseRevokeRequest *rq = (const void *)s->rq;
 	Etcdserverpb__LeaseRevokeResponse rs = ETCDSERVERPB__LEASE_REVOKE_RESPONSE__INIT;
@@ -6915,7 +7020,7 @@ static void svc_lease_revoke_rpc(struct kvd *k, struct h2_stream *s)
 
 /* LeaseKeepAlive: one answer per request; an unknown lease gets TTL 0 and
  * no error, as etcd.  Renewals are not logged (see section 7). */
-static void svc_lease_keepalive_msg(struct kvd *k, struct h2_stream *s)
+static void svc_lease_keepalive_msg(struct kvd *k, struct call *s)
 {
 	const Etcdserverpb__LeaseKeepAliveRequest *rq = (const void *)s->rq;
 	Etcdserverpb__LeaseKeepAliveResponse rs = ETCDSERVERPB__LEASE_KEEP_ALIVE_RESPONSE__INIT;
@@ -6929,15 +7034,15 @@ static void svc_lease_keepalive_msg(struct kvd *k, struct h2_stream *s)
 		lease_renew(k, l);
 		rs.ttl = l->ttl;
 	}
-	grpc_send(k, s, &rs.base);
+	call_send(k, s, &rs.base);
 }
 
-static void svc_lease_keepalive_end(struct kvd *k, struct h2_stream *s)
+static void svc_lease_keepalive_end(struct kvd *k, struct call *s)
 {
-	grpc_finish(k, s, GRPC_OK, "%s", "");
+	call_finish(k, s, GRPC_OK, "%s", "");
 }
 
-static void svc_lease_ttl_rpc(struct kvd *k, struct h2_stream *s)
+static void svc_lease_ttl_rpc(struct kvd *k, struct call *s)
 {
 	const Etcdserverpb__LeaseTimeToLiveRequest *rq = (const void *)s->rq;
 	Etcdserverpb__LeaseTimeToLiveResponse rs = ETCDSERVERPB__LEASE_TIME_TO_LIVE_RESPONSE__INIT;
@@ -6989,7 +7094,7 @@ static int svc_lease_cmp(const void *a, const void *b)
 }
 
 /* LeaseLeases: every lease, soonest expiry first (etcd's leasesByExpiry). */
-static void svc_lease_leases_rpc(struct kvd *k, struct h2_stream *s)
+static void svc_lease_leases_rpc(struct kvd *k, struct call *s)
 {
 	Etcdserverpb__LeaseLeasesResponse rs = ETCDSERVERPB__LEASE_LEASES_RESPONSE__INIT;
 	Etcdserverpb__ResponseHeader h;
@@ -7039,7 +7144,7 @@ struct svc_rstream {
 	unsigned counted : 1;
 };
 
-static void svc_rstream_close(struct kvd *k, struct h2_stream *s)
+static void svc_rstream_close(struct kvd *k, struct call *s)
 {
 	struct svc_rstream *st = s->svc;
 
@@ -7051,7 +7156,7 @@ static void svc_rstream_close(struct kvd *k, struct h2_stream *s)
 	s->svc = NULL;
 }
 
-static void svc_rstream_chunk(struct kvd *k, struct h2_stream *s)
+static void svc_rstream_chunk(struct kvd *k, struct call *s)
 {
 	struct svc_rstream *st = s->svc;
 	Etcdserverpb__RangeRequest *rq = st->rq;
@@ -7069,7 +7174,7 @@ static void svc_rstream_chunk(struct kvd *k, struct h2_stream *s)
 	int64_t left = rq->limit > 0 ? rq->limit - st->sent : INT64_MAX;
 
 	if (st->rev < m->compacted) {
-		grpc_finish(k, s, GRPC_OUT_OF_RANGE, "%s", E_COMPACTED);
+		call_finish(k, s, GRPC_OUT_OF_RANGE, "%s", E_COMPACTED);
 		return;
 	}
 	if (st->last)
@@ -7087,7 +7192,7 @@ static void svc_rstream_chunk(struct kvd *k, struct h2_stream *s)
 		}
 		vis = mvcc_visible(m, r, st->rev >= m->rev ? 0 : st->rev, &kv);
 		if (vis < 0) {
-			grpc_finish(k, s, GRPC_DATA_LOSS, "kvd: cannot read the log");
+			call_finish(k, s, GRPC_DATA_LOSS, "kvd: cannot read the log");
 			goto out;
 		}
 		if (vis) {
@@ -7097,7 +7202,7 @@ static void svc_rstream_chunk(struct kvd *k, struct h2_stream *s)
 				if (got.n >= SVC_CHUNK_KEYS || bytes >= SVC_CHUNK_BYTES)
 					break;
 				if (svc_range_push(k, &got, &kv)) {
-					grpc_finish(k, s, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+					call_finish(k, s, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
 					goto out;
 				}
 				bytes += r->klen + (rq->keys_only ? 0 : kv.vlen) + 32;
@@ -7117,7 +7222,7 @@ static void svc_rstream_chunk(struct kvd *k, struct h2_stream *s)
 		if (!nl || svc_kvs(k, &pl, got.kv, got.n, rq->keys_only, &rr.kvs)) {
 			if (nl)
 				st->last = nl;
-			grpc_finish(k, s, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+			call_finish(k, s, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
 			goto out;
 		}
 		st->last = nl;
@@ -7134,17 +7239,17 @@ static void svc_rstream_chunk(struct kvd *k, struct h2_stream *s)
 	}
 	if (got.n || done) {
 		msg.range_response = &rr;
-		if (grpc_send(k, s, &msg.base))
+		if (call_send(k, s, &msg.base))
 			goto out;
 	}
 	if (done)
-		grpc_finish(k, s, GRPC_OK, "%s", "");
+		call_finish(k, s, GRPC_OK, "%s", "");
 out:
 	kvd_free(k, got.kv);
 	svc_pool_free(&pl);
 }
 
-static void svc_rangestream_rpc(struct kvd *k, struct h2_stream *s)
+static void svc_rangestream_rpc(struct kvd *k, struct call *s)
 {
 	const Etcdserverpb__RangeRequest *rq = (const void *)s->rq;
 	struct svc_rstream *st;
@@ -7152,19 +7257,19 @@ static void svc_rangestream_rpc(struct kvd *k, struct h2_stream *s)
 
 	rev = rq->revision;
 	if (!rq->key.len)
-		grpc_finish(k, s, GRPC_INVALID_ARGUMENT, "%s", E_EMPTY_KEY);
+		call_finish(k, s, GRPC_INVALID_ARGUMENT, "%s", E_EMPTY_KEY);
 	else if (rq->sort_order > 2 || rq->sort_target > 4)
-		grpc_finish(k, s, GRPC_INVALID_ARGUMENT, "%s", E_BAD_SORT);
+		call_finish(k, s, GRPC_INVALID_ARGUMENT, "%s", E_BAD_SORT);
 	else if (rq->sort_order != 0 && !(rq->sort_target == 0 && rq->sort_order == 1))
-		grpc_finish(k, s, GRPC_UNIMPLEMENTED, "RangeStream does not support custom sort orders");
+		call_finish(k, s, GRPC_UNIMPLEMENTED, "RangeStream does not support custom sort orders");
 	else if (rq->min_mod_revision || rq->max_mod_revision || rq->min_create_revision || rq->max_create_revision)
-		grpc_finish(k, s, GRPC_UNIMPLEMENTED, "RangeStream does not support revision filters");
+		call_finish(k, s, GRPC_UNIMPLEMENTED, "RangeStream does not support revision filters");
 	else if (rev > k->db.rev)
-		grpc_finish(k, s, GRPC_OUT_OF_RANGE, "%s", E_FUTURE_REV);
+		call_finish(k, s, GRPC_OUT_OF_RANGE, "%s", E_FUTURE_REV);
 	else if (rev > 0 && rev < k->db.compacted)
-		grpc_finish(k, s, GRPC_OUT_OF_RANGE, "%s", E_COMPACTED);
+		call_finish(k, s, GRPC_OUT_OF_RANGE, "%s", E_COMPACTED);
 	else if (!(st = kvd_calloc(k, sizeof *st)))
-		grpc_finish(k, s, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+		call_finish(k, s, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
 	else {
 		/* pin the newest durable revision: a chunk never shows a write a crash could undo */
 		st->rq = (Etcdserverpb__RangeRequest *)s->rq; /* kept: see on_msg */
@@ -7185,12 +7290,12 @@ static void svc_rangestream_rpc(struct kvd *k, struct h2_stream *s)
  *   Fill:   request = ASCII size N; answer N bytes.
  *   Stream: request = "COUNT SIZE"; COUNT messages of SIZE bytes.
  */
-static int svc_test_raw(struct kvd *k, struct h2_stream *s, const uint8_t *p, size_t n)
+static int svc_test_raw(struct kvd *k, struct call *s, const uint8_t *p, size_t n)
 {
 	uint8_t *o;
 
 	if (buf_reserve(k, &s->out, 5 + n)) {
-		grpc_finish(k, s, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+		call_finish(k, s, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
 		return -1;
 	}
 	o = s->out.p + s->out.len;
@@ -7202,13 +7307,13 @@ static int svc_test_raw(struct kvd *k, struct h2_stream *s, const uint8_t *p, si
 	return 0;
 }
 
-static void svc_test_echo(struct kvd *k, struct h2_stream *s)
+static void svc_test_echo(struct kvd *k, struct call *s)
 {
 	const uint8_t *p = s->raw.p;
 	size_t n = s->raw.n;
 
 	if (!svc_test_raw(k, s, p, n))
-		grpc_finish(k, s, GRPC_OK, "%s", "");
+		call_finish(k, s, GRPC_OK, "%s", "");
 }
 
 static uint8_t *svc_test_pattern(struct kvd *k, size_t n)
@@ -7221,7 +7326,7 @@ static uint8_t *svc_test_pattern(struct kvd *k, size_t n)
 	return b;
 }
 
-static void svc_test_fill(struct kvd *k, struct h2_stream *s)
+static void svc_test_fill(struct kvd *k, struct call *s)
 {
 	const uint8_t *p = s->raw.p;
 	size_t n = s->raw.n;
@@ -7233,15 +7338,15 @@ static void svc_test_fill(struct kvd *k, struct h2_stream *s)
 	snprintf(num, sizeof num, "%.*s", (int)KVD_MIN(n, 20), (const char *)p);
 	size = (size_t)strtoul(num, NULL, 10);
 	if (size > 64u << 20 || !(b = svc_test_pattern(k, size))) {
-		grpc_finish(k, s, GRPC_RESOURCE_EXHAUSTED, "kvd: fill too large");
+		call_finish(k, s, GRPC_RESOURCE_EXHAUSTED, "kvd: fill too large");
 		return;
 	}
 	if (!svc_test_raw(k, s, b, size))
-		grpc_finish(k, s, GRPC_OK, "%s", "");
+		call_finish(k, s, GRPC_OK, "%s", "");
 	kvd_free(k, b);
 }
 
-static void svc_test_stream(struct kvd *k, struct h2_stream *s)
+static void svc_test_stream(struct kvd *k, struct call *s)
 {
 	const uint8_t *p = s->raw.p;
 	size_t n = s->raw.n;
@@ -7253,14 +7358,14 @@ static void svc_test_stream(struct kvd *k, struct h2_stream *s)
 	snprintf(num, sizeof num, "%.*s", (int)KVD_MIN(n, 40), (const char *)p);
 	if (sscanf(num, "%lu %lu", &count, &size) != 2 || count > 100000 || size > 1u << 20 ||
 	    !(b = svc_test_pattern(k, size))) {
-		grpc_finish(k, s, GRPC_INVALID_ARGUMENT, "kvd: bad stream request");
+		call_finish(k, s, GRPC_INVALID_ARGUMENT, "kvd: bad stream request");
 		return;
 	}
 	for (i = 0; i < count; i++)
 		if (svc_test_raw(k, s, b, size))
 			break;
 	if (i == count)
-		grpc_finish(k, s, GRPC_OK, "%s", "");
+		call_finish(k, s, GRPC_OK, "%s", "");
 	kvd_free(k, b);
 }
 #endif
@@ -7277,94 +7382,90 @@ static void svc_test_stream(struct kvd *k, struct h2_stream *s)
  */
 #define PB(name) &name##__descriptor
 static const struct grpc_method svc_kv[] = {
-	{"/etcdserverpb.KV/Range", GRPC_UNARY, PB(etcdserverpb__range_request), PB(etcdserverpb__range_response), svc_range_rpc, NULL, NULL, NULL},
-	{"/etcdserverpb.KV/RangeStream", GRPC_SERVER_STREAM, PB(etcdserverpb__range_request), PB(etcdserverpb__range_stream_response), svc_rangestream_rpc, NULL, svc_rstream_close, svc_rstream_chunk},
-	{"/etcdserverpb.KV/Put", GRPC_UNARY, PB(etcdserverpb__put_request), PB(etcdserverpb__put_response), svc_put_rpc, NULL, NULL, NULL},
-	{"/etcdserverpb.KV/DeleteRange", GRPC_UNARY, PB(etcdserverpb__delete_range_request), PB(etcdserverpb__delete_range_response), svc_delete_rpc, NULL, NULL, NULL},
-	{"/etcdserverpb.KV/Txn", GRPC_UNARY, PB(etcdserverpb__txn_request), PB(etcdserverpb__txn_response), svc_txn_rpc, NULL, NULL, NULL},
-	{"/etcdserverpb.KV/Compact", GRPC_UNARY, PB(etcdserverpb__compaction_request), PB(etcdserverpb__compaction_response), svc_compact_rpc, NULL, NULL, NULL},
+	{"/etcdserverpb.KV/Range", GRPC_UNARY, PB(etcdserverpb__range_request), PB(etcdserverpb__range_response), svc_range_rpc, NULL, NULL, NULL, NULL},
+	{"/etcdserverpb.KV/RangeStream", GRPC_SERVER_STREAM, PB(etcdserverpb__range_request), PB(etcdserverpb__range_stream_response), svc_rangestream_rpc, NULL, svc_rstream_close, svc_rstream_chunk, NULL},
+	{"/etcdserverpb.KV/Put", GRPC_UNARY, PB(etcdserverpb__put_request), PB(etcdserverpb__put_response), svc_put_rpc, NULL, NULL, NULL, NULL},
+	{"/etcdserverpb.KV/DeleteRange", GRPC_UNARY, PB(etcdserverpb__delete_range_request), PB(etcdserverpb__delete_range_response), svc_delete_rpc, NULL, NULL, NULL, NULL},
+	{"/etcdserverpb.KV/Txn", GRPC_UNARY, PB(etcdserverpb__txn_request), PB(etcdserverpb__txn_response), svc_txn_rpc, NULL, NULL, NULL, NULL},
+	{"/etcdserverpb.KV/Compact", GRPC_UNARY, PB(etcdserverpb__compaction_request), PB(etcdserverpb__compaction_response), svc_compact_rpc, NULL, NULL, NULL, NULL},
 };
-static void watch_on_msg(struct kvd *k, struct h2_stream *s);
-static void watch_on_close(struct kvd *k, struct h2_stream *s);
-static void watch_produce(struct kvd *k, struct h2_stream *s);
+static void watch_on_msg(struct kvd *k, struct call *s);
+static void watch_on_close(struct kvd *k, struct call *s);
+static void watch_produce(struct kvd *k, struct call *s);
 static const struct grpc_method svc_watch[] = {
 	/* no on_half_close: the stream stays open after the client half-closes */
-	{"/etcdserverpb.Watch/Watch", GRPC_BIDI, PB(etcdserverpb__watch_request), PB(etcdserverpb__watch_response), watch_on_msg, NULL, watch_on_close, watch_produce},
+	{"/etcdserverpb.Watch/Watch", GRPC_BIDI, PB(etcdserverpb__watch_request), PB(etcdserverpb__watch_response), watch_on_msg, NULL, watch_on_close, watch_produce, NULL},
 };
 static const struct grpc_method svc_lease[] = {
-	{"/etcdserverpb.Lease/LeaseGrant", GRPC_UNARY, PB(etcdserverpb__lease_grant_request), PB(etcdserverpb__lease_grant_response), svc_lease_grant_rpc, NULL, NULL, NULL},
-	{"/etcdserverpb.Lease/LeaseRevoke", GRPC_UNARY, PB(etcdserverpb__lease_revoke_request), PB(etcdserverpb__lease_revoke_response), svc_lease_revoke_rpc, NULL, NULL, NULL},
-	{"/etcdserverpb.Lease/LeaseKeepAlive", GRPC_BIDI, PB(etcdserverpb__lease_keep_alive_request), PB(etcdserverpb__lease_keep_alive_response), svc_lease_keepalive_msg, svc_lease_keepalive_end, NULL, NULL},
-	{"/etcdserverpb.Lease/LeaseTimeToLive", GRPC_UNARY, PB(etcdserverpb__lease_time_to_live_request), PB(etcdserverpb__lease_time_to_live_response), svc_lease_ttl_rpc, NULL, NULL, NULL},
-	{"/etcdserverpb.Lease/LeaseLeases", GRPC_UNARY, PB(etcdserverpb__lease_leases_request), PB(etcdserverpb__lease_leases_response), svc_lease_leases_rpc, NULL, NULL, NULL},
+	{"/etcdserverpb.Lease/LeaseGrant", GRPC_UNARY, PB(etcdserverpb__lease_grant_request), PB(etcdserverpb__lease_grant_response), svc_lease_grant_rpc, NULL, NULL, NULL, NULL},
+	{"/etcdserverpb.Lease/LeaseRevoke", GRPC_UNARY, PB(etcdserverpb__lease_revoke_request), PB(etcdserverpb__lease_revoke_response), svc_lease_revoke_rpc, NULL, NULL, NULL, NULL},
+	{"/etcdserverpb.Lease/LeaseKeepAlive", GRPC_BIDI, PB(etcdserverpb__lease_keep_alive_request), PB(etcdserverpb__lease_keep_alive_response), svc_lease_keepalive_msg, svc_lease_keepalive_end, NULL, NULL, NULL},
+	{"/etcdserverpb.Lease/LeaseTimeToLive", GRPC_UNARY, PB(etcdserverpb__lease_time_to_live_request), PB(etcdserverpb__lease_time_to_live_response), svc_lease_ttl_rpc, NULL, NULL, NULL, NULL},
+	{"/etcdserverpb.Lease/LeaseLeases", GRPC_UNARY, PB(etcdserverpb__lease_leases_request), PB(etcdserverpb__lease_leases_response), svc_lease_leases_rpc, NULL, NULL, NULL, NULL},
 };
 static const struct grpc_method svc_cluster[] = {
-	{"/etcdserverpb.Cluster/MemberAdd", GRPC_UNARY, PB(etcdserverpb__member_add_request), PB(etcdserverpb__member_add_response), NULL, NULL, NULL, NULL},
-	{"/etcdserverpb.Cluster/MemberRemove", GRPC_UNARY, PB(etcdserverpb__member_remove_request), PB(etcdserverpb__member_remove_response), NULL, NULL, NULL, NULL},
-	{"/etcdserverpb.Cluster/MemberUpdate", GRPC_UNARY, PB(etcdserverpb__member_update_request), PB(etcdserverpb__member_update_response), NULL, NULL, NULL, NULL},
-	{"/etcdserverpb.Cluster/MemberList", GRPC_UNARY, PB(etcdserverpb__member_list_request), PB(etcdserverpb__member_list_response), svc_member_list, NULL, NULL, NULL},
-	{"/etcdserverpb.Cluster/MemberPromote", GRPC_UNARY, PB(etcdserverpb__member_promote_request), PB(etcdserverpb__member_promote_response), NULL, NULL, NULL, NULL},
+	{"/etcdserverpb.Cluster/MemberAdd", GRPC_UNARY, PB(etcdserverpb__member_add_request), PB(etcdserverpb__member_add_response), NULL, NULL, NULL, NULL, NULL},
+	{"/etcdserverpb.Cluster/MemberRemove", GRPC_UNARY, PB(etcdserverpb__member_remove_request), PB(etcdserverpb__member_remove_response), NULL, NULL, NULL, NULL, NULL},
+	{"/etcdserverpb.Cluster/MemberUpdate", GRPC_UNARY, PB(etcdserverpb__member_update_request), PB(etcdserverpb__member_update_response), NULL, NULL, NULL, NULL, NULL},
+	{"/etcdserverpb.Cluster/MemberList", GRPC_UNARY, PB(etcdserverpb__member_list_request), PB(etcdserverpb__member_list_response), svc_member_list, NULL, NULL, NULL, NULL},
+	{"/etcdserverpb.Cluster/MemberPromote", GRPC_UNARY, PB(etcdserverpb__member_promote_request), PB(etcdserverpb__member_promote_response), NULL, NULL, NULL, NULL, NULL},
 };
 static const struct grpc_method svc_maintenance[] = {
-	{"/etcdserverpb.Maintenance/Alarm", GRPC_UNARY, PB(etcdserverpb__alarm_request), PB(etcdserverpb__alarm_response), NULL, NULL, NULL, NULL},
-	{"/etcdserverpb.Maintenance/Status", GRPC_UNARY, PB(etcdserverpb__status_request), PB(etcdserverpb__status_response), svc_status, NULL, NULL, NULL},
-	{"/etcdserverpb.Maintenance/Defragment", GRPC_UNARY, PB(etcdserverpb__defragment_request), PB(etcdserverpb__defragment_response), NULL, NULL, NULL, NULL},
-	{"/etcdserverpb.Maintenance/Hash", GRPC_UNARY, PB(etcdserverpb__hash_request), PB(etcdserverpb__hash_response), NULL, NULL, NULL, NULL},
-	{"/etcdserverpb.Maintenance/HashKV", GRPC_UNARY, PB(etcdserverpb__hash_kvrequest), PB(etcdserverpb__hash_kvresponse), NULL, NULL, NULL, NULL},
-	{"/etcdserverpb.Maintenance/Snapshot", GRPC_SERVER_STREAM, PB(etcdserverpb__snapshot_request), PB(etcdserverpb__snapshot_response), NULL, NULL, NULL, NULL},
-	{"/etcdserverpb.Maintenance/MoveLeader", GRPC_UNARY, PB(etcdserverpb__move_leader_request), PB(etcdserverpb__move_leader_response), NULL, NULL, NULL, NULL},
-	{"/etcdserverpb.Maintenance/Downgrade", GRPC_UNARY, PB(etcdserverpb__downgrade_request), PB(etcdserverpb__downgrade_response), NULL, NULL, NULL, NULL},
+	{"/etcdserverpb.Maintenance/Alarm", GRPC_UNARY, PB(etcdserverpb__alarm_request), PB(etcdserverpb__alarm_response), NULL, NULL, NULL, NULL, NULL},
+	{"/etcdserverpb.Maintenance/Status", GRPC_UNARY, PB(etcdserverpb__status_request), PB(etcdserverpb__status_response), svc_status, NULL, NULL, NULL, NULL},
+	{"/etcdserverpb.Maintenance/Defragment", GRPC_UNARY, PB(etcdserverpb__defragment_request), PB(etcdserverpb__defragment_response), NULL, NULL, NULL, NULL, NULL},
+	{"/etcdserverpb.Maintenance/Hash", GRPC_UNARY, PB(etcdserverpb__hash_request), PB(etcdserverpb__hash_response), NULL, NULL, NULL, NULL, NULL},
+	{"/etcdserverpb.Maintenance/HashKV", GRPC_UNARY, PB(etcdserverpb__hash_kvrequest), PB(etcdserverpb__hash_kvresponse), NULL, NULL, NULL, NULL, NULL},
+	{"/etcdserverpb.Maintenance/Snapshot", GRPC_SERVER_STREAM, PB(etcdserverpb__snapshot_request), PB(etcdserverpb__snapshot_response), NULL, NULL, NULL, NULL, NULL},
+	{"/etcdserverpb.Maintenance/MoveLeader", GRPC_UNARY, PB(etcdserverpb__move_leader_request), PB(etcdserverpb__move_leader_response), NULL, NULL, NULL, NULL, NULL},
+	{"/etcdserverpb.Maintenance/Downgrade", GRPC_UNARY, PB(etcdserverpb__downgrade_request), PB(etcdserverpb__downgrade_response), NULL, NULL, NULL, NULL, NULL},
 };
 static const struct grpc_method svc_auth[] = {
-	{"/etcdserverpb.Auth/AuthEnable", GRPC_UNARY, PB(etcdserverpb__auth_enable_request), PB(etcdserverpb__auth_enable_response), NULL, NULL, NULL, NULL},
-	{"/etcdserverpb.Auth/AuthDisable", GRPC_UNARY, PB(etcdserverpb__auth_disable_request), PB(etcdserverpb__auth_disable_response), NULL, NULL, NULL, NULL},
-	{"/etcdserverpb.Auth/AuthStatus", GRPC_UNARY, PB(etcdserverpb__auth_status_request), PB(etcdserverpb__auth_status_response), NULL, NULL, NULL, NULL},
-	{"/etcdserverpb.Auth/Authenticate", GRPC_UNARY, PB(etcdserverpb__authenticate_request), PB(etcdserverpb__authenticate_response), NULL, NULL, NULL, NULL},
-	{"/etcdserverpb.Auth/UserAdd", GRPC_UNARY, PB(etcdserverpb__auth_user_add_request), PB(etcdserverpb__auth_user_add_response), NULL, NULL, NULL, NULL},
-	{"/etcdserverpb.Auth/UserGet", GRPC_UNARY, PB(etcdserverpb__auth_user_get_request), PB(etcdserverpb__auth_user_get_response), NULL, NULL, NULL, NULL},
-	{"/etcdserverpb.Auth/UserList", GRPC_UNARY, PB(etcdserverpb__auth_user_list_request), PB(etcdserverpb__auth_user_list_response), NULL, NULL, NULL, NULL},
-	{"/etcdserverpb.Auth/UserDelete", GRPC_UNARY, PB(etcdserverpb__auth_user_delete_request), PB(etcdserverpb__auth_user_delete_response), NULL, NULL, NULL, NULL},
-	{"/etcdserverpb.Auth/UserChangePassword", GRPC_UNARY, PB(etcdserverpb__auth_user_change_password_request), PB(etcdserverpb__auth_user_change_password_response), NULL, NULL, NULL, NULL},
-	{"/etcdserverpb.Auth/UserGrantRole", GRPC_UNARY, PB(etcdserverpb__auth_user_grant_role_request), PB(etcdserverpb__auth_user_grant_role_response), NULL, NULL, NULL, NULL},
-	{"/etcdserverpb.Auth/UserRevokeRole", GRPC_UNARY, PB(etcdserverpb__auth_user_revoke_role_request), PB(etcdserverpb__auth_user_revoke_role_response), NULL, NULL, NULL, NULL},
-	{"/etcdserverpb.Auth/RoleAdd", GRPC_UNARY, PB(etcdserverpb__auth_role_add_request), PB(etcdserverpb__auth_role_add_response), NULL, NULL, NULL, NULL},
-	{"/etcdserverpb.Auth/RoleGet", GRPC_UNARY, PB(etcdserverpb__auth_role_get_request), PB(etcdserverpb__auth_role_get_response), NULL, NULL, NULL, NULL},
-	{"/etcdserverpb.Auth/RoleList", GRPC_UNARY, PB(etcdserverpb__auth_role_list_request), PB(etcdserverpb__auth_role_list_response), NULL, NULL, NULL, NULL},
-	{"/etcdserverpb.Auth/RoleDelete", GRPC_UNARY, PB(etcdserverpb__auth_role_delete_request), PB(etcdserverpb__auth_role_delete_response), NULL, NULL, NULL, NULL},
-	{"/etcdserverpb.Auth/RoleGrantPermission", GRPC_UNARY, PB(etcdserverpb__auth_role_grant_permission_request), PB(etcdserverpb__auth_role_grant_permission_response), NULL, NULL, NULL, NULL},
-	{"/etcdserverpb.Auth/RoleRevokePermission", GRPC_UNARY, PB(etcdserverpb__auth_role_revoke_permission_request), PB(etcdserverpb__auth_role_revoke_permission_response), NULL, NULL, NULL, NULL},
+	{"/etcdserverpb.Auth/AuthEnable", GRPC_UNARY, PB(etcdserverpb__auth_enable_request), PB(etcdserverpb__auth_enable_response), NULL, NULL, NULL, NULL, NULL},
+	{"/etcdserverpb.Auth/AuthDisable", GRPC_UNARY, PB(etcdserverpb__auth_disable_request), PB(etcdserverpb__auth_disable_response), NULL, NULL, NULL, NULL, NULL},
+	{"/etcdserverpb.Auth/AuthStatus", GRPC_UNARY, PB(etcdserverpb__auth_status_request), PB(etcdserverpb__auth_status_response), NULL, NULL, NULL, NULL, NULL},
+	{"/etcdserverpb.Auth/Authenticate", GRPC_UNARY, PB(etcdserverpb__authenticate_request), PB(etcdserverpb__authenticate_response), NULL, NULL, NULL, NULL, NULL},
+	{"/etcdserverpb.Auth/UserAdd", GRPC_UNARY, PB(etcdserverpb__auth_user_add_request), PB(etcdserverpb__auth_user_add_response), NULL, NULL, NULL, NULL, NULL},
+	{"/etcdserverpb.Auth/UserGet", GRPC_UNARY, PB(etcdserverpb__auth_user_get_request), PB(etcdserverpb__auth_user_get_response), NULL, NULL, NULL, NULL, NULL},
+	{"/etcdserverpb.Auth/UserList", GRPC_UNARY, PB(etcdserverpb__auth_user_list_request), PB(etcdserverpb__auth_user_list_response), NULL, NULL, NULL, NULL, NULL},
+	{"/etcdserverpb.Auth/UserDelete", GRPC_UNARY, PB(etcdserverpb__auth_user_delete_request), PB(etcdserverpb__auth_user_delete_response), NULL, NULL, NULL, NULL, NULL},
+	{"/etcdserverpb.Auth/UserChangePassword", GRPC_UNARY, PB(etcdserverpb__auth_user_change_password_request), PB(etcdserverpb__auth_user_change_password_response), NULL, NULL, NULL, NULL, NULL},
+	{"/etcdserverpb.Auth/UserGrantRole", GRPC_UNARY, PB(etcdserverpb__auth_user_grant_role_request), PB(etcdserverpb__auth_user_grant_role_response), NULL, NULL, NULL, NULL, NULL},
+	{"/etcdserverpb.Auth/UserRevokeRole", GRPC_UNARY, PB(etcdserverpb__auth_user_revoke_role_request), PB(etcdserverpb__auth_user_revoke_role_response), NULL, NULL, NULL, NULL, NULL},
+	{"/etcdserverpb.Auth/RoleAdd", GRPC_UNARY, PB(etcdserverpb__auth_role_add_request), PB(etcdserverpb__auth_role_add_response), NULL, NULL, NULL, NULL, NULL},
+	{"/etcdserverpb.Auth/RoleGet", GRPC_UNARY, PB(etcdserverpb__auth_role_get_request), PB(etcdserverpb__auth_role_get_response), NULL, NULL, NULL, NULL, NULL},
+	{"/etcdserverpb.Auth/RoleList", GRPC_UNARY, PB(etcdserverpb__auth_role_list_request), PB(etcdserverpb__auth_role_list_response), NULL, NULL, NULL, NULL, NULL},
+	{"/etcdserverpb.Auth/RoleDelete", GRPC_UNARY, PB(etcdserverpb__auth_role_delete_request), PB(etcdserverpb__auth_role_delete_response), NULL, NULL, NULL, NULL, NULL},
+	{"/etcdserverpb.Auth/RoleGrantPermission", GRPC_UNARY, PB(etcdserverpb__auth_role_grant_permission_request), PB(etcdserverpb__auth_role_grant_permission_response), NULL, NULL, NULL, NULL, NULL},
+	{"/etcdserverpb.Auth/RoleRevokePermission", GRPC_UNARY, PB(etcdserverpb__auth_role_revoke_permission_request), PB(etcdserverpb__auth_role_revoke_permission_response), NULL, NULL, NULL, NULL, NULL},
 };
 static const struct grpc_method svc_lock[] = {
-	{"/v3lockpb.Lock/Lock", GRPC_UNARY, PB(v3lockpb__lock_request), PB(v3lockpb__lock_response), NULL, NULL, NULL, NULL},
-	{"/v3lockpb.Lock/Unlock", GRPC_UNARY, PB(v3lockpb__unlock_request), PB(v3lockpb__unlock_response), NULL, NULL, NULL, NULL},
+	{"/v3lockpb.Lock/Lock", GRPC_UNARY, PB(v3lockpb__lock_request), PB(v3lockpb__lock_response), NULL, NULL, NULL, NULL, NULL},
+	{"/v3lockpb.Lock/Unlock", GRPC_UNARY, PB(v3lockpb__unlock_request), PB(v3lockpb__unlock_response), NULL, NULL, NULL, NULL, NULL},
 };
 static const struct grpc_method svc_election[] = {
-	{"/v3electionpb.Election/Campaign", GRPC_UNARY, PB(v3electionpb__campaign_request), PB(v3electionpb__campaign_response), NULL, NULL, NULL, NULL},
-	{"/v3electionpb.Election/Proclaim", GRPC_UNARY, PB(v3electionpb__proclaim_request), PB(v3electionpb__proclaim_response), NULL, NULL, NULL, NULL},
-	{"/v3electionpb.Election/Leader", GRPC_UNARY, PB(v3electionpb__leader_request), PB(v3electionpb__leader_response), NULL, NULL, NULL, NULL},
-	{"/v3electionpb.Election/Observe", GRPC_SERVER_STREAM, PB(v3electionpb__leader_request), PB(v3electionpb__leader_response), NULL, NULL, NULL, NULL},
-	{"/v3electionpb.Election/Resign", GRPC_UNARY, PB(v3electionpb__resign_request), PB(v3electionpb__resign_response), NULL, NULL, NULL, NULL},
+	{"/v3electionpb.Election/Campaign", GRPC_UNARY, PB(v3electionpb__campaign_request), PB(v3electionpb__campaign_response), NULL, NULL, NULL, NULL, NULL},
+	{"/v3electionpb.Election/Proclaim", GRPC_UNARY, PB(v3electionpb__proclaim_request), PB(v3electionpb__proclaim_response), NULL, NULL, NULL, NULL, NULL},
+	{"/v3electionpb.Election/Leader", GRPC_UNARY, PB(v3electionpb__leader_request), PB(v3electionpb__leader_response), NULL, NULL, NULL, NULL, NULL},
+	{"/v3electionpb.Election/Observe", GRPC_SERVER_STREAM, PB(v3electionpb__leader_request), PB(v3electionpb__leader_response), NULL, NULL, NULL, NULL, NULL},
+	{"/v3electionpb.Election/Resign", GRPC_UNARY, PB(v3electionpb__resign_request), PB(v3electionpb__resign_response), NULL, NULL, NULL, NULL, NULL},
 };
 static const struct grpc_method svc_health[] = {
-	{"/grpc.health.v1.Health/Check", GRPC_UNARY, PB(grpc__health__v1__health_check_request), PB(grpc__health__v1__health_check_response), svc_health_check, NULL, NULL, NULL},
-	{"/grpc.health.v1.Health/Watch", GRPC_SERVER_STREAM, PB(grpc__health__v1__health_check_request), PB(grpc__health__v1__health_check_response), svc_health_watch, NULL, NULL, NULL},
+	{"/grpc.health.v1.Health/Check", GRPC_UNARY, PB(grpc__health__v1__health_check_request), PB(grpc__health__v1__health_check_response), svc_health_check, NULL, NULL, NULL, NULL},
+	{"/grpc.health.v1.Health/Watch", GRPC_SERVER_STREAM, PB(grpc__health__v1__health_check_request), PB(grpc__health__v1__health_check_response), svc_health_watch, NULL, NULL, NULL,
+	 svc_health_watch_shutdown},
 };
 #ifdef KVD_TEST_SERVICES
 /* Stats: kvd's own accounting, so tests can prove memory stays bounded. */
-static void svc_test_stats(struct kvd *k, struct h2_stream *s)
+static void svc_test_stats(struct kvd *k, struct call *s)
 {
-	const uint8_t *p = s->raw.p;
-	size_t n = s->raw.n;
-
 	char out[1024];
 	unsigned streams = 0;
-	struct h2_conn *c;
+	struct call *c;
 	size_t at;
 
-	(void)p;
-	(void)n;
-	for (c = k->conns; c; c = c->next)
-		streams += c->nst;
+	for (c = k->calls; c; c = c->next)
+		streams++;
 	at = (size_t)snprintf(out, sizeof out, "mem=%zu peak=%zu conns=%u streams=%u accepted=%llu refused=%llu "
 	                      "refused-ip=%llu evicted=%llu goaway=%llu rst=%llu ", k->mem, k->mem_peak, k->nconns, streams,
 	                      (unsigned long long)k->st.conns_accepted, (unsigned long long)k->st.conns_refused,
@@ -7373,14 +7474,14 @@ static void svc_test_stats(struct kvd *k, struct h2_stream *s)
 	if (k->confd)
 		confd_report(k, out + at, sizeof out - at);
 	if (!svc_test_raw(k, s, (const uint8_t *)out, strlen(out)))
-		grpc_finish(k, s, GRPC_OK, "%s", "");
+		call_finish(k, s, GRPC_OK, "%s", "");
 }
 
 static const struct grpc_method svc_test[] = { /* raw bytes in and out */
-	{"/kvd.test.Test/Stats", GRPC_UNARY, NULL, NULL, svc_test_stats, NULL, NULL, NULL},
-	{"/kvd.test.Test/Echo", GRPC_UNARY, NULL, NULL, svc_test_echo, NULL, NULL, NULL},
-	{"/kvd.test.Test/Fill", GRPC_UNARY, NULL, NULL, svc_test_fill, NULL, NULL, NULL},
-	{"/kvd.test.Test/Stream", GRPC_SERVER_STREAM, NULL, NULL, svc_test_stream, NULL, NULL, NULL},
+	{"/kvd.test.Test/Stats", GRPC_UNARY, NULL, NULL, svc_test_stats, NULL, NULL, NULL, NULL},
+	{"/kvd.test.Test/Echo", GRPC_UNARY, NULL, NULL, svc_test_echo, NULL, NULL, NULL, NULL},
+	{"/kvd.test.Test/Fill", GRPC_UNARY, NULL, NULL, svc_test_fill, NULL, NULL, NULL, NULL},
+	{"/kvd.test.Test/Stream", GRPC_SERVER_STREAM, NULL, NULL, svc_test_stream, NULL, NULL, NULL, NULL},
 };
 #endif
 
@@ -7424,18 +7525,15 @@ static const struct grpc_method *svc_route(const char *svc, size_t slen, const c
 	return NULL;
 }
 
-/* Shutdown begins: health watchers learn NOT_SERVING. */
+/* Shutdown begins: every call whose method cares is told (Health
+ * watchers announce NOT_SERVING). */
 static void svc_shutdown(struct kvd *k)
 {
-	Grpc__Health__V1__HealthCheckResponse rs = GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__INIT;
-	struct h2_conn *c;
-	unsigned i;
+	struct call *c;
 
-	rs.status = GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__NOT_SERVING;
-	for (c = k->conns; c; c = c->next)
-		for (i = 0; i < c->nst; i++)
-			if (c->st[i]->m && c->st[i]->m->on_msg == svc_health_watch && c->st[i]->svc)
-				grpc_send(k, c->st[i], &rs.base);
+	for (c = k->calls; c; c = c->next)
+		if (c->m && c->m->on_shutdown)
+			c->m->on_shutdown(k, c);
 }
 
 /* ===== 12. Watch (watch_) ================================================ */
@@ -7666,13 +7764,13 @@ static void watch_header(struct kvd *k, Etcdserverpb__ResponseHeader *h, int64_t
 /* Send a response, in fragments when the watcher asked and it is big. */
 static int watch_send(struct kvd *k, struct watch *w, Etcdserverpb__WatchResponse *r)
 {
-	struct h2_stream *s = w->ws->s;
+	struct call *s = w->ws->s;
 	size_t total, i, at, n;
 	Mvccpb__Event **all;
 
 	if (!w->fragment || r->n_events < 2 ||
 	    (total = protobuf_c_message_get_packed_size(&r->base)) < k->cfg.max_request)
-		return grpc_send(k, s, &r->base);
+		return call_send(k, s, &r->base);
 	(void)total;
 	all = r->events;
 	n = r->n_events;
@@ -7689,7 +7787,7 @@ static int watch_send(struct kvd *k, struct watch *w, Etcdserverpb__WatchRespons
 		}
 		at += r->n_events;
 		r->fragment = at < n;
-		if (grpc_send(k, s, &r->base))
+		if (call_send(k, s, &r->base))
 			return KVD_ENOMEM;
 	}
 	return 0;
@@ -7795,7 +7893,7 @@ static int watch_enc_event(struct kvd *k, int ev, int with_prev)
 static int watch_emit_live(struct kvd *k, struct watch *w, const struct watch_hit *hits, size_t n, int64_t rev)
 {
 	struct watch_reg *g = &k->watch;
-	struct h2_stream *s = w->ws->s;
+	struct call *s = w->ws->s;
 	size_t i, total;
 	uint8_t *p;
 
@@ -7809,7 +7907,7 @@ static int watch_emit_live(struct kvd *k, struct watch *w, const struct watch_hi
 	if (w->fragment && n > 1 && total >= k->cfg.max_request)
 		return watch_emit(k, w, hits, n, rev);
 	if (total > 0xffffffffu || buf_reserve(k, &s->out, 5 + total)) {
-		grpc_finish(k, s, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+		call_finish(k, s, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
 		return KVD_ENOMEM;
 	}
 	p = s->out.p + s->out.len;
@@ -7934,7 +8032,7 @@ static void watch_live_record(struct kvd *k, struct mvcc_rec *rec)
 		qsort(g->hits, g->nhits, sizeof *g->hits, watch_hit_cmp);
 	for (i = 0; i < g->nhits; i = j) {
 		struct watch *w = g->hits[i].w;
-		struct h2_stream *s = w->ws->s;
+		struct call *s = w->ws->s;
 		for (j = i; j < g->nhits && g->hits[j].w == w; j++)
 			;
 		if (!w->synced)
@@ -8030,7 +8128,7 @@ static void watch_cancel_compacted(struct kvd *k, struct watch *w)
 	r.watch_id = w->id;
 	r.canceled = 1;
 	r.compact_revision = k->db.compacted;
-	grpc_send(k, w->ws->s, &r.base);
+	call_send(k, w->ws->s, &r.base);
 	w->ws->unsynced--;
 	watch_unregister(k, w);
 	w->dead = 1;
@@ -8148,7 +8246,7 @@ static int watch_catchup(struct kvd *k, struct watch *w)
 	buf_free(k, &g->rbuf); /* the window is per step: nothing stays behind */
 	if (e < 0) { /* records end at the durable end: anything else is damage */
 		svc_pool_free(&pl);
-		grpc_finish(k, w->ws->s, e == KVD_ENOMEM ? GRPC_RESOURCE_EXHAUSTED : GRPC_DATA_LOSS,
+		call_finish(k, w->ws->s, e == KVD_ENOMEM ? GRPC_RESOURCE_EXHAUSTED : GRPC_DATA_LOSS,
 		            e == KVD_ENOMEM ? "kvd: out of memory" : "kvd: cannot read the log");
 		return 1;
 	}
@@ -8175,7 +8273,7 @@ static int watch_catchup(struct kvd *k, struct watch *w)
 }
 
 /* The stream's producer: catch up its unsynced watchers, round-robin. */
-static void watch_produce(struct kvd *k, struct h2_stream *s)
+static void watch_produce(struct kvd *k, struct call *s)
 {
 	struct watch_stream *ws = s->svc;
 	size_t tries;
@@ -8207,7 +8305,7 @@ static struct watch *watch_find(struct watch_stream *ws, int64_t id)
 	return NULL;
 }
 
-static void watch_reply_ctrl(struct kvd *k, struct h2_stream *s, int64_t id, int created, int canceled,
+static void watch_reply_ctrl(struct kvd *k, struct call *s, int64_t id, int created, int canceled,
                              const char *reason)
 {
 	Etcdserverpb__WatchResponse r = ETCDSERVERPB__WATCH_RESPONSE__INIT;
@@ -8219,7 +8317,7 @@ static void watch_reply_ctrl(struct kvd *k, struct h2_stream *s, int64_t id, int
 	r.created = created;
 	r.canceled = canceled;
 	r.cancel_reason = (char *)(reason ? reason : "");
-	grpc_send(k, s, &r.base);
+	call_send(k, s, &r.base);
 }
 
 static int watch_prefix_end(const uint8_t *key, size_t n, const uint8_t *end, size_t elen)
@@ -8233,7 +8331,7 @@ static int watch_prefix_end(const uint8_t *key, size_t n, const uint8_t *end, si
 	return elen == i && !memcmp(end, key, i - 1) && end[i - 1] == key[i - 1] + 1;
 }
 
-static void watch_create(struct kvd *k, struct h2_stream *s, struct watch_stream *ws,
+static void watch_create(struct kvd *k, struct call *s, struct watch_stream *ws,
                          const Etcdserverpb__WatchCreateRequest *c)
 {
 	static const uint8_t zero = 0;
@@ -8317,7 +8415,7 @@ static void watch_create(struct kvd *k, struct h2_stream *s, struct watch_stream
 	}
 }
 
-static void watch_on_msg(struct kvd *k, struct h2_stream *s)
+static void watch_on_msg(struct kvd *k, struct call *s)
 {
 	const Etcdserverpb__WatchRequest *rq = (const void *)s->rq;
 	struct watch_stream *ws = s->svc;
@@ -8325,7 +8423,7 @@ static void watch_on_msg(struct kvd *k, struct h2_stream *s)
 
 	if (!ws) {
 		if (!(ws = kvd_calloc(k, sizeof *ws))) {
-			grpc_finish(k, s, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+			call_finish(k, s, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
 			return;
 		}
 		ws->s = s;
@@ -8354,7 +8452,7 @@ static void watch_on_msg(struct kvd *k, struct h2_stream *s)
 	}
 }
 
-static void watch_on_close(struct kvd *k, struct h2_stream *s)
+static void watch_on_close(struct kvd *k, struct call *s)
 {
 	struct watch_stream *ws = s->svc;
 
@@ -8398,7 +8496,7 @@ static void watch_timers(struct kvd *k)
 				watch_header(k, &h, k->db.rev_durable);
 				r.header = &h;
 				r.watch_id = w->id;
-				grpc_send(k, ws->s, &r.base);
+				call_send(k, ws->s, &r.base);
 			}
 			w->sent = 0;
 			ws->progress_at = k->now + k->cfg.watch_progress_ms;
@@ -10982,7 +11080,7 @@ static void loop_stop(struct kvd *k)
 static void loop_timers(struct kvd *k)
 {
 	struct h2_conn *c;
-	unsigned i;
+	struct call *call;
 
 	if (k->now < k->next_timer)
 		return;
@@ -10991,9 +11089,9 @@ static void loop_timers(struct kvd *k)
 		loop_arm(k, h2_timers(k, c));
 	if (k->stopping) {
 		if (k->now >= k->stop_deadline) { /* grace is over: end what remains */
+			for (call = k->calls; call; call = call->next)
+				call_finish(k, call, GRPC_UNAVAILABLE, "etcdserver: server stopped");
 			for (c = k->conns; c; c = c->next) {
-				for (i = 0; i < c->nst; i++)
-					grpc_finish(k, c->st[i], GRPC_UNAVAILABLE, "etcdserver: server stopped");
 				h2_goaway_final(c);
 				if (k->now >= k->stop_deadline + 1000)
 					c->dead = 1;
@@ -11016,7 +11114,7 @@ static void loop_timers(struct kvd *k)
  */
 static void loop_log_flush(struct kvd *k)
 {
-	struct h2_stream *s;
+	struct call *s;
 	int err = mvcc_flush(k);
 	size_t i;
 
@@ -11036,9 +11134,9 @@ static void loop_log_flush(struct kvd *k)
 		s->status_msg = NULL;
 		s->finished = 0;
 		if (s->wrote && (err == -ENOSPC || err == -EDQUOT))
-			grpc_finish(k, s, GRPC_RESOURCE_EXHAUSTED, "%s", E_NO_SPACE);
+			call_finish(k, s, GRPC_RESOURCE_EXHAUSTED, "%s", E_NO_SPACE);
 		else
-			grpc_finish(k, s, GRPC_UNAVAILABLE, "kvd: log write failed (%s); %s", strerror(-err),
+			call_finish(k, s, GRPC_UNAVAILABLE, "kvd: log write failed (%s); %s", strerror(-err),
 			            s->wrote ? "not applied" : "retry");
 	}
 	k->nheld = 0;

@@ -7,9 +7,10 @@
  * length and its bytes.  Each message goes through the decoder (pb_check,
  * protobuf-c) and, for implemented methods, through the real handler on a
  * stream of a store in a fresh directory: unary calls take the first
- * message, streaming calls all of them; then the client half-closes, the log
- * is flushed (watch events, held replies) and the output is packed, as the
- * loop would.  Everything must be freed; `make test` replays the corpus
+ * message, streaming calls all of them, as an in-process call (no transport);
+ * then the client half-closes; after each, the log is flushed (watch events,
+ * held replies) and the call's producer runs, as the loop would.  Everything
+ * must be freed; `make test` replays the corpus
  * under ASan with a 256 KiB stack, so a recursion a message can drive fails
  * the build.
  */
@@ -30,6 +31,23 @@ static const struct grpc_method *fz_method(unsigned i)
 	return &svc_services[s].m[i];
 }
 
+static const struct call_carrier fz_carrier = {"in-process", NULL};
+
+/* What the loop does after a message: the group commit (held replies, watch
+ * events), then the call's producer while it has room, its output taken. */
+static void fz_drain(struct kvd *k, struct call *c)
+{
+	int i;
+
+	loop_log_flush(k);
+	for (i = 0; i < 64 && c->produce && !c->finished; i++) {
+		buf_consume(&c->out, BUF_LEN(&c->out));
+		c->m->on_produce(k, c);
+		loop_log_flush(k);
+	}
+	buf_consume(&c->out, BUF_LEN(&c->out));
+}
+
 static void fz_log(void *arg, int level, const char *line)
 {
 	(void)arg;
@@ -44,8 +62,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	const struct grpc_method *m;
 	struct kvd_config cfg;
 	struct kvd *k;
-	struct h2_conn *c;
-	struct h2_stream *s;
+	struct call call;
 	char err[KVD_ERRLEN], path[128];
 	const uint8_t *p, *end = data + size;
 	ProtobufCMessage *msg;
@@ -88,42 +105,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		return 0;
 	}
 	kvd_set_log(k, fz_log, NULL);
-	if (!(c = h2_conn_new(k, -1)) || !(s = h2_stream_new(c, 1))) {
-		if (c)
-			h2_conn_free(k, c);
-		kvd_close(k);
-		return 0;
-	}
-	c->preface_done = c->settings_seen = 1;
-	c->last_sid = 1;
-	c->send_window = s->send_window = 1 << 20;
-	s->m = m;
-	for (p = data + 1; end - p >= 2 && !s->finished; p += n) {
+	call_init(k, &call, m, &fz_carrier); /* an in-process call: no transport at all */
+	for (p = data + 1; end - p >= 2 && !call.finished; p += n) {
 		n = KVD_MIN(get_be16(p), (size_t)(end - p - 2));
 		p += 2;
-		if (buf_reserve(k, &s->in, 5 + n))
-			break;
-		s->in.p[s->in.len] = 0;
-		put_be32(s->in.p + s->in.len + 1, (uint32_t)n);
-		memcpy(s->in.p + s->in.len + 5, p, n);
-		s->in.len += 5 + n;
-		c->buffered += 5 + n;
-		grpc_on_data(k, s);
-		loop_log_flush(k);
-		h2_flush(k, c);
-		buf_consume(&c->out, BUF_LEN(&c->out));
-		if (!h2_stream_find(c, 1))
-			break; /* ended and freed by h2_flush */
+		call_message(k, &call, p, n);
+		fz_drain(k, &call);
 	}
-	if ((s = h2_stream_find(c, 1))) {
-		s->remote_closed = 1;
-		grpc_on_remote_close(k, s);
-		loop_log_flush(k);
-		k->now += 1000;
-		h2_timers(k, c);
-		h2_flush(k, c);
-	}
-	h2_conn_free(k, c);
+	call_half_close(k, &call, 0);
+	fz_drain(k, &call);
+	call_fini(k, &call);
 	kvd_close(k);
 	return 0;
 }

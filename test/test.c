@@ -1382,7 +1382,7 @@ static void test_h2_drain(void)
 	t_feed(k, c, BUF_DATA(&b), BUF_LEN(&b));
 	CHECK(c->nst == 1);
 	/* the last call ends: the connection closes */
-	grpc_finish(k, c->st[0], GRPC_UNAVAILABLE, "etcdserver: server stopped");
+	call_finish(k, &c->st[0]->call, GRPC_UNAVAILABLE, "etcdserver: server stopped");
 	h2_flush(k, c);
 	CHECK(c->nst == 0 && c->is_closing);
 	h2_conn_free(k, c);
@@ -2589,40 +2589,35 @@ static void test_txn_nesting(void)
 	kvd_close(k);
 }
 
+/* An in-process call: no carrier but the test itself. */
+static const struct call_carrier t_local = {"in-process", NULL};
+
 /* Decoding with allocation failures: a clean error, nothing leaked. */
 static void test_decode_oom(void)
 {
 	static const uint8_t txn[] = {0x0a, 0x05, 0x08, 0x00, 0x1a, 0x01, 'k', 0x12, 0x0a, 0x12, 0x08, 0x0a, 0x01, 'k',
 	                              0x12, 0x01, 'v', 0x20, 0x01};
 	struct kvd *k = t_kvd();
-	struct h2_conn *c = h2_conn_new(k, -1);
-	struct h2_stream *s;
-	size_t mem0 = k->mem;
+	struct call c;
+	size_t mem0;
 	uint64_t i;
 	int ok = 1, r, got = 0;
 
 	t_name = "decode_oom";
 	for (i = 1; i < 40; i++) {
-		s = h2_stream_new(c, 1);
-		s->m = &svc_kv[4]; /* Txn */
+		call_init(k, &c, &svc_kv[4], &t_local); /* Txn */
 		mem0 = k->mem;
 		k->fail_at = k->nalloc + i;
-		r = grpc_decode(k, s, txn, sizeof txn);
+		r = call_decode(k, &c, txn, sizeof txn);
 		k->fail_at = 0;
-		if (r == 0) {
+		if (r == 0)
 			got++;
-			pb_free(k, s->rq);
-			s->rq = NULL;
-		} else {
-			ok &= r == KVD_ENOMEM && s->status == GRPC_RESOURCE_EXHAUSTED;
-			kvd_free(k, s->status_msg);
-			s->status_msg = NULL;
-		}
-		ok &= k->mem == mem0;
-		h2_stream_close(c, s);
+		else
+			ok &= r == KVD_ENOMEM && c.status == GRPC_RESOURCE_EXHAUSTED;
+		call_fini(k, &c);
+		ok &= k->mem <= mem0 && !k->calls;
 	}
 	CHECK(ok && got > 0);
-	h2_conn_free(k, c);
 	kvd_close(k);
 }
 
@@ -2876,7 +2871,7 @@ static void test_watch_log_moved(void)
 	c->send_window = 1 << 30;
 	h2_flush(k, c);
 	got = t_watch_revs(c, revs, 4000);
-	w = ((struct watch_stream *)s->svc)->w[0];
+	w = ((struct watch_stream *)s->call.svc)->w[0];
 	CHECK(got < 3000 && !w->synced && w->next_off && w->next_gen == k->db.gen); /* part way */
 	mvcc_log_moved(&k->db);
 	CHECK(k->db.nmarks == 0 && w->next_gen != k->db.gen);
