@@ -221,10 +221,12 @@ enum grpc_code {
 #define E_LEASE_EXISTS "etcdserver: lease already exists"
 #define E_LEASE_TTL "etcdserver: too large lease TTL"
 
-/* An owned, growable byte buffer; live bytes are p[rd..len). */
+/* An owned, growable byte buffer; live bytes are p[rd..len).  A lent one
+ * borrows memory it does not own (net_read lends k->rbuf): it cannot grow. */
 struct kvd_buf {
 	uint8_t *p;
 	size_t rd, len, cap;
+	unsigned lent : 1;
 };
 #define BUF_DATA(b) ((b)->p + (b)->rd)
 #define BUF_LEN(b) ((b)->len - (b)->rd)
@@ -519,26 +521,60 @@ struct h2_stream {
 };
 #define H2_STREAM_OF(cp) ((struct h2_stream *)(void *)(cp)) /* call is the first member */
 
-/* One client connection. */
-struct h2_conn {
+/*
+ * One client connection (section 15): a socket, the transport that moves its
+ * bytes (a plain socket now; TLS next), and the protocol its first bytes
+ * chose (HTTP/2; an HTTP/1.x request; a TLS ClientHello), whose state hangs
+ * off ps.  The loop owns it; a protocol never closes or frees one itself.
+ */
+struct conn;
+struct net_transport {
+	const char *name;
+	/* > 0 bytes, 0 at the peer's end, KVD_EAGAIN, or KVD_EIO */
+	long (*recv)(struct conn *c, void *p, size_t n);
+	long (*send)(struct conn *c, const void *p, size_t n);
+};
+struct net_proto {
+	const char *name;
+	void (*input)(struct kvd *k, struct conn *c);     /* handle what c->in holds */
+	void (*flush)(struct kvd *k, struct conn *c);     /* queue what may be sent into c->out */
+	int64_t (*timers)(struct kvd *k, struct conn *c); /* run due ones; the next one's time */
+	void (*drain)(struct kvd *k, struct conn *c);     /* a graceful shutdown begins */
+	void (*stop)(struct kvd *k, struct conn *c);      /* the grace is over */
+	void (*evict)(struct kvd *k, struct conn *c);     /* closed for a new client: say so */
+	int (*busy)(const struct conn *c);                /* a call is being served */
+	void (*free)(struct kvd *k, struct conn *c);      /* its state (ps) */
+};
+struct conn {
 	struct kvd *k;
-	struct h2_conn *next;
+	struct conn *next;
 	int fd;
 	char peer[64];
 	uint8_t src[9];              /* source address: family, then the IPv4 address or IPv6 /64 */
+	const struct net_transport *tr;
+	const struct net_proto *proto; /* NULL until the first bytes say */
+	void *ps;                    /* the protocol's state */
+	struct kvd_buf in, out;
+	unsigned is_closing : 1;     /* close once output is written */
 	unsigned uncounted : 1;      /* evicted: no longer counts toward --max-connections */
+	unsigned peer_closed : 1;    /* the peer's end of the stream came */
+	unsigned dead : 1;           /* socket error: close now */
+	unsigned shut_wr : 1;        /* output done, lingering for the peer's close */
+	/* times, monotonic ms */
+	int64_t t_open, t_close;
+	int64_t t_active;            /* last progress: a call opened, request data, a call ended */
+};
+
+/* An HTTP/2 connection's state (section 9). */
+struct h2_conn {
+	struct kvd *k;
+	struct conn *conn;
 	unsigned preface_done : 1;
 	unsigned settings_seen : 1;  /* client SETTINGS arrived */
-	unsigned is_closing : 1;     /* close once output is written */
 	unsigned goaway_sent : 1;    /* final GOAWAY queued */
 	unsigned draining : 1;       /* first (graceful) GOAWAY queued */
 	unsigned need_tsu : 1;       /* emit a table size update before next block */
 	unsigned sent_since_ping : 1;
-	unsigned read_paused : 1;    /* stopped reading: output over cap */
-	unsigned peer_closed : 1;    /* read() returned 0 */
-	unsigned dead : 1;           /* socket error: close now */
-	unsigned shut_wr : 1;        /* output done, lingering for the peer's close */
-	struct kvd_buf in, out;
 	struct hp_table dec;
 	/* header block being assembled across CONTINUATION frames */
 	uint8_t *hblk;
@@ -563,9 +599,7 @@ struct h2_conn {
 	struct bucket rst, glitch;
 	unsigned ping_strikes;
 	int64_t last_ping;
-	/* times, monotonic ms */
-	int64_t t_open, t_drain_ping, t_close;
-	int64_t t_active;           /* last progress: a call opened, request data, a call ended */
+	int64_t t_drain_ping;       /* monotonic ms */
 };
 
 /* A listening socket. */
@@ -605,12 +639,11 @@ struct kvd {
 	/* network */
 	struct net_listener *ls;
 	unsigned nls;
-	struct h2_conn *conns;
+	struct conn *conns;
 	unsigned nconns;
 	struct pollfd *pfd;
-	void **pobj;                 /* what each pollfd is: listener, then connections */
+	struct loop_slot *slot;      /* what each pollfd belongs to */
 	size_t pcap;
-	unsigned npoll_ls, npoll_cd;
 	unsigned stopping : 1;
 	int64_t stop_deadline, accept_pause_until;
 	uint8_t rbuf[65536];         /* socket reads land here; leftovers move to c->in */
@@ -869,6 +902,8 @@ static int buf_reserve(struct kvd *k, struct kvd_buf *b, size_t n)
 
 	if (b->cap - b->len >= n)
 		return 0;
+	if (!KVD_ALWAYS(!b->lent)) /* a loan must not be reallocated */
+		return KVD_ENOMEM;
 	if (b->rd && b->cap - live >= n && live <= b->cap / 2) {
 		memmove(b->p, b->p + b->rd, live);
 		b->rd = 0;
@@ -917,7 +952,8 @@ static void buf_consume(struct kvd_buf *b, size_t n)
 
 static void buf_free(struct kvd *k, struct kvd_buf *b)
 {
-	kvd_free(k, b->p);
+	if (KVD_ALWAYS(!b->lent))
+		kvd_free(k, b->p);
 	memset(b, 0, sizeof *b);
 }
 
@@ -3885,8 +3921,8 @@ static int hp_put_status(struct kvd *k, struct kvd_buf *b, int status)
 
 /*
  * RFC 9113, server side, cleartext with prior knowledge.  Input is parsed
- * from c->in one whole frame at a time (a frame is at most 16 KiB + 9);
- * output is appended to c->out, which the loop writes.  Response DATA is
+ * from c->conn->in one whole frame at a time (a frame is at most 16 KiB + 9);
+ * output is appended to c->conn->out, which the loop writes.  Response DATA is
  * pulled from each stream's queue only as far as the peer's windows and
  * KVD_MAX_OUTPUT allow, so a slow or hostile reader pins bounded memory.
  *
@@ -3918,10 +3954,10 @@ static int h2_frame(struct h2_conn *c, unsigned type, unsigned flags, uint32_t s
 	h[3] = (uint8_t)type;
 	h[4] = (uint8_t)flags;
 	put_be32(h + 5, sid);
-	if (buf_reserve(c->k, &c->out, sizeof h + len))
+	if (buf_reserve(c->k, &c->conn->out, sizeof h + len))
 		return KVD_ENOMEM;
-	buf_append(c->k, &c->out, h, sizeof h);
-	buf_append(c->k, &c->out, payload, len);
+	buf_append(c->k, &c->conn->out, h, sizeof h);
+	buf_append(c->k, &c->conn->out, payload, len);
 	return 0;
 }
 
@@ -3939,7 +3975,7 @@ static void h2_fail(struct h2_conn *c, enum h2_error code, const char *why)
 	uint8_t p[8 + 64];
 	size_t n = strlen(why);
 
-	if (c->goaway_sent && c->is_closing)
+	if (c->goaway_sent && c->conn->is_closing)
 		return;
 	if (n > 64)
 		n = 64;
@@ -3947,10 +3983,10 @@ static void h2_fail(struct h2_conn *c, enum h2_error code, const char *why)
 	put_be32(p + 4, code);
 	memcpy(p + 8, why, n);
 	h2_frame(c, H2_GOAWAY, 0, 0, p, 8 + n);
-	c->goaway_sent = c->is_closing = 1;
+	c->goaway_sent = c->conn->is_closing = 1;
 	c->k->st.goaway_sent++;
 	if (code != H2_NO_ERROR)
-		kvd_log(c->k, KVD_LOG_INFO, "%s: closing connection: %s (h2 error %d)", c->peer, why, code);
+		kvd_log(c->k, KVD_LOG_INFO, "%s: closing connection: %s (h2 error %d)", c->conn->peer, why, code);
 }
 
 /* A protocol slip by the peer; ENHANCE_YOUR_CALM when they come too fast. */
@@ -4049,12 +4085,12 @@ static void h2_stream_close(struct h2_conn *c, struct h2_stream *s)
 	c->buffered -= BUF_LEN(&s->in);
 	buf_free(k, &s->in);
 	kvd_free(k, s);
-	c->t_active = k->now; /* a call ended: progress */
+	c->conn->t_active = k->now; /* a call ended: progress */
 	if (k->cfg.idle_ms)
 		loop_arm(k, k->now + k->cfg.idle_ms);
 	if (!c->nst) {
 		if (c->goaway_sent)
-			c->is_closing = 1;
+			c->conn->is_closing = 1;
 		if (!c->stcap || c->stcap > 8) { /* shrink after a burst */
 			kvd_free(k, c->st);
 			c->st = NULL;
@@ -4355,7 +4391,7 @@ static void h2_on_block(struct kvd *k, struct h2_conn *c, uint32_t sid, unsigned
 		return;
 	}
 	k->st.calls++;
-	c->t_active = k->now; /* a new call: progress */
+	c->conn->t_active = k->now; /* a new call: progress */
 	if (flags & H2_F_END_STREAM)
 		s->remote_closed = 1;
 	if (o.over) { /* answered, not served: the list broke kvd's caps */
@@ -4512,7 +4548,7 @@ static void h2_on_data(struct kvd *k, struct h2_conn *c, unsigned flags, uint32_
 	} else {
 		c->buffered += n;
 		if (n)
-			c->t_active = k->now; /* request data: progress */
+			c->conn->t_active = k->now; /* request data: progress */
 		grpc_on_data(k, s);
 	}
 	if (flags & H2_F_END_STREAM)
@@ -4626,7 +4662,7 @@ static void h2_goaway_final(struct h2_conn *c)
 	c->goaway_sent = 1;
 	c->k->st.goaway_sent++;
 	if (!c->nst)
-		c->is_closing = 1;
+		c->conn->is_closing = 1;
 }
 
 static void h2_on_ping(struct kvd *k, struct h2_conn *c, unsigned flags, uint32_t sid,
@@ -4738,73 +4774,25 @@ static void h2_send_preface(struct kvd *k, struct h2_conn *c)
 	}
 }
 
-/*
- * What the first bytes of a connection are: the HTTP/2 preface, an HTTP/1.x
- * request line (RFC 9112 3: token SP target SP "HTTP/1." DIGIT CRLF), or
- * neither.  Bounded and non-allocating; "need more" is distinct from "bad".
- */
-enum { H2_SNIFF_MORE, H2_SNIFF_H2, H2_SNIFF_HTTP1, H2_SNIFF_BAD };
-#define H2_MAX_REQUEST_LINE 8192 /* an HTTP/1.x request line longer than this is not waited for */
-
-static int h2_sniff(const uint8_t *p, size_t n)
+/* The first bytes were neither the HTTP/2 preface nor an HTTP/1.x request:
+ * a SETTINGS and a GOAWAY PROTOCOL_ERROR (RFC 9113 3.4), then close. */
+static void h2_bad_preface(struct kvd *k, struct conn *c)
 {
-	static const char ver[] = "HTTP/1.";
-	size_t i = 0, j;
+	static const uint8_t msg[] = {
+	    0, 0, 0, H2_SETTINGS, 0, 0, 0, 0, 0,
+	    0, 0, 34, H2_GOAWAY, 0, 0, 0, 0, 0,
+	    0, 0, 0, 0, 0, 0, 0, H2_PROTOCOL_ERROR,
+	    'i', 'n', 'v', 'a', 'l', 'i', 'd', ' ', 'c', 'o', 'n', 'n', 'e', 'c', 't', 'i', 'o', 'n', ' ',
+	    'p', 'r', 'e', 'f', 'a', 'c', 'e'};
 
-	if (!memcmp(p, H2_PREFACE, KVD_MIN(n, (size_t)H2_PREFACE_LEN)))
-		return n >= H2_PREFACE_LEN ? H2_SNIFF_H2 : H2_SNIFF_MORE;
-	while (i < n && h2_token_char(p[i] >= 'A' && p[i] <= 'Z' ? (unsigned char)(p[i] | 0x20) : p[i]))
-		i++; /* method (a token; upper case as sent) */
-	if (i == n)
-		return n < H2_MAX_REQUEST_LINE ? H2_SNIFF_MORE : H2_SNIFF_HTTP1;
-	if (!i || p[i++] != ' ')
-		return H2_SNIFF_BAD;
-	for (j = i; i < n && p[i] > ' ' && p[i] < 0x7f; i++)
-		; /* request-target */
-	if (i == n)
-		return n < H2_MAX_REQUEST_LINE ? H2_SNIFF_MORE : H2_SNIFF_HTTP1;
-	if (i == j || p[i++] != ' ')
-		return H2_SNIFF_BAD;
-	for (j = 0; j < 7 && i < n; j++, i++)
-		if (p[i] != (uint8_t)ver[j])
-			return H2_SNIFF_BAD;
-	if (i == n)
-		return H2_SNIFF_MORE;
-	if (p[i] < '0' || p[i] > '9')
-		return H2_SNIFF_BAD;
-	if (++i == n)
-		return H2_SNIFF_MORE;
-	if (p[i] == '\n' || (p[i] == '\r' && (i + 1 == n || p[i + 1] == '\n')))
-		return i + 1 == n && p[i] == '\r' ? H2_SNIFF_MORE : H2_SNIFF_HTTP1;
-	return H2_SNIFF_BAD;
+	buf_append(k, &c->out, msg, sizeof msg);
+	c->is_closing = 1;
+	k->st.goaway_sent++;
+	kvd_log(k, KVD_LOG_INFO, "%s: closing connection: invalid connection preface", c->peer);
 }
 
 /*
- * Not HTTP/2.  An HTTP/1.x request gets a plain explanation (the JSON
- * gateway will serve it); anything else a SETTINGS and GOAWAY
- * PROTOCOL_ERROR (RFC 9113 3.4: the preface was invalid).
- */
-static void h2_not_h2(struct h2_conn *c, int what)
-{
-	static const char body[] =
-	    "kvd speaks gRPC over HTTP/2 (h2c with prior knowledge); use an etcd v3 client.\n";
-	char hdr[160];
-
-	if (what == H2_SNIFF_HTTP1) {
-		snprintf(hdr, sizeof hdr, "HTTP/1.1 505 HTTP Version Not Supported\r\n"
-		         "Content-Type: text/plain\r\nConnection: close\r\nContent-Length: %u\r\n\r\n",
-		         (unsigned)(sizeof body - 1));
-		buf_append(c->k, &c->out, hdr, strlen(hdr));
-		buf_append(c->k, &c->out, body, sizeof body - 1);
-		c->is_closing = c->goaway_sent = 1;
-		return;
-	}
-	h2_frame(c, H2_SETTINGS, 0, 0, NULL, 0);
-	h2_fail(c, H2_PROTOCOL_ERROR, "invalid connection preface");
-}
-
-/*
- * Parse and handle every complete frame in c->in.  Stops early when the
+ * Parse and handle every complete frame in c->conn->in.  Stops early when the
  * output is over its cap (resumed once it drains) or the connection fails.
  */
 static void h2_input(struct kvd *k, struct h2_conn *c)
@@ -4814,20 +4802,19 @@ static void h2_input(struct kvd *k, struct h2_conn *c)
 	unsigned type, flags;
 	uint32_t sid;
 
-	while (!c->is_closing && BUF_LEN(&c->out) < KVD_MAX_OUTPUT) {
-		p = BUF_DATA(&c->in);
-		n = BUF_LEN(&c->in);
+	while (!c->conn->is_closing && BUF_LEN(&c->conn->out) < KVD_MAX_OUTPUT) {
+		p = BUF_DATA(&c->conn->in);
+		n = BUF_LEN(&c->conn->in);
 		if (!n)
 			break;
-		if (!c->preface_done) {
-			int what = h2_sniff(p, n);
-			if (what == H2_SNIFF_MORE)
+		if (!c->preface_done) { /* the loop chose HTTP/2 when it began with the preface */
+			if (n < H2_PREFACE_LEN)
 				break;
-			if (what != H2_SNIFF_H2) {
-				h2_not_h2(c, what);
+			if (memcmp(p, H2_PREFACE, H2_PREFACE_LEN)) {
+				h2_bad_preface(k, c->conn);
 				return;
 			}
-			buf_consume(&c->in, H2_PREFACE_LEN);
+			buf_consume(&c->conn->in, H2_PREFACE_LEN);
 			c->preface_done = 1;
 			h2_send_preface(k, c);
 			continue;
@@ -4873,10 +4860,10 @@ static void h2_input(struct kvd *k, struct h2_conn *c)
 		case H2_CONTINUATION: h2_on_continuation(k, c, flags, sid, p, len); break;
 		default: break; /* unknown frame types are ignored (5.5) */
 		}
-		buf_consume(&c->in, H2_FRAME_HDR + len);
+		buf_consume(&c->conn->in, H2_FRAME_HDR + len);
 	}
 	if (k->cfg.idle_ms)
-		loop_arm(k, c->t_active + (int64_t)k->cfg.idle_ms);
+		loop_arm(k, c->conn->t_active + (int64_t)k->cfg.idle_ms);
 }
 
 /* grpc-message is percent-encoded: bytes outside 0x20..0x7e and '%' (grpc). */
@@ -4931,7 +4918,7 @@ static int h2_send_headers(struct h2_conn *c, struct h2_stream *s, int with_stat
 }
 
 /*
- * Move what stream s may send into c->out: response HEADERS, DATA within
+ * Move what stream s may send into c->conn->out: response HEADERS, DATA within
  * min(connection window, stream window, peer frame size), then trailers.  A
  * producing stream (RangeStream, later Watch) makes its next message only
  * when its queue is empty and the window is open, so a slow reader holds one
@@ -4944,7 +4931,7 @@ static int h2_stream_send(struct kvd *k, struct h2_conn *c, struct h2_stream *s)
 
 	for (;;) {
 		room = KVD_MIN(c->send_window, s->send_window);
-		if (!BUF_LEN(&s->call.out) && s->call.produce && !s->call.finished && room > 0 && BUF_LEN(&c->out) < KVD_MAX_OUTPUT) {
+		if (!BUF_LEN(&s->call.out) && s->call.produce && !s->call.finished && room > 0 && BUF_LEN(&c->conn->out) < KVD_MAX_OUTPUT) {
 			s->call.m->on_produce(k, &s->call);
 			if (!BUF_LEN(&s->call.out) && !s->call.finished)
 				return 0; /* nothing more for now */
@@ -4958,7 +4945,7 @@ static int h2_stream_send(struct kvd *k, struct h2_conn *c, struct h2_stream *s)
 			if (!BUF_LEN(&s->call.out) || h2_send_headers(c, s, 0, 0))
 				return 0;
 		}
-		while (BUF_LEN(&s->call.out) && BUF_LEN(&c->out) < KVD_MAX_OUTPUT) {
+		while (BUF_LEN(&s->call.out) && BUF_LEN(&c->conn->out) < KVD_MAX_OUTPUT) {
 			room = KVD_MIN(c->send_window, s->send_window);
 			if (room <= 0) {
 				if (!s->stalled_since) {
@@ -4982,7 +4969,7 @@ static int h2_stream_send(struct kvd *k, struct h2_conn *c, struct h2_stream *s)
 		buf_trim(k, &s->call.out, 16384);
 		if (s->call.finished)
 			break;
-		if (!s->call.produce || BUF_LEN(&c->out) >= KVD_MAX_OUTPUT ||
+		if (!s->call.produce || BUF_LEN(&c->conn->out) >= KVD_MAX_OUTPUT ||
 		    KVD_MIN(c->send_window, s->send_window) <= 0)
 			return 0; /* the next message waits for room */
 	}
@@ -5000,7 +4987,7 @@ static void h2_flush(struct kvd *k, struct h2_conn *c)
 {
 	unsigned i, start, n;
 
-	if (c->is_closing)
+	if (c->conn->is_closing)
 		return;
 	n = c->nst;
 	if (!n)
@@ -5036,11 +5023,11 @@ static int64_t h2_timers(struct kvd *k, struct h2_conn *c)
 	unsigned i;
 
 	if (!c->settings_seen) {
-		if (now - c->t_open >= KVD_PREFACE_TIMEOUT_MS) {
-			c->is_closing = c->goaway_sent = 1; /* never spoke HTTP/2 */
+		if (now - c->conn->t_open >= KVD_PREFACE_TIMEOUT_MS) {
+			c->conn->is_closing = c->goaway_sent = 1; /* never spoke HTTP/2 */
 			return next;
 		}
-		next = c->t_open + KVD_PREFACE_TIMEOUT_MS;
+		next = c->conn->t_open + KVD_PREFACE_TIMEOUT_MS;
 	}
 	if (c->draining && !c->goaway_sent) {
 		if (now - c->t_drain_ping >= 1000)
@@ -5048,11 +5035,11 @@ static int64_t h2_timers(struct kvd *k, struct h2_conn *c)
 		else
 			next = KVD_MIN(next, c->t_drain_ping + 1000);
 	}
-	if (k->cfg.idle_ms && c->settings_seen && !c->is_closing && !h2_busy(c)) {
-		if (now - c->t_active >= (int64_t)k->cfg.idle_ms)
+	if (k->cfg.idle_ms && c->settings_seen && !c->conn->is_closing && !h2_busy(c)) {
+		if (now - c->conn->t_active >= (int64_t)k->cfg.idle_ms)
 			h2_fail(c, H2_NO_ERROR, "max_idle");
 		else
-			next = KVD_MIN(next, c->t_active + (int64_t)k->cfg.idle_ms);
+			next = KVD_MIN(next, c->conn->t_active + (int64_t)k->cfg.idle_ms);
 	}
 	for (i = 0; i < c->nst; i++) {
 		struct h2_stream *s = c->st[i];
@@ -5065,7 +5052,7 @@ static int64_t h2_timers(struct kvd *k, struct h2_conn *c)
 		if (s->stalled_since && k->cfg.stall_ms) {
 			if (now - s->stalled_since >= (int64_t)k->cfg.stall_ms) {
 				kvd_log(k, KVD_LOG_INFO, "%s: stream %u stalled on a zero window, reset",
-				        c->peer, s->id);
+				        c->conn->peer, s->id);
 				h2_rst(c, s->id, H2_CANCEL);
 				h2_stream_close(c, s);
 				i--;
@@ -5086,7 +5073,7 @@ static void h2_drain(struct kvd *k, struct h2_conn *c)
 	if (c->draining || c->goaway_sent)
 		return;
 	if (!c->settings_seen) {
-		c->is_closing = c->goaway_sent = 1;
+		c->conn->is_closing = c->goaway_sent = 1;
 		return;
 	}
 	c->draining = 1;
@@ -5098,14 +5085,15 @@ static void h2_drain(struct kvd *k, struct h2_conn *c)
 	loop_arm(k, k->now + 1000);
 }
 
-static struct h2_conn *h2_conn_new(struct kvd *k, int fd)
+/* HTTP/2 on connection cn (its first bytes were the preface). */
+static struct h2_conn *h2_conn_new(struct kvd *k, struct conn *cn)
 {
 	struct h2_conn *c = kvd_calloc(k, sizeof *c);
 
 	if (!c)
 		return NULL;
 	c->k = k;
-	c->fd = fd;
+	c->conn = cn;
 	hp_table_init(&c->dec);
 	c->send_window = H2_DEFAULT_WINDOW;
 	c->recv_window = H2_DEFAULT_WINDOW;
@@ -5113,22 +5101,50 @@ static struct h2_conn *h2_conn_new(struct kvd *k, int fd)
 	c->peer_init_window = H2_DEFAULT_WINDOW;
 	bucket_init(&c->rst, KVD_RST_RATE * 2, k->now);
 	bucket_init(&c->glitch, KVD_GLITCH_RATE * 10, k->now);
-	c->t_open = c->t_active = k->now;
-	loop_arm(k, k->now + KVD_PREFACE_TIMEOUT_MS);
+	loop_arm(k, cn->t_open + KVD_PREFACE_TIMEOUT_MS);
 	return c;
 }
 
 static void h2_conn_free(struct kvd *k, struct h2_conn *c)
 {
+	if (!c)
+		return;
 	while (c->nst)
 		h2_stream_close(c, c->st[c->nst - 1]);
 	kvd_free(k, c->st);
 	kvd_free(k, c->hblk);
 	hp_table_free(k, &c->dec);
-	buf_free(k, &c->in);
-	buf_free(k, &c->out);
 	kvd_free(k, c);
 }
+
+/* HTTP/2 as one of the protocols a connection may speak (section 15). */
+static void h2_proto_input(struct kvd *k, struct conn *c) { h2_input(k, c->ps); }
+static void h2_proto_flush(struct kvd *k, struct conn *c) { h2_flush(k, c->ps); }
+static int64_t h2_proto_timers(struct kvd *k, struct conn *c) { return h2_timers(k, c->ps); }
+static void h2_proto_drain(struct kvd *k, struct conn *c) { h2_drain(k, c->ps); }
+static void h2_proto_stop(struct kvd *k, struct conn *c)
+{
+	(void)k;
+	h2_goaway_final(c->ps);
+}
+static void h2_proto_evict(struct kvd *k, struct conn *c)
+{
+	struct h2_conn *h = c->ps;
+
+	(void)k;
+	if (h->settings_seen)
+		h2_fail(h, H2_NO_ERROR, "too_many_connections");
+}
+static int h2_proto_busy(const struct conn *c) { return h2_busy(c->ps); }
+static void h2_proto_free(struct kvd *k, struct conn *c)
+{
+	h2_conn_free(k, c->ps);
+	c->ps = NULL;
+}
+static const struct net_proto h2_proto = {
+	"h2", h2_proto_input, h2_proto_flush, h2_proto_timers, h2_proto_drain, h2_proto_stop, h2_proto_evict,
+	h2_proto_busy, h2_proto_free,
+};
 
 /* ===== 10. Calls and gRPC framing (call_, grpc_) ========================= */
 
@@ -10871,17 +10887,173 @@ static void net_refuse(struct kvd *k, int fd)
 	k->st.conns_refused++;
 }
 
-static void net_write(struct kvd *k, struct h2_conn *c)
+/* ---- transports: how a connection's bytes move ----------------------------- */
+
+static long net_plain_recv(struct conn *c, void *p, size_t n)
 {
-	ssize_t n;
+	ssize_t r = recv(c->fd, p, n, 0);
+
+	if (r >= 0)
+		return (long)r;
+	return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR ? KVD_EAGAIN : KVD_EIO;
+}
+
+static long net_plain_send(struct conn *c, const void *p, size_t n)
+{
+	ssize_t r = send(c->fd, p, n, MSG_NOSIGNAL);
+
+	if (r >= 0)
+		return (long)r;
+	return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR ? KVD_EAGAIN : KVD_EIO;
+}
+
+static const struct net_transport net_plain = {"tcp", net_plain_recv, net_plain_send};
+
+/* ---- choosing a protocol from the first bytes ----------------------------- */
+
+/*
+ * What the first bytes of a connection are: the HTTP/2 preface, an HTTP/1.x
+ * request line (RFC 9112 3: token SP target SP "HTTP/1." DIGIT CRLF), a TLS
+ * ClientHello (a handshake record, RFC 8446 5.1), or none of these.
+ * Bounded and non-allocating; "need more" is distinct from "bad".
+ */
+enum { NET_SNIFF_MORE, NET_SNIFF_H2, NET_SNIFF_HTTP1, NET_SNIFF_TLS, NET_SNIFF_BAD };
+#define NET_MAX_REQUEST_LINE 8192 /* an HTTP/1.x request line longer than this is not waited for */
+
+static int net_sniff(const uint8_t *p, size_t n)
+{
+	static const char ver[] = "HTTP/1.";
+	size_t i = 0, j;
+
+	if (!memcmp(p, H2_PREFACE, KVD_MIN(n, (size_t)H2_PREFACE_LEN)))
+		return n >= H2_PREFACE_LEN ? NET_SNIFF_H2 : NET_SNIFF_MORE;
+	if (p[0] == 0x16) /* handshake record, legacy version 3.x */
+		return n < 2 ? NET_SNIFF_MORE : p[1] == 3 ? NET_SNIFF_TLS : NET_SNIFF_BAD;
+	while (i < n && h2_token_char(p[i] >= 'A' && p[i] <= 'Z' ? (unsigned char)(p[i] | 0x20) : p[i]))
+		i++; /* method (a token; upper case as sent) */
+	if (i == n)
+		return n < NET_MAX_REQUEST_LINE ? NET_SNIFF_MORE : NET_SNIFF_HTTP1;
+	if (!i || p[i++] != ' ')
+		return NET_SNIFF_BAD;
+	for (j = i; i < n && p[i] > ' ' && p[i] < 0x7f; i++)
+		; /* request-target */
+	if (i == n)
+		return n < NET_MAX_REQUEST_LINE ? NET_SNIFF_MORE : NET_SNIFF_HTTP1;
+	if (i == j || p[i++] != ' ')
+		return NET_SNIFF_BAD;
+	for (j = 0; j < 7 && i < n; j++, i++)
+		if (p[i] != (uint8_t)ver[j])
+			return NET_SNIFF_BAD;
+	if (i == n)
+		return NET_SNIFF_MORE;
+	if (p[i] < '0' || p[i] > '9')
+		return NET_SNIFF_BAD;
+	if (++i == n)
+		return NET_SNIFF_MORE;
+	if (p[i] == '\n' || (p[i] == '\r' && (i + 1 == n || p[i + 1] == '\n')))
+		return i + 1 == n && p[i] == '\r' ? NET_SNIFF_MORE : NET_SNIFF_HTTP1;
+	return NET_SNIFF_BAD;
+}
+
+/* An HTTP/1.x request, until the gateway serves them: a plain explanation. */
+static void net_http1_answer(struct kvd *k, struct conn *c)
+{
+	static const char body[] =
+	    "kvd speaks gRPC over HTTP/2 (h2c with prior knowledge); use an etcd v3 client.\n";
+	char hdr[160];
+
+	snprintf(hdr, sizeof hdr, "HTTP/1.1 505 HTTP Version Not Supported\r\n"
+	         "Content-Type: text/plain\r\nConnection: close\r\nContent-Length: %u\r\n\r\n",
+	         (unsigned)(sizeof body - 1));
+	buf_append(k, &c->out, hdr, strlen(hdr));
+	buf_append(k, &c->out, body, sizeof body - 1);
+	c->is_closing = 1;
+}
+
+/* A TLS ClientHello, until TLS is built: a fatal handshake_failure alert
+ * (RFC 8446 6.2), so the client says so rather than reading garbage. */
+static void net_tls_answer(struct kvd *k, struct conn *c)
+{
+	static const uint8_t alert[] = {21, 3, 3, 0, 2, 2, 40};
+
+	buf_append(k, &c->out, alert, sizeof alert);
+	c->is_closing = 1;
+	kvd_log(k, KVD_LOG_INFO, "%s: a TLS ClientHello, but kvd serves no TLS yet (use http://)", c->peer);
+}
+
+/* Handle what c->in holds: choose the protocol first if it is not known. */
+static void net_input(struct kvd *k, struct conn *c)
+{
+	if (!c->proto) {
+		switch (net_sniff(BUF_DATA(&c->in), BUF_LEN(&c->in))) {
+		case NET_SNIFF_MORE: return;
+		case NET_SNIFF_HTTP1: net_http1_answer(k, c); return;
+		case NET_SNIFF_TLS: net_tls_answer(k, c); return;
+		case NET_SNIFF_BAD: h2_bad_preface(k, c); return;
+		}
+		if (!(c->ps = h2_conn_new(k, c))) {
+			c->dead = 1;
+			return;
+		}
+		c->proto = &h2_proto;
+	}
+	c->proto->input(k, c);
+}
+
+/* ---- connections ------------------------------------------------------------ */
+
+static struct conn *net_conn_new(struct kvd *k, int fd, const struct net_transport *tr)
+{
+	struct conn *c = kvd_calloc(k, sizeof *c);
+
+	if (!c)
+		return NULL;
+	c->k = k;
+	c->fd = fd;
+	c->tr = tr;
+	c->t_open = c->t_active = k->now;
+	loop_arm(k, k->now + KVD_PREFACE_TIMEOUT_MS);
+	return c;
+}
+
+static void net_conn_free(struct kvd *k, struct conn *c)
+{
+	if (c->proto)
+		c->proto->free(k, c);
+	buf_free(k, &c->in);
+	buf_free(k, &c->out);
+	kvd_free(k, c);
+}
+
+static int net_busy(const struct conn *c)
+{
+	return c->proto && c->proto->busy(c);
+}
+
+/* A connection's timers: the first bytes must come within
+ * KVD_PREFACE_TIMEOUT_MS; then its protocol's.  The next time it needs a look. */
+static int64_t net_timers(struct kvd *k, struct conn *c)
+{
+	if (c->proto)
+		return c->proto->timers(k, c);
+	if (c->is_closing)
+		return INT64_MAX;
+	if (k->now - c->t_open >= KVD_PREFACE_TIMEOUT_MS) {
+		c->is_closing = 1; /* never said what it speaks */
+		return INT64_MAX;
+	}
+	return c->t_open + KVD_PREFACE_TIMEOUT_MS;
+}
+
+static void net_write(struct kvd *k, struct conn *c)
+{
+	long n;
 
 	while (BUF_LEN(&c->out) && !c->dead) {
-		n = send(c->fd, BUF_DATA(&c->out), BUF_LEN(&c->out), MSG_NOSIGNAL);
+		n = c->tr->send(c, BUF_DATA(&c->out), BUF_LEN(&c->out));
 		if (n > 0)
 			buf_consume(&c->out, (size_t)n);
-		else if (n < 0 && errno == EINTR)
-			continue;
-		else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+		else if (n == KVD_EAGAIN)
 			break;
 		else
 			c->dead = 1;
@@ -10918,16 +11090,16 @@ static void net_src_key(const struct sockaddr_storage *ss, uint8_t key[9])
  */
 static int net_evict(struct kvd *k)
 {
-	struct h2_conn *c, *victim = NULL;
+	struct conn *c, *victim = NULL;
 
 	for (c = k->conns; c; c = c->next)
-		if (!c->uncounted && !c->is_closing && !c->dead && !h2_busy(c) &&
+		if (!c->uncounted && !c->is_closing && !c->dead && !net_busy(c) &&
 		    (!victim || c->t_active <= victim->t_active)) /* newest first: ties go to the oldest */
 			victim = c;
 	if (!victim)
 		return -1;
-	if (victim->settings_seen)
-		h2_fail(victim, H2_NO_ERROR, "too_many_connections");
+	if (victim->proto) /* in the protocol's own words */
+		victim->proto->evict(k, victim);
 	net_write(k, victim); /* best effort: the GOAWAY, then the socket goes */
 	victim->dead = victim->uncounted = 1;
 	k->nconns--;
@@ -10940,7 +11112,7 @@ static void net_accept(struct kvd *k, struct net_listener *l)
 {
 	struct sockaddr_storage ss;
 	socklen_t sl;
-	struct h2_conn *c;
+	struct conn *c;
 	uint8_t key[9];
 	unsigned same;
 	int fd, one = 1, i;
@@ -10971,7 +11143,8 @@ static void net_accept(struct kvd *k, struct net_listener *l)
 			net_refuse(k, fd);
 			continue;
 		}
-		if (k->stopping || (k->nconns >= k->cfg.max_conns && net_evict(k)) || !(c = h2_conn_new(k, fd))) {
+		if (k->stopping || (k->nconns >= k->cfg.max_conns && net_evict(k)) ||
+		    !(c = net_conn_new(k, fd, &net_plain))) {
 			net_refuse(k, fd);
 			continue;
 		}
@@ -10985,21 +11158,26 @@ static void net_accept(struct kvd *k, struct net_listener *l)
 }
 
 /*
- * Read what the socket has.  The common case runs frames straight from
- * k->rbuf; only a partial frame (or input held back by output pressure) is
- * copied into c->in, so idle connections own no input buffer.
+ * Read what the transport has.  The common case runs the protocol straight
+ * from k->rbuf, lent to c->in (a lent buffer cannot grow: buf_reserve
+ * refuses it); only what is left over -- a partial frame, or input held back
+ * by output pressure -- is copied into c->in, so idle connections own no
+ * input buffer.
  */
-static void net_read(struct kvd *k, struct h2_conn *c)
+static void net_read(struct kvd *k, struct conn *c)
 {
-	ssize_t n = recv(c->fd, k->rbuf, sizeof k->rbuf, 0);
+	long n = c->tr->recv(c, k->rbuf, sizeof k->rbuf);
+	struct kvd_buf own;
+	size_t left;
 
+	if (n == KVD_EAGAIN)
+		return;
 	if (n < 0) {
-		if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
-			c->dead = 1;
+		c->dead = 1;
 		return;
 	}
 	if (n == 0) {
-		c->peer_closed = c->is_closing = c->goaway_sent = 1;
+		c->peer_closed = c->is_closing = 1;
 		return;
 	}
 	if (c->is_closing) /* lingering: drain and drop */
@@ -11009,20 +11187,23 @@ static void net_read(struct kvd *k, struct h2_conn *c)
 			c->dead = 1;
 			return;
 		}
-		h2_input(k, c);
+		net_input(k, c);
 	} else {
-		struct kvd_buf own = c->in;
+		own = c->in;
 		c->in.p = k->rbuf;
 		c->in.rd = 0;
 		c->in.len = c->in.cap = (size_t)n;
-		size_t left;
-		const uint8_t *lp;
-		h2_input(k, c); /* only consumes c->in, never grows it */
+		c->in.lent = 1;
+		net_input(k, c);
 		left = BUF_LEN(&c->in);
-		lp = BUF_DATA(&c->in);
-		c->in = own;
-		if (left && buf_append(k, &c->in, lp, left))
+		if (!KVD_ALWAYS(c->in.lent && c->in.p == k->rbuf)) { /* nobody may swap the loan */
 			c->dead = 1;
+			return;
+		}
+		own.rd = own.len = 0;
+		if (left && buf_append(k, &own, BUF_DATA(&c->in), left))
+			c->dead = 1;
+		c->in = own;
 	}
 	buf_trim(k, &c->in, 0);
 }
@@ -11032,7 +11213,7 @@ static void net_read(struct kvd *k, struct h2_conn *c)
  * any RST (closing with unread input would send one). */
 static void net_reap(struct kvd *k)
 {
-	struct h2_conn **pp = &k->conns, *c;
+	struct conn **pp = &k->conns, *c;
 
 	while ((c = *pp)) {
 		if (c->is_closing && !c->t_close) {
@@ -11050,17 +11231,19 @@ static void net_reap(struct kvd *k)
 			close(c->fd);
 			if (!c->uncounted)
 				k->nconns--;
-			h2_conn_free(k, c);
+			net_conn_free(k, c);
 			continue;
 		}
 		pp = &c->next;
 	}
 }
 
-/* Graceful shutdown: stop accepting, GOAWAY everyone, finish calls. */
+/* ---- the loop ---------------------------------------------------------------- */
+
+/* Graceful shutdown: stop accepting, tell every connection, finish calls. */
 static void loop_stop(struct kvd *k)
 {
-	struct h2_conn *c;
+	struct conn *c;
 	unsigned i;
 
 	if (k->stopping)
@@ -11073,26 +11256,30 @@ static void loop_stop(struct kvd *k)
 	k->nls = 0;
 	svc_shutdown(k);
 	for (c = k->conns; c; c = c->next)
-		h2_drain(k, c);
+		if (c->proto)
+			c->proto->drain(k, c);
+		else
+			c->is_closing = 1;
 	kvd_log(k, KVD_LOG_INFO, "shutting down: draining %u connection(s)", k->nconns);
 }
 
 static void loop_timers(struct kvd *k)
 {
-	struct h2_conn *c;
+	struct conn *c;
 	struct call *call;
 
 	if (k->now < k->next_timer)
 		return;
 	k->next_timer = INT64_MAX;
 	for (c = k->conns; c; c = c->next)
-		loop_arm(k, h2_timers(k, c));
+		loop_arm(k, net_timers(k, c));
 	if (k->stopping) {
 		if (k->now >= k->stop_deadline) { /* grace is over: end what remains */
 			for (call = k->calls; call; call = call->next)
 				call_finish(k, call, GRPC_UNAVAILABLE, "etcdserver: server stopped");
 			for (c = k->conns; c; c = c->next) {
-				h2_goaway_final(c);
+				if (c->proto)
+					c->proto->stop(k, c);
 				if (k->now >= k->stop_deadline + 1000)
 					c->dead = 1;
 			}
@@ -11143,70 +11330,128 @@ static void loop_log_flush(struct kvd *k)
 }
 
 /* Before sleeping: input held back by output pressure, the log flush, then
- * every stream's output into its socket, then reaping. */
+ * every connection's output into its socket, then reaping. */
 static void loop_flush(struct kvd *k)
 {
-	struct h2_conn *c;
+	struct conn *c;
 
 	for (c = k->conns; c; c = c->next)
 		if (!c->dead && BUF_LEN(&c->in) && !c->is_closing && BUF_LEN(&c->out) < KVD_MAX_OUTPUT)
-			h2_input(k, c);
+			net_input(k, c);
 	loop_log_flush(k);
 	for (c = k->conns; c; c = c->next) {
 		if (c->dead)
 			continue;
-		h2_flush(k, c);
+		if (c->proto && !c->is_closing)
+			c->proto->flush(k, c);
 		net_write(k, c);
 	}
 	net_reap(k);
 }
 
+/* What each pollfd belongs to: the dispatch needs nothing positional. */
+enum { LOOP_WAKE, LOOP_LISTENER, LOOP_CONFD, LOOP_CONN };
+struct loop_slot {
+	int kind;
+	void *obj;
+};
+
 static int loop_pollset(struct kvd *k)
 {
 	size_t need = 1 + k->nls + (k->confd ? k->confd->nfd : 0) + k->nconns, n = 0;
-	struct h2_conn *c;
+	struct conn *c;
 	unsigned i;
 
+	for (c = k->conns; c; c = c->next)
+		need += c->uncounted; /* evicted, still to be reaped */
 	if (need > k->pcap) {
 		struct pollfd *p = kvd_realloc(k, k->pfd, need * sizeof *p);
-		void **o;
+		struct loop_slot *o;
 		if (!p)
-			return -1;
+			return KVD_ENOMEM;
 		k->pfd = p;
-		o = kvd_realloc(k, k->pobj, need * sizeof *o);
-		if (!o)
-			return -1;
-		k->pobj = o;
+		if (!(o = kvd_realloc(k, k->slot, need * sizeof *o)))
+			return KVD_ENOMEM;
+		k->slot = o;
 		k->pcap = need;
 	}
-	k->pfd[n].fd = k->wake[0];
-	k->pfd[n].events = POLLIN;
-	k->pobj[n++] = NULL;
-	k->npoll_ls = 0;
+#define LOOP_ADD(fd_, ev, kind_, obj_) \
+	(k->pfd[n].fd = (fd_), k->pfd[n].events = (short)(ev), k->slot[n].kind = (kind_), k->slot[n++].obj = (obj_))
+	LOOP_ADD(k->wake[0], POLLIN, LOOP_WAKE, NULL);
 	if (k->now >= k->accept_pause_until && !k->stopping)
-		for (i = 0; i < k->nls; i++) {
-			k->pfd[n].fd = k->ls[i].fd;
-			k->pfd[n].events = POLLIN;
-			k->pobj[n++] = &k->ls[i];
-			k->npoll_ls++;
-		}
-	k->npoll_cd = 0;
-	for (i = 0; k->confd && !k->stopping && i < k->confd->nfd; i++) {
-		k->pfd[n].fd = k->confd->fds[i];
-		k->pfd[n].events = POLLIN;
-		k->pobj[n++] = NULL;
-		k->npoll_cd++;
-	}
-	for (c = k->conns; c; c = c->next) {
-		k->pfd[n].fd = c->fd;
-		k->pfd[n].events = 0;
-		if (c->is_closing || BUF_LEN(&c->out) < KVD_MAX_OUTPUT)
-			k->pfd[n].events |= POLLIN; /* closing: watch for the peer's EOF */
-		if (BUF_LEN(&c->out))
-			k->pfd[n].events |= POLLOUT;
-		k->pobj[n++] = c;
-	}
+		for (i = 0; i < k->nls; i++)
+			LOOP_ADD(k->ls[i].fd, POLLIN, LOOP_LISTENER, &k->ls[i]);
+	for (i = 0; k->confd && !k->stopping && i < k->confd->nfd; i++)
+		LOOP_ADD(k->confd->fds[i], POLLIN, LOOP_CONFD, NULL);
+	for (c = k->conns; c && n < k->pcap; c = c->next) /* closing: POLLIN watches for the peer's EOF */
+		LOOP_ADD(c->fd, (c->is_closing || BUF_LEN(&c->out) < KVD_MAX_OUTPUT ? POLLIN : 0) |
+		                    (BUF_LEN(&c->out) ? POLLOUT : 0), LOOP_CONN, c);
+#undef LOOP_ADD
 	return (int)n;
+}
+
+/* One loop iteration (kvd_poll): timers, the flush of what is pending, then
+ * poll, dispatch by what each fd is, and the flush again. */
+static int loop_run(struct kvd *k, int timeout_ms)
+{
+	char b[16];
+	ssize_t r;
+	int n, i, ms;
+	int64_t wait;
+
+	k->now = util_now_ms();
+	loop_timers(k);
+	loop_flush(k);
+	if (k->stopping && !k->conns)
+		return KVD_ESTOPPED;
+	if ((n = loop_pollset(k)) < 0)
+		return n;
+	ms = timeout_ms;
+	if (k->next_timer != INT64_MAX) {
+		wait = k->next_timer - k->now;
+		wait = wait < 0 ? 0 : wait > INT_MAX ? INT_MAX : wait;
+		if (ms < 0 || wait < ms)
+			ms = (int)wait;
+	}
+	if (poll(k->pfd, (nfds_t)n, ms) <= 0) {
+		k->now = util_now_ms();
+		return 0;
+	}
+	k->now = util_now_ms();
+	for (i = 0; i < n; i++) {
+		short re = k->pfd[i].revents;
+		struct conn *c;
+		if (!re)
+			continue;
+		switch (k->slot[i].kind) {
+		case LOOP_WAKE:
+			while ((r = read(k->wake[0], b, sizeof b)) > 0) {
+				if (memchr(b, 'H', (size_t)r))
+					confd_reload(k);
+				if (memchr(b, 'T', (size_t)r))
+					loop_stop(k);
+			}
+			break;
+		case LOOP_LISTENER:
+			if (!k->stopping)
+				net_accept(k, k->slot[i].obj);
+			break;
+		case LOOP_CONFD:
+			confd_read(k, k->pfd[i].fd);
+			break;
+		case LOOP_CONN:
+			c = k->slot[i].obj; /* reaped only in loop_flush: still here */
+			if (c->dead)
+				break;
+			if (re & (POLLIN | POLLHUP | POLLERR))
+				net_read(k, c);
+			if ((re & POLLOUT) && !c->dead)
+				net_write(k, c);
+			break;
+		}
+	}
+	loop_flush(k);
+	return k->stopping && !k->conns ? KVD_ESTOPPED : 0;
 }
 
 /* ===== 16. Flags and configuration (cfg_) ================================ */
@@ -11814,59 +12059,7 @@ KVD_API void kvd_shutdown(struct kvd *k)
 
 KVD_API int kvd_poll(struct kvd *k, int timeout_ms)
 {
-	char b[16];
-	ssize_t r;
-	int n, i, ms;
-	int64_t wait;
-
-	k->now = util_now_ms();
-	loop_timers(k);
-	loop_flush(k);
-	if (k->stopping && !k->conns)
-		return KVD_ESTOPPED;
-	n = loop_pollset(k);
-	if (n < 0)
-		return KVD_ENOMEM;
-	ms = timeout_ms;
-	if (k->next_timer != INT64_MAX) {
-		wait = k->next_timer - k->now;
-		wait = wait < 0 ? 0 : wait > INT_MAX ? INT_MAX : wait;
-		if (ms < 0 || wait < ms)
-			ms = (int)wait;
-	}
-	if (poll(k->pfd, (nfds_t)n, ms) <= 0) {
-		k->now = util_now_ms();
-		return 0;
-	}
-	k->now = util_now_ms();
-	for (i = 0; i < n; i++) {
-		short re = k->pfd[i].revents;
-		if (!re)
-			continue;
-		if (i == 0) {
-			while ((r = read(k->wake[0], b, sizeof b)) > 0) {
-				if (memchr(b, 'H', (size_t)r))
-					confd_reload(k);
-				if (memchr(b, 'T', (size_t)r))
-					loop_stop(k);
-			}
-		} else if ((unsigned)i <= k->npoll_ls) { /* listeners come first */
-			if (!k->stopping)
-				net_accept(k, k->pobj[i]);
-		} else if ((unsigned)i <= k->npoll_ls + k->npoll_cd) { /* then confd's sockets */
-			confd_read(k, k->pfd[i].fd);
-		} else {
-			struct h2_conn *c = k->pobj[i];
-			if (k->pfd[i].fd != c->fd || c->dead)
-				continue;
-			if (re & (POLLIN | POLLHUP | POLLERR))
-				net_read(k, c);
-			if ((re & POLLOUT) && !c->dead)
-				net_write(k, c);
-		}
-	}
-	loop_flush(k);
-	return k->stopping && !k->conns ? KVD_ESTOPPED : 0;
+	return loop_run(k, timeout_ms);
 }
 
 KVD_API void kvd_set_log(struct kvd *k, kvd_log_fn *fn, void *arg)
@@ -11877,7 +12070,7 @@ KVD_API void kvd_set_log(struct kvd *k, kvd_log_fn *fn, void *arg)
 
 KVD_API void kvd_close(struct kvd *k)
 {
-	struct h2_conn *c;
+	struct conn *c;
 	unsigned i;
 
 	if (!k)
@@ -11885,7 +12078,7 @@ KVD_API void kvd_close(struct kvd *k)
 	while ((c = k->conns)) {
 		k->conns = c->next;
 		close(c->fd);
-		h2_conn_free(k, c);
+		net_conn_free(k, c);
 	}
 	for (i = 0; i < k->nls; i++)
 		close(k->ls[i].fd);
@@ -11903,7 +12096,7 @@ KVD_API void kvd_close(struct kvd *k)
 	kvd_free(k, k->held);
 	kvd_free(k, k->ls);
 	kvd_free(k, k->pfd);
-	kvd_free(k, k->pobj);
+	kvd_free(k, k->slot);
 	cfg_free_list(k, k->client_urls, k->nclient_urls);
 	cfg_free_list(k, k->peer_urls, k->npeer_urls);
 	if (k->lock_fd >= 0)

@@ -340,8 +340,9 @@ def connection_flood():
 
 @test
 def garbage():
-    """Not HTTP/2 and not an HTTP/1.x request: SETTINGS, then GOAWAY
-    PROTOCOL_ERROR (h2spec 3.5/2), and the connection closes."""
+    """Not HTTP/2, not an HTTP/1.x request, not TLS: SETTINGS, then GOAWAY
+    PROTOCOL_ERROR (h2spec 3.5/2), and the connection closes; a TLS
+    ClientHello gets a TLS alert."""
     for junk in (os.urandom(5000), b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + os.urandom(3000),
                  b"\x16\x03\x01" + os.urandom(300), b"INVALID CONNECTION PREFACE\r\n\r\n",
                  b"PRI * HTTP/2.0\r\n\r\nSM\r\n\rQ"):
@@ -360,7 +361,9 @@ def garbage():
             closed = True
         s.close()
         check(closed, "garbage connection closed")
-        if junk[:24] != b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n":
+        if junk[:2] == b"\x16\x03":  # a TLS ClientHello: a fatal handshake_failure alert until TLS exists
+            check(data == b"\x15\x03\x03\x00\x02\x02\x28", "TLS alert: %r" % data[:20])
+        elif junk[:24] != b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n":
             fs, at = [], 0
             while at + 9 <= len(data):
                 n = int.from_bytes(data[at:at + 3], "big")

@@ -2,8 +2,10 @@
  * test/fuzz_h2.c - libFuzzer target: bytes from a hostile HTTP/2 client.
  * SPDX-License-Identifier: BSD-2-Clause
  *
- * The first input byte picks the mode: bit 0 prepends a valid preface and
- * SETTINGS (so frames are reached quickly), bits 1-3 the chunk size the input
+ * The bytes reach a connection that has not yet said what it speaks (the
+ * protocol is chosen from them, as the loop does).  The first input byte
+ * picks the mode: bit 0 prepends a valid preface and SETTINGS (so frames are
+ * reached quickly), bits 1-3 the chunk size the input
  * is fed in (1, 2, 4 ... 64 bytes, or all at once), bit 4 whether kvd's
  * output is drained (a reading peer) or left to pile up.  The clock moves
  * between chunks so timers fire too.  Everything must be freed at the end.
@@ -18,7 +20,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	static const uint8_t preface[] = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\4\0\0\0\0\0";
 	struct kvd_config cfg;
 	struct kvd *k;
-	struct h2_conn *c;
+	struct conn *c;
 	char err[KVD_ERRLEN];
 	size_t off = 0, step, n, base;
 	unsigned mode;
@@ -35,30 +37,32 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		return 0;
 	}
 	base = k->mem;
-	c = h2_conn_new(k, -1);
+	c = net_conn_new(k, -1, &net_plain); /* the first bytes choose the protocol */
 	if (!c) {
 		kvd_close(k);
 		return 0;
 	}
 	if (mode & 1) {
 		buf_append(k, &c->in, preface, sizeof preface - 1);
-		h2_input(k, c);
+		net_input(k, c);
 	}
 	step = ((mode >> 1) & 7) == 7 ? size : (size_t)1 << ((mode >> 1) & 7);
-	while (off < size && !c->is_closing) {
+	while (off < size && !c->is_closing && !c->dead) {
 		n = KVD_MIN(step, size - off);
 		if (buf_append(k, &c->in, data + off, n))
 			break;
 		off += n;
-		h2_input(k, c);
-		h2_flush(k, c);
+		net_input(k, c);
+		if (c->proto)
+			c->proto->flush(k, c);
 		if (mode & 0x10)
 			buf_consume(&c->out, BUF_LEN(&c->out));
 		k->now += 997;
-		h2_timers(k, c);
-		h2_flush(k, c);
+		net_timers(k, c);
+		if (c->proto && !c->is_closing)
+			c->proto->flush(k, c);
 	}
-	h2_conn_free(k, c);
+	net_conn_free(k, c);
 	if (k->mem != base)
 		abort(); /* a leak kvd's own accounting sees */
 	kvd_close(k);

@@ -574,8 +574,8 @@ struct t_frames {
 /* Parse everything kvd queued on c (and drop it, as if the peer read it). */
 static void t_out(struct h2_conn *c, struct t_frames *fs)
 {
-	const uint8_t *p = BUF_DATA(&c->out);
-	size_t n = BUF_LEN(&c->out), len;
+	const uint8_t *p = BUF_DATA(&c->conn->out);
+	size_t n = BUF_LEN(&c->conn->out), len;
 
 	fs->n = 0;
 	fs->bytes = n;
@@ -592,7 +592,7 @@ static void t_out(struct h2_conn *c, struct t_frames *fs)
 		p += 9 + len;
 		n -= 9 + len;
 	}
-	buf_consume(&c->out, BUF_LEN(&c->out));
+	buf_consume(&c->conn->out, BUF_LEN(&c->conn->out));
 }
 
 static int t_find(const struct t_frames *fs, unsigned type, uint32_t sid)
@@ -667,19 +667,44 @@ static void t_health_call(struct kvd_buf *b, struct kvd *k, uint32_t sid)
 	t_put_frame(b, k, H2_DATA, H2_F_END_STREAM, sid, "\0\0\0\0\0", 5);
 }
 
+/* A connection whose first bytes chose HTTP/2 (no socket). */
 static struct h2_conn *t_conn(struct kvd *k)
 {
-	struct h2_conn *c = h2_conn_new(k, -1);
+	struct conn *cn = net_conn_new(k, -1, &net_plain);
+	struct h2_conn *c;
 
-	snprintf(c->peer, sizeof c->peer, "test");
+	if (!cn)
+		return NULL;
+	snprintf(cn->peer, sizeof cn->peer, "test");
+	if (!(c = h2_conn_new(k, cn))) {
+		net_conn_free(k, cn);
+		return NULL;
+	}
+	cn->proto = &h2_proto;
+	cn->ps = c;
 	return c;
+}
+
+static void t_conn_free(struct kvd *k, struct h2_conn *c)
+{
+	if (c)
+		net_conn_free(k, c->conn);
 }
 
 static void t_feed(struct kvd *k, struct h2_conn *c, const void *p, size_t n)
 {
-	buf_append(k, &c->in, p, n);
+	buf_append(k, &c->conn->in, p, n);
 	h2_input(k, c);
 	h2_flush(k, c);
+}
+
+/* A connection that has not said what it speaks: bytes go through net_input. */
+static void t_raw_feed(struct kvd *k, struct conn *cn, const void *p, size_t n)
+{
+	buf_append(k, &cn->in, p, n);
+	net_input(k, cn);
+	if (cn->proto)
+		cn->proto->flush(k, cn);
 }
 
 /* Decode response header frame i with a fresh decoder: field "name" value. */
@@ -720,10 +745,10 @@ static void test_h2_health_whole_and_bytewise(void)
 	t_health_call(&in, k, 3);
 	/* whole */
 	c = t_conn(k);
-	buf_append(k, &c->in, BUF_DATA(&in), BUF_LEN(&in));
+	buf_append(k, &c->conn->in, BUF_DATA(&in), BUF_LEN(&in));
 	h2_input(k, c);
 	h2_flush(k, c);
-	buf_append(k, &whole, BUF_DATA(&c->out), BUF_LEN(&c->out));
+	buf_append(k, &whole, BUF_DATA(&c->conn->out), BUF_LEN(&c->conn->out));
 	t_out(c, &fs);
 	CHECK(fs.n >= 9);
 	CHECK(fs.f[0].type == H2_SETTINGS && fs.f[0].flags == 0);             /* server preface */
@@ -739,14 +764,14 @@ static void test_h2_health_whole_and_bytewise(void)
 	CHECK(fs.f[fs.n - 1].type == H2_HEADERS && (fs.f[fs.n - 1].flags & H2_F_END_STREAM) &&
 	      t_resp_field(k, &fs.f[fs.n - 1], "grpc-status", "0"));
 	CHECK(t_find(&fs, H2_RST_STREAM, 1) < 0 && c->nst == 0);
-	h2_conn_free(k, c);
+	t_conn_free(k, c);
 	/* byte by byte: the same bytes out */
 	c = t_conn(k);
 	for (i = 0; i < BUF_LEN(&in); i++)
 		t_feed(k, c, BUF_DATA(&in) + i, 1);
-	buf_append(k, &bytewise, BUF_DATA(&c->out), BUF_LEN(&c->out));
+	buf_append(k, &bytewise, BUF_DATA(&c->conn->out), BUF_LEN(&c->conn->out));
 	CHECK(BUF_LEN(&whole) == BUF_LEN(&bytewise) && !memcmp(BUF_DATA(&whole), BUF_DATA(&bytewise), BUF_LEN(&whole)));
-	h2_conn_free(k, c);
+	t_conn_free(k, c);
 	buf_free(k, &in);
 	buf_free(k, &whole);
 	buf_free(k, &bytewise);
@@ -782,8 +807,8 @@ static void test_h2_conn_errors(void)
 		build;                                 \
 		c = t_run(k, &b, &fs);                 \
 		CHECK(t_goaway_code(&fs) == (expect_code)); \
-		CHECK(c->is_closing);                  \
-		h2_conn_free(k, c);                    \
+		CHECK(c->conn->is_closing);                  \
+		t_conn_free(k, c);                    \
 		buf_free(k, &b);                       \
 	} while (0)
 
@@ -836,15 +861,15 @@ static void test_h2_conn_errors(void)
 		t_feed(k, c, BUF_DATA(&in), BUF_LEN(&in));
 		t_out(c, &fs);
 		CHECK(t_goaway_code(&fs) == H2_PROTOCOL_ERROR);
-		h2_conn_free(k, c);
+		t_conn_free(k, c);
 		buf_free(k, &in);
 	}
 	/* not HTTP/2 at all: an HTTP/1.1 answer, no frames */
 	{
-		c = t_conn(k);
-		t_feed(k, c, "GET / HTTP/1.1\r\n\r\n", 18);
-		CHECK(c->is_closing && BUF_LEN(&c->out) > 12 && !memcmp(BUF_DATA(&c->out), "HTTP/1.1 505", 12));
-		h2_conn_free(k, c);
+		struct conn *cn = net_conn_new(k, -1, &net_plain);
+		t_raw_feed(k, cn, "GET / HTTP/1.1\r\n\r\n", 18);
+		CHECK(cn->is_closing && BUF_LEN(&cn->out) > 12 && !memcmp(BUF_DATA(&cn->out), "HTTP/1.1 505", 12));
+		net_conn_free(k, cn);
 	}
 #undef T_CASE
 	kvd_close(k);
@@ -864,8 +889,8 @@ static void test_h2_stream_errors(void)
 	t_put_frame(&b, k, H2_HEADERS, H2_F_END_HEADERS, 1, blk, n);
 	t_put_frame(&b, k, H2_WINDOW_UPDATE, 0, 1, "\0\0\0\0", 4);
 	c = t_run(k, &b, &fs);
-	CHECK(t_rst_code(&fs, 1) == H2_PROTOCOL_ERROR && !c->is_closing && c->nst == 0);
-	h2_conn_free(k, c);
+	CHECK(t_rst_code(&fs, 1) == H2_PROTOCOL_ERROR && !c->conn->is_closing && c->nst == 0);
+	t_conn_free(k, c);
 	buf_free(k, &b);
 	/* DATA after END_STREAM on a still-open stream: STREAM_CLOSED */
 	n = t_req_block(k, blk, "/grpc.health.v1.Health/Watch", NULL, NULL);
@@ -873,29 +898,29 @@ static void test_h2_stream_errors(void)
 	t_put_frame(&b, k, H2_DATA, H2_F_END_STREAM, 1, "\0\0\0\0\0", 5);
 	t_put_frame(&b, k, H2_DATA, 0, 1, "x", 1);
 	c = t_run(k, &b, &fs);
-	CHECK(t_rst_code(&fs, 1) == H2_STREAM_CLOSED && !c->is_closing);
-	h2_conn_free(k, c);
+	CHECK(t_rst_code(&fs, 1) == H2_STREAM_CLOSED && !c->conn->is_closing);
+	t_conn_free(k, c);
 	buf_free(k, &b);
 	/* uppercase header name: malformed */
 	n = t_req_block(k, blk, "/grpc.health.v1.Health/Check", "X-Bad", "1");
 	t_put_frame(&b, k, H2_HEADERS, H2_F_END_HEADERS, 1, blk, n);
 	c = t_run(k, &b, &fs);
-	CHECK(t_rst_code(&fs, 1) == H2_PROTOCOL_ERROR && !c->is_closing);
-	h2_conn_free(k, c);
+	CHECK(t_rst_code(&fs, 1) == H2_PROTOCOL_ERROR && !c->conn->is_closing);
+	t_conn_free(k, c);
 	buf_free(k, &b);
 	/* connection-specific header */
 	n = t_req_block(k, blk, "/grpc.health.v1.Health/Check", "connection", "close");
 	t_put_frame(&b, k, H2_HEADERS, H2_F_END_HEADERS, 1, blk, n);
 	c = t_run(k, &b, &fs);
 	CHECK(t_rst_code(&fs, 1) == H2_PROTOCOL_ERROR);
-	h2_conn_free(k, c);
+	t_conn_free(k, c);
 	buf_free(k, &b);
 	/* te other than trailers */
 	n = t_req_block(k, blk, "/grpc.health.v1.Health/Check", "te", "gzip");
 	t_put_frame(&b, k, H2_HEADERS, H2_F_END_HEADERS, 1, blk, n);
 	c = t_run(k, &b, &fs);
 	CHECK(t_rst_code(&fs, 1) == H2_PROTOCOL_ERROR);
-	h2_conn_free(k, c);
+	t_conn_free(k, c);
 	buf_free(k, &b);
 	/* pseudo-header after a regular one */
 	n = t_req_block(k, blk, "/grpc.health.v1.Health/Check", NULL, NULL);
@@ -903,13 +928,13 @@ static void test_h2_stream_errors(void)
 	t_put_frame(&b, k, H2_HEADERS, H2_F_END_HEADERS, 1, blk, n);
 	c = t_run(k, &b, &fs);
 	CHECK(t_rst_code(&fs, 1) == H2_PROTOCOL_ERROR);
-	h2_conn_free(k, c);
+	t_conn_free(k, c);
 	buf_free(k, &b);
 	/* missing :path */
 	t_put_frame(&b, k, H2_HEADERS, H2_F_END_HEADERS, 1, "\x83\x86", 2);
 	c = t_run(k, &b, &fs);
 	CHECK(t_rst_code(&fs, 1) == H2_PROTOCOL_ERROR);
-	h2_conn_free(k, c);
+	t_conn_free(k, c);
 	buf_free(k, &b);
 	/* content-length that the DATA does not match */
 	n = t_req_block(k, blk, "/grpc.health.v1.Health/Check", "content-length", "9");
@@ -917,7 +942,7 @@ static void test_h2_stream_errors(void)
 	t_put_frame(&b, k, H2_DATA, H2_F_END_STREAM, 1, "\0\0\0\0\0", 5);
 	c = t_run(k, &b, &fs);
 	CHECK(t_rst_code(&fs, 1) == H2_PROTOCOL_ERROR);
-	h2_conn_free(k, c);
+	t_conn_free(k, c);
 	buf_free(k, &b);
 	/* trailers without END_STREAM */
 	n = t_req_block(k, blk, "/grpc.health.v1.Health/Watch", NULL, NULL);
@@ -925,14 +950,14 @@ static void test_h2_stream_errors(void)
 	t_put_frame(&b, k, H2_HEADERS, H2_F_END_HEADERS, 1, "\x40\x01x\x01y", 5);
 	c = t_run(k, &b, &fs);
 	CHECK(t_rst_code(&fs, 1) == H2_PROTOCOL_ERROR);
-	h2_conn_free(k, c);
+	t_conn_free(k, c);
 	buf_free(k, &b);
 	/* PRIORITY self-dependency; a valid PRIORITY opens nothing */
 	t_put_frame(&b, k, H2_PRIORITY, 0, 3, "\0\0\0\3\x10", 5);
 	t_put_frame(&b, k, H2_PRIORITY, 0, 5, "\0\0\0\1\x10", 5);
 	c = t_run(k, &b, &fs);
-	CHECK(t_rst_code(&fs, 3) == H2_PROTOCOL_ERROR && t_rst_code(&fs, 5) == 0xffffffffu && !c->is_closing && !c->nst);
-	h2_conn_free(k, c);
+	CHECK(t_rst_code(&fs, 3) == H2_PROTOCOL_ERROR && t_rst_code(&fs, 5) == 0xffffffffu && !c->conn->is_closing && !c->nst);
+	t_conn_free(k, c);
 	buf_free(k, &b);
 	kvd_close(k);
 }
@@ -988,8 +1013,8 @@ static void test_grpc_errors(void)
 			h2_pct_encode(cases[i].msg, enc, sizeof enc);
 			CHECK(t_resp_field(k, &fs.f[h], "grpc-message", enc));
 		}
-		CHECK(c->nst == 0 && !c->is_closing);
-		h2_conn_free(k, c);
+		CHECK(c->nst == 0 && !c->conn->is_closing);
+		t_conn_free(k, c);
 		buf_free(k, &b);
 	}
 	t_name = "grpc_errors";
@@ -1003,8 +1028,8 @@ static void test_grpc_errors(void)
 	buf_consume(&b, 0);
 	t_feed(k, c, BUF_DATA(&b) + BUF_LEN(&b) - 14, 14);
 	t_out(c, &fs);
-	CHECK(fs.n == 0 && !c->is_closing);
-	h2_conn_free(k, c);
+	CHECK(fs.n == 0 && !c->conn->is_closing);
+	t_conn_free(k, c);
 	buf_free(k, &b);
 	/* GET and a foreign content-type */
 	{
@@ -1019,7 +1044,7 @@ static void test_grpc_errors(void)
 		c = t_run(k, &b, &fs);
 		h = t_find(&fs, H2_HEADERS, 1);
 		CHECK(h >= 0 && t_resp_field(k, &fs.f[h], ":status", "405") && t_resp_field(k, &fs.f[h], "grpc-status", "13"));
-		h2_conn_free(k, c);
+		t_conn_free(k, c);
 		buf_free(k, &b);
 		buf_append(k, &x, "\x83\x86", 2);
 		hp_put_field(k, &x, 4, NULL, "/grpc.health.v1.Health/Check", 28);
@@ -1030,7 +1055,7 @@ static void test_grpc_errors(void)
 		c = t_run(k, &b, &fs);
 		h = t_find(&fs, H2_HEADERS, 1);
 		CHECK(h >= 0 && t_resp_field(k, &fs.f[h], ":status", "415") && t_resp_field(k, &fs.f[h], "grpc-status", "3"));
-		h2_conn_free(k, c);
+		t_conn_free(k, c);
 		buf_free(k, &b);
 	}
 	/* application/grpc+proto is echoed */
@@ -1045,7 +1070,7 @@ static void test_grpc_errors(void)
 		c = t_run(k, &b, &fs);
 		h = t_find(&fs, H2_HEADERS, 1);
 		CHECK(h >= 0 && t_resp_field(k, &fs.f[h], "content-type", "application/grpc+proto"));
-		h2_conn_free(k, c);
+		t_conn_free(k, c);
 		buf_free(k, &b);
 	}
 	kvd_close(k);
@@ -1094,7 +1119,7 @@ static void test_grpc_deadline(void)
 	h = t_find(&fs, H2_HEADERS, 1);
 	CHECK(h >= 0 && t_resp_field(k, &fs.f[h], "grpc-status", "4") &&
 	      t_resp_field(k, &fs.f[h], "grpc-message", "context deadline exceeded"));
-	h2_conn_free(k, c);
+	t_conn_free(k, c);
 	buf_free(k, &b);
 
 	n = t_req_block(k, blk, "/grpc.health.v1.Health/Check", "grpc-timeout", "50m");
@@ -1115,7 +1140,7 @@ static void test_grpc_deadline(void)
 	CHECK(h >= 0 && t_resp_field(k, &fs.f[h], "grpc-status", "4") &&
 	      t_resp_field(k, &fs.f[h], "grpc-message", "context deadline exceeded"));
 	CHECK(t_rst_code(&fs, 1) == H2_NO_ERROR && c->nst == 0);
-	h2_conn_free(k, c);
+	t_conn_free(k, c);
 	buf_free(k, &b);
 	kvd_close(k);
 }
@@ -1148,10 +1173,10 @@ static void test_flow_control(void)
 		t_put_frame(&b, k, H2_DATA, 0, 1, body, 16384);
 	t_feed(k, c, BUF_DATA(&b), BUF_LEN(&b));
 	t_out(c, &fs);
-	CHECK(t_rst_code(&fs, 1) == H2_FLOW_CONTROL_ERROR && !c->is_closing);
+	CHECK(t_rst_code(&fs, 1) == H2_FLOW_CONTROL_ERROR && !c->conn->is_closing);
 	/* connection credit came back as data arrived */
 	CHECK(c->recv_window > KVD_CONN_WINDOW / 2);
-	h2_conn_free(k, c);
+	t_conn_free(k, c);
 	buf_free(k, &b);
 
 	/* send side: a 1-byte peer window, opened step by step */
@@ -1188,7 +1213,7 @@ static void test_flow_control(void)
 		i = t_find(&fs, H2_DATA, 1);
 		CHECK(i >= 0 && fs.f[i].len == 4 && t_find(&fs, H2_HEADERS, 1) >= 0 && c->nst == 0);
 		/* stream window overflow: stream error */
-		h2_conn_free(k, c);
+		t_conn_free(k, c);
 		buf_free(k, &in);
 	}
 	/* a connection window of zero holds DATA until WINDOW_UPDATE(0) */
@@ -1209,7 +1234,7 @@ static void test_flow_control(void)
 		t_feed(k, c, BUF_DATA(&in), BUF_LEN(&in));
 		t_out(c, &fs);
 		CHECK(t_find(&fs, H2_DATA, 1) >= 0 && c->nst == 0);
-		h2_conn_free(k, c);
+		t_conn_free(k, c);
 		buf_free(k, &in);
 	}
 	kvd_close(k);
@@ -1238,7 +1263,7 @@ static void test_h2_abuse(void)
 			acks += fs.f[j].type == H2_PING && fs.f[j].flags == H2_F_ACK;
 		CHECK(acks == 4);
 	}
-	h2_conn_free(k, c);
+	t_conn_free(k, c);
 	buf_free(k, &b);
 	/* pings spaced by kvd's own DATA do not count (BDP pings) */
 	c = t_run(k, &b, &fs);
@@ -1249,21 +1274,21 @@ static void test_h2_abuse(void)
 		t_feed(k, c, BUF_DATA(&b), BUF_LEN(&b));
 		t_out(c, &fs);
 	}
-	CHECK(!c->is_closing);
-	h2_conn_free(k, c);
+	CHECK(!c->conn->is_closing);
+	t_conn_free(k, c);
 	buf_free(k, &b);
 	/* rapid reset: HEADERS + RST_STREAM over and over */
 	c = t_run(k, &b, &fs);
 	n = t_req_block(k, blk, "/grpc.health.v1.Health/Watch", NULL, NULL);
-	for (i = 0; i < 1000 && !c->is_closing; i++) {
+	for (i = 0; i < 1000 && !c->conn->is_closing; i++) {
 		buf_free(k, &b);
 		t_put_frame(&b, k, H2_HEADERS, H2_F_END_HEADERS, (uint32_t)(1 + 2 * i), blk, n);
 		t_put_frame(&b, k, H2_RST_STREAM, 0, (uint32_t)(1 + 2 * i), "\0\0\0\x08", 4);
 		t_feed(k, c, BUF_DATA(&b), BUF_LEN(&b));
 		t_out(c, &fs);
 	}
-	CHECK(c->is_closing && i <= KVD_RST_RATE * 2 + 1);
-	h2_conn_free(k, c);
+	CHECK(c->conn->is_closing && i <= KVD_RST_RATE * 2 + 1);
+	t_conn_free(k, c);
 	buf_free(k, &b);
 	/* stream limit: REFUSED_STREAM beyond max_concurrent_streams */
 	k->cfg.max_streams = 3;
@@ -1273,7 +1298,7 @@ static void test_h2_abuse(void)
 	}
 	c = t_run(k, &b, &fs);
 	CHECK(c->nst == 3 && t_rst_code(&fs, 7) == H2_REFUSED_STREAM && t_rst_code(&fs, 9) == H2_REFUSED_STREAM);
-	h2_conn_free(k, c);
+	t_conn_free(k, c);
 	buf_free(k, &b);
 	k->cfg.max_streams = KVD_DEFAULT_MAX_STREAMS;
 	/* CONTINUATION flood: capped */
@@ -1283,7 +1308,7 @@ static void test_h2_abuse(void)
 		t_put_frame(&b, k, H2_CONTINUATION, 0, 1, "\x40\x01x\x01y", 5);
 	c = t_run(k, &b, &fs);
 	CHECK(t_goaway_code(&fs) == H2_ENHANCE_YOUR_CALM && c->hblk_frames <= KVD_MAX_CONTINUATIONS + 1);
-	h2_conn_free(k, c);
+	t_conn_free(k, c);
 	buf_free(k, &b);
 	/* too many settings in one frame */
 	{
@@ -1291,7 +1316,7 @@ static void test_h2_abuse(void)
 		t_put_frame(&b, k, H2_SETTINGS, 0, 0, s, sizeof s);
 		c = t_run(k, &b, &fs);
 		CHECK(t_goaway_code(&fs) == H2_ENHANCE_YOUR_CALM);
-		h2_conn_free(k, c);
+		t_conn_free(k, c);
 		buf_free(k, &b);
 	}
 	/* empty DATA frames count as glitches */
@@ -1301,7 +1326,7 @@ static void test_h2_abuse(void)
 		t_put_frame(&b, k, H2_DATA, 0, 1, NULL, 0);
 	c = t_run(k, &b, &fs);
 	CHECK(t_goaway_code(&fs) == H2_ENHANCE_YOUR_CALM);
-	h2_conn_free(k, c);
+	t_conn_free(k, c);
 	buf_free(k, &b);
 	/* header list over the cap: answered RESOURCE_EXHAUSTED, connection lives */
 	{
@@ -1320,8 +1345,8 @@ static void test_h2_abuse(void)
 		buf_free(k, &x);
 		c = t_run(k, &b, &fs);
 		i = t_find(&fs, H2_HEADERS, 1);
-		CHECK(i >= 0 && t_resp_field(k, &fs.f[i], "grpc-status", "8") && !c->is_closing);
-		h2_conn_free(k, c);
+		CHECK(i >= 0 && t_resp_field(k, &fs.f[i], "grpc-status", "8") && !c->conn->is_closing);
+		t_conn_free(k, c);
 		buf_free(k, &b);
 	}
 	kvd_close(k);
@@ -1344,7 +1369,7 @@ static void test_h2_table_size_update(void)
 	CHECK(h >= 0 && fs.f[h].p[0] == 0x20);
 	h = t_find(&fs, H2_HEADERS, 3);
 	CHECK(h >= 0 && fs.f[h].p[0] != 0x20);
-	h2_conn_free(k, c);
+	t_conn_free(k, c);
 	buf_free(k, &b);
 	kvd_close(k);
 }
@@ -1374,7 +1399,7 @@ static void test_h2_drain(void)
 	t_feed(k, c, BUF_DATA(&b), BUF_LEN(&b));
 	t_out(c, &fs);
 	i = t_find(&fs, H2_GOAWAY, 0);
-	CHECK(i >= 0 && get_be32(fs.f[i].p) == 1 && !c->is_closing);
+	CHECK(i >= 0 && get_be32(fs.f[i].p) == 1 && !c->conn->is_closing);
 	/* a new stream after the final GOAWAY is ignored */
 	buf_free(k, &b);
 	n = t_req_block(k, blk, "/grpc.health.v1.Health/Check", NULL, NULL);
@@ -1384,8 +1409,8 @@ static void test_h2_drain(void)
 	/* the last call ends: the connection closes */
 	call_finish(k, &c->st[0]->call, GRPC_UNAVAILABLE, "etcdserver: server stopped");
 	h2_flush(k, c);
-	CHECK(c->nst == 0 && c->is_closing);
-	h2_conn_free(k, c);
+	CHECK(c->nst == 0 && c->conn->is_closing);
+	t_conn_free(k, c);
 	buf_free(k, &b);
 	kvd_close(k);
 }
@@ -1408,10 +1433,10 @@ static void test_oom_sweep(void)
 	for (i = 1; i < 60; i++) {
 		base = k->nalloc;
 		k->fail_at = base + i;
-		c = h2_conn_new(k, -1);
+		c = t_conn(k);
 		if (c) {
 			t_feed(k, c, BUF_DATA(&in), BUF_LEN(&in));
-			h2_conn_free(k, c);
+			t_conn_free(k, c);
 		}
 		k->fail_at = 0;
 		ok &= k->mem == mem0;
@@ -1770,7 +1795,7 @@ static void t_watch_drain(struct kvd *k, struct h2_conn *c, char *r, size_t rcap
 
 	for (rounds = 0; rounds < 100; rounds++) {
 		h2_flush(k, c);
-		if (!BUF_LEN(&c->out))
+		if (!BUF_LEN(&c->conn->out))
 			break;
 		t_out(c, &fs);
 		for (i = 0; i < fs.n; i++)
@@ -1803,7 +1828,7 @@ static void t_watch_drain(struct kvd *k, struct h2_conn *c, char *r, size_t rcap
 static void t_watch_flow(struct kvd *k, char *r, size_t rcap, struct h2_conn **cp)
 {
 	struct kvd_buf in = {0};
-	struct h2_conn *c = h2_conn_new(k, -1);
+	struct h2_conn *c = t_conn(k);
 	uint8_t blk[512];
 	size_t n = t_req_block(k, blk, "/etcdserverpb.Watch/Watch", NULL, NULL);
 
@@ -1816,7 +1841,7 @@ static void t_watch_flow(struct kvd *k, char *r, size_t rcap, struct h2_conn **c
 	t_watch_create(&in, k, 1, "a", NULL, 1, 0, 0);    /* history from rev 1 */
 	t_watch_create(&in, k, 1, "p", "q", 0, 7, 1);     /* prefix, prev_kv, id 7 */
 	t_watch_create(&in, k, 1, "b", "", 0, 0, 0);      /* from key b */
-	buf_append(k, &c->in, BUF_DATA(&in), BUF_LEN(&in));
+	buf_append(k, &c->conn->in, BUF_DATA(&in), BUF_LEN(&in));
 	buf_free(k, &in);
 	h2_input(k, c);
 	t_watch_drain(k, c, r, rcap);
@@ -1846,7 +1871,7 @@ static void test_watch(void)
 	if (strcmp(r, "0:created;7:created;1:created;0:2:P:a=1<>;"
 	              "|7:3:P:p1=x<>;1:3:P:p1=x<>;0:4:P:a=2<>;7:5:P:p1=y<x>;1:5:P:p1=y<>;"))
 		printf("  got %s\n", r);
-	h2_conn_free(k, c);
+	t_conn_free(k, c);
 	CHECK(k->watch.total == 0);
 	/* every allocation failure on the way leaves nothing behind */
 	mem0 = k->mem;
@@ -1857,7 +1882,7 @@ static void test_watch(void)
 		k->fail_at = 0;
 		loop_log_flush(k);
 		if (c)
-			h2_conn_free(k, c);
+			t_conn_free(k, c);
 		failed += strlen(r) < 100;
 		ok &= k->watch.total == 0;
 	}
@@ -2565,7 +2590,7 @@ static const char *t_txn_call(struct kvd *k, const uint8_t *msg, size_t n)
 			if (h2_is(&o.f[i], "grpc-message"))
 				snprintf(out, sizeof out, "%.*s", (int)o.f[i].vlen, o.f[i].value);
 	}
-	h2_conn_free(k, c);
+	t_conn_free(k, c);
 	buf_free(k, &b);
 	return out;
 }
@@ -2628,55 +2653,74 @@ static void test_sniff(void)
 		const char *in;
 		int want;
 	} cases[] = {
-	    {"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", H2_SNIFF_H2},
-	    {"PRI * HTTP/2.0\r\n", H2_SNIFF_MORE},
-	    {"PRI * HTTP/2.0\r\n\r\nSM\r\n\rQ", H2_SNIFF_BAD},
-	    {"GET / HTTP/1.1\r\n", H2_SNIFF_HTTP1},
-	    {"GET / HTTP/1.1\n", H2_SNIFF_HTTP1},
-	    {"POST /v3/kv/range HTTP/1.0\r", H2_SNIFF_MORE},
-	    {"GET /health HTT", H2_SNIFF_MORE},
-	    {"G", H2_SNIFF_MORE},
-	    {"INVALID CONNECTION PREFACE\r\n\r\n", H2_SNIFF_BAD},
-	    {"GET / HTTP/2.0\r\n", H2_SNIFF_BAD},
-	    {"GET  / HTTP/1.1\r\n", H2_SNIFF_BAD},
-	    {" GET", H2_SNIFF_BAD},
-	    {"\x16\x03\x01\x02\x00\x01\x00\x01", H2_SNIFF_BAD},
-	    {"GET / HTTP/1.1 \r\n", H2_SNIFF_BAD},
+	    {"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", NET_SNIFF_H2},
+	    {"PRI * HTTP/2.0\r\n", NET_SNIFF_MORE},
+	    {"PRI * HTTP/2.0\r\n\r\nSM\r\n\rQ", NET_SNIFF_BAD},
+	    {"GET / HTTP/1.1\r\n", NET_SNIFF_HTTP1},
+	    {"GET / HTTP/1.1\n", NET_SNIFF_HTTP1},
+	    {"POST /v3/kv/range HTTP/1.0\r", NET_SNIFF_MORE},
+	    {"GET /health HTT", NET_SNIFF_MORE},
+	    {"G", NET_SNIFF_MORE},
+	    {"INVALID CONNECTION PREFACE\r\n\r\n", NET_SNIFF_BAD},
+	    {"GET / HTTP/2.0\r\n", NET_SNIFF_BAD},
+	    {"GET  / HTTP/1.1\r\n", NET_SNIFF_BAD},
+	    {" GET", NET_SNIFF_BAD},
+	    {"\x16\x03\x01\x02\x00\x01\x00\x01", NET_SNIFF_TLS},
+	    {"\x16", NET_SNIFF_MORE},
+	    {"\x16\x02", NET_SNIFF_BAD},
+	    {"GET / HTTP/1.1 \r\n", NET_SNIFF_BAD},
 	};
 	static struct t_frames fs;
 	struct kvd *k = t_kvd();
-	struct h2_conn *c;
+	struct conn *cn;
 	struct t_guard g;
 	size_t i, n;
 
 	t_name = "sniff";
 	for (i = 0; i < KVD_COUNT(cases); i++) {
 		n = strlen(cases[i].in);
-		CHECK(h2_sniff(t_guarded(&g, cases[i].in, n), n) == cases[i].want);
+		CHECK(net_sniff(t_guarded(&g, cases[i].in, n), n) == cases[i].want);
 		t_unguard(&g);
 	}
 	/* a request line longer than kvd waits for */
 	{
-		char *line = malloc(H2_MAX_REQUEST_LINE + 16);
-		memset(line, 'a', H2_MAX_REQUEST_LINE + 16);
+		char *line = malloc(NET_MAX_REQUEST_LINE + 16);
+		memset(line, 'a', NET_MAX_REQUEST_LINE + 16);
 		memcpy(line, "GET /", 5);
-		CHECK(h2_sniff((const uint8_t *)line, H2_MAX_REQUEST_LINE + 16) == H2_SNIFF_HTTP1);
+		CHECK(net_sniff((const uint8_t *)line, NET_MAX_REQUEST_LINE + 16) == NET_SNIFF_HTTP1);
 		free(line);
 	}
 	/* not a preface, not HTTP/1: SETTINGS, then GOAWAY PROTOCOL_ERROR */
-	c = t_conn(k);
-	t_feed(k, c, "INVALID CONNECTION PREFACE\r\n\r\n", 30);
-	t_out(c, &fs);
-	CHECK(fs.n == 2 && fs.f[0].type == H2_SETTINGS && t_goaway_code(&fs) == H2_PROTOCOL_ERROR && c->is_closing);
-	h2_conn_free(k, c);
+	cn = net_conn_new(k, -1, &net_plain);
+	t_raw_feed(k, cn, "INVALID CONNECTION PREFACE\r\n\r\n", 30);
+	{
+		struct h2_conn view = {0}; /* t_out reads cn's output through an h2 view */
+		view.conn = cn;
+		t_out(&view, &fs);
+	}
+	CHECK(fs.n == 2 && fs.f[0].type == H2_SETTINGS && t_goaway_code(&fs) == H2_PROTOCOL_ERROR && cn->is_closing &&
+	      !cn->proto);
+	net_conn_free(k, cn);
 	/* bytes arriving one at a time decide nothing early */
-	c = t_conn(k);
+	cn = net_conn_new(k, -1, &net_plain);
 	for (i = 0; i < 14; i++)
-		t_feed(k, c, "GET / HTTP/1.1\r\n" + i, 1);
-	CHECK(!c->is_closing && BUF_LEN(&c->out) == 0);
-	t_feed(k, c, "\r\n", 2);
-	CHECK(c->is_closing && !memcmp(BUF_DATA(&c->out), "HTTP/1.1 505", 12));
-	h2_conn_free(k, c);
+		t_raw_feed(k, cn, "GET / HTTP/1.1\r\n" + i, 1);
+	CHECK(!cn->is_closing && BUF_LEN(&cn->out) == 0);
+	t_raw_feed(k, cn, "\r\n", 2);
+	CHECK(cn->is_closing && !memcmp(BUF_DATA(&cn->out), "HTTP/1.1 505", 12));
+	net_conn_free(k, cn);
+	/* a TLS ClientHello: a handshake_failure alert until TLS is built */
+	cn = net_conn_new(k, -1, &net_plain);
+	t_raw_feed(k, cn, "\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03", 11);
+	CHECK(cn->is_closing && BUF_LEN(&cn->out) == 7 && BUF_DATA(&cn->out)[0] == 21 && BUF_DATA(&cn->out)[6] == 40);
+	net_conn_free(k, cn);
+	/* the preface in pieces: HTTP/2 is chosen once it is whole */
+	cn = net_conn_new(k, -1, &net_plain);
+	t_raw_feed(k, cn, H2_PREFACE, 10);
+	CHECK(!cn->proto && !cn->is_closing);
+	t_raw_feed(k, cn, H2_PREFACE + 10, H2_PREFACE_LEN - 10);
+	CHECK(cn->proto == &h2_proto && !cn->is_closing);
+	net_conn_free(k, cn);
 	kvd_close(k);
 }
 
@@ -2700,7 +2744,7 @@ static void test_h2_closed_streams(void)
 	t_put_frame(&b, k, H2_DATA, 0, 1, "\0\0\0\0\0", 5);
 	c = t_run(k, &b, &fs);
 	CHECK(t_rst_code(&fs, 1) == H2_STREAM_CLOSED);
-	h2_conn_free(k, c);
+	t_conn_free(k, c);
 	buf_free(k, &b);
 	/* client RST_STREAM, then HEADERS: STREAM_CLOSED (5.1/9) */
 	t_put_frame(&b, k, H2_HEADERS, H2_F_END_HEADERS, 1, blk, n);
@@ -2708,7 +2752,7 @@ static void test_h2_closed_streams(void)
 	t_put_frame(&b, k, H2_HEADERS, H2_F_END_HEADERS | H2_F_END_STREAM, 1, blk, n);
 	c = t_run(k, &b, &fs);
 	CHECK(t_rst_code(&fs, 1) == H2_STREAM_CLOSED && !c->goaway_sent);
-	h2_conn_free(k, c);
+	t_conn_free(k, c);
 	buf_free(k, &b);
 	/* a finished call (both sides ended), then DATA or HEADERS (5.1/11, 12) */
 	t_put_frame(&b, k, H2_HEADERS, H2_F_END_HEADERS, 1, blk, n);
@@ -2721,7 +2765,7 @@ static void test_h2_closed_streams(void)
 	t_out(c, &fs);
 	CHECK(t_rst_code(&fs, 1) == H2_STREAM_CLOSED);
 	buf_free(k, &b);
-	h2_conn_free(k, c);
+	t_conn_free(k, c);
 	t_put_frame(&b, k, H2_HEADERS, H2_F_END_HEADERS, 1, blk, n);
 	t_put_frame(&b, k, H2_DATA, H2_F_END_STREAM, 1, "\0\0\0\0\0", 5);
 	c = t_run(k, &b, &fs);
@@ -2731,7 +2775,7 @@ static void test_h2_closed_streams(void)
 	t_out(c, &fs);
 	CHECK(t_rst_code(&fs, 1) == H2_STREAM_CLOSED);
 	buf_free(k, &b);
-	h2_conn_free(k, c);
+	t_conn_free(k, c);
 	/* kvd answered early and reset the stream: the client's late DATA is ignored */
 	n = t_req_block(k, blk, "/nope.X/Y", NULL, NULL);
 	t_put_frame(&b, k, H2_HEADERS, H2_F_END_HEADERS, 1, blk, n);
@@ -2743,7 +2787,7 @@ static void test_h2_closed_streams(void)
 	t_out(c, &fs);
 	CHECK(fs.n == 0 || (t_rst_code(&fs, 1) == (uint32_t)-1 && !c->goaway_sent));
 	buf_free(k, &b);
-	h2_conn_free(k, c);
+	t_conn_free(k, c);
 	/* HEADERS reusing an id never seen open: PROTOCOL_ERROR, as before */
 	n = t_req_block(k, blk, "/grpc.health.v1.Health/Check", NULL, NULL);
 	t_put_frame(&b, k, H2_HEADERS, H2_F_END_HEADERS, 5, blk, n);
@@ -2751,7 +2795,7 @@ static void test_h2_closed_streams(void)
 	c = t_run(k, &b, &fs);
 	CHECK(t_goaway_code(&fs) == H2_PROTOCOL_ERROR);
 	buf_free(k, &b);
-	h2_conn_free(k, c);
+	t_conn_free(k, c);
 	kvd_close(k);
 }
 
@@ -2779,8 +2823,8 @@ static void test_h2_idle_progress(void)
 		h2_timers(k, c);
 	}
 	t_out(c, &fs);
-	CHECK(c->is_closing && t_goaway_code(&fs) == H2_NO_ERROR);
-	h2_conn_free(k, c);
+	CHECK(c->conn->is_closing && t_goaway_code(&fs) == H2_NO_ERROR);
+	t_conn_free(k, c);
 	/* a stream waiting for its request does not hold the slot either */
 	n = t_req_block(k, blk, "/grpc.health.v1.Health/Check", NULL, NULL);
 	t_put_frame(&b, k, H2_HEADERS, H2_F_END_HEADERS, 1, blk, n);
@@ -2788,11 +2832,11 @@ static void test_h2_idle_progress(void)
 	buf_free(k, &b);
 	k->now += 999;
 	h2_timers(k, c);
-	CHECK(!c->is_closing);
+	CHECK(!c->conn->is_closing);
 	k->now += 1;
 	h2_timers(k, c);
-	CHECK(c->is_closing);
-	h2_conn_free(k, c);
+	CHECK(c->conn->is_closing);
+	t_conn_free(k, c);
 	/* a call being served (a Watch) keeps it, however quiet */
 	n = t_req_block(k, blk, "/grpc.health.v1.Health/Watch", NULL, NULL);
 	t_put_frame(&b, k, H2_HEADERS, H2_F_END_HEADERS, 1, blk, n);
@@ -2801,8 +2845,8 @@ static void test_h2_idle_progress(void)
 	buf_free(k, &b);
 	k->now += 100000;
 	h2_timers(k, c);
-	CHECK(!c->is_closing && h2_busy(c));
-	h2_conn_free(k, c);
+	CHECK(!c->conn->is_closing && h2_busy(c));
+	t_conn_free(k, c);
 	kvd_close(k);
 }
 
@@ -2858,12 +2902,12 @@ static void test_watch_log_moved(void)
 	}
 	CHECK(ok && mvcc_flush(k) == 0 && k->db.rev == 3001 && k->db.nmarks > 0);
 	mvcc_batch_done(k);
-	c = h2_conn_new(k, -1);
+	c = t_conn(k);
 	t_preface(&in, k);
 	n = t_req_block(k, blk, "/etcdserverpb.Watch/Watch", NULL, NULL);
 	t_put_frame(&in, k, H2_HEADERS, H2_F_END_HEADERS, 1, blk, n);
 	t_watch_create(&in, k, 1, "m", NULL, 2, 0, 0);
-	buf_append(k, &c->in, BUF_DATA(&in), BUF_LEN(&in));
+	buf_append(k, &c->conn->in, BUF_DATA(&in), BUF_LEN(&in));
 	buf_free(k, &in);
 	h2_input(k, c);
 	s = c->st[0];
@@ -2883,7 +2927,7 @@ static void test_watch_log_moved(void)
 	for (i = 0; i < got; i++)
 		ok &= revs[i] == (int64_t)i + 2;
 	CHECK(got == 3000 && ok && w->synced && w->next_gen == k->db.gen);
-	h2_conn_free(k, c);
+	t_conn_free(k, c);
 	kvd_close(k);
 	snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
 	CHECK(system(cmd) == 0);
