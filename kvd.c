@@ -222,11 +222,14 @@ enum grpc_code {
 #define E_LEASE_TTL "etcdserver: too large lease TTL"
 
 /* An owned, growable byte buffer; live bytes are p[rd..len).  A lent one
- * borrows memory it does not own (net_read lends k->rbuf): it cannot grow. */
+ * borrows memory it does not own (net_read lends k->rbuf): it cannot grow.
+ * err is sticky: a failed reserve sets it, so a writer appends freely and
+ * checks once at the end (buf_reset clears it). */
 struct kvd_buf {
 	uint8_t *p;
 	size_t rd, len, cap;
 	unsigned lent : 1;
+	unsigned err : 1;
 };
 #define BUF_DATA(b) ((b)->p + (b)->rd)
 #define BUF_LEN(b) ((b)->len - (b)->rd)
@@ -439,6 +442,7 @@ struct mvcc {
 	size_t nmarks, markcap;
 	uint64_t reclaimable;          /* bytes a rewrite of the log would drop */
 	size_t flushed;                /* bytes of the batch the last flush made durable */
+	int last_errno;                /* why the last flush failed */
 	unsigned broken : 1;           /* a failed write could not be cut back */
 	unsigned no_fsync : 1;         /* --unsafe-no-fsync */
 	char why[96];
@@ -894,14 +898,26 @@ static int bucket_take(struct bucket *b, int64_t now, uint32_t rate, uint32_t bu
 
 /* ===== 4. Byte buffers (buf_) ============================================ */
 
-/* Make room for n more bytes at the end; compacts before growing. */
+static int buf_grow(struct kvd *k, struct kvd_buf *b, size_t n);
+
+/* Make room for n more bytes at the end; compacts before growing.  A
+ * failure is also remembered in b->err. */
 static int buf_reserve(struct kvd *k, struct kvd_buf *b, size_t n)
+{
+	if (b->cap - b->len >= n)
+		return 0;
+	if (buf_grow(k, b, n)) {
+		b->err = 1;
+		return KVD_ENOMEM;
+	}
+	return 0;
+}
+
+static int buf_grow(struct kvd *k, struct kvd_buf *b, size_t n)
 {
 	size_t live = BUF_LEN(b), cap;
 	uint8_t *p;
 
-	if (b->cap - b->len >= n)
-		return 0;
 	if (!KVD_ALWAYS(!b->lent)) /* a loan must not be reallocated */
 		return KVD_ENOMEM;
 	if (b->rd && b->cap - live >= n && live <= b->cap / 2) {
@@ -941,6 +957,13 @@ static int buf_append(struct kvd *k, struct kvd_buf *b, const void *p, size_t n)
 		memcpy(b->p + b->len, p, n);
 	b->len += n;
 	return 0;
+}
+
+/* Empty again, error forgotten: the buffer is about to be rewritten. */
+static void buf_reset(struct kvd_buf *b)
+{
+	b->rd = b->len = 0;
+	b->err = 0;
 }
 
 static void buf_consume(struct kvd_buf *b, size_t n)
@@ -1707,7 +1730,7 @@ static int mvcc_get_varint(const uint8_t **pp, const uint8_t *end, uint64_t *v)
 
 	do {
 		if (p >= end || shift > 63)
-			return -1;
+			return KVD_ECORRUPT;
 		r |= (uint64_t)(*p & 0x7f) << shift;
 		shift += 7;
 	} while (*p++ & 0x80);
@@ -2696,8 +2719,9 @@ static void mvcc_commit(struct kvd *k, struct mvcc *m)
 
 /*
  * Make the batch durable: one pwrite at the end of the log, one fdatasync.
- * On failure the file is cut back, the batch undone, and a negative errno
- * returned; if the file cannot be cut back, writes stop until a restart.
+ * On failure the file is cut back, the batch undone, KVD_EIO returned and
+ * the errno kept in m->last_errno (a full disk is answered differently); if
+ * the file cannot be cut back, writes stop until a restart.
  */
 static int mvcc_flush(struct kvd *k)
 {
@@ -2742,7 +2766,8 @@ fail:
 		        strerror(err), m->w.len);
 	}
 	mvcc_rollback(k, m);
-	return -err;
+	m->last_errno = err;
+	return KVD_EIO;
 }
 
 /* The last flushed batch has been looked at (watch dispatch): let it go. */
@@ -3870,7 +3895,7 @@ static int hp_decode(struct kvd *k, struct hp_table *t, const uint8_t *p, size_t
 }
 
 /* Encoder: an integer with an N-bit prefix, first byte carrying 'flags'. */
-static int hp_put_int(struct kvd *k, struct kvd_buf *b, uint8_t flags, unsigned prefix, uint32_t v)
+static void hp_put_int(struct kvd *k, struct kvd_buf *b, uint8_t flags, unsigned prefix, uint32_t v)
 {
 	uint8_t tmp[6];
 	size_t n = 0;
@@ -3887,34 +3912,35 @@ static int hp_put_int(struct kvd *k, struct kvd_buf *b, uint8_t flags, unsigned 
 		}
 		tmp[n++] = (uint8_t)v;
 	}
-	return buf_append(k, b, tmp, n);
+	buf_append(k, b, tmp, n);
 }
 
 /* "Literal without indexing" with a static name index (4-bit prefix) or a
  * new name (index 0); strings raw, never Huffman. */
-static int hp_put_field(struct kvd *k, struct kvd_buf *b, unsigned index, const char *name,
-                        const char *value, size_t vlen)
+static void hp_put_field(struct kvd *k, struct kvd_buf *b, unsigned index, const char *name,
+                         const char *value, size_t vlen)
 {
-	int r = hp_put_int(k, b, 0x00, 4, index);
-
-	if (!index && !r) {
+	hp_put_int(k, b, 0x00, 4, index);
+	if (!index) {
 		size_t nlen = strlen(name);
-		r = hp_put_int(k, b, 0x00, 7, (uint32_t)nlen);
-		r = r ? r : buf_append(k, b, name, nlen);
+		hp_put_int(k, b, 0x00, 7, (uint32_t)nlen);
+		buf_append(k, b, name, nlen);
 	}
-	r = r ? r : hp_put_int(k, b, 0x00, 7, (uint32_t)vlen);
-	return r ? r : buf_append(k, b, value, vlen);
+	hp_put_int(k, b, 0x00, 7, (uint32_t)vlen);
+	buf_append(k, b, value, vlen);
 }
 
 /* :status (index 8 is "200"). */
-static int hp_put_status(struct kvd *k, struct kvd_buf *b, int status)
+static void hp_put_status(struct kvd *k, struct kvd_buf *b, int status)
 {
 	char s[8];
 
-	if (status == 200)
-		return buf_append(k, b, "\x88", 1);
+	if (status == 200) {
+		buf_append(k, b, "\x88", 1);
+		return;
+	}
 	snprintf(s, sizeof s, "%03d", status % 1000);
-	return hp_put_field(k, b, 8, NULL, s, 3);
+	hp_put_field(k, b, 8, NULL, s, 3);
 }
 
 /* ===== 9. HTTP/2 frames, streams, flow control (h2_) ===================== */
@@ -4230,14 +4256,14 @@ static int h2_parse_request(const struct hp_field *f, unsigned nf, struct h2_req
 	memset(rq, 0, sizeof *rq);
 	for (i = 0; i < nf; i++, f++) {
 		if (!h2_field_ok(f))
-			return -1;
+			return KVD_EPROTO;
 		if (f->name[0] == ':') {
 			if (regular)
-				return -1;
+				return KVD_EPROTO;
 			ps = h2_is(f, ":method") ? &rq->method : h2_is(f, ":scheme") ? &rq->scheme :
 			     h2_is(f, ":path") ? &rq->path : h2_is(f, ":authority") ? &rq->authority : NULL;
 			if (!ps || ps->p)
-				return -1;
+				return KVD_EPROTO;
 			ps->p = (const uint8_t *)f->value;
 			ps->n = f->vlen;
 			if (!ps->p)
@@ -4246,7 +4272,7 @@ static int h2_parse_request(const struct hp_field *f, unsigned nf, struct h2_req
 		}
 		regular = 1;
 		if (h2_forbidden(f))
-			return -1;
+			return KVD_EPROTO;
 		if (h2_is(f, "content-type")) {
 			rq->ctype.p = (const uint8_t *)f->value;
 			rq->ctype.n = f->vlen;
@@ -4258,17 +4284,17 @@ static int h2_parse_request(const struct hp_field *f, unsigned nf, struct h2_req
 			rq->encoding.n = f->vlen;
 		} else if (h2_is(f, "content-length")) {
 			if (rq->has_cl || !f->vlen || f->vlen > 18)
-				return -1;
+				return KVD_EPROTO;
 			rq->has_cl = 1;
 			for (j = 0; j < f->vlen; j++) {
 				if (f->value[j] < '0' || f->value[j] > '9')
-					return -1;
+					return KVD_EPROTO;
 				rq->content_length = rq->content_length * 10 + (uint64_t)(f->value[j] - '0');
 			}
 		}
 	}
 	if (!rq->method.n || !rq->scheme.n || !rq->path.n)
-		return -1;
+		return KVD_EPROTO;
 	return 0;
 }
 
@@ -4892,25 +4918,27 @@ static int h2_send_headers(struct h2_conn *c, struct h2_stream *s, int with_stat
 	struct kvd *k = c->k;
 	struct kvd_buf b = {0};
 	char code[8], msg[1024];
-	int r = 0;
+	int r;
 
 	if (c->need_tsu) {
-		r = buf_append(k, &b, "\x20", 1);
+		buf_append(k, &b, "\x20", 1);
 		c->need_tsu = 0;
 	}
 	if (!s->hdrs_sent) {
-		r = r ? r : hp_put_status(k, &b, s->http_status);
-		r = r ? r : (s->ctype_proto ? hp_put_field(k, &b, 31, NULL, "application/grpc+proto", 22)
-		                            : hp_put_field(k, &b, 31, NULL, "application/grpc", 16));
+		hp_put_status(k, &b, s->http_status);
+		if (s->ctype_proto)
+			hp_put_field(k, &b, 31, NULL, "application/grpc+proto", 22);
+		else
+			hp_put_field(k, &b, 31, NULL, "application/grpc", 16);
 	}
 	if (with_status) {
 		snprintf(code, sizeof code, "%d", s->call.status);
-		r = r ? r : hp_put_field(k, &b, 0, "grpc-status", code, strlen(code));
+		hp_put_field(k, &b, 0, "grpc-status", code, strlen(code));
 		h2_pct_encode(s->call.status_msg ? s->call.status_msg : "", msg, sizeof msg);
-		r = r ? r : hp_put_field(k, &b, 0, "grpc-message", msg, strlen(msg));
+		hp_put_field(k, &b, 0, "grpc-message", msg, strlen(msg));
 	}
-	r = r ? r : h2_frame(c, H2_HEADERS, H2_F_END_HEADERS | (end ? H2_F_END_STREAM : 0), s->id,
-	                     BUF_DATA(&b), BUF_LEN(&b));
+	r = b.err ? KVD_ENOMEM
+	          : h2_frame(c, H2_HEADERS, H2_F_END_HEADERS | (end ? H2_F_END_STREAM : 0), s->id, BUF_DATA(&b), BUF_LEN(&b));
 	buf_free(k, &b);
 	s->hdrs_sent = 1;
 	c->sent_since_ping = 1;
@@ -5444,10 +5472,10 @@ static int grpc_parse_timeout(struct kvd_slice v, int64_t *us)
 	size_t i;
 
 	if (v.n < 2 || v.n > 9)
-		return -1;
+		return KVD_EINVAL;
 	for (i = 0; i + 1 < v.n; i++) {
 		if (v.p[i] < '0' || v.p[i] > '9')
-			return -1;
+			return KVD_EINVAL;
 		n = n * 10 + (uint64_t)(v.p[i] - '0');
 	}
 	switch (v.p[v.n - 1]) {
@@ -5457,7 +5485,7 @@ static int grpc_parse_timeout(struct kvd_slice v, int64_t *us)
 	case 'm': *us = (int64_t)n * 1000; break;
 	case 'u': *us = (int64_t)n; break;
 	case 'n': *us = (int64_t)(n / 1000); break;
-	default: return -1;
+	default: return KVD_EINVAL;
 	}
 	return 0;
 }
@@ -5665,7 +5693,7 @@ static int svc_fail(struct svc_err *e, int code, const char *msg)
 {
 	e->code = code;
 	e->msg = msg;
-	return -1;
+	return KVD_EINVAL;
 }
 
 /* Allocations for one response, freed together. */
@@ -6347,10 +6375,10 @@ static int svc_txn_check(const Etcdserverpb__TxnRequest *rq, long max, unsigned 
 			return svc_fail(e, GRPC_INVALID_ARGUMENT, E_EMPTY_KEY);
 	for (i = 0; i < rq->n_success; i++)
 		if (svc_op_check(rq->success[i], max - opc, depth, e))
-			return -1;
+			return KVD_EINVAL;
 	for (i = 0; i < rq->n_failure; i++)
 		if (svc_op_check(rq->failure[i], max - opc, depth, e))
-			return -1;
+			return KVD_EINVAL;
 	return 0;
 }
 
@@ -6648,7 +6676,7 @@ static int svc_txn_precheck(struct kvd *k, const Etcdserverpb__TxnRequest *rq, s
 		const Etcdserverpb__RequestOp *op = ops[i];
 		if (op->request_case == ETCDSERVERPB__REQUEST_OP__REQUEST_REQUEST_TXN) {
 			if (svc_txn_precheck(k, op->request_txn, p, pass, e))
-				return -1;
+				return KVD_EINVAL;
 		} else if (pass == 0 && op->request_case == ETCDSERVERPB__REQUEST_OP__REQUEST_REQUEST_PUT) {
 			const Etcdserverpb__PutRequest *pr = op->request_put;
 			if ((pr->ignore_value || pr->ignore_lease) && !svc_live(k, &pr->key))
@@ -6705,7 +6733,7 @@ static int svc_txn_apply(struct kvd *k, struct svc_pool *pl, struct mvcc_txn *t,
 				return svc_fail(e, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
 			etcdserverpb__range_response__init(x);
 			if (svc_range_op(k, pl, t, op->request_range, x, e))
-				return -1;
+				return KVD_EINVAL;
 			etcdserverpb__response_header__init(h); /* inside a txn: revision only */
 			h->revision = svc_cur(k, t);
 			x->header = h;
@@ -6718,7 +6746,7 @@ static int svc_txn_apply(struct kvd *k, struct svc_pool *pl, struct mvcc_txn *t,
 			if (!x)
 				return svc_fail(e, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
 			if (svc_put_op(k, pl, t, op->request_put, x, e))
-				return -1;
+				return KVD_EINVAL;
 			break;
 		}
 		case ETCDSERVERPB__REQUEST_OP__REQUEST_REQUEST_DELETE_RANGE: {
@@ -6728,7 +6756,7 @@ static int svc_txn_apply(struct kvd *k, struct svc_pool *pl, struct mvcc_txn *t,
 			if (!x)
 				return svc_fail(e, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
 			if (svc_delete_op(k, pl, t, op->request_delete_range, x, e))
-				return -1;
+				return KVD_EINVAL;
 			break;
 		}
 		case ETCDSERVERPB__REQUEST_OP__REQUEST_REQUEST_TXN: {
@@ -6738,7 +6766,7 @@ static int svc_txn_apply(struct kvd *k, struct svc_pool *pl, struct mvcc_txn *t,
 			if (!x)
 				return svc_fail(e, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
 			if (svc_txn_apply(k, pl, t, op->request_txn, p, x, e))
-				return -1;
+				return KVD_EINVAL;
 			break;
 		}
 		default:
@@ -6807,10 +6835,10 @@ static int svc_write1(struct kvd *k, struct call *s, struct svc_pool *pl, const 
 	struct mvcc_txn t;
 
 	if (svc_writable(k, e))
-		return -1;
+		return KVD_EINVAL;
 	if (mvcc_txn_begin(k, &t)) {
 		svc_fail(e, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
-		return -1;
+		return KVD_EINVAL;
 	}
 	if (del ? svc_delete_op(k, pl, &t, rq, rs, e) : svc_put_op(k, pl, &t, rq, rs, e))
 		mvcc_txn_abort(k, &t);
@@ -7312,7 +7340,7 @@ static int svc_test_raw(struct kvd *k, struct call *s, const uint8_t *p, size_t 
 
 	if (buf_reserve(k, &s->out, 5 + n)) {
 		call_finish(k, s, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
-		return -1;
+		return KVD_ENOMEM;
 	}
 	o = s->out.p + s->out.len;
 	o[0] = 0;
@@ -8562,6 +8590,7 @@ struct json_parser {
 	size_t nstack, capstack;
 	int depth;
 	const char *err;
+	int oom;            /* err is "out of memory" */
 };
 
 static void *json_alloc(struct json_doc *d, size_t n)
@@ -8608,9 +8637,17 @@ static int json_fail(struct json_parser *ps, const char *why)
 {
 	if (!ps->err)
 		ps->err = why;
-	return -1;
+	return KVD_EPROTO;
 }
 
+/* Out of memory is not the document's fault: it says so. */
+static int json_oom(struct json_parser *ps)
+{
+	if (!ps->err)
+		ps->err = "out of memory";
+	ps->oom = 1;
+	return KVD_ENOMEM;
+}
 static int json_hex4(const uint8_t *p, uint32_t *v)
 {
 	int i;
@@ -8623,7 +8660,7 @@ static int json_hex4(const uint8_t *p, uint32_t *v)
 		else if ((c | 0x20) >= 'a' && (c | 0x20) <= 'f')
 			*v |= (uint32_t)((c | 0x20) - 'a' + 10);
 		else
-			return -1;
+			return KVD_EPROTO;
 	}
 	return 0;
 }
@@ -8690,7 +8727,7 @@ static int json_string(struct json_parser *ps, const char **out, uint32_t *len)
 	if (q >= ps->end)
 		return json_fail(ps, "unterminated string");
 	if (raw > 0xfffffff0u || !(start = o = json_alloc(ps->doc, raw + 1)))
-		return json_fail(ps, raw > 0xfffffff0u ? "string too long" : "out of memory");
+		return raw > 0xfffffff0u ? json_fail(ps, "string too long") : json_oom(ps);
 	while (*p != '"') {
 		if (*p < 0x20)
 			return json_fail(ps, "control character in string");
@@ -8796,7 +8833,7 @@ static int json_push(struct json_parser *ps, const struct json *v)
 		size_t cap = ps->capstack ? ps->capstack * 2 : 64;
 		struct json *s = kvd_realloc(ps->doc->k, ps->stack, cap * sizeof *s);
 		if (!s)
-			return json_fail(ps, "out of memory");
+			return json_oom(ps);
 		ps->stack = s;
 		ps->capstack = cap;
 	}
@@ -8814,6 +8851,7 @@ static int json_container(struct json_parser *ps, struct json *v, int obj)
 	struct json kid;
 	const char *key = NULL;
 	uint32_t klen = 0;
+	int r;
 
 	if (++ps->depth > JSON_MAX_DEPTH)
 		return json_fail(ps, "nested too deep");
@@ -8828,20 +8866,20 @@ static int json_container(struct json_parser *ps, struct json *v, int obj)
 				if (ps->p >= ps->end || *ps->p != '"')
 					return json_fail(ps, "expected a key");
 				ps->p++;
-				if (json_string(ps, &key, &klen))
-					return -1;
+				if ((r = json_string(ps, &key, &klen)))
+					return r;
 				json_ws(ps);
 				if (ps->p >= ps->end || *ps->p != ':')
 					return json_fail(ps, "expected ':'");
 				ps->p++;
 			}
 			memset(&kid, 0, sizeof kid);
-			if (json_value(ps, &kid))
-				return -1;
+			if ((r = json_value(ps, &kid)))
+				return r;
 			kid.key = key;
 			kid.klen = klen;
-			if (json_push(ps, &kid))
-				return -1;
+			if ((r = json_push(ps, &kid)))
+				return r;
 			json_ws(ps);
 			if (ps->p < ps->end && *ps->p == ',') {
 				ps->p++;
@@ -8858,7 +8896,7 @@ static int json_container(struct json_parser *ps, struct json *v, int obj)
 	v->type = obj ? JSON_OBJ : JSON_ARR;
 	v->n = (uint32_t)n;
 	if (n && !(v->kids = json_alloc(ps->doc, n * sizeof *v->kids)))
-		return json_fail(ps, "out of memory");
+		return json_oom(ps);
 	if (n)
 		memcpy(v->kids, ps->stack + base, n * sizeof *v->kids);
 	ps->nstack = base;
@@ -8929,7 +8967,7 @@ static int json_parse(struct kvd *k, struct json_doc *d, const void *p, size_t n
 	if (r) {
 		*err = ps.err;
 		json_free(d);
-		return KVD_EINVAL;
+		return ps.oom ? KVD_ENOMEM : KVD_EINVAL;
 	}
 	d->root = root;
 	return 0;
@@ -8958,7 +8996,7 @@ static int json_is_str(const struct json *v)
 
 /* A string as JSON, ASCII only.  Bytes that are not UTF-8 are taken as
  * Latin-1, so any input gives valid output. */
-static int json_put_str(struct kvd *k, struct kvd_buf *b, const void *s, size_t n)
+static void json_put_str(struct kvd *k, struct kvd_buf *b, const void *s, size_t n)
 {
 	static const char hex[] = "0123456789abcdef";
 	const uint8_t *p = s, *end = p + n;
@@ -8966,8 +9004,12 @@ static int json_put_str(struct kvd *k, struct kvd_buf *b, const void *s, size_t 
 	uint32_t c;
 	size_t l;
 
-	if (n > SIZE_MAX / 12 - 2 || buf_reserve(k, b, n * 12 + 2))
-		return KVD_ENOMEM;
+	if (n > SIZE_MAX / 12 - 2) {
+		b->err = 1;
+		return;
+	}
+	if (buf_reserve(k, b, n * 12 + 2))
+		return;
 	o = b->p + b->len;
 	*o++ = '"';
 	while (p < end) {
@@ -9002,20 +9044,19 @@ static int json_put_str(struct kvd *k, struct kvd_buf *b, const void *s, size_t 
 	}
 	*o++ = '"';
 	b->len = (size_t)(o - b->p);
-	return 0;
 }
 
-static int json_put_raw(struct kvd *k, struct kvd_buf *b, const char *s)
+static void json_put_raw(struct kvd *k, struct kvd_buf *b, const char *s)
 {
-	return buf_append(k, b, s, strlen(s));
+	buf_append(k, b, s, strlen(s));
 }
 
-static int json_put_int(struct kvd *k, struct kvd_buf *b, int64_t v)
+static void json_put_int(struct kvd *k, struct kvd_buf *b, int64_t v)
 {
 	char t[24];
 
 	snprintf(t, sizeof t, "%lld", (long long)v);
-	return json_put_raw(k, b, t);
+	json_put_raw(k, b, t);
 }
 
 /*
@@ -9062,44 +9103,41 @@ static void json_haskell_double(double x, char *out)
 	sprintf(o, "%s", nd > e ? digits + e : "0");
 }
 
-static int json_put_num(struct kvd *k, struct kvd_buf *b, const struct json *v)
+static void json_put_num(struct kvd *k, struct kvd_buf *b, const struct json *v)
 {
 	char t[48];
 
-	if (v->isint)
-		return json_put_int(k, b, v->i);
+	if (v->isint) {
+		json_put_int(k, b, v->i);
+		return;
+	}
 	json_haskell_double(v->d, t);
-	return json_put_raw(k, b, t);
+	json_put_raw(k, b, t);
 }
 
 /* v as compact JSON. */
-static int json_write(struct kvd *k, struct kvd_buf *b, const struct json *v)
+static void json_write(struct kvd *k, struct kvd_buf *b, const struct json *v)
 {
 	uint32_t i;
 
 	switch (v->type) {
-	case JSON_NULL:
-		return json_put_raw(k, b, "null");
-	case JSON_FALSE:
-		return json_put_raw(k, b, "false");
-	case JSON_TRUE:
-		return json_put_raw(k, b, "true");
-	case JSON_NUM:
-		return json_put_num(k, b, v);
-	case JSON_STR:
-		return json_put_str(k, b, v->s, v->n);
-	default:
-		if (json_put_raw(k, b, v->type == JSON_OBJ ? "{" : "["))
-			return KVD_ENOMEM;
-		for (i = 0; i < v->n; i++) {
-			if ((i && json_put_raw(k, b, ",")) ||
-			    (v->type == JSON_OBJ &&
-			     (json_put_str(k, b, v->kids[i].key, v->kids[i].klen) || json_put_raw(k, b, ":"))) ||
-			    json_write(k, b, &v->kids[i]))
-				return KVD_ENOMEM;
-		}
-		return json_put_raw(k, b, v->type == JSON_OBJ ? "}" : "]");
+	case JSON_NULL: json_put_raw(k, b, "null"); return;
+	case JSON_FALSE: json_put_raw(k, b, "false"); return;
+	case JSON_TRUE: json_put_raw(k, b, "true"); return;
+	case JSON_NUM: json_put_num(k, b, v); return;
+	case JSON_STR: json_put_str(k, b, v->s, v->n); return;
 	}
+	json_put_raw(k, b, v->type == JSON_OBJ ? "{" : "[");
+	for (i = 0; i < v->n && !b->err; i++) {
+		if (i)
+			json_put_raw(k, b, ",");
+		if (v->type == JSON_OBJ) {
+			json_put_str(k, b, v->kids[i].key, v->kids[i].klen);
+			json_put_raw(k, b, ":");
+		}
+		json_write(k, b, &v->kids[i]);
+	}
+	json_put_raw(k, b, v->type == JSON_OBJ ? "}" : "]");
 }
 
 /* ===== 14. confd: Ganeti's UDP query protocol (confd_) =================== */
@@ -9212,11 +9250,11 @@ static int confd_unhex(const char *s, size_t n, uint8_t out[20])
 	uint32_t v;
 
 	if (n != 40)
-		return -1;
+		return KVD_EPROTO;
 	for (i = 0; i < 20; i++) {
 		uint8_t two[4] = {'0', '0', (uint8_t)s[2 * i], (uint8_t)s[2 * i + 1]};
 		if (json_hex4(two, &v))
-			return -1;
+			return KVD_EPROTO;
 		out[i] = (uint8_t)v;
 	}
 	return 0;
@@ -9350,7 +9388,7 @@ static int confd_replayed(struct kvd *k, const uint8_t mac[20], int64_t wall)
 static int confd_int(const struct json *v, int64_t lo, int64_t hi, int64_t *out)
 {
 	if (!v || v->type != JSON_NUM || !v->isint || v->i < lo || v->i > hi)
-		return -1;
+		return KVD_EPROTO;
 	*out = v->i;
 	return 0;
 }
@@ -9369,27 +9407,27 @@ static int confd_parse_query(const struct json *q, struct confd_req *rq)
 		return 0;
 	}
 	if (q->type != JSON_OBJ)
-		return -1;
+		return KVD_EPROTO;
 	rq->qkind = CONFD_Q_DICT;
 	for (i = 0; i < q->n; i++) {
 		const struct json *v = &q->kids[i];
 		const struct json **slot;
 		if (v->klen != 1 || v->key[0] < '0' || v->key[0] > '3')
-			return -1; /* Ganeti: superfluous keys */
+			return KVD_EPROTO; /* Ganeti: superfluous keys */
 		slot = v->key[0] == '0' ? &rq->link : v->key[0] == '1' ? &rq->ip : v->key[0] == '2' ? &rq->iplist : &rq->fields;
 		if (*slot)
 			continue; /* a repeated key: the first one counts */
 		if (v->type == JSON_NULL)
 			continue;
 		if (v->key[0] <= '1' && v->type != JSON_STR)
-			return -1;
+			return KVD_EPROTO;
 		if (v->key[0] >= '2') {
 			if (v->type != JSON_ARR)
-				return -1;
+				return KVD_EPROTO;
 			for (j = 0; j < v->n; j++) {
 				int64_t f;
 				if (v->key[0] == '2' ? v->kids[j].type != JSON_STR : confd_int(&v->kids[j], 0, 2, &f))
-					return -1; /* fields as strings are dropped by Ganeti too */
+					return KVD_EPROTO; /* fields as strings are dropped by Ganeti too */
 			}
 		}
 		*slot = v;
@@ -9408,7 +9446,7 @@ static int confd_parse_request(struct kvd *k, struct json_doc *d, const char *ms
 
 	memset(rq, 0, sizeof *rq);
 	if (!n || msg[0] != '{' || json_parse(k, d, msg, n, &err))
-		return -1;
+		return KVD_EPROTO;
 	o = d->root;
 	for (i = 0; i < o->n; i++) {
 		static const char *const known[] = {"protocol", "type", "rsalt", "query"};
@@ -9417,14 +9455,14 @@ static int confd_parse_request(struct kvd *k, struct json_doc *d, const char *ms
 			if (o->kids[i].klen == strlen(known[j]) && !memcmp(o->kids[i].key, known[j], o->kids[i].klen))
 				break;
 		if (j == 4)
-			return -1;
+			return KVD_EPROTO;
 	}
 	proto = json_get(o, "protocol");
 	type = json_get(o, "type");
 	rq->rsalt = json_get(o, "rsalt");
 	if (confd_int(proto, INT64_MIN, INT64_MAX, &v) || confd_int(type, 0, CONFD_NTYPES - 1, &v) ||
 	    !json_is_str(rq->rsalt))
-		return -1;
+		return KVD_EPROTO;
 	rq->type = (int)v;
 	return confd_parse_query(json_get(o, "query"), rq);
 }
@@ -9432,7 +9470,7 @@ static int confd_parse_request(struct kvd *k, struct json_doc *d, const char *ms
 /* ---- replies ------------------------------------------------------------------ */
 
 /* Reply msg, signed, in its envelope: cd->out holds the datagram. */
-static int confd_sign(struct kvd *k, const struct confd_req *rq)
+static void confd_sign(struct kvd *k, const struct confd_req *rq)
 {
 	struct confd *cd = k->confd;
 	static const char hex[] = "0123456789abcdef";
@@ -9446,62 +9484,82 @@ static int confd_sign(struct kvd *k, const struct confd_req *rq)
 		hx[2 * i + 1] = hex[mac[i] & 15];
 	}
 	hx[40] = 0;
-	cd->out.len = cd->out.rd = 0;
-	return json_put_raw(k, &cd->out, CONFD_MAGIC "{\"hmac\":\"") || json_put_raw(k, &cd->out, hx) ||
-	       json_put_raw(k, &cd->out, "\",\"msg\":") || json_put_str(k, &cd->out, cd->msg.p, cd->msg.len) ||
-	       json_put_raw(k, &cd->out, ",\"salt\":") || json_put_str(k, &cd->out, rq->rsalt->s, rq->rsalt->n) ||
-	       json_put_raw(k, &cd->out, "}");
+	buf_reset(&cd->out);
+	json_put_raw(k, &cd->out, CONFD_MAGIC "{\"hmac\":\"");
+	json_put_raw(k, &cd->out, hx);
+	json_put_raw(k, &cd->out, "\",\"msg\":");
+	json_put_str(k, &cd->out, cd->msg.p, cd->msg.len);
+	json_put_raw(k, &cd->out, ",\"salt\":");
+	json_put_str(k, &cd->out, rq->rsalt->s, rq->rsalt->n);
+	json_put_raw(k, &cd->out, "}");
 }
 
 /* Start a reply msg; the caller writes the answer, then confd_end_msg. */
-static int confd_begin_msg(struct kvd *k, int status)
+static void confd_begin_msg(struct kvd *k, int status)
 {
 	struct confd *cd = k->confd;
 	char t[48];
 
-	cd->msg.len = cd->msg.rd = 0;
+	buf_reset(&cd->msg);
 	snprintf(t, sizeof t, "{\"protocol\":1,\"status\":%d,\"answer\":", status);
-	return json_put_raw(k, &cd->msg, t);
+	json_put_raw(k, &cd->msg, t);
 }
 
-static int confd_end_msg(struct kvd *k, int64_t serial)
+static void confd_end_msg(struct kvd *k, int64_t serial)
 {
 	char t[40];
 
 	snprintf(t, sizeof t, ",\"serial\":%lld}", (long long)serial);
-	return json_put_raw(k, &k->confd->msg, t);
+	json_put_raw(k, &k->confd->msg, t);
 }
 
 /* A whole reply msg whose answer is an integer, or a string. */
-static int confd_msg_int(struct kvd *k, int status, int64_t answer, int64_t serial)
+static void confd_msg_int(struct kvd *k, int status, int64_t answer, int64_t serial)
 {
-	return confd_begin_msg(k, status) || json_put_int(k, &k->confd->msg, answer) || confd_end_msg(k, serial);
+	confd_begin_msg(k, status);
+	json_put_int(k, &k->confd->msg, answer);
+	confd_end_msg(k, serial);
 }
 
-static int confd_msg_str(struct kvd *k, int status, const char *s, size_t n, int64_t serial)
+static void confd_msg_str(struct kvd *k, int status, const char *s, size_t n, int64_t serial)
 {
-	return confd_begin_msg(k, status) || json_put_str(k, &k->confd->msg, s, n) || confd_end_msg(k, serial);
+	confd_begin_msg(k, status);
+	json_put_str(k, &k->confd->msg, s, n);
+	confd_end_msg(k, serial);
+}
+
+/* A whole reply msg whose answer is a JSON value (NULL: null). */
+static void confd_msg_json(struct kvd *k, int status, const struct json *v, int64_t serial)
+{
+	confd_begin_msg(k, status);
+	if (v)
+		json_write(k, &k->confd->msg, v);
+	else
+		json_put_raw(k, &k->confd->msg, "null");
+	confd_end_msg(k, serial);
 }
 
 /* ---- keyspace mode --------------------------------------------------------------- */
 
 /* A value as JSON: a string if it is UTF-8, else {"base64": "..."}. */
-static int confd_put_value(struct kvd *k, struct kvd_buf *b, const struct mvcc_key *r)
+static void confd_put_value(struct kvd *k, struct kvd_buf *b, const struct mvcc_key *r)
 {
 	static const char b64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
 	uint8_t *v = kvd_malloc(k, r->vlen + 1), *o;
 	size_t i, l;
-	int rc = KVD_ENOMEM;
 
-	if (!v || mvcc_pread(&k->db, v, r->vlen, mvcc_voff(r)))
+	if (!v || mvcc_pread(&k->db, v, r->vlen, mvcc_voff(r))) {
+		b->err = 1; /* no answer rather than a wrong one */
 		goto out;
+	}
 	for (i = 0; i < r->vlen && (l = json_utf8_len(v + i, v + r->vlen)); i += l)
 		;
 	if (i == r->vlen) {
-		rc = json_put_str(k, b, v, r->vlen);
+		json_put_str(k, b, v, r->vlen);
 		goto out;
 	}
-	if (json_put_raw(k, b, "{\"base64\":\"") || buf_reserve(k, b, (r->vlen + 2) / 3 * 4 + 2))
+	json_put_raw(k, b, "{\"base64\":\"");
+	if (buf_reserve(k, b, (r->vlen + 2) / 3 * 4 + 2))
 		goto out;
 	for (o = b->p + b->len, i = 0; i < r->vlen; i += 3) {
 		uint32_t x = (uint32_t)v[i] << 16 | (i + 1 < r->vlen ? (uint32_t)v[i + 1] << 8 : 0) |
@@ -9512,52 +9570,64 @@ static int confd_put_value(struct kvd *k, struct kvd_buf *b, const struct mvcc_k
 		*o++ = (uint8_t)(i + 2 < r->vlen ? b64[x & 63] : '=');
 	}
 	b->len = (size_t)(o - b->p);
-	rc = json_put_raw(k, b, "\"}");
+	json_put_raw(k, b, "\"}");
 out:
 	kvd_free(k, v);
-	return rc;
 }
 
-static int confd_keyspace(struct kvd *k, const struct confd_req *rq)
+static void confd_keyspace(struct kvd *k, const struct confd_req *rq)
 {
 	struct confd *cd = k->confd;
 	struct mvcc *m = &k->db;
 	const uint8_t *key;
 	size_t klen;
 	struct mvcc_key *r;
+	struct mvcc_it it;
+	int eq, first = 1;
 
-	if (rq->type == CONFD_PING)
-		return confd_msg_int(k, CONFD_OK, m->rev, m->rev);
-	if (rq->type != CONFD_CONFIG_QUERY) /* Ganeti's status 2, which its clients accept */
-		return confd_begin_msg(k, CONFD_NOTIMPL) || json_put_raw(k, &cd->msg, "null") || confd_end_msg(k, 0);
-	if (rq->qkind != CONFD_Q_PLAIN || !rq->plain->n)
-		return confd_msg_int(k, CONFD_ERROR, CONFD_E_ARGUMENT, 0);
+	if (rq->type == CONFD_PING) {
+		confd_msg_int(k, CONFD_OK, m->rev, m->rev);
+		return;
+	}
+	if (rq->type != CONFD_CONFIG_QUERY) { /* Ganeti's status 2, which its clients accept */
+		confd_msg_json(k, CONFD_NOTIMPL, NULL, 0);
+		return;
+	}
+	if (rq->qkind != CONFD_Q_PLAIN || !rq->plain->n) {
+		confd_msg_int(k, CONFD_ERROR, CONFD_E_ARGUMENT, 0);
+		return;
+	}
 	key = (const uint8_t *)rq->plain->s;
 	klen = rq->plain->n;
 	if (key[klen - 1] != '/') {
 		r = mvcc_find(m, key, klen);
-		if (!r || !r->create)
-			return confd_msg_int(k, CONFD_ERROR, CONFD_E_UNKNOWN, 0);
-		return confd_begin_msg(k, CONFD_OK) || confd_put_value(k, &cd->msg, r) || confd_end_msg(k, r->mod);
-	} else { /* every key under the prefix, as an object */
-		struct mvcc_it it;
-		int eq, first = 1;
-		if (confd_begin_msg(k, CONFD_OK) || json_put_raw(k, &cd->msg, "{"))
-			return KVD_ENOMEM;
-		for (it = mvcc_seek(m, key, klen, &eq); (r = mvcc_at(m, it)); mvcc_next(m, &it)) {
-			if (r->klen < klen || memcmp(r->key, key, klen))
-				break;
-			if (!r->create)
-				continue;
-			if ((!first && json_put_raw(k, &cd->msg, ",")) || json_put_str(k, &cd->msg, r->key, r->klen) ||
-			    json_put_raw(k, &cd->msg, ":") || confd_put_value(k, &cd->msg, r))
-				return KVD_ENOMEM;
-			first = 0;
-			if (cd->msg.len > k->cfg.confd_max_reply)
-				break; /* too big anyway: the caller turns it into ARGUMENT */
+		if (!r || !r->create) {
+			confd_msg_int(k, CONFD_ERROR, CONFD_E_UNKNOWN, 0);
+			return;
 		}
-		return json_put_raw(k, &cd->msg, "}") || confd_end_msg(k, m->rev);
+		confd_begin_msg(k, CONFD_OK);
+		confd_put_value(k, &cd->msg, r);
+		confd_end_msg(k, r->mod);
+		return;
 	}
+	confd_begin_msg(k, CONFD_OK); /* every key under the prefix, as an object */
+	json_put_raw(k, &cd->msg, "{");
+	for (it = mvcc_seek(m, key, klen, &eq); (r = mvcc_at(m, it)) && !cd->msg.err; mvcc_next(m, &it)) {
+		if (r->klen < klen || memcmp(r->key, key, klen))
+			break;
+		if (!r->create)
+			continue;
+		if (!first)
+			json_put_raw(k, &cd->msg, ",");
+		json_put_str(k, &cd->msg, r->key, r->klen);
+		json_put_raw(k, &cd->msg, ":");
+		confd_put_value(k, &cd->msg, r);
+		first = 0;
+		if (cd->msg.len > k->cfg.confd_max_reply)
+			break; /* too big anyway: the caller turns it into ARGUMENT */
+	}
+	json_put_raw(k, &cd->msg, "}");
+	confd_end_msg(k, m->rev);
 }
 
 /* ---- Ganeti mode: the configuration ------------------------------------------------ */
@@ -9652,18 +9722,18 @@ static int confd_fill(struct json_doc *d, struct json *o, const struct confd_fie
 {
 	if (!o || o->type != JSON_OBJ) {
 		snprintf(why, whylen, "%s is not an object", what);
-		return -1;
+		return KVD_EINVAL;
 	}
 	for (; f->name; f++) {
 		if (json_get(o, f->name))
 			continue;
 		if (!f->dflt) {
 			snprintf(why, whylen, "%s has no \"%s\"", what, f->name);
-			return -1;
+			return KVD_EINVAL;
 		}
 		if (confd_obj_add(d, o, f->name, f->dflt)) {
 			snprintf(why, whylen, "out of memory");
-			return -1;
+			return KVD_EINVAL;
 		}
 	}
 	return 0;
@@ -9676,11 +9746,11 @@ static int confd_fill_map(struct json_doc *d, struct json *m, const struct confd
 
 	if (!m || m->type != JSON_OBJ) {
 		snprintf(why, whylen, "\"%s\" is not an object", what);
-		return -1;
+		return KVD_EINVAL;
 	}
 	for (i = 0; i < m->n; i++)
 		if (confd_fill(d, &m->kids[i], f, what, why, whylen))
-			return -1;
+			return KVD_EINVAL;
 	return 0;
 }
 
@@ -9690,11 +9760,11 @@ static int confd_fill_disk(struct json_doc *d, struct json *disk, char *why, siz
 	uint32_t i;
 
 	if (depth > 8 || confd_fill(d, disk, confd_f_disk, "a disk", why, whylen))
-		return -1;
+		return KVD_EINVAL;
 	ch = (struct json *)json_get(disk, "children");
 	for (i = 0; ch && ch->type == JSON_ARR && i < ch->n; i++)
 		if (confd_fill_disk(d, &ch->kids[i], why, whylen, depth + 1))
-			return -1;
+			return KVD_EINVAL;
 	return 0;
 }
 
@@ -9733,8 +9803,10 @@ static const struct json **confd_sorted(struct kvd *k, const struct json *m, uin
 	*n = 0;
 	if (!m || m->type != JSON_OBJ || !m->n)
 		return NULL;
-	if (!(v = kvd_malloc(k, m->n * sizeof *v)))
+	if (!(v = kvd_malloc(k, m->n * sizeof *v))) {
+		k->confd->msg.err = 1; /* no answer rather than an empty one */
 		return NULL;
+	}
 	for (i = 0; i < m->n; i++)
 		v[i] = &m->kids[i];
 	qsort(v, m->n, sizeof *v, confd_kid_cmp);
@@ -9758,7 +9830,7 @@ static int confd_ganeti_load(struct kvd *k)
 		json_free(&cd->cfg);
 		cd->cfg_mod = 0;
 		snprintf(cd->cfg_err, sizeof cd->cfg_err, "kvd: no Ganeti configuration (key %s is empty)", key);
-		return -1;
+		return KVD_EINVAL;
 	}
 	if (r->mod == cd->cfg_mod)
 		return cd->cfg.root ? 0 : -1;
@@ -9768,12 +9840,12 @@ static int confd_ganeti_load(struct kvd *k)
 		kvd_free(k, v);
 		cd->cfg_mod = 0; /* try again next time */
 		snprintf(cd->cfg_err, sizeof cd->cfg_err, "kvd: cannot read the Ganeti configuration");
-		return -1;
+		return KVD_EINVAL;
 	}
 	if (json_parse(k, &d, v, r->vlen, &err)) {
 		kvd_free(k, v);
 		snprintf(cd->cfg_err, sizeof cd->cfg_err, "kvd: cannot load the Ganeti configuration: %s", err);
-		return -1;
+		return KVD_EINVAL;
 	}
 	kvd_free(k, v);
 	root = d.root;
@@ -9789,7 +9861,7 @@ static int confd_ganeti_load(struct kvd *k)
 	                   sizeof why)) {
 		json_free(&d);
 		snprintf(cd->cfg_err, sizeof cd->cfg_err, "kvd: cannot load the Ganeti configuration: %s", why);
-		return -1;
+		return KVD_EINVAL;
 	}
 	{
 		struct json *disks = (struct json *)json_get(root, "disks");
@@ -9798,7 +9870,7 @@ static int confd_ganeti_load(struct kvd *k)
 			if (confd_fill_disk(&d, &disks->kids[i], why, sizeof why, 0)) {
 				json_free(&d);
 				snprintf(cd->cfg_err, sizeof cd->cfg_err, "kvd: cannot load the Ganeti configuration: %s", why);
-				return -1;
+				return KVD_EINVAL;
 			}
 	}
 	cd->cfg = d;
@@ -9837,7 +9909,7 @@ static const struct json *confd_lookup(const struct json *m, const char *q, size
 }
 
 /* Haskell's `show` of a String (the texts ganeti-confd builds with show). */
-static int confd_hs_show(struct kvd *k, struct kvd_buf *b, const char *s, size_t n)
+static void confd_hs_show(struct kvd *k, struct kvd_buf *b, const char *s, size_t n)
 {
 	static const char *const ascii[] = {"NUL", "SOH", "STX", "ETX", "EOT", "ENQ", "ACK", "a",   "b",   "t",  "n",
 	                                    "v",   "f",   "r",   "SO",  "SI",  "DLE", "DC1", "DC2", "DC3", "DC4", "NAK",
@@ -9846,9 +9918,8 @@ static int confd_hs_show(struct kvd *k, struct kvd_buf *b, const char *s, size_t
 	char t[16];
 	int numeric = 0, so = 0;
 
-	if (buf_append(k, b, "\"", 1))
-		return KVD_ENOMEM;
-	while (p < end) {
+	buf_append(k, b, "\"", 1);
+	while (p < end && !b->err) {
 		uint32_t c = *p;
 		size_t l = c >= 0x80 ? json_utf8_len(p, end) : 1;
 		if (c >= 0x80 && l > 1)
@@ -9860,8 +9931,7 @@ static int confd_hs_show(struct kvd *k, struct kvd_buf *b, const char *s, size_t
 		p += l;
 		/* "\&" keeps a numeric escape from eating a digit, and "\SO" from an H */
 		if ((numeric && c >= '0' && c <= '9') || (so && c == 'H'))
-			if (buf_append(k, b, "\\&", 2))
-				return KVD_ENOMEM;
+			buf_append(k, b, "\\&", 2);
 		numeric = so = 0;
 		if (c == '"' || c == '\\')
 			snprintf(t, sizeof t, "\\%c", (char)c);
@@ -9873,36 +9943,36 @@ static int confd_hs_show(struct kvd *k, struct kvd_buf *b, const char *s, size_t
 			snprintf(t, sizeof t, "\\%s", ascii[c]), so = c == 14;
 		else
 			t[0] = (char)c, t[1] = 0;
-		if (buf_append(k, b, t, strlen(t)))
-			return KVD_ENOMEM;
+		buf_append(k, b, t, strlen(t));
 	}
-	return buf_append(k, b, "\"", 1);
+	buf_append(k, b, "\"", 1);
 }
 
 /* The text of a failed lookup, as ganeti-confd renders Ganeti errors:
  * show (OpPrereqError "<Kind> name <q> not found" ECodeNoEnt), or the
  * "Failure: prerequisites..." format of errToResult. */
-static int confd_lookup_error(struct kvd *k, struct kvd_buf *b, const char *prefix, const char *kind,
-                              const struct json *q, int how, int formatted)
+static void confd_lookup_error(struct kvd *k, struct kvd_buf *b, const char *prefix, const char *kind,
+                               const struct json *q, int how, int formatted)
 {
 	struct kvd_buf m = {0};
-	int rc;
 
-	rc = buf_append(k, &m, kind, strlen(kind)) || buf_append(k, &m, " name ", 6) ||
-	     buf_append(k, &m, q->s, q->n) ||
-	     json_put_raw(k, &m, how == CONFD_LK_MULTI ? " has multiple matches" : " not found");
-	if (!rc) {
-		b->len = b->rd = 0;
-		if (formatted)
-			rc = json_put_raw(k, b, "Failure: prerequisites not met for this operation:\nerror type: "
-			                        "ECodeNoEnt, error details:\n") ||
-			     buf_append(k, b, m.p, m.len);
-		else
-			rc = json_put_raw(k, b, prefix) || json_put_raw(k, b, "OpPrereqError ") ||
-			     confd_hs_show(k, b, (const char *)m.p, m.len) || json_put_raw(k, b, " ECodeNoEnt");
+	buf_append(k, &m, kind, strlen(kind));
+	buf_append(k, &m, " name ", 6);
+	buf_append(k, &m, q->s, q->n);
+	json_put_raw(k, &m, how == CONFD_LK_MULTI ? " has multiple matches" : " not found");
+	buf_reset(b);
+	b->err = m.err;
+	if (formatted) {
+		json_put_raw(k, b, "Failure: prerequisites not met for this operation:\nerror type: "
+		                   "ECodeNoEnt, error details:\n");
+		buf_append(k, b, m.p, m.len);
+	} else {
+		json_put_raw(k, b, prefix);
+		json_put_raw(k, b, "OpPrereqError ");
+		confd_hs_show(k, b, (const char *)m.p, m.len);
+		json_put_raw(k, b, " ECodeNoEnt");
 	}
 	buf_free(k, &m);
-	return rc;
 }
 
 /* Ganeti's getNode: by UUID, then by name (errors name the name lookup). */
@@ -9950,7 +10020,7 @@ static int confd_drbd_lid(const struct json *disk, const struct json **lid)
 
 	if (!t || strcmp(t->s, "drbd") || !l || l->type != JSON_ARR || l->n != 6 || !json_is_str(&l->kids[0]) ||
 	    !json_is_str(&l->kids[1]))
-		return -1;
+		return KVD_EINVAL;
 	*lid = l;
 	return 0;
 }
@@ -10020,6 +10090,7 @@ static struct confd_ipent *confd_link_ips(struct kvd *k, const char *link, size_
 				if (!(nv = kvd_realloc(k, v, cap * sizeof *v))) {
 					kvd_free(k, v);
 					kvd_free(k, insts);
+					k->confd->msg.err = 1; /* no answer rather than a short one */
 					return NULL;
 				}
 				v = nv;
@@ -10044,8 +10115,8 @@ static struct confd_ipent *confd_link_ips(struct kvd *k, const char *link, size_
 }
 
 /* NODE_PIP_BY_INSTANCE_IP for one IP: [status, answer, serial] parts. */
-static int confd_pip_of_ip(struct kvd *k, const struct confd_ipent *v, size_t n, const struct json *ip,
-                           struct kvd_buf *b, int as_triple)
+static void confd_pip_of_ip(struct kvd *k, const struct confd_ipent *v, size_t n, const struct json *ip,
+                            struct kvd_buf *b, int as_triple)
 {
 	const struct confd *cd = k->confd;
 	const struct json *inst = NULL, *pn, *node, *pip;
@@ -10060,58 +10131,84 @@ static int confd_pip_of_ip(struct kvd *k, const struct confd_ipent *v, size_t n,
 	pip = node ? confd_str_of(node, "primary_ip") : NULL;
 	if (!as_triple) {
 		if (!pip)
-			return confd_msg_int(k, CONFD_ERROR, CONFD_E_UNKNOWN, 0);
-		return confd_msg_str(k, CONFD_OK, pip->s, pip->n, confd_cluster_serial(cd));
+			confd_msg_int(k, CONFD_ERROR, CONFD_E_UNKNOWN, 0);
+		else
+			confd_msg_str(k, CONFD_OK, pip->s, pip->n, confd_cluster_serial(cd));
+		return;
 	}
-	if (!pip)
-		return json_put_raw(k, b, "[1,0,0]");
-	return json_put_raw(k, b, "[0,") || json_put_str(k, b, pip->s, pip->n) || json_put_raw(k, b, ",") ||
-	       json_put_int(k, b, confd_cluster_serial(cd)) || json_put_raw(k, b, "]");
+	if (!pip) {
+		json_put_raw(k, b, "[1,0,0]");
+		return;
+	}
+	json_put_raw(k, b, "[0,");
+	json_put_str(k, b, pip->s, pip->n);
+	json_put_raw(k, b, ",");
+	json_put_int(k, b, confd_cluster_serial(cd));
+	json_put_raw(k, b, "]");
 }
 
 /* show of the request's query, as "Invalid query type " messages print it. */
-static int confd_show_query(struct kvd *k, struct kvd_buf *b, const struct confd_req *rq)
+static void confd_show_query(struct kvd *k, struct kvd_buf *b, const struct confd_req *rq)
 {
 	static const char *const fnames[] = {"ReqFieldName", "ReqFieldIp", "ReqFieldMNodePip"};
 	uint32_t i;
-	int rc;
 
-	if (rq->qkind == CONFD_Q_EMPTY)
-		return json_put_raw(k, b, "EmptyQuery");
-	if (rq->qkind == CONFD_Q_PLAIN)
-		return json_put_raw(k, b, "PlainQuery ") || confd_hs_show(k, b, rq->plain->s, rq->plain->n);
-	rc = json_put_raw(k, b, "DictQuery (ConfdReqQ {confdReqQIp = ");
-	rc = rc || (rq->ip ? json_put_raw(k, b, "Just ") || confd_hs_show(k, b, rq->ip->s, rq->ip->n)
-	                   : json_put_raw(k, b, "Nothing"));
-	rc = rc || json_put_raw(k, b, ", confdReqQIpList = [");
-	for (i = 0; !rc && rq->iplist && i < rq->iplist->n; i++)
-		rc = (i && json_put_raw(k, b, ",")) || confd_hs_show(k, b, rq->iplist->kids[i].s, rq->iplist->kids[i].n);
-	rc = rc || json_put_raw(k, b, "], confdReqQLink = ");
-	rc = rc || (rq->link ? json_put_raw(k, b, "Just ") || confd_hs_show(k, b, rq->link->s, rq->link->n)
-	                     : json_put_raw(k, b, "Nothing"));
-	rc = rc || json_put_raw(k, b, ", confdReqQFields = [");
-	for (i = 0; !rc && rq->fields && i < rq->fields->n; i++)
-		rc = (i && json_put_raw(k, b, ",")) || json_put_raw(k, b, fnames[rq->fields->kids[i].i]);
-	return rc || json_put_raw(k, b, "]})");
+	if (rq->qkind == CONFD_Q_EMPTY) {
+		json_put_raw(k, b, "EmptyQuery");
+		return;
+	}
+	if (rq->qkind == CONFD_Q_PLAIN) {
+		json_put_raw(k, b, "PlainQuery ");
+		confd_hs_show(k, b, rq->plain->s, rq->plain->n);
+		return;
+	}
+	json_put_raw(k, b, "DictQuery (ConfdReqQ {confdReqQIp = ");
+	if (rq->ip) {
+		json_put_raw(k, b, "Just ");
+		confd_hs_show(k, b, rq->ip->s, rq->ip->n);
+	} else {
+		json_put_raw(k, b, "Nothing");
+	}
+	json_put_raw(k, b, ", confdReqQIpList = [");
+	for (i = 0; rq->iplist && i < rq->iplist->n; i++) {
+		if (i)
+			json_put_raw(k, b, ",");
+		confd_hs_show(k, b, rq->iplist->kids[i].s, rq->iplist->kids[i].n);
+	}
+	json_put_raw(k, b, "], confdReqQLink = ");
+	if (rq->link) {
+		json_put_raw(k, b, "Just ");
+		confd_hs_show(k, b, rq->link->s, rq->link->n);
+	} else {
+		json_put_raw(k, b, "Nothing");
+	}
+	json_put_raw(k, b, ", confdReqQFields = [");
+	for (i = 0; rq->fields && i < rq->fields->n; i++) {
+		if (i)
+			json_put_raw(k, b, ",");
+		json_put_raw(k, b, fnames[rq->fields->kids[i].i]);
+	}
+	json_put_raw(k, b, "]})");
 }
 
 /* A status 1 reply whose answer is the text in cd->tmp. */
-static int confd_fail_text(struct kvd *k)
+static void confd_fail_text(struct kvd *k)
 {
 	struct confd *cd = k->confd;
 
-	return confd_msg_str(k, CONFD_ERROR, (const char *)cd->tmp.p, cd->tmp.len, 0);
+	confd_msg_str(k, CONFD_ERROR, (const char *)cd->tmp.p, cd->tmp.len, 0);
+	cd->msg.err |= cd->tmp.err;
 }
 
-static int confd_invalid_query(struct kvd *k, const struct confd_req *rq, int with_show)
+static void confd_invalid_query(struct kvd *k, const struct confd_req *rq, int with_show)
 {
 	struct confd *cd = k->confd;
 
-	cd->tmp.len = cd->tmp.rd = 0;
-	if (json_put_raw(k, &cd->tmp, with_show ? "Invalid query type " : "Invalid query type") ||
-	    (with_show && confd_show_query(k, &cd->tmp, rq)))
-		return KVD_ENOMEM;
-	return confd_fail_text(k);
+	buf_reset(&cd->tmp);
+	json_put_raw(k, &cd->tmp, with_show ? "Invalid query type " : "Invalid query type");
+	if (with_show)
+		confd_show_query(k, &cd->tmp, rq);
+	confd_fail_text(k);
 }
 
 /* NODE_DRBD rows of instance inst for node uuid nu: [node, minor, instance,
@@ -10142,20 +10239,25 @@ static int confd_drbd_rows(struct kvd *k, const struct json *disk, const struct 
 		}
 		pn = confd_str_of(pn, "name");
 		snprintf(t, sizeof t, "disk/%d", idx);
-		if ((!*first && json_put_raw(k, b, ",")) || json_put_raw(k, b, "[") ||
-		    json_put_str(k, b, nname->s, nname->n) || json_put_raw(k, b, ",") || json_write(k, b, minor) ||
-		    json_put_raw(k, b, ",") || json_put_str(k, b, iname, inl) || json_put_raw(k, b, ",") ||
-		    json_put_str(k, b, t, strlen(t)) || json_put_raw(k, b, ",\"") || json_put_raw(k, b, role) ||
-		    json_put_raw(k, b, "\",") || json_put_str(k, b, pn->s, pn->n) || json_put_raw(k, b, "]"))
-			return KVD_ENOMEM;
+		json_put_raw(k, b, *first ? "[" : ",[");
+		json_put_str(k, b, nname->s, nname->n);
+		json_put_raw(k, b, ",");
+		json_write(k, b, minor);
+		json_put_raw(k, b, ",");
+		json_put_str(k, b, iname, inl);
+		json_put_raw(k, b, ",");
+		json_put_str(k, b, t, strlen(t));
+		json_put_raw(k, b, ",\"");
+		json_put_raw(k, b, role);
+		json_put_raw(k, b, "\",");
+		json_put_str(k, b, pn->s, pn->n);
+		json_put_raw(k, b, "]");
 		*first = 0;
 	}
 	ch = json_get(disk, "children");
-	for (i = 0; ch && ch->type == JSON_ARR && i < ch->n; i++) {
-		int r = confd_drbd_rows(k, &ch->kids[i], nu, iname, inl, idx, role, nname, first, depth + 1);
-		if (r)
-			return r;
-	}
+	for (i = 0; ch && ch->type == JSON_ARR && i < ch->n; i++)
+		if (confd_drbd_rows(k, &ch->kids[i], nu, iname, inl, idx, role, nname, first, depth + 1))
+			return 1;
 	return 0;
 }
 
@@ -10173,249 +10275,388 @@ static const struct json *confd_disk_secondary(const struct json *disk, const st
 	return NULL;
 }
 
-static int confd_ganeti(struct kvd *k, const struct confd_req *rq)
+/* ---- Ganeti mode: one function per query type ------------------------------ */
+
+static void confd_g_master(struct kvd *k, const struct confd_req *rq, int64_t serial)
 {
 	struct confd *cd = k->confd;
 	struct kvd_buf *b = &cd->msg;
-	const struct json *cluster, *node, *inst, *v, *name, **sorted = NULL;
-	int64_t serial;
-	uint32_t i, j, n;
-	int how = CONFD_LK_FAIL, rc = 0;
+	const struct json *cluster = confd_cfg_get(cd, "cluster"), *mname, *mip, *mnode = NULL, *muuid, *v;
+	uint32_t i;
+	int how = CONFD_LK_FAIL;
 
-	if (confd_ganeti_load(k))
-		return confd_msg_str(k, CONFD_ERROR, cd->cfg_err, strlen(cd->cfg_err), 0);
-	cluster = confd_cfg_get(cd, "cluster");
-	serial = confd_cluster_serial(cd);
-	cd->tmp.len = cd->tmp.rd = 0;
-	switch (rq->type) {
-	case CONFD_PING:
-		return confd_begin_msg(k, CONFD_OK) || json_write(k, b, confd_cfg_get(cd, "version")) || confd_end_msg(k, 0);
-	case CONFD_CLUSTER_MASTER: {
-		const struct json *mname, *mip, *mnode = NULL, *muuid;
-		if (rq->qkind == CONFD_Q_PLAIN)
-			return confd_msg_int(k, CONFD_ERROR, CONFD_E_ARGUMENT, 0);
-		if (rq->qkind == CONFD_Q_DICT) { /* the master node first, by its UUID */
-			muuid = confd_str_of(cluster, "master_node");
-			if (!muuid || !(mnode = confd_node(cd, muuid->s, muuid->n, &how))) {
-				static const struct json none = {JSON_STR, 0, 0, 0, NULL, "", NULL, 0, 0};
-				confd_lookup_error(k, &cd->tmp, "", "Node", muuid ? muuid : &none, how, 0);
-				return confd_fail_text(k);
-			}
-		}
-		if (!(mname = confd_master_name(k, &cd->tmp)))
-			return confd_fail_text(k);
-		if (rq->qkind == CONFD_Q_EMPTY)
-			return confd_msg_str(k, CONFD_OK, mname->s, mname->n, serial);
-		mip = confd_str_of(cluster, "master_ip");
-		rc = confd_begin_msg(k, CONFD_OK) || json_put_raw(k, b, "[");
-		for (i = 0; !rc && rq->fields && i < rq->fields->n; i++) {
-			int64_t f = rq->fields->kids[i].i;
-			v = f == 0 ? mname : f == 1 ? mip : confd_str_of(mnode, "primary_ip");
-			rc = (i && json_put_raw(k, b, ",")) || (v ? json_write(k, b, v) : json_put_raw(k, b, "null"));
-		}
-		return rc || json_put_raw(k, b, "]") || confd_end_msg(k, serial);
+	if (rq->qkind == CONFD_Q_PLAIN) {
+		confd_msg_int(k, CONFD_ERROR, CONFD_E_ARGUMENT, 0);
+		return;
 	}
-	case CONFD_NODE_ROLE: {
-		const struct json *mname;
-		int role;
-		if (rq->qkind != CONFD_Q_PLAIN)
-			return confd_invalid_query(k, rq, 1);
-		if (!(mname = confd_master_name(k, &cd->tmp)))
-			return confd_fail_text(k);
-		if (!(node = confd_node(cd, rq->plain->s, rq->plain->n, &how))) {
-			confd_lookup_error(k, &cd->tmp, "", "Node", rq->plain, how, 1);
-			return confd_fail_text(k);
+	if (rq->qkind == CONFD_Q_DICT) { /* the master node first, by its UUID */
+		muuid = confd_str_of(cluster, "master_node");
+		if (!muuid || !(mnode = confd_node(cd, muuid->s, muuid->n, &how))) {
+			static const struct json none = {JSON_STR, 0, 0, 0, NULL, "", NULL, 0, 0};
+			confd_lookup_error(k, &cd->tmp, "", "Node", muuid ? muuid : &none, how, 0);
+			confd_fail_text(k);
+			return;
 		}
-		/* ganeti-confd compares the query, not the node's name, with the
-		 * master's name: "node1" for the master answers CANDIDATE (quirk) */
-		v = json_get(node, "drained");
-		role = confd_str_eq(mname, rq->plain->s, rq->plain->n) ? 0
-		     : v && v->type == JSON_TRUE                        ? 3
-		     : (v = json_get(node, "offline")) && v->type == JSON_TRUE ? 2
-		     : (v = json_get(node, "master_candidate")) && v->type == JSON_TRUE ? 1 : 4;
-		return confd_msg_int(k, CONFD_OK, role, serial);
 	}
-	case CONFD_NODE_PIP_LIST:
-	case CONFD_MC_PIP_LIST: /* Data.Map's foldlWithKey consing: descending UUID order */
-		sorted = confd_sorted(k, confd_cfg_get(cd, "nodes"), &n);
-		rc = confd_begin_msg(k, CONFD_OK) || json_put_raw(k, b, "[");
-		for (i = n, j = 0; !rc && i-- > 0;) {
-			v = json_get(sorted[i], "master_candidate");
-			if (rq->type == CONFD_MC_PIP_LIST && !(v && v->type == JSON_TRUE))
-				continue;
-			v = json_get(sorted[i], "primary_ip");
-			rc = (j++ && json_put_raw(k, b, ",")) || (v ? json_write(k, b, v) : json_put_raw(k, b, "null"));
-		}
-		kvd_free(k, sorted);
-		return rc || json_put_raw(k, b, "]") || confd_end_msg(k, serial);
-	case CONFD_INST_IPS:
-	case CONFD_NODE_PIP_BY_IP: {
-		const struct json *link;
-		struct confd_ipent *ips;
-		size_t nips;
-		if (rq->type == CONFD_INST_IPS) {
-			if (rq->qkind == CONFD_Q_DICT)
-				return confd_invalid_query(k, rq, 0);
-			link = rq->qkind == CONFD_Q_PLAIN ? rq->plain : confd_default_link(cd);
-		} else {
-			if (rq->qkind != CONFD_Q_DICT)
-				return confd_msg_int(k, CONFD_ERROR, CONFD_E_ARGUMENT, 0);
-			link = rq->link ? rq->link : confd_default_link(cd);
-		}
-		ips = link ? confd_link_ips(k, link->s, link->n, &nips) : NULL;
-		if (!link)
-			nips = 0;
-		if (rq->type == CONFD_INST_IPS) {
-			rc = confd_begin_msg(k, CONFD_OK) || json_put_raw(k, b, "[");
-			for (i = 0; !rc && i < nips; i++)
-				rc = (i && json_put_raw(k, b, ",")) || json_write(k, b, ips[i].ip);
-			rc = rc || json_put_raw(k, b, "]") || confd_end_msg(k, serial);
-		} else if (rq->ip) {
-			rc = confd_pip_of_ip(k, ips, nips, rq->ip, b, 0);
-		} else {
-			rc = confd_begin_msg(k, CONFD_OK) || json_put_raw(k, b, "[");
-			for (i = 0; !rc && rq->iplist && i < rq->iplist->n; i++)
-				rc = (i && json_put_raw(k, b, ",")) || confd_pip_of_ip(k, ips, nips, &rq->iplist->kids[i], b, 1);
-			rc = rc || json_put_raw(k, b, "]") || confd_end_msg(k, serial);
-		}
-		kvd_free(k, ips);
-		return rc;
+	if (!(mname = confd_master_name(k, &cd->tmp))) {
+		confd_fail_text(k);
+		return;
 	}
-	case CONFD_NODE_DRBD:
-	case CONFD_NODE_INSTANCES: {
-		int first = 1, r = 0;
-		if (rq->qkind != CONFD_Q_PLAIN)
-			return confd_invalid_query(k, rq, 1);
-		if (!(node = confd_node(cd, rq->plain->s, rq->plain->n, &how))) {
-			confd_lookup_error(k, &cd->tmp, rq->type == CONFD_NODE_DRBD ? "" : "Node not found in the configuration: ",
-			                   "Node", rq->plain, how, 0);
-			return confd_fail_text(k);
-		}
-		name = confd_str_of(node, "name");
-		sorted = confd_sorted(k, confd_cfg_get(cd, "instances"), &n);
-		rc = confd_begin_msg(k, CONFD_OK) || json_put_raw(k, b, "[");
-		if (rq->type == CONFD_NODE_DRBD) {
-			for (i = 0; !rc && !r && name && i < n; i++) {
-				const struct json *pn = confd_str_of(sorted[i], "primary_node"), *disks = json_get(sorted[i], "disks");
-				const struct json *iname = confd_str_of(sorted[i], "name");
-				const char *role = pn && pn->n == node->klen && !memcmp(pn->s, node->key, pn->n) ? "primary"
-				                                                                                : "secondary";
-				struct json nu = {JSON_STR, 0, 0, 0, NULL, node->key, NULL, 0, 0};
-				nu.n = node->klen;
-				for (j = 0; !rc && !r && disks && disks->type == JSON_ARR && j < disks->n; j++) {
-					const struct json *dk = confd_disk(cd, &disks->kids[j]);
-					if (dk)
-						r = confd_drbd_rows(k, dk, &nu, iname ? iname->s : "", iname ? iname->n : 0, (int)j, role,
-						                    name, &first, 0);
-				}
-				rc = r < 0 ? r : 0;
-			}
-			if (r > 0) {
-				kvd_free(k, sorted);
-				return confd_fail_text(k);
-			}
-		} else { /* [[primary instances], [secondary instances]] */
-			int pass;
-			for (pass = 0; !rc && pass < 2; pass++) {
-				rc = json_put_raw(k, b, pass ? ",[" : "[");
-				for (first = 1, i = 0; !rc && i < n; i++) {
-					const struct json *pn = confd_str_of(sorted[i], "primary_node"), *disks;
-					if (!pass) {
-						if (pn && pn->n == node->klen && !memcmp(pn->s, node->key, pn->n))
-							rc = (!first && json_put_raw(k, b, ",")) || json_write(k, b, sorted[i]), first = 0;
-						continue;
-					}
-					disks = json_get(sorted[i], "disks"); /* once per disk whose secondary it is */
-					for (j = 0; !rc && disks && disks->type == JSON_ARR && j < disks->n; j++) {
-						const struct json *dk = confd_disk(cd, &disks->kids[j]);
-						const struct json *sec = dk ? confd_disk_secondary(dk, pn) : NULL;
-						if (sec && sec->n == node->klen && !memcmp(sec->s, node->key, sec->n))
-							rc = (!first && json_put_raw(k, b, ",")) || json_write(k, b, sorted[i]), first = 0;
-					}
-				}
-				rc = rc || json_put_raw(k, b, "]");
-			}
-		}
-		kvd_free(k, sorted);
-		return rc || json_put_raw(k, b, "]") || confd_end_msg(k, confd_num(node, "serial_no"));
+	if (rq->qkind == CONFD_Q_EMPTY) {
+		confd_msg_str(k, CONFD_OK, mname->s, mname->n, serial);
+		return;
 	}
-	case CONFD_INST_DISKS: {
-		const struct json *disks;
-		if (rq->qkind != CONFD_Q_PLAIN)
-			return confd_invalid_query(k, rq, 1);
-		if (!(inst = confd_instance(cd, rq->plain->s, rq->plain->n, &how))) {
-			confd_lookup_error(k, &cd->tmp, "Instance not found in the configuration: ", "Instance", rq->plain, how, 0);
-			return confd_fail_text(k);
+	mip = confd_str_of(cluster, "master_ip");
+	confd_begin_msg(k, CONFD_OK);
+	json_put_raw(k, b, "[");
+	for (i = 0; rq->fields && i < rq->fields->n; i++) {
+		int64_t f = rq->fields->kids[i].i;
+		v = f == 0 ? mname : f == 1 ? mip : confd_str_of(mnode, "primary_ip");
+		if (i)
+			json_put_raw(k, b, ",");
+		if (v)
+			json_write(k, b, v);
+		else
+			json_put_raw(k, b, "null");
+	}
+	json_put_raw(k, b, "]");
+	confd_end_msg(k, serial);
+}
+
+static void confd_g_role(struct kvd *k, const struct confd_req *rq, int64_t serial)
+{
+	struct confd *cd = k->confd;
+	const struct json *mname, *node, *v;
+	int role, how = CONFD_LK_FAIL;
+
+	if (rq->qkind != CONFD_Q_PLAIN) {
+		confd_invalid_query(k, rq, 1);
+		return;
+	}
+	if (!(mname = confd_master_name(k, &cd->tmp))) {
+		confd_fail_text(k);
+		return;
+	}
+	if (!(node = confd_node(cd, rq->plain->s, rq->plain->n, &how))) {
+		confd_lookup_error(k, &cd->tmp, "", "Node", rq->plain, how, 1);
+		confd_fail_text(k);
+		return;
+	}
+	/* ganeti-confd compares the query, not the node's name, with the
+	 * master's name: "node1" for the master answers CANDIDATE (quirk) */
+	v = json_get(node, "drained");
+	role = confd_str_eq(mname, rq->plain->s, rq->plain->n) ? 0
+	     : v && v->type == JSON_TRUE                        ? 3
+	     : (v = json_get(node, "offline")) && v->type == JSON_TRUE ? 2
+	     : (v = json_get(node, "master_candidate")) && v->type == JSON_TRUE ? 1 : 4;
+	confd_msg_int(k, CONFD_OK, role, serial);
+}
+
+/* NODE_PIP_LIST, MC_PIP_LIST: Data.Map's foldlWithKey consing, so
+ * descending UUID order. */
+static void confd_g_pip_list(struct kvd *k, const struct confd_req *rq, int64_t serial)
+{
+	struct confd *cd = k->confd;
+	struct kvd_buf *b = &cd->msg;
+	const struct json **sorted, *v;
+	uint32_t i, j, n;
+
+	sorted = confd_sorted(k, confd_cfg_get(cd, "nodes"), &n);
+	confd_begin_msg(k, CONFD_OK);
+	json_put_raw(k, b, "[");
+	for (i = n, j = 0; i-- > 0;) {
+		v = json_get(sorted[i], "master_candidate");
+		if (rq->type == CONFD_MC_PIP_LIST && !(v && v->type == JSON_TRUE))
+			continue;
+		v = json_get(sorted[i], "primary_ip");
+		if (j++)
+			json_put_raw(k, b, ",");
+		if (v)
+			json_write(k, b, v);
+		else
+			json_put_raw(k, b, "null");
+	}
+	kvd_free(k, sorted);
+	json_put_raw(k, b, "]");
+	confd_end_msg(k, serial);
+}
+
+/* INSTANCES_IPS_LIST and NODE_PIP_BY_INSTANCE_IP: the IPs on a link. */
+static void confd_g_ips(struct kvd *k, const struct confd_req *rq, int64_t serial)
+{
+	struct confd *cd = k->confd;
+	struct kvd_buf *b = &cd->msg;
+	const struct json *link;
+	struct confd_ipent *ips;
+	size_t nips = 0, i;
+
+	if (rq->type == CONFD_INST_IPS) {
+		if (rq->qkind == CONFD_Q_DICT) {
+			confd_invalid_query(k, rq, 0);
+			return;
 		}
-		disks = json_get(inst, "disks");
-		rc = confd_begin_msg(k, CONFD_OK) || json_put_raw(k, b, "[");
-		for (j = 0; !rc && disks && disks->type == JSON_ARR && j < disks->n; j++) {
+		link = rq->qkind == CONFD_Q_PLAIN ? rq->plain : confd_default_link(cd);
+	} else {
+		if (rq->qkind != CONFD_Q_DICT) {
+			confd_msg_int(k, CONFD_ERROR, CONFD_E_ARGUMENT, 0);
+			return;
+		}
+		link = rq->link ? rq->link : confd_default_link(cd);
+	}
+	ips = link ? confd_link_ips(k, link->s, link->n, &nips) : NULL;
+	if (rq->type == CONFD_NODE_PIP_BY_IP && rq->ip) {
+		confd_pip_of_ip(k, ips, nips, rq->ip, b, 0);
+	} else {
+		confd_begin_msg(k, CONFD_OK);
+		json_put_raw(k, b, "[");
+		if (rq->type == CONFD_INST_IPS)
+			for (i = 0; i < nips; i++) {
+				if (i)
+					json_put_raw(k, b, ",");
+				json_write(k, b, ips[i].ip);
+			}
+		else
+			for (i = 0; rq->iplist && i < rq->iplist->n; i++) {
+				if (i)
+					json_put_raw(k, b, ",");
+				confd_pip_of_ip(k, ips, nips, &rq->iplist->kids[i], b, 1);
+			}
+		json_put_raw(k, b, "]");
+		confd_end_msg(k, serial);
+	}
+	kvd_free(k, ips);
+}
+
+/* NODE_DRBD: the DRBD minors of every disk of every instance on the node. */
+static void confd_g_node_drbd(struct kvd *k, const struct json *node, const struct json **sorted, uint32_t n)
+{
+	struct confd *cd = k->confd;
+	const struct json *name = confd_str_of(node, "name");
+	uint32_t i, j;
+	int first = 1;
+
+	for (i = 0; name && i < n; i++) {
+		const struct json *pn = confd_str_of(sorted[i], "primary_node"), *disks = json_get(sorted[i], "disks");
+		const struct json *iname = confd_str_of(sorted[i], "name");
+		const char *role = pn && pn->n == node->klen && !memcmp(pn->s, node->key, pn->n) ? "primary" : "secondary";
+		struct json nu = {JSON_STR, 0, 0, 0, NULL, node->key, NULL, 0, 0};
+		nu.n = node->klen;
+		for (j = 0; disks && disks->type == JSON_ARR && j < disks->n; j++) {
 			const struct json *dk = confd_disk(cd, &disks->kids[j]);
-			if (!dk) {
-				cd->tmp.len = cd->tmp.rd = 0;
-				if (json_put_raw(k, &cd->tmp, "Could not retrieve disks: ConfigurationError ") ||
-				    confd_hs_show(k, &cd->tmp, "disk not found", 14))
-					return KVD_ENOMEM;
-				return confd_fail_text(k);
+			if (dk && confd_drbd_rows(k, dk, &nu, iname ? iname->s : "", iname ? iname->n : 0, (int)j, role, name,
+			                          &first, 0)) {
+				confd_fail_text(k); /* the whole answer is that error */
+				return;
 			}
-			rc = (j && json_put_raw(k, b, ",")) || json_write(k, b, dk);
 		}
-		return rc || json_put_raw(k, b, "]") || confd_end_msg(k, confd_num(inst, "serial_no"));
 	}
-	case CONFD_CONFIG_QUERY: { /* an RFC 6901 path into the whole configuration */
-		const char *p, *e, *end;
-		if (rq->qkind != CONFD_Q_PLAIN)
-			return confd_invalid_query(k, rq, 1);
-		p = rq->plain->s;
-		end = p + rq->plain->n;
-		v = cd->cfg.root;
-		if (p == end || *p != '/')
+	json_put_raw(k, &cd->msg, "]");
+	confd_end_msg(k, confd_num(node, "serial_no"));
+}
+
+/* NODE_INSTANCES: [[primary instances], [secondary instances]], an
+ * instance once per disk whose secondary the node is. */
+static void confd_g_node_instances(struct kvd *k, const struct json *node, const struct json **sorted, uint32_t n)
+{
+	struct confd *cd = k->confd;
+	struct kvd_buf *b = &cd->msg;
+	uint32_t i, j;
+	int pass, first;
+
+	for (pass = 0; pass < 2; pass++) {
+		json_put_raw(k, b, pass ? ",[" : "[");
+		for (first = 1, i = 0; i < n; i++) {
+			const struct json *pn = confd_str_of(sorted[i], "primary_node"), *disks;
+			if (!pass) {
+				if (pn && pn->n == node->klen && !memcmp(pn->s, node->key, pn->n)) {
+					json_put_raw(k, b, first ? "" : ",");
+					json_write(k, b, sorted[i]);
+					first = 0;
+				}
+				continue;
+			}
+			disks = json_get(sorted[i], "disks");
+			for (j = 0; disks && disks->type == JSON_ARR && j < disks->n; j++) {
+				const struct json *dk = confd_disk(cd, &disks->kids[j]);
+				const struct json *sec = dk ? confd_disk_secondary(dk, pn) : NULL;
+				if (sec && sec->n == node->klen && !memcmp(sec->s, node->key, sec->n)) {
+					json_put_raw(k, b, first ? "" : ",");
+					json_write(k, b, sorted[i]);
+					first = 0;
+				}
+			}
+		}
+		json_put_raw(k, b, "]");
+	}
+	json_put_raw(k, b, "]");
+	confd_end_msg(k, confd_num(node, "serial_no"));
+}
+
+static void confd_g_node(struct kvd *k, const struct confd_req *rq)
+{
+	struct confd *cd = k->confd;
+	const struct json *node, **sorted;
+	uint32_t n;
+	int how = CONFD_LK_FAIL;
+
+	if (rq->qkind != CONFD_Q_PLAIN) {
+		confd_invalid_query(k, rq, 1);
+		return;
+	}
+	if (!(node = confd_node(cd, rq->plain->s, rq->plain->n, &how))) {
+		confd_lookup_error(k, &cd->tmp, rq->type == CONFD_NODE_DRBD ? "" : "Node not found in the configuration: ",
+		                   "Node", rq->plain, how, 0);
+		confd_fail_text(k);
+		return;
+	}
+	sorted = confd_sorted(k, confd_cfg_get(cd, "instances"), &n);
+	confd_begin_msg(k, CONFD_OK);
+	json_put_raw(k, &cd->msg, "[");
+	if (rq->type == CONFD_NODE_DRBD)
+		confd_g_node_drbd(k, node, sorted, n);
+	else
+		confd_g_node_instances(k, node, sorted, n);
+	kvd_free(k, sorted);
+}
+
+static void confd_g_inst_disks(struct kvd *k, const struct confd_req *rq)
+{
+	struct confd *cd = k->confd;
+	struct kvd_buf *b = &cd->msg;
+	const struct json *inst, *disks, *dk;
+	uint32_t j;
+	int how = CONFD_LK_FAIL;
+
+	if (rq->qkind != CONFD_Q_PLAIN) {
+		confd_invalid_query(k, rq, 1);
+		return;
+	}
+	if (!(inst = confd_instance(cd, rq->plain->s, rq->plain->n, &how))) {
+		confd_lookup_error(k, &cd->tmp, "Instance not found in the configuration: ", "Instance", rq->plain, how, 0);
+		confd_fail_text(k);
+		return;
+	}
+	disks = json_get(inst, "disks");
+	confd_begin_msg(k, CONFD_OK);
+	json_put_raw(k, b, "[");
+	for (j = 0; disks && disks->type == JSON_ARR && j < disks->n; j++) {
+		if (!(dk = confd_disk(cd, &disks->kids[j]))) {
+			buf_reset(&cd->tmp);
+			json_put_raw(k, &cd->tmp, "Could not retrieve disks: ConfigurationError ");
+			confd_hs_show(k, &cd->tmp, "disk not found", 14);
+			confd_fail_text(k);
+			return;
+		}
+		if (j)
+			json_put_raw(k, b, ",");
+		json_write(k, b, dk);
+	}
+	json_put_raw(k, b, "]");
+	confd_end_msg(k, confd_num(inst, "serial_no"));
+}
+
+/* CONFIG_QUERY: an RFC 6901 path into the whole configuration. */
+static void confd_g_config_query(struct kvd *k, const struct confd_req *rq, int64_t serial)
+{
+	struct confd *cd = k->confd;
+	const struct json *v = cd->cfg.root;
+	const char *p, *e, *end;
+	uint32_t i;
+
+	if (rq->qkind != CONFD_Q_PLAIN) {
+		confd_invalid_query(k, rq, 1);
+		return;
+	}
+	p = rq->plain->s;
+	end = p + rq->plain->n;
+	if (p == end || *p != '/')
+		v = NULL;
+	while (v && p < end) {
+		p++;
+		for (e = p; e < end && *e != '/'; e++)
+			;
+		if (v->type == JSON_OBJ) {
+			const struct json *kid = NULL;
+			for (i = 0; i < v->n && !kid; i++)
+				if (v->kids[i].klen == (size_t)(e - p) && !memcmp(v->kids[i].key, p, (size_t)(e - p)))
+					kid = &v->kids[i];
+			v = kid;
+		} else if (v->type == JSON_ARR) {
+			uint64_t idx = 0;
+			const char *d;
+			for (d = p; d < e && *d >= '0' && *d <= '9' && idx < 0xffffffffu; d++)
+				idx = idx * 10 + (uint64_t)(*d - '0');
+			v = d == e && e > p && idx < v->n ? &v->kids[idx] : NULL;
+		} else {
 			v = NULL;
-		while (v && p < end) {
-			p++;
-			for (e = p; e < end && *e != '/'; e++)
-				;
-			if (v->type == JSON_OBJ) {
-				const struct json *kid = NULL;
-				for (i = 0; i < v->n && !kid; i++)
-					if (v->kids[i].klen == (size_t)(e - p) && !memcmp(v->kids[i].key, p, (size_t)(e - p)))
-						kid = &v->kids[i];
-				v = kid;
-			} else if (v->type == JSON_ARR) {
-				uint64_t idx = 0;
-				const char *d;
-				for (d = p; d < e && *d >= '0' && *d <= '9' && idx < 0xffffffffu; d++)
-					idx = idx * 10 + (uint64_t)(*d - '0');
-				v = d == e && e > p && idx < v->n ? &v->kids[idx] : NULL;
-			} else {
-				v = NULL;
-			}
-			p = e;
 		}
-		if (!v)
-			return confd_msg_int(k, CONFD_ERROR, CONFD_E_ARGUMENT, 0);
-		return confd_begin_msg(k, CONFD_OK) || json_write(k, b, v) || confd_end_msg(k, serial);
+		p = e;
 	}
-	case CONFD_DATA_COLLECTORS: { /* ganeti-confd's collectors, by name */
-		static const char *const names[] = {"cpu-avg-load", "diskstats", "drbd", "inst-status-xen", "lv",
-		                                    "xen-cpu-avg-load"};
-		const struct json *dc = json_get(cluster, "data_collectors"), *c, *a, *iv;
-		rc = confd_begin_msg(k, CONFD_OK) || json_put_raw(k, b, "{");
-		for (i = 0; !rc && i < KVD_COUNT(names); i++) {
-			c = json_get(dc, names[i]);
-			a = json_get(c, "active");
-			iv = json_get(c, "interval");
-			rc = (i && json_put_raw(k, b, ",")) || json_put_str(k, b, names[i], strlen(names[i])) ||
-			     json_put_raw(k, b, ":{\"active\":") ||
-			     json_put_raw(k, b, a && a->type == JSON_FALSE ? "false" : "true") ||
-			     json_put_raw(k, b, ",\"interval\":") ||
-			     (iv && iv->type == JSON_NUM ? json_write(k, b, iv) : json_put_raw(k, b, "5000000")) ||
-			     json_put_raw(k, b, "}");
-		}
-		return rc || json_put_raw(k, b, "}") || confd_end_msg(k, serial);
+	if (!v)
+		confd_msg_int(k, CONFD_ERROR, CONFD_E_ARGUMENT, 0);
+	else
+		confd_msg_json(k, CONFD_OK, v, serial);
+}
+
+/* DATA_COLLECTORS: ganeti-confd's collectors, by name. */
+static void confd_g_collectors(struct kvd *k, int64_t serial)
+{
+	static const char *const names[] = {"cpu-avg-load", "diskstats", "drbd", "inst-status-xen", "lv",
+	                                    "xen-cpu-avg-load"};
+	struct confd *cd = k->confd;
+	struct kvd_buf *b = &cd->msg;
+	const struct json *dc = json_get(confd_cfg_get(cd, "cluster"), "data_collectors"), *c, *a, *iv;
+	size_t i;
+
+	confd_begin_msg(k, CONFD_OK);
+	json_put_raw(k, b, "{");
+	for (i = 0; i < KVD_COUNT(names); i++) {
+		c = json_get(dc, names[i]);
+		a = json_get(c, "active");
+		iv = json_get(c, "interval");
+		if (i)
+			json_put_raw(k, b, ",");
+		json_put_str(k, b, names[i], strlen(names[i]));
+		json_put_raw(k, b, ":{\"active\":");
+		json_put_raw(k, b, a && a->type == JSON_FALSE ? "false" : "true");
+		json_put_raw(k, b, ",\"interval\":");
+		if (iv && iv->type == JSON_NUM)
+			json_write(k, b, iv);
+		else
+			json_put_raw(k, b, "5000000");
+		json_put_raw(k, b, "}");
 	}
+	json_put_raw(k, b, "}");
+	confd_end_msg(k, serial);
+}
+
+/* A query in Ganeti mode, answered into cd->msg (errors: sticky in it). */
+static void confd_ganeti(struct kvd *k, const struct confd_req *rq)
+{
+	struct confd *cd = k->confd;
+	int64_t serial;
+
+	if (confd_ganeti_load(k)) {
+		confd_msg_str(k, CONFD_ERROR, cd->cfg_err, strlen(cd->cfg_err), 0);
+		return;
 	}
-	return confd_msg_int(k, CONFD_ERROR, CONFD_E_ARGUMENT, 0);
+	serial = confd_cluster_serial(cd);
+	buf_reset(&cd->tmp);
+	switch (rq->type) {
+	case CONFD_PING: confd_msg_json(k, CONFD_OK, confd_cfg_get(cd, "version"), 0); return;
+	case CONFD_CLUSTER_MASTER: confd_g_master(k, rq, serial); return;
+	case CONFD_NODE_ROLE: confd_g_role(k, rq, serial); return;
+	case CONFD_NODE_PIP_LIST:
+	case CONFD_MC_PIP_LIST: confd_g_pip_list(k, rq, serial); return;
+	case CONFD_INST_IPS:
+	case CONFD_NODE_PIP_BY_IP: confd_g_ips(k, rq, serial); return;
+	case CONFD_NODE_DRBD:
+	case CONFD_NODE_INSTANCES: confd_g_node(k, rq); return;
+	case CONFD_INST_DISKS: confd_g_inst_disks(k, rq); return;
+	case CONFD_CONFIG_QUERY: confd_g_config_query(k, rq, serial); return;
+	case CONFD_DATA_COLLECTORS: confd_g_collectors(k, serial); return;
+	}
+	confd_msg_int(k, CONFD_ERROR, CONFD_E_ARGUMENT, 0);
 }
 
 /* ---- one datagram -------------------------------------------------------------------- */
@@ -10432,12 +10673,12 @@ static int confd_handle(struct kvd *k, const uint8_t *p, size_t n, int64_t wall)
 	const char *err;
 	int64_t ts = 0;
 	uint32_t i;
-	int rc = -1, neg = 0, r;
+	int rc = KVD_EPROTO, neg = 0;
 
 	memset(&req, 0, sizeof req);
 	if (n < 4 || memcmp(p, CONFD_MAGIC, 4)) {
 		cd->dropped[CONFD_D_MAGIC]++;
-		return -1;
+		return KVD_EPROTO;
 	}
 	/* the envelope: exactly msg, salt, hmac, all strings (Ganeti is strict) */
 	if (json_parse(k, &env, p + 4, n - 4, &err) || env.root->type != JSON_OBJ || env.root->n != 3 ||
@@ -10446,7 +10687,7 @@ static int confd_handle(struct kvd *k, const uint8_t *p, size_t n, int64_t wall)
 		if (env.root)
 			json_free(&env);
 		cd->dropped[CONFD_D_ENVELOPE]++;
-		return -1;
+		return KVD_EPROTO;
 	}
 	/* authenticate before anything depends on what the sender wrote */
 	confd_hmac(cd, salt->s, salt->n, msg->s, msg->n, want);
@@ -10487,12 +10728,17 @@ static int confd_handle(struct kvd *k, const uint8_t *p, size_t n, int64_t wall)
 		cd->dropped[CONFD_D_REQUEST]++;
 		goto out;
 	}
-	r = k->cfg.confd_ganeti_key[0] ? confd_ganeti(k, &rq) : confd_keyspace(k, &rq);
-	if (!r && cd->msg.len > k->cfg.confd_max_reply - 256) { /* no truncated datagram: an ARGUMENT error */
+	if (k->cfg.confd_ganeti_key[0])
+		confd_ganeti(k, &rq);
+	else
+		confd_keyspace(k, &rq);
+	if (!cd->msg.err && cd->msg.len > k->cfg.confd_max_reply - 256) { /* no truncated datagram: an ARGUMENT error */
 		cd->too_big++;
-		r = confd_msg_int(k, CONFD_ERROR, CONFD_E_ARGUMENT, 0);
+		confd_msg_int(k, CONFD_ERROR, CONFD_E_ARGUMENT, 0);
 	}
-	if (r || confd_sign(k, &rq) || cd->out.len > k->cfg.confd_max_reply) {
+	if (!cd->msg.err)
+		confd_sign(k, &rq);
+	if (cd->msg.err || cd->out.err || cd->out.len > k->cfg.confd_max_reply) {
 		cd->dropped[CONFD_D_REQUEST]++; /* out of memory, or an rsalt too long to sign into a datagram */
 		goto out;
 	}
@@ -10726,7 +10972,7 @@ static int net_nonblock(int fd)
 	int fl = fcntl(fd, F_GETFL);
 
 	if (fl < 0 || fcntl(fd, F_SETFL, fl | O_NONBLOCK) < 0)
-		return -1;
+		return KVD_EIO;
 	return fcntl(fd, F_SETFD, FD_CLOEXEC);
 }
 
@@ -11097,7 +11343,7 @@ static int net_evict(struct kvd *k)
 		    (!victim || c->t_active <= victim->t_active)) /* newest first: ties go to the oldest */
 			victim = c;
 	if (!victim)
-		return -1;
+		return KVD_ELIMIT;
 	if (victim->proto) /* in the protocol's own words */
 		victim->proto->evict(k, victim);
 	net_write(k, victim); /* best effort: the GOAWAY, then the socket goes */
@@ -11320,10 +11566,10 @@ static void loop_log_flush(struct kvd *k)
 		kvd_free(k, s->status_msg);
 		s->status_msg = NULL;
 		s->finished = 0;
-		if (s->wrote && (err == -ENOSPC || err == -EDQUOT))
+		if (s->wrote && (k->db.last_errno == ENOSPC || k->db.last_errno == EDQUOT))
 			call_finish(k, s, GRPC_RESOURCE_EXHAUSTED, "%s", E_NO_SPACE);
 		else
-			call_finish(k, s, GRPC_UNAVAILABLE, "kvd: log write failed (%s); %s", strerror(-err),
+			call_finish(k, s, GRPC_UNAVAILABLE, "kvd: log write failed (%s); %s", strerror(k->db.last_errno),
 			            s->wrote ? "not applied" : "retry");
 	}
 	k->nheld = 0;
@@ -11539,10 +11785,10 @@ static int cfg_duration(const char *s, uint32_t *out)
 		return 0;
 	}
 	if (!*s)
-		return -1;
+		return KVD_EINVAL;
 	while (*s) {
 		if (!(*s >= '0' && *s <= '9') && *s != '.')
-			return -1;
+			return KVD_EINVAL;
 		v = 0;
 		while (*s >= '0' && *s <= '9')
 			v = v * 10 + (*s++ - '0');
@@ -11555,12 +11801,12 @@ static int cfg_duration(const char *s, uint32_t *out)
 				break;
 		}
 		if (i == (size_t)-1)
-			return -1;
+			return KVD_EINVAL;
 		total += v * units[i].ms;
 		s += strlen(units[i].u);
 	}
 	if (total > 4294967295.0)
-		return -1;
+		return KVD_EINVAL;
 	*out = (uint32_t)(total + 0.999);
 	return 0;
 }

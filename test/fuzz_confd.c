@@ -100,9 +100,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		confd_hmac(k->confd, "1700000000", 10, data + 1, size - 1, mac);
 		for (i = 0; i < 20; i++)
 			sprintf(hx + 2 * i, "%02x", mac[i]);
-		if (json_put_raw(k, &dg, "plj0{\"msg\":") || json_put_str(k, &dg, data + 1, size - 1) ||
-		    json_put_raw(k, &dg, ",\"salt\":\"1700000000\",\"hmac\":\"") || json_put_raw(k, &dg, hx) ||
-		    json_put_raw(k, &dg, "\"}"))
+		json_put_raw(k, &dg, "plj0{\"msg\":");
+		json_put_str(k, &dg, data + 1, size - 1);
+		json_put_raw(k, &dg, ",\"salt\":\"1700000000\",\"hmac\":\"");
+		json_put_raw(k, &dg, hx);
+		json_put_raw(k, &dg, "\"}");
+		if (dg.err)
 			abort();
 	} else if (buf_append(k, &dg, data + 1, size - 1)) {
 		abort();

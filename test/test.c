@@ -202,9 +202,11 @@ static void test_hpack_int(void)
 	p = b;
 	CHECK(hp_int(&p, b, 5, &v) == HP_EINVAL);
 	/* encoder round trip */
-	CHECK(hp_put_int(k, &o, 0x00, 5, 1337) == 0 && BUF_LEN(&o) == 3 && !memcmp(BUF_DATA(&o), "\x1f\x9a\x0a", 3));
+	hp_put_int(k, &o, 0x00, 5, 1337);
+	CHECK(!o.err && BUF_LEN(&o) == 3 && !memcmp(BUF_DATA(&o), "\x1f\x9a\x0a", 3));
 	buf_free(k, &o);
-	CHECK(hp_put_int(k, &o, 0x00, 7, 0xffffffffu) == 0);
+	hp_put_int(k, &o, 0x00, 7, 0xffffffffu);
+	CHECK(!o.err);
 	p = BUF_DATA(&o);
 	CHECK(hp_int(&p, BUF_DATA(&o) + BUF_LEN(&o), 7, &v) == 0 && v == 0xffffffffu);
 	buf_free(k, &o);
@@ -1106,10 +1108,10 @@ static void test_grpc_deadline(void)
 	CHECK(grpc_parse_timeout(v, &us) == 0 && us == 1);
 	v.p = (const uint8_t *)"123456789S";
 	v.n = 10;
-	CHECK(grpc_parse_timeout(v, &us) == -1);
+	CHECK(grpc_parse_timeout(v, &us) == KVD_EINVAL);
 	v.p = (const uint8_t *)"S";
 	v.n = 1;
-	CHECK(grpc_parse_timeout(v, &us) == -1);
+	CHECK(grpc_parse_timeout(v, &us) == KVD_EINVAL);
 
 	/* under a microsecond: over before it starts, as grpc-go answers "1n" */
 	n = t_req_block(k, blk, "/grpc.health.v1.Health/Check", "grpc-timeout", "1n");
@@ -1467,10 +1469,10 @@ static void test_crc32c_varint(void)
 	}
 	p = b;
 	b[0] = 0x80;
-	CHECK(mvcc_get_varint(&p, b + 1, &v) == -1); /* truncated */
+	CHECK(mvcc_get_varint(&p, b + 1, &v) == KVD_ECORRUPT); /* truncated */
 	memset(b, 0xff, 11);
 	p = b;
-	CHECK(mvcc_get_varint(&p, b + 11, &v) == -1); /* too long */
+	CHECK(mvcc_get_varint(&p, b + 11, &v) == KVD_ECORRUPT); /* too long */
 }
 
 static int t_keycmp(const void *a, const void *b)
@@ -1669,7 +1671,7 @@ static void test_mvcc_rollback(void)
 	fd = open("/dev/full", O_WRONLY); /* every write fails with ENOSPC */
 	saved = k->db.fd;
 	k->db.fd = fd;
-	CHECK(mvcc_flush(k) == -ENOSPC);
+	CHECK(mvcc_flush(k) == KVD_EIO && k->db.last_errno == ENOSPC);
 	k->db.fd = saved;
 	close(fd);
 	CHECK(k->db.rev == 4 && k->db.compacted == -1 && k->db.w.len == 0);
@@ -2085,7 +2087,7 @@ static void test_lease_keys_and_undo(void)
 	fd = open("/dev/full", O_WRONLY);
 	saved = k->db.fd;
 	k->db.fd = fd;
-	CHECK(mvcc_flush(k) == -ENOSPC);
+	CHECK(mvcc_flush(k) == KVD_EIO && k->db.last_errno == ENOSPC);
 	k->db.fd = saved;
 	close(fd);
 	k->db.broken = 0;
@@ -2331,9 +2333,13 @@ static void test_confd_vectors(void)
 		kvd_close(k);
 		return;
 	}
-	CHECK(confd_msg_int(k, CONFD_OK, 3000000, 0) == 0 && confd_sign(k, &rq) == 0);
+	confd_msg_int(k, CONFD_OK, 3000000, 0);
+	confd_sign(k, &rq);
+	CHECK(!k->confd->msg.err && !k->confd->out.err);
 	CHECK(k->confd->out.len == strlen(T_REP0) && !memcmp(k->confd->out.p, T_REP0, strlen(T_REP0)));
-	CHECK(confd_msg_int(k, CONFD_OK, 0, 3189) == 0 && confd_sign(k, &rq) == 0 &&
+	confd_msg_int(k, CONFD_OK, 0, 3189);
+	confd_sign(k, &rq);
+	CHECK(!k->confd->out.err &&
 	      strstr((const char *)k->confd->out.p, "\"hmac\":\"8df0657422b21004a4d6ba1cc0e549325787f169\""));
 	json_free(&d);
 	/* the request's HMAC: over salt then msg, with the key's newline */
@@ -2349,9 +2355,9 @@ static void test_confd_vectors(void)
 	/* the whole datagram: answered at its time (no configuration yet: status 1), dropped when skewed */
 	CHECK(confd_handle(k, (const uint8_t *)T_REQ0, strlen(T_REQ0), 1700000000) == 0 &&
 	      strstr((const char *)k->confd->out.p, "\\\"status\\\":1"));
-	CHECK(confd_handle(k, (const uint8_t *)T_REQ0, strlen(T_REQ0), 1700000000 + 301) == -1 &&
+	CHECK(confd_handle(k, (const uint8_t *)T_REQ0, strlen(T_REQ0), 1700000000 + 301) == KVD_EPROTO &&
 	      k->confd->dropped[CONFD_D_SKEW] == 1);
-	CHECK(confd_handle(k, (const uint8_t *)T_REQ0, strlen(T_REQ0), 1700000000 - 300) == -1 &&
+	CHECK(confd_handle(k, (const uint8_t *)T_REQ0, strlen(T_REQ0), 1700000000 - 300) == KVD_EPROTO &&
 	      k->confd->dropped[CONFD_D_REPLAY] == 1); /* same datagram again: the replay cache */
 	k->cfg.confd_replay = 0;
 	CHECK(confd_handle(k, (const uint8_t *)T_REQ0, strlen(T_REQ0), 1700000000 + 300) == 0);
@@ -2360,13 +2366,13 @@ static void test_confd_vectors(void)
 		char m[sizeof T_REQ0];
 		memcpy(m, T_REQ0, sizeof m);
 		m[i] ^= 0x01;
-		ok &= confd_handle(k, (const uint8_t *)m, strlen(T_REQ0), 1700000000) == -1;
+		ok &= confd_handle(k, (const uint8_t *)m, strlen(T_REQ0), 1700000000) == KVD_EPROTO;
 	}
 	CHECK(ok && k->confd->dropped[CONFD_D_MAGIC] == 4 && k->confd->dropped[CONFD_D_HMAC] > 100);
 	kvd_close(k);
 	/* the same key without its newline: nothing verifies */
 	k = t_confd(dir, "0123456789abcdef0123456789abcdef01234567", 0);
-	CHECK(k && confd_handle(k, (const uint8_t *)T_REQ0, strlen(T_REQ0), 1700000000) == -1 &&
+	CHECK(k && confd_handle(k, (const uint8_t *)T_REQ0, strlen(T_REQ0), 1700000000) == KVD_EPROTO &&
 	      k->confd->dropped[CONFD_D_HMAC] == 1);
 	kvd_close(k);
 	snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
@@ -2393,7 +2399,7 @@ static void test_cfg(void)
 	CHECK(cfg_duration("1.5h", &ms) == 0 && ms == 5400000);
 	CHECK(cfg_duration("0", &ms) == 0 && ms == 0);
 	CHECK(cfg_duration("10us", &ms) == 0 && ms == 1);
-	CHECK(cfg_duration("5", &ms) == -1 && cfg_duration("", &ms) == -1 && cfg_duration("s", &ms) == -1);
+	CHECK(cfg_duration("5", &ms) == KVD_EINVAL && cfg_duration("", &ms) == KVD_EINVAL && cfg_duration("s", &ms) == KVD_EINVAL);
 	kvd_config_init(&cfg);
 	CHECK(kvd_config_parse(&cfg, 9, (char **)a1, err, sizeof err) == 0);
 	CHECK(!strcmp(cfg.name, "n1") && !strcmp(cfg.data_dir, "/tmp/x") && cfg.max_request_bytes == 100 &&
