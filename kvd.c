@@ -612,17 +612,6 @@ struct net_listener {
 	char name[80];
 };
 
-/* Internal copy of the configuration (strings owned). */
-struct kvd_cfg {
-	char *name, *data_dir, *listen, *advertise, *peer_urls, *token;
-	uint32_t max_request, max_streams, max_conns, max_conns_ip, ping_min_ms, idle_ms,
-	    stall_ms, drain_ms, max_txn_ops, max_watchers, watch_progress_ms, heartbeat_ms, election_ms;
-	char *confd_listen, *confd_key_file, *confd_ganeti_key;
-	uint32_t confd_skew_ms, confd_rate, confd_burst, confd_global_rate, confd_max_reply;
-	int confd_replay;
-	int no_fsync;
-	int log_level;
-};
 
 /* Counters, reported by logs and tests. */
 struct kvd_stats {
@@ -630,7 +619,7 @@ struct kvd_stats {
 };
 
 struct kvd {
-	struct kvd_cfg cfg;
+	struct kvd_config cfg;       /* a copy; its strings are kvd's own (cfg_own) */
 	int64_t now;                 /* monotonic ms, read once per iteration */
 	int64_t next_timer;          /* earliest connection/stream timer */
 	kvd_log_fn *log_fn;
@@ -3512,7 +3501,7 @@ static void lease_promote(struct kvd *k)
 	g->cursor = k->now / LEASE_TICK;
 	for (i = 0; i <= g->mask; i++)
 		for (l = g->tab[i]; l; l = l->hnext) {
-			l->deadline = k->now + l->ttl * 1000 + k->cfg.election_ms;
+			l->deadline = k->now + l->ttl * 1000 + k->cfg.election_timeout_ms;
 			lease_wheel_add(k, l);
 		}
 }
@@ -4112,8 +4101,8 @@ static void h2_stream_close(struct h2_conn *c, struct h2_stream *s)
 	buf_free(k, &s->in);
 	kvd_free(k, s);
 	c->conn->t_active = k->now; /* a call ended: progress */
-	if (k->cfg.idle_ms)
-		loop_arm(k, k->now + k->cfg.idle_ms);
+	if (k->cfg.idle_timeout_ms)
+		loop_arm(k, k->now + k->cfg.idle_timeout_ms);
 	if (!c->nst) {
 		if (c->goaway_sent)
 			c->conn->is_closing = 1;
@@ -4404,7 +4393,7 @@ static void h2_on_block(struct kvd *k, struct h2_conn *c, uint32_t sid, unsigned
 		h2_stream_error(c, sid, H2_PROTOCOL_ERROR);
 		return;
 	}
-	if (c->nst >= k->cfg.max_streams) {
+	if (c->nst >= k->cfg.max_concurrent_streams) {
 		h2_stream_error(c, sid, H2_REFUSED_STREAM);
 		return;
 	}
@@ -4719,7 +4708,7 @@ static void h2_on_ping(struct kvd *k, struct h2_conn *c, unsigned flags, uint32_
 		c->ping_strikes = 0;
 		c->sent_since_ping = 0;
 	} else if (c->last_ping) {
-		min = c->nst ? (int64_t)k->cfg.ping_min_ms : 2 * 3600 * 1000;
+		min = c->nst ? (int64_t)k->cfg.keepalive_min_time_ms : 2 * 3600 * 1000;
 		if (k->now - c->last_ping < min && ++c->ping_strikes > KVD_PING_STRIKES) {
 			h2_fail(c, H2_ENHANCE_YOUR_CALM, "too_many_pings");
 			return;
@@ -4783,7 +4772,7 @@ static void h2_send_preface(struct kvd *k, struct h2_conn *c)
 	size_t n = 0;
 
 	put_be16(p + n, 3); /* MAX_CONCURRENT_STREAMS */
-	put_be32(p + n + 2, k->cfg.max_streams);
+	put_be32(p + n + 2, k->cfg.max_concurrent_streams);
 	n += 6;
 	put_be16(p + n, 6); /* MAX_HEADER_LIST_SIZE */
 	put_be32(p + n + 2, KVD_MAX_HEADER_LIST);
@@ -4888,8 +4877,8 @@ static void h2_input(struct kvd *k, struct h2_conn *c)
 		}
 		buf_consume(&c->conn->in, H2_FRAME_HDR + len);
 	}
-	if (k->cfg.idle_ms)
-		loop_arm(k, c->conn->t_active + (int64_t)k->cfg.idle_ms);
+	if (k->cfg.idle_timeout_ms)
+		loop_arm(k, c->conn->t_active + (int64_t)k->cfg.idle_timeout_ms);
 }
 
 /* grpc-message is percent-encoded: bytes outside 0x20..0x7e and '%' (grpc). */
@@ -4978,8 +4967,8 @@ static int h2_stream_send(struct kvd *k, struct h2_conn *c, struct h2_stream *s)
 			if (room <= 0) {
 				if (!s->stalled_since) {
 					s->stalled_since = k->now ? k->now : 1;
-					if (k->cfg.stall_ms)
-						loop_arm(k, k->now + k->cfg.stall_ms);
+					if (k->cfg.stall_timeout_ms)
+						loop_arm(k, k->now + k->cfg.stall_timeout_ms);
 				}
 				return 0;
 			}
@@ -5063,11 +5052,11 @@ static int64_t h2_timers(struct kvd *k, struct h2_conn *c)
 		else
 			next = KVD_MIN(next, c->t_drain_ping + 1000);
 	}
-	if (k->cfg.idle_ms && c->settings_seen && !c->conn->is_closing && !h2_busy(c)) {
-		if (now - c->conn->t_active >= (int64_t)k->cfg.idle_ms)
+	if (k->cfg.idle_timeout_ms && c->settings_seen && !c->conn->is_closing && !h2_busy(c)) {
+		if (now - c->conn->t_active >= (int64_t)k->cfg.idle_timeout_ms)
 			h2_fail(c, H2_NO_ERROR, "max_idle");
 		else
-			next = KVD_MIN(next, c->conn->t_active + (int64_t)k->cfg.idle_ms);
+			next = KVD_MIN(next, c->conn->t_active + (int64_t)k->cfg.idle_timeout_ms);
 	}
 	for (i = 0; i < c->nst; i++) {
 		struct h2_stream *s = c->st[i];
@@ -5077,8 +5066,8 @@ static int64_t h2_timers(struct kvd *k, struct h2_conn *c)
 			else
 				next = KVD_MIN(next, (s->call.deadline + 999) / 1000);
 		}
-		if (s->stalled_since && k->cfg.stall_ms) {
-			if (now - s->stalled_since >= (int64_t)k->cfg.stall_ms) {
+		if (s->stalled_since && k->cfg.stall_timeout_ms) {
+			if (now - s->stalled_since >= (int64_t)k->cfg.stall_timeout_ms) {
 				kvd_log(k, KVD_LOG_INFO, "%s: stream %u stalled on a zero window, reset",
 				        c->conn->peer, s->id);
 				h2_rst(c, s->id, H2_CANCEL);
@@ -5086,7 +5075,7 @@ static int64_t h2_timers(struct kvd *k, struct h2_conn *c)
 				i--;
 				continue;
 			}
-			next = KVD_MIN(next, s->stalled_since + (int64_t)k->cfg.stall_ms);
+			next = KVD_MIN(next, s->stalled_since + (int64_t)k->cfg.stall_timeout_ms);
 		}
 	}
 	return next;
@@ -5438,7 +5427,7 @@ static int call_route(struct kvd *k, struct call *c, const char *path, size_t pl
 /* The receive cap: etcd's --max-request-bytes plus grpc's slack. */
 static uint32_t grpc_max_recv(struct kvd *k)
 {
-	return k->cfg.max_request + KVD_GRPC_RECV_SLACK;
+	return k->cfg.max_request_bytes + KVD_GRPC_RECV_SLACK;
 }
 
 /* The call finished: request bytes still buffered are dropped, and their
@@ -5652,7 +5641,7 @@ static void svc_member(struct kvd *k, Etcdserverpb__Member *m)
 {
 	etcdserverpb__member__init(m);
 	m->id = k->member_id;
-	m->name = k->cfg.name;
+	m->name = (char *)(uintptr_t)k->cfg.name;
 	m->n_peerurls = k->npeer_urls;
 	m->peerurls = k->peer_urls;
 	m->n_clienturls = k->nclient_urls;
@@ -5732,7 +5721,7 @@ static void svc_pool_free(struct svc_pool *pl)
  * request plus an InternalRaftRequest envelope of about 29 bytes. */
 static int svc_too_large(struct kvd *k, size_t n)
 {
-	return n + 29 > k->cfg.max_request;
+	return n + 29 > k->cfg.max_request_bytes;
 }
 
 /* ---- Go's sort.Sort (pdqsort as in Go 1.19), over an array of kvs */
@@ -7813,7 +7802,7 @@ static int watch_send(struct kvd *k, struct watch *w, Etcdserverpb__WatchRespons
 	Mvccpb__Event **all;
 
 	if (!w->fragment || r->n_events < 2 ||
-	    (total = protobuf_c_message_get_packed_size(&r->base)) < k->cfg.max_request)
+	    (total = protobuf_c_message_get_packed_size(&r->base)) < k->cfg.max_request_bytes)
 		return call_send(k, s, &r->base);
 	(void)total;
 	all = r->events;
@@ -7824,7 +7813,7 @@ static int watch_send(struct kvd *k, struct watch *w, Etcdserverpb__WatchRespons
 		r->n_events = 0;
 		for (i = at; i < n; i++) {
 			r->n_events++;
-			if (r->n_events > 1 && protobuf_c_message_get_packed_size(&r->base) >= k->cfg.max_request) {
+			if (r->n_events > 1 && protobuf_c_message_get_packed_size(&r->base) >= k->cfg.max_request_bytes) {
 				r->n_events--;
 				break;
 			}
@@ -7948,7 +7937,7 @@ static int watch_emit_live(struct kvd *k, struct watch *w, const struct watch_hi
 			return KVD_ENOMEM;
 		total += 1 + mvcc_vlen(x->elen[w->prev_kv]) + x->elen[w->prev_kv];
 	}
-	if (w->fragment && n > 1 && total >= k->cfg.max_request)
+	if (w->fragment && n > 1 && total >= k->cfg.max_request_bytes)
 		return watch_emit(k, w, hits, n, rev);
 	if (total > 0xffffffffu || buf_reserve(k, &s->out, 5 + total)) {
 		call_finish(k, s, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
@@ -8454,7 +8443,7 @@ static void watch_create(struct kvd *k, struct call *s, struct watch_stream *ws,
 		s->produce = 1;
 	}
 	if (w->progress && !ws->progress_at) {
-		ws->progress_at = k->now + k->cfg.watch_progress_ms;
+		ws->progress_at = k->now + k->cfg.watch_progress_notify_ms;
 		loop_arm(k, ws->progress_at);
 	}
 }
@@ -8543,7 +8532,7 @@ static void watch_timers(struct kvd *k)
 				call_send(k, ws->s, &r.base);
 			}
 			w->sent = 0;
-			ws->progress_at = k->now + k->cfg.watch_progress_ms;
+			ws->progress_at = k->now + k->cfg.watch_progress_notify_ms;
 		}
 		if (ws->progress_at)
 			loop_arm(k, ws->progress_at);
@@ -9278,7 +9267,7 @@ static int confd_ct_equal(const uint8_t *a, const uint8_t *b, size_t n)
 static int confd_load_key(struct kvd *k, char *err, size_t errlen)
 {
 	struct confd *cd = k->confd;
-	const char *path = k->cfg.confd_key_file;
+	const char *path = k->cfg.confd_hmac_key_file;
 	uint8_t key[CONFD_MAX_KEY + 1];
 	struct stat st;
 	ssize_t n;
@@ -9352,10 +9341,10 @@ static int confd_source_ok(struct kvd *k, const struct sockaddr_storage *sa)
 	s = &cd->src[old];
 	memcpy(s->addr, addr, 16);
 	s->used = 1;
-	bucket_init(&s->b, k->cfg.confd_burst, k->now);
+	bucket_init(&s->b, k->cfg.confd_rate_limit, k->now);
 found:
 	s->last = k->now;
-	return bucket_take(&s->b, k->now, k->cfg.confd_rate, k->cfg.confd_burst);
+	return bucket_take(&s->b, k->now, k->cfg.confd_rate_limit, k->cfg.confd_rate_limit);
 }
 
 /* Has this authenticated datagram (its HMAC) been seen within the window?
@@ -9378,7 +9367,7 @@ static int confd_replayed(struct kvd *k, const uint8_t mac[20], int64_t wall)
 	}
 	e = &cd->seen[victim];
 	memcpy(e->mac, mac, 20);
-	e->until = wall + 2 * (int64_t)(k->cfg.confd_skew_ms / 1000) + 1;
+	e->until = wall + 2 * (int64_t)(k->cfg.confd_max_clock_skew_ms / 1000) + 1;
 	return 0;
 }
 
@@ -9623,7 +9612,7 @@ static void confd_keyspace(struct kvd *k, const struct confd_req *rq)
 		json_put_raw(k, &cd->msg, ":");
 		confd_put_value(k, &cd->msg, r);
 		first = 0;
-		if (cd->msg.len > k->cfg.confd_max_reply)
+		if (cd->msg.len > KVD_CONFD_MAX_REPLY)
 			break; /* too big anyway: the caller turns it into ARGUMENT */
 	}
 	json_put_raw(k, &cd->msg, "}");
@@ -9819,7 +9808,7 @@ static const struct json **confd_sorted(struct kvd *k, const struct json *m, uin
 static int confd_ganeti_load(struct kvd *k)
 {
 	struct confd *cd = k->confd;
-	const char *key = k->cfg.confd_ganeti_key, *err;
+	const char *key = k->cfg.confd_ganeti_config_key, *err;
 	struct mvcc_key *r = mvcc_find(&k->db, (const uint8_t *)key, strlen(key));
 	struct json_doc d;
 	struct json *root;
@@ -10715,12 +10704,12 @@ static int confd_handle(struct kvd *k, const uint8_t *p, size_t n, int64_t wall)
 	}
 	if (neg)
 		ts = -ts;
-	if (k->cfg.confd_skew_ms && (ts < wall - (int64_t)(k->cfg.confd_skew_ms / 1000) ||
-	                             ts > wall + (int64_t)(k->cfg.confd_skew_ms / 1000))) {
+	if (k->cfg.confd_max_clock_skew_ms && (ts < wall - (int64_t)(k->cfg.confd_max_clock_skew_ms / 1000) ||
+	                             ts > wall + (int64_t)(k->cfg.confd_max_clock_skew_ms / 1000))) {
 		cd->dropped[CONFD_D_SKEW]++;
 		goto out;
 	}
-	if (k->cfg.confd_replay && confd_replayed(k, want, wall)) {
+	if (k->cfg.confd_replay_cache && confd_replayed(k, want, wall)) {
 		cd->dropped[CONFD_D_REPLAY]++;
 		goto out;
 	}
@@ -10728,17 +10717,17 @@ static int confd_handle(struct kvd *k, const uint8_t *p, size_t n, int64_t wall)
 		cd->dropped[CONFD_D_REQUEST]++;
 		goto out;
 	}
-	if (k->cfg.confd_ganeti_key[0])
+	if (k->cfg.confd_ganeti_config_key[0])
 		confd_ganeti(k, &rq);
 	else
 		confd_keyspace(k, &rq);
-	if (!cd->msg.err && cd->msg.len > k->cfg.confd_max_reply - 256) { /* no truncated datagram: an ARGUMENT error */
+	if (!cd->msg.err && cd->msg.len > KVD_CONFD_MAX_REPLY - 256) { /* no truncated datagram: an ARGUMENT error */
 		cd->too_big++;
 		confd_msg_int(k, CONFD_ERROR, CONFD_E_ARGUMENT, 0);
 	}
 	if (!cd->msg.err)
 		confd_sign(k, &rq);
-	if (cd->msg.err || cd->out.err || cd->out.len > k->cfg.confd_max_reply) {
+	if (cd->msg.err || cd->out.err || cd->out.len > KVD_CONFD_MAX_REPLY) {
 		cd->dropped[CONFD_D_REQUEST]++; /* out of memory, or an rsalt too long to sign into a datagram */
 		goto out;
 	}
@@ -10770,7 +10759,7 @@ static void confd_read(struct kvd *k, int fd)
 			cd->dropped[CONFD_D_TRUNC]++;
 			continue;
 		}
-		if (!bucket_take(&cd->global, k->now, k->cfg.confd_global_rate, k->cfg.confd_global_rate)) {
+		if (!bucket_take(&cd->global, k->now, k->cfg.confd_global_rate_limit, k->cfg.confd_global_rate_limit)) {
 			cd->dropped[CONFD_D_RATE]++;
 			continue;
 		}
@@ -10861,15 +10850,15 @@ static int confd_open(struct kvd *k, char *err, size_t errlen)
 	char *list, *p, *s;
 	int r = 0;
 
-	if (!k->cfg.confd_key_file[0])
+	if (!k->cfg.confd_hmac_key_file[0])
 		return 0;
 	if (!(cd = k->confd = kvd_calloc(k, sizeof *cd)) ||
 	    !(cd->src = kvd_calloc(k, KVD_CONFD_SOURCES * sizeof *cd->src)) ||
-	    (k->cfg.confd_replay && !(cd->seen = kvd_calloc(k, KVD_CONFD_REPLAY * sizeof *cd->seen)))) {
+	    (k->cfg.confd_replay_cache && !(cd->seen = kvd_calloc(k, KVD_CONFD_REPLAY * sizeof *cd->seen)))) {
 		snprintf(err, errlen, "out of memory");
 		return KVD_ENOMEM;
 	}
-	bucket_init(&cd->global, k->cfg.confd_global_rate, k->now);
+	bucket_init(&cd->global, k->cfg.confd_global_rate_limit, k->now);
 	if ((r = confd_load_key(k, err, errlen)))
 		return r;
 	if (!(list = kvd_strdup(k, k->cfg.confd_listen))) {
@@ -10885,7 +10874,7 @@ static int confd_open(struct kvd *k, char *err, size_t errlen)
 	}
 	if (!r)
 		kvd_log(k, KVD_LOG_INFO, "confd: serving Ganeti confd queries on udp %s (%s mode)", k->cfg.confd_listen,
-		        k->cfg.confd_ganeti_key[0] ? "Ganeti" : "keyspace");
+		        k->cfg.confd_ganeti_config_key[0] ? "Ganeti" : "keyspace");
 	return r;
 }
 
@@ -10921,7 +10910,7 @@ static void confd_reload(struct kvd *k)
 	if (confd_load_key(k, err, sizeof err))
 		kvd_log(k, KVD_LOG_ERROR, "confd: key not reloaded, keeping the old one: %s", err);
 	else
-		kvd_log(k, KVD_LOG_INFO, "confd: key reloaded from %s", k->cfg.confd_key_file);
+		kvd_log(k, KVD_LOG_INFO, "confd: key reloaded from %s", k->cfg.confd_hmac_key_file);
 }
 
 static void confd_close(struct kvd *k)
@@ -11382,14 +11371,14 @@ static void net_accept(struct kvd *k, struct net_listener *l)
 		}
 		setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
 		net_src_key(&ss, key);
-		for (same = 0, c = k->conns; c && k->cfg.max_conns_ip; c = c->next)
+		for (same = 0, c = k->conns; c && k->cfg.max_connections_per_ip; c = c->next)
 			same += !c->uncounted && !memcmp(c->src, key, sizeof key);
-		if (k->cfg.max_conns_ip && same >= k->cfg.max_conns_ip) {
+		if (k->cfg.max_connections_per_ip && same >= k->cfg.max_connections_per_ip) {
 			k->st.conns_refused_ip++;
 			net_refuse(k, fd);
 			continue;
 		}
-		if (k->stopping || (k->nconns >= k->cfg.max_conns && net_evict(k)) ||
+		if (k->stopping || (k->nconns >= k->cfg.max_connections && net_evict(k)) ||
 		    !(c = net_conn_new(k, fd, &net_plain))) {
 			net_refuse(k, fd);
 			continue;
@@ -11495,7 +11484,7 @@ static void loop_stop(struct kvd *k)
 	if (k->stopping)
 		return;
 	k->stopping = 1;
-	k->stop_deadline = k->now + k->cfg.drain_ms;
+	k->stop_deadline = k->now + k->cfg.drain_timeout_ms;
 	loop_arm(k, k->stop_deadline);
 	for (i = 0; i < k->nls; i++)
 		close(k->ls[i].fd);
@@ -11708,67 +11697,69 @@ static int loop_run(struct kvd *k, int timeout_ms)
  * etcd 3.4, setting both is an error.  Durations are Go durations ("5s").
  */
 enum cfg_type { CFG_STR, CFG_U32, CFG_MS, CFG_LEVEL, CFG_BOOL };
+/* One flag: its name (the environment variable is ETCD_<NAME>), the field of
+ * struct kvd_config it sets and how it is parsed, its default, its help.
+ * Adding a flag is a field in kvd.h, a line here, and its use. */
 struct cfg_flag {
 	const char *name;
 	enum cfg_type type;
 	size_t off;
 	uint32_t min;
+	uint32_t def;        /* numbers, durations (ms), booleans, the log level */
+	const char *defs;    /* strings */
 	const char *help;
 };
 #define CFG_OFF(f) offsetof(struct kvd_config, f)
+#define CFG_S(name, field, def, help) {name, CFG_STR, CFG_OFF(field), 0, 0, def, help}
+#define CFG_N(name, type, field, min, def, help) {name, type, CFG_OFF(field), min, def, NULL, help}
 static const struct cfg_flag cfg_flags[] = {
-	{"name", CFG_STR, CFG_OFF(name), 0, "human-readable member name (default \"default\")"},
-	{"data-dir", CFG_STR, CFG_OFF(data_dir), 0, "data directory (default \"${name}.etcd\")"},
-	{"listen-client-urls", CFG_STR, CFG_OFF(listen_client_urls), 0,
-	 "comma list of URLs to serve clients on (default \"http://localhost:2379\")"},
-	{"advertise-client-urls", CFG_STR, CFG_OFF(advertise_client_urls), 0,
-	 "client URLs reported by MemberList (default \"http://localhost:2379\")"},
-	{"initial-advertise-peer-urls", CFG_STR, CFG_OFF(initial_advertise_peer_urls), 0,
-	 "peer URLs reported by MemberList; with the token they fix the member id (default \"http://localhost:2380\")"},
-	{"initial-cluster-token", CFG_STR, CFG_OFF(initial_cluster_token), 0,
-	 "cluster token, part of the member id as in etcd (default \"etcd-cluster\")"},
-	{"max-request-bytes", CFG_U32, CFG_OFF(max_request_bytes), 1,
-	 "largest request the server accepts (default 1572864)"},
-	{"max-concurrent-streams", CFG_U32, CFG_OFF(max_concurrent_streams), 1,
-	 "HTTP/2 streams per connection (default 256; etcd's is 2^32-1)"},
-	{"max-connections", CFG_U32, CFG_OFF(max_connections), 1,
-	 "kvd: client connections at once; when full, the oldest idle one is closed for a new one, "
-	 "else it is refused (default 256)"},
-	{"max-connections-per-ip", CFG_U32, CFG_OFF(max_connections_per_ip), 0,
-	 "kvd: client connections from one IPv4 address or IPv6 /64, 0 = no limit (default 64)"},
-	{"grpc-keepalive-min-time", CFG_MS, CFG_OFF(keepalive_min_time_ms), 0,
-	 "minimum interval between client pings (default 5s)"},
-	{"max-idle-time", CFG_MS, CFG_OFF(idle_timeout_ms), 0,
-	 "close connections without calls after this long, 0 = never (default 5m0s)"},
-	{"stall-timeout", CFG_MS, CFG_OFF(stall_timeout_ms), 0,
-	 "reset a stream whose output waits on a zero window this long, 0 = never (default 1m0s)"},
-	{"shutdown-grace", CFG_MS, CFG_OFF(drain_timeout_ms), 0,
-	 "on SIGTERM/SIGINT, time calls get to finish (default 5s)"},
-	{"log-level", CFG_LEVEL, CFG_OFF(log_level), 0, "debug, info, warn or error (default info)"},
-	{"max-txn-ops", CFG_U32, CFG_OFF(max_txn_ops), 0, "operations per txn request (default 128)"},
-	{"heartbeat-interval", CFG_U32, CFG_OFF(heartbeat_interval_ms), 1,
-	 "ms; with --election-timeout, sets the minimum lease TTL as etcd (default 100)"},
-	{"election-timeout", CFG_U32, CFG_OFF(election_timeout_ms), 1,
-	 "ms; minimum lease TTL = ceil(1.5 x this), added to TTLs at restart (default 1000)"},
-	{"experimental-watch-progress-notify-interval", CFG_MS, CFG_OFF(watch_progress_notify_ms), 1,
-	 "interval of progress notifications to watchers that asked (default 10m0s)"},
-	{"max-watchers", CFG_U32, CFG_OFF(max_watchers), 0, "watchers in all streams (default 100000)"},
-	{"unsafe-no-fsync", CFG_BOOL, CFG_OFF(unsafe_no_fsync), 0,
-	 "acknowledge writes before they reach the disk (loses them on power failure)"},
-	{"confd-hmac-key-file", CFG_STR, CFG_OFF(confd_hmac_key_file), 0,
-	 "kvd: Ganeti confd key file (its raw bytes, newline included; mode 0600/0400); confd is off without it"},
-	{"confd-listen", CFG_STR, CFG_OFF(confd_listen), 0,
-	 "kvd: confd UDP addresses, comma list of host:port or [v6]:port (default 127.0.0.1:1814)"},
-	{"confd-ganeti-config-key", CFG_STR, CFG_OFF(confd_ganeti_config_key), 0,
-	 "kvd: answer as ganeti-confd from the config.data JSON under this key (default: keyspace mode)"},
-	{"confd-max-clock-skew", CFG_MS, CFG_OFF(confd_max_clock_skew_ms), 0,
-	 "kvd: accepted request timestamp skew, 0 = no check, for boards without a clock (default 5m0s)"},
-	{"confd-rate-limit", CFG_U32, CFG_OFF(confd_rate_limit), 1,
-	 "kvd: datagrams per second per source address, also its burst (default 2000)"},
-	{"confd-global-rate-limit", CFG_U32, CFG_OFF(confd_global_rate_limit), 1,
-	 "kvd: datagrams per second from all sources (default 100000)"},
-	{"confd-replay-cache", CFG_BOOL, CFG_OFF(confd_replay_cache), 0,
-	 "kvd: answer an authenticated datagram once within its timestamp window (default true)"},
+	CFG_S("name", name, "default", "human-readable member name"),
+	CFG_S("data-dir", data_dir, NULL, "data directory (default \"${name}.etcd\")"),
+	CFG_S("listen-client-urls", listen_client_urls, "http://localhost:2379", "comma list of URLs to serve clients on"),
+	CFG_S("advertise-client-urls", advertise_client_urls, "http://localhost:2379", "client URLs reported by MemberList"),
+	CFG_S("initial-advertise-peer-urls", initial_advertise_peer_urls, "http://localhost:2380",
+	      "peer URLs reported by MemberList; with the token they fix the member id"),
+	CFG_S("initial-cluster-token", initial_cluster_token, "etcd-cluster", "cluster token, part of the member id as in etcd"),
+	CFG_N("max-request-bytes", CFG_U32, max_request_bytes, 1, KVD_DEFAULT_MAX_REQUEST,
+	      "largest request the server accepts"),
+	CFG_N("max-concurrent-streams", CFG_U32, max_concurrent_streams, 1, KVD_DEFAULT_MAX_STREAMS,
+	      "HTTP/2 streams per connection (etcd's is 2^32-1)"),
+	CFG_N("max-connections", CFG_U32, max_connections, 1, KVD_DEFAULT_MAX_CONNECTIONS,
+	      "kvd: client connections at once; when full, the oldest idle one is closed for a new one, else it is refused"),
+	CFG_N("max-connections-per-ip", CFG_U32, max_connections_per_ip, 0, KVD_DEFAULT_MAX_CONNS_PER_IP,
+	      "kvd: client connections from one IPv4 address or IPv6 /64, 0 = no limit"),
+	CFG_N("grpc-keepalive-min-time", CFG_MS, keepalive_min_time_ms, 0, 5000, "minimum interval between client pings"),
+	CFG_N("max-idle-time", CFG_MS, idle_timeout_ms, 0, KVD_DEFAULT_IDLE_MS,
+	      "kvd: close connections that serve no call and make no progress this long, 0 = never"),
+	CFG_N("stall-timeout", CFG_MS, stall_timeout_ms, 0, KVD_DEFAULT_STALL_MS,
+	      "kvd: reset a stream whose output waits on a zero window this long, 0 = never"),
+	CFG_N("shutdown-grace", CFG_MS, drain_timeout_ms, 0, KVD_DEFAULT_DRAIN_MS,
+	      "kvd: on SIGTERM/SIGINT, time calls get to finish"),
+	CFG_N("log-level", CFG_LEVEL, log_level, 0, KVD_LOG_INFO, "debug, info, warn or error"),
+	CFG_N("max-txn-ops", CFG_U32, max_txn_ops, 0, 128, "operations per txn request"),
+	CFG_N("heartbeat-interval", CFG_U32, heartbeat_interval_ms, 1, 100,
+	      "ms; with --election-timeout, sets the minimum lease TTL as etcd"),
+	CFG_N("election-timeout", CFG_U32, election_timeout_ms, 1, 1000,
+	      "ms; minimum lease TTL = ceil(1.5 x this), added to TTLs at restart"),
+	CFG_N("experimental-watch-progress-notify-interval", CFG_MS, watch_progress_notify_ms, 1, 600000,
+	      "interval of progress notifications to watchers that asked"),
+	CFG_N("max-watchers", CFG_U32, max_watchers, 0, KVD_MAX_WATCHERS, "kvd: watchers in all streams"),
+	CFG_N("unsafe-no-fsync", CFG_BOOL, unsafe_no_fsync, 0, 0,
+	      "acknowledge writes before they reach the disk (loses them on power failure)"),
+	CFG_S("confd-hmac-key-file", confd_hmac_key_file, NULL,
+	      "kvd: Ganeti confd key file (its raw bytes, newline included; mode 0600/0400); confd is off without it"),
+	CFG_S("confd-listen", confd_listen, "127.0.0.1:1814",
+	      "kvd: confd UDP addresses, comma list of host:port or [v6]:port"),
+	CFG_S("confd-ganeti-config-key", confd_ganeti_config_key, NULL,
+	      "kvd: answer as ganeti-confd from the config.data JSON under this key (default: keyspace mode)"),
+	CFG_N("confd-max-clock-skew", CFG_MS, confd_max_clock_skew_ms, 0, 300000,
+	      "kvd: accepted request timestamp skew, 0 = no check, for boards without a clock"),
+	CFG_N("confd-rate-limit", CFG_U32, confd_rate_limit, 1, 2000,
+	      "kvd: datagrams per second per source address, also its burst"),
+	CFG_N("confd-global-rate-limit", CFG_U32, confd_global_rate_limit, 1, 100000,
+	      "kvd: datagrams per second from all sources"),
+	CFG_N("confd-replay-cache", CFG_BOOL, confd_replay_cache, 0, 1,
+	      "kvd: answer an authenticated datagram once within its timestamp window"),
 };
 
 /* Go duration ("1m30s", "300ms", "0") to milliseconds. */
@@ -11876,17 +11867,82 @@ static void cfg_env_name(const struct cfg_flag *f, char *out, size_t cap)
 	out[o] = 0;
 }
 
+/* A duration as Go prints one ("5m0s", "100ms"), for --help. */
+static void cfg_show_ms(uint32_t ms, char *out, size_t cap)
+{
+	uint32_t h = ms / 3600000, m = ms / 60000 % 60, s = ms / 1000 % 60;
+
+	if (ms % 1000 || !ms)
+		snprintf(out, cap, "%ums", (unsigned)ms);
+	else if (h)
+		snprintf(out, cap, "%uh%um%us", (unsigned)h, (unsigned)m, (unsigned)s);
+	else if (m)
+		snprintf(out, cap, "%um%us", (unsigned)m, (unsigned)s);
+	else
+		snprintf(out, cap, "%us", (unsigned)s);
+}
+
 static void cfg_usage(void)
 {
+	static const char *const levels[] = {"debug", "info", "warn", "error"};
+	char def[64];
 	size_t i;
 
 	printf("usage: kvd [flags]\n\nkvd %s: an etcd v3 API server (single member) in one C file.\n\n",
 	       KVD_VERSION);
-	for (i = 0; i < KVD_COUNT(cfg_flags); i++)
-		printf("  --%s\n\t%s\n", cfg_flags[i].name, cfg_flags[i].help);
+	for (i = 0; i < KVD_COUNT(cfg_flags); i++) {
+		const struct cfg_flag *f = &cfg_flags[i];
+		switch (f->type) {
+		case CFG_STR: snprintf(def, sizeof def, "\"%s\"", f->defs ? f->defs : ""); break;
+		case CFG_MS: cfg_show_ms(f->def, def, sizeof def); break;
+		case CFG_BOOL: snprintf(def, sizeof def, "%s", f->def ? "true" : "false"); break;
+		case CFG_LEVEL: snprintf(def, sizeof def, "%s", levels[f->def & 3]); break;
+		default: snprintf(def, sizeof def, "%u", (unsigned)f->def); break;
+		}
+		if (f->type == CFG_STR && !f->defs)
+			printf("  --%s\n\t%s\n", f->name, f->help);
+		else
+			printf("  --%s\n\t%s (default %s)\n", f->name, f->help, def);
+	}
 	printf("  --version\n\tprint the version and build options\n"
 	       "  --help\n\tthis text\n\n"
 	       "Every flag may also be set as ETCD_<FLAG> (e.g. ETCD_DATA_DIR).\n");
+}
+
+/* Copy the strings of cfg into kvd's own memory (NULL becomes ""), or let
+ * them go.  The table says which fields are strings. */
+static int cfg_own(struct kvd *k, struct kvd_config *cfg)
+{
+	const char *orig[KVD_COUNT(cfg_flags)];
+	size_t i;
+	int r = 0;
+
+	for (i = 0; i < KVD_COUNT(cfg_flags); i++) { /* none is the caller's any more, even on failure */
+		const char **f = (const char **)(void *)((char *)cfg + cfg_flags[i].off);
+		if (cfg_flags[i].type == CFG_STR) {
+			orig[i] = *f;
+			*f = NULL;
+		}
+	}
+	for (i = 0; i < KVD_COUNT(cfg_flags) && !r; i++) {
+		const char **f = (const char **)(void *)((char *)cfg + cfg_flags[i].off);
+		if (cfg_flags[i].type == CFG_STR && !(*f = kvd_strdup(k, orig[i] ? orig[i] : "")))
+			r = KVD_ENOMEM;
+	}
+	return r;
+}
+
+static void cfg_disown(struct kvd *k, struct kvd_config *cfg)
+{
+	size_t i;
+
+	for (i = 0; i < KVD_COUNT(cfg_flags); i++) {
+		const char **f = (const char **)(void *)((char *)cfg + cfg_flags[i].off);
+		if (cfg_flags[i].type == CFG_STR) {
+			kvd_free(k, (void *)(uintptr_t)*f);
+			*f = NULL;
+		}
+	}
 }
 
 /* Split a comma list into an owned array of owned strings. */
@@ -11937,7 +11993,7 @@ static int cfg_strcmp(const void *a, const void *b)
 static int cfg_ids(struct kvd *k)
 {
 	char **sorted;
-	size_t len = strlen(k->cfg.token), o = 0;
+	size_t len = strlen(k->cfg.initial_cluster_token), o = 0;
 	unsigned i;
 	uint8_t *buf, h[20], idb[8];
 
@@ -11956,8 +12012,8 @@ static int cfg_ids(struct kvd *k)
 		memcpy(buf + o, sorted[i], strlen(sorted[i]));
 		o += strlen(sorted[i]);
 	}
-	memcpy(buf + o, k->cfg.token, strlen(k->cfg.token));
-	o += strlen(k->cfg.token);
+	memcpy(buf + o, k->cfg.initial_cluster_token, strlen(k->cfg.initial_cluster_token));
+	o += strlen(k->cfg.initial_cluster_token);
 	util_sha1(buf, o, h);
 	k->member_id = get_be64(h);
 	memcpy(idb, h, 8);
@@ -12059,31 +12115,18 @@ KVD_API const char *kvd_strerror(int err)
 
 KVD_API void kvd_config_init(struct kvd_config *cfg)
 {
+	size_t i;
+
 	memset(cfg, 0, sizeof *cfg);
-	cfg->name = "default";
-	cfg->listen_client_urls = "http://localhost:2379";
-	cfg->advertise_client_urls = "http://localhost:2379";
-	cfg->initial_advertise_peer_urls = "http://localhost:2380";
-	cfg->initial_cluster_token = "etcd-cluster";
-	cfg->max_request_bytes = KVD_DEFAULT_MAX_REQUEST;
-	cfg->max_concurrent_streams = KVD_DEFAULT_MAX_STREAMS;
-	cfg->max_connections = KVD_DEFAULT_MAX_CONNECTIONS;
-	cfg->max_connections_per_ip = KVD_DEFAULT_MAX_CONNS_PER_IP;
-	cfg->keepalive_min_time_ms = 5000;
-	cfg->idle_timeout_ms = KVD_DEFAULT_IDLE_MS;
-	cfg->stall_timeout_ms = KVD_DEFAULT_STALL_MS;
-	cfg->drain_timeout_ms = KVD_DEFAULT_DRAIN_MS;
-	cfg->log_level = KVD_LOG_INFO;
-	cfg->max_txn_ops = 128;
-	cfg->heartbeat_interval_ms = 100;
-	cfg->election_timeout_ms = 1000;
-	cfg->watch_progress_notify_ms = 600000;
-	cfg->max_watchers = KVD_MAX_WATCHERS;
-	cfg->confd_listen = "127.0.0.1:1814";
-	cfg->confd_max_clock_skew_ms = 300000;
-	cfg->confd_rate_limit = 2000;
-	cfg->confd_global_rate_limit = 100000;
-	cfg->confd_replay_cache = 1;
+	for (i = 0; i < KVD_COUNT(cfg_flags); i++) {
+		void *f = (char *)cfg + cfg_flags[i].off;
+		switch (cfg_flags[i].type) {
+		case CFG_STR: *(const char **)f = cfg_flags[i].defs; break;
+		case CFG_BOOL:
+		case CFG_LEVEL: *(int *)f = (int)cfg_flags[i].def; break;
+		default: *(uint32_t *)f = cfg_flags[i].def; break;
+		}
+	}
 }
 
 KVD_API int kvd_config_parse(struct kvd_config *cfg, int argc, char **argv, char *err, size_t errlen)
@@ -12194,52 +12237,31 @@ static int kvd_init(const struct kvd_config *cfg, struct kvd **out, char *err, s
 	k->next_timer = INT64_MAX;
 	k->lock_fd = k->wake[0] = k->wake[1] = -1;
 	k->now = util_now_ms();
-	k->cfg.log_level = cfg->log_level;
-	k->cfg.max_request = cfg->max_request_bytes;
-	k->cfg.max_streams = cfg->max_concurrent_streams;
-	k->cfg.max_conns = cfg->max_connections;
-	k->cfg.max_conns_ip = cfg->max_connections_per_ip;
-	k->cfg.ping_min_ms = cfg->keepalive_min_time_ms;
-	k->cfg.idle_ms = cfg->idle_timeout_ms;
-	k->cfg.stall_ms = cfg->stall_timeout_ms;
-	k->cfg.drain_ms = cfg->drain_timeout_ms;
-	k->cfg.max_txn_ops = cfg->max_txn_ops;
-	k->cfg.heartbeat_ms = cfg->heartbeat_interval_ms;
-	k->cfg.election_ms = cfg->election_timeout_ms;
+	k->cfg = *cfg; /* the strings are made kvd's own below */
 	{ /* etcd: minTTL = ceil(((3 * electionTicks) / 2) * heartbeat), in seconds */
 		int64_t ticks = cfg->election_timeout_ms / cfg->heartbeat_interval_ms;
 		k->lease.min_ttl = ((3 * ticks / 2) * cfg->heartbeat_interval_ms + 999) / 1000;
 	}
-	k->cfg.max_watchers = cfg->max_watchers;
-	k->cfg.watch_progress_ms = cfg->watch_progress_notify_ms ? cfg->watch_progress_notify_ms : 1;
-	k->cfg.confd_skew_ms = cfg->confd_max_clock_skew_ms;
-	k->cfg.confd_rate = k->cfg.confd_burst = KVD_MAX(cfg->confd_rate_limit, 1u);
-	k->cfg.confd_global_rate = KVD_MAX(cfg->confd_global_rate_limit, 1u);
-	k->cfg.confd_replay = cfg->confd_replay_cache != 0;
-	k->cfg.confd_max_reply = KVD_CONFD_MAX_REPLY;
+	k->cfg.watch_progress_notify_ms = KVD_MAX(cfg->watch_progress_notify_ms, 1u);
+	k->cfg.confd_rate_limit = KVD_MAX(cfg->confd_rate_limit, 1u);
+	k->cfg.confd_global_rate_limit = KVD_MAX(cfg->confd_global_rate_limit, 1u);
+	k->cfg.confd_replay_cache = cfg->confd_replay_cache != 0;
 	mvcc_init(&k->db);
 	k->db.no_fsync = cfg->unsafe_no_fsync != 0;
 	*out = k;
-	if (!(k->cfg.name = kvd_strdup(k, cfg->name)) ||
-	    !(k->cfg.listen = kvd_strdup(k, cfg->listen_client_urls ? cfg->listen_client_urls : "")) ||
-	    !(k->cfg.advertise = kvd_strdup(k, cfg->advertise_client_urls ? cfg->advertise_client_urls : "")) ||
-	    !(k->cfg.peer_urls = kvd_strdup(k, cfg->initial_advertise_peer_urls ? cfg->initial_advertise_peer_urls : "")) ||
-	    !(k->cfg.token = kvd_strdup(k, cfg->initial_cluster_token ? cfg->initial_cluster_token : "")) ||
-	    !(k->cfg.confd_listen = kvd_strdup(k, cfg->confd_listen ? cfg->confd_listen : "")) ||
-	    !(k->cfg.confd_key_file = kvd_strdup(k, cfg->confd_hmac_key_file ? cfg->confd_hmac_key_file : "")) ||
-	    !(k->cfg.confd_ganeti_key = kvd_strdup(k, cfg->confd_ganeti_config_key ? cfg->confd_ganeti_config_key : "")))
+	if (cfg_own(k, &k->cfg))
 		return KVD_ENOMEM;
-	if (cfg->data_dir && cfg->data_dir[0]) {
-		if (!(k->cfg.data_dir = kvd_strdup(k, cfg->data_dir)))
+	if (!k->cfg.data_dir[0]) { /* etcd's default: <name>.etcd */
+		size_t n = strlen(k->cfg.name) + 6;
+		char *d = kvd_malloc(k, n);
+		if (!d)
 			return KVD_ENOMEM;
-	} else {
-		size_t n = strlen(cfg->name) + 6;
-		if (!(k->cfg.data_dir = kvd_malloc(k, n)))
-			return KVD_ENOMEM;
-		snprintf(k->cfg.data_dir, n, "%s.etcd", cfg->name);
+		snprintf(d, n, "%s.etcd", k->cfg.name);
+		kvd_free(k, (void *)(uintptr_t)k->cfg.data_dir);
+		k->cfg.data_dir = d;
 	}
-	if (cfg_split(k, k->cfg.advertise, &k->client_urls, &k->nclient_urls) ||
-	    cfg_split(k, k->cfg.peer_urls, &k->peer_urls, &k->npeer_urls) || cfg_ids(k))
+	if (cfg_split(k, k->cfg.advertise_client_urls, &k->client_urls, &k->nclient_urls) ||
+	    cfg_split(k, k->cfg.initial_advertise_peer_urls, &k->peer_urls, &k->npeer_urls) || cfg_ids(k))
 		return KVD_ENOMEM;
 	return 0;
 }
@@ -12260,7 +12282,7 @@ KVD_API int kvd_open(const struct kvd_config *cfg, struct kvd **out, char *err, 
 	if ((r = cfg_mkdirs(k->cfg.data_dir, err, errlen)) || (r = cfg_lock(k, err, errlen)) ||
 	    (r = mvcc_open(k, err, errlen)) || (r = confd_open(k, err, errlen)))
 		goto fail; /* confd first: "serving client requests" means everything serves */
-	if (!(list = kvd_strdup(k, k->cfg.listen))) {
+	if (!(list = kvd_strdup(k, k->cfg.listen_client_urls))) {
 		r = KVD_ENOMEM;
 		goto fail;
 	}
@@ -12351,15 +12373,7 @@ KVD_API void kvd_close(struct kvd *k)
 		close(k->wake[0]);
 	if (k->wake[1] >= 0)
 		close(k->wake[1]);
-	kvd_free(k, k->cfg.name);
-	kvd_free(k, k->cfg.data_dir);
-	kvd_free(k, k->cfg.listen);
-	kvd_free(k, k->cfg.advertise);
-	kvd_free(k, k->cfg.peer_urls);
-	kvd_free(k, k->cfg.token);
-	kvd_free(k, k->cfg.confd_listen);
-	kvd_free(k, k->cfg.confd_key_file);
-	kvd_free(k, k->cfg.confd_ganeti_key);
+	cfg_disown(k, &k->cfg);
 	if (k->mem)
 		kvd_log(k, KVD_LOG_WARN, "%zu bytes still allocated at close", k->mem);
 	KVD_SYS_FREE(k);

@@ -51,6 +51,13 @@ static void t_quiet(void *arg, int level, const char *line)
 	(void)line;
 }
 
+/* Replace one of an instance's (owned) configuration strings. */
+static void t_cfg_str(struct kvd *k, const char **field, const char *value)
+{
+	kvd_free(k, (void *)(uintptr_t)*field);
+	*field = kvd_strdup(k, value);
+}
+
 static struct kvd *t_kvd(void)
 {
 	struct kvd_config cfg;
@@ -1293,7 +1300,7 @@ static void test_h2_abuse(void)
 	t_conn_free(k, c);
 	buf_free(k, &b);
 	/* stream limit: REFUSED_STREAM beyond max_concurrent_streams */
-	k->cfg.max_streams = 3;
+	k->cfg.max_concurrent_streams = 3;
 	for (i = 0; i < 5; i++) {
 		n = t_req_block(k, blk, "/grpc.health.v1.Health/Watch", NULL, NULL);
 		t_put_frame(&b, k, H2_HEADERS, H2_F_END_HEADERS, (uint32_t)(1 + 2 * i), blk, n);
@@ -1302,7 +1309,7 @@ static void test_h2_abuse(void)
 	CHECK(c->nst == 3 && t_rst_code(&fs, 7) == H2_REFUSED_STREAM && t_rst_code(&fs, 9) == H2_REFUSED_STREAM);
 	t_conn_free(k, c);
 	buf_free(k, &b);
-	k->cfg.max_streams = KVD_DEFAULT_MAX_STREAMS;
+	k->cfg.max_concurrent_streams = KVD_DEFAULT_MAX_STREAMS;
 	/* CONTINUATION flood: capped */
 	n = t_req_block(k, blk, "/grpc.health.v1.Health/Check", NULL, NULL);
 	t_put_frame(&b, k, H2_HEADERS, 0, 1, blk, n);
@@ -1544,8 +1551,7 @@ static struct kvd *t_store(const char *dir)
 	struct kvd *k = t_kvd();
 	char err[KVD_ERRLEN];
 
-	kvd_free(k, k->cfg.data_dir);
-	k->cfg.data_dir = kvd_strdup(k, dir);
+	t_cfg_str(k, &k->cfg.data_dir, dir);
 	k->db.no_fsync = 1;
 	if (mvcc_open(k, err, sizeof err)) {
 		printf("mvcc_open: %s\n", err);
@@ -1746,8 +1752,7 @@ static void test_mvcc_torn_tail(void)
 	{
 		struct kvd *k2 = t_kvd();
 		char err[KVD_ERRLEN];
-		kvd_free(k2, k2->cfg.data_dir);
-		k2->cfg.data_dir = kvd_strdup(k2, dir);
+		t_cfg_str(k2, &k2->cfg.data_dir, dir);
 		int r2 = mvcc_open(k2, err, sizeof err);
 		CHECK(r2 == KVD_ECORRUPT && strstr(err, "refusing to start"));
 		if (r2 != KVD_ECORRUPT)
@@ -2296,13 +2301,10 @@ static struct kvd *t_confd(const char *dir, const char *key, int ganeti)
 	fputs(key, f);
 	fclose(f);
 	chmod(path, 0600);
-	kvd_free(k, k->cfg.confd_key_file);
-	k->cfg.confd_key_file = kvd_strdup(k, path);
-	kvd_free(k, k->cfg.confd_listen);
-	k->cfg.confd_listen = kvd_strdup(k, "127.0.0.1:0");
+	t_cfg_str(k, &k->cfg.confd_hmac_key_file, path);
+	t_cfg_str(k, &k->cfg.confd_listen, "127.0.0.1:0");
 	if (ganeti) {
-		kvd_free(k, k->cfg.confd_ganeti_key);
-		k->cfg.confd_ganeti_key = kvd_strdup(k, "g");
+		t_cfg_str(k, &k->cfg.confd_ganeti_config_key, "g");
 	}
 	if (confd_open(k, err, sizeof err)) {
 		printf("confd_open: %s\n", err);
@@ -2359,7 +2361,7 @@ static void test_confd_vectors(void)
 	      k->confd->dropped[CONFD_D_SKEW] == 1);
 	CHECK(confd_handle(k, (const uint8_t *)T_REQ0, strlen(T_REQ0), 1700000000 - 300) == KVD_EPROTO &&
 	      k->confd->dropped[CONFD_D_REPLAY] == 1); /* same datagram again: the replay cache */
-	k->cfg.confd_replay = 0;
+	k->cfg.confd_replay_cache = 0;
 	CHECK(confd_handle(k, (const uint8_t *)T_REQ0, strlen(T_REQ0), 1700000000 + 300) == 0);
 	/* one flipped bit anywhere: dropped, for the right reason */
 	for (i = 0, ok = 1; i < strlen(T_REQ0) - 1; i++) {
@@ -2817,7 +2819,7 @@ static void test_h2_idle_progress(void)
 	int i;
 
 	t_name = "h2_idle_progress";
-	k->cfg.idle_ms = 1000;
+	k->cfg.idle_timeout_ms = 1000;
 	c = t_run(k, &b, &fs);
 	for (i = 0; i < 5; i++) { /* a WINDOW_UPDATE, a SETTINGS and a PRIORITY every 300 ms */
 		k->now += 300;
