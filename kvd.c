@@ -6,7 +6,7 @@
  * (the generated proto/ files are committed and #included below.)
  *
  * TABLE OF CONTENTS
- *    0. Build knobs (KVD_*)                 -- search for "@@" to find every knob
+ *    0. Build knobs (KVD_*)               -- search for "@@" to find every knob
  *    1. Includes and portability
  *    2. Types, limits, shared declarations
  *    3. Utilities: allocation, log, bytes, clock, rate buckets
@@ -17,25 +17,31 @@
  *    8. HPACK (hp_)
  *    9. HTTP/2 frames, streams, flow control (h2_)
  *   10. Calls and gRPC framing (call_, grpc_)
- *   11. Services: KV, lease, health, maintenance, cluster (svc_)
- *   12. Watch (watch_)
- *   13. JSON (json_)
- *   14. confd: Ganeti's UDP query protocol (confd_)
- *   15. Sockets and the poll loop (net_, loop_)
- *   16. Flags and configuration (cfg_)
- *   17. Public embedding API (kvd_)
- *   18. main()
+ *   11. Go's sort.Sort, as etcd sorts ranges (svc_gosort_)
+ *   12. Services: KV (svc_)
+ *   13. Services: Lease (svc_lease_)
+ *   14. Services: Maintenance, Cluster, Health; the method table (svc_)
+ *   15. Watch (watch_)
+ *   16. JSON (json_)
+ *   17. confd: Ganeti's UDP query protocol (confd_)
+ *   18. Sockets and the poll loop (net_, loop_)
+ *   19. Flags and configuration (cfg_)
+ *   20. Public embedding API (kvd_)
+ *   21. main()
  *
  * Prefixes mark the section a static function belongs to; only kvd_* (and the
  * generated protobuf-c symbols) are exported.  Functions return 0 or a
  * negative KVD_E* code unless their comment says otherwise.
  *
- * Data flow: socket -> h2 frames -> streams -> gRPC messages -> service.
- * A service never touches a socket: it queues output on its stream, and the
- * h2 layer sends it as the peer's flow-control windows allow.
+ * Data flow: socket -> connection (its transport; its protocol chosen from
+ * its first bytes) -> h2 frames -> streams -> calls -> service.  A service
+ * sees only its call: it queues messages and a status on it, and the
+ * carrier (an h2 stream for gRPC) sends them as the peer's flow-control
+ * windows allow.  The log has one owner (section 6); every reader of it
+ * goes through its grammar.
  */
 
-/* ===== 0. Build knobs (KVD_*) ============================================ */
+/* ===== 0. Build knobs (KVD_*) =========================================== */
 
 #ifdef KVD_CONFIG_FILE
 #include KVD_CONFIG_FILE /* @@ a firmware tree can pin knobs here */
@@ -111,7 +117,7 @@
 #define KVD_ETCD_VERSION "3.4.23"
 #endif
 
-/* ===== 1. Includes and portability ======================================= */
+/* ===== 1. Includes and portability ====================================== */
 
 #ifndef _DEFAULT_SOURCE
 #define _DEFAULT_SOURCE /* flock(), and POSIX.1-2008 */
@@ -168,7 +174,7 @@
 #define KVD_MAX(a, b) ((a) > (b) ? (a) : (b))
 #define KVD_COUNT(a) (sizeof(a) / sizeof((a)[0]))
 
-/* ===== 2. Types, limits, shared declarations ============================= */
+/* ===== 2. Types, limits, shared declarations ============================ */
 
 /* HTTP/2 error codes (RFC 9113 section 7). */
 enum h2_error {
@@ -188,6 +194,12 @@ enum h2_frame_type {
 #define H2_F_END_HEADERS 0x04
 #define H2_F_PADDED 0x08
 #define H2_F_PRIORITY 0x20
+
+/* SETTINGS parameters (RFC 9113 6.5.2). */
+enum h2_setting {
+	H2_SET_HEADER_TABLE_SIZE = 1, H2_SET_ENABLE_PUSH, H2_SET_MAX_CONCURRENT_STREAMS,
+	H2_SET_INITIAL_WINDOW_SIZE, H2_SET_MAX_FRAME_SIZE, H2_SET_MAX_HEADER_LIST_SIZE
+};
 
 #define H2_FRAME_HDR 9
 #define H2_DEFAULT_FRAME 16384 /* SETTINGS_MAX_FRAME_SIZE kvd keeps */
@@ -309,15 +321,8 @@ struct mvcc_txn {
 	size_t at, nops_at, undo_at;
 	uint32_t nops, nkeys;
 };
-/* Leases (section 7): a table by id, a timer wheel, attached keys. */
-struct lease {
-	int64_t id, ttl;              /* granted TTL, seconds */
-	int64_t deadline;             /* monotonic ms */
-	struct lease *hnext;          /* table chain */
-	struct lease *wprev, *wnext;  /* wheel slot list */
-	struct mvcc_key **keys;       /* attached keys: open-addressing set of kmask + 1 slots */
-	uint32_t nkeys, kmask, slot;
-};
+/* Leases (section 7): the registry kvd holds; a lease is defined there. */
+struct lease;
 struct lease_reg {
 	struct lease **tab;           /* by id, chained */
 	size_t mask, n;
@@ -328,84 +333,9 @@ struct lease_reg {
 	int64_t min_ttl;              /* seconds, from the election timeout as etcd */
 	int warned;                   /* a failed expiry was logged */
 };
-/* JSON (section 13): a parsed document in one arena. */
-enum { JSON_NULL, JSON_FALSE, JSON_TRUE, JSON_NUM, JSON_STR, JSON_ARR, JSON_OBJ };
-
-struct json {
-	uint8_t type;
-	uint8_t isint;      /* JSON_NUM: an integral value that fits in i */
-	uint32_t n;         /* JSON_STR: bytes; JSON_ARR/OBJ: children */
-	uint32_t klen;      /* a member of an object: its key */
-	const char *key;
-	const char *s;      /* JSON_STR: the bytes, NUL-terminated */
-	struct json *kids;  /* JSON_ARR/OBJ: n children, in order */
-	int64_t i;
-	double d;
-};
-
-struct json_chunk;
-struct json_doc {
-	struct kvd *k;
-	struct json_chunk *chunks;
-	struct json *root;
-	size_t bytes; /* held by the arena */
-};
-
-/* confd (section 14). */
-enum { CONFD_D_TRUNC, CONFD_D_RATE, CONFD_D_SRC_RATE, CONFD_D_MAGIC, CONFD_D_ENVELOPE, CONFD_D_HMAC, CONFD_D_SKEW,
-       CONFD_D_REPLAY, CONFD_D_REQUEST, CONFD_D_N };
-struct confd_src {                 /* a source's token bucket */
-	uint8_t addr[16];
-	int64_t last;
-	struct bucket b;
-	int used;
-};
-struct confd_seen {                /* an authenticated datagram, until its salt is out of the window */
-	uint8_t mac[20];
-	int64_t until;
-};
-struct confd {
-	int fds[8];
-	unsigned nfd;
-	mbedtls_sha1_context hmac_in, hmac_out; /* HMAC-SHA1, keyed */
-	size_t keylen;
-	struct bucket global;
-	struct confd_src *src;
-	struct confd_seen *seen;
-	uint64_t received, answered, too_big, send_errors, dropped[CONFD_D_N];
-	struct json_doc cfg;           /* Ganeti mode: config.data, as of cfg_mod */
-	int64_t cfg_mod;
-	char cfg_err[256];
-	struct kvd_buf msg, out, tmp;  /* reply msg, datagram, scratch */
-	uint8_t rbuf[4096];
-};
-
-/* Watch (section 12). */
+/* Watch (section 15): the registry kvd holds; watchers are defined there. */
+struct watch;
 struct watch_stream;
-struct watch {
-	struct watch_stream *ws;
-	struct watch *hnext;           /* hash chain: key and prefix watchers */
-	struct watch *gprev, *gnext;   /* the list of range and from-key watchers */
-	int64_t id, seq;               /* watch id on its stream; creation order */
-	int64_t next;                  /* first revision it still owes its client */
-	uint64_t next_off;             /* catch-up: log offset to read next (0: look it up) */
-	uint32_t next_gen;             /* the log's generation next_off belongs to */
-	uint32_t klen, elen;
-	uint8_t kind;
-	unsigned noput : 1, nodelete : 1, prev_kv : 1, progress : 1, fragment : 1;
-	unsigned synced : 1;           /* live events reach it; else it catches up from the log */
-	unsigned sent : 1;             /* events since the last progress tick */
-	unsigned dead : 1;             /* cancelled by compaction: only its id remains, as in etcd */
-	uint8_t key[];                 /* key, then range end */
-};
-struct watch_stream {
-	struct call *s;
-	struct watch_stream *prev, *next;
-	struct watch **w;
-	size_t n, cap, unsynced, rr;
-	int64_t next_id;
-	int64_t progress_at;
-};
 struct watch_ev;
 struct watch_hit;
 struct watch_reg {
@@ -447,6 +377,9 @@ struct mvcc {
 	unsigned no_fsync : 1;         /* --unsafe-no-fsync */
 	char why[96];
 };
+
+struct confd; /* section 17 */
+struct json_doc;
 
 /* A gRPC method: how calls to one :path are served (section 10). */
 struct call;
@@ -503,30 +436,9 @@ struct call {
 	void *svc;                  /* service state of a streaming call */
 };
 
-/* One HTTP/2 stream carrying one gRPC call. */
-struct h2_stream {
-	struct call call;           /* first: the stream is found from its call */
-	struct h2_conn *c;
-	uint32_t id;
-	unsigned remote_closed : 1; /* client sent END_STREAM */
-	unsigned hdrs_sent : 1;     /* response HEADERS went out */
-	unsigned discard : 1;       /* answer given: drop further request data */
-	unsigned want_grant : 1;    /* a message needs a window grant later */
-	unsigned has_cl : 1;        /* content-length given */
-	unsigned ctype_proto : 1;   /* answer with application/grpc+proto */
-	unsigned bad_encoding : 1;  /* grpc-encoding kvd cannot decode */
-	int64_t send_window;        /* what kvd may still send on this stream */
-	int64_t recv_window;        /* what the client may still send */
-	uint32_t recv_owed;         /* consumed, not yet credited back */
-	uint64_t content_length, data_seen;
-	int64_t stalled_since;      /* output blocked by a zero window since */
-	struct kvd_buf in;          /* request bytes (gRPC-framed) */
-	int http_status;            /* 200 unless an early HTTP-level refusal */
-};
-#define H2_STREAM_OF(cp) ((struct h2_stream *)(void *)(cp)) /* call is the first member */
 
 /*
- * One client connection (section 15): a socket, the transport that moves its
+ * One client connection (section 18): a socket, the transport that moves its
  * bytes (a plain socket now; TLS next), and the protocol its first bytes
  * chose (HTTP/2; an HTTP/1.x request; a TLS ClientHello), whose state hangs
  * off ps.  The loop owns it; a protocol never closes or frees one itself.
@@ -567,43 +479,6 @@ struct conn {
 	/* times, monotonic ms */
 	int64_t t_open, t_close;
 	int64_t t_active;            /* last progress: a call opened, request data, a call ended */
-};
-
-/* An HTTP/2 connection's state (section 9). */
-struct h2_conn {
-	struct kvd *k;
-	struct conn *conn;
-	unsigned preface_done : 1;
-	unsigned settings_seen : 1;  /* client SETTINGS arrived */
-	unsigned goaway_sent : 1;    /* final GOAWAY queued */
-	unsigned draining : 1;       /* first (graceful) GOAWAY queued */
-	unsigned need_tsu : 1;       /* emit a table size update before next block */
-	unsigned sent_since_ping : 1;
-	struct hp_table dec;
-	/* header block being assembled across CONTINUATION frames */
-	uint8_t *hblk;
-	size_t hblk_len;
-	uint32_t hblk_sid;
-	uint8_t hblk_flags;
-	unsigned hblk_frames;
-	/* streams */
-	struct h2_stream **st;
-	unsigned nst, stcap, rr;
-	uint32_t last_sid;          /* highest client stream id seen */
-	uint32_t closed_ring[32];   /* recently closed ids << 1 | 1 if kvd reset them */
-	unsigned closed_pos;
-	/* flow control */
-	int64_t send_window;        /* connection window kvd may use */
-	int64_t recv_window;        /* what the client may still send */
-	uint32_t recv_owed;         /* received bytes not yet credited */
-	size_t buffered;            /* request bytes held in stream buffers */
-	/* peer settings */
-	uint32_t peer_max_frame, peer_init_window;
-	/* abuse accounting */
-	struct bucket rst, glitch;
-	unsigned ping_strikes;
-	int64_t last_ping;
-	int64_t t_drain_ping;       /* monotonic ms */
 };
 
 /* A listening socket. */
@@ -673,7 +548,7 @@ static void loop_log_flush(struct kvd *k);
 static int net_nonblock(int fd);
 static void confd_report(struct kvd *k, char *out, size_t cap);
 
-/* ===== 3. Utilities: allocation, log, bytes, clock, rate buckets ========= */
+/* ===== 3. Utilities: allocation, log, bytes, clock, rate buckets ======== */
 
 /*
  * The one allocation choke point.  Each block carries its size so kvd knows
@@ -885,7 +760,7 @@ static int bucket_take(struct bucket *b, int64_t now, uint32_t rate, uint32_t bu
 	return 1;
 }
 
-/* ===== 4. Byte buffers (buf_) ============================================ */
+/* ===== 4. Byte buffers (buf_) =========================================== */
 
 static int buf_grow(struct kvd *k, struct kvd_buf *b, size_t n);
 
@@ -976,7 +851,7 @@ static void buf_trim(struct kvd *k, struct kvd_buf *b, size_t keep)
 		buf_free(k, b);
 }
 
-/* ===== 5. Protobuf glue (pb_) ============================================ */
+/* ===== 5. Protobuf glue (pb_) =========================================== */
 
 /* The generated code is part of this translation unit (the onelua pattern),
  * so `cc kvd.c` needs no extra sources. */
@@ -1339,7 +1214,7 @@ static void pb_free(struct kvd *k, void *m)
 		protobuf_c_message_free_unpacked(m, &k->pba);
 }
 
-/* ===== 6. MVCC store: log, index, revisions (mvcc_) ====================== */
+/* ===== 6. MVCC store: log, index, revisions (mvcc_) ===================== */
 
 /*
  * The store is one append-only log, <data-dir>/kvd.log, and an in-memory
@@ -3044,7 +2919,7 @@ static void mvcc_init(struct mvcc *m)
 	m->compacted = m->compacted_durable = -1;
 }
 
-/* ===== 7. Leases (lease_) ================================================ */
+/* ===== 7. Leases (lease_) =============================================== */
 
 /*
  * A lease is an id, a granted TTL, a deadline on the monotonic clock (boards
@@ -3065,6 +2940,16 @@ static void mvcc_init(struct mvcc *m)
  * records (which never move): attach, detach and revoke cost no scan of the
  * index, and keys without a lease cost nothing.
  */
+
+/* A lease: an id, its TTL, its deadline, its keys. */
+struct lease {
+	int64_t id, ttl;              /* granted TTL, seconds */
+	int64_t deadline;             /* monotonic ms */
+	struct lease *hnext;          /* table chain */
+	struct lease *wprev, *wnext;  /* wheel slot list */
+	struct mvcc_key **keys;       /* attached keys: open-addressing set of kmask + 1 slots */
+	uint32_t nkeys, kmask, slot;
+};
 
 #ifndef KVD_LEASE_EXPIRE_MAX /* @@ leases revoked by expiry per loop iteration */
 #define KVD_LEASE_EXPIRE_MAX 512
@@ -3523,7 +3408,7 @@ static void lease_fini(struct kvd *k)
 	memset(g, 0, sizeof *g);
 }
 
-/* ===== 8. HPACK (hp_) ==================================================== */
+/* ===== 8. HPACK (hp_) =================================================== */
 
 /*
  * RFC 7541.  The decoder is complete (static and dynamic tables, Huffman,
@@ -3932,12 +3817,14 @@ static void hp_put_status(struct kvd *k, struct kvd_buf *b, int status)
 	hp_put_field(k, b, 8, NULL, s, 3);
 }
 
-/* ===== 9. HTTP/2 frames, streams, flow control (h2_) ===================== */
+/* ===== 9. HTTP/2 frames, streams, flow control (h2_) ==================== */
 
 /*
- * RFC 9113, server side, cleartext with prior knowledge.  Input is parsed
- * from c->conn->in one whole frame at a time (a frame is at most 16 KiB + 9);
- * output is appended to c->conn->out, which the loop writes.  Response DATA is
+ * RFC 9113, server side, cleartext with prior knowledge: the loop hands a
+ * connection to this section once its first bytes were the preface
+ * (section 18).  Input is parsed from c->conn->in one whole frame at a time
+ * (a frame is at most 16 KiB + 9); output is appended to c->conn->out, which
+ * the loop writes.  Each stream carries one call (section 10).  Response DATA is
  * pulled from each stream's queue only as far as the peer's windows and
  * KVD_MAX_OUTPUT allow, so a slow or hostile reader pins bounded memory.
  *
@@ -3945,6 +3832,65 @@ static void hp_put_status(struct kvd *k, struct kvd_buf *b, int status)
  * stream errors queue RST_STREAM (h2_stream_error).  Both count as glitches
  * when the peer caused them; too many glitches end the connection.
  */
+
+/* One HTTP/2 stream carrying one gRPC call. */
+struct h2_stream {
+	struct call call;           /* first: the stream is found from its call */
+	struct h2_conn *c;
+	uint32_t id;
+	unsigned remote_closed : 1; /* client sent END_STREAM */
+	unsigned hdrs_sent : 1;     /* response HEADERS went out */
+	unsigned discard : 1;       /* answer given: drop further request data */
+	unsigned want_grant : 1;    /* a message needs a window grant later */
+	unsigned has_cl : 1;        /* content-length given */
+	unsigned ctype_proto : 1;   /* answer with application/grpc+proto */
+	unsigned bad_encoding : 1;  /* grpc-encoding kvd cannot decode */
+	int64_t send_window;        /* what kvd may still send on this stream */
+	int64_t recv_window;        /* what the client may still send */
+	uint32_t recv_owed;         /* consumed, not yet credited back */
+	uint64_t content_length, data_seen;
+	int64_t stalled_since;      /* output blocked by a zero window since */
+	struct kvd_buf in;          /* request bytes (gRPC-framed) */
+	int http_status;            /* 200 unless an early HTTP-level refusal */
+};
+#define H2_STREAM_OF(cp) ((struct h2_stream *)(void *)(cp)) /* call is the first member */
+
+/* An HTTP/2 connection's state (its struct conn is section 18's). */
+struct h2_conn {
+	struct kvd *k;
+	struct conn *conn;
+	unsigned preface_done : 1;
+	unsigned settings_seen : 1;  /* client SETTINGS arrived */
+	unsigned goaway_sent : 1;    /* final GOAWAY queued */
+	unsigned draining : 1;       /* first (graceful) GOAWAY queued */
+	unsigned need_tsu : 1;       /* emit a table size update before next block */
+	unsigned sent_since_ping : 1;
+	struct hp_table dec;
+	/* header block being assembled across CONTINUATION frames */
+	uint8_t *hblk;
+	size_t hblk_len;
+	uint32_t hblk_sid;
+	uint8_t hblk_flags;
+	unsigned hblk_frames;
+	/* streams */
+	struct h2_stream **st;
+	unsigned nst, stcap, rr;
+	uint32_t last_sid;          /* highest client stream id seen */
+	uint32_t closed_ring[32];   /* recently closed ids << 1 | 1 if kvd reset them */
+	unsigned closed_pos;
+	/* flow control */
+	int64_t send_window;        /* connection window kvd may use */
+	int64_t recv_window;        /* what the client may still send */
+	uint32_t recv_owed;         /* received bytes not yet credited */
+	size_t buffered;            /* request bytes held in stream buffers */
+	/* peer settings */
+	uint32_t peer_max_frame, peer_init_window;
+	/* abuse accounting */
+	struct bucket rst, glitch;
+	unsigned ping_strikes;
+	int64_t last_ping;
+	int64_t t_drain_ping;       /* monotonic ms */
+};
 
 /* The request line of a stream, from its header block (borrowed slices). */
 struct h2_req {
@@ -4621,17 +4567,17 @@ static void h2_on_settings(struct kvd *k, struct h2_conn *c, unsigned flags, uin
 		id = get_be16(p + i);
 		v = get_be32(p + i + 2);
 		switch (id) {
-		case 1: /* HEADER_TABLE_SIZE: sizes the peer's decoder, i.e. our encoder */
+		case H2_SET_HEADER_TABLE_SIZE: /* sizes the peer's decoder, i.e. our encoder */
 			if (v < HP_TABLE_SIZE)
 				c->need_tsu = 1; /* we never index: announce size 0 once */
 			break;
-		case 2: /* ENABLE_PUSH */
+		case H2_SET_ENABLE_PUSH:
 			if (v > 1) {
 				h2_fail(c, H2_PROTOCOL_ERROR, "bad ENABLE_PUSH");
 				return;
 			}
 			break;
-		case 4: /* INITIAL_WINDOW_SIZE: a delta on every open stream (6.9.2) */
+		case H2_SET_INITIAL_WINDOW_SIZE: /* a delta on every open stream (6.9.2) */
 			if (v > H2_MAX_WINDOW) {
 				h2_fail(c, H2_FLOW_CONTROL_ERROR, "bad INITIAL_WINDOW_SIZE");
 				return;
@@ -4646,7 +4592,7 @@ static void h2_on_settings(struct kvd *k, struct h2_conn *c, unsigned flags, uin
 			}
 			c->peer_init_window = v;
 			break;
-		case 5: /* MAX_FRAME_SIZE */
+		case H2_SET_MAX_FRAME_SIZE:
 			if (v < 16384 || v > 16777215) {
 				h2_fail(c, H2_PROTOCOL_ERROR, "bad MAX_FRAME_SIZE");
 				return;
@@ -4771,14 +4717,14 @@ static void h2_send_preface(struct kvd *k, struct h2_conn *c)
 	uint8_t p[18];
 	size_t n = 0;
 
-	put_be16(p + n, 3); /* MAX_CONCURRENT_STREAMS */
+	put_be16(p + n, H2_SET_MAX_CONCURRENT_STREAMS);
 	put_be32(p + n + 2, k->cfg.max_concurrent_streams);
 	n += 6;
-	put_be16(p + n, 6); /* MAX_HEADER_LIST_SIZE */
+	put_be16(p + n, H2_SET_MAX_HEADER_LIST_SIZE);
 	put_be32(p + n + 2, KVD_MAX_HEADER_LIST);
 	n += 6;
 	if (KVD_STREAM_WINDOW != H2_DEFAULT_WINDOW) {
-		put_be16(p + n, 4);
+		put_be16(p + n, H2_SET_INITIAL_WINDOW_SIZE);
 		put_be32(p + n + 2, KVD_STREAM_WINDOW);
 		n += 6;
 	}
@@ -5134,7 +5080,7 @@ static void h2_conn_free(struct kvd *k, struct h2_conn *c)
 	kvd_free(k, c);
 }
 
-/* HTTP/2 as one of the protocols a connection may speak (section 15). */
+/* HTTP/2 as one of the protocols a connection may speak (section 18). */
 static void h2_proto_input(struct kvd *k, struct conn *c) { h2_input(k, c->ps); }
 static void h2_proto_flush(struct kvd *k, struct conn *c) { h2_flush(k, c->ps); }
 static int64_t h2_proto_timers(struct kvd *k, struct conn *c) { return h2_timers(k, c->ps); }
@@ -5163,7 +5109,7 @@ static const struct net_proto h2_proto = {
 	h2_proto_busy, h2_proto_free,
 };
 
-/* ===== 10. Calls and gRPC framing (call_, grpc_) ========================= */
+/* ===== 10. Calls and gRPC framing (call_, grpc_) ======================== */
 
 /*
  * A call is one RPC being served, apart from what carries it.  A service
@@ -5564,167 +5510,24 @@ static void grpc_on_remote_close(struct kvd *k, struct h2_stream *s)
 	call_half_close(k, &s->call, BUF_LEN(&s->in) != 0);
 }
 
-/* ===== 11. Services: KV, lease, health, maintenance, cluster (svc_) ====== */
-
-#define SVC_RAFT_TERM 2 /* what a fresh single-node etcd reports; kvd never elects */
-
-static void svc_header(struct kvd *k, Etcdserverpb__ResponseHeader *h, int with_revision)
-{
-	etcdserverpb__response_header__init(h);
-	h->cluster_id = k->cluster_id;
-	h->member_id = k->member_id;
-	h->raft_term = SVC_RAFT_TERM;
-	if (with_revision)
-		h->revision = k->db.rev;
-}
-
-/* grpc.health.v1.Health/Check: "" is SERVING, any other name unknown (as
- * etcd registers only ""). */
-static void svc_health_check(struct kvd *k, struct call *s)
-{
-	const Grpc__Health__V1__HealthCheckRequest *rq = (const void *)s->rq;
-	Grpc__Health__V1__HealthCheckResponse rs = GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__INIT;
-
-	if (rq->service && rq->service[0]) {
-		call_finish(k, s, GRPC_NOT_FOUND, "unknown service");
-	} else {
-		rs.status = k->stopping ? GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__NOT_SERVING
-		                        : GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING;
-		call_reply(k, s, &rs.base);
-	}
-}
-
-/* Health/Watch: the current status now, then the stream stays open; kvd
- * announces NOT_SERVING when it begins to shut down (svc_shutdown). */
-static void svc_health_watch(struct kvd *k, struct call *s)
-{
-	const Grpc__Health__V1__HealthCheckRequest *rq = (const void *)s->rq;
-	Grpc__Health__V1__HealthCheckResponse rs = GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__INIT;
-
-	if (rq->service && rq->service[0])
-		rs.status = GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVICE_UNKNOWN;
-	else
-		rs.status = k->stopping ? GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__NOT_SERVING
-		                        : GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING;
-	s->svc = rq->service && rq->service[0] ? NULL : (void *)s; /* marks a watcher of "" */
-	call_send(k, s, &rs.base);
-}
-
-static void svc_health_watch_shutdown(struct kvd *k, struct call *s)
-{
-	Grpc__Health__V1__HealthCheckResponse rs = GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__INIT;
-
-	rs.status = GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__NOT_SERVING;
-	if (s->svc)
-		call_send(k, s, &rs.base);
-}
-
-/* Maintenance/Status, with the fields etcd 3.4 sets (leader = self). */
-static void svc_status(struct kvd *k, struct call *s)
-{
-	Etcdserverpb__StatusResponse rs = ETCDSERVERPB__STATUS_RESPONSE__INIT;
-	Etcdserverpb__ResponseHeader h;
-
-	svc_header(k, &h, 1);
-	rs.header = &h;
-	rs.version = (char *)KVD_ETCD_VERSION;
-	rs.dbsize = (int64_t)k->db.size;
-	rs.dbsizeinuse = (int64_t)(k->db.size - KVD_MIN(k->db.reclaimable, k->db.size));
-	rs.leader = k->member_id;
-	rs.raftindex = (uint64_t)k->db.rev;
-	rs.raftappliedindex = (uint64_t)k->db.rev;
-	rs.raftterm = SVC_RAFT_TERM;
-	call_reply(k, s, &rs.base);
-}
-
-static void svc_member(struct kvd *k, Etcdserverpb__Member *m)
-{
-	etcdserverpb__member__init(m);
-	m->id = k->member_id;
-	m->name = (char *)(uintptr_t)k->cfg.name;
-	m->n_peerurls = k->npeer_urls;
-	m->peerurls = k->peer_urls;
-	m->n_clienturls = k->nclient_urls;
-	m->clienturls = k->client_urls;
-}
-
-/* Cluster/MemberList: this member only; the header carries no revision. */
-static void svc_member_list(struct kvd *k, struct call *s)
-{
-	Etcdserverpb__MemberListResponse rs = ETCDSERVERPB__MEMBER_LIST_RESPONSE__INIT;
-	Etcdserverpb__ResponseHeader h;
-	Etcdserverpb__Member m, *mp = &m;
-
-	svc_header(k, &h, 0);
-	svc_member(k, &m);
-	rs.header = &h;
-	rs.n_members = 1;
-	rs.members = &mp;
-	call_reply(k, s, &rs.base);
-}
-
-/* ---- KV service (etcdserverpb.KV) ---------------------------------------- */
+/* ===== 11. Go's sort.Sort, as etcd sorts ranges (svc_gosort_) =========== */
 
 /*
- * Semantics follow etcd 3.4 (etcdserver/apply.go, v3rpc/key.go, mvcc): error
- * texts byte for byte, the order checks run in, header revisions of
- * top-level and txn sub-responses, count before filters, and sorting with Go
- * 1.19's sort.Sort (pdqsort, not stable) so ties order exactly as etcd's do.
+ * etcd sorts a Range's results with Go's sort.Sort, which is not stable:
+ * keys that tie on the sort target come out in an order only its algorithm
+ * decides.  This is Go 1.19's pattern-defeating quicksort, step for step
+ * (pivot choice, the xorshift that breaks patterns, the insertion-sort
+ * cut-offs), so ties come out exactly as etcd's do.
  */
-
-/* An error to return: gRPC code and etcd's text. */
-struct svc_err {
-	int code;
-	const char *msg;
-};
-
-static int svc_fail(struct svc_err *e, int code, const char *msg)
-{
-	e->code = code;
-	e->msg = msg;
-	return KVD_EINVAL;
-}
-
-/* Allocations for one response, freed together. */
-struct svc_pool {
-	struct kvd *k;
-	void *head;
-	int oom;
-};
-
-static void *svc_alloc(struct svc_pool *pl, size_t n)
-{
-	void **b = kvd_malloc(pl->k, sizeof(void *) + n);
-
-	if (!b) {
-		pl->oom = 1;
-		return NULL;
-	}
-	*b = pl->head;
-	pl->head = b;
-	memset(b + 1, 0, n);
-	return b + 1;
-}
-
-static void svc_pool_free(struct svc_pool *pl)
-{
-	void **b = pl->head, **next;
-
-	for (; b; b = next) {
-		next = *b;
-		kvd_free(pl->k, b);
-	}
-	pl->head = NULL;
-}
-
-/* The size etcd compares with --max-request-bytes is the raft entry: the
- * request plus an InternalRaftRequest envelope of about 29 bytes. */
-static int svc_too_large(struct kvd *k, size_t n)
-{
-	return n + 29 > k->cfg.max_request_bytes;
-}
-
-/* ---- Go's sort.Sort (pdqsort as in Go 1.19), over an array of kvs */
+/* RangeRequest's sort options, by name. */
+#define SORT_NONE ETCDSERVERPB__RANGE_REQUEST__SORT_ORDER__NONE
+#define SORT_ASCEND ETCDSERVERPB__RANGE_REQUEST__SORT_ORDER__ASCEND
+#define SORT_DESCEND ETCDSERVERPB__RANGE_REQUEST__SORT_ORDER__DESCEND
+#define SORT_BY_KEY ETCDSERVERPB__RANGE_REQUEST__SORT_TARGET__KEY
+#define SORT_BY_VERSION ETCDSERVERPB__RANGE_REQUEST__SORT_TARGET__VERSION
+#define SORT_BY_CREATE ETCDSERVERPB__RANGE_REQUEST__SORT_TARGET__CREATE
+#define SORT_BY_MOD ETCDSERVERPB__RANGE_REQUEST__SORT_TARGET__MOD
+#define SORT_BY_VALUE ETCDSERVERPB__RANGE_REQUEST__SORT_TARGET__VALUE
 
 struct gosort {
 	struct mvcc_kv *v;
@@ -5739,10 +5542,10 @@ static int svc_gosort_less_raw(struct gosort *g, size_t i, size_t j)
 	const struct mvcc_kv *a = &g->v[i], *b = &g->v[j];
 
 	switch (g->target) {
-	case 0: return mvcc_cmp(a->r->key, a->r->klen, b->r->key, b->r->klen) < 0;
-	case 1: return a->ver < b->ver;
-	case 2: return a->create < b->create;
-	case 3: return a->mod < b->mod;
+	case SORT_BY_KEY: return mvcc_cmp(a->r->key, a->r->klen, b->r->key, b->r->klen) < 0;
+	case SORT_BY_VERSION: return a->ver < b->ver;
+	case SORT_BY_CREATE: return a->create < b->create;
+	case SORT_BY_MOD: return a->mod < b->mod;
 	default: return mvcc_cmp(g->val[i], a->vlen, g->val[j], b->vlen) < 0;
 	}
 }
@@ -6014,6 +5817,79 @@ static void svc_gosort_pdq(struct gosort *g, size_t a, size_t b, unsigned limit)
 	}
 }
 
+/* ===== 12. Services: KV (svc_) ========================================== */
+
+/*
+ * Semantics follow etcd 3.4 (etcdserver/apply.go, v3rpc/key.go, mvcc): error
+ * texts byte for byte, the order checks run in, header revisions of
+ * top-level and txn sub-responses, count before filters, and sorting with Go
+ * 1.19's sort.Sort (pdqsort, not stable) so ties order exactly as etcd's do.
+ */
+
+#define SVC_RAFT_TERM 2 /* what a fresh single-node etcd reports; kvd never elects */
+
+static void svc_header(struct kvd *k, Etcdserverpb__ResponseHeader *h, int with_revision)
+{
+	etcdserverpb__response_header__init(h);
+	h->cluster_id = k->cluster_id;
+	h->member_id = k->member_id;
+	h->raft_term = SVC_RAFT_TERM;
+	if (with_revision)
+		h->revision = k->db.rev;
+}
+
+/* An error to return: gRPC code and etcd's text. */
+struct svc_err {
+	int code;
+	const char *msg;
+};
+
+static int svc_fail(struct svc_err *e, int code, const char *msg)
+{
+	e->code = code;
+	e->msg = msg;
+	return KVD_EINVAL;
+}
+
+/* Allocations for one response, freed together. */
+struct svc_pool {
+	struct kvd *k;
+	void *head;
+	int oom;
+};
+
+static void *svc_alloc(struct svc_pool *pl, size_t n)
+{
+	void **b = kvd_malloc(pl->k, sizeof(void *) + n);
+
+	if (!b) {
+		pl->oom = 1;
+		return NULL;
+	}
+	*b = pl->head;
+	pl->head = b;
+	memset(b + 1, 0, n);
+	return b + 1;
+}
+
+static void svc_pool_free(struct svc_pool *pl)
+{
+	void **b = pl->head, **next;
+
+	for (; b; b = next) {
+		next = *b;
+		kvd_free(pl->k, b);
+	}
+	pl->head = NULL;
+}
+
+/* The size etcd compares with --max-request-bytes is the raft entry: the
+ * request plus an InternalRaftRequest envelope of about 29 bytes. */
+static int svc_too_large(struct kvd *k, size_t n)
+{
+	return n + 29 > k->cfg.max_request_bytes;
+}
+
 /* ---- ranges ------------------------------------------------------------- */
 
 /* kvs found by a range, before they become protobuf. */
@@ -6071,7 +5947,7 @@ static int svc_range(struct kvd *k, const Etcdserverpb__RangeRequest *rq, int64_
 	if (rev < m->compacted)
 		return svc_fail(e, GRPC_OUT_OF_RANGE, E_COMPACTED);
 	at = rev >= cur ? 0 : rev; /* 0: the latest state, which RAM holds */
-	sorted = rq->sort_order != 0 || rq->min_mod_revision || rq->max_mod_revision ||
+	sorted = rq->sort_order != SORT_NONE || rq->min_mod_revision || rq->max_mod_revision ||
 	         rq->min_create_revision || rq->max_create_revision;
 	fetch = sorted ? 0 : rq->limit > 0 ? rq->limit + 1 : 0;
 	it = mvcc_seek(m, rq->key.data, rq->key.len, &eq);
@@ -6103,12 +5979,12 @@ static int svc_range(struct kvd *k, const Etcdserverpb__RangeRequest *rq, int64_
 	}
 	rr->n = o;
 	order = (int)rq->sort_order;
-	if (rq->sort_target != 0 && order == 0)
-		order = 1; /* results are key-ordered; other targets sort ascending */
-	if ((order == 1 || order == 2) && rq->sort_target <= 4 && rr->n > 1 &&
-	    !(rq->sort_target == 0 && order == 1)) {
-		struct gosort g = {rr->kv, (int)rq->sort_target, order == 2, k, NULL};
-		if (g.target == 4) { /* by value: read them once */
+	if (rq->sort_target != SORT_BY_KEY && order == SORT_NONE)
+		order = SORT_ASCEND; /* results are key-ordered; other targets sort ascending */
+	if ((order == SORT_ASCEND || order == SORT_DESCEND) && rq->sort_target <= SORT_BY_VALUE && rr->n > 1 &&
+	    !(rq->sort_target == SORT_BY_KEY && order == SORT_ASCEND)) {
+		struct gosort g = {rr->kv, (int)rq->sort_target, order == SORT_DESCEND, k, NULL};
+		if (g.target == SORT_BY_VALUE) { /* by value: read them once */
 			g.val = kvd_calloc(k, rr->n * sizeof *g.val);
 			for (i = 0; g.val && i < rr->n; i++)
 				if (!(g.val[i] = kvd_malloc(k, rr->kv[i].vlen + 1)) ||
@@ -6517,15 +6393,61 @@ static int svc_intervals(struct kvd *k, Etcdserverpb__RequestOp **ops, size_t n,
 	return r;
 }
 
-/* One Compare against the state before the txn (apply.go applyCompare). */
+/* The number a Compare names for its target (0 when its union holds
+ * another member, as etcd reads it). */
+static int64_t svc_cmp_want(const Etcdserverpb__Compare *c)
+{
+	switch (c->target) {
+	case ETCDSERVERPB__COMPARE__COMPARE_TARGET__CREATE:
+		return c->target_union_case == ETCDSERVERPB__COMPARE__TARGET_UNION_CREATE_REVISION ? c->create_revision : 0;
+	case ETCDSERVERPB__COMPARE__COMPARE_TARGET__MOD:
+		return c->target_union_case == ETCDSERVERPB__COMPARE__TARGET_UNION_MOD_REVISION ? c->mod_revision : 0;
+	case ETCDSERVERPB__COMPARE__COMPARE_TARGET__LEASE:
+		return c->target_union_case == ETCDSERVERPB__COMPARE__TARGET_UNION_LEASE ? c->lease : 0;
+	case ETCDSERVERPB__COMPARE__COMPARE_TARGET__VERSION:
+		return c->target_union_case == ETCDSERVERPB__COMPARE__TARGET_UNION_VERSION ? c->version : 0;
+	default:
+		return 0;
+	}
+}
+
+/* The key's side of a numeric Compare (a missing key is all zeros). */
+static int64_t svc_cmp_have(const Etcdserverpb__Compare *c, const struct mvcc_kv *kv)
+{
+	if (!kv)
+		return 0;
+	switch (c->target) {
+	case ETCDSERVERPB__COMPARE__COMPARE_TARGET__CREATE: return kv->create;
+	case ETCDSERVERPB__COMPARE__COMPARE_TARGET__MOD: return kv->mod;
+	case ETCDSERVERPB__COMPARE__COMPARE_TARGET__LEASE: return kv->lease;
+	case ETCDSERVERPB__COMPARE__COMPARE_TARGET__VERSION: return kv->ver;
+	default: return 0;
+	}
+}
+
+/* Does "have <result> want" hold, given cmp = sign(have - want)? */
+static int svc_cmp_holds(const Etcdserverpb__Compare *c, int cmp)
+{
+	switch (c->result) {
+	case ETCDSERVERPB__COMPARE__COMPARE_RESULT__EQUAL: return cmp == 0;
+	case ETCDSERVERPB__COMPARE__COMPARE_RESULT__NOT_EQUAL: return cmp != 0;
+	case ETCDSERVERPB__COMPARE__COMPARE_RESULT__GREATER: return cmp > 0;
+	case ETCDSERVERPB__COMPARE__COMPARE_RESULT__LESS: return cmp < 0;
+	default: return 1;
+	}
+}
+
+/* One Compare against the state before the txn (apply.go applyCompare):
+ * every live key of its range must satisfy it; a range with none compares
+ * numbers with 0 and fails a VALUE compare. */
 static int svc_compare(struct kvd *k, const Etcdserverpb__Compare *c, int *res)
 {
 	struct mvcc *m = &k->db;
 	struct mvcc_it it;
 	struct mvcc_key *r;
 	struct mvcc_kv kv;
-	int eq, any = 0, ok = 1, cmp;
-	int64_t want = 0, have;
+	int eq, any = 0, ok = 1, cmp, by_value = c->target == ETCDSERVERPB__COMPARE__COMPARE_TARGET__VALUE;
+	int64_t have, want = svc_cmp_want(c);
 	uint8_t *v;
 
 	it = mvcc_seek(m, c->key.data, c->key.len, &eq);
@@ -6537,79 +6459,25 @@ static int svc_compare(struct kvd *k, const Etcdserverpb__Compare *c, int *res)
 		if (r->create) {
 			any = 1;
 			svc_kv_of(r, &kv);
-			if (c->target == ETCDSERVERPB__COMPARE__COMPARE_TARGET__VALUE) {
+			if (by_value) {
+				int have_value = c->target_union_case == ETCDSERVERPB__COMPARE__TARGET_UNION_VALUE;
 				if (!(v = kvd_malloc(k, kv.vlen + 1)) || mvcc_pread(m, v, kv.vlen, kv.voff)) {
 					kvd_free(k, v);
 					return KVD_ENOMEM;
 				}
-				cmp = mvcc_cmp(v, kv.vlen, c->target_union_case == ETCDSERVERPB__COMPARE__TARGET_UNION_VALUE
-				               ? c->value.data : NULL,
-				               c->target_union_case == ETCDSERVERPB__COMPARE__TARGET_UNION_VALUE ? c->value.len : 0);
+				cmp = mvcc_cmp(v, kv.vlen, have_value ? c->value.data : NULL, have_value ? c->value.len : 0);
 				kvd_free(k, v);
 			} else {
-				switch (c->target) {
-				case ETCDSERVERPB__COMPARE__COMPARE_TARGET__CREATE:
-					have = kv.create;
-					want = c->target_union_case == ETCDSERVERPB__COMPARE__TARGET_UNION_CREATE_REVISION ? c->create_revision : 0;
-					break;
-				case ETCDSERVERPB__COMPARE__COMPARE_TARGET__MOD:
-					have = kv.mod;
-					want = c->target_union_case == ETCDSERVERPB__COMPARE__TARGET_UNION_MOD_REVISION ? c->mod_revision : 0;
-					break;
-				case ETCDSERVERPB__COMPARE__COMPARE_TARGET__LEASE:
-					have = kv.lease;
-					want = c->target_union_case == ETCDSERVERPB__COMPARE__TARGET_UNION_LEASE ? c->lease : 0;
-					break;
-				case ETCDSERVERPB__COMPARE__COMPARE_TARGET__VERSION:
-					have = kv.ver;
-					want = c->target_union_case == ETCDSERVERPB__COMPARE__TARGET_UNION_VERSION ? c->version : 0;
-					break;
-				default:
-					have = want = 0;
-				}
+				have = svc_cmp_have(c, &kv);
 				cmp = (have > want) - (have < want);
 			}
-			switch (c->result) {
-			case ETCDSERVERPB__COMPARE__COMPARE_RESULT__EQUAL: ok = cmp == 0; break;
-			case ETCDSERVERPB__COMPARE__COMPARE_RESULT__NOT_EQUAL: ok = cmp != 0; break;
-			case ETCDSERVERPB__COMPARE__COMPARE_RESULT__GREATER: ok = cmp > 0; break;
-			case ETCDSERVERPB__COMPARE__COMPARE_RESULT__LESS: ok = cmp < 0; break;
-			default: ok = 1;
-			}
+			ok = svc_cmp_holds(c, cmp);
 		}
 		if (!c->range_end.len)
 			break;
 	}
-	if (!any) { /* a missing key: VALUE compares fail, the rest compare with 0 */
-		if (c->target == ETCDSERVERPB__COMPARE__COMPARE_TARGET__VALUE) {
-			ok = 0;
-		} else {
-			switch (c->target) {
-			case ETCDSERVERPB__COMPARE__COMPARE_TARGET__CREATE:
-				want = c->target_union_case == ETCDSERVERPB__COMPARE__TARGET_UNION_CREATE_REVISION ? c->create_revision : 0;
-				break;
-			case ETCDSERVERPB__COMPARE__COMPARE_TARGET__MOD:
-				want = c->target_union_case == ETCDSERVERPB__COMPARE__TARGET_UNION_MOD_REVISION ? c->mod_revision : 0;
-				break;
-			case ETCDSERVERPB__COMPARE__COMPARE_TARGET__LEASE:
-				want = c->target_union_case == ETCDSERVERPB__COMPARE__TARGET_UNION_LEASE ? c->lease : 0;
-				break;
-			case ETCDSERVERPB__COMPARE__COMPARE_TARGET__VERSION:
-				want = c->target_union_case == ETCDSERVERPB__COMPARE__TARGET_UNION_VERSION ? c->version : 0;
-				break;
-			default:
-				want = 0;
-			}
-			cmp = (0 > want) - (0 < want);
-			switch (c->result) {
-			case ETCDSERVERPB__COMPARE__COMPARE_RESULT__EQUAL: ok = cmp == 0; break;
-			case ETCDSERVERPB__COMPARE__COMPARE_RESULT__NOT_EQUAL: ok = cmp != 0; break;
-			case ETCDSERVERPB__COMPARE__COMPARE_RESULT__GREATER: ok = cmp > 0; break;
-			case ETCDSERVERPB__COMPARE__COMPARE_RESULT__LESS: ok = cmp < 0; break;
-			default: ok = 1;
-			}
-		}
-	}
+	if (!any) /* a missing key */
+		ok = by_value ? 0 : svc_cmp_holds(c, (0 > want) - (0 < want));
 	*res = ok;
 	return 0;
 }
@@ -6969,7 +6837,158 @@ static void svc_compact_rpc(struct kvd *k, struct call *s)
 	svc_end(k, s, &rs.base, &e);
 }
 
-/* ---- Lease ----------------------------------------------------------------- */
+/* ---- RangeStream: chunks produced as the client's window opens ---------- */
+
+#define SVC_CHUNK_BYTES (64 * 1024)
+#define SVC_CHUNK_KEYS 1000
+
+struct svc_rstream {
+	Etcdserverpb__RangeRequest *rq; /* owned */
+	int64_t rev;                     /* pinned */
+	uint8_t *last;                   /* last key sent (owned), NULL before the first */
+	size_t lastn;
+	int64_t sent, count;
+	unsigned counted : 1;
+};
+
+static void svc_rstream_close(struct kvd *k, struct call *s)
+{
+	struct svc_rstream *st = s->svc;
+
+	if (!st)
+		return;
+	pb_free(k, st->rq);
+	kvd_free(k, st->last);
+	kvd_free(k, st);
+	s->svc = NULL;
+}
+
+static void svc_rstream_chunk(struct kvd *k, struct call *s)
+{
+	struct svc_rstream *st = s->svc;
+	Etcdserverpb__RangeRequest *rq = st->rq;
+	Etcdserverpb__RangeStreamResponse msg = ETCDSERVERPB__RANGE_STREAM_RESPONSE__INIT;
+	Etcdserverpb__RangeResponse rr = ETCDSERVERPB__RANGE_RESPONSE__INIT;
+	Etcdserverpb__ResponseHeader h;
+	struct mvcc *m = &k->db;
+	struct svc_range got = {0};
+	struct svc_pool pl = {k, NULL, 0};
+	struct mvcc_it it;
+	struct mvcc_key *r;
+	struct mvcc_kv kv;
+	size_t bytes = 0;
+	int eq, vis, done = 0;
+	int64_t left = rq->limit > 0 ? rq->limit - st->sent : INT64_MAX;
+
+	if (st->rev < m->compacted) {
+		call_finish(k, s, GRPC_OUT_OF_RANGE, "%s", E_COMPACTED);
+		return;
+	}
+	if (st->last)
+		it = mvcc_seek(m, st->last, st->lastn, &eq);
+	else
+		it = mvcc_seek(m, rq->key.data, rq->key.len, &eq);
+	if (st->last && eq)
+		mvcc_next(m, &it);
+	for (;;) {
+		r = mvcc_at(m, it);
+		if (!r || (!rq->range_end.len ? mvcc_cmp(r->key, r->klen, rq->key.data, rq->key.len) != 0
+		                              : !svc_in_range(r->key, r->klen, &rq->range_end))) {
+			done = 1;
+			break;
+		}
+		vis = mvcc_visible(m, r, st->rev >= m->rev ? 0 : st->rev, &kv);
+		if (vis < 0) {
+			call_finish(k, s, GRPC_DATA_LOSS, "kvd: cannot read the log");
+			goto out;
+		}
+		if (vis) {
+			if (left <= 0 || rq->count_only) {
+				st->count++; /* past the limit: only counted */
+			} else {
+				if (got.n >= SVC_CHUNK_KEYS || bytes >= SVC_CHUNK_BYTES)
+					break;
+				if (svc_range_push(k, &got, &kv)) {
+					call_finish(k, s, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+					goto out;
+				}
+				bytes += r->klen + (rq->keys_only ? 0 : kv.vlen) + 32;
+				st->count++;
+				left--;
+			}
+		}
+		if (!rq->range_end.len) {
+			done = 1;
+			break;
+		}
+		mvcc_next(m, &it);
+	}
+	if (got.n) {
+		const struct mvcc_key *lk = got.kv[got.n - 1].r;
+		uint8_t *nl = kvd_realloc(k, st->last, lk->klen ? lk->klen : 1);
+		if (!nl || svc_kvs(k, &pl, got.kv, got.n, rq->keys_only, &rr.kvs)) {
+			if (nl)
+				st->last = nl;
+			call_finish(k, s, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+			goto out;
+		}
+		st->last = nl;
+		memcpy(st->last, lk->key, lk->klen);
+		st->lastn = lk->klen;
+		rr.n_kvs = got.n;
+		st->sent += (int64_t)got.n;
+	}
+	if (done) {
+		svc_header(k, &h, 1);
+		rr.header = &h;
+		rr.count = st->count;
+		rr.more = !rq->count_only && rq->limit > 0 && st->count > rq->limit;
+	}
+	if (got.n || done) {
+		msg.range_response = &rr;
+		if (call_send(k, s, &msg.base))
+			goto out;
+	}
+	if (done)
+		call_finish(k, s, GRPC_OK, "%s", "");
+out:
+	kvd_free(k, got.kv);
+	svc_pool_free(&pl);
+}
+
+static void svc_rangestream_rpc(struct kvd *k, struct call *s)
+{
+	const Etcdserverpb__RangeRequest *rq = (const void *)s->rq;
+	struct svc_rstream *st;
+	int64_t rev;
+
+	rev = rq->revision;
+	if (!rq->key.len)
+		call_finish(k, s, GRPC_INVALID_ARGUMENT, "%s", E_EMPTY_KEY);
+	else if (rq->sort_order > SORT_DESCEND || rq->sort_target > SORT_BY_VALUE)
+		call_finish(k, s, GRPC_INVALID_ARGUMENT, "%s", E_BAD_SORT);
+	else if (rq->sort_order != SORT_NONE && !(rq->sort_target == SORT_BY_KEY && rq->sort_order == SORT_ASCEND))
+		call_finish(k, s, GRPC_UNIMPLEMENTED, "RangeStream does not support custom sort orders");
+	else if (rq->min_mod_revision || rq->max_mod_revision || rq->min_create_revision || rq->max_create_revision)
+		call_finish(k, s, GRPC_UNIMPLEMENTED, "RangeStream does not support revision filters");
+	else if (rev > k->db.rev)
+		call_finish(k, s, GRPC_OUT_OF_RANGE, "%s", E_FUTURE_REV);
+	else if (rev > 0 && rev < k->db.compacted)
+		call_finish(k, s, GRPC_OUT_OF_RANGE, "%s", E_COMPACTED);
+	else if (!(st = kvd_calloc(k, sizeof *st)))
+		call_finish(k, s, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+	else {
+		/* pin the newest durable revision: a chunk never shows a write a crash could undo */
+		st->rq = (Etcdserverpb__RangeRequest *)s->rq; /* kept: see on_msg */
+		s->rq = NULL;
+		st->rev = rev > 0 ? rev : k->db.rev_durable;
+		s->svc = st;
+		s->produce = 1;
+		return; /* chunks come from svc_rstream_chunk as the window opens */
+	}
+}
+
+/* ===== 13. Services: Lease (svc_lease_) ================================= */
 
 
 /* Lease id if it is alive; one whose deadline passed is revoked now (the
@@ -7163,155 +7182,91 @@ static void svc_lease_leases_rpc(struct kvd *k, struct call *s)
 	svc_pool_free(&pl);
 }
 
-/* ---- RangeStream: chunks produced as the client's window opens ---------- */
+/* ===== 14. Services: Maintenance, Cluster, Health; the method table (svc_) === */
 
-#define SVC_CHUNK_BYTES (64 * 1024)
-#define SVC_CHUNK_KEYS 1000
-
-struct svc_rstream {
-	Etcdserverpb__RangeRequest *rq; /* owned */
-	int64_t rev;                     /* pinned */
-	uint8_t *last;                   /* last key sent (owned), NULL before the first */
-	size_t lastn;
-	int64_t sent, count;
-	unsigned counted : 1;
-};
-
-static void svc_rstream_close(struct kvd *k, struct call *s)
+/* grpc.health.v1.Health/Check: "" is SERVING, any other name unknown (as
+ * etcd registers only ""). */
+static void svc_health_check(struct kvd *k, struct call *s)
 {
-	struct svc_rstream *st = s->svc;
+	const Grpc__Health__V1__HealthCheckRequest *rq = (const void *)s->rq;
+	Grpc__Health__V1__HealthCheckResponse rs = GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__INIT;
 
-	if (!st)
-		return;
-	pb_free(k, st->rq);
-	kvd_free(k, st->last);
-	kvd_free(k, st);
-	s->svc = NULL;
+	if (rq->service && rq->service[0]) {
+		call_finish(k, s, GRPC_NOT_FOUND, "unknown service");
+	} else {
+		rs.status = k->stopping ? GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__NOT_SERVING
+		                        : GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING;
+		call_reply(k, s, &rs.base);
+	}
 }
 
-static void svc_rstream_chunk(struct kvd *k, struct call *s)
+/* Health/Watch: the current status now, then the stream stays open; kvd
+ * announces NOT_SERVING when it begins to shut down (svc_shutdown). */
+static void svc_health_watch(struct kvd *k, struct call *s)
 {
-	struct svc_rstream *st = s->svc;
-	Etcdserverpb__RangeRequest *rq = st->rq;
-	Etcdserverpb__RangeStreamResponse msg = ETCDSERVERPB__RANGE_STREAM_RESPONSE__INIT;
-	Etcdserverpb__RangeResponse rr = ETCDSERVERPB__RANGE_RESPONSE__INIT;
-	Etcdserverpb__ResponseHeader h;
-	struct mvcc *m = &k->db;
-	struct svc_range got = {0};
-	struct svc_pool pl = {k, NULL, 0};
-	struct mvcc_it it;
-	struct mvcc_key *r;
-	struct mvcc_kv kv;
-	size_t bytes = 0;
-	int eq, vis, done = 0;
-	int64_t left = rq->limit > 0 ? rq->limit - st->sent : INT64_MAX;
+	const Grpc__Health__V1__HealthCheckRequest *rq = (const void *)s->rq;
+	Grpc__Health__V1__HealthCheckResponse rs = GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__INIT;
 
-	if (st->rev < m->compacted) {
-		call_finish(k, s, GRPC_OUT_OF_RANGE, "%s", E_COMPACTED);
-		return;
-	}
-	if (st->last)
-		it = mvcc_seek(m, st->last, st->lastn, &eq);
+	if (rq->service && rq->service[0])
+		rs.status = GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVICE_UNKNOWN;
 	else
-		it = mvcc_seek(m, rq->key.data, rq->key.len, &eq);
-	if (st->last && eq)
-		mvcc_next(m, &it);
-	for (;;) {
-		r = mvcc_at(m, it);
-		if (!r || (!rq->range_end.len ? mvcc_cmp(r->key, r->klen, rq->key.data, rq->key.len) != 0
-		                              : !svc_in_range(r->key, r->klen, &rq->range_end))) {
-			done = 1;
-			break;
-		}
-		vis = mvcc_visible(m, r, st->rev >= m->rev ? 0 : st->rev, &kv);
-		if (vis < 0) {
-			call_finish(k, s, GRPC_DATA_LOSS, "kvd: cannot read the log");
-			goto out;
-		}
-		if (vis) {
-			if (left <= 0 || rq->count_only) {
-				st->count++; /* past the limit: only counted */
-			} else {
-				if (got.n >= SVC_CHUNK_KEYS || bytes >= SVC_CHUNK_BYTES)
-					break;
-				if (svc_range_push(k, &got, &kv)) {
-					call_finish(k, s, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
-					goto out;
-				}
-				bytes += r->klen + (rq->keys_only ? 0 : kv.vlen) + 32;
-				st->count++;
-				left--;
-			}
-		}
-		if (!rq->range_end.len) {
-			done = 1;
-			break;
-		}
-		mvcc_next(m, &it);
-	}
-	if (got.n) {
-		const struct mvcc_key *lk = got.kv[got.n - 1].r;
-		uint8_t *nl = kvd_realloc(k, st->last, lk->klen ? lk->klen : 1);
-		if (!nl || svc_kvs(k, &pl, got.kv, got.n, rq->keys_only, &rr.kvs)) {
-			if (nl)
-				st->last = nl;
-			call_finish(k, s, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
-			goto out;
-		}
-		st->last = nl;
-		memcpy(st->last, lk->key, lk->klen);
-		st->lastn = lk->klen;
-		rr.n_kvs = got.n;
-		st->sent += (int64_t)got.n;
-	}
-	if (done) {
-		svc_header(k, &h, 1);
-		rr.header = &h;
-		rr.count = st->count;
-		rr.more = !rq->count_only && rq->limit > 0 && st->count > rq->limit;
-	}
-	if (got.n || done) {
-		msg.range_response = &rr;
-		if (call_send(k, s, &msg.base))
-			goto out;
-	}
-	if (done)
-		call_finish(k, s, GRPC_OK, "%s", "");
-out:
-	kvd_free(k, got.kv);
-	svc_pool_free(&pl);
+		rs.status = k->stopping ? GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__NOT_SERVING
+		                        : GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING;
+	s->svc = rq->service && rq->service[0] ? NULL : (void *)s; /* marks a watcher of "" */
+	call_send(k, s, &rs.base);
 }
 
-static void svc_rangestream_rpc(struct kvd *k, struct call *s)
+static void svc_health_watch_shutdown(struct kvd *k, struct call *s)
 {
-	const Etcdserverpb__RangeRequest *rq = (const void *)s->rq;
-	struct svc_rstream *st;
-	int64_t rev;
+	Grpc__Health__V1__HealthCheckResponse rs = GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__INIT;
 
-	rev = rq->revision;
-	if (!rq->key.len)
-		call_finish(k, s, GRPC_INVALID_ARGUMENT, "%s", E_EMPTY_KEY);
-	else if (rq->sort_order > 2 || rq->sort_target > 4)
-		call_finish(k, s, GRPC_INVALID_ARGUMENT, "%s", E_BAD_SORT);
-	else if (rq->sort_order != 0 && !(rq->sort_target == 0 && rq->sort_order == 1))
-		call_finish(k, s, GRPC_UNIMPLEMENTED, "RangeStream does not support custom sort orders");
-	else if (rq->min_mod_revision || rq->max_mod_revision || rq->min_create_revision || rq->max_create_revision)
-		call_finish(k, s, GRPC_UNIMPLEMENTED, "RangeStream does not support revision filters");
-	else if (rev > k->db.rev)
-		call_finish(k, s, GRPC_OUT_OF_RANGE, "%s", E_FUTURE_REV);
-	else if (rev > 0 && rev < k->db.compacted)
-		call_finish(k, s, GRPC_OUT_OF_RANGE, "%s", E_COMPACTED);
-	else if (!(st = kvd_calloc(k, sizeof *st)))
-		call_finish(k, s, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
-	else {
-		/* pin the newest durable revision: a chunk never shows a write a crash could undo */
-		st->rq = (Etcdserverpb__RangeRequest *)s->rq; /* kept: see on_msg */
-		s->rq = NULL;
-		st->rev = rev > 0 ? rev : k->db.rev_durable;
-		s->svc = st;
-		s->produce = 1;
-		return; /* chunks come from svc_rstream_chunk as the window opens */
-	}
+	rs.status = GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__NOT_SERVING;
+	if (s->svc)
+		call_send(k, s, &rs.base);
+}
+
+/* Maintenance/Status, with the fields etcd 3.4 sets (leader = self). */
+static void svc_status(struct kvd *k, struct call *s)
+{
+	Etcdserverpb__StatusResponse rs = ETCDSERVERPB__STATUS_RESPONSE__INIT;
+	Etcdserverpb__ResponseHeader h;
+
+	svc_header(k, &h, 1);
+	rs.header = &h;
+	rs.version = (char *)KVD_ETCD_VERSION;
+	rs.dbsize = (int64_t)k->db.size;
+	rs.dbsizeinuse = (int64_t)(k->db.size - KVD_MIN(k->db.reclaimable, k->db.size));
+	rs.leader = k->member_id;
+	rs.raftindex = (uint64_t)k->db.rev;
+	rs.raftappliedindex = (uint64_t)k->db.rev;
+	rs.raftterm = SVC_RAFT_TERM;
+	call_reply(k, s, &rs.base);
+}
+
+static void svc_member(struct kvd *k, Etcdserverpb__Member *m)
+{
+	etcdserverpb__member__init(m);
+	m->id = k->member_id;
+	m->name = (char *)(uintptr_t)k->cfg.name;
+	m->n_peerurls = k->npeer_urls;
+	m->peerurls = k->peer_urls;
+	m->n_clienturls = k->nclient_urls;
+	m->clienturls = k->client_urls;
+}
+
+/* Cluster/MemberList: this member only; the header carries no revision. */
+static void svc_member_list(struct kvd *k, struct call *s)
+{
+	Etcdserverpb__MemberListResponse rs = ETCDSERVERPB__MEMBER_LIST_RESPONSE__INIT;
+	Etcdserverpb__ResponseHeader h;
+	Etcdserverpb__Member m, *mp = &m;
+
+	svc_header(k, &h, 0);
+	svc_member(k, &m);
+	rs.header = &h;
+	rs.n_members = 1;
+	rs.members = &mp;
+	call_reply(k, s, &rs.base);
 }
 
 #ifdef KVD_TEST_SERVICES
@@ -7403,10 +7358,6 @@ static void svc_test_stream(struct kvd *k, struct call *s)
 }
 #endif
 
-/*
- * Every method kvd knows, by service.  A NULL on_msg answers Unimplemented
- * ("kvd: ... is not implemented yet"); unknown ones get grpc-go's texts.
- */
 /*
  * Every method kvd knows, by service, with its request and response types
  * (the JSON gateway and the fuzzers use them too).  A NULL on_msg answers
@@ -7569,7 +7520,7 @@ static void svc_shutdown(struct kvd *k)
 			c->m->on_shutdown(k, c);
 }
 
-/* ===== 12. Watch (watch_) ================================================ */
+/* ===== 15. Watch (watch_) =============================================== */
 
 /*
  * etcd's Watch: many watchers per bidi stream.  A watcher owes its client
@@ -7587,6 +7538,33 @@ static void svc_shutdown(struct kvd *k)
  * and each prefix length some watcher uses.  Only arbitrary ranges and
  * from-key watchers are on a list.
  */
+
+/* A watcher, and the Watch stream (a call) that holds its watchers. */
+struct watch_stream;
+struct watch {
+	struct watch_stream *ws;
+	struct watch *hnext;           /* hash chain: key and prefix watchers */
+	struct watch *gprev, *gnext;   /* the list of range and from-key watchers */
+	int64_t id, seq;               /* watch id on its stream; creation order */
+	int64_t next;                  /* first revision it still owes its client */
+	uint64_t next_off;             /* catch-up: log offset to read next (0: look it up) */
+	uint32_t next_gen;             /* the log's generation next_off belongs to */
+	uint32_t klen, elen;
+	uint8_t kind;
+	unsigned noput : 1, nodelete : 1, prev_kv : 1, progress : 1, fragment : 1;
+	unsigned synced : 1;           /* live events reach it; else it catches up from the log */
+	unsigned sent : 1;             /* events since the last progress tick */
+	unsigned dead : 1;             /* cancelled by compaction: only its id remains, as in etcd */
+	uint8_t key[];                 /* key, then range end */
+};
+struct watch_stream {
+	struct call *s;
+	struct watch_stream *prev, *next;
+	struct watch **w;
+	size_t n, cap, unsynced, rr;
+	int64_t next_id;
+	int64_t progress_at;
+};
 
 #ifndef KVD_MAX_WATCH_QUEUE /* @@ queued bytes on a watch stream before its watchers pause */
 #define KVD_MAX_WATCH_QUEUE (256 * 1024)
@@ -8549,7 +8527,7 @@ static void watch_fini(struct kvd *k)
 	buf_free(k, &k->watch.enc);
 }
 
-/* ===== 13. JSON (json_) ================================================== */
+/* ===== 16. JSON (json_) ================================================= */
 
 /*
  * A small strict JSON reader (RFC 8259) into a tree held in one arena, and
@@ -8561,6 +8539,29 @@ static void watch_fini(struct kvd *k)
  * cares): an integral value as an integer, others as Haskell's `show` of a
  * Double.  The HTTP/JSON gateway will reuse it.
  */
+
+/* A parsed document in one arena. */
+enum { JSON_NULL, JSON_FALSE, JSON_TRUE, JSON_NUM, JSON_STR, JSON_ARR, JSON_OBJ };
+
+struct json {
+	uint8_t type;
+	uint8_t isint;      /* JSON_NUM: an integral value that fits in i */
+	uint32_t n;         /* JSON_STR: bytes; JSON_ARR/OBJ: children */
+	uint32_t klen;      /* a member of an object: its key */
+	const char *key;
+	const char *s;      /* JSON_STR: the bytes, NUL-terminated */
+	struct json *kids;  /* JSON_ARR/OBJ: n children, in order */
+	int64_t i;
+	double d;
+};
+
+struct json_chunk;
+struct json_doc {
+	struct kvd *k;
+	struct json_chunk *chunks;
+	struct json *root;
+	size_t bytes; /* held by the arena */
+};
 
 #define JSON_MAX_DEPTH 64
 #define JSON_CHUNK 16384 /* arena chunk bytes */
@@ -9129,7 +9130,7 @@ static void json_write(struct kvd *k, struct kvd_buf *b, const struct json *v)
 	json_put_raw(k, b, v->type == JSON_OBJ ? "}" : "]");
 }
 
-/* ===== 14. confd: Ganeti's UDP query protocol (confd_) =================== */
+/* ===== 17. confd: Ganeti's UDP query protocol (confd_) ================== */
 
 /*
  * Ganeti's confd on UDP: a datagram is "plj0" + {"msg","salt","hmac"}, the
@@ -9149,6 +9150,35 @@ static void json_write(struct kvd *k, struct kvd_buf *b, const struct json *v)
  * JSON is read from key K (parsed again when K changes) and the twelve query
  * types are answered as ganeti-confd 3.0.2 answers them, quirks included.
  */
+
+/* The responder: sockets, key, limits, counters, the parsed Ganeti configuration. */
+enum { CONFD_D_TRUNC, CONFD_D_RATE, CONFD_D_SRC_RATE, CONFD_D_MAGIC, CONFD_D_ENVELOPE, CONFD_D_HMAC, CONFD_D_SKEW,
+       CONFD_D_REPLAY, CONFD_D_REQUEST, CONFD_D_N };
+struct confd_src {                 /* a source's token bucket */
+	uint8_t addr[16];
+	int64_t last;
+	struct bucket b;
+	int used;
+};
+struct confd_seen {                /* an authenticated datagram, until its salt is out of the window */
+	uint8_t mac[20];
+	int64_t until;
+};
+struct confd {
+	int fds[8];
+	unsigned nfd;
+	mbedtls_sha1_context hmac_in, hmac_out; /* HMAC-SHA1, keyed */
+	size_t keylen;
+	struct bucket global;
+	struct confd_src *src;
+	struct confd_seen *seen;
+	uint64_t received, answered, too_big, send_errors, dropped[CONFD_D_N];
+	struct json_doc cfg;           /* Ganeti mode: config.data, as of cfg_mod */
+	int64_t cfg_mod;
+	char cfg_err[256];
+	struct kvd_buf msg, out, tmp;  /* reply msg, datagram, scratch */
+	uint8_t rbuf[4096];
+};
 
 #ifndef KVD_CONFD_MAX_REPLY /* @@ largest confd reply datagram (Ganeti's MAX_UDP_DATA_SIZE) */
 #define KVD_CONFD_MAX_REPLY 61440
@@ -10936,18 +10966,27 @@ static void confd_close(struct kvd *k)
 	k->confd = NULL;
 }
 
-/* ===== 15. Sockets and the poll loop (net_, loop_) ======================= */
+/* ===== 18. Sockets and the poll loop (net_, loop_) ====================== */
 
 /*
- * One poll() loop, no threads.  Each kvd_poll() call:
+ * One poll() loop, no threads.  Each kvd_poll() call (loop_run):
  *   1. reads the monotonic clock once;
- *   2. runs due timers (preface, idle, stall, grpc-timeout, drain);
- *   3. polls, with a timeout that ends at the next timer;
- *   4. dispatches: accept, read -> h2 -> gRPC -> services, write;
- *   5. flushes every connection's streams into its socket;
- *   6. reaps closed connections -- never inside their own handlers.
- * A connection whose output is over KVD_MAX_OUTPUT is not read (POLLIN
- * off): that is the backpressure against peers that do not read.
+ *   2. runs due timers (first bytes, idle, stall, grpc-timeout, drain,
+ *      watch progress, lease expiry);
+ *   3. the group commit, then every connection's output into its socket;
+ *   4. polls, with a timeout that ends at the next timer;
+ *   5. dispatches by what each pollfd belongs to (a typed slot: the wake
+ *      pipe, a listener, a confd socket, a connection): accept, read ->
+ *      protocol -> calls -> services, write;
+ *   6. the group commit and the output again, then reaps closed
+ *      connections -- never inside their own handlers.
+ * A connection is a socket, a transport (plain TCP now; TLS next) and the
+ * protocol its first bytes chose (net_sniff): the HTTP/2 preface, an HTTP/1.x
+ * request line, a TLS ClientHello, or garbage -- each answered on the same
+ * port.  A protocol is a table of hooks (struct net_proto); the loop knows
+ * no more of HTTP/2 than that.  A connection whose output is over
+ * KVD_MAX_OUTPUT is not read (POLLIN off): that is the backpressure against
+ * peers that do not read.
  */
 
 static void loop_arm(struct kvd *k, int64_t when)
@@ -11689,7 +11728,7 @@ static int loop_run(struct kvd *k, int timeout_ms)
 	return k->stopping && !k->conns ? KVD_ESTOPPED : 0;
 }
 
-/* ===== 16. Flags and configuration (cfg_) ================================ */
+/* ===== 19. Flags and configuration (cfg_) =============================== */
 
 /*
  * etcd's flag syntax (Go's flag package): -flag or --flag, "=value" or the
@@ -12072,7 +12111,7 @@ static int cfg_lock(struct kvd *k, char *err, size_t errlen)
 	return 0;
 }
 
-/* ===== 17. Public embedding API (kvd_) =================================== */
+/* ===== 20. Public embedding API (kvd_) ================================== */
 
 #define KVD_STR_(x) #x
 #define KVD_STR(x) KVD_STR_(x)
@@ -12427,7 +12466,7 @@ KVD_API int kvd_main(int argc, char **argv)
 	return 0;
 }
 
-/* ===== 18. main() ======================================================== */
+/* ===== 21. main() ======================================================= */
 
 #ifndef KVD_NO_MAIN
 int main(int argc, char **argv)
