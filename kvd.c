@@ -7376,6 +7376,9 @@ static const struct grpc_method svc_kv[] = {
 static void watch_on_msg(struct kvd *k, struct call *s);
 static void watch_on_close(struct kvd *k, struct call *s);
 static void watch_produce(struct kvd *k, struct call *s);
+#ifdef KVD_TEST_SERVICES
+static size_t watch_unsynced(const struct kvd *k);
+#endif
 static const struct grpc_method svc_watch[] = {
 	/* no on_half_close: the stream stays open after the client half-closes */
 	{"/etcdserverpb.Watch/Watch", GRPC_BIDI, PB(etcdserverpb__watch_request), PB(etcdserverpb__watch_response), watch_on_msg, NULL, watch_on_close, watch_produce, NULL},
@@ -7450,8 +7453,9 @@ static void svc_test_stats(struct kvd *k, struct call *s)
 
 	for (c = k->calls; c; c = c->next)
 		streams++;
-	at = (size_t)snprintf(out, sizeof out, "mem=%zu peak=%zu conns=%u streams=%u accepted=%llu refused=%llu "
-	                      "refused-ip=%llu evicted=%llu goaway=%llu rst=%llu ", k->mem, k->mem_peak, k->nconns, streams,
+	at = (size_t)snprintf(out, sizeof out, "mem=%zu peak=%zu conns=%u streams=%u watchers=%zu unsynced=%zu "
+	                      "accepted=%llu refused=%llu refused-ip=%llu evicted=%llu goaway=%llu rst=%llu ", k->mem,
+	                      k->mem_peak, k->nconns, streams, k->watch.total, watch_unsynced(k),
 	                      (unsigned long long)k->st.conns_accepted, (unsigned long long)k->st.conns_refused,
 	                      (unsigned long long)k->st.conns_refused_ip, (unsigned long long)k->st.conns_evicted,
 	                      (unsigned long long)k->st.goaway_sent, (unsigned long long)k->st.rst_sent);
@@ -7565,6 +7569,18 @@ struct watch_stream {
 	int64_t next_id;
 	int64_t progress_at;
 };
+
+#ifdef KVD_TEST_SERVICES
+static size_t watch_unsynced(const struct kvd *k)
+{
+	const struct watch_stream *ws;
+	size_t n = 0;
+
+	for (ws = k->watch.streams; ws; ws = ws->next)
+		n += ws->unsynced;
+	return n;
+}
+#endif
 
 #ifndef KVD_MAX_WATCH_QUEUE /* @@ queued bytes on a watch stream before its watchers pause */
 #define KVD_MAX_WATCH_QUEUE (256 * 1024)

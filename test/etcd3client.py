@@ -4,7 +4,6 @@ watch_prefix, callbacks, cancel_watch, a compacted start revision.  Prints
 one "CHECK ok|FAIL what" line per check."""
 import sys
 import threading
-import time
 
 import etcd3
 
@@ -25,29 +24,29 @@ def main(port):
                 break
         done.set()
     threading.Thread(target=consume, daemon=True).start()
-    time.sleep(0.3)
+    # watch_prefix and add_watch_callback return once the server has
+    # answered "created", so what follows is seen: no pause needed.
     c.put("/p/1", "a")
     c.put("/q", "no")
     c.put("/p/2", "b")
     c.delete("/p/1")
-    check(done.wait(5), "watch_prefix got its events")
+    check(done.wait(60), "watch_prefix got its events")
     check(events == [("PutEvent", b"/p/1", b"a"), ("PutEvent", b"/p/2", b"b"), ("DeleteEvent", b"/p/1", b"")],
           "watch_prefix events: %r" % events)
     cancel()
     got = []
-    wid = c.add_watch_callback("/k", lambda resp: got.extend(resp.events))
-    time.sleep(0.3)
+    two, after = threading.Event(), threading.Event()
+    wid = c.add_watch_callback("/k", lambda resp: (got.extend(resp.events), len(got) >= 2 and two.set()))
     c.put("/k", "1")
     c.put("/k", "2")
-    end = time.time() + 5
-    while len(got) < 2 and time.time() < end:
-        time.sleep(0.02)
-    check(len(got) == 2, "callback events: %r" % got)
+    check(two.wait(60) and len(got) == 2, "callback events: %r" % got)
     c.cancel_watch(wid)
-    time.sleep(0.2)
     c.put("/k", "3")
-    time.sleep(0.3)
-    check(len(got) == 2, "nothing after cancel_watch")
+    # A later watcher on the same stream sees /k2 only after anything the
+    # cancelled one could still have been sent about /k.
+    c.add_watch_callback("/k2", lambda resp: after.set())
+    c.put("/k2", "x")
+    check(after.wait(60) and len(got) == 2, "nothing after cancel_watch: %r" % got)
     value, meta = c.get("/k")
     check(value == b"3" and meta.version == 3, "get after the watch: %r" % (value,))
     rev = c.put("/k", "4").header.revision

@@ -26,10 +26,14 @@ def main(port):
     check(v == b"1" and meta.lease_id == lease.id, "key carries the lease")
     lease.revoke()
     check(c.get("/l/a")[0] is None and c.get("/l/b")[0] is None, "revoke deleted the keys")
+    t0 = time.monotonic()
     short = c.lease(2)
     c.put("/l/short", "x", lease=short)
-    time.sleep(3.5)
-    check(c.get("/l/short")[0] is None, "a 2 s lease expired with its key")
+    while c.get("/l/short")[0] is not None and time.monotonic() - t0 < 60:
+        time.sleep(0.05)
+    took = time.monotonic() - t0
+    # never early (expiry is semantics); how late is the machine's business
+    check(c.get("/l/short")[0] is None and took >= 2, "a 2 s lease expired with its key after %.2f s" % took)
 
     # locks: mutual exclusion between two clients, then hand-over
     c2 = etcd3.client(port=port)
@@ -41,8 +45,7 @@ def main(port):
     # tenacity 8 (its wait callback has the old signature; the same TypeError
     # against etcd), so the contender polls with timeout=0, which never waits.
     check(l2.acquire(timeout=0) is False, "second is refused while the first holds it")
-    time.sleep(0.5)
-    check(l2.acquire(timeout=0) is False, "still refused")
+    check(l1.refresh() and l2.acquire(timeout=0) is False, "still refused after the holder refreshes")
     l1.release()
     check(l2.acquire(timeout=0) is True, "second acquired after the release")
     check(not l1.is_acquired() and l2.is_acquired(), "holder changed")

@@ -188,7 +188,7 @@ def grpcio_health_watch_and_cancel():
     check(first == b"\x08\x01", "watch SERVING")
     call.cancel()
     stats = lambda: ch.unary_unary("/kvd.test.Test/Stats")(b"", timeout=5).decode()
-    check(wait_for(lambda: "streams=1 " in stats(), 3), "cancel freed the watch stream: %s" % stats())
+    check(wait_for(lambda: "streams=1 " in stats(), 60), "cancel freed the watch stream: %s" % stats())
     ch.close()
     k.stop()
 
@@ -329,10 +329,8 @@ def default_data_dir_and_ipv6():
     p = spawn([KVD, "--name", "n1", "--listen-client-urls",
                           "http://127.0.0.1:%d,http://[::1]:%d" % (port, port)], cwd=d,
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    time.sleep(0.3)
+    check(wait_for(lambda: etcdctl("127.0.0.1:%d" % port, "endpoint", "status")[0] == 0, 60, 0.1), "IPv4 listener")
     check(os.path.isdir(os.path.join(d, "n1.etcd")), "default data dir is <name>.etcd in cwd")
-    rc, out, err = etcdctl("127.0.0.1:%d" % port, "endpoint", "status")
-    check(rc == 0, "IPv4 listener")
     try:
         socket.create_connection(("::1", port), timeout=2).close()
         v6 = True
@@ -464,7 +462,7 @@ run_tests(sys.argv[:1] + sys.argv[2:])
     p.terminate()
     p.wait(30)
     pid = line.split()[1] if line.startswith("PID") else "0"
-    check(wait_for(lambda: not os.path.exists("/proc/%s" % pid), 15), "stopped with the runner: %s" % pid)
+    check(wait_for(lambda: not os.path.exists("/proc/%s" % pid), 60), "stopped with the runner: %s" % pid)
 
 
 def main():

@@ -167,8 +167,9 @@ class Kvd:
         self.p = spawn(self.cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
         self.log = []
         self._ready = threading.Event()
-        threading.Thread(target=self._reader, daemon=True).start()
-        if wait and not self._ready.wait(10):
+        self._log_reader = threading.Thread(target=self._reader, daemon=True)
+        self._log_reader.start()
+        if wait and not self._ready.wait(60):
             raise RuntimeError("kvd did not start: %s" % "".join(self.log))
 
     def _reader(self):
@@ -196,7 +197,7 @@ class Kvd:
             parts = f.read().rsplit(")", 1)[1].split()
         return int(parts[11]) + int(parts[12])
 
-    def stop(self, sig=signal.SIGTERM, timeout=15):
+    def stop(self, sig=signal.SIGTERM, timeout=60):
         if self.p.poll() is None:
             self.p.send_signal(sig)
             try:
@@ -204,7 +205,7 @@ class Kvd:
             except subprocess.TimeoutExpired:
                 self.p.kill()
                 self.p.wait()
-        time.sleep(0.05)
+        self._log_reader.join(30)  # every line it wrote is in .log
         return self.p.returncode
 
     def logtext(self):
@@ -226,7 +227,7 @@ class Etcd:
                         "--listen-peer-urls", "http://127.0.0.1:%d" % free_port(),
                         "--log-level", "error"] + list(args),
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        if not wait_for(lambda: etcdctl(self, "endpoint", "health", timeout=5)[0] == 0, 20, 0.1):
+        if not wait_for(lambda: etcdctl(self, "endpoint", "health", timeout=10)[0] == 0, 60, 0.1):
             raise RuntimeError("etcd did not start")
 
     def endpoint(self):
@@ -236,7 +237,7 @@ class Etcd:
         if self.p.poll() is None:
             self.p.terminate()
             try:
-                self.p.wait(10)
+                self.p.wait(60)
             except subprocess.TimeoutExpired:
                 self.p.kill()
                 self.p.wait()
@@ -345,7 +346,7 @@ class WatchStream:
         r.progress_request.SetInParent()
         self.q.put(r)
 
-    def wait(self, n, timeout=5.0):
+    def wait(self, n, timeout=60.0):
         """Wait until at least n responses arrived."""
         return wait_for(lambda: len(self.got) >= n, timeout, 0.005)
 
@@ -591,7 +592,7 @@ def decode_headers(frames, sid):
     return out
 
 
-def wait_for(pred, timeout=5.0, step=0.02):
+def wait_for(pred, timeout=30.0, step=0.02):
     end = time.time() + timeout
     while time.time() < end:
         if pred():

@@ -145,7 +145,7 @@ def run_seed(kvd_bin, seed, nops):
     we, wk = WatchStream(e.endpoint()), WatchStream(k.endpoint())
     for w in (we, wk):
         w.create(key=b"\x00", range_end=b"\x00", prev_kv=True)
-    ok = wait_for(lambda: we.got and wk.got, 10)
+    ok = wait_for(lambda: we.got and wk.got, 60)
     n = 0
     try:
         for i in range(nops):
@@ -162,7 +162,7 @@ def run_seed(kvd_bin, seed, nops):
         # the watchers saw the same events (revokes included)
         last = ce.call("Range", R.RangeRequest(key=b"x"))[1].header.revision
         wait_for(lambda: all(any(r.header.revision >= last or (r.events and r.events[-1].kv.mod_revision >= last)
-                                 for r in w.got) for w in (we, wk)) or last <= 1, 10)
+                                 for r in w.got) for w in (we, wk)) or last <= 1, 60)
         ev = lambda w: [(x.type, x.kv.key, x.kv.mod_revision, x.kv.value, x.kv.lease, x.prev_kv.value)
                         for r in w.got for x in r.events]
         if ev(we) != ev(wk):

@@ -6,12 +6,17 @@ order), progress notifications, fragments, and `etcdctl make-mirror` from
 kvd into a real etcd.  Last line: "N passed, N failed".
 """
 import os
+import re
 import signal
 import socket
 import struct
 import subprocess
 import sys
+import threading
 import time
+import urllib.request
+
+import grpc
 
 from kvdtest import (ROOT, Kvd, Etcd, Client, WatchStream, pb, check, check_script, test, run_tests, wait_for,
                      grpc_frame, grpc_headers, spawn)
@@ -25,28 +30,57 @@ def ctl_env():
     return dict(os.environ, ETCDCTL_API="3")
 
 
-def watch_session(server, argv, actions, stdin=None):
-    """Run `etcdctl watch ...` while actions(client) writes; its stdout."""
+def watchers(server):
+    """Watchers the server has now: kvd's own count (kvd.test.Test/Stats),
+    etcd's gauge on /metrics."""
+    if isinstance(server, Etcd):
+        text = urllib.request.urlopen("http://%s/metrics" % server.endpoint(), timeout=10).read().decode()
+        return int(re.search(r"^etcd_debugging_mvcc_watcher_total (\d+)", text, re.M).group(1))
+    ch = grpc.insecure_channel(server.endpoint())
+    try:
+        out = ch.unary_unary("/kvd.test.Test/Stats")(b"", timeout=10).decode()
+    finally:
+        ch.close()
+    return int(dict(kv.split("=") for kv in out.split())["watchers"])
+
+
+def watch_session(server, argv, actions, stdin=None, until=None, exits=False):
+    """Run `etcdctl watch ...`: once the server has its watcher, actions(client)
+    writes; then wait until its output shows `until` (the last write's marker), or
+    the process ends by itself.  No fixed pause: on a busy machine every step
+    waits as long as it needs.  Its stdout, stderr and exit code."""
+    before = watchers(server)
     p = spawn(["etcdctl", "--endpoints", server.endpoint(), "watch"] + argv,
-                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=ctl_env())
+              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=ctl_env())
+    out, err = [], []
+    readers = [threading.Thread(target=lambda f=f, into=into: into.extend(iter(lambda: f.read1(65536), b"")),
+                                daemon=True) for f, into in ((p.stdout, out), (p.stderr, err))]
+    for r in readers:
+        r.start()
     if stdin:
         p.stdin.write(stdin.encode())
         p.stdin.flush()
-    time.sleep(0.6)
+    wait_for(lambda: watchers(server) > before or p.poll() is not None, 60, 0.05)
     c = Client(server.endpoint())
     actions(c)
     c.close()
-    time.sleep(0.6)
-    p.send_signal(signal.SIGINT)
+    if until:
+        wait_for(lambda: until.encode() in b"".join(out) or p.poll() is not None, 60, 0.05)
+    if exits:  # it ends by itself (a canceled watch)
+        wait_for(lambda: p.poll() is not None, 60, 0.05)
+    else:
+        p.send_signal(signal.SIGINT)
     try:
-        out, err = p.communicate(timeout=10)
+        p.wait(60)
     except subprocess.TimeoutExpired:
         p.kill()
-        out, err = p.communicate()
-    return out.decode(errors="replace"), err.decode(errors="replace"), p.returncode
+        p.wait()
+    for r in readers:
+        r.join(10)
+    return b"".join(out).decode(errors="replace"), b"".join(err).decode(errors="replace"), p.returncode
 
 
-def writes(c):
+def writes(c, last=None):
     c.call("Put", R.PutRequest(key=b"/a/1", value=b"one"))
     c.call("Put", R.PutRequest(key=b"/a/1", value=b"uno"))
     c.call("Put", R.PutRequest(key=b"/b", value=b"bee"))
@@ -55,23 +89,32 @@ def writes(c):
     t.success.add().request_delete_range.CopyFrom(R.DeleteRangeRequest(key=b"/a/1"))
     c.call("Txn", t)
     c.call("Put", R.PutRequest(key=b"foo", value=b"bar"))
+    if last:  # a write the watcher sees last: its marker in etcdctl's output ends the wait
+        c.call("Put", R.PutRequest(key=last, value=b"END"))
+
+
+def ending(key):
+    return lambda c: writes(c, key)
 
 
 @test
 def etcdctl_watch_side_by_side():
-    e, k = Etcd(), Kvd(KVD)
+    e, k = Etcd(), Kvd(KVD_TEST)
     try:
         for side in (e, k):  # some history first: revisions 2..4
             c = Client(side.endpoint())
             for v in (b"h1", b"h2", b"h3"):
                 c.call("Put", R.PutRequest(key=b"/a/h", value=v))
             c.close()
-        for argv, stdin in ((["--prefix", "/a"], None), (["--prefix", "/a", "--prev-kv"], None),
-                            (["--rev", "2", "--prefix", "/"], None), (["foo"], None),
-                            (["/a/1", "/a/3"], None), (["-i"], "watch --prefix /a\n"),
-                            (["--prefix", "/a", "-w", "json"], None)):
-            a = watch_session(e, argv, writes, stdin)
-            b = watch_session(k, argv, writes, stdin)
+        for argv, stdin, last, marker in ((["--prefix", "/a"], None, b"/a/9", "END"),
+                                          (["--prefix", "/a", "--prev-kv"], None, b"/a/9", "END"),
+                                          (["--rev", "2", "--prefix", "/"], None, b"/z", "END"),
+                                          (["foo"], None, b"foo", "END"),
+                                          (["/a/1", "/a/3"], None, b"/a/2", "END"),
+                                          (["-i"], "watch --prefix /a\n", b"/a/9", "END"),
+                                          (["--prefix", "/a", "-w", "json"], None, b"/a/9", "RU5E")):
+            a = watch_session(e, argv, ending(last), stdin, marker)
+            b = watch_session(k, argv, ending(last), stdin, marker)
             norm = lambda s: __import__("re").sub(r'"(cluster_id|member_id|raft_term)":[0-9]+,?', "", s)
             check(norm(a[0]) == norm(b[0]) and a[0], "etcdctl watch %s:\n    etcd: %r\n    kvd:  %r" %
                   (" ".join(argv), a[0][:600], b[0][:600]))
@@ -80,8 +123,8 @@ def etcdctl_watch_side_by_side():
             c = Client(side.endpoint())
             c.call("Compact", R.CompactionRequest(revision=4))
             c.close()
-        a = watch_session(e, ["--rev", "2", "/a/h"], lambda c: None)
-        b = watch_session(k, ["--rev", "2", "/a/h"], lambda c: None)
+        a = watch_session(e, ["--rev", "2", "/a/h"], lambda c: None, exits=True)
+        b = watch_session(k, ["--rev", "2", "/a/h"], lambda c: None, exits=True)
         check(a[2] == b[2] == 5 and "required revision has been compacted" in b[1], "compacted: %r / %r" %
               (a[1:], b[1:]))
     finally:
@@ -91,8 +134,8 @@ def etcdctl_watch_side_by_side():
 
 @test
 def etcdctl_watch_interactive_progress():
-    k = Kvd(KVD)
-    out, err, rc = watch_session(k, ["-i"], writes, "watch --prefix /a\nprogress\n")
+    k = Kvd(KVD_TEST)
+    out, err, rc = watch_session(k, ["-i"], ending(b"/a/9"), "watch --prefix /a\nprogress\n", "progress notify: ")
     check("PUT\n/a/1\none" in out and "progress notify: " in out, "watch -i + progress: %r %r" % (out, err))
     k.stop()
 
@@ -125,9 +168,9 @@ def slow_reader_100k_events():
     req = R.WatchRequest()
     req.create_request.CopyFrom(R.WatchCreateRequest(key=b"ev/", range_end=b"ev0"))
     s.sendall(fr(0, 0, 1, grpc_frame(req.SerializeToString())))
-    time.sleep(0.3)
     c = Client(k.endpoint())
     stats = lambda: dict(x.split("=") for x in c.ch.unary_unary("/kvd.test.Test/Stats")(b"").decode().split())
+    check(wait_for(lambda: stats()["watchers"] == "1", 60), "the watcher is there")
     base = int(stats()["mem"])
     peak = 0
     for t0 in range(0, 100000, 100):
@@ -217,25 +260,26 @@ def progress_notify_and_fragments():
     w = WatchStream(k.endpoint())
     w.create(key=b"pn", progress_notify=True)
     check(w.wait(1), "created")
-    time.sleep(1.1)
-    prog = [r for r in w.got[1:] if not r.events and not r.created]
-    check(len(prog) >= 2 and all(r.watch_id == 0 for r in prog), "progress notifications: %d" % len(prog))
+    prog = lambda: [r for r in w.got[1:] if not r.events and not r.created]
+    check(wait_for(lambda: len(prog()) >= 2, 60) and all(r.watch_id == 0 for r in prog()),
+          "progress notifications (every 300 ms): %d" % len(prog()))
     c = Client(k.endpoint())
     n0 = len(w.got)
     c.call("Put", R.PutRequest(key=b"pn", value=b"x"))
-    time.sleep(0.35)
-    check(any(r.events for r in w.got[n0:]), "event delivered")
+    check(wait_for(lambda: any(r.events for r in w.got[n0:]), 60), "event delivered")
     # fragments: one revision's events bigger than --max-request-bytes, split on request
     for i in range(12):
         c.call("Put", R.PutRequest(key=b"fr/%02d" % i, value=b"z" * 3000))
+    n0 = len(w.got)
     w.create(key=b"fr/", range_end=b"fr0", fragment=True, prev_kv=True)
     w.create(key=b"fr/", range_end=b"fr0", prev_kv=True)
-    time.sleep(0.3)
+    check(wait_for(lambda: sum(1 for r in w.got[n0:] if r.created) == 2, 60), "two more created")
     n0 = len(w.got)
     check(c.call("DeleteRange", R.DeleteRangeRequest(key=b"fr/", range_end=b"fr0"))[0] == "ok", "delete 12 keys")
-    time.sleep(0.4)
-    frag = [r for r in w.got[n0:] if r.watch_id == 1]
-    whole = [r for r in w.got[n0:] if r.watch_id == 2]
+    frag = lambda: [r for r in w.got[n0:] if r.watch_id == 1]
+    whole = lambda: [r for r in w.got[n0:] if r.watch_id == 2]
+    wait_for(lambda: sum(len(r.events) for r in frag()) >= 12 and whole(), 60)
+    frag, whole = frag(), whole()
     check(len(frag) >= 3 and all(r.fragment for r in frag[:-1]) and not frag[-1].fragment and
           sum(len(r.events) for r in frag) == 12, "fragments: %r" % [(len(r.events), r.fragment) for r in frag])
     check(len(whole) == 1 and len(whole[0].events) == 12, "without fragment: one response")
@@ -255,16 +299,19 @@ def make_mirror_into_etcd():
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=ctl_env())
     ce = Client(e.endpoint())
     get_all = lambda: ce.call("Range", R.RangeRequest(key=b"cfg/", range_end=b"cfg0"))
-    check(wait_for(lambda: get_all()[0] == "ok" and len(get_all()[1].kvs) == 50, 10), "existing keys copied")
+    check(wait_for(lambda: get_all()[0] == "ok" and len(get_all()[1].kvs) == 50, 60), "existing keys copied")
     c.call("Put", R.PutRequest(key=b"cfg/new", value=b"live"))
     c.call("DeleteRange", R.DeleteRangeRequest(key=b"cfg/00"))
     c.call("Put", R.PutRequest(key=b"cfg/01", value=b"changed"))
     ok = wait_for(lambda: {kv.key: kv.value for kv in get_all()[1].kvs}.get(b"cfg/new") == b"live" and
                   {kv.key: kv.value for kv in get_all()[1].kvs}.get(b"cfg/01") == b"changed" and
-                  b"cfg/00" not in {kv.key for kv in get_all()[1].kvs}, 10)
+                  b"cfg/00" not in {kv.key for kv in get_all()[1].kvs}, 60)
     check(ok, "live updates mirrored")
     p.send_signal(signal.SIGINT)
-    p.wait(10)
+    try:  # make-mirror syncs what it has before it exits; a busy machine takes its time
+        p.wait(120)
+    except subprocess.TimeoutExpired:
+        check(False, "make-mirror did not exit within 120 s of SIGINT")
     c.close()
     ce.close()
     e.stop()
