@@ -77,7 +77,7 @@
 #ifndef KVD_MAX_OUTPUT /* @@ queued output per connection before kvd stops reading */
 #define KVD_MAX_OUTPUT (256 * 1024)
 #endif
-#ifndef KVD_MAX_CONN_INPUT /* @@ buffered request bytes per connection */
+#ifndef KVD_MAX_CONN_INPUT /* @@ request bytes granted to large messages per connection */
 #define KVD_MAX_CONN_INPUT (4 * 1024 * 1024)
 #endif
 #ifndef KVD_CONN_WINDOW /* @@ connection receive window granted to clients */
@@ -3841,13 +3841,15 @@ struct h2_stream {
 	unsigned remote_closed : 1; /* client sent END_STREAM */
 	unsigned hdrs_sent : 1;     /* response HEADERS went out */
 	unsigned discard : 1;       /* answer given: drop further request data */
-	unsigned want_grant : 1;    /* a message needs a window grant later */
+	unsigned want_grant : 1;    /* a message waits for its window grant */
 	unsigned has_cl : 1;        /* content-length given */
 	unsigned ctype_proto : 1;   /* answer with application/grpc+proto */
 	unsigned bad_encoding : 1;  /* grpc-encoding kvd cannot decode */
 	int64_t send_window;        /* what kvd may still send on this stream */
 	int64_t recv_window;        /* what the client may still send */
 	uint32_t recv_owed;         /* consumed, not yet credited back */
+	size_t grant_msg;           /* size of the message that waits for a grant */
+	size_t reserved;            /* its share of the connection's grants */
 	uint64_t content_length, data_seen;
 	int64_t stalled_since;      /* output blocked by a zero window since */
 	struct kvd_buf in;          /* request bytes (gRPC-framed) */
@@ -3882,7 +3884,7 @@ struct h2_conn {
 	int64_t send_window;        /* connection window kvd may use */
 	int64_t recv_window;        /* what the client may still send */
 	uint32_t recv_owed;         /* received bytes not yet credited */
-	size_t buffered;            /* request bytes held in stream buffers */
+	size_t reserved;            /* bytes of the large messages granted */
 	/* peer settings */
 	uint32_t peer_max_frame, peer_init_window;
 	/* abuse accounting */
@@ -4027,6 +4029,7 @@ static struct h2_stream *h2_stream_new(struct h2_conn *c, uint32_t sid)
 }
 
 static void h2_credit(struct h2_conn *c);
+static void h2_release(struct h2_stream *s);
 
 /* Forget a stream: service state, buffers.  Late frames for its id are
  * ignored (reset ring).  Never called from inside a service handler. */
@@ -4043,7 +4046,7 @@ static void h2_stream_close(struct h2_conn *c, struct h2_stream *s)
 	call_fini(k, &s->call);
 	if (h2_closed_how(c, s->id) != H2_GONE_RESET_BY_KVD)
 		h2_remember_closed(c, s->id, 0);
-	c->buffered -= BUF_LEN(&s->in);
+	h2_release(s);
 	buf_free(k, &s->in);
 	kvd_free(k, s);
 	c->conn->t_active = k->now; /* a call ended: progress */
@@ -4073,32 +4076,42 @@ static void h2_stream_error(struct h2_conn *c, uint32_t sid, enum h2_error code)
 }
 
 /*
- * Connection credit: returned as soon as data lands in a stream buffer (so
- * one slow stream cannot stall the others), in batches of half the window,
- * and held back while the connection buffers more than KVD_MAX_CONN_INPUT.
+ * Request flow control.  What a client may have in flight, hence what kvd
+ * may have to buffer, is bounded by stream windows alone:
+ *
+ *   - the connection window is credited back as data arrives, always.
+ *     Holding it back to bound memory deadlocks: once the buffered bytes
+ *     all belong to messages still incomplete, nothing can complete and
+ *     nothing frees (four concurrent 1.5 MiB requests sent interleaved, as
+ *     grpcio does, did exactly that);
+ *   - a stream's window is its initial 64 KiB, topped back up only as its
+ *     messages are consumed, so a small message never waits for anyone;
+ *   - a message announced (by its gRPC prefix) as larger than the window
+ *     gets a grant for all of it at once, as grpc-go does, out of a budget
+ *     of KVD_MAX_CONN_INPUT per connection.  Messages that do not fit wait,
+ *     oldest stream first, until a granted one is consumed or dropped; when
+ *     nothing is granted the next one goes whatever its size, so one large
+ *     message always makes progress.
+ *
+ * So a connection buffers at most KVD_MAX_CONN_INPUT (or one message) plus
+ * 64 KiB per open stream, and every message can complete.
  */
 static void h2_credit(struct h2_conn *c)
 {
-	if (c->recv_owed && c->buffered <= KVD_MAX_CONN_INPUT &&
-	    c->recv_window <= KVD_CONN_WINDOW / 2) {
+	if (c->recv_owed && c->recv_window <= KVD_CONN_WINDOW / 2) {
 		h2_frame_u32(c, H2_WINDOW_UPDATE, 0, c->recv_owed);
 		c->recv_window += c->recv_owed;
 		c->recv_owed = 0;
 	}
 }
 
-/*
- * The gRPC layer consumed n request bytes of s.  The stream window is topped
- * back up to its initial size (bigger messages get a grant of their own, see
- * h2_grant), once a quarter of it is used.
- */
-static void h2_consumed(struct h2_stream *s, size_t n)
+/* The gRPC layer consumed request bytes of s: top the stream window back
+ * up to its initial size once a quarter of it is used. */
+static void h2_consumed(struct h2_stream *s)
 {
 	struct h2_conn *c = s->c;
 	int64_t deficit;
-	unsigned i;
 
-	c->buffered -= n;
 	if (!s->remote_closed) {
 		deficit = KVD_STREAM_WINDOW - s->recv_window;
 		if (deficit >= KVD_STREAM_WINDOW / 4) {
@@ -4106,32 +4119,57 @@ static void h2_consumed(struct h2_stream *s, size_t n)
 			s->recv_window += deficit;
 		}
 	}
-	for (i = 0; i < c->nst; i++) /* room again for deferred grants */
-		if (c->st[i]->want_grant && c->st[i] != s) {
-			c->st[i]->want_grant = 0;
-			grpc_on_data(c->k, c->st[i]);
-		}
 	h2_credit(c);
 }
 
 /*
- * A message of 'need' more bytes is announced (gRPC prefix): open the
- * stream window for all of it at once, as grpc-go does, unless the
- * connection already buffers too much; then wait for consumption.
+ * A message of msg bytes (prefix included) is announced and its first
+ * BUF_LEN(&s->in) bytes are here: open the stream window for the rest at
+ * once if the budget allows, else queue the stream for a grant.
  */
-static void h2_grant(struct h2_stream *s, size_t need)
+static void h2_grant(struct h2_stream *s, size_t msg)
 {
 	struct h2_conn *c = s->c;
-	int64_t grant = (int64_t)need - s->recv_window;
+	int64_t grant = (int64_t)msg - (int64_t)BUF_LEN(&s->in) - s->recv_window;
 
-	if (grant <= 0 || s->remote_closed)
-		return;
-	if (c->buffered + need > KVD_MAX_CONN_INPUT) {
+	s->want_grant = 0;
+	if (grant <= 0 || s->remote_closed || s->reserved)
+		return; /* it fits the window it has */
+	if (c->reserved && c->reserved + msg > KVD_MAX_CONN_INPUT) {
 		s->want_grant = 1;
+		s->grant_msg = msg;
 		return;
 	}
+	s->reserved = msg;
+	c->reserved += msg;
 	h2_frame_u32(c, H2_WINDOW_UPDATE, s->id, (uint32_t)grant);
 	s->recv_window += grant;
+}
+
+/* s's granted message was consumed, dropped or its stream closed: its share
+ * of the budget goes to the waiting streams, oldest (lowest id) first. */
+static void h2_release(struct h2_stream *s)
+{
+	struct h2_conn *c = s->c;
+	struct h2_stream *next;
+	unsigned i;
+
+	s->want_grant = 0;
+	if (!s->reserved)
+		return;
+	c->reserved -= s->reserved;
+	s->reserved = 0;
+	for (;;) {
+		next = NULL;
+		for (i = 0; i < c->nst; i++)
+			if (c->st[i]->want_grant && c->st[i] != s && (!next || c->st[i]->id < next->id))
+				next = c->st[i];
+		if (!next)
+			return;
+		h2_grant(next, next->grant_msg);
+		if (next->want_grant) /* still no room */
+			return;
+	}
 }
 
 static int h2_token_char(unsigned char ch)
@@ -4507,7 +4545,6 @@ static void h2_on_data(struct kvd *k, struct h2_conn *c, unsigned flags, uint32_
 		if (!s->discard)
 			call_finish(k, &s->call, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
 	} else {
-		c->buffered += n;
 		if (n)
 			c->conn->t_active = k->now; /* request data: progress */
 		grpc_on_data(k, s);
@@ -5384,9 +5421,10 @@ static void grpc_finished(struct kvd *k, struct call *c)
 	size_t n = BUF_LEN(&s->in);
 
 	s->discard = 1;
+	h2_release(s);
 	if (n) {
 		buf_free(k, &s->in);
-		h2_consumed(s, n);
+		h2_consumed(s);
 	}
 }
 
@@ -5479,7 +5517,7 @@ static void grpc_on_data(struct kvd *k, struct h2_stream *s)
 			return;
 		}
 		if (have < 5 + (size_t)len) {
-			h2_grant(s, 5 + (size_t)len - have);
+			h2_grant(s, 5 + (size_t)len);
 			return;
 		}
 		if (p[0] > 1) {
@@ -5500,7 +5538,8 @@ static void grpc_on_data(struct kvd *k, struct h2_stream *s)
 		if (c->finished) /* call_finish already dropped the buffer */
 			return;
 		buf_consume(&s->in, 5 + (size_t)len);
-		h2_consumed(s, 5 + (size_t)len);
+		h2_release(s);
+		h2_consumed(s);
 	}
 }
 

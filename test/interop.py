@@ -136,9 +136,13 @@ def grpcio_large_request_and_response():
     check(len(out) == 6000000 and out[:3] == b"abc" and out[-1:] == bytes([ord("a") + 5999999 % 26]), "6 MB response")
     msgs = list(ch.unary_stream("/kvd.test.Test/Stream")(b"200 40000", timeout=30))
     check(len(msgs) == 200 and all(len(m) == 40000 for m in msgs), "server stream 200 x 40000")
-    # several concurrent big calls on one connection
-    futs = [ch.unary_unary("/kvd.test.Test/Echo").future(body, timeout=30) for _ in range(4)]
-    check(all(f.result() == body for f in futs), "4 concurrent 1.5 MiB echoes")
+    # several concurrent big calls on one connection, grpcio interleaving
+    # their frames (this once deadlocked kvd's flow control, 1 run in ~50)
+    ok = 0
+    for _ in range(60):
+        futs = [ch.unary_unary("/kvd.test.Test/Echo").future(body, timeout=60) for _ in range(4)]
+        ok += all(f.result() == body for f in futs)
+    check(ok == 60, "4 concurrent 1.5 MiB echoes, 60 times: %d" % ok)
     ch.close()
     k.stop()
 
