@@ -4,11 +4,11 @@
  *
  * The bytes reach a connection that has not yet said what it speaks (the
  * protocol is chosen from them, as the loop does).  The first input byte
- * picks the mode: bit 0 prepends a valid preface and SETTINGS (so frames are
- * reached quickly), bits 1-3 the chunk size the input
- * is fed in (1, 2, 4 ... 64 bytes, or all at once), bit 4 whether kvd's
- * output is drained (a reading peer) or left to pile up.  The clock moves
- * between chunks so timers fire too.  Everything must be freed at the end.
+ * picks the mode: bit 0 prepends a valid preface and SETTINGS (so frames
+ * are reached quickly), bits 1-3 the chunk size the input is fed in (1, 2,
+ * 4 ... 64 bytes, or all at once), bit 4 whether kvd's output is drained (a
+ * reading peer) or left to pile up.  The clock moves between chunks so
+ * timers fire too.  Everything must be freed at the end.
  */
 #define KVD_NO_MAIN
 #include "../kvd.c"
