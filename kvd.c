@@ -3630,6 +3630,17 @@ struct hp_out {
 	unsigned over : 1;    /* list cut at the caps: the request is refused */
 };
 
+/* Decode into maxf fields and an arena of acap bytes, under kvd's list cap. */
+static void hp_out_init(struct hp_out *o, struct hp_field *f, unsigned maxf, uint8_t *a, size_t acap)
+{
+	memset(o, 0, sizeof *o);
+	o->f = f;
+	o->maxf = maxf;
+	o->a = a;
+	o->acap = acap;
+	o->maxlist = KVD_MAX_HEADER_LIST;
+}
+
 /* Look up index i (1-based, section 2.3.3); 0 or out of range fails. */
 static int hp_lookup(struct hp_table *t, uint32_t i, const uint8_t **n, size_t *nl,
                      const uint8_t **v, size_t *vl, int *dyn)
@@ -4343,12 +4354,7 @@ static void h2_on_block(struct kvd *k, struct h2_conn *c, uint32_t sid, unsigned
 	struct h2_req rq;
 	int r;
 
-	memset(&o, 0, sizeof o);
-	o.f = k->hf;
-	o.maxf = KVD_MAX_HEADER_FIELDS;
-	o.a = k->harena;
-	o.acap = sizeof k->harena;
-	o.maxlist = KVD_MAX_HEADER_LIST;
+	hp_out_init(&o, k->hf, KVD_MAX_HEADER_FIELDS, k->harena, sizeof k->harena);
 	r = hp_decode(k, &c->dec, p, n, &o); /* always: keeps HPACK in sync */
 	if (r == KVD_ENOMEM) {
 		h2_fail(c, H2_INTERNAL_ERROR, "out of memory");

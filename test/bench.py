@@ -9,13 +9,12 @@ The confd rows compare kvd with Debian's ganeti-confd 3.0.2 instead.
 """
 import os
 import signal
-import struct
 import subprocess
 import sys
 import tempfile
 import time
 
-from kvdtest import ROOT, Kvd, Client, pb, free_port, grpc_frame, pb_string, wait_for
+from kvdtest import ROOT, Kvd, Client, pb, free_port, grpc_frame, wait_for
 
 KVD = os.path.abspath(os.environ.get("KVD", os.path.join(ROOT, "kvd")))
 R = pb()["rpc"]

@@ -8,7 +8,7 @@ import os
 import re
 import sys
 
-from kvdtest import ROOT, Kvd, Etcd, check, test, run_tests, etcdctl
+from kvdtest import ROOT, Kvd, Etcd, check, test, run_tests
 
 KVD = os.path.abspath(os.environ.get("KVD", os.path.join(ROOT, "kvd")))
 

@@ -39,12 +39,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	for (i = 0; i < 2; i++) {
 		const uint8_t *p = i ? data + split : data + 2;
 		size_t n = i ? size - split : split - 2;
-		memset(&o, 0, sizeof o);
-		o.f = f;
-		o.maxf = KVD_MAX_HEADER_FIELDS;
-		o.a = arena;
-		o.acap = sizeof arena;
-		o.maxlist = KVD_MAX_HEADER_LIST;
+		hp_out_init(&o, f, KVD_MAX_HEADER_FIELDS, arena, sizeof arena);
 		r = hp_decode(k, &t, p, n, &o);
 		if (r == 0 && (o.nf > o.maxf || o.alen > o.acap || t.size > t.max))
 			abort();

@@ -17,7 +17,7 @@ import grpc
 
 from kvdtest import (Kvd, H2, check, test, etcdctl, grpc_frame, grpc_messages, pb_string,
                      h2_call, frame, goaways, rsts, decode_headers, count, wait_for, run_tests, spawn,
-                     free_port, ROOT, DATA, HEADERS, PING, GOAWAY, SETTINGS, RST_STREAM, WINDOW_UPDATE)
+                     free_port, ROOT, DATA, HEADERS, PING, WINDOW_UPDATE)
 
 KVD = os.path.abspath(os.environ.get("KVD", os.path.join(ROOT, "kvd")))
 KVD_TEST = os.path.abspath(os.environ.get("KVD_TEST", os.path.join(ROOT, "test", "kvd-test")))

@@ -384,6 +384,15 @@ def pb_string(field, s):
     return varint((field << 3) | 2) + varint(len(b)) + b
 
 
+def nested_txn(levels, leaf=b""):
+    """A TxnRequest whose success branch holds a txn, levels deep (leaf
+    innermost): what etcd's and kvd's nesting bounds are about."""
+    inner = leaf
+    for _ in range(levels):
+        inner = pb_string(2, pb_string(4, inner))
+    return inner
+
+
 def varint(n):
     out = bytearray()
     while True:

@@ -20,7 +20,8 @@ import random
 import resource
 import sys
 
-from kvdtest import (Kvd, Etcd, check, test, run_tests, h2_call, grpc_frame, varint, pb, ROOT)
+from kvdtest import (Kvd, Etcd, check, test, run_tests, h2_call, grpc_frame, pb, ROOT,
+                     pb_string as field, nested_txn as nested)
 
 KVD = os.environ.get("KVD", os.path.join(ROOT, "kvd"))
 SEEDS = [int(s) for s in os.environ.get("KVD_MALFORMED_SEEDS", "1,2,3").split(",")]
@@ -28,17 +29,6 @@ MUTANTS = int(os.environ.get("KVD_MALFORMED_MUTANTS", "300"))
 NEST = 32  # KVD_MAX_TXN_NEST
 GROUPS = "kvd: unknown fields as groups or with over-long tags are not supported below the top level"
 E, K = None, None
-
-
-def field(n, b):
-    return varint(n << 3 | 2) + varint(len(b)) + b
-
-
-def nested(levels, leaf=b""):
-    inner = leaf
-    for _ in range(levels):
-        inner = field(2, field(4, inner))
-    return inner
 
 
 def answer(port, path, body):
@@ -213,7 +203,6 @@ def small_stack():
 def deep_txn_on_a_small_stack():
     """kvd on a 128 KiB stack: the 29 KB txn nested 4 400 deep gets etcd's
     answer, txns at the bound are served, and kvd goes on serving."""
-    import subprocess
     import kvdtest
     spawn = kvdtest.spawn
     kvdtest.spawn = lambda cmd, **kw: spawn(cmd, preexec_fn=small_stack, **kw)

@@ -209,7 +209,7 @@ def pb_seeds():
     4400 levels deep that once crashed kvd, and txns at kvd's nesting bound."""
     import re
     sys.path.insert(0, HERE)
-    from kvdtest import pb, varint
+    from kvdtest import pb, pb_string as field, nested_txn as nested
     src = open(os.path.join(os.path.dirname(HERE), "kvd.c")).read()
     paths = [p for p in re.findall(r'^\t\{"(/[^"]+)", GRPC_', src, re.M) if not p.startswith("/kvd.test.")]
     rpc, lock, elect, health = pb()["rpc"], pb()["v3lock"], pb()["v3election"], pb()["health"]
@@ -224,14 +224,6 @@ def pb_seeds():
         with open(os.path.join(out, name), "wb") as f:
             f.write(blob)
 
-    def field(n, b):
-        return varint(n << 3 | 2) + varint(len(b)) + b
-
-    def nested(levels, leaf=b""):
-        inner = leaf
-        for _ in range(levels):
-            inner = field(2, field(4, inner))
-        return inner
     kv = "/etcdserverpb.KV/"
     put = rpc.PutRequest(key=b"k1", value=b"v1", prev_kv=True)
     seed("put", kv + "Put", put)

@@ -301,12 +301,7 @@ static int t_decode(struct kvd *k, struct hp_table *t, const char *hex, struct t
 	struct t_guard g;
 	int r;
 
-	memset(&d->o, 0, sizeof d->o);
-	d->o.f = d->f;
-	d->o.maxf = 64;
-	d->o.a = d->arena;
-	d->o.acap = sizeof d->arena;
-	d->o.maxlist = KVD_MAX_HEADER_LIST;
+	hp_out_init(&d->o, d->f, 64, d->arena, sizeof d->arena);
 	r = hp_decode(k, t, t_guarded(&g, blk, n), n, &d->o);
 	/* check fields before unguarding: raw strings point into the block */
 	return r == 0 ? (int)d->o.nf : r < 0 ? r : -100;
@@ -487,12 +482,7 @@ static void test_hpack_limits(void)
 		n += 4000;
 		memset(blk + n, 0xbe, 16000);
 		n += 16000;
-		memset(&d.o, 0, sizeof d.o);
-		d.o.f = d.f;
-		d.o.maxf = 64;
-		d.o.a = d.arena;
-		d.o.acap = sizeof d.arena;
-		d.o.maxlist = KVD_MAX_HEADER_LIST;
+		hp_out_init(&d.o, d.f, 64, d.arena, sizeof d.arena);
 		CHECK(hp_decode(k, &t, blk, n, &d.o) == 0);
 		CHECK(d.o.over && d.o.nf <= 4 && d.o.list > 60000000);
 		CHECK(t.n == 1 && t.size == 4033);
@@ -520,12 +510,7 @@ static void test_hpack_limits(void)
 		buf_free(k, &b);
 		memset(blk + n, 'z', 4100);
 		n += 4100;
-		memset(&d.o, 0, sizeof d.o);
-		d.o.f = d.f;
-		d.o.maxf = 64;
-		d.o.a = d.arena;
-		d.o.acap = sizeof d.arena;
-		d.o.maxlist = KVD_MAX_HEADER_LIST;
+		hp_out_init(&d.o, d.f, 64, d.arena, sizeof d.arena);
 		CHECK(hp_decode(k, &t, blk, n, &d.o) == 0 && d.o.nf == 1 && d.f[0].vlen == 4100);
 		CHECK(t.n == 0 && t.size == 0);
 	}
@@ -725,12 +710,7 @@ static int t_resp_field(struct kvd *k, const struct t_frame *f, const char *name
 	int found = 0;
 
 	hp_table_init(&t);
-	memset(&d.o, 0, sizeof d.o);
-	d.o.f = d.f;
-	d.o.maxf = 64;
-	d.o.a = d.arena;
-	d.o.acap = sizeof d.arena;
-	d.o.maxlist = KVD_MAX_HEADER_LIST;
+	hp_out_init(&d.o, d.f, 64, d.arena, sizeof d.arena);
 	if (hp_decode(k, &t, f->p, f->len, &d.o) == 0)
 		for (i = 0; i < d.o.nf; i++)
 			if (d.f[i].nlen == strlen(name) && !memcmp(d.f[i].name, name, d.f[i].nlen))
@@ -2670,12 +2650,7 @@ static const char *t_txn_call(struct kvd *k, const uint8_t *msg, size_t n)
 	if (h >= 0) {
 		struct hp_out o;
 		unsigned i;
-		memset(&o, 0, sizeof o);
-		o.f = k->hf;
-		o.maxf = KVD_MAX_HEADER_FIELDS;
-		o.a = k->harena;
-		o.acap = sizeof k->harena;
-		o.maxlist = KVD_MAX_HEADER_LIST;
+		hp_out_init(&o, k->hf, KVD_MAX_HEADER_FIELDS, k->harena, sizeof k->harena);
 		{
 			struct hp_table t;
 			hp_table_init(&t);
