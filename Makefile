@@ -103,7 +103,7 @@ cross-run:
 	./test/test-i386
 	s390x-linux-gnu-gcc $(TEST_CFLAGS) $(KVD_CFLAGS) $(XINC) -L/usr/lib/s390x-linux-gnu \
 	  -o test/test-s390x test/test.c $(KVD_LIBS)
-	qemu-s390x -L / test/test-s390x
+	T_LIFE_PUTS=300000 qemu-s390x -L / test/test-s390x
 	s390x-linux-gnu-gcc -O2 $(KVD_CFLAGS) $(XINC) -L/usr/lib/s390x-linux-gnu -o test/kvd-s390x kvd.c $(KVD_LIBS)
 	KVD=test/kvd-be.sh KVD_DIFF_OPS=2000 KVD_DIFF_SEEDS=77 $(PYTHON) test/diff.py
 

@@ -14,20 +14,21 @@
  *    5. Protobuf glue (pb_)
  *    6. MVCC store: log, index, revisions (mvcc_)
  *    7. Leases (lease_)
- *    8. HPACK (hp_)
- *    9. HTTP/2 frames, streams, flow control (h2_)
- *   10. Calls and gRPC framing (call_, grpc_)
- *   11. Go's sort.Sort, as etcd sorts ranges (svc_gosort_)
- *   12. Services: KV (svc_)
- *   13. Services: Lease (svc_lease_)
- *   14. Services: Maintenance, Cluster, Health; the method table (svc_)
- *   15. Watch (watch_)
- *   16. JSON (json_)
- *   17. confd: Ganeti's UDP query protocol (confd_)
- *   18. Sockets and the poll loop (net_, loop_)
- *   19. Flags and configuration (cfg_)
- *   20. Public embedding API (kvd_)
- *   21. main()
+ *    8. Store lifecycle: rewrite, compaction, quota, alarms (life_)
+ *    9. HPACK (hp_)
+ *   10. HTTP/2 frames, streams, flow control (h2_)
+ *   11. Calls and gRPC framing (call_, grpc_)
+ *   12. Go's sort.Sort, as etcd sorts ranges (svc_gosort_)
+ *   13. Services: KV (svc_)
+ *   14. Services: Lease (svc_lease_)
+ *   15. Services: Maintenance, Cluster, Health; the method table (svc_)
+ *   16. Watch (watch_)
+ *   17. JSON (json_)
+ *   18. confd: Ganeti's UDP query protocol (confd_)
+ *   19. Sockets and the poll loop (net_, loop_)
+ *   20. Flags and configuration (cfg_)
+ *   21. Public embedding API (kvd_)
+ *   22. main()
  *
  * Prefixes mark the section a static function belongs to; only kvd_* (and the
  * generated protobuf-c symbols) are exported.  Functions return 0 or a
@@ -333,7 +334,7 @@ struct lease_reg {
 	int64_t min_ttl;              /* seconds, from the election timeout as etcd */
 	int warned;                   /* a failed expiry was logged */
 };
-/* Watch (section 15): the registry kvd holds; watchers are defined there. */
+/* Watch (section 16): the registry kvd holds; watchers are defined there. */
 struct watch;
 struct watch_stream;
 struct watch_ev;
@@ -355,6 +356,36 @@ struct watch_reg {
 	size_t hdr_len;                /* packed header in enc[0..hdr_len); 0: not yet */
 };
 
+/* Sparse revision -> log offset of its TXN record (every MVCC_MARK_EVERY). */
+struct mvcc_marks {
+	struct { int64_t rev; uint64_t off; } *v;
+	size_t n, cap;
+};
+/* An alarm, as etcd's AlarmMember: which member raised which alarm. */
+#define MVCC_MAX_ALARMS 16
+enum { ALARM_NONE, ALARM_NOSPACE, ALARM_CORRUPT };
+struct mvcc_alarm {
+	uint64_t member;
+	unsigned type;
+};
+/* Store lifecycle (section 8): the rewrite, the compactor, the reserve. */
+struct life_rw;
+struct life {
+	struct life_rw *rw;            /* a log rewrite in progress */
+	unsigned want : 1;             /* one was asked for: it starts after the next flush */
+	unsigned reserve_held : 1;     /* <data-dir>/kvd.reserve holds its bytes */
+	struct call **wait;            /* Defragment calls waiting for the rewrite's end */
+	size_t nwait, waitcap;
+	int64_t rw_failed_at;          /* ms: the last automatic rewrite was abandoned then */
+	uint64_t rewrites, rw_kept, rw_dropped; /* counters, since start */
+	int mode;                      /* auto-compaction: LIFE_OFF, LIFE_PERIODIC, LIFE_REVISION */
+	uint32_t period_ms;            /* periodic: the retention window */
+	int64_t retain_revs;           /* revision: revisions kept */
+	int64_t next_tick, last_ok, base_ms, prev_rev;
+	int64_t *revs;                 /* periodic: revisions sampled, oldest first */
+	size_t nrevs, maxrevs;
+};
+
 struct mvcc {
 	int fd;
 	uint64_t size;                 /* durable log bytes */
@@ -366,10 +397,12 @@ struct mvcc {
 	size_t nleaf, leafcap, nkeys;
 	struct mvcc_undo *undo;        /* how to undo the batch */
 	size_t nundo, undocap;
-	struct { int64_t rev; uint64_t bytes; } *dead; /* superseded bytes by revision bucket */
+	struct { int64_t lo, hi; uint64_t bytes; } *dead; /* superseded bytes by revisions lo..hi */
 	size_t ndead, deadcap;
-	struct { int64_t rev; uint64_t off; } *marks;  /* sparse revision -> record offset */
-	size_t nmarks, markcap;
+	struct mvcc_marks marks;       /* sparse revision -> record offset */
+	struct mvcc_alarm alarms[MVCC_MAX_ALARMS]; /* active alarms (section 8), kept in the log */
+	unsigned nalarms;
+	int64_t base_rev;              /* replay: the BASE records' revision, 0 if none */
 	uint64_t reclaimable;          /* bytes a rewrite of the log would drop */
 	size_t flushed;                /* bytes of the batch the last flush made durable */
 	int last_errno;                /* why the last flush failed */
@@ -378,10 +411,10 @@ struct mvcc {
 	char why[96];
 };
 
-struct confd; /* section 17 */
+struct confd; /* section 18 */
 struct json_doc;
 
-/* A gRPC method: how calls to one :path are served (section 10). */
+/* A gRPC method: how calls to one :path are served (section 11). */
 struct call;
 enum grpc_kind { GRPC_UNARY, GRPC_SERVER_STREAM, GRPC_BIDI };
 struct grpc_method {
@@ -404,7 +437,7 @@ struct grpc_method {
 };
 
 /*
- * One call being served, whatever carries it (section 10): the method, the
+ * One call being served, whatever carries it (section 11): the method, the
  * request, its metadata, the response messages queued for the carrier
  * (gRPC-framed: 5-byte prefix, message), the final status, and whether the
  * reply waits for the group commit.  A carrier embeds it: an HTTP/2 stream
@@ -438,7 +471,7 @@ struct call {
 
 
 /*
- * One client connection (section 18): a socket, the transport that moves its
+ * One client connection (section 19): a socket, the transport that moves its
  * bytes (a plain socket now; TLS next), and the protocol its first bytes
  * chose (HTTP/2; an HTTP/1.x request; a TLS ClientHello), whose state hangs
  * off ps.  The loop owns it; a protocol never closes or frees one itself.
@@ -524,6 +557,7 @@ struct kvd {
 	struct mvcc db;              /* the store */
 	struct watch_reg watch;      /* watchers */
 	struct lease_reg lease;      /* leases */
+	struct life life;            /* rewrite, auto-compaction, reserve (section 8) */
 	struct confd *confd;         /* the confd responder, NULL when off */
 	struct call *calls;          /* every live call, whatever its carrier */
 	struct call **held;          /* calls answered while the batch was open */
@@ -535,6 +569,8 @@ struct kvd {
 };
 
 static void call_finish(struct kvd *k, struct call *c, int code, const char *fmt, ...) KVD_PRINTF(4, 5);
+static int cfg_duration(const char *s, uint32_t *out);
+static void cfg_show_ms(uint32_t ms, char *out, size_t cap);
 /* The store keeps leases' key sets in step with its keys (section 7). */
 static struct lease *lease_find(struct kvd *k, int64_t id);
 static void lease_rebind(struct kvd *k, struct mvcc_key *r, int64_t from, int64_t to);
@@ -1228,9 +1264,11 @@ static void pb_free(struct kvd *k, void *m)
  * Log format, integers big-endian or varint (LEB128), CRC-32C:
  *   record  = u32 len | u32 crc | u8 type | payload[len]
  *             crc covers the 4 len bytes, the type byte and the payload
- *   HEADER  (1) = "kvd-log\n" | u32 format (1)          -- the first record
+ *   HEADER  (1) = "kvd-log\n" | u32 format (1 or 2)     -- the first record
  *   TXN     (2) = varint rev | u32 nops | op[nops]       -- one write txn = one revision
  *   COMPACT (3) = varint rev
+ *   BASE    (4) = varint rev | u32 nops | op[nops]       -- a rewritten log's state at rev
+ *   ALARM   (5) = u32 n | (varint member | u8 alarm)[n]  -- the active alarms from here on
  *   op      = u8 kind (1 put, 2 delete) | u64 prev | varint rev | varint create
  *             | varint version | varint zigzag(lease) | varint klen | varint vlen
  *             | key | value                              (prev: offset of the key's
@@ -1243,6 +1281,11 @@ static void pb_free(struct kvd *k, void *m)
  * deletes of its keys.
  * A whole txn is one record, so a crash never leaves half of it: recovery
  * keeps the longest prefix of valid records and cuts a torn tail.
+ * BASE records only follow the header, in a log a rewrite made (section 8):
+ * lease grants and key puts with prev 0, each put at the revision it had,
+ * all at or below the BASE revision, which the TXNs after them continue.
+ * An ALARM record states the whole set, so a later one simply replaces it.
+ * Format 2 is format 1 plus BASE and ALARM; kvd reads both, writes 2.
  *
  * Group commit: write txns append records to m->w; at the end of the loop
  * iteration one pwrite and one fdatasync make the batch durable, and only
@@ -1255,14 +1298,16 @@ static void pb_free(struct kvd *k, void *m)
 #define MVCC_REC_HEADER 1
 #define MVCC_REC_TXN 2
 #define MVCC_REC_COMPACT 3
+#define MVCC_REC_BASE 4
+#define MVCC_REC_ALARM 5
 #define MVCC_OP_PUT 1
 #define MVCC_OP_DEL 2
 #define MVCC_OP_GRANT 3
 #define MVCC_OP_REVOKE 4
 #define MVCC_MAGIC "kvd-log\n"
-#define MVCC_FORMAT 1
+#define MVCC_FORMAT 2
 #define MVCC_MARK_EVERY 256    /* revisions between rev->offset marks */
-#define MVCC_DEAD_BUCKET 1024  /* revisions per reclaimable-bytes bucket */
+#define MVCC_DEAD_MAX 4096     /* superseded-bytes ranges before neighbours merge */
 
 /* CRC-32C tables for slicing-by-8: table[0] is the classic byte table,
  * table[t] advances a byte t positions further (generated from 0x82F63B78). */
@@ -1940,10 +1985,10 @@ struct mvcc_rec {
 	unsigned type;              /* MVCC_REC_* */
 	uint64_t off;               /* log offset of the record */
 	const uint8_t *p, *end;     /* payload */
-	int64_t rev;                /* TXN, COMPACT */
-	uint32_t nops;              /* TXN */
-	const uint8_t *next;        /* TXN: the next op to decode (mvcc_rec_op) */
-	uint32_t at;                /* TXN: ops decoded so far */
+	int64_t rev;                /* TXN, BASE, COMPACT */
+	uint32_t nops;              /* TXN, BASE: ops; ALARM: alarms */
+	const uint8_t *next;        /* TXN, BASE: the next op to decode (mvcc_rec_op); ALARM: the first */
+	uint32_t at;                /* TXN, BASE: ops decoded so far */
 };
 
 /*
@@ -1959,7 +2004,7 @@ static long mvcc_frame(const uint8_t *p, size_t n, uint64_t off, uint64_t log_en
 	if (n < MVCC_REC_HDR)
 		return 0;
 	len = get_be32(p);
-	if (len > log_end - off - MVCC_REC_HDR || p[8] < MVCC_REC_HEADER || p[8] > MVCC_REC_COMPACT) {
+	if (len > log_end - off - MVCC_REC_HDR || p[8] < MVCC_REC_HEADER || p[8] > MVCC_REC_ALARM) {
 		*why = len > log_end - off - MVCC_REC_HDR ? "record runs past the end" : "bad record type";
 		return KVD_ECORRUPT;
 	}
@@ -1986,12 +2031,14 @@ static int mvcc_rec_decode(struct mvcc_rec *r, const char **why)
 
 	switch (r->type) {
 	case MVCC_REC_HEADER:
-		if (r->off != 0 || r->end - p < 12 || memcmp(p, MVCC_MAGIC, 8) || get_be32(p + 8) != MVCC_FORMAT) {
+		if (r->off != 0 || r->end - p < 12 || memcmp(p, MVCC_MAGIC, 8) || get_be32(p + 8) < 1 ||
+		    get_be32(p + 8) > MVCC_FORMAT) {
 			*why = "bad header record";
 			return KVD_ECORRUPT;
 		}
 		return 0;
 	case MVCC_REC_TXN:
+	case MVCC_REC_BASE:
 		if (mvcc_get_varint(&p, r->end, &rev) || r->end - p < 4 || rev > INT64_MAX) {
 			*why = "bad txn record";
 			return KVD_ECORRUPT;
@@ -2007,6 +2054,14 @@ static int mvcc_rec_decode(struct mvcc_rec *r, const char **why)
 			return KVD_ECORRUPT;
 		}
 		r->rev = (int64_t)rev;
+		return 0;
+	case MVCC_REC_ALARM:
+		if (r->end - p < 4) {
+			*why = "bad alarm record";
+			return KVD_ECORRUPT;
+		}
+		r->nops = get_be32(p);
+		r->next = p + 4;
 		return 0;
 	}
 	*why = "unknown record type";
@@ -2114,6 +2169,65 @@ static int mvcc_read_op(struct mvcc *m, uint64_t off, struct mvcc_op *op)
 	return mvcc_op_decode(&p, b + n, off, 0, op, &why);
 }
 
+/* The alarms an ALARM record states (at most max).  0 or KVD_ECORRUPT. */
+static int mvcc_rec_alarms(const struct mvcc_rec *r, struct mvcc_alarm *a, unsigned max, unsigned *n,
+                           const char **why)
+{
+	const uint8_t *p = r->next;
+	uint64_t member;
+	uint32_t i;
+
+	if (r->nops > max) {
+		*why = "too many alarms";
+		return KVD_ECORRUPT;
+	}
+	for (i = 0; i < r->nops; i++) {
+		if (mvcc_get_varint(&p, r->end, &member) || p >= r->end || *p < ALARM_NOSPACE || *p > ALARM_CORRUPT) {
+			*why = "bad alarm record";
+			return KVD_ECORRUPT;
+		}
+		a[i].member = member;
+		a[i].type = *p++;
+	}
+	if (p != r->end) {
+		*why = "bad alarm record";
+		return KVD_ECORRUPT;
+	}
+	*n = r->nops;
+	return 0;
+}
+
+/* Where the TXN records of revisions >= rev begin (or the log's end), from
+ * the nearest mark: no revision before it is >= rev, though lease-only
+ * records that carry rev as their check may lie just before it (a mark
+ * points at a record that made a revision).  win is the reader's window. */
+static uint64_t mvcc_seek_rev(struct kvd *k, struct kvd_buf *win, int64_t rev)
+{
+	struct mvcc *m = &k->db;
+	struct mvcc_reader rd;
+	struct mvcc_rec rec;
+	const char *why;
+	size_t lo = 0, hi = m->marks.n, mid;
+	uint64_t off = MVCC_REC_HDR + 12; /* after the header record */
+
+	while (lo < hi) { /* last mark with rev <= wanted */
+		mid = lo + (hi - lo) / 2;
+		if (m->marks.v[mid].rev <= rev)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	if (lo)
+		off = m->marks.v[lo - 1].off;
+	mvcc_reader_init(&rd, win, off, m->size, 1 << 16, 0);
+	while (mvcc_read_rec(k, &rd, &rec, &why) == 1) {
+		if (rec.type == MVCC_REC_TXN && !mvcc_rec_decode(&rec, &why) && rec.rev >= rev)
+			return rec.off;
+		off = rd.off;
+	}
+	return off;
+}
+
 /*
  * The revision of r visible at rev (rev 0 or >= r->mod: the latest).  Fills
  * kv and returns 1 if the key exists there, 0 if not, <0 on a read error.
@@ -2198,44 +2312,108 @@ static int mvcc_undo_push(struct kvd *k, struct mvcc *m, struct mvcc_key *r, uns
 	return 0;
 }
 
-/* Bytes superseded at revision rev: reclaimable once compaction passes it. */
+/*
+ * Bytes superseded at revision rev: a rewrite drops them once the compacted
+ * revision is past rev (section 8).  One range per revision, exact, until
+ * MVCC_DEAD_MAX ranges of uncompacted history: then neighbours merge, and a
+ * merged range counts once compaction has passed all of it.
+ */
 static void mvcc_dead(struct kvd *k, struct mvcc *m, int64_t rev, uint64_t bytes)
 {
-	if (!m->ndead || rev >= m->dead[m->ndead - 1].rev + MVCC_DEAD_BUCKET) {
-		if (m->ndead == m->deadcap) {
-			size_t cap = m->deadcap ? m->deadcap * 2 : 16;
-			void *d = kvd_realloc(k, m->dead, cap * sizeof *m->dead);
-			if (!d) { /* only the in-use figure suffers: fold into the last bucket */
-				if (m->ndead)
-					m->dead[m->ndead - 1].bytes += bytes;
-				return;
-			}
-			m->dead = d;
-			m->deadcap = cap;
-		}
-		m->dead[m->ndead].rev = rev;
-		m->dead[m->ndead].bytes = 0;
-		m->ndead++;
+	size_t i;
+
+	if (m->ndead && rev <= m->dead[m->ndead - 1].hi) {
+		m->dead[m->ndead - 1].bytes += bytes;
+		return;
 	}
-	m->dead[m->ndead - 1].bytes += bytes;
+	if (m->ndead == MVCC_DEAD_MAX) {
+		for (i = 0; i < m->ndead / 2; i++) {
+			m->dead[i].lo = m->dead[2 * i].lo;
+			m->dead[i].hi = m->dead[2 * i + 1].hi;
+			m->dead[i].bytes = m->dead[2 * i].bytes + m->dead[2 * i + 1].bytes;
+		}
+		m->ndead /= 2;
+	}
+	if (m->ndead == m->deadcap) {
+		size_t cap = m->deadcap ? m->deadcap * 2 : 16;
+		void *d = kvd_realloc(k, m->dead, cap * sizeof *m->dead);
+		if (!d) { /* only the in-use figure suffers: widen the last range */
+			if (m->ndead) {
+				m->dead[m->ndead - 1].bytes += bytes;
+				m->dead[m->ndead - 1].hi = rev;
+			}
+			return;
+		}
+		m->dead = d;
+		m->deadcap = cap;
+	}
+	m->dead[m->ndead].lo = m->dead[m->ndead].hi = rev;
+	m->dead[m->ndead].bytes = bytes;
+	m->ndead++;
 }
 
 /* A rev -> record offset mark, every MVCC_MARK_EVERY revisions. */
-static void mvcc_mark(struct kvd *k, struct mvcc *m, int64_t rev, uint64_t off)
+static void mvcc_mark(struct kvd *k, struct mvcc_marks *mk, int64_t rev, uint64_t off)
 {
-	if (m->nmarks && rev < m->marks[m->nmarks - 1].rev + MVCC_MARK_EVERY)
+	if (mk->n && rev < mk->v[mk->n - 1].rev + MVCC_MARK_EVERY)
 		return;
-	if (m->nmarks == m->markcap) {
-		size_t cap = m->markcap ? m->markcap * 2 : 16;
-		void *p = kvd_realloc(k, m->marks, cap * sizeof *m->marks);
+	if (mk->n == mk->cap) {
+		size_t cap = mk->cap ? mk->cap * 2 : 16;
+		void *p = kvd_realloc(k, mk->v, cap * sizeof *mk->v);
 		if (!p)
 			return; /* a sparser map only costs longer scans */
-		m->marks = p;
-		m->markcap = cap;
+		mk->v = p;
+		mk->cap = cap;
 	}
-	m->marks[m->nmarks].rev = rev;
-	m->marks[m->nmarks].off = off;
-	m->nmarks++;
+	mk->v[mk->n].rev = rev;
+	mk->v[mk->n].off = off;
+	mk->n++;
+}
+
+/* The encoders: every op and record header kvd writes is made here. */
+#define MVCC_OP_MAX_HDR (1 + 8 + 6 * 10)  /* a key op's bytes before its key */
+#define MVCC_LEASE_OP_MAX (1 + 2 * 10)
+
+/* A key op (put or delete) at p, which has MVCC_OP_MAX_HDR + klen + vlen
+ * bytes; returns its end. */
+static uint8_t *mvcc_op_encode(uint8_t *p, int kind, uint64_t prev, int64_t rev, int64_t create, int64_t ver,
+                               int64_t lease, const uint8_t *key, size_t klen, const uint8_t *val, size_t vlen)
+{
+	*p++ = (uint8_t)kind;
+	put_be64(p, prev);
+	p += 8;
+	p = mvcc_put_varint(p, (uint64_t)rev);
+	p = mvcc_put_varint(p, (uint64_t)create);
+	p = mvcc_put_varint(p, (uint64_t)ver);
+	p = mvcc_put_varint(p, mvcc_zigzag(lease));
+	p = mvcc_put_varint(p, klen);
+	p = mvcc_put_varint(p, vlen);
+	if (klen)
+		memcpy(p, key, klen);
+	p += klen;
+	if (vlen)
+		memcpy(p, val, vlen);
+	return p + vlen;
+}
+
+/* A lease op (grant or revoke) at p (MVCC_LEASE_OP_MAX bytes); its end. */
+static uint8_t *mvcc_lease_encode(uint8_t *p, int kind, int64_t id, int64_t ttl)
+{
+	*p++ = (uint8_t)kind;
+	p = mvcc_put_varint(p, mvcc_zigzag(id));
+	if (kind == MVCC_OP_GRANT)
+		p = mvcc_put_varint(p, (uint64_t)ttl);
+	return p;
+}
+
+/* Open a record of a type with a revision and an op count (TXN, BASE) at
+ * the end of b: returns where its count goes (filled at mvcc_rec_close). */
+static size_t mvcc_rec_open(struct kvd_buf *b, int64_t rev)
+{
+	uint8_t *p = mvcc_put_varint(b->p + b->len + MVCC_REC_HDR, (uint64_t)rev);
+
+	b->len = (size_t)(p - b->p) + 4;
+	return b->len - 4;
 }
 
 /* Start a write txn: its record header goes to the batch now, its length
@@ -2243,7 +2421,6 @@ static void mvcc_mark(struct kvd *k, struct mvcc *m, int64_t rev, uint64_t off)
 static int mvcc_txn_begin(struct kvd *k, struct mvcc_txn *t)
 {
 	struct mvcc *m = &k->db;
-	uint8_t *p;
 
 	memset(t, 0, sizeof *t);
 	if (m->broken)
@@ -2253,10 +2430,7 @@ static int mvcc_txn_begin(struct kvd *k, struct mvcc_txn *t)
 	t->undo_at = m->nundo;
 	if (buf_reserve(k, &m->w, MVCC_REC_HDR + 10 + 4))
 		return KVD_ENOMEM;
-	p = m->w.p + m->w.len + MVCC_REC_HDR;
-	p = mvcc_put_varint(p, (uint64_t)t->rev);
-	t->nops_at = (size_t)(p - m->w.p);
-	m->w.len = t->nops_at + 4;
+	t->nops_at = mvcc_rec_open(&m->w, t->rev);
 	return 0;
 }
 
@@ -2282,9 +2456,12 @@ static void mvcc_txn_end(struct kvd *k, struct mvcc_txn *t)
 	}
 	put_be32(m->w.p + t->nops_at, t->nops);
 	mvcc_seal(m->w.p + t->at, m->w.len - t->at - MVCC_REC_HDR, MVCC_REC_TXN);
+	/* a rewrite drops the record once compaction passes it: its framing (its
+	 * ops count where they are superseded) or, with lease ops only, all of it */
+	mvcc_dead(k, m, t->rev, t->nkeys ? t->nops_at + 4 - t->at : m->w.len - t->at);
 	if (!t->nkeys)
 		return; /* lease ops only: no revision */
-	mvcc_mark(k, m, t->rev, m->size + t->at);
+	mvcc_mark(k, &m->marks, t->rev, m->size + t->at);
 	m->rev = t->rev;
 }
 
@@ -2294,28 +2471,12 @@ static int mvcc_emit(struct kvd *k, struct mvcc_txn *t, int kind, uint64_t prev,
                      size_t vlen, uint64_t *off)
 {
 	struct mvcc *m = &k->db;
-	uint8_t *p;
 
-	if (buf_reserve(k, &m->w, 1 + 8 + 6 * 10 + klen + vlen))
+	if (buf_reserve(k, &m->w, MVCC_OP_MAX_HDR + klen + vlen))
 		return KVD_ENOMEM;
 	*off = m->size + m->w.len;
-	p = m->w.p + m->w.len;
-	*p++ = (uint8_t)kind;
-	put_be64(p, prev);
-	p += 8;
-	p = mvcc_put_varint(p, (uint64_t)t->rev);
-	p = mvcc_put_varint(p, (uint64_t)create);
-	p = mvcc_put_varint(p, (uint64_t)ver);
-	p = mvcc_put_varint(p, mvcc_zigzag(lease));
-	p = mvcc_put_varint(p, klen);
-	p = mvcc_put_varint(p, vlen);
-	if (klen)
-		memcpy(p, key, klen);
-	p += klen;
-	if (vlen)
-		memcpy(p, val, vlen);
-	p += vlen;
-	m->w.len = (size_t)(p - m->w.p);
+	m->w.len = (size_t)(mvcc_op_encode(m->w.p + m->w.len, kind, prev, t->rev, create, ver, lease, key, klen,
+	                                   val, vlen) - m->w.p);
 	t->nops++;
 	t->nkeys++;
 	return 0;
@@ -2325,16 +2486,10 @@ static int mvcc_emit(struct kvd *k, struct mvcc_txn *t, int kind, uint64_t prev,
 static int mvcc_emit_lease(struct kvd *k, struct mvcc_txn *t, int kind, int64_t id, int64_t ttl)
 {
 	struct mvcc *m = &k->db;
-	uint8_t *p;
 
-	if (buf_reserve(k, &m->w, 1 + 2 * 10))
+	if (buf_reserve(k, &m->w, MVCC_LEASE_OP_MAX))
 		return KVD_ENOMEM;
-	p = m->w.p + m->w.len;
-	*p++ = (uint8_t)kind;
-	p = mvcc_put_varint(p, mvcc_zigzag(id));
-	if (kind == MVCC_OP_GRANT)
-		p = mvcc_put_varint(p, (uint64_t)ttl);
-	m->w.len = (size_t)(p - m->w.p);
+	m->w.len = (size_t)(mvcc_lease_encode(m->w.p + m->w.len, kind, id, ttl) - m->w.p);
 	t->nops++;
 	return 0;
 }
@@ -2453,12 +2608,13 @@ static int mvcc_compact_index(struct kvd *k, struct mvcc *m, int64_t rev, int wi
 	return 0;
 }
 
-/* Superseded bytes at or below rev become reclaimable. */
+/* Compacted to rev: what was superseded below it becomes reclaimable (a
+ * rewrite keeps rev's own record, and so what it superseded). */
 static void mvcc_compact_stats(struct mvcc *m, int64_t rev)
 {
 	size_t i, n = 0;
 
-	for (i = 0; i < m->ndead && m->dead[i].rev + MVCC_DEAD_BUCKET - 1 <= rev; i++) {
+	for (i = 0; i < m->ndead && m->dead[i].hi < rev; i++) {
 		m->reclaimable += m->dead[i].bytes;
 		n++;
 	}
@@ -2498,18 +2654,19 @@ static int mvcc_compact(struct kvd *k, int64_t rev)
 }
 
 /*
- * The log moved: a rewrite put its records at other offsets.  Offsets kept
- * beyond one record follow: the mover re-points the index (each key's
- * latest op) and re-marks revisions as it writes the new file; a watcher's
- * position carries the generation it belongs to, so it is found again by
- * revision (watch_catchup).  Offsets inside records (an op's prev) are the
- * mover's to write.  The online log rewrite (Defragment) is its caller; until
- * it lands, only the unit tests move the log.
+ * The log moved: a rewrite (section 8) put its records at other offsets.
+ * Offsets kept beyond one record follow: the mover re-points the index (each
+ * key's latest op) and hands over the marks it made while writing the new
+ * file; a watcher's position carries the generation it belongs to, so it is
+ * found again by revision (watch_catchup).  Offsets inside records (an op's
+ * prev) are the mover's to write.
  */
-static KVD_UNUSED void mvcc_log_moved(struct mvcc *m)
+static void mvcc_log_moved(struct kvd *k, struct mvcc *m, struct mvcc_marks *marks)
 {
 	m->gen++;
-	m->nmarks = 0;
+	kvd_free(k, m->marks.v);
+	m->marks = *marks;
+	memset(marks, 0, sizeof *marks);
 }
 
 /* Undo index changes back to undo entry 'mark'. */
@@ -2549,8 +2706,8 @@ static void mvcc_txn_abort(struct kvd *k, struct mvcc_txn *t)
 static void mvcc_rollback(struct kvd *k, struct mvcc *m)
 {
 	mvcc_undo_to(k, m, 0);
-	while (m->nmarks && m->marks[m->nmarks - 1].off >= m->size)
-		m->nmarks--;
+	while (m->marks.n && m->marks.v[m->marks.n - 1].off >= m->size)
+		m->marks.n--;
 	m->rev = m->rev_durable;
 	m->compacted = m->compacted_durable;
 	m->pending_compact = 0;
@@ -2694,11 +2851,54 @@ static int mvcc_replay_op(struct kvd *k, struct mvcc *m, int64_t rev, const stru
 	return 0;
 }
 
+/* Apply one op of a BASE record: a lease grant, or a key's put with no
+ * history before it.  Returns 0, KVD_ECORRUPT (why) or KVD_ENOMEM. */
+static int mvcc_replay_base_op(struct kvd *k, struct mvcc *m, int64_t rev, const struct mvcc_op *op, const char **why)
+{
+	struct mvcc_key *r;
+	struct mvcc_it it;
+	int eq, e;
+
+	if (op->kind == MVCC_OP_GRANT) {
+		if ((e = lease_replay(k, MVCC_OP_GRANT, op->lease, op->ttl)))
+			*why = e == KVD_ENOMEM ? "out of memory" : "lease granted twice";
+		return e;
+	}
+	if (op->kind != MVCC_OP_PUT || op->prev || op->rev < 1 || op->rev > rev || !op->klen ||
+	    op->create < 1 || op->create > op->rev || op->ver < 1) {
+		*why = "bad base op";
+		return KVD_ECORRUPT;
+	}
+	it = mvcc_seek(m, op->key, op->klen, &eq);
+	if (eq) {
+		*why = "key twice in the base";
+		return KVD_ECORRUPT;
+	}
+	if (op->lease && !lease_find(k, op->lease)) {
+		*why = "put with a lease that does not exist";
+		return KVD_ECORRUPT;
+	}
+	if (!(r = mvcc_new_key(k, op->key, op->klen)) || mvcc_insert(k, m, it, r)) {
+		mvcc_free_key(k, r);
+		*why = "out of memory";
+		return KVD_ENOMEM;
+	}
+	r->mod = op->rev;
+	r->create = op->create;
+	r->ver = op->ver;
+	lease_rebind(k, r, 0, op->lease);
+	r->lease = op->lease;
+	r->vlen = (uint32_t)op->vlen;
+	r->op = op->off;
+	return 0;
+}
+
 /* Apply one whole record.  Returns 0, KVD_ECORRUPT (why) or KVD_ENOMEM. */
 static int mvcc_replay_record(struct kvd *k, struct mvcc *m, struct mvcc_rec *rec, const char **why)
 {
 	struct mvcc_op op;
 	uint32_t nkeys = 0;
+	size_t frame;
 	int r;
 
 	if ((r = mvcc_rec_decode(rec, why)))
@@ -2709,6 +2909,7 @@ static int mvcc_replay_record(struct kvd *k, struct mvcc *m, struct mvcc_rec *re
 			*why = "txn revision out of sequence";
 			return KVD_ECORRUPT;
 		}
+		frame = MVCC_REC_HDR + (size_t)(rec->next - rec->p);
 		while ((r = mvcc_rec_op(rec, &op, why)) == 1) {
 			if ((r = mvcc_replay_op(k, m, rec->rev, &op, why)))
 				return r;
@@ -2716,9 +2917,10 @@ static int mvcc_replay_record(struct kvd *k, struct mvcc *m, struct mvcc_rec *re
 		}
 		if (r)
 			return r;
+		mvcc_dead(k, m, rec->rev, nkeys ? frame : MVCC_REC_HDR + (size_t)(rec->end - rec->p)); /* as mvcc_txn_end */
 		if (!nkeys)
 			return 0; /* lease ops only: no revision */
-		mvcc_mark(k, m, rec->rev, rec->off);
+		mvcc_mark(k, &m->marks, rec->rev, rec->off);
 		m->rev = rec->rev;
 		return 0;
 	case MVCC_REC_COMPACT:
@@ -2733,6 +2935,21 @@ static int mvcc_replay_record(struct kvd *k, struct mvcc *m, struct mvcc_rec *re
 		}
 		mvcc_compact_stats(m, rec->rev);
 		return 0;
+	case MVCC_REC_BASE: /* only right after the header, all at one revision */
+		if (m->compacted != -1 || (m->base_rev ? rec->rev != m->base_rev || m->rev != m->base_rev : m->rev != 1) ||
+		    rec->rev < 1) {
+			*why = "base record out of place";
+			return KVD_ECORRUPT;
+		}
+		while ((r = mvcc_rec_op(rec, &op, why)) == 1)
+			if ((r = mvcc_replay_base_op(k, m, rec->rev, &op, why)))
+				return r;
+		if (r)
+			return r;
+		m->rev = m->base_rev = rec->rev;
+		return 0;
+	case MVCC_REC_ALARM:
+		return mvcc_rec_alarms(rec, m->alarms, MVCC_MAX_ALARMS, &m->nalarms, why);
 	}
 	return 0; /* the header: mvcc_rec_decode checked it */
 }
@@ -2776,7 +2993,7 @@ static uint64_t mvcc_next_valid(struct kvd *k, struct mvcc *m, uint64_t from, ui
 		for (i = 0; i < n; i++) {
 			pos = base + i;
 			if (i + MVCC_REC_HDR <= n &&
-			    (buf[i + 8] < MVCC_REC_HEADER || buf[i + 8] > MVCC_REC_COMPACT ||
+			    (buf[i + 8] < MVCC_REC_HEADER || buf[i + 8] > MVCC_REC_ALARM ||
 			     get_be32(buf + i) > size - pos - MVCC_REC_HDR))
 				continue;
 			if (mvcc_valid_at(k, m, pos, size))
@@ -2856,6 +3073,15 @@ static int mvcc_open(struct kvd *k, char *err, size_t errlen)
 	int64_t t0 = util_now_ms(), dfd;
 	int r;
 
+	snprintf(path, sizeof path, "%s/kvd.log.new", k->cfg.data_dir);
+	if (!lstat(path, &st)) { /* a rewrite that never switched: the log is whole without it */
+		if (unlink(path)) {
+			snprintf(err, errlen, "cannot remove %s: %s", path, strerror(errno));
+			return KVD_EIO;
+		}
+		kvd_log(k, KVD_LOG_WARN, "removed %s (%llu bytes): a log rewrite that did not finish", path,
+		        (unsigned long long)st.st_size);
+	}
 	snprintf(path, sizeof path, "%s/kvd.log", k->cfg.data_dir);
 	m->fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
 	if (m->fd < 0 || fstat(m->fd, &st)) {
@@ -2903,7 +3129,7 @@ static void mvcc_close(struct kvd *k)
 	kvd_free(k, m->leaf);
 	kvd_free(k, m->undo);
 	kvd_free(k, m->dead);
-	kvd_free(k, m->marks);
+	kvd_free(k, m->marks.v);
 	buf_free(k, &m->w);
 	if (m->fd >= 0)
 		close(m->fd);
@@ -3408,7 +3634,1059 @@ static void lease_fini(struct kvd *k)
 	memset(g, 0, sizeof *g);
 }
 
-/* ===== 8. HPACK (hp_) =================================================== */
+/* ===== 8. Store lifecycle: rewrite, compaction, quota, alarms (life_) == */
+
+/*
+ * The log only grows: compaction frees RAM, never a byte of disk.  This
+ * section keeps the disk bounded by what readers can still see, unattended,
+ * without pausing clients.
+ *
+ * The rewrite (Defragment, or automatic) writes <data-dir>/kvd.log.new
+ * holding only what a reader can still see, then renames it over kvd.log.
+ * With C the compacted revision and B = max(C - 1, 1), the new log is:
+ *   HEADER | BASE B... | the old log's records from the first TXN after B
+ *   on, COMPACTs where they were | ALARM (the alarms now)
+ * BASE holds the leases alive where the copy starts and, for every key,
+ * the op it had at B (a put; a key deleted at B has none).  B is C - 1 rather than C so that a
+ * watcher starting at the compacted revision still gets that revision's
+ * events from its TXN record.  Copied TXN records keep their bytes except
+ * each key op's prev, which is re-pointed to the key's previous op in the
+ * new file (a map from old op offsets to new ones; it holds one entry per
+ * key, as each op is the prev of at most one later op).  Ops keep their
+ * sizes, so the superseded-bytes statistics stay true.  COMPACT records stay
+ * where they were among the TXNs: replay then drops exactly the keys the
+ * compaction dropped, and a key put again after that starts a new chain.
+ *
+ * Clients are not paused: the rewrite runs in slices, one per loop
+ * iteration after the log flush, while reads, writes, watches and leases go
+ * on.  Phases: (1) at the start, with the batch empty, it notes every key's
+ * latest op, the leases and the log's end; (2) LEASES reads the history
+ * copied later for its lease ops, to know which leases lived at B (a lease
+ * whose first op there is a revoke lived; a grant did not; leases granted
+ * in records before the copy are simply alive there); (3) BASE walks
+ * each noted key's chain back to B; (4) COPY chases the old log's end.  When
+ * COPY has caught up -- right after a flush, so nothing is in flight -- the
+ * switch happens in that same step: fdatasync the new file, rename it,
+ * fsync the directory, re-point every key's latest op, hand over the new
+ * revision marks (mvcc_log_moved) and close the old file.  Watchers find
+ * their place again by revision; RangeStreams resume by key.
+ *
+ * Crash safety: until the rename, kvd.log is the old, complete log (every
+ * acknowledged write is there) and kvd.log.new is removed at the next start
+ * with one log line; after the rename it is the new one, complete and
+ * durable.  A failed write (a full disk) abandons the rewrite: the partial
+ * file goes, kvd serves from the old log.  The disk needs room for both
+ * files during a rewrite: the old one is at most (1 + percent/100) x kept
+ * bytes when the automatic trigger fires.
+ *
+ * Auto-compaction follows etcd 3.4's compactors (v3compactor): periodic
+ * samples the revision every retention/10 (at most 6 minutes), first compacts
+ * once the retention has passed, then every min(retention, 1h), to the
+ * revision sampled a retention ago; revision mode compacts to current -
+ * retention every 5 minutes (--auto-compaction-check-interval).  Neither
+ * remembers anything across a restart: periodic starts sampling afresh, as
+ * etcd does.
+ *
+ * Quota and alarms, as etcd: a Put, Txn with puts or LeaseGrant that would
+ * take the log past --quota-backend-bytes raises NOSPACE and fails with
+ * "database space exceeded"; while NOSPACE is active every such request
+ * fails, and deletes, reads, compaction, lease revocation, rewrites and
+ * disarming go on.  Alarms are kept in the log (ALARM records), so they
+ * survive a restart until disarmed.  A real ENOSPC raises NOSPACE too, and
+ * then the reserve -- a file of --reserve-bytes made at start, whose blocks
+ * are given back to the filesystem -- leaves room for those freeing writes
+ * and for rewriting a mostly-reclaimable log.  It is made again after a
+ * rewrite and when NOSPACE is disarmed.
+ */
+
+#define LIFE_SLICE (256 * 1024)       /* old log bytes a step reads */
+#define LIFE_SYNC_EVERY (1 << 20)     /* new-file bytes between fdatasyncs */
+#define LIFE_BASE_REC (64 * 1024)     /* payload of one BASE record */
+#define LIFE_RETRY_MS 60000           /* after a failed automatic rewrite */
+#define LIFE_DEFAULT_QUOTA (2ull << 30) /* --quota-backend-bytes 0, as etcd */
+enum { LIFE_OFF, LIFE_PERIODIC, LIFE_REVISION };
+enum { LIFE_START, LIFE_LEASES, LIFE_BASE, LIFE_COPY };
+
+/* A u64 -> u64 map: linear probing, key 0 marks a free slot. */
+struct life_map {
+	uint64_t *v; /* key, value pairs */
+	size_t mask, n;
+};
+
+static size_t life_hash(uint64_t x)
+{
+	x ^= x >> 33;
+	x *= 0xff51afd7ed558ccdull;
+	return (size_t)(x ^ (x >> 33));
+}
+
+static int life_map_put(struct kvd *k, struct life_map *h, uint64_t key, uint64_t val)
+{
+	size_t i, j, cap;
+	uint64_t *nv;
+
+	if (!h->v || (h->n + 1) * 2 > h->mask + 1) {
+		cap = h->v ? (h->mask + 1) * 2 : 256;
+		if (cap > SIZE_MAX / 16 || !(nv = kvd_calloc(k, cap * 2 * sizeof *nv)))
+			return KVD_ENOMEM;
+		for (j = 0; h->v && j <= h->mask; j++) {
+			if (!h->v[2 * j])
+				continue;
+			for (i = life_hash(h->v[2 * j]) & (cap - 1); nv[2 * i]; i = (i + 1) & (cap - 1))
+				;
+			nv[2 * i] = h->v[2 * j];
+			nv[2 * i + 1] = h->v[2 * j + 1];
+		}
+		kvd_free(k, h->v);
+		h->v = nv;
+		h->mask = cap - 1;
+	}
+	for (i = life_hash(key) & h->mask; h->v[2 * i] && h->v[2 * i] != key; i = (i + 1) & h->mask)
+		;
+	h->n += !h->v[2 * i];
+	h->v[2 * i] = key;
+	h->v[2 * i + 1] = val;
+	return 0;
+}
+
+static size_t life_map_slot(const struct life_map *h, uint64_t key)
+{
+	size_t i;
+
+	if (!h->v)
+		return SIZE_MAX;
+	for (i = life_hash(key) & h->mask; h->v[2 * i]; i = (i + 1) & h->mask)
+		if (h->v[2 * i] == key)
+			return i;
+	return SIZE_MAX;
+}
+
+/* Remove key, shifting back the entries its slot kept from their own. */
+static void life_map_del(struct life_map *h, uint64_t key)
+{
+	size_t i = life_map_slot(h, key), j, want;
+
+	if (i == SIZE_MAX)
+		return;
+	h->n--;
+	for (j = i;;) {
+		h->v[2 * i] = 0;
+		for (;;) {
+			j = (j + 1) & h->mask;
+			if (!h->v[2 * j])
+				return;
+			want = life_hash(h->v[2 * j]) & h->mask;
+			if (i <= j ? (want <= i || want > j) : (want <= i && want > j))
+				break; /* it may move into the hole */
+		}
+		h->v[2 * i] = h->v[2 * j];
+		h->v[2 * i + 1] = h->v[2 * j + 1];
+		i = j;
+	}
+}
+
+/* A rewrite in progress. */
+struct life_rw {
+	int fd;                        /* kvd.log.new */
+	int phase;                     /* LIFE_* */
+	int64_t base, compact;         /* B, the BASE records' revision; C, the compaction kept */
+	uint64_t from, end0;           /* old log: where the copied history starts; its end at the start */
+	uint64_t at;                   /* old log: the next byte to read */
+	uint64_t *snap;                /* every key's latest op at the start, in key order */
+	size_t nsnap, si;
+	struct { int64_t id, ttl; } *leases; /* the leases at the start */
+	size_t nleases;
+	struct life_map offs;          /* old op offset + 1 -> new op offset */
+	struct life_map ids;           /* lease id -> kind of its first op in the copied history */
+	struct kvd_buf out;            /* new-file bytes not written yet */
+	struct kvd_buf win;            /* the reader's window on the old log */
+	struct kvd_buf op;             /* one op read whole (BASE) */
+	uint64_t size, synced;         /* new file: bytes written, bytes made durable */
+	size_t rec_at, nops_at;        /* the BASE record being filled in out (rec_at SIZE_MAX: none) */
+	uint32_t nops;
+	struct mvcc_marks marks;       /* the new file's revision marks */
+	int64_t compact_last;          /* the newest COMPACT in the new file, -1 none */
+	unsigned alarms_copied : 1;
+	unsigned automatic : 1;
+	int64_t t0;
+	uint64_t old_size, recl0;
+	unsigned steps;
+	int werr;                      /* errno of a failed write to the new file */
+	char path[PATH_MAX];
+};
+
+static void life_path(struct kvd *k, char *out, size_t cap, const char *name)
+{
+	snprintf(out, cap, "%s/%s", k->cfg.data_dir, name);
+}
+
+/* ---- the reserve ---------------------------------------------------------- */
+
+/* Make <data-dir>/kvd.reserve hold --reserve-bytes (best effort). */
+static void life_reserve_make(struct kvd *k)
+{
+	static const uint8_t zero[4096];
+	char path[PATH_MAX];
+	uint64_t left = k->cfg.reserve_bytes;
+	int fd;
+
+	if (k->life.reserve_held || !left)
+		return;
+	life_path(k, path, sizeof path, "kvd.reserve");
+	if ((fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600)) < 0)
+		return;
+	while (left) {
+		size_t n = (size_t)KVD_MIN(left, (uint64_t)sizeof zero);
+		ssize_t w = write(fd, zero, n);
+		if (w < 0 && errno == EINTR)
+			continue;
+		if (w <= 0)
+			break;
+		left -= (uint64_t)w;
+	}
+	if (left || (!k->db.no_fsync && fsync(fd))) {
+		close(fd);
+		unlink(path);
+		kvd_log(k, KVD_LOG_WARN, "cannot keep %llu bytes in %s (the disk is full?): none held back",
+		        (unsigned long long)k->cfg.reserve_bytes, path);
+		return;
+	}
+	close(fd);
+	k->life.reserve_held = 1;
+}
+
+/* Give the reserve's blocks back to the filesystem. */
+static void life_reserve_release(struct kvd *k)
+{
+	char path[PATH_MAX];
+
+	if (!k->life.reserve_held)
+		return;
+	life_path(k, path, sizeof path, "kvd.reserve");
+	unlink(path);
+	k->life.reserve_held = 0;
+	kvd_log(k, KVD_LOG_WARN, "the disk is full: the %llu reserved bytes are released for deletes, compaction and "
+	        "rewrites", (unsigned long long)k->cfg.reserve_bytes);
+}
+
+/* ---- alarms ------------------------------------------------------------------ */
+
+static const char *life_alarm_name(unsigned type)
+{
+	return type == ALARM_NOSPACE ? "NOSPACE" : type == ALARM_CORRUPT ? "CORRUPT" : "NONE";
+}
+
+static int life_alarm_on(const struct kvd *k, unsigned type)
+{
+	unsigned i;
+
+	for (i = 0; i < k->db.nalarms; i++)
+		if (k->db.alarms[i].type == type)
+			return 1;
+	return 0;
+}
+
+/* Append the whole alarm set to the batch (an ALARM record). */
+static int life_alarm_log(struct kvd *k)
+{
+	struct mvcc *m = &k->db;
+	size_t at = m->w.len;
+	uint8_t *p;
+	unsigned i;
+
+	if (buf_reserve(k, &m->w, MVCC_REC_HDR + 4 + MVCC_MAX_ALARMS * 11))
+		return KVD_ENOMEM;
+	p = m->w.p + at + MVCC_REC_HDR;
+	put_be32(p, m->nalarms);
+	p += 4;
+	for (i = 0; i < m->nalarms; i++) {
+		p = mvcc_put_varint(p, m->alarms[i].member);
+		*p++ = (uint8_t)m->alarms[i].type;
+	}
+	m->w.len = (size_t)(p - m->w.p);
+	mvcc_seal(m->w.p + at, m->w.len - at - MVCC_REC_HDR, MVCC_REC_ALARM);
+	return 0;
+}
+
+/* Activate (on) or deactivate an alarm.  Returns 1 if the set changed (the
+ * change is in the batch), 0 if not, or KVD_E*. */
+static int life_alarm_set(struct kvd *k, uint64_t member, unsigned type, int on)
+{
+	struct mvcc *m = &k->db;
+	unsigned i;
+
+	for (i = 0; i < m->nalarms; i++)
+		if (m->alarms[i].member == member && m->alarms[i].type == type)
+			break;
+	if (on == (i < m->nalarms))
+		return 0;
+	if (on) {
+		if (m->nalarms == MVCC_MAX_ALARMS)
+			return KVD_ELIMIT;
+		m->alarms[m->nalarms].member = member;
+		m->alarms[m->nalarms++].type = type;
+		kvd_log(k, KVD_LOG_WARN, "alarm raised: memberID:%llu alarm:%s", (unsigned long long)member,
+		        life_alarm_name(type));
+	} else {
+		m->alarms[i] = m->alarms[--m->nalarms];
+		kvd_log(k, KVD_LOG_INFO, "alarm disarmed: memberID:%llu alarm:%s", (unsigned long long)member,
+		        life_alarm_name(type));
+		if (type == ALARM_NOSPACE && !life_alarm_on(k, ALARM_NOSPACE))
+			life_reserve_make(k);
+	}
+	return life_alarm_log(k) ? KVD_ENOMEM : 1;
+}
+
+/* The filesystem said ENOSPC: NOSPACE, and the reserve goes to the freeing
+ * writes that are still allowed. */
+static void life_on_enospc(struct kvd *k)
+{
+	life_reserve_release(k);
+	life_alarm_set(k, k->member_id, ALARM_NOSPACE, 1);
+}
+
+/* May a write that adds cost bytes go on?  0, or etcd's error in code, msg
+ * (a write over the quota raises NOSPACE, as etcd's quota check does). */
+static int life_admit(struct kvd *k, uint64_t cost, int *code, const char **msg)
+{
+	struct mvcc *m = &k->db;
+	uint64_t quota = k->cfg.quota_backend_bytes ? k->cfg.quota_backend_bytes : LIFE_DEFAULT_QUOTA;
+
+	*code = GRPC_RESOURCE_EXHAUSTED; /* etcd: the quota gate comes before the appliers */
+	*msg = E_NO_SPACE;
+	if (cost && m->size + m->w.len + cost >= quota) {
+		life_alarm_set(k, k->member_id, ALARM_NOSPACE, 1);
+		return KVD_EINVAL;
+	}
+	if (life_alarm_on(k, ALARM_CORRUPT)) { /* then CORRUPT's applier, then NOSPACE's */
+		*code = GRPC_DATA_LOSS;
+		*msg = "etcdserver: corrupt cluster";
+		return KVD_EINVAL;
+	}
+	return cost && life_alarm_on(k, ALARM_NOSPACE) ? KVD_EINVAL : 0;
+}
+
+/* ---- the rewrite ------------------------------------------------------------ */
+
+#ifdef KVD_TEST_SERVICES
+/* Test builds die at a named point of a rewrite when KVD_TEST_REWRITE_CRASH
+ * says so ("slice:N", "synced", "renamed", "dirsynced", "switched"). */
+static void life_crash_point(const struct life_rw *rw, const char *point)
+{
+	const char *want = getenv("KVD_TEST_REWRITE_CRASH");
+
+	if (!want)
+		return;
+	if (!strcmp(want, point) || (!strncmp(want, "slice:", 6) && !strcmp(point, "slice") &&
+	                              rw->steps == (unsigned)atoi(want + 6)))
+		raise(SIGKILL);
+}
+#else
+#define life_crash_point(rw, point) ((void)0)
+#endif
+
+static void life_rw_free(struct kvd *k, struct life_rw *rw)
+{
+	if (rw->fd >= 0)
+		close(rw->fd);
+	kvd_free(k, rw->snap);
+	kvd_free(k, rw->leases);
+	kvd_free(k, rw->offs.v);
+	kvd_free(k, rw->ids.v);
+	buf_free(k, &rw->out);
+	buf_free(k, &rw->win);
+	buf_free(k, &rw->op);
+	kvd_free(k, rw->marks.v);
+	kvd_free(k, rw);
+}
+
+static void svc_defrag_answer(struct kvd *k, struct call *c, int code, const char *msg);
+
+/* The rewrite ended (code GRPC_OK) or was abandoned: answer who waited. */
+static void life_rw_end(struct kvd *k, int code, const char *msg)
+{
+	struct life *L = &k->life;
+	struct call *c;
+
+	if (L->rw) {
+		life_rw_free(k, L->rw);
+		L->rw = NULL;
+	}
+	while (L->nwait) {
+		c = L->wait[--L->nwait];
+		c->svc = NULL;
+		svc_defrag_answer(k, c, code, msg);
+	}
+	loop_arm(k, k->now); /* the answers leave on the next turn */
+}
+
+/* Give up: the partial file goes, the old log serves on. */
+static void life_rw_abandon(struct kvd *k, int err, const char *what)
+{
+	struct life_rw *rw = k->life.rw;
+	char msg[200];
+
+	snprintf(msg, sizeof msg, "kvd: log rewrite abandoned: %s%s%s", what, err ? ": " : "", err ? strerror(err) : "");
+	close(rw->fd);
+	rw->fd = -1;
+	unlink(rw->path);
+	kvd_log(k, KVD_LOG_WARN, "%s; serving from the old log", msg + 5);
+	if (rw->automatic)
+		k->life.rw_failed_at = k->now;
+	life_rw_end(k, err == ENOSPC || err == EDQUOT ? GRPC_RESOURCE_EXHAUSTED : GRPC_UNAVAILABLE, msg);
+}
+
+/* Write what out holds to the new file; fdatasync every LIFE_SYNC_EVERY
+ * bytes, or now with sync.  0, or KVD_EIO with the errno in rw->werr. */
+static int life_rw_write(struct kvd *k, struct life_rw *rw, int sync)
+{
+	const uint8_t *p = rw->out.p;
+	size_t n = rw->out.len;
+	ssize_t w;
+
+	while (n) {
+		w = pwrite(rw->fd, p, n, (off_t)rw->size);
+		if (w < 0 && errno == EINTR)
+			continue;
+		if (w <= 0) {
+			rw->werr = w < 0 ? errno : ENOSPC;
+			return KVD_EIO;
+		}
+		p += w;
+		n -= (size_t)w;
+		rw->size += (uint64_t)w;
+	}
+	rw->out.len = 0;
+	if ((sync || rw->size - rw->synced >= LIFE_SYNC_EVERY) && rw->size > rw->synced) {
+		if (!k->db.no_fsync && fdatasync(rw->fd)) {
+			rw->werr = errno;
+			return KVD_EIO;
+		}
+		rw->synced = rw->size;
+	}
+	return 0;
+}
+
+/*
+ * Keys deleted at C itself left the index with that compaction (a put since
+ * starts a new chain), yet TXN C is copied whole (watchers from C see it):
+ * their ops at B must be in the base too.  Appends to rw->snap the op
+ * before each delete at C that no key's chain in the index reaches.
+ */
+static int life_rw_deleted_at_c(struct kvd *k, struct life_rw *rw)
+{
+	struct mvcc *m = &k->db;
+	struct mvcc_reader rd;
+	struct mvcc_rec rec;
+	struct mvcc_op op;
+	struct mvcc_key *key;
+	const char *why;
+	uint64_t *ns;
+	int r, e;
+
+	if (rw->compact <= rw->base)
+		return 0;
+	mvcc_reader_init(&rd, &rw->win, mvcc_seek_rev(k, &rw->win, rw->compact), m->size, 1 << 16, 0);
+	for (;;) { /* TXN C, after any lease-only TXNs that carry C as their check */
+		if (mvcc_read_rec(k, &rd, &rec, &why) != 1)
+			return KVD_ECORRUPT;
+		if (rec.type != MVCC_REC_TXN)
+			continue;
+		if (mvcc_rec_decode(&rec, &why) || rec.rev != rw->compact)
+			return KVD_ECORRUPT;
+		while ((r = mvcc_rec_op(&rec, &op, &why)) == 1 && op.kind != MVCC_OP_PUT && op.kind != MVCC_OP_DEL)
+			;
+		if (r < 0)
+			return r;
+		if (r == 1)
+			break;
+	}
+	mvcc_rec_decode(&rec, &why); /* from its first op again */
+	while ((r = mvcc_rec_op(&rec, &op, &why)) == 1) {
+		if (op.kind != MVCC_OP_DEL || !op.prev)
+			continue;
+		if ((key = mvcc_find(m, op.key, (size_t)op.klen))) { /* does its chain reach this delete? */
+			struct mvcc_op h;
+			uint64_t at = key->op;
+			while (!(e = mvcc_read_op(m, at, &h)) && at != op.off && h.rev > rw->compact && h.prev)
+				at = h.prev - 1;
+			if (e)
+				return e;
+			if (at == op.off)
+				continue; /* yes: the base walk finds its op at B */
+		}
+		if (!(ns = kvd_realloc(k, rw->snap, (rw->nsnap + 1) * sizeof *ns)))
+			return KVD_ENOMEM;
+		rw->snap = ns;
+		rw->snap[rw->nsnap++] = op.prev - 1;
+	}
+	return r;
+}
+
+/* Start: note the keys' latest ops and the leases (the batch is empty). */
+static int life_rw_start(struct kvd *k, int automatic)
+{
+	struct mvcc *m = &k->db;
+	struct life_rw *rw;
+	struct mvcc_it it = {0, 0};
+	struct mvcc_key *r;
+	struct lease *l;
+	uint8_t *p;
+	size_t i;
+
+	if (!(rw = kvd_calloc(k, sizeof *rw)))
+		return KVD_ENOMEM;
+	rw->fd = -1;
+	rw->rec_at = SIZE_MAX;
+	rw->automatic = automatic ? 1 : 0;
+	rw->t0 = k->now;
+	rw->old_size = rw->end0 = m->size;
+	rw->recl0 = m->reclaimable;
+	rw->compact = m->compacted;
+	rw->compact_last = -1;
+	rw->base = KVD_MAX(m->compacted - 1, 1);
+	k->life.rw = rw;
+	if ((m->nkeys && !(rw->snap = kvd_malloc(k, m->nkeys * sizeof *rw->snap))) ||
+	    (k->lease.n && !(rw->leases = kvd_malloc(k, k->lease.n * sizeof *rw->leases)))) {
+		life_rw_end(k, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+		return KVD_ENOMEM;
+	}
+	while ((r = mvcc_at(m, it))) {
+		rw->snap[rw->nsnap++] = r->op;
+		mvcc_next(m, &it);
+	}
+	if (life_rw_deleted_at_c(k, rw)) {
+		life_rw_end(k, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory or unreadable log");
+		return KVD_ENOMEM;
+	}
+	for (i = 0; k->lease.tab && i <= k->lease.mask; i++)
+		for (l = k->lease.tab[i]; l; l = l->hnext) {
+			rw->leases[rw->nleases].id = l->id;
+			rw->leases[rw->nleases++].ttl = l->ttl;
+		}
+	rw->from = rw->at = mvcc_seek_rev(k, &rw->win, rw->base + 1);
+	life_path(k, rw->path, sizeof rw->path, "kvd.log.new");
+	rw->fd = open(rw->path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+	if (rw->fd < 0) {
+		life_rw_abandon(k, errno, "cannot create kvd.log.new");
+		return KVD_EIO;
+	}
+	if (buf_reserve(k, &rw->out, MVCC_REC_HDR + 12)) {
+		life_rw_end(k, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+		return KVD_ENOMEM;
+	}
+	p = rw->out.p;
+	memcpy(p + MVCC_REC_HDR, MVCC_MAGIC, 8);
+	put_be32(p + MVCC_REC_HDR + 8, MVCC_FORMAT);
+	mvcc_seal(p, 12, MVCC_REC_HEADER);
+	rw->out.len = MVCC_REC_HDR + 12;
+	rw->phase = LIFE_LEASES;
+	kvd_log(k, KVD_LOG_INFO, "log rewrite started (%s): %llu bytes, %llu reclaimable, compacted %lld",
+	        automatic ? "automatic" : "Defragment", (unsigned long long)m->size,
+	        (unsigned long long)m->reclaimable, (long long)m->compacted);
+	return 0;
+}
+
+/* Close the BASE record being filled, if any. */
+static void life_rw_base_close(struct life_rw *rw)
+{
+	if (rw->rec_at == SIZE_MAX)
+		return;
+	put_be32(rw->out.p + rw->nops_at, rw->nops);
+	mvcc_seal(rw->out.p + rw->rec_at, rw->out.len - rw->rec_at - MVCC_REC_HDR, MVCC_REC_BASE);
+	rw->rec_at = SIZE_MAX;
+}
+
+/* Room for an op of n bytes in the current BASE record (opened as needed). */
+static int life_rw_base_room(struct kvd *k, struct life_rw *rw, size_t n)
+{
+	if (rw->rec_at != SIZE_MAX && rw->out.len - rw->rec_at + n > LIFE_BASE_REC)
+		life_rw_base_close(rw);
+	if (buf_reserve(k, &rw->out, MVCC_REC_HDR + 14 + n))
+		return KVD_ENOMEM;
+	if (rw->rec_at == SIZE_MAX) {
+		rw->rec_at = rw->out.len;
+		rw->nops_at = mvcc_rec_open(&rw->out, rw->base);
+		rw->nops = 0;
+	}
+	return 0;
+}
+
+/* A COMPACT record into out. */
+static int life_rw_compact(struct kvd *k, struct life_rw *rw)
+{
+	size_t at = rw->out.len;
+	uint8_t *p;
+
+	if (buf_reserve(k, &rw->out, MVCC_REC_HDR + 10))
+		return KVD_ENOMEM;
+	p = mvcc_put_varint(rw->out.p + at + MVCC_REC_HDR, (uint64_t)rw->compact);
+	rw->out.len = (size_t)(p - rw->out.p);
+	mvcc_seal(rw->out.p + at, rw->out.len - at - MVCC_REC_HDR, MVCC_REC_COMPACT);
+	rw->compact_last = rw->compact;
+	return 0;
+}
+
+/* LEASES: which leases lived at B.  Reads [from, end0) for lease ops. */
+static int life_rw_leases(struct kvd *k, struct life_rw *rw, const char **why)
+{
+	struct mvcc_reader rd;
+	struct mvcc_rec rec;
+	struct mvcc_op op;
+	size_t i, budget = LIFE_SLICE;
+	uint64_t kind;
+	int r = 0;
+
+	mvcc_reader_init(&rd, &rw->win, rw->at, rw->end0, 1 << 16, 0);
+	while (budget && (r = mvcc_read_rec(k, &rd, &rec, why)) == 1) {
+		budget -= KVD_MIN(budget, (size_t)(rd.off - rw->at));
+		rw->at = rd.off;
+		if (rec.type != MVCC_REC_TXN)
+			continue;
+		if ((r = mvcc_rec_decode(&rec, why)))
+			return r;
+		while ((r = mvcc_rec_op(&rec, &op, why)) == 1)
+			if ((op.kind == MVCC_OP_GRANT || op.kind == MVCC_OP_REVOKE) &&
+			    life_map_slot(&rw->ids, (uint64_t)op.lease) == SIZE_MAX &&
+			    life_map_put(k, &rw->ids, (uint64_t)op.lease, op.kind))
+				return KVD_ENOMEM;
+		if (r)
+			return r;
+	}
+	if (r < 0)
+		return r;
+	if (rw->at < rw->end0)
+		return 0;
+	/* alive at B: a lease of the start not granted in the history, or one
+	 * whose first op there is a revoke (its TTL no longer matters: the
+	 * history revokes it) */
+	for (i = 0; i < rw->nleases; i++) {
+		size_t sl = life_map_slot(&rw->ids, (uint64_t)rw->leases[i].id);
+		if (sl != SIZE_MAX && rw->ids.v[2 * sl + 1] == MVCC_OP_GRANT)
+			continue;
+		if (life_rw_base_room(k, rw, MVCC_LEASE_OP_MAX))
+			return KVD_ENOMEM;
+		rw->out.len = (size_t)(mvcc_lease_encode(rw->out.p + rw->out.len, MVCC_OP_GRANT, rw->leases[i].id,
+		                                         rw->leases[i].ttl) - rw->out.p);
+		rw->nops++;
+	}
+	for (i = 0; rw->ids.v && i <= rw->ids.mask; i++) {
+		if (!rw->ids.v[2 * i] || rw->ids.v[2 * i + 1] != MVCC_OP_REVOKE)
+			continue;
+		kind = rw->ids.v[2 * i];
+		if (lease_find(k, (int64_t)kind)) /* granted again since: written above */
+			continue;
+		if (life_rw_base_room(k, rw, MVCC_LEASE_OP_MAX))
+			return KVD_ENOMEM;
+		rw->out.len = (size_t)(mvcc_lease_encode(rw->out.p + rw->out.len, MVCC_OP_GRANT, (int64_t)kind,
+		                                         KVD_MAX(k->lease.min_ttl, 1)) - rw->out.p);
+		rw->nops++;
+	}
+	rw->phase = LIFE_BASE;
+	return 0;
+}
+
+/* BASE: each noted key's op at B, as a put with no history. */
+static int life_rw_base(struct kvd *k, struct life_rw *rw, const char **why)
+{
+	struct mvcc *m = &k->db;
+	struct mvcc_op op, whole;
+	const uint8_t *p;
+	size_t budget = LIFE_SLICE, n, hdr;
+	uint64_t off;
+	int r;
+
+	for (; rw->si < rw->nsnap && budget; rw->si++) {
+		off = rw->snap[rw->si];
+		for (;;) { /* back along the key's chain to its op at B */
+			if ((r = mvcc_read_op(m, off, &op)))
+				return r;
+			if (op.kind != MVCC_OP_PUT && op.kind != MVCC_OP_DEL) {
+				*why = "an index entry is not a key op";
+				return KVD_ECORRUPT;
+			}
+			budget -= KVD_MIN(budget, (size_t)64);
+			if (op.rev <= rw->base || !op.prev)
+				break;
+			off = op.prev - 1;
+		}
+		if (op.rev > rw->base || op.kind != MVCC_OP_PUT)
+			continue; /* born after B, or deleted at B */
+		hdr = (size_t)(op.voff - op.off - op.klen);
+		n = hdr + (size_t)op.klen + (size_t)op.vlen;
+		if (buf_reserve(k, &rw->op, n) || life_rw_base_room(k, rw, MVCC_OP_MAX_HDR + n))
+			return KVD_ENOMEM;
+		if (mvcc_pread(m, rw->op.p, n, off))
+			return KVD_EIO;
+		p = rw->op.p;
+		if ((r = mvcc_op_decode(&p, rw->op.p + n, off, 1, &whole, why)))
+			return r;
+		if (life_map_put(k, &rw->offs, off + 1, rw->size + rw->out.len))
+			return KVD_ENOMEM;
+		rw->out.len = (size_t)(mvcc_op_encode(rw->out.p + rw->out.len, MVCC_OP_PUT, 0, whole.rev, whole.create,
+		                                      whole.ver, whole.lease, whole.key, (size_t)whole.klen, whole.val,
+		                                      (size_t)whole.vlen) - rw->out.p);
+		rw->nops++;
+		budget -= KVD_MIN(budget, n);
+		if (rw->out.len >= LIFE_SLICE) { /* a record is written whole */
+			life_rw_base_close(rw);
+			if ((r = life_rw_write(k, rw, 0)))
+				return r;
+		}
+	}
+	if (rw->si < rw->nsnap)
+		return 0;
+	life_rw_base_close(rw);
+	kvd_free(k, rw->snap);
+	rw->snap = NULL;
+	buf_free(k, &rw->op);
+	if (rw->compact >= 0 && rw->compact <= rw->base && life_rw_compact(k, rw))
+		return KVD_ENOMEM; /* C <= 1: it may sit before the copied history */
+	rw->at = rw->from;
+	rw->phase = LIFE_COPY;
+	return 0;
+}
+
+/* COPY one TXN record: its bytes, each key op's prev re-pointed. */
+static int life_rw_txn(struct kvd *k, struct life_rw *rw, struct mvcc_rec *rec, const char **why)
+{
+	size_t len = (size_t)(rec->end - rec->p), q = rw->out.len, pos;
+	uint64_t newprev;
+	uint32_t nkeys = 0;
+	struct mvcc_op op;
+	size_t sl;
+	int r;
+
+	if (buf_reserve(k, &rw->out, MVCC_REC_HDR + len))
+		return KVD_ENOMEM;
+	memcpy(rw->out.p + q, rec->p - MVCC_REC_HDR, MVCC_REC_HDR + len);
+	rw->out.len += MVCC_REC_HDR + len;
+	if ((r = mvcc_rec_decode(rec, why)))
+		return r;
+	while ((r = mvcc_rec_op(rec, &op, why)) == 1) {
+		if (op.kind != MVCC_OP_PUT && op.kind != MVCC_OP_DEL)
+			continue;
+		nkeys++;
+		pos = q + (size_t)(op.off - rec->off);
+		newprev = 0;
+		if (op.prev && (sl = life_map_slot(&rw->offs, op.prev)) != SIZE_MAX) {
+			newprev = rw->offs.v[2 * sl + 1] + 1;
+			life_map_del(&rw->offs, op.prev);
+		}
+		put_be64(rw->out.p + pos + 1, newprev);
+		if (life_map_put(k, &rw->offs, op.off + 1, rw->size + pos))
+			return KVD_ENOMEM;
+	}
+	if (r)
+		return r;
+	mvcc_seal(rw->out.p + q, len, MVCC_REC_TXN);
+	if (nkeys)
+		mvcc_mark(k, &rw->marks, rec->rev, rw->size + q);
+	return 0;
+}
+
+/* COPY: the history from `from` to the old log's (moving) end. */
+static int life_rw_copy(struct kvd *k, struct life_rw *rw, const char **why)
+{
+	struct mvcc_reader rd;
+	struct mvcc_rec rec;
+	size_t budget = LIFE_SLICE;
+	int r = 0;
+
+	mvcc_reader_init(&rd, &rw->win, rw->at, k->db.size, 1 << 16, 0);
+	while (budget && (r = mvcc_read_rec(k, &rd, &rec, why)) == 1) {
+		budget -= KVD_MIN(budget, (size_t)(rd.off - rw->at));
+		rw->at = rd.off;
+		switch (rec.type) {
+		case MVCC_REC_TXN:
+			if ((r = life_rw_txn(k, rw, &rec, why)))
+				return r;
+			break;
+		case MVCC_REC_COMPACT: /* where it was: replay then drops the same keys */
+		case MVCC_REC_ALARM:
+			if (rec.type == MVCC_REC_COMPACT) {
+				if ((r = mvcc_rec_decode(&rec, why)))
+					return r;
+				if (rec.rev <= rw->compact_last)
+					break; /* C <= 1, written after the base */
+				rw->compact_last = rec.rev;
+			}
+			if (buf_reserve(k, &rw->out, (size_t)(rec.end - rec.p) + MVCC_REC_HDR))
+				return KVD_ENOMEM;
+			memcpy(rw->out.p + rw->out.len, rec.p - MVCC_REC_HDR, (size_t)(rec.end - rec.p) + MVCC_REC_HDR);
+			rw->out.len += (size_t)(rec.end - rec.p) + MVCC_REC_HDR;
+			rw->alarms_copied |= rec.type == MVCC_REC_ALARM;
+			break;
+		default: /* HEADER and BASE come before any history */
+			break;
+		}
+	}
+	return r < 0 ? r : 0;
+}
+
+/* The copy has caught up (right after a flush): make the new log the log. */
+static int life_rw_switch(struct kvd *k, struct life_rw *rw, const char **why)
+{
+	struct mvcc *m = &k->db;
+	struct mvcc_it it = {0, 0};
+	struct mvcc_key *r;
+	char path[PATH_MAX];
+	size_t sl, at;
+	int e, dfd;
+	unsigned i;
+	uint8_t *p;
+
+	if (rw->compact_last != m->compacted) {
+		*why = "the compaction's record was not found";
+		return KVD_ECORRUPT;
+	}
+	if (m->nalarms || rw->alarms_copied) { /* the alarms now, stated once more */
+		if (buf_reserve(k, &rw->out, MVCC_REC_HDR + 4 + MVCC_MAX_ALARMS * 11))
+			return KVD_ENOMEM;
+		at = rw->out.len;
+		p = rw->out.p + at + MVCC_REC_HDR;
+		put_be32(p, m->nalarms);
+		p += 4;
+		for (i = 0; i < m->nalarms; i++) {
+			p = mvcc_put_varint(p, m->alarms[i].member);
+			*p++ = (uint8_t)m->alarms[i].type;
+		}
+		rw->out.len = (size_t)(p - rw->out.p);
+		mvcc_seal(rw->out.p + at, rw->out.len - at - MVCC_REC_HDR, MVCC_REC_ALARM);
+	}
+	for (; (r = mvcc_at(m, it)); mvcc_next(m, &it)) /* every key's latest op was copied */
+		if (life_map_slot(&rw->offs, r->op + 1) == SIZE_MAX) {
+			*why = "a key's latest op is missing from the copy";
+			return KVD_ECORRUPT;
+		}
+	if ((e = life_rw_write(k, rw, 1)))
+		return e;
+	life_crash_point(rw, "synced");
+	life_path(k, path, sizeof path, "kvd.log");
+	if (rename(rw->path, path)) {
+		rw->werr = errno;
+		return KVD_EIO;
+	}
+	life_crash_point(rw, "renamed");
+	/* from here the new log is the log: nothing below may fail it */
+	if ((dfd = open(k->cfg.data_dir, O_RDONLY | O_CLOEXEC)) >= 0) {
+		if (!m->no_fsync && fsync(dfd))
+			kvd_log(k, KVD_LOG_WARN, "fsync of %s: %s", k->cfg.data_dir, strerror(errno));
+		close(dfd);
+	}
+	life_crash_point(rw, "dirsynced");
+	it.li = 0;
+	it.ki = 0;
+	for (; (r = mvcc_at(m, it)); mvcc_next(m, &it)) {
+		sl = life_map_slot(&rw->offs, r->op + 1);
+		r->op = rw->offs.v[2 * sl + 1];
+	}
+	close(m->fd);
+	m->fd = rw->fd;
+	rw->fd = -1;
+	m->size = rw->size;
+	mvcc_log_moved(k, m, &rw->marks);
+	m->reclaimable -= KVD_MIN(rw->recl0, m->reclaimable);
+	k->life.rewrites++;
+	k->life.rw_kept += rw->size;
+	k->life.rw_dropped += rw->old_size > rw->size ? rw->old_size - rw->size : 0;
+	kvd_log(k, KVD_LOG_INFO, "log rewritten: %llu -> %llu bytes (%zu keys, revision %lld, compacted %lld) in %lld ms",
+	        (unsigned long long)rw->old_size, (unsigned long long)rw->size, m->nkeys, (long long)m->rev,
+	        (long long)m->compacted, (long long)(k->now - rw->t0));
+	life_crash_point(rw, "switched");
+	return 0;
+}
+
+/* One slice of the rewrite; called after the log flush (batch empty). */
+static void life_rw_step(struct kvd *k)
+{
+	struct life_rw *rw = k->life.rw;
+	const char *why = "";
+	int r = 0;
+
+	if (k->db.broken) {
+		life_rw_abandon(k, 0, "the log is unwritable");
+		return;
+	}
+	rw->steps++;
+	if (rw->phase == LIFE_LEASES)
+		r = life_rw_leases(k, rw, &why);
+	else if (rw->phase == LIFE_BASE)
+		r = life_rw_base(k, rw, &why);
+	else if ((r = life_rw_copy(k, rw, &why)) == 0 && rw->at >= k->db.size && !k->db.w.len) {
+		if ((r = life_rw_switch(k, rw, &why)) == 0) {
+			life_rw_end(k, GRPC_OK, "");
+			life_reserve_make(k);
+			return;
+		}
+	}
+	if (!r) { /* what this slice made goes to the file, records whole */
+		life_rw_base_close(rw);
+		r = life_rw_write(k, rw, 0);
+	}
+	if (r && rw->werr)
+		life_rw_abandon(k, rw->werr, "cannot write kvd.log.new");
+	else if (r == KVD_ENOMEM)
+		life_rw_abandon(k, ENOMEM, "out of memory");
+	else if (r == KVD_ECORRUPT)
+		life_rw_abandon(k, 0, why);
+	else if (r)
+		life_rw_abandon(k, EIO, "cannot read the log");
+	else
+		life_crash_point(rw, "slice");
+}
+
+/* ---- auto-compaction (etcd 3.4's v3compactor) --------------------------- */
+
+/* Parse --auto-compaction-mode/-retention as etcd does. */
+static int life_init(struct kvd *k, char *err, size_t errlen)
+{
+	struct life *L = &k->life;
+	const char *mode = k->cfg.auto_compaction_mode, *ret = k->cfg.auto_compaction_retention;
+	char *end;
+	unsigned long long n;
+	uint32_t ms;
+
+	errno = 0;
+	n = strtoull(ret, &end, 10);
+	if (!strcmp(mode, "revision")) {
+		if (!*ret || *end || errno || *ret == '-') {
+			snprintf(err, errlen, "invalid auto compaction retention %s for revision mode", ret);
+			return KVD_EINVAL;
+		}
+		L->retain_revs = (int64_t)KVD_MIN(n, (unsigned long long)INT64_MAX);
+		L->mode = L->retain_revs ? LIFE_REVISION : LIFE_OFF;
+	} else if (!strcmp(mode, "periodic")) {
+		if (*ret && !*end && !errno && *ret != '-') /* a bare number is hours */
+			ms = n > 1193 ? UINT32_MAX : (uint32_t)(n * 3600000u);
+		else if (cfg_duration(ret, &ms)) {
+			snprintf(err, errlen, "invalid auto compaction retention %s for periodic mode", ret);
+			return KVD_EINVAL;
+		}
+		L->period_ms = ms;
+		L->mode = ms ? LIFE_PERIODIC : LIFE_OFF;
+	} else {
+		snprintf(err, errlen, "unknown auto-compaction-mode \"%s\"", mode);
+		return KVD_EINVAL;
+	}
+	life_reserve_make(k);
+	L->last_ok = k->now;
+	L->base_ms = L->period_ms;
+	if (L->mode == LIFE_PERIODIC) { /* etcd: retry interval = min(period, 1h) / 10 */
+		uint32_t retry = KVD_MAX(KVD_MIN(L->period_ms, 3600000u) / 10, 1u);
+		L->maxrevs = L->period_ms / retry + 1;
+		if (!(L->revs = kvd_calloc(k, L->maxrevs * sizeof *L->revs)))
+			return KVD_ENOMEM;
+		L->revs[L->nrevs++] = k->db.rev;
+		L->next_tick = k->now + retry;
+	} else if (L->mode == LIFE_REVISION) {
+		L->next_tick = k->now + k->cfg.auto_compaction_check_ms;
+	}
+	if (L->mode != LIFE_OFF)
+		loop_arm(k, L->next_tick);
+	return 0;
+}
+
+/* Compact to rev as the compactor asks; 1 done (or already), 0 failed. */
+static int life_compact_to(struct kvd *k, int64_t rev, const char *retention)
+{
+	int code = 0;
+	const char *msg = NULL;
+
+	kvd_log(k, KVD_LOG_INFO, "Starting auto-compaction at revision %lld (retention: %s)", (long long)rev, retention);
+	if (rev <= k->db.compacted || (!k->db.broken && !life_admit(k, 0, &code, &msg) && !mvcc_compact(k, rev))) {
+		kvd_log(k, KVD_LOG_INFO, "Finished auto-compaction at revision %lld", (long long)rev);
+		return 1;
+	}
+	kvd_log(k, KVD_LOG_WARN, "Failed auto-compaction at revision %lld (%s)", (long long)rev,
+	        msg ? msg : k->db.broken ? "the log is unwritable" : "out of memory");
+	return 0;
+}
+
+static void life_compactor(struct kvd *k)
+{
+	struct life *L = &k->life;
+	char ret[64];
+	int64_t rev;
+
+	if (L->mode == LIFE_OFF || k->now < L->next_tick || k->stopping)
+		goto arm;
+	if (L->mode == LIFE_REVISION) {
+		L->next_tick = k->now + k->cfg.auto_compaction_check_ms;
+		rev = k->db.rev - L->retain_revs;
+		if (rev > 0 && rev != L->prev_rev) {
+			snprintf(ret, sizeof ret, "%lld revisions", (long long)L->retain_revs);
+			if (life_compact_to(k, rev, ret))
+				L->prev_rev = rev;
+			else
+				kvd_log(k, KVD_LOG_INFO, "Retry after %u ms", (unsigned)k->cfg.auto_compaction_check_ms);
+		}
+	} else {
+		uint32_t retry = KVD_MAX(KVD_MIN(L->period_ms, 3600000u) / 10, 1u);
+		L->next_tick = k->now + retry;
+		if (k->now - L->last_ok >= L->base_ms) {
+			L->base_ms = KVD_MIN(L->period_ms, 3600000u); /* after the first: every min(period, 1h) */
+			cfg_show_ms(L->period_ms, ret, sizeof ret);
+			if (life_compact_to(k, L->revs[0], ret))
+				L->last_ok = k->now;
+		}
+		if (L->nrevs == L->maxrevs) { /* revs[0] is always the revision about a period ago */
+			memmove(L->revs, L->revs + 1, (L->nrevs - 1) * sizeof *L->revs);
+			L->nrevs--;
+		}
+		L->revs[L->nrevs++] = k->db.rev;
+	}
+arm:
+	if (L->mode != LIFE_OFF && !k->stopping)
+		loop_arm(k, L->next_tick);
+}
+
+/* ---- the loop's part ---------------------------------------------------------- */
+
+/* After the log flush: a slice of the rewrite in progress, or the start of
+ * one that was asked for or that the reclaimable bytes call for. */
+static void life_step(struct kvd *k)
+{
+	struct life *L = &k->life;
+	struct mvcc *m = &k->db;
+	uint64_t kept = m->size - KVD_MIN(m->reclaimable, m->size);
+	int automatic = 0;
+
+	if (m->w.len || m->broken) /* a failed flush left nothing, a broken log writes nothing */
+		return;
+	if (!L->rw && !L->want && k->cfg.auto_rewrite && !k->stopping && m->reclaimable &&
+	    m->reclaimable >= KVD_MAX(k->cfg.auto_rewrite_min_bytes, kept / 100 * k->cfg.auto_rewrite_percent) &&
+	    (!L->rw_failed_at || k->now - L->rw_failed_at >= LIFE_RETRY_MS))
+		automatic = 1;
+	if (!L->rw && (L->want || automatic) && !k->stopping) {
+		L->want = 0;
+		if (life_rw_start(k, automatic))
+			return;
+	}
+	if (L->rw) {
+		life_rw_step(k);
+		if (L->rw)
+			loop_arm(k, k->now); /* the next slice without waiting */
+	}
+}
+
+static void life_fini(struct kvd *k)
+{
+	struct life *L = &k->life;
+
+	if (L->rw) {
+		close(L->rw->fd);
+		L->rw->fd = -1;
+		unlink(L->rw->path);
+	}
+	life_rw_end(k, GRPC_UNAVAILABLE, "etcdserver: server stopped");
+	kvd_free(k, L->wait);
+	kvd_free(k, L->revs);
+	L->wait = NULL;
+	L->revs = NULL;
+}
+
+/* ===== 9. HPACK (hp_) =================================================== */
 
 /*
  * RFC 7541.  The decoder is complete (static and dynamic tables, Huffman,
@@ -3828,14 +5106,14 @@ static void hp_put_status(struct kvd *k, struct kvd_buf *b, int status)
 	hp_put_field(k, b, 8, NULL, s, 3);
 }
 
-/* ===== 9. HTTP/2 frames, streams, flow control (h2_) ==================== */
+/* ===== 10. HTTP/2 frames, streams, flow control (h2_) ==================== */
 
 /*
  * RFC 9113, server side, cleartext with prior knowledge: the loop hands a
  * connection to this section once its first bytes were the preface
- * (section 18).  Input is parsed from c->conn->in one whole frame at a time
+ * (section 19).  Input is parsed from c->conn->in one whole frame at a time
  * (a frame is at most 16 KiB + 9); output is appended to c->conn->out, which
- * the loop writes.  Each stream carries one call (section 10).  Response DATA is
+ * the loop writes.  Each stream carries one call (section 11).  Response DATA is
  * pulled from each stream's queue only as far as the peer's windows and
  * KVD_MAX_OUTPUT allow, so a slow or hostile reader pins bounded memory.
  *
@@ -3868,7 +5146,7 @@ struct h2_stream {
 };
 #define H2_STREAM_OF(cp) ((struct h2_stream *)(void *)(cp)) /* call is the first member */
 
-/* An HTTP/2 connection's state (its struct conn is section 18's). */
+/* An HTTP/2 connection's state (its struct conn is section 19's). */
 struct h2_conn {
 	struct kvd *k;
 	struct conn *conn;
@@ -5123,7 +6401,7 @@ static void h2_conn_free(struct kvd *k, struct h2_conn *c)
 	kvd_free(k, c);
 }
 
-/* HTTP/2 as one of the protocols a connection may speak (section 18). */
+/* HTTP/2 as one of the protocols a connection may speak (section 19). */
 static void h2_proto_input(struct kvd *k, struct conn *c) { h2_input(k, c->ps); }
 static void h2_proto_flush(struct kvd *k, struct conn *c) { h2_flush(k, c->ps); }
 static int64_t h2_proto_timers(struct kvd *k, struct conn *c) { return h2_timers(k, c->ps); }
@@ -5152,7 +6430,7 @@ static const struct net_proto h2_proto = {
 	h2_proto_busy, h2_proto_free,
 };
 
-/* ===== 10. Calls and gRPC framing (call_, grpc_) ======================== */
+/* ===== 11. Calls and gRPC framing (call_, grpc_) ======================== */
 
 /*
  * A call is one RPC being served, apart from what carries it.  A service
@@ -5555,7 +6833,7 @@ static void grpc_on_remote_close(struct kvd *k, struct h2_stream *s)
 	call_half_close(k, &s->call, BUF_LEN(&s->in) != 0);
 }
 
-/* ===== 11. Go's sort.Sort, as etcd sorts ranges (svc_gosort_) =========== */
+/* ===== 12. Go's sort.Sort, as etcd sorts ranges (svc_gosort_) =========== */
 
 /*
  * etcd sorts a Range's results with Go's sort.Sort, which is not stable:
@@ -5862,7 +7140,7 @@ static void svc_gosort_pdq(struct gosort *g, size_t a, size_t b, unsigned limit)
 	}
 }
 
-/* ===== 12. Services: KV (svc_) ========================================== */
+/* ===== 13. Services: KV (svc_) ========================================== */
 
 /*
  * Semantics follow etcd 3.4 (etcdserver/apply.go, v3rpc/key.go, mvcc): error
@@ -6695,11 +7973,42 @@ static int svc_txn_readonly(const Etcdserverpb__TxnRequest *rq)
 /* ---- handlers ----------------------------------------------------------- */
 
 /* The store refuses writes after a write error it could not repair. */
-static int svc_writable(struct kvd *k, struct svc_err *e)
+/* May this write go on?  cost: the bytes it may add (puts, lease grants),
+ * 0 for what frees space (deletes, compaction, revocation, alarms). */
+static int svc_writable(struct kvd *k, struct svc_err *e, uint64_t cost)
 {
+	const char *msg;
+	int code;
+
 	if (k->db.broken)
 		return svc_fail(e, GRPC_UNAVAILABLE, "kvd: the log is unwritable after an I/O error; restart kvd");
+	if (life_admit(k, cost, &code, &msg))
+		return svc_fail(e, code, msg);
 	return 0;
+}
+
+/* What a put may add to the log (its op and a record of its own). */
+static uint64_t svc_put_cost(const Etcdserverpb__PutRequest *p)
+{
+	return MVCC_REC_HDR + 14 + MVCC_OP_MAX_HDR + (uint64_t)p->key.len + p->value.len;
+}
+
+/* A txn's cost, as etcd's quota counts it: the dearer branch's puts (kvd
+ * counts nested txns' too). */
+static uint64_t svc_txn_cost(const Etcdserverpb__TxnRequest *rq)
+{
+	uint64_t c[2] = {0, 0};
+	size_t i, b;
+
+	for (b = 0; b < 2; b++)
+		for (i = 0; i < (b ? rq->n_failure : rq->n_success); i++) {
+			const Etcdserverpb__RequestOp *op = b ? rq->failure[i] : rq->success[i];
+			if (op->request_case == ETCDSERVERPB__REQUEST_OP__REQUEST_REQUEST_PUT)
+				c[b] += svc_put_cost(op->request_put);
+			else if (op->request_case == ETCDSERVERPB__REQUEST_OP__REQUEST_REQUEST_TXN)
+				c[b] += svc_txn_cost(op->request_txn);
+		}
+	return KVD_MAX(c[0], c[1]);
 }
 
 /* End a unary KV call: the reply, or the error in e. */
@@ -6736,7 +8045,7 @@ static int svc_write1(struct kvd *k, struct call *s, struct svc_pool *pl, const 
 {
 	struct mvcc_txn t;
 
-	if (svc_writable(k, e))
+	if (svc_writable(k, e, del ? 0 : svc_put_cost(rq)))
 		return KVD_EINVAL;
 	if (mvcc_txn_begin(k, &t)) {
 		svc_fail(e, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
@@ -6839,7 +8148,7 @@ static void svc_txn_rpc(struct kvd *k, struct call *s)
 	if (ro) {
 		if (!svc_txn_apply(k, &pl, NULL, rq, &path, &rs, &e))
 			svc_header(k, &h, 1);
-	} else if (!svc_writable(k, &e)) {
+	} else if (!svc_writable(k, &e, svc_txn_cost(rq))) {
 		if (mvcc_txn_begin(k, &t)) {
 			svc_fail(&e, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
 			goto out;
@@ -6871,7 +8180,7 @@ static void svc_compact_rpc(struct kvd *k, struct call *s)
 		svc_fail(&e, GRPC_OUT_OF_RANGE, E_COMPACTED);
 	else if (rq->revision > k->db.rev)
 		svc_fail(&e, GRPC_OUT_OF_RANGE, E_FUTURE_REV);
-	else if (!svc_writable(k, &e) && mvcc_compact(k, rq->revision))
+	else if (!svc_writable(k, &e, 0) && mvcc_compact(k, rq->revision))
 		svc_fail(&e, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
 	if (!e.msg) {
 		/* physical or not, the answer leaves once the compaction is durable */
@@ -7033,7 +8342,7 @@ static void svc_rangestream_rpc(struct kvd *k, struct call *s)
 	}
 }
 
-/* ===== 13. Services: Lease (svc_lease_) ================================= */
+/* ===== 14. Services: Lease (svc_lease_) ================================= */
 
 
 /* Lease id if it is alive; one whose deadline passed is revoked now (the
@@ -7081,7 +8390,7 @@ static void svc_lease_grant_rpc(struct kvd *k, struct call *s)
 		svc_fail(&e, GRPC_OUT_OF_RANGE, E_LEASE_TTL);
 	else if (id && lease_find(k, id))
 		svc_fail(&e, GRPC_FAILED_PRECONDITION, E_LEASE_EXISTS);
-	else if (!svc_writable(k, &e))
+	else if (!svc_writable(k, &e, MVCC_REC_HDR + 14 + MVCC_LEASE_OP_MAX))
 		svc_lease_write(k, &e, NULL, id ? id : (id = lease_next_id(k)), ttl);
 	if (!e.msg) { /* the answer leaves once the grant is durable */
 		svc_header(k, &h, 1);
@@ -7105,7 +8414,7 @@ static void svc_lease_revoke_rpc(struct kvd *k, struct call *s)
 		svc_fail(&e, GRPC_INVALID_ARGUMENT, E_TOO_LARGE);
 	else if (!(l = svc_lease_live(k, rq->id)))
 		svc_fail(&e, GRPC_NOT_FOUND, E_LEASE_NOT_FOUND);
-	else if (!svc_writable(k, &e))
+	else if (!svc_writable(k, &e, 0))
 		svc_lease_write(k, &e, l, 0, 0);
 	if (!e.msg) {
 		svc_header(k, &h, 1); /* the revision that deleted its keys, if it had any */
@@ -7227,7 +8536,7 @@ static void svc_lease_leases_rpc(struct kvd *k, struct call *s)
 	svc_pool_free(&pl);
 }
 
-/* ===== 14. Services: Maintenance, Cluster, Health; the method table (svc_) === */
+/* ===== 15. Services: Maintenance, Cluster, Health; the method table (svc_) === */
 
 /* grpc.health.v1.Health/Check: "" is SERVING, any other name unknown (as
  * etcd registers only ""). */
@@ -7270,12 +8579,22 @@ static void svc_health_watch_shutdown(struct kvd *k, struct call *s)
 		call_send(k, s, &rs.base);
 }
 
-/* Maintenance/Status, with the fields etcd 3.4 sets (leader = self). */
+/* Maintenance/Status, with the fields etcd 3.4 sets (leader = self); errors
+ * are the alarms, as etcd's AlarmMember prints itself. */
 static void svc_status(struct kvd *k, struct call *s)
 {
 	Etcdserverpb__StatusResponse rs = ETCDSERVERPB__STATUS_RESPONSE__INIT;
 	Etcdserverpb__ResponseHeader h;
+	char text[MVCC_MAX_ALARMS][64], *errs[MVCC_MAX_ALARMS];
+	unsigned i;
 
+	for (i = 0; i < k->db.nalarms; i++) {
+		snprintf(text[i], sizeof text[i], "memberID:%llu alarm:%s ", (unsigned long long)k->db.alarms[i].member,
+		         life_alarm_name(k->db.alarms[i].type));
+		errs[i] = text[i];
+	}
+	rs.n_errors = k->db.nalarms;
+	rs.errors = errs;
 	svc_header(k, &h, 1);
 	rs.header = &h;
 	rs.version = (char *)KVD_ETCD_VERSION;
@@ -7286,6 +8605,123 @@ static void svc_status(struct kvd *k, struct call *s)
 	rs.raftappliedindex = (uint64_t)k->db.rev;
 	rs.raftterm = SVC_RAFT_TERM;
 	call_reply(k, s, &rs.base);
+}
+
+/* Maintenance/Alarm: GET (all, or one type), ACTIVATE, DEACTIVATE, as
+ * etcd's applier: the answer lists the alarm changed (or found). */
+static void svc_alarm(struct kvd *k, struct call *s)
+{
+	const Etcdserverpb__AlarmRequest *rq = (const void *)s->rq;
+	Etcdserverpb__AlarmResponse rs = ETCDSERVERPB__ALARM_RESPONSE__INIT;
+	Etcdserverpb__AlarmMember am[MVCC_MAX_ALARMS], *pam[MVCC_MAX_ALARMS];
+	Etcdserverpb__ResponseHeader h;
+	struct svc_err e = {0, NULL};
+	struct mvcc *m = &k->db;
+	unsigned i, n = 0, type = (unsigned)rq->alarm;
+	int r;
+
+	if (svc_too_large(k, s->raw.n)) {
+		svc_fail(&e, GRPC_INVALID_ARGUMENT, E_TOO_LARGE);
+	} else if (rq->action == ETCDSERVERPB__ALARM_REQUEST__ALARM_ACTION__GET) {
+		for (i = 0; i < m->nalarms; i++)
+			if (type == ALARM_NONE || m->alarms[i].type == type) {
+				etcdserverpb__alarm_member__init(&am[n]);
+				am[n].memberid = m->alarms[i].member;
+				am[n].alarm = (Etcdserverpb__AlarmType)m->alarms[i].type;
+				pam[n] = &am[n];
+				n++;
+			}
+	} else if (rq->action != ETCDSERVERPB__ALARM_REQUEST__ALARM_ACTION__ACTIVATE &&
+	           rq->action != ETCDSERVERPB__ALARM_REQUEST__ALARM_ACTION__DEACTIVATE) {
+		svc_fail(&e, GRPC_INVALID_ARGUMENT, "etcdserver: unknown alarm action");
+	} else if (type != ALARM_NOSPACE && type != ALARM_CORRUPT) {
+		(void)0; /* NONE, or a type kvd does not know: nothing to change */
+	} else if (k->db.broken) { /* alarms themselves pass any alarm, as etcd's */
+		svc_fail(&e, GRPC_UNAVAILABLE, "kvd: the log is unwritable after an I/O error; restart kvd");
+	} else {
+		int on = rq->action == ETCDSERVERPB__ALARM_REQUEST__ALARM_ACTION__ACTIVATE;
+		int was = 0;
+		for (i = 0; i < m->nalarms; i++)
+			was |= m->alarms[i].member == rq->memberid && m->alarms[i].type == type;
+		r = life_alarm_set(k, rq->memberid, type, on);
+		if (r < 0)
+			svc_fail(&e, GRPC_RESOURCE_EXHAUSTED, r == KVD_ELIMIT ? "kvd: too many alarms" : "kvd: out of memory");
+		else if (on || was) { /* activate answers the alarm even if it was on; deactivate only if it was */
+			etcdserverpb__alarm_member__init(&am[0]);
+			am[0].memberid = rq->memberid;
+			am[0].alarm = (Etcdserverpb__AlarmType)type;
+			pam[0] = &am[0];
+			n = 1;
+			s->wrote = r == 1;
+		}
+	}
+	if (!e.msg) {
+		svc_header(k, &h, 1);
+		rs.header = &h;
+		rs.n_alarms = n;
+		rs.alarms = n ? pam : NULL;
+	}
+	svc_end(k, s, &rs.base, &e);
+}
+
+/* Maintenance/Defragment: the log rewrite (section 8).  The call waits for
+ * it to end; clients go on meanwhile. */
+static void svc_defrag_answer(struct kvd *k, struct call *c, int code, const char *msg)
+{
+	Etcdserverpb__DefragmentResponse rs = ETCDSERVERPB__DEFRAGMENT_RESPONSE__INIT;
+	Etcdserverpb__ResponseHeader h;
+
+	if (code != GRPC_OK) {
+		call_finish(k, c, code, "%s", msg);
+		return;
+	}
+	svc_header(k, &h, 1);
+	rs.header = &h;
+	call_reply(k, c, &rs.base);
+}
+
+static void svc_defrag(struct kvd *k, struct call *s)
+{
+	struct life *L = &k->life;
+
+	if (svc_too_large(k, s->raw.n)) {
+		call_finish(k, s, GRPC_INVALID_ARGUMENT, "%s", E_TOO_LARGE);
+		return;
+	}
+	if (k->db.broken) {
+		call_finish(k, s, GRPC_UNAVAILABLE, "kvd: the log is unwritable after an I/O error; restart kvd");
+		return;
+	}
+	if (L->nwait == L->waitcap) {
+		size_t cap = L->waitcap ? L->waitcap * 2 : 4;
+		struct call **w = kvd_realloc(k, L->wait, cap * sizeof *w);
+		if (!w) {
+			call_finish(k, s, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+			return;
+		}
+		L->wait = w;
+		L->waitcap = cap;
+	}
+	L->wait[L->nwait++] = s;
+	s->svc = s; /* waiting: svc_defrag_close takes it off the list */
+	if (!L->rw)
+		L->want = 1;
+	loop_arm(k, k->now);
+}
+
+static void svc_defrag_close(struct kvd *k, struct call *s)
+{
+	struct life *L = &k->life;
+	size_t i;
+
+	if (!s->svc)
+		return;
+	for (i = 0; i < L->nwait; i++)
+		if (L->wait[i] == s) {
+			L->wait[i] = L->wait[--L->nwait];
+			break;
+		}
+	s->svc = NULL;
 }
 
 static void svc_member(struct kvd *k, Etcdserverpb__Member *m)
@@ -7443,9 +8879,9 @@ static const struct grpc_method svc_cluster[] = {
 	{"/etcdserverpb.Cluster/MemberPromote", GRPC_UNARY, PB(etcdserverpb__member_promote_request), PB(etcdserverpb__member_promote_response), NULL, NULL, NULL, NULL, NULL},
 };
 static const struct grpc_method svc_maintenance[] = {
-	{"/etcdserverpb.Maintenance/Alarm", GRPC_UNARY, PB(etcdserverpb__alarm_request), PB(etcdserverpb__alarm_response), NULL, NULL, NULL, NULL, NULL},
+	{"/etcdserverpb.Maintenance/Alarm", GRPC_UNARY, PB(etcdserverpb__alarm_request), PB(etcdserverpb__alarm_response), svc_alarm, NULL, NULL, NULL, NULL},
 	{"/etcdserverpb.Maintenance/Status", GRPC_UNARY, PB(etcdserverpb__status_request), PB(etcdserverpb__status_response), svc_status, NULL, NULL, NULL, NULL},
-	{"/etcdserverpb.Maintenance/Defragment", GRPC_UNARY, PB(etcdserverpb__defragment_request), PB(etcdserverpb__defragment_response), NULL, NULL, NULL, NULL, NULL},
+	{"/etcdserverpb.Maintenance/Defragment", GRPC_UNARY, PB(etcdserverpb__defragment_request), PB(etcdserverpb__defragment_response), svc_defrag, NULL, svc_defrag_close, NULL, NULL},
 	{"/etcdserverpb.Maintenance/Hash", GRPC_UNARY, PB(etcdserverpb__hash_request), PB(etcdserverpb__hash_response), NULL, NULL, NULL, NULL, NULL},
 	{"/etcdserverpb.Maintenance/HashKV", GRPC_UNARY, PB(etcdserverpb__hash_kvrequest), PB(etcdserverpb__hash_kvresponse), NULL, NULL, NULL, NULL, NULL},
 	{"/etcdserverpb.Maintenance/Snapshot", GRPC_SERVER_STREAM, PB(etcdserverpb__snapshot_request), PB(etcdserverpb__snapshot_response), NULL, NULL, NULL, NULL, NULL},
@@ -7569,7 +9005,7 @@ static void svc_shutdown(struct kvd *k)
 			c->m->on_shutdown(k, c);
 }
 
-/* ===== 15. Watch (watch_) =============================================== */
+/* ===== 16. Watch (watch_) =============================================== */
 
 /*
  * etcd's Watch: many watchers per bidi stream.  A watcher owes its client
@@ -8139,34 +9575,6 @@ static void watch_batch(struct kvd *k, const uint8_t *p, size_t n, uint64_t base
 
 /* ---- catch-up from the log ------------------------------------------------ */
 
-/* Offset of the first record with revision >= rev (or the log's end). */
-static uint64_t watch_seek(struct kvd *k, int64_t rev)
-{
-	struct mvcc *m = &k->db;
-	struct mvcc_reader rd;
-	struct mvcc_rec rec;
-	const char *why;
-	size_t lo = 0, hi = m->nmarks, mid;
-	uint64_t off = MVCC_REC_HDR + 12; /* after the header record */
-
-	while (lo < hi) { /* last mark with rev <= wanted */
-		mid = lo + (hi - lo) / 2;
-		if (m->marks[mid].rev <= rev)
-			lo = mid + 1;
-		else
-			hi = mid;
-	}
-	if (lo)
-		off = m->marks[lo - 1].off;
-	mvcc_reader_init(&rd, &k->watch.rbuf, off, m->size, 1 << 16, 0);
-	while (mvcc_read_rec(k, &rd, &rec, &why) == 1) {
-		if (rec.type == MVCC_REC_TXN && !mvcc_rec_decode(&rec, &why) && rec.rev >= rev)
-			return rec.off;
-		off = rd.off;
-	}
-	return off;
-}
-
 /* Drop a watcher: its stream, the registry, memory. */
 static void watch_free(struct kvd *k, struct watch *w)
 {
@@ -8295,7 +9703,7 @@ static int watch_catchup(struct kvd *k, struct watch *w)
 		return 1;
 	}
 	if (!w->next_off || w->next_gen != m->gen) {
-		w->next_off = watch_seek(k, w->next);
+		w->next_off = mvcc_seek_rev(k, &k->watch.rbuf, w->next);
 		w->next_gen = m->gen;
 	}
 	off = w->next_off;
@@ -8588,7 +9996,7 @@ static void watch_fini(struct kvd *k)
 	buf_free(k, &k->watch.enc);
 }
 
-/* ===== 16. JSON (json_) ================================================= */
+/* ===== 17. JSON (json_) ================================================= */
 
 /*
  * A small strict JSON reader (RFC 8259) into a tree held in one arena, and
@@ -9191,7 +10599,7 @@ static void json_write(struct kvd *k, struct kvd_buf *b, const struct json *v)
 	json_put_raw(k, b, v->type == JSON_OBJ ? "}" : "]");
 }
 
-/* ===== 17. confd: Ganeti's UDP query protocol (confd_) ================== */
+/* ===== 18. confd: Ganeti's UDP query protocol (confd_) ================== */
 
 /*
  * Ganeti's confd on UDP: a datagram is "plj0" + {"msg","salt","hmac"}, the
@@ -11027,7 +12435,7 @@ static void confd_close(struct kvd *k)
 	k->confd = NULL;
 }
 
-/* ===== 18. Sockets and the poll loop (net_, loop_) ====================== */
+/* ===== 19. Sockets and the poll loop (net_, loop_) ====================== */
 
 /*
  * One poll() loop, no threads.  Each kvd_poll() call (loop_run):
@@ -11627,6 +13035,7 @@ static void loop_timers(struct kvd *k)
 		loop_arm(k, k->accept_pause_until);
 	watch_timers(k);
 	lease_timers(k);
+	life_compactor(k);
 }
 
 /*
@@ -11662,6 +13071,10 @@ static void loop_log_flush(struct kvd *k)
 			            s->wrote ? "not applied" : "retry");
 	}
 	k->nheld = 0;
+	if (err && (k->db.last_errno == ENOSPC || k->db.last_errno == EDQUOT)) {
+		life_on_enospc(k); /* its ALARM record goes in the next batch */
+		loop_arm(k, k->now);
+	}
 }
 
 /* Before sleeping: input held back by output pressure, the log flush, then
@@ -11682,6 +13095,7 @@ static void loop_flush(struct kvd *k)
 		net_write(k, c);
 	}
 	net_reap(k);
+	life_step(k); /* a slice of a log rewrite, after the replies left */
 }
 
 /* What each pollfd belongs to: the dispatch needs nothing positional. */
@@ -11789,14 +13203,14 @@ static int loop_run(struct kvd *k, int timeout_ms)
 	return k->stopping && !k->conns ? KVD_ESTOPPED : 0;
 }
 
-/* ===== 19. Flags and configuration (cfg_) =============================== */
+/* ===== 20. Flags and configuration (cfg_) =============================== */
 
 /*
  * etcd's flag syntax (Go's flag package): -flag or --flag, "=value" or the
  * next argument; every flag may also come from ETCD_<FLAG_IN_CAPS>, and, as in
  * etcd 3.4, setting both is an error.  Durations are Go durations ("5s").
  */
-enum cfg_type { CFG_STR, CFG_U32, CFG_MS, CFG_LEVEL, CFG_BOOL };
+enum cfg_type { CFG_STR, CFG_U32, CFG_U64, CFG_MS, CFG_LEVEL, CFG_BOOL };
 /* One flag: its name (the environment variable is ETCD_<NAME>), the field of
  * struct kvd_config it sets and how it is parsed, its default, its help.
  * Adding a flag is a field in kvd.h, a line here, and its use. */
@@ -11846,6 +13260,22 @@ static const struct cfg_flag cfg_flags[] = {
 	CFG_N("max-watchers", CFG_U32, max_watchers, 0, KVD_MAX_WATCHERS, "kvd: watchers in all streams"),
 	CFG_N("unsafe-no-fsync", CFG_BOOL, unsafe_no_fsync, 0, 0,
 	      "acknowledge writes before they reach the disk (loses them on power failure)"),
+	CFG_S("auto-compaction-mode", auto_compaction_mode, "periodic",
+	      "periodic (retention: hours, or a duration such as 30m) or revision (retention: revisions)"),
+	CFG_S("auto-compaction-retention", auto_compaction_retention, "0",
+	      "history auto-compaction keeps, 0 = off"),
+	CFG_N("auto-compaction-check-interval", CFG_MS, auto_compaction_check_ms, 1, 300000,
+	      "kvd: how often revision mode compacts (etcd: 5m)"),
+	CFG_N("quota-backend-bytes", CFG_U64, quota_backend_bytes, 0, 0,
+	      "log size that raises the NOSPACE alarm, 0 = 2 GiB as etcd"),
+	CFG_N("auto-rewrite", CFG_BOOL, auto_rewrite, 0, 1,
+	      "kvd: rewrite the log (as Defragment) when enough of it is reclaimable"),
+	CFG_N("auto-rewrite-percent", CFG_U32, auto_rewrite_percent, 0, 50,
+	      "kvd: ... once the reclaimable bytes reach this percentage of the kept ones"),
+	CFG_N("auto-rewrite-min-bytes", CFG_U64, auto_rewrite_min_bytes, 0, 1048576,
+	      "kvd: ... and at least this many bytes"),
+	CFG_N("reserve-bytes", CFG_U64, reserve_bytes, 0, 131072,
+	      "kvd: disk space held back in <data-dir>/kvd.reserve so deletes, compaction and rewrites work on a full disk"),
 	CFG_S("confd-hmac-key-file", confd_hmac_key_file, NULL,
 	      "kvd: Ganeti confd key file (its raw bytes, newline included; mode 0600/0400); confd is off without it"),
 	CFG_S("confd-listen", confd_listen, "127.0.0.1:1814",
@@ -11922,6 +13352,15 @@ static int cfg_set(struct kvd_config *cfg, const struct cfg_flag *f, const char 
 			return KVD_EINVAL;
 		}
 		*(uint32_t *)(void *)((char *)cfg + f->off) = (uint32_t)u;
+		return 0;
+	case CFG_U64:
+		errno = 0;
+		u = strtoull(v, &end, 10);
+		if (!*v || *end || errno || u < f->min || *v == '-') {
+			snprintf(err, errlen, "invalid value \"%s\" for flag --%s: want a number of bytes", v, f->name);
+			return KVD_EINVAL;
+		}
+		*(uint64_t *)(void *)((char *)cfg + f->off) = (uint64_t)u;
 		return 0;
 	case CFG_MS:
 		if (cfg_duration(v, &ms)) {
@@ -12172,7 +13611,7 @@ static int cfg_lock(struct kvd *k, char *err, size_t errlen)
 	return 0;
 }
 
-/* ===== 20. Public embedding API (kvd_) ================================== */
+/* ===== 21. Public embedding API (kvd_) ================================== */
 
 #define KVD_STR_(x) #x
 #define KVD_STR(x) KVD_STR_(x)
@@ -12224,6 +13663,7 @@ KVD_API void kvd_config_init(struct kvd_config *cfg)
 		case CFG_STR: *(const char **)f = cfg_flags[i].defs; break;
 		case CFG_BOOL:
 		case CFG_LEVEL: *(int *)f = (int)cfg_flags[i].def; break;
+		case CFG_U64: *(uint64_t *)f = cfg_flags[i].def; break;
 		default: *(uint32_t *)f = cfg_flags[i].def; break;
 		}
 	}
@@ -12380,7 +13820,7 @@ KVD_API int kvd_open(const struct kvd_config *cfg, struct kvd **out, char *err, 
 		goto fail;
 	}
 	if ((r = cfg_mkdirs(k->cfg.data_dir, err, errlen)) || (r = cfg_lock(k, err, errlen)) ||
-	    (r = mvcc_open(k, err, errlen)) || (r = confd_open(k, err, errlen)))
+	    (r = mvcc_open(k, err, errlen)) || (r = life_init(k, err, errlen)) || (r = confd_open(k, err, errlen)))
 		goto fail; /* confd first: "serving client requests" means everything serves */
 	if (!(list = kvd_strdup(k, k->cfg.listen_client_urls))) {
 		r = KVD_ENOMEM;
@@ -12458,6 +13898,7 @@ KVD_API void kvd_close(struct kvd *k)
 		kvd_log(k, KVD_LOG_INFO, "confd: %s", line);
 	}
 	confd_close(k);
+	life_fini(k);
 	mvcc_close(k);
 	watch_fini(k);
 	lease_fini(k);
@@ -12527,7 +13968,7 @@ KVD_API int kvd_main(int argc, char **argv)
 	return 0;
 }
 
-/* ===== 21. main() ======================================================= */
+/* ===== 22. main() ======================================================= */
 
 #ifndef KVD_NO_MAIN
 int main(int argc, char **argv)

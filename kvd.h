@@ -78,6 +78,14 @@ struct kvd_config {
 	uint32_t watch_progress_notify_ms;       /* --experimental-watch-progress-notify-interval (10 min) */
 	uint32_t max_watchers;                   /* --max-watchers (100000) */
 	int unsafe_no_fsync;                     /* --unsafe-no-fsync (0) */
+	const char *auto_compaction_mode;        /* --auto-compaction-mode ("periodic" or "revision") */
+	const char *auto_compaction_retention;   /* --auto-compaction-retention ("0": off) */
+	uint32_t auto_compaction_check_ms;       /* --auto-compaction-check-interval, revision mode (5 min) */
+	uint64_t quota_backend_bytes;            /* --quota-backend-bytes (0: 2 GiB, as etcd) */
+	int auto_rewrite;                        /* --auto-rewrite (1) */
+	uint32_t auto_rewrite_percent;           /* --auto-rewrite-percent of the kept bytes (50) */
+	uint64_t auto_rewrite_min_bytes;         /* --auto-rewrite-min-bytes (1 MiB) */
+	uint64_t reserve_bytes;                  /* --reserve-bytes, kept for a full disk (128 KiB) */
 	const char *confd_hmac_key_file;         /* --confd-hmac-key-file (NULL: confd off) */
 	const char *confd_listen;                /* --confd-listen ("127.0.0.1:1814") */
 	const char *confd_ganeti_config_key;     /* --confd-ganeti-config-key (NULL: keyspace mode) */

@@ -4,6 +4,8 @@ data on the same disk.  A benchmark, not a test: it prints figures and
 kvd/etcd ratios (the README records them).
 
   test/bench.py [--n N] [--keys K] [--only transport|watch|lease|confd|kv]
+  test/bench.py --only rewrite [--mb 100]    Put latency during Defragment, kvd and etcd
+  test/bench.py --only life                  disk writes per byte put over a simulated life
 
 The confd rows compare kvd with Debian's ganeti-confd 3.0.2 instead.
 """
@@ -12,6 +14,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 from kvdtest import ROOT, Kvd, Client, pb, free_port, grpc_frame, wait_for
@@ -26,14 +29,15 @@ CONFDBENCH = os.path.join(ROOT, "test", "confdbench")
 class EtcdDisk:
     """etcd with its data on the same disk as kvd's (durability costs the same)."""
 
-    def __init__(self, d=None, port=None):
+    def __init__(self, d=None, port=None, args=()):
         self.port = port or free_port()
         self.dir = d or tempfile.mkdtemp(prefix="etcd-bench-", dir=DISK)
         self.url = "http://127.0.0.1:%d" % self.port
         self.t0 = time.time()
         self.p = subprocess.Popen(["etcd", "--name", "bench", "--data-dir", self.dir, "--listen-client-urls", self.url,
                                    "--advertise-client-urls", self.url,
-                                   "--listen-peer-urls", "http://127.0.0.1:%d" % free_port(), "--log-level", "error"],
+                                   "--listen-peer-urls", "http://127.0.0.1:%d" % free_port(), "--log-level", "error"]
+                                  + list(args),
                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
     def endpoint(self):
@@ -215,10 +219,113 @@ def first_answer(start, endpoint):
     return time.time() - t0, p
 
 
+def serial_puts(endpoint, until, key=b"lat"):
+    """Put latencies (s) of one client putting one key after another until until() says stop."""
+    c = Client(endpoint)
+    lat = []
+    while not until() or not lat:
+        t0 = time.time()
+        c.call("Put", R.PutRequest(key=key, value=b"x" * 100), timeout=60)
+        lat.append(time.time() - t0)
+    c.close()
+    return lat
+
+
+def pcts(lat):
+    s = sorted(lat)
+    return s[len(s) // 2] * 1000, s[min(len(s) - 1, int(len(s) * 0.99))] * 1000, s[-1] * 1000
+
+
+def rewrite_rows(mb=100):
+    """Put latency while 'mb' MB of log (half of it history a compaction
+    dropped) is rewritten by Defragment, against none; etcd's defragment of
+    the same data beside it."""
+    ke = Kvd(KVD, ["--auto-rewrite=false", "--quota-backend-bytes", str(8 << 30)],
+             data_dir=tempfile.mkdtemp(prefix="kvd-bench-", dir=DISK))
+    ee = EtcdDisk()
+    wait_for(lambda: Client(ee.endpoint()).call("Range", R.RangeRequest(key=b"x"))[0] == "ok", 30)
+    subprocess.run(["etcdctl", "--endpoints", ee.endpoint(), "put", "x", "y"], capture_output=True)
+    res = {}
+    for name, srv in (("etcd", ee), ("kvd", ke)):
+        c = Client(srv.endpoint())
+        n = mb * 1024 // 2  # keys of 1 KiB, written twice
+        for rnd in range(2):
+            for base in range(0, n, 100):
+                t = R.TxnRequest()
+                for i in range(base, min(n, base + 100)):
+                    t.success.add().request_put.CopyFrom(R.PutRequest(key=b"key-%07d" % i, value=bytes([97 + rnd]) * 1024))
+                c.call("Txn", t, timeout=60)
+        rev = c.call("Range", R.RangeRequest(key=b"x"))[1].header.revision
+        c.call("Compact", R.CompactionRequest(revision=rev, physical=True), timeout=300)
+        size = c.call("Status", R.StatusRequest(), service="etcdserverpb.Maintenance", resp="StatusResponse")[1].dbSize
+        t_end = time.time() + 3
+        idle = serial_puts(srv.endpoint(), lambda: time.time() > t_end)
+        done = threading.Event()
+        took = []
+
+        def run():
+            t0 = time.time()
+            a = c.call("Defragment", R.DefragmentRequest(), service="etcdserverpb.Maintenance",
+                       resp="DefragmentResponse", timeout=600)
+            took.append((time.time() - t0, a[0]))
+            done.set()
+        th = threading.Thread(target=run)
+        th.start()
+        during = serial_puts(srv.endpoint(), done.is_set)
+        th.join()
+        after = c.call("Status", R.StatusRequest(), service="etcdserverpb.Maintenance", resp="StatusResponse")[1].dbSize
+        res[name] = (idle, during, took[0], size, after)
+        c.close()
+        srv.stop()
+    print("Defragment of a %d MB store (half of it compacted history), serial 100-byte Puts meanwhile:" % mb)
+    for name in ("etcd", "kvd"):
+        idle, during, (secs, ok), size, after = res[name]
+        print("  %-5s db %6.1f -> %5.1f MB in %5.2f s (%s); Put p50/p99/max ms: idle %.2f/%.2f/%.1f, "
+              "during %.2f/%.2f/%.1f (%d puts)" % ((name, size / 1e6, after / 1e6, secs, ok) + pcts(idle) +
+                                                  pcts(during) + (len(during),)))
+
+
+def life_rows(writes=200000, nkeys=1000):
+    """A simulated life: writes overwrites of nkeys keys (100-byte values) in
+    txns of 100, periodic auto-compaction keeping 5 s on both, kvd's automatic
+    rewrite on (etcd has no such thing); bytes the disk got per byte put, and
+    the data dir at the end."""
+    ke = Kvd(KVD, ["--auto-compaction-retention", "5s"], data_dir=tempfile.mkdtemp(prefix="kvd-bench-", dir=DISK))
+    ee = EtcdDisk(args=["--auto-compaction-mode", "periodic", "--auto-compaction-retention", "5s"])
+    wait_for(lambda: Client(ee.endpoint()).call("Range", R.RangeRequest(key=b"x"))[0] == "ok", 30)
+    out = {}
+    for name, srv in (("etcd", ee), ("kvd", ke)):
+        c = Client(srv.endpoint())
+        w0 = io_written(srv.p.pid)
+        user = 0
+        t0 = time.time()
+        for base in range(0, writes, 100):
+            t = R.TxnRequest()
+            for i in range(base, base + 100):
+                t.success.add().request_put.CopyFrom(R.PutRequest(key=b"k%05d" % (i % nkeys), value=b"%0100d" % i))
+                user += 6 + 100
+            c.call("Txn", t, timeout=60)
+        secs = time.time() - t0
+        wrote = io_written(srv.p.pid) - w0
+        du = sum(os.path.getsize(os.path.join(dp, f)) for dp, _, fs in os.walk(srv.dir) for f in fs)
+        out[name] = (wrote / user, du, secs)
+        c.close()
+        srv.stop()
+    print("A life of %d overwrites of %d keys (periodic compaction 5 s on both):" % (writes, nkeys))
+    row("  disk bytes written per byte put", out["etcd"][0], out["kvd"][0], "B", higher=False)
+    row("  data dir at the end", out["etcd"][1], out["kvd"][1], "B", higher=False)
+
+
 def main(argv):
     n = int(argv[argv.index("--n") + 1]) if "--n" in argv else 100000
     nkeys = int(argv[argv.index("--keys") + 1]) if "--keys" in argv else 200000
     only = argv[argv.index("--only") + 1] if "--only" in argv else ""
+    if only == "rewrite":  # servers of their own, data of their own
+        rewrite_rows(int(argv[argv.index("--mb") + 1]) if "--mb" in argv else 100)
+        return 0
+    if only == "life":
+        life_rows()
+        return 0
     kvd_dir = tempfile.mkdtemp(prefix="kvd-bench-", dir=DISK)
     e = EtcdDisk()
     k = Kvd(KVD, ["--name", "bench"], data_dir=kvd_dir)

@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 """Crash safety: kill -9 kvd at random moments under concurrent write load,
-restart, and check that every acknowledged write is there with its revision
-and that no txn is half applied.  Real fsync, data dir on a real disk.
+with auto-compaction and log rewrites running, restart, and check that every
+acknowledged write is there with its revision and that no txn is half
+applied.  Real fsync, data dir on a real disk.
 
   KVD_CRASH_ROUNDS=N (default 8)
 Last line: "N passed, N failed".
@@ -19,6 +20,9 @@ from kvdtest import ROOT, Kvd, Client, pb, check, test, run_tests, free_port
 KVD = os.path.abspath(os.environ.get("KVD", os.path.join(ROOT, "kvd")))
 R = pb()["rpc"]
 ROUNDS = int(os.environ.get("KVD_CRASH_ROUNDS", "8"))
+# compaction and rewrites often, so kills land in the middle of rewrites too
+LIFE = ["--auto-compaction-mode", "revision", "--auto-compaction-retention", "100",
+        "--auto-compaction-check-interval", "50ms", "--auto-rewrite-percent", "0", "--auto-rewrite-min-bytes", "8192"]
 
 
 def writer(endpoint, wid, rnd, acked, stop):
@@ -47,8 +51,9 @@ def kill_and_recover():
     acked_all = []
     max_rev = 1
     rng = random.Random(42)
+    rewrites = 0
     for rnd in range(ROUNDS):
-        k = Kvd(KVD, data_dir=d, port=port)
+        k = Kvd(KVD, data_dir=d, port=port, args=LIFE)
         # everything acknowledged before must still be there, exactly
         c = Client(k.endpoint())
         lost = []
@@ -77,6 +82,8 @@ def kill_and_recover():
         time.sleep(rng.uniform(0.1, 0.8))
         k.p.send_signal(signal.SIGKILL)
         k.p.wait()
+        k.stop()
+        rewrites += k.logtext().count("log rewrite started")
         stop.set()
         for w in ws:
             w.join(10)
@@ -85,6 +92,7 @@ def kill_and_recover():
             max_rev = max(max_rev, max(a[3] for a in acked))
         print("  round %d: %d txns acknowledged before the kill" % (rnd, len(acked)), flush=True)
     check(len(acked_all) > ROUNDS * 5, "load was applied (%d txns)" % len(acked_all))
+    check(rewrites > 0, "log rewrites ran under the load the kills cut (%d started)" % rewrites)
     k = Kvd(KVD, data_dir=d, port=port)
     log = k.logtext()
     k.stop()

@@ -1,15 +1,17 @@
 #!/usr/bin/python3
-"""A full disk: kvd's data dir on a 1 MiB tmpfs (needs root to mount).
-Writes fail cleanly with etcd's "database space exceeded", reads go on,
-nothing unacknowledged appears, kvd recovers when space comes back and after
-a restart everything acknowledged is there.  Last line: "N passed, N failed".
+"""A full disk: kvd's data dir on a tiny tmpfs (needs root to mount).
+Writes fail cleanly with etcd's "database space exceeded" and raise NOSPACE,
+reads go on, nothing unacknowledged appears; on the full disk deletes,
+compaction, lease expiry, a rewrite and the disarm still work (the reserve);
+a rewrite that runs out of space is abandoned and kvd serves on; after a
+restart everything acknowledged is there.  Last line: "N passed, N failed".
 """
 import os
 import subprocess
 import sys
 import tempfile
 
-from kvdtest import ROOT, Kvd, Client, pb, check, test, run_tests, free_port
+from kvdtest import ROOT, Kvd, Client, pb, check, test, run_tests, free_port, etcdctl, wait_for
 
 KVD = os.path.abspath(os.environ.get("KVD", os.path.join(ROOT, "kvd")))
 R = pb()["rpc"]
@@ -29,6 +31,10 @@ def full_disk():
         port = free_port()
         k = Kvd(KVD, data_dir=d, port=port)
         c = Client(k.endpoint())
+        check(os.path.getsize(os.path.join(d, "kvd.reserve")) == 131072, "the reserve is held")
+        lease = c.call("LeaseGrant", R.LeaseGrantRequest(TTL=3), service="etcdserverpb.Lease",
+                       resp="LeaseGrantResponse")[1].ID
+        c.call("Put", R.PutRequest(key=b"leased", value=b"v", lease=lease))
         acked, errors = {}, []
         for i in range(400):
             key = b"key%04d" % i
@@ -54,7 +60,32 @@ def full_disk():
               "reads serve the acknowledged writes only: %d keys, rev %s" %
               (len(ans[1].kvs) if ans[0] == "ok" else -1, ans[1].header.revision if ans[0] == "ok" else ans))
         check(k.alive(), "kvd alive")
-        # space comes back: writes work again
+        st = c.call("Status", R.StatusRequest(), service="etcdserverpb.Maintenance", resp="StatusResponse")[1]
+        check([e.endswith("alarm:NOSPACE ") for e in st.errors] == [True], "NOSPACE raised: %r" % list(st.errors))
+        check(not os.path.exists(os.path.join(d, "kvd.reserve")), "the reserve given back")
+        # on the full disk: the lease expires (its key goes), deletes and compaction work
+        check(wait_for(lambda: c.call("Range", R.RangeRequest(key=b"leased"))[1].count == 0, 30),
+              "an expired lease's key is deleted on the full disk")
+        gone = sorted(acked)[:-3]
+        for key in gone:
+            ans = c.call("DeleteRange", R.DeleteRangeRequest(key=key))
+            if ans[0] != "ok":
+                break
+        check(ans[0] == "ok", "deletes work on the full disk: %r" % (ans,))
+        for key in gone:
+            del acked[key]
+        rev = c.call("Range", R.RangeRequest(key=b"x"))[1].header.revision
+        ans = c.call("Compact", R.CompactionRequest(revision=rev))
+        check(ans[0] == "ok", "compaction works on the full disk: %r" % (ans,))
+        ans = c.call("Defragment", R.DefragmentRequest(), service="etcdserverpb.Maintenance",
+                     resp="DefragmentResponse", timeout=60)
+        check(ans[0] == "ok", "a rewrite works on the full disk: %r" % (ans,))
+        ans = c.call("Put", R.PutRequest(key=b"after", value=b"ok"))
+        check(ans[0] == "err" and ans[2] == "etcdserver: mvcc: database space exceeded",
+              "space is back, but NOSPACE stays until disarmed, as etcd: %r" % (ans,))
+        r = etcdctl(k, "alarm", "disarm")
+        check(r[0] == 0 and "alarm:NOSPACE" in r[1], "etcdctl alarm disarm: %r" % (r,))
+        check(os.path.exists(os.path.join(d, "kvd.reserve")), "the reserve is made again")
         os.unlink(filler)
         ans = c.call("Put", R.PutRequest(key=b"after", value=b"ok"))
         check(ans[0] == "ok" and ans[1].header.revision == rev + 1, "writes resume: %r" % (ans,))
@@ -69,6 +100,48 @@ def full_disk():
         check(not bad, "after a restart every acknowledged write is there: %r" % bad[:3])
         ans = c.call("Range", R.RangeRequest(key=b"txn"))
         check(ans[0] == "ok" and not ans[1].kvs, "the failed txn never appeared")
+        c.close()
+        k.stop()
+    finally:
+        subprocess.run(["umount", mnt])
+        os.rmdir(mnt)
+
+
+@test
+def out_of_space_during_a_rewrite():
+    mnt = tempfile.mkdtemp(prefix="kvd-enospc-")
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", mnt], capture_output=True)
+    if not check(r.returncode == 0, "mount a 3 MiB tmpfs: %s" % r.stderr.decode().strip()):
+        return
+    try:
+        d = os.path.join(mnt, "data")
+        k = Kvd(KVD, data_dir=d, args=["--reserve-bytes", "0", "--auto-rewrite=false"])
+        c = Client(k.endpoint())
+        for i in range(100):  # 1.2 MB that a rewrite must keep, then history to drop
+            c.call("Put", R.PutRequest(key=b"k%03d" % i, value=b"a" * 12000))
+        c.call("Put", R.PutRequest(key=b"k000", value=b"b"))
+        rev = c.call("Range", R.RangeRequest(key=b"k000"))[1].header.revision
+        c.call("Compact", R.CompactionRequest(revision=rev))
+        st = os.statvfs(mnt)
+        filler = os.path.join(mnt, "filler")
+        with open(filler, "wb") as f:  # leave less room than the kept data
+            f.write(b"\0" * max(0, st.f_bavail * st.f_frsize - 400000))
+        ans = c.call("Defragment", R.DefragmentRequest(), service="etcdserverpb.Maintenance",
+                     resp="DefragmentResponse", timeout=60)
+        check(ans[0] == "err" and ans[1] == "RESOURCE_EXHAUSTED" and "No space left" in ans[2],
+              "the rewrite is abandoned with its reason: %r" % (ans,))
+        check(not os.path.exists(os.path.join(d, "kvd.log.new")), "its partial file is gone")
+        check("log rewrite abandoned" in k.logtext(), "and the log says so")
+        ans = c.call("Range", R.RangeRequest(key=b"k", range_end=b"l", count_only=True))
+        check(ans[0] == "ok" and ans[1].count == 100 and k.alive(), "kvd serves from the old log")
+        ans = c.call("Put", R.PutRequest(key=b"small", value=b"s"))
+        check(ans[0] == "ok", "and takes writes: %r" % (ans,))
+        os.unlink(filler)
+        ans = c.call("Defragment", R.DefragmentRequest(), service="etcdserverpb.Maintenance",
+                     resp="DefragmentResponse", timeout=60)
+        check(ans[0] == "ok", "with room again the rewrite works: %r" % (ans,))
+        ans = c.call("Range", R.RangeRequest(key=b"k050"))
+        check(ans[0] == "ok" and ans[1].kvs[0].value == b"a" * 12000, "data intact")
         c.close()
         k.stop()
     finally:

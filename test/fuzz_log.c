@@ -6,7 +6,9 @@
  * record, so the fuzzer reaches records quickly).  Replay must either refuse
  * with an error or produce a sane index (and leases whose key sets are
  * exactly their live keys); then a write must append cleanly,
- * and a second replay must agree.  Everything is freed.
+ * and a second replay must agree; then a rewrite of that log must finish
+ * and replay to the same revision, keys, compaction and leases.
+ * Everything is freed.
  */
 #define KVD_NO_MAIN
 #include "../kvd.c"
@@ -42,7 +44,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	struct mvcc_txn t;
 	size_t n = 0, at2;
 	struct lease *l2;
-	int64_t rev;
+	int64_t rev, comp;
+	size_t nl;
 	int fd, rc;
 
 	if (!size)
@@ -108,6 +111,20 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 			k = fz_open(dir, &rc);
 			if (!k || rc != 0 || k->db.rev != rev + 1)
 				abort(); /* what we appended must replay */
+			/* a log that replays rewrites, and the rewrite replays the same */
+			n = k->db.nkeys;
+			k->life.want = 1;
+			for (rc = 0; rc < 100000 && (k->life.want || k->life.rw); rc++)
+				life_step(k);
+			if (k->life.rewrites != 1 || k->db.nkeys != n || k->db.rev != rev + 1)
+				abort();
+			comp = k->db.compacted;
+			nl = k->lease.n;
+			kvd_close(k);
+			k = fz_open(dir, &rc);
+			if (!k || rc != 0 || k->db.rev != rev + 1 || k->db.nkeys != n || k->db.compacted != comp ||
+			    k->lease.n != nl)
+				abort();
 		}
 	}
 	kvd_close(k);

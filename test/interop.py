@@ -89,8 +89,8 @@ def same_ids_as_etcd():
 @test
 def etcdctl_unimplemented():
     k = Kvd(KVD)
-    rc, out, err = etcdctl(k, "alarm", "list")
-    check(rc != 0 and "code = Unimplemented" in err and "not implemented yet" in err, "alarm list: %r" % err)
+    rc, out, err = etcdctl(k, "user", "list")
+    check(rc != 0 and "code = Unimplemented" in err and "not implemented yet" in err, "user list: %r" % err)
     k.stop()
 
 

@@ -165,6 +165,28 @@ def log_seeds():
         data = open(os.path.join(k.dir, "kvd.log"), "rb").read()
         with open(os.path.join(HERE, "corpus", "log", "kvd-lease-%d" % seed), "wb") as f:
             f.write(b"\x00" + data)
+    # rewritten logs: BASE records, relinked history, COMPACT and ALARM records
+    from kvdtest import pb
+    R = pb()["rpc"]
+    for seed, nops in ((3, 120), (4, 300)):
+        k = Kvd(os.path.join(os.path.dirname(HERE), "kvd"), args=["--auto-rewrite=false"])
+        c = Client(k.endpoint())
+        g = LeaseGen(seed)
+        for i in range(nops):
+            for kind, m, q in g.next():
+                call(c, kind, m, q)
+            if i == nops // 2:
+                rev = c.call("Range", R.RangeRequest(key=b"x"))[1].header.revision
+                c.call("Compact", R.CompactionRequest(revision=max(2, rev - 20)))
+                c.call("Alarm", R.AlarmRequest(action=1, memberID=7, alarm=1), service="etcdserverpb.Maintenance",
+                       resp="AlarmResponse")
+                c.call("Defragment", R.DefragmentRequest(), service="etcdserverpb.Maintenance",
+                       resp="DefragmentResponse")
+        c.close()
+        k.stop()
+        data = open(os.path.join(k.dir, "kvd.log"), "rb").read()
+        with open(os.path.join(HERE, "corpus", "log", "kvd-rewritten-%d" % seed), "wb") as f:
+            f.write(b"\x00" + data)
 
 
 def confd_seeds():

@@ -1949,7 +1949,7 @@ static void test_watch(void)
 	t_conn_free(k, c);
 	CHECK(k->watch.total == 0);
 	/* every allocation failure on the way leaves nothing behind */
-	mem0 = k->mem;
+	mem0 = k->mem - k->db.deadcap * sizeof *k->db.dead;
 	for (i = 1; i < 200; i++) {
 		base = k->nalloc;
 		k->fail_at = base + i;
@@ -1962,7 +1962,8 @@ static void test_watch(void)
 		ok &= k->watch.total == 0;
 	}
 	CHECK(ok && failed > 20);
-	CHECK(k->mem <= mem0 + 4096); /* only the index and the log's marks may grow */
+	/* only the index, the log's marks and its superseded-bytes ranges may grow */
+	CHECK(k->mem - k->db.deadcap * sizeof *k->db.dead <= mem0 + 4096);
 	kvd_close(k);
 	snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
 	CHECK(system(cmd) == 0);
@@ -2949,8 +2950,9 @@ static size_t t_watch_revs(struct h2_conn *c, int64_t *revs, size_t cap)
 	return n;
 }
 
-/* The log moves under a watcher catching up: it finds its place again by
- * revision and misses nothing, repeats nothing. */
+/* The log moves (a real rewrite, driven slice by slice) under a watcher
+ * catching up: it finds its place again by revision and misses nothing,
+ * repeats nothing. */
 static void test_watch_log_moved(void)
 {
 	char *dir = t_tmpdir(), cmd[128], v[16];
@@ -2971,7 +2973,7 @@ static void test_watch_log_moved(void)
 		snprintf(v, sizeof v, "v%zu", i);
 		ok &= t_put(k, "m", v) == 0;
 	}
-	CHECK(ok && mvcc_flush(k) == 0 && k->db.rev == 3001 && k->db.nmarks > 0);
+	CHECK(ok && mvcc_compact(k, 2) == 0 && mvcc_flush(k) == 0 && k->db.rev == 3001 && k->db.marks.n > 0);
 	mvcc_batch_done(k);
 	c = t_conn(k);
 	t_preface(&in, k);
@@ -2988,8 +2990,10 @@ static void test_watch_log_moved(void)
 	got = t_watch_revs(c, revs, 4000);
 	w = ((struct watch_stream *)s->call.svc)->w[0];
 	CHECK(got < 3000 && !w->synced && w->next_off && w->next_gen == k->db.gen); /* part way */
-	mvcc_log_moved(&k->db);
-	CHECK(k->db.nmarks == 0 && w->next_gen != k->db.gen);
+	k->life.want = 1;
+	for (rounds = 0; rounds < 1000 && (k->life.want || k->life.rw || rounds == 0); rounds++)
+		life_step(k);
+	CHECK(!k->life.rw && k->life.rewrites == 1 && k->db.marks.n > 0 && w->next_gen != k->db.gen);
 	for (rounds = 0; rounds < 100 && got < 3000; rounds++) {
 		s->send_window = 1 << 30;
 		h2_flush(k, c);
@@ -2999,6 +3003,247 @@ static void test_watch_log_moved(void)
 		ok &= revs[i] == (int64_t)i + 2;
 	CHECK(got == 3000 && ok && w->synced && w->next_gen == k->db.gen);
 	t_conn_free(k, c);
+	kvd_close(k);
+	snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+	CHECK(system(cmd) == 0);
+}
+
+/* Everything a reader can see, as one CRC: every key at every revision
+ * from the compacted one on (existence, revisions, version, lease, value),
+ * the leases, the alarms, the revision and the compaction point. */
+static uint32_t t_seen(struct kvd *k)
+{
+	struct mvcc *m = &k->db;
+	struct mvcc_it it;
+	struct mvcc_key *r;
+	struct mvcc_kv kv;
+	struct lease *l;
+	uint32_t crc = 0;
+	int64_t rev, t[6];
+	uint8_t v[256];
+	size_t i;
+	int vis;
+
+	for (rev = KVD_MAX(m->compacted, 1); rev <= m->rev; rev++) {
+		it.li = 0;
+		it.ki = 0;
+		for (; (r = mvcc_at(m, it)); mvcc_next(m, &it)) {
+			vis = mvcc_visible(m, r, rev, &kv);
+			t[0] = vis;
+			t[1] = vis > 0 ? kv.mod : 0;
+			t[2] = vis > 0 ? kv.create : 0;
+			t[3] = vis > 0 ? kv.ver : 0;
+			t[4] = vis > 0 ? kv.lease : 0;
+			t[5] = vis > 0 ? kv.vlen : 0;
+			crc = mvcc_crc32c(crc, r->key, r->klen);
+			crc = mvcc_crc32c(crc, t, sizeof t);
+			if (vis > 0 && kv.vlen <= sizeof v && !mvcc_pread(m, v, kv.vlen, kv.voff))
+				crc = mvcc_crc32c(crc, v, kv.vlen);
+		}
+	}
+	for (i = 0; k->lease.tab && i <= k->lease.mask; i++)
+		for (l = k->lease.tab[i]; l; l = l->hnext) {
+			t[0] = l->id;
+			t[1] = l->ttl;
+			t[2] = l->nkeys;
+			crc ^= mvcc_crc32c(0, t, 3 * sizeof *t); /* in any order */
+		}
+	t[0] = m->rev;
+	t[1] = m->compacted;
+	t[2] = m->nalarms;
+	t[3] = (int64_t)m->nkeys;
+	return mvcc_crc32c(crc, t, 4 * sizeof *t);
+}
+
+/* The log rewrite against what readers see: random puts (some with leases),
+ * deletes, grants, revokes, alarms and compactions, with rewrites running
+ * slice by slice in between (as the loop runs them, after each flush).  At
+ * every switch what readers see is the same before and after, and again
+ * after a restart; the new log is smaller when history was compacted. */
+static void test_log_rewrite(void)
+{
+	char *dir = t_tmpdir(), cmd[128], key[16], val[200];
+	struct kvd *k = t_store(dir);
+	uint64_t rnd = getenv("T_SEED") ? strtoull(getenv("T_SEED"), NULL, 10) : 7, size0;
+	uint32_t before = 0, after;
+	unsigned round, op, n, switches = 0, smaller = 0, same = 0, replayed = 0;
+	int64_t id, cur;
+	size_t vl;
+	int ok = 1;
+
+	t_name = "log_rewrite";
+	if (!k)
+		return;
+	k->cfg.auto_rewrite = 0;
+	for (round = 0; round < 60; round++) {
+		for (op = 0; op < 40; op++) {
+			rnd = rnd * 6364136223846793005ull + 1442695040888963407ull;
+			n = (unsigned)(rnd >> 33);
+			snprintf(key, sizeof key, "k%u", n % 37);
+			vl = n % 7 == 0 ? 150 : n % 20;
+			memset(val, 'a' + (int)(round % 26), vl);
+			val[vl] = 0;
+			id = 1 + (int64_t)(n / 37 % 9);
+			switch (n % 11) {
+			case 0: case 1: case 2: case 3: ok &= t_put(k, key, val) == 0; break;
+			case 4: case 10: ok &= t_del(k, key) == 0; break;
+			case 5: if (!lease_find(k, id)) ok &= t_grant(k, id, 100 + id) == 0; break;
+			case 6: if (lease_find(k, id)) ok &= t_put_lease(k, key, val, id) == 0; break;
+			case 7: if (lease_find(k, id) && n % 3 == 0) ok &= t_revoke(k, id) == 0; break;
+			case 8: /* compact somewhere between the last compaction and now */
+				cur = k->db.rev;
+				if (n % 4 == 0 && cur > KVD_MAX(k->db.compacted, 0) + 1)
+					ok &= mvcc_compact(k, n % 8 == 0 ? cur : /* right after a delete, often */
+					                   KVD_MAX(k->db.compacted, 0) + 1 +
+					                   (int64_t)(n / 11 % (uint64_t)(cur - KVD_MAX(k->db.compacted, 0)))) == 0;
+				break;
+			case 9: if (n % 5 == 0) ok &= life_alarm_set(k, 1 + n % 2, ALARM_NOSPACE, n % 10 == 0) >= 0; break;
+			default: break;
+			}
+			if (n % 13 == 0 && !k->life.rw)
+				k->life.want = 1;
+			if (op % 4 == 3) { /* a loop iteration: flush, then a slice */
+				ok &= mvcc_flush(k) == 0;
+				mvcc_batch_done(k);
+				if (k->life.rw || k->life.want) {
+					before = t_seen(k);
+					size0 = k->db.size;
+					n = (unsigned)k->life.rewrites;
+					life_step(k);
+					if (k->life.rewrites != n) {
+						after = t_seen(k);
+						switches++;
+						same += before == after;
+						smaller += k->db.size < size0;
+					}
+				}
+			}
+		}
+		if (round % 15 == 14) { /* a restart replays the rewritten log */
+			ok &= mvcc_flush(k) == 0;
+			while (k->life.rw)
+				life_step(k);
+			before = t_seen(k);
+			kvd_close(k);
+			if (getenv("T_KEEP")) {
+				snprintf(cmd, sizeof cmd, "cp %s/kvd.log /tmp/t_keep.log", dir);
+				(void)!system(cmd);
+			}
+			if (!(k = t_store(dir)))
+				break;
+			k->cfg.auto_rewrite = 0;
+			replayed += t_seen(k) == before;
+		}
+	}
+	CHECK(ok && k);
+	CHECK(switches >= 5 && same == switches);
+	CHECK(smaller >= 2);
+	CHECK(replayed == 4);
+	if (getenv("T_VERBOSE") || switches != same || replayed != 4)
+		printf("  switches %u, same %u, smaller %u, replayed %u\n", switches, same, smaller, replayed);
+	kvd_close(k);
+	snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+	CHECK(system(cmd) == 0);
+}
+
+/* Bytes this process has written through the kernel (its /proc io). */
+static uint64_t t_io_written(void)
+{
+	char line[128];
+	unsigned long long v = 0;
+	FILE *f = fopen("/proc/self/io", "r");
+
+	while (f && fgets(line, sizeof line, f))
+		if (sscanf(line, "write_bytes: %llu", &v) == 1)
+			break;
+	if (f)
+		fclose(f);
+	return v;
+}
+
+static uint64_t t_dir_bytes(const char *dir)
+{
+	const char *names[] = {"kvd.log", "kvd.log.new", "kvd.reserve"};
+	char path[256];
+	struct stat st;
+	uint64_t n = 0;
+	size_t i;
+
+	for (i = 0; i < KVD_COUNT(names); i++) {
+		snprintf(path, sizeof path, "%s/%s", dir, names[i]);
+		if (!stat(path, &st))
+			n += (uint64_t)st.st_size;
+	}
+	return n;
+}
+
+/*
+ * A long life on a small flash: T_LIFE_PUTS (2 million) overwrites of 1000
+ * keys, leases granted with keys and left to expire, revision
+ * auto-compaction keeping 1000 revisions and the automatic rewrite (at 256
+ * KiB reclaimable), as the loop runs them on a simulated clock.  The data
+ * dir, sampled after every batch, never passes twice what readers can see
+ * (the log a rewrite keeps at the end) plus the trigger and the reserve.
+ */
+static void test_long_life(void)
+{
+	char *dir = t_tmpdir(), cmd[128], key[16], val[128];
+	struct kvd *k = t_store(dir);
+	uint64_t puts = getenv("T_LIFE_PUTS") ? strtoull(getenv("T_LIFE_PUTS"), NULL, 10) : 2000000;
+	uint64_t i, peak = 0, bytes, user = 0, io0, kept;
+	int64_t lease = 0;
+	unsigned j;
+	int ok = 1;
+
+	t_name = "long_life";
+	if (!k)
+		return;
+	k->cfg.auto_rewrite_percent = 0;
+	k->cfg.auto_rewrite_min_bytes = 256 * 1024;
+	k->life.mode = LIFE_REVISION;
+	k->life.retain_revs = 1000;
+	k->cfg.auto_compaction_check_ms = 1000;
+	k->life.next_tick = k->now;
+	io0 = t_io_written();
+	for (i = 0; i < puts && ok; i++) {
+		snprintf(key, sizeof key, "k%03u", (unsigned)(i % 1000));
+		snprintf(val, sizeof val, "%0100llu", (unsigned long long)i);
+		ok &= t_put(k, key, val) == 0;
+		user += strlen(key) + 100;
+		if (i % 5000 == 0) { /* a lease of 5 s with 10 keys, every 5 s */
+			lease = 1000 + (int64_t)(i / 5000);
+			ok &= t_grant(k, lease, 5) == 0;
+			for (j = 0; j < 10; j++) {
+				snprintf(key, sizeof key, "l%u", j);
+				ok &= t_put_lease(k, key, "leased", lease) == 0;
+			}
+		}
+		if (i % 100 == 99) { /* a loop iteration: 100 ms, flush, timers, a slice */
+			k->now += 100;
+			ok &= mvcc_flush(k) == 0;
+			mvcc_batch_done(k);
+			lease_timers(k);
+			life_compactor(k);
+			ok &= mvcc_flush(k) == 0;
+			mvcc_batch_done(k);
+			life_step(k);
+			bytes = t_dir_bytes(dir);
+			peak = KVD_MAX(peak, bytes);
+		}
+	}
+	CHECK(ok && k->db.nkeys <= 1010 && k->life.rewrites > 10);
+	/* what readers can see now: the log a rewrite of it keeps */
+	while (k->life.rw)
+		life_step(k);
+	k->life.want = 1;
+	while (k->life.want || k->life.rw)
+		life_step(k);
+	kept = k->db.size;
+	CHECK(peak <= 2 * kept + 256 * 1024 + k->cfg.reserve_bytes + 65536);
+	printf("  long life: %llu puts, %llu rewrites, kept %llu bytes, data dir peak %llu bytes (%.2fx kept), "
+	       "%.2f bytes written per user byte\n", (unsigned long long)puts, (unsigned long long)k->life.rewrites,
+	       (unsigned long long)kept, (unsigned long long)peak, (double)peak / (double)kept,
+	       (double)(t_io_written() - io0) / (double)user);
 	kvd_close(k);
 	snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
 	CHECK(system(cmd) == 0);
@@ -3046,6 +3291,8 @@ static const struct {
 	{"mvcc_torn_tail", test_mvcc_torn_tail},
 	{"watch", test_watch},
 	{"watch_log_moved", test_watch_log_moved},
+	{"log_rewrite", test_log_rewrite},
+	{"long_life", test_long_life},
 	{"lease_wheel", test_lease_wheel},
 	{"lease_keys_and_undo", test_lease_keys_and_undo},
 	{"lease_expiry_burst", test_lease_expiry_burst},
