@@ -2445,6 +2445,44 @@ static void mvcc_seal(uint8_t *rec, size_t payload, unsigned type)
 	put_be32(rec + 4, crc);
 }
 
+#define MVCC_HEADER_REC (MVCC_REC_HDR + 12)                      /* bytes */
+#define MVCC_COMPACT_REC_MAX (MVCC_REC_HDR + 10)
+#define MVCC_ALARM_REC_MAX (MVCC_REC_HDR + 4 + MVCC_MAX_ALARMS * 11)
+
+/* The HEADER record at p (MVCC_HEADER_REC bytes). */
+static void mvcc_header_encode(uint8_t *p)
+{
+	memcpy(p + MVCC_REC_HDR, MVCC_MAGIC, 8);
+	put_be32(p + MVCC_REC_HDR + 8, MVCC_FORMAT);
+	mvcc_seal(p, 12, MVCC_REC_HEADER);
+}
+
+/* A COMPACT record at the end of b, which has MVCC_COMPACT_REC_MAX bytes free. */
+static void mvcc_compact_encode(struct kvd_buf *b, int64_t rev)
+{
+	size_t at = b->len;
+
+	b->len = (size_t)(mvcc_put_varint(b->p + at + MVCC_REC_HDR, (uint64_t)rev) - b->p);
+	mvcc_seal(b->p + at, b->len - at - MVCC_REC_HDR, MVCC_REC_COMPACT);
+}
+
+/* An ALARM record stating a[0..n) at the end of b (MVCC_ALARM_REC_MAX free). */
+static void mvcc_alarms_encode(struct kvd_buf *b, const struct mvcc_alarm *a, unsigned n)
+{
+	size_t at = b->len;
+	uint8_t *p = b->p + at + MVCC_REC_HDR;
+	unsigned i;
+
+	put_be32(p, n);
+	p += 4;
+	for (i = 0; i < n; i++) {
+		p = mvcc_put_varint(p, a[i].member);
+		*p++ = (uint8_t)a[i].type;
+	}
+	b->len = (size_t)(p - b->p);
+	mvcc_seal(b->p + at, b->len - at - MVCC_REC_HDR, MVCC_REC_ALARM);
+}
+
 /* End a write txn: no ops, no record and no revision; else the revision. */
 static void mvcc_txn_end(struct kvd *k, struct mvcc_txn *t)
 {
@@ -2628,13 +2666,12 @@ static void mvcc_compact_stats(struct mvcc *m, int64_t rev)
 static int mvcc_compact(struct kvd *k, int64_t rev)
 {
 	struct mvcc *m = &k->db;
-	uint8_t *p;
-	size_t at = m->w.len, nundo = m->nundo;
+	size_t nundo = m->nundo;
 	uint64_t recl = m->reclaimable;
 
 	if (m->broken)
 		return KVD_EIO;
-	if (buf_reserve(k, &m->w, MVCC_REC_HDR + 10))
+	if (buf_reserve(k, &m->w, MVCC_COMPACT_REC_MAX))
 		return KVD_ENOMEM;
 	if (mvcc_compact_index(k, m, rev, 1)) { /* put back what was taken */
 		while (m->nundo > nundo) {
@@ -2645,9 +2682,7 @@ static int mvcc_compact(struct kvd *k, int64_t rev)
 		m->reclaimable = recl;
 		return KVD_ENOMEM;
 	}
-	p = mvcc_put_varint(m->w.p + at + MVCC_REC_HDR, (uint64_t)rev);
-	m->w.len = (size_t)(p - m->w.p);
-	mvcc_seal(m->w.p + at, m->w.len - at - MVCC_REC_HDR, MVCC_REC_COMPACT);
+	mvcc_compact_encode(&m->w, rev);
 	m->compacted = rev;
 	m->pending_compact = rev;
 	return 0;
@@ -3068,7 +3103,7 @@ static int mvcc_open(struct kvd *k, char *err, size_t errlen)
 {
 	struct mvcc *m = &k->db;
 	char path[PATH_MAX];
-	uint8_t rec[MVCC_REC_HDR + 12];
+	uint8_t rec[MVCC_HEADER_REC];
 	struct stat st;
 	int64_t t0 = util_now_ms(), dfd;
 	int r;
@@ -3089,9 +3124,7 @@ static int mvcc_open(struct kvd *k, char *err, size_t errlen)
 		return KVD_EIO;
 	}
 	if (st.st_size == 0) { /* new store: the header record, made durable with its directory entry */
-		memcpy(rec + MVCC_REC_HDR, MVCC_MAGIC, 8);
-		put_be32(rec + MVCC_REC_HDR + 8, MVCC_FORMAT);
-		mvcc_seal(rec, 12, MVCC_REC_HEADER);
+		mvcc_header_encode(rec);
 		if (pwrite(m->fd, rec, sizeof rec, 0) != (ssize_t)sizeof rec || fsync(m->fd)) {
 			snprintf(err, errlen, "cannot write %s: %s", path, strerror(errno));
 			return KVD_EIO;
@@ -3890,21 +3923,10 @@ static int life_alarm_on(const struct kvd *k, unsigned type)
 static int life_alarm_log(struct kvd *k)
 {
 	struct mvcc *m = &k->db;
-	size_t at = m->w.len;
-	uint8_t *p;
-	unsigned i;
 
-	if (buf_reserve(k, &m->w, MVCC_REC_HDR + 4 + MVCC_MAX_ALARMS * 11))
+	if (buf_reserve(k, &m->w, MVCC_ALARM_REC_MAX))
 		return KVD_ENOMEM;
-	p = m->w.p + at + MVCC_REC_HDR;
-	put_be32(p, m->nalarms);
-	p += 4;
-	for (i = 0; i < m->nalarms; i++) {
-		p = mvcc_put_varint(p, m->alarms[i].member);
-		*p++ = (uint8_t)m->alarms[i].type;
-	}
-	m->w.len = (size_t)(p - m->w.p);
-	mvcc_seal(m->w.p + at, m->w.len - at - MVCC_REC_HDR, MVCC_REC_ALARM);
+	mvcc_alarms_encode(&m->w, m->alarms, m->nalarms);
 	return 0;
 }
 
@@ -4131,7 +4153,6 @@ static int life_rw_start(struct kvd *k, int automatic)
 	struct mvcc_it it = {0, 0};
 	struct mvcc_key *r;
 	struct lease *l;
-	uint8_t *p;
 	size_t i;
 
 	if (!(rw = kvd_calloc(k, sizeof *rw)))
@@ -4171,15 +4192,12 @@ static int life_rw_start(struct kvd *k, int automatic)
 		life_rw_abandon(k, errno, "cannot create kvd.log.new");
 		return KVD_EIO;
 	}
-	if (buf_reserve(k, &rw->out, MVCC_REC_HDR + 12)) {
+	if (buf_reserve(k, &rw->out, MVCC_HEADER_REC)) {
 		life_rw_end(k, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
 		return KVD_ENOMEM;
 	}
-	p = rw->out.p;
-	memcpy(p + MVCC_REC_HDR, MVCC_MAGIC, 8);
-	put_be32(p + MVCC_REC_HDR + 8, MVCC_FORMAT);
-	mvcc_seal(p, 12, MVCC_REC_HEADER);
-	rw->out.len = MVCC_REC_HDR + 12;
+	mvcc_header_encode(rw->out.p);
+	rw->out.len = MVCC_HEADER_REC;
 	rw->phase = LIFE_LEASES;
 	kvd_log(k, KVD_LOG_INFO, "log rewrite started (%s): %llu bytes, %llu reclaimable, compacted %lld",
 	        automatic ? "automatic" : "Defragment", (unsigned long long)m->size,
@@ -4215,14 +4233,9 @@ static int life_rw_base_room(struct kvd *k, struct life_rw *rw, size_t n)
 /* A COMPACT record into out. */
 static int life_rw_compact(struct kvd *k, struct life_rw *rw)
 {
-	size_t at = rw->out.len;
-	uint8_t *p;
-
-	if (buf_reserve(k, &rw->out, MVCC_REC_HDR + 10))
+	if (buf_reserve(k, &rw->out, MVCC_COMPACT_REC_MAX))
 		return KVD_ENOMEM;
-	p = mvcc_put_varint(rw->out.p + at + MVCC_REC_HDR, (uint64_t)rw->compact);
-	rw->out.len = (size_t)(p - rw->out.p);
-	mvcc_seal(rw->out.p + at, rw->out.len - at - MVCC_REC_HDR, MVCC_REC_COMPACT);
+	mvcc_compact_encode(&rw->out, rw->compact);
 	rw->compact_last = rw->compact;
 	return 0;
 }
@@ -4431,28 +4444,17 @@ static int life_rw_switch(struct kvd *k, struct life_rw *rw, const char **why)
 	struct mvcc_it it = {0, 0};
 	struct mvcc_key *r;
 	char path[PATH_MAX];
-	size_t sl, at;
+	size_t sl;
 	int e, dfd;
-	unsigned i;
-	uint8_t *p;
 
 	if (rw->compact_last != m->compacted) {
 		*why = "the compaction's record was not found";
 		return KVD_ECORRUPT;
 	}
 	if (m->nalarms || rw->alarms_copied) { /* the alarms now, stated once more */
-		if (buf_reserve(k, &rw->out, MVCC_REC_HDR + 4 + MVCC_MAX_ALARMS * 11))
+		if (buf_reserve(k, &rw->out, MVCC_ALARM_REC_MAX))
 			return KVD_ENOMEM;
-		at = rw->out.len;
-		p = rw->out.p + at + MVCC_REC_HDR;
-		put_be32(p, m->nalarms);
-		p += 4;
-		for (i = 0; i < m->nalarms; i++) {
-			p = mvcc_put_varint(p, m->alarms[i].member);
-			*p++ = (uint8_t)m->alarms[i].type;
-		}
-		rw->out.len = (size_t)(p - rw->out.p);
-		mvcc_seal(rw->out.p + at, rw->out.len - at - MVCC_REC_HDR, MVCC_REC_ALARM);
+		mvcc_alarms_encode(&rw->out, m->alarms, m->nalarms);
 	}
 	for (; (r = mvcc_at(m, it)); mvcc_next(m, &it)) /* every key's latest op was copied */
 		if (life_map_slot(&rw->offs, r->op + 1) == SIZE_MAX) {

@@ -6,6 +6,8 @@ compaction, lease expiry, a rewrite and the disarm still work (the reserve);
 a rewrite that runs out of space is abandoned and kvd serves on; after a
 restart everything acknowledged is there.  Last line: "N passed, N failed".
 """
+import contextlib
+import functools
 import os
 import subprocess
 import sys
@@ -17,136 +19,148 @@ KVD = os.path.abspath(os.environ.get("KVD", os.path.join(ROOT, "kvd")))
 R = pb()["rpc"]
 
 
-@test
-def full_disk():
+@contextlib.contextmanager
+def tmpfs(size):
+    """A tmpfs of that size, mounted for the with block (None if it cannot be)."""
     mnt = tempfile.mkdtemp(prefix="kvd-enospc-")
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", mnt], capture_output=True)
-    if not check(r.returncode == 0, "mount a 1 MiB tmpfs (root needed): %s" % r.stderr.decode().strip()):
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=" + size, "tmpfs", mnt], capture_output=True)
+    if not check(r.returncode == 0, "mount a %s tmpfs (root needed): %s" % (size, r.stderr.decode().strip())):
+        os.rmdir(mnt)
+        yield None
         return
     try:
-        filler = os.path.join(mnt, "filler")
-        with open(filler, "wb") as f:
-            f.write(b"\0" * 300000)
-        d = os.path.join(mnt, "data")
-        port = free_port()
-        k = Kvd(KVD, data_dir=d, port=port)
-        c = Client(k.endpoint())
-        check(os.path.getsize(os.path.join(d, "kvd.reserve")) == 131072, "the reserve is held")
-        lease = c.call("LeaseGrant", R.LeaseGrantRequest(TTL=3), service="etcdserverpb.Lease",
-                       resp="LeaseGrantResponse")[1].ID
-        c.call("Put", R.PutRequest(key=b"leased", value=b"v", lease=lease))
-        acked, errors = {}, []
-        for i in range(400):
-            key = b"key%04d" % i
-            v = b"%d" % i * 800
-            ans = c.call("Put", R.PutRequest(key=key, value=v))
-            if ans[0] == "ok":
-                acked[key] = (v, ans[1].header.revision)
-            else:
-                errors.append(ans)
-                if len(errors) >= 5:
-                    break
-        check(len(acked) > 20 and errors, "writes stopped when the disk filled (%d acked)" % len(acked))
-        check(all(e[1] == "RESOURCE_EXHAUSTED" and e[2] == "etcdserver: mvcc: database space exceeded"
-                  for e in errors), "etcd's error for a full store: %r" % errors[:2])
-        t = R.TxnRequest()
-        t.success.add().request_put.CopyFrom(R.PutRequest(key=b"txn", value=b"x" * 5000))
-        ans = c.call("Txn", t)
-        check(ans[0] == "err" and ans[1] == "RESOURCE_EXHAUSTED", "a txn fails too: %r" % (ans,))
-        # reads keep working and see exactly the acknowledged state
-        rev = max(r for v, r in acked.values())
-        ans = c.call("Range", R.RangeRequest(key=b"key", range_end=b"kez", keys_only=True))
-        check(ans[0] == "ok" and len(ans[1].kvs) == len(acked) and ans[1].header.revision == rev,
-              "reads serve the acknowledged writes only: %d keys, rev %s" %
-              (len(ans[1].kvs) if ans[0] == "ok" else -1, ans[1].header.revision if ans[0] == "ok" else ans))
-        check(k.alive(), "kvd alive")
-        st = c.call("Status", R.StatusRequest(), service="etcdserverpb.Maintenance", resp="StatusResponse")[1]
-        check([e.endswith("alarm:NOSPACE ") for e in st.errors] == [True], "NOSPACE raised: %r" % list(st.errors))
-        check(not os.path.exists(os.path.join(d, "kvd.reserve")), "the reserve given back")
-        # on the full disk: the lease expires (its key goes), deletes and compaction work
-        check(wait_for(lambda: c.call("Range", R.RangeRequest(key=b"leased"))[1].count == 0, 30),
-              "an expired lease's key is deleted on the full disk")
-        gone = sorted(acked)[:-3]
-        for key in gone:
-            ans = c.call("DeleteRange", R.DeleteRangeRequest(key=key))
-            if ans[0] != "ok":
+        yield mnt
+    finally:
+        subprocess.run(["umount", mnt])
+        os.rmdir(mnt)
+
+
+def on_tmpfs(size):
+    """A test that gets a fresh tmpfs of that size."""
+    def wrap(fn):
+        @functools.wraps(fn)
+        def run():
+            with tmpfs(size) as mnt:
+                if mnt:
+                    fn(mnt)
+        return test(run)
+    return wrap
+
+
+@on_tmpfs("1m")
+def full_disk(mnt):
+    filler = os.path.join(mnt, "filler")
+    with open(filler, "wb") as f:
+        f.write(b"\0" * 300000)
+    d = os.path.join(mnt, "data")
+    port = free_port()
+    k = Kvd(KVD, data_dir=d, port=port)
+    c = Client(k.endpoint())
+    check(os.path.getsize(os.path.join(d, "kvd.reserve")) == 131072, "the reserve is held")
+    lease = c.call("LeaseGrant", R.LeaseGrantRequest(TTL=3), service="etcdserverpb.Lease",
+                   resp="LeaseGrantResponse")[1].ID
+    c.call("Put", R.PutRequest(key=b"leased", value=b"v", lease=lease))
+    acked, errors = {}, []
+    for i in range(400):
+        key = b"key%04d" % i
+        v = b"%d" % i * 800
+        ans = c.call("Put", R.PutRequest(key=key, value=v))
+        if ans[0] == "ok":
+            acked[key] = (v, ans[1].header.revision)
+        else:
+            errors.append(ans)
+            if len(errors) >= 5:
                 break
-        check(ans[0] == "ok", "deletes work on the full disk: %r" % (ans,))
-        for key in gone:
-            del acked[key]
-        rev = c.call("Range", R.RangeRequest(key=b"x"))[1].header.revision
-        ans = c.call("Compact", R.CompactionRequest(revision=rev))
-        check(ans[0] == "ok", "compaction works on the full disk: %r" % (ans,))
-        ans = c.call("Defragment", R.DefragmentRequest(), service="etcdserverpb.Maintenance",
-                     resp="DefragmentResponse", timeout=60)
-        check(ans[0] == "ok", "a rewrite works on the full disk: %r" % (ans,))
-        ans = c.call("Put", R.PutRequest(key=b"after", value=b"ok"))
-        check(ans[0] == "err" and ans[2] == "etcdserver: mvcc: database space exceeded",
-              "space is back, but NOSPACE stays until disarmed, as etcd: %r" % (ans,))
-        r = etcdctl(k, "alarm", "disarm")
-        check(r[0] == 0 and "alarm:NOSPACE" in r[1], "etcdctl alarm disarm: %r" % (r,))
-        check(os.path.exists(os.path.join(d, "kvd.reserve")), "the reserve is made again")
-        os.unlink(filler)
-        ans = c.call("Put", R.PutRequest(key=b"after", value=b"ok"))
-        check(ans[0] == "ok" and ans[1].header.revision == rev + 1, "writes resume: %r" % (ans,))
-        acked[b"after"] = (b"ok", rev + 1)
-        c.close()
-        check(k.stop() == 0, "clean exit")
-        k = Kvd(KVD, data_dir=d, port=port)
-        c = Client(k.endpoint())
-        bad = [key for key, (v, rv) in acked.items()
-               if (lambda a: a[0] != "ok" or len(a[1].kvs) != 1 or a[1].kvs[0].value != v or
-                   a[1].kvs[0].mod_revision != rv)(c.call("Range", R.RangeRequest(key=key)))]
-        check(not bad, "after a restart every acknowledged write is there: %r" % bad[:3])
-        ans = c.call("Range", R.RangeRequest(key=b"txn"))
-        check(ans[0] == "ok" and not ans[1].kvs, "the failed txn never appeared")
-        c.close()
-        k.stop()
-    finally:
-        subprocess.run(["umount", mnt])
-        os.rmdir(mnt)
+    check(len(acked) > 20 and errors, "writes stopped when the disk filled (%d acked)" % len(acked))
+    check(all(e[1] == "RESOURCE_EXHAUSTED" and e[2] == "etcdserver: mvcc: database space exceeded"
+              for e in errors), "etcd's error for a full store: %r" % errors[:2])
+    t = R.TxnRequest()
+    t.success.add().request_put.CopyFrom(R.PutRequest(key=b"txn", value=b"x" * 5000))
+    ans = c.call("Txn", t)
+    check(ans[0] == "err" and ans[1] == "RESOURCE_EXHAUSTED", "a txn fails too: %r" % (ans,))
+    # reads keep working and see exactly the acknowledged state
+    rev = max(r for v, r in acked.values())
+    ans = c.call("Range", R.RangeRequest(key=b"key", range_end=b"kez", keys_only=True))
+    check(ans[0] == "ok" and len(ans[1].kvs) == len(acked) and ans[1].header.revision == rev,
+          "reads serve the acknowledged writes only: %d keys, rev %s" %
+          (len(ans[1].kvs) if ans[0] == "ok" else -1, ans[1].header.revision if ans[0] == "ok" else ans))
+    check(k.alive(), "kvd alive")
+    st = c.call("Status", R.StatusRequest(), service="etcdserverpb.Maintenance", resp="StatusResponse")[1]
+    check([e.endswith("alarm:NOSPACE ") for e in st.errors] == [True], "NOSPACE raised: %r" % list(st.errors))
+    check(not os.path.exists(os.path.join(d, "kvd.reserve")), "the reserve given back")
+    # on the full disk: the lease expires (its key goes), deletes and compaction work
+    check(wait_for(lambda: c.call("Range", R.RangeRequest(key=b"leased"))[1].count == 0, 30),
+          "an expired lease's key is deleted on the full disk")
+    gone = sorted(acked)[:-3]
+    for key in gone:
+        ans = c.call("DeleteRange", R.DeleteRangeRequest(key=key))
+        if ans[0] != "ok":
+            break
+    check(ans[0] == "ok", "deletes work on the full disk: %r" % (ans,))
+    for key in gone:
+        del acked[key]
+    rev = c.call("Range", R.RangeRequest(key=b"x"))[1].header.revision
+    ans = c.call("Compact", R.CompactionRequest(revision=rev))
+    check(ans[0] == "ok", "compaction works on the full disk: %r" % (ans,))
+    ans = c.call("Defragment", R.DefragmentRequest(), service="etcdserverpb.Maintenance",
+                 resp="DefragmentResponse", timeout=60)
+    check(ans[0] == "ok", "a rewrite works on the full disk: %r" % (ans,))
+    ans = c.call("Put", R.PutRequest(key=b"after", value=b"ok"))
+    check(ans[0] == "err" and ans[2] == "etcdserver: mvcc: database space exceeded",
+          "space is back, but NOSPACE stays until disarmed, as etcd: %r" % (ans,))
+    r = etcdctl(k, "alarm", "disarm")
+    check(r[0] == 0 and "alarm:NOSPACE" in r[1], "etcdctl alarm disarm: %r" % (r,))
+    check(os.path.exists(os.path.join(d, "kvd.reserve")), "the reserve is made again")
+    os.unlink(filler)
+    ans = c.call("Put", R.PutRequest(key=b"after", value=b"ok"))
+    check(ans[0] == "ok" and ans[1].header.revision == rev + 1, "writes resume: %r" % (ans,))
+    acked[b"after"] = (b"ok", rev + 1)
+    c.close()
+    check(k.stop() == 0, "clean exit")
+    k = Kvd(KVD, data_dir=d, port=port)
+    c = Client(k.endpoint())
+    bad = [key for key, (v, rv) in acked.items()
+           if (lambda a: a[0] != "ok" or len(a[1].kvs) != 1 or a[1].kvs[0].value != v or
+               a[1].kvs[0].mod_revision != rv)(c.call("Range", R.RangeRequest(key=key)))]
+    check(not bad, "after a restart every acknowledged write is there: %r" % bad[:3])
+    ans = c.call("Range", R.RangeRequest(key=b"txn"))
+    check(ans[0] == "ok" and not ans[1].kvs, "the failed txn never appeared")
+    c.close()
+    k.stop()
 
 
-@test
-def out_of_space_during_a_rewrite():
-    mnt = tempfile.mkdtemp(prefix="kvd-enospc-")
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", mnt], capture_output=True)
-    if not check(r.returncode == 0, "mount a 3 MiB tmpfs: %s" % r.stderr.decode().strip()):
-        return
-    try:
-        d = os.path.join(mnt, "data")
-        k = Kvd(KVD, data_dir=d, args=["--reserve-bytes", "0", "--auto-rewrite=false"])
-        c = Client(k.endpoint())
-        for i in range(100):  # 1.2 MB that a rewrite must keep, then history to drop
-            c.call("Put", R.PutRequest(key=b"k%03d" % i, value=b"a" * 12000))
-        c.call("Put", R.PutRequest(key=b"k000", value=b"b"))
-        rev = c.call("Range", R.RangeRequest(key=b"k000"))[1].header.revision
-        c.call("Compact", R.CompactionRequest(revision=rev))
-        st = os.statvfs(mnt)
-        filler = os.path.join(mnt, "filler")
-        with open(filler, "wb") as f:  # leave less room than the kept data
-            f.write(b"\0" * max(0, st.f_bavail * st.f_frsize - 400000))
-        ans = c.call("Defragment", R.DefragmentRequest(), service="etcdserverpb.Maintenance",
-                     resp="DefragmentResponse", timeout=60)
-        check(ans[0] == "err" and ans[1] == "RESOURCE_EXHAUSTED" and "No space left" in ans[2],
-              "the rewrite is abandoned with its reason: %r" % (ans,))
-        check(not os.path.exists(os.path.join(d, "kvd.log.new")), "its partial file is gone")
-        check("log rewrite abandoned" in k.logtext(), "and the log says so")
-        ans = c.call("Range", R.RangeRequest(key=b"k", range_end=b"l", count_only=True))
-        check(ans[0] == "ok" and ans[1].count == 100 and k.alive(), "kvd serves from the old log")
-        ans = c.call("Put", R.PutRequest(key=b"small", value=b"s"))
-        check(ans[0] == "ok", "and takes writes: %r" % (ans,))
-        os.unlink(filler)
-        ans = c.call("Defragment", R.DefragmentRequest(), service="etcdserverpb.Maintenance",
-                     resp="DefragmentResponse", timeout=60)
-        check(ans[0] == "ok", "with room again the rewrite works: %r" % (ans,))
-        ans = c.call("Range", R.RangeRequest(key=b"k050"))
-        check(ans[0] == "ok" and ans[1].kvs[0].value == b"a" * 12000, "data intact")
-        c.close()
-        k.stop()
-    finally:
-        subprocess.run(["umount", mnt])
-        os.rmdir(mnt)
+@on_tmpfs("3m")
+def out_of_space_during_a_rewrite(mnt):
+    d = os.path.join(mnt, "data")
+    k = Kvd(KVD, data_dir=d, args=["--reserve-bytes", "0", "--auto-rewrite=false"])
+    c = Client(k.endpoint())
+    for i in range(100):  # 1.2 MB that a rewrite must keep, then history to drop
+        c.call("Put", R.PutRequest(key=b"k%03d" % i, value=b"a" * 12000))
+    c.call("Put", R.PutRequest(key=b"k000", value=b"b"))
+    rev = c.call("Range", R.RangeRequest(key=b"k000"))[1].header.revision
+    c.call("Compact", R.CompactionRequest(revision=rev))
+    st = os.statvfs(mnt)
+    filler = os.path.join(mnt, "filler")
+    with open(filler, "wb") as f:  # leave less room than the kept data
+        f.write(b"\0" * max(0, st.f_bavail * st.f_frsize - 400000))
+    ans = c.call("Defragment", R.DefragmentRequest(), service="etcdserverpb.Maintenance",
+                 resp="DefragmentResponse", timeout=60)
+    check(ans[0] == "err" and ans[1] == "RESOURCE_EXHAUSTED" and "No space left" in ans[2],
+          "the rewrite is abandoned with its reason: %r" % (ans,))
+    check(not os.path.exists(os.path.join(d, "kvd.log.new")), "its partial file is gone")
+    check("log rewrite abandoned" in k.logtext(), "and the log says so")
+    ans = c.call("Range", R.RangeRequest(key=b"k", range_end=b"l", count_only=True))
+    check(ans[0] == "ok" and ans[1].count == 100 and k.alive(), "kvd serves from the old log")
+    ans = c.call("Put", R.PutRequest(key=b"small", value=b"s"))
+    check(ans[0] == "ok", "and takes writes: %r" % (ans,))
+    os.unlink(filler)
+    ans = c.call("Defragment", R.DefragmentRequest(), service="etcdserverpb.Maintenance",
+                 resp="DefragmentResponse", timeout=60)
+    check(ans[0] == "ok", "with room again the rewrite works: %r" % (ans,))
+    ans = c.call("Range", R.RangeRequest(key=b"k050"))
+    check(ans[0] == "ok" and ans[1].kvs[0].value == b"a" * 12000, "data intact")
+    c.close()
+    k.stop()
 
 
 if __name__ == "__main__":

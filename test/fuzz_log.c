@@ -37,7 +37,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
 	static char dir[64];
 	char path[128];
-	uint8_t hdr[MVCC_REC_HDR + 12];
+	uint8_t hdr[MVCC_HEADER_REC];
 	struct kvd *k;
 	struct mvcc_it it = {0, 0};
 	struct mvcc_key *r, *prev = NULL;
@@ -60,9 +60,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	if (fd < 0)
 		abort();
 	if (data[0] & 1) {
-		memcpy(hdr + MVCC_REC_HDR, MVCC_MAGIC, 8);
-		put_be32(hdr + MVCC_REC_HDR + 8, MVCC_FORMAT);
-		mvcc_seal(hdr, 12, MVCC_REC_HEADER);
+		mvcc_header_encode(hdr);
 		if (write(fd, hdr, sizeof hdr) != (ssize_t)sizeof hdr)
 			abort();
 	}
