@@ -403,6 +403,7 @@ struct mvcc {
 	struct mvcc_alarm alarms[MVCC_MAX_ALARMS]; /* active alarms (section 8), kept in the log */
 	unsigned nalarms;
 	int64_t base_rev;              /* replay: the BASE records' revision, 0 if none */
+	uint64_t base_end;             /* where BASE records end: ops before have no history */
 	uint64_t reclaimable;          /* bytes a rewrite of the log would drop */
 	size_t flushed;                /* bytes of the batch the last flush made durable */
 	int last_errno;                /* why the last flush failed */
@@ -1282,8 +1283,10 @@ static void pb_free(struct kvd *k, void *m)
  * A whole txn is one record, so a crash never leaves half of it: recovery
  * keeps the longest prefix of valid records and cuts a torn tail.
  * BASE records only follow the header, in a log a rewrite made (section 8):
- * lease grants and key puts with prev 0, each put at the revision it had,
- * all at or below the BASE revision, which the TXNs after them continue.
+ * lease grants and key puts, each put at the revision it had, all at or
+ * below the BASE revision, which the TXNs after them continue.  A put in a
+ * BASE has no history: where prev sits it keeps its position among its
+ * revision's key ops (etcd's sub-revision, which a snapshot and HashKV need).
  * An ALARM record states the whole set, so a later one simply replaces it.
  * Format 2 is format 1 plus BASE and ALARM; kvd reads both, writes 2.
  *
@@ -2251,7 +2254,7 @@ static int mvcc_visible(struct mvcc *m, const struct mvcc_key *r, int64_t rev, s
 	}
 	if (mvcc_read_op(m, r->op, &op))
 		return KVD_ECORRUPT;
-	for (prev = op.prev; prev; prev = op.prev) {
+	for (prev = op.off < m->base_end ? 0 : op.prev; prev; prev = op.off < m->base_end ? 0 : op.prev) {
 		if (mvcc_read_op(m, prev - 1, &op) || (op.kind != MVCC_OP_PUT && op.kind != MVCC_OP_DEL))
 			return KVD_ECORRUPT;
 		if (op.rev <= rev) {
@@ -2899,7 +2902,7 @@ static int mvcc_replay_base_op(struct kvd *k, struct mvcc *m, int64_t rev, const
 			*why = e == KVD_ENOMEM ? "out of memory" : "lease granted twice";
 		return e;
 	}
-	if (op->kind != MVCC_OP_PUT || op->prev || op->rev < 1 || op->rev > rev || !op->klen ||
+	if (op->kind != MVCC_OP_PUT || op->prev > UINT32_MAX || op->rev < 1 || op->rev > rev || !op->klen ||
 	    op->create < 1 || op->create > op->rev || op->ver < 1) {
 		*why = "bad base op";
 		return KVD_ECORRUPT;
@@ -2982,6 +2985,7 @@ static int mvcc_replay_record(struct kvd *k, struct mvcc *m, struct mvcc_rec *re
 		if (r)
 			return r;
 		m->rev = m->base_rev = rec->rev;
+		m->base_end = rec->off + MVCC_REC_HDR + (uint64_t)(rec->end - rec->p);
 		return 0;
 	case MVCC_REC_ALARM:
 		return mvcc_rec_alarms(rec, m->alarms, MVCC_MAX_ALARMS, &m->nalarms, why);
@@ -3697,7 +3701,10 @@ static void lease_fini(struct kvd *k)
  * copied later for its lease ops, to know which leases lived at B (a lease
  * whose first op there is a revoke lived; a grant did not; leases granted
  * in records before the copy are simply alive there); (3) BASE walks
- * each noted key's chain back to B; (4) COPY chases the old log's end.  When
+ * each noted key's chain back to its op at B; (4) SCAN reads the log before
+ * the history once, in order, and writes those ops into BASE records with
+ * their sub-revisions, which only their whole records tell (reading is
+ * cheap on flash, writing is not); (5) COPY chases the old log's end.  When
  * COPY has caught up -- right after a flush, so nothing is in flight -- the
  * switch happens in that same step: fdatasync the new file, rename it,
  * fsync the directory, re-point every key's latest op, hand over the new
@@ -3738,7 +3745,7 @@ static void lease_fini(struct kvd *k)
 #define LIFE_RETRY_MS 60000           /* after a failed automatic rewrite */
 #define LIFE_DEFAULT_QUOTA (2ull << 30) /* --quota-backend-bytes 0, as etcd */
 enum { LIFE_OFF, LIFE_PERIODIC, LIFE_REVISION };
-enum { LIFE_START, LIFE_LEASES, LIFE_BASE, LIFE_COPY };
+enum { LIFE_START, LIFE_LEASES, LIFE_BASE, LIFE_SCAN, LIFE_COPY };
 
 /* A u64 -> u64 map: linear probing, key 0 marks a free slot. */
 struct life_map {
@@ -3831,9 +3838,10 @@ struct life_rw {
 	size_t nleases;
 	struct life_map offs;          /* old op offset + 1 -> new op offset */
 	struct life_map ids;           /* lease id -> kind of its first op in the copied history */
+	struct life_map want;          /* old offset + 1 of each key's op at B (BASE -> SCAN) */
+	uint64_t base_end;             /* new file: where the BASE records end */
 	struct kvd_buf out;            /* new-file bytes not written yet */
 	struct kvd_buf win;            /* the reader's window on the old log */
-	struct kvd_buf op;             /* one op read whole (BASE) */
 	uint64_t size, synced;         /* new file: bytes written, bytes made durable */
 	size_t rec_at, nops_at;        /* the BASE record being filled in out (rec_at SIZE_MAX: none) */
 	uint32_t nops;
@@ -4017,7 +4025,7 @@ static void life_rw_free(struct kvd *k, struct life_rw *rw)
 	kvd_free(k, rw->ids.v);
 	buf_free(k, &rw->out);
 	buf_free(k, &rw->win);
-	buf_free(k, &rw->op);
+	kvd_free(k, rw->want.v);
 	kvd_free(k, rw->marks.v);
 	kvd_free(k, rw);
 }
@@ -4299,19 +4307,18 @@ static int life_rw_leases(struct kvd *k, struct life_rw *rw, const char **why)
 	return 0;
 }
 
-/* BASE: each noted key's op at B, as a put with no history. */
+/* BASE: find each noted key's op at B, back along its chain. */
 static int life_rw_base(struct kvd *k, struct life_rw *rw, const char **why)
 {
 	struct mvcc *m = &k->db;
-	struct mvcc_op op, whole;
-	const uint8_t *p;
-	size_t budget = LIFE_SLICE, n, hdr;
+	struct mvcc_op op;
+	size_t budget = LIFE_SLICE;
 	uint64_t off;
 	int r;
 
 	for (; rw->si < rw->nsnap && budget; rw->si++) {
 		off = rw->snap[rw->si];
-		for (;;) { /* back along the key's chain to its op at B */
+		for (;;) {
 			if ((r = mvcc_read_op(m, off, &op)))
 				return r;
 			if (op.kind != MVCC_OP_PUT && op.kind != MVCC_OP_DEL) {
@@ -4319,40 +4326,69 @@ static int life_rw_base(struct kvd *k, struct life_rw *rw, const char **why)
 				return KVD_ECORRUPT;
 			}
 			budget -= KVD_MIN(budget, (size_t)64);
-			if (op.rev <= rw->base || !op.prev)
+			if (op.rev <= rw->base || !op.prev || off < m->base_end)
 				break;
 			off = op.prev - 1;
 		}
-		if (op.rev > rw->base || op.kind != MVCC_OP_PUT)
-			continue; /* born after B, or deleted at B */
-		hdr = (size_t)(op.voff - op.off - op.klen);
-		n = hdr + (size_t)op.klen + (size_t)op.vlen;
-		if (buf_reserve(k, &rw->op, n) || life_rw_base_room(k, rw, MVCC_OP_MAX_HDR + n))
-			return KVD_ENOMEM;
-		if (mvcc_pread(m, rw->op.p, n, off))
-			return KVD_EIO;
-		p = rw->op.p;
-		if ((r = mvcc_op_decode(&p, rw->op.p + n, off, 1, &whole, why)))
-			return r;
-		if (life_map_put(k, &rw->offs, off + 1, rw->size + rw->out.len))
-			return KVD_ENOMEM;
-		rw->out.len = (size_t)(mvcc_op_encode(rw->out.p + rw->out.len, MVCC_OP_PUT, 0, whole.rev, whole.create,
-		                                      whole.ver, whole.lease, whole.key, (size_t)whole.klen, whole.val,
-		                                      (size_t)whole.vlen) - rw->out.p);
-		rw->nops++;
-		budget -= KVD_MIN(budget, n);
-		if (rw->out.len >= LIFE_SLICE) { /* a record is written whole */
-			life_rw_base_close(rw);
-			if ((r = life_rw_write(k, rw, 0)))
-				return r;
-		}
+		if (op.rev <= rw->base && op.kind == MVCC_OP_PUT && life_map_put(k, &rw->want, off + 1, 1))
+			return KVD_ENOMEM; /* else born after B, or deleted at B */
 	}
 	if (rw->si < rw->nsnap)
 		return 0;
-	life_rw_base_close(rw);
 	kvd_free(k, rw->snap);
 	rw->snap = NULL;
-	buf_free(k, &rw->op);
+	rw->at = MVCC_HEADER_REC;
+	rw->phase = LIFE_SCAN;
+	return 0;
+}
+
+/* SCAN: the old log up to the copied history, once, in order: each op
+ * found by BASE goes into a BASE record with its position in its revision
+ * (etcd's sub-revision), which only a whole record tells. */
+static int life_rw_scan(struct kvd *k, struct life_rw *rw, const char **why)
+{
+	struct mvcc_reader rd;
+	struct mvcc_rec rec;
+	struct mvcc_op op;
+	size_t budget = LIFE_SLICE;
+	uint64_t sub;
+	int r = 0;
+
+	mvcc_reader_init(&rd, &rw->win, rw->at, rw->from, 1 << 16, 0);
+	while (budget && (r = mvcc_read_rec(k, &rd, &rec, why)) == 1) {
+		budget -= KVD_MIN(budget, (size_t)(rd.off - rw->at));
+		rw->at = rd.off;
+		if (rec.type != MVCC_REC_TXN && rec.type != MVCC_REC_BASE)
+			continue;
+		if ((r = mvcc_rec_decode(&rec, why)))
+			return r;
+		for (sub = 0; (r = mvcc_rec_op(&rec, &op, why)) == 1;) {
+			if (op.kind != MVCC_OP_PUT && op.kind != MVCC_OP_DEL)
+				continue;
+			if (rec.type == MVCC_REC_BASE)
+				sub = op.prev; /* a base op keeps its sub-revision there */
+			if (life_map_slot(&rw->want, op.off + 1) != SIZE_MAX) {
+				if (life_rw_base_room(k, rw, MVCC_OP_MAX_HDR + (size_t)op.klen + (size_t)op.vlen) ||
+				    life_map_put(k, &rw->offs, op.off + 1, rw->size + rw->out.len))
+					return KVD_ENOMEM;
+				rw->out.len = (size_t)(mvcc_op_encode(rw->out.p + rw->out.len, MVCC_OP_PUT, sub, op.rev, op.create,
+				                                      op.ver, op.lease, op.key, (size_t)op.klen, op.val,
+				                                      (size_t)op.vlen) - rw->out.p);
+				rw->nops++;
+			}
+			sub++;
+		}
+		if (r)
+			return r;
+	}
+	if (r < 0)
+		return r;
+	if (rw->at < rw->from)
+		return 0;
+	life_rw_base_close(rw);
+	kvd_free(k, rw->want.v);
+	memset(&rw->want, 0, sizeof rw->want);
+	rw->base_end = rw->size + rw->out.len;
 	if (rw->compact >= 0 && rw->compact <= rw->base && life_rw_compact(k, rw))
 		return KVD_ENOMEM; /* C <= 1: it may sit before the copied history */
 	rw->at = rw->from;
@@ -4487,6 +4523,7 @@ static int life_rw_switch(struct kvd *k, struct life_rw *rw, const char **why)
 	m->fd = rw->fd;
 	rw->fd = -1;
 	m->size = rw->size;
+	m->base_end = rw->base_end;
 	mvcc_log_moved(k, m, &rw->marks);
 	m->reclaimable -= KVD_MIN(rw->recl0, m->reclaimable);
 	k->life.rewrites++;
@@ -4515,6 +4552,8 @@ static void life_rw_step(struct kvd *k)
 		r = life_rw_leases(k, rw, &why);
 	else if (rw->phase == LIFE_BASE)
 		r = life_rw_base(k, rw, &why);
+	else if (rw->phase == LIFE_SCAN)
+		r = life_rw_scan(k, rw, &why);
 	else if ((r = life_rw_copy(k, rw, &why)) == 0 && rw->at >= k->db.size && !k->db.w.len) {
 		if ((r = life_rw_switch(k, rw, &why)) == 0) {
 			life_rw_end(k, GRPC_OK, "");
@@ -12153,6 +12192,18 @@ static void confd_ganeti(struct kvd *k, const struct confd_req *rq)
 
 /* The reply (in cd->out) to the datagram p[0..n), or -1 to drop it.  No
  * socket here: the fuzzer drives this directly. */
+/* The wall clock's seconds, precisely: time() may read a coarse clock a
+ * tick behind, which at a second's edge lets a timestamp one second past
+ * the skew window in (the sender's clock, like Ganeti's, is precise). */
+static int64_t confd_wall(void)
+{
+	struct timespec ts;
+
+	if (clock_gettime(CLOCK_REALTIME, &ts))
+		return (int64_t)time(NULL);
+	return (int64_t)ts.tv_sec;
+}
+
 static int confd_handle(struct kvd *k, const uint8_t *p, size_t n, int64_t wall)
 {
 	struct confd *cd = k->confd;
@@ -12268,7 +12319,7 @@ static void confd_read(struct kvd *k, int fd)
 			cd->dropped[CONFD_D_SRC_RATE]++;
 			continue;
 		}
-		if (confd_handle(k, cd->rbuf, (size_t)n, (int64_t)time(NULL)))
+		if (confd_handle(k, cd->rbuf, (size_t)n, confd_wall()))
 			continue;
 		if (sendto(fd, cd->out.p, cd->out.len, MSG_NOSIGNAL, (struct sockaddr *)&sa, sl) < 0)
 			cd->send_errors++;

@@ -177,7 +177,7 @@ def log_seeds():
                 call(c, kind, m, q)
             if i == nops // 2:
                 rev = c.call("Range", R.RangeRequest(key=b"x"))[1].header.revision
-                c.call("Compact", R.CompactionRequest(revision=max(2, rev - 20)))
+                c.call("Compact", R.CompactionRequest(revision=max(2, rev // 2)))
                 c.call("Alarm", R.AlarmRequest(action=1, memberID=7, alarm=1), service="etcdserverpb.Maintenance",
                        resp="AlarmResponse")
                 c.call("Defragment", R.DefragmentRequest(), service="etcdserverpb.Maintenance",

@@ -3146,6 +3146,49 @@ static void test_log_rewrite(void)
 	CHECK(system(cmd) == 0);
 }
 
+/* A rewrite keeps each base op's position in its revision (etcd's
+ * sub-revision) where a history op keeps its prev. */
+static void test_rewrite_sub(void)
+{
+	char *dir = t_tmpdir(), cmd[128];
+	struct kvd *k = t_store(dir);
+	struct mvcc_txn t;
+	struct mvcc_reader rd;
+	struct mvcc_rec rec;
+	struct mvcc_op op;
+	struct kvd_buf win = {0};
+	const char *why, *keys[] = {"c", "a", "b"};
+	uint64_t subs[3] = {9, 9, 9};
+	int i, n = 0, ok = 1;
+
+	t_name = "rewrite_sub";
+	if (!k)
+		return;
+	ok &= mvcc_txn_begin(k, &t) == 0; /* rev 2: c, a, b at subs 0, 1, 2 */
+	for (i = 0; i < 3; i++)
+		ok &= mvcc_put(k, &t, (const uint8_t *)keys[i], 1, (const uint8_t *)"v", 1, 0) == 0;
+	mvcc_txn_end(k, &t);
+	ok &= t_put(k, "z", "1") == 0 && t_put(k, "z", "2") == 0 && mvcc_compact(k, 4) == 0;
+	ok &= mvcc_flush(k) == 0;
+	mvcc_batch_done(k);
+	k->life.want = 1;
+	for (i = 0; i < 100 && (k->life.want || k->life.rw); i++)
+		life_step(k);
+	CHECK(ok && k->life.rewrites == 1 && k->db.base_end > MVCC_HEADER_REC);
+	mvcc_reader_init(&rd, &win, MVCC_HEADER_REC, k->db.base_end, 4096, 1);
+	while (mvcc_read_rec(k, &rd, &rec, &why) == 1 && !mvcc_rec_decode(&rec, &why) && rec.type == MVCC_REC_BASE)
+		while (mvcc_rec_op(&rec, &op, &why) == 1)
+			if (op.kind == MVCC_OP_PUT && op.rev == 2 && op.klen == 1 && n++ < 3)
+				subs[op.key[0] == 'c' ? 0 : op.key[0] == 'a' ? 1 : 2] = op.prev;
+	buf_free(k, &win);
+	CHECK(n == 3 && subs[0] == 0 && subs[1] == 1 && subs[2] == 2);
+	kvd_close(k);
+	CHECK((k = t_store(dir)) != NULL && k->db.base_end > MVCC_HEADER_REC && t_live(k, "a") && t_live(k, "z"));
+	kvd_close(k);
+	snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+	CHECK(system(cmd) == 0);
+}
+
 /* Bytes this process has written through the kernel (its /proc io). */
 static uint64_t t_io_written(void)
 {
@@ -3293,6 +3336,7 @@ static const struct {
 	{"watch_log_moved", test_watch_log_moved},
 	{"log_rewrite", test_log_rewrite},
 	{"long_life", test_long_life},
+	{"rewrite_sub", test_rewrite_sub},
 	{"lease_wheel", test_lease_wheel},
 	{"lease_keys_and_undo", test_lease_keys_and_undo},
 	{"lease_expiry_burst", test_lease_expiry_burst},
