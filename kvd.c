@@ -2941,6 +2941,10 @@ static int mvcc_replay_record(struct kvd *k, struct mvcc *m, struct mvcc_rec *re
 
 	if ((r = mvcc_rec_decode(rec, why)))
 		return r;
+	if (!rec->off && rec->type != MVCC_REC_HEADER) {
+		*why = "no header record";
+		return KVD_ECORRUPT;
+	}
 	switch (rec->type) {
 	case MVCC_REC_TXN:
 		if (rec->rev != m->rev + 1) {
@@ -3127,7 +3131,9 @@ static int mvcc_open(struct kvd *k, char *err, size_t errlen)
 		snprintf(err, errlen, "cannot open %s: %s", path, strerror(errno));
 		return KVD_EIO;
 	}
-	if (st.st_size == 0) { /* new store: the header record, made durable with its directory entry */
+	if (st.st_size > 0 && (r = mvcc_replay(k, m, (uint64_t)st.st_size, err, errlen)))
+		return r;
+	if (!m->size) { /* new store (or a header torn at creation): the header record, durable with its entry */
 		mvcc_header_encode(rec);
 		if (pwrite(m->fd, rec, sizeof rec, 0) != (ssize_t)sizeof rec || fsync(m->fd)) {
 			snprintf(err, errlen, "cannot write %s: %s", path, strerror(errno));
@@ -3141,8 +3147,6 @@ static int mvcc_open(struct kvd *k, char *err, size_t errlen)
 		kvd_log(k, KVD_LOG_INFO, "created %s", path);
 		return 0;
 	}
-	if ((r = mvcc_replay(k, m, (uint64_t)st.st_size, err, errlen)))
-		return r;
 	m->rev_durable = m->rev;
 	m->compacted_durable = m->compacted;
 	lease_promote(k);
@@ -3744,6 +3748,7 @@ static void lease_fini(struct kvd *k)
 #define LIFE_BASE_REC (64 * 1024)     /* payload of one BASE record */
 #define LIFE_RETRY_MS 60000           /* after a failed automatic rewrite */
 #define LIFE_DEFAULT_QUOTA (2ull << 30) /* --quota-backend-bytes 0, as etcd */
+#define LIFE_UNSET UINT64_MAX           /* offs: a key's op at B, found, not yet written */
 enum { LIFE_OFF, LIFE_PERIODIC, LIFE_REVISION };
 enum { LIFE_START, LIFE_LEASES, LIFE_BASE, LIFE_SCAN, LIFE_COPY };
 
@@ -3760,13 +3765,19 @@ static size_t life_hash(uint64_t x)
 	return (size_t)(x ^ (x >> 33));
 }
 
-static int life_map_put(struct kvd *k, struct life_map *h, uint64_t key, uint64_t val)
+/* Room for n entries at most 3/4 full (grown twice over when it must). */
+static int life_map_reserve(struct kvd *k, struct life_map *h, size_t n)
 {
-	size_t i, j, cap;
+	size_t i, j, cap = 256;
 	uint64_t *nv;
 
-	if (!h->v || (h->n + 1) * 2 > h->mask + 1) {
-		cap = h->v ? (h->mask + 1) * 2 : 256;
+	if (h->v && n * 4 <= (h->mask + 1) * 3)
+		return 0;
+	while (cap * 3 < n * 4)
+		cap *= 2;
+	if (h->v && cap < (h->mask + 1) * 2)
+		cap = (h->mask + 1) * 2;
+	{
 		if (cap > SIZE_MAX / 16 || !(nv = kvd_calloc(k, cap * 2 * sizeof *nv)))
 			return KVD_ENOMEM;
 		for (j = 0; h->v && j <= h->mask; j++) {
@@ -3781,6 +3792,15 @@ static int life_map_put(struct kvd *k, struct life_map *h, uint64_t key, uint64_
 		h->v = nv;
 		h->mask = cap - 1;
 	}
+	return 0;
+}
+
+static int life_map_put(struct kvd *k, struct life_map *h, uint64_t key, uint64_t val)
+{
+	size_t i;
+
+	if (life_map_reserve(k, h, h->n + 1))
+		return KVD_ENOMEM;
 	for (i = life_hash(key) & h->mask; h->v[2 * i] && h->v[2 * i] != key; i = (i + 1) & h->mask)
 		;
 	h->n += !h->v[2 * i];
@@ -3836,10 +3856,10 @@ struct life_rw {
 	size_t nsnap, si;
 	struct { int64_t id, ttl; } *leases; /* the leases at the start */
 	size_t nleases;
-	struct life_map offs;          /* old op offset + 1 -> new op offset */
+	struct life_map offs;          /* old op offset + 1 -> new op offset (LIFE_UNSET: a base op not yet written) */
 	struct life_map ids;           /* lease id -> kind of its first op in the copied history */
-	struct life_map want;          /* old offset + 1 of each key's op at B (BASE -> SCAN) */
 	uint64_t base_end;             /* new file: where the BASE records end */
+	size_t found;                  /* SCAN: base ops written */
 	struct kvd_buf out;            /* new-file bytes not written yet */
 	struct kvd_buf win;            /* the reader's window on the old log */
 	uint64_t size, synced;         /* new file: bytes written, bytes made durable */
@@ -4025,7 +4045,6 @@ static void life_rw_free(struct kvd *k, struct life_rw *rw)
 	kvd_free(k, rw->ids.v);
 	buf_free(k, &rw->out);
 	buf_free(k, &rw->win);
-	kvd_free(k, rw->want.v);
 	kvd_free(k, rw->marks.v);
 	kvd_free(k, rw);
 }
@@ -4316,6 +4335,8 @@ static int life_rw_base(struct kvd *k, struct life_rw *rw, const char **why)
 	uint64_t off;
 	int r;
 
+	if (!rw->si && life_map_reserve(k, &rw->offs, rw->nsnap)) /* one key, one entry: no regrowth */
+		return KVD_ENOMEM;
 	for (; rw->si < rw->nsnap && budget; rw->si++) {
 		off = rw->snap[rw->si];
 		for (;;) {
@@ -4330,7 +4351,7 @@ static int life_rw_base(struct kvd *k, struct life_rw *rw, const char **why)
 				break;
 			off = op.prev - 1;
 		}
-		if (op.rev <= rw->base && op.kind == MVCC_OP_PUT && life_map_put(k, &rw->want, off + 1, 1))
+		if (op.rev <= rw->base && op.kind == MVCC_OP_PUT && life_map_put(k, &rw->offs, off + 1, LIFE_UNSET))
 			return KVD_ENOMEM; /* else born after B, or deleted at B */
 	}
 	if (rw->si < rw->nsnap)
@@ -4350,7 +4371,7 @@ static int life_rw_scan(struct kvd *k, struct life_rw *rw, const char **why)
 	struct mvcc_reader rd;
 	struct mvcc_rec rec;
 	struct mvcc_op op;
-	size_t budget = LIFE_SLICE;
+	size_t budget = LIFE_SLICE, sl;
 	uint64_t sub;
 	int r = 0;
 
@@ -4367,10 +4388,12 @@ static int life_rw_scan(struct kvd *k, struct life_rw *rw, const char **why)
 				continue;
 			if (rec.type == MVCC_REC_BASE)
 				sub = op.prev; /* a base op keeps its sub-revision there */
-			if (life_map_slot(&rw->want, op.off + 1) != SIZE_MAX) {
-				if (life_rw_base_room(k, rw, MVCC_OP_MAX_HDR + (size_t)op.klen + (size_t)op.vlen) ||
-				    life_map_put(k, &rw->offs, op.off + 1, rw->size + rw->out.len))
+			sl = life_map_slot(&rw->offs, op.off + 1);
+			if (sl != SIZE_MAX && rw->offs.v[2 * sl + 1] == LIFE_UNSET) {
+				if (life_rw_base_room(k, rw, MVCC_OP_MAX_HDR + (size_t)op.klen + (size_t)op.vlen))
 					return KVD_ENOMEM;
+				rw->offs.v[2 * sl + 1] = rw->size + rw->out.len;
+				rw->found++;
 				rw->out.len = (size_t)(mvcc_op_encode(rw->out.p + rw->out.len, MVCC_OP_PUT, sub, op.rev, op.create,
 				                                      op.ver, op.lease, op.key, (size_t)op.klen, op.val,
 				                                      (size_t)op.vlen) - rw->out.p);
@@ -4386,8 +4409,10 @@ static int life_rw_scan(struct kvd *k, struct life_rw *rw, const char **why)
 	if (rw->at < rw->from)
 		return 0;
 	life_rw_base_close(rw);
-	kvd_free(k, rw->want.v);
-	memset(&rw->want, 0, sizeof rw->want);
+	if (rw->found != rw->offs.n) {
+		*why = "a key's op at the base revision is not where its chain said";
+		return KVD_ECORRUPT;
+	}
 	rw->base_end = rw->size + rw->out.len;
 	if (rw->compact >= 0 && rw->compact <= rw->base && life_rw_compact(k, rw))
 		return KVD_ENOMEM; /* C <= 1: it may sit before the copied history */
