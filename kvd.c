@@ -3100,6 +3100,12 @@ static int mvcc_replay(struct kvd *k, struct mvcc *m, uint64_t size, char *err, 
 		}
 		r = 0;
 	}
+	if (m->base_rev > 1 && m->compacted <= m->base_rev) { /* a rewrite keeps history from C = B + 1 */
+		snprintf(err, errlen, "%s/kvd.log: base records at revision %lld without the compaction that made them: "
+		         "refusing to start", k->cfg.data_dir, (long long)m->base_rev);
+		r = KVD_ECORRUPT;
+		goto out;
+	}
 	m->size = rd.off;
 out:
 	buf_free(k, &win);
@@ -4192,7 +4198,7 @@ static int life_rw_start(struct kvd *k, int automatic)
 	rw->recl0 = m->reclaimable;
 	rw->compact = m->compacted;
 	rw->compact_last = -1;
-	rw->base = KVD_MAX(m->compacted - 1, 1);
+	rw->base = KVD_MAX(KVD_MAX(m->compacted - 1, 1), m->base_rev); /* never below a base already made */
 	k->life.rw = rw;
 	if ((m->nkeys && !(rw->snap = kvd_malloc(k, m->nkeys * sizeof *rw->snap))) ||
 	    (k->lease.n && !(rw->leases = kvd_malloc(k, k->lease.n * sizeof *rw->leases)))) {
@@ -4549,6 +4555,7 @@ static int life_rw_switch(struct kvd *k, struct life_rw *rw, const char **why)
 	rw->fd = -1;
 	m->size = rw->size;
 	m->base_end = rw->base_end;
+	m->base_rev = rw->base;
 	mvcc_log_moved(k, m, &rw->marks);
 	m->reclaimable -= KVD_MIN(rw->recl0, m->reclaimable);
 	k->life.rewrites++;
@@ -4705,6 +4712,113 @@ static void life_compactor(struct kvd *k)
 arm:
 	if (L->mode != LIFE_OFF && !k->stopping)
 		loop_arm(k, L->next_tick);
+}
+
+/* ---- HashKV, as etcd 3.4 computes it -------------------------------------
+ *
+ * etcd hashes its `key` bucket with CRC-32C: "key", then for each record
+ * with main <= rev, in revision order, its revision key (main BE, '_', sub
+ * BE; a tombstone adds 't') and its marshalled mvccpb.KeyValue (a tombstone
+ * holds only the key).  Below the compaction point C its bucket holds only
+ * what compaction left -- for each key live at C, its newest record <= C --
+ * and of that it hashes, when some key is live at rev, only those keys'
+ * newest records <= rev.  kvd's log holds more than etcd's bucket until a
+ * rewrite, so the same selection is made from the index: the op each key had
+ * at C and at rev.  A rewritten log's BASE ops carry their sub-revisions.
+ */
+
+/* The op each index key had at rev, when it was live then, into h. */
+static int life_ops_at(struct kvd *k, int64_t rev, struct life_map *h)
+{
+	struct mvcc *m = &k->db;
+	struct mvcc_it it = {0, 0};
+	struct mvcc_key *r;
+	struct mvcc_op op;
+	uint64_t off;
+	int e;
+
+	for (; (r = mvcc_at(m, it)); mvcc_next(m, &it)) {
+		for (off = r->op;; off = op.prev - 1) {
+			if ((e = mvcc_read_op(m, off, &op)))
+				return e;
+			if (op.rev <= rev || !op.prev || off < m->base_end)
+				break;
+		}
+		if (op.rev <= rev && op.kind == MVCC_OP_PUT && life_map_put(k, h, off + 1, 1))
+			return KVD_ENOMEM;
+	}
+	return 0;
+}
+
+/* etcd's HashKV at rev (0 < rev <= the current revision, above C). */
+static int life_hashkv(struct kvd *k, int64_t rev, uint32_t *hash)
+{
+	struct mvcc *m = &k->db;
+	struct life_map atc = {NULL, 0, 0}, atrev = {NULL, 0, 0};
+	struct kvd_buf win = {0}, kvb = {0};
+	struct mvcc_reader rd;
+	struct mvcc_rec rec;
+	struct mvcc_op op;
+	Mvccpb__KeyValue kv;
+	const char *why;
+	int64_t c = m->compacted;
+	uint64_t sub, s;
+	uint32_t crc = mvcc_crc32c(0, "key", 3);
+	uint8_t rk[18];
+	size_t n;
+	int e, keep;
+
+	if ((e = life_ops_at(k, rev, &atrev)) || (c >= 1 && (e = life_ops_at(k, c, &atc))))
+		goto out;
+	keep = atrev.n > 0;
+	mvcc_reader_init(&rd, &win, 0, m->size + m->w.len, 1 << 16, 0);
+	while ((e = mvcc_read_rec(k, &rd, &rec, &why)) == 1) {
+		if (rec.type != MVCC_REC_TXN && rec.type != MVCC_REC_BASE)
+			continue;
+		if ((e = mvcc_rec_decode(&rec, &why)) || (rec.type == MVCC_REC_TXN && rec.rev > rev))
+			break; /* revisions only grow */
+		for (sub = 0; (e = mvcc_rec_op(&rec, &op, &why)) == 1;) {
+			if (op.kind != MVCC_OP_PUT && op.kind != MVCC_OP_DEL)
+				continue;
+			s = rec.type == MVCC_REC_BASE ? op.prev : sub++;
+			if (op.rev > rev || (c >= 1 && op.rev <= c &&
+			                     life_map_slot(keep ? &atrev : &atc, op.off + 1) == SIZE_MAX))
+				continue; /* not in etcd's bucket, or not hashed at rev */
+			put_be64(rk, (uint64_t)op.rev);
+			rk[8] = '_';
+			put_be64(rk + 9, s);
+			rk[17] = 't';
+			mvccpb__key_value__init(&kv);
+			kv.key.data = (uint8_t *)(uintptr_t)op.key;
+			kv.key.len = (size_t)op.klen;
+			if (op.kind == MVCC_OP_PUT) {
+				kv.create_revision = op.create;
+				kv.mod_revision = op.rev;
+				kv.version = op.ver;
+				kv.value.data = (uint8_t *)(uintptr_t)op.val;
+				kv.value.len = (size_t)op.vlen;
+				kv.lease = op.lease;
+			}
+			n = mvccpb__key_value__get_packed_size(&kv);
+			kvb.len = 0;
+			if (buf_reserve(k, &kvb, n)) {
+				e = KVD_ENOMEM;
+				goto out;
+			}
+			mvccpb__key_value__pack(&kv, kvb.p);
+			crc = mvcc_crc32c(crc, rk, op.kind == MVCC_OP_DEL ? 18 : 17);
+			crc = mvcc_crc32c(crc, kvb.p, n);
+		}
+		if (e)
+			break;
+	}
+	*hash = crc;
+out:
+	kvd_free(k, atc.v);
+	kvd_free(k, atrev.v);
+	buf_free(k, &win);
+	buf_free(k, &kvb);
+	return e < 0 ? e : 0;
 }
 
 /* ---- the loop's part ---------------------------------------------------------- */
@@ -8673,6 +8787,34 @@ static void svc_status(struct kvd *k, struct call *s)
 	call_reply(k, s, &rs.base);
 }
 
+/* Maintenance/HashKV: etcd 3.4's hash of the key history (section 8). */
+static void svc_hashkv(struct kvd *k, struct call *s)
+{
+	const Etcdserverpb__HashKVRequest *rq = (const void *)s->rq;
+	Etcdserverpb__HashKVResponse rs = ETCDSERVERPB__HASH_KVRESPONSE__INIT;
+	Etcdserverpb__ResponseHeader h;
+	struct svc_err e = {0, NULL};
+	uint32_t hash = 0;
+	int r;
+
+	if (svc_too_large(k, s->raw.n))
+		svc_fail(&e, GRPC_INVALID_ARGUMENT, E_TOO_LARGE);
+	else if (rq->revision > 0 && rq->revision <= k->db.compacted) /* etcd: the compacted one too */
+		svc_fail(&e, GRPC_OUT_OF_RANGE, E_COMPACTED);
+	else if (rq->revision > k->db.rev)
+		svc_fail(&e, GRPC_OUT_OF_RANGE, E_FUTURE_REV);
+	else if ((r = life_hashkv(k, rq->revision ? rq->revision : k->db.rev, &hash)))
+		svc_fail(&e, r == KVD_ENOMEM ? GRPC_RESOURCE_EXHAUSTED : GRPC_DATA_LOSS,
+		         r == KVD_ENOMEM ? "kvd: out of memory" : "kvd: cannot read the log");
+	if (!e.msg) {
+		svc_header(k, &h, 1);
+		rs.header = &h;
+		rs.hash = hash;
+		rs.compact_revision = k->db.compacted;
+	}
+	svc_end(k, s, &rs.base, &e);
+}
+
 /* Maintenance/Alarm: GET (all, or one type), ACTIVATE, DEACTIVATE, as
  * etcd's applier: the answer lists the alarm changed (or found). */
 static void svc_alarm(struct kvd *k, struct call *s)
@@ -8949,7 +9091,7 @@ static const struct grpc_method svc_maintenance[] = {
 	{"/etcdserverpb.Maintenance/Status", GRPC_UNARY, PB(etcdserverpb__status_request), PB(etcdserverpb__status_response), svc_status, NULL, NULL, NULL, NULL},
 	{"/etcdserverpb.Maintenance/Defragment", GRPC_UNARY, PB(etcdserverpb__defragment_request), PB(etcdserverpb__defragment_response), svc_defrag, NULL, svc_defrag_close, NULL, NULL},
 	{"/etcdserverpb.Maintenance/Hash", GRPC_UNARY, PB(etcdserverpb__hash_request), PB(etcdserverpb__hash_response), NULL, NULL, NULL, NULL, NULL},
-	{"/etcdserverpb.Maintenance/HashKV", GRPC_UNARY, PB(etcdserverpb__hash_kvrequest), PB(etcdserverpb__hash_kvresponse), NULL, NULL, NULL, NULL, NULL},
+	{"/etcdserverpb.Maintenance/HashKV", GRPC_UNARY, PB(etcdserverpb__hash_kvrequest), PB(etcdserverpb__hash_kvresponse), svc_hashkv, NULL, NULL, NULL, NULL},
 	{"/etcdserverpb.Maintenance/Snapshot", GRPC_SERVER_STREAM, PB(etcdserverpb__snapshot_request), PB(etcdserverpb__snapshot_response), NULL, NULL, NULL, NULL, NULL},
 	{"/etcdserverpb.Maintenance/MoveLeader", GRPC_UNARY, PB(etcdserverpb__move_leader_request), PB(etcdserverpb__move_leader_response), NULL, NULL, NULL, NULL, NULL},
 	{"/etcdserverpb.Maintenance/Downgrade", GRPC_UNARY, PB(etcdserverpb__downgrade_request), PB(etcdserverpb__downgrade_response), NULL, NULL, NULL, NULL, NULL},

@@ -282,7 +282,9 @@ def merge_stream(chunks):
 class Pair:
     def __init__(self, kvd_bin):
         self.etcd = Etcd()
-        self.kvd = Kvd(kvd_bin, ["--unsafe-no-fsync"])
+        # log rewrites often, so answers and hashes are compared across them too
+        self.kvd = Kvd(kvd_bin, ["--unsafe-no-fsync", "--auto-rewrite-percent", "0",
+                                 "--auto-rewrite-min-bytes", "65536"])
         self.ce = Client(self.etcd.endpoint())
         self.ck = Client(self.kvd.endpoint())
 
@@ -294,6 +296,7 @@ class Pair:
         self.ck.close()
         self.etcd.stop()
         self.kvd.stop()
+        self.rewrites = self.kvd.logtext().count("log rewritten:")
 
 
 def replay(kvd_bin, ops):
@@ -333,9 +336,24 @@ def shrink(kvd_bin, ops, budget=60):
     return ops
 
 
+def hashkv_check(p, g, rnd, seed, i, stats):
+    """HashKV at the current revision and at one between the compaction and
+    now (or just past it): same hash, compact revision and errors."""
+    for rev in (0, rnd.randint(max(1, g.compacted), g.rev + 1)):
+        q = R.HashKVRequest(revision=rev)
+        e = p.ce.call("HashKV", q, service="etcdserverpb.Maintenance", resp="HashKVResponse")
+        k = p.ck.call("HashKV", q, service="etcdserverpb.Maintenance", resp="HashKVResponse")
+        stats["hashkv"] += 1
+        if canon(e) != canon(k):
+            print("HASHKV MISMATCH seed=%d op=%d rev=%d:\n  etcd: %s\n  kvd:  %s" % (seed, i, rev, show(e), show(k)))
+            stats["hashkv_fail"] += 1
+
+
 def run_seed(kvd_bin, seed, nops, stats):
     g = Gen(seed)
     p = Pair(kvd_bin)
+    rnd = random.Random(seed * 7919)
+    physical = True  # etcd purges a compaction in the background unless asked to wait
     done = []
     try:
         for i in range(nops):
@@ -352,6 +370,10 @@ def run_seed(kvd_bin, seed, nops, stats):
                     print("  kvd DIED: %s" % p.kvd.logtext()[-3000:])
                 return done
             g.learn(method, req, e)
+            if method == "Compact" and e[0] == "ok":
+                physical = req.physical
+            if (i % 40 == 0 or (method == "Compact" and e[0] == "ok")) and physical:
+                hashkv_check(p, g, rnd, seed, i, stats)
             if i % 25 == 0:  # RangeStream property, on kvd alone
                 q = g.range_req()
                 q.sort_order = 0
@@ -374,6 +396,7 @@ def run_seed(kvd_bin, seed, nops, stats):
         return None
     finally:
         p.close()
+        stats["rewrites"] = stats.get("rewrites", 0) + p.rewrites
 
 
 def save(path, ops):
@@ -417,7 +440,7 @@ def main(argv):
     if "--kvd" in argv:
         kvd_bin = argv[argv.index("--kvd") + 1]
     passed = failed = 0
-    stats = {"ops": 0, "ok": 0, "err": 0, "stream": 0, "stream_fail": 0}
+    stats = {"ops": 0, "ok": 0, "err": 0, "stream": 0, "stream_fail": 0, "hashkv": 0, "hashkv_fail": 0}
     t0 = time.time()
     for seed in seeds:
         bad = run_seed(kvd_bin, seed, nops, stats)
@@ -434,11 +457,11 @@ def main(argv):
         path = "/tmp/kvd-diff-seed%d.ops" % seed
         save(path, small)
         print("saved: replay with test/diff.py --replay %s" % path)
-    if stats["stream_fail"]:
-        failed += stats["stream_fail"]
-    passed += stats["stream"] - stats["stream_fail"]
-    print("%d ops (%d answered, %d errors) in %.1fs; %d RangeStream checks" %
-          (stats["ops"], stats["ok"], stats["err"], time.time() - t0, stats["stream"]))
+    failed += stats["stream_fail"] + stats["hashkv_fail"]
+    passed += stats["stream"] - stats["stream_fail"] + stats["hashkv"] - stats["hashkv_fail"]
+    print("%d ops (%d answered, %d errors) in %.1fs; %d RangeStream checks, %d HashKV comparisons, "
+          "%d log rewrites in kvd" % (stats["ops"], stats["ok"], stats["err"], time.time() - t0, stats["stream"],
+                                      stats["hashkv"], stats.get("rewrites", 0)))
     print("%d passed, %d failed" % (passed, failed))
     return 1 if failed else 0
 

@@ -66,6 +66,10 @@ SCRIPT = [
     (["compaction", "100"], None),
     (["get", "--from-key", "", "-w", "json"], None),
     (["endpoint", "health"], None),
+    (["endpoint", "hashkv"], None),
+    (["endpoint", "hashkv", "--rev", "13", "-w", "json"], None),
+    (["endpoint", "hashkv", "--rev", "3"], None),
+    (["alarm", "list"], None),
 ]
 
 
@@ -92,6 +96,7 @@ def run(peer, argv, stdin):
     if "-w" in argv and argv[argv.index("-w") + 1] == "json":
         out = norm_json(out)
     out = re.sub(r"took = [0-9.]+[µmn]?s", "took = T", out)
+    out = out.replace(peer.endpoint(), "ENDPOINT")
     err = [l for l in r.stderr.decode(errors="replace").splitlines() if l.startswith("Error")]
     return r.returncode, out, err[-1:] if err else []
 
