@@ -2232,13 +2232,35 @@ static uint64_t mvcc_seek_rev(struct kvd *k, struct kvd_buf *win, int64_t rev)
 }
 
 /*
+ * A key's newest op at or below rev, walking back from one of its ops at
+ * off: 1 (in *op), 0 if it has none that old (or only history a rewrite
+ * dropped: a BASE op's prev is no link), or a negative error.
+ */
+static int mvcc_op_at(struct mvcc *m, uint64_t off, int64_t rev, struct mvcc_op *op)
+{
+	int e;
+
+	for (;;) {
+		if ((e = mvcc_read_op(m, off, op)))
+			return e;
+		if (op->kind != MVCC_OP_PUT && op->kind != MVCC_OP_DEL)
+			return KVD_ECORRUPT;
+		if (op->rev <= rev)
+			return 1;
+		if (!op->prev || off < m->base_end)
+			return 0;
+		off = op->prev - 1;
+	}
+}
+
+/*
  * The revision of r visible at rev (rev 0 or >= r->mod: the latest).  Fills
  * kv and returns 1 if the key exists there, 0 if not, <0 on a read error.
  */
 static int mvcc_visible(struct mvcc *m, const struct mvcc_key *r, int64_t rev, struct mvcc_kv *kv)
 {
 	struct mvcc_op op;
-	uint64_t prev;
+	int e;
 
 	if (!rev || r->mod <= rev) {
 		if (!r->create)
@@ -2252,25 +2274,16 @@ static int mvcc_visible(struct mvcc *m, const struct mvcc_key *r, int64_t rev, s
 		kv->vlen = r->vlen;
 		return 1;
 	}
-	if (mvcc_read_op(m, r->op, &op))
-		return KVD_ECORRUPT;
-	for (prev = op.off < m->base_end ? 0 : op.prev; prev; prev = op.off < m->base_end ? 0 : op.prev) {
-		if (mvcc_read_op(m, prev - 1, &op) || (op.kind != MVCC_OP_PUT && op.kind != MVCC_OP_DEL))
-			return KVD_ECORRUPT;
-		if (op.rev <= rev) {
-			if (op.kind != MVCC_OP_PUT)
-				return 0;
-			kv->r = r;
-			kv->mod = op.rev;
-			kv->create = op.create;
-			kv->ver = op.ver;
-			kv->lease = op.lease;
-			kv->voff = op.voff;
-			kv->vlen = (uint32_t)op.vlen;
-			return 1;
-		}
-	}
-	return 0;
+	if ((e = mvcc_op_at(m, r->op, rev, &op)) <= 0 || op.kind != MVCC_OP_PUT)
+		return e < 0 ? KVD_ECORRUPT : 0;
+	kv->r = r;
+	kv->mod = op.rev;
+	kv->create = op.create;
+	kv->ver = op.ver;
+	kv->lease = op.lease;
+	kv->voff = op.voff;
+	kv->vlen = (uint32_t)op.vlen;
+	return 1;
 }
 
 /* ---- writing ------------------------------------------------------------ */
@@ -4162,12 +4175,9 @@ static int life_rw_deleted_at_c(struct kvd *k, struct life_rw *rw)
 			continue;
 		if ((key = mvcc_find(m, op.key, (size_t)op.klen))) { /* does its chain reach this delete? */
 			struct mvcc_op h;
-			uint64_t at = key->op;
-			while (!(e = mvcc_read_op(m, at, &h)) && at != op.off && h.rev > rw->compact && h.prev)
-				at = h.prev - 1;
-			if (e)
+			if ((e = mvcc_op_at(m, key->op, rw->compact, &h)) < 0)
 				return e;
-			if (at == op.off)
+			if (e && h.off == op.off)
 				continue; /* yes: the base walk finds its op at B */
 		}
 		if (!(ns = kvd_realloc(k, rw->snap, (rw->nsnap + 1) * sizeof *ns)))
@@ -4273,6 +4283,16 @@ static int life_rw_compact(struct kvd *k, struct life_rw *rw)
 	return 0;
 }
 
+/* A lease grant into the BASE record being filled. */
+static int life_rw_grant(struct kvd *k, struct life_rw *rw, int64_t id, int64_t ttl)
+{
+	if (life_rw_base_room(k, rw, MVCC_LEASE_OP_MAX))
+		return KVD_ENOMEM;
+	rw->out.len = (size_t)(mvcc_lease_encode(rw->out.p + rw->out.len, MVCC_OP_GRANT, id, ttl) - rw->out.p);
+	rw->nops++;
+	return 0;
+}
+
 /* LEASES: which leases lived at B.  Reads [from, end0) for lease ops. */
 static int life_rw_leases(struct kvd *k, struct life_rw *rw, const char **why)
 {
@@ -4308,25 +4328,17 @@ static int life_rw_leases(struct kvd *k, struct life_rw *rw, const char **why)
 	 * history revokes it) */
 	for (i = 0; i < rw->nleases; i++) {
 		size_t sl = life_map_slot(&rw->ids, (uint64_t)rw->leases[i].id);
-		if (sl != SIZE_MAX && rw->ids.v[2 * sl + 1] == MVCC_OP_GRANT)
-			continue;
-		if (life_rw_base_room(k, rw, MVCC_LEASE_OP_MAX))
+		if ((sl == SIZE_MAX || rw->ids.v[2 * sl + 1] != MVCC_OP_GRANT) &&
+		    life_rw_grant(k, rw, rw->leases[i].id, rw->leases[i].ttl))
 			return KVD_ENOMEM;
-		rw->out.len = (size_t)(mvcc_lease_encode(rw->out.p + rw->out.len, MVCC_OP_GRANT, rw->leases[i].id,
-		                                         rw->leases[i].ttl) - rw->out.p);
-		rw->nops++;
 	}
 	for (i = 0; rw->ids.v && i <= rw->ids.mask; i++) {
 		if (!rw->ids.v[2 * i] || rw->ids.v[2 * i + 1] != MVCC_OP_REVOKE)
 			continue;
 		kind = rw->ids.v[2 * i];
-		if (lease_find(k, (int64_t)kind)) /* granted again since: written above */
-			continue;
-		if (life_rw_base_room(k, rw, MVCC_LEASE_OP_MAX))
+		if (!lease_find(k, (int64_t)kind) && /* else granted again since: written above */
+		    life_rw_grant(k, rw, (int64_t)kind, KVD_MAX(k->lease.min_ttl, 1)))
 			return KVD_ENOMEM;
-		rw->out.len = (size_t)(mvcc_lease_encode(rw->out.p + rw->out.len, MVCC_OP_GRANT, (int64_t)kind,
-		                                         KVD_MAX(k->lease.min_ttl, 1)) - rw->out.p);
-		rw->nops++;
 	}
 	rw->phase = LIFE_BASE;
 	return 0;
@@ -4338,26 +4350,17 @@ static int life_rw_base(struct kvd *k, struct life_rw *rw, const char **why)
 	struct mvcc *m = &k->db;
 	struct mvcc_op op;
 	size_t budget = LIFE_SLICE;
-	uint64_t off;
 	int r;
 
 	if (!rw->si && life_map_reserve(k, &rw->offs, rw->nsnap)) /* one key, one entry: no regrowth */
 		return KVD_ENOMEM;
 	for (; rw->si < rw->nsnap && budget; rw->si++) {
-		off = rw->snap[rw->si];
-		for (;;) {
-			if ((r = mvcc_read_op(m, off, &op)))
-				return r;
-			if (op.kind != MVCC_OP_PUT && op.kind != MVCC_OP_DEL) {
-				*why = "an index entry is not a key op";
-				return KVD_ECORRUPT;
-			}
-			budget -= KVD_MIN(budget, (size_t)64);
-			if (op.rev <= rw->base || !op.prev || off < m->base_end)
-				break;
-			off = op.prev - 1;
+		budget -= KVD_MIN(budget, (size_t)64);
+		if ((r = mvcc_op_at(m, rw->snap[rw->si], rw->base, &op)) < 0) {
+			*why = "a key's chain of ops is broken";
+			return r;
 		}
-		if (op.rev <= rw->base && op.kind == MVCC_OP_PUT && life_map_put(k, &rw->offs, off + 1, LIFE_UNSET))
+		if (r && op.kind == MVCC_OP_PUT && life_map_put(k, &rw->offs, op.off + 1, LIFE_UNSET))
 			return KVD_ENOMEM; /* else born after B, or deleted at B */
 	}
 	if (rw->si < rw->nsnap)
@@ -4734,17 +4737,12 @@ static int life_ops_at(struct kvd *k, int64_t rev, struct life_map *h)
 	struct mvcc_it it = {0, 0};
 	struct mvcc_key *r;
 	struct mvcc_op op;
-	uint64_t off;
 	int e;
 
 	for (; (r = mvcc_at(m, it)); mvcc_next(m, &it)) {
-		for (off = r->op;; off = op.prev - 1) {
-			if ((e = mvcc_read_op(m, off, &op)))
-				return e;
-			if (op.rev <= rev || !op.prev || off < m->base_end)
-				break;
-		}
-		if (op.rev <= rev && op.kind == MVCC_OP_PUT && life_map_put(k, h, off + 1, 1))
+		if ((e = mvcc_op_at(m, r->op, rev, &op)) < 0)
+			return e;
+		if (e && op.kind == MVCC_OP_PUT && life_map_put(k, h, op.off + 1, 1))
 			return KVD_ENOMEM;
 	}
 	return 0;
