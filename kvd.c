@@ -1284,7 +1284,8 @@ static void pb_free(struct kvd *k, void *m)
  * keeps the longest prefix of valid records and cuts a torn tail.
  * BASE records only follow the header, in a log a rewrite made (section 8):
  * lease grants and key puts, each put at the revision it had, all at or
- * below the BASE revision, which the TXNs after them continue.  A put in a
+ * below the BASE revision, which the TXNs after them continue; a BASE
+ * without ops (nothing was live) still says that revision.  A put in a
  * BASE has no history: where prev sits it keeps its position among its
  * revision's key ops (etcd's sub-revision, which a snapshot and HashKV need).
  * An ALARM record states the whole set, so a later one simply replaces it.
@@ -2078,7 +2079,7 @@ static int mvcc_rec_op(struct mvcc_rec *r, struct mvcc_op *op, const char **why)
 	int e;
 
 	if (r->at == r->nops) {
-		if (r->next != r->end || !r->nops) {
+		if (r->next != r->end || (!r->nops && r->type != MVCC_REC_BASE)) { /* an empty BASE: nothing live */
 			*why = "txn record length mismatch";
 			return KVD_ECORRUPT;
 		}
@@ -4417,6 +4418,9 @@ static int life_rw_scan(struct kvd *k, struct life_rw *rw, const char **why)
 		return r;
 	if (rw->at < rw->from)
 		return 0;
+	if (rw->base > 1 && rw->size + rw->out.len == MVCC_HEADER_REC && rw->rec_at == SIZE_MAX &&
+	    life_rw_base_room(k, rw, 0))
+		return KVD_ENOMEM; /* nothing live at B: an empty BASE still says the revision */
 	life_rw_base_close(rw);
 	if (rw->found != rw->offs.n) {
 		*why = "a key's op at the base revision is not where its chain said";

@@ -411,5 +411,35 @@ def alarm_survives_restart():
     subprocess.run(["rm", "-rf", d])
 
 
+@test
+def rewrite_when_nothing_is_live_at_the_base():
+    """Compaction at C where no key was live at C - 1: the rewritten log
+    still says its revision (an empty BASE record), restarts, goes on."""
+    d = tempfile.mkdtemp(prefix="kvd-empty-base-")
+    k = Kvd(KVD, data_dir=d, args=["--auto-rewrite=false"])
+    c = Client(k.endpoint())
+    c.call("Put", R.PutRequest(key=b"a", value=b"1"))
+    c.call("DeleteRange", R.DeleteRangeRequest(key=b"a"))
+    c.call("Put", R.PutRequest(key=b"b", value=b"2"))
+    c.call("Compact", R.CompactionRequest(revision=4))
+    check(defrag(c)[0] == "ok", "rewritten")
+    c.close()
+    k.stop()
+    for rnd in range(2):
+        k = Kvd(KVD, data_dir=d, args=["--auto-rewrite=false"], wait=False)
+        check(wait_for(lambda: "serving client requests" in k.logtext() or not k.alive(), 60) and k.alive(),
+              "restarts after the rewrite: %s" % k.logtext()[-400:])
+        if not k.alive():
+            return
+        c = Client(k.endpoint())
+        a = c.call("Range", R.RangeRequest(key=b"b"))
+        check(a[0] == "ok" and a[1].header.revision == 4 + rnd and a[1].kvs[0].mod_revision == 4, "b at 4: %s" % (a,))
+        c.call("Put", R.PutRequest(key=b"c", value=b"3"))
+        check(defrag(c)[0] == "ok", "rewritten again")
+        c.close()
+        k.stop()
+    subprocess.run(["rm", "-rf", d])
+
+
 if __name__ == "__main__":
     sys.exit(run_tests(sys.argv))
