@@ -57,7 +57,7 @@ test/kvd-test: $(SRC)
 	$(CC) $(CPPFLAGS) $(TEST_CFLAGS) $(SAN) $(KVD_CFLAGS) -DKVD_TEST_SERVICES -o $@ kvd.c $(LDFLAGS) $(LDLIBS) $(KVD_LIBS)
 
 # Fuzz targets replayed over their corpus without libFuzzer (any compiler).
-FUZZERS = h2 hpack log json confd pb
+FUZZERS = h2 hpack log json confd pb bolt
 test/replay-%: test/fuzz_%.c test/fuzz_replay.c $(SRC)
 	$(CC) $(CPPFLAGS) $(TEST_CFLAGS) $(SAN) $(KVD_CFLAGS) -o $@ test/fuzz_$*.c test/fuzz_replay.c $(LDFLAGS) $(LDLIBS) $(KVD_LIBS)
 

@@ -15,20 +15,21 @@
  *    6. MVCC store: log, index, revisions (mvcc_)
  *    7. Leases (lease_)
  *    8. Store lifecycle: rewrite, compaction, quota, alarms (life_)
- *    9. HPACK (hp_)
- *   10. HTTP/2 frames, streams, flow control (h2_)
- *   11. Calls and gRPC framing (call_, grpc_)
- *   12. Go's sort.Sort, as etcd sorts ranges (svc_gosort_)
- *   13. Services: KV (svc_)
- *   14. Services: Lease (svc_lease_)
- *   15. Services: Maintenance, Cluster, Health; the method table (svc_)
- *   16. Watch (watch_)
- *   17. JSON (json_)
- *   18. confd: Ganeti's UDP query protocol (confd_)
- *   19. Sockets and the poll loop (net_, loop_)
- *   20. Flags and configuration (cfg_)
- *   21. Public embedding API (kvd_)
- *   22. main()
+ *    9. etcd's backend: snapshots, Hash, HashKV (snap_)
+ *   10. HPACK (hp_)
+ *   11. HTTP/2 frames, streams, flow control (h2_)
+ *   12. Calls and gRPC framing (call_, grpc_)
+ *   13. Go's sort.Sort, as etcd sorts ranges (svc_gosort_)
+ *   14. Services: KV (svc_)
+ *   15. Services: Lease (svc_lease_)
+ *   16. Services: Maintenance, Cluster, Health; the method table (svc_)
+ *   17. Watch (watch_)
+ *   18. JSON (json_)
+ *   19. confd: Ganeti's UDP query protocol (confd_)
+ *   20. Sockets and the poll loop (net_, loop_)
+ *   21. Flags and configuration (cfg_)
+ *   22. Public embedding API (kvd_)
+ *   23. main()
  *
  * Prefixes mark the section a static function belongs to; only kvd_* (and the
  * generated protobuf-c symbols) are exported.  Functions return 0 or a
@@ -144,6 +145,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/types.h>
@@ -151,6 +153,7 @@
 #include <unistd.h>
 
 #include <mbedtls/sha1.h>
+#include <mbedtls/sha256.h>
 #include <mbedtls/version.h>
 #include <protobuf-c/protobuf-c.h>
 
@@ -334,7 +337,7 @@ struct lease_reg {
 	int64_t min_ttl;              /* seconds, from the election timeout as etcd */
 	int warned;                   /* a failed expiry was logged */
 };
-/* Watch (section 16): the registry kvd holds; watchers are defined there. */
+/* Watch (section 17): the registry kvd holds; watchers are defined there. */
 struct watch;
 struct watch_stream;
 struct watch_ev;
@@ -375,6 +378,7 @@ struct life {
 	unsigned want : 1;             /* one was asked for: it starts after the next flush */
 	unsigned reserve_held : 1;     /* <data-dir>/kvd.reserve holds its bytes */
 	struct call **wait;            /* Defragment calls waiting for the rewrite's end */
+	unsigned snapshots;            /* snapshots streaming: no rewrite moves the log (section 9) */
 	size_t nwait, waitcap;
 	int64_t rw_failed_at;          /* ms: the last automatic rewrite was abandoned then */
 	uint64_t rewrites, rw_kept, rw_dropped; /* counters, since start */
@@ -412,10 +416,12 @@ struct mvcc {
 	char why[96];
 };
 
-struct confd; /* section 18 */
+struct confd; /* section 19 */
 struct json_doc;
+static void json_put_str(struct kvd *k, struct kvd_buf *b, const void *s, size_t n); /* section 18 */
+static void json_put_raw(struct kvd *k, struct kvd_buf *b, const char *s);
 
-/* A gRPC method: how calls to one :path are served (section 11). */
+/* A gRPC method: how calls to one :path are served (section 12). */
 struct call;
 enum grpc_kind { GRPC_UNARY, GRPC_SERVER_STREAM, GRPC_BIDI };
 struct grpc_method {
@@ -438,7 +444,7 @@ struct grpc_method {
 };
 
 /*
- * One call being served, whatever carries it (section 11): the method, the
+ * One call being served, whatever carries it (section 12): the method, the
  * request, its metadata, the response messages queued for the carrier
  * (gRPC-framed: 5-byte prefix, message), the final status, and whether the
  * reply waits for the group commit.  A carrier embeds it: an HTTP/2 stream
@@ -472,7 +478,7 @@ struct call {
 
 
 /*
- * One client connection (section 19): a socket, the transport that moves its
+ * One client connection (section 20): a socket, the transport that moves its
  * bytes (a plain socket now; TLS next), and the protocol its first bytes
  * chose (HTTP/2; an HTTP/1.x request; a TLS ClientHello), whose state hangs
  * off ps.  The loop owns it; a protocol never closes or frees one itself.
@@ -570,6 +576,7 @@ struct kvd {
 };
 
 static void call_finish(struct kvd *k, struct call *c, int code, const char *fmt, ...) KVD_PRINTF(4, 5);
+static int call_send(struct kvd *k, struct call *c, const ProtobufCMessage *m);
 static int cfg_duration(const char *s, uint32_t *out);
 static void cfg_show_ms(uint32_t ms, char *out, size_t cap);
 /* The store keeps leases' key sets in step with its keys (section 7). */
@@ -579,6 +586,8 @@ static int lease_reserve(struct kvd *k, int64_t id);
 static void lease_undo(struct kvd *k, struct lease *l, unsigned kind);
 static void lease_free(struct kvd *k, struct lease *l);
 static int lease_replay(struct kvd *k, int kind, int64_t id, int64_t ttl);
+static int kvd_init(const struct kvd_config *cfg, struct kvd **out, char *err, size_t errlen);
+static int cfg_lock(struct kvd *k, char *err, size_t errlen);
 static void lease_promote(struct kvd *k);
 static void loop_arm(struct kvd *k, int64_t when);
 static void loop_log_flush(struct kvd *k);
@@ -764,6 +773,18 @@ static void put_be64(uint8_t *p, uint64_t v)
 {
 	put_be32(p, (uint32_t)(v >> 32));
 	put_be32(p + 4, (uint32_t)v);
+}
+/* bbolt's pages are little-endian (section 9), whatever the host. */
+static void put_le16(uint8_t *p, uint32_t v) { p[0] = (uint8_t)v; p[1] = (uint8_t)(v >> 8); }
+static void put_le32(uint8_t *p, uint32_t v)
+{
+	p[0] = (uint8_t)v; p[1] = (uint8_t)(v >> 8);
+	p[2] = (uint8_t)(v >> 16); p[3] = (uint8_t)(v >> 24);
+}
+static void put_le64(uint8_t *p, uint64_t v)
+{
+	put_le32(p, (uint32_t)v);
+	put_le32(p + 4, (uint32_t)(v >> 32));
 }
 
 /* SHA-1 of one buffer (member ids are derived as etcd derives them). */
@@ -1282,10 +1303,11 @@ static void pb_free(struct kvd *k, void *m)
  * deletes of its keys.
  * A whole txn is one record, so a crash never leaves half of it: recovery
  * keeps the longest prefix of valid records and cuts a torn tail.
- * BASE records only follow the header, in a log a rewrite made (section 8):
- * lease grants and key puts, each put at the revision it had, all at or
- * below the BASE revision, which the TXNs after them continue; a BASE
- * without ops (nothing was live) still says that revision.  A put in a
+ * BASE records only follow the header, in a log a rewrite made (section 8)
+ * or an etcd snapshot's import (section 9): lease grants and key puts, each
+ * put at the revision it had, all at or below the BASE revision, which the
+ * TXNs after them continue; a BASE without ops (nothing was live) still says
+ * that revision.  A put in a
  * BASE has no history: where prev sits it keeps its position among its
  * revision's key ops (etcd's sub-revision, which a snapshot and HashKV need).
  * An ALARM record states the whole set, so a later one simply replaces it.
@@ -3114,7 +3136,7 @@ static int mvcc_replay(struct kvd *k, struct mvcc *m, uint64_t size, char *err, 
 		}
 		r = 0;
 	}
-	if (m->base_rev > 1 && m->compacted <= m->base_rev) { /* a rewrite keeps history from C = B + 1 */
+	if (m->base_rev > 1 && m->compacted < m->base_rev) { /* B = C - 1 (a rewrite), B = C (an import) */
 		snprintf(err, errlen, "%s/kvd.log: base records at revision %lld without the compaction that made them: "
 		         "refusing to start", k->cfg.data_dir, (long long)m->base_rev);
 		r = KVD_ECORRUPT;
@@ -4721,108 +4743,6 @@ arm:
 		loop_arm(k, L->next_tick);
 }
 
-/* ---- HashKV, as etcd 3.4 computes it -------------------------------------
- *
- * etcd hashes its `key` bucket with CRC-32C: "key", then for each record
- * with main <= rev, in revision order, its revision key (main BE, '_', sub
- * BE; a tombstone adds 't') and its marshalled mvccpb.KeyValue (a tombstone
- * holds only the key).  Below the compaction point C its bucket holds only
- * what compaction left -- for each key live at C, its newest record <= C --
- * and of that it hashes, when some key is live at rev, only those keys'
- * newest records <= rev.  kvd's log holds more than etcd's bucket until a
- * rewrite, so the same selection is made from the index: the op each key had
- * at C and at rev.  A rewritten log's BASE ops carry their sub-revisions.
- */
-
-/* The op each index key had at rev, when it was live then, into h. */
-static int life_ops_at(struct kvd *k, int64_t rev, struct life_map *h)
-{
-	struct mvcc *m = &k->db;
-	struct mvcc_it it = {0, 0};
-	struct mvcc_key *r;
-	struct mvcc_op op;
-	int e;
-
-	for (; (r = mvcc_at(m, it)); mvcc_next(m, &it)) {
-		if ((e = mvcc_op_at(m, r->op, rev, &op)) < 0)
-			return e;
-		if (e && op.kind == MVCC_OP_PUT && life_map_put(k, h, op.off + 1, 1))
-			return KVD_ENOMEM;
-	}
-	return 0;
-}
-
-/* etcd's HashKV at rev (0 < rev <= the current revision, above C). */
-static int life_hashkv(struct kvd *k, int64_t rev, uint32_t *hash)
-{
-	struct mvcc *m = &k->db;
-	struct life_map atc = {NULL, 0, 0}, atrev = {NULL, 0, 0};
-	struct kvd_buf win = {0}, kvb = {0};
-	struct mvcc_reader rd;
-	struct mvcc_rec rec;
-	struct mvcc_op op;
-	Mvccpb__KeyValue kv;
-	const char *why;
-	int64_t c = m->compacted;
-	uint64_t sub, s;
-	uint32_t crc = mvcc_crc32c(0, "key", 3);
-	uint8_t rk[18];
-	size_t n;
-	int e, keep;
-
-	if ((e = life_ops_at(k, rev, &atrev)) || (c >= 1 && (e = life_ops_at(k, c, &atc))))
-		goto out;
-	keep = atrev.n > 0;
-	mvcc_reader_init(&rd, &win, 0, m->size + m->w.len, 1 << 16, 0);
-	while ((e = mvcc_read_rec(k, &rd, &rec, &why)) == 1) {
-		if (rec.type != MVCC_REC_TXN && rec.type != MVCC_REC_BASE)
-			continue;
-		if ((e = mvcc_rec_decode(&rec, &why)) || (rec.type == MVCC_REC_TXN && rec.rev > rev))
-			break; /* revisions only grow */
-		for (sub = 0; (e = mvcc_rec_op(&rec, &op, &why)) == 1;) {
-			if (op.kind != MVCC_OP_PUT && op.kind != MVCC_OP_DEL)
-				continue;
-			s = rec.type == MVCC_REC_BASE ? op.prev : sub++;
-			if (op.rev > rev || (c >= 1 && op.rev <= c &&
-			                     life_map_slot(keep ? &atrev : &atc, op.off + 1) == SIZE_MAX))
-				continue; /* not in etcd's bucket, or not hashed at rev */
-			put_be64(rk, (uint64_t)op.rev);
-			rk[8] = '_';
-			put_be64(rk + 9, s);
-			rk[17] = 't';
-			mvccpb__key_value__init(&kv);
-			kv.key.data = (uint8_t *)(uintptr_t)op.key;
-			kv.key.len = (size_t)op.klen;
-			if (op.kind == MVCC_OP_PUT) {
-				kv.create_revision = op.create;
-				kv.mod_revision = op.rev;
-				kv.version = op.ver;
-				kv.value.data = (uint8_t *)(uintptr_t)op.val;
-				kv.value.len = (size_t)op.vlen;
-				kv.lease = op.lease;
-			}
-			n = mvccpb__key_value__get_packed_size(&kv);
-			kvb.len = 0;
-			if (buf_reserve(k, &kvb, n)) {
-				e = KVD_ENOMEM;
-				goto out;
-			}
-			mvccpb__key_value__pack(&kv, kvb.p);
-			crc = mvcc_crc32c(crc, rk, op.kind == MVCC_OP_DEL ? 18 : 17);
-			crc = mvcc_crc32c(crc, kvb.p, n);
-		}
-		if (e)
-			break;
-	}
-	*hash = crc;
-out:
-	kvd_free(k, atc.v);
-	kvd_free(k, atrev.v);
-	buf_free(k, &win);
-	buf_free(k, &kvb);
-	return e < 0 ? e : 0;
-}
-
 /* ---- the loop's part ---------------------------------------------------------- */
 
 /* After the log flush: a slice of the rewrite in progress, or the start of
@@ -4834,7 +4754,8 @@ static void life_step(struct kvd *k)
 	uint64_t kept = m->size - KVD_MIN(m->reclaimable, m->size);
 	int automatic = 0;
 
-	if (m->w.len || m->broken) /* a failed flush left nothing, a broken log writes nothing */
+	if (m->w.len || m->broken || L->snapshots) /* a failed flush left nothing, a broken log writes
+	                                            * nothing, a snapshot reads the log as it is */
 		return;
 	if (!L->rw && !L->want && k->cfg.auto_rewrite && !k->stopping && m->reclaimable &&
 	    m->reclaimable >= KVD_MAX(k->cfg.auto_rewrite_min_bytes, kept / 100 * k->cfg.auto_rewrite_percent) &&
@@ -4868,7 +4789,1747 @@ static void life_fini(struct kvd *k)
 	L->revs = NULL;
 }
 
-/* ===== 9. HPACK (hp_) =================================================== */
+/* ===== 9. etcd's backend: snapshots, Hash, HashKV (snap_) =============== */
+
+/*
+ * etcd 3.4 keeps its store in a bbolt file, and Maintenance/Snapshot sends
+ * that file.  kvd keeps a log instead, so it makes the file etcd would have
+ * -- page by page, as the client's window opens -- and `etcdctl snapshot
+ * restore` turns it into an etcd data dir with every revision kept.  This
+ * section owns bbolt's page format and etcd's buckets; nothing else in kvd
+ * writes or reads them.
+ *
+ * The file.  Page size 4096; every bbolt integer little-endian, as bbolt on
+ * amd64 writes it (a big-endian board makes the same bytes, so its file
+ * restores on an x86 etcd).  Pages:
+ *
+ *    0, 1    meta pages (txid 2 and 1, as etcd's WriteTo), no freelist page:
+ *            etcd's own snapshots carry none either, readers rebuild it
+ *    2..     the root bucket: one leaf (with overflow pages if it must) of
+ *            etcd's ten buckets in byte order; the small ones inline
+ *    then    the `key` bucket's tree: its leaves, then each branch level
+ *    then    the `lease` bucket's tree, laid out the same way
+ *
+ * There is no free page: pgid (the page count) is the end of the last tree.
+ *
+ * The buckets, with etcd's encodings (etcd-snapshot-format.md, section 2):
+ * key: revision key (main BE, '_', sub BE; a tombstone adds 't') ->
+ * mvccpb.KeyValue, exactly the records etcd's backend would hold after the
+ * compaction point C, the same selection as HashKV (below);  lease: id BE ->
+ * leasepb.Lease {ID, TTL};  meta: consistent_index (the revision, etcd's
+ * restore replaces it), finished/scheduledCompactRev when compacted;
+ * alarm: the active alarms;  members: this member as etcd's JSON;  cluster:
+ * clusterVersion 3.4.0;  auth: authRevision 1;  authRoles, authUsers,
+ * members_removed: empty.
+ *
+ * A tree's layout comes first.  bbolt's metas, at the front of the file,
+ * name the page count, and a branch names its children's pages, so the
+ * snapshot starts with a plan: one pass over the log computes each leaf's
+ * records, bytes and first key (greedy packing: a leaf takes records while
+ * they fit a page; a bigger record gets a leaf of its own with overflow
+ * pages), and the branch levels follow from the leaves (100 children per
+ * branch page).  The plan holds 40 bytes per leaf, not the records; a second
+ * pass over the same log bytes then makes the leaves, one page image at a
+ * time, and checks each against its plan.
+ *
+ * Consistency.  The plan is taken after a group commit, at the current
+ * revision R and compaction point C, over the log's bytes then.  The log is
+ * append-only and only a rewrite moves it, so while a snapshot streams no
+ * rewrite starts or switches (life_step waits); later records are past R
+ * and past the planned end.  Leases are copied at the start (id, TTL).
+ *
+ * The stream is etcd's: 32768-byte blobs with remaining_bytes = pgid * 4096
+ * minus the bytes sent so far, the last one short, then one message with the
+ * SHA-256 of the file.  Memory: the plan, one page image (bigger only for a
+ * big record's leaf), one 32 KiB chunk and the log reader's 64 KiB window.
+ *
+ * Hash is etcd's Maintenance.Hash over this same content -- each bucket's
+ * name, then its keys and values in order, without meta/consistent_index --
+ * so it is the hash of the snapshot kvd would send at that moment.
+ */
+
+#define SNAP_PAGE 4096
+#define SNAP_CHUNK 32768            /* etcd streams its file in these */
+#define SNAP_FANOUT 100             /* children per branch page: 16 + 100 * (16 + 18) < 4096 */
+#define SNAP_LEVELS 10              /* 100^9 leaves: more than any log holds */
+#define SNAP_TXID 2                 /* meta 0's txid; meta 1 has one less, as etcd writes */
+#define SNAP_MAGIC 0xED0CDAEDu
+#define SNAP_NO_FREELIST UINT64_MAX /* bbolt's pgidNoFreelist */
+#define SNAP_SMALL 40               /* entries of the inline buckets */
+enum { SNAP_F_BRANCH = 0x01, SNAP_F_LEAF = 0x02, SNAP_F_META = 0x04, SNAP_F_FREELIST = 0x10 };
+enum { SNAP_INLINE, SNAP_KEYS, SNAP_LEASES };
+#define SNAP_NBUCKETS 10
+
+/* etcd's ten buckets, in the root bucket's (byte) order. */
+static const char *const snap_bucket_names[SNAP_NBUCKETS] = {
+	"alarm", "auth", "authRoles", "authUsers", "cluster", "key", "lease", "members", "members_removed", "meta",
+};
+
+#if MBEDTLS_VERSION_MAJOR >= 3
+#define snap_sha256_starts mbedtls_sha256_starts
+#define snap_sha256_update mbedtls_sha256_update
+#define snap_sha256_finish mbedtls_sha256_finish
+#else
+#define snap_sha256_starts mbedtls_sha256_starts_ret
+#define snap_sha256_update mbedtls_sha256_update_ret
+#define snap_sha256_finish mbedtls_sha256_finish_ret
+#endif
+
+/* ---- the key bucket: etcd's records, read from the log ---------------------
+ *
+ * etcd's `key` bucket holds, in revision order, every record above the
+ * compaction point C and, at or below it, only what compaction left: for
+ * each key live at C, its newest record <= C.  kvd's log holds more than
+ * that until a rewrite, so the records at or below C are chosen with a map
+ * of the op each key had then (snap_ops_at).  A rewritten log's BASE ops
+ * carry their sub-revisions in their prev field.
+ */
+
+/* The op each index key had at rev, when it was live then, into h. */
+static int snap_ops_at(struct kvd *k, int64_t rev, struct life_map *h)
+{
+	struct mvcc *m = &k->db;
+	struct mvcc_it it = {0, 0};
+	struct mvcc_key *r;
+	struct mvcc_op op;
+	int e;
+
+	for (; (r = mvcc_at(m, it)); mvcc_next(m, &it)) {
+		if ((e = mvcc_op_at(m, r->op, rev, &op)) < 0)
+			return e;
+		if (e && op.kind == MVCC_OP_PUT && life_map_put(k, h, op.off + 1, 1))
+			return KVD_ENOMEM;
+	}
+	return 0;
+}
+
+struct snap_keys {
+	struct mvcc_reader rd;
+	struct kvd_buf win;
+	struct mvcc_rec rec;
+	int in_rec;                 /* rec has ops left */
+	uint64_t sub;
+	int64_t rev, c;             /* records up to rev; at or below c, only sel's */
+	const struct life_map *sel;
+};
+
+static void snap_keys_init(struct snap_keys *it, uint64_t end, int64_t rev, int64_t c, const struct life_map *sel)
+{
+	memset(it, 0, sizeof *it);
+	mvcc_reader_init(&it->rd, &it->win, 0, end, 1 << 16, 0);
+	it->rev = rev;
+	it->c = c;
+	it->sel = sel;
+}
+
+/*
+ * The next record of the key bucket: 1 with its op (key and value point
+ * into the reader's window until the next call) and its revision key rk
+ * (*kn 17, 18 for a tombstone), 0 after the last, or a negative error.
+ */
+static int snap_keys_next(struct kvd *k, struct snap_keys *it, struct mvcc_op *op, uint8_t rk[18], size_t *kn)
+{
+	const char *why;
+	uint64_t s;
+	int e;
+
+	for (;;) {
+		if (!it->in_rec) {
+			if ((e = mvcc_read_rec(k, &it->rd, &it->rec, &why)) != 1)
+				return e;
+			if (it->rec.type != MVCC_REC_TXN && it->rec.type != MVCC_REC_BASE)
+				continue;
+			if ((e = mvcc_rec_decode(&it->rec, &why)))
+				return e;
+			if (it->rec.type == MVCC_REC_TXN && it->rec.rev > it->rev) {
+				it->rd.off = it->rd.end; /* revisions only grow */
+				return 0;
+			}
+			it->in_rec = 1;
+			it->sub = 0;
+		}
+		if ((e = mvcc_rec_op(&it->rec, op, &why)) < 0)
+			return e;
+		if (!e) {
+			it->in_rec = 0;
+			continue;
+		}
+		if (op->kind != MVCC_OP_PUT && op->kind != MVCC_OP_DEL)
+			continue;
+		s = it->rec.type == MVCC_REC_BASE ? op->prev : it->sub++;
+		if (op->rev > it->rev ||
+		    (it->c >= 1 && op->rev <= it->c && life_map_slot(it->sel, op->off + 1) == SIZE_MAX))
+			continue; /* not in etcd's bucket */
+		put_be64(rk, (uint64_t)op->rev);
+		rk[8] = '_';
+		put_be64(rk + 9, s);
+		rk[17] = 't';
+		*kn = op->kind == MVCC_OP_DEL ? 18 : 17;
+		return 1;
+	}
+}
+
+/* The record's value: its mvccpb.KeyValue (a tombstone holds only the key). */
+static void snap_kv(Mvccpb__KeyValue *kv, const struct mvcc_op *op)
+{
+	mvccpb__key_value__init(kv);
+	kv->key.data = (uint8_t *)(uintptr_t)op->key;
+	kv->key.len = (size_t)op->klen;
+	if (op->kind == MVCC_OP_PUT) {
+		kv->create_revision = op->create;
+		kv->mod_revision = op->rev;
+		kv->version = op->ver;
+		kv->value.data = (uint8_t *)(uintptr_t)op->val;
+		kv->value.len = (size_t)op->vlen;
+		kv->lease = op->lease;
+	}
+}
+
+/* CRC-32C of the iterator's remaining records, revision key then value. */
+static int snap_keys_crc(struct kvd *k, struct snap_keys *it, uint32_t *crc)
+{
+	struct kvd_buf kvb = {0};
+	struct mvcc_op op;
+	Mvccpb__KeyValue kv;
+	uint8_t rk[18];
+	size_t n, kn;
+	int e;
+
+	while ((e = snap_keys_next(k, it, &op, rk, &kn)) == 1) {
+		snap_kv(&kv, &op);
+		n = mvccpb__key_value__get_packed_size(&kv);
+		kvb.len = 0;
+		if (buf_reserve(k, &kvb, n)) {
+			e = KVD_ENOMEM;
+			break;
+		}
+		mvccpb__key_value__pack(&kv, kvb.p);
+		*crc = mvcc_crc32c(*crc, rk, kn);
+		*crc = mvcc_crc32c(*crc, kvb.p, n);
+	}
+	buf_free(k, &kvb);
+	return e;
+}
+
+/*
+ * etcd's HashKV at rev (0 < rev <= the current revision, above C): CRC-32C
+ * over "key", then each record's key and value, of the records the bucket
+ * holds up to rev -- and, when some key is live at rev, of those at or below
+ * C only those keys' newest records <= rev (etcd's keep, taken at rev).
+ */
+static int snap_hashkv(struct kvd *k, int64_t rev, uint32_t *hash)
+{
+	struct mvcc *m = &k->db;
+	struct life_map atc = {NULL, 0, 0}, atrev = {NULL, 0, 0};
+	struct snap_keys it;
+	int64_t c = m->compacted;
+	uint32_t crc = mvcc_crc32c(0, "key", 3);
+	int e;
+
+	snap_keys_init(&it, m->size + m->w.len, rev, c, NULL);
+	if ((e = snap_ops_at(k, rev, &atrev)) || (c >= 1 && (e = snap_ops_at(k, c, &atc))))
+		goto out;
+	it.sel = atrev.n ? &atrev : &atc;
+	e = snap_keys_crc(k, &it, &crc);
+	*hash = crc;
+out:
+	kvd_free(k, atc.v);
+	kvd_free(k, atrev.v);
+	buf_free(k, &it.win);
+	return e < 0 ? e : 0;
+}
+
+/* ---- bbolt pages -------------------------------------------------------- */
+
+/* FNV-1a 64, bbolt's meta checksum. */
+static uint64_t snap_fnv64(const uint8_t *p, size_t n)
+{
+	uint64_t h = 0xcbf29ce484222325ull;
+
+	while (n--)
+		h = (h ^ *p++) * 0x100000001b3ull;
+	return h;
+}
+
+static void snap_page_hdr(uint8_t *pg, uint64_t id, unsigned flags, unsigned count, uint32_t overflow)
+{
+	put_le64(pg, id);
+	put_le16(pg + 8, flags);
+	put_le16(pg + 10, count);
+	put_le32(pg + 12, overflow);
+}
+
+/* Meta page id (0 or 1): root bucket at page 2, no freelist, pgid pages. */
+static void snap_meta(uint8_t *pg, uint64_t id, uint64_t pgid)
+{
+	memset(pg, 0, SNAP_PAGE);
+	snap_page_hdr(pg, id, SNAP_F_META, 0, 0);
+	put_le32(pg + 16, SNAP_MAGIC);
+	put_le32(pg + 20, 2);
+	put_le32(pg + 24, SNAP_PAGE);
+	put_le64(pg + 32, 2);
+	put_le64(pg + 48, SNAP_NO_FREELIST);
+	put_le64(pg + 56, pgid);
+	put_le64(pg + 64, SNAP_TXID - id);
+	put_le64(pg + 72, snap_fnv64(pg + 16, 56));
+}
+
+/* Leaf element i of a leaf whose data starts at *d: its header, its key;
+ * returns where its value of vn bytes goes. */
+static uint8_t *snap_leaf_elem(uint8_t *pg, unsigned i, uint8_t **d, unsigned flags, const uint8_t *key,
+                               size_t kn, size_t vn)
+{
+	uint8_t *e = pg + 16 + 16 * (size_t)i, *v;
+
+	put_le32(e, flags);
+	put_le32(e + 4, (uint32_t)(*d - e));
+	put_le32(e + 8, (uint32_t)kn);
+	put_le32(e + 12, (uint32_t)vn);
+	memcpy(*d, key, kn);
+	v = *d + kn;
+	*d = v + vn;
+	return v;
+}
+
+/* ---- the plan: buckets, leaves, branch levels ---------------------------- */
+
+struct snap_leaf {
+	uint64_t pgid;
+	uint32_t n, size;           /* records; bytes of the page image */
+	uint8_t key[18], kn;        /* its first key */
+};
+
+/* The tree of a big bucket: leaves in order, then branch levels above. */
+struct snap_tree {
+	struct snap_leaf *leaf;
+	size_t nleaf, cap;
+	unsigned levels;                  /* branch levels above the leaves */
+	uint64_t base[SNAP_LEVELS];       /* level l >= 1: its first page */
+	size_t count[SNAP_LEVELS];        /* level l: its nodes (0: leaves) */
+	uint64_t root;
+};
+
+struct snap_kvref {
+	uint32_t ko, kn, vo, vn;          /* in the arena */
+};
+
+struct snap_lease {
+	int64_t id, ttl;
+};
+
+/* A snapshot being made: its plan, then where the stream is. */
+struct snap {
+	int64_t rev, c;
+	uint64_t end;                     /* log bytes it reads */
+	struct life_map sel;              /* each key's op at C */
+	struct kvd_buf arena;             /* the small buckets' keys and values */
+	struct snap_kvref kv[SNAP_SMALL];
+	unsigned nkv;
+	unsigned first[SNAP_NBUCKETS], n[SNAP_NBUCKETS]; /* inline buckets' entries in kv */
+	struct snap_lease *lease;
+	size_t nlease;
+	struct snap_tree t[2];            /* SNAP_KEYS - 1, SNAP_LEASES - 1 */
+	uint32_t root_size;
+	uint64_t pgid;                    /* pages in the file */
+	/* streaming */
+	struct snap_keys it;
+	unsigned stage, lvl;
+	size_t idx, lease_at;             /* the next node of the level; the next lease */
+	struct kvd_buf node;              /* the page image being sent */
+	struct kvd_buf chunk;             /* the blob being made */
+	uint64_t sent;
+	mbedtls_sha256_context sha;
+	unsigned planned : 1, sha_on : 1, counted : 1;
+};
+
+static unsigned snap_kind(unsigned b)
+{
+	return b == 5 ? SNAP_KEYS : b == 6 ? SNAP_LEASES : SNAP_INLINE;
+}
+
+static int snap_small(struct kvd *k, struct snap *s, unsigned b, const void *key, size_t kn, const void *val,
+                      size_t vn)
+{
+	struct snap_kvref *r;
+
+	if (!KVD_ALWAYS(s->nkv < SNAP_SMALL) || !KVD_ALWAYS(!s->n[b] || s->first[b] + s->n[b] == s->nkv))
+		return KVD_ELIMIT; /* a bucket's entries are made together */
+	if (!s->n[b])
+		s->first[b] = s->nkv;
+	s->n[b]++;
+	r = &s->kv[s->nkv++];
+	r->ko = (uint32_t)s->arena.len;
+	r->kn = (uint32_t)kn;
+	r->vo = (uint32_t)(s->arena.len + kn);
+	r->vn = (uint32_t)vn;
+	buf_append(k, &s->arena, key, kn);
+	buf_append(k, &s->arena, val, vn);
+	return s->arena.err ? KVD_ENOMEM : 0;
+}
+
+static int snap_cmp_kvref(const struct snap *s, const struct snap_kvref *a, const struct snap_kvref *b)
+{
+	int c = memcmp(s->arena.p + a->ko, s->arena.p + b->ko, KVD_MIN(a->kn, b->kn));
+
+	return c ? c : (a->kn > b->kn) - (a->kn < b->kn);
+}
+
+static int snap_lease_cmp(const void *a, const void *b)
+{
+	uint64_t x = (uint64_t)((const struct snap_lease *)a)->id, y = (uint64_t)((const struct snap_lease *)b)->id;
+
+	return (x > y) - (x < y);
+}
+
+/* leasepb.Lease {1 ID, 2 TTL} into p (20 bytes at most); its length. */
+static size_t snap_lease_val(uint8_t *p, const struct snap_lease *l)
+{
+	uint8_t *o = p;
+
+	if (l->id) {
+		*o++ = 0x08;
+		o = mvcc_put_varint(o, (uint64_t)l->id);
+	}
+	if (l->ttl) {
+		*o++ = 0x10;
+		o = mvcc_put_varint(o, (uint64_t)l->ttl);
+	}
+	return (size_t)(o - p);
+}
+
+/* The small buckets' content, sorted; the leases, copied and sorted. */
+static int snap_content(struct kvd *k, struct snap *s)
+{
+	struct kvd_buf js = {0};
+	struct lease *l;
+	uint8_t b[32], *o;
+	char hex[24];
+	size_t i, j;
+	unsigned x;
+	int e = 0;
+
+	s->rev = k->db.rev;
+	s->c = k->db.compacted;
+	s->end = k->db.size + k->db.w.len;
+	for (i = 0; i < k->db.nalarms; i++) { /* alarm: AlarmMember -> empty */
+		o = b;
+		if (k->db.alarms[i].member) {
+			*o++ = 0x08;
+			o = mvcc_put_varint(o, k->db.alarms[i].member);
+		}
+		*o++ = 0x10;
+		o = mvcc_put_varint(o, k->db.alarms[i].type);
+		e |= snap_small(k, s, 0, b, (size_t)(o - b), "", 0);
+	}
+	put_be64(b, 1);
+	e |= snap_small(k, s, 1, "authRevision", 12, b, 8);
+	e |= snap_small(k, s, 4, "clusterVersion", 14, "3.4.0", 5);
+	json_put_raw(k, &js, "{\"id\":");
+	snprintf(hex, sizeof hex, "%llu", (unsigned long long)k->member_id);
+	json_put_raw(k, &js, hex);
+	json_put_raw(k, &js, ",\"peerURLs\":[");
+	for (x = 0; x < k->npeer_urls; x++) {
+		if (x)
+			json_put_raw(k, &js, ",");
+		json_put_str(k, &js, k->peer_urls[x], strlen(k->peer_urls[x]));
+	}
+	json_put_raw(k, &js, "]");
+	if (k->cfg.name && k->cfg.name[0]) {
+		json_put_raw(k, &js, ",\"name\":");
+		json_put_str(k, &js, k->cfg.name, strlen(k->cfg.name));
+	}
+	if (k->nclient_urls) {
+		json_put_raw(k, &js, ",\"clientURLs\":[");
+		for (x = 0; x < k->nclient_urls; x++) {
+			if (x)
+				json_put_raw(k, &js, ",");
+			json_put_str(k, &js, k->client_urls[x], strlen(k->client_urls[x]));
+		}
+		json_put_raw(k, &js, "]");
+	}
+	json_put_raw(k, &js, "}");
+	snprintf(hex, sizeof hex, "%llx", (unsigned long long)k->member_id);
+	e |= js.err ? KVD_ENOMEM : snap_small(k, s, 7, hex, strlen(hex), js.p, js.len);
+	buf_free(k, &js);
+	put_be64(b, (uint64_t)s->rev);
+	e |= snap_small(k, s, 9, "consistent_index", 16, b, 8);
+	if (s->c >= 1) {
+		put_be64(b, (uint64_t)s->c);
+		b[8] = '_';
+		put_be64(b + 9, 0);
+		e |= snap_small(k, s, 9, "finishedCompactRev", 18, b, 17);
+		e |= snap_small(k, s, 9, "scheduledCompactRev", 19, b, 17);
+	}
+	if (e)
+		return e < 0 ? KVD_ENOMEM : e;
+	for (x = 0; x < SNAP_NBUCKETS; x++) /* few entries: insertion sort */
+		for (i = s->first[x] + 1; i < s->first[x] + s->n[x]; i++)
+			for (j = i; j > s->first[x] && snap_cmp_kvref(s, &s->kv[j - 1], &s->kv[j]) > 0; j--) {
+				struct snap_kvref t = s->kv[j];
+				s->kv[j] = s->kv[j - 1];
+				s->kv[j - 1] = t;
+			}
+	if (k->lease.n && !(s->lease = kvd_malloc(k, k->lease.n * sizeof *s->lease)))
+		return KVD_ENOMEM;
+	for (i = 0; k->lease.tab && i <= k->lease.mask; i++)
+		for (l = k->lease.tab[i]; l && s->nlease < k->lease.n; l = l->hnext) {
+			s->lease[s->nlease].id = l->id;
+			s->lease[s->nlease++].ttl = l->ttl;
+		}
+	if (s->nlease)
+		qsort(s->lease, s->nlease, sizeof *s->lease, snap_lease_cmp);
+	return 0;
+}
+
+/* Plan one record of kn + vn bytes into tree t. */
+static int snap_tree_add(struct kvd *k, struct snap_tree *t, const uint8_t *key, size_t kn, size_t vn)
+{
+	size_t esz = 16 + kn + vn;
+	struct snap_leaf *l = t->nleaf ? &t->leaf[t->nleaf - 1] : NULL;
+
+	if (vn > UINT32_MAX - 64)
+		return KVD_ELIMIT;
+	if (!l || (l->n && (uint64_t)l->size + esz > SNAP_PAGE)) {
+		if (t->nleaf == t->cap) {
+			size_t cap = t->cap ? t->cap * 2 : 64;
+			struct snap_leaf *v = kvd_realloc(k, t->leaf, cap * sizeof *v);
+			if (!v)
+				return KVD_ENOMEM;
+			t->leaf = v;
+			t->cap = cap;
+		}
+		l = &t->leaf[t->nleaf++];
+		memset(l, 0, sizeof *l);
+		l->size = 16;
+	}
+	if (!l->n) {
+		memcpy(l->key, key, kn);
+		l->kn = (uint8_t)kn;
+	}
+	l->n++;
+	l->size += (uint32_t)esz;
+	return 0;
+}
+
+/* Number the tree's pages from *pgid: leaves, then each branch level. */
+static int snap_tree_end(struct kvd *k, struct snap_tree *t, uint64_t *pgid)
+{
+	size_t i;
+	unsigned l;
+
+	if (!t->nleaf) { /* an empty bucket: one empty leaf */
+		if (!(t->leaf = kvd_calloc(k, sizeof *t->leaf)))
+			return KVD_ENOMEM;
+		t->nleaf = t->cap = 1;
+		t->leaf[0].size = 16;
+	}
+	for (i = 0; i < t->nleaf; i++) {
+		t->leaf[i].pgid = *pgid;
+		*pgid += (t->leaf[i].size + SNAP_PAGE - 1) / SNAP_PAGE;
+	}
+	t->count[0] = t->nleaf;
+	for (l = 0; t->count[l] > 1; l++) {
+		if (l + 1 >= SNAP_LEVELS)
+			return KVD_ELIMIT;
+		t->count[l + 1] = (t->count[l] + SNAP_FANOUT - 1) / SNAP_FANOUT;
+		t->base[l + 1] = *pgid;
+		*pgid += t->count[l + 1];
+	}
+	t->levels = l;
+	t->root = l ? t->base[l] : t->leaf[0].pgid;
+	return 0;
+}
+
+static size_t snap_records(const struct snap_tree *t)
+{
+	size_t i, n = 0;
+
+	for (i = 0; i < t->nleaf; i++)
+		n += t->leaf[i].n;
+	return n;
+}
+
+/* Bytes of bucket b's value in the root leaf. */
+static size_t snap_bucket_size(const struct snap *s, unsigned b)
+{
+	size_t n = 16, i;
+
+	if (snap_kind(b) != SNAP_INLINE)
+		return 16;
+	n += 16; /* an inline leaf page's header */
+	for (i = s->first[b]; i < s->first[b] + s->n[b]; i++)
+		n += 16 + s->kv[i].kn + s->kv[i].vn;
+	return n;
+}
+
+/* The whole plan: content, the key bucket's leaves (a pass over the log),
+ * the leases' leaves, every page number. */
+static int snap_plan(struct kvd *k, struct snap *s)
+{
+	struct snap_keys it;
+	struct mvcc_op op;
+	Mvccpb__KeyValue kv;
+	uint8_t rk[18], lk[8], lv[24];
+	size_t kn, i;
+	unsigned b;
+	int e;
+	int64_t t0 = util_now_ms();
+
+	if ((e = snap_content(k, s)))
+		return e;
+	if (s->c >= 1 && (e = snap_ops_at(k, s->c, &s->sel)))
+		return e;
+	snap_keys_init(&it, s->end, s->rev, s->c, &s->sel);
+	while ((e = snap_keys_next(k, &it, &op, rk, &kn)) == 1) {
+		snap_kv(&kv, &op);
+		if ((e = snap_tree_add(k, &s->t[0], rk, kn, mvccpb__key_value__get_packed_size(&kv))))
+			break;
+	}
+	buf_free(k, &it.win);
+	if (e)
+		return e;
+	for (i = 0; i < s->nlease; i++) {
+		put_be64(lk, (uint64_t)s->lease[i].id);
+		if ((e = snap_tree_add(k, &s->t[1], lk, 8, snap_lease_val(lv, &s->lease[i]))))
+			return e;
+	}
+	s->root_size = 16;
+	for (b = 0; b < SNAP_NBUCKETS; b++)
+		s->root_size += (uint32_t)(16 + strlen(snap_bucket_names[b]) + snap_bucket_size(s, b));
+	s->pgid = 2 + (s->root_size + SNAP_PAGE - 1) / SNAP_PAGE;
+	if ((e = snap_tree_end(k, &s->t[0], &s->pgid)) || (e = snap_tree_end(k, &s->t[1], &s->pgid)))
+		return e;
+	snap_keys_init(&s->it, s->end, s->rev, s->c, &s->sel);
+	s->planned = 1;
+	kvd_log(k, KVD_LOG_INFO, "snapshot at revision %lld: %llu bytes, %zu key records in %zu leaves, %zu leases "
+	        "(planned in %lld ms)", (long long)s->rev, (unsigned long long)s->pgid * SNAP_PAGE,
+	        snap_records(&s->t[0]), s->t[0].nleaf, s->nlease, (long long)(util_now_ms() - t0));
+	return 0;
+}
+
+static void snap_free(struct kvd *k, struct snap *s)
+{
+	kvd_free(k, s->sel.v);
+	buf_free(k, &s->arena);
+	kvd_free(k, s->lease);
+	kvd_free(k, s->t[0].leaf);
+	kvd_free(k, s->t[1].leaf);
+	buf_free(k, &s->it.win);
+	buf_free(k, &s->node);
+	buf_free(k, &s->chunk);
+	if (s->sha_on)
+		mbedtls_sha256_free(&s->sha);
+	kvd_free(k, s);
+}
+
+/* ---- page images ------------------------------------------------------------ */
+
+/* Room for a node of size bytes, whole pages, zeroed. */
+static uint8_t *snap_node(struct kvd *k, struct snap *s, size_t size)
+{
+	size_t n = (size + SNAP_PAGE - 1) / SNAP_PAGE * SNAP_PAGE;
+
+	s->node.rd = s->node.len = 0;
+	if (buf_reserve(k, &s->node, n))
+		return NULL;
+	memset(s->node.p, 0, n);
+	s->node.len = n;
+	return s->node.p;
+}
+
+static void snap_root(const struct snap *s, uint8_t *pg)
+{
+	uint8_t *d = pg + 16 + 16 * SNAP_NBUCKETS, *v, *ip, *id;
+	const struct snap_kvref *r;
+	unsigned b, i;
+
+	snap_page_hdr(pg, 2, SNAP_F_LEAF, SNAP_NBUCKETS, (s->root_size - 1) / SNAP_PAGE);
+	for (b = 0; b < SNAP_NBUCKETS; b++) {
+		v = snap_leaf_elem(pg, b, &d, 0x01, (const uint8_t *)snap_bucket_names[b], strlen(snap_bucket_names[b]),
+		                   snap_bucket_size(s, b));
+		if (snap_kind(b) != SNAP_INLINE) { /* {root page, sequence 0} */
+			put_le64(v, s->t[snap_kind(b) - 1].root);
+			continue;
+		}
+		ip = v + 16; /* an inline leaf: root 0, then the page image */
+		snap_page_hdr(ip, 0, SNAP_F_LEAF, s->n[b], 0);
+		id = ip + 16 + 16 * (size_t)s->n[b];
+		for (i = 0; i < s->n[b]; i++) {
+			r = &s->kv[s->first[b] + i];
+			v = snap_leaf_elem(ip, i, &id, 0, s->arena.p + r->ko, r->kn, r->vn);
+			memcpy(v, s->arena.p + r->vo, r->vn);
+		}
+	}
+}
+
+/* Branch node j of level l (>= 1): its children's first keys and pages. */
+static void snap_branch(const struct snap_tree *t, unsigned l, size_t j, uint8_t *pg)
+{
+	size_t span = 1, first = j * SNAP_FANOUT, n = KVD_MIN((size_t)SNAP_FANOUT, t->count[l - 1] - first), i;
+	uint8_t *e = pg + 16, *d = pg + 16 + 16 * n;
+	unsigned x;
+
+	for (x = 1; x < l; x++)
+		span *= SNAP_FANOUT;
+	snap_page_hdr(pg, t->base[l] + j, SNAP_F_BRANCH, (unsigned)n, 0);
+	for (i = 0; i < n; i++, e += 16) {
+		const struct snap_leaf *f = &t->leaf[(first + i) * span];
+		put_le32(e, (uint32_t)(d - e));
+		put_le32(e + 4, f->kn);
+		put_le64(e + 8, l == 1 ? t->leaf[first + i].pgid : t->base[l - 1] + first + i);
+		memcpy(d, f->key, f->kn);
+		d += f->kn;
+	}
+}
+
+/* Leaf j of the key bucket, from the log, checked against its plan. */
+static int snap_key_leaf(struct kvd *k, struct snap *s, size_t j, uint8_t *pg)
+{
+	const struct snap_leaf *lf = &s->t[0].leaf[j];
+	uint8_t *d = pg + 16 + 16 * (size_t)lf->n, *v, rk[18];
+	uint8_t *end = pg + s->node.len;
+	struct mvcc_op op;
+	Mvccpb__KeyValue kv;
+	size_t kn, vn;
+	uint32_t i;
+	int e;
+
+	snap_page_hdr(pg, lf->pgid, SNAP_F_LEAF, lf->n, (lf->size - 1) / SNAP_PAGE);
+	for (i = 0; i < lf->n; i++) {
+		if ((e = snap_keys_next(k, &s->it, &op, rk, &kn)) != 1)
+			return e < 0 ? e : KVD_ECORRUPT;
+		snap_kv(&kv, &op);
+		vn = mvccpb__key_value__get_packed_size(&kv);
+		if ((size_t)(end - d) < kn + vn || (i == 0 && (kn != lf->kn || memcmp(rk, lf->key, kn))))
+			return KVD_ECORRUPT;
+		v = snap_leaf_elem(pg, i, &d, 0, rk, kn, vn);
+		mvccpb__key_value__pack(&kv, v);
+	}
+	return (size_t)(d - pg) == lf->size ? 0 : KVD_ECORRUPT;
+}
+
+static void snap_lease_leaf(struct snap *s, size_t j, uint8_t *pg)
+{
+	const struct snap_leaf *lf = &s->t[1].leaf[j];
+	uint8_t *d = pg + 16 + 16 * (size_t)lf->n, *v, lk[8], lv[24];
+	size_t vn;
+	uint32_t i;
+
+	snap_page_hdr(pg, lf->pgid, SNAP_F_LEAF, lf->n, (lf->size - 1) / SNAP_PAGE);
+	for (i = 0; i < lf->n; i++, s->lease_at++) {
+		put_be64(lk, (uint64_t)s->lease[s->lease_at].id);
+		vn = snap_lease_val(lv, &s->lease[s->lease_at]);
+		v = snap_leaf_elem(pg, i, &d, 0, lk, 8, vn);
+		memcpy(v, lv, vn);
+	}
+}
+
+/*
+ * The next page image into s->node: stages are the two metas, the root,
+ * then for each tree its leaves and branch levels.  1 made, 0 after the
+ * last page, or a negative error.
+ */
+enum { SNAP_S_META0, SNAP_S_META1, SNAP_S_ROOT, SNAP_S_KEYS, SNAP_S_LEASES, SNAP_S_DONE, SNAP_S_SENT };
+static int snap_next_node(struct kvd *k, struct snap *s)
+{
+	struct snap_tree *t;
+	uint8_t *pg;
+	int e;
+
+	switch (s->stage) {
+	case SNAP_S_META0:
+	case SNAP_S_META1:
+		if (!(pg = snap_node(k, s, SNAP_PAGE)))
+			return KVD_ENOMEM;
+		snap_meta(pg, s->stage, s->pgid);
+		s->stage++;
+		return 1;
+	case SNAP_S_ROOT:
+		if (!(pg = snap_node(k, s, s->root_size)))
+			return KVD_ENOMEM;
+		snap_root(s, pg);
+		s->stage++;
+		s->lvl = 0;
+		s->idx = 0;
+		return 1;
+	case SNAP_S_KEYS:
+	case SNAP_S_LEASES:
+		t = &s->t[s->stage - SNAP_S_KEYS];
+		if (s->idx == t->count[s->lvl]) { /* the next level, or the next stage */
+			s->idx = 0;
+			if (++s->lvl > t->levels) {
+				s->lvl = 0;
+				s->stage++;
+			}
+			return snap_next_node(k, s);
+		}
+		if (s->lvl) {
+			if (!(pg = snap_node(k, s, SNAP_PAGE)))
+				return KVD_ENOMEM;
+			snap_branch(t, s->lvl, s->idx, pg);
+		} else {
+			if (!(pg = snap_node(k, s, t->leaf[s->idx].size)))
+				return KVD_ENOMEM;
+			if (s->stage == SNAP_S_LEASES)
+				snap_lease_leaf(s, s->idx, pg);
+			else if ((e = snap_key_leaf(k, s, s->idx, pg)))
+				return e;
+		}
+		s->idx++;
+		return 1;
+	}
+	return 0;
+}
+
+/* ---- the stream ---------------------------------------------------------- */
+
+/*
+ * The next piece of the file: a blob of up to 32 KiB (*remaining: the file's
+ * bytes still to come after it), then the 32-byte SHA-256 of the file
+ * (*remaining 0, *last set).  1 with a piece, 0 after the digest, or a
+ * negative error.  The pieces stay valid until the next call.
+ */
+static int snap_chunk(struct kvd *k, struct snap *s, const uint8_t **p, size_t *n, uint64_t *remaining, int *last)
+{
+	size_t m;
+	int e;
+
+	*last = 0;
+	if (s->stage == SNAP_S_SENT)
+		return 0;
+	if (!s->planned) {
+		if ((e = snap_plan(k, s)))
+			return e;
+		mbedtls_sha256_init(&s->sha);
+		s->sha_on = 1;
+		snap_sha256_starts(&s->sha, 0);
+	}
+	s->chunk.rd = s->chunk.len = 0;
+	if (buf_reserve(k, &s->chunk, SNAP_CHUNK))
+		return KVD_ENOMEM;
+	while (s->chunk.len < SNAP_CHUNK) {
+		if (!BUF_LEN(&s->node) && (e = snap_next_node(k, s)) <= 0) {
+			if (e < 0)
+				return e;
+			break;
+		}
+		m = KVD_MIN(BUF_LEN(&s->node), SNAP_CHUNK - s->chunk.len);
+		memcpy(s->chunk.p + s->chunk.len, BUF_DATA(&s->node), m);
+		s->chunk.len += m;
+		s->node.rd += m;
+	}
+	if (s->chunk.len) {
+		snap_sha256_update(&s->sha, s->chunk.p, s->chunk.len);
+		s->sent += s->chunk.len;
+	} else {
+		if (!KVD_ALWAYS(s->sent == s->pgid * SNAP_PAGE))
+			return KVD_ECORRUPT;
+		snap_sha256_finish(&s->sha, s->chunk.p);
+		s->chunk.len = 32;
+		s->stage = SNAP_S_SENT;
+		*last = 1;
+	}
+	*p = s->chunk.p;
+	*n = s->chunk.len;
+	*remaining = s->pgid * SNAP_PAGE - s->sent;
+	return 1;
+}
+
+/* The next messages of a snapshot stream into c, as etcd sends them:
+ * 1 more to come, 0 when the last (the SHA-256) is queued, or an error. */
+static int snap_produce(struct kvd *k, struct snap *s, struct call *c)
+{
+	Etcdserverpb__SnapshotResponse rs = ETCDSERVERPB__SNAPSHOT_RESPONSE__INIT;
+	const uint8_t *p;
+	uint64_t rem;
+	size_t n;
+	int e, last;
+
+	if ((e = snap_chunk(k, s, &p, &n, &rem, &last)) <= 0)
+		return e;
+	rs.remaining_bytes = rem;
+	rs.blob.data = (uint8_t *)(uintptr_t)p;
+	rs.blob.len = n;
+	if (call_send(k, c, &rs.base))
+		return KVD_ENOMEM;
+	return last ? 0 : 1;
+}
+
+/* The whole file into fd, trailer included (--snapshot-save, the tests). */
+static int snap_save_fd(struct kvd *k, int fd)
+{
+	struct snap *s = kvd_calloc(k, sizeof *s);
+	const uint8_t *p;
+	uint64_t rem;
+	size_t n;
+	ssize_t w;
+	int e, last;
+
+	if (!s)
+		return KVD_ENOMEM;
+	while ((e = snap_chunk(k, s, &p, &n, &rem, &last)) == 1)
+		while (n) {
+			if ((w = write(fd, p, n)) > 0) {
+				p += w;
+				n -= (size_t)w;
+			} else if (w == 0 || errno != EINTR) {
+				e = KVD_EIO;
+				goto out;
+			}
+		}
+out:
+	snap_free(k, s);
+	return e;
+}
+
+/*
+ * --snapshot-save FILE: the data dir's store as an etcd snapshot file (what
+ * `etcdctl snapshot save` would get), without serving: a board's backup.
+ * The data dir lock keeps a running kvd off it meanwhile.
+ */
+static int snap_save_offline(const struct kvd_config *cfg, char *err, size_t errlen)
+{
+	struct kvd *k = NULL;
+	char tmp[PATH_MAX];
+	int fd = -1, e;
+
+	snprintf(tmp, sizeof tmp, "%s.part", cfg->snapshot_save);
+	if ((e = kvd_init(cfg, &k, err, errlen)) || (e = cfg_lock(k, err, errlen)) || (e = mvcc_open(k, err, errlen)))
+		goto out;
+	if ((fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600)) < 0) {
+		snprintf(err, errlen, "cannot create %.200s: %s", tmp, strerror(errno));
+		e = KVD_EIO;
+		goto out;
+	}
+	if ((e = snap_save_fd(k, fd)) || fsync(fd) || close(fd) || rename(tmp, cfg->snapshot_save)) {
+		snprintf(err, errlen, "%.200s: %s", cfg->snapshot_save,
+		         e == KVD_ENOMEM ? "out of memory" : e ? "cannot read the log or write the file" : strerror(errno));
+		e = e ? e : KVD_EIO;
+		fd = -1;
+		unlink(tmp);
+		goto out;
+	}
+	fd = -1;
+	kvd_log(k, KVD_LOG_INFO, "saved a snapshot of revision %lld to %s", (long long)k->db.rev, cfg->snapshot_save);
+out:
+	if (fd >= 0) {
+		close(fd);
+		unlink(tmp);
+	}
+	kvd_close(k);
+	return e;
+}
+
+/* etcd's Maintenance.Hash of the snapshot kvd would send now: CRC-32C over
+ * each bucket's name, then its keys and values, without consistent_index. */
+static int snap_hash(struct kvd *k, uint32_t *hash)
+{
+	struct snap *s = kvd_calloc(k, sizeof *s);
+	struct snap_keys it;
+	uint32_t crc = 0;
+	uint8_t rk[18], lv[24];
+	size_t i;
+	unsigned b;
+	int e;
+
+	if (!s)
+		return KVD_ENOMEM;
+	snap_keys_init(&it, 0, 0, 0, NULL);
+	if ((e = snap_content(k, s)) || (s->c >= 1 && (e = snap_ops_at(k, s->c, &s->sel))))
+		goto out;
+	for (b = 0; b < SNAP_NBUCKETS; b++) {
+		crc = mvcc_crc32c(crc, snap_bucket_names[b], strlen(snap_bucket_names[b]));
+		if (snap_kind(b) == SNAP_INLINE) {
+			for (i = s->first[b]; i < s->first[b] + s->n[b]; i++) {
+				const struct snap_kvref *r = &s->kv[i];
+				if (b == 9 && r->kn == 16 && !memcmp(s->arena.p + r->ko, "consistent_index", 16))
+					continue;
+				crc = mvcc_crc32c(crc, s->arena.p + r->ko, r->kn);
+				crc = mvcc_crc32c(crc, s->arena.p + r->vo, r->vn);
+			}
+		} else if (snap_kind(b) == SNAP_LEASES) {
+			for (i = 0; i < s->nlease; i++) {
+				put_be64(rk, (uint64_t)s->lease[i].id);
+				crc = mvcc_crc32c(crc, rk, 8);
+				crc = mvcc_crc32c(crc, lv, snap_lease_val(lv, &s->lease[i]));
+			}
+		} else {
+			snap_keys_init(&it, s->end, s->rev, s->c, &s->sel);
+			if ((e = snap_keys_crc(k, &it, &crc)))
+				goto out;
+		}
+	}
+	*hash = crc;
+out:
+	buf_free(k, &it.win);
+	snap_free(k, s);
+	return e < 0 ? e : 0;
+}
+
+/* ---- reading bbolt: etcd's snapshots, imported ---------------------------
+ *
+ * `kvd --restore-snapshot FILE` makes a new store from an etcd 3.4 snapshot
+ * (or from one kvd made).  The file is hostile until proven otherwise: the
+ * reader checks both metas (magic, version, FNV checksum), takes the page
+ * size and page count from the valid one with the higher txid and refuses a
+ * count the file cannot hold; every page it follows must lie in
+ * [2, pgid), name itself in its header, be a branch or a leaf, and not have
+ * been reached before (a bit per page: no cycle, no shared subtree), trees
+ * are at most 32 deep, every element lies inside its node, and keys rise
+ * strictly.  Nothing is trusted about sizes beyond the node that holds them.
+ *
+ * What etcd's buckets say becomes log records, written to kvd.log.import
+ * and replayed into a scratch index as they are made -- the log's own
+ * replay checks each one (chains, leases, revisions) -- then made durable
+ * and renamed to kvd.log.  The records at or below the compaction point C
+ * (for each key live at C, its newest record) become BASE records at C,
+ * with their sub-revisions; every record above C becomes the TXN of its
+ * revision (they must run without a gap), tombstones as deletes; then a
+ * COMPACT at C.  Leases in the `lease` bucket are granted first; a lease
+ * only history names is granted where first used and revoked at the end.
+ * The alarm, auth, members and cluster buckets are not imported.
+ */
+
+#define SNAP_MAX_DEPTH 32
+
+static uint32_t get_le16(const uint8_t *p) { return (uint32_t)p[0] | (uint32_t)p[1] << 8; }
+static uint32_t get_le32(const uint8_t *p)
+{
+	return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+static uint64_t get_le64(const uint8_t *p) { return (uint64_t)get_le32(p) | (uint64_t)get_le32(p + 4) << 32; }
+
+struct snap_file {
+	const uint8_t *p;
+	uint64_t n;                 /* bytes of pages (the trailer cut off) */
+	uint32_t ps;                /* page size */
+	uint64_t pgid, root;        /* pages; the root bucket's page */
+	uint8_t *seen;              /* a bit per page reached */
+	const char *why;
+};
+
+/* A node: its image (with overflow pages), flags and element count. */
+struct snap_nd {
+	const uint8_t *p;
+	uint64_t n;
+	unsigned flags, count;
+};
+
+static int snap_meta_ok(const uint8_t *pg)
+{
+	return get_le32(pg + 16) == SNAP_MAGIC && get_le32(pg + 20) == 2 && get_le64(pg + 72) == snap_fnv64(pg + 16, 56);
+}
+
+static int snap_file_open(struct kvd *k, struct snap_file *f, const uint8_t *p, uint64_t n)
+{
+	uint64_t txid = 0;
+	uint32_t ps = 4096;
+	unsigned i;
+	int have = 0;
+
+	memset(f, 0, sizeof *f);
+	f->p = p;
+	f->n = n;
+	f->why = "not a bbolt file: too small";
+	if (n < 4096)
+		return KVD_ECORRUPT;
+	if (snap_meta_ok(p))
+		ps = get_le32(p + 24);
+	f->why = "bad page size";
+	if (ps < 1024 || ps > 65536 || (ps & (ps - 1)))
+		return KVD_ECORRUPT;
+	f->why = "file size too small";
+	if (n < 2 * (uint64_t)ps)
+		return KVD_ECORRUPT;
+	for (i = 0; i < 2; i++) {
+		const uint8_t *pg = p + (size_t)i * ps;
+		if (!snap_meta_ok(pg) || get_le32(pg + 24) != ps || (have && get_le64(pg + 64) <= txid))
+			continue;
+		have = 1;
+		txid = get_le64(pg + 64);
+		f->root = get_le64(pg + 32);
+		f->pgid = get_le64(pg + 56);
+	}
+	f->ps = ps;
+	f->why = "no valid meta page";
+	if (!have)
+		return KVD_ECORRUPT;
+	f->why = "the meta page counts more pages than the file holds";
+	if (f->pgid < 3 || f->pgid > n / ps)
+		return KVD_ECORRUPT;
+	f->why = "bad root page";
+	if (f->root < 2 || f->root >= f->pgid)
+		return KVD_ECORRUPT;
+	f->why = "out of memory";
+	if (!(f->seen = kvd_calloc(k, (size_t)(f->pgid / 8 + 1))))
+		return KVD_ENOMEM;
+	return 0;
+}
+
+/* Page id's node, checked, its pages marked reached. */
+static int snap_file_node(struct snap_file *f, uint64_t id, struct snap_nd *nd)
+{
+	const uint8_t *pg;
+	uint64_t ovf, j;
+
+	f->why = "a page id out of range";
+	if (id < 2 || id >= f->pgid)
+		return KVD_ECORRUPT;
+	pg = f->p + id * f->ps;
+	ovf = get_le32(pg + 12);
+	f->why = "a page header names another page";
+	if (get_le64(pg) != id)
+		return KVD_ECORRUPT;
+	f->why = "overflow pages past the last page";
+	if (ovf >= f->pgid - id)
+		return KVD_ECORRUPT;
+	f->why = "a page reached twice";
+	for (j = id; j <= id + ovf; j++) {
+		if (f->seen[j / 8] & (1u << (j % 8)))
+			return KVD_ECORRUPT;
+		f->seen[j / 8] |= (uint8_t)(1u << (j % 8));
+	}
+	nd->p = pg;
+	nd->n = (ovf + 1) * f->ps;
+	nd->flags = get_le16(pg + 8);
+	nd->count = get_le16(pg + 10);
+	f->why = "a page that is neither branch nor leaf in a tree";
+	if (nd->flags != SNAP_F_BRANCH && nd->flags != SNAP_F_LEAF)
+		return KVD_ECORRUPT;
+	f->why = "more elements than the page holds";
+	return 16 + 16 * (uint64_t)nd->count <= nd->n ? 0 : KVD_ECORRUPT;
+}
+
+/* Element i of nd: key, and value (leaf: flags too) or child (branch). */
+static int snap_file_elem(struct snap_file *f, const struct snap_nd *nd, unsigned i, const uint8_t **key, size_t *kn,
+                          const uint8_t **val, size_t *vn, uint64_t *child, uint32_t *flags)
+{
+	const uint8_t *e = nd->p + 16 + 16 * (size_t)i;
+	uint64_t at, ks, vs = 0;
+
+	if (nd->flags == SNAP_F_BRANCH) {
+		at = 16 + 16 * (uint64_t)i + get_le32(e);
+		ks = get_le32(e + 4);
+		*child = get_le64(e + 8);
+		*flags = 0;
+	} else {
+		*flags = get_le32(e);
+		at = 16 + 16 * (uint64_t)i + get_le32(e + 4);
+		ks = get_le32(e + 8);
+		vs = get_le32(e + 12);
+	}
+	f->why = "an element outside its page";
+	if (at > nd->n || ks > nd->n - at || vs > nd->n - at - ks)
+		return KVD_ECORRUPT;
+	f->why = "an empty key";
+	if (!ks)
+		return KVD_ECORRUPT;
+	*key = nd->p + at;
+	*kn = (size_t)ks;
+	*val = nd->p + at + ks;
+	*vn = (size_t)vs;
+	return 0;
+}
+
+typedef int snap_visit_fn(struct kvd *k, void *arg, const uint8_t *key, size_t kn, const uint8_t *val, size_t vn,
+                          uint32_t flags);
+
+/* Every leaf element of the bucket whose value is bv[0..bn), in order. */
+static int snap_file_walk(struct kvd *k, struct snap_file *f, const uint8_t *bv, size_t bn, snap_visit_fn *fn,
+                          void *arg)
+{
+	struct {
+		struct snap_nd nd;
+		unsigned i;
+	} st[SNAP_MAX_DEPTH];
+	struct kvd_buf prev = {0};
+	const uint8_t *key, *val;
+	size_t kn, vn;
+	uint64_t child;
+	uint32_t flags;
+	unsigned depth = 1;
+	int e = KVD_ECORRUPT, c;
+
+	f->why = "a bucket value too short";
+	if (bn < 16)
+		return KVD_ECORRUPT;
+	if (!get_le64(bv)) { /* inline: a leaf page image after the header */
+		st[0].nd.p = bv + 16;
+		st[0].nd.n = bn - 16;
+		f->why = "a bad inline bucket";
+		if (st[0].nd.n < 16)
+			return KVD_ECORRUPT;
+		st[0].nd.flags = get_le16(bv + 16 + 8);
+		st[0].nd.count = get_le16(bv + 16 + 10);
+		if (st[0].nd.flags != SNAP_F_LEAF || 16 + 16 * (uint64_t)st[0].nd.count > st[0].nd.n)
+			return KVD_ECORRUPT;
+	} else if ((e = snap_file_node(f, get_le64(bv), &st[0].nd))) {
+		return e;
+	}
+	st[0].i = 0;
+	while (depth) {
+		struct snap_nd *nd = &st[depth - 1].nd;
+		if (st[depth - 1].i == nd->count) {
+			depth--;
+			continue;
+		}
+		if ((e = snap_file_elem(f, nd, st[depth - 1].i++, &key, &kn, &val, &vn, &child, &flags)))
+			goto out;
+		if (nd->flags == SNAP_F_BRANCH) {
+			f->why = "a tree too deep";
+			if (depth == SNAP_MAX_DEPTH) {
+				e = KVD_ECORRUPT;
+				goto out;
+			}
+			if ((e = snap_file_node(f, child, &st[depth].nd)))
+				goto out;
+			st[depth++].i = 0;
+			continue;
+		}
+		c = prev.len ? memcmp(prev.p, key, KVD_MIN(prev.len, kn)) : -1;
+		f->why = "keys out of order";
+		if (c > 0 || (c == 0 && prev.len >= kn)) {
+			e = KVD_ECORRUPT;
+			goto out;
+		}
+		prev.len = 0;
+		if (buf_append(k, &prev, key, kn)) {
+			f->why = "out of memory";
+			e = KVD_ENOMEM;
+			goto out;
+		}
+		if ((e = fn(k, arg, key, kn, val, vn, flags)))
+			goto out;
+	}
+	e = 0;
+out:
+	buf_free(k, &prev);
+	return e;
+}
+
+/* The import: the new log being written, and what it must still say. */
+struct snap_imp {
+	struct snap_file f;
+	const uint8_t *bucket[SNAP_NBUCKETS]; /* each bucket's value in the root, NULL if absent */
+	size_t bucket_n[SNAP_NBUCKETS];
+	int fd;
+	uint64_t size;              /* bytes written to the new log */
+	struct kvd_buf out;         /* records not written yet */
+	int64_t c, sched;           /* finishedCompactRev, scheduledCompactRev (0: none) */
+	struct snap_lease *live;    /* the lease bucket, by id */
+	size_t nlive;
+	struct life_map granted;    /* lease id -> 1 live, 2 only history names it */
+	int in_txn, did_base;       /* a record is open; a BASE was written */
+	int past_base;              /* the BASE and its compaction are written */
+	size_t rec_at, nops_at;
+	unsigned rec_type;
+	uint32_t nops;
+	int64_t rec_rev;
+	uint64_t sub;               /* the next sub-revision in the open TXN */
+	uint64_t records, tombs;
+	char why[160];
+};
+
+static int snap_imp_fail(struct snap_imp *im, const char *fmt, ...) KVD_PRINTF(2, 3);
+static int snap_imp_fail(struct snap_imp *im, const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(im->why, sizeof im->why, fmt, ap);
+	va_end(ap);
+	return KVD_ECORRUPT;
+}
+
+/* Write what out holds (all of it when sync, with an fdatasync). */
+static int snap_imp_write(struct kvd *k, struct snap_imp *im, int sync)
+{
+	size_t done = 0;
+	ssize_t w;
+
+	(void)k;
+	while (done < im->out.len) {
+		w = write(im->fd, im->out.p + done, im->out.len - done);
+		if (w < 0 && errno == EINTR)
+			continue;
+		if (w <= 0) {
+			snap_imp_fail(im, "cannot write the new log: %s", strerror(errno));
+			return KVD_EIO;
+		}
+		done += (size_t)w;
+	}
+	im->size += done;
+	im->out.len = 0;
+	if (sync && fdatasync(im->fd)) {
+		snap_imp_fail(im, "cannot sync the new log: %s", strerror(errno));
+		return KVD_EIO;
+	}
+	return 0;
+}
+
+/* Close the open record and replay it into the scratch store. */
+static int snap_imp_close(struct kvd *k, struct snap_imp *im)
+{
+	struct mvcc_rec rec;
+	const char *why = "";
+	uint8_t *p;
+	long n;
+	int e;
+
+	if (!im->in_txn)
+		return 0;
+	im->in_txn = 0;
+	p = im->out.p + im->rec_at;
+	put_be32(im->out.p + im->nops_at, im->nops);
+	mvcc_seal(p, im->out.len - im->rec_at - MVCC_REC_HDR, im->rec_type);
+	n = mvcc_frame(p, im->out.len - im->rec_at, im->size + im->rec_at, im->size + im->out.len, 0, &rec, &why);
+	if (n <= 0)
+		return snap_imp_fail(im, "a record kvd cannot frame (%s)", why);
+	if ((e = mvcc_replay_record(k, &k->db, &rec, &why)))
+		return e == KVD_ENOMEM ? KVD_ENOMEM : snap_imp_fail(im, "at revision %lld: %s", (long long)im->rec_rev, why);
+	im->did_base |= im->rec_type == MVCC_REC_BASE;
+	return im->out.len >= (1u << 20) ? snap_imp_write(k, im, 0) : 0;
+}
+
+/* Room for n bytes of op in a record of type at rev (one opened as needed). */
+static int snap_imp_room(struct kvd *k, struct snap_imp *im, unsigned type, int64_t rev, size_t n)
+{
+	int e;
+
+	if (im->in_txn && (im->rec_type != type || im->rec_rev != rev ||
+	                   (type == MVCC_REC_BASE && im->out.len - im->rec_at + n > LIFE_BASE_REC)) &&
+	    (e = snap_imp_close(k, im)))
+		return e;
+	if (n > UINT32_MAX - 64 || buf_reserve(k, &im->out, MVCC_REC_HDR + 14 + n))
+		return KVD_ENOMEM;
+	if (!im->in_txn) {
+		im->rec_at = im->out.len;
+		im->nops_at = mvcc_rec_open(&im->out, rev);
+		im->rec_type = type;
+		im->rec_rev = rev;
+		im->nops = 0;
+		im->in_txn = 1;
+	}
+	return 0;
+}
+
+static int snap_imp_grant(struct kvd *k, struct snap_imp *im, unsigned type, int64_t rev, int64_t id, int64_t ttl,
+                          uint64_t how)
+{
+	int e;
+
+	if ((e = snap_imp_room(k, im, type, rev, MVCC_LEASE_OP_MAX)))
+		return e;
+	im->out.len = (size_t)(mvcc_lease_encode(im->out.p + im->out.len, MVCC_OP_GRANT, id, ttl) - im->out.p);
+	im->nops++;
+	return life_map_put(k, &im->granted, (uint64_t)id, how) ? KVD_ENOMEM : 0;
+}
+
+/* The state before the first TXN: the BASE (an empty one if nothing is
+ * live at C, so the log still says C), then the compaction. */
+static int snap_imp_base_end(struct kvd *k, struct snap_imp *im)
+{
+	int e;
+
+	im->past_base = 1;
+	if (im->c >= 1 && !im->did_base && !im->in_txn && (e = snap_imp_room(k, im, MVCC_REC_BASE, im->c, 0)))
+		return e;
+	if ((e = snap_imp_close(k, im)))
+		return e;
+	if (im->c < 1)
+		return 0;
+	if (buf_reserve(k, &im->out, MVCC_COMPACT_REC_MAX))
+		return KVD_ENOMEM;
+	im->rec_at = im->out.len;
+	mvcc_compact_encode(&im->out, im->c);
+	{
+		struct mvcc_rec rec;
+		const char *why = "";
+		if (mvcc_frame(im->out.p + im->rec_at, im->out.len - im->rec_at, im->size + im->rec_at,
+		               im->size + im->out.len, 0, &rec, &why) <= 0 ||
+		    (e = mvcc_replay_record(k, &k->db, &rec, &why)))
+			return snap_imp_fail(im, "the compaction at %lld: %s", (long long)im->c, why);
+	}
+	return 0;
+}
+
+/* One record of etcd's key bucket, in revision order. */
+static int snap_imp_key(struct kvd *k, void *arg, const uint8_t *key, size_t kn, const uint8_t *val, size_t vn,
+                        uint32_t flags)
+{
+	struct snap_imp *im = arg;
+	Mvccpb__KeyValue *kv;
+	struct mvcc_key *r;
+	int64_t main_rev, lease = 0;
+	uint64_t sub, prev = 0;
+	int tomb = kn == 18, e = 0;
+	size_t sl;
+
+	if (flags || (kn != 17 && kn != 18) || key[8] != '_' || (tomb && key[17] != 't'))
+		return snap_imp_fail(im, "a key bucket entry that is not a revision");
+	main_rev = (int64_t)get_be64(key);
+	sub = get_be64(key + 9);
+	if (main_rev < 2 || sub > UINT32_MAX)
+		return snap_imp_fail(im, "revision %lld_%llu out of range", (long long)main_rev, (unsigned long long)sub);
+	if (!(kv = mvccpb__key_value__unpack(&k->pba, vn, val)))
+		return k->pb_oom ? KVD_ENOMEM : snap_imp_fail(im, "revision %lld: a bad KeyValue", (long long)main_rev);
+	if (!kv->key.len || kv->key.len > 0xffffffffu || kv->value.len > 0x7fffffffu ||
+	    (!tomb && (kv->mod_revision != main_rev || kv->create_revision < 1 || kv->create_revision > main_rev ||
+	               kv->version < 1))) {
+		e = snap_imp_fail(im, "revision %lld: a KeyValue that does not fit it", (long long)main_rev);
+		goto out;
+	}
+	if (!tomb)
+		lease = kv->lease;
+	im->records++;
+	if (main_rev <= im->c) { /* what compaction left: the key's state at C */
+		if (tomb) {
+			im->tombs++;
+			goto out; /* etcd's own restore ignores these */
+		}
+		if (lease && life_map_slot(&im->granted, (uint64_t)lease) == SIZE_MAX &&
+		    (e = snap_imp_grant(k, im, MVCC_REC_BASE, im->c, lease, 1, 2)))
+			goto out;
+		if ((e = snap_imp_room(k, im, MVCC_REC_BASE, im->c, MVCC_OP_MAX_HDR + kv->key.len + kv->value.len)))
+			goto out;
+		im->out.len = (size_t)(mvcc_op_encode(im->out.p + im->out.len, MVCC_OP_PUT, sub, main_rev,
+		                                      kv->create_revision, kv->version, lease, kv->key.data, kv->key.len,
+		                                      kv->value.data, kv->value.len) - im->out.p);
+		im->nops++;
+		goto out;
+	}
+	if (!im->past_base) { /* the first revision above C */
+		if ((e = snap_imp_base_end(k, im)))
+			goto out;
+	}
+	if (!im->in_txn || im->rec_rev != main_rev) {
+		if ((e = snap_imp_close(k, im)))
+			goto out;
+		if (main_rev != k->db.rev + 1) {
+			e = snap_imp_fail(im, "revision %lld follows %lld: revisions above the compaction must not skip",
+			                  (long long)main_rev, (long long)k->db.rev);
+			goto out;
+		}
+		im->sub = 0;
+	}
+	if (sub != im->sub++) {
+		e = snap_imp_fail(im, "revision %lld: sub-revision %llu out of order", (long long)main_rev,
+		                  (unsigned long long)sub);
+		goto out;
+	}
+	if (lease && (sl = life_map_slot(&im->granted, (uint64_t)lease)) == SIZE_MAX &&
+	    (e = snap_imp_grant(k, im, MVCC_REC_TXN, main_rev, lease, 1, 2)))
+		goto out;
+	if ((r = mvcc_find(&k->db, kv->key.data, kv->key.len)))
+		prev = r->op + 1;
+	if ((e = snap_imp_room(k, im, MVCC_REC_TXN, main_rev, MVCC_OP_MAX_HDR + kv->key.len + kv->value.len)))
+		goto out;
+	if (tomb)
+		im->out.len = (size_t)(mvcc_op_encode(im->out.p + im->out.len, MVCC_OP_DEL, prev, main_rev, 0, 0, 0,
+		                                      kv->key.data, kv->key.len, NULL, 0) - im->out.p);
+	else
+		im->out.len = (size_t)(mvcc_op_encode(im->out.p + im->out.len, MVCC_OP_PUT, prev, main_rev,
+		                                      kv->create_revision, kv->version, lease, kv->key.data, kv->key.len,
+		                                      kv->value.data, kv->value.len) - im->out.p);
+	im->nops++;
+	im->tombs += (uint64_t)tomb;
+out:
+	mvccpb__key_value__free_unpacked(kv, &k->pba);
+	return e;
+}
+
+/* meta: the compaction marks (17-byte revisions, main first). */
+static int snap_imp_meta(struct kvd *k, void *arg, const uint8_t *key, size_t kn, const uint8_t *val, size_t vn,
+                         uint32_t flags)
+{
+	struct snap_imp *im = arg;
+	int64_t *at = kn == 18 && !memcmp(key, "finishedCompactRev", 18) ? &im->c
+	            : kn == 19 && !memcmp(key, "scheduledCompactRev", 19) ? &im->sched : NULL;
+
+	(void)k;
+	(void)flags;
+	if (!at)
+		return 0;
+	if (vn < 8 || (int64_t)get_be64(val) < 0)
+		return snap_imp_fail(im, "a bad %.*s", (int)kn, key);
+	*at = (int64_t)get_be64(val);
+	return 0;
+}
+
+/* lease: leasepb.Lease {1 ID, 2 TTL, 3 RemainingTTL}; the ID is the value's. */
+static int snap_imp_lease(struct kvd *k, void *arg, const uint8_t *key, size_t kn, const uint8_t *val, size_t vn,
+                          uint32_t flags)
+{
+	struct snap_imp *im = arg;
+	const uint8_t *p = val, *end = val + vn;
+	uint64_t tag, v, id = 0, ttl = 0;
+
+	(void)key;
+	(void)kn;
+	(void)flags;
+	while (p < end) {
+		if (mvcc_get_varint(&p, end, &tag) || (tag & 7) != 0 || mvcc_get_varint(&p, end, &v))
+			return snap_imp_fail(im, "a bad lease record");
+		if (tag >> 3 == 1)
+			id = v;
+		else if (tag >> 3 == 2)
+			ttl = v;
+	}
+	if (!id || (int64_t)id < 0 || (int64_t)ttl < 1 || (int64_t)ttl > LEASE_MAX_TTL)
+		return snap_imp_fail(im, "a lease with a bad id or TTL");
+	if (im->nlive % 64 == 0) {
+		struct snap_lease *nl = kvd_realloc(k, im->live, (im->nlive + 64) * sizeof *nl);
+		if (!nl)
+			return KVD_ENOMEM;
+		im->live = nl;
+	}
+	im->live[im->nlive].id = (int64_t)id;
+	im->live[im->nlive++].ttl = (int64_t)ttl;
+	return 0;
+}
+
+/* The root bucket's entries: etcd's buckets, found by name. */
+static int snap_imp_root(struct kvd *k, void *arg, const uint8_t *key, size_t kn, const uint8_t *val, size_t vn,
+                         uint32_t flags)
+{
+	struct snap_imp *im = arg;
+	unsigned b;
+
+	(void)k;
+	if (!(flags & 1))
+		return snap_imp_fail(im, "the root holds something that is not a bucket");
+	for (b = 0; b < SNAP_NBUCKETS; b++)
+		if (strlen(snap_bucket_names[b]) == kn && !memcmp(snap_bucket_names[b], key, kn)) {
+			im->bucket[b] = val;
+			im->bucket_n[b] = vn;
+		}
+	return 0;
+}
+
+/*
+ * Import the snapshot p[0..n) (its SHA-256 trailer verified unless
+ * skip_hash) into k, a scratch instance, writing fd.  0, or an error with
+ * the reason in why.
+ */
+static int snap_import_mem(struct kvd *k, const uint8_t *p, uint64_t n, int skip_hash, int fd, char *why,
+                           size_t whylen)
+{
+	struct snap_imp *im = kvd_calloc(k, sizeof *im);
+	uint8_t digest[32], hdr[MVCC_HEADER_REC];
+	size_t i;
+	int e;
+
+	if (!im)
+		return KVD_ENOMEM;
+	im->fd = fd;
+	if (n % 512 == 32) {
+		mbedtls_sha256_context sha;
+		mbedtls_sha256_init(&sha);
+		snap_sha256_starts(&sha, 0);
+		snap_sha256_update(&sha, p, (size_t)(n - 32));
+		snap_sha256_finish(&sha, digest);
+		mbedtls_sha256_free(&sha);
+		n -= 32;
+		if (!skip_hash && memcmp(digest, p + n, 32)) {
+			e = snap_imp_fail(im, "the SHA-256 trailer does not match the file (--skip-hash-check to go on)");
+			goto out;
+		}
+	} else if (!skip_hash) {
+		e = snap_imp_fail(im, "the file has no SHA-256 trailer (--skip-hash-check to go on)");
+		goto out;
+	}
+	if ((e = snap_file_open(k, &im->f, p, n))) {
+		snap_imp_fail(im, "%s", im->f.why);
+		goto out;
+	}
+	{ /* the root bucket: a page, walked as a bucket value naming it */
+		uint8_t rootv[16];
+		put_le64(rootv, im->f.root);
+		put_le64(rootv + 8, 0);
+		if ((e = snap_file_walk(k, &im->f, rootv, sizeof rootv, snap_imp_root, im))) {
+			if (!im->why[0])
+				snap_imp_fail(im, "%s", im->f.why);
+			goto out;
+		}
+	}
+	if ((im->bucket[9] && (e = snap_file_walk(k, &im->f, im->bucket[9], im->bucket_n[9], snap_imp_meta, im))) ||
+	    (im->bucket[6] && (e = snap_file_walk(k, &im->f, im->bucket[6], im->bucket_n[6], snap_imp_lease, im)))) {
+		if (!im->why[0])
+			snap_imp_fail(im, "%s", im->f.why);
+		goto out;
+	}
+	if (im->sched <= im->c)
+		im->sched = 0;
+	mvcc_header_encode(hdr);
+	if ((e = buf_append(k, &im->out, hdr, sizeof hdr)))
+		goto out;
+	{
+		struct mvcc_rec rec;
+		const char *w = "";
+		if (mvcc_frame(im->out.p, im->out.len, 0, im->out.len, 0, &rec, &w) <= 0 ||
+		    (e = mvcc_replay_record(k, &k->db, &rec, &w)))
+			goto out;
+	}
+	for (i = 0; i < im->nlive; i++) /* live leases first, in the BASE (at rev 1 if never compacted) */
+		if (life_map_slot(&im->granted, (uint64_t)im->live[i].id) != SIZE_MAX) {
+			e = snap_imp_fail(im, "lease %llx twice", (unsigned long long)im->live[i].id);
+			goto out;
+		} else if ((e = snap_imp_grant(k, im, MVCC_REC_BASE, KVD_MAX(im->c, 1), im->live[i].id, im->live[i].ttl, 1))) {
+			goto out;
+		}
+	if (im->bucket[5] && (e = snap_file_walk(k, &im->f, im->bucket[5], im->bucket_n[5], snap_imp_key, im))) {
+		if (!im->why[0])
+			snap_imp_fail(im, "%s", im->f.why);
+		goto out;
+	}
+	if (!im->past_base && (e = snap_imp_base_end(k, im)))
+		goto out;
+	if ((e = snap_imp_close(k, im)))
+		goto out;
+	/* leases only history named: revoked now, in a TXN of lease ops (no revision) */
+	for (i = 0; im->granted.v && i <= im->granted.mask; i++) {
+		int64_t id = (int64_t)im->granted.v[2 * i];
+		struct lease *l;
+		if (!id || im->granted.v[2 * i + 1] != 2)
+			continue;
+		if ((l = lease_find(k, id)) && l->nkeys) {
+			e = snap_imp_fail(im, "a key is attached to lease %llx, which the snapshot does not hold",
+			                  (unsigned long long)id);
+			goto out;
+		}
+		if ((e = snap_imp_room(k, im, MVCC_REC_TXN, k->db.rev + 1, MVCC_LEASE_OP_MAX)))
+			goto out;
+		im->out.len = (size_t)(mvcc_lease_encode(im->out.p + im->out.len, MVCC_OP_REVOKE, id, 0) - im->out.p);
+		im->nops++;
+	}
+	if ((e = snap_imp_close(k, im)))
+		goto out;
+	if (im->sched && im->sched <= k->db.rev) { /* a compaction etcd had not finished */
+		struct mvcc_rec rec;
+		const char *w = "";
+		if (buf_reserve(k, &im->out, MVCC_COMPACT_REC_MAX)) {
+			e = KVD_ENOMEM;
+			goto out;
+		}
+		im->rec_at = im->out.len;
+		mvcc_compact_encode(&im->out, im->sched);
+		if (mvcc_frame(im->out.p + im->rec_at, im->out.len - im->rec_at, im->size + im->rec_at,
+		               im->size + im->out.len, 0, &rec, &w) <= 0 ||
+		    (e = mvcc_replay_record(k, &k->db, &rec, &w))) {
+			e = snap_imp_fail(im, "the scheduled compaction at %lld: %s", (long long)im->sched, w);
+			goto out;
+		}
+	}
+	e = snap_imp_write(k, im, 1);
+	if (!e)
+		kvd_log(k, KVD_LOG_INFO, "imported %llu key records (%llu tombstones), %zu leases, revision %lld, "
+		        "compacted %lld: a %llu-byte log", (unsigned long long)im->records, (unsigned long long)im->tombs,
+		        k->lease.n, (long long)k->db.rev, (long long)k->db.compacted,
+		        (unsigned long long)im->size);
+out:
+	if (e && !im->why[0])
+		snprintf(im->why, sizeof im->why, "%s", e == KVD_ENOMEM ? "out of memory" : "a bad snapshot");
+	snprintf(why, whylen, "%s", im->why);
+	kvd_free(k, im->f.seen);
+	kvd_free(k, im->live);
+	kvd_free(k, im->granted.v);
+	buf_free(k, &im->out);
+	kvd_free(k, im);
+	return e;
+}
+
+/*
+ * --restore-snapshot: a new store in the data dir from an etcd snapshot
+ * file, made by a scratch instance; refused if the data dir holds one.
+ */
+static int snap_restore(struct kvd *k0, char *err, size_t errlen)
+{
+	const char *file = k0->cfg.restore_snapshot, *dir = k0->cfg.data_dir;
+	char log[PATH_MAX], tmp[PATH_MAX], why[200] = "";
+	struct kvd *k = NULL;
+	struct stat st;
+	uint8_t *p = MAP_FAILED, *copy = NULL;
+	int fd = -1, out = -1, e, dfd;
+
+	snprintf(log, sizeof log, "%s/kvd.log", dir);
+	snprintf(tmp, sizeof tmp, "%s/kvd.log.import", dir);
+	if (!stat(log, &st) && st.st_size > 0) {
+		snprintf(err, errlen, "%s already holds a store: --restore-snapshot makes a new one (move it away, or "
+		         "start without the flag)", dir);
+		return KVD_EINVAL;
+	}
+	if ((fd = open(file, O_RDONLY | O_CLOEXEC)) < 0 || fstat(fd, &st)) {
+		snprintf(err, errlen, "cannot open %s: %s", file, strerror(errno));
+		e = KVD_EINVAL;
+		goto out;
+	}
+	if ((uint64_t)st.st_size > SIZE_MAX / 2) {
+		snprintf(err, errlen, "%s: too large for this machine", file);
+		e = KVD_EINVAL;
+		goto out;
+	}
+	if (st.st_size > 0)
+		p = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+	if (p == MAP_FAILED && st.st_size > 0) { /* no mmap (NOMMU): read it */
+		size_t got = 0;
+		ssize_t r;
+		if (!(copy = kvd_malloc(k0, (size_t)st.st_size))) {
+			snprintf(err, errlen, "out of memory reading %s", file);
+			e = KVD_ENOMEM;
+			goto out;
+		}
+		while (got < (size_t)st.st_size && ((r = read(fd, copy + got, (size_t)st.st_size - got)) > 0 ||
+		                                    (r < 0 && errno == EINTR)))
+			got += r > 0 ? (size_t)r : 0;
+		if (got < (size_t)st.st_size) {
+			snprintf(err, errlen, "cannot read %s: %s", file, strerror(errno));
+			e = KVD_EIO;
+			goto out;
+		}
+	}
+	if ((e = kvd_init(&k0->cfg, &k, err, errlen)))
+		goto out;
+	k->log_fn = k0->log_fn;
+	k->log_arg = k0->log_arg;
+	if ((out = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600)) < 0) {
+		snprintf(err, errlen, "cannot create %s: %s", tmp, strerror(errno));
+		e = KVD_EIO;
+		goto out;
+	}
+	e = snap_import_mem(k, copy ? copy : p == MAP_FAILED ? (const uint8_t *)"" : p, (uint64_t)st.st_size,
+	                    k0->cfg.skip_hash_check, out, why, sizeof why);
+	if (close(out) && !e) {
+		snprintf(why, sizeof why, "cannot write the new log: %s", strerror(errno));
+		e = KVD_EIO;
+	}
+	out = -1;
+	if (!e && rename(tmp, log)) {
+		snprintf(why, sizeof why, "cannot rename kvd.log.import: %s", strerror(errno));
+		e = KVD_EIO;
+	}
+	if (e) {
+		unlink(tmp);
+		snprintf(err, errlen, "%s: %s: nothing imported", file, why);
+		e = e == KVD_ENOMEM ? e : KVD_EINVAL;
+		goto out;
+	}
+	if ((dfd = open(dir, O_RDONLY | O_CLOEXEC)) >= 0) {
+		fsync(dfd);
+		close(dfd);
+	}
+out:
+	if (out >= 0)
+		close(out);
+	if (p != MAP_FAILED)
+		munmap(p, (size_t)st.st_size);
+	kvd_free(k0, copy);
+	if (fd >= 0)
+		close(fd);
+	kvd_close(k);
+	return e;
+}
+
+/* ===== 10. HPACK (hp_) =================================================== */
 
 /*
  * RFC 7541.  The decoder is complete (static and dynamic tables, Huffman,
@@ -5288,14 +6949,14 @@ static void hp_put_status(struct kvd *k, struct kvd_buf *b, int status)
 	hp_put_field(k, b, 8, NULL, s, 3);
 }
 
-/* ===== 10. HTTP/2 frames, streams, flow control (h2_) ==================== */
+/* ===== 11. HTTP/2 frames, streams, flow control (h2_) ==================== */
 
 /*
  * RFC 9113, server side, cleartext with prior knowledge: the loop hands a
  * connection to this section once its first bytes were the preface
- * (section 19).  Input is parsed from c->conn->in one whole frame at a time
+ * (section 20).  Input is parsed from c->conn->in one whole frame at a time
  * (a frame is at most 16 KiB + 9); output is appended to c->conn->out, which
- * the loop writes.  Each stream carries one call (section 11).  Response DATA is
+ * the loop writes.  Each stream carries one call (section 12).  Response DATA is
  * pulled from each stream's queue only as far as the peer's windows and
  * KVD_MAX_OUTPUT allow, so a slow or hostile reader pins bounded memory.
  *
@@ -5328,7 +6989,7 @@ struct h2_stream {
 };
 #define H2_STREAM_OF(cp) ((struct h2_stream *)(void *)(cp)) /* call is the first member */
 
-/* An HTTP/2 connection's state (its struct conn is section 19's). */
+/* An HTTP/2 connection's state (its struct conn is section 20's). */
 struct h2_conn {
 	struct kvd *k;
 	struct conn *conn;
@@ -6583,7 +8244,7 @@ static void h2_conn_free(struct kvd *k, struct h2_conn *c)
 	kvd_free(k, c);
 }
 
-/* HTTP/2 as one of the protocols a connection may speak (section 19). */
+/* HTTP/2 as one of the protocols a connection may speak (section 20). */
 static void h2_proto_input(struct kvd *k, struct conn *c) { h2_input(k, c->ps); }
 static void h2_proto_flush(struct kvd *k, struct conn *c) { h2_flush(k, c->ps); }
 static int64_t h2_proto_timers(struct kvd *k, struct conn *c) { return h2_timers(k, c->ps); }
@@ -6612,7 +8273,7 @@ static const struct net_proto h2_proto = {
 	h2_proto_busy, h2_proto_free,
 };
 
-/* ===== 11. Calls and gRPC framing (call_, grpc_) ======================== */
+/* ===== 12. Calls and gRPC framing (call_, grpc_) ======================== */
 
 /*
  * A call is one RPC being served, apart from what carries it.  A service
@@ -7015,7 +8676,7 @@ static void grpc_on_remote_close(struct kvd *k, struct h2_stream *s)
 	call_half_close(k, &s->call, BUF_LEN(&s->in) != 0);
 }
 
-/* ===== 12. Go's sort.Sort, as etcd sorts ranges (svc_gosort_) =========== */
+/* ===== 13. Go's sort.Sort, as etcd sorts ranges (svc_gosort_) =========== */
 
 /*
  * etcd sorts a Range's results with Go's sort.Sort, which is not stable:
@@ -7322,7 +8983,7 @@ static void svc_gosort_pdq(struct gosort *g, size_t a, size_t b, unsigned limit)
 	}
 }
 
-/* ===== 13. Services: KV (svc_) ========================================== */
+/* ===== 14. Services: KV (svc_) ========================================== */
 
 /*
  * Semantics follow etcd 3.4 (etcdserver/apply.go, v3rpc/key.go, mvcc): error
@@ -8524,7 +10185,7 @@ static void svc_rangestream_rpc(struct kvd *k, struct call *s)
 	}
 }
 
-/* ===== 14. Services: Lease (svc_lease_) ================================= */
+/* ===== 15. Services: Lease (svc_lease_) ================================= */
 
 
 /* Lease id if it is alive; one whose deadline passed is revoked now (the
@@ -8718,7 +10379,7 @@ static void svc_lease_leases_rpc(struct kvd *k, struct call *s)
 	svc_pool_free(&pl);
 }
 
-/* ===== 15. Services: Maintenance, Cluster, Health; the method table (svc_) === */
+/* ===== 16. Services: Maintenance, Cluster, Health; the method table (svc_) === */
 
 /* grpc.health.v1.Health/Check: "" is SERVING, any other name unknown (as
  * etcd registers only ""). */
@@ -8789,7 +10450,7 @@ static void svc_status(struct kvd *k, struct call *s)
 	call_reply(k, s, &rs.base);
 }
 
-/* Maintenance/HashKV: etcd 3.4's hash of the key history (section 8). */
+/* Maintenance/HashKV: etcd 3.4's hash of the key history (section 9). */
 static void svc_hashkv(struct kvd *k, struct call *s)
 {
 	const Etcdserverpb__HashKVRequest *rq = (const void *)s->rq;
@@ -8805,7 +10466,7 @@ static void svc_hashkv(struct kvd *k, struct call *s)
 		svc_fail(&e, GRPC_OUT_OF_RANGE, E_COMPACTED);
 	else if (rq->revision > k->db.rev)
 		svc_fail(&e, GRPC_OUT_OF_RANGE, E_FUTURE_REV);
-	else if ((r = life_hashkv(k, rq->revision ? rq->revision : k->db.rev, &hash)))
+	else if ((r = snap_hashkv(k, rq->revision ? rq->revision : k->db.rev, &hash)))
 		svc_fail(&e, r == KVD_ENOMEM ? GRPC_RESOURCE_EXHAUSTED : GRPC_DATA_LOSS,
 		         r == KVD_ENOMEM ? "kvd: out of memory" : "kvd: cannot read the log");
 	if (!e.msg) {
@@ -8815,6 +10476,66 @@ static void svc_hashkv(struct kvd *k, struct call *s)
 		rs.compact_revision = k->db.compacted;
 	}
 	svc_end(k, s, &rs.base, &e);
+}
+
+/* Maintenance/Hash: etcd 3.4's hash of its backend (section 9). */
+static void svc_hash(struct kvd *k, struct call *s)
+{
+	Etcdserverpb__HashResponse rs = ETCDSERVERPB__HASH_RESPONSE__INIT;
+	Etcdserverpb__ResponseHeader h;
+	struct svc_err e = {0, NULL};
+	uint32_t hash = 0;
+	int r;
+
+	if (svc_too_large(k, s->raw.n))
+		svc_fail(&e, GRPC_INVALID_ARGUMENT, E_TOO_LARGE);
+	else if ((r = snap_hash(k, &hash)))
+		svc_fail(&e, r == KVD_ENOMEM ? GRPC_RESOURCE_EXHAUSTED : GRPC_DATA_LOSS,
+		         r == KVD_ENOMEM ? "kvd: out of memory" : "kvd: cannot read the log");
+	if (!e.msg) {
+		svc_header(k, &h, 1);
+		rs.header = &h;
+		rs.hash = hash;
+	}
+	svc_end(k, s, &rs.base, &e);
+}
+
+/* Maintenance/Snapshot: etcd's backend file, made as the window opens
+ * (section 9); planned on the first chance to send, after a group commit. */
+static void svc_snapshot_rpc(struct kvd *k, struct call *s)
+{
+	if (svc_too_large(k, s->raw.n)) {
+		call_finish(k, s, GRPC_INVALID_ARGUMENT, "%s", E_TOO_LARGE);
+	} else if (!(s->svc = kvd_calloc(k, sizeof(struct snap)))) {
+		call_finish(k, s, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+	} else {
+		k->life.snapshots++;
+		s->produce = 1;
+	}
+}
+
+static void svc_snapshot_produce(struct kvd *k, struct call *s)
+{
+	struct snap *sn = s->svc;
+	int e = snap_produce(k, sn, s);
+
+	if (e == 0) {
+		kvd_log(k, KVD_LOG_INFO, "snapshot at revision %lld sent", (long long)sn->rev);
+		call_finish(k, s, GRPC_OK, "%s", "");
+	}
+	else if (e < 0)
+		call_finish(k, s, e == KVD_ENOMEM ? GRPC_RESOURCE_EXHAUSTED : GRPC_DATA_LOSS, "%s",
+		            e == KVD_ENOMEM ? "kvd: out of memory" : "kvd: cannot read the log for a snapshot");
+}
+
+static void svc_snapshot_close(struct kvd *k, struct call *s)
+{
+	if (!s->svc)
+		return;
+	snap_free(k, s->svc);
+	s->svc = NULL;
+	k->life.snapshots--;
+	loop_arm(k, k->now); /* a rewrite may go on */
 }
 
 /* Maintenance/Alarm: GET (all, or one type), ACTIVATE, DEACTIVATE, as
@@ -9092,9 +10813,9 @@ static const struct grpc_method svc_maintenance[] = {
 	{"/etcdserverpb.Maintenance/Alarm", GRPC_UNARY, PB(etcdserverpb__alarm_request), PB(etcdserverpb__alarm_response), svc_alarm, NULL, NULL, NULL, NULL},
 	{"/etcdserverpb.Maintenance/Status", GRPC_UNARY, PB(etcdserverpb__status_request), PB(etcdserverpb__status_response), svc_status, NULL, NULL, NULL, NULL},
 	{"/etcdserverpb.Maintenance/Defragment", GRPC_UNARY, PB(etcdserverpb__defragment_request), PB(etcdserverpb__defragment_response), svc_defrag, NULL, svc_defrag_close, NULL, NULL},
-	{"/etcdserverpb.Maintenance/Hash", GRPC_UNARY, PB(etcdserverpb__hash_request), PB(etcdserverpb__hash_response), NULL, NULL, NULL, NULL, NULL},
+	{"/etcdserverpb.Maintenance/Hash", GRPC_UNARY, PB(etcdserverpb__hash_request), PB(etcdserverpb__hash_response), svc_hash, NULL, NULL, NULL, NULL},
 	{"/etcdserverpb.Maintenance/HashKV", GRPC_UNARY, PB(etcdserverpb__hash_kvrequest), PB(etcdserverpb__hash_kvresponse), svc_hashkv, NULL, NULL, NULL, NULL},
-	{"/etcdserverpb.Maintenance/Snapshot", GRPC_SERVER_STREAM, PB(etcdserverpb__snapshot_request), PB(etcdserverpb__snapshot_response), NULL, NULL, NULL, NULL, NULL},
+	{"/etcdserverpb.Maintenance/Snapshot", GRPC_SERVER_STREAM, PB(etcdserverpb__snapshot_request), PB(etcdserverpb__snapshot_response), svc_snapshot_rpc, NULL, svc_snapshot_close, svc_snapshot_produce, NULL},
 	{"/etcdserverpb.Maintenance/MoveLeader", GRPC_UNARY, PB(etcdserverpb__move_leader_request), PB(etcdserverpb__move_leader_response), NULL, NULL, NULL, NULL, NULL},
 	{"/etcdserverpb.Maintenance/Downgrade", GRPC_UNARY, PB(etcdserverpb__downgrade_request), PB(etcdserverpb__downgrade_response), NULL, NULL, NULL, NULL, NULL},
 };
@@ -9215,7 +10936,7 @@ static void svc_shutdown(struct kvd *k)
 			c->m->on_shutdown(k, c);
 }
 
-/* ===== 16. Watch (watch_) =============================================== */
+/* ===== 17. Watch (watch_) =============================================== */
 
 /*
  * etcd's Watch: many watchers per bidi stream.  A watcher owes its client
@@ -10206,7 +11927,7 @@ static void watch_fini(struct kvd *k)
 	buf_free(k, &k->watch.enc);
 }
 
-/* ===== 17. JSON (json_) ================================================= */
+/* ===== 18. JSON (json_) ================================================= */
 
 /*
  * A small strict JSON reader (RFC 8259) into a tree held in one arena, and
@@ -10809,7 +12530,7 @@ static void json_write(struct kvd *k, struct kvd_buf *b, const struct json *v)
 	json_put_raw(k, b, v->type == JSON_OBJ ? "}" : "]");
 }
 
-/* ===== 18. confd: Ganeti's UDP query protocol (confd_) ================== */
+/* ===== 19. confd: Ganeti's UDP query protocol (confd_) ================== */
 
 /*
  * Ganeti's confd on UDP: a datagram is "plj0" + {"msg","salt","hmac"}, the
@@ -12657,7 +14378,7 @@ static void confd_close(struct kvd *k)
 	k->confd = NULL;
 }
 
-/* ===== 19. Sockets and the poll loop (net_, loop_) ====================== */
+/* ===== 20. Sockets and the poll loop (net_, loop_) ====================== */
 
 /*
  * One poll() loop, no threads.  Each kvd_poll() call (loop_run):
@@ -13425,7 +15146,7 @@ static int loop_run(struct kvd *k, int timeout_ms)
 	return k->stopping && !k->conns ? KVD_ESTOPPED : 0;
 }
 
-/* ===== 20. Flags and configuration (cfg_) =============================== */
+/* ===== 21. Flags and configuration (cfg_) =============================== */
 
 /*
  * etcd's flag syntax (Go's flag package): -flag or --flag, "=value" or the
@@ -13496,6 +15217,13 @@ static const struct cfg_flag cfg_flags[] = {
 	      "kvd: ... once the reclaimable bytes reach this percentage of the kept ones"),
 	CFG_N("auto-rewrite-min-bytes", CFG_U64, auto_rewrite_min_bytes, 0, 1048576,
 	      "kvd: ... and at least this many bytes"),
+	CFG_S("restore-snapshot", restore_snapshot, NULL,
+	      "kvd: make the store from this etcd 3.4 snapshot file (etcdctl snapshot save), then serve; "
+	      "refused if the data dir holds one"),
+	CFG_N("skip-hash-check", CFG_BOOL, skip_hash_check, 0, 0,
+	      "with --restore-snapshot: do not require the file's SHA-256 trailer to match"),
+	CFG_S("snapshot-save", snapshot_save, NULL,
+	      "kvd: write the data dir's store as an etcd snapshot file (as etcdctl snapshot save) and exit"),
 	CFG_N("reserve-bytes", CFG_U64, reserve_bytes, 0, 131072,
 	      "kvd: disk space held back in <data-dir>/kvd.reserve so deletes, compaction and rewrites work on a full disk"),
 	CFG_S("confd-hmac-key-file", confd_hmac_key_file, NULL,
@@ -13833,7 +15561,7 @@ static int cfg_lock(struct kvd *k, char *err, size_t errlen)
 	return 0;
 }
 
-/* ===== 21. Public embedding API (kvd_) ================================== */
+/* ===== 22. Public embedding API (kvd_) ================================== */
 
 #define KVD_STR_(x) #x
 #define KVD_STR(x) KVD_STR_(x)
@@ -14042,6 +15770,7 @@ KVD_API int kvd_open(const struct kvd_config *cfg, struct kvd **out, char *err, 
 		goto fail;
 	}
 	if ((r = cfg_mkdirs(k->cfg.data_dir, err, errlen)) || (r = cfg_lock(k, err, errlen)) ||
+	    (k->cfg.restore_snapshot && k->cfg.restore_snapshot[0] && (r = snap_restore(k, err, errlen))) ||
 	    (r = mvcc_open(k, err, errlen)) || (r = life_init(k, err, errlen)) || (r = confd_open(k, err, errlen)))
 		goto fail; /* confd first: "serving client requests" means everything serves */
 	if (!(list = kvd_strdup(k, k->cfg.listen_client_urls))) {
@@ -14169,6 +15898,11 @@ KVD_API int kvd_main(int argc, char **argv)
 		fprintf(stderr, "kvd: %s\n", err);
 		return 2;
 	}
+	if (cfg.snapshot_save && cfg.snapshot_save[0]) { /* a backup, then exit */
+		if ((r = snap_save_offline(&cfg, err, sizeof err)))
+			fprintf(stderr, "kvd: %s\n", err);
+		return r ? 1 : 0;
+	}
 	if ((r = kvd_open(&cfg, &k, err, sizeof err))) {
 		fprintf(stderr, "kvd: %s\n", err);
 		return r == KVD_EINVAL ? 2 : 1;
@@ -14190,7 +15924,7 @@ KVD_API int kvd_main(int argc, char **argv)
 	return 0;
 }
 
-/* ===== 22. main() ======================================================= */
+/* ===== 23. main() ======================================================= */
 
 #ifndef KVD_NO_MAIN
 int main(int argc, char **argv)

@@ -86,6 +86,9 @@ struct kvd_config {
 	uint32_t auto_rewrite_percent;           /* --auto-rewrite-percent of the kept bytes (50) */
 	uint64_t auto_rewrite_min_bytes;         /* --auto-rewrite-min-bytes (1 MiB) */
 	uint64_t reserve_bytes;                  /* --reserve-bytes, kept for a full disk (128 KiB) */
+	const char *restore_snapshot;            /* --restore-snapshot: an etcd snapshot to start from (NULL) */
+	int skip_hash_check;                     /* --skip-hash-check: with it, no SHA-256 trailer needed (0) */
+	const char *snapshot_save;               /* --snapshot-save: kvd_main writes one and exits (NULL) */
 	const char *confd_hmac_key_file;         /* --confd-hmac-key-file (NULL: confd off) */
 	const char *confd_listen;                /* --confd-listen ("127.0.0.1:1814") */
 	const char *confd_ganeti_config_key;     /* --confd-ganeti-config-key (NULL: keyspace mode) */

@@ -6,6 +6,7 @@ kvd/etcd ratios (the README records them).
   test/bench.py [--n N] [--keys K] [--only transport|watch|lease|confd|kv]
   test/bench.py --only rewrite [--mb 100]    Put latency during Defragment, kvd and etcd
   test/bench.py --only life                  disk writes per byte put over a simulated life
+  test/bench.py --only snapshot [--keys K]   snapshot save (time, server RSS) and import of K keys x 100 B
 
 The confd rows compare kvd with Debian's ganeti-confd 3.0.2 instead.
 """
@@ -320,6 +321,63 @@ def life_rows(writes=1000000, nkeys=1000):
     row("  data dir at the end", out["etcd"][1], out["kvd"][1], "B", higher=False)
 
 
+def snapshot_rows(nkeys=200000):
+    """etcdctl snapshot save of nkeys x 100 B from each server: time, file,
+    the server's RSS before and at its peak during the save; then kvd's
+    import (--restore-snapshot) of each file, to the first answer."""
+    ke = Kvd(KVD, data_dir=tempfile.mkdtemp(prefix="kvd-bench-", dir=DISK))
+    ee = EtcdDisk()
+    wait_for(lambda: Client(ee.endpoint()).call("Range", R.RangeRequest(key=b"x"))[0] == "ok", 30)
+    out, files = {}, {}
+    for name, srv in (("etcd", ee), ("kvd", ke)):
+        load(srv.endpoint(), nkeys)
+        c = Client(srv.endpoint())
+        c.call("Range", R.RangeRequest(key=b"key-", range_end=b"key.", count_only=True), timeout=60)
+        c.close()
+        time.sleep(1)
+        rss0 = proc(srv.p.pid, "VmRSS")
+        peak = [rss0]
+        done = threading.Event()
+
+        def sample(pid=srv.p.pid):
+            while not done.is_set():
+                peak[0] = max(peak[0], proc(pid, "VmRSS"))
+                time.sleep(0.005)
+        th = threading.Thread(target=sample)
+        th.start()
+        f = os.path.join(DISK, "kvd-bench-%s-%d.db" % (name, os.getpid()))
+        t0 = time.time()
+        r = subprocess.run(["etcdctl", "--endpoints", srv.endpoint(), "snapshot", "save", f], capture_output=True,
+                           env=dict(os.environ, ETCDCTL_API="3"))
+        secs = time.time() - t0
+        done.set()
+        th.join()
+        if r.returncode:
+            raise RuntimeError("snapshot save from %s: %s" % (name, r.stderr[-300:]))
+        out[name] = (secs, os.path.getsize(f), rss0, peak[0])
+        if name == "kvd":
+            wait_for(lambda: "planned in" in srv.logtext(), 10)
+            print("  kvd: %s" % [l for l in srv.logtext().splitlines() if "planned in" in l][-1].split("kvd: ")[-1])
+        files[name] = f
+        srv.stop()
+    print("etcdctl snapshot save of %d keys x 100 B:" % nkeys)
+    row("  time", out["etcd"][0] * 1000, out["kvd"][0] * 1000, "ms", higher=False)
+    row("  file", out["etcd"][1], out["kvd"][1], "B", higher=False)
+    row("  server RSS before", out["etcd"][2], out["kvd"][2], "KiB", higher=False)
+    row("  server RSS peak during the save", out["etcd"][3], out["kvd"][3], "KiB", higher=False)
+    for name in ("etcd", "kvd"):
+        d = tempfile.mkdtemp(prefix="kvd-bench-imp-", dir=DISK)
+        t0 = time.time()
+        k = Kvd(KVD, ["--restore-snapshot", files[name]], data_dir=d)
+        Client(k.endpoint()).call("Range", R.RangeRequest(key=b"x"))
+        secs = time.time() - t0
+        line = [l for l in k.logtext().splitlines() if "imported" in l]
+        print("  kvd --restore-snapshot of %s's file: %.0f ms to the first answer, RSS %d KiB (%s)" %
+              (name, secs * 1000, proc(k.p.pid, "VmRSS"), line[0].split("kvd: ")[-1] if line else "?"))
+        k.stop()
+        subprocess.run(["rm", "-rf", d, files[name]])
+
+
 def main(argv):
     n = int(argv[argv.index("--n") + 1]) if "--n" in argv else 100000
     nkeys = int(argv[argv.index("--keys") + 1]) if "--keys" in argv else 200000
@@ -329,6 +387,9 @@ def main(argv):
         return 0
     if only == "life":
         life_rows()
+        return 0
+    if only == "snapshot":
+        snapshot_rows(nkeys)
         return 0
     kvd_dir = tempfile.mkdtemp(prefix="kvd-bench-", dir=DISK)
     e = EtcdDisk()

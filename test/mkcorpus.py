@@ -5,6 +5,7 @@ usage: test/mkcorpus.py KVD_PORT   (h2 and hpack seeds)
        test/mkcorpus.py log        (log seeds: kvd's own logs under random traffic)
        test/mkcorpus.py confd      (JSON documents and confd datagrams)
        test/mkcorpus.py pb         (request messages of every gRPC method)
+       test/mkcorpus.py bolt       (snapshot files from etcd and kvd)
 A relay on a free port records what each client sends to kvd at KVD_PORT:
 etcdctl 3.4 (grpc-go), grpcio, python-h2 with padding/PRIORITY/CONTINUATION.
 Each capture becomes test/corpus/h2/<name> (behind a mode byte, see
@@ -293,7 +294,56 @@ def pb_seeds():
     seed("health-watch", "/grpc.health.v1.Health/Watch", health.HealthCheckRequest(service="x"))
 
 
+def bolt_seeds():
+    """Small snapshot files, made by Debian's etcd and by kvd: histories with
+    compaction, leases, tombstones, a pending compaction, an empty store.
+    Byte 0 is fuzz_bolt's mode (0: no SHA-256 check, 1: check it)."""
+    sys.path.insert(0, HERE)
+    from kvdtest import Kvd, Etcd, Client, pb
+    from snapshot import snapshot_save
+    out = os.path.join(HERE, "corpus", "bolt")
+    os.makedirs(out, exist_ok=True)
+    R = pb()["rpc"]
+    tmp = "/tmp/kvd-bolt-seeds.db"
+
+    def save(server, name, mode=0):
+        if snapshot_save(server.endpoint(), tmp)[0]:
+            raise RuntimeError("snapshot save failed")
+        with open(tmp, "rb") as f, open(os.path.join(out, name), "wb") as o:
+            o.write(bytes([mode]) + f.read())
+
+    def history(server, compact):
+        c = Client(server.endpoint())
+        L = "etcdserverpb.Lease"
+        ids = [c.call("LeaseGrant", R.LeaseGrantRequest(TTL=600 + i), service=L, resp="LeaseGrantResponse")[1].ID
+               for i in range(3)]
+        for i in range(60):
+            c.call("Put", R.PutRequest(key=b"k/%d" % (i % 15), value=b"v%d" % i, lease=ids[i % 3] if i % 7 == 0 else 0))
+            if i % 9 == 4:
+                c.call("DeleteRange", R.DeleteRangeRequest(key=b"k/%d" % (i % 15)))
+        c.call("LeaseRevoke", R.LeaseRevokeRequest(ID=ids[0]), service=L, resp="LeaseRevokeResponse")
+        rev = c.call("Range", R.RangeRequest(key=b"k"))[1].header.revision
+        if compact:
+            c.call("Compact", R.CompactionRequest(revision=rev - 20, physical=True))
+        for i in range(10):
+            c.call("Put", R.PutRequest(key=b"z%d" % (i % 4), value=b"w"))
+        c.close()
+
+    plain, rewriting = ((), ("--auto-rewrite-percent", "0", "--auto-rewrite-min-bytes", "1024"))
+    for who, make in (("kvd", lambda a: Kvd(args=list(a))), ("etcd", lambda a: Etcd())):
+        for name, args, compact in (("history", plain, False), ("compacted", rewriting, True)):
+            s = make(args)
+            if not compact:
+                save(s, who + "-empty", 1)
+            history(s, compact)
+            save(s, "%s-%s" % (who, name))
+            s.stop()
+
+
 def main():
+    if sys.argv[1:] == ["bolt"]:
+        bolt_seeds()
+        return 0
     if sys.argv[1:] == ["log"]:
         log_seeds()
         return 0
