@@ -18,7 +18,12 @@ WARN = -Wall -Wextra -Wshadow -Wundef -Wstrict-prototypes -Wmissing-prototypes \
        -Wpointer-arith -Wwrite-strings -Wformat=2
 KVD_CFLAGS = -std=c99 $(WARN) -ffunction-sections -fdata-sections
 KVD_LDFLAGS = -Wl,--gc-sections
+KVD_LIBS = -lprotobuf-c -lmbedtls -lmbedx509 -lmbedcrypto
+# make TLS=0: no TLS (KVD_NO_TLS), only mbedcrypto linked
+ifeq ($(TLS),0)
+KVD_CFLAGS += -DKVD_NO_TLS
 KVD_LIBS = -lprotobuf-c -lmbedcrypto
+endif
 
 SAN = -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
 TEST_CFLAGS = -O1 -g -Werror
@@ -26,7 +31,7 @@ TEST_CFLAGS = -O1 -g -Werror
 SRC = kvd.c kvd.h $(wildcard proto/*.pb-c.[ch]) Makefile
 PROTOS = kv auth rpc v3lock v3election health
 
-.PHONY: all test check asan cross cross-run fuzz fuzz-smoke run static install clean proto proto-check symcheck toc size
+.PHONY: all test check notls asan cross cross-run fuzz fuzz-smoke run static install clean proto proto-check symcheck toc size
 
 all: kvd
 
@@ -56,6 +61,14 @@ test/test-asan: test/test.c $(SRC)
 test/kvd-test: $(SRC)
 	$(CC) $(CPPFLAGS) $(TEST_CFLAGS) $(SAN) $(KVD_CFLAGS) -DKVD_TEST_SERVICES -o $@ kvd.c $(LDFLAGS) $(LDLIBS) $(KVD_LIBS)
 
+# The build without TLS (KVD_NO_TLS, make TLS=0) must stay whole: it builds,
+# links only mbedcrypto, and says so; an https:// URL is refused.
+notls: test/kvd-notls
+test/kvd-notls: $(SRC)
+	$(CC) $(CPPFLAGS) $(TEST_CFLAGS) $(KVD_CFLAGS) -DKVD_NO_TLS -o $@ kvd.c $(LDFLAGS) -lprotobuf-c -lmbedcrypto
+	./test/kvd-notls --version | grep -q 'tls=no'
+	! ./test/kvd-notls --listen-client-urls https://127.0.0.1:1 --data-dir /nonexistent/x 2>&1 | grep -v 'built without TLS'
+
 # Fuzz targets replayed over their corpus without libFuzzer (any compiler).
 FUZZERS = h2 hpack log json confd pb bolt
 test/replay-%: test/fuzz_%.c test/fuzz_replay.c $(SRC)
@@ -84,13 +97,13 @@ test:
 	./test/deps.sh test
 	$(MAKE) check
 
-check: kvd test/test test/kvd-test asan fuzz-smoke cross proto-check symcheck toc
+check: kvd test/test test/kvd-test notls asan fuzz-smoke cross proto-check symcheck toc
 	./test/test
 	./test/run.sh
 
 # Other word sizes and byte orders (Debian multiarch, qemu-user): the unit
 # tests built for i386 (32-bit) and s390x (big-endian), and the big-endian
-# daemon through a differential run against etcd.
+# daemon through a differential run against etcd and mutual TLS with grpcio.
 XINC = -idirafter /usr/include  # protobuf-c and mbedtls headers, after the cross sysroot
 XTOOLS = i686-linux-gnu-gcc s390x-linux-gnu-gcc qemu-s390x
 cross: $(SRC) test/test.c
@@ -106,6 +119,7 @@ cross-run:
 	T_LIFE_PUTS=300000 qemu-s390x -L / test/test-s390x
 	s390x-linux-gnu-gcc -O2 $(KVD_CFLAGS) $(XINC) -L/usr/lib/s390x-linux-gnu -o test/kvd-s390x kvd.c $(KVD_LIBS)
 	KVD=test/kvd-be.sh KVD_DIFF_OPS=2000 KVD_DIFF_SEEDS=77 $(PYTHON) test/diff.py
+	KVD=test/kvd-be.sh $(PYTHON) test/tls.py grpcio
 
 fuzz-smoke:
 	$(MAKE) fuzz FUZZ_TIME=10 FUZZ_CORPUS=/tmp/kvd-fuzz-smoke

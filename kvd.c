@@ -26,10 +26,11 @@
  *   17. Watch (watch_)
  *   18. JSON (json_)
  *   19. confd: Ganeti's UDP query protocol (confd_)
- *   20. Sockets and the poll loop (net_, loop_)
- *   21. Flags and configuration (cfg_)
- *   22. Public embedding API (kvd_)
- *   23. main()
+ *   20. TLS: a transport under any protocol (tls_)
+ *   21. Sockets and the poll loop (net_, loop_)
+ *   22. Flags and configuration (cfg_)
+ *   23. Public embedding API (kvd_)
+ *   24. main()
  *
  * Prefixes mark the section a static function belongs to; only kvd_* (and the
  * generated protobuf-c symbols) are exported.  Functions return 0 or a
@@ -155,6 +156,16 @@
 #include <mbedtls/sha1.h>
 #include <mbedtls/sha256.h>
 #include <mbedtls/version.h>
+#ifndef KVD_NO_TLS /* @@ define to build without TLS (no https:// listeners; links only mbedcrypto) */
+#include <mbedtls/ctr_drbg.h>
+#include <mbedtls/entropy.h>
+#include <mbedtls/error.h>
+#include <mbedtls/net_sockets.h>
+#include <mbedtls/oid.h>
+#include <mbedtls/ssl.h>
+#include <mbedtls/x509_crl.h>
+#include <mbedtls/x509_crt.h>
+#endif
 #include <protobuf-c/protobuf-c.h>
 
 #include "kvd.h"
@@ -478,7 +489,7 @@ struct call {
 
 
 /*
- * One client connection (section 20): a socket, the transport that moves its
+ * One client connection (section 21): a socket, the transport that moves its
  * bytes (a plain socket now; TLS next), and the protocol its first bytes
  * chose (HTTP/2; an HTTP/1.x request; a TLS ClientHello), whose state hangs
  * off ps.  The loop owns it; a protocol never closes or frees one itself.
@@ -488,7 +499,9 @@ struct net_transport {
 	const char *name;
 	/* > 0 bytes, 0 at the peer's end, KVD_EAGAIN, or KVD_EIO */
 	long (*recv)(struct conn *c, void *p, size_t n);
-	long (*send)(struct conn *c, const void *p, size_t n);
+	long (*send)(struct conn *c, const void *p, size_t n); /* n 0: only move a handshake on */
+	void (*shut)(struct conn *c);                          /* before the write side closes (optional) */
+	void (*free)(struct conn *c);                          /* its state, ts (optional) */
 };
 struct net_proto {
 	const char *name;
@@ -508,6 +521,7 @@ struct conn {
 	char peer[64];
 	uint8_t src[9];              /* source address: family, then the IPv4 address or IPv6 /64 */
 	const struct net_transport *tr;
+	void *ts;                    /* the transport's state (TLS) */
 	const struct net_proto *proto; /* NULL until the first bytes say */
 	void *ps;                    /* the protocol's state */
 	struct kvd_buf in, out;
@@ -516,6 +530,7 @@ struct conn {
 	unsigned peer_closed : 1;    /* the peer's end of the stream came */
 	unsigned dead : 1;           /* socket error: close now */
 	unsigned shut_wr : 1;        /* output done, lingering for the peer's close */
+	unsigned want_write : 1;     /* the transport waits to write (a TLS handshake): POLLOUT */
 	/* times, monotonic ms */
 	int64_t t_open, t_close;
 	int64_t t_active;            /* last progress: a call opened, request data, a call ended */
@@ -524,6 +539,7 @@ struct conn {
 /* A listening socket. */
 struct net_listener {
 	int fd;
+	unsigned tls : 1;            /* https:// */
 	char name[80];
 };
 
@@ -566,6 +582,7 @@ struct kvd {
 	struct lease_reg lease;      /* leases */
 	struct life life;            /* rewrite, auto-compaction, reserve (section 8) */
 	struct confd *confd;         /* the confd responder, NULL when off */
+	struct tls_state *tls;       /* TLS (section 20), NULL without https:// listeners */
 	struct call *calls;          /* every live call, whatever its carrier */
 	struct call **held;          /* calls answered while the batch was open */
 	size_t nheld, heldcap;
@@ -6954,7 +6971,7 @@ static void hp_put_status(struct kvd *k, struct kvd_buf *b, int status)
 /*
  * RFC 9113, server side, cleartext with prior knowledge: the loop hands a
  * connection to this section once its first bytes were the preface
- * (section 20).  Input is parsed from c->conn->in one whole frame at a time
+ * (section 21).  Input is parsed from c->conn->in one whole frame at a time
  * (a frame is at most 16 KiB + 9); output is appended to c->conn->out, which
  * the loop writes.  Each stream carries one call (section 12).  Response DATA is
  * pulled from each stream's queue only as far as the peer's windows and
@@ -6989,7 +7006,7 @@ struct h2_stream {
 };
 #define H2_STREAM_OF(cp) ((struct h2_stream *)(void *)(cp)) /* call is the first member */
 
-/* An HTTP/2 connection's state (its struct conn is section 20's). */
+/* An HTTP/2 connection's state (its struct conn is section 21's). */
 struct h2_conn {
 	struct kvd *k;
 	struct conn *conn;
@@ -8244,7 +8261,7 @@ static void h2_conn_free(struct kvd *k, struct h2_conn *c)
 	kvd_free(k, c);
 }
 
-/* HTTP/2 as one of the protocols a connection may speak (section 20). */
+/* HTTP/2 as one of the protocols a connection may speak (section 21). */
 static void h2_proto_input(struct kvd *k, struct conn *c) { h2_input(k, c->ps); }
 static void h2_proto_flush(struct kvd *k, struct conn *c) { h2_flush(k, c->ps); }
 static int64_t h2_proto_timers(struct kvd *k, struct conn *c) { return h2_timers(k, c->ps); }
@@ -14378,7 +14395,501 @@ static void confd_close(struct kvd *k)
 	k->confd = NULL;
 }
 
-/* ===== 20. Sockets and the poll loop (net_, loop_) ====================== */
+/* ===== 20. TLS: a transport under any protocol (tls_) ================== */
+
+/*
+ * An https:// listener's connections get the TLS transport instead of the
+ * plain one; above it nothing changes -- the first decrypted bytes choose the
+ * protocol as on a plain port, and HTTP/2, its flow control and every call
+ * run as they do over TCP.  mbedtls does the work; the poll loop drives it.
+ *
+ * Non-blocking.  mbedtls reads and writes the socket through two callbacks
+ * that never block: a read with nothing there is MBEDTLS_ERR_SSL_WANT_READ,
+ * a full socket MBEDTLS_ERR_SSL_WANT_WRITE, and either may come at any byte
+ * of any record.  The handshake advances when the socket is readable (the
+ * transport's recv) or, when a write was cut short, writable (the
+ * connection asks for POLLOUT with want_write); mbedtls_ssl_write must be
+ * given the same bytes again after WANT_WRITE, so the transport remembers
+ * how many it offered (pending) and offers exactly those.
+ *
+ * Bounds.  A connection that has not finished its handshake and sent its
+ * first bytes within KVD_PREFACE_TIMEOUT_MS is closed, as a silent plain
+ * one is.  At most KVD_MAX_HANDSHAKES handshakes are in progress: a new one
+ * displaces the oldest, so a flood of ClientHellos (or of 1-byte-per-second
+ * handshakes) only displaces itself.  Each loop iteration runs at most
+ * KVD_HANDSHAKE_STEPS handshake steps (each may be a signature or a key
+ * exchange), then serves everything else before the next; established
+ * connections never wait behind more than that.  Per connection mbedtls
+ * holds its record buffers (16 KiB in + 16 KiB out with Debian's build:
+ * MBEDTLS_SSL_IN/OUT_CONTENT_LEN; a firmware build may shrink them) and the
+ * session, ~34 KiB in all; kvd adds 160 bytes.
+ *
+ * What is offered: TLS 1.2 (mbedtls 2.28 has no TLS 1.3 server), ECDHE key
+ * exchange with AEAD ciphers (AES-GCM, ChaCha20-Poly1305) unless
+ * --cipher-suites names others; ALPN h2 and http/1.1 (grpc-go requires h2);
+ * no renegotiation, no compression.  With --client-cert-auth a client must
+ * present a certificate that --trusted-ca-file signed (and --client-crl-file
+ * has not revoked) or the handshake fails; with
+ * --client-cert-allowed-hostname its SAN (or CN) must also name that host.
+ * The client certificate's CN stays with the connection (etcd takes it as
+ * the user name when auth is on and no token is sent).
+ *
+ * Certificates, key, CA and CRL are one generation (struct tls_cfg),
+ * counted by the connections made with it.  SIGHUP reads them again: a good
+ * set serves new connections at once while old ones finish on theirs; a bad
+ * one is logged and the old set stays.
+ */
+
+#ifndef KVD_NO_TLS
+
+#ifndef KVD_MAX_HANDSHAKES /* @@ TLS handshakes in progress; a new one displaces the oldest */
+#define KVD_MAX_HANDSHAKES 64
+#endif
+#ifndef KVD_HANDSHAKE_STEPS /* @@ TLS handshake steps per loop iteration */
+#define KVD_HANDSHAKE_STEPS 16
+#endif
+#define TLS_MAX_SUITES 32
+#define TLS_RECORD 16384            /* application bytes offered per mbedtls_ssl_write */
+
+struct tls_cfg {
+	unsigned refs;                  /* kvd's current one, and each connection made with it */
+	mbedtls_ssl_config conf;
+	mbedtls_x509_crt cert, ca;
+	mbedtls_x509_crl crl;
+	mbedtls_pk_context key;
+	int suites[TLS_MAX_SUITES + 1];
+	const char *alpn[3];            /* h2, http/1.1 (mbedtls keeps the pointer) */
+	mbedtls_ecp_group_id curves[4]; /* key exchange groups, fastest first */
+	char allowed[256];              /* --client-cert-allowed-hostname, "" if none */
+};
+
+struct tls_state {
+	struct tls_cfg *cfg;            /* new connections use this one */
+	mbedtls_entropy_context entropy;
+	mbedtls_ctr_drbg_context drbg;
+	unsigned handshaking;           /* connections in a handshake */
+	unsigned steps;                 /* handshake steps this loop iteration */
+	uint64_t handshakes, failures, displaced;
+};
+
+struct tls_conn {
+	mbedtls_ssl_context ssl;
+	struct tls_cfg *cfg;
+	size_t pending;                 /* bytes offered to a write that said WANT_WRITE */
+	unsigned done : 1;              /* the handshake is over */
+	char cn[65];                    /* the client certificate's CN, "" if none */
+};
+
+/* etcd's defaults in spirit: ECDHE, AEAD only. */
+static const char *const tls_default_suites[] = {
+	"TLS-ECDHE-ECDSA-WITH-AES-128-GCM-SHA256", "TLS-ECDHE-RSA-WITH-AES-128-GCM-SHA256",
+	"TLS-ECDHE-ECDSA-WITH-AES-256-GCM-SHA384", "TLS-ECDHE-RSA-WITH-AES-256-GCM-SHA384",
+	"TLS-ECDHE-ECDSA-WITH-CHACHA20-POLY1305-SHA256", "TLS-ECDHE-RSA-WITH-CHACHA20-POLY1305-SHA256", NULL,
+};
+
+static void tls_cfg_unref(struct kvd *k, struct tls_cfg *t)
+{
+	if (!t || --t->refs)
+		return;
+	mbedtls_ssl_config_free(&t->conf);
+	mbedtls_x509_crt_free(&t->cert);
+	mbedtls_x509_crt_free(&t->ca);
+	mbedtls_x509_crl_free(&t->crl);
+	mbedtls_pk_free(&t->key);
+	kvd_free(k, t);
+}
+
+static void tls_why(int r, const char *what, const char *file, char *err, size_t errlen)
+{
+	char m[128];
+
+	mbedtls_strerror(r, m, sizeof m);
+	snprintf(err, errlen, "%s %.200s: %s", what, file, m);
+}
+
+/* A Go cipher suite name (etcd's --cipher-suites) as mbedtls knows it. */
+static int tls_suite_id(const char *go)
+{
+	char name[96];
+	size_t i;
+	int id;
+
+	for (i = 0; go[i] && i < sizeof name - 8; i++)
+		name[i] = go[i] == '_' ? '-' : go[i];
+	name[i] = 0;
+	if ((id = mbedtls_ssl_get_ciphersuite_id(name)))
+		return id;
+	strcat(name, "-SHA256"); /* Go's CHACHA20_POLY1305 names drop the hash */
+	return mbedtls_ssl_get_ciphersuite_id(name);
+}
+
+/* Read one generation of certificates from the flags. */
+static int tls_cfg_load(struct kvd *k, struct tls_cfg **out, char *err, size_t errlen)
+{
+	const struct kvd_config *cfg = &k->cfg;
+	struct tls_cfg *t = kvd_calloc(k, sizeof *t);
+	int r, n = 0;
+
+	*out = NULL;
+	if (!t) {
+		snprintf(err, errlen, "out of memory");
+		return KVD_ENOMEM;
+	}
+	t->refs = 1;
+	mbedtls_ssl_config_init(&t->conf);
+	mbedtls_x509_crt_init(&t->cert);
+	mbedtls_x509_crt_init(&t->ca);
+	mbedtls_x509_crl_init(&t->crl);
+	mbedtls_pk_init(&t->key);
+	if ((r = mbedtls_x509_crt_parse_file(&t->cert, cfg->cert_file))) {
+		tls_why(r, "--cert-file", cfg->cert_file, err, errlen);
+		goto fail;
+	}
+#if MBEDTLS_VERSION_MAJOR >= 3
+	r = mbedtls_pk_parse_keyfile(&t->key, cfg->key_file, NULL, mbedtls_ctr_drbg_random, &k->tls->drbg);
+#else
+	r = mbedtls_pk_parse_keyfile(&t->key, cfg->key_file, NULL);
+#endif
+	if (r) {
+		tls_why(r, "--key-file", cfg->key_file, err, errlen);
+		goto fail;
+	}
+#if MBEDTLS_VERSION_MAJOR >= 3
+	r = mbedtls_pk_check_pair(&t->cert.pk, &t->key, mbedtls_ctr_drbg_random, &k->tls->drbg);
+#else
+	r = mbedtls_pk_check_pair(&t->cert.pk, &t->key);
+#endif
+	if (r) {
+		snprintf(err, errlen, "--key-file %.200s does not match --cert-file %.200s", cfg->key_file, cfg->cert_file);
+		goto fail;
+	}
+	if (cfg->trusted_ca_file && cfg->trusted_ca_file[0] &&
+	    (r = mbedtls_x509_crt_parse_file(&t->ca, cfg->trusted_ca_file))) {
+		tls_why(r, "--trusted-ca-file", cfg->trusted_ca_file, err, errlen);
+		goto fail;
+	}
+	if (cfg->client_crl_file && cfg->client_crl_file[0] &&
+	    (r = mbedtls_x509_crl_parse_file(&t->crl, cfg->client_crl_file))) {
+		tls_why(r, "--client-crl-file", cfg->client_crl_file, err, errlen);
+		goto fail;
+	}
+	t->alpn[0] = "h2";
+	t->alpn[1] = "http/1.1";
+	if ((r = mbedtls_ssl_config_defaults(&t->conf, MBEDTLS_SSL_IS_SERVER, MBEDTLS_SSL_TRANSPORT_STREAM,
+	                                     MBEDTLS_SSL_PRESET_DEFAULT)) ||
+	    (r = mbedtls_ssl_conf_own_cert(&t->conf, &t->cert, &t->key)) ||
+	    (r = mbedtls_ssl_conf_alpn_protocols(&t->conf, t->alpn))) {
+		tls_why(r, "TLS", "configuration", err, errlen);
+		goto fail;
+	}
+	mbedtls_ssl_conf_rng(&t->conf, mbedtls_ctr_drbg_random, &k->tls->drbg);
+	t->curves[0] = MBEDTLS_ECP_DP_CURVE25519; /* mbedtls would pick secp521r1: 5x slower */
+	t->curves[1] = MBEDTLS_ECP_DP_SECP256R1;
+	t->curves[2] = MBEDTLS_ECP_DP_SECP384R1;
+	t->curves[3] = MBEDTLS_ECP_DP_NONE;
+#if MBEDTLS_VERSION_MAJOR >= 3
+	{
+		static const uint16_t groups[] = {MBEDTLS_SSL_IANA_TLS_GROUP_X25519, MBEDTLS_SSL_IANA_TLS_GROUP_SECP256R1,
+		                                  MBEDTLS_SSL_IANA_TLS_GROUP_SECP384R1, 0};
+		mbedtls_ssl_conf_groups(&t->conf, groups);
+	}
+#else
+	mbedtls_ssl_conf_curves(&t->conf, t->curves);
+#endif
+	mbedtls_ssl_conf_min_version(&t->conf, MBEDTLS_SSL_MAJOR_VERSION_3, MBEDTLS_SSL_MINOR_VERSION_3);
+	mbedtls_ssl_conf_renegotiation(&t->conf, MBEDTLS_SSL_RENEGOTIATION_DISABLED);
+	if (cfg->trusted_ca_file && cfg->trusted_ca_file[0])
+		mbedtls_ssl_conf_ca_chain(&t->conf, &t->ca, cfg->client_crl_file && cfg->client_crl_file[0] ? &t->crl : NULL);
+	mbedtls_ssl_conf_authmode(&t->conf, cfg->client_cert_auth ? MBEDTLS_SSL_VERIFY_REQUIRED : MBEDTLS_SSL_VERIFY_NONE);
+	if (cfg->cipher_suites && cfg->cipher_suites[0]) {
+		char list[1024], *p, *save;
+		snprintf(list, sizeof list, "%s", cfg->cipher_suites);
+		for (p = strtok_r(list, ",", &save); p; p = strtok_r(NULL, ",", &save)) {
+			while (*p == ' ')
+				p++;
+			if (n == TLS_MAX_SUITES || !(t->suites[n++] = tls_suite_id(p))) {
+				snprintf(err, errlen, "unexpected TLS cipher suite \"%.80s\"", p);
+				goto fail;
+			}
+		}
+	} else {
+		for (; tls_default_suites[n]; n++)
+			t->suites[n] = mbedtls_ssl_get_ciphersuite_id(tls_default_suites[n]);
+	}
+	t->suites[n] = 0;
+	mbedtls_ssl_conf_ciphersuites(&t->conf, t->suites);
+	snprintf(t->allowed, sizeof t->allowed, "%s",
+	         cfg->client_cert_allowed_hostname ? cfg->client_cert_allowed_hostname : "");
+	*out = t;
+	return 0;
+fail:
+	tls_cfg_unref(k, t);
+	return KVD_EINVAL;
+}
+
+/*
+ * TLS at start-up, before the data dir is touched: refuses inconsistent or
+ * unreadable settings with one line.  Nothing to do without https:// URLs.
+ */
+static int tls_init(struct kvd *k, int wanted, char *err, size_t errlen)
+{
+	const struct kvd_config *cfg = &k->cfg;
+	int r;
+
+	if (!wanted)
+		return 0;
+	if (!cfg->cert_file || !cfg->cert_file[0] || !cfg->key_file || !cfg->key_file[0]) {
+		snprintf(err, errlen, "TLS key/cert (--cert-file, --key-file) must be provided for client URLs with the "
+		         "https scheme");
+		return KVD_EINVAL;
+	}
+	if (cfg->client_cert_auth && (!cfg->trusted_ca_file || !cfg->trusted_ca_file[0])) {
+		snprintf(err, errlen, "--client-cert-auth needs --trusted-ca-file");
+		return KVD_EINVAL;
+	}
+	if (!(k->tls = kvd_calloc(k, sizeof *k->tls))) {
+		snprintf(err, errlen, "out of memory");
+		return KVD_ENOMEM;
+	}
+	mbedtls_entropy_init(&k->tls->entropy);
+	mbedtls_ctr_drbg_init(&k->tls->drbg);
+	if ((r = mbedtls_ctr_drbg_seed(&k->tls->drbg, mbedtls_entropy_func, &k->tls->entropy,
+	                               (const unsigned char *)"kvd", 3))) {
+		tls_why(r, "TLS", "random generator", err, errlen);
+		return KVD_EIO;
+	}
+	return tls_cfg_load(k, &k->tls->cfg, err, errlen);
+}
+
+/* SIGHUP: read the certificates again; a bad set keeps the old one. */
+static void tls_reload(struct kvd *k)
+{
+	struct tls_cfg *t;
+	char err[KVD_ERRLEN];
+
+	if (!k->tls)
+		return;
+	if (tls_cfg_load(k, &t, err, sizeof err)) {
+		kvd_log(k, KVD_LOG_WARN, "TLS reload: %s; keeping the certificates in use", err);
+		return;
+	}
+	tls_cfg_unref(k, k->tls->cfg);
+	k->tls->cfg = t;
+	kvd_log(k, KVD_LOG_INFO, "TLS reload: certificates read again (new connections use them)");
+}
+
+static void tls_fini(struct kvd *k)
+{
+	if (!k->tls)
+		return;
+	tls_cfg_unref(k, k->tls->cfg);
+	mbedtls_ctr_drbg_free(&k->tls->drbg);
+	mbedtls_entropy_free(&k->tls->entropy);
+	kvd_free(k, k->tls);
+	k->tls = NULL;
+}
+
+/* ---- the transport ----------------------------------------------------------- */
+
+static int tls_bio_send(void *ctx, const unsigned char *p, size_t n)
+{
+	struct conn *c = ctx;
+	ssize_t r = send(c->fd, p, n, MSG_NOSIGNAL);
+
+	if (r >= 0)
+		return (int)r;
+	if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) {
+		c->want_write = 1;
+		return MBEDTLS_ERR_SSL_WANT_WRITE;
+	}
+	return MBEDTLS_ERR_NET_SEND_FAILED;
+}
+
+static int tls_bio_recv(void *ctx, unsigned char *p, size_t n)
+{
+	struct conn *c = ctx;
+	ssize_t r = recv(c->fd, p, n, 0);
+
+	if (r >= 0)
+		return (int)r;
+	if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)
+		return MBEDTLS_ERR_SSL_WANT_READ;
+	return MBEDTLS_ERR_NET_RECV_FAILED;
+}
+
+/* Does the certificate name host (a SAN dNSName or IP, else its CN)? */
+static int tls_names(const mbedtls_x509_crt *crt, const char *host)
+{
+	const mbedtls_x509_sequence *san;
+	const mbedtls_x509_name *nm;
+	int have_san = 0;
+
+	for (san = crt->ext_types & MBEDTLS_X509_EXT_SUBJECT_ALT_NAME ? &crt->subject_alt_names : NULL; san && san->buf.p;
+	     san = san->next) {
+		have_san = 1;
+		if ((san->buf.tag & MBEDTLS_ASN1_TAG_VALUE_MASK) == 2 && san->buf.len == strlen(host) &&
+		    !strncasecmp((const char *)san->buf.p, host, san->buf.len))
+			return 1;
+	}
+	if (have_san)
+		return 0;
+	for (nm = &crt->subject; nm; nm = nm->next)
+		if (!MBEDTLS_OID_CMP(MBEDTLS_OID_AT_CN, &nm->oid) && nm->val.len == strlen(host) &&
+		    !strncasecmp((const char *)nm->val.p, host, nm->val.len))
+			return 1;
+	return 0;
+}
+
+/* The handshake's next step: 0 once it is over, KVD_EAGAIN, or KVD_EIO. */
+static int tls_step(struct conn *c)
+{
+	struct kvd *k = c->k;
+	struct tls_conn *t = c->ts;
+	const mbedtls_x509_crt *peer;
+	const mbedtls_x509_name *nm;
+	char why[128];
+	int r;
+
+	if (t->done)
+		return 0;
+	if (k->tls->steps >= KVD_HANDSHAKE_STEPS) {
+		loop_arm(k, k->now); /* next iteration: the others go first */
+		return KVD_EAGAIN;
+	}
+	k->tls->steps++;
+	r = mbedtls_ssl_handshake(&t->ssl);
+	if (r == MBEDTLS_ERR_SSL_WANT_READ || r == MBEDTLS_ERR_SSL_WANT_WRITE)
+		return KVD_EAGAIN;
+	if (r) {
+		mbedtls_strerror(r, why, sizeof why);
+		kvd_log(k, KVD_LOG_INFO, "%s: TLS handshake failed: %s", c->peer, why);
+		k->tls->failures++;
+		return KVD_EIO;
+	}
+	t->done = 1;
+	k->tls->handshaking--;
+	k->tls->handshakes++;
+	if ((peer = mbedtls_ssl_get_peer_cert(&t->ssl))) {
+		for (nm = &peer->subject; nm; nm = nm->next)
+			if (!MBEDTLS_OID_CMP(MBEDTLS_OID_AT_CN, &nm->oid))
+				snprintf(t->cn, sizeof t->cn, "%.*s", (int)KVD_MIN(nm->val.len, 64), (const char *)nm->val.p);
+		if (t->cfg->allowed[0] && !tls_names(peer, t->cfg->allowed)) {
+			kvd_log(k, KVD_LOG_INFO, "%s: client certificate does not name %s: refused", c->peer,
+			        t->cfg->allowed);
+			mbedtls_ssl_send_alert_message(&t->ssl, MBEDTLS_SSL_ALERT_LEVEL_FATAL,
+			                               MBEDTLS_SSL_ALERT_MSG_BAD_CERT);
+			return KVD_EIO;
+		}
+	}
+	kvd_log(k, KVD_LOG_DEBUG, "%s: TLS %s %s, ALPN %s%s%s", c->peer, mbedtls_ssl_get_version(&t->ssl),
+	        mbedtls_ssl_get_ciphersuite(&t->ssl), mbedtls_ssl_get_alpn_protocol(&t->ssl) ?
+	        mbedtls_ssl_get_alpn_protocol(&t->ssl) : "-", t->cn[0] ? ", client " : "", t->cn);
+	return 0;
+}
+
+static long tls_recv(struct conn *c, void *p, size_t n)
+{
+	struct tls_conn *t = c->ts;
+	int r;
+
+	if ((r = tls_step(c)))
+		return r;
+	r = mbedtls_ssl_read(&t->ssl, p, KVD_MIN(n, (size_t)INT_MAX));
+	if (r > 0)
+		return r;
+	if (r == 0 || r == MBEDTLS_ERR_SSL_PEER_CLOSE_NOTIFY || r == MBEDTLS_ERR_SSL_CONN_EOF)
+		return 0;
+	if (r == MBEDTLS_ERR_SSL_WANT_READ || r == MBEDTLS_ERR_SSL_WANT_WRITE)
+		return KVD_EAGAIN;
+	return KVD_EIO;
+}
+
+/* Send up to n bytes of p (n 0: only move the handshake on). */
+static long tls_send(struct conn *c, const void *p, size_t n)
+{
+	struct tls_conn *t = c->ts;
+	size_t len;
+	int r;
+
+	if ((r = tls_step(c)))
+		return r;
+	if (!n && !t->pending)
+		return 0;
+	len = t->pending ? t->pending : KVD_MIN(n, (size_t)TLS_RECORD);
+	r = mbedtls_ssl_write(&t->ssl, p, len);
+	if (r > 0) {
+		t->pending = 0;
+		return r;
+	}
+	if (r == MBEDTLS_ERR_SSL_WANT_WRITE || r == MBEDTLS_ERR_SSL_WANT_READ) {
+		t->pending = len; /* the same bytes next time: mbedtls holds a record of them */
+		return KVD_EAGAIN;
+	}
+	return KVD_EIO;
+}
+
+/* Before the write side closes: a close_notify, best effort. */
+static void tls_shut(struct conn *c)
+{
+	struct tls_conn *t = c->ts;
+
+	if (t->done)
+		mbedtls_ssl_close_notify(&t->ssl);
+}
+
+static void tls_free(struct conn *c)
+{
+	struct tls_conn *t = c->ts;
+
+	if (!t)
+		return;
+	if (!t->done && c->k->tls)
+		c->k->tls->handshaking--;
+	mbedtls_ssl_free(&t->ssl);
+	tls_cfg_unref(c->k, t->cfg);
+	kvd_free(c->k, t);
+	c->ts = NULL;
+}
+
+static const struct net_transport tls_transport = {"tls", tls_recv, tls_send, tls_shut, tls_free};
+
+/* A new connection on an https:// listener; the oldest handshake in
+ * progress makes room when KVD_MAX_HANDSHAKES are. */
+static int tls_accept(struct kvd *k, struct conn *c)
+{
+	struct tls_conn *t;
+	struct conn *o, *oldest = NULL;
+
+	if (k->tls->handshaking >= KVD_MAX_HANDSHAKES) {
+		for (o = k->conns; o; o = o->next)
+			if (o->tr == &tls_transport && !o->dead && o->ts && !((struct tls_conn *)o->ts)->done &&
+			    (!oldest || o->t_open < oldest->t_open))
+				oldest = o;
+		if (oldest) {
+			tls_free(oldest); /* its handshake slot goes now; the socket at the reap */
+			oldest->dead = 1;
+			k->tls->displaced++;
+		}
+	}
+	if (!(t = kvd_calloc(k, sizeof *t)))
+		return KVD_ENOMEM;
+	mbedtls_ssl_init(&t->ssl);
+	if (mbedtls_ssl_setup(&t->ssl, &k->tls->cfg->conf)) {
+		mbedtls_ssl_free(&t->ssl);
+		kvd_free(k, t);
+		return KVD_ENOMEM;
+	}
+	mbedtls_ssl_set_bio(&t->ssl, c, tls_bio_send, tls_bio_recv, NULL);
+	t->cfg = k->tls->cfg;
+	t->cfg->refs++;
+	c->ts = t;
+	k->tls->handshaking++;
+	return 0;
+}
+
+#endif /* KVD_NO_TLS */
+
+/* ===== 21. Sockets and the poll loop (net_, loop_) ====================== */
 
 /*
  * One poll() loop, no threads.  Each kvd_poll() call (loop_run):
@@ -14434,27 +14945,32 @@ static void net_addr_str(const struct sockaddr *sa, char *out, size_t cap)
 }
 
 /*
- * Split "http://host:port" (host may be [v6]) into host and port.  Other
- * schemes get a clear refusal: TLS and unix sockets are not built yet.
+ * Split "http://host:port" or "https://host:port" (host may be [v6]) into
+ * host and port; *tls says which.  Unix sockets get a clear refusal.
  */
-static int net_split_url(const char *url, char *host, size_t hcap, char *port, size_t pcap,
+static int net_split_url(const char *url, int *tls, char *host, size_t hcap, char *port, size_t pcap,
                          char *err, size_t errlen)
 {
 	const char *h, *colon, *end;
 
-	if (!strncmp(url, "https://", 8) || !strncmp(url, "unixs://", 8)) {
-		snprintf(err, errlen, "%s: TLS is not implemented yet (use http://)", url);
-		return KVD_EINVAL;
-	}
-	if (!strncmp(url, "unix://", 7)) {
+	*tls = 0;
+	if (!strncmp(url, "unix://", 7) || !strncmp(url, "unixs://", 8)) {
 		snprintf(err, errlen, "%s: unix sockets are not supported yet", url);
 		return KVD_EINVAL;
 	}
-	if (strncmp(url, "http://", 7)) {
-		snprintf(err, errlen, "%s: URL scheme must be http", url);
+	if (!strncmp(url, "https://", 8)) {
+#ifdef KVD_NO_TLS
+		snprintf(err, errlen, "%s: this kvd is built without TLS (KVD_NO_TLS)", url);
+		return KVD_EINVAL;
+#endif
+		*tls = 1;
+		h = url + 8;
+	} else if (!strncmp(url, "http://", 7)) {
+		h = url + 7;
+	} else {
+		snprintf(err, errlen, "%s: URL scheme must be http or https", url);
 		return KVD_EINVAL;
 	}
-	h = url + 7;
 	end = h + strcspn(h, "/");
 	if (*h == '[') {
 		const char *rb = memchr(h, ']', (size_t)(end - h));
@@ -14487,13 +15003,32 @@ static int net_split_url(const char *url, char *host, size_t hcap, char *port, s
 		goto bad;
 	return 0;
 bad:
-	snprintf(err, errlen, "%s: expected http://IP:PORT", url);
+	snprintf(err, errlen, "%s: expected http(s)://IP:PORT", url);
 	return KVD_EINVAL;
+}
+
+/* Every --listen-client-urls URL well formed (before anything is touched);
+ * *tls: some are https://. */
+static int net_check_urls(struct kvd *k, int *tls, char *err, size_t errlen)
+{
+	char *list = kvd_strdup(k, k->cfg.listen_client_urls), *url, *save, host[64], port[8];
+	int r = 0, t;
+
+	*tls = 0;
+	if (!list)
+		return KVD_ENOMEM;
+	for (url = strtok_r(list, ",", &save); url && !r; url = strtok_r(NULL, ",", &save)) {
+		r = net_split_url(url, &t, host, sizeof host, port, sizeof port, err, errlen);
+		*tls |= t;
+	}
+	kvd_free(k, list);
+	return r;
 }
 
 static int net_listen(struct kvd *k, const char *url, char *err, size_t errlen)
 {
 	char host[64], port[8];
+	int tls;
 	struct sockaddr_storage ss;
 	struct sockaddr_in *in4 = (struct sockaddr_in *)(void *)&ss;
 	struct sockaddr_in6 *in6 = (struct sockaddr_in6 *)(void *)&ss;
@@ -14502,7 +15037,7 @@ static int net_listen(struct kvd *k, const char *url, char *err, size_t errlen)
 	unsigned long pn;
 	int fd = -1, one = 1, r;
 
-	if ((r = net_split_url(url, host, sizeof host, port, sizeof port, err, errlen)))
+	if ((r = net_split_url(url, &tls, host, sizeof host, port, sizeof port, err, errlen)))
 		return r;
 	if (!strcmp(host, "localhost")) /* as etcd (Go): the IPv4 loopback */
 		snprintf(host, sizeof host, "127.0.0.1");
@@ -14550,16 +15085,19 @@ static int net_listen(struct kvd *k, const char *url, char *err, size_t errlen)
 	}
 	k->ls = ls;
 	ls[k->nls].fd = fd;
+	ls[k->nls].tls = tls ? 1 : 0;
 	sl = sizeof ss;
 	getsockname(fd, (struct sockaddr *)&ss, &sl);
 	net_addr_str((struct sockaddr *)&ss, ls[k->nls].name, sizeof ls[k->nls].name);
 	k->nls++;
-	kvd_log(k, KVD_LOG_INFO, "serving client requests on %s (gRPC over h2c)", ls[k->nls - 1].name);
+	kvd_log(k, KVD_LOG_INFO, "serving client requests on %s (gRPC over %s)", ls[k->nls - 1].name,
+	        tls ? "TLS" : "h2c");
 	return 0;
 }
 
-/* Over the connection cap: a SETTINGS and a GOAWAY the client can act on. */
-static void net_refuse(struct kvd *k, int fd)
+/* Over the connection cap: a SETTINGS and a GOAWAY the client can act on
+ * (on a TLS listener, which cannot carry them before a handshake, a close). */
+static void net_refuse(struct kvd *k, int fd, int tls)
 {
 	static const uint8_t msg[] = {
 	    0, 0, 0, H2_SETTINGS, 0, 0, 0, 0, 0,
@@ -14567,7 +15105,7 @@ static void net_refuse(struct kvd *k, int fd)
 	    0, 0, 0, 0, 0, 0, 0, H2_ENHANCE_YOUR_CALM,
 	    't', 'o', 'o', '_', 'm', 'a', 'n', 'y', '_', 'c', 'o', 'n', 'n', 'e', 'c', 't', 'i', 'o', 'n', 's'};
 
-	if (send(fd, msg, sizeof msg, MSG_NOSIGNAL) < 0)
+	if (!tls && send(fd, msg, sizeof msg, MSG_NOSIGNAL) < 0)
 		(void)0; /* best effort */
 	close(fd);
 	k->st.conns_refused++;
@@ -14593,7 +15131,7 @@ static long net_plain_send(struct conn *c, const void *p, size_t n)
 	return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR ? KVD_EAGAIN : KVD_EIO;
 }
 
-static const struct net_transport net_plain = {"tcp", net_plain_recv, net_plain_send};
+static const struct net_transport net_plain = {"tcp", net_plain_recv, net_plain_send, NULL, NULL};
 
 /* ---- choosing a protocol from the first bytes ----------------------------- */
 
@@ -14656,15 +15194,16 @@ static void net_http1_answer(struct kvd *k, struct conn *c)
 	c->is_closing = 1;
 }
 
-/* A TLS ClientHello, until TLS is built: a fatal handshake_failure alert
- * (RFC 8446 6.2), so the client says so rather than reading garbage. */
+/* A TLS ClientHello on a plain listener (or inside TLS): a fatal
+ * handshake_failure alert (RFC 8446 6.2), so the client says so rather than
+ * reading garbage. */
 static void net_tls_answer(struct kvd *k, struct conn *c)
 {
 	static const uint8_t alert[] = {21, 3, 3, 0, 2, 2, 40};
 
 	buf_append(k, &c->out, alert, sizeof alert);
 	c->is_closing = 1;
-	kvd_log(k, KVD_LOG_INFO, "%s: a TLS ClientHello, but kvd serves no TLS yet (use http://)", c->peer);
+	kvd_log(k, KVD_LOG_INFO, "%s: a TLS ClientHello on a plain listener (TLS is served on https:// ones)", c->peer);
 }
 
 /* Handle what c->in holds: choose the protocol first if it is not known. */
@@ -14706,6 +15245,8 @@ static void net_conn_free(struct kvd *k, struct conn *c)
 {
 	if (c->proto)
 		c->proto->free(k, c);
+	if (c->tr->free)
+		c->tr->free(c);
 	buf_free(k, &c->in);
 	buf_free(k, &c->out);
 	kvd_free(k, c);
@@ -14735,6 +15276,11 @@ static void net_write(struct kvd *k, struct conn *c)
 {
 	long n;
 
+	if (c->want_write && !c->dead) { /* a handshake waits to write */
+		c->want_write = 0;
+		if ((n = c->tr->send(c, NULL, 0)) < 0 && n != KVD_EAGAIN)
+			c->dead = 1;
+	}
 	while (BUF_LEN(&c->out) && !c->dead) {
 		n = c->tr->send(c, BUF_DATA(&c->out), BUF_LEN(&c->out));
 		if (n > 0)
@@ -14826,14 +15372,24 @@ static void net_accept(struct kvd *k, struct net_listener *l)
 			same += !c->uncounted && !memcmp(c->src, key, sizeof key);
 		if (k->cfg.max_connections_per_ip && same >= k->cfg.max_connections_per_ip) {
 			k->st.conns_refused_ip++;
-			net_refuse(k, fd);
+			net_refuse(k, fd, l->tls);
 			continue;
 		}
 		if (k->stopping || (k->nconns >= k->cfg.max_connections && net_evict(k)) ||
 		    !(c = net_conn_new(k, fd, &net_plain))) {
-			net_refuse(k, fd);
+			net_refuse(k, fd, l->tls);
 			continue;
 		}
+#ifndef KVD_NO_TLS
+		if (l->tls) {
+			c->tr = &tls_transport;
+			if (tls_accept(k, c)) {
+				net_conn_free(k, c);
+				close(fd);
+				continue;
+			}
+		}
+#endif
 		net_addr_str((struct sockaddr *)&ss, c->peer, sizeof c->peer);
 		memcpy(c->src, key, sizeof key);
 		c->next = k->conns;
@@ -14907,6 +15463,8 @@ static void net_reap(struct kvd *k)
 			loop_arm(k, k->now + 5000);
 		}
 		if (c->is_closing && !c->dead && !BUF_LEN(&c->out) && !c->shut_wr) {
+			if (c->tr->shut)
+				c->tr->shut(c);
 			shutdown(c->fd, SHUT_WR);
 			c->shut_wr = 1;
 			loop_arm(k, k->now + 1000);
@@ -15077,7 +15635,7 @@ static int loop_pollset(struct kvd *k)
 		LOOP_ADD(k->confd->fds[i], POLLIN, LOOP_CONFD, NULL);
 	for (c = k->conns; c && n < k->pcap; c = c->next) /* closing: POLLIN watches for the peer's EOF */
 		LOOP_ADD(c->fd, (c->is_closing || BUF_LEN(&c->out) < KVD_MAX_OUTPUT ? POLLIN : 0) |
-		                    (BUF_LEN(&c->out) ? POLLOUT : 0), LOOP_CONN, c);
+		                    (BUF_LEN(&c->out) || c->want_write ? POLLOUT : 0), LOOP_CONN, c);
 #undef LOOP_ADD
 	return (int)n;
 }
@@ -15092,6 +15650,10 @@ static int loop_run(struct kvd *k, int timeout_ms)
 	int64_t wait;
 
 	k->now = util_now_ms();
+#ifndef KVD_NO_TLS
+	if (k->tls)
+		k->tls->steps = 0;
+#endif
 	loop_timers(k);
 	loop_flush(k);
 	if (k->stopping && !k->conns)
@@ -15118,8 +15680,12 @@ static int loop_run(struct kvd *k, int timeout_ms)
 		switch (k->slot[i].kind) {
 		case LOOP_WAKE:
 			while ((r = read(k->wake[0], b, sizeof b)) > 0) {
-				if (memchr(b, 'H', (size_t)r))
+				if (memchr(b, 'H', (size_t)r)) {
 					confd_reload(k);
+#ifndef KVD_NO_TLS
+					tls_reload(k);
+#endif
+				}
 				if (memchr(b, 'T', (size_t)r))
 					loop_stop(k);
 			}
@@ -15146,7 +15712,7 @@ static int loop_run(struct kvd *k, int timeout_ms)
 	return k->stopping && !k->conns ? KVD_ESTOPPED : 0;
 }
 
-/* ===== 21. Flags and configuration (cfg_) =============================== */
+/* ===== 22. Flags and configuration (cfg_) =============================== */
 
 /*
  * etcd's flag syntax (Go's flag package): -flag or --flag, "=value" or the
@@ -15217,6 +15783,15 @@ static const struct cfg_flag cfg_flags[] = {
 	      "kvd: ... once the reclaimable bytes reach this percentage of the kept ones"),
 	CFG_N("auto-rewrite-min-bytes", CFG_U64, auto_rewrite_min_bytes, 0, 1048576,
 	      "kvd: ... and at least this many bytes"),
+	CFG_S("cert-file", cert_file, NULL, "path to the client server TLS cert file"),
+	CFG_S("key-file", key_file, NULL, "path to the client server TLS key file"),
+	CFG_S("trusted-ca-file", trusted_ca_file, NULL, "path to the client server TLS trusted CA cert file"),
+	CFG_N("client-cert-auth", CFG_BOOL, client_cert_auth, 0, 0, "enable client cert authentication"),
+	CFG_S("client-crl-file", client_crl_file, NULL, "path to the client certificate revocation list file"),
+	CFG_S("client-cert-allowed-hostname", client_cert_allowed_hostname, NULL,
+	      "allowed TLS hostname for client cert authentication"),
+	CFG_S("cipher-suites", cipher_suites, NULL,
+	      "comma-separated list of supported TLS cipher suites (empty: ECDHE with AES-GCM or ChaCha20-Poly1305)"),
 	CFG_S("restore-snapshot", restore_snapshot, NULL,
 	      "kvd: make the store from this etcd 3.4 snapshot file (etcdctl snapshot save), then serve; "
 	      "refused if the data dir holds one"),
@@ -15561,7 +16136,7 @@ static int cfg_lock(struct kvd *k, char *err, size_t errlen)
 	return 0;
 }
 
-/* ===== 22. Public embedding API (kvd_) ================================== */
+/* ===== 23. Public embedding API (kvd_) ================================== */
 
 #define KVD_STR_(x) #x
 #define KVD_STR(x) KVD_STR_(x)
@@ -15578,7 +16153,11 @@ KVD_API const char *kvd_build_options(void)
 	       " watch-queue=" KVD_STR(KVD_MAX_WATCH_QUEUE)
 	       " lease-expire-max=" KVD_STR(KVD_LEASE_EXPIRE_MAX)
 	       " etcd-api=" KVD_ETCD_VERSION
+#ifdef KVD_NO_TLS
 	       " tls=no"
+#else
+	       " tls=mbedtls-" MBEDTLS_VERSION_STRING
+#endif
 #ifdef KVD_TEST_SERVICES
 	       " test-services"
 #endif
@@ -15760,7 +16339,7 @@ KVD_API int kvd_open(const struct kvd_config *cfg, struct kvd **out, char *err, 
 {
 	struct kvd *k;
 	char *list = NULL, *p, *url;
-	int r;
+	int r, tls = 0;
 
 	if ((r = kvd_init(cfg, &k, err, errlen)))
 		goto fail;
@@ -15769,6 +16348,12 @@ KVD_API int kvd_open(const struct kvd_config *cfg, struct kvd **out, char *err, 
 		r = KVD_EIO;
 		goto fail;
 	}
+	if ((r = net_check_urls(k, &tls, err, errlen)))
+		goto fail; /* every URL, then TLS, before the data dir is touched */
+#ifndef KVD_NO_TLS
+	if ((r = tls_init(k, tls, err, errlen)))
+		goto fail;
+#endif
 	if ((r = cfg_mkdirs(k->cfg.data_dir, err, errlen)) || (r = cfg_lock(k, err, errlen)) ||
 	    (k->cfg.restore_snapshot && k->cfg.restore_snapshot[0] && (r = snap_restore(k, err, errlen))) ||
 	    (r = mvcc_open(k, err, errlen)) || (r = life_init(k, err, errlen)) || (r = confd_open(k, err, errlen)))
@@ -15849,6 +16434,9 @@ KVD_API void kvd_close(struct kvd *k)
 		kvd_log(k, KVD_LOG_INFO, "confd: %s", line);
 	}
 	confd_close(k);
+#ifndef KVD_NO_TLS
+	tls_fini(k);
+#endif
 	life_fini(k);
 	mvcc_close(k);
 	watch_fini(k);
@@ -15924,7 +16512,7 @@ KVD_API int kvd_main(int argc, char **argv)
 	return 0;
 }
 
-/* ===== 23. main() ======================================================= */
+/* ===== 24. main() ======================================================= */
 
 #ifndef KVD_NO_MAIN
 int main(int argc, char **argv)

@@ -89,6 +89,13 @@ struct kvd_config {
 	const char *restore_snapshot;            /* --restore-snapshot: an etcd snapshot to start from (NULL) */
 	int skip_hash_check;                     /* --skip-hash-check: with it, no SHA-256 trailer needed (0) */
 	const char *snapshot_save;               /* --snapshot-save: kvd_main writes one and exits (NULL) */
+	const char *cert_file;                   /* --cert-file: TLS certificate for https:// listeners */
+	const char *key_file;                    /* --key-file */
+	const char *trusted_ca_file;             /* --trusted-ca-file: CA for client certificates */
+	int client_cert_auth;                    /* --client-cert-auth (0) */
+	const char *client_crl_file;             /* --client-crl-file */
+	const char *client_cert_allowed_hostname; /* --client-cert-allowed-hostname */
+	const char *cipher_suites;               /* --cipher-suites, Go names, comma list */
 	const char *confd_hmac_key_file;         /* --confd-hmac-key-file (NULL: confd off) */
 	const char *confd_listen;                /* --confd-listen ("127.0.0.1:1814") */
 	const char *confd_ganeti_config_key;     /* --confd-ganeti-config-key (NULL: keyspace mode) */

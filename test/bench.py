@@ -7,11 +7,13 @@ kvd/etcd ratios (the README records them).
   test/bench.py --only rewrite [--mb 100]    Put latency during Defragment, kvd and etcd
   test/bench.py --only life                  disk writes per byte put over a simulated life
   test/bench.py --only snapshot [--keys K]   snapshot save (time, server RSS) and import of K keys x 100 B
+  test/bench.py --only tls                   handshakes, Put/Range over TLS, RSS per idle TLS connection, sizes
 
 The confd rows compare kvd with Debian's ganeti-confd 3.0.2 instead.
 """
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -71,13 +73,13 @@ def cpu_ticks(pid):
     return int(parts[11]) + int(parts[12])
 
 
-def h2load(port, path, body, n, c, m):
+def h2load(port, path, body, n, c, m, scheme="http"):
     bf = tempfile.NamedTemporaryFile(delete=False)
     bf.write(body)
     bf.close()
     r = subprocess.run(["h2load", "-n", str(n), "-c", str(c), "-m", str(m), "-t", "1", "-d", bf.name,
                         "-H", "content-type: application/grpc", "-H", "te: trailers",
-                        "http://127.0.0.1:%d%s" % (port, path)], capture_output=True, text=True)
+                        "%s://127.0.0.1:%d%s" % (scheme, port, path)], capture_output=True, text=True)
     os.unlink(bf.name)
     rate, ok = 0.0, False
     for line in r.stdout.splitlines():
@@ -378,6 +380,74 @@ def snapshot_rows(nkeys=200000):
         subprocess.run(["rm", "-rf", d, files[name]])
 
 
+def tls_rows(n=100000):
+    """kvd and etcd with the same ECDSA P-256 certificate: handshakes per
+    second (h2load, one call per connection), durable Put and Range over TLS,
+    RSS per idle TLS connection (256, HTTP/2 preface sent), binary sizes."""
+    import ssl
+    d = tempfile.mkdtemp(prefix="kvd-bench-tls-")
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+                    "-keyout", d + "/k.pem", "-out", d + "/c.pem", "-days", "3", "-subj", "/CN=bench",
+                    "-addext", "subjectAltName=IP:127.0.0.1"], check=True, capture_output=True)
+    tls = ["--cert-file", d + "/c.pem", "--key-file", d + "/k.pem"]
+    ep, kp = free_port(), free_port()
+    e = EtcdDisk(port=ep, args=tls + ["--listen-client-urls", "https://127.0.0.1:%d" % ep,
+                                       "--advertise-client-urls", "https://127.0.0.1:%d" % ep])
+    k = Kvd(KVD, tls + ["--listen-client-urls", "https://127.0.0.1:%d" % kp, "--max-connections-per-ip", "0"],
+            data_dir=tempfile.mkdtemp(prefix="kvd-bench-", dir=DISK))
+    time.sleep(2)
+    empty = grpc_frame(b"")
+    put = grpc_frame(R.PutRequest(key=b"tls-key", value=b"v" * 100).SerializeToString())
+    rng = grpc_frame(R.RangeRequest(key=b"tls-key").SerializeToString())
+    print("over TLS (ECDSA P-256 certificate, TLS 1.2 on both; h2load -t 1):")
+
+    def idle(pid, port, count=256):
+        ctx = ssl.create_default_context(cafile=d + "/c.pem")
+        ctx.set_alpn_protocols(["h2"])
+        time.sleep(0.5)
+        r0 = proc(pid, "VmRSS")
+        socks = []
+        for _ in range(count):
+            s = ctx.wrap_socket(socket.create_connection(("127.0.0.1", port)), server_hostname="127.0.0.1")
+            s.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0]))
+            socks.append(s)
+        time.sleep(1)
+        r1 = proc(pid, "VmRSS")
+        for s in socks:
+            s.close()
+        return (r1 - r0) * 1024 / count
+    row("  RSS per idle TLS connection (256, first thing)", idle(e.p.pid, ep), idle(k.p.pid, kp), "B",
+        higher=False)
+
+    def handshakes(port):
+        r = subprocess.run(["openssl", "s_time", "-connect", "127.0.0.1:%d" % port, "-new", "-time", "3"],
+                           capture_output=True, text=True)
+        for line in r.stdout.splitlines():
+            if "connections in" in line and "real seconds" in line:
+                w = line.split()
+                return float(w[0]) / float(w[3])
+        return -1.0
+    row("  TLS handshakes (openssl s_time -new, one client)", handshakes(ep), handshakes(kp))
+    for name, path, body in (("Put, durable", "/etcdserverpb.KV/Put", put), ("Range", "/etcdserverpb.KV/Range", rng)):
+        row("  %s -c 16 -m 8" % name, h2load(ep, path, body, n, 16, 8, "https"),
+            h2load(kp, path, body, n, 16, 8, "https"))
+    e.stop()
+    k.stop()
+    sizes = {}
+    for tls_on in (1, 0):
+        for static in (0, 1):
+            out = os.path.join(d, "kvd-%d-%d" % (tls_on, static))
+            cmd = ["cc", "-O2", "-std=c99", "-ffunction-sections", "-fdata-sections", "-Wl,--gc-sections", "-s",
+                   "-o", out, os.path.join(ROOT, "kvd.c")] + (["-static"] if static else []) + \
+                  (["-lprotobuf-c", "-lmbedtls", "-lmbedx509", "-lmbedcrypto"] if tls_on else
+                   ["-DKVD_NO_TLS", "-lprotobuf-c", "-lmbedcrypto"])
+            subprocess.run(cmd, check=True, capture_output=True)
+            sizes[(tls_on, static)] = os.path.getsize(out)
+    print("  kvd stripped, -O2: dynamic %d B with TLS, %d B without; static (glibc) %d B with TLS, %d B without" %
+          (sizes[(1, 0)], sizes[(0, 0)], sizes[(1, 1)], sizes[(0, 1)]))
+    subprocess.run(["rm", "-rf", d])
+
+
 def main(argv):
     n = int(argv[argv.index("--n") + 1]) if "--n" in argv else 100000
     nkeys = int(argv[argv.index("--keys") + 1]) if "--keys" in argv else 200000
@@ -390,6 +460,9 @@ def main(argv):
         return 0
     if only == "snapshot":
         snapshot_rows(nkeys)
+        return 0
+    if only == "tls":
+        tls_rows(n)
         return 0
     kvd_dir = tempfile.mkdtemp(prefix="kvd-bench-", dir=DISK)
     e = EtcdDisk()
