@@ -14523,6 +14523,75 @@ static int tls_suite_id(const char *go)
 	return mbedtls_ssl_get_ciphersuite_id(name);
 }
 
+/*
+ * --auto-tls: a self-signed ECDSA P-256 certificate made at start (in
+ * memory; a restart makes another), valid a year from now, naming
+ * localhost, 127.0.0.1 and ::1, as etcd's --auto-tls is meant to be used:
+ * by clients that skip verification.
+ */
+static int tls_self_signed(struct kvd *k, struct tls_cfg *t, char *err, size_t errlen)
+{
+	/* subjectAltName: DNS localhost, IP 127.0.0.1, IP ::1 */
+	static const uint8_t san[] = {0x30, 0x23, 0x82, 0x09, 'l', 'o', 'c', 'a', 'l', 'h', 'o', 's', 't',
+	                              0x87, 0x04, 127, 0, 0, 1, 0x87, 0x10, 0, 0, 0, 0, 0, 0, 0, 0,
+	                              0, 0, 0, 0, 0, 0, 0, 1};
+	mbedtls_x509write_cert w;
+	mbedtls_mpi serial;
+	char from[16], to[16];
+	uint8_t *der = kvd_malloc(k, 4096);
+	time_t now = time(NULL);
+	struct tm tm;
+	int r, n = 0;
+
+	mbedtls_x509write_crt_init(&w);
+	mbedtls_mpi_init(&serial);
+	if (!der) {
+		snprintf(err, errlen, "out of memory");
+		return KVD_ENOMEM;
+	}
+	gmtime_r(&now, &tm);
+	strftime(from, sizeof from, "%Y%m%d%H%M%S", &tm);
+	tm.tm_year++;
+	strftime(to, sizeof to, "%Y%m%d%H%M%S", &tm);
+	if ((r = mbedtls_pk_setup(&t->key, mbedtls_pk_info_from_type(MBEDTLS_PK_ECKEY))) ||
+	    (r = mbedtls_ecp_gen_key(MBEDTLS_ECP_DP_SECP256R1, mbedtls_pk_ec(t->key), mbedtls_ctr_drbg_random,
+	                             &k->tls->drbg)) ||
+	    (r = mbedtls_mpi_fill_random(&serial, 16, mbedtls_ctr_drbg_random, &k->tls->drbg)) ||
+	    (r = mbedtls_mpi_set_bit(&serial, 127, 0)))
+		goto out;
+	mbedtls_x509write_crt_set_version(&w, MBEDTLS_X509_CRT_VERSION_3);
+	mbedtls_x509write_crt_set_md_alg(&w, MBEDTLS_MD_SHA256);
+	mbedtls_x509write_crt_set_subject_key(&w, &t->key);
+	mbedtls_x509write_crt_set_issuer_key(&w, &t->key);
+	if ((r = mbedtls_x509write_crt_set_subject_name(&w, "CN=kvd,O=kvd auto-tls")) ||
+	    (r = mbedtls_x509write_crt_set_issuer_name(&w, "CN=kvd,O=kvd auto-tls")) ||
+	    (r = mbedtls_x509write_crt_set_serial(&w, &serial)) ||
+	    (r = mbedtls_x509write_crt_set_validity(&w, from, to)) ||
+	    (r = mbedtls_x509write_crt_set_basic_constraints(&w, 0, -1)) ||
+	    (r = mbedtls_x509write_crt_set_key_usage(&w, MBEDTLS_X509_KU_DIGITAL_SIGNATURE |
+	                                                  MBEDTLS_X509_KU_KEY_ENCIPHERMENT)) ||
+	    (r = mbedtls_x509write_crt_set_extension(&w, MBEDTLS_OID_SUBJECT_ALT_NAME,
+	                                             MBEDTLS_OID_SIZE(MBEDTLS_OID_SUBJECT_ALT_NAME), 0, san, sizeof san)))
+		goto out;
+	if ((n = mbedtls_x509write_crt_der(&w, der, 4096, mbedtls_ctr_drbg_random, &k->tls->drbg)) < 0) {
+		r = n;
+		goto out;
+	}
+	r = mbedtls_x509_crt_parse_der(&t->cert, der + 4096 - n, (size_t)n); /* written at the buffer's end */
+out:
+	if (r)
+		tls_why(r, "--auto-tls", "self-signed certificate", err, errlen);
+	mbedtls_x509write_crt_free(&w);
+	mbedtls_mpi_free(&serial);
+	kvd_free(k, der);
+	return r ? KVD_EIO : 0;
+}
+
+static int tls_auto(const struct kvd_config *cfg)
+{
+	return cfg->auto_tls && (!cfg->cert_file || !cfg->cert_file[0]);
+}
+
 /* Read one generation of certificates from the flags. */
 static int tls_cfg_load(struct kvd *k, struct tls_cfg **out, char *err, size_t errlen)
 {
@@ -14541,18 +14610,22 @@ static int tls_cfg_load(struct kvd *k, struct tls_cfg **out, char *err, size_t e
 	mbedtls_x509_crt_init(&t->ca);
 	mbedtls_x509_crl_init(&t->crl);
 	mbedtls_pk_init(&t->key);
-	if ((r = mbedtls_x509_crt_parse_file(&t->cert, cfg->cert_file))) {
+	if (tls_auto(cfg)) {
+		if (tls_self_signed(k, t, err, errlen))
+			goto fail;
+	} else if ((r = mbedtls_x509_crt_parse_file(&t->cert, cfg->cert_file))) {
 		tls_why(r, "--cert-file", cfg->cert_file, err, errlen);
 		goto fail;
-	}
+	} else {
 #if MBEDTLS_VERSION_MAJOR >= 3
-	r = mbedtls_pk_parse_keyfile(&t->key, cfg->key_file, NULL, mbedtls_ctr_drbg_random, &k->tls->drbg);
+		r = mbedtls_pk_parse_keyfile(&t->key, cfg->key_file, NULL, mbedtls_ctr_drbg_random, &k->tls->drbg);
 #else
-	r = mbedtls_pk_parse_keyfile(&t->key, cfg->key_file, NULL);
+		r = mbedtls_pk_parse_keyfile(&t->key, cfg->key_file, NULL);
 #endif
-	if (r) {
-		tls_why(r, "--key-file", cfg->key_file, err, errlen);
-		goto fail;
+		if (r) {
+			tls_why(r, "--key-file", cfg->key_file, err, errlen);
+			goto fail;
+		}
 	}
 #if MBEDTLS_VERSION_MAJOR >= 3
 	r = mbedtls_pk_check_pair(&t->cert.pk, &t->key, mbedtls_ctr_drbg_random, &k->tls->drbg);
@@ -14638,7 +14711,7 @@ static int tls_init(struct kvd *k, int wanted, char *err, size_t errlen)
 
 	if (!wanted)
 		return 0;
-	if (!cfg->cert_file || !cfg->cert_file[0] || !cfg->key_file || !cfg->key_file[0]) {
+	if (!tls_auto(cfg) && (!cfg->cert_file || !cfg->cert_file[0] || !cfg->key_file || !cfg->key_file[0])) {
 		snprintf(err, errlen, "TLS key/cert (--cert-file, --key-file) must be provided for client URLs with the "
 		         "https scheme");
 		return KVD_EINVAL;
@@ -14667,7 +14740,7 @@ static void tls_reload(struct kvd *k)
 	struct tls_cfg *t;
 	char err[KVD_ERRLEN];
 
-	if (!k->tls)
+	if (!k->tls || tls_auto(&k->cfg)) /* a self-signed one is kept as it is */
 		return;
 	if (tls_cfg_load(k, &t, err, sizeof err)) {
 		kvd_log(k, KVD_LOG_WARN, "TLS reload: %s; keeping the certificates in use", err);
@@ -15790,6 +15863,8 @@ static const struct cfg_flag cfg_flags[] = {
 	CFG_S("client-crl-file", client_crl_file, NULL, "path to the client certificate revocation list file"),
 	CFG_S("client-cert-allowed-hostname", client_cert_allowed_hostname, NULL,
 	      "allowed TLS hostname for client cert authentication"),
+	CFG_N("auto-tls", CFG_BOOL, auto_tls, 0, 0,
+	      "client TLS using a self-signed certificate made at start (when --cert-file is not given)"),
 	CFG_S("cipher-suites", cipher_suites, NULL,
 	      "comma-separated list of supported TLS cipher suites (empty: ECDHE with AES-GCM or ChaCha20-Poly1305)"),
 	CFG_S("restore-snapshot", restore_snapshot, NULL,

@@ -96,6 +96,7 @@ struct kvd_config {
 	const char *client_crl_file;             /* --client-crl-file */
 	const char *client_cert_allowed_hostname; /* --client-cert-allowed-hostname */
 	const char *cipher_suites;               /* --cipher-suites, Go names, comma list */
+	int auto_tls;                            /* --auto-tls: a self-signed certificate made at start (0) */
 	const char *confd_hmac_key_file;         /* --confd-hmac-key-file (NULL: confd off) */
 	const char *confd_listen;                /* --confd-listen ("127.0.0.1:1814") */
 	const char *confd_ganeti_config_key;     /* --confd-ganeti-config-key (NULL: keyspace mode) */

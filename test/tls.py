@@ -203,6 +203,37 @@ def mutual_tls_like_etcd():
     k.stop()
 
 
+@test
+def auto_tls_like_etcd():
+    """--auto-tls: a self-signed certificate; clients that skip verification
+    get in, clients that verify do not, on both."""
+    e = EtcdTLS(["--auto-tls"])
+    k = kvd_tls(["--auto-tls"])
+    x, y = both(e, k, None, None, "--insecure-skip-tls-verify", "--insecure-transport=false", "put", "at", "1")
+    check(x[0] == 0 and y[0] == 0 and x[1] == y[1], "skipping verification: put works on both: %s" % (y,))
+    x, y = both(e, k, "ca", None, "get", "at", fail=True)
+    check(x[0] != 0 and y[0] != 0, "verifying against a CA: refused by both")
+    cn = peer_cert_cn_noverify(k.tport)
+    check(cn == "kvd", "kvd's self-signed certificate: %s" % cn)
+    e.stop()
+    k.stop()
+
+
+def peer_cert_cn_noverify(port):
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+        with ctx.wrap_socket(s) as t:
+            der = t.getpeercert(binary_form=True)
+    r = subprocess.run(["openssl", "x509", "-inform", "DER", "-noout", "-subject", "-nameopt", "multiline"],
+                       input=der, capture_output=True)
+    for line in r.stdout.decode().splitlines():
+        if "commonName" in line:
+            return line.split("=", 1)[1].strip()
+    return None
+
+
 def grpc_channel(port, client=None):
     import grpc
     creds = grpc.ssl_channel_credentials(open(p("ca.pem"), "rb").read(),
