@@ -27,10 +27,11 @@
  *   18. JSON (json_)
  *   19. confd: Ganeti's UDP query protocol (confd_)
  *   20. TLS: a transport under any protocol (tls_)
- *   21. Sockets and the poll loop (net_, loop_)
- *   22. Flags and configuration (cfg_)
- *   23. Public embedding API (kvd_)
- *   24. main()
+ *   21. HTTP/1.1 on the client port: /health, /version (http1_)
+ *   22. Sockets and the poll loop (net_, loop_)
+ *   23. Flags and configuration (cfg_)
+ *   24. Public embedding API (kvd_)
+ *   25. main()
  *
  * Prefixes mark the section a static function belongs to; only kvd_* (and the
  * generated protobuf-c symbols) are exported.  Functions return 0 or a
@@ -489,7 +490,7 @@ struct call {
 
 
 /*
- * One client connection (section 21): a socket, the transport that moves its
+ * One client connection (section 22): a socket, the transport that moves its
  * bytes (a plain socket now; TLS next), and the protocol its first bytes
  * chose (HTTP/2; an HTTP/1.x request; a TLS ClientHello), whose state hangs
  * off ps.  The loop owns it; a protocol never closes or frees one itself.
@@ -6971,7 +6972,7 @@ static void hp_put_status(struct kvd *k, struct kvd_buf *b, int status)
 /*
  * RFC 9113, server side, cleartext with prior knowledge: the loop hands a
  * connection to this section once its first bytes were the preface
- * (section 21).  Input is parsed from c->conn->in one whole frame at a time
+ * (section 22).  Input is parsed from c->conn->in one whole frame at a time
  * (a frame is at most 16 KiB + 9); output is appended to c->conn->out, which
  * the loop writes.  Each stream carries one call (section 12).  Response DATA is
  * pulled from each stream's queue only as far as the peer's windows and
@@ -7006,7 +7007,7 @@ struct h2_stream {
 };
 #define H2_STREAM_OF(cp) ((struct h2_stream *)(void *)(cp)) /* call is the first member */
 
-/* An HTTP/2 connection's state (its struct conn is section 21's). */
+/* An HTTP/2 connection's state (its struct conn is section 22's). */
 struct h2_conn {
 	struct kvd *k;
 	struct conn *conn;
@@ -8261,7 +8262,7 @@ static void h2_conn_free(struct kvd *k, struct h2_conn *c)
 	kvd_free(k, c);
 }
 
-/* HTTP/2 as one of the protocols a connection may speak (section 21). */
+/* HTTP/2 as one of the protocols a connection may speak (section 22). */
 static void h2_proto_input(struct kvd *k, struct conn *c) { h2_input(k, c->ps); }
 static void h2_proto_flush(struct kvd *k, struct conn *c) { h2_flush(k, c->ps); }
 static int64_t h2_proto_timers(struct kvd *k, struct conn *c) { return h2_timers(k, c->ps); }
@@ -14962,7 +14963,322 @@ static int tls_accept(struct kvd *k, struct conn *c)
 
 #endif /* KVD_NO_TLS */
 
-/* ===== 21. Sockets and the poll loop (net_, loop_) ====================== */
+/* ===== 21. HTTP/1.1 on the client port: /health, /version (http1_) ===== */
+
+/*
+ * etcd serves HTTP/1.1 on its client port beside gRPC: /health for
+ * supervisors and load balancers, /version, /metrics and the JSON gateway.
+ * A connection whose first bytes are an HTTP/1.x request line (or that
+ * chose ALPN http/1.1 over TLS) gets this protocol.  Today it answers
+ * /health and /version as etcd 3.4 does; /metrics and /v3/ (the gateway)
+ * say 501 until they are built; anything else is Go's 404.
+ *
+ * The parser follows picohttpparser's contract: it reads at most
+ * HTTP1_MAX_HEAD bytes of request line and headers, allocates nothing,
+ * and says "need more" (0) apart from "bad" (a status to answer with:
+ * 400, or 431 when the head is too large).  Requests are answered in
+ * order (pipelining works), keep-alive is HTTP/1.1's default, a body (none
+ * of these endpoints takes one) is read and dropped up to HTTP1_MAX_BODY;
+ * a chunked one is refused (501) for now.  A request head must arrive
+ * within KVD_PREFACE_TIMEOUT_MS of its first byte; an idle keep-alive
+ * connection is closed after --max-idle-time, as an idle HTTP/2 one.
+ */
+
+#define HTTP1_MAX_HEAD 8192
+#define HTTP1_MAX_HEADERS 64
+#define HTTP1_MAX_BODY (64 * 1024)
+
+struct http1_req {
+	const char *method, *target;
+	size_t mlen, tlen;
+	int minor;                  /* HTTP/1.<minor> */
+	unsigned close : 1;         /* the connection ends after the answer */
+	unsigned chunked : 1;
+	uint64_t clen;              /* Content-Length, 0 if none */
+};
+
+struct http1_conn {
+	uint64_t body_left;         /* bytes of a request body still to drop */
+	int64_t t_head;             /* ms: a partial head began, 0 if none */
+};
+
+static int http1_ieq(const char *a, size_t n, const char *b)
+{
+	return strlen(b) == n && !strncasecmp(a, b, n);
+}
+
+/* Does the comma list v[0..n) hold token t (case-insensitive)? */
+static int http1_has_token(const char *v, size_t n, const char *t)
+{
+	size_t i = 0, j;
+
+	while (i < n) {
+		while (i < n && (v[i] == ' ' || v[i] == '\t' || v[i] == ','))
+			i++;
+		for (j = i; j < n && v[j] != ','; j++)
+			;
+		while (j > i && (v[j - 1] == ' ' || v[j - 1] == '\t'))
+			j--;
+		if (http1_ieq(v + i, j - i, t))
+			return 1;
+		i = j + 1;
+	}
+	return 0;
+}
+
+/*
+ * The request head at p[0..n): its length, 0 when more is needed, or
+ * KVD_EINVAL with the status to answer in *status.  Bounded, non-allocating.
+ */
+static long http1_parse(const uint8_t *p, size_t n, struct http1_req *r, int *status)
+{
+	const uint8_t *end, *q, *eol, *colon;
+	size_t lim = KVD_MIN(n, (size_t)HTTP1_MAX_HEAD), i, nh = 0;
+	uint64_t v;
+	int have_len = 0;
+
+	memset(r, 0, sizeof *r);
+	*status = 400;
+	for (i = 0, end = NULL; i + 1 < lim; i++) /* the blank line that ends the head */
+		if (p[i] == '\n' && (p[i + 1] == '\n' || (p[i + 1] == '\r' && i + 2 < lim && p[i + 2] == '\n'))) {
+			end = p + i + (p[i + 1] == '\n' ? 2 : 3);
+			break;
+		}
+	if (!end) {
+		if (n < HTTP1_MAX_HEAD)
+			return 0;
+		*status = 431;
+		return KVD_EINVAL;
+	}
+	/* request line: method SP target SP HTTP/1.d */
+	for (q = p; q < end && h2_token_char(*q >= 'A' && *q <= 'Z' ? (unsigned char)(*q | 0x20) : *q); q++)
+		;
+	if (q == p || *q != ' ')
+		return KVD_EINVAL;
+	r->method = (const char *)p;
+	r->mlen = (size_t)(q - p);
+	r->target = (const char *)++q;
+	for (; q < end && *q > ' ' && *q < 0x7f; q++)
+		;
+	r->tlen = (size_t)(q - (const uint8_t *)r->target);
+	if (!r->tlen || end - q < 10 || *q != ' ' || memcmp(q + 1, "HTTP/1.", 7) || q[8] < '0' || q[8] > '9')
+		return KVD_EINVAL;
+	r->minor = q[8] - '0';
+	q += 9;
+	if (*q == '\r')
+		q++;
+	if (*q++ != '\n')
+		return KVD_EINVAL;
+	r->close = r->minor == 0;
+	/* headers */
+	for (; q < end && *q != '\r' && *q != '\n'; q = eol + 1) {
+		const char *name = (const char *)q, *val;
+		size_t nl, vl;
+		for (eol = q; eol < end && *eol != '\n'; eol++)
+			;
+		if (eol == end)
+			return KVD_EINVAL;
+		if (++nh > HTTP1_MAX_HEADERS) {
+			*status = 431;
+			return KVD_EINVAL;
+		}
+		for (colon = q; colon < eol && *colon != ':'; colon++)
+			if (!h2_token_char(*colon >= 'A' && *colon <= 'Z' ? (unsigned char)(*colon | 0x20) : *colon))
+				return KVD_EINVAL;
+		if (colon == eol || colon == q)
+			return KVD_EINVAL;
+		nl = (size_t)(colon - q);
+		for (q = colon + 1; q < eol && (*q == ' ' || *q == '\t'); q++)
+			;
+		val = (const char *)q;
+		vl = (size_t)(eol - q);
+		while (vl && (val[vl - 1] == '\r' || val[vl - 1] == ' ' || val[vl - 1] == '\t'))
+			vl--;
+		if (http1_ieq(name, nl, "content-length")) {
+			for (v = 0, i = 0; i < vl; i++) {
+				if (val[i] < '0' || val[i] > '9' || v > (UINT64_MAX - 9) / 10)
+					return KVD_EINVAL;
+				v = v * 10 + (uint64_t)(val[i] - '0');
+			}
+			if (!vl || (have_len && v != r->clen))
+				return KVD_EINVAL;
+			r->clen = v;
+			have_len = 1;
+		} else if (http1_ieq(name, nl, "transfer-encoding")) {
+			r->chunked = 1; /* any coding: refused below, as chunked is all HTTP/1.1 must know */
+		} else if (http1_ieq(name, nl, "connection")) {
+			if (http1_has_token(val, vl, "close"))
+				r->close = 1;
+			else if (http1_has_token(val, vl, "keep-alive"))
+				r->close = 0;
+		}
+	}
+	return (long)(end - p);
+}
+
+/* One answer into c->out, as etcd's net/http writes it: its CORS headers
+ * (etcd 3.4's default --cors "*"), the request's HTTP version. */
+static void http1_answer(struct kvd *k, struct conn *c, int minor, int status, const char *ctype, const char *extra,
+                         const char *body, int close)
+{
+	static const struct { int code; const char *text; } reasons[] = {
+		{200, "OK"}, {400, "Bad Request"}, {404, "Not Found"}, {405, "Method Not Allowed"},
+		{413, "Request Entity Too Large"}, {431, "Request Header Fields Too Large"},
+		{501, "Not Implemented"}, {503, "Service Unavailable"},
+	};
+	const char *reason = "";
+	char hdr[512], date[40];
+	time_t now = time(NULL);
+	struct tm tm;
+	size_t i, n = strlen(body);
+
+	for (i = 0; i < KVD_COUNT(reasons); i++)
+		if (reasons[i].code == status)
+			reason = reasons[i].text;
+	gmtime_r(&now, &tm);
+	strftime(date, sizeof date, "%a, %d %b %Y %H:%M:%S GMT", &tm);
+	snprintf(hdr, sizeof hdr, "HTTP/1.%d %d %s\r\n"
+	         "Access-Control-Allow-Headers: accept, content-type, authorization\r\n"
+	         "Access-Control-Allow-Methods: POST, GET, OPTIONS, PUT, DELETE\r\n"
+	         "Access-Control-Allow-Origin: *\r\n"
+	         "Content-Type: %s\r\n%sDate: %s\r\nContent-Length: %zu\r\n%s\r\n",
+	         minor ? 1 : 0, status, reason, ctype, extra, date, n, close && minor ? "Connection: close\r\n" : "");
+	buf_append(k, &c->out, hdr, strlen(hdr));
+	buf_append(k, &c->out, body, n);
+	if (close)
+		c->is_closing = 1;
+}
+
+/* The endpoints. */
+static void http1_route(struct kvd *k, struct conn *c, const struct http1_req *r)
+{
+	static const char text[] = "text/plain; charset=utf-8", nosniff[] = "X-Content-Type-Options: nosniff\r\n";
+	const char *path = r->target, *q = memchr(path, '?', r->tlen);
+	size_t plen = q ? (size_t)(q - path) : r->tlen, qlen = q ? r->tlen - plen - 1 : 0;
+	int get = r->mlen == 3 && !memcmp(r->method, "GET", 3);
+	unsigned i;
+
+	if ((plen == 7 && !memcmp(path, "/health", 7)) || (plen == 8 && !memcmp(path, "/version", 8))) {
+		if (!get) {
+			http1_answer(k, c, r->minor, 405, text, "Allow: GET\r\n" "X-Content-Type-Options: nosniff\r\n",
+			             "Method Not Allowed\n", r->close);
+		} else if (plen == 8) {
+			http1_answer(k, c, r->minor, 200, "application/json", "",
+			             "{\"etcdserver\":\"" KVD_ETCD_VERSION "\",\"etcdcluster\":\"3.4.0\"}", r->close);
+		} else {
+			int ok = !k->stopping, skip_nospace = 0;
+			size_t j;
+			for (j = 0; q && j + 15 <= qlen; j++) /* ?exclude=NOSPACE ignores that alarm, as etcd 3.4 */
+				skip_nospace |= !memcmp(q + 1 + j, "exclude=NOSPACE", 15);
+			for (i = 0; i < k->db.nalarms; i++)
+				if (!(skip_nospace && k->db.alarms[i].type == ALARM_NOSPACE))
+					ok = 0;
+			if (ok)
+				http1_answer(k, c, r->minor, 200, text, "", "{\"health\":\"true\"}", r->close);
+			else /* etcd answers this one through http.Error */
+				http1_answer(k, c, r->minor, 503, text, nosniff, "{\"health\":\"false\"}\n", r->close);
+		}
+	} else if ((plen == 8 && !memcmp(path, "/metrics", 8)) || (plen >= 4 && !memcmp(path, "/v3/", 4)) ||
+	           (plen >= 8 && !memcmp(path, "/v3beta/", 8))) {
+		http1_answer(k, c, r->minor, 501, text, "", "kvd: /metrics and the JSON gateway are not implemented yet\n", r->close);
+	} else {
+		http1_answer(k, c, r->minor, 404, text, nosniff, "404 page not found\n", r->close);
+	}
+}
+
+static void http1_input(struct kvd *k, struct conn *c)
+{
+	struct http1_conn *h = c->ps;
+	struct http1_req r;
+	int status;
+	long n;
+
+	while (BUF_LEN(&c->in) && !c->is_closing && BUF_LEN(&c->out) < KVD_MAX_OUTPUT) {
+		if (h->body_left) { /* a body nobody takes: dropped */
+			size_t d = (size_t)KVD_MIN((uint64_t)BUF_LEN(&c->in), h->body_left);
+			buf_consume(&c->in, d);
+			h->body_left -= d;
+			continue;
+		}
+		n = http1_parse(BUF_DATA(&c->in), BUF_LEN(&c->in), &r, &status);
+		if (n == 0) {
+			if (!h->t_head) {
+				h->t_head = k->now ? k->now : 1;
+				loop_arm(k, k->now + KVD_PREFACE_TIMEOUT_MS);
+			}
+			return;
+		}
+		h->t_head = 0;
+		c->t_active = k->now;
+		if (n < 0) {
+			http1_answer(k, c, 1, status, "text/plain; charset=utf-8", "",
+			             status == 431 ? "431 Request Header Fields Too Large\n" : "400 Bad Request\n", 1);
+			return;
+		}
+		if (r.chunked)
+			http1_answer(k, c, r.minor, 501, "text/plain; charset=utf-8", "", "kvd: chunked request bodies are not "
+			             "supported yet\n", 1);
+		else if (r.clen > HTTP1_MAX_BODY)
+			http1_answer(k, c, r.minor, 413, "text/plain; charset=utf-8", "", "413 Request Entity Too Large\n", 1);
+		else
+			http1_route(k, c, &r);
+		buf_consume(&c->in, (size_t)n);
+		h->body_left = r.clen;
+	}
+}
+
+static void http1_flush(struct kvd *k, struct conn *c)
+{
+	(void)k;
+	(void)c; /* answers are written as requests are read */
+}
+
+static int64_t http1_timers(struct kvd *k, struct conn *c)
+{
+	struct http1_conn *h = c->ps;
+
+	if (c->is_closing)
+		return INT64_MAX;
+	if (h->t_head) { /* a head that never ends */
+		if (k->now - h->t_head >= KVD_PREFACE_TIMEOUT_MS) {
+			c->is_closing = 1;
+			return INT64_MAX;
+		}
+		return h->t_head + KVD_PREFACE_TIMEOUT_MS;
+	}
+	if (!k->cfg.idle_timeout_ms)
+		return INT64_MAX;
+	if (k->now - c->t_active >= (int64_t)k->cfg.idle_timeout_ms) {
+		c->is_closing = 1;
+		return INT64_MAX;
+	}
+	return c->t_active + (int64_t)k->cfg.idle_timeout_ms;
+}
+
+static void http1_close_now(struct kvd *k, struct conn *c)
+{
+	(void)k;
+	c->is_closing = 1; /* after what is answered already */
+}
+
+static int http1_busy(const struct conn *c)
+{
+	(void)c;
+	return 0; /* nothing is held between requests */
+}
+
+static void http1_free(struct kvd *k, struct conn *c)
+{
+	kvd_free(k, c->ps);
+	c->ps = NULL;
+}
+
+static const struct net_proto http1_proto = {
+	"http/1.1", http1_input, http1_flush, http1_timers, http1_close_now, http1_close_now, http1_close_now,
+	http1_busy, http1_free,
+};
+
+/* ===== 22. Sockets and the poll loop (net_, loop_) ====================== */
 
 /*
  * One poll() loop, no threads.  Each kvd_poll() call (loop_run):
@@ -15252,21 +15568,6 @@ static int net_sniff(const uint8_t *p, size_t n)
 	return NET_SNIFF_BAD;
 }
 
-/* An HTTP/1.x request, until the gateway serves them: a plain explanation. */
-static void net_http1_answer(struct kvd *k, struct conn *c)
-{
-	static const char body[] =
-	    "kvd speaks gRPC over HTTP/2 (h2c with prior knowledge); use an etcd v3 client.\n";
-	char hdr[160];
-
-	snprintf(hdr, sizeof hdr, "HTTP/1.1 505 HTTP Version Not Supported\r\n"
-	         "Content-Type: text/plain\r\nConnection: close\r\nContent-Length: %u\r\n\r\n",
-	         (unsigned)(sizeof body - 1));
-	buf_append(k, &c->out, hdr, strlen(hdr));
-	buf_append(k, &c->out, body, sizeof body - 1);
-	c->is_closing = 1;
-}
-
 /* A TLS ClientHello on a plain listener (or inside TLS): a fatal
  * handshake_failure alert (RFC 8446 6.2), so the client says so rather than
  * reading garbage. */
@@ -15285,7 +15586,14 @@ static void net_input(struct kvd *k, struct conn *c)
 	if (!c->proto) {
 		switch (net_sniff(BUF_DATA(&c->in), BUF_LEN(&c->in))) {
 		case NET_SNIFF_MORE: return;
-		case NET_SNIFF_HTTP1: net_http1_answer(k, c); return;
+		case NET_SNIFF_HTTP1:
+			if (!(c->ps = kvd_calloc(k, sizeof(struct http1_conn)))) {
+				c->dead = 1;
+				return;
+			}
+			c->proto = &http1_proto;
+			c->proto->input(k, c);
+			return;
 		case NET_SNIFF_TLS: net_tls_answer(k, c); return;
 		case NET_SNIFF_BAD: h2_bad_preface(k, c); return;
 		}
@@ -15785,7 +16093,7 @@ static int loop_run(struct kvd *k, int timeout_ms)
 	return k->stopping && !k->conns ? KVD_ESTOPPED : 0;
 }
 
-/* ===== 22. Flags and configuration (cfg_) =============================== */
+/* ===== 23. Flags and configuration (cfg_) =============================== */
 
 /*
  * etcd's flag syntax (Go's flag package): -flag or --flag, "=value" or the
@@ -16211,7 +16519,7 @@ static int cfg_lock(struct kvd *k, char *err, size_t errlen)
 	return 0;
 }
 
-/* ===== 23. Public embedding API (kvd_) ================================== */
+/* ===== 24. Public embedding API (kvd_) ================================== */
 
 #define KVD_STR_(x) #x
 #define KVD_STR(x) KVD_STR_(x)
@@ -16587,7 +16895,7 @@ KVD_API int kvd_main(int argc, char **argv)
 	return 0;
 }
 
-/* ===== 24. main() ======================================================= */
+/* ===== 25. main() ======================================================= */
 
 #ifndef KVD_NO_MAIN
 int main(int argc, char **argv)

@@ -853,11 +853,17 @@ static void test_h2_conn_errors(void)
 		t_conn_free(k, c);
 		buf_free(k, &in);
 	}
-	/* not HTTP/2 at all: an HTTP/1.1 answer, no frames */
+	/* not HTTP/2 at all: HTTP/1.1 answers, no frames; keep-alive, pipelined */
 	{
 		struct conn *cn = net_conn_new(k, -1, &net_plain);
+		static const char two[] = "GET / HTTP/1.1\r\n\r\nGET /health HTTP/1.1\r\nConnection: close\r\n\r\n";
 		t_raw_feed(k, cn, "GET / HTTP/1.1\r\n\r\n", 18);
-		CHECK(cn->is_closing && BUF_LEN(&cn->out) > 12 && !memcmp(BUF_DATA(&cn->out), "HTTP/1.1 505", 12));
+		CHECK(!cn->is_closing && BUF_LEN(&cn->out) > 12 && !memcmp(BUF_DATA(&cn->out), "HTTP/1.1 404", 12));
+		cn->out.rd = cn->out.len = 0;
+		t_raw_feed(k, cn, two, sizeof two - 1);
+		CHECK(cn->is_closing && !memcmp(BUF_DATA(&cn->out), "HTTP/1.1 404", 12) &&
+		      strstr((const char *)BUF_DATA(&cn->out), "HTTP/1.1 200 OK") &&
+		      strstr((const char *)BUF_DATA(&cn->out), "{\"health\":\"true\"}"));
 		net_conn_free(k, cn);
 	}
 #undef T_CASE
@@ -2782,9 +2788,11 @@ static void test_sniff(void)
 		t_raw_feed(k, cn, "GET / HTTP/1.1\r\n" + i, 1);
 	CHECK(!cn->is_closing && BUF_LEN(&cn->out) == 0);
 	t_raw_feed(k, cn, "\r\n", 2);
-	CHECK(cn->is_closing && !memcmp(BUF_DATA(&cn->out), "HTTP/1.1 505", 12));
+	CHECK(cn->proto == &http1_proto && BUF_LEN(&cn->out) == 0); /* HTTP/1, its head not whole yet */
+	t_raw_feed(k, cn, "\r\n", 2);
+	CHECK(!cn->is_closing && BUF_LEN(&cn->out) > 12 && !memcmp(BUF_DATA(&cn->out), "HTTP/1.1 404", 12));
 	net_conn_free(k, cn);
-	/* a TLS ClientHello: a handshake_failure alert until TLS is built */
+	/* a TLS ClientHello on a plain listener: a handshake_failure alert */
 	cn = net_conn_new(k, -1, &net_plain);
 	t_raw_feed(k, cn, "\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03", 11);
 	CHECK(cn->is_closing && BUF_LEN(&cn->out) == 7 && BUF_DATA(&cn->out)[0] == 21 && BUF_DATA(&cn->out)[6] == 40);
