@@ -71,7 +71,7 @@ test/kvd-notls: $(SRC)
 
 # Fuzz targets replayed over their corpus without libFuzzer (any compiler).
 FUZZERS = h2 hpack log json confd pb bolt
-test/replay-%: test/fuzz_%.c test/fuzz_replay.c $(SRC)
+test/replay-%: test/fuzz_%.c test/fuzz_replay.c test/fuzz.h $(SRC)
 	$(CC) $(CPPFLAGS) $(TEST_CFLAGS) $(SAN) $(KVD_CFLAGS) -o $@ test/fuzz_$*.c test/fuzz_replay.c $(LDFLAGS) $(LDLIBS) $(KVD_LIBS)
 
 # Watch load generator for test/bench.py (plain C, no kvd code inside).
@@ -132,7 +132,7 @@ fuzz: $(FUZZERS:%=test/fuzz-%)
 	  ./test/fuzz-$$f -max_total_time=$(FUZZ_TIME) -artifact_prefix=test/crash- $(FUZZ_CORPUS)/$$f test/corpus/$$f \
 	    > test/fuzz-$$f.log 2>&1 || { tail -40 test/fuzz-$$f.log; exit 1; }; \
 	  echo "fuzz-$$f: $$(grep -c . test/fuzz-$$f.log) log lines, $$(grep -o 'Done [0-9]* runs' test/fuzz-$$f.log)"; done
-test/fuzz-%: test/fuzz_%.c $(SRC)
+test/fuzz-%: test/fuzz_%.c test/fuzz.h $(SRC)
 	$(CLANG) -O1 -g -fsanitize=fuzzer,address,undefined -o $@ test/fuzz_$*.c $(KVD_LIBS)
 
 # --- generated protobuf-c code (committed; firmware builds need no protoc) ---

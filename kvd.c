@@ -804,6 +804,12 @@ static void put_le64(uint8_t *p, uint64_t v)
 	put_le32(p, (uint32_t)v);
 	put_le32(p + 4, (uint32_t)(v >> 32));
 }
+static uint32_t get_le16(const uint8_t *p) { return (uint32_t)p[0] | (uint32_t)p[1] << 8; }
+static uint32_t get_le32(const uint8_t *p)
+{
+	return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+static uint64_t get_le64(const uint8_t *p) { return (uint64_t)get_le32(p) | (uint64_t)get_le32(p + 4) << 32; }
 
 /* SHA-1 of one buffer (member ids are derived as etcd derives them). */
 static void util_sha1(const void *p, size_t n, uint8_t out[20])
@@ -5157,7 +5163,7 @@ struct snap {
 	struct kvd_buf chunk;             /* the blob being made */
 	uint64_t sent;
 	mbedtls_sha256_context sha;
-	unsigned planned : 1, sha_on : 1, counted : 1;
+	unsigned planned : 1, sha_on : 1;
 };
 
 static unsigned snap_kind(unsigned b)
@@ -5810,13 +5816,6 @@ out:
 
 #define SNAP_MAX_DEPTH 32
 
-static uint32_t get_le16(const uint8_t *p) { return (uint32_t)p[0] | (uint32_t)p[1] << 8; }
-static uint32_t get_le32(const uint8_t *p)
-{
-	return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-static uint64_t get_le64(const uint8_t *p) { return (uint64_t)get_le32(p) | (uint64_t)get_le32(p + 4) << 32; }
-
 struct snap_file {
 	const uint8_t *p;
 	uint64_t n;                 /* bytes of pages (the trailer cut off) */
@@ -6085,28 +6084,46 @@ static int snap_imp_write(struct kvd *k, struct snap_imp *im, int sync)
 	return 0;
 }
 
+/* The record just made at out[at..len): framed and replayed into the
+ * scratch store by the log's own code (what names it in a refusal). */
+static int snap_imp_apply(struct kvd *k, struct snap_imp *im, size_t at, const char *what, int64_t rev)
+{
+	struct mvcc_rec rec;
+	const char *why = "a record kvd cannot frame";
+	int e;
+
+	if (mvcc_frame(im->out.p + at, im->out.len - at, im->size + at, im->size + im->out.len, 0, &rec, &why) <= 0)
+		return snap_imp_fail(im, "%s %lld: %s", what, (long long)rev, why);
+	if ((e = mvcc_replay_record(k, &k->db, &rec, &why)))
+		return e == KVD_ENOMEM ? KVD_ENOMEM : snap_imp_fail(im, "%s %lld: %s", what, (long long)rev, why);
+	return 0;
+}
+
 /* Close the open record and replay it into the scratch store. */
 static int snap_imp_close(struct kvd *k, struct snap_imp *im)
 {
-	struct mvcc_rec rec;
-	const char *why = "";
-	uint8_t *p;
-	long n;
 	int e;
 
 	if (!im->in_txn)
 		return 0;
 	im->in_txn = 0;
-	p = im->out.p + im->rec_at;
 	put_be32(im->out.p + im->nops_at, im->nops);
-	mvcc_seal(p, im->out.len - im->rec_at - MVCC_REC_HDR, im->rec_type);
-	n = mvcc_frame(p, im->out.len - im->rec_at, im->size + im->rec_at, im->size + im->out.len, 0, &rec, &why);
-	if (n <= 0)
-		return snap_imp_fail(im, "a record kvd cannot frame (%s)", why);
-	if ((e = mvcc_replay_record(k, &k->db, &rec, &why)))
-		return e == KVD_ENOMEM ? KVD_ENOMEM : snap_imp_fail(im, "at revision %lld: %s", (long long)im->rec_rev, why);
+	mvcc_seal(im->out.p + im->rec_at, im->out.len - im->rec_at - MVCC_REC_HDR, im->rec_type);
+	if ((e = snap_imp_apply(k, im, im->rec_at, "at revision", im->rec_rev)))
+		return e;
 	im->did_base |= im->rec_type == MVCC_REC_BASE;
 	return im->out.len >= (1u << 20) ? snap_imp_write(k, im, 0) : 0;
+}
+
+/* A COMPACT record at rev, applied. */
+static int snap_imp_compact(struct kvd *k, struct snap_imp *im, int64_t rev, const char *what)
+{
+	size_t at = im->out.len;
+
+	if (buf_reserve(k, &im->out, MVCC_COMPACT_REC_MAX))
+		return KVD_ENOMEM;
+	mvcc_compact_encode(&im->out, rev);
+	return snap_imp_apply(k, im, at, what, rev);
 }
 
 /* Room for n bytes of op in a record of type at rev (one opened as needed). */
@@ -6154,21 +6171,7 @@ static int snap_imp_base_end(struct kvd *k, struct snap_imp *im)
 		return e;
 	if ((e = snap_imp_close(k, im)))
 		return e;
-	if (im->c < 1)
-		return 0;
-	if (buf_reserve(k, &im->out, MVCC_COMPACT_REC_MAX))
-		return KVD_ENOMEM;
-	im->rec_at = im->out.len;
-	mvcc_compact_encode(&im->out, im->c);
-	{
-		struct mvcc_rec rec;
-		const char *why = "";
-		if (mvcc_frame(im->out.p + im->rec_at, im->out.len - im->rec_at, im->size + im->rec_at,
-		               im->size + im->out.len, 0, &rec, &why) <= 0 ||
-		    (e = mvcc_replay_record(k, &k->db, &rec, &why)))
-			return snap_imp_fail(im, "the compaction at %lld: %s", (long long)im->c, why);
-	}
-	return 0;
+	return im->c < 1 ? 0 : snap_imp_compact(k, im, im->c, "the compaction at");
 }
 
 /* One record of etcd's key bucket, in revision order. */
@@ -6379,15 +6382,8 @@ static int snap_import_mem(struct kvd *k, const uint8_t *p, uint64_t n, int skip
 	if (im->sched <= im->c)
 		im->sched = 0;
 	mvcc_header_encode(hdr);
-	if ((e = buf_append(k, &im->out, hdr, sizeof hdr)))
+	if ((e = buf_append(k, &im->out, hdr, sizeof hdr)) || (e = snap_imp_apply(k, im, 0, "the header at", 0)))
 		goto out;
-	{
-		struct mvcc_rec rec;
-		const char *w = "";
-		if (mvcc_frame(im->out.p, im->out.len, 0, im->out.len, 0, &rec, &w) <= 0 ||
-		    (e = mvcc_replay_record(k, &k->db, &rec, &w)))
-			goto out;
-	}
 	for (i = 0; i < im->nlive; i++) /* live leases first, in the BASE (at rev 1 if never compacted) */
 		if (life_map_slot(&im->granted, (uint64_t)im->live[i].id) != SIZE_MAX) {
 			e = snap_imp_fail(im, "lease %llx twice", (unsigned long long)im->live[i].id);
@@ -6422,22 +6418,9 @@ static int snap_import_mem(struct kvd *k, const uint8_t *p, uint64_t n, int skip
 	}
 	if ((e = snap_imp_close(k, im)))
 		goto out;
-	if (im->sched && im->sched <= k->db.rev) { /* a compaction etcd had not finished */
-		struct mvcc_rec rec;
-		const char *w = "";
-		if (buf_reserve(k, &im->out, MVCC_COMPACT_REC_MAX)) {
-			e = KVD_ENOMEM;
-			goto out;
-		}
-		im->rec_at = im->out.len;
-		mvcc_compact_encode(&im->out, im->sched);
-		if (mvcc_frame(im->out.p + im->rec_at, im->out.len - im->rec_at, im->size + im->rec_at,
-		               im->size + im->out.len, 0, &rec, &w) <= 0 ||
-		    (e = mvcc_replay_record(k, &k->db, &rec, &w))) {
-			e = snap_imp_fail(im, "the scheduled compaction at %lld: %s", (long long)im->sched, w);
-			goto out;
-		}
-	}
+	if (im->sched && im->sched <= k->db.rev && /* a compaction etcd had not finished */
+	    (e = snap_imp_compact(k, im, im->sched, "the scheduled compaction at")))
+		goto out;
 	e = snap_imp_write(k, im, 1);
 	if (!e)
 		kvd_log(k, KVD_LOG_INFO, "imported %llu key records (%llu tombstones), %zu leases, revision %lld, "
@@ -13584,6 +13567,17 @@ static void confd_pip_of_ip(struct kvd *k, const struct confd_ipent *v, size_t n
 	json_put_raw(k, b, "]");
 }
 
+/* show of a Maybe String: Just "..." or Nothing. */
+static void confd_hs_maybe(struct kvd *k, struct kvd_buf *b, const struct json *v)
+{
+	if (!v) {
+		json_put_raw(k, b, "Nothing");
+		return;
+	}
+	json_put_raw(k, b, "Just ");
+	confd_hs_show(k, b, v->s, v->n);
+}
+
 /* show of the request's query, as "Invalid query type " messages print it. */
 static void confd_show_query(struct kvd *k, struct kvd_buf *b, const struct confd_req *rq)
 {
@@ -13600,12 +13594,7 @@ static void confd_show_query(struct kvd *k, struct kvd_buf *b, const struct conf
 		return;
 	}
 	json_put_raw(k, b, "DictQuery (ConfdReqQ {confdReqQIp = ");
-	if (rq->ip) {
-		json_put_raw(k, b, "Just ");
-		confd_hs_show(k, b, rq->ip->s, rq->ip->n);
-	} else {
-		json_put_raw(k, b, "Nothing");
-	}
+	confd_hs_maybe(k, b, rq->ip);
 	json_put_raw(k, b, ", confdReqQIpList = [");
 	for (i = 0; rq->iplist && i < rq->iplist->n; i++) {
 		if (i)
@@ -13613,12 +13602,7 @@ static void confd_show_query(struct kvd *k, struct kvd_buf *b, const struct conf
 		confd_hs_show(k, b, rq->iplist->kids[i].s, rq->iplist->kids[i].n);
 	}
 	json_put_raw(k, b, "], confdReqQLink = ");
-	if (rq->link) {
-		json_put_raw(k, b, "Just ");
-		confd_hs_show(k, b, rq->link->s, rq->link->n);
-	} else {
-		json_put_raw(k, b, "Nothing");
-	}
+	confd_hs_maybe(k, b, rq->link);
 	json_put_raw(k, b, ", confdReqQFields = [");
 	for (i = 0; rq->fields && i < rq->fields->n; i++) {
 		if (i)
@@ -14756,6 +14740,10 @@ static void tls_fini(struct kvd *k)
 {
 	if (!k->tls)
 		return;
+	if (k->tls->handshakes || k->tls->failures || k->tls->displaced) /* served some: say what */
+		kvd_log(k, KVD_LOG_INFO, "tls: %llu handshakes, %llu failed, %llu displaced by newer ones",
+		        (unsigned long long)k->tls->handshakes, (unsigned long long)k->tls->failures,
+		        (unsigned long long)k->tls->displaced);
 	tls_cfg_unref(k, k->tls->cfg);
 	mbedtls_ctr_drbg_free(&k->tls->drbg);
 	mbedtls_entropy_free(&k->tls->entropy);

@@ -336,7 +336,6 @@ def snapshot_rows(nkeys=200000):
         c = Client(srv.endpoint())
         c.call("Range", R.RangeRequest(key=b"key-", range_end=b"key.", count_only=True), timeout=60)
         c.close()
-        time.sleep(1)
         rss0 = proc(srv.p.pid, "VmRSS")
         peak = [rss0]
         done = threading.Event()
@@ -395,7 +394,16 @@ def tls_rows(n=100000):
                                        "--advertise-client-urls", "https://127.0.0.1:%d" % ep])
     k = Kvd(KVD, tls + ["--listen-client-urls", "https://127.0.0.1:%d" % kp, "--max-connections-per-ip", "0"],
             data_dir=tempfile.mkdtemp(prefix="kvd-bench-", dir=DISK))
-    time.sleep(2)
+
+    def tls_up(port):
+        try:
+            ctx = ssl.create_default_context(cafile=d + "/c.pem")
+            with ctx.wrap_socket(socket.create_connection(("127.0.0.1", port), timeout=2),
+                                 server_hostname="127.0.0.1"):
+                return True
+        except OSError:
+            return False
+    wait_for(lambda: tls_up(ep) and tls_up(kp), 60)
     empty = grpc_frame(b"")
     put = grpc_frame(R.PutRequest(key=b"tls-key", value=b"v" * 100).SerializeToString())
     rng = grpc_frame(R.RangeRequest(key=b"tls-key").SerializeToString())
@@ -404,14 +412,13 @@ def tls_rows(n=100000):
     def idle(pid, port, count=256):
         ctx = ssl.create_default_context(cafile=d + "/c.pem")
         ctx.set_alpn_protocols(["h2"])
-        time.sleep(0.5)
         r0 = proc(pid, "VmRSS")
         socks = []
         for _ in range(count):
             s = ctx.wrap_socket(socket.create_connection(("127.0.0.1", port)), server_hostname="127.0.0.1")
             s.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0]))
+            s.recv(9)  # the server's SETTINGS: it has taken the connection as HTTP/2
             socks.append(s)
-        time.sleep(1)
         r1 = proc(pid, "VmRSS")
         for s in socks:
             s.close()

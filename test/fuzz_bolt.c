@@ -11,32 +11,17 @@
  */
 #define KVD_NO_MAIN
 #include "../kvd.c"
+#include "fuzz.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
-static struct kvd *fz_new(const char *dir)
-{
-	struct kvd_config cfg;
-	struct kvd *k;
-	char err[KVD_ERRLEN];
-
-	kvd_config_init(&cfg);
-	cfg.log_level = KVD_LOG_ERROR + 1;
-	cfg.data_dir = dir;
-	cfg.unsafe_no_fsync = 1;
-	if (kvd_init(&cfg, &k, err, sizeof err)) {
-		kvd_close(k);
-		return NULL;
-	}
-	return k;
-}
 
 /* Import p[0..n) into dir/kvd.log: 0 and the scratch instance's revision,
  * compaction, key and lease counts, or the import's error. */
 static int fz_import(const char *dir, const uint8_t *p, size_t n, int skip, int64_t st[4])
 {
 	char path[160], why[200];
-	struct kvd *k = fz_new(dir);
+	struct kvd *k = fz_kvd(dir);
 	int fd, e;
 
 	if (!k)
@@ -60,7 +45,7 @@ static int fz_import(const char *dir, const uint8_t *p, size_t n, int skip, int6
 static struct kvd *fz_open(const char *dir, int64_t st[4])
 {
 	char err[KVD_ERRLEN];
-	struct kvd *k = fz_new(dir);
+	struct kvd *k = fz_kvd(dir);
 
 	if (!k)
 		return NULL;

@@ -12,24 +12,17 @@
  */
 #define KVD_NO_MAIN
 #include "../kvd.c"
+#include "fuzz.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 static struct kvd *fz_open(const char *dir, int *rc)
 {
-	struct kvd_config cfg;
-	struct kvd *k;
 	char err[KVD_ERRLEN];
+	struct kvd *k = fz_kvd(dir);
 
-	kvd_config_init(&cfg);
-	cfg.log_level = KVD_LOG_ERROR + 1;
-	cfg.data_dir = dir;
-	cfg.unsafe_no_fsync = 1;
-	if (kvd_init(&cfg, &k, err, sizeof err)) {
-		kvd_close(k);
-		return NULL;
-	}
-	*rc = mvcc_open(k, err, sizeof err);
+	if (k)
+		*rc = mvcc_open(k, err, sizeof err);
 	return k;
 }
 
