@@ -120,6 +120,7 @@ cross-run:
 	s390x-linux-gnu-gcc -O2 $(KVD_CFLAGS) $(XINC) -L/usr/lib/s390x-linux-gnu -o test/kvd-s390x kvd.c $(KVD_LIBS)
 	KVD=test/kvd-be.sh KVD_DIFF_OPS=2000 KVD_DIFF_SEEDS=77 $(PYTHON) test/diff.py
 	KVD=test/kvd-be.sh $(PYTHON) test/tls.py grpcio
+	KVD=test/kvd-be.sh $(PYTHON) test/auth.py differential
 
 fuzz-smoke:
 	$(MAKE) fuzz FUZZ_TIME=10 FUZZ_CORPUS=/tmp/kvd-fuzz-smoke

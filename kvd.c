@@ -22,16 +22,17 @@
  *   13. Go's sort.Sort, as etcd sorts ranges (svc_gosort_)
  *   14. Services: KV (svc_)
  *   15. Services: Lease (svc_lease_)
- *   16. Services: Maintenance, Cluster, Health; the method table (svc_)
- *   17. Watch (watch_)
- *   18. JSON (json_)
- *   19. confd: Ganeti's UDP query protocol (confd_)
- *   20. TLS: a transport under any protocol (tls_)
- *   21. HTTP/1.1 on the client port: /health, /version (http1_)
- *   22. Sockets and the poll loop (net_, loop_)
- *   23. Flags and configuration (cfg_)
- *   24. Public embedding API (kvd_)
- *   25. main()
+ *   16. Auth: users, roles, permissions, tokens (auth_)
+ *   17. Services: Maintenance, Cluster, Health; the method table (svc_)
+ *   18. Watch (watch_)
+ *   19. JSON (json_)
+ *   20. confd: Ganeti's UDP query protocol (confd_)
+ *   21. TLS: a transport under any protocol (tls_)
+ *   22. HTTP/1.1 on the client port: /health, /version (http1_)
+ *   23. Sockets and the poll loop (net_, loop_)
+ *   24. Flags and configuration (cfg_)
+ *   25. Public embedding API (kvd_)
+ *   26. main()
  *
  * Prefixes mark the section a static function belongs to; only kvd_* (and the
  * generated protobuf-c symbols) are exported.  Functions return 0 or a
@@ -156,6 +157,11 @@
 
 #include <mbedtls/sha1.h>
 #include <mbedtls/sha256.h>
+#include <mbedtls/asn1.h>
+#include <mbedtls/asn1write.h>
+#include <mbedtls/md.h>
+#include <mbedtls/pk.h>
+#include <mbedtls/rsa.h>
 #include <mbedtls/version.h>
 #ifndef KVD_NO_TLS /* @@ define to build without TLS (no https:// listeners; links only mbedcrypto) */
 #include <mbedtls/ctr_drbg.h>
@@ -248,6 +254,24 @@ enum grpc_code {
 #define E_BAD_SORT "etcdserver: invalid sort option"
 #define E_LEASE_EXISTS "etcdserver: lease already exists"
 #define E_LEASE_TTL "etcdserver: too large lease TTL"
+#define E_USER_EMPTY "etcdserver: user name is empty"
+#define E_ROLE_EMPTY "etcdserver: role name is empty"
+#define E_AUTH_FAILED "etcdserver: authentication failed, invalid user ID or password"
+#define E_PERM_NOT_GIVEN "etcdserver: permission not given"
+#define E_INVALID_AUTH_MGMT "etcdserver: invalid auth management"
+#define E_ROOT_NOT_EXIST "etcdserver: root user does not exist"
+#define E_ROOT_NO_ROLE "etcdserver: root user does not have root role"
+#define E_USER_EXISTS "etcdserver: user name already exists"
+#define E_USER_NOT_FOUND "etcdserver: user name not found"
+#define E_ROLE_EXISTS "etcdserver: role name already exists"
+#define E_ROLE_NOT_FOUND "etcdserver: role name not found"
+#define E_ROLE_NOT_GRANTED "etcdserver: role is not granted to the user"
+#define E_PERM_NOT_GRANTED "etcdserver: permission is not granted to the role"
+#define E_AUTH_NOT_ENABLED "etcdserver: authentication is not enabled"
+#define E_PERM_DENIED "etcdserver: permission denied"
+#define E_INVALID_TOKEN "etcdserver: invalid auth token"
+#define E_TOO_MANY_REQUESTS "etcdserver: too many requests"
+#define E_AUTH_OLD_REV "etcdserver: revision of auth store is old"
 
 /* An owned, growable byte buffer; live bytes are p[rd..len).  A lent one
  * borrows memory it does not own (net_read lends k->rbuf): it cannot grow.
@@ -349,7 +373,7 @@ struct lease_reg {
 	int64_t min_ttl;              /* seconds, from the election timeout as etcd */
 	int warned;                   /* a failed expiry was logged */
 };
-/* Watch (section 17): the registry kvd holds; watchers are defined there. */
+/* Watch (section 18): the registry kvd holds; watchers are defined there. */
 struct watch;
 struct watch_stream;
 struct watch_ev;
@@ -428,9 +452,75 @@ struct mvcc {
 	char why[96];
 };
 
-struct confd; /* section 19 */
-struct json_doc;
-static void json_put_str(struct kvd *k, struct kvd_buf *b, const void *s, size_t n); /* section 18 */
+/* Auth (section 16): users and roles as etcd's authpb messages, sorted by
+ * name; what the open batch replaced; tokens; calls waiting for a hash. */
+struct auth_tab {
+	ProtobufCMessage **v;
+	size_t n, cap;
+};
+struct auth_undo {
+	ProtobufCMessage *old;         /* what was there, NULL if nothing */
+	uint8_t *name;                 /* owned */
+	size_t nlen;
+	unsigned role : 1;
+};
+struct auth_token;
+struct auth_job;
+struct auth_jwt;
+/* Who a call is (etcd's AuthInfo): a user name (NULL: nobody said) and the
+ * auth revision a JWT was issued at (0: a simple token or a certificate,
+ * which are always current). */
+struct auth_who {
+	const char *name;
+	uint64_t rev;
+};
+struct auth {
+	unsigned enabled : 1;
+	unsigned saved : 1, was_enabled : 1; /* the state before the open batch */
+	uint64_t rev, was_rev;         /* the auth revision */
+	struct auth_tab users, roles;
+	struct auth_undo *undo;
+	size_t nundo, undocap;
+	struct auth_token **tok;       /* AUTH_BUCKETS chains, NULL until the first */
+	size_t ntok;
+	int64_t ttl_ms;
+	struct auth_jwt *jwt;          /* --auth-token jwt,...: NULL for simple tokens */
+	struct auth_job *jobs, *jobs_tail; /* hashes to make, oldest first */
+	unsigned njobs;
+	int rnd_fd;
+	uint64_t hashes, failures;     /* counters */
+};
+
+struct confd; /* section 20 */
+/* JSON (section 19): a parsed document in one arena. */
+enum { JSON_NULL, JSON_FALSE, JSON_TRUE, JSON_NUM, JSON_STR, JSON_ARR, JSON_OBJ };
+
+struct json {
+	uint8_t type;
+	uint8_t isint;      /* JSON_NUM: an integral value that fits in i */
+	uint32_t n;         /* JSON_STR: bytes; JSON_ARR/OBJ: children */
+	uint32_t klen;      /* a member of an object: its key */
+	const char *key;
+	const char *s;      /* JSON_STR: the bytes, NUL-terminated */
+	struct json *kids;  /* JSON_ARR/OBJ: n children, in order */
+	int64_t i;
+	double d;
+};
+
+struct json_chunk;
+struct json_doc {
+	struct kvd *k;
+	struct json_chunk *chunks;
+	struct json *root;
+	size_t bytes; /* held by the arena */
+};
+
+static int json_parse(struct kvd *k, struct json_doc *d, const void *p, size_t n, const char **err);
+static const struct json *json_get(const struct json *o, const char *key);
+static int json_is_str(const struct json *v);
+static void json_free(struct json_doc *d);
+static void json_put_int(struct kvd *k, struct kvd_buf *b, int64_t v);
+static void json_put_str(struct kvd *k, struct kvd_buf *b, const void *s, size_t n); /* section 19 */
 static void json_put_raw(struct kvd *k, struct kvd_buf *b, const char *s);
 
 /* A gRPC method: how calls to one :path are served (section 12). */
@@ -486,11 +576,12 @@ struct call {
 	struct hp_field *meta;      /* request metadata (regular fields), one block */
 	unsigned nmeta;
 	void *svc;                  /* service state of a streaming call */
+	struct conn *conn;          /* the client connection, NULL in-process */
 };
 
 
 /*
- * One client connection (section 22): a socket, the transport that moves its
+ * One client connection (section 23): a socket, the transport that moves its
  * bytes (a plain socket now; TLS next), and the protocol its first bytes
  * chose (HTTP/2; an HTTP/1.x request; a TLS ClientHello), whose state hangs
  * off ps.  The loop owns it; a protocol never closes or frees one itself.
@@ -583,7 +674,8 @@ struct kvd {
 	struct lease_reg lease;      /* leases */
 	struct life life;            /* rewrite, auto-compaction, reserve (section 8) */
 	struct confd *confd;         /* the confd responder, NULL when off */
-	struct tls_state *tls;       /* TLS (section 20), NULL without https:// listeners */
+	struct tls_state *tls;       /* TLS (section 21), NULL without https:// listeners */
+	struct auth auth;            /* users, roles, tokens (section 16) */
 	struct call *calls;          /* every live call, whatever its carrier */
 	struct call **held;          /* calls answered while the batch was open */
 	size_t nheld, heldcap;
@@ -1296,6 +1388,36 @@ static void pb_free(struct kvd *k, void *m)
 		protobuf_c_message_free_unpacked(m, &k->pba);
 }
 
+/* Auth (section 16): the log replays and rewrites its records; services
+ * check their callers. */
+struct mvcc_rec;
+struct svc_err;
+static int auth_replay(struct kvd *k, const struct mvcc_rec *rec, const char **why);
+static void auth_commit(struct kvd *k);
+static void auth_rollback(struct kvd *k);
+static int auth_any(const struct kvd *k);
+static int auth_encode_whole(struct kvd *k, struct kvd_buf *b);
+static int auth_who(struct kvd *k, struct call *c, struct auth_who *w, struct svc_err *e);
+static int auth_admin(struct kvd *k, const struct auth_who *w, struct svc_err *e);
+static int auth_may(struct kvd *k, const struct auth_who *w, const ProtobufCBinaryData *key,
+                    const ProtobufCBinaryData *end, int type, struct svc_err *e);
+static int auth_txn(struct kvd *k, const struct auth_who *w, const Etcdserverpb__TxnRequest *rq, struct svc_err *e);
+static int auth_lease_keys(struct kvd *k, const struct auth_who *w, int64_t id, int type, struct svc_err *e);
+static int auth_open(struct kvd *k, char *err, size_t errlen);
+static void auth_step(struct kvd *k);
+static ProtobufCBinaryData *auth_name(ProtobufCMessage *m);
+static int auth_root(struct kvd *k, struct call *c, struct svc_err *e);
+static int auth_raw(struct svc_err *e);
+static const char *auth_watch_reason(const struct svc_err *e);
+static void auth_init(struct kvd *k);
+static void auth_free(struct kvd *k);
+static const char *tls_peer_cn(const struct conn *c);
+#define AUTH_R AUTHPB__PERMISSION__TYPE__READ
+#define AUTH_W AUTHPB__PERMISSION__TYPE__WRITE
+enum { AUTH_OP_USER = 1, AUTH_OP_USER_DEL, AUTH_OP_ROLE, AUTH_OP_ROLE_DEL }; /* AUTH record ops */
+enum { AUTH_F_ENABLED = 1, AUTH_F_WHOLE = 2 };                               /* AUTH record flags */
+#define AUTH_REC_FIXED 13                                                    /* flags, revision, nops */
+
 /* ===== 6. MVCC store: log, index, revisions (mvcc_) ===================== */
 
 /*
@@ -1315,6 +1437,8 @@ static void pb_free(struct kvd *k, void *m)
  *   COMPACT (3) = varint rev
  *   BASE    (4) = varint rev | u32 nops | op[nops]       -- a rewritten log's state at rev
  *   ALARM   (5) = u32 n | (varint member | u8 alarm)[n]  -- the active alarms from here on
+ *   AUTH    (6) = u8 flags | u64 auth rev | u32 nops | aop[nops] -- users and roles
+ *                 changed (section 16 says what an aop is)
  *   op      = u8 kind (1 put, 2 delete) | u64 prev | varint rev | varint create
  *             | varint version | varint zigzag(lease) | varint klen | varint vlen
  *             | key | value                              (prev: offset of the key's
@@ -1335,7 +1459,10 @@ static void pb_free(struct kvd *k, void *m)
  * BASE has no history: where prev sits it keeps its position among its
  * revision's key ops (etcd's sub-revision, which a snapshot and HashKV need).
  * An ALARM record states the whole set, so a later one simply replaces it.
- * Format 2 is format 1 plus BASE and ALARM; kvd reads both, writes 2.
+ * Format 2 is format 1 plus BASE and ALARM, format 3 is 2 plus AUTH; kvd
+ * reads all three and writes 3 (a log kvd made before keeps its header and
+ * gains AUTH records once auth is used: a kvd older than format 3 must not
+ * open it again -- it would take them for a torn tail).
  *
  * Group commit: write txns append records to m->w; at the end of the loop
  * iteration one pwrite and one fdatasync make the batch durable, and only
@@ -1350,12 +1477,13 @@ static void pb_free(struct kvd *k, void *m)
 #define MVCC_REC_COMPACT 3
 #define MVCC_REC_BASE 4
 #define MVCC_REC_ALARM 5
+#define MVCC_REC_AUTH 6
 #define MVCC_OP_PUT 1
 #define MVCC_OP_DEL 2
 #define MVCC_OP_GRANT 3
 #define MVCC_OP_REVOKE 4
 #define MVCC_MAGIC "kvd-log\n"
-#define MVCC_FORMAT 2
+#define MVCC_FORMAT 3
 #define MVCC_MARK_EVERY 256    /* revisions between rev->offset marks */
 #define MVCC_DEAD_MAX 4096     /* superseded-bytes ranges before neighbours merge */
 
@@ -2054,7 +2182,7 @@ static long mvcc_frame(const uint8_t *p, size_t n, uint64_t off, uint64_t log_en
 	if (n < MVCC_REC_HDR)
 		return 0;
 	len = get_be32(p);
-	if (len > log_end - off - MVCC_REC_HDR || p[8] < MVCC_REC_HEADER || p[8] > MVCC_REC_ALARM) {
+	if (len > log_end - off - MVCC_REC_HDR || p[8] < MVCC_REC_HEADER || p[8] > MVCC_REC_AUTH) {
 		*why = len > log_end - off - MVCC_REC_HDR ? "record runs past the end" : "bad record type";
 		return KVD_ECORRUPT;
 	}
@@ -2112,6 +2240,8 @@ static int mvcc_rec_decode(struct mvcc_rec *r, const char **why)
 		}
 		r->nops = get_be32(p);
 		r->next = p + 4;
+		return 0;
+	case MVCC_REC_AUTH: /* auth_replay reads it */
 		return 0;
 	}
 	*why = "unknown record type";
@@ -2804,6 +2934,7 @@ static void mvcc_txn_abort(struct kvd *k, struct mvcc_txn *t)
 static void mvcc_rollback(struct kvd *k, struct mvcc *m)
 {
 	mvcc_undo_to(k, m, 0);
+	auth_rollback(k);
 	while (m->marks.n && m->marks.v[m->marks.n - 1].off >= m->size)
 		m->marks.n--;
 	m->rev = m->rev_durable;
@@ -2823,6 +2954,7 @@ static void mvcc_commit(struct kvd *k, struct mvcc *m)
 		else if (m->undo[i].kind == MVCC_UNDO_REVOKED)
 			lease_free(k, m->undo[i].l);
 	m->nundo = 0;
+	auth_commit(k);
 	if (m->undocap > 4096) {
 		kvd_free(k, m->undo);
 		m->undo = NULL;
@@ -3053,6 +3185,8 @@ static int mvcc_replay_record(struct kvd *k, struct mvcc *m, struct mvcc_rec *re
 		return 0;
 	case MVCC_REC_ALARM:
 		return mvcc_rec_alarms(rec, m->alarms, MVCC_MAX_ALARMS, &m->nalarms, why);
+	case MVCC_REC_AUTH:
+		return auth_replay(k, rec, why);
 	}
 	return 0; /* the header: mvcc_rec_decode checked it */
 }
@@ -3096,7 +3230,7 @@ static uint64_t mvcc_next_valid(struct kvd *k, struct mvcc *m, uint64_t from, ui
 		for (i = 0; i < n; i++) {
 			pos = base + i;
 			if (i + MVCC_REC_HDR <= n &&
-			    (buf[i + 8] < MVCC_REC_HEADER || buf[i + 8] > MVCC_REC_ALARM ||
+			    (buf[i + 8] < MVCC_REC_HEADER || buf[i + 8] > MVCC_REC_AUTH ||
 			     get_be32(buf + i) > size - pos - MVCC_REC_HDR))
 				continue;
 			if (mvcc_valid_at(k, m, pos, size))
@@ -3752,7 +3886,8 @@ static void lease_fini(struct kvd *k)
  * holding only what a reader can still see, then renames it over kvd.log.
  * With C the compacted revision and B = max(C - 1, 1), the new log is:
  *   HEADER | BASE B... | the old log's records from the first TXN after B
- *   on, COMPACTs where they were | ALARM (the alarms now)
+ *   on, COMPACTs where they were | ALARM (the alarms now) | AUTH (users
+ *   and roles now, whole)
  * BASE holds the leases alive where the copy starts and, for every key,
  * the op it had at B (a put; a key deleted at B has none).  B is C - 1 rather than C so that a
  * watcher starting at the compacted revision still gets that revision's
@@ -4550,7 +4685,7 @@ static int life_rw_copy(struct kvd *k, struct life_rw *rw, const char **why)
 			rw->out.len += (size_t)(rec.end - rec.p) + MVCC_REC_HDR;
 			rw->alarms_copied |= rec.type == MVCC_REC_ALARM;
 			break;
-		default: /* HEADER and BASE come before any history */
+		default: /* HEADER and BASE come before any history; AUTH is stated whole at the end */
 			break;
 		}
 	}
@@ -4576,6 +4711,8 @@ static int life_rw_switch(struct kvd *k, struct life_rw *rw, const char **why)
 			return KVD_ENOMEM;
 		mvcc_alarms_encode(&rw->out, m->alarms, m->nalarms);
 	}
+	if (auth_any(k) && auth_encode_whole(k, &rw->out)) /* users and roles now, in one record */
+		return KVD_ENOMEM;
 	for (; (r = mvcc_at(m, it)); mvcc_next(m, &it)) /* every key's latest op was copied */
 		if (life_map_slot(&rw->offs, r->op + 1) == SIZE_MAX) {
 			*why = "a key's latest op is missing from the copy";
@@ -4843,8 +4980,9 @@ static void life_fini(struct kvd *k)
  * leasepb.Lease {ID, TTL};  meta: consistent_index (the revision, etcd's
  * restore replaces it), finished/scheduledCompactRev when compacted;
  * alarm: the active alarms;  members: this member as etcd's JSON;  cluster:
- * clusterVersion 3.4.0;  auth: authRevision 1;  authRoles, authUsers,
- * members_removed: empty.
+ * clusterVersion 3.4.0;  auth: authEnabled, authRevision;  authRoles,
+ * authUsers: authpb.Role and authpb.User by name, as section 16 keeps them
+ * (bcrypt hashes included);  members_removed: empty.
  *
  * A tree's layout comes first.  bbolt's metas, at the front of the file,
  * name the page count, and a branch names its children's pages, so the
@@ -4879,7 +5017,7 @@ static void life_fini(struct kvd *k)
 #define SNAP_TXID 2                 /* meta 0's txid; meta 1 has one less, as etcd writes */
 #define SNAP_MAGIC 0xED0CDAEDu
 #define SNAP_NO_FREELIST UINT64_MAX /* bbolt's pgidNoFreelist */
-#define SNAP_SMALL 40               /* entries of the inline buckets */
+#define SNAP_SMALL 40               /* entries of the inline buckets, to begin with */
 enum { SNAP_F_BRANCH = 0x01, SNAP_F_LEAF = 0x02, SNAP_F_META = 0x04, SNAP_F_FREELIST = 0x10 };
 enum { SNAP_INLINE, SNAP_KEYS, SNAP_LEASES };
 #define SNAP_NBUCKETS 10
@@ -5147,8 +5285,8 @@ struct snap {
 	uint64_t end;                     /* log bytes it reads */
 	struct life_map sel;              /* each key's op at C */
 	struct kvd_buf arena;             /* the small buckets' keys and values */
-	struct snap_kvref kv[SNAP_SMALL];
-	unsigned nkv;
+	struct snap_kvref *kv;            /* grows: authUsers and authRoles can be long */
+	unsigned nkv, kvcap;
 	unsigned first[SNAP_NBUCKETS], n[SNAP_NBUCKETS]; /* inline buckets' entries in kv */
 	struct snap_lease *lease;
 	size_t nlease;
@@ -5176,8 +5314,16 @@ static int snap_small(struct kvd *k, struct snap *s, unsigned b, const void *key
 {
 	struct snap_kvref *r;
 
-	if (!KVD_ALWAYS(s->nkv < SNAP_SMALL) || !KVD_ALWAYS(!s->n[b] || s->first[b] + s->n[b] == s->nkv))
+	if (!KVD_ALWAYS(!s->n[b] || s->first[b] + s->n[b] == s->nkv))
 		return KVD_ELIMIT; /* a bucket's entries are made together */
+	if (s->nkv == s->kvcap) {
+		unsigned cap = s->kvcap ? s->kvcap * 2 : SNAP_SMALL;
+		struct snap_kvref *v = kvd_realloc(k, s->kv, cap * sizeof *v);
+		if (!v)
+			return KVD_ENOMEM;
+		s->kv = v;
+		s->kvcap = cap;
+	}
 	if (!s->n[b])
 		s->first[b] = s->nkv;
 	s->n[b]++;
@@ -5245,8 +5391,25 @@ static int snap_content(struct kvd *k, struct snap *s)
 		o = mvcc_put_varint(o, k->db.alarms[i].type);
 		e |= snap_small(k, s, 0, b, (size_t)(o - b), "", 0);
 	}
-	put_be64(b, 1);
+	if (k->auth.enabled || k->auth.rev > 1) { /* etcd writes it at the first AuthEnable */
+		b[0] = k->auth.enabled;
+		e |= snap_small(k, s, 1, "authEnabled", 11, b, 1);
+	}
+	put_be64(b, k->auth.rev);
 	e |= snap_small(k, s, 1, "authRevision", 12, b, 8);
+	for (x = 2; x <= 3; x++) { /* authRoles, authUsers: the messages as kept, by name */
+		const struct auth_tab *t = x == 2 ? &k->auth.roles : &k->auth.users;
+		for (i = 0; i < t->n && !e; i++) {
+			const ProtobufCBinaryData *nm = auth_name(t->v[i]);
+			size_t vn = protobuf_c_message_get_packed_size(t->v[i]);
+			uint8_t *v = kvd_malloc(k, vn + 1);
+			if (!v)
+				return KVD_ENOMEM;
+			protobuf_c_message_pack(t->v[i], v);
+			e |= snap_small(k, s, x, nm->data, nm->len, v, vn);
+			kvd_free(k, v);
+		}
+	}
 	e |= snap_small(k, s, 4, "clusterVersion", 14, "3.4.0", 5);
 	json_put_raw(k, &js, "{\"id\":");
 	snprintf(hex, sizeof hex, "%llu", (unsigned long long)k->member_id);
@@ -5434,6 +5597,7 @@ static int snap_plan(struct kvd *k, struct snap *s)
 static void snap_free(struct kvd *k, struct snap *s)
 {
 	kvd_free(k, s->sel.v);
+	kvd_free(k, s->kv);
 	buf_free(k, &s->arena);
 	kvd_free(k, s->lease);
 	kvd_free(k, s->t[0].leaf);
@@ -5811,7 +5975,8 @@ out:
  * revision (they must run without a gap), tombstones as deletes; then a
  * COMPACT at C.  Leases in the `lease` bucket are granted first; a lease
  * only history names is granted where first used and revoked at the end.
- * The alarm, auth, members and cluster buckets are not imported.
+ * Users and roles (auth, authUsers, authRoles) become one whole-state AUTH
+ * record.  The alarm, members and cluster buckets are not imported.
  */
 
 #define SNAP_MAX_DEPTH 32
@@ -6044,6 +6209,9 @@ struct snap_imp {
 	int64_t rec_rev;
 	uint64_t sub;               /* the next sub-revision in the open TXN */
 	uint64_t records, tombs;
+	uint64_t auth_rev;          /* the auth bucket's */
+	uint32_t auth_ops;
+	int auth_on;
 	char why[160];
 };
 
@@ -6309,6 +6477,81 @@ static int snap_imp_lease(struct kvd *k, void *arg, const uint8_t *key, size_t k
 	return 0;
 }
 
+/* auth: the flag and the revision, kept for the AUTH record. */
+static int snap_imp_authflags(struct kvd *k, void *arg, const uint8_t *key, size_t kn, const uint8_t *val, size_t vn,
+                              uint32_t flags)
+{
+	struct snap_imp *im = arg;
+
+	(void)k;
+	(void)flags;
+	if (kn == 11 && !memcmp(key, "authEnabled", 11) && vn == 1)
+		im->auth_on = val[0] == 1;
+	else if (kn == 12 && !memcmp(key, "authRevision", 12) && vn == 8)
+		im->auth_rev = get_be64(val);
+	return 0;
+}
+
+/* authUsers, authRoles: each message becomes an op of the AUTH record. */
+static int snap_imp_authop(struct kvd *k, struct snap_imp *im, unsigned kind, const uint8_t *val, size_t vn)
+{
+	uint8_t *p;
+
+	if (vn > UINT32_MAX - 64 || buf_reserve(k, &im->out, 5 + vn))
+		return KVD_ENOMEM;
+	p = im->out.p + im->out.len;
+	p[0] = (uint8_t)kind;
+	put_be32(p + 1, (uint32_t)vn);
+	memcpy(p + 5, val, vn);
+	im->out.len += 5 + vn;
+	im->auth_ops++;
+	return 0;
+}
+
+static int snap_imp_user(struct kvd *k, void *arg, const uint8_t *key, size_t kn, const uint8_t *val, size_t vn,
+                         uint32_t flags)
+{
+	(void)key;
+	(void)kn;
+	return flags & 1 ? snap_imp_fail(arg, "a bucket inside authUsers") : snap_imp_authop(k, arg, AUTH_OP_USER, val, vn);
+}
+
+static int snap_imp_role(struct kvd *k, void *arg, const uint8_t *key, size_t kn, const uint8_t *val, size_t vn,
+                         uint32_t flags)
+{
+	(void)key;
+	(void)kn;
+	return flags & 1 ? snap_imp_fail(arg, "a bucket inside authRoles") : snap_imp_authop(k, arg, AUTH_OP_ROLE, val, vn);
+}
+
+/* Users and roles as one whole-state AUTH record, replayed like the rest. */
+static int snap_imp_auth(struct kvd *k, struct snap_imp *im)
+{
+	size_t at = im->out.len;
+	uint8_t *p;
+	int e;
+
+	im->auth_rev = 1;
+	if ((im->bucket[1] && (e = snap_file_walk(k, &im->f, im->bucket[1], im->bucket_n[1], snap_imp_authflags, im))))
+		return e;
+	if (buf_reserve(k, &im->out, MVCC_REC_HDR + AUTH_REC_FIXED))
+		return KVD_ENOMEM;
+	im->out.len += MVCC_REC_HDR + AUTH_REC_FIXED;
+	if ((im->bucket[3] && (e = snap_file_walk(k, &im->f, im->bucket[3], im->bucket_n[3], snap_imp_user, im))) ||
+	    (im->bucket[2] && (e = snap_file_walk(k, &im->f, im->bucket[2], im->bucket_n[2], snap_imp_role, im))))
+		return e;
+	if (!im->auth_ops && !im->auth_on && im->auth_rev <= 1) {
+		im->out.len = at; /* nothing to say */
+		return 0;
+	}
+	p = im->out.p + at + MVCC_REC_HDR;
+	p[0] = (uint8_t)((im->auth_on ? AUTH_F_ENABLED : 0) | AUTH_F_WHOLE);
+	put_be64(p + 1, im->auth_rev);
+	put_be32(p + 9, im->auth_ops);
+	mvcc_seal(im->out.p + at, im->out.len - at - MVCC_REC_HDR, MVCC_REC_AUTH);
+	return snap_imp_apply(k, im, at, "the auth buckets, revision", (int64_t)im->auth_rev);
+}
+
 /* The root bucket's entries: etcd's buckets, found by name. */
 static int snap_imp_root(struct kvd *k, void *arg, const uint8_t *key, size_t kn, const uint8_t *val, size_t vn,
                          uint32_t flags)
@@ -6418,14 +6661,20 @@ static int snap_import_mem(struct kvd *k, const uint8_t *p, uint64_t n, int skip
 	}
 	if ((e = snap_imp_close(k, im)))
 		goto out;
+	if ((e = snap_imp_auth(k, im))) {
+		if (!im->why[0])
+			snap_imp_fail(im, "%s", im->f.why);
+		goto out;
+	}
 	if (im->sched && im->sched <= k->db.rev && /* a compaction etcd had not finished */
 	    (e = snap_imp_compact(k, im, im->sched, "the scheduled compaction at")))
 		goto out;
 	e = snap_imp_write(k, im, 1);
 	if (!e)
-		kvd_log(k, KVD_LOG_INFO, "imported %llu key records (%llu tombstones), %zu leases, revision %lld, "
-		        "compacted %lld: a %llu-byte log", (unsigned long long)im->records, (unsigned long long)im->tombs,
-		        k->lease.n, (long long)k->db.rev, (long long)k->db.compacted,
+		kvd_log(k, KVD_LOG_INFO, "imported %llu key records (%llu tombstones), %zu leases, %zu users, %zu roles, "
+		        "revision %lld, compacted %lld: a %llu-byte log", (unsigned long long)im->records,
+		        (unsigned long long)im->tombs, k->lease.n, k->auth.users.n, k->auth.roles.n, (long long)k->db.rev,
+		        (long long)k->db.compacted,
 		        (unsigned long long)im->size);
 out:
 	if (e && !im->why[0])
@@ -6955,7 +7204,7 @@ static void hp_put_status(struct kvd *k, struct kvd_buf *b, int status)
 /*
  * RFC 9113, server side, cleartext with prior knowledge: the loop hands a
  * connection to this section once its first bytes were the preface
- * (section 22).  Input is parsed from c->conn->in one whole frame at a time
+ * (section 23).  Input is parsed from c->conn->in one whole frame at a time
  * (a frame is at most 16 KiB + 9); output is appended to c->conn->out, which
  * the loop writes.  Each stream carries one call (section 12).  Response DATA is
  * pulled from each stream's queue only as far as the peer's windows and
@@ -6990,7 +7239,7 @@ struct h2_stream {
 };
 #define H2_STREAM_OF(cp) ((struct h2_stream *)(void *)(cp)) /* call is the first member */
 
-/* An HTTP/2 connection's state (its struct conn is section 22's). */
+/* An HTTP/2 connection's state (its struct conn is section 23's). */
 struct h2_conn {
 	struct kvd *k;
 	struct conn *conn;
@@ -7152,6 +7401,7 @@ static struct h2_stream *h2_stream_new(struct h2_conn *c, uint32_t sid)
 	if (!s)
 		return NULL;
 	call_init(k, &s->call, NULL, &grpc_h2_carrier);
+	s->call.conn = c->conn;
 	s->c = c;
 	s->id = sid;
 	s->send_window = c->peer_init_window;
@@ -8245,7 +8495,7 @@ static void h2_conn_free(struct kvd *k, struct h2_conn *c)
 	kvd_free(k, c);
 }
 
-/* HTTP/2 as one of the protocols a connection may speak (section 22). */
+/* HTTP/2 as one of the protocols a connection may speak (section 23). */
 static void h2_proto_input(struct kvd *k, struct conn *c) { h2_input(k, c->ps); }
 static void h2_proto_flush(struct kvd *k, struct conn *c) { h2_flush(k, c->ps); }
 static int64_t h2_proto_timers(struct kvd *k, struct conn *c) { return h2_timers(k, c->ps); }
@@ -8702,6 +8952,8 @@ struct gosort {
 	int reverse;    /* sort.Reverse */
 	struct kvd *k;  /* VALUE sorts read values */
 	uint8_t **val;  /* values, read once for VALUE sorts */
+	void **pv;      /* or: any array of pointers, with its Less (auth's permissions) */
+	int (*pless)(const void *a, const void *b);
 };
 
 static int svc_gosort_less_raw(struct gosort *g, size_t i, size_t j)
@@ -8719,14 +8971,23 @@ static int svc_gosort_less_raw(struct gosort *g, size_t i, size_t j)
 
 static int svc_gosort_less(struct gosort *g, size_t i, size_t j)
 {
+	if (g->pv)
+		return g->pless(g->pv[i], g->pv[j]);
 	return g->reverse ? svc_gosort_less_raw(g, j, i) : svc_gosort_less_raw(g, i, j);
 }
 
 static void svc_gosort_swap(struct gosort *g, size_t i, size_t j)
 {
-	struct mvcc_kv t = g->v[i];
+	struct mvcc_kv t;
 	uint8_t *tv;
 
+	if (g->pv) {
+		void *x = g->pv[i];
+		g->pv[i] = g->pv[j];
+		g->pv[j] = x;
+		return;
+	}
+	t = g->v[i];
 	g->v[i] = g->v[j];
 	g->v[j] = t;
 	if (g->val) {
@@ -8984,6 +9245,17 @@ static void svc_gosort_pdq(struct gosort *g, size_t a, size_t b, unsigned limit)
 	}
 }
 
+/* sort.Sort over n pointers with Less (auth's permSlice). */
+static void svc_gosort_ptrs(void **v, size_t n, int (*less)(const void *, const void *))
+{
+	struct gosort g;
+
+	memset(&g, 0, sizeof g);
+	g.pv = v;
+	g.pless = less;
+	svc_gosort_pdq(&g, 0, n, svc_gosort_bitlen(n));
+}
+
 /* ===== 14. Services: KV (svc_) ========================================== */
 
 /*
@@ -9150,7 +9422,7 @@ static int svc_range(struct kvd *k, const Etcdserverpb__RangeRequest *rq, int64_
 		order = SORT_ASCEND; /* results are key-ordered; other targets sort ascending */
 	if ((order == SORT_ASCEND || order == SORT_DESCEND) && rq->sort_target <= SORT_BY_VALUE && rr->n > 1 &&
 	    !(rq->sort_target == SORT_BY_KEY && order == SORT_ASCEND)) {
-		struct gosort g = {rr->kv, (int)rq->sort_target, order == SORT_DESCEND, k, NULL};
+		struct gosort g = {rr->kv, (int)rq->sort_target, order == SORT_DESCEND, k, NULL, NULL, NULL};
 		if (g.target == SORT_BY_VALUE) { /* by value: read them once */
 			g.val = kvd_calloc(k, rr->n * sizeof *g.val);
 			for (i = 0; g.val && i < rr->n; i++)
@@ -9871,9 +10143,12 @@ static void svc_range_rpc(struct kvd *k, struct call *s)
 	Etcdserverpb__ResponseHeader h;
 	struct svc_pool pl = {k, NULL, 0};
 	struct svc_err e = {0, NULL};
+	struct auth_who who;
 
 	if (!rq->key.len)
 		svc_fail(&e, GRPC_INVALID_ARGUMENT, E_EMPTY_KEY);
+	else if (auth_who(k, s, &who, &e) || auth_may(k, &who, &rq->key, &rq->range_end, AUTH_R, &e))
+		;
 	else if (!svc_range_op(k, &pl, NULL, rq, &rs, &e)) {
 		svc_header(k, &h, 1);
 		rs.header = &h;
@@ -9909,6 +10184,7 @@ static void svc_put_rpc(struct kvd *k, struct call *s)
 	Etcdserverpb__ResponseHeader h;
 	struct svc_pool pl = {k, NULL, 0};
 	struct svc_err e = {0, NULL};
+	struct auth_who who;
 
 	etcdserverpb__put_response__init(&rs);
 	if (!rq->key.len)
@@ -9917,8 +10193,13 @@ static void svc_put_rpc(struct kvd *k, struct call *s)
 		svc_fail(&e, GRPC_INVALID_ARGUMENT, E_VALUE_PROVIDED);
 	else if (rq->ignore_lease && rq->lease)
 		svc_fail(&e, GRPC_INVALID_ARGUMENT, E_LEASE_PROVIDED);
+	else if (auth_who(k, s, &who, &e))
+		;
 	else if (svc_too_large(k, s->raw.n))
 		svc_fail(&e, GRPC_INVALID_ARGUMENT, E_TOO_LARGE);
+	else if (auth_may(k, &who, &rq->key, NULL, AUTH_W, &e) || auth_lease_keys(k, &who, rq->lease, AUTH_W, &e) ||
+	         (rq->prev_kv && auth_may(k, &who, &rq->key, NULL, AUTH_R, &e)))
+		;
 	else if (rq->lease && !svc_lease_exists(k, rq->lease))
 		svc_fail(&e, GRPC_NOT_FOUND, E_LEASE_NOT_FOUND);
 	else if (!svc_write1(k, s, &pl, rq, &rs, 0, &e)) {
@@ -9937,12 +10218,18 @@ static void svc_delete_rpc(struct kvd *k, struct call *s)
 	Etcdserverpb__ResponseHeader h;
 	struct svc_pool pl = {k, NULL, 0};
 	struct svc_err e = {0, NULL};
+	struct auth_who who;
 
 	etcdserverpb__delete_range_response__init(&rs);
 	if (!rq->key.len)
 		svc_fail(&e, GRPC_INVALID_ARGUMENT, E_EMPTY_KEY);
+	else if (auth_who(k, s, &who, &e))
+		;
 	else if (svc_too_large(k, s->raw.n))
 		svc_fail(&e, GRPC_INVALID_ARGUMENT, E_TOO_LARGE);
+	else if (auth_may(k, &who, &rq->key, &rq->range_end, AUTH_W, &e) ||
+	         (rq->prev_kv && auth_may(k, &who, &rq->key, &rq->range_end, AUTH_R, &e)))
+		;
 	else if (!svc_write1(k, s, &pl, rq, &rs, 1, &e)) {
 		svc_header(k, &h, 1);
 		h.revision = rs.header->revision;
@@ -9962,6 +10249,7 @@ static void svc_txn_rpc(struct kvd *k, struct call *s)
 	struct svc_ivs iv;
 	struct svc_path path = {NULL, 0, 0, 0};
 	struct mvcc_txn t;
+	struct auth_who who;
 	int ro;
 
 	etcdserverpb__txn_response__init(&rs);
@@ -9975,10 +10263,14 @@ static void svc_txn_rpc(struct kvd *k, struct call *s)
 	if (svc_intervals(k, rq->failure, rq->n_failure, &iv, &e))
 		goto out;
 	svc_ivs_free(k, &iv);
+	if (auth_who(k, s, &who, &e))
+		goto out;
 	if (!ro && svc_too_large(k, s->raw.n)) {
 		svc_fail(&e, GRPC_INVALID_ARGUMENT, E_TOO_LARGE);
 		goto out;
 	}
+	if (auth_txn(k, &who, rq, &e))
+		goto out;
 	if (svc_txn_path(k, rq, &path)) {
 		svc_fail(&e, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
 		goto out;
@@ -10017,8 +10309,11 @@ static void svc_compact_rpc(struct kvd *k, struct call *s)
 	Etcdserverpb__CompactionResponse rs = ETCDSERVERPB__COMPACTION_RESPONSE__INIT;
 	Etcdserverpb__ResponseHeader h;
 	struct svc_err e = {0, NULL};
+	struct auth_who who;
 
-	if (svc_too_large(k, s->raw.n))
+	if (auth_who(k, s, &who, &e)) /* a token must be good; no permission is needed (etcd 3.4) */
+		;
+	else if (svc_too_large(k, s->raw.n))
 		svc_fail(&e, GRPC_INVALID_ARGUMENT, E_TOO_LARGE);
 	else if (rq->revision <= k->db.compacted)
 		svc_fail(&e, GRPC_OUT_OF_RANGE, E_COMPACTED);
@@ -10158,11 +10453,15 @@ static void svc_rangestream_rpc(struct kvd *k, struct call *s)
 {
 	const Etcdserverpb__RangeRequest *rq = (const void *)s->rq;
 	struct svc_rstream *st;
+	struct svc_err e = {0, NULL};
+	struct auth_who who;
 	int64_t rev;
 
 	rev = rq->revision;
 	if (!rq->key.len)
 		call_finish(k, s, GRPC_INVALID_ARGUMENT, "%s", E_EMPTY_KEY);
+	else if (auth_who(k, s, &who, &e) || auth_may(k, &who, &rq->key, &rq->range_end, AUTH_R, &e))
+		call_finish(k, s, e.code, "%s", e.msg);
 	else if (rq->sort_order > SORT_DESCEND || rq->sort_target > SORT_BY_VALUE)
 		call_finish(k, s, GRPC_INVALID_ARGUMENT, "%s", E_BAD_SORT);
 	else if (rq->sort_order != SORT_NONE && !(rq->sort_target == SORT_BY_KEY && rq->sort_order == SORT_ASCEND))
@@ -10224,11 +10523,14 @@ static void svc_lease_grant_rpc(struct kvd *k, struct call *s)
 	Etcdserverpb__LeaseGrantResponse rs = ETCDSERVERPB__LEASE_GRANT_RESPONSE__INIT;
 	Etcdserverpb__ResponseHeader h;
 	struct svc_err e = {0, NULL};
+	struct auth_who who;
 	int64_t id, ttl;
 
 	id = rq->id;
 	ttl = KVD_MAX(rq->ttl, k->lease.min_ttl); /* 0 and negative too, as etcd */
-	if (svc_too_large(k, s->raw.n))
+	if (auth_who(k, s, &who, &e)) /* a token must be good; no permission is needed (etcd 3.4) */
+		;
+	else if (svc_too_large(k, s->raw.n))
 		svc_fail(&e, GRPC_INVALID_ARGUMENT, E_TOO_LARGE);
 	else if (rq->ttl > LEASE_MAX_TTL)
 		svc_fail(&e, GRPC_OUT_OF_RANGE, E_LEASE_TTL);
@@ -10253,9 +10555,14 @@ static void svc_lease_revoke_rpc(struct kvd *k, struct call *s)
 	Etcdserverpb__ResponseHeader h;
 	struct svc_err e = {0, NULL};
 	struct lease *l;
+	struct auth_who who;
 
-	if (svc_too_large(k, s->raw.n))
+	if (auth_who(k, s, &who, &e))
+		;
+	else if (svc_too_large(k, s->raw.n))
 		svc_fail(&e, GRPC_INVALID_ARGUMENT, E_TOO_LARGE);
+	else if (auth_lease_keys(k, &who, rq->id, AUTH_W, &e)) /* revoking deletes them */
+		;
 	else if (!(l = svc_lease_live(k, rq->id)))
 		svc_fail(&e, GRPC_NOT_FOUND, E_LEASE_NOT_FOUND);
 	else if (!svc_writable(k, &e, 0))
@@ -10301,6 +10608,7 @@ static void svc_lease_ttl_rpc(struct kvd *k, struct call *s)
 	struct svc_err e = {0, NULL};
 	struct mvcc_key **v;
 	struct lease *l;
+	struct auth_who who;
 	uint32_t i, nk = 0;
 
 	svc_header(k, &h, 1);
@@ -10309,6 +10617,10 @@ static void svc_lease_ttl_rpc(struct kvd *k, struct call *s)
 	rs.ttl = -1; /* unknown: TTL -1, granted 0, no error */
 	if (svc_too_large(k, s->raw.n)) {
 		svc_fail(&e, GRPC_INVALID_ARGUMENT, E_TOO_LARGE);
+	} else if (rq->keys && k->auth.enabled &&
+	           (auth_who(k, s, &who, &e) || (!who.name && svc_fail(&e, GRPC_INVALID_ARGUMENT, E_USER_EMPTY)) ||
+	            auth_lease_keys(k, &who, rq->id, AUTH_R, &e))) {
+		; /* key names need read on each (later etcd releases, not 3.4.23) */
 	} else if ((l = svc_lease_live(k, rq->id))) {
 		rs.ttl = (l->deadline - k->now) / 1000; /* whole seconds left, truncated as etcd */
 		rs.grantedttl = l->ttl;
@@ -10380,7 +10692,2326 @@ static void svc_lease_leases_rpc(struct kvd *k, struct call *s)
 	svc_pool_free(&pl);
 }
 
-/* ===== 16. Services: Maintenance, Cluster, Health; the method table (svc_) === */
+/* ===== 16. Auth: users, roles, permissions, tokens (auth_) ============== */
+
+/*
+ * etcd 3.4's authentication, for a store one box serves.  State: a flag
+ * (enabled), the auth revision (bumped by every change that can take a
+ * right away), users (authpb.User: name, bcrypt hash, sorted roles,
+ * no_password) and roles (authpb.Role: name, key permissions sorted by key).
+ * RAM holds them unpacked, each table sorted by name as bbolt's buckets are.
+ *
+ * Durability.  A change is one AUTH record in the log's batch, so it rides
+ * the group commit with the writes around it and its reply waits for the
+ * flush like theirs:
+ *   AUTH (6) = u8 flags (1 enabled, 2 whole state) | u64 auth revision
+ *              | u32 nops | (u8 kind | u32 len | bytes[len])[nops]
+ *   kind 1 user, 3 role: the packed authpb message, exactly what etcd keeps
+ *   in its authUsers/authRoles buckets (so a snapshot carries them as they
+ *   are); kind 2, 4: the name of a user or role that goes.
+ * A record states the flag and revision after it; "whole state" first
+ * forgets every user and role (a rewrite ends with one such record, and an
+ * import starts with one).  Replay and a live change apply ops through the
+ * same auth_apply; live changes keep the replaced messages on an undo list
+ * until the flush, which a failed flush uses to put them back.
+ *
+ * Passwords are bcrypt ($2a$, Go's), so hashes move between etcd and kvd in
+ * snapshots.  bcrypt is built here on Blowfish, whose initial state is the
+ * fractional part of pi in hexadecimal (auth_pi: 1042 words, checked by
+ * the tests against Python's bcrypt).  A hash costs 2^cost key schedules --
+ * about 50 ms at cost 10 on a PC, 20 times that on a router -- so it never
+ * runs inside one handler: Authenticate, UserAdd and UserChangePassword
+ * queue a job, and the loop runs the oldest for at most AUTH_SLICE_US per
+ * iteration between everything else (auth_step).  Other clients therefore
+ * wait at most one slice for a hash, whatever the cost, and a flood of
+ * wrong passwords is bounded by AUTH_MAX_JOBS queued hashes (then "too many
+ * requests").  Who may ask for a hash is checked before it is queued: only
+ * Authenticate of an existing user with a password, or an admin's change.
+ *
+ * Tokens are etcd's simple tokens: 16 random letters, ".", the revision; a
+ * token lives --auth-token-ttl seconds after its last use.  Letters come
+ * from /dev/urandom (getrandom's pool), 52 per character by rejection, so
+ * about 91 bits per token.  Tokens are RAM only, as etcd's: a restart ends
+ * them.  Deleting a user or changing its password ends that user's tokens;
+ * disabling auth ends every token.  A token nobody knows is an error even
+ * while auth is off (as etcd: "invalid auth token").  With
+ * --client-cert-auth, a call without a token is its client certificate's
+ * CN.  With --auth-token jwt,... tokens are etcd's signed JWTs instead
+ * (below): nothing is kept, the signature and expiry are checked.
+ *
+ * Checks follow etcd 3.4's (auth/store.go, etcdserver/apply_auth.go):
+ * admin calls need the root role; a key op needs a permission of its type
+ * whose intervals, merged, cover the request (a point needs an interval
+ * that holds it); root may do anything.  Errors and their order are
+ * etcd's.  Three deliberate differences, each where 3.4 lets a user see
+ * more than its permissions (later etcd releases closed the first two):
+ * a nested txn's ops are checked like the outer ones, LeaseTimeToLive with
+ * keys needs read on every attached key, and a watch from a key
+ * (range_end "\0") needs read on the whole interval, not only on the key.
+ */
+
+#define AUTH_ROOT "root"
+#define AUTH_BUCKETS 1024          /* token hash table */
+#ifndef KVD_AUTH_MAX_TOKENS        /* @@ live simple tokens */
+#define KVD_AUTH_MAX_TOKENS 65536
+#endif
+#ifndef KVD_AUTH_MAX_JOBS          /* @@ password hashes queued */
+#define KVD_AUTH_MAX_JOBS 32
+#endif
+#ifndef KVD_AUTH_SLICE_US          /* @@ hashing per loop iteration */
+#define KVD_AUTH_SLICE_US 2000
+#endif
+
+/* ---- bcrypt ---------------------------------------------------------------- */
+
+/* The hexadecimal digits of pi after the point, 32 bits at a time: Blowfish's
+ * P-array (18 words) then its four S-boxes (256 words each). */
+static const uint32_t auth_pi[1042] = {
+	0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344, 0xa4093822, 0x299f31d0,
+	0x082efa98, 0xec4e6c89, 0x452821e6, 0x38d01377, 0xbe5466cf, 0x34e90c6c,
+	0xc0ac29b7, 0xc97c50dd, 0x3f84d5b5, 0xb5470917, 0x9216d5d9, 0x8979fb1b,
+	0xd1310ba6, 0x98dfb5ac, 0x2ffd72db, 0xd01adfb7, 0xb8e1afed, 0x6a267e96,
+	0xba7c9045, 0xf12c7f99, 0x24a19947, 0xb3916cf7, 0x0801f2e2, 0x858efc16,
+	0x636920d8, 0x71574e69, 0xa458fea3, 0xf4933d7e, 0x0d95748f, 0x728eb658,
+	0x718bcd58, 0x82154aee, 0x7b54a41d, 0xc25a59b5, 0x9c30d539, 0x2af26013,
+	0xc5d1b023, 0x286085f0, 0xca417918, 0xb8db38ef, 0x8e79dcb0, 0x603a180e,
+	0x6c9e0e8b, 0xb01e8a3e, 0xd71577c1, 0xbd314b27, 0x78af2fda, 0x55605c60,
+	0xe65525f3, 0xaa55ab94, 0x57489862, 0x63e81440, 0x55ca396a, 0x2aab10b6,
+	0xb4cc5c34, 0x1141e8ce, 0xa15486af, 0x7c72e993, 0xb3ee1411, 0x636fbc2a,
+	0x2ba9c55d, 0x741831f6, 0xce5c3e16, 0x9b87931e, 0xafd6ba33, 0x6c24cf5c,
+	0x7a325381, 0x28958677, 0x3b8f4898, 0x6b4bb9af, 0xc4bfe81b, 0x66282193,
+	0x61d809cc, 0xfb21a991, 0x487cac60, 0x5dec8032, 0xef845d5d, 0xe98575b1,
+	0xdc262302, 0xeb651b88, 0x23893e81, 0xd396acc5, 0x0f6d6ff3, 0x83f44239,
+	0x2e0b4482, 0xa4842004, 0x69c8f04a, 0x9e1f9b5e, 0x21c66842, 0xf6e96c9a,
+	0x670c9c61, 0xabd388f0, 0x6a51a0d2, 0xd8542f68, 0x960fa728, 0xab5133a3,
+	0x6eef0b6c, 0x137a3be4, 0xba3bf050, 0x7efb2a98, 0xa1f1651d, 0x39af0176,
+	0x66ca593e, 0x82430e88, 0x8cee8619, 0x456f9fb4, 0x7d84a5c3, 0x3b8b5ebe,
+	0xe06f75d8, 0x85c12073, 0x401a449f, 0x56c16aa6, 0x4ed3aa62, 0x363f7706,
+	0x1bfedf72, 0x429b023d, 0x37d0d724, 0xd00a1248, 0xdb0fead3, 0x49f1c09b,
+	0x075372c9, 0x80991b7b, 0x25d479d8, 0xf6e8def7, 0xe3fe501a, 0xb6794c3b,
+	0x976ce0bd, 0x04c006ba, 0xc1a94fb6, 0x409f60c4, 0x5e5c9ec2, 0x196a2463,
+	0x68fb6faf, 0x3e6c53b5, 0x1339b2eb, 0x3b52ec6f, 0x6dfc511f, 0x9b30952c,
+	0xcc814544, 0xaf5ebd09, 0xbee3d004, 0xde334afd, 0x660f2807, 0x192e4bb3,
+	0xc0cba857, 0x45c8740f, 0xd20b5f39, 0xb9d3fbdb, 0x5579c0bd, 0x1a60320a,
+	0xd6a100c6, 0x402c7279, 0x679f25fe, 0xfb1fa3cc, 0x8ea5e9f8, 0xdb3222f8,
+	0x3c7516df, 0xfd616b15, 0x2f501ec8, 0xad0552ab, 0x323db5fa, 0xfd238760,
+	0x53317b48, 0x3e00df82, 0x9e5c57bb, 0xca6f8ca0, 0x1a87562e, 0xdf1769db,
+	0xd542a8f6, 0x287effc3, 0xac6732c6, 0x8c4f5573, 0x695b27b0, 0xbbca58c8,
+	0xe1ffa35d, 0xb8f011a0, 0x10fa3d98, 0xfd2183b8, 0x4afcb56c, 0x2dd1d35b,
+	0x9a53e479, 0xb6f84565, 0xd28e49bc, 0x4bfb9790, 0xe1ddf2da, 0xa4cb7e33,
+	0x62fb1341, 0xcee4c6e8, 0xef20cada, 0x36774c01, 0xd07e9efe, 0x2bf11fb4,
+	0x95dbda4d, 0xae909198, 0xeaad8e71, 0x6b93d5a0, 0xd08ed1d0, 0xafc725e0,
+	0x8e3c5b2f, 0x8e7594b7, 0x8ff6e2fb, 0xf2122b64, 0x8888b812, 0x900df01c,
+	0x4fad5ea0, 0x688fc31c, 0xd1cff191, 0xb3a8c1ad, 0x2f2f2218, 0xbe0e1777,
+	0xea752dfe, 0x8b021fa1, 0xe5a0cc0f, 0xb56f74e8, 0x18acf3d6, 0xce89e299,
+	0xb4a84fe0, 0xfd13e0b7, 0x7cc43b81, 0xd2ada8d9, 0x165fa266, 0x80957705,
+	0x93cc7314, 0x211a1477, 0xe6ad2065, 0x77b5fa86, 0xc75442f5, 0xfb9d35cf,
+	0xebcdaf0c, 0x7b3e89a0, 0xd6411bd3, 0xae1e7e49, 0x00250e2d, 0x2071b35e,
+	0x226800bb, 0x57b8e0af, 0x2464369b, 0xf009b91e, 0x5563911d, 0x59dfa6aa,
+	0x78c14389, 0xd95a537f, 0x207d5ba2, 0x02e5b9c5, 0x83260376, 0x6295cfa9,
+	0x11c81968, 0x4e734a41, 0xb3472dca, 0x7b14a94a, 0x1b510052, 0x9a532915,
+	0xd60f573f, 0xbc9bc6e4, 0x2b60a476, 0x81e67400, 0x08ba6fb5, 0x571be91f,
+	0xf296ec6b, 0x2a0dd915, 0xb6636521, 0xe7b9f9b6, 0xff34052e, 0xc5855664,
+	0x53b02d5d, 0xa99f8fa1, 0x08ba4799, 0x6e85076a, 0x4b7a70e9, 0xb5b32944,
+	0xdb75092e, 0xc4192623, 0xad6ea6b0, 0x49a7df7d, 0x9cee60b8, 0x8fedb266,
+	0xecaa8c71, 0x699a17ff, 0x5664526c, 0xc2b19ee1, 0x193602a5, 0x75094c29,
+	0xa0591340, 0xe4183a3e, 0x3f54989a, 0x5b429d65, 0x6b8fe4d6, 0x99f73fd6,
+	0xa1d29c07, 0xefe830f5, 0x4d2d38e6, 0xf0255dc1, 0x4cdd2086, 0x8470eb26,
+	0x6382e9c6, 0x021ecc5e, 0x09686b3f, 0x3ebaefc9, 0x3c971814, 0x6b6a70a1,
+	0x687f3584, 0x52a0e286, 0xb79c5305, 0xaa500737, 0x3e07841c, 0x7fdeae5c,
+	0x8e7d44ec, 0x5716f2b8, 0xb03ada37, 0xf0500c0d, 0xf01c1f04, 0x0200b3ff,
+	0xae0cf51a, 0x3cb574b2, 0x25837a58, 0xdc0921bd, 0xd19113f9, 0x7ca92ff6,
+	0x94324773, 0x22f54701, 0x3ae5e581, 0x37c2dadc, 0xc8b57634, 0x9af3dda7,
+	0xa9446146, 0x0fd0030e, 0xecc8c73e, 0xa4751e41, 0xe238cd99, 0x3bea0e2f,
+	0x3280bba1, 0x183eb331, 0x4e548b38, 0x4f6db908, 0x6f420d03, 0xf60a04bf,
+	0x2cb81290, 0x24977c79, 0x5679b072, 0xbcaf89af, 0xde9a771f, 0xd9930810,
+	0xb38bae12, 0xdccf3f2e, 0x5512721f, 0x2e6b7124, 0x501adde6, 0x9f84cd87,
+	0x7a584718, 0x7408da17, 0xbc9f9abc, 0xe94b7d8c, 0xec7aec3a, 0xdb851dfa,
+	0x63094366, 0xc464c3d2, 0xef1c1847, 0x3215d908, 0xdd433b37, 0x24c2ba16,
+	0x12a14d43, 0x2a65c451, 0x50940002, 0x133ae4dd, 0x71dff89e, 0x10314e55,
+	0x81ac77d6, 0x5f11199b, 0x043556f1, 0xd7a3c76b, 0x3c11183b, 0x5924a509,
+	0xf28fe6ed, 0x97f1fbfa, 0x9ebabf2c, 0x1e153c6e, 0x86e34570, 0xeae96fb1,
+	0x860e5e0a, 0x5a3e2ab3, 0x771fe71c, 0x4e3d06fa, 0x2965dcb9, 0x99e71d0f,
+	0x803e89d6, 0x5266c825, 0x2e4cc978, 0x9c10b36a, 0xc6150eba, 0x94e2ea78,
+	0xa5fc3c53, 0x1e0a2df4, 0xf2f74ea7, 0x361d2b3d, 0x1939260f, 0x19c27960,
+	0x5223a708, 0xf71312b6, 0xebadfe6e, 0xeac31f66, 0xe3bc4595, 0xa67bc883,
+	0xb17f37d1, 0x018cff28, 0xc332ddef, 0xbe6c5aa5, 0x65582185, 0x68ab9802,
+	0xeecea50f, 0xdb2f953b, 0x2aef7dad, 0x5b6e2f84, 0x1521b628, 0x29076170,
+	0xecdd4775, 0x619f1510, 0x13cca830, 0xeb61bd96, 0x0334fe1e, 0xaa0363cf,
+	0xb5735c90, 0x4c70a239, 0xd59e9e0b, 0xcbaade14, 0xeecc86bc, 0x60622ca7,
+	0x9cab5cab, 0xb2f3846e, 0x648b1eaf, 0x19bdf0ca, 0xa02369b9, 0x655abb50,
+	0x40685a32, 0x3c2ab4b3, 0x319ee9d5, 0xc021b8f7, 0x9b540b19, 0x875fa099,
+	0x95f7997e, 0x623d7da8, 0xf837889a, 0x97e32d77, 0x11ed935f, 0x16681281,
+	0x0e358829, 0xc7e61fd6, 0x96dedfa1, 0x7858ba99, 0x57f584a5, 0x1b227263,
+	0x9b83c3ff, 0x1ac24696, 0xcdb30aeb, 0x532e3054, 0x8fd948e4, 0x6dbc3128,
+	0x58ebf2ef, 0x34c6ffea, 0xfe28ed61, 0xee7c3c73, 0x5d4a14d9, 0xe864b7e3,
+	0x42105d14, 0x203e13e0, 0x45eee2b6, 0xa3aaabea, 0xdb6c4f15, 0xfacb4fd0,
+	0xc742f442, 0xef6abbb5, 0x654f3b1d, 0x41cd2105, 0xd81e799e, 0x86854dc7,
+	0xe44b476a, 0x3d816250, 0xcf62a1f2, 0x5b8d2646, 0xfc8883a0, 0xc1c7b6a3,
+	0x7f1524c3, 0x69cb7492, 0x47848a0b, 0x5692b285, 0x095bbf00, 0xad19489d,
+	0x1462b174, 0x23820e00, 0x58428d2a, 0x0c55f5ea, 0x1dadf43e, 0x233f7061,
+	0x3372f092, 0x8d937e41, 0xd65fecf1, 0x6c223bdb, 0x7cde3759, 0xcbee7460,
+	0x4085f2a7, 0xce77326e, 0xa6078084, 0x19f8509e, 0xe8efd855, 0x61d99735,
+	0xa969a7aa, 0xc50c06c2, 0x5a04abfc, 0x800bcadc, 0x9e447a2e, 0xc3453484,
+	0xfdd56705, 0x0e1e9ec9, 0xdb73dbd3, 0x105588cd, 0x675fda79, 0xe3674340,
+	0xc5c43465, 0x713e38d8, 0x3d28f89e, 0xf16dff20, 0x153e21e7, 0x8fb03d4a,
+	0xe6e39f2b, 0xdb83adf7, 0xe93d5a68, 0x948140f7, 0xf64c261c, 0x94692934,
+	0x411520f7, 0x7602d4f7, 0xbcf46b2e, 0xd4a20068, 0xd4082471, 0x3320f46a,
+	0x43b7d4b7, 0x500061af, 0x1e39f62e, 0x97244546, 0x14214f74, 0xbf8b8840,
+	0x4d95fc1d, 0x96b591af, 0x70f4ddd3, 0x66a02f45, 0xbfbc09ec, 0x03bd9785,
+	0x7fac6dd0, 0x31cb8504, 0x96eb27b3, 0x55fd3941, 0xda2547e6, 0xabca0a9a,
+	0x28507825, 0x530429f4, 0x0a2c86da, 0xe9b66dfb, 0x68dc1462, 0xd7486900,
+	0x680ec0a4, 0x27a18dee, 0x4f3ffea2, 0xe887ad8c, 0xb58ce006, 0x7af4d6b6,
+	0xaace1e7c, 0xd3375fec, 0xce78a399, 0x406b2a42, 0x20fe9e35, 0xd9f385b9,
+	0xee39d7ab, 0x3b124e8b, 0x1dc9faf7, 0x4b6d1856, 0x26a36631, 0xeae397b2,
+	0x3a6efa74, 0xdd5b4332, 0x6841e7f7, 0xca7820fb, 0xfb0af54e, 0xd8feb397,
+	0x454056ac, 0xba489527, 0x55533a3a, 0x20838d87, 0xfe6ba9b7, 0xd096954b,
+	0x55a867bc, 0xa1159a58, 0xcca92963, 0x99e1db33, 0xa62a4a56, 0x3f3125f9,
+	0x5ef47e1c, 0x9029317c, 0xfdf8e802, 0x04272f70, 0x80bb155c, 0x05282ce3,
+	0x95c11548, 0xe4c66d22, 0x48c1133f, 0xc70f86dc, 0x07f9c9ee, 0x41041f0f,
+	0x404779a4, 0x5d886e17, 0x325f51eb, 0xd59bc0d1, 0xf2bcc18f, 0x41113564,
+	0x257b7834, 0x602a9c60, 0xdff8e8a3, 0x1f636c1b, 0x0e12b4c2, 0x02e1329e,
+	0xaf664fd1, 0xcad18115, 0x6b2395e0, 0x333e92e1, 0x3b240b62, 0xeebeb922,
+	0x85b2a20e, 0xe6ba0d99, 0xde720c8c, 0x2da2f728, 0xd0127845, 0x95b794fd,
+	0x647d0862, 0xe7ccf5f0, 0x5449a36f, 0x877d48fa, 0xc39dfd27, 0xf33e8d1e,
+	0x0a476341, 0x992eff74, 0x3a6f6eab, 0xf4f8fd37, 0xa812dc60, 0xa1ebddf8,
+	0x991be14c, 0xdb6e6b0d, 0xc67b5510, 0x6d672c37, 0x2765d43b, 0xdcd0e804,
+	0xf1290dc7, 0xcc00ffa3, 0xb5390f92, 0x690fed0b, 0x667b9ffb, 0xcedb7d9c,
+	0xa091cf0b, 0xd9155ea3, 0xbb132f88, 0x515bad24, 0x7b9479bf, 0x763bd6eb,
+	0x37392eb3, 0xcc115979, 0x8026e297, 0xf42e312d, 0x6842ada7, 0xc66a2b3b,
+	0x12754ccc, 0x782ef11c, 0x6a124237, 0xb79251e7, 0x06a1bbe6, 0x4bfb6350,
+	0x1a6b1018, 0x11caedfa, 0x3d25bdd8, 0xe2e1c3c9, 0x44421659, 0x0a121386,
+	0xd90cec6e, 0xd5abea2a, 0x64af674e, 0xda86a85f, 0xbebfe988, 0x64e4c3fe,
+	0x9dbc8057, 0xf0f7c086, 0x60787bf8, 0x6003604d, 0xd1fd8346, 0xf6381fb0,
+	0x7745ae04, 0xd736fccc, 0x83426b33, 0xf01eab71, 0xb0804187, 0x3c005e5f,
+	0x77a057be, 0xbde8ae24, 0x55464299, 0xbf582e61, 0x4e58f48f, 0xf2ddfda2,
+	0xf474ef38, 0x8789bdc2, 0x5366f9c3, 0xc8b38e74, 0xb475f255, 0x46fcd9b9,
+	0x7aeb2661, 0x8b1ddf84, 0x846a0e79, 0x915f95e2, 0x466e598e, 0x20b45770,
+	0x8cd55591, 0xc902de4c, 0xb90bace1, 0xbb8205d0, 0x11a86248, 0x7574a99e,
+	0xb77f19b6, 0xe0a9dc09, 0x662d09a1, 0xc4324633, 0xe85a1f02, 0x09f0be8c,
+	0x4a99a025, 0x1d6efe10, 0x1ab93d1d, 0x0ba5a4df, 0xa186f20f, 0x2868f169,
+	0xdcb7da83, 0x573906fe, 0xa1e2ce9b, 0x4fcd7f52, 0x50115e01, 0xa70683fa,
+	0xa002b5c4, 0x0de6d027, 0x9af88c27, 0x773f8641, 0xc3604c06, 0x61a806b5,
+	0xf0177a28, 0xc0f586e0, 0x006058aa, 0x30dc7d62, 0x11e69ed7, 0x2338ea63,
+	0x53c2dd94, 0xc2c21634, 0xbbcbee56, 0x90bcb6de, 0xebfc7da1, 0xce591d76,
+	0x6f05e409, 0x4b7c0188, 0x39720a3d, 0x7c927c24, 0x86e3725f, 0x724d9db9,
+	0x1ac15bb4, 0xd39eb8fc, 0xed545578, 0x08fca5b5, 0xd83d7cd3, 0x4dad0fc4,
+	0x1e50ef5e, 0xb161e6f8, 0xa28514d9, 0x6c51133c, 0x6fd5c7e7, 0x56e14ec4,
+	0x362abfce, 0xddc6c837, 0xd79a3234, 0x92638212, 0x670efa8e, 0x406000e0,
+	0x3a39ce37, 0xd3faf5cf, 0xabc27737, 0x5ac52d1b, 0x5cb0679e, 0x4fa33742,
+	0xd3822740, 0x99bc9bbe, 0xd5118e9d, 0xbf0f7315, 0xd62d1c7e, 0xc700c47b,
+	0xb78c1b6b, 0x21a19045, 0xb26eb1be, 0x6a366eb4, 0x5748ab2f, 0xbc946e79,
+	0xc6a376d2, 0x6549c2c8, 0x530ff8ee, 0x468dde7d, 0xd5730a1d, 0x4cd04dc6,
+	0x2939bbdb, 0xa9ba4650, 0xac9526e8, 0xbe5ee304, 0xa1fad5f0, 0x6a2d519a,
+	0x63ef8ce2, 0x9a86ee22, 0xc089c2b8, 0x43242ef6, 0xa51e03aa, 0x9cf2d0a4,
+	0x83c061ba, 0x9be96a4d, 0x8fe51550, 0xba645bd6, 0x2826a2f9, 0xa73a3ae1,
+	0x4ba99586, 0xef5562e9, 0xc72fefd3, 0xf752f7da, 0x3f046f69, 0x77fa0a59,
+	0x80e4a915, 0x87b08601, 0x9b09e6ad, 0x3b3ee593, 0xe990fd5a, 0x9e34d797,
+	0x2cf0b7d9, 0x022b8b51, 0x96d5ac3a, 0x017da67d, 0xd1cf3ed6, 0x7c7d2d28,
+	0x1f9f25cf, 0xadf2b89b, 0x5ad6b472, 0x5a88f54c, 0xe029ac71, 0xe019a5e6,
+	0x47b0acfd, 0xed93fa9b, 0xe8d3c48d, 0x283b57cc, 0xf8d56629, 0x79132e28,
+	0x785f0191, 0xed756055, 0xf7960e44, 0xe3d35e8c, 0x15056dd4, 0x88f46dba,
+	0x03a16125, 0x0564f0bd, 0xc3eb9e15, 0x3c9057a2, 0x97271aec, 0xa93a072a,
+	0x1b3f6d9b, 0x1e6321f5, 0xf59c66fb, 0x26dcf319, 0x7533d928, 0xb155fdf5,
+	0x03563482, 0x8aba3cbb, 0x28517711, 0xc20ad9f8, 0xabcc5167, 0xccad925f,
+	0x4de81751, 0x3830dc8e, 0x379d5862, 0x9320f991, 0xea7a90c2, 0xfb3e7bce,
+	0x5121ce64, 0x774fbe32, 0xa8b6e37e, 0xc3293d46, 0x48de5369, 0x6413e680,
+	0xa2ae0810, 0xdd6db224, 0x69852dfd, 0x09072166, 0xb39a460a, 0x6445c0dd,
+	0x586cdecf, 0x1c20c8ae, 0x5bbef7dd, 0x1b588d40, 0xccd2017f, 0x6bb4e3bb,
+	0xdda26a7e, 0x3a59ff45, 0x3e350a44, 0xbcb4cdd5, 0x72eacea8, 0xfa6484bb,
+	0x8d6612ae, 0xbf3c6f47, 0xd29be463, 0x542f5d9e, 0xaec2771b, 0xf64e6370,
+	0x740e0d8d, 0xe75b1357, 0xf8721671, 0xaf537d5d, 0x4040cb08, 0x4eb4e2cc,
+	0x34d2466a, 0x0115af84, 0xe1b00428, 0x95983a1d, 0x06b89fb4, 0xce6ea048,
+	0x6f3f3b82, 0x3520ab82, 0x011a1d4b, 0x277227f8, 0x611560b1, 0xe7933fdc,
+	0xbb3a792b, 0x344525bd, 0xa08839e1, 0x51ce794b, 0x2f32c9b7, 0xa01fbac9,
+	0xe01cc87e, 0xbcc7d1f6, 0xcf0111c3, 0xa1e8aac7, 0x1a908749, 0xd44fbd9a,
+	0xd0dadecb, 0xd50ada38, 0x0339c32a, 0xc6913667, 0x8df9317c, 0xe0b12b4f,
+	0xf79e59b7, 0x43f5bb3a, 0xf2d519ff, 0x27d9459c, 0xbf97222c, 0x15e6fc2a,
+	0x0f91fc71, 0x9b941525, 0xfae59361, 0xceb69ceb, 0xc2a86459, 0x12baa8d1,
+	0xb6c1075e, 0xe3056a0c, 0x10d25065, 0xcb03a442, 0xe0ec6e0e, 0x1698db3b,
+	0x4c98a0be, 0x3278e964, 0x9f1f9532, 0xe0d392df, 0xd3a0342b, 0x8971f21e,
+	0x1b0a7441, 0x4ba3348c, 0xc5be7120, 0xc37632d8, 0xdf359f8d, 0x9b992f2e,
+	0xe60b6f47, 0x0fe3f11d, 0xe54cda54, 0x1edad891, 0xce6279cf, 0xcd3e7e6f,
+	0x1618b166, 0xfd2c1d05, 0x848fd2c5, 0xf6fb2299, 0xf523f357, 0xa6327623,
+	0x93a83531, 0x56cccd02, 0xacf08162, 0x5a75ebb5, 0x6e163697, 0x88d273cc,
+	0xde966292, 0x81b949d0, 0x4c50901b, 0x71c65614, 0xe6c6c7bd, 0x327a140a,
+	0x45e1d006, 0xc3f27b9a, 0xc9aa53fd, 0x62a80f00, 0xbb25bfe2, 0x35bdd2f6,
+	0x71126905, 0xb2040222, 0xb6cbcf7c, 0xcd769c2b, 0x53113ec0, 0x1640e3d3,
+	0x38abbd60, 0x2547adf0, 0xba38209c, 0xf746ce76, 0x77afa1c5, 0x20756060,
+	0x85cbfe4e, 0x8ae88dd8, 0x7aaaf9b0, 0x4cf9aa7e, 0x1948c25c, 0x02fb8a8c,
+	0x01c36ae4, 0xd6ebe1f9, 0x90d4f869, 0xa65cdea0, 0x3f09252d, 0xc208e69f,
+	0xb74e6132, 0xce77e25b, 0x578fdfe3, 0x3ac372e6,
+};
+
+struct auth_bf {
+	uint32_t p[18];
+	uint32_t s[4][256];
+};
+
+static uint32_t auth_bf_f(const struct auth_bf *b, uint32_t x)
+{
+	return ((b->s[0][x >> 24] + b->s[1][(x >> 16) & 0xff]) ^ b->s[2][(x >> 8) & 0xff]) + b->s[3][x & 0xff];
+}
+
+static void auth_bf_encrypt(const struct auth_bf *b, uint32_t *xl, uint32_t *xr)
+{
+	uint32_t l = *xl, r = *xr, t;
+	int i;
+
+	for (i = 0; i < 16; i++) {
+		l ^= b->p[i];
+		r ^= auth_bf_f(b, l);
+		t = l;
+		l = r;
+		r = t;
+	}
+	*xl = r ^ b->p[17]; /* the last swap undone */
+	*xr = l ^ b->p[16];
+}
+
+/* The next 4 bytes of d[0..n), cyclically, big-endian. */
+static uint32_t auth_bf_word(const uint8_t *d, size_t n, size_t *j)
+{
+	uint32_t w = 0;
+	int i;
+
+	for (i = 0; i < 4; i++) {
+		w = w << 8 | d[*j];
+		*j = (*j + 1) % n;
+	}
+	return w;
+}
+
+/* Blowfish's key schedule; with a salt, bcrypt's: the salt's words are
+ * mixed into each block before it is encrypted. */
+static void auth_bf_expand(struct auth_bf *b, const uint8_t *key, size_t klen, const uint8_t *salt)
+{
+	uint32_t l = 0, r = 0, *w = &b->s[0][0];
+	size_t i, j = 0, sj = 0;
+
+	for (i = 0; i < 18; i++)
+		b->p[i] ^= auth_bf_word(key, klen, &j);
+	for (i = 0; i < 18 + 1024; i += 2) {
+		if (salt) {
+			l ^= auth_bf_word(salt, 16, &sj);
+			r ^= auth_bf_word(salt, 16, &sj);
+		}
+		auth_bf_encrypt(b, &l, &r);
+		if (i < 18) {
+			b->p[i] = l;
+			b->p[i + 1] = r;
+		} else {
+			w[i - 18] = l;
+			w[i - 17] = r;
+		}
+	}
+}
+
+static const char auth_b64[] = "./ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+
+/* bcrypt's base64 (its own alphabet, no padding): n bytes -> out, NUL-ended. */
+static void auth_b64_put(const uint8_t *p, size_t n, char *out)
+{
+	size_t i;
+	uint32_t v;
+
+	for (i = 0; i < n; i += 3) {
+		v = (uint32_t)p[i] << 16 | (i + 1 < n ? (uint32_t)p[i + 1] << 8 : 0) | (i + 2 < n ? p[i + 2] : 0);
+		*out++ = auth_b64[v >> 18];
+		*out++ = auth_b64[(v >> 12) & 63];
+		if (i + 1 < n)
+			*out++ = auth_b64[(v >> 6) & 63];
+		if (i + 2 < n)
+			*out++ = auth_b64[v & 63];
+	}
+	*out = 0;
+}
+
+/* 22 characters -> the 16-byte salt.  0 or KVD_EINVAL. */
+static int auth_b64_salt(const char *s, uint8_t out[16])
+{
+	uint8_t bits[24];
+	size_t i;
+	const char *c;
+
+	for (i = 0; i < 22; i++) {
+		if (!s[i] || !(c = strchr(auth_b64, s[i])))
+			return KVD_EINVAL;
+		bits[i] = (uint8_t)(c - auth_b64);
+	}
+	bits[22] = bits[23] = 0;
+	for (i = 0; i < 16; i += 3) {
+		size_t q = i / 3 * 4;
+		uint32_t v = (uint32_t)bits[q] << 18 | (uint32_t)bits[q + 1] << 12 | (uint32_t)bits[q + 2] << 6 | bits[q + 3];
+		out[i] = (uint8_t)(v >> 16);
+		if (i + 1 < 16)
+			out[i + 1] = (uint8_t)(v >> 8);
+		if (i + 2 < 16)
+			out[i + 2] = (uint8_t)v;
+	}
+	return 0;
+}
+
+/* One bcrypt computation, run a slice at a time. */
+struct auth_bcrypt {
+	struct auth_bf bf;
+	uint8_t key[72], salt[16];
+	size_t klen;
+	uint32_t left;              /* expensive rounds still to run */
+	unsigned cost;
+};
+
+static void auth_bcrypt_begin(struct auth_bcrypt *h, const uint8_t *pw, size_t n, const uint8_t salt[16], unsigned cost)
+{
+	memcpy(h->bf.p, auth_pi, sizeof h->bf.p);
+	memcpy(h->bf.s, auth_pi + 18, sizeof h->bf.s);
+	/* the password and its NUL, at most 72 bytes (all Blowfish can take) */
+	h->klen = KVD_MIN(n + 1, sizeof h->key);
+	memcpy(h->key, pw, KVD_MIN(n, sizeof h->key));
+	if (n < sizeof h->key)
+		h->key[n] = 0;
+	memcpy(h->salt, salt, 16);
+	h->cost = cost;
+	h->left = (uint32_t)1 << cost;
+	auth_bf_expand(&h->bf, h->key, h->klen, h->salt);
+}
+
+/* Run up to rounds expensive rounds; 1 when the hash is ready. */
+static int auth_bcrypt_step(struct auth_bcrypt *h, uint32_t rounds)
+{
+	while (h->left && rounds--) {
+		auth_bf_expand(&h->bf, h->key, h->klen, NULL);
+		auth_bf_expand(&h->bf, h->salt, 16, NULL);
+		h->left--;
+	}
+	return !h->left;
+}
+
+/* The finished hash, as Go writes it: "$2a$10$" salt(22) hash(31). */
+static void auth_bcrypt_end(struct auth_bcrypt *h, char out[61])
+{
+	static const char magic[] = "OrpheanBeholderScryDoubt";
+	uint32_t c[6];
+	uint8_t b[24];
+	int i, j;
+
+	for (i = 0; i < 6; i++)
+		c[i] = get_be32((const uint8_t *)magic + 4 * i);
+	for (i = 0; i < 64; i++)
+		for (j = 0; j < 6; j += 2)
+			auth_bf_encrypt(&h->bf, &c[j], &c[j + 1]);
+	for (i = 0; i < 6; i++)
+		put_be32(b + 4 * i, c[i]);
+	snprintf(out, 8, "$2a$%02u$", h->cost);
+	auth_b64_put(h->salt, 16, out + 7);
+	auth_b64_put(b, 23, out + 29);
+}
+
+/* A stored hash's cost and salt (for a check).  0 or KVD_EINVAL. */
+static int auth_bcrypt_parse(const uint8_t *s, size_t n, unsigned *cost, uint8_t salt[16])
+{
+	char t[61];
+
+	if (n != 60)
+		return KVD_EINVAL;
+	memcpy(t, s, 60);
+	t[60] = 0;
+	if (t[0] != '$' || t[1] != '2' || !strchr("aby", t[2]) || t[3] != '$' || t[4] < '0' || t[4] > '9' ||
+	    t[5] < '0' || t[5] > '9' || t[6] != '$')
+		return KVD_EINVAL;
+	*cost = (unsigned)(t[4] - '0') * 10 + (unsigned)(t[5] - '0');
+	if (*cost < 4 || *cost > 31)
+		return KVD_EINVAL;
+	return auth_b64_salt(t + 7, salt);
+}
+
+/* ---- users and roles ----------------------------------------------------- */
+
+static int auth_cmp(const void *a, size_t an, const void *b, size_t bn)
+{
+	int c = memcmp(a, b, KVD_MIN(an, bn));
+
+	return c ? c : (an > bn) - (an < bn);
+}
+
+static ProtobufCBinaryData *auth_name(ProtobufCMessage *m)
+{
+	return m->descriptor == &authpb__user__descriptor ? &((Authpb__User *)m)->name : &((Authpb__Role *)m)->name;
+}
+
+/* Where name is (or would go) in t; *eq when it is there. */
+static size_t auth_find(const struct auth_tab *t, const void *name, size_t n, int *eq)
+{
+	size_t lo = 0, hi = t->n, mid;
+	int c;
+
+	*eq = 0;
+	while (lo < hi) {
+		ProtobufCBinaryData *x;
+		mid = lo + (hi - lo) / 2;
+		x = auth_name(t->v[mid]);
+		c = auth_cmp(x->data, x->len, name, n);
+		if (!c) {
+			*eq = 1;
+			return mid;
+		}
+		if (c < 0)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return lo;
+}
+
+static Authpb__User *auth_user(struct kvd *k, const char *name)
+{
+	int eq;
+	size_t i = auth_find(&k->auth.users, name, strlen(name), &eq);
+
+	return eq ? (Authpb__User *)k->auth.users.v[i] : NULL;
+}
+
+static Authpb__Role *auth_role(struct kvd *k, const char *name)
+{
+	int eq;
+	size_t i = auth_find(&k->auth.roles, name, strlen(name), &eq);
+
+	return eq ? (Authpb__Role *)k->auth.roles.v[i] : NULL;
+}
+
+static int auth_has_role(const Authpb__User *u, const char *role)
+{
+	size_t i;
+
+	for (i = 0; u && i < u->n_roles; i++)
+		if (!strcmp(u->roles[i], role))
+			return 1;
+	return 0;
+}
+
+/*
+ * Put m (or, m NULL, remove) under name in the users (role 0) or roles
+ * table.  With undo, the message replaced is kept until the batch is
+ * durable (auth_commit) or put back (auth_rollback); without, it is freed.
+ * m is taken even on failure.  0 or KVD_ENOMEM.
+ */
+static int auth_tab_set(struct kvd *k, int role, const void *name, size_t n, ProtobufCMessage *m, int undo)
+{
+	struct auth *a = &k->auth;
+	struct auth_tab *t = role ? &a->roles : &a->users;
+	ProtobufCMessage *old = NULL;
+	size_t i;
+	int eq;
+
+	if (undo && a->nundo == a->undocap) {
+		size_t cap = a->undocap ? a->undocap * 2 : 16;
+		struct auth_undo *u = kvd_realloc(k, a->undo, cap * sizeof *u);
+		if (!u)
+			goto oom;
+		a->undo = u;
+		a->undocap = cap;
+	}
+	i = auth_find(t, name, n, &eq);
+	if (!eq && m && t->n == t->cap) {
+		size_t cap = t->cap ? t->cap * 2 : 16;
+		ProtobufCMessage **v = kvd_realloc(k, t->v, cap * sizeof *v);
+		if (!v)
+			goto oom;
+		t->v = v;
+		t->cap = cap;
+	}
+	if (undo) {
+		struct auth_undo *u = &a->undo[a->nundo];
+		if (!(u->name = kvd_malloc(k, n + 1)))
+			goto oom;
+		memcpy(u->name, name, n);
+		u->nlen = n;
+		u->role = role;
+		u->old = eq ? t->v[i] : NULL;
+		a->nundo++;
+	} else if (eq) {
+		old = t->v[i];
+	}
+	if (eq && m) {
+		t->v[i] = m;
+	} else if (eq) {
+		memmove(t->v + i, t->v + i + 1, (t->n - i - 1) * sizeof *t->v);
+		t->n--;
+	} else if (m) {
+		memmove(t->v + i + 1, t->v + i, (t->n - i) * sizeof *t->v);
+		t->v[i] = m;
+		t->n++;
+	}
+	pb_free(k, old);
+	return 0;
+oom:
+	pb_free(k, m);
+	return KVD_ENOMEM;
+}
+
+/* One op of an AUTH record (bytes p[0..n)), live (undo) or in replay. */
+static int auth_apply(struct kvd *k, unsigned kind, const uint8_t *p, size_t n, int undo, const char **why)
+{
+	ProtobufCMessage *m;
+	ProtobufCBinaryData *nm;
+	int oom = 0, role = kind == AUTH_OP_ROLE || kind == AUTH_OP_ROLE_DEL;
+
+	if (kind == AUTH_OP_USER_DEL || kind == AUTH_OP_ROLE_DEL)
+		return auth_tab_set(k, role, p, n, NULL, undo) ? (*why = "out of memory", KVD_ENOMEM) : 0;
+	if (kind != AUTH_OP_USER && kind != AUTH_OP_ROLE) {
+		*why = "bad auth op";
+		return KVD_ECORRUPT;
+	}
+	m = pb_unpack(k, role ? &authpb__role__descriptor : &authpb__user__descriptor, p, n, &oom);
+	if (!m) {
+		*why = oom ? "out of memory" : "bad auth op";
+		return oom ? KVD_ENOMEM : KVD_ECORRUPT;
+	}
+	nm = auth_name(m);
+	if (!nm->len) {
+		pb_free(k, m);
+		*why = "auth op without a name";
+		return KVD_ECORRUPT;
+	}
+	return auth_tab_set(k, role, nm->data, nm->len, m, undo) ? (*why = "out of memory", KVD_ENOMEM) : 0;
+}
+
+static void auth_tab_clear(struct kvd *k, struct auth_tab *t)
+{
+	while (t->n)
+		pb_free(k, t->v[--t->n]);
+}
+
+/* Replay an AUTH record (framed and checked by section 6). */
+static int auth_replay(struct kvd *k, const struct mvcc_rec *rec, const char **why)
+{
+	const uint8_t *p = rec->p, *end = rec->end;
+	uint32_t nops, i, len;
+	unsigned flags, kind;
+	int r;
+
+	if (end - p < AUTH_REC_FIXED) {
+		*why = "bad auth record";
+		return KVD_ECORRUPT;
+	}
+	flags = p[0];
+	nops = get_be32(p + 9);
+	if (flags & AUTH_F_WHOLE) {
+		auth_tab_clear(k, &k->auth.users);
+		auth_tab_clear(k, &k->auth.roles);
+	}
+	for (i = 0, p += AUTH_REC_FIXED; i < nops; i++) {
+		if (end - p < 5 || (len = get_be32(p + 1)) > (size_t)(end - p - 5)) {
+			*why = "bad auth record";
+			return KVD_ECORRUPT;
+		}
+		kind = p[0];
+		if ((r = auth_apply(k, kind, p + 5, len, 0, why)))
+			return r;
+		p += 5 + len;
+	}
+	if (p != end) {
+		*why = "auth record length mismatch";
+		return KVD_ECORRUPT;
+	}
+	k->auth.enabled = !!(flags & AUTH_F_ENABLED);
+	k->auth.rev = get_be64(rec->p + 1);
+	return 0;
+}
+
+/* The batch is durable: what it replaced can go. */
+static void auth_commit(struct kvd *k)
+{
+	struct auth *a = &k->auth;
+
+	while (a->nundo) {
+		a->nundo--;
+		pb_free(k, a->undo[a->nundo].old);
+		kvd_free(k, a->undo[a->nundo].name);
+	}
+	a->saved = 0;
+}
+
+/* Undo back to undo entry mark (a failed change, or mark 0: a failed flush). */
+static void auth_undo_to(struct kvd *k, size_t mark)
+{
+	struct auth *a = &k->auth;
+	const char *why;
+
+	while (a->nundo > mark) {
+		struct auth_undo *u = &a->undo[--a->nundo];
+		ProtobufCMessage *old = u->old;
+		struct auth_tab *t = u->role ? &a->roles : &a->users;
+		size_t i;
+		int eq;
+
+		i = auth_find(t, u->name, u->nlen, &eq);
+		if (eq && old) {
+			pb_free(k, t->v[i]);
+			t->v[i] = old;
+		} else if (eq) {
+			pb_free(k, t->v[i]);
+			memmove(t->v + i, t->v + i + 1, (t->n - i - 1) * sizeof *t->v);
+			t->n--;
+		} else if (old && auth_tab_set(k, u->role, u->name, u->nlen, old, 0)) {
+			why = "out of memory";
+			kvd_log(k, KVD_LOG_ERROR, "undoing an auth change: %s", why);
+		}
+		kvd_free(k, u->name);
+	}
+}
+
+static void auth_rollback(struct kvd *k)
+{
+	struct auth *a = &k->auth;
+
+	auth_undo_to(k, 0);
+	if (a->saved) {
+		a->enabled = a->was_enabled;
+		a->rev = a->was_rev;
+		a->saved = 0;
+	}
+}
+
+/* An AUTH record being built at the end of the batch. */
+struct auth_rec {
+	size_t at, undo_at;
+	uint32_t nops;
+};
+
+static int auth_rec_begin(struct kvd *k, struct auth_rec *r)
+{
+	struct mvcc *m = &k->db;
+	struct auth *a = &k->auth;
+
+	if (buf_reserve(k, &m->w, MVCC_REC_HDR + AUTH_REC_FIXED))
+		return KVD_ENOMEM;
+	if (!a->saved) { /* the first change of this batch: what a failed flush restores */
+		a->was_enabled = a->enabled;
+		a->was_rev = a->rev;
+		a->saved = 1;
+	}
+	r->at = m->w.len;
+	r->undo_at = a->nundo;
+	r->nops = 0;
+	m->w.len += MVCC_REC_HDR + AUTH_REC_FIXED;
+	return 0;
+}
+
+/* Append an op (a message, or a name for the DEL kinds) and apply it. */
+static int auth_rec_op(struct kvd *k, struct auth_rec *r, unsigned kind, const ProtobufCMessage *msg,
+                       const char *name)
+{
+	struct mvcc *m = &k->db;
+	size_t n = msg ? protobuf_c_message_get_packed_size(msg) : strlen(name);
+	uint8_t *p;
+	const char *why;
+
+	if (n > 0xffffffffu || buf_reserve(k, &m->w, 5 + n))
+		return KVD_ENOMEM;
+	p = m->w.p + m->w.len;
+	p[0] = (uint8_t)kind;
+	put_be32(p + 1, (uint32_t)n);
+	if (msg)
+		protobuf_c_message_pack(msg, p + 5);
+	else
+		memcpy(p + 5, name, n);
+	if (auth_apply(k, kind, p + 5, n, 1, &why))
+		return KVD_ENOMEM;
+	m->w.len += 5 + n;
+	r->nops++;
+	return 0;
+}
+
+/* Seal the record (after a->rev and a->enabled say the new state), or,
+ * failed, take it and what it applied back. */
+static void auth_rec_end(struct kvd *k, struct auth_rec *r, int failed)
+{
+	struct mvcc *m = &k->db;
+	uint8_t *p = m->w.p + r->at + MVCC_REC_HDR;
+
+	if (failed) {
+		auth_undo_to(k, r->undo_at);
+		m->w.len = r->at;
+		return;
+	}
+	p[0] = k->auth.enabled ? AUTH_F_ENABLED : 0;
+	put_be64(p + 1, k->auth.rev);
+	put_be32(p + 9, r->nops);
+	mvcc_seal(m->w.p + r->at, m->w.len - r->at - MVCC_REC_HDR, MVCC_REC_AUTH);
+}
+
+/* Is there anything to say (a rewrite states it once more)? */
+static int auth_any(const struct kvd *k)
+{
+	return k->auth.enabled || k->auth.rev > 1 || k->auth.users.n || k->auth.roles.n;
+}
+
+/* The whole state as one AUTH record at the end of b (a rewrite's last). */
+static int auth_encode_whole(struct kvd *k, struct kvd_buf *b)
+{
+	const struct auth *a = &k->auth;
+	const struct auth_tab *t;
+	size_t at = b->len, i, n;
+	uint32_t nops = 0;
+	uint8_t *p;
+	int pass;
+
+	if (buf_reserve(k, b, MVCC_REC_HDR + AUTH_REC_FIXED))
+		return KVD_ENOMEM;
+	b->len += MVCC_REC_HDR + AUTH_REC_FIXED;
+	for (pass = 0; pass < 2; pass++)
+		for (t = pass ? &a->roles : &a->users, i = 0; i < t->n; i++) {
+			n = protobuf_c_message_get_packed_size(t->v[i]);
+			if (buf_reserve(k, b, 5 + n)) {
+				b->len = at;
+				return KVD_ENOMEM;
+			}
+			p = b->p + b->len;
+			p[0] = pass ? AUTH_OP_ROLE : AUTH_OP_USER;
+			put_be32(p + 1, (uint32_t)n);
+			protobuf_c_message_pack(t->v[i], p + 5);
+			b->len += 5 + n;
+			nops++;
+		}
+	p = b->p + at + MVCC_REC_HDR;
+	p[0] = (uint8_t)((a->enabled ? AUTH_F_ENABLED : 0) | AUTH_F_WHOLE);
+	put_be64(p + 1, a->rev);
+	put_be32(p + 9, nops);
+	mvcc_seal(b->p + at, b->len - at - MVCC_REC_HDR, MVCC_REC_AUTH);
+	return 0;
+}
+
+/* Zero what held a secret. */
+static void auth_wipe(void *p, size_t n)
+{
+	volatile uint8_t *v = p;
+
+	while (n--)
+		*v++ = 0;
+}
+
+/* Differs, in time that does not depend on where. */
+static unsigned auth_ct_diff(const void *a, const void *b, size_t n)
+{
+	const uint8_t *x = a, *y = b;
+	unsigned d = 0;
+
+	while (n--)
+		d |= (unsigned)(*x++ ^ *y++);
+	return d;
+}
+
+/* ---- tokens ---------------------------------------------------------------- */
+
+struct auth_token {
+	struct auth_token *next;
+	int64_t expires;           /* monotonic ms */
+	char *user;                /* owned */
+	char tok[40];
+};
+
+static uint32_t auth_tok_hash(const char *s)
+{
+	uint32_t h = 2166136261u;
+
+	while (*s)
+		h = (h ^ (uint8_t)*s++) * 16777619u;
+	return h % AUTH_BUCKETS;
+}
+
+static void auth_tok_free(struct kvd *k, struct auth_token *t)
+{
+	kvd_free(k, t->user);
+	kvd_free(k, t);
+	k->auth.ntok--;
+}
+
+/* Drop the tokens of user (NULL: every token) and the expired ones. */
+static void auth_tok_drop(struct kvd *k, const char *user)
+{
+	struct auth *a = &k->auth;
+	struct auth_token **pp, *t;
+	size_t i;
+
+	if (!a->tok)
+		return;
+	for (i = 0; i < AUTH_BUCKETS; i++)
+		for (pp = &a->tok[i]; (t = *pp);) {
+			if (!user || !strcmp(t->user, user) || t->expires <= k->now) {
+				*pp = t->next;
+				auth_tok_free(k, t);
+			} else {
+				pp = &t->next;
+			}
+		}
+}
+
+/* The live token named s, its life extended, or NULL. */
+static struct auth_token *auth_tok_find(struct kvd *k, const char *s)
+{
+	struct auth *a = &k->auth;
+	struct auth_token **pp, *t;
+
+	if (!a->tok)
+		return NULL;
+	for (pp = &a->tok[auth_tok_hash(s)]; (t = *pp); pp = &t->next) {
+		if (strcmp(t->tok, s))
+			continue;
+		if (t->expires <= k->now) {
+			*pp = t->next;
+			auth_tok_free(k, t);
+			return NULL;
+		}
+		t->expires = k->now + a->ttl_ms;
+		return t;
+	}
+	return NULL;
+}
+
+/* n random bytes from the kernel's pool.  0 or KVD_EIO. */
+static int auth_random(struct kvd *k, uint8_t *p, size_t n)
+{
+	ssize_t r;
+
+	if (k->auth.rnd_fd < 0 && (k->auth.rnd_fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC)) < 0)
+		return KVD_EIO;
+	while (n) {
+		r = read(k->auth.rnd_fd, p, n);
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r <= 0)
+			return KVD_EIO;
+		p += r;
+		n -= (size_t)r;
+	}
+	return 0;
+}
+
+/* A new token for user, as etcd's simple tokens look.  0 or KVD_E*. */
+static int auth_tok_new(struct kvd *k, const char *user, char *out, size_t cap)
+{
+	static const char letters[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ";
+	struct auth *a = &k->auth;
+	struct auth_token *t;
+	uint8_t rnd[64];
+	size_t i, got = 0;
+	uint32_t h;
+
+	if (!a->tok && !(a->tok = kvd_calloc(k, AUTH_BUCKETS * sizeof *a->tok)))
+		return KVD_ENOMEM;
+	if (a->ntok >= KVD_AUTH_MAX_TOKENS)
+		auth_tok_drop(k, ""); /* only the expired ones: no user is named "" */
+	if (a->ntok >= KVD_AUTH_MAX_TOKENS)
+		return KVD_ELIMIT;
+	if (!(t = kvd_calloc(k, sizeof *t)) || !(t->user = kvd_strdup(k, user))) {
+		kvd_free(k, t);
+		return KVD_ENOMEM;
+	}
+	do {
+		if (auth_random(k, rnd, sizeof rnd)) {
+			kvd_free(k, t->user);
+			kvd_free(k, t);
+			return KVD_EIO;
+		}
+		for (i = 0; i < sizeof rnd && got < 16; i++)
+			if (rnd[i] < 208) /* 4 x 52: no letter more likely than another */
+				t->tok[got++] = letters[rnd[i] % 52];
+	} while (got < 16);
+	snprintf(t->tok + 16, sizeof t->tok - 16, ".%lld", (long long)k->db.rev);
+	t->expires = k->now + a->ttl_ms;
+	h = auth_tok_hash(t->tok);
+	t->next = a->tok[h];
+	a->tok[h] = t;
+	a->ntok++;
+	snprintf(out, cap, "%s", t->tok);
+	return 0;
+}
+
+/* ---- JSON Web Tokens (--auth-token jwt,...) ----------------------------------
+ *
+ * etcd's jwt tokens: a header {"alg":A,"typ":"JWT"}, claims
+ * {"exp":T,"revision":R,"username":U} (Go's encoding/json: keys sorted), each
+ * base64url without padding, then the signature over "header.claims":
+ * RS256/384/512 (RSA PKCS#1 v1.5), PS256/384/512 (RSA-PSS, salt as long as
+ * the hash), ES256/384/512 (r and s, each the curve's size, as JOSE wants),
+ * HS256/384/512 (HMAC, the key file's bytes the secret).  Options as etcd's:
+ * sign-method (required), pub-key, priv-key, ttl (5m).  Without priv-key kvd
+ * verifies tokens another server issued but cannot issue any (Authenticate
+ * fails, as etcd's verify-only mode).  A token carries the auth revision it
+ * was issued at; a key operation with one older than the store's is refused
+ * ("revision of auth store is old") and clients authenticate again.  A
+ * token is not kept anywhere: deleting its user or disabling auth does not
+ * revoke it, its expiry does (as etcd).
+ */
+struct auth_jwt {
+	mbedtls_pk_context key;      /* private (can issue) or public (verify only) */
+	uint8_t *secret;             /* HS*: the key file's bytes */
+	size_t nsecret;
+	unsigned priv : 1;
+	char alg[8];
+	char family;                 /* 'R' PKCS#1 v1.5, 'P' PSS, 'E' ECDSA, 'H' HMAC */
+	mbedtls_md_type_t md;
+	size_t half;                 /* ECDSA: bytes of r, and of s */
+	uint32_t ttl_ms;
+	char name[256];              /* the user the last verified token named */
+};
+
+static const char auth_b64url[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+
+static void auth_b64url_put(struct kvd *k, struct kvd_buf *b, const uint8_t *p, size_t n)
+{
+	size_t i;
+	uint8_t *o;
+
+	if (buf_reserve(k, b, (n + 2) / 3 * 4))
+		return;
+	o = b->p + b->len;
+	for (i = 0; i < n; i += 3) {
+		uint32_t v = (uint32_t)p[i] << 16 | (i + 1 < n ? (uint32_t)p[i + 1] << 8 : 0) | (i + 2 < n ? p[i + 2] : 0);
+		*o++ = (uint8_t)auth_b64url[v >> 18];
+		*o++ = (uint8_t)auth_b64url[(v >> 12) & 63];
+		if (i + 1 < n)
+			*o++ = (uint8_t)auth_b64url[(v >> 6) & 63];
+		if (i + 2 < n)
+			*o++ = (uint8_t)auth_b64url[v & 63];
+	}
+	b->len = (size_t)(o - b->p);
+}
+
+/* base64url without padding (what jwt-go makes and takes) into out (cap
+ * bytes).  The length, or -1 if s is not that. */
+static long auth_b64url_get(const char *s, size_t n, uint8_t *out, size_t cap)
+{
+	uint32_t acc = 0;
+	size_t i, bits = 0, o = 0;
+	const char *c;
+
+	if (n % 4 == 1)
+		return -1;
+	for (i = 0; i < n; i++) {
+		if (!s[i] || !(c = strchr(auth_b64url, s[i])))
+			return -1;
+		acc = acc << 6 | (uint32_t)(c - auth_b64url);
+		bits += 6;
+		if (bits >= 8) {
+			bits -= 8;
+			if (o == cap)
+				return -1;
+			out[o++] = (uint8_t)(acc >> bits);
+			acc &= (1u << bits) - 1;
+		}
+	}
+	return acc ? -1 : (long)o; /* leftover bits must be zero */
+}
+
+static int auth_jwt_rng(void *k, unsigned char *p, size_t n)
+{
+	return auth_random(k, p, n) ? -1 : 0;
+}
+
+/* Sign or check (verify) the signature sig of data.  Sign: sig has room for
+ * MBEDTLS_PK_SIGNATURE_MAX_SIZE bytes, *n is set.  0 or -1. */
+static int auth_jwt_sig(struct kvd *k, struct auth_jwt *j, const uint8_t *data, size_t len, uint8_t *sig,
+                        size_t *n, int verify)
+{
+	const mbedtls_md_info_t *md = mbedtls_md_info_from_type(j->md);
+	uint8_t h[MBEDTLS_MD_MAX_SIZE], der[MBEDTLS_PK_SIGNATURE_MAX_SIZE];
+	size_t hl = mbedtls_md_get_size(md), dl = 0;
+	mbedtls_mpi r, s;
+	int e = -1;
+
+	if (j->family == 'H') {
+		if (mbedtls_md_hmac(md, j->secret, j->nsecret, data, len, h))
+			return -1;
+		if (!verify) {
+			memcpy(sig, h, hl);
+			*n = hl;
+			return 0;
+		}
+		return *n == hl && !auth_ct_diff(h, sig, hl) ? 0 : -1;
+	}
+	if (mbedtls_md(md, data, len, h))
+		return -1;
+	if (j->family == 'R' || j->family == 'P') {
+		mbedtls_rsa_set_padding(mbedtls_pk_rsa(j->key), j->family == 'P' ? MBEDTLS_RSA_PKCS_V21 : MBEDTLS_RSA_PKCS_V15,
+		                        j->family == 'P' ? j->md : MBEDTLS_MD_NONE);
+		if (verify) {
+			mbedtls_pk_rsassa_pss_options o;
+			o.mgf1_hash_id = j->md;
+			o.expected_salt_len = MBEDTLS_RSA_SALT_LEN_ANY;
+			return mbedtls_pk_verify_ext(j->family == 'P' ? MBEDTLS_PK_RSASSA_PSS : MBEDTLS_PK_RSA,
+			                             j->family == 'P' ? &o : NULL, &j->key, j->md, h, hl, sig, *n) ? -1 : 0;
+		}
+		return mbedtls_pk_sign(&j->key, j->md, h, hl, sig, n, auth_jwt_rng, k) ? -1 : 0;
+	}
+	/* ECDSA: JOSE's r||s, the pk layer's DER */
+	mbedtls_mpi_init(&r);
+	mbedtls_mpi_init(&s);
+	if (verify) {
+		uint8_t *p = der + sizeof der;
+		size_t m = 0;
+		int w;
+		if (*n != 2 * j->half || mbedtls_mpi_read_binary(&r, sig, j->half) ||
+		    mbedtls_mpi_read_binary(&s, sig + j->half, j->half))
+			goto out;
+		if ((w = mbedtls_asn1_write_mpi(&p, der, &s)) < 0)
+			goto out;
+		m += (size_t)w;
+		if ((w = mbedtls_asn1_write_mpi(&p, der, &r)) < 0)
+			goto out;
+		m += (size_t)w;
+		if ((w = mbedtls_asn1_write_len(&p, der, m)) < 0)
+			goto out;
+		m += (size_t)w;
+		if ((w = mbedtls_asn1_write_tag(&p, der, MBEDTLS_ASN1_CONSTRUCTED | MBEDTLS_ASN1_SEQUENCE)) < 0)
+			goto out;
+		m += (size_t)w;
+		e = mbedtls_pk_verify(&j->key, j->md, h, hl, p, m) ? -1 : 0;
+	} else {
+		uint8_t *p = der, *end;
+		size_t seq;
+		if (mbedtls_pk_sign(&j->key, j->md, h, hl, der, &dl, auth_jwt_rng, k))
+			goto out;
+		end = der + dl;
+		if (mbedtls_asn1_get_tag(&p, end, &seq, MBEDTLS_ASN1_CONSTRUCTED | MBEDTLS_ASN1_SEQUENCE) ||
+		    mbedtls_asn1_get_mpi(&p, end, &r) || mbedtls_asn1_get_mpi(&p, end, &s) ||
+		    mbedtls_mpi_write_binary(&r, sig, j->half) || mbedtls_mpi_write_binary(&s, sig + j->half, j->half))
+			goto out;
+		*n = 2 * j->half;
+		e = 0;
+	}
+out:
+	mbedtls_mpi_free(&r);
+	mbedtls_mpi_free(&s);
+	return e;
+}
+
+/* A token for user at the current auth revision, into out.  0 or KVD_E*. */
+static int auth_jwt_issue(struct kvd *k, const char *user, char *out, size_t cap)
+{
+	struct auth_jwt *j = k->auth.jwt;
+	struct kvd_buf b = {0}, c = {0};
+	uint8_t sig[MBEDTLS_PK_SIGNATURE_MAX_SIZE];
+	size_t n = 0, at;
+	struct timespec ts;
+	int r = KVD_ENOMEM;
+
+	if (!j->priv)
+		return KVD_EINVAL;
+	clock_gettime(CLOCK_REALTIME, &ts);
+	json_put_raw(k, &c, "{\"alg\":\"");
+	json_put_raw(k, &c, j->alg);
+	json_put_raw(k, &c, "\",\"typ\":\"JWT\"}");
+	if (c.err)
+		goto out;
+	auth_b64url_put(k, &b, c.p, c.len);
+	buf_append(k, &b, ".", 1);
+	c.len = 0;
+	json_put_raw(k, &c, "{\"exp\":");
+	json_put_int(k, &c, (int64_t)ts.tv_sec + j->ttl_ms / 1000);
+	json_put_raw(k, &c, ",\"revision\":");
+	json_put_int(k, &c, (int64_t)k->auth.rev);
+	json_put_raw(k, &c, ",\"username\":");
+	json_put_str(k, &c, user, strlen(user));
+	json_put_raw(k, &c, "}");
+	if (c.err)
+		goto out;
+	auth_b64url_put(k, &b, c.p, c.len);
+	at = b.len;
+	if (b.err || auth_jwt_sig(k, j, b.p, at, sig, &n, 0)) {
+		r = b.err ? KVD_ENOMEM : KVD_EIO;
+		goto out;
+	}
+	buf_append(k, &b, ".", 1);
+	auth_b64url_put(k, &b, sig, n);
+	if (b.err || b.len >= cap)
+		goto out;
+	memcpy(out, b.p, b.len);
+	out[b.len] = 0;
+	r = 0;
+out:
+	buf_free(k, &b);
+	buf_free(k, &c);
+	return r;
+}
+
+/* A token another call sent: its user (into j->name) and revision, or -1
+ * when it is not a token this key signed, or has expired. */
+static int auth_jwt_check(struct kvd *k, const char *tok, uint64_t *rev)
+{
+	struct auth_jwt *j = k->auth.jwt;
+	const char *d1 = strchr(tok, '.'), *d2 = d1 ? strchr(d1 + 1, '.') : NULL;
+	uint8_t buf[1024], sig[MBEDTLS_PK_SIGNATURE_MAX_SIZE];
+	const struct json *alg, *u, *rv, *exp;
+	struct json_doc doc;
+	struct timespec ts;
+	const char *why;
+	size_t sn;
+	long l;
+	int r = -1;
+
+	if (!d2 || strchr(d2 + 1, '.') || strlen(tok) > 4096)
+		return -1;
+	l = auth_b64url_get(d2 + 1, strlen(d2 + 1), sig, sizeof sig);
+	if (l < 0)
+		return -1;
+	sn = (size_t)l;
+	if (auth_jwt_sig(k, j, (const uint8_t *)tok, (size_t)(d2 - tok), sig, &sn, 1))
+		return -1;
+	/* signed by this key: now the header says the same algorithm, and the claims */
+	if ((l = auth_b64url_get(tok, (size_t)(d1 - tok), buf, sizeof buf)) < 0 ||
+	    json_parse(k, &doc, buf, (size_t)l, &why))
+		return -1;
+	alg = json_get(doc.root, "alg");
+	r = json_is_str(alg) && !strcmp(alg->s, j->alg) ? 0 : -1;
+	json_free(&doc);
+	if (r || (l = auth_b64url_get(d1 + 1, (size_t)(d2 - d1 - 1), buf, sizeof buf)) < 0 ||
+	    json_parse(k, &doc, buf, (size_t)l, &why))
+		return -1;
+	u = json_get(doc.root, "username");
+	rv = json_get(doc.root, "revision");
+	exp = json_get(doc.root, "exp");
+	clock_gettime(CLOCK_REALTIME, &ts);
+	r = -1;
+	if (json_is_str(u) && u->n < sizeof j->name && !memchr(u->s, 0, u->n) && rv && rv->type == JSON_NUM &&
+	    rv->d >= 0 && (!exp || (exp->type == JSON_NUM && exp->d > (double)ts.tv_sec))) {
+		memcpy(j->name, u->s, u->n + 1);
+		*rev = rv->d > 0 ? (uint64_t)rv->d : 1;
+		r = 0;
+	}
+	json_free(&doc);
+	return r;
+}
+
+/* --auth-token: "simple", or "jwt,sign-method=...,pub-key=...,priv-key=...,ttl=...".
+ * Keys are read here, before the data dir is touched.  0 or KVD_EINVAL. */
+static int auth_open(struct kvd *k, char *err, size_t errlen)
+{
+	static const struct { const char *alg; char family; mbedtls_md_type_t md; size_t half; } algs[] = {
+		{"RS256", 'R', MBEDTLS_MD_SHA256, 0}, {"RS384", 'R', MBEDTLS_MD_SHA384, 0}, {"RS512", 'R', MBEDTLS_MD_SHA512, 0},
+		{"PS256", 'P', MBEDTLS_MD_SHA256, 0}, {"PS384", 'P', MBEDTLS_MD_SHA384, 0}, {"PS512", 'P', MBEDTLS_MD_SHA512, 0},
+		{"ES256", 'E', MBEDTLS_MD_SHA256, 32}, {"ES384", 'E', MBEDTLS_MD_SHA384, 48}, {"ES512", 'E', MBEDTLS_MD_SHA512, 66},
+		{"HS256", 'H', MBEDTLS_MD_SHA256, 0}, {"HS384", 'H', MBEDTLS_MD_SHA384, 0}, {"HS512", 'H', MBEDTLS_MD_SHA512, 0},
+	};
+	const char *spec = k->cfg.auth_token ? k->cfg.auth_token : "simple";
+	char opts[1024], *o, *save, *method = NULL, *pub = NULL, *priv = NULL, *ttl = NULL;
+	struct auth_jwt *j;
+	size_t i;
+	int r;
+
+	if (!strcmp(spec, "simple"))
+		return 0;
+	if (strncmp(spec, "jwt,", 4) || strlen(spec) >= sizeof opts) {
+		snprintf(err, errlen, "--auth-token %s: unknown token type (want simple or jwt,...)", spec);
+		return KVD_EINVAL;
+	}
+	snprintf(opts, sizeof opts, "%s", spec + 4);
+	for (o = strtok_r(opts, ",", &save); o; o = strtok_r(NULL, ",", &save)) {
+		char *v = strchr(o, '=');
+		if (!v) {
+			snprintf(err, errlen, "--auth-token: option %s has no value", o);
+			return KVD_EINVAL;
+		}
+		*v++ = 0;
+		if (!strcmp(o, "sign-method"))
+			method = v;
+		else if (!strcmp(o, "pub-key"))
+			pub = v;
+		else if (!strcmp(o, "priv-key"))
+			priv = v;
+		else if (!strcmp(o, "ttl"))
+			ttl = v;
+		else {
+			snprintf(err, errlen, "--auth-token: unknown option %s", o);
+			return KVD_EINVAL;
+		}
+	}
+	for (i = 0; method && i < KVD_COUNT(algs) && strcmp(algs[i].alg, method); i++)
+		;
+	if (!method || i == KVD_COUNT(algs)) {
+		snprintf(err, errlen, "--auth-token: sign-method %s: want RS256..512, PS256..512, ES256..512 or HS256..512",
+		         method ? method : "(missing)");
+		return KVD_EINVAL;
+	}
+	if (!(j = kvd_calloc(k, sizeof *j)))
+		return KVD_ENOMEM;
+	mbedtls_pk_init(&j->key);
+	k->auth.jwt = j;
+	snprintf(j->alg, sizeof j->alg, "%s", method);
+	j->family = algs[i].family;
+	j->md = algs[i].md;
+	j->half = algs[i].half;
+	j->ttl_ms = 5 * 60 * 1000;
+	if (ttl && (cfg_duration(ttl, &j->ttl_ms) || j->ttl_ms < 1000)) {
+		snprintf(err, errlen, "--auth-token: ttl %s: want a duration of at least 1s", ttl);
+		return KVD_EINVAL;
+	}
+	if (!pub && !priv) {
+		snprintf(err, errlen, "--auth-token: jwt needs priv-key (to issue tokens) or pub-key (to verify them)");
+		return KVD_EINVAL;
+	}
+	if (j->family == 'H') { /* the secret: the file's bytes */
+		FILE *f = fopen(priv ? priv : pub, "rb");
+		long n = -1;
+		if (f && !fseek(f, 0, SEEK_END) && (n = ftell(f)) > 0 && n < 65536 && !fseek(f, 0, SEEK_SET) &&
+		    (j->secret = kvd_malloc(k, (size_t)n)) && fread(j->secret, 1, (size_t)n, f) == (size_t)n) {
+			j->nsecret = (size_t)n;
+			j->priv = 1;
+		}
+		if (f)
+			fclose(f);
+		if (!j->nsecret) {
+			snprintf(err, errlen, "--auth-token: cannot read the HMAC key %s", priv ? priv : pub);
+			return KVD_EINVAL;
+		}
+		return 0;
+	}
+	r = priv ? mbedtls_pk_parse_keyfile(&j->key, priv, NULL
+#if MBEDTLS_VERSION_MAJOR >= 3
+	                                    , auth_jwt_rng, k
+#endif
+	                                    ) : mbedtls_pk_parse_public_keyfile(&j->key, pub);
+	if (r) {
+		snprintf(err, errlen, "--auth-token: cannot read the %s key %s (mbedtls -0x%04x)", priv ? "private" : "public",
+		         priv ? priv : pub, (unsigned)-r);
+		return KVD_EINVAL;
+	}
+	j->priv = !!priv;
+	if (j->family == 'E' ? !mbedtls_pk_can_do(&j->key, MBEDTLS_PK_ECDSA) ||
+	                           (mbedtls_pk_get_bitlen(&j->key) + 7) / 8 != j->half
+	                     : !mbedtls_pk_can_do(&j->key, MBEDTLS_PK_RSA)) {
+		snprintf(err, errlen, "--auth-token: the key in %s does not fit sign-method %s", priv ? priv : pub, method);
+		return KVD_EINVAL;
+	}
+	return 0;
+}
+
+static void auth_jwt_free(struct kvd *k)
+{
+	struct auth_jwt *j = k->auth.jwt;
+
+	if (!j)
+		return;
+	mbedtls_pk_free(&j->key);
+	if (j->secret)
+		auth_wipe(j->secret, j->nsecret);
+	kvd_free(k, j->secret);
+	kvd_free(k, j);
+	k->auth.jwt = NULL;
+}
+
+/* ---- who is calling, and may they ------------------------------------------- */
+
+/* What etcd's AuthInfoFromCtx finds: the user a token names, else (with
+ * --client-cert-auth) the client certificate's CN, else nobody (*who NULL).
+ * A token that is not live is an error, auth on or off. */
+static int auth_who(struct kvd *k, struct call *c, struct auth_who *w, struct svc_err *e)
+{
+	const char *t = call_meta(c, "token"), *cn;
+	struct auth_token *tk;
+
+	w->name = NULL;
+	w->rev = 0;
+	if (!t)
+		t = call_meta(c, "authorization");
+	if (t && k->auth.jwt) {
+		if (auth_jwt_check(k, t, &w->rev))
+			return svc_fail(e, GRPC_UNAUTHENTICATED, E_INVALID_TOKEN);
+		w->name = k->auth.jwt->name; /* valid until the next call's check */
+		return 0;
+	}
+	if (t) {
+		if (!(tk = auth_tok_find(k, t)))
+			return svc_fail(e, GRPC_UNAUTHENTICATED, E_INVALID_TOKEN);
+		w->name = tk->user;
+		return 0;
+	}
+	if (k->cfg.client_cert_auth && c->conn && (cn = tls_peer_cn(c->conn)) && *cn)
+		w->name = cn;
+	return 0;
+}
+
+/* etcd's IsAdminPermitted. */
+static int auth_admin(struct kvd *k, const struct auth_who *w, struct svc_err *e)
+{
+	const Authpb__User *u;
+
+	if (!k->auth.enabled)
+		return 0;
+	if (!w->name || !*w->name)
+		return svc_fail(e, GRPC_INVALID_ARGUMENT, E_USER_EMPTY);
+	if (!(u = auth_user(k, w->name)))
+		return svc_fail(e, GRPC_FAILED_PRECONDITION, E_USER_NOT_FOUND);
+	return auth_has_role(u, AUTH_ROOT) ? 0 : svc_fail(e, GRPC_PERMISSION_DENIED, E_PERM_DENIED);
+}
+
+/* The Maintenance service hands the auth package's own errors to gRPC
+ * unconverted (etcd 3.4): code Unknown, "auth: " where the texts clients
+ * know say "etcdserver: ".  Returns KVD_EINVAL, e converted. */
+static int auth_raw(struct svc_err *e)
+{
+	static const char *const raw[][2] = {
+		{E_USER_EMPTY, "auth: user name is empty"}, {E_INVALID_TOKEN, "auth: invalid auth token"},
+		{E_USER_NOT_FOUND, "auth: user name not found"}, {E_PERM_DENIED, "auth: permission denied"},
+	};
+	size_t i;
+
+	for (i = 0; i < KVD_COUNT(raw); i++)
+		if (!strcmp(e->msg, raw[i][0]))
+			return svc_fail(e, GRPC_UNKNOWN, raw[i][1]);
+	return KVD_EINVAL;
+}
+
+/* Maintenance's check (etcd's authMaintenanceServer): the caller is root. */
+static int auth_root(struct kvd *k, struct call *c, struct svc_err *e)
+{
+	struct auth_who who;
+
+	return auth_who(k, c, &who, e) || auth_admin(k, &who, e) ? auth_raw(e) : 0;
+}
+
+/* A watch's cancel_reason for a refused create: the gRPC error as Go
+ * prints it (etcd's isWatchPermitted). */
+static const char *auth_watch_reason(const struct svc_err *e)
+{
+	if (!strcmp(e->msg, E_INVALID_TOKEN))
+		return "rpc error: code = Unauthenticated desc = " E_INVALID_TOKEN;
+	if (!strcmp(e->msg, E_USER_EMPTY))
+		return "rpc error: code = InvalidArgument desc = " E_USER_EMPTY;
+	if (!strcmp(e->msg, E_AUTH_OLD_REV))
+		return "rpc error: code = InvalidArgument desc = " E_AUTH_OLD_REV;
+	return "rpc error: code = PermissionDenied desc = " E_PERM_DENIED;
+}
+
+/*
+ * An interval of keys, as etcd's adt package compares them: an empty
+ * bound is +infinity, and z appends a 0 byte (a point [k, k\0)).
+ */
+struct auth_iv {
+	const uint8_t *b, *e;
+	size_t bn, en;
+	unsigned ez : 1;
+};
+
+static int auth_bound_cmp(const uint8_t *a, size_t an, int az, const uint8_t *b, size_t bn, int bz)
+{
+	size_t la = an + (size_t)az, lb = bn + (size_t)bz, i;
+
+	if (!la || !lb)
+		return !la && !lb ? 0 : !la ? 1 : -1;
+	for (i = 0; i < la && i < lb; i++) {
+		uint8_t x = i < an ? a[i] : 0, y = i < bn ? b[i] : 0;
+		if (x != y)
+			return x < y ? -1 : 1;
+	}
+	return (la > lb) - (la < lb);
+}
+
+static int auth_iv_order(const void *x, const void *y)
+{
+	const struct auth_iv *a = x, *b = y;
+
+	return auth_bound_cmp(a->b, a->bn, 0, b->b, b->bn, 0);
+}
+
+/* The permission's interval, as etcd's getMergedPerms builds it. */
+static void auth_perm_iv(const Authpb__Permission *p, struct auth_iv *v)
+{
+	v->b = p->key.data;
+	v->bn = p->key.len;
+	v->ez = 0;
+	if (!p->range_end.len) { /* a point */
+		v->e = p->key.data;
+		v->en = p->key.len;
+		v->ez = 1;
+	} else if (p->range_end.len == 1 && !p->range_end.data[0]) { /* from key on */
+		v->e = NULL;
+		v->en = 0;
+	} else {
+		v->e = p->range_end.data;
+		v->en = p->range_end.len;
+	}
+}
+
+/* Does u's merged permission of type (AUTHPB__PERMISSION__TYPE__READ or
+ * WRITE) cover [key, end) -- or hold key, end empty?  etcd's checkKeyPoint
+ * and checkKeyInterval over its interval tree, without the tree. */
+static int auth_covers(struct kvd *k, const Authpb__User *u, const ProtobufCBinaryData *key,
+                       const ProtobufCBinaryData *end, int type)
+{
+	struct auth_iv stack[32], *v = stack, q, x;
+	size_t n = 0, cap = KVD_COUNT(stack), i, j;
+	const uint8_t *maxe = NULL;
+	size_t maxen = 0;
+	int maxz = 0, ok = 0, point = !end->len;
+
+	q.b = key->data;
+	q.bn = key->len;
+	q.ez = 0;
+	q.e = end->len == 1 && !end->data[0] ? NULL : end->data;
+	q.en = q.e ? end->len : 0;
+	for (i = 0; i < u->n_roles; i++) {
+		const Authpb__Role *r = auth_role(k, u->roles[i]);
+		for (j = 0; r && j < r->n_keypermission; j++) {
+			const Authpb__Permission *p = r->keypermission[j];
+			if (p->permtype != (Authpb__Permission__Type)type && p->permtype != AUTHPB__PERMISSION__TYPE__READWRITE)
+				continue;
+			auth_perm_iv(p, &x);
+			if (point) { /* Intersects: begin <= key < end */
+				if (auth_bound_cmp(x.b, x.bn, 0, q.b, q.bn, 0) <= 0 &&
+				    auth_bound_cmp(q.b, q.bn, 0, x.e, x.en, x.ez) < 0)
+					goto yes;
+				continue;
+			}
+			/* the tree visits intervals its Compare calls overlapping the query
+			 * (for an inverted query, wider than an overlap) */
+			if ((auth_bound_cmp(q.b, q.bn, 0, x.b, x.bn, 0) < 0 && auth_bound_cmp(q.e, q.en, 0, x.b, x.bn, 0) <= 0) ||
+			    auth_bound_cmp(q.b, q.bn, 0, x.e, x.en, x.ez) >= 0)
+				continue;
+			if (n == cap) {
+				struct auth_iv *nv = kvd_malloc(k, 2 * cap * sizeof *nv);
+				if (!nv)
+					goto out; /* no memory: refused, the safe answer */
+				memcpy(nv, v, n * sizeof *nv);
+				if (v != stack)
+					kvd_free(k, v);
+				v = nv;
+				cap *= 2;
+			}
+			v[n++] = x;
+		}
+	}
+	if (point || !n)
+		goto out;
+	qsort(v, n, sizeof *v, auth_iv_order); /* in order of their begins, as the tree visits */
+	maxe = v[0].e;
+	maxen = v[0].en;
+	maxz = v[0].ez;
+	for (i = 1; i < n; i++) {
+		if (auth_bound_cmp(maxe, maxen, maxz, v[i].b, v[i].bn, 0) < 0)
+			goto out; /* a gap */
+		if (auth_bound_cmp(v[i].e, v[i].en, v[i].ez, maxe, maxen, maxz) > 0) {
+			maxe = v[i].e;
+			maxen = v[i].en;
+			maxz = v[i].ez;
+		}
+	}
+	ok = auth_bound_cmp(maxe, maxen, maxz, q.e, q.en, 0) >= 0 && auth_bound_cmp(v[0].b, v[0].bn, 0, q.b, q.bn, 0) <= 0;
+out:
+	if (v != stack)
+		kvd_free(k, v);
+	return ok;
+yes:
+	return 1;
+}
+
+/* etcd's isOpPermitted: may who do a type op on [key, end)? */
+static int auth_may(struct kvd *k, const struct auth_who *w, const ProtobufCBinaryData *key,
+                    const ProtobufCBinaryData *end, int type, struct svc_err *e)
+{
+	static const ProtobufCBinaryData none = {0, NULL};
+	const Authpb__User *u;
+
+	if (!k->auth.enabled)
+		return 0;
+	if (!w->name || !*w->name)
+		return svc_fail(e, GRPC_INVALID_ARGUMENT, E_USER_EMPTY);
+	if (w->rev && w->rev < k->auth.rev) /* a JWT from before an auth change */
+		return svc_fail(e, GRPC_INVALID_ARGUMENT, E_AUTH_OLD_REV);
+	if (!(u = auth_user(k, w->name)))
+		return svc_fail(e, GRPC_PERMISSION_DENIED, E_PERM_DENIED);
+	if (auth_has_role(u, AUTH_ROOT) || auth_covers(k, u, key, end ? end : &none, type))
+		return 0;
+	return svc_fail(e, GRPC_PERMISSION_DENIED, E_PERM_DENIED);
+}
+
+/* etcd's checkTxnAuth: every compare, then each branch's ops in order (and,
+ * unlike 3.4, the ops of nested txns). */
+static int auth_txn(struct kvd *k, const struct auth_who *who, const Etcdserverpb__TxnRequest *rq, struct svc_err *e)
+{
+	size_t i, b;
+
+	if (!k->auth.enabled)
+		return 0;
+	for (i = 0; i < rq->n_compare; i++)
+		if (auth_may(k, who, &rq->compare[i]->key, &rq->compare[i]->range_end, AUTH_R, e))
+			return KVD_EINVAL;
+	for (b = 0; b < 2; b++) {
+		Etcdserverpb__RequestOp **ops = b ? rq->failure : rq->success;
+		size_t n = b ? rq->n_failure : rq->n_success;
+		for (i = 0; i < n; i++) {
+			const Etcdserverpb__RequestOp *op = ops[i];
+			int r = 0;
+			switch (op->request_case) {
+			case ETCDSERVERPB__REQUEST_OP__REQUEST_REQUEST_RANGE:
+				r = auth_may(k, who, &op->request_range->key, &op->request_range->range_end, AUTH_R, e);
+				break;
+			case ETCDSERVERPB__REQUEST_OP__REQUEST_REQUEST_PUT:
+				r = auth_may(k, who, &op->request_put->key, NULL, AUTH_W, e);
+				break;
+			case ETCDSERVERPB__REQUEST_OP__REQUEST_REQUEST_DELETE_RANGE:
+				if (op->request_delete_range->prev_kv)
+					r = auth_may(k, who, &op->request_delete_range->key, &op->request_delete_range->range_end,
+					             AUTH_R, e);
+				if (!r)
+					r = auth_may(k, who, &op->request_delete_range->key,
+					             &op->request_delete_range->range_end, AUTH_W, e);
+				break;
+			case ETCDSERVERPB__REQUEST_OP__REQUEST_REQUEST_TXN:
+				r = auth_txn(k, who, op->request_txn, e);
+				break;
+			default:
+				break;
+			}
+			if (r)
+				return r;
+		}
+	}
+	return 0;
+}
+
+/* etcd's checkLeasePuts: write on every key the lease holds. */
+static int auth_lease_keys(struct kvd *k, const struct auth_who *who, int64_t id, int type, struct svc_err *e)
+{
+	struct lease *l;
+	ProtobufCBinaryData key;
+	uint32_t i;
+
+	if (!k->auth.enabled || !(l = lease_find(k, id)))
+		return 0;
+	for (i = 0; l->nkeys && i <= l->kmask; i++)
+		if (l->keys[i]) {
+			key.data = l->keys[i]->key;
+			key.len = l->keys[i]->klen;
+			if (auth_may(k, who, &key, NULL, type, e))
+				return KVD_EINVAL;
+		}
+	return 0;
+}
+
+/* ---- password hashes, off the handlers' path ----------------------------------- */
+
+/* A call waiting for a hash (its c->svc): the request stays here meanwhile. */
+struct auth_job {
+	struct auth_job *next;
+	struct call *c;
+	ProtobufCMessage *rq;       /* the request, taken from the call */
+	struct auth_bcrypt h;
+	uint64_t rev;               /* the auth revision when the check began */
+	char out[61];               /* the hash, when done */
+	unsigned queued : 1, done : 1;
+};
+
+static int64_t auth_us(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+}
+
+
+
+/* The request of c, whether it waited for a hash or not. */
+static const void *auth_rq(const struct call *c)
+{
+	const struct auth_job *j = c->svc;
+
+	return c->rq ? (const void *)c->rq : (const void *)j->rq;
+}
+
+/* The hash c's handler asked for, once the loop made it; NULL before. */
+static const char *auth_hashed(const struct call *c)
+{
+	const struct auth_job *j = c->svc;
+
+	return j && j->done ? j->out : NULL;
+}
+
+/* Queue a bcrypt of pw for c (salt NULL: a fresh one, for a new hash); the
+ * loop calls c's handler again when it is ready.  0, or the error in *e. */
+static int auth_hash_start(struct kvd *k, struct call *c, const char *pw, const uint8_t *salt, unsigned cost,
+                           struct svc_err *e)
+{
+	struct auth *a = &k->auth;
+	struct auth_job *j = c->svc;
+	uint8_t fresh[16];
+
+	if (!j && a->njobs >= KVD_AUTH_MAX_JOBS)
+		return svc_fail(e, GRPC_RESOURCE_EXHAUSTED, E_TOO_MANY_REQUESTS);
+	if (!salt && auth_random(k, fresh, sizeof fresh))
+		return svc_fail(e, GRPC_UNAVAILABLE, "kvd: cannot read /dev/urandom");
+	if (!j) {
+		if (!(j = kvd_calloc(k, sizeof *j)))
+			return svc_fail(e, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+		j->c = c;
+		j->rq = c->rq;
+		c->rq = NULL;
+		c->svc = j;
+	}
+	auth_bcrypt_begin(&j->h, (const uint8_t *)pw, strlen(pw), salt ? salt : fresh, cost);
+	j->rev = a->rev;
+	j->done = 0;
+	j->queued = 1;
+	j->next = NULL;
+	if (a->jobs_tail)
+		a->jobs_tail->next = j;
+	else
+		a->jobs = j;
+	a->jobs_tail = j;
+	a->njobs++;
+	loop_arm(k, k->now);
+	return 0;
+}
+
+static void auth_job_unqueue(struct kvd *k, struct auth_job *j)
+{
+	struct auth *a = &k->auth;
+	struct auth_job **pp, *prev = NULL;
+
+	for (pp = &a->jobs; *pp; prev = *pp, pp = &(*pp)->next)
+		if (*pp == j) {
+			*pp = j->next;
+			if (a->jobs_tail == j)
+				a->jobs_tail = prev;
+			a->njobs--;
+			break;
+		}
+	j->queued = 0;
+}
+
+/* The call goes (answered, or its client left): its hash with it. */
+static void auth_job_close(struct kvd *k, struct call *c)
+{
+	struct auth_job *j = c->svc;
+
+	if (!j)
+		return;
+	if (j->queued)
+		auth_job_unqueue(k, j);
+	pb_free(k, j->rq);
+	auth_wipe(j, sizeof *j); /* the password's key schedule */
+	kvd_free(k, j);
+	c->svc = NULL;
+}
+
+/* Hash for at most KVD_AUTH_SLICE_US, oldest job first; finished jobs go
+ * back to their handlers.  Runs once per loop iteration. */
+static void auth_step(struct kvd *k)
+{
+	struct auth *a = &k->auth;
+	struct auth_job *j;
+	int64_t t0;
+
+	if (!a->jobs)
+		return;
+	t0 = auth_us();
+	while ((j = a->jobs)) {
+		while (!auth_bcrypt_step(&j->h, 2))
+			if (auth_us() - t0 >= KVD_AUTH_SLICE_US)
+				goto more;
+		auth_job_unqueue(k, j);
+		auth_bcrypt_end(&j->h, j->out);
+		j->done = 1;
+		a->hashes++;
+		if (!j->c->finished) /* a call past its deadline changes nothing */
+			j->c->m->on_msg(k, j->c); /* answers, or queues it again */
+		if (auth_us() - t0 >= KVD_AUTH_SLICE_US)
+			break;
+	}
+more:
+	loop_arm(k, k->now); /* another slice, or the answers out, at once */
+}
+
+/* ---- the Auth service ---------------------------------------------------------- */
+
+/* One change as one AUTH record: begun, ops added, sealed with the
+ * revision bumped (bump) or not.  Each returns 0 or fills *e. */
+static int auth_begin(struct kvd *k, struct call *s, struct auth_rec *r, struct svc_err *e)
+{
+	if (svc_writable(k, e, 0))
+		return KVD_EINVAL;
+	if (auth_rec_begin(k, r))
+		return svc_fail(e, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+	s->wrote = 1;
+	return 0;
+}
+
+static int auth_end(struct kvd *k, struct auth_rec *r, int failed, int bump, struct svc_err *e)
+{
+	if (failed) {
+		auth_rec_end(k, r, 1);
+		return svc_fail(e, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+	}
+	k->auth.rev += (uint64_t)bump;
+	auth_rec_end(k, r, 0);
+	return 0;
+}
+
+/* A header, the answer or the error: how every Auth RPC ends. */
+static void auth_answer(struct kvd *k, struct call *s, ProtobufCMessage *rs, Etcdserverpb__ResponseHeader **hp,
+                        struct svc_err *e)
+{
+	Etcdserverpb__ResponseHeader h;
+
+	svc_header(k, &h, 1);
+	*hp = &h;
+	svc_end(k, s, rs, e);
+}
+
+static void svc_auth_enable(struct kvd *k, struct call *s)
+{
+	Etcdserverpb__AuthEnableResponse rs = ETCDSERVERPB__AUTH_ENABLE_RESPONSE__INIT;
+	struct svc_err e = {0, NULL};
+	const Authpb__User *u;
+	struct auth_rec r;
+	struct auth_who who;
+
+	if (!auth_who(k, s, &who, &e) && !auth_admin(k, &who, &e) && !k->auth.enabled) {
+		if (!(u = auth_user(k, AUTH_ROOT)))
+			svc_fail(&e, GRPC_FAILED_PRECONDITION, E_ROOT_NOT_EXIST);
+		else if (!auth_has_role(u, AUTH_ROOT))
+			svc_fail(&e, GRPC_FAILED_PRECONDITION, E_ROOT_NO_ROLE);
+		else if (!auth_begin(k, s, &r, &e)) {
+			k->auth.enabled = 1;
+			auth_end(k, &r, 0, 0, &e);
+			kvd_log(k, KVD_LOG_INFO, "auth enabled");
+		}
+	}
+	auth_answer(k, s, &rs.base, &rs.header, &e);
+}
+
+static void svc_auth_disable(struct kvd *k, struct call *s)
+{
+	Etcdserverpb__AuthDisableResponse rs = ETCDSERVERPB__AUTH_DISABLE_RESPONSE__INIT;
+	struct svc_err e = {0, NULL};
+	struct auth_rec r;
+	struct auth_who who;
+
+	if (!auth_who(k, s, &who, &e) && !auth_admin(k, &who, &e) && k->auth.enabled && !auth_begin(k, s, &r, &e)) {
+		k->auth.enabled = 0;
+		auth_end(k, &r, 0, 1, &e);
+		auth_tok_drop(k, NULL);
+		kvd_log(k, KVD_LOG_INFO, "auth disabled");
+	}
+	auth_answer(k, s, &rs.base, &rs.header, &e);
+}
+
+/* AuthStatus (etcd 3.5): answered as 3.5 does, to anyone. */
+static void svc_auth_status(struct kvd *k, struct call *s)
+{
+	Etcdserverpb__AuthStatusResponse rs = ETCDSERVERPB__AUTH_STATUS_RESPONSE__INIT;
+	struct svc_err e = {0, NULL};
+
+	rs.enabled = k->auth.enabled;
+	rs.authrevision = k->auth.rev;
+	auth_answer(k, s, &rs.base, &rs.header, &e);
+}
+
+static void svc_auth_authenticate(struct kvd *k, struct call *s)
+{
+	const Etcdserverpb__AuthenticateRequest *rq = auth_rq(s);
+	Etcdserverpb__AuthenticateResponse rs = ETCDSERVERPB__AUTHENTICATE_RESPONSE__INIT;
+	struct svc_err e = {0, NULL};
+	const struct auth_job *j = s->svc;
+	const Authpb__User *u;
+	const char *hash = auth_hashed(s);
+	char tok[2048];
+	uint8_t salt[16];
+	unsigned cost;
+	int r;
+
+	if (!k->auth.enabled)
+		svc_fail(&e, GRPC_FAILED_PRECONDITION, E_AUTH_NOT_ENABLED);
+	else if (!(u = auth_user(k, rq->name)))
+		svc_fail(&e, GRPC_INVALID_ARGUMENT, E_AUTH_FAILED);
+	else if (u->options && u->options->no_password) /* the auth package's error, unconverted (etcd) */
+		svc_fail(&e, GRPC_UNKNOWN, "auth: authentication failed, password was given for no password user");
+	else if (auth_bcrypt_parse(u->password.data, u->password.len, &cost, salt))
+		svc_fail(&e, GRPC_INVALID_ARGUMENT, E_AUTH_FAILED);
+	else if (!hash || j->rev != k->auth.rev) { /* not hashed yet, or the users changed meanwhile */
+		if (!auth_hash_start(k, s, rq->password, salt, cost, &e))
+			return;
+	} else {
+		if (auth_ct_diff(hash + 29, u->password.data + 29, 31)) /* the 31 hash characters */
+			svc_fail(&e, GRPC_INVALID_ARGUMENT, E_AUTH_FAILED);
+		else if (k->auth.jwt && !k->auth.jwt->priv)
+			svc_fail(&e, GRPC_UNKNOWN, "auth: token signing attempted with verify-only key");
+		else if ((r = k->auth.jwt ? auth_jwt_issue(k, rq->name, tok, sizeof tok) : auth_tok_new(k, rq->name, tok, sizeof tok)))
+			svc_fail(&e, r == KVD_ELIMIT ? GRPC_RESOURCE_EXHAUSTED : GRPC_UNAVAILABLE,
+			         r == KVD_ELIMIT ? E_TOO_MANY_REQUESTS : "kvd: cannot make a token");
+		else
+			rs.token = tok;
+	}
+	if (e.msg)
+		k->auth.failures++;
+	auth_answer(k, s, &rs.base, &rs.header, &e);
+}
+
+/* A user as etcd stores it, with its roles and hash (borrowed). */
+static void auth_user_msg(Authpb__User *nu, Authpb__UserAddOptions *opt, const Authpb__User *u, const char *name,
+                          const char *hash, char **roles, size_t nroles)
+{
+	authpb__user__init(nu);
+	nu->name.data = (uint8_t *)name;
+	nu->name.len = strlen(name);
+	if (hash) {
+		nu->password.data = (uint8_t *)hash;
+		nu->password.len = strlen(hash);
+	} else if (u) {
+		nu->password = u->password;
+	}
+	nu->roles = roles;
+	nu->n_roles = nroles;
+	if (u && u->options) {
+		authpb__user_add_options__init(opt);
+		opt->no_password = u->options->no_password;
+		nu->options = opt;
+	}
+}
+
+static void svc_auth_user_add(struct kvd *k, struct call *s)
+{
+	const Etcdserverpb__AuthUserAddRequest *rq = auth_rq(s);
+	Etcdserverpb__AuthUserAddResponse rs = ETCDSERVERPB__AUTH_USER_ADD_RESPONSE__INIT;
+	struct svc_err e = {0, NULL};
+	const char *hash = auth_hashed(s);
+	struct auth_who who;
+	int nopw = rq->options && rq->options->no_password;
+	Authpb__UserAddOptions opt = AUTHPB__USER_ADD_OPTIONS__INIT;
+	Authpb__User nu;
+	struct auth_rec r;
+
+	if (auth_who(k, s, &who, &e) || auth_admin(k, &who, &e))
+		;
+	else if (!rq->name[0])
+		svc_fail(&e, GRPC_INVALID_ARGUMENT, E_USER_EMPTY);
+	else if (auth_user(k, rq->name))
+		svc_fail(&e, GRPC_FAILED_PRECONDITION, E_USER_EXISTS);
+	else if (!nopw && !hash) {
+		if (!auth_hash_start(k, s, rq->password, NULL, k->cfg.bcrypt_cost, &e))
+			return;
+	} else if (!auth_begin(k, s, &r, &e)) {
+		auth_user_msg(&nu, &opt, NULL, rq->name, nopw ? NULL : hash, NULL, 0);
+		opt.no_password = nopw;
+		nu.options = &opt; /* etcd stores the options, false or not */
+		auth_end(k, &r, auth_rec_op(k, &r, AUTH_OP_USER, &nu.base, NULL), 1, &e);
+	}
+	auth_answer(k, s, &rs.base, &rs.header, &e);
+}
+
+static void svc_auth_user_get(struct kvd *k, struct call *s)
+{
+	const Etcdserverpb__AuthUserGetRequest *rq = (const void *)s->rq;
+	Etcdserverpb__AuthUserGetResponse rs = ETCDSERVERPB__AUTH_USER_GET_RESPONSE__INIT;
+	struct svc_err e = {0, NULL};
+	const Authpb__User *u;
+	struct auth_who who;
+
+	if (auth_who(k, s, &who, &e))
+		;
+	else if (strcmp(who.name ? who.name : "", rq->name) && auth_admin(k, &who, &e)) /* oneself (even "" as etcd), or root */
+		;
+	else if (!(u = auth_user(k, rq->name)))
+		svc_fail(&e, GRPC_FAILED_PRECONDITION, E_USER_NOT_FOUND);
+	else {
+		rs.roles = u->roles;
+		rs.n_roles = u->n_roles;
+	}
+	auth_answer(k, s, &rs.base, &rs.header, &e);
+}
+
+static void svc_auth_list(struct kvd *k, struct call *s, int roles)
+{
+	Etcdserverpb__AuthUserListResponse us = ETCDSERVERPB__AUTH_USER_LIST_RESPONSE__INIT;
+	Etcdserverpb__AuthRoleListResponse rs = ETCDSERVERPB__AUTH_ROLE_LIST_RESPONSE__INIT;
+	const struct auth_tab *t = roles ? &k->auth.roles : &k->auth.users;
+	struct svc_pool pl = {k, NULL, 0};
+	struct svc_err e = {0, NULL};
+	char **names = NULL;
+	struct auth_who who;
+	size_t i;
+
+	if (!auth_who(k, s, &who, &e) && !auth_admin(k, &who, &e) && t->n &&
+	    !(names = svc_alloc(&pl, t->n * sizeof *names)))
+		svc_fail(&e, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+	for (i = 0; names && i < t->n; i++) { /* names are bytes in authpb: NUL-ended copies */
+		ProtobufCBinaryData *nm = auth_name(t->v[i]);
+		if (!(names[i] = svc_alloc(&pl, nm->len + 1))) {
+			svc_fail(&e, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+			break;
+		}
+		memcpy(names[i], nm->data, nm->len);
+		names[i][nm->len] = 0;
+	}
+	if (roles) {
+		rs.roles = names;
+		rs.n_roles = names ? t->n : 0;
+		auth_answer(k, s, &rs.base, &rs.header, &e);
+	} else {
+		us.users = names;
+		us.n_users = names ? t->n : 0;
+		auth_answer(k, s, &us.base, &us.header, &e);
+	}
+	svc_pool_free(&pl);
+}
+
+static void svc_auth_user_list(struct kvd *k, struct call *s) { svc_auth_list(k, s, 0); }
+static void svc_auth_role_list(struct kvd *k, struct call *s) { svc_auth_list(k, s, 1); }
+
+static void svc_auth_user_delete(struct kvd *k, struct call *s)
+{
+	const Etcdserverpb__AuthUserDeleteRequest *rq = (const void *)s->rq;
+	Etcdserverpb__AuthUserDeleteResponse rs = ETCDSERVERPB__AUTH_USER_DELETE_RESPONSE__INIT;
+	struct svc_err e = {0, NULL};
+	struct auth_rec r;
+	struct auth_who who;
+
+	if (auth_who(k, s, &who, &e) || auth_admin(k, &who, &e))
+		;
+	else if (k->auth.enabled && !strcmp(rq->name, AUTH_ROOT))
+		svc_fail(&e, GRPC_INVALID_ARGUMENT, E_INVALID_AUTH_MGMT);
+	else if (!auth_user(k, rq->name))
+		svc_fail(&e, GRPC_FAILED_PRECONDITION, E_USER_NOT_FOUND);
+	else if (!auth_begin(k, s, &r, &e) &&
+	         !auth_end(k, &r, auth_rec_op(k, &r, AUTH_OP_USER_DEL, NULL, rq->name), 1, &e))
+		auth_tok_drop(k, rq->name);
+	auth_answer(k, s, &rs.base, &rs.header, &e);
+}
+
+static void svc_auth_user_passwd(struct kvd *k, struct call *s)
+{
+	const Etcdserverpb__AuthUserChangePasswordRequest *rq = auth_rq(s);
+	Etcdserverpb__AuthUserChangePasswordResponse rs = ETCDSERVERPB__AUTH_USER_CHANGE_PASSWORD_RESPONSE__INIT;
+	struct svc_err e = {0, NULL};
+	const char *hash = auth_hashed(s);
+	struct auth_who who;
+	Authpb__UserAddOptions opt;
+	const Authpb__User *u;
+	Authpb__User nu;
+	struct auth_rec r;
+
+	if (auth_who(k, s, &who, &e) || auth_admin(k, &who, &e))
+		;
+	else if (!(u = auth_user(k, rq->name)))
+		svc_fail(&e, GRPC_FAILED_PRECONDITION, E_USER_NOT_FOUND);
+	else if (!hash) {
+		if (!auth_hash_start(k, s, rq->password, NULL, k->cfg.bcrypt_cost, &e))
+			return;
+	} else if (!auth_begin(k, s, &r, &e)) {
+		auth_user_msg(&nu, &opt, u, rq->name, hash, u->roles, u->n_roles);
+		if (!auth_end(k, &r, auth_rec_op(k, &r, AUTH_OP_USER, &nu.base, NULL), 1, &e))
+			auth_tok_drop(k, rq->name);
+	}
+	auth_answer(k, s, &rs.base, &rs.header, &e);
+}
+
+static int auth_str_order(const void *a, const void *b)
+{
+	return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* A user's roles with one added (add) or taken out, sorted as etcd keeps
+ * them.  Returns the count; *out is kvd's (NULL on no memory). */
+static size_t auth_roles_with(struct kvd *k, const Authpb__User *u, const char *role, int add, char ***out)
+{
+	char **v = kvd_malloc(k, (u->n_roles + 1) * sizeof *v);
+	size_t i, n = 0;
+
+	*out = v;
+	if (!v)
+		return 0;
+	for (i = 0; i < u->n_roles; i++)
+		if (strcmp(u->roles[i], role))
+			v[n++] = u->roles[i];
+	if (add) {
+		v[n++] = (char *)role;
+		qsort(v, n, sizeof *v, auth_str_order);
+	}
+	return n;
+}
+
+static void svc_auth_user_grant(struct kvd *k, struct call *s)
+{
+	const Etcdserverpb__AuthUserGrantRoleRequest *rq = (const void *)s->rq;
+	Etcdserverpb__AuthUserGrantRoleResponse rs = ETCDSERVERPB__AUTH_USER_GRANT_ROLE_RESPONSE__INIT;
+	struct svc_err e = {0, NULL};
+	Authpb__UserAddOptions opt;
+	const Authpb__User *u;
+	Authpb__User nu;
+	struct auth_rec r;
+	struct auth_who who;
+	char **roles;
+	size_t n;
+
+	if (auth_who(k, s, &who, &e) || auth_admin(k, &who, &e))
+		;
+	else if (!(u = auth_user(k, rq->user)))
+		svc_fail(&e, GRPC_FAILED_PRECONDITION, E_USER_NOT_FOUND);
+	else if (strcmp(rq->role, AUTH_ROOT) && !auth_role(k, rq->role))
+		svc_fail(&e, GRPC_FAILED_PRECONDITION, E_ROLE_NOT_FOUND);
+	else if (!auth_has_role(u, rq->role)) { /* granted already: nothing, as etcd */
+		n = auth_roles_with(k, u, rq->role, 1, &roles);
+		if (!roles)
+			svc_fail(&e, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+		else if (!auth_begin(k, s, &r, &e)) {
+			auth_user_msg(&nu, &opt, u, rq->user, NULL, roles, n);
+			auth_end(k, &r, auth_rec_op(k, &r, AUTH_OP_USER, &nu.base, NULL), 1, &e);
+		}
+		kvd_free(k, roles);
+	}
+	auth_answer(k, s, &rs.base, &rs.header, &e);
+}
+
+static void svc_auth_user_revoke(struct kvd *k, struct call *s)
+{
+	const Etcdserverpb__AuthUserRevokeRoleRequest *rq = (const void *)s->rq;
+	Etcdserverpb__AuthUserRevokeRoleResponse rs = ETCDSERVERPB__AUTH_USER_REVOKE_ROLE_RESPONSE__INIT;
+	struct svc_err e = {0, NULL};
+	Authpb__UserAddOptions opt;
+	const Authpb__User *u;
+	Authpb__User nu;
+	struct auth_rec r;
+	struct auth_who who;
+	char **roles;
+	size_t n;
+
+	if (auth_who(k, s, &who, &e) || auth_admin(k, &who, &e))
+		;
+	else if (k->auth.enabled && !strcmp(rq->name, AUTH_ROOT) && !strcmp(rq->role, AUTH_ROOT))
+		svc_fail(&e, GRPC_INVALID_ARGUMENT, E_INVALID_AUTH_MGMT);
+	else if (!(u = auth_user(k, rq->name)))
+		svc_fail(&e, GRPC_FAILED_PRECONDITION, E_USER_NOT_FOUND);
+	else if (!auth_has_role(u, rq->role))
+		svc_fail(&e, GRPC_FAILED_PRECONDITION, E_ROLE_NOT_GRANTED);
+	else {
+		n = auth_roles_with(k, u, rq->role, 0, &roles);
+		if (!roles)
+			svc_fail(&e, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+		else if (!auth_begin(k, s, &r, &e)) {
+			auth_user_msg(&nu, &opt, u, rq->name, NULL, roles, n);
+			auth_end(k, &r, auth_rec_op(k, &r, AUTH_OP_USER, &nu.base, NULL), 1, &e);
+		}
+		kvd_free(k, roles);
+	}
+	auth_answer(k, s, &rs.base, &rs.header, &e);
+}
+
+static void svc_auth_role_add(struct kvd *k, struct call *s)
+{
+	const Etcdserverpb__AuthRoleAddRequest *rq = (const void *)s->rq;
+	Etcdserverpb__AuthRoleAddResponse rs = ETCDSERVERPB__AUTH_ROLE_ADD_RESPONSE__INIT;
+	struct svc_err e = {0, NULL};
+	Authpb__Role nr = AUTHPB__ROLE__INIT;
+	struct auth_rec r;
+	struct auth_who who;
+
+	if (auth_who(k, s, &who, &e) || auth_admin(k, &who, &e))
+		;
+	else if (!rq->name[0])
+		svc_fail(&e, GRPC_INVALID_ARGUMENT, E_ROLE_EMPTY);
+	else if (auth_role(k, rq->name))
+		svc_fail(&e, GRPC_FAILED_PRECONDITION, E_ROLE_EXISTS);
+	else if (!auth_begin(k, s, &r, &e)) {
+		nr.name.data = (uint8_t *)rq->name;
+		nr.name.len = strlen(rq->name);
+		auth_end(k, &r, auth_rec_op(k, &r, AUTH_OP_ROLE, &nr.base, NULL), 1, &e);
+	}
+	auth_answer(k, s, &rs.base, &rs.header, &e);
+}
+
+static void svc_auth_role_get(struct kvd *k, struct call *s)
+{
+	const Etcdserverpb__AuthRoleGetRequest *rq = (const void *)s->rq;
+	Etcdserverpb__AuthRoleGetResponse rs = ETCDSERVERPB__AUTH_ROLE_GET_RESPONSE__INIT;
+	struct svc_err e = {0, NULL};
+	const Authpb__Role *r;
+	struct auth_who who;
+
+	if (auth_who(k, s, &who, &e))
+		;
+	else if (!(who.name && auth_has_role(auth_user(k, who.name), rq->role)) && auth_admin(k, &who, &e)) /* one's own, or root */
+		;
+	else if (!(r = auth_role(k, rq->role)))
+		svc_fail(&e, GRPC_FAILED_PRECONDITION, E_ROLE_NOT_FOUND);
+	else {
+		rs.perm = r->keypermission;
+		rs.n_perm = r->n_keypermission;
+	}
+	auth_answer(k, s, &rs.base, &rs.header, &e);
+}
+
+static void svc_auth_role_delete(struct kvd *k, struct call *s)
+{
+	const Etcdserverpb__AuthRoleDeleteRequest *rq = (const void *)s->rq;
+	Etcdserverpb__AuthRoleDeleteResponse rs = ETCDSERVERPB__AUTH_ROLE_DELETE_RESPONSE__INIT;
+	struct svc_err e = {0, NULL};
+	Authpb__UserAddOptions opt;
+	Authpb__User nu;
+	struct auth_rec r;
+	struct auth_who who;
+	char **roles, name[256];
+	size_t i, n;
+	int fail = 0;
+
+	if (auth_who(k, s, &who, &e) || auth_admin(k, &who, &e))
+		;
+	else if (k->auth.enabled && !strcmp(rq->role, AUTH_ROOT))
+		svc_fail(&e, GRPC_INVALID_ARGUMENT, E_INVALID_AUTH_MGMT);
+	else if (!auth_role(k, rq->role))
+		svc_fail(&e, GRPC_FAILED_PRECONDITION, E_ROLE_NOT_FOUND);
+	else if (!auth_begin(k, s, &r, &e)) {
+		fail = auth_rec_op(k, &r, AUTH_OP_ROLE_DEL, NULL, rq->role);
+		/* and out of every user that had it, in the same record */
+		for (i = 0; !fail && i < k->auth.users.n; i++) {
+			const Authpb__User *u = (const Authpb__User *)k->auth.users.v[i];
+			if (!auth_has_role(u, rq->role))
+				continue;
+			if (u->name.len >= sizeof name) {
+				fail = KVD_ELIMIT;
+				break;
+			}
+			memcpy(name, u->name.data, u->name.len);
+			name[u->name.len] = 0;
+			n = auth_roles_with(k, u, rq->role, 0, &roles);
+			if (!roles) {
+				fail = KVD_ENOMEM;
+				break;
+			}
+			auth_user_msg(&nu, &opt, u, name, NULL, roles, n);
+			fail = auth_rec_op(k, &r, AUTH_OP_USER, &nu.base, NULL);
+			kvd_free(k, roles);
+		}
+		auth_end(k, &r, fail, 1, &e);
+	}
+	auth_answer(k, s, &rs.base, &rs.header, &e);
+}
+
+/* etcd's permSlice.Less: by key alone (ties keep their place in 3.4.23's
+ * sort of a nearly sorted slice, not by any rule: hence Go's sort here) */
+static int auth_perm_less(const void *a, const void *b)
+{
+	const Authpb__Permission *x = a, *y = b;
+
+	return auth_cmp(x->key.data, x->key.len, y->key.data, y->key.len) < 0;
+}
+
+static void svc_auth_role_grant(struct kvd *k, struct call *s)
+{
+	const Etcdserverpb__AuthRoleGrantPermissionRequest *rq = (const void *)s->rq;
+	Etcdserverpb__AuthRoleGrantPermissionResponse rs = ETCDSERVERPB__AUTH_ROLE_GRANT_PERMISSION_RESPONSE__INIT;
+	struct svc_err e = {0, NULL};
+	Authpb__Role nr = AUTHPB__ROLE__INIT;
+	Authpb__Permission **v = NULL, np;
+	const Authpb__Role *role;
+	struct auth_rec r;
+	struct auth_who who;
+	size_t i, n;
+
+	if (auth_who(k, s, &who, &e) || auth_admin(k, &who, &e))
+		;
+	else if (!(role = auth_role(k, rq->name)))
+		svc_fail(&e, GRPC_FAILED_PRECONDITION, E_ROLE_NOT_FOUND);
+	else if (!rq->perm)
+		svc_fail(&e, GRPC_INVALID_ARGUMENT, E_PERM_NOT_GIVEN);
+	else if (!(v = kvd_malloc(k, (role->n_keypermission + 1) * sizeof *v)))
+		svc_fail(&e, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+	else {
+		n = role->n_keypermission;
+		memcpy(v, role->keypermission, n * sizeof *v);
+		/* etcd looks at the first permission whose key is >= the new one's:
+		 * the same key and range end update its type, else one is added */
+		for (i = 0; i < n && auth_cmp(v[i]->key.data, v[i]->key.len, rq->perm->key.data, rq->perm->key.len) < 0; i++)
+			;
+		authpb__permission__init(&np);
+		np.permtype = rq->perm->permtype;
+		np.key = rq->perm->key;
+		np.range_end = rq->perm->range_end;
+		if (i < n && !auth_cmp(v[i]->key.data, v[i]->key.len, np.key.data, np.key.len) &&
+		    !auth_cmp(v[i]->range_end.data, v[i]->range_end.len, np.range_end.data, np.range_end.len)) {
+			np.key = v[i]->key;
+			np.range_end = v[i]->range_end;
+			v[i] = &np;
+		} else {
+			v[n++] = &np;
+			svc_gosort_ptrs((void **)v, n, auth_perm_less);
+		}
+		nr.name = role->name;
+		nr.keypermission = v;
+		nr.n_keypermission = n;
+		if (!auth_begin(k, s, &r, &e))
+			auth_end(k, &r, auth_rec_op(k, &r, AUTH_OP_ROLE, &nr.base, NULL), 1, &e);
+	}
+	kvd_free(k, v);
+	auth_answer(k, s, &rs.base, &rs.header, &e);
+}
+
+static void svc_auth_role_revoke(struct kvd *k, struct call *s)
+{
+	const Etcdserverpb__AuthRoleRevokePermissionRequest *rq = (const void *)s->rq;
+	Etcdserverpb__AuthRoleRevokePermissionResponse rs = ETCDSERVERPB__AUTH_ROLE_REVOKE_PERMISSION_RESPONSE__INIT;
+	struct svc_err e = {0, NULL};
+	Authpb__Role nr = AUTHPB__ROLE__INIT;
+	Authpb__Permission **v = NULL;
+	const Authpb__Role *role;
+	struct auth_rec r;
+	struct auth_who who;
+	size_t i, n = 0;
+
+	if (auth_who(k, s, &who, &e) || auth_admin(k, &who, &e))
+		;
+	else if (!(role = auth_role(k, rq->role)))
+		svc_fail(&e, GRPC_FAILED_PRECONDITION, E_ROLE_NOT_FOUND);
+	else if (!(v = kvd_malloc(k, (role->n_keypermission + 1) * sizeof *v)))
+		svc_fail(&e, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+	else {
+		for (i = 0; i < role->n_keypermission; i++) {
+			Authpb__Permission *p = role->keypermission[i];
+			if (auth_cmp(p->key.data, p->key.len, rq->key.data, rq->key.len) ||
+			    auth_cmp(p->range_end.data, p->range_end.len, rq->range_end.data, rq->range_end.len))
+				v[n++] = p;
+		}
+		if (n == role->n_keypermission)
+			svc_fail(&e, GRPC_FAILED_PRECONDITION, E_PERM_NOT_GRANTED);
+		else if (!auth_begin(k, s, &r, &e)) {
+			nr.name = role->name;
+			nr.keypermission = v;
+			nr.n_keypermission = n;
+			auth_end(k, &r, auth_rec_op(k, &r, AUTH_OP_ROLE, &nr.base, NULL), 1, &e);
+		}
+	}
+	kvd_free(k, v);
+	auth_answer(k, s, &rs.base, &rs.header, &e);
+}
+
+static void auth_init(struct kvd *k)
+{
+	k->auth.rev = 1;
+	k->auth.rnd_fd = -1;
+	k->auth.ttl_ms = (int64_t)k->cfg.auth_token_ttl * 1000;
+}
+
+static void auth_free(struct kvd *k)
+{
+	struct auth *a = &k->auth;
+
+	auth_commit(k);
+	auth_tok_drop(k, NULL);
+	auth_jwt_free(k);
+	kvd_free(k, a->tok);
+	auth_tab_clear(k, &a->users);
+	auth_tab_clear(k, &a->roles);
+	kvd_free(k, a->users.v);
+	kvd_free(k, a->roles.v);
+	kvd_free(k, a->undo);
+	if (a->rnd_fd >= 0)
+		close(a->rnd_fd);
+	memset(a, 0, sizeof *a);
+	a->rnd_fd = -1;
+}
+
+/* ===== 17. Services: Maintenance, Cluster, Health; the method table (svc_) === */
 
 /* grpc.health.v1.Health/Check: "" is SERVING, any other name unknown (as
  * etcd registers only ""). */
@@ -10461,7 +13092,9 @@ static void svc_hashkv(struct kvd *k, struct call *s)
 	uint32_t hash = 0;
 	int r;
 
-	if (svc_too_large(k, s->raw.n))
+	if (auth_root(k, s, &e))
+		;
+	else if (svc_too_large(k, s->raw.n))
 		svc_fail(&e, GRPC_INVALID_ARGUMENT, E_TOO_LARGE);
 	else if (rq->revision > 0 && rq->revision <= k->db.compacted) /* etcd: the compacted one too */
 		svc_fail(&e, GRPC_OUT_OF_RANGE, E_COMPACTED);
@@ -10488,7 +13121,9 @@ static void svc_hash(struct kvd *k, struct call *s)
 	uint32_t hash = 0;
 	int r;
 
-	if (svc_too_large(k, s->raw.n))
+	if (auth_root(k, s, &e))
+		;
+	else if (svc_too_large(k, s->raw.n))
 		svc_fail(&e, GRPC_INVALID_ARGUMENT, E_TOO_LARGE);
 	else if ((r = snap_hash(k, &hash)))
 		svc_fail(&e, r == KVD_ENOMEM ? GRPC_RESOURCE_EXHAUSTED : GRPC_DATA_LOSS,
@@ -10505,7 +13140,11 @@ static void svc_hash(struct kvd *k, struct call *s)
  * (section 9); planned on the first chance to send, after a group commit. */
 static void svc_snapshot_rpc(struct kvd *k, struct call *s)
 {
-	if (svc_too_large(k, s->raw.n)) {
+	struct svc_err e = {0, NULL};
+
+	if (auth_root(k, s, &e)) {
+		call_finish(k, s, e.code, "%s", e.msg);
+	} else if (svc_too_large(k, s->raw.n)) {
 		call_finish(k, s, GRPC_INVALID_ARGUMENT, "%s", E_TOO_LARGE);
 	} else if (!(s->svc = kvd_calloc(k, sizeof(struct snap)))) {
 		call_finish(k, s, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
@@ -10546,13 +13185,15 @@ static void svc_alarm(struct kvd *k, struct call *s)
 	const Etcdserverpb__AlarmRequest *rq = (const void *)s->rq;
 	Etcdserverpb__AlarmResponse rs = ETCDSERVERPB__ALARM_RESPONSE__INIT;
 	Etcdserverpb__AlarmMember am[MVCC_MAX_ALARMS], *pam[MVCC_MAX_ALARMS];
-	Etcdserverpb__ResponseHeader h;
 	struct svc_err e = {0, NULL};
 	struct mvcc *m = &k->db;
 	unsigned i, n = 0, type = (unsigned)rq->alarm;
+	struct auth_who who;
 	int r;
 
-	if (svc_too_large(k, s->raw.n)) {
+	if (auth_who(k, s, &who, &e)) { /* a token must be good; no permission is needed (etcd 3.4) */
+		auth_raw(&e);
+	} else if (svc_too_large(k, s->raw.n)) {
 		svc_fail(&e, GRPC_INVALID_ARGUMENT, E_TOO_LARGE);
 	} else if (rq->action == ETCDSERVERPB__ALARM_REQUEST__ALARM_ACTION__GET) {
 		for (i = 0; i < m->nalarms; i++)
@@ -10587,9 +13228,7 @@ static void svc_alarm(struct kvd *k, struct call *s)
 			s->wrote = r == 1;
 		}
 	}
-	if (!e.msg) {
-		svc_header(k, &h, 1);
-		rs.header = &h;
+	if (!e.msg) { /* no header: etcd 3.4's Alarm answers without one */
 		rs.n_alarms = n;
 		rs.alarms = n ? pam : NULL;
 	}
@@ -10615,7 +13254,12 @@ static void svc_defrag_answer(struct kvd *k, struct call *c, int code, const cha
 static void svc_defrag(struct kvd *k, struct call *s)
 {
 	struct life *L = &k->life;
+	struct svc_err e = {0, NULL};
 
+	if (auth_root(k, s, &e)) {
+		call_finish(k, s, e.code, "%s", e.msg);
+		return;
+	}
 	if (svc_too_large(k, s->raw.n)) {
 		call_finish(k, s, GRPC_INVALID_ARGUMENT, "%s", E_TOO_LARGE);
 		return;
@@ -10821,23 +13465,23 @@ static const struct grpc_method svc_maintenance[] = {
 	{"/etcdserverpb.Maintenance/Downgrade", GRPC_UNARY, PB(etcdserverpb__downgrade_request), PB(etcdserverpb__downgrade_response), NULL, NULL, NULL, NULL, NULL},
 };
 static const struct grpc_method svc_auth[] = {
-	{"/etcdserverpb.Auth/AuthEnable", GRPC_UNARY, PB(etcdserverpb__auth_enable_request), PB(etcdserverpb__auth_enable_response), NULL, NULL, NULL, NULL, NULL},
-	{"/etcdserverpb.Auth/AuthDisable", GRPC_UNARY, PB(etcdserverpb__auth_disable_request), PB(etcdserverpb__auth_disable_response), NULL, NULL, NULL, NULL, NULL},
-	{"/etcdserverpb.Auth/AuthStatus", GRPC_UNARY, PB(etcdserverpb__auth_status_request), PB(etcdserverpb__auth_status_response), NULL, NULL, NULL, NULL, NULL},
-	{"/etcdserverpb.Auth/Authenticate", GRPC_UNARY, PB(etcdserverpb__authenticate_request), PB(etcdserverpb__authenticate_response), NULL, NULL, NULL, NULL, NULL},
-	{"/etcdserverpb.Auth/UserAdd", GRPC_UNARY, PB(etcdserverpb__auth_user_add_request), PB(etcdserverpb__auth_user_add_response), NULL, NULL, NULL, NULL, NULL},
-	{"/etcdserverpb.Auth/UserGet", GRPC_UNARY, PB(etcdserverpb__auth_user_get_request), PB(etcdserverpb__auth_user_get_response), NULL, NULL, NULL, NULL, NULL},
-	{"/etcdserverpb.Auth/UserList", GRPC_UNARY, PB(etcdserverpb__auth_user_list_request), PB(etcdserverpb__auth_user_list_response), NULL, NULL, NULL, NULL, NULL},
-	{"/etcdserverpb.Auth/UserDelete", GRPC_UNARY, PB(etcdserverpb__auth_user_delete_request), PB(etcdserverpb__auth_user_delete_response), NULL, NULL, NULL, NULL, NULL},
-	{"/etcdserverpb.Auth/UserChangePassword", GRPC_UNARY, PB(etcdserverpb__auth_user_change_password_request), PB(etcdserverpb__auth_user_change_password_response), NULL, NULL, NULL, NULL, NULL},
-	{"/etcdserverpb.Auth/UserGrantRole", GRPC_UNARY, PB(etcdserverpb__auth_user_grant_role_request), PB(etcdserverpb__auth_user_grant_role_response), NULL, NULL, NULL, NULL, NULL},
-	{"/etcdserverpb.Auth/UserRevokeRole", GRPC_UNARY, PB(etcdserverpb__auth_user_revoke_role_request), PB(etcdserverpb__auth_user_revoke_role_response), NULL, NULL, NULL, NULL, NULL},
-	{"/etcdserverpb.Auth/RoleAdd", GRPC_UNARY, PB(etcdserverpb__auth_role_add_request), PB(etcdserverpb__auth_role_add_response), NULL, NULL, NULL, NULL, NULL},
-	{"/etcdserverpb.Auth/RoleGet", GRPC_UNARY, PB(etcdserverpb__auth_role_get_request), PB(etcdserverpb__auth_role_get_response), NULL, NULL, NULL, NULL, NULL},
-	{"/etcdserverpb.Auth/RoleList", GRPC_UNARY, PB(etcdserverpb__auth_role_list_request), PB(etcdserverpb__auth_role_list_response), NULL, NULL, NULL, NULL, NULL},
-	{"/etcdserverpb.Auth/RoleDelete", GRPC_UNARY, PB(etcdserverpb__auth_role_delete_request), PB(etcdserverpb__auth_role_delete_response), NULL, NULL, NULL, NULL, NULL},
-	{"/etcdserverpb.Auth/RoleGrantPermission", GRPC_UNARY, PB(etcdserverpb__auth_role_grant_permission_request), PB(etcdserverpb__auth_role_grant_permission_response), NULL, NULL, NULL, NULL, NULL},
-	{"/etcdserverpb.Auth/RoleRevokePermission", GRPC_UNARY, PB(etcdserverpb__auth_role_revoke_permission_request), PB(etcdserverpb__auth_role_revoke_permission_response), NULL, NULL, NULL, NULL, NULL},
+	{"/etcdserverpb.Auth/AuthEnable", GRPC_UNARY, PB(etcdserverpb__auth_enable_request), PB(etcdserverpb__auth_enable_response), svc_auth_enable, NULL, NULL, NULL, NULL},
+	{"/etcdserverpb.Auth/AuthDisable", GRPC_UNARY, PB(etcdserverpb__auth_disable_request), PB(etcdserverpb__auth_disable_response), svc_auth_disable, NULL, NULL, NULL, NULL},
+	{"/etcdserverpb.Auth/AuthStatus", GRPC_UNARY, PB(etcdserverpb__auth_status_request), PB(etcdserverpb__auth_status_response), svc_auth_status, NULL, NULL, NULL, NULL},
+	{"/etcdserverpb.Auth/Authenticate", GRPC_UNARY, PB(etcdserverpb__authenticate_request), PB(etcdserverpb__authenticate_response), svc_auth_authenticate, NULL, auth_job_close, NULL, NULL},
+	{"/etcdserverpb.Auth/UserAdd", GRPC_UNARY, PB(etcdserverpb__auth_user_add_request), PB(etcdserverpb__auth_user_add_response), svc_auth_user_add, NULL, auth_job_close, NULL, NULL},
+	{"/etcdserverpb.Auth/UserGet", GRPC_UNARY, PB(etcdserverpb__auth_user_get_request), PB(etcdserverpb__auth_user_get_response), svc_auth_user_get, NULL, NULL, NULL, NULL},
+	{"/etcdserverpb.Auth/UserList", GRPC_UNARY, PB(etcdserverpb__auth_user_list_request), PB(etcdserverpb__auth_user_list_response), svc_auth_user_list, NULL, NULL, NULL, NULL},
+	{"/etcdserverpb.Auth/UserDelete", GRPC_UNARY, PB(etcdserverpb__auth_user_delete_request), PB(etcdserverpb__auth_user_delete_response), svc_auth_user_delete, NULL, NULL, NULL, NULL},
+	{"/etcdserverpb.Auth/UserChangePassword", GRPC_UNARY, PB(etcdserverpb__auth_user_change_password_request), PB(etcdserverpb__auth_user_change_password_response), svc_auth_user_passwd, NULL, auth_job_close, NULL, NULL},
+	{"/etcdserverpb.Auth/UserGrantRole", GRPC_UNARY, PB(etcdserverpb__auth_user_grant_role_request), PB(etcdserverpb__auth_user_grant_role_response), svc_auth_user_grant, NULL, NULL, NULL, NULL},
+	{"/etcdserverpb.Auth/UserRevokeRole", GRPC_UNARY, PB(etcdserverpb__auth_user_revoke_role_request), PB(etcdserverpb__auth_user_revoke_role_response), svc_auth_user_revoke, NULL, NULL, NULL, NULL},
+	{"/etcdserverpb.Auth/RoleAdd", GRPC_UNARY, PB(etcdserverpb__auth_role_add_request), PB(etcdserverpb__auth_role_add_response), svc_auth_role_add, NULL, NULL, NULL, NULL},
+	{"/etcdserverpb.Auth/RoleGet", GRPC_UNARY, PB(etcdserverpb__auth_role_get_request), PB(etcdserverpb__auth_role_get_response), svc_auth_role_get, NULL, NULL, NULL, NULL},
+	{"/etcdserverpb.Auth/RoleList", GRPC_UNARY, PB(etcdserverpb__auth_role_list_request), PB(etcdserverpb__auth_role_list_response), svc_auth_role_list, NULL, NULL, NULL, NULL},
+	{"/etcdserverpb.Auth/RoleDelete", GRPC_UNARY, PB(etcdserverpb__auth_role_delete_request), PB(etcdserverpb__auth_role_delete_response), svc_auth_role_delete, NULL, NULL, NULL, NULL},
+	{"/etcdserverpb.Auth/RoleGrantPermission", GRPC_UNARY, PB(etcdserverpb__auth_role_grant_permission_request), PB(etcdserverpb__auth_role_grant_permission_response), svc_auth_role_grant, NULL, NULL, NULL, NULL},
+	{"/etcdserverpb.Auth/RoleRevokePermission", GRPC_UNARY, PB(etcdserverpb__auth_role_revoke_permission_request), PB(etcdserverpb__auth_role_revoke_permission_response), svc_auth_role_revoke, NULL, NULL, NULL, NULL},
 };
 static const struct grpc_method svc_lock[] = {
 	{"/v3lockpb.Lock/Lock", GRPC_UNARY, PB(v3lockpb__lock_request), PB(v3lockpb__lock_response), NULL, NULL, NULL, NULL, NULL},
@@ -10937,7 +13581,7 @@ static void svc_shutdown(struct kvd *k)
 			c->m->on_shutdown(k, c);
 }
 
-/* ===== 17. Watch (watch_) =============================================== */
+/* ===== 18. Watch (watch_) =============================================== */
 
 /*
  * etcd's Watch: many watchers per bidi stream.  A watcher owes its client
@@ -11753,6 +14397,18 @@ static void watch_create(struct kvd *k, struct call *s, struct watch_stream *ws,
 	int64_t id = c->watch_id;
 	int kind;
 
+	{ /* etcd's isWatchPermitted, first: no error, a created+canceled answer */
+		struct svc_err e = {0, NULL};
+		struct auth_who who;
+		ProtobufCBinaryData kb, eb;
+		kb.data = (uint8_t *)key;
+		kb.len = klen;
+		eb = c->range_end;
+		if (auth_who(k, s, &who, &e) || auth_may(k, &who, &kb, &eb, AUTH_R, &e)) {
+			watch_reply_ctrl(k, s, -1, 1, 1, auth_watch_reason(&e));
+			return;
+		}
+	}
 	if (!elen)
 		kind = WATCH_KEY;
 	else if (elen == 1 && end[0] == 0)
@@ -11928,7 +14584,7 @@ static void watch_fini(struct kvd *k)
 	buf_free(k, &k->watch.enc);
 }
 
-/* ===== 18. JSON (json_) ================================================= */
+/* ===== 19. JSON (json_) ================================================= */
 
 /*
  * A small strict JSON reader (RFC 8259) into a tree held in one arena, and
@@ -11940,29 +14596,6 @@ static void watch_fini(struct kvd *k)
  * cares): an integral value as an integer, others as Haskell's `show` of a
  * Double.  The HTTP/JSON gateway will reuse it.
  */
-
-/* A parsed document in one arena. */
-enum { JSON_NULL, JSON_FALSE, JSON_TRUE, JSON_NUM, JSON_STR, JSON_ARR, JSON_OBJ };
-
-struct json {
-	uint8_t type;
-	uint8_t isint;      /* JSON_NUM: an integral value that fits in i */
-	uint32_t n;         /* JSON_STR: bytes; JSON_ARR/OBJ: children */
-	uint32_t klen;      /* a member of an object: its key */
-	const char *key;
-	const char *s;      /* JSON_STR: the bytes, NUL-terminated */
-	struct json *kids;  /* JSON_ARR/OBJ: n children, in order */
-	int64_t i;
-	double d;
-};
-
-struct json_chunk;
-struct json_doc {
-	struct kvd *k;
-	struct json_chunk *chunks;
-	struct json *root;
-	size_t bytes; /* held by the arena */
-};
 
 #define JSON_MAX_DEPTH 64
 #define JSON_CHUNK 16384 /* arena chunk bytes */
@@ -12531,7 +15164,7 @@ static void json_write(struct kvd *k, struct kvd_buf *b, const struct json *v)
 	json_put_raw(k, b, v->type == JSON_OBJ ? "}" : "]");
 }
 
-/* ===== 19. confd: Ganeti's UDP query protocol (confd_) ================== */
+/* ===== 20. confd: Ganeti's UDP query protocol (confd_) ================== */
 
 /*
  * Ganeti's confd on UDP: a datagram is "plj0" + {"msg","salt","hmac"}, the
@@ -14380,7 +17013,7 @@ static void confd_close(struct kvd *k)
 	k->confd = NULL;
 }
 
-/* ===== 20. TLS: a transport under any protocol (tls_) ================== */
+/* ===== 21. TLS: a transport under any protocol (tls_) ================== */
 
 /*
  * An https:// listener's connections get the TLS transport instead of the
@@ -14949,9 +17582,24 @@ static int tls_accept(struct kvd *k, struct conn *c)
 	return 0;
 }
 
+/* The verified client certificate's CN: who a call without a token is, with
+ * --client-cert-auth (section 16).  NULL if none. */
+static const char *tls_peer_cn(const struct conn *c)
+{
+	const struct tls_conn *t = c->tr == &tls_transport ? c->ts : NULL;
+
+	return t && t->done && t->cn[0] ? t->cn : NULL;
+}
+
+#else
+static const char *tls_peer_cn(const struct conn *c)
+{
+	(void)c;
+	return NULL;
+}
 #endif /* KVD_NO_TLS */
 
-/* ===== 21. HTTP/1.1 on the client port: /health, /version (http1_) ===== */
+/* ===== 22. HTTP/1.1 on the client port: /health, /version (http1_) ===== */
 
 /*
  * etcd serves HTTP/1.1 on its client port beside gRPC: /health for
@@ -15266,7 +17914,7 @@ static const struct net_proto http1_proto = {
 	http1_busy, http1_free,
 };
 
-/* ===== 22. Sockets and the poll loop (net_, loop_) ====================== */
+/* ===== 23. Sockets and the poll loop (net_, loop_) ====================== */
 
 /*
  * One poll() loop, no threads.  Each kvd_poll() call (loop_run):
@@ -15966,6 +18614,7 @@ static void loop_flush(struct kvd *k)
 	}
 	net_reap(k);
 	life_step(k); /* a slice of a log rewrite, after the replies left */
+	auth_step(k); /* a slice of password hashing */
 }
 
 /* What each pollfd belongs to: the dispatch needs nothing positional. */
@@ -16081,7 +18730,7 @@ static int loop_run(struct kvd *k, int timeout_ms)
 	return k->stopping && !k->conns ? KVD_ESTOPPED : 0;
 }
 
-/* ===== 23. Flags and configuration (cfg_) =============================== */
+/* ===== 24. Flags and configuration (cfg_) =============================== */
 
 /*
  * etcd's flag syntax (Go's flag package): -flag or --flag, "=value" or the
@@ -16163,6 +18812,10 @@ static const struct cfg_flag cfg_flags[] = {
 	      "client TLS using a self-signed certificate made at start (when --cert-file is not given)"),
 	CFG_S("cipher-suites", cipher_suites, NULL,
 	      "comma-separated list of supported TLS cipher suites (empty: ECDHE with AES-GCM or ChaCha20-Poly1305)"),
+	CFG_S("auth-token", auth_token, "simple",
+	      "simple, or jwt,sign-method=RS256|PS256|ES256|HS256...,pub-key=FILE,priv-key=FILE,ttl=5m"),
+	CFG_N("auth-token-ttl", CFG_U32, auth_token_ttl, 1, 300, "seconds a simple token lives after its last use"),
+	CFG_N("bcrypt-cost", CFG_U32, bcrypt_cost, 4, 10, "bcrypt cost of new password hashes (4..31)"),
 	CFG_S("restore-snapshot", restore_snapshot, NULL,
 	      "kvd: make the store from this etcd 3.4 snapshot file (etcdctl snapshot save), then serve; "
 	      "refused if the data dir holds one"),
@@ -16507,7 +19160,7 @@ static int cfg_lock(struct kvd *k, char *err, size_t errlen)
 	return 0;
 }
 
-/* ===== 24. Public embedding API (kvd_) ================================== */
+/* ===== 25. Public embedding API (kvd_) ================================== */
 
 #define KVD_STR_(x) #x
 #define KVD_STR(x) KVD_STR_(x)
@@ -16667,6 +19320,10 @@ static int kvd_init(const struct kvd_config *cfg, struct kvd **out, char *err, s
 		         (unsigned)cfg->election_timeout_ms);
 		return KVD_EINVAL;
 	}
+	if (cfg->bcrypt_cost < 4 || cfg->bcrypt_cost > 31) {
+		snprintf(err, errlen, "--bcrypt-cost %u: want 4..31", (unsigned)cfg->bcrypt_cost);
+		return KVD_EINVAL;
+	}
 	k = KVD_SYS_CALLOC(1, sizeof *k); /* big, mostly buffers: calloc leaves
 	                                   * fresh pages untouched until used */
 	if (!k)
@@ -16688,6 +19345,7 @@ static int kvd_init(const struct kvd_config *cfg, struct kvd **out, char *err, s
 	k->cfg.confd_replay_cache = cfg->confd_replay_cache != 0;
 	mvcc_init(&k->db);
 	k->db.no_fsync = cfg->unsafe_no_fsync != 0;
+	auth_init(k);
 	*out = k;
 	if (cfg_own(k, &k->cfg))
 		return KVD_ENOMEM;
@@ -16725,6 +19383,8 @@ KVD_API int kvd_open(const struct kvd_config *cfg, struct kvd **out, char *err, 
 	if ((r = tls_init(k, tls, err, errlen)))
 		goto fail;
 #endif
+	if ((r = auth_open(k, err, errlen))) /* jwt keys, read before the data dir too */
+		goto fail;
 	if ((r = cfg_mkdirs(k->cfg.data_dir, err, errlen)) || (r = cfg_lock(k, err, errlen)) ||
 	    (k->cfg.restore_snapshot && k->cfg.restore_snapshot[0] && (r = snap_restore(k, err, errlen))) ||
 	    (r = mvcc_open(k, err, errlen)) || (r = life_init(k, err, errlen)) || (r = confd_open(k, err, errlen)))
@@ -16812,6 +19472,7 @@ KVD_API void kvd_close(struct kvd *k)
 	mvcc_close(k);
 	watch_fini(k);
 	lease_fini(k);
+	auth_free(k);
 	kvd_free(k, k->held);
 	kvd_free(k, k->ls);
 	kvd_free(k, k->pfd);
@@ -16883,7 +19544,7 @@ KVD_API int kvd_main(int argc, char **argv)
 	return 0;
 }
 
-/* ===== 25. main() ======================================================= */
+/* ===== 26. main() ======================================================= */
 
 #ifndef KVD_NO_MAIN
 int main(int argc, char **argv)

@@ -8,6 +8,7 @@ kvd/etcd ratios (the README records them).
   test/bench.py --only life                  disk writes per byte put over a simulated life
   test/bench.py --only snapshot [--keys K]   snapshot save (time, server RSS) and import of K keys x 100 B
   test/bench.py --only tls                   handshakes, Put/Range over TLS, RSS per idle TLS connection, sizes
+  test/bench.py --only auth                  Authenticate/s, Put/Range with a token, RSS of 1000 users and roles
 
 The confd rows compare kvd with Debian's ganeti-confd 3.0.2 instead.
 """
@@ -73,12 +74,13 @@ def cpu_ticks(pid):
     return int(parts[11]) + int(parts[12])
 
 
-def h2load(port, path, body, n, c, m, scheme="http"):
+def h2load(port, path, body, n, c, m, scheme="http", token=None):
     bf = tempfile.NamedTemporaryFile(delete=False)
     bf.write(body)
     bf.close()
     r = subprocess.run(["h2load", "-n", str(n), "-c", str(c), "-m", str(m), "-t", "1", "-d", bf.name,
-                        "-H", "content-type: application/grpc", "-H", "te: trailers",
+                        "-H", "content-type: application/grpc", "-H", "te: trailers"] +
+                       (["-H", "token: " + token] if token else []) + [
                         "%s://127.0.0.1:%d%s" % (scheme, port, path)], capture_output=True, text=True)
     os.unlink(bf.name)
     rate, ok = 0.0, False
@@ -455,6 +457,57 @@ def tls_rows(n=100000):
     subprocess.run(["rm", "-rf", d])
 
 
+def auth_rows(n=100000):
+    """Auth on in both (bcrypt cost 10, etcd's default): Authenticate per
+    second, Range and durable Put with a token (h2load, the same bodies);
+    then RSS growth for 1000 users, 1000 roles and 10k permissions (cost 4,
+    the hashes' cost is not what is measured)."""
+    import auth as A
+    ep = EtcdDisk()
+    k = Kvd(KVD, [], data_dir=tempfile.mkdtemp(prefix="kvd-bench-", dir=DISK))
+    wait_for(lambda: Client(ep.endpoint()).call("Range", R.RangeRequest(key=b"x"))[0] == "ok", 30)
+    print("auth on (simple tokens, bcrypt cost 10; h2load -t 1):")
+    toks = []
+    for s in (ep, k):
+        p = A.Peer(s.endpoint())
+        A.setup_alice(p)
+        p.call("Put", R.PutRequest(key=b"/app/k", value=b"v" * 100), p.tok["alice"])
+        toks.append(p.tok["alice"])
+        p.close()
+    body = grpc_frame(R.AuthenticateRequest(name="alice", password="apw").SerializeToString())
+    row("  Authenticate -c 16 -m 1 (one hash each)",
+        h2load(ep.port, "/etcdserverpb.Auth/Authenticate", body, 200, 16, 1),
+        h2load(k.port, "/etcdserverpb.Auth/Authenticate", body, 200, 16, 1))
+    put = grpc_frame(R.PutRequest(key=b"/app/k", value=b"v" * 100).SerializeToString())
+    rng = grpc_frame(R.RangeRequest(key=b"/app/k").SerializeToString())
+    for name, path, b in (("Put, durable, with a token", "/etcdserverpb.KV/Put", put),
+                          ("Range with a token", "/etcdserverpb.KV/Range", rng)):
+        row("  %s -c 16 -m 8" % name, h2load(ep.port, path, b, n, 16, 8, token=toks[0]),
+            h2load(k.port, path, b, n, 16, 8, token=toks[1]))
+    ep.stop()
+    k.stop()
+    ep = EtcdDisk(args=["--bcrypt-cost", "4"])
+    k = Kvd(KVD, ["--bcrypt-cost", "4"], data_dir=tempfile.mkdtemp(prefix="kvd-bench-", dir=DISK))
+    wait_for(lambda: Client(ep.endpoint()).call("Range", R.RangeRequest(key=b"x"))[0] == "ok", 30)
+    grow = []
+    for s in (ep, k):
+        p = A.Peer(s.endpoint())
+        r0 = proc(s.p.pid, "VmRSS")
+        for i in range(1000):
+            p.call("RoleAdd", R.AuthRoleAddRequest(name="role-%04d" % i))
+            for j in range(10):
+                key = b"/tenant/%04d/%02d/" % (i, j)
+                p.call("RoleGrantPermission", R.AuthRoleGrantPermissionRequest(
+                    name="role-%04d" % i, perm=A.AUTHPB.Permission(permType=j % 3, key=key, range_end=key[:-1] + b"0")))
+            p.call("UserAdd", R.AuthUserAddRequest(name="user-%04d" % i, password="pw-%d" % i))
+            p.call("UserGrantRole", R.AuthUserGrantRoleRequest(user="user-%04d" % i, role="role-%04d" % i))
+        grow.append(proc(s.p.pid, "VmRSS") - r0)
+        p.close()
+    row("  RSS growth, 1000 users + 1000 roles + 10k perms", grow[0], grow[1], "KiB", higher=False)
+    ep.stop()
+    k.stop()
+
+
 def main(argv):
     n = int(argv[argv.index("--n") + 1]) if "--n" in argv else 100000
     nkeys = int(argv[argv.index("--keys") + 1]) if "--keys" in argv else 200000
@@ -470,6 +523,9 @@ def main(argv):
         return 0
     if only == "tls":
         tls_rows(n)
+        return 0
+    if only == "auth":
+        auth_rows(n)
         return 0
     kvd_dir = tempfile.mkdtemp(prefix="kvd-bench-", dir=DISK)
     e = EtcdDisk()

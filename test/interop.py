@@ -89,8 +89,8 @@ def same_ids_as_etcd():
 @test
 def etcdctl_unimplemented():
     k = Kvd(KVD)
-    rc, out, err = etcdctl(k, "user", "list")
-    check(rc != 0 and "code = Unimplemented" in err and "not implemented yet" in err, "user list: %r" % err)
+    rc, out, err = etcdctl(k, "member", "add", "m2", "--peer-urls", "http://127.0.0.1:2390")
+    check(rc != 0 and "code = Unimplemented" in err and "not implemented yet" in err, "member add: %r" % err)
     k.stop()
 
 

@@ -6,6 +6,7 @@ usage: test/mkcorpus.py KVD_PORT   (h2 and hpack seeds)
        test/mkcorpus.py confd      (JSON documents and confd datagrams)
        test/mkcorpus.py pb         (request messages of every gRPC method)
        test/mkcorpus.py bolt       (snapshot files from etcd and kvd)
+       test/mkcorpus.py auth       (a log with AUTH records; snapshots with users and roles)
 A relay on a free port records what each client sends to kvd at KVD_PORT:
 etcdctl 3.4 (grpc-go), grpcio, python-h2 with padding/PRIORITY/CONTINUATION.
 Each capture becomes test/corpus/h2/<name> (behind a mode byte, see
@@ -340,7 +341,64 @@ def bolt_seeds():
             s.stop()
 
 
+def auth_seeds():
+    """A log with AUTH records (test/auth.py's generator, then a rewrite that
+    states them whole) and snapshots whose auth buckets etcd and kvd filled:
+    test/corpus/log/kvd-auth-*, test/corpus/bolt/*-auth."""
+    sys.path.insert(0, HERE)
+    from kvdtest import Kvd, Etcd, pb
+    from snapshot import snapshot_save
+    import auth
+    R = pb()["rpc"]
+    for seed, rewrite in ((1, False), (2, True)):
+        k = Kvd(os.path.join(os.path.dirname(HERE), "kvd"), args=auth.COST)
+        p = auth.Peer(k.endpoint())
+        p.call("UserAdd", R.AuthUserAddRequest(name="root", password="rootpw"))
+        p.call("UserGrantRole", R.AuthUserGrantRoleRequest(user="root", role="root"))
+        g = auth.Gen(seed)
+        g.pw["root"] = "rootpw"
+        for _ in range(150):
+            method, req, who, extra = g.next()
+            if method == "Watch":
+                continue
+            a = p.call(method, p.lease_ids(method, req), auth.token_for(p, who))
+            if method == "Authenticate" and a[0] == "ok":
+                p.tok[extra] = a[1].token
+            if method == "LeaseGrant" and a[0] == "ok":
+                p.leases.append(a[1].ID)
+            g.learn(method, extra, a)
+        if rewrite:
+            t = auth.root_token(p)  # None while auth is off: then no token is needed
+            f = p.c.ch.unary_unary("/etcdserverpb.Maintenance/Defragment",
+                                   request_serializer=lambda m: m.SerializeToString(),
+                                   response_deserializer=R.DefragmentResponse.FromString)
+            f(R.DefragmentRequest(), timeout=60, metadata=[("token", t)] if t else None)
+        p.close()
+        k.stop()
+        data = open(os.path.join(k.dir, "kvd.log"), "rb").read()
+        with open(os.path.join(HERE, "corpus", "log", "kvd-auth-%d" % seed), "wb") as f:
+            f.write(b"\x00" + data)
+    out = os.path.join(HERE, "corpus", "bolt")
+    tmp = "/tmp/kvd-bolt-seeds.db"
+    for who, make in (("kvd", lambda: Kvd(args=auth.COST)), ("etcd", lambda: Etcd(auth.COST))):
+        s = make()
+        p = auth.Peer(s.endpoint())
+        auth.setup_alice(p)
+        p.call("Put", R.PutRequest(key=b"/app/x", value=b"1"), p.tok["alice"])
+        p.close()
+        r = subprocess.run(["etcdctl", "--endpoints", s.endpoint(), "--user", "root:rootpw", "snapshot", "save", tmp],
+                           capture_output=True, env=dict(os.environ, ETCDCTL_API="3"))
+        if r.returncode:
+            raise RuntimeError("snapshot save failed: %s" % r.stderr[-300:])
+        with open(tmp, "rb") as f, open(os.path.join(out, who + "-auth"), "wb") as o:
+            o.write(b"\x01" + f.read())
+        s.stop()
+
+
 def main():
+    if sys.argv[1:] == ["auth"]:
+        auth_seeds()
+        return 0
     if sys.argv[1:] == ["bolt"]:
         bolt_seeds()
         return 0
