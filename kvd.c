@@ -1414,9 +1414,6 @@ static void auth_free(struct kvd *k);
 static const char *tls_peer_cn(const struct conn *c);
 #define AUTH_R AUTHPB__PERMISSION__TYPE__READ
 #define AUTH_W AUTHPB__PERMISSION__TYPE__WRITE
-enum { AUTH_OP_USER = 1, AUTH_OP_USER_DEL, AUTH_OP_ROLE, AUTH_OP_ROLE_DEL }; /* AUTH record ops */
-enum { AUTH_F_ENABLED = 1, AUTH_F_WHOLE = 2 };                               /* AUTH record flags */
-#define AUTH_REC_FIXED 13                                                    /* flags, revision, nops */
 
 /* ===== 6. MVCC store: log, index, revisions (mvcc_) ===================== */
 
@@ -1437,8 +1434,10 @@ enum { AUTH_F_ENABLED = 1, AUTH_F_WHOLE = 2 };                               /* 
  *   COMPACT (3) = varint rev
  *   BASE    (4) = varint rev | u32 nops | op[nops]       -- a rewritten log's state at rev
  *   ALARM   (5) = u32 n | (varint member | u8 alarm)[n]  -- the active alarms from here on
- *   AUTH    (6) = u8 flags | u64 auth rev | u32 nops | aop[nops] -- users and roles
- *                 changed (section 16 says what an aop is)
+ *   AUTH    (6) = u8 flags (1 enabled, 2 whole) | u64 auth rev | u32 nops | aop[nops]
+ *   aop     = u8 kind | u32 len | bytes[len]   -- 1 user, 3 role: the packed
+ *             authpb.User/Role; 2, 4: the name of one that goes (section 16
+ *             applies them; "whole" first forgets every user and role)
  *   op      = u8 kind (1 put, 2 delete) | u64 prev | varint rev | varint create
  *             | varint version | varint zigzag(lease) | varint klen | varint vlen
  *             | key | value                              (prev: offset of the key's
@@ -1478,6 +1477,9 @@ enum { AUTH_F_ENABLED = 1, AUTH_F_WHOLE = 2 };                               /* 
 #define MVCC_REC_BASE 4
 #define MVCC_REC_ALARM 5
 #define MVCC_REC_AUTH 6
+#define MVCC_AUTH_FIXED 13 /* an AUTH record's flags, revision and op count */
+enum { AUTH_OP_USER = 1, AUTH_OP_USER_DEL, AUTH_OP_ROLE, AUTH_OP_ROLE_DEL }; /* AUTH ops */
+enum { AUTH_F_ENABLED = 1, AUTH_F_WHOLE = 2 };                               /* AUTH flags */
 #define MVCC_OP_PUT 1
 #define MVCC_OP_DEL 2
 #define MVCC_OP_GRANT 3
@@ -2163,7 +2165,8 @@ struct mvcc_rec {
 	unsigned type;              /* MVCC_REC_* */
 	uint64_t off;               /* log offset of the record */
 	const uint8_t *p, *end;     /* payload */
-	int64_t rev;                /* TXN, BASE, COMPACT */
+	int64_t rev;                /* TXN, BASE, COMPACT; AUTH: the auth revision */
+	unsigned flags;             /* AUTH */
 	uint32_t nops;              /* TXN, BASE: ops; ALARM: alarms */
 	const uint8_t *next;        /* TXN, BASE: the next op to decode (mvcc_rec_op); ALARM: the first */
 	uint32_t at;                /* TXN, BASE: ops decoded so far */
@@ -2241,7 +2244,16 @@ static int mvcc_rec_decode(struct mvcc_rec *r, const char **why)
 		r->nops = get_be32(p);
 		r->next = p + 4;
 		return 0;
-	case MVCC_REC_AUTH: /* auth_replay reads it */
+	case MVCC_REC_AUTH:
+		if (r->end - p < MVCC_AUTH_FIXED || get_be64(p + 1) > INT64_MAX) {
+			*why = "bad auth record";
+			return KVD_ECORRUPT;
+		}
+		r->flags = p[0];
+		r->rev = (int64_t)get_be64(p + 1);
+		r->nops = get_be32(p + 9);
+		r->next = p + MVCC_AUTH_FIXED;
+		r->at = 0;
 		return 0;
 	}
 	*why = "unknown record type";
@@ -2263,6 +2275,31 @@ static int mvcc_rec_op(struct mvcc_rec *r, struct mvcc_op *op, const char **why)
 	}
 	if ((e = mvcc_op_decode(&r->next, r->end, r->off + MVCC_REC_HDR + (uint64_t)(r->next - r->p), 1, op, why)))
 		return e;
+	r->at++;
+	return 1;
+}
+
+/* The next op of a decoded AUTH record: 1 with its kind and bytes, 0 after
+ * the last (which must end the record), or KVD_ECORRUPT (why). */
+static int mvcc_rec_auth_op(struct mvcc_rec *r, unsigned *kind, const uint8_t **p, size_t *n, const char **why)
+{
+	uint32_t len;
+
+	if (r->at == r->nops) {
+		if (r->next != r->end) {
+			*why = "auth record length mismatch";
+			return KVD_ECORRUPT;
+		}
+		return 0;
+	}
+	if (r->end - r->next < 5 || (len = get_be32(r->next + 1)) > (size_t)(r->end - r->next - 5)) {
+		*why = "bad auth record";
+		return KVD_ECORRUPT;
+	}
+	*kind = r->next[0];
+	*p = r->next + 5;
+	*n = len;
+	r->next += 5 + len;
 	r->at++;
 	return 1;
 }
@@ -2674,6 +2711,49 @@ static void mvcc_alarms_encode(struct kvd_buf *b, const struct mvcc_alarm *a, un
 	}
 	b->len = (size_t)(p - b->p);
 	mvcc_seal(b->p + at, b->len - at - MVCC_REC_HDR, MVCC_REC_ALARM);
+}
+
+/* Open an AUTH record at the end of b (*at: where it starts).  0 or KVD_ENOMEM. */
+static int mvcc_auth_open(struct kvd *k, struct kvd_buf *b, size_t *at)
+{
+	if (buf_reserve(k, b, MVCC_REC_HDR + MVCC_AUTH_FIXED))
+		return KVD_ENOMEM;
+	*at = b->len;
+	b->len += MVCC_REC_HDR + MVCC_AUTH_FIXED;
+	return 0;
+}
+
+/* Append an op: message m packed, or raw[0..n).  Its bytes (valid until b
+ * grows) and their length, or NULL on no memory. */
+static const uint8_t *mvcc_auth_op(struct kvd *k, struct kvd_buf *b, unsigned kind, const ProtobufCMessage *m,
+                                   const void *raw, size_t *n)
+{
+	uint8_t *p;
+
+	if (m)
+		*n = protobuf_c_message_get_packed_size(m);
+	if (*n > UINT32_MAX - 64 || buf_reserve(k, b, 5 + *n))
+		return NULL;
+	p = b->p + b->len;
+	p[0] = (uint8_t)kind;
+	put_be32(p + 1, (uint32_t)*n);
+	if (m)
+		protobuf_c_message_pack(m, p + 5);
+	else if (*n)
+		memcpy(p + 5, raw, *n);
+	b->len += 5 + *n;
+	return p + 5;
+}
+
+/* Seal the AUTH record opened at at. */
+static void mvcc_auth_seal(struct kvd_buf *b, size_t at, unsigned flags, uint64_t rev, uint32_t nops)
+{
+	uint8_t *p = b->p + at + MVCC_REC_HDR;
+
+	p[0] = (uint8_t)flags;
+	put_be64(p + 1, rev);
+	put_be32(p + 9, nops);
+	mvcc_seal(b->p + at, b->len - at - MVCC_REC_HDR, MVCC_REC_AUTH);
 }
 
 /* End a write txn: no ops, no record and no revision; else the revision. */
@@ -6495,15 +6575,8 @@ static int snap_imp_authflags(struct kvd *k, void *arg, const uint8_t *key, size
 /* authUsers, authRoles: each message becomes an op of the AUTH record. */
 static int snap_imp_authop(struct kvd *k, struct snap_imp *im, unsigned kind, const uint8_t *val, size_t vn)
 {
-	uint8_t *p;
-
-	if (vn > UINT32_MAX - 64 || buf_reserve(k, &im->out, 5 + vn))
+	if (!mvcc_auth_op(k, &im->out, kind, NULL, val, &vn))
 		return KVD_ENOMEM;
-	p = im->out.p + im->out.len;
-	p[0] = (uint8_t)kind;
-	put_be32(p + 1, (uint32_t)vn);
-	memcpy(p + 5, val, vn);
-	im->out.len += 5 + vn;
 	im->auth_ops++;
 	return 0;
 }
@@ -6527,16 +6600,14 @@ static int snap_imp_role(struct kvd *k, void *arg, const uint8_t *key, size_t kn
 /* Users and roles as one whole-state AUTH record, replayed like the rest. */
 static int snap_imp_auth(struct kvd *k, struct snap_imp *im)
 {
-	size_t at = im->out.len;
-	uint8_t *p;
+	size_t at;
 	int e;
 
 	im->auth_rev = 1;
 	if ((im->bucket[1] && (e = snap_file_walk(k, &im->f, im->bucket[1], im->bucket_n[1], snap_imp_authflags, im))))
 		return e;
-	if (buf_reserve(k, &im->out, MVCC_REC_HDR + AUTH_REC_FIXED))
+	if (mvcc_auth_open(k, &im->out, &at))
 		return KVD_ENOMEM;
-	im->out.len += MVCC_REC_HDR + AUTH_REC_FIXED;
 	if ((im->bucket[3] && (e = snap_file_walk(k, &im->f, im->bucket[3], im->bucket_n[3], snap_imp_user, im))) ||
 	    (im->bucket[2] && (e = snap_file_walk(k, &im->f, im->bucket[2], im->bucket_n[2], snap_imp_role, im))))
 		return e;
@@ -6544,11 +6615,7 @@ static int snap_imp_auth(struct kvd *k, struct snap_imp *im)
 		im->out.len = at; /* nothing to say */
 		return 0;
 	}
-	p = im->out.p + at + MVCC_REC_HDR;
-	p[0] = (uint8_t)((im->auth_on ? AUTH_F_ENABLED : 0) | AUTH_F_WHOLE);
-	put_be64(p + 1, im->auth_rev);
-	put_be32(p + 9, im->auth_ops);
-	mvcc_seal(im->out.p + at, im->out.len - at - MVCC_REC_HDR, MVCC_REC_AUTH);
+	mvcc_auth_seal(&im->out, at, (im->auth_on ? AUTH_F_ENABLED : 0) | AUTH_F_WHOLE, im->auth_rev, im->auth_ops);
 	return snap_imp_apply(k, im, at, "the auth buckets, revision", (int64_t)im->auth_rev);
 }
 
@@ -11129,7 +11196,7 @@ static int auth_bcrypt_parse(const uint8_t *s, size_t n, unsigned *cost, uint8_t
 
 static int auth_cmp(const void *a, size_t an, const void *b, size_t bn)
 {
-	int c = memcmp(a, b, KVD_MIN(an, bn));
+	int c = an && bn ? memcmp(a, b, KVD_MIN(an, bn)) : 0; /* an empty one may be NULL */
 
 	return c ? c : (an > bn) - (an < bn);
 }
@@ -11282,40 +11349,26 @@ static void auth_tab_clear(struct kvd *k, struct auth_tab *t)
 		pb_free(k, t->v[--t->n]);
 }
 
-/* Replay an AUTH record (framed and checked by section 6). */
-static int auth_replay(struct kvd *k, const struct mvcc_rec *rec, const char **why)
+/* Replay an AUTH record (framed and decoded by section 6). */
+static int auth_replay(struct kvd *k, const struct mvcc_rec *rec0, const char **why)
 {
-	const uint8_t *p = rec->p, *end = rec->end;
-	uint32_t nops, i, len;
-	unsigned flags, kind;
+	struct mvcc_rec rec = *rec0;
+	const uint8_t *p;
+	unsigned kind;
+	size_t n;
 	int r;
 
-	if (end - p < AUTH_REC_FIXED) {
-		*why = "bad auth record";
-		return KVD_ECORRUPT;
-	}
-	flags = p[0];
-	nops = get_be32(p + 9);
-	if (flags & AUTH_F_WHOLE) {
+	if (rec.flags & AUTH_F_WHOLE) {
 		auth_tab_clear(k, &k->auth.users);
 		auth_tab_clear(k, &k->auth.roles);
 	}
-	for (i = 0, p += AUTH_REC_FIXED; i < nops; i++) {
-		if (end - p < 5 || (len = get_be32(p + 1)) > (size_t)(end - p - 5)) {
-			*why = "bad auth record";
-			return KVD_ECORRUPT;
-		}
-		kind = p[0];
-		if ((r = auth_apply(k, kind, p + 5, len, 0, why)))
+	while ((r = mvcc_rec_auth_op(&rec, &kind, &p, &n, why)) == 1)
+		if ((r = auth_apply(k, kind, p, n, 0, why)))
 			return r;
-		p += 5 + len;
-	}
-	if (p != end) {
-		*why = "auth record length mismatch";
-		return KVD_ECORRUPT;
-	}
-	k->auth.enabled = !!(flags & AUTH_F_ENABLED);
-	k->auth.rev = get_be64(rec->p + 1);
+	if (r)
+		return r;
+	k->auth.enabled = !!(rec.flags & AUTH_F_ENABLED);
+	k->auth.rev = (uint64_t)rec.rev;
 	return 0;
 }
 
@@ -11384,17 +11437,15 @@ static int auth_rec_begin(struct kvd *k, struct auth_rec *r)
 	struct mvcc *m = &k->db;
 	struct auth *a = &k->auth;
 
-	if (buf_reserve(k, &m->w, MVCC_REC_HDR + AUTH_REC_FIXED))
+	if (mvcc_auth_open(k, &m->w, &r->at))
 		return KVD_ENOMEM;
 	if (!a->saved) { /* the first change of this batch: what a failed flush restores */
 		a->was_enabled = a->enabled;
 		a->was_rev = a->rev;
 		a->saved = 1;
 	}
-	r->at = m->w.len;
 	r->undo_at = a->nundo;
 	r->nops = 0;
-	m->w.len += MVCC_REC_HDR + AUTH_REC_FIXED;
 	return 0;
 }
 
@@ -11402,23 +11453,12 @@ static int auth_rec_begin(struct kvd *k, struct auth_rec *r)
 static int auth_rec_op(struct kvd *k, struct auth_rec *r, unsigned kind, const ProtobufCMessage *msg,
                        const char *name)
 {
-	struct mvcc *m = &k->db;
-	size_t n = msg ? protobuf_c_message_get_packed_size(msg) : strlen(name);
-	uint8_t *p;
+	size_t n = msg ? 0 : strlen(name);
+	const uint8_t *p = mvcc_auth_op(k, &k->db.w, kind, msg, name, &n);
 	const char *why;
 
-	if (n > 0xffffffffu || buf_reserve(k, &m->w, 5 + n))
-		return KVD_ENOMEM;
-	p = m->w.p + m->w.len;
-	p[0] = (uint8_t)kind;
-	put_be32(p + 1, (uint32_t)n);
-	if (msg)
-		protobuf_c_message_pack(msg, p + 5);
-	else
-		memcpy(p + 5, name, n);
-	if (auth_apply(k, kind, p + 5, n, 1, &why))
-		return KVD_ENOMEM;
-	m->w.len += 5 + n;
+	if (!p || auth_apply(k, kind, p, n, 1, &why))
+		return KVD_ENOMEM; /* auth_rec_end then takes the record back */
 	r->nops++;
 	return 0;
 }
@@ -11428,17 +11468,13 @@ static int auth_rec_op(struct kvd *k, struct auth_rec *r, unsigned kind, const P
 static void auth_rec_end(struct kvd *k, struct auth_rec *r, int failed)
 {
 	struct mvcc *m = &k->db;
-	uint8_t *p = m->w.p + r->at + MVCC_REC_HDR;
 
 	if (failed) {
 		auth_undo_to(k, r->undo_at);
 		m->w.len = r->at;
 		return;
 	}
-	p[0] = k->auth.enabled ? AUTH_F_ENABLED : 0;
-	put_be64(p + 1, k->auth.rev);
-	put_be32(p + 9, r->nops);
-	mvcc_seal(m->w.p + r->at, m->w.len - r->at - MVCC_REC_HDR, MVCC_REC_AUTH);
+	mvcc_auth_seal(&m->w, r->at, k->auth.enabled ? AUTH_F_ENABLED : 0, k->auth.rev, r->nops);
 }
 
 /* Is there anything to say (a rewrite states it once more)? */
@@ -11452,33 +11488,19 @@ static int auth_encode_whole(struct kvd *k, struct kvd_buf *b)
 {
 	const struct auth *a = &k->auth;
 	const struct auth_tab *t;
-	size_t at = b->len, i, n;
+	size_t at, i, n;
 	uint32_t nops = 0;
-	uint8_t *p;
 	int pass;
 
-	if (buf_reserve(k, b, MVCC_REC_HDR + AUTH_REC_FIXED))
+	if (mvcc_auth_open(k, b, &at))
 		return KVD_ENOMEM;
-	b->len += MVCC_REC_HDR + AUTH_REC_FIXED;
 	for (pass = 0; pass < 2; pass++)
-		for (t = pass ? &a->roles : &a->users, i = 0; i < t->n; i++) {
-			n = protobuf_c_message_get_packed_size(t->v[i]);
-			if (buf_reserve(k, b, 5 + n)) {
+		for (t = pass ? &a->roles : &a->users, i = 0; i < t->n; i++, nops++)
+			if (!mvcc_auth_op(k, b, pass ? AUTH_OP_ROLE : AUTH_OP_USER, t->v[i], NULL, &n)) {
 				b->len = at;
 				return KVD_ENOMEM;
 			}
-			p = b->p + b->len;
-			p[0] = pass ? AUTH_OP_ROLE : AUTH_OP_USER;
-			put_be32(p + 1, (uint32_t)n);
-			protobuf_c_message_pack(t->v[i], p + 5);
-			b->len += 5 + n;
-			nops++;
-		}
-	p = b->p + at + MVCC_REC_HDR;
-	p[0] = (uint8_t)((a->enabled ? AUTH_F_ENABLED : 0) | AUTH_F_WHOLE);
-	put_be64(p + 1, a->rev);
-	put_be32(p + 9, nops);
-	mvcc_seal(b->p + at, b->len - at - MVCC_REC_HDR, MVCC_REC_AUTH);
+	mvcc_auth_seal(b, at, (a->enabled ? AUTH_F_ENABLED : 0) | AUTH_F_WHOLE, a->rev, nops);
 	return 0;
 }
 
@@ -12538,7 +12560,8 @@ static void svc_auth_authenticate(struct kvd *k, struct call *s)
 			svc_fail(&e, GRPC_INVALID_ARGUMENT, E_AUTH_FAILED);
 		else if (k->auth.jwt && !k->auth.jwt->priv)
 			svc_fail(&e, GRPC_UNKNOWN, "auth: token signing attempted with verify-only key");
-		else if ((r = k->auth.jwt ? auth_jwt_issue(k, rq->name, tok, sizeof tok) : auth_tok_new(k, rq->name, tok, sizeof tok)))
+		else if ((r = k->auth.jwt ? auth_jwt_issue(k, rq->name, tok, sizeof tok)
+		                          : auth_tok_new(k, rq->name, tok, sizeof tok)))
 			svc_fail(&e, r == KVD_ELIMIT ? GRPC_RESOURCE_EXHAUSTED : GRPC_UNAVAILABLE,
 			         r == KVD_ELIMIT ? E_TOO_MANY_REQUESTS : "kvd: cannot make a token");
 		else
@@ -12611,8 +12634,8 @@ static void svc_auth_user_get(struct kvd *k, struct call *s)
 
 	if (auth_who(k, s, &who, &e))
 		;
-	else if (strcmp(who.name ? who.name : "", rq->name) && auth_admin(k, &who, &e)) /* oneself (even "" as etcd), or root */
-		;
+	else if (strcmp(who.name ? who.name : "", rq->name) && auth_admin(k, &who, &e))
+		; /* oneself (even "", as etcd), or root */
 	else if (!(u = auth_user(k, rq->name)))
 		svc_fail(&e, GRPC_FAILED_PRECONDITION, E_USER_NOT_FOUND);
 	else {
@@ -12732,18 +12755,32 @@ static size_t auth_roles_with(struct kvd *k, const Authpb__User *u, const char *
 	return n;
 }
 
+/* User u (named name) with role added (add) or taken out: one AUTH record. */
+static void auth_user_set_role(struct kvd *k, struct call *s, const Authpb__User *u, const char *name,
+                               const char *role, int add, struct svc_err *e)
+{
+	Authpb__UserAddOptions opt;
+	Authpb__User nu;
+	struct auth_rec r;
+	char **roles;
+	size_t n = auth_roles_with(k, u, role, add, &roles);
+
+	if (!roles)
+		svc_fail(e, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+	else if (!auth_begin(k, s, &r, e)) {
+		auth_user_msg(&nu, &opt, u, name, NULL, roles, n);
+		auth_end(k, &r, auth_rec_op(k, &r, AUTH_OP_USER, &nu.base, NULL), 1, e);
+	}
+	kvd_free(k, roles);
+}
+
 static void svc_auth_user_grant(struct kvd *k, struct call *s)
 {
 	const Etcdserverpb__AuthUserGrantRoleRequest *rq = (const void *)s->rq;
 	Etcdserverpb__AuthUserGrantRoleResponse rs = ETCDSERVERPB__AUTH_USER_GRANT_ROLE_RESPONSE__INIT;
 	struct svc_err e = {0, NULL};
-	Authpb__UserAddOptions opt;
 	const Authpb__User *u;
-	Authpb__User nu;
-	struct auth_rec r;
 	struct auth_who who;
-	char **roles;
-	size_t n;
 
 	if (auth_who(k, s, &who, &e) || auth_admin(k, &who, &e))
 		;
@@ -12751,16 +12788,8 @@ static void svc_auth_user_grant(struct kvd *k, struct call *s)
 		svc_fail(&e, GRPC_FAILED_PRECONDITION, E_USER_NOT_FOUND);
 	else if (strcmp(rq->role, AUTH_ROOT) && !auth_role(k, rq->role))
 		svc_fail(&e, GRPC_FAILED_PRECONDITION, E_ROLE_NOT_FOUND);
-	else if (!auth_has_role(u, rq->role)) { /* granted already: nothing, as etcd */
-		n = auth_roles_with(k, u, rq->role, 1, &roles);
-		if (!roles)
-			svc_fail(&e, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
-		else if (!auth_begin(k, s, &r, &e)) {
-			auth_user_msg(&nu, &opt, u, rq->user, NULL, roles, n);
-			auth_end(k, &r, auth_rec_op(k, &r, AUTH_OP_USER, &nu.base, NULL), 1, &e);
-		}
-		kvd_free(k, roles);
-	}
+	else if (!auth_has_role(u, rq->role)) /* granted already: nothing, as etcd */
+		auth_user_set_role(k, s, u, rq->user, rq->role, 1, &e);
 	auth_answer(k, s, &rs.base, &rs.header, &e);
 }
 
@@ -12769,13 +12798,8 @@ static void svc_auth_user_revoke(struct kvd *k, struct call *s)
 	const Etcdserverpb__AuthUserRevokeRoleRequest *rq = (const void *)s->rq;
 	Etcdserverpb__AuthUserRevokeRoleResponse rs = ETCDSERVERPB__AUTH_USER_REVOKE_ROLE_RESPONSE__INIT;
 	struct svc_err e = {0, NULL};
-	Authpb__UserAddOptions opt;
 	const Authpb__User *u;
-	Authpb__User nu;
-	struct auth_rec r;
 	struct auth_who who;
-	char **roles;
-	size_t n;
 
 	if (auth_who(k, s, &who, &e) || auth_admin(k, &who, &e))
 		;
@@ -12785,16 +12809,8 @@ static void svc_auth_user_revoke(struct kvd *k, struct call *s)
 		svc_fail(&e, GRPC_FAILED_PRECONDITION, E_USER_NOT_FOUND);
 	else if (!auth_has_role(u, rq->role))
 		svc_fail(&e, GRPC_FAILED_PRECONDITION, E_ROLE_NOT_GRANTED);
-	else {
-		n = auth_roles_with(k, u, rq->role, 0, &roles);
-		if (!roles)
-			svc_fail(&e, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
-		else if (!auth_begin(k, s, &r, &e)) {
-			auth_user_msg(&nu, &opt, u, rq->name, NULL, roles, n);
-			auth_end(k, &r, auth_rec_op(k, &r, AUTH_OP_USER, &nu.base, NULL), 1, &e);
-		}
-		kvd_free(k, roles);
-	}
+	else
+		auth_user_set_role(k, s, u, rq->name, rq->role, 0, &e);
 	auth_answer(k, s, &rs.base, &rs.header, &e);
 }
 
@@ -12831,8 +12847,8 @@ static void svc_auth_role_get(struct kvd *k, struct call *s)
 
 	if (auth_who(k, s, &who, &e))
 		;
-	else if (!(who.name && auth_has_role(auth_user(k, who.name), rq->role)) && auth_admin(k, &who, &e)) /* one's own, or root */
-		;
+	else if (!(who.name && auth_has_role(auth_user(k, who.name), rq->role)) && auth_admin(k, &who, &e))
+		; /* one's own role, or root */
 	else if (!(r = auth_role(k, rq->role)))
 		svc_fail(&e, GRPC_FAILED_PRECONDITION, E_ROLE_NOT_FOUND);
 	else {
@@ -12919,7 +12935,8 @@ static void svc_auth_role_grant(struct kvd *k, struct call *s)
 		svc_fail(&e, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
 	else {
 		n = role->n_keypermission;
-		memcpy(v, role->keypermission, n * sizeof *v);
+		if (n) /* a role without permissions has none to copy (and a NULL array) */
+			memcpy(v, role->keypermission, n * sizeof *v);
 		/* etcd looks at the first permission whose key is >= the new one's:
 		 * the same key and range end update its type, else one is added */
 		for (i = 0; i < n && auth_cmp(v[i]->key.data, v[i]->key.len, rq->perm->key.data, rq->perm->key.len) < 0; i++)

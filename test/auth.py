@@ -34,6 +34,7 @@ R = pb()["rpc"]
 AUTHPB = pb()["auth"]
 TOKEN = re.compile(r"^[a-zA-Z]{16}\.[0-9]+$")
 COST = ["--bcrypt-cost", "4"]  # the differential runs compare semantics; cost 10 is tried below
+SAN = os.environ.get("KVD_TEST") or None  # ASan+UBSan build (test/run.sh), where speed does not matter
 
 # method -> (service, request class, response class)
 M = {
@@ -117,6 +118,12 @@ class Peer:
         finally:
             done.set()
             it.cancel()
+
+    def defragment(self, token=None):
+        f = self.c.ch.unary_unary("/etcdserverpb.Maintenance/Defragment",
+                                  request_serializer=lambda m: m.SerializeToString(),
+                                  response_deserializer=R.DefragmentResponse.FromString)
+        return f(R.DefragmentRequest(), timeout=60, metadata=[("token", token)] if token else None)
 
     def close(self):
         self.c.close()
@@ -322,7 +329,7 @@ def token_for(p, who):
 
 def run_seed(seed, nops):
     e = Etcd(COST)
-    k = Kvd(args=COST)
+    k = Kvd(binary=SAN, args=COST)
     pe, pk = Peer(e.endpoint()), Peer(k.endpoint())
     g = Gen(seed)
     # a root user with the root role, and the roles, so auth can be on
@@ -400,17 +407,14 @@ def differential_random_sequences():
         check(listing(pk, tk) == want, "seed %d: kvd's users and roles equal etcd's" % seed)
         pk.close()
         k.stop()
-        k2 = Kvd(args=COST, data_dir=k.dir)
+        k2 = Kvd(binary=SAN, args=COST, data_dir=k.dir)
         pk2 = Peer(k2.endpoint())
         tk = root_token(pk2)
         check(listing(pk2, tk) == want, "seed %d: the same after a restart" % seed)
-        d = pk2.c.ch.unary_unary("/etcdserverpb.Maintenance/Defragment",
-                                 request_serializer=lambda m: m.SerializeToString(),
-                                 response_deserializer=R.DefragmentResponse.FromString)
-        d(R.DefragmentRequest(), timeout=60, metadata=[("token", tk)] if tk else None)
+        pk2.defragment(tk)
         pk2.close()
         k2.stop()
-        k3 = Kvd(args=COST, data_dir=k.dir)
+        k3 = Kvd(binary=SAN, args=COST, data_dir=k.dir)
         pk3 = Peer(k3.endpoint())
         check(listing(pk3, root_token(pk3)) == want, "seed %d: the same after a log rewrite and a restart" % seed)
         pk3.close()
@@ -441,7 +445,7 @@ def setup_alice(p):
 def stricter_than_3_4_where_3_4_leaks():
     """Nested txns, LeaseTimeToLive with keys and from-key watches: kvd checks
     what later etcd releases check; 3.4.23 lets these through."""
-    k = Kvd(args=COST)
+    k = Kvd(binary=SAN, args=COST)
     p = Peer(k.endpoint())
     setup_alice(p)
     root, alice = p.tok["root"], p.tok["alice"]
@@ -478,7 +482,7 @@ def ctl(srv, *args, stdin=None):
 @test
 def etcdctl_side_by_side():
     e = Etcd(COST)
-    k = Kvd(args=COST)
+    k = Kvd(binary=SAN, args=COST)
     steps = [
         ("user", "add", "root", "--interactive=false", "<rootpw\n"),
         ("user", "add", "alice:apw"),
@@ -793,7 +797,7 @@ def jwt_tokens_as_etcd_makes_them():
                               ("ES256", "ec.pub", "ec.key"), ("HS256", "hmac.key", "hmac.key")):
         spec = "jwt,pub-key=%s/%s,priv-key=%s/%s,sign-method=%s,ttl=10m" % (d, pub, d, priv, method)
         e = Etcd(COST + ["--auth-token", spec])
-        k = Kvd(args=COST + ["--auth-token", spec])
+        k = Kvd(binary=SAN, args=COST + ["--auth-token", spec])
         pe, pk = Peer(e.endpoint()), Peer(k.endpoint())
         setup_alice(pe)
         setup_alice(pk)
@@ -853,6 +857,83 @@ def jwt_tokens_as_etcd_makes_them():
           "an expired token is refused")
     p.close()
     k.stop()
+    subprocess.run(["rm", "-rf", d])
+
+
+@test
+def a_watcher_keeps_its_stream_after_a_revoke():
+    """As etcd 3.4: permission is checked when a watch is created; a revoke
+    later does not cancel it (its events keep coming)."""
+    e = Etcd(COST)
+    k = Kvd(args=COST)
+    got = {}
+    for name, srv in (("etcd", e), ("kvd", k)):
+        p = Peer(srv.endpoint())
+        setup_alice(p)
+        f = p.c.ch.stream_stream("/etcdserverpb.Watch/Watch", request_serializer=lambda m: m.SerializeToString(),
+                                 response_deserializer=R.WatchResponse.FromString)
+        done = threading.Event()
+
+        def reqs():
+            yield R.WatchRequest(create_request=R.WatchCreateRequest(key=b"/app/", range_end=b"/app0"))
+            done.wait(30)
+        it = f(reqs(), timeout=30, metadata=[("token", p.tok["alice"])])
+        first = next(it)
+        rt = p.tok["root"]
+        p.call("UserRevokeRole", R.AuthUserRevokeRoleRequest(name="alice", role="r1"), rt)
+        p.call("Put", R.PutRequest(key=b"/app/after", value=b"1"), rt)
+        ev = next(it)
+        got[name] = (first.created, first.canceled, [(x.kv.key, x.kv.value) for x in ev.events], ev.canceled)
+        a = p.call("Range", R.RangeRequest(key=b"/app/after"), p.tok["alice"])
+        got[name] += (a,)
+        done.set()
+        it.cancel()
+        p.close()
+    check(got["etcd"] == got["kvd"], "the same: %s" % got)
+    check(got["kvd"][2] == [(b"/app/after", b"1")], "the event came after the revoke: %s" % (got["kvd"],))
+    e.stop()
+    k.stop()
+
+
+@test
+def hostile_tokens_are_refused():
+    """Random and damaged tokens against the JWT verifier (the sanitizer build
+    when the test runner gives one): each refused, nothing else happens."""
+    import base64
+    import json
+    d = jwt_keys()
+    spec = "jwt,pub-key=%s/ec.pub,priv-key=%s/ec.key,sign-method=ES256" % (d, d)
+    k = Kvd(binary=SAN, args=COST + ["--auth-token", spec])
+    p = Peer(k.endpoint())
+    setup_alice(p)
+    good = p.tok["alice"]
+    h, c, s = good.split(".")
+    b64 = lambda b: base64.urlsafe_b64encode(b).rstrip(b"=").decode()
+    r = random.Random(7)
+    bad = ["", ".", "..", "...", good + ".", "." + good, h + "." + c, good[:-1], good + "A", h + ".." + s,
+           b64(b'{"alg":"none","typ":"JWT"}') + "." + c + ".",
+           b64(b'{"alg":"HS256","typ":"JWT"}') + "." + c + "." + s,
+           h + "." + b64(json.dumps({"username": "root", "revision": 99, "exp": 2 ** 40}).encode()) + "." + s,
+           "A" * 5000, h + "." + "A" * 4000 + "." + s, "a" * 16 + ".1"]
+    alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_.=+/\\"
+    for _ in range(300):
+        t = list(good)
+        for _ in range(r.randint(1, 6)):
+            t[r.randrange(len(t))] = r.choice(alphabet)
+        bad.append("".join(t))
+        bad.append("".join(r.choice(alphabet) for _ in range(r.randint(1, 300))))
+    refused = 0
+    for t in bad:
+        a = p.call("Range", R.RangeRequest(key=b"k1"), t or None)
+        refused += a in (("err", "UNAUTHENTICATED", "etcdserver: invalid auth token"),
+                         ("err", "INVALID_ARGUMENT", "etcdserver: user name is empty"))
+    check(refused == len(bad), "every damaged token refused: %d of %d" % (refused, len(bad)))
+    for t in (" " + good, good + " "):  # a field value may not begin or end with a space (RFC 9113 8.2.1)
+        a = p.call("Range", R.RangeRequest(key=b"k1"), t)
+        check(a[0] == "err" and a[1] == "INTERNAL", "%r: the stream is reset: %s" % (t[:8], a))
+    check(p.call("Range", R.RangeRequest(key=b"k1"), good)[0] == "ok", "the good one still works")
+    p.close()
+    check(k.stop() == 0, "kvd stopped cleanly (no sanitizer report)")
     subprocess.run(["rm", "-rf", d])
 
 

@@ -368,11 +368,7 @@ def auth_seeds():
                 p.leases.append(a[1].ID)
             g.learn(method, extra, a)
         if rewrite:
-            t = auth.root_token(p)  # None while auth is off: then no token is needed
-            f = p.c.ch.unary_unary("/etcdserverpb.Maintenance/Defragment",
-                                   request_serializer=lambda m: m.SerializeToString(),
-                                   response_deserializer=R.DefragmentResponse.FromString)
-            f(R.DefragmentRequest(), timeout=60, metadata=[("token", t)] if t else None)
+            p.defragment(auth.root_token(p))  # no token while auth is off: none needed
         p.close()
         k.stop()
         data = open(os.path.join(k.dir, "kvd.log"), "rb").read()

@@ -1866,7 +1866,7 @@ static void test_auth_log(void)
 	/* a rewrite states it whole; the log it leaves replays to the same */
 	if (k) {
 		struct kvd_buf b = {0};
-		CHECK(auth_encode_whole(k, &b) == 0 && b.len > MVCC_REC_HDR + AUTH_REC_FIXED);
+		CHECK(auth_encode_whole(k, &b) == 0 && b.len > MVCC_REC_HDR + MVCC_AUTH_FIXED);
 		buf_free(k, &b);
 		kvd_close(k);
 	}
