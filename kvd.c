@@ -22,7 +22,7 @@
  *   13. Go's sort.Sort, as etcd sorts ranges (svc_gosort_)
  *   14. Services: KV (svc_)
  *   15. Services: Lease (svc_lease_)
- *   16. Auth: users, roles, permissions, tokens (auth_)
+ *   16. Auth: users, roles, permissions, tokens (auth_, svc_auth_)
  *   17. Services: Maintenance, Cluster, Health; the method table (svc_)
  *   18. Watch (watch_)
  *   19. JSON (json_)
@@ -830,6 +830,27 @@ static int64_t util_now_ms(void)
 
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* Base64 of p[0..n) into out with alphabet a (64 characters), '=' padding
+ * when pad: (n + 2) / 3 * 4 bytes at most, not NUL-ended.  Its length.
+ * One encoder for confd's values (standard), bcrypt's ("./A-Za-z0-9") and
+ * JWT's (base64url). */
+static size_t util_b64(const char *a, int pad, const uint8_t *p, size_t n, char *out)
+{
+	char *o = out;
+	size_t i;
+
+	for (i = 0; i < n; i += 3) {
+		uint32_t v = (uint32_t)p[i] << 16 | (i + 1 < n ? (uint32_t)p[i + 1] << 8 : 0) | (i + 2 < n ? p[i + 2] : 0);
+		*o++ = a[v >> 18];
+		*o++ = a[(v >> 12) & 63];
+		if (i + 1 < n || pad)
+			*o++ = i + 1 < n ? a[(v >> 6) & 63] : '=';
+		if (i + 2 < n || pad)
+			*o++ = i + 2 < n ? a[v & 63] : '=';
+	}
+	return (size_t)(o - out);
 }
 
 static void kvd_log(struct kvd *k, int level, const char *fmt, ...) KVD_PRINTF(3, 4);
@@ -10759,7 +10780,7 @@ static void svc_lease_leases_rpc(struct kvd *k, struct call *s)
 	svc_pool_free(&pl);
 }
 
-/* ===== 16. Auth: users, roles, permissions, tokens (auth_) ============== */
+/* ===== 16. Auth: users, roles, permissions, tokens (auth_, svc_auth_) ==== */
 
 /*
  * etcd 3.4's authentication, for a store one box serves.  State: a flag
@@ -11079,19 +11100,7 @@ static const char auth_b64[] = "./ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrst
 /* bcrypt's base64 (its own alphabet, no padding): n bytes -> out, NUL-ended. */
 static void auth_b64_put(const uint8_t *p, size_t n, char *out)
 {
-	size_t i;
-	uint32_t v;
-
-	for (i = 0; i < n; i += 3) {
-		v = (uint32_t)p[i] << 16 | (i + 1 < n ? (uint32_t)p[i + 1] << 8 : 0) | (i + 2 < n ? p[i + 2] : 0);
-		*out++ = auth_b64[v >> 18];
-		*out++ = auth_b64[(v >> 12) & 63];
-		if (i + 1 < n)
-			*out++ = auth_b64[(v >> 6) & 63];
-		if (i + 2 < n)
-			*out++ = auth_b64[v & 63];
-	}
-	*out = 0;
+	out[util_b64(auth_b64, 0, p, n, out)] = 0;
 }
 
 /* 22 characters -> the 16-byte salt.  0 or KVD_EINVAL. */
@@ -11683,22 +11692,8 @@ static const char auth_b64url[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrs
 
 static void auth_b64url_put(struct kvd *k, struct kvd_buf *b, const uint8_t *p, size_t n)
 {
-	size_t i;
-	uint8_t *o;
-
-	if (buf_reserve(k, b, (n + 2) / 3 * 4))
-		return;
-	o = b->p + b->len;
-	for (i = 0; i < n; i += 3) {
-		uint32_t v = (uint32_t)p[i] << 16 | (i + 1 < n ? (uint32_t)p[i + 1] << 8 : 0) | (i + 2 < n ? p[i + 2] : 0);
-		*o++ = (uint8_t)auth_b64url[v >> 18];
-		*o++ = (uint8_t)auth_b64url[(v >> 12) & 63];
-		if (i + 1 < n)
-			*o++ = (uint8_t)auth_b64url[(v >> 6) & 63];
-		if (i + 2 < n)
-			*o++ = (uint8_t)auth_b64url[v & 63];
-	}
-	b->len = (size_t)(o - b->p);
+	if (!buf_reserve(k, b, (n + 2) / 3 * 4))
+		b->len += util_b64(auth_b64url, 0, p, n, (char *)b->p + b->len);
 }
 
 /* base64url without padding (what jwt-go makes and takes) into out (cap
@@ -15615,7 +15610,7 @@ static void confd_msg_json(struct kvd *k, int status, const struct json *v, int6
 static void confd_put_value(struct kvd *k, struct kvd_buf *b, const struct mvcc_key *r)
 {
 	static const char b64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-	uint8_t *v = kvd_malloc(k, r->vlen + 1), *o;
+	uint8_t *v = kvd_malloc(k, r->vlen + 1);
 	size_t i, l;
 
 	if (!v || mvcc_pread(&k->db, v, r->vlen, mvcc_voff(r))) {
@@ -15631,15 +15626,7 @@ static void confd_put_value(struct kvd *k, struct kvd_buf *b, const struct mvcc_
 	json_put_raw(k, b, "{\"base64\":\"");
 	if (buf_reserve(k, b, (r->vlen + 2) / 3 * 4 + 2))
 		goto out;
-	for (o = b->p + b->len, i = 0; i < r->vlen; i += 3) {
-		uint32_t x = (uint32_t)v[i] << 16 | (i + 1 < r->vlen ? (uint32_t)v[i + 1] << 8 : 0) |
-		             (i + 2 < r->vlen ? v[i + 2] : 0);
-		*o++ = (uint8_t)b64[x >> 18];
-		*o++ = (uint8_t)b64[x >> 12 & 63];
-		*o++ = (uint8_t)(i + 1 < r->vlen ? b64[x >> 6 & 63] : '=');
-		*o++ = (uint8_t)(i + 2 < r->vlen ? b64[x & 63] : '=');
-	}
-	b->len = (size_t)(o - b->p);
+	b->len += util_b64(b64, 1, v, r->vlen, (char *)b->p + b->len);
 	json_put_raw(k, b, "\"}");
 out:
 	kvd_free(k, v);
