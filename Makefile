@@ -70,7 +70,7 @@ test/kvd-notls: $(SRC)
 	! ./test/kvd-notls --listen-client-urls https://127.0.0.1:1 --data-dir /nonexistent/x 2>&1 | grep -v 'built without TLS'
 
 # Fuzz targets replayed over their corpus without libFuzzer (any compiler).
-FUZZERS = h2 hpack log json confd pb bolt auth
+FUZZERS = h2 hpack log json confd pb bolt auth http1
 test/replay-%: test/fuzz_%.c test/fuzz_replay.c test/fuzz.h $(SRC)
 	$(CC) $(CPPFLAGS) $(TEST_CFLAGS) $(SAN) $(KVD_CFLAGS) -o $@ test/fuzz_$*.c test/fuzz_replay.c $(LDFLAGS) $(LDLIBS) $(KVD_LIBS)
 

@@ -23,12 +23,12 @@
  *   14. Services: KV (svc_)
  *   15. Services: Lease (svc_lease_)
  *   16. Auth: users, roles, permissions, tokens (auth_, svc_auth_)
- *   17. Services: Maintenance, Cluster, Health; the method table (svc_)
+ *   17. Services: Maintenance, Cluster, Health, Lock, Election; the method table (svc_, lock_)
  *   18. Watch (watch_)
  *   19. JSON (json_)
  *   20. confd: Ganeti's UDP query protocol (confd_)
  *   21. TLS: a transport under any protocol (tls_)
- *   22. HTTP/1.1 on the client port: /health, /version (http1_)
+ *   22. HTTP/1.1 on the client port: /health, /version, the JSON gateway (http1_, gw_)
  *   23. Sockets and the poll loop (net_, loop_)
  *   24. Flags and configuration (cfg_)
  *   25. Public embedding API (kvd_)
@@ -39,10 +39,11 @@
  * negative KVD_E* code unless their comment says otherwise.
  *
  * Data flow: socket -> connection (its transport; its protocol chosen from
- * its first bytes) -> h2 frames -> streams -> calls -> service.  A service
- * sees only its call: it queues messages and a status on it, and the
- * carrier (an h2 stream for gRPC) sends them as the peer's flow-control
- * windows allow.  The log has one owner (section 6); every reader of it
+ * its first bytes) -> h2 frames -> streams -> calls -> service, or HTTP/1.1
+ * requests -> a gateway call (JSON <-> protobuf) -> the same service.  A
+ * service sees only its call: it queues messages and a status on it, and
+ * the carrier (an h2 stream for gRPC, the connection for the gateway) sends
+ * them as the peer's flow-control windows allow.  The log has one owner (section 6); every reader of it
  * goes through its grammar.
  */
 
@@ -134,6 +135,7 @@
 #define _POSIX_C_SOURCE 200809L
 #endif
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -149,6 +151,7 @@
 #include <string.h>
 #include <sys/file.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/types.h>
@@ -283,7 +286,7 @@ struct kvd_buf {
 	unsigned lent : 1;
 	unsigned err : 1;
 };
-#define BUF_DATA(b) ((b)->p + (b)->rd)
+#define BUF_DATA(b) ((b)->rd ? (b)->p + (b)->rd : (b)->p) /* NULL when never filled: no NULL + 0 (UB) */
 #define BUF_LEN(b) ((b)->len - (b)->rd)
 
 /* A borrowed byte range; it never owns memory. */
@@ -498,10 +501,10 @@ enum { JSON_NULL, JSON_FALSE, JSON_TRUE, JSON_NUM, JSON_STR, JSON_ARR, JSON_OBJ 
 struct json {
 	uint8_t type;
 	uint8_t isint;      /* JSON_NUM: an integral value that fits in i */
-	uint32_t n;         /* JSON_STR: bytes; JSON_ARR/OBJ: children */
+	uint32_t n;         /* JSON_STR/NUM: bytes; JSON_ARR/OBJ: children */
 	uint32_t klen;      /* a member of an object: its key */
 	const char *key;
-	const char *s;      /* JSON_STR: the bytes, NUL-terminated */
+	const char *s;      /* JSON_STR: the bytes; JSON_NUM: the literal; NUL-terminated */
 	struct json *kids;  /* JSON_ARR/OBJ: n children, in order */
 	int64_t i;
 	double d;
@@ -513,9 +516,11 @@ struct json_doc {
 	struct json_chunk *chunks;
 	struct json *root;
 	size_t bytes; /* held by the arena */
+	char why[96]; /* a syntax error's text, as Go's encoding/json words it */
 };
 
 static int json_parse(struct kvd *k, struct json_doc *d, const void *p, size_t n, const char **err);
+static int call_keep_meta(struct kvd *k, struct call *s, const struct hp_field *f, unsigned nf); /* section 12 */
 static const struct json *json_get(const struct json *o, const char *key);
 static int json_is_str(const struct json *v);
 static void json_free(struct json_doc *d);
@@ -623,6 +628,7 @@ struct conn {
 	unsigned dead : 1;           /* socket error: close now */
 	unsigned shut_wr : 1;        /* output done, lingering for the peer's close */
 	unsigned want_write : 1;     /* the transport waits to write (a TLS handshake): POLLOUT */
+	unsigned metrics_only : 1;   /* from a --listen-metrics-urls listener: HTTP/1.x, /metrics, /health */
 	/* times, monotonic ms */
 	int64_t t_open, t_close;
 	int64_t t_active;            /* last progress: a call opened, request data, a call ended */
@@ -632,13 +638,22 @@ struct conn {
 struct net_listener {
 	int fd;
 	unsigned tls : 1;            /* https:// */
+	unsigned metrics : 1;        /* --listen-metrics-urls: /metrics and /health only */
 	char name[80];
 };
 
 
-/* Counters, reported by logs and tests. */
+/* Counters, reported by logs, tests and /metrics (section 22). */
+#define KVD_METRIC_METHODS 64 /* gRPC methods counted by /metrics (kvd routes ~55) */
+#define KVD_FSYNC_BUCKETS 14  /* 1 ms .. 8.192 s, doubling: etcd's wal_fsync buckets */
+#define KVD_COMMIT_BUCKETS 12 /* 1 .. 2048 replies released by one group commit */
 struct kvd_stats {
 	uint64_t conns_accepted, conns_refused, conns_refused_ip, conns_evicted, goaway_sent, rst_sent, calls;
+	uint64_t grpc_started[KVD_METRIC_METHODS], grpc_handled[KVD_METRIC_METHODS][17];
+	uint64_t fsync_b[KVD_FSYNC_BUCKETS], fsync_n, commit_b[KVD_COMMIT_BUCKETS], commit_n, commit_sum;
+	uint64_t http_requests;
+	double fsync_sum;            /* seconds */
+	int64_t start_wall;          /* time(NULL) at start, for process_start_time_seconds */
 };
 
 struct kvd {
@@ -677,6 +692,7 @@ struct kvd {
 	struct tls_state *tls;       /* TLS (section 21), NULL without https:// listeners */
 	struct auth auth;            /* users, roles, tokens (section 16) */
 	struct call *calls;          /* every live call, whatever its carrier */
+	struct lock_wait *locks;     /* Lock/Campaign waiters and Observe streams (section 17) */
 	struct call **held;          /* calls answered while the batch was open */
 	size_t nheld, heldcap;
 	/* HPACK decode scratch, shared: one header block is decoded at a time */
@@ -824,6 +840,14 @@ static char *kvd_strdup(struct kvd *k, const char *s)
 }
 
 /* Monotonic milliseconds: boards have no RTC, wall time may jump at boot. */
+static int64_t util_now_us(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+}
+
 static int64_t util_now_ms(void)
 {
 	struct timespec ts;
@@ -1268,7 +1292,7 @@ static int pb_check(const ProtobufCMessageDescriptor *d, const uint8_t *p, size_
 	if (max_depth > PB_MAX_DEPTH)
 		max_depth = PB_MAX_DEPTH;
 	st[0].d = d;
-	st[0].end = p + n;
+	st[0].end = n ? p + n : p; /* an empty message may come as NULL */
 	for (;;) {
 		while (p == st[depth].end) {
 			if (!depth) {
@@ -3082,10 +3106,12 @@ static int mvcc_flush(struct kvd *k)
 	size_t n = m->w.len;
 	uint64_t off = m->size;
 	ssize_t r;
-	int err;
+	int64_t t0, us;
+	int err, b;
 
 	if (!n)
 		return 0;
+	t0 = util_now_us();
 	while (n) {
 		r = pwrite(m->fd, p, n, (off_t)off);
 		if (r < 0 && errno == EINTR)
@@ -3102,6 +3128,13 @@ static int mvcc_flush(struct kvd *k)
 		err = errno;
 		goto fail;
 	}
+	us = util_now_us() - t0; /* etcd_disk_wal_fsync_duration_seconds: the write and its sync */
+	for (b = 0; b < KVD_FSYNC_BUCKETS && us > (1000ll << b); b++)
+		;
+	if (b < KVD_FSYNC_BUCKETS)
+		k->st.fsync_b[b]++;
+	k->st.fsync_n++;
+	k->st.fsync_sum += (double)us / 1e6;
 	m->size += m->w.len;
 	m->flushed = m->w.len; /* the bytes stay in m->w.p for mvcc_batch_done's caller */
 	m->w.len = 0;
@@ -7742,42 +7775,6 @@ static int h2_parse_request(const struct hp_field *f, unsigned nf, struct h2_req
 	return 0;
 }
 
-/* Keep the regular (metadata) fields for the service, in one allocation. */
-static int h2_keep_meta(struct kvd *k, struct call *s, const struct hp_field *f, unsigned nf)
-{
-	size_t bytes = 0;
-	unsigned i, n = 0;
-	char *p;
-
-	for (i = 0; i < nf; i++)
-		if (f[i].name[0] != ':') {
-			bytes += f[i].nlen + f[i].vlen + 2;
-			n++;
-		}
-	if (!n)
-		return 0;
-	s->meta = kvd_malloc(k, n * sizeof *s->meta + bytes);
-	if (!s->meta)
-		return KVD_ENOMEM;
-	p = (char *)(s->meta + n);
-	for (i = 0; i < nf; i++) {
-		if (f[i].name[0] == ':')
-			continue;
-		memcpy(p, f[i].name, f[i].nlen);
-		p[f[i].nlen] = 0;
-		s->meta[s->nmeta].name = p;
-		s->meta[s->nmeta].nlen = f[i].nlen;
-		p += f[i].nlen + 1;
-		memcpy(p, f[i].value, f[i].vlen);
-		p[f[i].vlen] = 0;
-		s->meta[s->nmeta].value = p;
-		s->meta[s->nmeta].vlen = f[i].vlen;
-		p += f[i].vlen + 1;
-		s->nmeta++;
-	}
-	return 0;
-}
-
 /* Trailers from the client: END_STREAM, no pseudo-fields (8.1). */
 static void h2_on_trailers(struct kvd *k, struct h2_conn *c, struct h2_stream *s,
                            unsigned flags, const struct hp_out *o)
@@ -7873,7 +7870,7 @@ static void h2_on_block(struct kvd *k, struct h2_conn *c, uint32_t sid, unsigned
 		h2_stream_error(c, sid, H2_PROTOCOL_ERROR);
 		return;
 	}
-	if (h2_keep_meta(k, &s->call, o.f, o.nf)) {
+	if (call_keep_meta(k, &s->call, o.f, o.nf)) {
 		call_finish(k, &s->call, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
 		return;
 	}
@@ -8621,8 +8618,8 @@ static const struct net_proto h2_proto = {
  * on c->out, a final status, and whether that answer must wait for the
  * group commit (c->held).  Carriers move the bytes: gRPC over HTTP/2 (an
  * h2 stream embeds its call; this section's grpc_ half frames the
- * messages), in-process calls (tests, fuzzers), and later the JSON gateway
- * over HTTP/1.1 -- all through the same svc_* handlers.  Every live call is
+ * messages), in-process calls (tests, fuzzers), and the JSON gateway over
+ * HTTP/1.1 (section 22) -- all through the same svc_* handlers.  Every live call is
  * on k->calls, so shutdown and timers reach them without knowing carriers.
  *
  * gRPC over HTTP/2 (grpc doc/PROTOCOL-HTTP2.md): each message is a 1-byte
@@ -8634,6 +8631,7 @@ static const struct net_proto h2_proto = {
 
 static const struct grpc_method *svc_route(const char *svc, size_t slen, const char *meth,
                                            size_t mlen, int *known_service);
+static int svc_method_index(const struct grpc_method *m);
 
 /* A new call of method m (NULL until routed) on carrier car: on k->calls. */
 static void call_init(struct kvd *k, struct call *c, const struct grpc_method *m, const struct call_carrier *car)
@@ -8651,7 +8649,10 @@ static void call_init(struct kvd *k, struct call *c, const struct grpc_method *m
 static void call_fini(struct kvd *k, struct call *c)
 {
 	size_t i;
+	int mi = c->m ? svc_method_index(c->m) : -1;
 
+	if (mi >= 0) /* grpc_server_handled_total: a call that never ended was cancelled */
+		k->st.grpc_handled[mi][c->finished && c->status >= 0 && c->status < 17 ? c->status : GRPC_CANCELLED]++;
 	if (c->m && c->m->on_close)
 		c->m->on_close(k, c);
 	if (c->held) /* its reply was waiting for the log flush */
@@ -8736,6 +8737,43 @@ static void call_reply(struct kvd *k, struct call *c, const ProtobufCMessage *m)
 		call_finish(k, c, GRPC_OK, "%s", "");
 }
 
+/* Keep a call's metadata (regular fields: names not starting with ':'), in
+ * one allocation.  Each carrier hands over what its protocol calls them. */
+static int call_keep_meta(struct kvd *k, struct call *s, const struct hp_field *f, unsigned nf)
+{
+	size_t bytes = 0;
+	unsigned i, n = 0;
+	char *p;
+
+	for (i = 0; i < nf; i++)
+		if (f[i].name[0] != ':') {
+			bytes += f[i].nlen + f[i].vlen + 2;
+			n++;
+		}
+	if (!n)
+		return 0;
+	s->meta = kvd_malloc(k, n * sizeof *s->meta + bytes);
+	if (!s->meta)
+		return KVD_ENOMEM;
+	p = (char *)(s->meta + n);
+	for (i = 0; i < nf; i++) {
+		if (f[i].name[0] == ':')
+			continue;
+		memcpy(p, f[i].name, f[i].nlen);
+		p[f[i].nlen] = 0;
+		s->meta[s->nmeta].name = p;
+		s->meta[s->nmeta].nlen = f[i].nlen;
+		p += f[i].nlen + 1;
+		memcpy(p, f[i].value, f[i].vlen);
+		p[f[i].vlen] = 0;
+		s->meta[s->nmeta].value = p;
+		s->meta[s->nmeta].vlen = f[i].vlen;
+		p += f[i].vlen + 1;
+		s->nmeta++;
+	}
+	return 0;
+}
+
 /* Request metadata by (lowercase) name, NUL-terminated; NULL if absent. */
 static const char *call_meta(const struct call *c, const char *name)
 {
@@ -8801,6 +8839,8 @@ static int call_decode(struct kvd *k, struct call *c, const uint8_t *p, size_t n
  * call takes only its first).  The handler may finish c, never frees it. */
 static void call_message(struct kvd *k, struct call *c, const uint8_t *p, size_t n)
 {
+	if (!p) /* an empty buffer's data: decoders may not do arithmetic on NULL */
+		p = (const uint8_t *)"";
 	if (c->m->kind != GRPC_BIDI && c->got_msg)
 		return;
 	c->got_msg = 1;
@@ -8864,6 +8904,8 @@ static int call_route(struct kvd *k, struct call *c, const char *path, size_t pl
 			call_finish(k, c, GRPC_UNIMPLEMENTED, "unknown service %.*s", (int)KVD_MIN((size_t)(slash - svc), 200), svc);
 		return KVD_EINVAL;
 	}
+	if ((known = svc_method_index(c->m)) >= 0)
+		k->st.grpc_started[known]++;
 	if (!c->m->on_msg) {
 		call_finish(k, c, GRPC_UNIMPLEMENTED, "kvd: %s is not implemented yet", c->m->path);
 		return KVD_EINVAL;
@@ -10327,67 +10369,82 @@ static void svc_delete_rpc(struct kvd *k, struct call *s)
 	svc_pool_free(&pl);
 }
 
-static void svc_txn_rpc(struct kvd *k, struct call *s)
+/*
+ * A Txn as etcd checks and applies it, as call s's caller (auth): for the
+ * Txn RPC and for kvd's own recipes (Lock, Election), which etcd runs as
+ * clients of itself.  raw: the request's size on the wire.  rs and h are
+ * filled (their memory from pl); 0, or KVD_EINVAL with e set.
+ */
+static int svc_txn_do(struct kvd *k, struct call *s, const Etcdserverpb__TxnRequest *rq, size_t raw,
+                      struct svc_pool *pl, Etcdserverpb__TxnResponse *rs, Etcdserverpb__ResponseHeader *h,
+                      struct svc_err *e)
 {
-	const Etcdserverpb__TxnRequest *rq = (const void *)s->rq;
-	Etcdserverpb__TxnResponse rs;
-	Etcdserverpb__ResponseHeader h;
-	struct svc_pool pl = {k, NULL, 0};
-	struct svc_err e = {0, NULL};
 	struct svc_ivs iv;
 	struct svc_path path = {NULL, 0, 0, 0};
 	struct mvcc_txn t;
 	struct auth_who who;
 	int ro;
 
-	etcdserverpb__txn_response__init(&rs);
+	etcdserverpb__txn_response__init(rs);
+	svc_header(k, h, 1);
 	ro = svc_txn_readonly(rq);
 	/* v3rpc checks, then etcd's apply: compares, put checks, range checks */
-	if (svc_txn_check(rq, (long)k->cfg.max_txn_ops, 0, &e))
+	if (svc_txn_check(rq, (long)k->cfg.max_txn_ops, 0, e))
 		goto out;
-	if (svc_intervals(k, rq->success, rq->n_success, &iv, &e))
-		goto out;
-	svc_ivs_free(k, &iv);
-	if (svc_intervals(k, rq->failure, rq->n_failure, &iv, &e))
+	if (svc_intervals(k, rq->success, rq->n_success, &iv, e))
 		goto out;
 	svc_ivs_free(k, &iv);
-	if (auth_who(k, s, &who, &e))
+	if (svc_intervals(k, rq->failure, rq->n_failure, &iv, e))
 		goto out;
-	if (!ro && svc_too_large(k, s->raw.n)) {
-		svc_fail(&e, GRPC_INVALID_ARGUMENT, E_TOO_LARGE);
+	svc_ivs_free(k, &iv);
+	if (auth_who(k, s, &who, e))
+		goto out;
+	if (!ro && svc_too_large(k, raw)) {
+		svc_fail(e, GRPC_INVALID_ARGUMENT, E_TOO_LARGE);
 		goto out;
 	}
-	if (auth_txn(k, &who, rq, &e))
+	if (auth_txn(k, &who, rq, e))
 		goto out;
 	if (svc_txn_path(k, rq, &path)) {
-		svc_fail(&e, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+		svc_fail(e, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
 		goto out;
 	}
-	if (!ro && svc_txn_precheck(k, rq, &path, 0, &e))
+	if (!ro && svc_txn_precheck(k, rq, &path, 0, e))
 		goto out;
 	path.at = 0;
-	if (svc_txn_precheck(k, rq, &path, 1, &e))
+	if (svc_txn_precheck(k, rq, &path, 1, e))
 		goto out;
 	path.at = 0;
 	if (ro) {
-		if (!svc_txn_apply(k, &pl, NULL, rq, &path, &rs, &e))
-			svc_header(k, &h, 1);
-	} else if (!svc_writable(k, &e, svc_txn_cost(rq))) {
+		if (!svc_txn_apply(k, pl, NULL, rq, &path, rs, e))
+			svc_header(k, h, 1);
+	} else if (!svc_writable(k, e, svc_txn_cost(rq))) {
 		if (mvcc_txn_begin(k, &t)) {
-			svc_fail(&e, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+			svc_fail(e, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
 			goto out;
 		}
-		if (svc_txn_apply(k, &pl, &t, rq, &path, &rs, &e))
+		if (svc_txn_apply(k, pl, &t, rq, &path, rs, e))
 			mvcc_txn_abort(k, &t);
-		svc_header(k, &h, 1);
-		h.revision = svc_cur(k, &t);
-		s->wrote = t.nops > 0;
+		svc_header(k, h, 1);
+		h->revision = svc_cur(k, &t);
+		s->wrote |= t.nops > 0;
 		mvcc_txn_end(k, &t);
 	}
-	rs.header = &h;
+	rs->header = h;
 out:
-	svc_end(k, s, &rs.base, &e);
 	kvd_free(k, path.b);
+	return e->msg ? KVD_EINVAL : 0;
+}
+
+static void svc_txn_rpc(struct kvd *k, struct call *s)
+{
+	Etcdserverpb__TxnResponse rs;
+	Etcdserverpb__ResponseHeader h;
+	struct svc_pool pl = {k, NULL, 0};
+	struct svc_err e = {0, NULL};
+
+	svc_txn_do(k, s, (const void *)s->rq, s->raw.n, &pl, &rs, &h, &e);
+	svc_end(k, s, &rs.base, &e);
 	svc_pool_free(&pl);
 }
 
@@ -13023,7 +13080,7 @@ static void auth_free(struct kvd *k)
 	a->rnd_fd = -1;
 }
 
-/* ===== 17. Services: Maintenance, Cluster, Health; the method table (svc_) === */
+/* ===== 17. Services: Maintenance, Cluster, Health, Lock, Election; the method table (svc_, lock_) === */
 
 /* grpc.health.v1.Health/Check: "" is SERVING, any other name unknown (as
  * etcd registers only ""). */
@@ -13434,6 +13491,578 @@ static void svc_test_stream(struct kvd *k, struct call *s)
  * grpc-go's texts.
  */
 #define PB(name) &name##__descriptor
+/* ---- Lock and Election: etcd's concurrency recipes, served (lock_) ------- */
+
+/*
+ * etcd serves v3lockpb.Lock and v3electionpb.Election by running its own
+ * client recipes (clientv3/concurrency) against itself.  A lock, or a
+ * candidacy, is the key <name>/<lease in hex> put with that lease; the
+ * holder is the key under <name>/ with the lowest create revision; a waiter
+ * waits until every key created before its own is deleted.  kvd runs the
+ * same transactions through the Txn RPC's own code (svc_txn_do, as the
+ * caller, auth included), so keys, revisions and headers are etcd's.  Only
+ * the wait differs: instead of a watch per predecessor, each waiting call
+ * is looked at again after each durable batch (lock_batch) -- no polling,
+ * no timer, nothing when no batch comes.
+ *
+ *   Lock(name, lease)  lease 0 is a new lease of 60 s (etcd's session
+ *                      default; nobody keeps it alive).  One txn: if our key
+ *                      is absent put it, else get it; and the first-created
+ *                      key under the prefix.  Held when nothing under the
+ *                      prefix was created before our key.  Answer: the
+ *                      header (the txn's, or the moment the wait ended)
+ *                      and our key.
+ *   Unlock(key)        a delete.
+ *   Campaign           the same wait; a key already ours with another value
+ *                      is proclaimed first.  Answer: the txn's header and
+ *                      the leader key {name, key, create revision, lease}.
+ *   Proclaim, Resign   txns guarded by the leader key's create revision; a
+ *                      Proclaim whose guard fails is "election: not leader";
+ *                      a Resign whose guard fails does nothing.
+ *   Leader             the first-created key, or "election: no leader".
+ *   Observe            a stream: that key now, each change of it seen after
+ *                      a batch, then its successor.
+ *
+ * As in etcd, whose handlers hand back their client's errors as plain Go
+ * errors, failures are code Unknown with etcd's text.  As etcd 3.5 (3.4
+ * waits on), a waiter whose own key goes away -- its lease expired or was
+ * revoked -- ends at once with "session expired".  A waiting call that ends
+ * otherwise (deadline, cancel, a closed connection) deletes its key on the
+ * way out, as etcd's Unlock/Resign on error do.
+ */
+
+#define LOCK_SESSION_TTL 60 /* seconds: concurrency.NewSession's default */
+
+enum { LOCK_LOCK, LOCK_CAMPAIGN, LOCK_OBSERVE };
+
+struct lock_wait {
+	struct lock_wait *prev, *next; /* k->locks */
+	struct call *c;
+	int kind;
+	unsigned done : 1;           /* answered: nothing to undo on close */
+	ProtobufCBinaryData name;    /* owned copies of the request's */
+	uint8_t *pfx, *end;          /* name + "/", and where its range ends */
+	size_t npfx;
+	const uint8_t *key;          /* ours (in pfx's block), or a LeaderKey's */
+	size_t nkey;
+	int64_t rev, lease;          /* our key's create revision, its lease */
+	Etcdserverpb__ResponseHeader hdr; /* Campaign answers with its txn's header */
+	int64_t seen_create, seen_mod; /* Observe: the leader as last sent */
+};
+
+/* The Txn RPC's code for one recipe step, as the caller: 0, or KVD_EINVAL
+ * with e holding etcd's text as the recipe returns it (code Unknown). */
+static int lock_txn(struct kvd *k, struct call *c, Etcdserverpb__TxnRequest *rq, struct svc_pool *pl,
+                    Etcdserverpb__TxnResponse *rs, Etcdserverpb__ResponseHeader *h, struct svc_err *e)
+{
+	if (!svc_txn_do(k, c, rq, protobuf_c_message_get_packed_size(&rq->base), pl, rs, h, e))
+		return 0;
+	if (e->code != GRPC_RESOURCE_EXHAUSTED)
+		e->code = GRPC_UNKNOWN;
+	return KVD_EINVAL;
+}
+
+/* A session's lease: the caller's, or a new one of LOCK_SESSION_TTL seconds
+ * for lease 0 (concurrency.NewSession grants it; etcd checks nothing else). */
+static int lock_session(struct kvd *k, struct call *c, int64_t *lease, struct svc_err *e)
+{
+	struct auth_who who;
+	int64_t id;
+
+	if (*lease)
+		return 0;
+	if (auth_who(k, c, &who, e) || svc_writable(k, e, MVCC_REC_HDR + 14 + MVCC_LEASE_OP_MAX)) {
+		e->code = GRPC_UNKNOWN;
+		return KVD_EINVAL;
+	}
+	svc_lease_write(k, e, NULL, id = lease_next_id(k), KVD_MAX((int64_t)LOCK_SESSION_TTL, k->lease.min_ttl));
+	if (e->msg)
+		return KVD_EINVAL;
+	c->wrote = 1;
+	*lease = id;
+	return 0;
+}
+
+static void lock_free(struct kvd *k, struct lock_wait *w)
+{
+	if (w->prev)
+		w->prev->next = w->next;
+	else if (k->locks == w)
+		k->locks = w->next;
+	if (w->next)
+		w->next->prev = w->prev;
+	kvd_free(k, w->name.data);
+	kvd_free(k, w->pfx);
+	kvd_free(k, w);
+}
+
+/* A waiter for call c on prefix name + "/"; our key is that plus the lease in
+ * hex (Go's %x).  NULL when memory is short. */
+static struct lock_wait *lock_new(struct kvd *k, struct call *c, int kind, const ProtobufCBinaryData *name,
+                                  int64_t lease)
+{
+	struct lock_wait *w = kvd_calloc(k, sizeof *w);
+	uint8_t *key;
+	size_t i;
+
+	if (!w)
+		return NULL;
+	w->c = c;
+	w->kind = kind;
+	w->lease = lease;
+	w->name.len = name->len;
+	w->npfx = name->len + 1;
+	if (!(w->name.data = kvd_malloc(k, name->len + 1)) || !(w->pfx = kvd_malloc(k, 2 * w->npfx + 24))) {
+		kvd_free(k, w->name.data);
+		kvd_free(k, w);
+		return NULL;
+	}
+	if (name->len)
+		memcpy(w->name.data, name->data, name->len);
+	memcpy(w->pfx, w->name.data, name->len);
+	w->pfx[name->len] = '/';
+	w->end = w->pfx + w->npfx; /* the prefix's range end: '/' + 1 is '0' */
+	memcpy(w->end, w->pfx, w->npfx);
+	w->end[name->len] = '0';
+	key = w->end + w->npfx;
+	memcpy(key, w->pfx, w->npfx);
+	i = (size_t)snprintf((char *)key + w->npfx, 24, lease < 0 ? "-%llx" : "%llx",
+	                     (unsigned long long)(lease < 0 ? -(uint64_t)lease : (uint64_t)lease));
+	w->key = key;
+	w->nkey = w->npfx + i;
+	w->next = k->locks;
+	if (k->locks)
+		k->locks->prev = w;
+	k->locks = w;
+	c->svc = w;
+	return w;
+}
+
+static ProtobufCBinaryData lock_bin(const uint8_t *p, size_t n)
+{
+	ProtobufCBinaryData b;
+
+	b.data = (uint8_t *)(uintptr_t)p;
+	b.len = n;
+	return b;
+}
+
+/* RangeRequest for the first-created key under w's prefix (etcd's
+ * WithFirstCreate), or with max_create the last-created before it
+ * (waitDeletes' WithLastCreate + WithMaxCreateRev). */
+static void lock_top(const struct lock_wait *w, Etcdserverpb__RangeRequest *r, int64_t max_create)
+{
+	etcdserverpb__range_request__init(r);
+	r->key = lock_bin(w->pfx, w->npfx);
+	r->range_end = lock_bin(w->end, w->npfx);
+	r->limit = 1;
+	r->sort_target = ETCDSERVERPB__RANGE_REQUEST__SORT_TARGET__CREATE;
+	r->sort_order = max_create ? ETCDSERVERPB__RANGE_REQUEST__SORT_ORDER__DESCEND
+	                           : ETCDSERVERPB__RANGE_REQUEST__SORT_ORDER__ASCEND;
+	r->max_create_revision = max_create;
+}
+
+/* One read-only step: range r as the caller.  *kv the first key or NULL. */
+static int lock_get(struct kvd *k, struct call *c, Etcdserverpb__RangeRequest *r, struct svc_pool *pl,
+                    Etcdserverpb__ResponseHeader *h, Mvccpb__KeyValue **kv, struct svc_err *e)
+{
+	Etcdserverpb__TxnRequest t = ETCDSERVERPB__TXN_REQUEST__INIT;
+	Etcdserverpb__TxnResponse rs;
+	Etcdserverpb__RequestOp op = ETCDSERVERPB__REQUEST_OP__INIT, *ops[1] = {&op};
+	Etcdserverpb__RangeResponse *rr;
+
+	op.request_case = ETCDSERVERPB__REQUEST_OP__REQUEST_REQUEST_RANGE;
+	op.request_range = r;
+	t.success = ops;
+	t.n_success = 1;
+	if (lock_txn(k, c, &t, pl, &rs, h, e))
+		return KVD_EINVAL;
+	rr = rs.responses[0]->response_range;
+	*kv = rr->n_kvs ? rr->kvs[0] : NULL;
+	return 0;
+}
+
+/* A guarded write of w's key: put value (put) or delete it, if its create
+ * revision is still `rev` (0: if it does not exist).  *ok: the guard held;
+ * with get, the failure branch reads the key (Campaign). */
+static int lock_guarded(struct kvd *k, struct call *c, const struct lock_wait *w, int64_t rev, int put,
+                        ProtobufCBinaryData value, int get, struct svc_pool *pl, Etcdserverpb__TxnResponse *rs,
+                        Etcdserverpb__ResponseHeader *h, struct svc_err *e)
+{
+	Etcdserverpb__TxnRequest t = ETCDSERVERPB__TXN_REQUEST__INIT;
+	Etcdserverpb__Compare cmp = ETCDSERVERPB__COMPARE__INIT, *cmps[1] = {&cmp};
+	Etcdserverpb__RequestOp yes = ETCDSERVERPB__REQUEST_OP__INIT, no = ETCDSERVERPB__REQUEST_OP__INIT;
+	Etcdserverpb__RequestOp top = ETCDSERVERPB__REQUEST_OP__INIT;
+	Etcdserverpb__RequestOp *ys[2] = {&yes, &top}, *ns[2] = {&no, &top};
+	Etcdserverpb__PutRequest p = ETCDSERVERPB__PUT_REQUEST__INIT;
+	Etcdserverpb__DeleteRangeRequest d = ETCDSERVERPB__DELETE_RANGE_REQUEST__INIT;
+	Etcdserverpb__RangeRequest g = ETCDSERVERPB__RANGE_REQUEST__INIT, first;
+
+	cmp.target = ETCDSERVERPB__COMPARE__COMPARE_TARGET__CREATE;
+	cmp.key = lock_bin(w->key, w->nkey);
+	cmp.target_union_case = ETCDSERVERPB__COMPARE__TARGET_UNION_CREATE_REVISION;
+	cmp.create_revision = rev;
+	t.compare = cmps;
+	t.n_compare = 1;
+	if (put) {
+		p.key = cmp.key;
+		p.value = value;
+		p.lease = w->lease;
+		yes.request_case = ETCDSERVERPB__REQUEST_OP__REQUEST_REQUEST_PUT;
+		yes.request_put = &p;
+	} else {
+		d.key = cmp.key;
+		yes.request_case = ETCDSERVERPB__REQUEST_OP__REQUEST_REQUEST_DELETE_RANGE;
+		yes.request_delete_range = &d;
+	}
+	t.success = ys;
+	t.n_success = 1;
+	if (get) { /* Lock and Campaign: else get ours; Lock: and the first-created in both */
+		g.key = cmp.key;
+		no.request_case = ETCDSERVERPB__REQUEST_OP__REQUEST_REQUEST_RANGE;
+		no.request_range = &g;
+		t.failure = ns;
+		t.n_failure = 1;
+		if (get > 1) {
+			lock_top(w, &first, 0);
+			top.request_case = ETCDSERVERPB__REQUEST_OP__REQUEST_REQUEST_RANGE;
+			top.request_range = &first;
+			t.n_success = t.n_failure = 2;
+		}
+	}
+	if (lock_txn(k, c, &t, pl, rs, h, e))
+		return KVD_EINVAL;
+	if (rs->n_responses && c)
+		c->wrote |= rs->succeeded;
+	return 0;
+}
+
+/* Is anything under w's prefix created before w's key?  1 yes, 0 no, or
+ * KVD_EINVAL (e).  h: the header of that read. */
+static int lock_blocked(struct kvd *k, struct lock_wait *w, struct svc_pool *pl, Etcdserverpb__ResponseHeader *h,
+                        struct svc_err *e)
+{
+	Etcdserverpb__RangeRequest r;
+	Mvccpb__KeyValue *kv;
+
+	lock_top(w, &r, w->rev - 1);
+	if (w->rev <= 1)
+		return 0;
+	if (lock_get(k, w->c, &r, pl, h, &kv, e))
+		return KVD_EINVAL;
+	return kv != NULL;
+}
+
+/* w holds its lock or leads its election: the answer. */
+static void lock_won(struct kvd *k, struct lock_wait *w, Etcdserverpb__ResponseHeader *h)
+{
+	w->done = 1;
+	if (w->kind == LOCK_LOCK) {
+		V3lockpb__LockResponse rs = V3LOCKPB__LOCK_RESPONSE__INIT;
+		rs.header = h;
+		rs.key = lock_bin(w->key, w->nkey);
+		call_reply(k, w->c, &rs.base);
+	} else {
+		V3electionpb__CampaignResponse rs = V3ELECTIONPB__CAMPAIGN_RESPONSE__INIT;
+		V3electionpb__LeaderKey lk = V3ELECTIONPB__LEADER_KEY__INIT;
+		lk.name = w->name;
+		lk.key = lock_bin(w->key, w->nkey);
+		lk.rev = w->rev;
+		lk.lease = w->lease;
+		rs.header = &w->hdr;
+		rs.leader = &lk;
+		call_reply(k, w->c, &rs.base);
+	}
+}
+
+static void lock_fail(struct kvd *k, struct lock_wait *w, const struct svc_err *e)
+{
+	w->done = 1;
+	call_finish(k, w->c, e->code, "%s", e->msg);
+}
+
+/* A waiter after a batch (or at once): still ours, and still blocked? */
+static void lock_check(struct kvd *k, struct lock_wait *w)
+{
+	struct svc_pool pl = {k, NULL, 0};
+	struct svc_err e = {0, NULL};
+	Etcdserverpb__ResponseHeader h;
+	ProtobufCBinaryData key = lock_bin(w->key, w->nkey);
+	const struct mvcc_key *r = svc_live(k, &key);
+	int b;
+
+	if (!r || r->create != w->rev) { /* its lease is gone, or someone deleted it */
+		e.code = GRPC_UNKNOWN;
+		e.msg = "session expired";
+		lock_fail(k, w, &e);
+	} else if ((b = lock_blocked(k, w, &pl, &h, &e)) < 0) {
+		lock_fail(k, w, &e);
+	} else if (!b) {
+		svc_header(k, &h, 1);
+		lock_won(k, w, &h);
+	}
+	svc_pool_free(&pl);
+}
+
+/* ---- Observe ------------------------------------------------------------ */
+
+/* Send the election's leader if it changed since the last one sent. */
+static void lock_observe(struct kvd *k, struct lock_wait *w)
+{
+	struct svc_pool pl = {k, NULL, 0};
+	struct svc_err e = {0, NULL};
+	Etcdserverpb__RangeRequest r;
+	Etcdserverpb__ResponseHeader h;
+	Mvccpb__KeyValue *kv;
+
+	lock_top(w, &r, 0);
+	if (lock_get(k, w->c, &r, &pl, &h, &kv, &e)) {
+		lock_fail(k, w, &e);
+	} else if (kv && (kv->create_revision != w->seen_create || kv->mod_revision != w->seen_mod)) {
+		V3electionpb__LeaderResponse rs = V3ELECTIONPB__LEADER_RESPONSE__INIT;
+		rs.header = &h;
+		rs.kv = kv;
+		w->seen_create = kv->create_revision;
+		w->seen_mod = kv->mod_revision;
+		call_send(k, w->c, &rs.base);
+	}
+	svc_pool_free(&pl);
+}
+
+/* After each durable batch: waiters look again; observers send what changed. */
+static void lock_batch(struct kvd *k)
+{
+	struct lock_wait *w, *next;
+
+	for (w = k->locks; w; w = next) {
+		next = w->next;
+		if (w->done || w->c->finished)
+			continue;
+		if (w->kind == LOCK_OBSERVE)
+			lock_observe(k, w);
+		else
+			lock_check(k, w);
+	}
+}
+
+/* The call goes away: a waiter that never got its answer takes its key
+ * back (etcd's Unlock / Resign when the wait fails). */
+static void lock_close(struct kvd *k, struct call *c)
+{
+	struct lock_wait *w = c->svc;
+	struct svc_pool pl = {k, NULL, 0};
+	struct svc_err e = {0, NULL};
+	Etcdserverpb__TxnResponse rs;
+	Etcdserverpb__ResponseHeader h;
+	ProtobufCBinaryData none = {0, NULL};
+
+	if (!w)
+		return;
+	if (!w->done && w->kind != LOCK_OBSERVE && w->rev && !svc_writable(k, &e, MVCC_REC_HDR + 32 + w->nkey))
+		lock_guarded(k, c, w, w->rev, 0, none, 0, &pl, &rs, &h, &e);
+	svc_pool_free(&pl);
+	c->svc = NULL;
+	lock_free(k, w);
+}
+
+/* ---- the RPCs ----------------------------------------------------------- */
+
+static void lock_lock_rpc(struct kvd *k, struct call *c)
+{
+	const V3lockpb__LockRequest *rq = (const void *)c->rq;
+	struct svc_pool pl = {k, NULL, 0};
+	struct svc_err e = {0, NULL};
+	Etcdserverpb__TxnResponse rs;
+	Etcdserverpb__ResponseHeader h;
+	Etcdserverpb__RangeResponse *mine, *top;
+	ProtobufCBinaryData empty = {0, NULL};
+	struct lock_wait *w;
+	int64_t lease = rq->lease;
+
+	if (lock_session(k, c, &lease, &e)) {
+		call_finish(k, c, e.code, "%s", e.msg);
+		return;
+	}
+	if (!(w = lock_new(k, c, LOCK_LOCK, &rq->name, lease))) {
+		call_finish(k, c, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+		return;
+	}
+	if (!lock_guarded(k, c, w, 0, 1, empty, 2, &pl, &rs, &h, &e)) {
+		mine = rs.succeeded ? NULL : rs.responses[0]->response_range;
+		top = rs.responses[1]->response_range;
+		w->rev = mine ? (mine->n_kvs ? mine->kvs[0]->create_revision : 0) : h.revision;
+		if (!top->n_kvs || top->kvs[0]->create_revision == w->rev)
+			lock_won(k, w, &h);
+		/* else it waits: lock_batch looks again after each batch */
+	} else {
+		w->done = 1;
+		call_finish(k, c, e.code, "%s", e.msg);
+	}
+	svc_pool_free(&pl);
+}
+
+static void lock_unlock_rpc(struct kvd *k, struct call *c)
+{
+	const V3lockpb__UnlockRequest *rq = (const void *)c->rq;
+	Etcdserverpb__TxnRequest t = ETCDSERVERPB__TXN_REQUEST__INIT;
+	Etcdserverpb__RequestOp op = ETCDSERVERPB__REQUEST_OP__INIT, *ops[1] = {&op};
+	Etcdserverpb__DeleteRangeRequest d = ETCDSERVERPB__DELETE_RANGE_REQUEST__INIT;
+	V3lockpb__UnlockResponse out = V3LOCKPB__UNLOCK_RESPONSE__INIT;
+	struct svc_pool pl = {k, NULL, 0};
+	struct svc_err e = {0, NULL};
+	Etcdserverpb__TxnResponse rs;
+	Etcdserverpb__ResponseHeader h;
+
+	d.key = rq->key;
+	op.request_case = ETCDSERVERPB__REQUEST_OP__REQUEST_REQUEST_DELETE_RANGE;
+	op.request_delete_range = &d;
+	t.success = ops;
+	t.n_success = 1;
+	if (lock_txn(k, c, &t, &pl, &rs, &h, &e)) {
+		call_finish(k, c, e.code, "%s", e.msg);
+	} else {
+		c->wrote = rs.responses[0]->response_delete_range->deleted > 0;
+		out.header = &h;
+		call_reply(k, c, &out.base);
+	}
+	svc_pool_free(&pl);
+}
+
+static void lock_campaign_rpc(struct kvd *k, struct call *c)
+{
+	const V3electionpb__CampaignRequest *rq = (const void *)c->rq;
+	struct svc_pool pl = {k, NULL, 0};
+	struct svc_err e = {0, NULL};
+	Etcdserverpb__TxnResponse rs, rs2;
+	Etcdserverpb__ResponseHeader h, h2;
+	struct lock_wait *w;
+	int64_t lease = rq->lease;
+	int b;
+
+	if (lock_session(k, c, &lease, &e)) {
+		call_finish(k, c, e.code, "%s", e.msg);
+		return;
+	}
+	if (!(w = lock_new(k, c, LOCK_CAMPAIGN, &rq->name, lease))) {
+		call_finish(k, c, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+		return;
+	}
+	w->done = 1; /* until the key is ours */
+	if (!lock_guarded(k, c, w, 0, 1, rq->value, 1, &pl, &rs, &h, &e)) {
+		w->hdr = h;
+		w->rev = h.revision;
+		if (!rs.succeeded) {
+			const Mvccpb__KeyValue *kv = rs.responses[0]->response_range->kvs[0];
+			w->rev = kv->create_revision;
+			if ((kv->value.len != rq->value.len || (kv->value.len && memcmp(kv->value.data, rq->value.data,
+			                                                               kv->value.len))) &&
+			    (lock_guarded(k, c, w, w->rev, 1, rq->value, 0, &pl, &rs2, &h2, &e) ||
+			     (!rs2.succeeded && !svc_fail(&e, GRPC_UNKNOWN, "election: not leader")))) {
+				ProtobufCBinaryData none = {0, NULL};
+				struct svc_err e2 = {0, NULL};
+				lock_guarded(k, c, w, w->rev, 0, none, 0, &pl, &rs2, &h2, &e2); /* Resign */
+			}
+		}
+		w->done = 0;
+		if (!e.msg && (b = lock_blocked(k, w, &pl, &h2, &e)) == 0)
+			lock_won(k, w, &w->hdr);
+	}
+	if (e.msg) {
+		w->done = 1;
+		call_finish(k, c, e.code, "%s", e.msg);
+	}
+	svc_pool_free(&pl);
+}
+
+/* A LeaderKey as the recipes resume it (concurrency.ResumeElection). */
+static int lock_resume(struct kvd *k, struct call *c, const V3electionpb__LeaderKey *lk, struct lock_wait *w,
+                       struct svc_err *e)
+{
+	memset(w, 0, sizeof *w);
+	if (!lk)
+		return svc_fail(e, GRPC_UNKNOWN, "\"leader\" field must be provided");
+	w->c = c;
+	w->key = lk->key.data;
+	w->nkey = lk->key.len;
+	w->rev = lk->rev;
+	w->lease = lk->lease;
+	return lock_session(k, c, &w->lease, e);
+}
+
+static void lock_proclaim_rpc(struct kvd *k, struct call *c)
+{
+	const V3electionpb__ProclaimRequest *rq = (const void *)c->rq;
+	V3electionpb__ProclaimResponse out = V3ELECTIONPB__PROCLAIM_RESPONSE__INIT;
+	struct svc_pool pl = {k, NULL, 0};
+	struct svc_err e = {0, NULL};
+	Etcdserverpb__TxnResponse rs;
+	Etcdserverpb__ResponseHeader h;
+	struct lock_wait w;
+
+	if (!lock_resume(k, c, rq->leader, &w, &e) &&
+	    !lock_guarded(k, c, &w, w.rev, 1, rq->value, 0, &pl, &rs, &h, &e) && !rs.succeeded)
+		svc_fail(&e, GRPC_UNKNOWN, "election: not leader");
+	out.header = &h;
+	svc_end(k, c, &out.base, &e);
+	svc_pool_free(&pl);
+}
+
+static void lock_resign_rpc(struct kvd *k, struct call *c)
+{
+	const V3electionpb__ResignRequest *rq = (const void *)c->rq;
+	V3electionpb__ResignResponse out = V3ELECTIONPB__RESIGN_RESPONSE__INIT;
+	struct svc_pool pl = {k, NULL, 0};
+	struct svc_err e = {0, NULL};
+	Etcdserverpb__TxnResponse rs;
+	Etcdserverpb__ResponseHeader h;
+	ProtobufCBinaryData none = {0, NULL};
+	struct lock_wait w;
+
+	if (!lock_resume(k, c, rq->leader, &w, &e))
+		lock_guarded(k, c, &w, w.rev, 0, none, 0, &pl, &rs, &h, &e);
+	out.header = &h;
+	svc_end(k, c, &out.base, &e);
+	svc_pool_free(&pl);
+}
+
+static void lock_leader_rpc(struct kvd *k, struct call *c)
+{
+	const V3electionpb__LeaderRequest *rq = (const void *)c->rq;
+	V3electionpb__LeaderResponse out = V3ELECTIONPB__LEADER_RESPONSE__INIT;
+	struct svc_pool pl = {k, NULL, 0};
+	struct svc_err e = {0, NULL};
+	Etcdserverpb__RangeRequest r;
+	Etcdserverpb__ResponseHeader h;
+	Mvccpb__KeyValue *kv = NULL;
+	struct lock_wait *w = lock_new(k, c, LOCK_OBSERVE, &rq->name, -1);
+
+	if (!w) {
+		call_finish(k, c, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+		return;
+	}
+	w->done = 1;
+	lock_top(w, &r, 0);
+	if (!lock_get(k, c, &r, &pl, &h, &kv, &e) && !kv)
+		svc_fail(&e, GRPC_UNKNOWN, "election: no leader");
+	out.header = &h;
+	out.kv = kv;
+	svc_end(k, c, &out.base, &e);
+	svc_pool_free(&pl);
+}
+
+static void lock_observe_rpc(struct kvd *k, struct call *c)
+{
+	const V3electionpb__LeaderRequest *rq = (const void *)c->rq;
+	struct lock_wait *w = lock_new(k, c, LOCK_OBSERVE, &rq->name, -1);
+
+	if (!w) {
+		call_finish(k, c, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+		return;
+	}
+	if (!k->db.w.len) /* else what the open batch shows is not durable yet: after its flush */
+		lock_observe(k, w); /* the leader now, if any; then after each batch */
+}
+
 static const struct grpc_method svc_kv[] = {
 	{"/etcdserverpb.KV/Range", GRPC_UNARY, PB(etcdserverpb__range_request), PB(etcdserverpb__range_response), svc_range_rpc, NULL, NULL, NULL, NULL},
 	{"/etcdserverpb.KV/RangeStream", GRPC_SERVER_STREAM, PB(etcdserverpb__range_request), PB(etcdserverpb__range_stream_response), svc_rangestream_rpc, NULL, svc_rstream_close, svc_rstream_chunk, NULL},
@@ -13496,15 +14125,15 @@ static const struct grpc_method svc_auth[] = {
 	{"/etcdserverpb.Auth/RoleRevokePermission", GRPC_UNARY, PB(etcdserverpb__auth_role_revoke_permission_request), PB(etcdserverpb__auth_role_revoke_permission_response), svc_auth_role_revoke, NULL, NULL, NULL, NULL},
 };
 static const struct grpc_method svc_lock[] = {
-	{"/v3lockpb.Lock/Lock", GRPC_UNARY, PB(v3lockpb__lock_request), PB(v3lockpb__lock_response), NULL, NULL, NULL, NULL, NULL},
-	{"/v3lockpb.Lock/Unlock", GRPC_UNARY, PB(v3lockpb__unlock_request), PB(v3lockpb__unlock_response), NULL, NULL, NULL, NULL, NULL},
+	{"/v3lockpb.Lock/Lock", GRPC_UNARY, PB(v3lockpb__lock_request), PB(v3lockpb__lock_response), lock_lock_rpc, NULL, lock_close, NULL, NULL},
+	{"/v3lockpb.Lock/Unlock", GRPC_UNARY, PB(v3lockpb__unlock_request), PB(v3lockpb__unlock_response), lock_unlock_rpc, NULL, NULL, NULL, NULL},
 };
 static const struct grpc_method svc_election[] = {
-	{"/v3electionpb.Election/Campaign", GRPC_UNARY, PB(v3electionpb__campaign_request), PB(v3electionpb__campaign_response), NULL, NULL, NULL, NULL, NULL},
-	{"/v3electionpb.Election/Proclaim", GRPC_UNARY, PB(v3electionpb__proclaim_request), PB(v3electionpb__proclaim_response), NULL, NULL, NULL, NULL, NULL},
-	{"/v3electionpb.Election/Leader", GRPC_UNARY, PB(v3electionpb__leader_request), PB(v3electionpb__leader_response), NULL, NULL, NULL, NULL, NULL},
-	{"/v3electionpb.Election/Observe", GRPC_SERVER_STREAM, PB(v3electionpb__leader_request), PB(v3electionpb__leader_response), NULL, NULL, NULL, NULL, NULL},
-	{"/v3electionpb.Election/Resign", GRPC_UNARY, PB(v3electionpb__resign_request), PB(v3electionpb__resign_response), NULL, NULL, NULL, NULL, NULL},
+	{"/v3electionpb.Election/Campaign", GRPC_UNARY, PB(v3electionpb__campaign_request), PB(v3electionpb__campaign_response), lock_campaign_rpc, NULL, lock_close, NULL, NULL},
+	{"/v3electionpb.Election/Proclaim", GRPC_UNARY, PB(v3electionpb__proclaim_request), PB(v3electionpb__proclaim_response), lock_proclaim_rpc, NULL, NULL, NULL, NULL},
+	{"/v3electionpb.Election/Leader", GRPC_UNARY, PB(v3electionpb__leader_request), PB(v3electionpb__leader_response), lock_leader_rpc, NULL, lock_close, NULL, NULL},
+	{"/v3electionpb.Election/Observe", GRPC_SERVER_STREAM, PB(v3electionpb__leader_request), PB(v3electionpb__leader_response), lock_observe_rpc, NULL, lock_close, NULL, NULL},
+	{"/v3electionpb.Election/Resign", GRPC_UNARY, PB(v3electionpb__resign_request), PB(v3electionpb__resign_response), lock_resign_rpc, NULL, NULL, NULL, NULL},
 };
 static const struct grpc_method svc_health[] = {
 	{"/grpc.health.v1.Health/Check", GRPC_UNARY, PB(grpc__health__v1__health_check_request), PB(grpc__health__v1__health_check_response), svc_health_check, NULL, NULL, NULL, NULL},
@@ -13580,6 +14209,19 @@ static const struct grpc_method *svc_route(const char *svc, size_t slen, const c
 		return NULL;
 	}
 	return NULL;
+}
+
+/* The method's place in the service tables (/metrics counts by it), -1 if
+ * past KVD_METRIC_METHODS. */
+static int svc_method_index(const struct grpc_method *m)
+{
+	size_t i, base = 0;
+
+	for (i = 0; i < KVD_COUNT(svc_services); base += svc_services[i].n, i++)
+		if (m >= svc_services[i].m && m < svc_services[i].m + svc_services[i].n)
+			return base + (size_t)(m - svc_services[i].m) < KVD_METRIC_METHODS
+			           ? (int)(base + (size_t)(m - svc_services[i].m)) : -1;
+	return -1;
 }
 
 /* Shutdown begins: every call whose method cares is told (Health
@@ -14606,7 +15248,8 @@ static void watch_fini(struct kvd *k)
  * their input order.  The writer emits ASCII only (\uXXXX for the rest), and
  * numbers as Haskell's Text.JSON does (Ganeti's confd is the peer that
  * cares): an integral value as an integer, others as Haskell's `show` of a
- * Double.  The HTTP/JSON gateway will reuse it.
+ * Double.  Syntax errors are worded as Go's encoding/json words them (the
+ * gateway's clients read etcd's).  The gateway's protobuf mapping follows.
  */
 
 #define JSON_MAX_DEPTH 64
@@ -14673,6 +15316,40 @@ static int json_fail(struct json_parser *ps, const char *why)
 {
 	if (!ps->err)
 		ps->err = why;
+	return KVD_EPROTO;
+}
+
+/*
+ * A syntax error at `at` in Go's encoding/json words ("invalid character
+ * 'x' looking for beginning of value"; "unexpected EOF" past the end), as
+ * the gateway's clients read them from etcd.
+ */
+static int json_syntax(struct json_parser *ps, const uint8_t *at, const char *ctx)
+{
+	char q[8];
+	unsigned c;
+
+	if (ps->err)
+		return KVD_EPROTO;
+	if (at >= ps->end) {
+		ps->err = "unexpected EOF";
+		return KVD_EPROTO;
+	}
+	c = *at;
+	if (c == '\\' || c == '\'')
+		snprintf(q, sizeof q, "\\%c", c);
+	else if (c == '\n' || c == '\r' || c == '\t')
+		snprintf(q, sizeof q, "\\%c", c == '\n' ? 'n' : c == '\r' ? 'r' : 't');
+	else if (c < 0x20 || c == 0x7f)
+		snprintf(q, sizeof q, "\\x%02x", c);
+	else if (c >= 0x80 && (c <= 0xa0 || c == 0xad)) /* strconv.Quote of U+00XX */
+		snprintf(q, sizeof q, "\\u00%02x", c);
+	else if (c >= 0x80)
+		snprintf(q, sizeof q, "%c%c", 0xc0 | c >> 6, 0x80 | (c & 0x3f));
+	else
+		snprintf(q, sizeof q, "%c", c);
+	snprintf(ps->doc->why, sizeof ps->doc->why, "invalid character '%s' %s", q, ctx);
+	ps->err = ps->doc->why;
 	return KVD_EPROTO;
 }
 
@@ -14761,12 +15438,12 @@ static int json_string(struct json_parser *ps, const char **out, uint32_t *len)
 		if (*q == '\\' && q + 1 < ps->end)
 			q++, raw++;
 	if (q >= ps->end)
-		return json_fail(ps, "unterminated string");
+		return json_syntax(ps, ps->end, "");
 	if (raw > 0xfffffff0u || !(start = o = json_alloc(ps->doc, raw + 1)))
 		return raw > 0xfffffff0u ? json_fail(ps, "string too long") : json_oom(ps);
 	while (*p != '"') {
 		if (*p < 0x20)
-			return json_fail(ps, "control character in string");
+			return json_syntax(ps, p, "in string literal");
 		if (*p != '\\') {
 			if (!(n = json_utf8_len(p, ps->end)))
 				return json_fail(ps, "invalid UTF-8");
@@ -14786,8 +15463,11 @@ static int json_string(struct json_parser *ps, const char **out, uint32_t *len)
 		case 'r': *o++ = '\r'; break;
 		case 't': *o++ = '\t'; break;
 		case 'u':
-			if (ps->end - p < 4 || json_hex4(p, &c))
-				return json_fail(ps, "bad \\u escape");
+			if (ps->end - p < 4 || json_hex4(p, &c)) {
+				while (p < ps->end && ((*p >= '0' && *p <= '9') || ((*p | 0x20) >= 'a' && (*p | 0x20) <= 'f')))
+					p++;
+				return json_syntax(ps, p, "in \\u hexadecimal character escape");
+			}
 			p += 4;
 			if (c >= 0xdc00 && c <= 0xdfff)
 				return json_fail(ps, "lone surrogate");
@@ -14801,7 +15481,7 @@ static int json_string(struct json_parser *ps, const char **out, uint32_t *len)
 			o = json_put_utf8(o, c);
 			break;
 		default:
-			return json_fail(ps, "bad escape");
+			return json_syntax(ps, p - 1, "in string escape code");
 		}
 	}
 	*o = 0;
@@ -14820,7 +15500,7 @@ static int json_number(struct json_parser *ps, struct json *v)
 	if (p < ps->end && *p == '-')
 		p++;
 	if (p >= ps->end || !(*p >= '0' && *p <= '9'))
-		return json_fail(ps, "bad number");
+		return json_syntax(ps, p, p == s ? "looking for beginning of value" : "in numeric literal");
 	if (*p == '0')
 		p++;
 	else
@@ -14829,7 +15509,7 @@ static int json_number(struct json_parser *ps, struct json *v)
 	if (p < ps->end && *p == '.') {
 		frac = 1;
 		if (++p >= ps->end || !(*p >= '0' && *p <= '9'))
-			return json_fail(ps, "bad number");
+			return json_syntax(ps, p, "after decimal point in numeric literal");
 		while (p < ps->end && *p >= '0' && *p <= '9')
 			p++;
 	}
@@ -14838,7 +15518,7 @@ static int json_number(struct json_parser *ps, struct json *v)
 		if (++p < ps->end && (*p == '+' || *p == '-'))
 			p++;
 		if (p >= ps->end || !(*p >= '0' && *p <= '9'))
-			return json_fail(ps, "bad number");
+			return json_syntax(ps, p, "in exponent of numeric literal");
 		while (p < ps->end && *p >= '0' && *p <= '9')
 			p++;
 	}
@@ -14847,6 +15527,10 @@ static int json_number(struct json_parser *ps, struct json *v)
 	memcpy(tmp, s, (size_t)(p - s));
 	tmp[p - s] = 0;
 	v->type = JSON_NUM;
+	v->n = (uint32_t)(p - s); /* the literal, for readers that want it exact (the gateway's int64s) */
+	if (!(v->s = json_alloc(ps->doc, v->n + 1)))
+		return json_oom(ps);
+	memcpy((char *)v->s, tmp, v->n + 1);
 	v->d = strtod(tmp, NULL);
 	if (v->d != v->d || v->d > 1.7976931348623157e308 || v->d < -1.7976931348623157e308)
 		return json_fail(ps, "number out of range");
@@ -14855,7 +15539,7 @@ static int json_number(struct json_parser *ps, struct json *v)
 		errno = 0;
 		v->i = strtoll(tmp, &e, 10);
 		v->isint = errno == 0;
-	} else if (v->d == (double)(int64_t)v->d && v->d >= -9.2233720368547758e18 && v->d < 9.2233720368547758e18) {
+	} else if (v->d >= -9.2233720368547758e18 && v->d < 9.2233720368547758e18 && v->d == (double)(int64_t)v->d) {
 		v->i = (int64_t)v->d; /* 5000000.0 is the integer 5000000, as a Haskell Rational */
 		v->isint = 1;
 	}
@@ -14900,13 +15584,13 @@ static int json_container(struct json_parser *ps, struct json *v, int obj)
 			json_ws(ps);
 			if (obj) {
 				if (ps->p >= ps->end || *ps->p != '"')
-					return json_fail(ps, "expected a key");
+					return json_syntax(ps, ps->p, "looking for beginning of object key string");
 				ps->p++;
 				if ((r = json_string(ps, &key, &klen)))
 					return r;
 				json_ws(ps);
 				if (ps->p >= ps->end || *ps->p != ':')
-					return json_fail(ps, "expected ':'");
+					return json_syntax(ps, ps->p, "after object key");
 				ps->p++;
 			}
 			memset(&kid, 0, sizeof kid);
@@ -14925,7 +15609,7 @@ static int json_container(struct json_parser *ps, struct json *v, int obj)
 				ps->p++;
 				break;
 			}
-			return json_fail(ps, obj ? "expected ',' or '}'" : "expected ',' or ']'");
+			return json_syntax(ps, ps->p, obj ? "after object key:value pair" : "after array element");
 		}
 	}
 	n = ps->nstack - base;
@@ -14944,7 +15628,7 @@ static int json_value(struct json_parser *ps, struct json *v)
 {
 	json_ws(ps);
 	if (ps->p >= ps->end)
-		return json_fail(ps, "unexpected end");
+		return json_syntax(ps, ps->p, "");
 	switch (*ps->p) {
 	case '{':
 		return json_container(ps, v, 1);
@@ -14959,9 +15643,13 @@ static int json_value(struct json_parser *ps, struct json *v)
 	case 'n': {
 		static const char *const words[] = {"null", "false", "true"};
 		int w = *ps->p == 'n' ? 0 : *ps->p == 'f' ? 1 : 2;
-		size_t l = strlen(words[w]);
-		if ((size_t)(ps->end - ps->p) < l || memcmp(ps->p, words[w], l))
-			return json_fail(ps, "bad literal");
+		size_t l = strlen(words[w]), j;
+		for (j = 1; j < l; j++)
+			if (ps->p + j >= ps->end || ps->p[j] != words[w][j]) {
+				char ctx[40];
+				snprintf(ctx, sizeof ctx, "in literal %s (expecting '%c')", words[w], words[w][j]);
+				return json_syntax(ps, ps->p + j, ctx);
+			}
 		ps->p += l;
 		v->type = (uint8_t)(JSON_NULL + w);
 		return 0;
@@ -14997,7 +15685,7 @@ static int json_parse(struct kvd *k, struct json_doc *d, const void *p, size_t n
 	if (!r) {
 		json_ws(&ps);
 		if (ps.p != ps.end)
-			r = json_fail(&ps, "trailing bytes");
+			r = json_syntax(&ps, ps.p, "after top-level value");
 	}
 	kvd_free(k, ps.stack);
 	if (r) {
@@ -15174,6 +15862,592 @@ static void json_write(struct kvd *k, struct kvd_buf *b, const struct json *v)
 		json_write(k, b, &v->kids[i]);
 	}
 	json_put_raw(k, b, v->type == JSON_OBJ ? "}" : "]");
+}
+
+/* ---- protobuf <-> JSON, as etcd's gateway maps them ---------------------- */
+
+/*
+ * The gateway's JSON mapping has this one owner.  etcd 3.4 serves it with
+ * grpc-gateway v1 and golang/protobuf's jsonpb (OrigName on), so:
+ *
+ *   out  fields in number order (etcd's protos declare them so) under their
+ *        proto names; zero scalars, empty lists and absent messages left out,
+ *        but a oneof member or a present, empty message is written; 64-bit
+ *        integers as strings, 32-bit ones as numbers; bytes as standard
+ *        base64; enums by name; strings escaped as Go's encoding/json does
+ *        (UTF-8 kept, <>& and U+2028/9 escaped, bad bytes as U+FFFD).
+ *   in   an object per message; each field by its proto name, else its
+ *        lowerCamel JSON name (the last member of that name wins, as jsonpb
+ *        reads a map); unknown members ignored (the gateway allows them);
+ *        null = absent; numbers bare or quoted; enums by name or number;
+ *        bytes standard base64.  Errors are jsonpb's / encoding/json's texts.
+ *
+ * JSON in is encoded straight to protobuf bytes, so a gateway request meets
+ * exactly the decoder (and its checks) a gRPC request meets; answers are
+ * the messages a gRPC client would get, unpacked and written here.
+ */
+
+#define JSON_PB_WHY 192
+
+static const char json_b64std[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+
+/* A string as Go's encoding/json writes it (HTML-safe). */
+static void json_put_gostr(struct kvd *k, struct kvd_buf *b, const void *s, size_t n)
+{
+	static const char hex[] = "0123456789abcdef";
+	const uint8_t *p = s, *end = p + n;
+	uint8_t *o;
+	size_t l;
+
+	if (n > SIZE_MAX / 6 - 2) {
+		b->err = 1;
+		return;
+	}
+	if (buf_reserve(k, b, n * 6 + 2))
+		return;
+	o = b->p + b->len;
+	*o++ = '"';
+	while (p < end) {
+		uint8_t c = *p;
+		if (c < 0x80) {
+			p++;
+			if (c == '"' || c == '\\') {
+				*o++ = '\\';
+				*o++ = c;
+			} else if (c == '\n' || c == '\r' || c == '\t') {
+				*o++ = '\\';
+				*o++ = c == '\n' ? 'n' : c == '\r' ? 'r' : 't';
+			} else if (c < 0x20 || c == '<' || c == '>' || c == '&') {
+				memcpy(o, "\\u00", 4);
+				o[4] = (uint8_t)hex[c >> 4];
+				o[5] = (uint8_t)hex[c & 15];
+				o += 6;
+			} else {
+				*o++ = c;
+			}
+			continue;
+		}
+		if (!(l = json_utf8_len(p, end))) {
+			memcpy(o, "\\ufffd", 6);
+			o += 6;
+			p++;
+			continue;
+		}
+		if (l == 3 && p[0] == 0xe2 && p[1] == 0x80 && (p[2] == 0xa8 || p[2] == 0xa9)) {
+			memcpy(o, p[2] == 0xa8 ? "\\u2028" : "\\u2029", 6);
+			o += 6;
+		} else {
+			memcpy(o, p, l);
+			o += l;
+		}
+		p += l;
+	}
+	*o++ = '"';
+	b->len = (size_t)(o - b->p);
+}
+
+static void json_put_b64(struct kvd *k, struct kvd_buf *b, const uint8_t *p, size_t n)
+{
+	if (n > SIZE_MAX / 2 || buf_reserve(k, b, (n + 2) / 3 * 4 + 2))
+		return;
+	b->p[b->len++] = '"';
+	b->len += util_b64(json_b64std, 1, p, n, (char *)b->p + b->len);
+	b->p[b->len++] = '"';
+}
+
+/* Go's name of an enum type in jsonpb's errors: "etcdserverpb.Compare_CompareTarget". */
+static void json_pb_enum_name(const ProtobufCEnumDescriptor *e, char *out, size_t cap)
+{
+	size_t n = e->package_name ? strlen(e->package_name) : 0, i;
+
+	snprintf(out, cap, "%s", e->name);
+	for (i = n + 1; i < cap && out[i]; i++)
+		if (out[i] == '.')
+			out[i] = '_';
+}
+
+static size_t json_pb_elem_size(const ProtobufCFieldDescriptor *f)
+{
+	switch (f->type) {
+	case PROTOBUF_C_TYPE_INT64: case PROTOBUF_C_TYPE_SINT64: case PROTOBUF_C_TYPE_SFIXED64:
+	case PROTOBUF_C_TYPE_UINT64: case PROTOBUF_C_TYPE_FIXED64: case PROTOBUF_C_TYPE_DOUBLE:
+		return 8;
+	case PROTOBUF_C_TYPE_BOOL: return sizeof(protobuf_c_boolean);
+	case PROTOBUF_C_TYPE_STRING: return sizeof(char *);
+	case PROTOBUF_C_TYPE_BYTES: return sizeof(ProtobufCBinaryData);
+	case PROTOBUF_C_TYPE_MESSAGE: return sizeof(void *);
+	default: return 4;
+	}
+}
+
+static void json_pb_write(struct kvd *k, struct kvd_buf *b, const ProtobufCMessage *m);
+
+static void json_pb_value(struct kvd *k, struct kvd_buf *b, const ProtobufCFieldDescriptor *f, const void *v)
+{
+	char t[32];
+
+	switch (f->type) {
+	case PROTOBUF_C_TYPE_INT32: case PROTOBUF_C_TYPE_SINT32: case PROTOBUF_C_TYPE_SFIXED32:
+		snprintf(t, sizeof t, "%ld", (long)*(const int32_t *)v);
+		break;
+	case PROTOBUF_C_TYPE_UINT32: case PROTOBUF_C_TYPE_FIXED32:
+		snprintf(t, sizeof t, "%lu", (unsigned long)*(const uint32_t *)v);
+		break;
+	case PROTOBUF_C_TYPE_INT64: case PROTOBUF_C_TYPE_SINT64: case PROTOBUF_C_TYPE_SFIXED64:
+		snprintf(t, sizeof t, "\"%lld\"", (long long)*(const int64_t *)v);
+		break;
+	case PROTOBUF_C_TYPE_UINT64: case PROTOBUF_C_TYPE_FIXED64:
+		snprintf(t, sizeof t, "\"%llu\"", (unsigned long long)*(const uint64_t *)v);
+		break;
+	case PROTOBUF_C_TYPE_FLOAT:
+		snprintf(t, sizeof t, "%.9g", (double)*(const float *)v);
+		break;
+	case PROTOBUF_C_TYPE_DOUBLE:
+		snprintf(t, sizeof t, "%.17g", *(const double *)v);
+		break;
+	case PROTOBUF_C_TYPE_BOOL:
+		snprintf(t, sizeof t, "%s", *(const protobuf_c_boolean *)v ? "true" : "false");
+		break;
+	case PROTOBUF_C_TYPE_ENUM: {
+		const ProtobufCEnumValue *ev = protobuf_c_enum_descriptor_get_value(f->descriptor, *(const int *)v);
+		if (ev) {
+			json_put_gostr(k, b, ev->name, strlen(ev->name));
+			return;
+		}
+		snprintf(t, sizeof t, "%d", *(const int *)v);
+		break;
+	}
+	case PROTOBUF_C_TYPE_STRING: {
+		const char *s = *(char *const *)v;
+		json_put_gostr(k, b, s ? s : "", s ? strlen(s) : 0);
+		return;
+	}
+	case PROTOBUF_C_TYPE_BYTES: {
+		const ProtobufCBinaryData *d = v;
+		json_put_b64(k, b, d->data, d->len);
+		return;
+	}
+	default: /* PROTOBUF_C_TYPE_MESSAGE */
+		json_pb_write(k, b, *(ProtobufCMessage *const *)v);
+		return;
+	}
+	json_put_raw(k, b, t);
+}
+
+/* Is the singular field at v its type's zero value (left out)? */
+static int json_pb_zero(const ProtobufCFieldDescriptor *f, const void *v)
+{
+	switch (f->type) {
+	case PROTOBUF_C_TYPE_STRING: {
+		const char *s = *(char *const *)v;
+		return !s || !*s;
+	}
+	case PROTOBUF_C_TYPE_BYTES: return !((const ProtobufCBinaryData *)v)->len;
+	case PROTOBUF_C_TYPE_MESSAGE: return !*(void *const *)v;
+	case PROTOBUF_C_TYPE_BOOL: return !*(const protobuf_c_boolean *)v;
+	case PROTOBUF_C_TYPE_FLOAT: return *(const float *)v == 0;
+	case PROTOBUF_C_TYPE_DOUBLE: return *(const double *)v == 0;
+	default: return json_pb_elem_size(f) == 8 ? !*(const uint64_t *)v : !*(const uint32_t *)v;
+	}
+}
+
+/* Message m as jsonpb (OrigName) writes it.  Depth is the message's: the
+ * decoder bounded it (PB_MAX_DEPTH). */
+static void json_pb_write(struct kvd *k, struct kvd_buf *b, const ProtobufCMessage *m)
+{
+	const ProtobufCMessageDescriptor *d = m->descriptor;
+	const uint8_t *base = (const uint8_t *)m;
+	unsigned i, first = 1;
+	size_t j, n = 0;
+
+	json_put_raw(k, b, "{");
+	for (i = 0; i < d->n_fields && !b->err; i++) {
+		const ProtobufCFieldDescriptor *f = &d->fields[i];
+		const void *v = base + f->offset;
+		if (f->label == PROTOBUF_C_LABEL_REPEATED) {
+			n = *(const size_t *)(const void *)(base + f->quantifier_offset);
+			if (!n)
+				continue;
+		} else if (f->flags & PROTOBUF_C_FIELD_FLAG_ONEOF) {
+			if (*(const uint32_t *)(const void *)(base + f->quantifier_offset) != f->id)
+				continue;
+		} else if (f->label == PROTOBUF_C_LABEL_OPTIONAL && f->quantifier_offset) {
+			if (!*(const protobuf_c_boolean *)(const void *)(base + f->quantifier_offset))
+				continue;
+		} else if (json_pb_zero(f, v)) {
+			continue;
+		}
+		if (!first)
+			json_put_raw(k, b, ",");
+		first = 0;
+		json_put_gostr(k, b, f->name, strlen(f->name));
+		json_put_raw(k, b, ":");
+		if (f->label != PROTOBUF_C_LABEL_REPEATED) {
+			json_pb_value(k, b, f, v);
+			continue;
+		}
+		json_put_raw(k, b, "[");
+		for (j = 0; j < n && !b->err; j++) {
+			if (j)
+				json_put_raw(k, b, ",");
+			json_pb_value(k, b, f, *(const uint8_t *const *)v + j * json_pb_elem_size(f));
+		}
+		json_put_raw(k, b, "]");
+	}
+	json_put_raw(k, b, "}");
+}
+
+/* ---- JSON in ---------------------------------------------------------------- */
+
+static const char *json_kind(const struct json *v)
+{
+	static const char *const kinds[] = {"null", "bool", "bool", "number", "string", "array", "object"};
+	return kinds[v->type];
+}
+
+static int json_pb_fail(char *why, const char *fmt, ...) KVD_PRINTF(2, 3);
+static int json_pb_fail(char *why, const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(why, JSON_PB_WHY, fmt, ap);
+	va_end(ap);
+	return KVD_EPROTO;
+}
+
+/* Is key[0..klen) the lowerCamel JSON name of proto name n (protoc's
+ * json_name: each '_' dropped and the letter after it upper-cased)? */
+static int json_pb_camel(const char *n, const char *key, size_t klen)
+{
+	size_t o = 0;
+	int up = 0;
+
+	for (; *n; n++) {
+		char c = *n;
+		if (c == '_') {
+			up = 1;
+			continue;
+		}
+		if (up && c >= 'a' && c <= 'z')
+			c = (char)(c - 'a' + 'A');
+		up = 0;
+		if (o >= klen || key[o++] != c)
+			return 0;
+	}
+	return o == klen;
+}
+
+/* The member of o that sets f (jsonpb looks the proto name up first). */
+static const struct json *json_pb_member(const struct json *o, const ProtobufCFieldDescriptor *f)
+{
+	const struct json *hit = NULL;
+	size_t l = strlen(f->name);
+	uint32_t i;
+
+	for (i = 0; i < o->n; i++)
+		if (o->kids[i].klen == l && !memcmp(o->kids[i].key, f->name, l))
+			hit = &o->kids[i];
+	if (hit)
+		return hit;
+	for (i = 0; i < o->n; i++)
+		if (json_pb_camel(f->name, o->kids[i].key, o->kids[i].klen))
+			hit = &o->kids[i];
+	return hit;
+}
+
+/*
+ * An integer field's value: a JSON number, or a string holding one (jsonpb
+ * drops the quotes and lets encoding/json read what is inside).  bits 32 or
+ * 64; Go's words when it is not one.
+ */
+static int json_pb_int(const struct json *v, int sign, int bits, uint64_t *out, char *why)
+{
+	const char *go = sign ? (bits == 32 ? "int32" : "int64") : (bits == 32 ? "uint32" : "uint64");
+	const char *s = v->s, *p;
+	uint64_t u = 0, lim;
+	int neg = 0;
+
+	if (v->type != JSON_NUM && v->type != JSON_STR)
+		return json_pb_fail(why, "json: cannot unmarshal %s into Go value of type %s", json_kind(v), go);
+	if (!v->n)
+		return json_pb_fail(why, "unexpected end of JSON input");
+	p = s;
+	if (*p == '-')
+		neg = 1, p++;
+	if (!(*p >= '0' && *p <= '9'))
+		return json_pb_fail(why, "invalid character '%c' %s", *p ? *p : ' ', neg ? "in numeric literal" : "looking for beginning of value");
+	if (*p == '0' && p[1] >= '0' && p[1] <= '9')
+		return json_pb_fail(why, "invalid character '%c' after top-level value", p[1]);
+	lim = sign ? (bits == 32 ? 0x7fffffffull : 0x7fffffffffffffffull) + (uint64_t)neg : (bits == 32 ? 0xffffffffull : UINT64_MAX);
+	for (; *p >= '0' && *p <= '9'; p++) {
+		if (u > (lim - (uint64_t)(*p - '0')) / 10) {
+			u = lim + 1; /* overflow: reported below with the whole literal */
+			while (p[1] >= '0' && p[1] <= '9')
+				p++;
+			continue;
+		}
+		u = u * 10 + (uint64_t)(*p - '0');
+	}
+	if (*p == '.' || *p == 'e' || *p == 'E' || u > lim || (neg && !sign))
+		return json_pb_fail(why, "json: cannot unmarshal number %.40s into Go value of type %s", s, go);
+	if (*p)
+		return json_pb_fail(why, "invalid character '%c' after top-level value", *p);
+	*out = neg ? (uint64_t)0 - u : u;
+	return 0;
+}
+
+/* Standard base64 as Go's encoding/json reads []byte (padding required),
+ * into out (room for n * 3 / 4); the length, or -1 with Go's error offset. */
+static long json_b64_decode(const char *s, size_t n, uint8_t *out, size_t *bad)
+{
+	uint32_t acc = 0;
+	size_t i, q = 0, o = 0, pad = 0;
+	const char *c;
+
+	for (i = 0; i < n; i++) {
+		if (s[i] == '=' && q >= 2) {
+			pad = 4 - q; /* "xx==" or "xxx=" */
+			if (pad == 2 && (i + 1 == n || s[i + 1] != '=')) {
+				*bad = i + 1 == n ? n : i; /* Go's offsets for a half padding */
+				return -1;
+			}
+			if (i + pad < n) { /* bytes after the padding */
+				*bad = i + pad;
+				return -1;
+			}
+			acc <<= 6 * pad;
+			out[o++] = (uint8_t)(acc >> 16);
+			if (q == 3)
+				out[o++] = (uint8_t)(acc >> 8);
+			return (long)o;
+		}
+		if (!s[i] || !(c = strchr(json_b64std, s[i]))) {
+			*bad = i;
+			return -1;
+		}
+		acc = acc << 6 | (uint32_t)(c - json_b64std);
+		if (++q == 4) {
+			out[o++] = (uint8_t)(acc >> 16);
+			out[o++] = (uint8_t)(acc >> 8);
+			out[o++] = (uint8_t)acc;
+			acc = 0;
+			q = 0;
+		}
+	}
+	if (q) { /* a quantum cut short: Go points at its start */
+		*bad = n - q;
+		return -1;
+	}
+	return (long)o;
+}
+
+static void json_pb_varint(struct kvd *k, struct kvd_buf *b, uint64_t v)
+{
+	uint8_t t[10];
+
+	buf_append(k, b, t, (size_t)(mvcc_put_varint(t, v) - t));
+}
+
+static int json_pb_encode(struct kvd *k, struct kvd_buf *b, const ProtobufCMessageDescriptor *d,
+                          const struct json *o, char *why);
+
+/* One value of field f (a list's element, or the field) onto b. */
+static int json_pb_field(struct kvd *k, struct kvd_buf *b, const ProtobufCFieldDescriptor *f, const struct json *v,
+                         char *why)
+{
+	uint64_t u = 0;
+	uint8_t t[8];
+	int r;
+
+	switch (f->type) {
+	case PROTOBUF_C_TYPE_BOOL:
+		if (v->type != JSON_TRUE && v->type != JSON_FALSE)
+			return json_pb_fail(why, "json: cannot unmarshal %s into Go value of type bool", json_kind(v));
+		json_pb_varint(k, b, (uint64_t)f->id << 3);
+		json_pb_varint(k, b, v->type == JSON_TRUE);
+		return 0;
+	case PROTOBUF_C_TYPE_STRING:
+	case PROTOBUF_C_TYPE_BYTES: {
+		uint8_t *raw;
+		long n;
+		size_t bad = 0;
+		if (v->type != JSON_STR)
+			return json_pb_fail(why, "json: cannot unmarshal %s into Go value of type %s", json_kind(v),
+			                    f->type == PROTOBUF_C_TYPE_STRING ? "string" : "[]uint8");
+		json_pb_varint(k, b, (uint64_t)f->id << 3 | 2);
+		if (f->type == PROTOBUF_C_TYPE_STRING) {
+			json_pb_varint(k, b, v->n);
+			buf_append(k, b, v->s, v->n);
+			return 0;
+		}
+		if (buf_reserve(k, b, 10 + v->n)) /* room for the length, then the bytes */
+			return KVD_ENOMEM;
+		raw = b->p + b->len + 10;
+		if ((n = json_b64_decode(v->s, v->n, raw, &bad)) < 0)
+			return json_pb_fail(why, "illegal base64 data at input byte %zu", bad);
+		u = (uint64_t)(mvcc_put_varint(b->p + b->len, (uint64_t)n) - (b->p + b->len));
+		memmove(b->p + b->len + u, raw, (size_t)n);
+		b->len += (size_t)u + (size_t)n;
+		return 0;
+	}
+	case PROTOBUF_C_TYPE_MESSAGE: {
+		struct kvd_buf sub = {0};
+		if (v->type != JSON_OBJ)
+			return json_pb_fail(why, "json: cannot unmarshal %s into Go value of type map[string]json.RawMessage",
+			                    json_kind(v));
+		if ((r = json_pb_encode(k, &sub, f->descriptor, v, why)) == 0) {
+			json_pb_varint(k, b, (uint64_t)f->id << 3 | 2);
+			json_pb_varint(k, b, BUF_LEN(&sub));
+			buf_append(k, b, BUF_DATA(&sub), BUF_LEN(&sub));
+			r = sub.err ? KVD_ENOMEM : 0;
+		}
+		buf_free(k, &sub);
+		return r;
+	}
+	case PROTOBUF_C_TYPE_ENUM:
+		if (v->type == JSON_STR) {
+			const ProtobufCEnumValue *ev = protobuf_c_enum_descriptor_get_value_by_name(f->descriptor, v->s);
+			char en[96];
+			if (!ev || strlen(v->s) != v->n) {
+				json_pb_enum_name(f->descriptor, en, sizeof en);
+				return json_pb_fail(why, "unknown value \"%.60s\" for enum %s", v->s, en);
+			}
+			u = (uint64_t)(int64_t)ev->value;
+		} else if ((r = json_pb_int(v, 1, 32, &u, why))) {
+			return r;
+		}
+		json_pb_varint(k, b, (uint64_t)f->id << 3);
+		json_pb_varint(k, b, u);
+		return 0;
+	case PROTOBUF_C_TYPE_FLOAT:
+	case PROTOBUF_C_TYPE_DOUBLE: { /* no etcd message has one */
+		double x;
+		if (v->type != JSON_NUM)
+			return json_pb_fail(why, "json: cannot unmarshal %s into Go value of type float64", json_kind(v));
+		x = v->d;
+		if (f->type == PROTOBUF_C_TYPE_FLOAT) {
+			float fl = (float)x;
+			uint32_t bits;
+			memcpy(&bits, &fl, 4);
+			put_le32(t, bits);
+			json_pb_varint(k, b, (uint64_t)f->id << 3 | 5);
+			buf_append(k, b, t, 4);
+		} else {
+			memcpy(&u, &x, 8);
+			put_le64(t, u);
+			json_pb_varint(k, b, (uint64_t)f->id << 3 | 1);
+			buf_append(k, b, t, 8);
+		}
+		return 0;
+	}
+	default:
+		break;
+	}
+	/* the integers */
+	{
+		int sign = f->type == PROTOBUF_C_TYPE_INT32 || f->type == PROTOBUF_C_TYPE_SINT32 ||
+		           f->type == PROTOBUF_C_TYPE_SFIXED32 || f->type == PROTOBUF_C_TYPE_INT64 ||
+		           f->type == PROTOBUF_C_TYPE_SINT64 || f->type == PROTOBUF_C_TYPE_SFIXED64;
+		int bits = json_pb_elem_size(f) == 8 ? 64 : 32;
+		if ((r = json_pb_int(v, sign, bits, &u, why)))
+			return r;
+		switch (f->type) {
+		case PROTOBUF_C_TYPE_SINT32: /* zigzag */
+			u = (uint32_t)((uint32_t)u << 1 ^ (uint32_t)((int32_t)(uint32_t)u >> 31));
+			break;
+		case PROTOBUF_C_TYPE_SINT64:
+			u = u << 1 ^ (uint64_t)((int64_t)u >> 63);
+			break;
+		case PROTOBUF_C_TYPE_SFIXED32: case PROTOBUF_C_TYPE_FIXED32:
+			put_le32(t, (uint32_t)u);
+			json_pb_varint(k, b, (uint64_t)f->id << 3 | 5);
+			buf_append(k, b, t, 4);
+			return 0;
+		case PROTOBUF_C_TYPE_SFIXED64: case PROTOBUF_C_TYPE_FIXED64:
+			put_le64(t, u);
+			json_pb_varint(k, b, (uint64_t)f->id << 3 | 1);
+			buf_append(k, b, t, 8);
+			return 0;
+		default:
+			break;
+		}
+		json_pb_varint(k, b, (uint64_t)f->id << 3);
+		json_pb_varint(k, b, u);
+		return 0;
+	}
+}
+
+/* Object o as message d's protobuf bytes onto b.  0, KVD_EPROTO (why: Go's
+ * words), or KVD_ENOMEM.  Depth is bounded by the parser's (JSON_MAX_DEPTH). */
+static int json_pb_encode(struct kvd *k, struct kvd_buf *b, const ProtobufCMessageDescriptor *d,
+                          const struct json *o, char *why)
+{
+	unsigned i;
+	uint32_t j;
+	int r;
+
+	if (o->type != JSON_OBJ)
+		return json_pb_fail(why, "json: cannot unmarshal %s into Go value of type map[string]json.RawMessage",
+		                    json_kind(o));
+	for (i = 0; i < d->n_fields; i++) {
+		const ProtobufCFieldDescriptor *f = &d->fields[i];
+		const struct json *v = json_pb_member(o, f);
+		if (!v || v->type == JSON_NULL)
+			continue;
+		if (f->label != PROTOBUF_C_LABEL_REPEATED) {
+			if ((r = json_pb_field(k, b, f, v, why)))
+				return r;
+			continue;
+		}
+		if (v->type != JSON_ARR)
+			return json_pb_fail(why, "json: cannot unmarshal %s into Go value of type []json.RawMessage", json_kind(v));
+		for (j = 0; j < v->n; j++)
+			if ((r = json_pb_field(k, b, f, &v->kids[j], why)))
+				return r;
+	}
+	return b->err ? KVD_ENOMEM : 0;
+}
+
+/*
+ * Where the first JSON value in p[0..n) ends, judged by its brackets and
+ * strings alone (the parser checks the rest): its length, space before it
+ * included; 0 if it is not complete yet; -2 if there is nothing but space;
+ * -1 if it does not begin with an object, a list or a string.  Bounded by n,
+ * allocation-free: a stream's body is cut into values with it.
+ */
+static long json_scan(const uint8_t *p, size_t n)
+{
+	size_t i = 0;
+	long depth = 0;
+	int str = 0;
+
+	while (i < n && (p[i] == ' ' || p[i] == '\t' || p[i] == '\n' || p[i] == '\r'))
+		i++;
+	if (i == n)
+		return -2;
+	if (p[i] != '{' && p[i] != '[' && p[i] != '"')
+		return -1;
+	for (; i < n; i++) {
+		uint8_t ch = p[i];
+		if (str) {
+			if (ch == '\\') {
+				i++;
+			} else if (ch == '"') {
+				str = 0;
+				if (!depth)
+					return (long)i + 1;
+			}
+			continue;
+		}
+		if (ch == '"')
+			str = 1;
+		else if (ch == '{' || ch == '[')
+			depth++;
+		else if ((ch == '}' || ch == ']') && --depth == 0)
+			return (long)i + 1;
+	}
+	return 0;
 }
 
 /* ===== 20. confd: Ganeti's UDP query protocol (confd_) ================== */
@@ -16960,10 +18234,30 @@ static int confd_open(struct kvd *k, char *err, size_t errlen)
 }
 
 /* Counters in one line (SIGHUP, shutdown, tests). */
+static const char *const confd_drop_names[CONFD_D_N] = {"truncated", "rate", "source-rate", "magic", "envelope",
+                                                        "hmac", "skew", "replay", "request"};
+
+/* confd's counters for /metrics: received, answered, then each drop reason
+ * (names in *names, *n of them).  -1 when confd is off. */
+static int confd_counters(const struct kvd *k, uint64_t *v, const char *const **names, unsigned *n)
+{
+	const struct confd *cd = k->confd;
+	unsigned i;
+
+	if (!cd)
+		return -1;
+	v[0] = cd->received;
+	v[1] = cd->answered;
+	for (i = 0; i < CONFD_D_N; i++)
+		v[2 + i] = cd->dropped[i];
+	*names = confd_drop_names;
+	*n = CONFD_D_N;
+	return 0;
+}
+
 static void confd_report(struct kvd *k, char *out, size_t cap)
 {
-	static const char *const names[] = {"truncated", "rate", "source-rate", "magic", "envelope", "hmac", "skew",
-	                                    "replay", "request"};
+	const char *const *names = confd_drop_names;
 	const struct confd *cd = k->confd;
 	size_t at;
 	int i;
@@ -17603,30 +18897,38 @@ static const char *tls_peer_cn(const struct conn *c)
 }
 #endif /* KVD_NO_TLS */
 
-/* ===== 22. HTTP/1.1 on the client port: /health, /version (http1_) ===== */
+/* ===== 22. HTTP/1.1 on the client port: /health, /version, the JSON gateway (http1_, gw_) == */
 
 /*
  * etcd serves HTTP/1.1 on its client port beside gRPC: /health for
  * supervisors and load balancers, /version, /metrics and the JSON gateway.
  * A connection whose first bytes are an HTTP/1.x request line (or that
- * chose ALPN http/1.1 over TLS) gets this protocol.  Today it answers
- * /health and /version as etcd 3.4 does; /metrics and /v3/ (the gateway)
- * say 501 until they are built; anything else is Go's 404.
+ * chose ALPN http/1.1 over TLS) gets this protocol.  It answers /health
+ * and /version as etcd 3.4 does, and /v3/... through the gateway below;
+ * /metrics says 501 until it is built; anything else is Go's 404.
  *
  * The parser follows picohttpparser's contract: it reads at most
- * HTTP1_MAX_HEAD bytes of request line and headers, allocates nothing,
- * and says "need more" (0) apart from "bad" (a status to answer with:
- * 400, or 431 when the head is too large).  Requests are answered in
- * order (pipelining works), keep-alive is HTTP/1.1's default, a body (none
- * of these endpoints takes one) is read and dropped up to HTTP1_MAX_BODY;
- * a chunked one is refused (501) for now.  A request head must arrive
- * within KVD_PREFACE_TIMEOUT_MS of its first byte; an idle keep-alive
- * connection is closed after --max-idle-time, as an idle HTTP/2 one.
+ * HTTP1_MAX_HEAD bytes of request line and headers, allocates nothing (the
+ * fields it returns point into the input), and says "need more" (0) apart
+ * from "bad" (a status to answer with: 400, or 431 when the head is too
+ * large).  Requests are answered in order (pipelining works; a request
+ * waits while the one before it is served), keep-alive is HTTP/1.1's
+ * default.  A body for an endpoint that takes none is read and dropped up
+ * to HTTP1_MAX_BODY.  A request head must arrive within
+ * KVD_PREFACE_TIMEOUT_MS of its first byte; an idle keep-alive connection,
+ * or a request body that stops coming, is closed after --max-idle-time, as
+ * an idle HTTP/2 connection is.
+ *
+ * CORS as etcd's access controller: with --cors "*" (the default) every
+ * answer allows any origin; with a list, an answer carries the request's
+ * Origin when it is on the list; OPTIONS on any path is 200 with nothing
+ * more (etcd answers preflights itself).
  */
 
 #define HTTP1_MAX_HEAD 8192
 #define HTTP1_MAX_HEADERS 64
 #define HTTP1_MAX_BODY (64 * 1024)
+#define HTTP1_GO_BUFFER 2048 /* net/http's bufferBeforeChunkingSize */
 
 struct http1_req {
 	const char *method, *target;
@@ -17634,12 +18936,32 @@ struct http1_req {
 	int minor;                  /* HTTP/1.<minor> */
 	unsigned close : 1;         /* the connection ends after the answer */
 	unsigned chunked : 1;
+	unsigned expect : 1;        /* Expect: 100-continue */
 	uint64_t clen;              /* Content-Length, 0 if none */
+	struct hp_field h[HTTP1_MAX_HEADERS]; /* pointing into the input */
+	unsigned nh;
 };
 
 struct http1_conn {
 	uint64_t body_left;         /* bytes of a request body still to drop */
 	int64_t t_head;             /* ms: a partial head began, 0 if none */
+	int minor;                  /* the current request's HTTP/1.<minor> */
+	char origin[128];           /* CORS: the origin to allow, "" none */
+	/* the gateway call being served (one at a time) */
+	unsigned in_call : 1;
+	unsigned stream : 1;        /* the answer is a stream of {"result":...} */
+	unsigned bidi : 1;          /* each JSON value of the body is a message */
+	unsigned hdr_sent : 1;
+	unsigned delivered : 1;     /* the request (or the end of a stream's) went to the call */
+	unsigned plain : 1;         /* the JSON could not be read: no call was answered */
+	unsigned close : 1;         /* close after this answer */
+	unsigned body_chunked : 1;
+	unsigned body_done : 1;
+	int chunk_st;               /* chunked body: 0 size line, 1 data, 2 its CRLF, 3 trailers */
+	uint64_t body_clen;         /* Content-Length bytes still to come */
+	uint64_t chunk_left;        /* data bytes left in this chunk */
+	struct kvd_buf body;        /* body bytes not yet made messages */
+	struct call call;
 };
 
 static int http1_ieq(const char *a, size_t n, const char *b)
@@ -17673,11 +18995,12 @@ static int http1_has_token(const char *v, size_t n, const char *t)
 static long http1_parse(const uint8_t *p, size_t n, struct http1_req *r, int *status)
 {
 	const uint8_t *end, *q, *eol, *colon;
-	size_t lim = KVD_MIN(n, (size_t)HTTP1_MAX_HEAD), i, nh = 0;
+	size_t lim = KVD_MIN(n, (size_t)HTTP1_MAX_HEAD), i;
 	uint64_t v;
 	int have_len = 0;
 
-	memset(r, 0, sizeof *r);
+	memset(r, 0, offsetof(struct http1_req, h));
+	r->nh = 0;
 	*status = 400;
 	for (i = 0, end = NULL; i + 1 < lim; i++) /* the blank line that ends the head */
 		if (p[i] == '\n' && (p[i + 1] == '\n' || (p[i + 1] == '\r' && i + 2 < lim && p[i + 2] == '\n'))) {
@@ -17718,7 +19041,7 @@ static long http1_parse(const uint8_t *p, size_t n, struct http1_req *r, int *st
 			;
 		if (eol == end)
 			return KVD_EINVAL;
-		if (++nh > HTTP1_MAX_HEADERS) {
+		if (r->nh == HTTP1_MAX_HEADERS) {
 			*status = 431;
 			return KVD_EINVAL;
 		}
@@ -17734,6 +19057,11 @@ static long http1_parse(const uint8_t *p, size_t n, struct http1_req *r, int *st
 		vl = (size_t)(eol - q);
 		while (vl && (val[vl - 1] == '\r' || val[vl - 1] == ' ' || val[vl - 1] == '\t'))
 			vl--;
+		r->h[r->nh].name = name;
+		r->h[r->nh].nlen = (uint32_t)nl;
+		r->h[r->nh].value = val;
+		r->h[r->nh].vlen = (uint32_t)vl;
+		r->nh++;
 		if (http1_ieq(name, nl, "content-length")) {
 			for (v = 0, i = 0; i < vl; i++) {
 				if (val[i] < '0' || val[i] > '9' || v > (UINT64_MAX - 9) / 10)
@@ -17745,85 +19073,971 @@ static long http1_parse(const uint8_t *p, size_t n, struct http1_req *r, int *st
 			r->clen = v;
 			have_len = 1;
 		} else if (http1_ieq(name, nl, "transfer-encoding")) {
-			r->chunked = 1; /* any coding: refused below, as chunked is all HTTP/1.1 must know */
+			if (!http1_ieq(val, vl, "chunked")) {
+				*status = 501; /* a coding HTTP/1.1 need not know */
+				return KVD_EINVAL;
+			}
+			r->chunked = 1;
 		} else if (http1_ieq(name, nl, "connection")) {
 			if (http1_has_token(val, vl, "close"))
 				r->close = 1;
 			else if (http1_has_token(val, vl, "keep-alive"))
 				r->close = 0;
+		} else if (http1_ieq(name, nl, "expect")) {
+			if (!http1_ieq(val, vl, "100-continue")) {
+				*status = 417;
+				return KVD_EINVAL;
+			}
+			r->expect = 1;
 		}
+	}
+	if (r->chunked && have_len) { /* RFC 9112 6.3: chunked wins, and the connection ends after */
+		r->clen = 0;
+		r->close = 1;
 	}
 	return (long)(end - p);
 }
 
-/* One answer into c->out, as etcd's net/http writes it: its CORS headers
- * (etcd 3.4's default --cors "*"), the request's HTTP version. */
-static void http1_answer(struct kvd *k, struct conn *c, int minor, int status, const char *ctype, const char *extra,
-                         const char *body, int close)
+/* The value of header name in r, NULL if absent (its length in *n). */
+static const char *http1_header(const struct http1_req *r, const char *name, size_t *n)
 {
-	static const struct { int code; const char *text; } reasons[] = {
-		{200, "OK"}, {400, "Bad Request"}, {404, "Not Found"}, {405, "Method Not Allowed"},
-		{413, "Request Entity Too Large"}, {431, "Request Header Fields Too Large"},
-		{501, "Not Implemented"}, {503, "Service Unavailable"},
+	unsigned i;
+
+	for (i = 0; i < r->nh; i++)
+		if (http1_ieq(r->h[i].name, r->h[i].nlen, name)) {
+			*n = r->h[i].vlen;
+			return r->h[i].value;
+		}
+	return NULL;
+}
+
+static const char *http1_reason(int status)
+{
+	static const struct { short code; const char *text; } reasons[] = {
+		{200, "OK"}, {400, "Bad Request"}, {401, "Unauthorized"}, {403, "Forbidden"}, {404, "Not Found"},
+		{405, "Method Not Allowed"}, {408, "Request Timeout"}, {409, "Conflict"}, {412, "Precondition Failed"},
+		{413, "Request Entity Too Large"}, {417, "Expectation Failed"}, {429, "Too Many Requests"},
+		{431, "Request Header Fields Too Large"}, {500, "Internal Server Error"}, {501, "Not Implemented"},
+		{503, "Service Unavailable"}, {504, "Gateway Timeout"},
 	};
-	const char *reason = "";
-	char hdr[512], date[40];
-	time_t now = time(NULL);
-	struct tm tm;
-	size_t i, n = strlen(body);
+	size_t i;
 
 	for (i = 0; i < KVD_COUNT(reasons); i++)
 		if (reasons[i].code == status)
-			reason = reasons[i].text;
+			return reasons[i].text;
+	return "";
+}
+
+/* --cors as etcd checks it: "*" or URLs with a port, else its words. */
+static int http1_check_cors(const struct kvd *k, char *err, size_t errlen)
+{
+	const char *p = k->cfg.cors ? k->cfg.cors : "*", *e, *host, *colon;
+
+	for (; *p; p = *e ? e + 1 : e) {
+		size_t n;
+		e = strchr(p, ',');
+		e = e ? e : p + strlen(p);
+		n = (size_t)(e - p);
+		if (!n || (n == 1 && *p == '*'))
+			continue;
+		for (host = p; host + 3 <= e && memcmp(host, "://", 3); host++)
+			;
+		host = host + 3 <= e ? host + 3 : p;
+		colon = memchr(host, ':', (size_t)(e - host));
+		if (!colon || colon + 1 == e || memchr(host, '/', (size_t)(e - host))) {
+			snprintf(err, errlen, "invalid value \"%s\" for flag -cors: URL address does not have the form "
+			         "\"host:port\": %.*s", k->cfg.cors, (int)n, p);
+			return KVD_EINVAL;
+		}
+	}
+	return 0;
+}
+
+/* Which origin this request's answers allow (etcd's --cors): "*", the
+ * request's Origin when listed, or none. */
+static void http1_cors(struct kvd *k, struct http1_conn *h, const struct http1_req *r)
+{
+	const char *list = k->cfg.cors ? k->cfg.cors : "*", *o;
+	size_t n = 0;
+
+	h->origin[0] = 0;
+	if (!*list || http1_has_token(list, strlen(list), "*")) {
+		strcpy(h->origin, "*");
+		return;
+	}
+	o = http1_header(r, "origin", &n);
+	if (o && n && n < sizeof h->origin && !memchr(o, ',', n)) {
+		char t[sizeof h->origin];
+		memcpy(t, o, n);
+		t[n] = 0;
+		if (http1_has_token(list, strlen(list), t))
+			memcpy(h->origin, t, n + 1);
+	}
+}
+
+/*
+ * A status line and headers as Go's net/http writes them: the CORS headers
+ * and `fields` (already in Go's sorted order), Date, then the framing
+ * header, and Connection: close when the connection ends after this answer.
+ */
+static void http1_head(struct kvd *k, struct conn *c, int minor, int status, const char *fields, const char *framing,
+                       int close)
+{
+	struct http1_conn *h = c->ps;
+	char hdr[1024], date[40];
+	time_t now = time(NULL);
+	struct tm tm;
+	int n;
+
 	gmtime_r(&now, &tm);
 	strftime(date, sizeof date, "%a, %d %b %Y %H:%M:%S GMT", &tm);
-	snprintf(hdr, sizeof hdr, "HTTP/1.%d %d %s\r\n"
-	         "Access-Control-Allow-Headers: accept, content-type, authorization\r\n"
-	         "Access-Control-Allow-Methods: POST, GET, OPTIONS, PUT, DELETE\r\n"
-	         "Access-Control-Allow-Origin: *\r\n"
-	         "Content-Type: %s\r\n%sDate: %s\r\nContent-Length: %zu\r\n%s\r\n",
-	         minor ? 1 : 0, status, reason, ctype, extra, date, n, close && minor ? "Connection: close\r\n" : "");
-	buf_append(k, &c->out, hdr, strlen(hdr));
-	buf_append(k, &c->out, body, n);
+	n = snprintf(hdr, sizeof hdr, "HTTP/1.%d %d %s\r\n%s%s%s%sDate: %s\r\n%s%s\r\n", minor ? 1 : 0, status,
+	             http1_reason(status),
+	             h->origin[0] ? "Access-Control-Allow-Headers: accept, content-type, authorization\r\n"
+	                            "Access-Control-Allow-Methods: POST, GET, OPTIONS, PUT, DELETE\r\n"
+	                            "Access-Control-Allow-Origin: " : "",
+	             h->origin, h->origin[0] ? "\r\n" : "", fields, date, framing, close && minor ? "Connection: close\r\n" : "");
+	buf_append(k, &c->out, hdr, (size_t)KVD_MIN(n, (int)sizeof hdr - 1));
 	if (close)
 		c->is_closing = 1;
 }
 
-/* The endpoints. */
-static void http1_route(struct kvd *k, struct conn *c, const struct http1_req *r)
+/* A whole answer with a Content-Length body. */
+static void http1_answer(struct kvd *k, struct conn *c, int minor, int status, const char *fields, const char *body,
+                         int close)
 {
-	static const char text[] = "text/plain; charset=utf-8", nosniff[] = "X-Content-Type-Options: nosniff\r\n";
-	const char *path = r->target, *q = memchr(path, '?', r->tlen);
-	size_t plen = q ? (size_t)(q - path) : r->tlen, qlen = q ? r->tlen - plen - 1 : 0;
-	int get = r->mlen == 3 && !memcmp(r->method, "GET", 3);
+	char len[48];
+
+	snprintf(len, sizeof len, "Content-Length: %zu\r\n", strlen(body));
+	http1_head(k, c, minor, status, fields, len, close);
+	buf_append(k, &c->out, body, strlen(body));
+}
+
+#define HTTP1_TEXT "Content-Type: text/plain; charset=utf-8\r\n"
+#define HTTP1_NOSNIFF HTTP1_TEXT "X-Content-Type-Options: nosniff\r\n"
+
+/* A request kvd cannot go on reading: answered, then the connection closes. */
+static int http1_fail(struct kvd *k, struct conn *c, int status, const char *body)
+{
+	http1_answer(k, c, 1, status, HTTP1_TEXT, body, 1);
+	return KVD_EINVAL;
+}
+
+/* ---- the JSON gateway: POST /v3/<service>/<method> ------------------------ */
+
+/*
+ * etcd 3.4 answers JSON on its client port through grpc-gateway v1, which
+ * turns each request into a gRPC call to etcd itself.  kvd has no second
+ * server to call: a gateway request becomes a call (section 12) whose
+ * carrier is this connection.  Its JSON body is encoded to protobuf bytes
+ * (section 19 owns the mapping) and the call meets the same decoder and the
+ * same handler a gRPC request meets; the messages the handler queues are
+ * unpacked and written back as JSON.  Nothing here knows an RPC's meaning.
+ *
+ * One call at a time per connection: a pipelined request waits in c->in
+ * until the call before it has answered.  Unary calls (and server streams:
+ * Snapshot, Observe) read their whole body first, bounded by twice
+ * --max-request-bytes (base64 is 4/3 of the bytes it carries); bidi streams
+ * (Watch, LeaseKeepAlive) take each JSON value of the body as a message as
+ * it arrives, as the gateway's decoder loop does, and keep answering after
+ * the body ends.  Bodies may come with Content-Length or chunked, after a
+ * 100 Continue when the client asked for one.
+ *
+ * Answers as etcd's gateway writes them: a unary success is 200 with
+ * Content-Length and Grpc-Metadata-Content-Type; an RPC error is chunked with
+ * a Grpc-Trailer-Content-Type trailer, {"error","message","code"} and the
+ * HTTP status grpc-gateway maps the code to; a request whose JSON cannot be
+ * read is 400 (a stream's first message: 500, code Unknown, as the gateway
+ * does not wrap that error); a stream is chunked, one {"result":...} line per
+ * message, and an error after it began is grpc-gateway's {"error":{...}}
+ * chunk.  HTTP/1.0 clients get the same bytes unchunked, then a close.
+ */
+
+/* gateway path after /v3/ -> gRPC method (etcd 3.4's google.api.http
+ * routes; /v3/auth/status and /v3/maintenance/hashkv are 3.5's, for RPCs kvd
+ * serves; 3.4 sends /v3/maintenance/hash to Hash, not HashKV) */
+static const struct {
+	const char *gw, *rpc;
+} gw_routes[] = {
+	{"kv/range", "/etcdserverpb.KV/Range"},
+	{"kv/put", "/etcdserverpb.KV/Put"},
+	{"kv/deleterange", "/etcdserverpb.KV/DeleteRange"},
+	{"kv/txn", "/etcdserverpb.KV/Txn"},
+	{"kv/compaction", "/etcdserverpb.KV/Compact"},
+	{"watch", "/etcdserverpb.Watch/Watch"},
+	{"lease/grant", "/etcdserverpb.Lease/LeaseGrant"},
+	{"lease/revoke", "/etcdserverpb.Lease/LeaseRevoke"},
+	{"kv/lease/revoke", "/etcdserverpb.Lease/LeaseRevoke"},
+	{"lease/keepalive", "/etcdserverpb.Lease/LeaseKeepAlive"},
+	{"lease/timetolive", "/etcdserverpb.Lease/LeaseTimeToLive"},
+	{"kv/lease/timetolive", "/etcdserverpb.Lease/LeaseTimeToLive"},
+	{"lease/leases", "/etcdserverpb.Lease/LeaseLeases"},
+	{"kv/lease/leases", "/etcdserverpb.Lease/LeaseLeases"},
+	{"cluster/member/add", "/etcdserverpb.Cluster/MemberAdd"},
+	{"cluster/member/remove", "/etcdserverpb.Cluster/MemberRemove"},
+	{"cluster/member/update", "/etcdserverpb.Cluster/MemberUpdate"},
+	{"cluster/member/list", "/etcdserverpb.Cluster/MemberList"},
+	{"cluster/member/promote", "/etcdserverpb.Cluster/MemberPromote"},
+	{"maintenance/alarm", "/etcdserverpb.Maintenance/Alarm"},
+	{"maintenance/status", "/etcdserverpb.Maintenance/Status"},
+	{"maintenance/defragment", "/etcdserverpb.Maintenance/Defragment"},
+	{"maintenance/hash", "/etcdserverpb.Maintenance/Hash"},
+	{"maintenance/hashkv", "/etcdserverpb.Maintenance/HashKV"},
+	{"maintenance/snapshot", "/etcdserverpb.Maintenance/Snapshot"},
+	{"maintenance/transfer-leadership", "/etcdserverpb.Maintenance/MoveLeader"},
+	{"auth/enable", "/etcdserverpb.Auth/AuthEnable"},
+	{"auth/disable", "/etcdserverpb.Auth/AuthDisable"},
+	{"auth/status", "/etcdserverpb.Auth/AuthStatus"},
+	{"auth/authenticate", "/etcdserverpb.Auth/Authenticate"},
+	{"auth/user/add", "/etcdserverpb.Auth/UserAdd"},
+	{"auth/user/get", "/etcdserverpb.Auth/UserGet"},
+	{"auth/user/list", "/etcdserverpb.Auth/UserList"},
+	{"auth/user/delete", "/etcdserverpb.Auth/UserDelete"},
+	{"auth/user/changepw", "/etcdserverpb.Auth/UserChangePassword"},
+	{"auth/user/grant", "/etcdserverpb.Auth/UserGrantRole"},
+	{"auth/user/revoke", "/etcdserverpb.Auth/UserRevokeRole"},
+	{"auth/role/add", "/etcdserverpb.Auth/RoleAdd"},
+	{"auth/role/get", "/etcdserverpb.Auth/RoleGet"},
+	{"auth/role/list", "/etcdserverpb.Auth/RoleList"},
+	{"auth/role/delete", "/etcdserverpb.Auth/RoleDelete"},
+	{"auth/role/grant", "/etcdserverpb.Auth/RoleGrantPermission"},
+	{"auth/role/revoke", "/etcdserverpb.Auth/RoleRevokePermission"},
+	{"lock/lock", "/v3lockpb.Lock/Lock"},
+	{"lock/unlock", "/v3lockpb.Lock/Unlock"},
+	{"election/campaign", "/v3electionpb.Election/Campaign"},
+	{"election/proclaim", "/v3electionpb.Election/Proclaim"},
+	{"election/leader", "/v3electionpb.Election/Leader"},
+	{"election/observe", "/v3electionpb.Election/Observe"},
+	{"election/resign", "/v3electionpb.Election/Resign"},
+};
+
+/* grpc-gateway v1's HTTPStatusFromCode. */
+static int gw_http_status(int code)
+{
+	static const short st[] = {200, 408, 500, 400, 504, 404, 409, 403, 429, 412, 409, 400, 501, 500, 503, 500, 401};
+	return code >= 0 && code < (int)KVD_COUNT(st) ? st[code] : 500;
+}
+
+/* The gRPC method of a gateway path (after /v3/), NULL if none. */
+static const char *gw_find(const char *path, size_t n)
+{
+	size_t i;
+
+	for (i = 0; i < KVD_COUNT(gw_routes); i++)
+		if (strlen(gw_routes[i].gw) == n && !memcmp(gw_routes[i].gw, path, n))
+			return gw_routes[i].rpc;
+	return NULL;
+}
+
+static uint64_t gw_max_body(const struct kvd *k)
+{
+	return (uint64_t)k->cfg.max_request_bytes * 2 + 65536;
+}
+
+static const struct call_carrier gw_carrier = {"gateway", NULL};
+
+/* Start a gateway call for request r (its method found as rpc). */
+static void gw_begin(struct kvd *k, struct conn *c, const struct http1_req *r, const char *rpc)
+{
+	struct http1_conn *h = c->ps;
+	struct call *cl = &h->call;
+	struct hp_field f[HTTP1_MAX_HEADERS];
+	char names[HTTP1_MAX_HEAD];
+	unsigned i, nf = 0;
+	size_t at = 0, j;
+
+	h->in_call = 1;
+	h->minor = r->minor;
+	h->close = r->close;
+	h->body_chunked = r->chunked;
+	h->body_clen = r->clen;
+	h->body_done = !r->chunked && !r->clen;
+	call_init(k, cl, NULL, &gw_carrier);
+	cl->conn = c;
+	/* grpc-gateway's metadata: Authorization as is, Grpc-Metadata-* stripped */
+	for (i = 0; i < r->nh; i++) {
+		const char *n = r->h[i].name;
+		size_t nl = r->h[i].nlen, skip = 0;
+		if (http1_ieq(n, nl, "authorization"))
+			skip = 0;
+		else if (nl > 14 && !strncasecmp(n, "grpc-metadata-", 14))
+			skip = 14;
+		else
+			continue;
+		if (at + nl - skip + 1 > sizeof names)
+			break;
+		for (j = skip; j < nl; j++)
+			names[at + j - skip] = (char)(n[j] >= 'A' && n[j] <= 'Z' ? n[j] | 0x20 : n[j]);
+		f[nf].name = names + at;
+		f[nf].nlen = (uint32_t)(nl - skip);
+		f[nf].value = r->h[i].value;
+		f[nf].vlen = r->h[i].vlen;
+		nf++;
+		at += nl - skip + 1;
+	}
+	if (call_keep_meta(k, cl, f, nf)) {
+		call_finish(k, cl, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+		return;
+	}
+	if (call_route(k, cl, rpc, strlen(rpc)))
+		return;
+	h->bidi = cl->m->kind == GRPC_BIDI;
+	h->stream = cl->m->kind != GRPC_UNARY;
+	if (r->expect && !h->body_done && r->minor) /* Go's server says it when the body is first read */
+		buf_append(k, &c->out, "HTTP/1.1 100 Continue\r\n\r\n", 25);
+}
+
+/* The request's JSON could not be read: the gateway answers before any call. */
+static void gw_bad_json(struct kvd *k, struct call *cl, int code, const char *why)
+{
+	struct http1_conn *h = cl->conn->ps;
+
+	h->plain = 1;
+	call_finish(k, cl, code, "%s", why);
+}
+
+/*
+ * Body bytes in h->body: hand over complete JSON values.  A bidi stream takes
+ * each as it completes; the others take the first once the body is whole
+ * (grpc-gateway reads one value and ignores what follows; an empty body is
+ * an empty request).
+ */
+static void gw_deliver(struct kvd *k, struct conn *c)
+{
+	struct http1_conn *h = c->ps;
+	struct call *cl = &h->call;
+	struct kvd_buf pb = {0};
+	struct json_doc d;
+	char why[JSON_PB_WHY];
+	const char *err;
+	long n;
+	int r;
+
+	while (!cl->finished && !h->delivered && (h->bidi || h->body_done)) {
+		n = json_scan(BUF_DATA(&h->body), BUF_LEN(&h->body));
+		if ((n == 0 || n == -2) && !h->body_done)
+			return; /* more to come */
+		if (n == 0 || n == -2) { /* the body is over: inside a value (0), or between values */
+			h->delivered = 1;
+			if (!h->bidi && n == -2) {
+				call_message(k, cl, (const uint8_t *)"", 0);
+				call_half_close(k, cl, 0);
+			} else if (n == 0 && !cl->got_msg) { /* the gateway does not wrap a stream's: Unknown */
+				gw_bad_json(k, cl, h->bidi ? GRPC_UNKNOWN : GRPC_INVALID_ARGUMENT, "unexpected EOF");
+			} else if (cl->got_msg) { /* a stream that never got a message stays open, as etcd's */
+				call_half_close(k, cl, 0);
+			}
+			return;
+		}
+		if (n < 0) /* not an object or a list: the parser and the mapping say why */
+			n = (long)BUF_LEN(&h->body);
+		if (!(r = json_parse(k, &d, BUF_DATA(&h->body), (size_t)n, &err))) {
+			r = json_pb_encode(k, &pb, cl->m->req, d.root, why);
+			json_free(&d);
+		} else if (r != KVD_ENOMEM) {
+			snprintf(why, sizeof why, "%s", err);
+			r = KVD_EPROTO;
+		}
+		buf_consume(&h->body, (size_t)n);
+		if (r == KVD_ENOMEM) {
+			buf_free(k, &pb);
+			call_finish(k, cl, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+			return;
+		}
+		if (r) {
+			buf_free(k, &pb);
+			if (h->bidi && cl->got_msg) { /* the gateway's send loop just stops */
+				h->delivered = 1;
+				call_half_close(k, cl, 0);
+			} else {
+				gw_bad_json(k, cl, h->bidi ? GRPC_UNKNOWN : GRPC_INVALID_ARGUMENT, why);
+			}
+			return;
+		}
+		call_message(k, cl, BUF_DATA(&pb), BUF_LEN(&pb));
+		buf_free(k, &pb);
+		if (!h->bidi) {
+			h->delivered = 1;
+			call_half_close(k, cl, 0);
+		}
+	}
+}
+
+/*
+ * Move request body bytes from c->in to h->body (Content-Length or chunked),
+ * bounded.  0, or KVD_EINVAL after answering a bad or too large body.
+ */
+static int gw_body(struct kvd *k, struct conn *c)
+{
+	struct http1_conn *h = c->ps;
+	const uint8_t *p, *e;
+	size_t take;
+
+	while (!h->body_done && BUF_LEN(&c->in)) {
+		p = BUF_DATA(&c->in);
+		if (!h->body_chunked || h->chunk_st == 1) {
+			uint64_t want = h->body_chunked ? h->chunk_left : h->body_clen;
+			take = (size_t)KVD_MIN((uint64_t)BUF_LEN(&c->in), want);
+			if (h->delivered || !h->in_call || (h->call.finished && !h->bidi)) /* nobody takes it */
+				;
+			else if (buf_append(k, &h->body, p, take))
+				return http1_fail(k, c, 500, "kvd: out of memory\n");
+			buf_consume(&c->in, take);
+			if (h->body_chunked) {
+				if (!(h->chunk_left -= take))
+					h->chunk_st = 2;
+			} else if (!(h->body_clen -= take)) {
+				h->body_done = 1;
+			}
+			if (BUF_LEN(&h->body) > gw_max_body(k))
+				return http1_fail(k, c, 413, "413 Request Entity Too Large\n");
+			continue;
+		}
+		/* a chunk-size line, the CRLF after a chunk, or trailer lines */
+		e = memchr(p, '\n', KVD_MIN(BUF_LEN(&c->in), (size_t)HTTP1_MAX_HEAD));
+		if (!e) {
+			if (BUF_LEN(&c->in) >= HTTP1_MAX_HEAD)
+				return http1_fail(k, c, 400, "400 Bad Request\n");
+			return 0;
+		}
+		take = (size_t)(e - p) + 1;
+		if (h->chunk_st == 2) { /* CRLF after the data */
+			if (take > 2 || (take == 2 && p[0] != '\r'))
+				return http1_fail(k, c, 400, "400 Bad Request\n");
+			h->chunk_st = 0;
+		} else if (h->chunk_st == 3) { /* trailers until an empty line */
+			if (take <= 2)
+				h->body_done = 1;
+		} else {
+			uint64_t v = 0;
+			size_t i, nd = 0;
+			for (i = 0; i < take; i++, nd++) {
+				int x = p[i] >= '0' && p[i] <= '9' ? p[i] - '0' : (p[i] | 0x20) >= 'a' && (p[i] | 0x20) <= 'f' ? (p[i] | 0x20) - 'a' + 10 : -1;
+				if (x < 0)
+					break;
+				if (v > (UINT64_MAX >> 4))
+					return http1_fail(k, c, 400, "400 Bad Request\n");
+				v = v << 4 | (uint64_t)x;
+			}
+			if (!nd || (p[i] != '\r' && p[i] != '\n' && p[i] != ';'))
+				return http1_fail(k, c, 400, "400 Bad Request\n");
+			if (v > gw_max_body(k))
+				return http1_fail(k, c, 413, "413 Request Entity Too Large\n");
+			h->chunk_left = v;
+			h->chunk_st = v ? 1 : 3;
+		}
+		buf_consume(&c->in, take);
+	}
+	return 0;
+}
+
+/* One response message (gRPC-framed at the front of cl->out) as JSON onto b. */
+static int gw_message_json(struct kvd *k, struct call *cl, struct kvd_buf *b)
+{
+	const uint8_t *p = BUF_DATA(&cl->out);
+	uint32_t n = get_be32(p + 1);
+	ProtobufCMessage *m;
+	int oom;
+
+	if (BUF_LEN(&cl->out) < 5 + (size_t)n)
+		return KVD_EPROTO;
+	m = pb_unpack(k, cl->m->resp, p + 5, n, &oom);
+	buf_consume(&cl->out, 5 + (size_t)n);
+	if (!m)
+		return oom ? KVD_ENOMEM : KVD_EPROTO;
+	json_pb_write(k, b, m);
+	pb_free(k, m);
+	return b->err ? KVD_ENOMEM : 0;
+}
+
+/* Chunked framing (HTTP/1.1) or raw bytes (1.0) of one piece of a body. */
+static void gw_chunk(struct kvd *k, struct conn *c, const void *p, size_t n)
+{
+	struct http1_conn *h = c->ps;
+	char t[24];
+
+	if (h->minor) {
+		snprintf(t, sizeof t, "%zx\r\n", n);
+		buf_append(k, &c->out, t, strlen(t));
+	}
+	buf_append(k, &c->out, p, n);
+	if (h->minor)
+		buf_append(k, &c->out, "\r\n", 2);
+}
+
+/* {"error":msg,"message":msg,"code":n} as grpc-gateway's DefaultHTTPError. */
+static void gw_error_body(struct kvd *k, struct kvd_buf *b, const struct call *cl)
+{
+	const char *msg = cl->status_msg ? cl->status_msg : "";
+
+	json_put_raw(k, b, "{\"error\":");
+	json_put_gostr(k, b, msg, strlen(msg));
+	json_put_raw(k, b, ",\"message\":");
+	json_put_gostr(k, b, msg, strlen(msg));
+	json_put_raw(k, b, ",\"code\":");
+	json_put_int(k, b, cl->status);
+	json_put_raw(k, b, "}");
+}
+
+/* The call is over and answered: ready for the next request. */
+static void gw_end(struct kvd *k, struct conn *c)
+{
+	struct http1_conn *h = c->ps;
+
+	call_fini(k, &h->call);
+	buf_free(k, &h->body);
+	if (h->close || !h->body_done || !h->minor)
+		c->is_closing = 1; /* HTTP/1.0, or a body still coming that nobody reads */
+	h->in_call = h->stream = h->bidi = h->hdr_sent = h->delivered = h->plain = 0;
+	h->chunk_st = 0;
+	c->t_active = k->now;
+	if (BUF_LEN(&c->in) && !c->is_closing)
+		loop_arm(k, k->now); /* a pipelined request waits: read it next round */
+}
+
+static void gw_stream_error(struct kvd *k, struct conn *c);
+
+/* The error answer of a call that sent nothing yet. */
+static void gw_error_answer(struct kvd *k, struct conn *c)
+{
+	struct http1_conn *h = c->ps;
+	struct call *cl = &h->call;
+	struct kvd_buf b = {0};
+	char len[48];
+	int hs = gw_http_status(cl->status);
+
+	if (h->stream && !h->plain) { /* grpc-gateway's stream error, before any message */
+		http1_head(k, c, h->minor, hs, "Content-Type: application/json\r\n",
+		           h->minor ? "Transfer-Encoding: chunked\r\n" : "", 0);
+		gw_stream_error(k, c);
+		if (h->minor)
+			buf_append(k, &c->out, "0\r\n\r\n", 5);
+		return;
+	}
+	gw_error_body(k, &b, cl);
+	if (h->plain) { /* runtime.HTTPError: no call was answered, so no trailer */
+		snprintf(len, sizeof len, "Content-Length: %zu\r\n", BUF_LEN(&b));
+		http1_head(k, c, h->minor, hs, "Content-Type: application/json\r\n", len, 0);
+		buf_append(k, &c->out, BUF_DATA(&b), BUF_LEN(&b));
+	} else {
+		http1_head(k, c, h->minor, hs, "Content-Type: application/json\r\nTrailer: Grpc-Trailer-Content-Type\r\n",
+		           h->minor ? "Transfer-Encoding: chunked\r\n" : "", 0);
+		gw_chunk(k, c, BUF_DATA(&b), BUF_LEN(&b));
+		if (h->minor)
+			buf_append(k, &c->out, "0\r\nGrpc-Trailer-Content-Type: application/grpc\r\n\r\n", 50);
+	}
+	buf_free(k, &b);
+}
+
+/* {"error":{...}}: how grpc-gateway ends a stream with an error. */
+static void gw_stream_error(struct kvd *k, struct conn *c)
+{
+	struct http1_conn *h = c->ps;
+	struct call *cl = &h->call;
+	const char *msg = cl->status_msg ? cl->status_msg : "";
+	int hs = gw_http_status(cl->status);
+	struct kvd_buf b = {0};
+	char t[96];
+
+	snprintf(t, sizeof t, "{\"error\":{\"grpc_code\":%d,\"http_code\":%d,\"message\":", cl->status, hs);
+	json_put_raw(k, &b, t);
+	json_put_gostr(k, &b, msg, strlen(msg));
+	json_put_raw(k, &b, ",\"http_status\":");
+	json_put_gostr(k, &b, http1_reason(hs), strlen(http1_reason(hs)));
+	json_put_raw(k, &b, "}}");
+	gw_chunk(k, c, BUF_DATA(&b), BUF_LEN(&b));
+	buf_free(k, &b);
+}
+
+#define GW_OK_FIELDS "Content-Type: application/json\r\nGrpc-Metadata-Content-Type: application/grpc\r\n"
+
+/* Answers: what the call has for its client, as the client's HTTP allows
+ * (the protocol's flush, after the group commit released held replies). */
+static void gw_flush(struct kvd *k, struct conn *c)
+{
+	struct http1_conn *h = c->ps;
+	struct call *cl = &h->call;
+	struct kvd_buf b = {0};
+	char len[48];
+
+	if (!h->in_call || cl->held)
+		return;
+	if (!h->stream || (h->plain && cl->finished)) {
+		if (!cl->finished || (!h->body_done && !h->bidi))
+			return; /* the whole body first: the connection stays in step */
+		if (cl->status == GRPC_OK && !h->stream) {
+			if (BUF_LEN(&cl->out) >= 5 && !gw_message_json(k, cl, &b)) {
+				/* Go's server knows the length only of answers that fit its
+				 * 2048-byte buffer; longer ones go chunked (1.1) or to the close */
+				snprintf(len, sizeof len, "Content-Length: %zu\r\n", BUF_LEN(&b));
+				http1_head(k, c, h->minor, 200, GW_OK_FIELDS, BUF_LEN(&b) <= HTTP1_GO_BUFFER ? len
+				           : h->minor ? "Transfer-Encoding: chunked\r\n" : "", 0);
+				if (BUF_LEN(&b) <= HTTP1_GO_BUFFER) {
+					buf_append(k, &c->out, BUF_DATA(&b), BUF_LEN(&b));
+				} else {
+					gw_chunk(k, c, BUF_DATA(&b), BUF_LEN(&b));
+					if (h->minor)
+						buf_append(k, &c->out, "0\r\n\r\n", 5);
+					else
+						h->close = 1;
+				}
+				buf_free(k, &b);
+				gw_end(k, c);
+				return;
+			}
+			buf_free(k, &b); /* out of memory (a message kvd cannot read back would be its bug) */
+			cl->status = GRPC_RESOURCE_EXHAUSTED;
+			kvd_free(k, cl->status_msg);
+			cl->status_msg = kvd_strdup(k, "kvd: out of memory");
+		}
+		gw_error_answer(k, c);
+		gw_end(k, c);
+		return;
+	}
+	for (;;) { /* a stream: each message a {"result":...} line */
+		if (!BUF_LEN(&cl->out) && cl->produce && !cl->finished && BUF_LEN(&c->out) < KVD_MAX_OUTPUT)
+			cl->m->on_produce(k, cl);
+		if (BUF_LEN(&cl->out) < 5 || BUF_LEN(&c->out) >= KVD_MAX_OUTPUT)
+			break;
+		if (!h->hdr_sent) {
+			http1_head(k, c, h->minor, 200, GW_OK_FIELDS, h->minor ? "Transfer-Encoding: chunked\r\n" : "", 0);
+			h->hdr_sent = 1;
+		}
+		b.rd = b.len = 0;
+		json_put_raw(k, &b, "{\"result\":");
+		if (gw_message_json(k, cl, &b)) {
+			call_finish(k, cl, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+			break;
+		}
+		json_put_raw(k, &b, "}\n");
+		gw_chunk(k, c, BUF_DATA(&b), BUF_LEN(&b));
+	}
+	buf_free(k, &b);
+	if (!cl->finished || BUF_LEN(&cl->out) >= 5 || (!h->body_done && !h->bidi))
+		return;
+	if (!h->hdr_sent) {
+		if (cl->status != GRPC_OK) {
+			gw_error_answer(k, c);
+			gw_end(k, c);
+			return;
+		}
+		http1_head(k, c, h->minor, 200, GW_OK_FIELDS, h->minor ? "Transfer-Encoding: chunked\r\n" : "", 0);
+	} else if (cl->status != GRPC_OK) {
+		gw_stream_error(k, c);
+	}
+	if (h->minor)
+		buf_append(k, &c->out, "0\r\n\r\n", 5);
+	gw_end(k, c);
+}
+
+/* ---- /metrics: Prometheus' text format ------------------------------------ */
+
+/*
+ * What a Prometheus scrape or `etcdctl check datascale` reads from etcd,
+ * under etcd's names and labels where the meaning is the same, and kvd's own
+ * under kvd_*.  Every value is read when asked: counters kept as things
+ * happen (calls by method and code, fsync times, group commits, refused
+ * connections, confd drops) and gauges from the state itself (keys, leases,
+ * watchers, the log's size, the process).  The text is made whole, then
+ * sent; it is a few KiB.
+ */
+
+struct http1_mb {
+	struct kvd *k;
+	struct kvd_buf b;
+};
+
+static void http1_m_head(struct http1_mb *m, const char *name, const char *type, const char *help)
+{
+	char t[320];
+
+	snprintf(t, sizeof t, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+	buf_append(m->k, &m->b, t, strlen(t));
+}
+
+static void http1_m_val(struct http1_mb *m, const char *name, const char *labels, double v)
+{
+	char t[400];
+
+	if (v == (double)(int64_t)v && v < 9e15 && v > -9e15)
+		snprintf(t, sizeof t, "%s%s%s%s %lld\n", name, labels ? "{" : "", labels ? labels : "", labels ? "}" : "",
+		         (long long)v);
+	else
+		snprintf(t, sizeof t, "%s%s%s%s %.9g\n", name, labels ? "{" : "", labels ? labels : "", labels ? "}" : "", v);
+	buf_append(m->k, &m->b, t, strlen(t));
+}
+
+static void http1_m_one(struct http1_mb *m, const char *name, const char *type, const char *help, double v)
+{
+	http1_m_head(m, name, type, help);
+	http1_m_val(m, name, NULL, v);
+}
+
+/* A histogram: n buckets whose upper bounds are base * 2^i (in unit). */
+static void http1_m_hist(struct http1_mb *m, const char *name, const char *help, const uint64_t *b, unsigned n,
+                         double base, uint64_t count, double sum)
+{
+	char bn[160], le[48];
+	uint64_t acc = 0;
 	unsigned i;
 
-	if ((plen == 7 && !memcmp(path, "/health", 7)) || (plen == 8 && !memcmp(path, "/version", 8))) {
-		if (!get) {
-			http1_answer(k, c, r->minor, 405, text, "Allow: GET\r\n" "X-Content-Type-Options: nosniff\r\n",
-			             "Method Not Allowed\n", r->close);
-		} else if (plen == 8) {
-			http1_answer(k, c, r->minor, 200, "application/json", "",
-			             "{\"etcdserver\":\"" KVD_ETCD_VERSION "\",\"etcdcluster\":\"3.4.0\"}", r->close);
-		} else {
-			int ok = !k->stopping, skip_nospace = 0;
-			size_t j;
-			for (j = 0; q && j + 15 <= qlen; j++) /* ?exclude=NOSPACE ignores that alarm, as etcd 3.4 */
-				skip_nospace |= !memcmp(q + 1 + j, "exclude=NOSPACE", 15);
-			for (i = 0; i < k->db.nalarms; i++)
-				if (!(skip_nospace && k->db.alarms[i].type == ALARM_NOSPACE))
-					ok = 0;
-			if (ok)
-				http1_answer(k, c, r->minor, 200, text, "", "{\"health\":\"true\"}", r->close);
-			else /* etcd answers this one through http.Error */
-				http1_answer(k, c, r->minor, 503, text, nosniff, "{\"health\":\"false\"}\n", r->close);
-		}
-	} else if ((plen == 8 && !memcmp(path, "/metrics", 8)) || (plen >= 4 && !memcmp(path, "/v3/", 4)) ||
-	           (plen >= 8 && !memcmp(path, "/v3beta/", 8))) {
-		http1_answer(k, c, r->minor, 501, text, "", "kvd: /metrics and the JSON gateway are not implemented yet\n", r->close);
-	} else {
-		http1_answer(k, c, r->minor, 404, text, nosniff, "404 page not found\n", r->close);
+	http1_m_head(m, name, "histogram", help);
+	snprintf(bn, sizeof bn, "%s_bucket", name);
+	for (i = 0; i < n; i++) {
+		acc += b[i];
+		snprintf(le, sizeof le, "le=\"%.9g\"", base * (double)(1ull << i));
+		http1_m_val(m, bn, le, (double)acc);
 	}
+	http1_m_val(m, bn, "le=\"+Inf\"", (double)count);
+	snprintf(bn, sizeof bn, "%s_sum", name);
+	http1_m_val(m, bn, NULL, sum);
+	snprintf(bn, sizeof bn, "%s_count", name);
+	http1_m_val(m, bn, NULL, (double)count);
+}
+
+/* The process, as Prometheus' Go client reports it (Linux /proc). */
+static void http1_m_process(struct http1_mb *m)
+{
+	struct rusage ru;
+	struct rlimit rl;
+	unsigned long vsz = 0, rss = 0;
+	long page = sysconf(_SC_PAGESIZE);
+	double fds = 0;
+	FILE *f = fopen("/proc/self/statm", "r");
+	DIR *d;
+
+	if (f) {
+		if (fscanf(f, "%lu %lu", &vsz, &rss) != 2)
+			vsz = rss = 0;
+		fclose(f);
+	}
+	if ((d = opendir("/proc/self/fd"))) {
+		while (readdir(d))
+			fds++;
+		closedir(d);
+		fds -= 3; /* ".", "..", and the directory's own descriptor */
+	}
+	getrusage(RUSAGE_SELF, &ru);
+	http1_m_one(m, "process_cpu_seconds_total", "counter", "Total user and system CPU time spent in seconds.",
+	            (double)ru.ru_utime.tv_sec + (double)ru.ru_stime.tv_sec +
+	            ((double)ru.ru_utime.tv_usec + (double)ru.ru_stime.tv_usec) / 1e6);
+	if (!getrlimit(RLIMIT_NOFILE, &rl))
+		http1_m_one(m, "process_max_fds", "gauge", "Maximum number of open file descriptors.",
+		            rl.rlim_cur == RLIM_INFINITY ? -1 : (double)rl.rlim_cur);
+	http1_m_one(m, "process_open_fds", "gauge", "Number of open file descriptors.", fds);
+	http1_m_one(m, "process_resident_memory_bytes", "gauge", "Resident memory size in bytes.",
+	            (double)rss * (double)page);
+	http1_m_one(m, "process_start_time_seconds", "gauge", "Start time of the process since unix epoch in seconds.",
+	            (double)m->k->st.start_wall);
+	http1_m_one(m, "process_virtual_memory_bytes", "gauge", "Virtual memory size in bytes.",
+	            (double)vsz * (double)page);
+}
+
+static void http1_metrics(struct kvd *k, struct conn *c, const struct http1_req *r)
+{
+	static const char *const kinds[] = {"unary", "server_stream", "bidi_stream"}; /* enum grpc_kind */
+	static const char *const codes[] = {"OK", "Canceled", "Unknown", "InvalidArgument", "DeadlineExceeded",
+		"NotFound", "AlreadyExists", "PermissionDenied", "ResourceExhausted", "FailedPrecondition", "Aborted",
+		"OutOfRange", "Unimplemented", "Internal", "Unavailable", "DataLoss", "Unauthenticated"};
+	struct http1_mb m = {k, {0}};
+	char lab[256], len[48], svc[64];
+	size_t i, j, base;
+	unsigned streams = 0, code;
+	const struct call *cl;
+	uint64_t confd[16] = {0};
+	const char *const *dn = NULL;
+	unsigned ndrop = 0;
+
+	for (cl = k->calls; cl; cl = cl->next)
+		streams += cl->m && cl->m->on_msg == watch_on_msg;
+	http1_m_one(&m, "etcd_server_has_leader", "gauge", "Whether or not a leader exists. 1 is existence, 0 is not.", 1);
+	http1_m_one(&m, "etcd_server_is_leader", "gauge", "Whether or not this member is a leader. 1 if is, 0 otherwise.", 1);
+	http1_m_one(&m, "etcd_server_leader_changes_seen_total", "counter", "The number of leader changes seen.", 1);
+	http1_m_head(&m, "etcd_server_version", "gauge", "Which version is running. 1 for 'server_version' label with "
+	             "current version.");
+	http1_m_val(&m, "etcd_server_version", "server_version=\"" KVD_ETCD_VERSION "\"", 1);
+	http1_m_one(&m, "etcd_mvcc_db_total_size_in_bytes", "gauge",
+	            "Total size of the underlying database physically allocated in bytes.", (double)k->db.size);
+	http1_m_one(&m, "etcd_mvcc_db_total_size_in_use_in_bytes", "gauge",
+	            "Total size of the underlying database logically in use in bytes.",
+	            (double)(k->db.size - KVD_MIN(k->db.reclaimable, k->db.size)));
+	http1_m_one(&m, "etcd_debugging_mvcc_current_revision", "gauge", "The current revision of store.",
+	            (double)k->db.rev);
+	http1_m_one(&m, "etcd_debugging_mvcc_compact_revision", "gauge", "The revision of the last compaction in store.",
+	            (double)KVD_MAX(k->db.compacted, 0));
+	http1_m_one(&m, "etcd_debugging_mvcc_keys_total", "gauge", "Total number of keys.", (double)k->db.nkeys);
+	http1_m_one(&m, "etcd_debugging_mvcc_watcher_total", "gauge", "Total number of watchers.",
+	            (double)k->watch.total);
+	http1_m_one(&m, "etcd_debugging_mvcc_watch_stream_total", "gauge", "Total number of watch streams.",
+	            (double)streams);
+	http1_m_one(&m, "kvd_leases", "gauge", "Leases granted and not yet expired or revoked.", (double)k->lease.n);
+	http1_m_one(&m, "etcd_server_quota_backend_bytes", "gauge", "Current backend storage quota size in bytes.",
+	            (double)(k->cfg.quota_backend_bytes ? k->cfg.quota_backend_bytes : 2147483648ull));
+	http1_m_hist(&m, "etcd_disk_wal_fsync_duration_seconds", "The latency distributions of fsync called by WAL.",
+	             k->st.fsync_b, KVD_FSYNC_BUCKETS, 0.001, k->st.fsync_n, k->st.fsync_sum);
+	/* gRPC, as go-grpc-prometheus labels it: every method, every code seen */
+	http1_m_head(&m, "grpc_server_started_total", "counter", "Total number of RPCs started on the server.");
+	for (i = base = 0; i < KVD_COUNT(svc_services); base += svc_services[i].n, i++)
+		for (j = 0; j < svc_services[i].n && base + j < KVD_METRIC_METHODS; j++) {
+			const struct grpc_method *me = &svc_services[i].m[j];
+			snprintf(svc, sizeof svc, "%s", svc_services[i].name);
+			snprintf(lab, sizeof lab, "grpc_method=\"%s\",grpc_service=\"%s\",grpc_type=\"%s\"",
+			         me->path + strlen(svc) + 2, svc, kinds[me->kind]);
+			if (k->st.grpc_started[base + j])
+				http1_m_val(&m, "grpc_server_started_total", lab, (double)k->st.grpc_started[base + j]);
+		}
+	http1_m_head(&m, "grpc_server_handled_total", "counter",
+	             "Total number of RPCs completed on the server, regardless of success or failure.");
+	for (i = base = 0; i < KVD_COUNT(svc_services); base += svc_services[i].n, i++)
+		for (j = 0; j < svc_services[i].n && base + j < KVD_METRIC_METHODS; j++)
+			for (code = 0; code < 17; code++) {
+				const struct grpc_method *me = &svc_services[i].m[j];
+				if (!k->st.grpc_handled[base + j][code])
+					continue;
+				snprintf(lab, sizeof lab, "grpc_code=\"%s\",grpc_method=\"%s\",grpc_service=\"%s\",grpc_type=\"%s\"",
+				         codes[code], me->path + strlen(svc_services[i].name) + 2, svc_services[i].name,
+				         kinds[me->kind]);
+				http1_m_val(&m, "grpc_server_handled_total", lab, (double)k->st.grpc_handled[base + j][code]);
+			}
+	http1_m_process(&m);
+	/* kvd's own */
+	http1_m_hist(&m, "kvd_group_commit_replies", "Replies released by one group commit (one write and fsync).",
+	             k->st.commit_b, KVD_COMMIT_BUCKETS, 1, k->st.commit_n, (double)k->st.commit_sum);
+	http1_m_one(&m, "kvd_log_rewrites_total", "counter", "Log rewrites (online defragmentation) completed.",
+	            (double)k->life.rewrites);
+	http1_m_one(&m, "kvd_memory_bytes", "gauge", "Bytes kvd has allocated (its own accounting).", (double)k->mem);
+	http1_m_one(&m, "kvd_connections", "gauge", "Client connections open.", (double)k->nconns);
+	http1_m_one(&m, "kvd_connections_accepted_total", "counter", "Client connections accepted.",
+	            (double)k->st.conns_accepted);
+	http1_m_head(&m, "kvd_connections_refused_total", "counter", "Client connections refused, by the limit that "
+	             "refused them.");
+	http1_m_val(&m, "kvd_connections_refused_total", "limit=\"max-connections\"", (double)k->st.conns_refused);
+	http1_m_val(&m, "kvd_connections_refused_total", "limit=\"max-connections-per-ip\"",
+	            (double)k->st.conns_refused_ip);
+	http1_m_one(&m, "kvd_connections_evicted_total", "counter", "Idle connections closed for a new client at "
+	            "--max-connections.", (double)k->st.conns_evicted);
+	http1_m_one(&m, "kvd_http_requests_total", "counter", "HTTP/1.x requests read on client ports.",
+	            (double)k->st.http_requests);
+	if (k->confd && !confd_counters(k, confd, &dn, &ndrop)) {
+		http1_m_one(&m, "kvd_confd_received_total", "counter", "confd datagrams received.", (double)confd[0]);
+		http1_m_one(&m, "kvd_confd_answered_total", "counter", "confd queries answered.", (double)confd[1]);
+		http1_m_head(&m, "kvd_confd_dropped_total", "counter", "confd datagrams dropped, by reason.");
+		for (i = 0; i < ndrop; i++) {
+			snprintf(lab, sizeof lab, "reason=\"%s\"", dn[i]);
+			http1_m_val(&m, "kvd_confd_dropped_total", lab, (double)confd[2 + i]);
+		}
+	}
+	if (m.b.err) {
+		buf_free(k, &m.b);
+		http1_answer(k, c, r->minor, 500, HTTP1_TEXT, "kvd: out of memory\n", r->close);
+		return;
+	}
+	snprintf(len, sizeof len, "Content-Length: %zu\r\n", BUF_LEN(&m.b));
+	http1_head(k, c, r->minor, 200, "Content-Type: text/plain; version=0.0.4; charset=utf-8\r\n", len, r->close);
+	buf_append(k, &c->out, BUF_DATA(&m.b), BUF_LEN(&m.b));
+	buf_free(k, &m.b);
+}
+
+/* ---- the endpoints ------------------------------------------------------------ */
+
+/* /health and /version, as etcd 3.4 answers them. */
+static void http1_health(struct kvd *k, struct conn *c, const struct http1_req *r, size_t plen, const char *q,
+                         size_t qlen)
+{
+	int ok = !k->stopping, skip_nospace = 0;
+	size_t i, j;
+
+	if (!(r->mlen == 3 && !memcmp(r->method, "GET", 3))) {
+		http1_answer(k, c, r->minor, 405, "Allow: GET\r\n" HTTP1_NOSNIFF, "Method Not Allowed\n", r->close);
+		return;
+	}
+	if (plen == 8) {
+		http1_answer(k, c, r->minor, 200, "Content-Type: application/json\r\n",
+		             "{\"etcdserver\":\"" KVD_ETCD_VERSION "\",\"etcdcluster\":\"3.4.0\"}", r->close);
+		return;
+	}
+	for (j = 0; q && j + 15 <= qlen; j++) /* ?exclude=NOSPACE ignores that alarm, as etcd 3.4 */
+		skip_nospace |= !memcmp(q + 1 + j, "exclude=NOSPACE", 15);
+	for (i = 0; i < k->db.nalarms; i++)
+		if (!(skip_nospace && k->db.alarms[i].type == ALARM_NOSPACE))
+			ok = 0;
+	if (ok)
+		http1_answer(k, c, r->minor, 200, HTTP1_TEXT, "{\"health\":\"true\"}", r->close);
+	else /* etcd answers this one through http.Error */
+		http1_answer(k, c, r->minor, 503, HTTP1_NOSNIFF, "{\"health\":\"false\"}\n", r->close);
+}
+
+/* Route one request.  Returns 1 when a gateway call began (the head is
+ * consumed and the body is the call's), 0 when it was answered here. */
+static int http1_route(struct kvd *k, struct conn *c, const struct http1_req *r)
+{
+	struct http1_conn *h = c->ps;
+	const char *path = r->target, *q = memchr(path, '?', r->tlen), *rpc = NULL, *cn;
+	size_t plen = q ? (size_t)(q - path) : r->tlen, qlen = q ? r->tlen - plen - 1 : 0, skip = 0;
+
+	h->minor = r->minor;
+	if (r->mlen == 7 && !memcmp(r->method, "OPTIONS", 7)) { /* a CORS preflight: etcd answers it itself */
+		http1_answer(k, c, r->minor, 200, "", "", r->close);
+		return 0;
+	}
+	if ((plen == 7 && !memcmp(path, "/health", 7)) || (plen == 8 && !memcmp(path, "/version", 8) && !c->metrics_only)) {
+		http1_health(k, c, r, plen, q, qlen);
+		return 0;
+	}
+	if (c->metrics_only && !(plen == 8 && !memcmp(path, "/metrics", 8))) { /* etcd's metrics listener */
+		http1_answer(k, c, r->minor, 404, HTTP1_NOSNIFF, "404 page not found\n", r->close);
+		return 0;
+	}
+	if (plen >= 4 && !memcmp(path, "/v3/", 4))
+		skip = 4;
+	else if (plen >= 8 && !memcmp(path, "/v3beta/", 8)) /* etcd rewrites it to /v3/ */
+		skip = 8;
+	if (skip && k->cfg.enable_grpc_gateway) {
+		if (!(rpc = gw_find(path + skip, plen - skip))) {
+			http1_answer(k, c, r->minor, 404, HTTP1_NOSNIFF, "Not Found\n", r->close);
+			return 0;
+		}
+		if (!(r->mlen == 4 && !memcmp(r->method, "POST", 4))) {
+			http1_answer(k, c, r->minor, 405, HTTP1_NOSNIFF, "Method Not Allowed\n", r->close);
+			return 0;
+		}
+		/* etcd: a client certificate's CN is not the gateway's user -- refused */
+		if (k->cfg.client_cert_auth && k->auth.enabled && (cn = tls_peer_cn(c)) && *cn) {
+			http1_answer(k, c, r->minor, 400, HTTP1_NOSNIFF, "CommonName of client sending a request against "
+			             "gateway will be ignored and not used as expected\n", r->close);
+			return 0;
+		}
+		gw_begin(k, c, r, rpc);
+		return 1;
+	}
+	if (plen == 8 && !memcmp(path, "/metrics", 8)) {
+		if (r->mlen == 3 && !memcmp(r->method, "GET", 3))
+			http1_metrics(k, c, r);
+		else
+			http1_answer(k, c, r->minor, 405, "Allow: GET\r\n" HTTP1_NOSNIFF, "Method Not Allowed\n", r->close);
+		return 0;
+	}
+	http1_answer(k, c, r->minor, 404, HTTP1_NOSNIFF, "404 page not found\n", r->close);
+	return 0;
+}
+
+/* Input for the gateway call being served: its body, then its messages.
+ * 1 when the rest of c->in must wait (the call goes on), 0 to go on. */
+static int gw_input(struct kvd *k, struct conn *c)
+{
+	struct http1_conn *h = c->ps;
+	size_t before = BUF_LEN(&c->in);
+
+	if (gw_body(k, c))
+		return 1;
+	if (BUF_LEN(&c->in) != before)
+		c->t_active = k->now;
+	gw_deliver(k, c);
+	if (h->in_call && h->body_done && BUF_LEN(&c->in) > HTTP1_MAX_HEAD + HTTP1_MAX_BODY) {
+		c->is_closing = 1; /* pipelining far ahead of a call: no */
+		return 1;
+	}
+	return h->in_call || !BUF_LEN(&c->in);
 }
 
 static void http1_input(struct kvd *k, struct conn *c)
@@ -17834,6 +20048,11 @@ static void http1_input(struct kvd *k, struct conn *c)
 	long n;
 
 	while (BUF_LEN(&c->in) && !c->is_closing && BUF_LEN(&c->out) < KVD_MAX_OUTPUT) {
+		if (h->in_call) { /* the body of the gateway request being served */
+			if (gw_input(k, c))
+				return;
+			continue;
+		}
 		if (h->body_left) { /* a body nobody takes: dropped */
 			size_t d = (size_t)KVD_MIN((uint64_t)BUF_LEN(&c->in), h->body_left);
 			buf_consume(&c->in, d);
@@ -17850,27 +20069,40 @@ static void http1_input(struct kvd *k, struct conn *c)
 		}
 		h->t_head = 0;
 		c->t_active = k->now;
+		k->st.http_requests++;
 		if (n < 0) {
-			http1_answer(k, c, 1, status, "text/plain; charset=utf-8", "",
-			             status == 431 ? "431 Request Header Fields Too Large\n" : "400 Bad Request\n", 1);
+			http1_fail(k, c, status, status == 431 ? "431 Request Header Fields Too Large\n"
+			                         : status == 501 ? "Unsupported transfer encoding" /* Go's words */
+			                         : status == 417 ? "" : "400 Bad Request\n");
 			return;
 		}
-		if (r.chunked)
-			http1_answer(k, c, r.minor, 501, "text/plain; charset=utf-8", "", "kvd: chunked request bodies are not "
-			             "supported yet\n", 1);
-		else if (r.clen > HTTP1_MAX_BODY)
-			http1_answer(k, c, r.minor, 413, "text/plain; charset=utf-8", "", "413 Request Entity Too Large\n", 1);
-		else
-			http1_route(k, c, &r);
+		http1_cors(k, h, &r);
+		if (r.clen > gw_max_body(k)) {
+			http1_fail(k, c, 413, "413 Request Entity Too Large\n");
+			return;
+		}
+		if (http1_route(k, c, &r)) {
+			buf_consume(&c->in, (size_t)n);
+			if (gw_input(k, c))
+				return;
+			continue;
+		}
 		buf_consume(&c->in, (size_t)n);
+		if (r.chunked) { /* a chunked body nobody takes: read through gw_body, dropped */
+			c->is_closing = 1;
+			return;
+		}
+		if (r.clen > HTTP1_MAX_BODY) {
+			c->is_closing = 1;
+			return;
+		}
 		h->body_left = r.clen;
 	}
 }
 
 static void http1_flush(struct kvd *k, struct conn *c)
 {
-	(void)k;
-	(void)c; /* answers are written as requests are read */
+	gw_flush(k, c);
 }
 
 static int64_t http1_timers(struct kvd *k, struct conn *c)
@@ -17886,8 +20118,8 @@ static int64_t http1_timers(struct kvd *k, struct conn *c)
 		}
 		return h->t_head + KVD_PREFACE_TIMEOUT_MS;
 	}
-	if (!k->cfg.idle_timeout_ms)
-		return INT64_MAX;
+	if (!k->cfg.idle_timeout_ms || (h->in_call && (h->body_done || h->bidi)))
+		return INT64_MAX; /* a call being served (a watch may be quiet for days) */
 	if (k->now - c->t_active >= (int64_t)k->cfg.idle_timeout_ms) {
 		c->is_closing = 1;
 		return INT64_MAX;
@@ -17901,20 +20133,38 @@ static void http1_close_now(struct kvd *k, struct conn *c)
 	c->is_closing = 1; /* after what is answered already */
 }
 
+/* Shutdown begins: a call still being served (a stream) ends with the
+ * error the gRPC carrier's calls get; its answer goes out, then the close. */
+static void http1_drain(struct kvd *k, struct conn *c)
+{
+	struct http1_conn *h = c->ps;
+
+	if (h->in_call && h->stream)
+		return; /* loop_timers ends it at the grace's end */
+	c->is_closing = !h->in_call;
+	(void)k;
+}
+
 static int http1_busy(const struct conn *c)
 {
-	(void)c;
-	return 0; /* nothing is held between requests */
+	const struct http1_conn *h = c->ps;
+
+	return h->in_call;
 }
 
 static void http1_free(struct kvd *k, struct conn *c)
 {
+	struct http1_conn *h = c->ps;
+
+	if (h->in_call)
+		call_fini(k, &h->call);
+	buf_free(k, &h->body);
 	kvd_free(k, c->ps);
 	c->ps = NULL;
 }
 
 static const struct net_proto http1_proto = {
-	"http/1.1", http1_input, http1_flush, http1_timers, http1_close_now, http1_close_now, http1_close_now,
+	"http/1.1", http1_input, http1_flush, http1_timers, http1_drain, http1_close_now, http1_close_now,
 	http1_busy, http1_free,
 };
 
@@ -18040,21 +20290,26 @@ bad:
  * *tls: some are https://. */
 static int net_check_urls(struct kvd *k, int *tls, char *err, size_t errlen)
 {
-	char *list = kvd_strdup(k, k->cfg.listen_client_urls), *url, *save, host[64], port[8];
-	int r = 0, t;
+	const char *lists[2] = {k->cfg.listen_client_urls, k->cfg.listen_metrics_urls};
+	char *list, *url, *save, host[64], port[8];
+	int r = 0, t, i;
 
 	*tls = 0;
-	if (!list)
-		return KVD_ENOMEM;
-	for (url = strtok_r(list, ",", &save); url && !r; url = strtok_r(NULL, ",", &save)) {
-		r = net_split_url(url, &t, host, sizeof host, port, sizeof port, err, errlen);
-		*tls |= t;
+	for (i = 0; i < 2 && !r; i++) {
+		if (!lists[i] || !*lists[i])
+			continue;
+		if (!(list = kvd_strdup(k, lists[i])))
+			return KVD_ENOMEM;
+		for (url = strtok_r(list, ",", &save); url && !r; url = strtok_r(NULL, ",", &save)) {
+			r = net_split_url(url, &t, host, sizeof host, port, sizeof port, err, errlen);
+			*tls |= t;
+		}
+		kvd_free(k, list);
 	}
-	kvd_free(k, list);
 	return r;
 }
 
-static int net_listen(struct kvd *k, const char *url, char *err, size_t errlen)
+static int net_listen(struct kvd *k, const char *url, int metrics, char *err, size_t errlen)
 {
 	char host[64], port[8];
 	int tls;
@@ -18115,12 +20370,11 @@ static int net_listen(struct kvd *k, const char *url, char *err, size_t errlen)
 	k->ls = ls;
 	ls[k->nls].fd = fd;
 	ls[k->nls].tls = tls ? 1 : 0;
+	ls[k->nls].metrics = metrics ? 1 : 0;
 	sl = sizeof ss;
 	getsockname(fd, (struct sockaddr *)&ss, &sl);
 	net_addr_str((struct sockaddr *)&ss, ls[k->nls].name, sizeof ls[k->nls].name);
 	k->nls++;
-	kvd_log(k, KVD_LOG_INFO, "serving client requests on %s (gRPC over %s)", ls[k->nls - 1].name,
-	        tls ? "TLS" : "h2c");
 	return 0;
 }
 
@@ -18178,6 +20432,8 @@ static int net_sniff(const uint8_t *p, size_t n)
 	static const char ver[] = "HTTP/1.";
 	size_t i = 0, j;
 
+	if (!n)
+		return NET_SNIFF_MORE;
 	if (!memcmp(p, H2_PREFACE, KVD_MIN(n, (size_t)H2_PREFACE_LEN)))
 		return n >= H2_PREFACE_LEN ? NET_SNIFF_H2 : NET_SNIFF_MORE;
 	if (p[0] == 0x16) /* handshake record, legacy version 3.x */
@@ -18236,6 +20492,10 @@ static void net_input(struct kvd *k, struct conn *c)
 			return;
 		case NET_SNIFF_TLS: net_tls_answer(k, c); return;
 		case NET_SNIFF_BAD: h2_bad_preface(k, c); return;
+		}
+		if (c->metrics_only) { /* an HTTP/2 preface on a metrics listener: not served */
+			c->dead = 1;
+			return;
 		}
 		if (!(c->ps = h2_conn_new(k, c))) {
 			c->dead = 1;
@@ -18413,6 +20673,7 @@ static void net_accept(struct kvd *k, struct net_listener *l)
 #endif
 		net_addr_str((struct sockaddr *)&ss, c->peer, sizeof c->peer);
 		memcpy(c->src, key, sizeof key);
+		c->metrics_only = l->metrics;
 		c->next = k->conns;
 		k->conns = c;
 		k->nconns++;
@@ -18568,12 +20829,24 @@ static void loop_timers(struct kvd *k)
 static void loop_log_flush(struct kvd *k)
 {
 	struct call *s;
-	int err = mvcc_flush(k);
-	size_t i;
+	int err = mvcc_flush(k), b;
+	size_t i, n;
 
+	if (!err && k->db.flushed) { /* group commit size: the replies this flush releases */
+		for (i = n = 0; i < k->nheld; i++)
+			n += k->held[i] != NULL;
+		for (b = 0; b < KVD_COMMIT_BUCKETS && n > (1u << b); b++)
+			;
+		if (b < KVD_COMMIT_BUCKETS)
+			k->st.commit_b[b]++;
+		k->st.commit_n++;
+		k->st.commit_sum += n;
+	}
 	if (!err && k->db.flushed) { /* durable now: its events may go out */
 		watch_batch(k, k->db.w.p, k->db.flushed, k->db.size - k->db.flushed);
 		mvcc_batch_done(k);
+		if (k->locks)
+			lock_batch(k); /* waiters look again; observers see the new leader */
 	}
 
 	for (i = 0; i < k->nheld; i++) {
@@ -18819,6 +21092,9 @@ static const struct cfg_flag cfg_flags[] = {
 	CFG_S("auth-token", auth_token, "simple",
 	      "simple, or jwt,sign-method=RS256|PS256|ES256|HS256...,pub-key=FILE,priv-key=FILE,ttl=5m"),
 	CFG_N("auth-token-ttl", CFG_U32, auth_token_ttl, 1, 300, "seconds a simple token lives after its last use"),
+	CFG_S("listen-metrics-urls", listen_metrics_urls, "", "comma list of URLs serving only /metrics and /health"),
+	CFG_N("enable-grpc-gateway", CFG_BOOL, enable_grpc_gateway, 0, 1, "serve the JSON gateway (/v3/...) on client ports"),
+	CFG_S("cors", cors, "*", "comma list of origins allowed for CORS, \"*\" = any"),
 	CFG_N("bcrypt-cost", CFG_U32, bcrypt_cost, 4, 10, "bcrypt cost of new password hashes (4..31)"),
 	CFG_S("restore-snapshot", restore_snapshot, NULL,
 	      "kvd: make the store from this etcd 3.4 snapshot file (etcdctl snapshot save), then serve; "
@@ -19334,6 +21610,7 @@ static int kvd_init(const struct kvd_config *cfg, struct kvd **out, char *err, s
 		return KVD_ENOMEM;
 	k->pba.alloc = pb_alloc;
 	k->pba.free = pb_release;
+	k->st.start_wall = (int64_t)time(NULL);
 	k->pba.allocator_data = k;
 	k->next_timer = INT64_MAX;
 	k->lock_fd = k->wake[0] = k->wake[1] = -1;
@@ -19373,6 +21650,7 @@ KVD_API int kvd_open(const struct kvd_config *cfg, struct kvd **out, char *err, 
 	struct kvd *k;
 	char *list = NULL, *p, *url;
 	int r, tls = 0;
+	unsigned i;
 
 	if ((r = kvd_init(cfg, &k, err, errlen)))
 		goto fail;
@@ -19381,7 +21659,7 @@ KVD_API int kvd_open(const struct kvd_config *cfg, struct kvd **out, char *err, 
 		r = KVD_EIO;
 		goto fail;
 	}
-	if ((r = net_check_urls(k, &tls, err, errlen)))
+	if ((r = net_check_urls(k, &tls, err, errlen)) || (r = http1_check_cors(k, err, errlen)))
 		goto fail; /* every URL, then TLS, before the data dir is touched */
 #ifndef KVD_NO_TLS
 	if ((r = tls_init(k, tls, err, errlen)))
@@ -19398,13 +21676,27 @@ KVD_API int kvd_open(const struct kvd_config *cfg, struct kvd **out, char *err, 
 		goto fail;
 	}
 	for (url = strtok_r(list, ",", &p); url; url = strtok_r(NULL, ",", &p))
-		if ((r = net_listen(k, url, err, errlen)))
+		if ((r = net_listen(k, url, 0, err, errlen)))
 			goto fail;
 	if (!k->nls) {
 		snprintf(err, errlen, "--listen-client-urls names no URL");
 		r = KVD_EINVAL;
 		goto fail;
 	}
+	kvd_free(k, list);
+	list = NULL;
+	if (k->cfg.listen_metrics_urls && *k->cfg.listen_metrics_urls) {
+		if (!(list = kvd_strdup(k, k->cfg.listen_metrics_urls))) {
+			r = KVD_ENOMEM;
+			goto fail;
+		}
+		for (url = strtok_r(list, ",", &p); url; url = strtok_r(NULL, ",", &p))
+			if ((r = net_listen(k, url, 1, err, errlen)))
+				goto fail;
+	}
+	for (i = 0; i < k->nls; i++) /* once every listener listens: "serving" means ready */
+		kvd_log(k, KVD_LOG_INFO, "serving %s on %s (%s)", k->ls[i].metrics ? "/metrics and /health" : "client requests",
+		        k->ls[i].name, k->ls[i].metrics ? (k->ls[i].tls ? "HTTPS" : "HTTP") : k->ls[i].tls ? "gRPC over TLS" : "gRPC over h2c");
 	kvd_free(k, list);
 	kvd_log(k, KVD_LOG_INFO, "kvd %s (etcd API %s) name=%s data-dir=%s member-id=%016llx cluster-id=%016llx%s",
 	        KVD_VERSION, KVD_ETCD_VERSION, k->cfg.name, k->cfg.data_dir,

@@ -104,9 +104,12 @@ struct kvd_config {
 	uint32_t confd_rate_limit;               /* --confd-rate-limit, per source (2000/s) */
 	uint32_t confd_global_rate_limit;        /* --confd-global-rate-limit (100000/s) */
 	int confd_replay_cache;                  /* --confd-replay-cache (1) */
-	const char *auth_token;                  /* --auth-token ("simple"; jwt is refused for now) */
+	const char *auth_token;                  /* --auth-token ("simple", or "jwt,<options>") */
 	uint32_t auth_token_ttl;                 /* --auth-token-ttl, seconds (300) */
 	uint32_t bcrypt_cost;                    /* --bcrypt-cost (10; 4..31) */
+	const char *listen_metrics_urls;         /* --listen-metrics-urls: /metrics and /health only ("") */
+	int enable_grpc_gateway;                 /* --enable-grpc-gateway: JSON on /v3/ (1) */
+	const char *cors;                        /* --cors: comma list of origins, "*" = any ("*") */
 };
 
 struct kvd;

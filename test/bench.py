@@ -9,6 +9,7 @@ kvd/etcd ratios (the README records them).
   test/bench.py --only snapshot [--keys K]   snapshot save (time, server RSS) and import of K keys x 100 B
   test/bench.py --only tls                   handshakes, Put/Range over TLS, RSS per idle TLS connection, sizes
   test/bench.py --only auth                  Authenticate/s, Put/Range with a token, RSS of 1000 users and roles
+  test/bench.py --only http1                 GET /health, /metrics, gateway Range and Put over HTTP/1.1 (h2load --h1)
 
 The confd rows compare kvd with Debian's ganeti-confd 3.0.2 instead.
 """
@@ -83,8 +84,13 @@ def h2load(port, path, body, n, c, m, scheme="http", token=None):
                        (["-H", "token: " + token] if token else []) + [
                         "%s://127.0.0.1:%d%s" % (scheme, port, path)], capture_output=True, text=True)
     os.unlink(bf.name)
+    return h2load_rate(r.stdout)
+
+
+def h2load_rate(out):
+    """Requests per second from h2load's report, -1 if any failed."""
     rate, ok = 0.0, False
-    for line in r.stdout.splitlines():
+    for line in out.splitlines():
         if line.startswith("finished in"):
             rate = float(line.split()[3])
         if line.startswith("requests:"):
@@ -508,6 +514,41 @@ def auth_rows(n=100000):
     k.stop()
 
 
+def h1load(port, path, body, n, c):
+    """h2load --h1 (keep-alive, no pipelining): requests per second, -1 on errors."""
+    args = ["h2load", "--h1", "-n", str(n), "-c", str(c), "-t", "1"]
+    if body is not None:
+        bf = tempfile.NamedTemporaryFile(delete=False)
+        bf.write(body)
+        bf.close()
+        args += ["-d", bf.name]
+    r = subprocess.run(args + ["http://127.0.0.1:%d%s" % (port, path)], capture_output=True, text=True)
+    if body is not None:
+        os.unlink(bf.name)
+    return h2load_rate(r.stdout)
+
+
+def http1_rows(n=100000):
+    """HTTP/1.1 on the client port, the same h2load --h1 runs on both:
+    /health, /metrics, gateway Range of one key, durable gateway Put."""
+    ep = EtcdDisk()
+    k = Kvd(KVD, [], data_dir=tempfile.mkdtemp(prefix="kvd-bench-", dir=DISK))
+    wait_for(lambda: Client(ep.endpoint()).call("Range", R.RangeRequest(key=b"x"))[0] == "ok", 30)
+    for s in (ep, k):
+        Client(s.endpoint()).call("Put", R.PutRequest(key=b"k", value=b"v" * 100))
+    print("HTTP/1.1 (h2load --h1 -t 1, keep-alive):")
+    print("%-46s %14s %14s %8s" % ("", "etcd", "kvd", "kvd/etcd"))
+    rng = b'{"key":"aw=="}'
+    put = b'{"key":"aw==","value":"' + b"dnZ2" * 33 + b'"}'
+    for name, path, body, c, nn in (("GET /health -c 16", "/health", None, 16, n),
+                                    ("GET /metrics -c 4", "/metrics", None, 4, n // 20),
+                                    ("gateway Range (one key) -c 16", "/v3/kv/range", rng, 16, n),
+                                    ("gateway Put, durable -c 16", "/v3/kv/put", put, 16, n // 2)):
+        row("  " + name, h1load(ep.port, path, body, nn, c), h1load(k.port, path, body, nn, c))
+    ep.stop()
+    k.stop()
+
+
 def main(argv):
     n = int(argv[argv.index("--n") + 1]) if "--n" in argv else 100000
     nkeys = int(argv[argv.index("--keys") + 1]) if "--keys" in argv else 200000
@@ -526,6 +567,9 @@ def main(argv):
         return 0
     if only == "auth":
         auth_rows(n)
+        return 0
+    if only == "http1":
+        http1_rows(n)
         return 0
     kvd_dir = tempfile.mkdtemp(prefix="kvd-bench-", dir=DISK)
     e = EtcdDisk()

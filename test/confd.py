@@ -540,7 +540,7 @@ def hostile_datagrams():
     check(got <= 1, "no replies to junk (at most the signed one with a long rsalt): %d" % got)
     q.s.settimeout(1)
     check(q.ask(0) == {"protocol": 1, "status": 1, "answer": "kvd: cannot load the Ganeti configuration: "
-                       "expected a key", "serial": 0}, "a broken configuration: status 1 with why")
+                       "invalid character 'n' looking for beginning of object key string", "serial": 0}, "a broken configuration: status 1 with why")
     check(k.alive(), "alive")
     s = stats(c)
     check(int(s["mem"]) - base < 256 * 1024, "memory back: +%d" % (int(s["mem"]) - base))

@@ -2,9 +2,12 @@
 """HTTP/1.1 on the client port, kvd beside Debian's etcd: /health (with and
 without an active alarm, ?exclude=NOSPACE), /version, an unknown path, a
 wrong method, HTTP/1.0 -- status, headers (but Date) and body compared;
-keep-alive and pipelining; /metrics and the gateway answer 501 until they
-are built; limits (a 9 KiB head: 431; garbage: 400; a chunked body: 501; a
-head that never ends: closed) on kvd alone; /health over TLS through ALPN
+keep-alive and pipelining; /metrics read by Prometheus' own parser
+(python3-prometheus-client), its values checked against what was done and
+its etcd_*/grpc_*/process_* names and types against etcd's, also on
+--listen-metrics-urls (the gateway has test/gateway.py); limits (a 9 KiB head: 431; garbage: 400; a
+transfer coding other than chunked: 501; a head that never ends: closed) on
+kvd alone; /health over TLS through ALPN
 http/1.1.
 Last line: "N passed, N failed".
 """
@@ -130,11 +133,8 @@ def limits_and_garbage():
     check(a and a[0][0].startswith("HTTP/1.1 431"), "a 9 KiB head: 431 and closed: %s" % (a[:1],))
     a = answers(raw(k.port, b"GET /health HTTP/1.1\r\nBad Header\r\n\r\n"))
     check(a and a[0][0].startswith("HTTP/1.1 400"), "a header without a colon: 400: %s" % (a[:1],))
-    a = answers(raw(k.port, b"POST /v3/kv/range HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n"))
-    check(a and a[0][0].startswith("HTTP/1.1 501"), "a chunked body: 501 for now: %s" % (a[:1],))
-    for p in ("/metrics", "/v3/kv/range", "/v3beta/kv/range"):
-        st = one(k.port, "POST" if "v3" in p else "GET", p)
-        check(st[0].startswith("HTTP/1.1 501") and b"not implemented yet" in st[2], "%s: 501 until built" % p)
+    a = answers(raw(k.port, b"POST /health HTTP/1.1\r\nTransfer-Encoding: gzip\r\n\r\n"))
+    check(a and a[0][0].startswith("HTTP/1.1 501"), "a transfer coding other than chunked: 501: %s" % (a[:1],))
     out = raw(k.port, b"GET /health HTTP/1.1\r\nHost: x\r\n", timeout=30)
     check(out == b"", "a head that never ends: closed without an answer (%r)" % out[:60])
     check(k.alive(), "kvd serves on")
@@ -159,6 +159,86 @@ def health_over_tls_alpn_http11():
     check(r.stdout == '{"health":"true"} 200 1.1', "curl --http1.1 over TLS: %r %r" % (r.stdout, r.stderr))
     k.stop()
     subprocess.run(["rm", "-rf", d])
+
+
+def scrape(port, path="/metrics"):
+    from prometheus_client.parser import text_string_to_metric_families
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    conn.request("GET", path)
+    r = conn.getresponse()
+    body = r.read()
+    conn.close()
+    check(r.status == 200 and r.getheader("content-type", "").startswith("text/plain; version=0.0.4"),
+          "GET %s on %d: %s %s" % (path, port, r.status, r.getheader("content-type")))
+    fams = {f.name: f for f in text_string_to_metric_families(body.decode())}
+    vals = {}
+    for f in fams.values():
+        for smp in f.samples:
+            vals[(smp.name, tuple(sorted(smp.labels.items())))] = smp.value
+    return fams, vals
+
+
+@test
+def metrics():
+    from kvdtest import free_port, WatchStream
+    mport = free_port()
+    k = Kvd(os.environ.get("KVD_TEST", os.path.join(os.path.dirname(os.path.abspath(__file__)), "kvd-test")),
+            args=["--listen-metrics-urls", "http://127.0.0.1:%d" % mport])
+    c = Client(k.endpoint())
+    for i in range(5):
+        c.call("Put", R.PutRequest(key=b"m%d" % i, value=b"v"))
+    c.call("Range", R.RangeRequest(key=b""))
+    c.call("Put", R.PutRequest(key=b"m0", value=b"w"))
+    w = WatchStream(k.endpoint())
+    w.create(key=b"m0")
+    w.wait(1)
+    fams, v = scrape(k.port)
+    L = lambda meth, code=None, svc="etcdserverpb.KV", kind="unary": tuple(sorted(
+        ([("grpc_code", code)] if code else []) + [("grpc_method", meth), ("grpc_service", svc), ("grpc_type", kind)]))
+    check(v.get(("grpc_server_handled_total", L("Put", "OK"))) == 6, "6 Puts handled OK: %r" %
+          v.get(("grpc_server_handled_total", L("Put", "OK"))))
+    check(v.get(("grpc_server_handled_total", L("Range", "InvalidArgument"))) == 1, "1 Range InvalidArgument")
+    check(v.get(("grpc_server_started_total", L("Watch", None, "etcdserverpb.Watch", "bidi_stream"))) == 1,
+          "the watch started")
+    check(v.get(("etcd_debugging_mvcc_keys_total", ())) == 5, "5 keys")
+    check(v.get(("etcd_debugging_mvcc_watcher_total", ())) == 1 and
+          v.get(("etcd_debugging_mvcc_watch_stream_total", ())) == 1, "one watcher on one stream")
+    check(v.get(("etcd_debugging_mvcc_current_revision", ())) == 7, "revision 7")
+    st = c.call("Status", R.StatusRequest(), service="etcdserverpb.Maintenance", resp="StatusResponse")[1]
+    check(v.get(("etcd_mvcc_db_total_size_in_bytes", ())) == st.dbSize, "db size as Status says: %r / %d" %
+          (v.get(("etcd_mvcc_db_total_size_in_bytes", ())), st.dbSize))
+    n = v.get(("etcd_disk_wal_fsync_duration_seconds_count", ()))
+    bk = sorted((float(dict(lab)["le"]), val) for (name, lab), val in v.items()
+                if name == "etcd_disk_wal_fsync_duration_seconds_bucket")
+    check(n and n >= 6 and bk[-1] == (float("inf"), n) and all(a[1] <= b[1] for a, b in zip(bk, bk[1:])),
+          "fsync histogram: %r of %r" % (bk, n))
+    with open("/proc/%d/status" % k.p.pid) as f:
+        rss = [int(x.split()[1]) * 1024 for x in f if x.startswith("VmRSS:")][0]
+    got = v.get(("process_resident_memory_bytes", ()))
+    check(got and rss / 2 < got < rss * 2, "process_resident_memory_bytes %r near VmRSS %d" % (got, rss))
+    # the metrics listener: /metrics and /health, nothing else; no gRPC
+    fams2, v2 = scrape(mport)
+    check(v2.get(("grpc_server_handled_total", L("Put", "OK"))) == 6, "the metrics listener: same counters")
+    check(one(mport, "GET", "/health")[2] == b'{"health":"true"}', "the metrics listener: /health")
+    check(one(mport, "POST", "/v3/kv/range")[0].startswith("HTTP/1.1 404"), "the metrics listener: no gateway")
+    cm = Client("127.0.0.1:%d" % mport)
+    check(cm.call("Range", R.RangeRequest(key=b"m0"), timeout=5)[0] == "err", "the metrics listener: no gRPC")
+    cm.close()
+    w.close()
+    c.close()
+    # etcd's names and types for the etcd_*, grpc_* and process_* families kvd exports
+    e = Etcd()
+    ce = Client(e.endpoint())
+    ce.call("Put", R.PutRequest(key=b"m", value=b"v"))
+    ce.call("Range", R.RangeRequest(key=b""))
+    ef, _ = scrape(e.port)
+    ce.close()
+    mine = {n: f.type for n, f in fams.items() if not n.startswith("kvd_")}
+    theirs = {n: ef[n].type for n in mine if n in ef}
+    check(mine == theirs, "names and types as etcd's: kvd %r\n  etcd %r" %
+          (sorted(set(mine.items()) - set(theirs.items())), sorted(set(theirs.items()) - set(mine.items()))))
+    e.stop()
+    k.stop()
 
 
 if __name__ == "__main__":

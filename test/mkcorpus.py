@@ -7,6 +7,7 @@ usage: test/mkcorpus.py KVD_PORT   (h2 and hpack seeds)
        test/mkcorpus.py pb         (request messages of every gRPC method)
        test/mkcorpus.py bolt       (snapshot files from etcd and kvd)
        test/mkcorpus.py auth       (a log with AUTH records; snapshots with users and roles)
+       test/mkcorpus.py http1      (gateway requests as curl sends them; JSON for the mapping)
 A relay on a free port records what each client sends to kvd at KVD_PORT:
 etcdctl 3.4 (grpc-go), grpcio, python-h2 with padding/PRIORITY/CONTINUATION.
 Each capture becomes test/corpus/h2/<name> (behind a mode byte, see
@@ -391,7 +392,115 @@ def auth_seeds():
         s.stop()
 
 
+def http1_seeds():
+    """test/corpus/http1/ (see test/fuzz_http1.c): what curl sends for gateway
+    requests (recorded through the relay, with a mode byte feeding it whole
+    or byte by byte), bodies behind the target's own heads, and JSON
+    requests of every gateway route for the mapping (mode bit 7)."""
+    import re
+    sys.path.insert(0, HERE)
+    from google.protobuf import json_format
+    from kvdtest import Kvd, pb
+    out = os.path.join(HERE, "corpus", "http1")
+    os.makedirs(out, exist_ok=True)
+    src = open(os.path.join(os.path.dirname(HERE), "kvd.c")).read()
+    body = src[src.index("} gw_routes[] = {"):]
+    routes = re.findall(r'\{"([a-z/-]+)", "(/[^"]+)"\}', body[:body.index("};")])
+
+    def seed(name, mode, data):
+        with open(os.path.join(out, name), "wb") as f:
+            f.write(bytes([mode]) + data)
+
+    k = Kvd(os.path.join(HERE, "kvd-test"))
+    url = "http://127.0.0.1:%d" % k.port
+    reqs = [("put", "/v3/kv/put", '{"key":"Zm9v","value":"YmFy","lease":"0"}', []),
+            ("range", "/v3/kv/range", '{"key":"AA==","range_end":"AA==","sort_order":"DESCEND","limit":2}', []),
+            ("txn", "/v3/kv/txn", '{"compare":[{"target":"CREATE","key":"Zm9v","createRevision":"0"}],'
+                                  '"success":[{"requestPut":{"key":"Zm9v","value":"YmFy"}}]}',
+             ["-H", "Expect: 100-continue", "-H", "Transfer-Encoding: chunked"]),
+            ("grant", "/v3/lease/grant", '{"TTL":30,"ID":5}', []),
+            ("auth", "/v3/auth/user/add", '{"name":"u","password":"p"}', ["-H", "Authorization: x.1"]),
+            ("bad", "/v3/kv/range", '{"key":"Zm9v",', ["--http1.0"])]
+    for name, path, data, extra in reqs:
+        def run(port, path=path, data=data, extra=extra):
+            subprocess.run(["curl", "-s", "-X", "POST", "http://127.0.0.1:%d%s" % (port, path), "-d", data] + extra,
+                           capture_output=True, timeout=30)
+        cap = capture_bytes(k.port, run)
+        seed("curl-" + name, 0x1c, cap)
+        seed("curl-" + name + "-bytewise", 0x00, cap)
+    k.stop()
+    seed("watch-body", 0x1d, b'5\r\n{"cre\r\n2a\r\nate_request":{"key":"YQ==","start_revision":"1"}}\r\n'
+         b'1c\r\n{"progress_request":{}}  []\r\n0\r\n\r\n')
+    seed("txn-body", 0x1e, b'{"success":[{"request_range":{"key":"YQ==","range_end":"AA=="}}]} trailing')
+    seed("keepalive-body", 0x1f, b'a\r\n{"ID":"5"}\r\n7\r\n{"ID":5\r\n0\r\n\r\n')
+    seed("pipelined", 0x1c, b"GET /health HTTP/1.1\r\n\r\nPOST /v3/kv/range HTTP/1.1\r\nContent-Length: 14\r\n\r\n"
+         b'{"key":"YQ=="}OPTIONS / HTTP/1.1\r\n\r\nPOST /v3beta/watch HTTP/1.0\r\n\r\n')
+    rpc = pb()["rpc"]
+    examples = {
+        "Range": rpc.RangeRequest(key=b"a", range_end=b"\0", limit=3, sort_order=2, sort_target=4, min_mod_revision=1),
+        "Put": rpc.PutRequest(key=b"k", value=b"<v>&", lease=-5, prev_kv=True, ignore_value=True),
+        "Txn": rpc.TxnRequest(compare=[rpc.Compare(result=3, target=4, key=b"k", lease=7, range_end=b"\0")],
+                              success=[rpc.RequestOp(request_txn=rpc.TxnRequest())]),
+        "Watch": rpc.WatchRequest(create_request=rpc.WatchCreateRequest(key=b"a", filters=[0, 1], watch_id=-1)),
+        "MemberAdd": rpc.MemberAddRequest(peerURLs=["http://a:1", "\u2028"], isLearner=True),
+        "RoleGrantPermission": rpc.AuthRoleGrantPermissionRequest(
+            name="r", perm=pb()["auth"].Permission(permType=2, key=b"a", range_end=b"b")),
+    }
+    for i, (gw, path) in enumerate(routes):
+        meth = path.rsplit("/", 1)[1]
+        if meth in examples:
+            for camel in (0, 1):
+                js = json_format.MessageToJson(examples[meth], preserving_proto_field_name=not camel, indent=None)
+                seed("json-%s-%d" % (meth, camel), 0x80 | i, js.encode())
+        else:
+            seed("json-%s" % gw.replace("/", "-"), 0x80 | i, b'{"name":"x","ID":"-1","key":"YQ==","revision":9}')
+    seed("json-bad-b64", 0x80, b'{"key":"Zg=x","limit":"12a","sort_order":"NOPE"}')
+    seed("json-uint64", 0x80 | [p for _, p in routes].index("/etcdserverpb.Cluster/MemberRemove"),
+         b'{"ID":"18446744073709551615"}')
+
+
+def capture_bytes(kvd_port, fn):
+    """What fn(port) sends through the relay to kvd, as one byte string."""
+    got = []
+    lst = socket.socket()
+    lst.bind(("127.0.0.1", 0))
+    lst.listen(4)
+    port = lst.getsockname()[1]
+
+    def serve():
+        c, _ = lst.accept()
+        up = socket.create_connection(("127.0.0.1", kvd_port))
+        c.settimeout(5)
+        up.settimeout(5)
+        try:
+            while True:
+                try:
+                    d = c.recv(65536)
+                except socket.timeout:
+                    break
+                if not d:
+                    break
+                got.append(d)
+                up.sendall(d)
+                try:
+                    c.sendall(up.recv(65536))
+                except socket.timeout:
+                    pass
+        finally:
+            c.close()
+            up.close()
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    fn(port)
+    t.join(10)
+    lst.close()
+    return b"".join(got)
+
+
 def main():
+    if sys.argv[1:] == ["http1"]:
+        http1_seeds()
+        return 0
     if sys.argv[1:] == ["auth"]:
         auth_seeds()
         return 0
