@@ -693,6 +693,8 @@ struct kvd {
 	struct auth auth;            /* users, roles, tokens (section 16) */
 	struct call *calls;          /* every live call, whatever its carrier */
 	struct lock_wait *locks;     /* Lock/Campaign waiters and Observe streams (section 17) */
+	struct svc_member_x *members; /* members MemberAdd listed (section 17): never started */
+	size_t nmembers;
 	struct call **held;          /* calls answered while the batch was open */
 	size_t nheld, heldcap;
 	/* HPACK decode scratch, shared: one header block is decoded at a time */
@@ -13381,18 +13383,296 @@ static void svc_member(struct kvd *k, Etcdserverpb__Member *m)
 }
 
 /* Cluster/MemberList: this member only; the header carries no revision. */
+#define SVC_MAX_MEMBERS 8 /* other members kvd lists (never started ones) */
+static size_t svc_members(struct kvd *k, Etcdserverpb__Member *m, Etcdserverpb__Member **mp);
+
 static void svc_member_list(struct kvd *k, struct call *s)
 {
 	Etcdserverpb__MemberListResponse rs = ETCDSERVERPB__MEMBER_LIST_RESPONSE__INIT;
 	Etcdserverpb__ResponseHeader h;
-	Etcdserverpb__Member m, *mp = &m;
+	Etcdserverpb__Member m[SVC_MAX_MEMBERS + 1], *mp[SVC_MAX_MEMBERS + 1];
 
 	svc_header(k, &h, 0);
-	svc_member(k, &m);
 	rs.header = &h;
-	rs.n_members = 1;
-	rs.members = &mp;
+	rs.n_members = svc_members(k, m, mp);
+	rs.members = mp;
 	call_reply(k, s, &rs.base);
+}
+
+/* ---- Cluster: one member for good ------------------------------------------ */
+
+/*
+ * kvd is one member and stays one.  The membership RPCs answer as a
+ * one-node etcd 3.4 answers the same requests (checks, order, codes and
+ * texts measured against it; ids made as etcd makes them), with one
+ * exception: etcd accepts a voting member -- and then has no quorum until
+ * that member starts, which here it never would -- so kvd refuses it with
+ * the words etcd uses when a reconfiguration would leave too few started
+ * members.  A learner (etcd takes one at a time) is listed until removed;
+ * promoting it fails as etcd fails for a learner that is not in sync;
+ * updating it lists it as a voter from then on, as etcd 3.4 does.
+ * MemberUpdate of kvd itself changes the peer URLs MemberList reports.
+ * These changes live in memory: after a restart the flags say who kvd is
+ * (etcd keeps them in its backend).
+ */
+
+struct svc_member_x {
+	uint64_t id;
+	char **urls;
+	unsigned n;
+	unsigned learner : 1;
+};
+
+static void cfg_free_list(struct kvd *k, char **l, unsigned n); /* section 24 */
+
+/* etcd's types.NewURLs: http(s)://host:port each, no path; at least one. */
+static int svc_urls_ok(char **u, size_t n)
+{
+	size_t i;
+
+	if (!n)
+		return 0;
+	for (i = 0; i < n; i++) {
+		const char *p = u[i], *h, *colon;
+		if (!strncmp(p, "http://", 7))
+			h = p + 7;
+		else if (!strncmp(p, "https://", 8))
+			h = p + 8;
+		else
+			return 0;
+		colon = strrchr(h, ':');
+		if (!colon || colon == h || !colon[1] || strchr(h, '/') || strspn(colon + 1, "0123456789") != strlen(colon + 1))
+			return 0;
+	}
+	return 1;
+}
+
+static int svc_url_cmp(const void *a, const void *b)
+{
+	return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* A sorted copy of the URLs (types.NewURLs sorts them). */
+static int svc_urls_copy(struct kvd *k, char **u, size_t n, char ***out)
+{
+	char **a = kvd_calloc(k, (n ? n : 1) * sizeof *a);
+	size_t i;
+
+	if (!a)
+		return KVD_ENOMEM;
+	for (i = 0; i < n; i++)
+		if (!(a[i] = kvd_strdup(k, u[i]))) {
+			cfg_free_list(k, a, (unsigned)i);
+			return KVD_ENOMEM;
+		}
+	qsort(a, n, sizeof *a, svc_url_cmp);
+	*out = a;
+	return 0;
+}
+
+static int svc_member_cmp(const void *a, const void *b)
+{
+	uint64_t x = (*(Etcdserverpb__Member *const *)a)->id, y = (*(Etcdserverpb__Member *const *)b)->id;
+
+	return x < y ? -1 : x > y;
+}
+
+/* The members as MemberList shows them: by id, as etcd sorts them. */
+static size_t svc_members(struct kvd *k, Etcdserverpb__Member *m, Etcdserverpb__Member **mp)
+{
+	size_t i;
+
+	svc_member(k, &m[0]);
+	mp[0] = &m[0];
+	for (i = 0; i < k->nmembers; i++) {
+		etcdserverpb__member__init(&m[i + 1]);
+		m[i + 1].id = k->members[i].id;
+		m[i + 1].n_peerurls = k->members[i].n;
+		m[i + 1].peerurls = k->members[i].urls;
+		m[i + 1].islearner = k->members[i].learner;
+		mp[i + 1] = &m[i + 1];
+	}
+	qsort(mp, k->nmembers + 1, sizeof *mp, svc_member_cmp);
+	return k->nmembers + 1;
+}
+
+static struct svc_member_x *svc_member_find(struct kvd *k, uint64_t id)
+{
+	size_t i;
+
+	for (i = 0; i < k->nmembers; i++)
+		if (k->members[i].id == id)
+			return &k->members[i];
+	return NULL;
+}
+
+/* Does a member other than `except` (an id, 0 for none) have one of these
+ * peer URLs? */
+static int svc_url_taken(struct kvd *k, char **u, size_t n, uint64_t except)
+{
+	size_t i, j, x;
+
+	for (i = 0; i < n; i++) {
+		for (j = 0; except != k->member_id && j < k->npeer_urls; j++)
+			if (!strcmp(u[i], k->peer_urls[j]))
+				return 1;
+		for (x = 0; x < k->nmembers; x++)
+			for (j = 0; except != k->members[x].id && j < k->members[x].n; j++)
+				if (!strcmp(u[i], k->members[x].urls[j]))
+					return 1;
+	}
+	return 0;
+}
+
+/* etcd's membership.NewMember id: SHA-1 of the sorted URLs, the cluster
+ * name (none for MemberAdd) and the Unix time in seconds. */
+static int svc_member_id(struct kvd *k, char **sorted, size_t n, int64_t now, uint64_t *id)
+{
+	struct kvd_buf b = {0};
+	uint8_t d[20];
+	char t[24];
+	size_t i;
+
+	for (i = 0; i < n; i++)
+		buf_append(k, &b, sorted[i], strlen(sorted[i]));
+	snprintf(t, sizeof t, "%lld", (long long)now);
+	buf_append(k, &b, t, strlen(t));
+	if (!b.err)
+		util_sha1(BUF_DATA(&b), BUF_LEN(&b), d);
+	buf_free(k, &b);
+	if (b.err)
+		return KVD_ENOMEM;
+	*id = get_be64(d);
+	return 0;
+}
+
+static void svc_member_add(struct kvd *k, struct call *s)
+{
+	const Etcdserverpb__MemberAddRequest *rq = (const void *)s->rq;
+	Etcdserverpb__MemberAddResponse rs = ETCDSERVERPB__MEMBER_ADD_RESPONSE__INIT;
+	Etcdserverpb__ResponseHeader h;
+	Etcdserverpb__Member m[SVC_MAX_MEMBERS + 1], *mp[SVC_MAX_MEMBERS + 1];
+	struct svc_err e = {0, NULL};
+	struct svc_member_x x = {0, NULL, 0, 0};
+	size_t i;
+
+	if (!svc_urls_ok(rq->peerurls, rq->n_peerurls)) {
+		svc_fail(&e, GRPC_INVALID_ARGUMENT, "etcdserver: given member URLs are invalid");
+	} else if (auth_root(k, s, &e)) {
+	} else if ((!k->members && !(k->members = kvd_calloc(k, SVC_MAX_MEMBERS * sizeof *k->members))) ||
+	           svc_urls_copy(k, rq->peerurls, rq->n_peerurls, &x.urls) ||
+	           svc_member_id(k, x.urls, rq->n_peerurls, (int64_t)time(NULL), &x.id)) {
+		x.n = x.urls ? (unsigned)rq->n_peerurls : 0;
+		svc_fail(&e, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+	} else {
+		x.n = (unsigned)rq->n_peerurls;
+		x.learner = rq->islearner ? 1 : 0;
+		if (x.id == k->member_id || svc_member_find(k, x.id))
+			svc_fail(&e, GRPC_FAILED_PRECONDITION, "etcdserver: member ID already exist");
+		else if (svc_url_taken(k, x.urls, x.n, 0))
+			svc_fail(&e, GRPC_FAILED_PRECONDITION, "etcdserver: Peer URLs already exists");
+		else if (!rq->islearner) /* etcd: accepted, and no quorum until it starts */
+			svc_fail(&e, GRPC_UNKNOWN, "etcdserver: re-configuration failed due to not enough started members");
+		for (i = 0; !e.msg && i < k->nmembers; i++)
+			if (k->members[i].learner) /* etcd's maxLearners is 1 */
+				svc_fail(&e, GRPC_FAILED_PRECONDITION, "etcdserver: too many learner members in cluster");
+		if (!e.msg && k->nmembers == SVC_MAX_MEMBERS)
+			svc_fail(&e, GRPC_FAILED_PRECONDITION, "kvd: too many members that never start");
+	}
+	if (e.msg) {
+		cfg_free_list(k, x.urls, x.n);
+	} else {
+		k->members[k->nmembers++] = x;
+		svc_header(k, &h, 0);
+		rs.header = &h;
+		rs.n_members = svc_members(k, m, mp);
+		rs.members = mp;
+		rs.member = &m[k->nmembers]; /* the new one, wherever the sort put it */
+	}
+	svc_end(k, s, &rs.base, &e);
+}
+
+static void svc_member_remove(struct kvd *k, struct call *s)
+{
+	const Etcdserverpb__MemberRemoveRequest *rq = (const void *)s->rq;
+	Etcdserverpb__MemberRemoveResponse rs = ETCDSERVERPB__MEMBER_REMOVE_RESPONSE__INIT;
+	Etcdserverpb__ResponseHeader h;
+	Etcdserverpb__Member m[SVC_MAX_MEMBERS + 1], *mp[SVC_MAX_MEMBERS + 1];
+	struct svc_err e = {0, NULL};
+	struct svc_member_x *x = NULL;
+
+	if (auth_root(k, s, &e))
+		;
+	else if (rq->id == k->member_id)
+		svc_fail(&e, GRPC_UNKNOWN, "etcdserver: re-configuration failed due to not enough started members");
+	else if (!(x = svc_member_find(k, rq->id)))
+		svc_fail(&e, GRPC_NOT_FOUND, "etcdserver: member not found");
+	if (!e.msg) {
+		cfg_free_list(k, x->urls, x->n);
+		*x = k->members[--k->nmembers];
+		svc_header(k, &h, 0);
+		rs.header = &h;
+		rs.n_members = svc_members(k, m, mp);
+		rs.members = mp;
+	}
+	svc_end(k, s, &rs.base, &e);
+}
+
+static void svc_member_update(struct kvd *k, struct call *s)
+{
+	const Etcdserverpb__MemberUpdateRequest *rq = (const void *)s->rq;
+	Etcdserverpb__MemberUpdateResponse rs = ETCDSERVERPB__MEMBER_UPDATE_RESPONSE__INIT;
+	Etcdserverpb__ResponseHeader h;
+	Etcdserverpb__Member m[SVC_MAX_MEMBERS + 1], *mp[SVC_MAX_MEMBERS + 1];
+	struct svc_err e = {0, NULL};
+	struct svc_member_x *x = NULL;
+	char **u = NULL;
+
+	if (!svc_urls_ok(rq->peerurls, rq->n_peerurls))
+		svc_fail(&e, GRPC_INVALID_ARGUMENT, "etcdserver: given member URLs are invalid");
+	else if (auth_root(k, s, &e))
+		;
+	else if (rq->id != k->member_id && !(x = svc_member_find(k, rq->id)))
+		svc_fail(&e, GRPC_NOT_FOUND, "etcdserver: member not found");
+	else if (svc_url_taken(k, rq->peerurls, rq->n_peerurls, rq->id))
+		svc_fail(&e, GRPC_FAILED_PRECONDITION, "etcdserver: Peer URLs already exists");
+	else if (svc_urls_copy(k, rq->peerurls, rq->n_peerurls, &u))
+		svc_fail(&e, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+	if (!e.msg) {
+		if (!x) { /* kvd itself: the id stays, as etcd's does */
+			cfg_free_list(k, k->peer_urls, k->npeer_urls);
+			k->peer_urls = u;
+			k->npeer_urls = (unsigned)rq->n_peerurls;
+		} else { /* etcd 3.4 writes the member back without its learner flag */
+			cfg_free_list(k, x->urls, x->n);
+			x->urls = u;
+			x->n = (unsigned)rq->n_peerurls;
+			x->learner = 0;
+		}
+		svc_header(k, &h, 0);
+		rs.header = &h;
+		rs.n_members = svc_members(k, m, mp);
+		rs.members = mp;
+	}
+	svc_end(k, s, &rs.base, &e);
+}
+
+static void svc_member_promote(struct kvd *k, struct call *s)
+{
+	const Etcdserverpb__MemberPromoteRequest *rq = (const void *)s->rq;
+	Etcdserverpb__MemberPromoteResponse rs = ETCDSERVERPB__MEMBER_PROMOTE_RESPONSE__INIT;
+	struct svc_err e = {0, NULL};
+	struct svc_member_x *x = NULL;
+
+	if (auth_root(k, s, &e))
+		;
+	else if (rq->id != k->member_id && !(x = svc_member_find(k, rq->id)))
+		svc_fail(&e, GRPC_NOT_FOUND, "etcdserver: member not found");
+	else if (!x || !x->learner)
+		svc_fail(&e, GRPC_FAILED_PRECONDITION, "etcdserver: can only promote a learner member");
+	else /* it never starts, so it is never in sync */
+		svc_fail(&e, GRPC_FAILED_PRECONDITION, "etcdserver: can only promote a learner member which is in sync with leader");
+	svc_end(k, s, &rs.base, &e);
 }
 
 #ifdef KVD_TEST_SERVICES
@@ -14089,11 +14369,11 @@ static const struct grpc_method svc_lease[] = {
 	{"/etcdserverpb.Lease/LeaseLeases", GRPC_UNARY, PB(etcdserverpb__lease_leases_request), PB(etcdserverpb__lease_leases_response), svc_lease_leases_rpc, NULL, NULL, NULL, NULL},
 };
 static const struct grpc_method svc_cluster[] = {
-	{"/etcdserverpb.Cluster/MemberAdd", GRPC_UNARY, PB(etcdserverpb__member_add_request), PB(etcdserverpb__member_add_response), NULL, NULL, NULL, NULL, NULL},
-	{"/etcdserverpb.Cluster/MemberRemove", GRPC_UNARY, PB(etcdserverpb__member_remove_request), PB(etcdserverpb__member_remove_response), NULL, NULL, NULL, NULL, NULL},
-	{"/etcdserverpb.Cluster/MemberUpdate", GRPC_UNARY, PB(etcdserverpb__member_update_request), PB(etcdserverpb__member_update_response), NULL, NULL, NULL, NULL, NULL},
+	{"/etcdserverpb.Cluster/MemberAdd", GRPC_UNARY, PB(etcdserverpb__member_add_request), PB(etcdserverpb__member_add_response), svc_member_add, NULL, NULL, NULL, NULL},
+	{"/etcdserverpb.Cluster/MemberRemove", GRPC_UNARY, PB(etcdserverpb__member_remove_request), PB(etcdserverpb__member_remove_response), svc_member_remove, NULL, NULL, NULL, NULL},
+	{"/etcdserverpb.Cluster/MemberUpdate", GRPC_UNARY, PB(etcdserverpb__member_update_request), PB(etcdserverpb__member_update_response), svc_member_update, NULL, NULL, NULL, NULL},
 	{"/etcdserverpb.Cluster/MemberList", GRPC_UNARY, PB(etcdserverpb__member_list_request), PB(etcdserverpb__member_list_response), svc_member_list, NULL, NULL, NULL, NULL},
-	{"/etcdserverpb.Cluster/MemberPromote", GRPC_UNARY, PB(etcdserverpb__member_promote_request), PB(etcdserverpb__member_promote_response), NULL, NULL, NULL, NULL, NULL},
+	{"/etcdserverpb.Cluster/MemberPromote", GRPC_UNARY, PB(etcdserverpb__member_promote_request), PB(etcdserverpb__member_promote_response), svc_member_promote, NULL, NULL, NULL, NULL},
 };
 static const struct grpc_method svc_maintenance[] = {
 	{"/etcdserverpb.Maintenance/Alarm", GRPC_UNARY, PB(etcdserverpb__alarm_request), PB(etcdserverpb__alarm_response), svc_alarm, NULL, NULL, NULL, NULL},
@@ -21769,6 +22049,9 @@ KVD_API void kvd_close(struct kvd *k)
 	watch_fini(k);
 	lease_fini(k);
 	auth_free(k);
+	for (; k->nmembers; k->nmembers--)
+		cfg_free_list(k, k->members[k->nmembers - 1].urls, k->members[k->nmembers - 1].n);
+	kvd_free(k, k->members);
 	kvd_free(k, k->held);
 	kvd_free(k, k->ls);
 	kvd_free(k, k->pfd);
