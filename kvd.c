@@ -153,6 +153,7 @@
 #include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <time.h>
@@ -683,6 +684,11 @@ struct kvd {
 	char **client_urls, **peer_urls;
 	unsigned nclient_urls, npeer_urls;
 	int lock_fd;
+	/* systemd's notify socket (section 23), -1 if none */
+	int sd_fd;
+	socklen_t sd_len;
+	struct sockaddr_un sd_addr;
+	int64_t sd_wd_ms, sd_wd_next; /* watchdog: ping every sd_wd_ms, next at sd_wd_next */
 	int wake[2];                 /* self-pipe: kvd_shutdown() is async-signal-safe */
 	struct mvcc db;              /* the store */
 	struct watch_reg watch;      /* watchers */
@@ -21044,6 +21050,51 @@ static void net_reap(struct kvd *k)
 	}
 }
 
+/* ---- systemd's notify protocol, without libsystemd ------------------------ */
+
+/*
+ * Under systemd (Type=notify) NOTIFY_SOCKET names a datagram socket: a path,
+ * or "@name" in the abstract namespace.  kvd_main says READY=1 once every
+ * listener listens, STOPPING=1 when a shutdown begins, and, when
+ * WATCHDOG_USEC is set (and WATCHDOG_PID, if set, is kvd's pid), WATCHDOG=1
+ * every half of it from the loop's timers -- so a loop that hangs stops
+ * pinging and gets restarted.  STATUS= lines say what kvd is doing.  One
+ * sendto each, never waited on: a supervisor that is gone costs nothing.
+ */
+static void loop_notify(struct kvd *k, const char *msg)
+{
+	if (k->sd_fd >= 0)
+		sendto(k->sd_fd, msg, strlen(msg), MSG_NOSIGNAL | MSG_DONTWAIT, (struct sockaddr *)&k->sd_addr, k->sd_len);
+}
+
+static void loop_notify_open(struct kvd *k)
+{
+	const char *path = getenv("NOTIFY_SOCKET"), *us = getenv("WATCHDOG_USEC"), *pid = getenv("WATCHDOG_PID");
+	size_t n = path ? strlen(path) : 0;
+	char *end;
+	unsigned long long v;
+
+	if (!n || n >= sizeof k->sd_addr.sun_path || (path[0] != '/' && path[0] != '@'))
+		return;
+	memset(&k->sd_addr, 0, sizeof k->sd_addr);
+	k->sd_addr.sun_family = AF_UNIX;
+	memcpy(k->sd_addr.sun_path, path, n);
+	if (path[0] == '@')
+		k->sd_addr.sun_path[0] = 0; /* the abstract namespace: no NUL after the name */
+	k->sd_len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + n + (path[0] == '/'));
+	if ((k->sd_fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0)) < 0)
+		return;
+	if (us && *us && (!pid || !*pid || strtoul(pid, NULL, 10) == (unsigned long)getpid())) {
+		errno = 0;
+		v = strtoull(us, &end, 10);
+		if (!errno && !*end && v >= 2000) {
+			k->sd_wd_ms = (int64_t)(v / 2000); /* half the interval, in ms */
+			k->sd_wd_next = util_now_ms() + k->sd_wd_ms;
+			loop_arm(k, k->sd_wd_next);
+		}
+	}
+}
+
 /* ---- the loop ---------------------------------------------------------------- */
 
 /* Graceful shutdown: stop accepting, tell every connection, finish calls. */
@@ -21067,6 +21118,7 @@ static void loop_stop(struct kvd *k)
 		else
 			c->is_closing = 1;
 	kvd_log(k, KVD_LOG_INFO, "shutting down: draining %u connection(s)", k->nconns);
+	loop_notify(k, "STOPPING=1\nSTATUS=shutting down");
 }
 
 static void loop_timers(struct kvd *k)
@@ -21077,6 +21129,13 @@ static void loop_timers(struct kvd *k)
 	if (k->now < k->next_timer)
 		return;
 	k->next_timer = INT64_MAX;
+	if (k->sd_wd_ms) { /* systemd's watchdog: the loop is alive */
+		if (k->now >= k->sd_wd_next) {
+			loop_notify(k, "WATCHDOG=1");
+			k->sd_wd_next = k->now + k->sd_wd_ms;
+		}
+		loop_arm(k, k->sd_wd_next);
+	}
 	for (c = k->conns; c; c = c->next)
 		loop_arm(k, net_timers(k, c));
 	if (k->stopping) {
@@ -21893,7 +21952,7 @@ static int kvd_init(const struct kvd_config *cfg, struct kvd **out, char *err, s
 	k->st.start_wall = (int64_t)time(NULL);
 	k->pba.allocator_data = k;
 	k->next_timer = INT64_MAX;
-	k->lock_fd = k->wake[0] = k->wake[1] = -1;
+	k->lock_fd = k->wake[0] = k->wake[1] = k->sd_fd = -1;
 	k->now = util_now_ms();
 	k->cfg = *cfg; /* the strings are made kvd's own below */
 	{ /* etcd: minTTL = ceil(((3 * electionTicks) / 2) * heartbeat), in seconds */
@@ -22064,6 +22123,8 @@ KVD_API void kvd_close(struct kvd *k)
 		close(k->wake[0]);
 	if (k->wake[1] >= 0)
 		close(k->wake[1]);
+	if (k->sd_fd >= 0)
+		close(k->sd_fd);
 	cfg_disown(k, &k->cfg);
 	if (k->mem)
 		kvd_log(k, KVD_LOG_WARN, "%zu bytes still allocated at close", k->mem);
@@ -22115,6 +22176,13 @@ KVD_API int kvd_main(int argc, char **argv)
 	sigaction(SIGTERM, &sa, NULL);
 	sigaction(SIGINT, &sa, NULL);
 	sigaction(SIGHUP, &sa, NULL);
+	loop_notify_open(k); /* systemd (Type=notify): ready now */
+	{
+		char st[160];
+		snprintf(st, sizeof st, "READY=1\nSTATUS=serving %u listener(s) at revision %lld\nMAINPID=%ld", k->nls,
+		         (long long)k->db.rev, (long)getpid());
+		loop_notify(k, st);
+	}
 	while ((r = kvd_poll(k, -1)) == 0 || r == KVD_ENOMEM)
 		;
 	kvd_log(k, KVD_LOG_INFO, "stopped");

@@ -119,7 +119,10 @@ def cluster_calls(endpoint, peer):
         t = text_format.MessageToString(a[1], as_one_line=True)
         t = re.sub(r"(cluster_id|member_id|raft_term): \d+", r"\1: X", t)
         t = re.sub(r'clientURLs: "[^"]*"', 'clientURLs: C', t)
-        return ("ok", t.replace("ID: %d " % learner, "ID: LEARNER ") if learner else t)
+        t = t.replace("ID: %d " % learner, "ID: LEARNER ") if learner else t
+        # members come by id (the learner's differs between the servers): compare them as a set
+        ms = re.findall(r"members \{[^{}]*\}", t)
+        return ("ok", re.sub(r"members \{[^{}]*\}", "", t), sorted(ms))
 
     out = []
     me = u("MemberList", R.MemberListRequest(), R.MemberListResponse)[1].members[0].ID
@@ -167,14 +170,66 @@ def cluster_like_etcd():
     for args in (["member", "list"], ["member", "add", "l1", "--learner", "--peer-urls", "http://127.0.0.1:23990"],
                  ["member", "list", "-w", "table"], ["member", "promote", "1"], ["member", "remove", "1"]):
         x, y = etcdctl(e, *args), etcdctl(k, *args)
-        mask = lambda r: (r[0], re.sub(r"\b[0-9a-f]{16}\b", "ID", r[1] + "".join(
-            x for x in r[2].splitlines(True) if not x.startswith('{"level"'))).replace(k.url, "URL").replace(e.url, "URL"))
+        def mask(r):  # ids masked; lines and ETCD_INITIAL_CLUSTER's members in any order (they come by id)
+            t = re.sub(r"\b[0-9a-f]{16}\b", "ID", r[1] + "".join(
+                x for x in r[2].splitlines(True) if not x.startswith('{"level"'))).replace(k.url, "URL").replace(e.url, "URL")
+            t = re.sub(r'ETCD_INITIAL_CLUSTER="([^"]*)"', lambda m: ",".join(sorted(m.group(1).split(","))), t)
+            return r[0], sorted(t.splitlines())
         check(mask(x) == mask(y), "etcdctl %s: etcd %r / kvd %r" % (" ".join(args), mask(x), mask(y)))
     # a voter: etcd takes it and loses quorum; kvd refuses it with etcd's words for that case
     rc, out, err = etcdctl(k, "member", "add", "m2", "--peer-urls", "http://127.0.0.1:2390")
     check(rc != 0 and "re-configuration failed due to not enough started members" in err, "a voter: %r" % err)
     e.stop()
     k.stop()
+
+
+@test
+def systemd_notify():
+    """NOTIFY_SOCKET as systemd sets it (a path, then an abstract name), read
+    by a test-side datagram socket: READY=1 once serving, WATCHDOG=1 pings
+    at half WATCHDOG_USEC, STOPPING=1 on SIGTERM; none with another
+    WATCHDOG_PID."""
+    import tempfile
+    for abstract in (False, True):
+        d = tempfile.mkdtemp(prefix="kvd-notify-")
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        name = "\0kvd-notify-%d" % os.getpid() if abstract else os.path.join(d, "notify")
+        s.bind(name)
+        s.settimeout(30)
+        port = free_port()
+        env = dict(os.environ, NOTIFY_SOCKET=("@" + name[1:]) if abstract else name, WATCHDOG_USEC="200000")
+        p = spawn([KVD, "--data-dir", d + "/data", "--listen-client-urls", "http://127.0.0.1:%d" % port],
+                  env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        got = [s.recv(4096).decode()]
+        check(got[0].startswith("READY=1\nSTATUS=serving 1 listener(s)"), "READY=1 first: %r" % got[0])
+        c = socket.create_connection(("127.0.0.1", port), timeout=10)  # it does serve
+        c.close()
+        while got.count("WATCHDOG=1") < 3:
+            got.append(s.recv(4096).decode())
+        p.send_signal(signal.SIGTERM)
+        while not got[-1].startswith("STOPPING=1"):
+            got.append(s.recv(4096).decode())
+        check(p.wait(30) == 0, "a clean stop")
+        check(set(got[1:-1]) == {"WATCHDOG=1"}, "%s: pings, then STOPPING=1: %r" % ("abstract" if abstract else "path",
+                                                                                   got))
+        s.close()
+        subprocess.run(["rm", "-rf", d])
+    # another process's watchdog: no pings
+    d = tempfile.mkdtemp(prefix="kvd-notify-")
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    s.bind(os.path.join(d, "notify"))
+    s.settimeout(30)
+    env = dict(os.environ, NOTIFY_SOCKET=os.path.join(d, "notify"), WATCHDOG_USEC="2000", WATCHDOG_PID="1")
+    p = spawn([KVD, "--data-dir", d + "/data", "--listen-client-urls", "http://127.0.0.1:%d" % free_port()],
+              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    got = [s.recv(4096).decode()]
+    p.send_signal(signal.SIGTERM)
+    while not got[-1].startswith("STOPPING=1"):
+        got.append(s.recv(4096).decode())
+    check(len(got) == 2 and got[0].startswith("READY=1"), "WATCHDOG_PID of another process: no pings: %r" % got)
+    p.wait(30)
+    s.close()
+    subprocess.run(["rm", "-rf", d])
 
 
 # ------------------------------------------------------------------ grpcio
@@ -469,7 +524,7 @@ def connection_limits_and_timeouts():
             break
         d.close()
     # idle: no call and no progress for 400 ms -> GOAWAY NO_ERROR max_idle, close
-    g = goaways(d.frames(3.0, until=goaways))
+    g = goaways(d.frames(30.0, until=goaways))
     check(g and g[0][1] == "NO_ERROR" and g[0][2] == b"max_idle", "idle close: %r" % g)
     check(not goaways(a.frames(0.5)) and not a.closed, "the watching connection stays")
     a.close()
@@ -479,7 +534,7 @@ def connection_limits_and_timeouts():
     for _ in range(50):
         z = H2(k.port, init_window=0)
         z.call(1)
-        fs = z.frames(3.0, until=lambda f: rsts(f) or goaways(f))
+        fs = z.frames(30.0, until=lambda f: rsts(f) or goaways(f))
         if not goaways(fs):
             break
         z.close()
