@@ -13898,7 +13898,8 @@ static struct lock_wait *lock_new(struct kvd *k, struct call *c, int kind, const
 	w->lease = lease;
 	w->name.len = name->len;
 	w->npfx = name->len + 1;
-	if (!(w->name.data = kvd_malloc(k, name->len + 1)) || !(w->pfx = kvd_malloc(k, 2 * w->npfx + 24))) {
+	/* one block: the prefix, its range end, our key (the prefix + the lease's hex) */
+	if (!(w->name.data = kvd_malloc(k, name->len + 1)) || !(w->pfx = kvd_malloc(k, 3 * w->npfx + 24))) {
 		kvd_free(k, w->name.data);
 		kvd_free(k, w);
 		return NULL;
