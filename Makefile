@@ -24,6 +24,10 @@ ifeq ($(TLS),0)
 KVD_CFLAGS += -DKVD_NO_TLS
 KVD_LIBS = -lprotobuf-c -lmbedcrypto
 endif
+# make CONFD=0: no Ganeti confd responder (KVD_NO_CONFD)
+ifeq ($(CONFD),0)
+KVD_CFLAGS += -DKVD_NO_CONFD
+endif
 
 SAN = -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
 TEST_CFLAGS = -O1 -g -Werror
@@ -31,7 +35,7 @@ TEST_CFLAGS = -O1 -g -Werror
 SRC = kvd.c kvd.h $(wildcard proto/*.pb-c.[ch]) Makefile
 PROTOS = kv auth rpc v3lock v3election health
 
-.PHONY: all test check notls asan cross cross-run fuzz fuzz-smoke run static install clean proto proto-check symcheck toc size
+.PHONY: all test check notls asan cross cross-all footprint static-check fuzz fuzz-smoke run static install clean proto proto-check symcheck toc size
 
 all: kvd
 
@@ -45,9 +49,35 @@ run:
 kvd: $(SRC)
 	$(CC) $(CPPFLAGS) $(CFLAGS) $(KVD_CFLAGS) -o $@ kvd.c $(LDFLAGS) $(KVD_LDFLAGS) $(LDLIBS) $(KVD_LIBS)
 
+# One self-contained executable for any Linux of this CPU: musl, static,
+# with mbedtls and protobuf-c built for musl from Debian's source packages
+# (test/xlibs.sh, once, outside the tree; mbedtls configured small unless
+# MBEDTLS_PROFILE=debian).  TLS=0 and CONFD=0 cut those for
+# the smallest images; MUSL_CC=.../bin/musl-gcc builds for another CPU
+# (test/footprint.sh makes such compilers).  make footprint: the README's table.
+MUSL_CC ?= musl-gcc
+MUSL_CFLAGS ?= -Os
+MBEDTLS_PROFILE ?= small
+MUSL_NAME = musl-$(shell $(MUSL_CC) -dumpmachine 2>/dev/null)-$(MBEDTLS_PROFILE)
+MUSL_DIR = /var/cache/kvd-test/$(MUSL_NAME)
 static: kvd-static
 kvd-static: $(SRC)
-	$(CC) $(CPPFLAGS) $(CFLAGS) $(KVD_CFLAGS) -o $@ kvd.c $(LDFLAGS) -static $(KVD_LDFLAGS) $(LDLIBS) $(KVD_LIBS)
+	@command -v $(MUSL_CC) >/dev/null || ./test/deps.sh test
+	./test/xlibs.sh $(MUSL_NAME) $(MUSL_CC) "$(MUSL_CFLAGS)" $(MBEDTLS_PROFILE)
+	$(MUSL_CC) $(MUSL_CFLAGS) $(KVD_CFLAGS) -I$(MUSL_DIR)/include -o $@ kvd.c -L$(MUSL_DIR)/lib \
+	  -static -s $(KVD_LDFLAGS) $(KVD_LIBS)
+	@ls -l $@ | awk '{print "$@: " $$5 " bytes, static, stripped"}'
+
+footprint:
+	./test/footprint.sh
+
+# In make test: the static musl binary (small mbedtls) through the
+# differential test against etcd and TLS with grpcio.
+static-check:
+	@if command -v $(MUSL_CC) >/dev/null; then $(MAKE) -B kvd-static && \
+	  KVD=./kvd-static KVD_DIFF_OPS=2000 KVD_DIFF_SEEDS=5 $(PYTHON) test/diff.py && \
+	  KVD=./kvd-static $(PYTHON) test/tls.py grpcio; \
+	else echo "static-check: SKIPPED ($(MUSL_CC) missing; test/deps.sh test installs musl-tools)"; fi
 
 # --- tests -------------------------------------------------------------------
 # Unit tests #include kvd.c; -Werror here only, never in the default build.
@@ -70,7 +100,7 @@ test/kvd-notls: $(SRC)
 	! ./test/kvd-notls --listen-client-urls https://127.0.0.1:1 --data-dir /nonexistent/x 2>&1 | grep -v 'built without TLS'
 
 # Fuzz targets replayed over their corpus without libFuzzer (any compiler).
-FUZZERS = h2 hpack log json confd pb bolt auth http1
+FUZZERS = h2 hpack log json confd pb bolt auth http1 config
 test/replay-%: test/fuzz_%.c test/fuzz_replay.c test/fuzz.h $(SRC)
 	$(CC) $(CPPFLAGS) $(TEST_CFLAGS) $(SAN) $(KVD_CFLAGS) -o $@ test/fuzz_$*.c test/fuzz_replay.c $(LDFLAGS) $(LDLIBS) $(KVD_LIBS)
 
@@ -97,30 +127,32 @@ test:
 	./test/deps.sh test
 	$(MAKE) check
 
-check: kvd test/test test/kvd-test notls asan fuzz-smoke cross proto-check symcheck toc
+check: kvd test/test test/kvd-test notls asan fuzz-smoke cross static-check proto-check symcheck toc
 	./test/test
 	./test/run.sh
 
-# Other word sizes and byte orders (Debian multiarch, qemu-user): the unit
-# tests built for i386 (32-bit) and s390x (big-endian), and the big-endian
-# daemon through a differential run against etcd and mutual TLS with grpcio.
+# The CPUs routers and boards use, other word sizes and byte orders, under
+# qemu-user: the unit tests built for i386 (Debian multiarch), then mips
+# (32-bit big-endian) and armhf through test/cross.sh: mbedtls and
+# protobuf-c built from Debian's source, the unit tests and the daemon static,
+# the daemon through the differential test against etcd.  cross-all adds
+# mipsel, arm64 and s390x (slower; not in make test).
 XINC = -idirafter /usr/include  # protobuf-c and mbedtls headers, after the cross sysroot
-XTOOLS = i686-linux-gnu-gcc s390x-linux-gnu-gcc qemu-s390x
 cross: $(SRC) test/test.c
-	@for t in $(XTOOLS); do command -v $$t >/dev/null || { echo "cross: SKIPPED ($$t missing; test/deps.sh test installs it)"; exit 0; }; done; \
-	$(MAKE) cross-run
+	@if command -v i686-linux-gnu-gcc >/dev/null; then \
+	  i686-linux-gnu-gcc $(TEST_CFLAGS) $(KVD_CFLAGS) $(XINC) -L/usr/lib/i386-linux-gnu \
+	    -o test/test-i386 test/test.c $(KVD_LIBS) && ./test/test-i386 | tail -1; \
+	else echo "cross i386: SKIPPED (i686-linux-gnu-gcc missing; test/deps.sh test installs it)"; fi
+	./test/cross.sh mips armhf
 
-cross-run:
-	i686-linux-gnu-gcc $(TEST_CFLAGS) $(KVD_CFLAGS) $(XINC) -L/usr/lib/i386-linux-gnu \
-	  -o test/test-i386 test/test.c $(KVD_LIBS)
-	./test/test-i386
+cross-all: cross
+	./test/deps.sh cross-all
+	./test/cross.sh mipsel arm64
 	s390x-linux-gnu-gcc $(TEST_CFLAGS) $(KVD_CFLAGS) $(XINC) -L/usr/lib/s390x-linux-gnu \
 	  -o test/test-s390x test/test.c $(KVD_LIBS)
 	T_LIFE_PUTS=300000 qemu-s390x -L / test/test-s390x
 	s390x-linux-gnu-gcc -O2 $(KVD_CFLAGS) $(XINC) -L/usr/lib/s390x-linux-gnu -o test/kvd-s390x kvd.c $(KVD_LIBS)
-	KVD=test/kvd-be.sh KVD_DIFF_OPS=2000 KVD_DIFF_SEEDS=77 $(PYTHON) test/diff.py
-	KVD=test/kvd-be.sh $(PYTHON) test/tls.py grpcio
-	KVD=test/kvd-be.sh $(PYTHON) test/auth.py differential
+	KVD=test/kvd-x.sh KVD_X=s390x KVD_DIFF_OPS=2000 KVD_DIFF_SEEDS=77 $(PYTHON) test/diff.py
 
 fuzz-smoke:
 	$(MAKE) fuzz FUZZ_TIME=10 FUZZ_CORPUS=/tmp/kvd-fuzz-smoke
@@ -169,4 +201,4 @@ install: kvd
 	install -m 644 kvd.h $(DESTDIR)$(PREFIX)/include/kvd.h
 
 clean:
-	rm -f kvd kvd-static test/test test/test-asan test/test-i386 test/test-s390x test/kvd-s390x test/kvd-test test/watchbench test/confdbench test/replay-* $(FUZZERS:%=test/fuzz-%) test/*.log .toc.*
+	rm -f kvd kvd-static test/test test/test-asan test/test-i386 test/test-s390x test/kvd-s390x test/test-mips* test/kvd-mips* test/test-arm* test/kvd-arm* test/cross-*.log test/kvd-test test/watchbench test/confdbench test/replay-* $(FUZZERS:%=test/fuzz-%) test/*.log .toc.*

@@ -131,6 +131,9 @@
 #ifndef _FILE_OFFSET_BITS
 #define _FILE_OFFSET_BITS 64 /* logs past 2 GiB on 32-bit targets */
 #endif
+#ifndef _TIME_BITS
+#define _TIME_BITS 64 /* 32-bit glibc: past 2038 (musl's time_t is 64-bit already) */
+#endif
 #ifndef _POSIX_C_SOURCE
 #define _POSIX_C_SOURCE 200809L
 #endif
@@ -156,6 +159,7 @@
 #include <sys/un.h>
 #include <sys/stat.h>
 #include <sys/types.h>
+#include <syslog.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -663,9 +667,12 @@ struct kvd {
 	int64_t next_timer;          /* earliest connection/stream timer */
 	kvd_log_fn *log_fn;
 	void *log_arg;
+	unsigned log_to;             /* LOG_TO_* (section 2); 0: stderr */
+	int log_fd;                  /* a --log-outputs file, -1 if none */
 	/* memory accounting (section 3) */
 	size_t mem, mem_peak;
 	uint64_t nalloc, fail_at;    /* fail_at: test hook, fail allocation N */
+	int alloc_failed;            /* since the loop last looked: it comes back soon (loop_run) */
 	ProtobufCAllocator pba;
 	int pb_oom;                  /* an allocation failed inside protobuf-c */
 	/* network */
@@ -754,11 +761,10 @@ static void *kvd_malloc(struct kvd *k, size_t n)
 	if (n > SIZE_MAX / 2)
 		return NULL;
 	k->nalloc++;
-	if (k->fail_at && k->nalloc == k->fail_at)
+	if ((k->fail_at && k->nalloc == k->fail_at) || !(h = KVD_SYS_MALLOC(sizeof *h + n))) {
+		k->alloc_failed = 1;
 		return NULL;
-	h = KVD_SYS_MALLOC(sizeof *h + n);
-	if (!h)
-		return NULL;
+	}
 	h->n = n;
 	k->mem += n;
 	if (k->mem > k->mem_peak)
@@ -785,13 +791,12 @@ static void *kvd_realloc(struct kvd *k, void *p, size_t n)
 	if (n > SIZE_MAX / 2)
 		return NULL;
 	k->nalloc++;
-	if (k->fail_at && k->nalloc == k->fail_at)
-		return NULL;
 	h = (union mem_hdr *)p - 1;
 	old = h->n;
-	nh = KVD_SYS_REALLOC(h, sizeof *nh + n);
-	if (!nh)
+	if ((k->fail_at && k->nalloc == k->fail_at) || !(nh = KVD_SYS_REALLOC(h, sizeof *nh + n))) {
+		k->alloc_failed = 1;
 		return NULL;
+	}
 	nh->n = n;
 	k->mem = k->mem - old + n;
 	if (k->mem > k->mem_peak)
@@ -819,10 +824,10 @@ static void *kvd_nalloc(struct kvd *k, size_t n)
 	void *p;
 
 	k->nalloc++;
-	if (k->fail_at && k->nalloc == k->fail_at)
+	if ((k->fail_at && k->nalloc == k->fail_at) || !(p = KVD_SYS_MALLOC(n ? n : 1))) {
+		k->alloc_failed = 1;
 		return NULL;
-	if (!(p = KVD_SYS_MALLOC(n ? n : 1)))
-		return NULL;
+	}
 	k->mem += n;
 	if (k->mem > k->mem_peak)
 		k->mem_peak = k->mem;
@@ -885,16 +890,30 @@ static size_t util_b64(const char *a, int pad, const uint8_t *p, size_t n, char 
 	return (size_t)(o - out);
 }
 
+/*
+ * Where log lines go: --log-outputs, a comma list as etcd's ("default" and
+ * "stderr", "stdout", a file path) plus "syslog" (syslog(3): busybox logread
+ * and journald both read it; etcd's "systemd/journal" means the same here).
+ * An embedder's kvd_set_log() takes precedence over all of them.
+ */
+#define LOG_TO_STDERR 1u
+#define LOG_TO_STDOUT 2u
+#define LOG_TO_SYSLOG 4u
+#define LOG_TO_FILE 8u
+
 static void kvd_log(struct kvd *k, int level, const char *fmt, ...) KVD_PRINTF(3, 4);
 static void kvd_log(struct kvd *k, int level, const char *fmt, ...)
 {
 	static const char lv[] = "DIWE";
+	static const int prio[] = {LOG_DEBUG, LOG_INFO, LOG_WARNING, LOG_ERR};
 	char line[512];
 	struct timespec ts;
 	struct tm tm;
 	time_t t;
 	va_list ap;
-	int n;
+	unsigned to = k->log_to ? k->log_to : LOG_TO_STDERR;
+	int n, li = level < 0 ? 0 : level > 3 ? 3 : level;
+	size_t len;
 
 	if (level < k->cfg.log_level)
 		return;
@@ -903,15 +922,77 @@ static void kvd_log(struct kvd *k, int level, const char *fmt, ...)
 	gmtime_r(&t, &tm);
 	n = snprintf(line, sizeof line, "%04d-%02d-%02d %02d:%02d:%02d.%06ld %c | kvd: ",
 	             tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour,
-	             tm.tm_min, tm.tm_sec, (long)(ts.tv_nsec / 1000),
-	             lv[level < 0 ? 0 : level > 3 ? 3 : level]);
+	             tm.tm_min, tm.tm_sec, (long)(ts.tv_nsec / 1000), lv[li]);
 	va_start(ap, fmt);
 	vsnprintf(line + n, sizeof line - (size_t)n, fmt, ap);
 	va_end(ap);
-	if (k->log_fn)
+	if (k->log_fn) {
 		k->log_fn(k->log_arg, level, line);
-	else
-		fprintf(stderr, "%s\n", line);
+		return;
+	}
+	if (to & LOG_TO_SYSLOG) /* syslog stamps the time and the pid itself */
+		syslog(prio[li], "%s", line + n);
+	len = strlen(line);
+	line[len] = '\n'; /* one write(2) per line: lines from a crash-looping kvd never interleave */
+	if (to & LOG_TO_STDERR)
+		(void)!write(2, line, len + 1);
+	if (to & LOG_TO_STDOUT)
+		(void)!write(1, line, len + 1);
+	if ((to & LOG_TO_FILE) && k->log_fd >= 0)
+		(void)!write(k->log_fd, line, len + 1);
+}
+
+/* --log-outputs and --logger, checked; a file output opened (O_APPEND). */
+static int log_open(struct kvd *k, char *err, size_t errlen)
+{
+	const char *o = k->cfg.log_outputs, *e;
+	char path[PATH_MAX];
+	size_t n;
+	unsigned to = 0;
+
+	if (k->cfg.logger[0] && strcmp(k->cfg.logger, "capnslog") && strcmp(k->cfg.logger, "zap")) {
+		snprintf(err, errlen, "unknown logger type \"%.64s\" (want capnslog or zap)", k->cfg.logger);
+		return KVD_EINVAL;
+	}
+	for (e = o; *e; o = e + 1) { /* every name, the empty ones too ("stderr," is refused) */
+		e = strchr(o, ',');
+		e = e ? e : o + strlen(o);
+		n = (size_t)(e - o);
+#define LOG_IS(s) (n == sizeof s - 1 && !memcmp(o, s, n))
+		if (LOG_IS("default") || LOG_IS("stderr"))
+			to |= LOG_TO_STDERR;
+		else if (LOG_IS("stdout"))
+			to |= LOG_TO_STDOUT;
+		else if (LOG_IS("syslog") || LOG_IS("systemd/journal"))
+			to |= LOG_TO_SYSLOG;
+		else if (!n || n >= sizeof path || (to & LOG_TO_FILE)) {
+			snprintf(err, errlen, "--log-outputs: %s", n ? "one file at most" : "empty output name");
+			return KVD_EINVAL;
+		} else {
+			memcpy(path, o, n);
+			path[n] = 0;
+			if ((k->log_fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0600)) < 0) {
+				snprintf(err, errlen, "--log-outputs: cannot open %s: %s", path, strerror(errno));
+				return KVD_EINVAL;
+			}
+			to |= LOG_TO_FILE;
+		}
+#undef LOG_IS
+	}
+	if (to & LOG_TO_SYSLOG)
+		openlog("kvd", LOG_PID | LOG_NDELAY, LOG_DAEMON);
+	k->log_to = to ? to : LOG_TO_STDERR;
+	return 0;
+}
+
+static void log_close(struct kvd *k)
+{
+	if (k->log_to & LOG_TO_SYSLOG)
+		closelog();
+	if (k->log_fd >= 0)
+		close(k->log_fd);
+	k->log_fd = -1;
+	k->log_to = 0;
 }
 
 /* Byte order by assembly: correct on any host, no endianness detection. */
@@ -1051,7 +1132,7 @@ static int buf_append(struct kvd *k, struct kvd_buf *b, const void *p, size_t n)
 }
 
 /* Empty again, error forgotten: the buffer is about to be rewritten. */
-static void buf_reset(struct kvd_buf *b)
+static KVD_UNUSED void buf_reset(struct kvd_buf *b) /* unused with KVD_NO_CONFD */
 {
 	b->rd = b->len = 0;
 	b->err = 0;
@@ -1272,7 +1353,7 @@ static void pb_go_type(const ProtobufCMessageDescriptor *d, int golang, char *ou
 		snprintf(out, cap, "%s", type);
 		return;
 	}
-	snprintf(out, cap, "%s.%s", d->package_name, type);
+	snprintf(out, cap, "%.40s.%.38s", d->package_name, type); /* cap is 80: names are short */
 	for (i = 0; i < n && i < cap; i++)
 		if (out[i] == '.')
 			out[i] = '_';
@@ -8363,10 +8444,8 @@ static int h2_send_headers(struct h2_conn *c, struct h2_stream *s, int with_stat
 	char code[8], msg[1024];
 	int r;
 
-	if (c->need_tsu) {
+	if (c->need_tsu) /* cleared only once the block is queued */
 		buf_append(k, &b, "\x20", 1);
-		c->need_tsu = 0;
-	}
 	if (!s->hdrs_sent) {
 		hp_put_status(k, &b, s->http_status);
 		if (s->ctype_proto)
@@ -8383,9 +8462,12 @@ static int h2_send_headers(struct h2_conn *c, struct h2_stream *s, int with_stat
 	r = b.err ? KVD_ENOMEM
 	          : h2_frame(c, H2_HEADERS, H2_F_END_HEADERS | (end ? H2_F_END_STREAM : 0), s->id, BUF_DATA(&b), BUF_LEN(&b));
 	buf_free(k, &b);
+	if (r)
+		return r; /* nothing was queued: the same block is made again on the next flush */
+	c->need_tsu = 0;
 	s->hdrs_sent = 1;
 	c->sent_since_ping = 1;
-	return r;
+	return 0;
 }
 
 /*
@@ -14450,7 +14532,26 @@ static void svc_test_stats(struct kvd *k, struct call *s)
 		call_finish(k, s, GRPC_OK, "%s", "");
 }
 
+/* The allocation-failure sweep from outside (test/memory.py): the body is
+ * a decimal n; the n-th allocation from now fails (0: none).  The answer
+ * (allocations so far, bytes in use) is written before the count starts. */
+static void svc_test_fail_alloc(struct kvd *k, struct call *s)
+{
+	char num[24], out[64];
+	size_t n = KVD_MIN(s->raw.n, sizeof num - 1);
+	unsigned long long v;
+
+	memcpy(num, s->raw.p, n);
+	num[n] = 0;
+	v = strtoull(num, NULL, 10);
+	snprintf(out, sizeof out, "nalloc=%llu mem=%zu", (unsigned long long)k->nalloc, k->mem);
+	if (!svc_test_raw(k, s, (const uint8_t *)out, strlen(out)))
+		call_finish(k, s, GRPC_OK, "%s", "");
+	k->fail_at = v ? k->nalloc + v : 0;
+}
+
 static const struct grpc_method svc_test[] = { /* raw bytes in and out */
+	{"/kvd.test.Test/FailAlloc", GRPC_UNARY, NULL, NULL, svc_test_fail_alloc, NULL, NULL, NULL, NULL},
 	{"/kvd.test.Test/Stats", GRPC_UNARY, NULL, NULL, svc_test_stats, NULL, NULL, NULL, NULL},
 	{"/kvd.test.Test/Echo", GRPC_UNARY, NULL, NULL, svc_test_echo, NULL, NULL, NULL, NULL},
 	{"/kvd.test.Test/Fill", GRPC_UNARY, NULL, NULL, svc_test_fill, NULL, NULL, NULL, NULL},
@@ -16127,7 +16228,7 @@ static void json_put_num(struct kvd *k, struct kvd_buf *b, const struct json *v)
 }
 
 /* v as compact JSON. */
-static void json_write(struct kvd *k, struct kvd_buf *b, const struct json *v)
+static KVD_UNUSED void json_write(struct kvd *k, struct kvd_buf *b, const struct json *v) /* confd's */
 {
 	uint32_t i;
 
@@ -16786,6 +16887,8 @@ struct confd {
 	struct kvd_buf msg, out, tmp;  /* reply msg, datagram, scratch */
 	uint8_t rbuf[4096];
 };
+
+#ifndef KVD_NO_CONFD /* @@ KVD_NO_CONFD: no confd (make CONFD=0), for the smallest images */
 
 #ifndef KVD_CONFD_MAX_REPLY /* @@ largest confd reply datagram (Ganeti's MAX_UDP_DATA_SIZE) */
 #define KVD_CONFD_MAX_REPLY 61440
@@ -18423,17 +18526,15 @@ static void confd_read(struct kvd *k, int fd)
 
 /* ---- setup -------------------------------------------------------------------------- */
 
-static int confd_listen(struct kvd *k, const char *spec, char *err, size_t errlen)
+/* "host:port" or "[v6]:port" (port 0: any free port, for tests) to an
+ * address; checked before the data dir is touched, bound after. */
+static int confd_addr(const char *spec, struct sockaddr_storage *sa, socklen_t *sl, char *err, size_t errlen)
 {
-	struct confd *cd = k->confd;
-	struct sockaddr_storage sa;
-	socklen_t sl;
 	char host[128];
 	const char *colon;
 	long port;
-	int fd, one = 1;
 
-	memset(&sa, 0, sizeof sa);
+	memset(sa, 0, sizeof *sa);
 	if (spec[0] == '[') {
 		const char *e = strchr(spec, ']');
 		if (!e || e[1] != ':' || (size_t)(e - spec - 1) >= sizeof host)
@@ -18450,47 +18551,77 @@ static int confd_listen(struct kvd *k, const char *spec, char *err, size_t errle
 	}
 	port = strtol(colon + 1, NULL, 10);
 	if (port < 0 || port > 65535 || !colon[1])
-		goto bad; /* 0: any free port (tests) */
+		goto bad;
 	if (!strcmp(host, "localhost"))
 		strcpy(host, "127.0.0.1");
-	if (inet_pton(AF_INET, host, &((struct sockaddr_in *)(void *)&sa)->sin_addr) == 1) {
-		((struct sockaddr_in *)(void *)&sa)->sin_family = AF_INET;
-		((struct sockaddr_in *)(void *)&sa)->sin_port = htons((uint16_t)port);
-		sl = sizeof(struct sockaddr_in);
-	} else if (inet_pton(AF_INET6, host, &((struct sockaddr_in6 *)(void *)&sa)->sin6_addr) == 1) {
-		((struct sockaddr_in6 *)(void *)&sa)->sin6_family = AF_INET6;
-		((struct sockaddr_in6 *)(void *)&sa)->sin6_port = htons((uint16_t)port);
-		sl = sizeof(struct sockaddr_in6);
-	} else {
-		goto bad;
+	if (inet_pton(AF_INET, host, &((struct sockaddr_in *)(void *)sa)->sin_addr) == 1) {
+		((struct sockaddr_in *)(void *)sa)->sin_family = AF_INET;
+		((struct sockaddr_in *)(void *)sa)->sin_port = htons((uint16_t)port);
+		*sl = sizeof(struct sockaddr_in);
+		return 0;
 	}
-	if (cd->nfd == KVD_COUNT(cd->fds)) {
-		snprintf(err, errlen, "--confd-listen: at most %u addresses", (unsigned)KVD_COUNT(cd->fds));
-		return KVD_EINVAL;
+	if (inet_pton(AF_INET6, host, &((struct sockaddr_in6 *)(void *)sa)->sin6_addr) == 1) {
+		((struct sockaddr_in6 *)(void *)sa)->sin6_family = AF_INET6;
+		((struct sockaddr_in6 *)(void *)sa)->sin6_port = htons((uint16_t)port);
+		*sl = sizeof(struct sockaddr_in6);
+		return 0;
 	}
-	fd = socket(sa.ss_family, SOCK_DGRAM, 0);
-	if (fd < 0 || net_nonblock(fd) ||
-	    (sa.ss_family == AF_INET6 && setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof one)) ||
-	    bind(fd, (struct sockaddr *)&sa, sl)) {
-		snprintf(err, errlen, "confd: listen udp %s: %s", spec,
-		         errno == EADDRINUSE ? "bind: address already in use" : strerror(errno));
-		if (fd >= 0)
-			close(fd);
-		return KVD_EIO;
-	}
-	cd->fds[cd->nfd++] = fd;
-	return 0;
 bad:
 	snprintf(err, errlen, "--confd-listen: bad address \"%s\" (want host:port or [v6]:port)", spec);
 	return KVD_EINVAL;
 }
 
-/* Start confd if a key file is configured: key, sockets. */
+/* Every --confd-listen address (bind: 1 binds them, 0 only checks them). */
+static int confd_listen(struct kvd *k, int bind_them, char *err, size_t errlen)
+{
+	struct confd *cd = k->confd;
+	struct sockaddr_storage sa;
+	socklen_t sl;
+	char *list, *p, *spec;
+	unsigned n = 0;
+	int fd, one = 1, r = 0;
+
+	if (!(list = kvd_strdup(k, k->cfg.confd_listen))) {
+		snprintf(err, errlen, "out of memory");
+		return KVD_ENOMEM;
+	}
+	for (spec = strtok_r(list, ",", &p); spec && !r; spec = strtok_r(NULL, ",", &p)) {
+		if ((r = confd_addr(spec, &sa, &sl, err, errlen)))
+			break;
+		if (++n > KVD_COUNT(cd->fds)) {
+			snprintf(err, errlen, "--confd-listen: at most %u addresses", (unsigned)KVD_COUNT(cd->fds));
+			r = KVD_EINVAL;
+			break;
+		}
+		if (!bind_them)
+			continue;
+		fd = socket(sa.ss_family, SOCK_DGRAM, 0);
+		if (fd < 0 || net_nonblock(fd) ||
+		    (sa.ss_family == AF_INET6 && setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof one)) ||
+		    bind(fd, (struct sockaddr *)&sa, sl)) {
+			snprintf(err, errlen, "confd: listen udp %s: %s", spec,
+			         errno == EADDRINUSE ? "bind: address already in use" : strerror(errno));
+			if (fd >= 0)
+				close(fd);
+			r = KVD_EIO;
+			break;
+		}
+		cd->fds[cd->nfd++] = fd;
+	}
+	kvd_free(k, list);
+	if (!r && !n) {
+		snprintf(err, errlen, "--confd-listen names no address");
+		r = KVD_EINVAL;
+	}
+	return r;
+}
+
+/* confd, if a key file is configured: the key and the addresses, read and
+ * checked before the data dir is touched (confd_bind binds them later). */
 static int confd_open(struct kvd *k, char *err, size_t errlen)
 {
 	struct confd *cd;
-	char *list, *p, *s;
-	int r = 0;
+	int r;
 
 	if (!k->cfg.confd_hmac_key_file[0])
 		return 0;
@@ -18503,18 +18634,16 @@ static int confd_open(struct kvd *k, char *err, size_t errlen)
 	bucket_init(&cd->global, k->cfg.confd_global_rate_limit, k->now);
 	if ((r = confd_load_key(k, err, errlen)))
 		return r;
-	if (!(list = kvd_strdup(k, k->cfg.confd_listen))) {
-		snprintf(err, errlen, "out of memory");
-		return KVD_ENOMEM;
-	}
-	for (s = strtok_r(list, ",", &p); s && !r; s = strtok_r(NULL, ",", &p))
-		r = confd_listen(k, s, err, errlen);
-	kvd_free(k, list);
-	if (!r && !cd->nfd) {
-		snprintf(err, errlen, "--confd-listen names no address");
-		r = KVD_EINVAL;
-	}
-	if (!r)
+	return confd_listen(k, 0, err, errlen);
+}
+
+static int confd_bind(struct kvd *k, char *err, size_t errlen)
+{
+	int r;
+
+	if (!k->confd)
+		return 0;
+	if (!(r = confd_listen(k, 1, err, errlen)))
 		kvd_log(k, KVD_LOG_INFO, "confd: serving Ganeti confd queries on udp %s (%s mode)", k->cfg.confd_listen,
 		        k->cfg.confd_ganeti_config_key[0] ? "Ganeti" : "keyspace");
 	return r;
@@ -18597,6 +18726,26 @@ static void confd_close(struct kvd *k)
 	kvd_free(k, cd);
 	k->confd = NULL;
 }
+
+#else /* KVD_NO_CONFD: the responder is not built; asking for it is a configuration error */
+static int confd_open(struct kvd *k, char *err, size_t errlen)
+{
+	if (!k->cfg.confd_hmac_key_file[0])
+		return 0;
+	snprintf(err, errlen, "--confd-hmac-key-file: kvd was built without confd (KVD_NO_CONFD)");
+	return KVD_EINVAL;
+}
+static int confd_bind(struct kvd *k, char *err, size_t errlen) { (void)k, (void)err, (void)errlen; return 0; }
+static void confd_read(struct kvd *k, int fd) { (void)k, (void)fd; }
+static int confd_counters(const struct kvd *k, uint64_t *v, const char *const **names, unsigned *n)
+{
+	(void)k, (void)v, (void)names, (void)n;
+	return -1;
+}
+static void confd_report(struct kvd *k, char *out, size_t cap) { (void)k, snprintf(out, cap, "off (not built)"); }
+static void confd_reload(struct kvd *k) { (void)k; }
+static void confd_close(struct kvd *k) { (void)k; }
+#endif /* KVD_NO_CONFD */
 
 /* ===== 21. TLS: a transport under any protocol (tls_) ================== */
 
@@ -18873,7 +19022,9 @@ static int tls_cfg_load(struct kvd *k, struct tls_cfg **out, char *err, size_t e
 	mbedtls_ssl_conf_curves(&t->conf, t->curves);
 #endif
 	mbedtls_ssl_conf_min_version(&t->conf, MBEDTLS_SSL_MAJOR_VERSION_3, MBEDTLS_SSL_MINOR_VERSION_3);
+#ifdef MBEDTLS_SSL_RENEGOTIATION /* a small mbedtls has none to turn off */
 	mbedtls_ssl_conf_renegotiation(&t->conf, MBEDTLS_SSL_RENEGOTIATION_DISABLED);
+#endif
 	if (cfg->trusted_ca_file && cfg->trusted_ca_file[0])
 		mbedtls_ssl_conf_ca_chain(&t->conf, &t->ca, cfg->client_crl_file && cfg->client_crl_file[0] ? &t->crl : NULL);
 	mbedtls_ssl_conf_authmode(&t->conf, cfg->client_cert_auth ? MBEDTLS_SSL_VERIFY_REQUIRED : MBEDTLS_SSL_VERIFY_NONE);
@@ -20327,7 +20478,25 @@ static int gw_input(struct kvd *k, struct conn *c)
 	return h->in_call || !BUF_LEN(&c->in);
 }
 
+/* An answer that could not be queued whole leaves the byte stream broken
+ * (HTTP/1.1 has no frame to drop, no stream to reset): the connection is
+ * closed at once, as if the peer had gone, and the client sees it end. */
+static void http1_check_out(struct kvd *k, struct conn *c)
+{
+	if (!c->out.err || c->dead)
+		return;
+	kvd_log(k, KVD_LOG_WARN, "out of memory writing an HTTP/1.1 answer: connection closed");
+	c->dead = 1;
+}
+
+static void http1_input_step(struct kvd *k, struct conn *c);
 static void http1_input(struct kvd *k, struct conn *c)
+{
+	http1_input_step(k, c);
+	http1_check_out(k, c);
+}
+
+static void http1_input_step(struct kvd *k, struct conn *c)
 {
 	struct http1_conn *h = c->ps;
 	struct http1_req r;
@@ -20390,6 +20559,7 @@ static void http1_input(struct kvd *k, struct conn *c)
 static void http1_flush(struct kvd *k, struct conn *c)
 {
 	gw_flush(k, c);
+	http1_check_out(k, c);
 }
 
 static int64_t http1_timers(struct kvd *k, struct conn *c)
@@ -20588,8 +20758,14 @@ static int net_check_urls(struct kvd *k, int *tls, char *err, size_t errlen)
 		if (!(list = kvd_strdup(k, lists[i])))
 			return KVD_ENOMEM;
 		for (url = strtok_r(list, ",", &save); url && !r; url = strtok_r(NULL, ",", &save)) {
+			struct in6_addr a;
 			r = net_split_url(url, &t, host, sizeof host, port, sizeof port, err, errlen);
 			*tls |= t;
+			if (!r && strcmp(host, "localhost") && inet_pton(AF_INET, host, &a) != 1 &&
+			    inet_pton(AF_INET6, host, &a) != 1) {
+				snprintf(err, errlen, "%s: host must be an IP address or localhost", url);
+				r = KVD_EINVAL;
+			}
 		}
 		kvd_free(k, list);
 	}
@@ -21099,6 +21275,19 @@ static void loop_notify_open(struct kvd *k)
 /* ---- the loop ---------------------------------------------------------------- */
 
 /* Graceful shutdown: stop accepting, tell every connection, finish calls. */
+/* SIGHUP (kvd_reload): the files that may change under a running kvd are
+ * read again; a bad one is refused and the old one kept (each says so). */
+static void loop_reload(struct kvd *k)
+{
+	loop_notify(k, "RELOADING=1");
+	kvd_log(k, KVD_LOG_INFO, "SIGHUP: reading the confd key and the TLS files again");
+	confd_reload(k);
+#ifndef KVD_NO_TLS
+	tls_reload(k);
+#endif
+	loop_notify(k, "READY=1");
+}
+
 static void loop_stop(struct kvd *k)
 {
 	struct conn *c;
@@ -21291,6 +21480,14 @@ static int loop_run(struct kvd *k, int timeout_ms)
 #endif
 	loop_timers(k);
 	loop_flush(k);
+	if (k->alloc_failed) {
+		/* Whatever could not get memory (a frame, a header block, an event)
+		 * stayed queued: the loop comes back for it soon, not only when a
+		 * socket wakes it.  Under lasting pressure calls wait, and the
+		 * stall and idle timeouts end them. */
+		k->alloc_failed = 0;
+		loop_arm(k, k->now + 20);
+	}
 	if (k->stopping && !k->conns)
 		return KVD_ESTOPPED;
 	if ((n = loop_pollset(k)) < 0)
@@ -21315,12 +21512,8 @@ static int loop_run(struct kvd *k, int timeout_ms)
 		switch (k->slot[i].kind) {
 		case LOOP_WAKE:
 			while ((r = read(k->wake[0], b, sizeof b)) > 0) {
-				if (memchr(b, 'H', (size_t)r)) {
-					confd_reload(k);
-#ifndef KVD_NO_TLS
-					tls_reload(k);
-#endif
-				}
+				if (memchr(b, 'H', (size_t)r))
+					loop_reload(k);
 				if (memchr(b, 'T', (size_t)r))
 					loop_stop(k);
 			}
@@ -21344,6 +21537,10 @@ static int loop_run(struct kvd *k, int timeout_ms)
 		}
 	}
 	loop_flush(k);
+	if (k->alloc_failed) {
+		k->alloc_failed = 0;
+		loop_arm(k, k->now + 20);
+	}
 	return k->stopping && !k->conns ? KVD_ESTOPPED : 0;
 }
 
@@ -21394,6 +21591,11 @@ static const struct cfg_flag cfg_flags[] = {
 	CFG_N("shutdown-grace", CFG_MS, drain_timeout_ms, 0, KVD_DEFAULT_DRAIN_MS,
 	      "kvd: on SIGTERM/SIGINT, time calls get to finish"),
 	CFG_N("log-level", CFG_LEVEL, log_level, 0, KVD_LOG_INFO, "debug, info, warn or error"),
+	CFG_S("config-file", config_file, NULL,
+	      "etcd 3.4's YAML configuration file; other flags and ETCD_* variables are then ignored, as etcd"),
+	CFG_S("log-outputs", log_outputs, "default",
+	      "comma list: default (stderr), stderr, stdout, syslog (or systemd/journal), a file path"),
+	CFG_S("logger", logger, "capnslog", "capnslog or zap, accepted as etcd 3.4 (kvd writes one format)"),
 	CFG_N("max-txn-ops", CFG_U32, max_txn_ops, 0, 128, "operations per txn request"),
 	CFG_N("heartbeat-interval", CFG_U32, heartbeat_interval_ms, 1, 100,
 	      "ms; with --election-timeout, sets the minimum lease TTL as etcd"),
@@ -21564,6 +21766,329 @@ static int cfg_set(struct kvd_config *cfg, const struct cfg_flag *f, const char 
 		return 0;
 	}
 	return KVD_EINVAL;
+}
+
+/*
+ * --config-file: etcd 3.4's YAML file, the flat subset its sample file uses.
+ *
+ * A line is blank, a comment, "key: value" at column 0, or "key:" alone,
+ * which opens an indented block: either a mapping one level deep (etcd's
+ * client-transport-security, whose keys are cert-file, key-file,
+ * client-cert-auth, trusted-ca-file and auto-tls) or a list of "- item"
+ * lines.  A value is a plain scalar (to the end of the line or a " #"),
+ * 'single' or "double" quoted, a [flow, list], or nothing: null, which
+ * leaves the default.  A list becomes the flag's comma list.  Keys are the
+ * flag names; etcd's keys that mean nothing to one kvd (peers, WAL, proxy,
+ * discovery, v2, pprof) are taken and ignored, anything else is refused with
+ * its line number, as are anchors, tags, block scalars and flow mappings.
+ *
+ * Durations: etcd reads a bare number as nanoseconds (Go's time.Duration
+ * through JSON); so does kvd, and it takes "5s" as well.  Bounded: 64 KiB of
+ * text, one level of nesting; strings are unescaped into the caller's store,
+ * never longer than the text itself, so nothing is allocated.
+ */
+#define CFG_YAML_MAX 65536
+
+static const char *const cfg_yaml_ignored[] = {
+    "wal-dir", "snapshot-count", "listen-peer-urls", "max-snapshots", "max-wals", "discovery",
+    "discovery-fallback", "discovery-proxy", "discovery-srv", "initial-cluster", "initial-cluster-state",
+    "strict-reconfig-check", "enable-v2", "enable-pprof", "proxy", "proxy-failure-wait", "proxy-refresh-interval",
+    "proxy-dial-timeout", "proxy-write-timeout", "proxy-read-timeout", "force-new-cluster", "peer-transport-security",
+    "metrics", "log-package-levels", "pre-vote", "initial-corrupt-check"};
+
+struct cfg_yaml {
+	const char *p, *end;   /* text still to read */
+	char *w, *wend;        /* the store: unescaped strings go here */
+	unsigned line;
+	char *err;
+	size_t errlen;
+};
+
+static int cfg_yaml_bad(struct cfg_yaml *y, const char *why, const char *what)
+{
+	snprintf(y->err, y->errlen, "line %u: %s%s%.64s%s", y->line, why, what ? " \"" : "", what ? what : "",
+	         what ? "\"" : "");
+	return KVD_EINVAL;
+}
+
+static int cfg_yaml_put(struct cfg_yaml *y, char c)
+{
+	if (y->w >= y->wend)
+		return cfg_yaml_bad(y, "too long", NULL); /* cannot happen with cap >= len + 1 */
+	*y->w++ = c;
+	return 0;
+}
+
+/* One scalar at *pp (up to eol, or a ',' / ']' inside a flow list), written
+ * to the store; *isnull when it was absent, null or ~. */
+static int cfg_yaml_scalar(struct cfg_yaml *y, const char **pp, const char *eol, int inflow, int *isnull)
+{
+	const char *p = *pp, *s;
+	char q;
+
+	*isnull = 0;
+	while (p < eol && *p == ' ')
+		p++;
+	if (p == eol || *p == '#' || (inflow && (*p == ',' || *p == ']'))) {
+		*isnull = 1;
+		*pp = p;
+		return 0;
+	}
+	if (*p == '\'' || *p == '"') {
+		for (q = *p++;; p++) {
+			if (p >= eol)
+				return cfg_yaml_bad(y, "unterminated quoted string", NULL);
+			if (*p == q && q == '\'' && p + 1 < eol && p[1] == '\'') {
+				p++; /* '' is a quote */
+			} else if (*p == q) {
+				p++;
+				break;
+			} else if (*p == '\\' && q == '"') {
+				static const char in[] = "\\\"/nrtbf", out[] = "\\\"/\n\r\t\b\f";
+				const char *e = ++p < eol ? strchr(in, *p) : NULL;
+				if (!e || !*p)
+					return cfg_yaml_bad(y, "unsupported escape in a quoted string", NULL);
+				if (cfg_yaml_put(y, out[e - in]))
+					return KVD_EINVAL;
+				continue;
+			} else if ((unsigned char)*p < 0x20 && *p != '\t') {
+				return cfg_yaml_bad(y, "control character in a string", NULL);
+			}
+			if (cfg_yaml_put(y, *p))
+				return KVD_EINVAL;
+		}
+		*pp = p;
+		return 0;
+	}
+	if (strchr("&*!|>{%@`", *p))
+		return cfg_yaml_bad(y, "unsupported YAML (anchors, tags, block scalars, flow mappings)", NULL);
+	for (s = p; p < eol && !(inflow && (*p == ',' || *p == ']')) && !(*p == '#' && p[-1] == ' '); p++)
+		if ((unsigned char)*p < 0x20 && *p != '\t')
+			return cfg_yaml_bad(y, "control character in a value", NULL);
+	*pp = p;
+	while (p > s && (p[-1] == ' ' || p[-1] == '\t'))
+		p--;
+	if ((p - s == 1 && *s == '~') || (p - s == 4 && !memcmp(s, "null", 4)) ||
+	    (p - s == 4 && !memcmp(s, "Null", 4)) || (p - s == 4 && !memcmp(s, "NULL", 4))) {
+		*isnull = 1;
+		return 0;
+	}
+	for (; s < p; s++)
+		if (cfg_yaml_put(y, *s))
+			return KVD_EINVAL;
+	return 0;
+}
+
+/* The rest of a line after a value: spaces, perhaps a comment. */
+static int cfg_yaml_eol(struct cfg_yaml *y, const char *p, const char *eol)
+{
+	while (p < eol && *p == ' ')
+		p++;
+	if (p < eol && *p != '#')
+		return cfg_yaml_bad(y, "unexpected text after the value", NULL);
+	return 0;
+}
+
+/* A value (scalar or [flow list]) as one NUL-terminated string in the store:
+ * *out NULL for null. */
+static int cfg_yaml_value(struct cfg_yaml *y, const char *p, const char *eol, const char **out)
+{
+	char *start = y->w;
+	int isnull, n = 0;
+
+	*out = NULL;
+	while (p < eol && *p == ' ')
+		p++;
+	if (p < eol && *p == '[') {
+		for (p++;; n++) {
+			if (n && cfg_yaml_put(y, ','))
+				return KVD_EINVAL;
+			if (cfg_yaml_scalar(y, &p, eol, 1, &isnull))
+				return KVD_EINVAL;
+			while (p < eol && *p == ' ')
+				p++;
+			if (p < eol && *p == ']' && isnull && !n)
+				break; /* [] */
+			if (isnull)
+				return cfg_yaml_bad(y, "empty list item", NULL);
+			if (p < eol && *p == ']')
+				break;
+			if (p >= eol || *p != ',')
+				return cfg_yaml_bad(y, "unterminated [list] (lists are on one line, or as \"- item\" lines)", NULL);
+			p++;
+		}
+		p++;
+	} else {
+		if (cfg_yaml_scalar(y, &p, eol, 0, &isnull))
+			return KVD_EINVAL;
+		if (isnull)
+			return cfg_yaml_eol(y, p, eol);
+	}
+	if (cfg_yaml_eol(y, p, eol) || cfg_yaml_put(y, 0))
+		return KVD_EINVAL;
+	*out = start;
+	return 0;
+}
+
+/* key (the flag's name) = value, as the flag would take it. */
+static int cfg_yaml_set(struct kvd_config *cfg, struct cfg_yaml *y, const char *key, size_t kl, const char *v)
+{
+	const struct cfg_flag *f = NULL;
+	char name[64], buf[32];
+	size_t i;
+
+	if (kl >= sizeof name)
+		return cfg_yaml_bad(y, "unknown key", NULL);
+	memcpy(name, key, kl);
+	name[kl] = 0;
+	for (i = 0; i < KVD_COUNT(cfg_yaml_ignored); i++)
+		if (!strcmp(name, cfg_yaml_ignored[i]))
+			return 0; /* etcd's, meaningless for one kvd */
+	if (!strcmp(name, "debug")) { /* etcd 3.4: debug: true is --log-level debug */
+		if (v && (!strcmp(v, "true") || !strcmp(v, "True")))
+			cfg->log_level = KVD_LOG_DEBUG;
+		return 0;
+	}
+	for (i = 0; i < KVD_COUNT(cfg_flags); i++)
+		if (!strcmp(name, cfg_flags[i].name))
+			f = &cfg_flags[i];
+	if (!f || !strcmp(name, "config-file"))
+		return cfg_yaml_bad(y, f ? "a config file cannot name another" : "unknown key", name);
+	if (!v)
+		return 0; /* null: the default stays */
+	if (f->type == CFG_BOOL) { /* YAML 1.1's spellings, as Go's yaml reads them */
+		if (!strcmp(v, "yes") || !strcmp(v, "Yes") || !strcmp(v, "on") || !strcmp(v, "On") || !strcmp(v, "True"))
+			v = "true";
+		else if (!strcmp(v, "no") || !strcmp(v, "No") || !strcmp(v, "off") || !strcmp(v, "Off") ||
+		         !strcmp(v, "False"))
+			v = "false";
+	} else if (f->type == CFG_MS && v[0] && strspn(v, "0123456789") == strlen(v)) {
+		unsigned long long ns = strtoull(v, NULL, 10); /* etcd: a bare number is nanoseconds */
+		if (strlen(v) > 19 || ns / 1000000 + (ns % 1000000 != 0) > 0xffffffffull)
+			return cfg_yaml_bad(y, "duration out of range", name);
+		snprintf(buf, sizeof buf, "%llu", ns / 1000000 + (ns % 1000000 != 0));
+		snprintf(buf + strlen(buf), sizeof buf - strlen(buf), "ms");
+		v = buf;
+	}
+	if (cfg_set(cfg, f, v, y->err, y->errlen)) {
+		char why[KVD_ERRLEN];
+		snprintf(why, sizeof why, "%s", y->err);
+		snprintf(y->err, y->errlen, "line %u: %.200s", y->line, why);
+		return KVD_EINVAL;
+	}
+	return 0;
+}
+
+KVD_API int kvd_config_yaml(struct kvd_config *cfg, const char *text, size_t len, char *store, size_t cap, char *err,
+                            size_t errlen)
+{
+	struct cfg_yaml y = {text, text + len, store, store + cap, 0, err, errlen};
+	const char *eol, *p, *colon, *key = NULL, *v;
+	size_t kl = 0;
+	char *list = NULL; /* a "- item" list being joined in the store */
+	int in_block = 0, nested_tls = 0, indent, isnull;
+
+	if (len > CFG_YAML_MAX || cap < len + 1) {
+		snprintf(err, errlen, "config file larger than %u bytes", CFG_YAML_MAX);
+		return KVD_EINVAL;
+	}
+	for (; y.p < y.end || key; y.p = eol < y.end ? eol + 1 : eol) {
+		eol = y.p < y.end ? memchr(y.p, '\n', (size_t)(y.end - y.p)) : NULL;
+		eol = eol ? eol : y.end;
+		y.line++;
+		if (eol > y.p && eol[-1] == '\r')
+			eol--;
+		for (p = y.p; p < eol && *p == ' '; p++)
+			;
+		indent = (int)(p - y.p);
+		if (y.p < y.end && (p == eol || *p == '#' || (!indent && eol - p >= 3 && !memcmp(p, "---", 3))))
+			continue; /* blank, comment, document start */
+		if (p < eol && *p == '\t')
+			return cfg_yaml_bad(&y, "tab in indentation", NULL);
+		if (y.p < y.end && (indent || (p < eol && *p == '-' && (p + 1 == eol || p[1] == ' ')))) {
+			/* inside the block "key:" opened */
+			if (!key)
+				return cfg_yaml_bad(&y, "indented line outside a block", NULL);
+			if (*p == '-' && (p + 1 == eol || p[1] == ' ')) {
+				if (in_block == 2)
+					return cfg_yaml_bad(&y, "list item inside a mapping", NULL);
+				in_block = 1;
+				if (list && cfg_yaml_put(&y, ','))
+					return KVD_EINVAL;
+				if (!list)
+					list = y.w;
+				p++;
+				if (cfg_yaml_scalar(&y, &p, eol, 0, &isnull) || cfg_yaml_eol(&y, p, eol))
+					return KVD_EINVAL;
+				if (isnull)
+					return cfg_yaml_bad(&y, "empty list item", NULL);
+				continue;
+			}
+			if (in_block == 1 || !indent)
+				return cfg_yaml_bad(&y, "mapping inside a list", NULL);
+			in_block = 2;
+			colon = memchr(p, ':', (size_t)(eol - p));
+			if (!colon || (colon + 1 < eol && colon[1] != ' '))
+				return cfg_yaml_bad(&y, "want \"key: value\"", NULL);
+			if (!nested_tls) { /* peer-transport-security and the like: ignored as a whole */
+				size_t i;
+				for (i = 0; i < KVD_COUNT(cfg_yaml_ignored) &&
+				            !(strlen(cfg_yaml_ignored[i]) == kl && !memcmp(cfg_yaml_ignored[i], key, kl)); i++)
+					;
+				if (i == KVD_COUNT(cfg_yaml_ignored))
+					return cfg_yaml_bad(&y, "a flag takes a value or a list, not a mapping", NULL);
+				continue;
+			}
+			if (cfg_yaml_value(&y, colon + 1, eol, &v))
+				return KVD_EINVAL;
+			{
+				static const char *const sub[] = {"cert-file", "key-file", "client-cert-auth", "trusted-ca-file",
+				                                  "auto-tls"};
+				size_t i, n = (size_t)(colon - p);
+				for (i = 0; i < KVD_COUNT(sub) && !(strlen(sub[i]) == n && !memcmp(sub[i], p, n)); i++)
+					;
+				if (i == KVD_COUNT(sub)) {
+					char bad[64];
+					snprintf(bad, sizeof bad, "%.*s", (int)KVD_MIN(n, 63), p);
+					return cfg_yaml_bad(&y, "unknown key in client-transport-security", bad);
+				}
+				if (cfg_yaml_set(cfg, &y, p, n, v))
+					return KVD_EINVAL;
+			}
+			continue;
+		}
+		/* column 0 (or the end): the block before it, if any, ends here */
+		if (key) {
+			if (list && cfg_yaml_put(&y, 0))
+				return KVD_EINVAL;
+			if (!nested_tls && in_block != 2 && cfg_yaml_set(cfg, &y, key, kl, list))
+				return KVD_EINVAL;
+			key = NULL;
+			list = NULL;
+		}
+		if (y.p >= y.end)
+			break;
+		colon = memchr(p, ':', (size_t)(eol - p));
+		if (!colon || colon == p || (colon + 1 < eol && colon[1] != ' '))
+			return cfg_yaml_bad(&y, "want \"key: value\"", NULL);
+		for (v = p; v < colon; v++)
+			if (!((*v >= 'a' && *v <= 'z') || (*v >= '0' && *v <= '9') || *v == '-'))
+				return cfg_yaml_bad(&y, "a key is a flag name (a-z, 0-9, -)", NULL);
+		for (v = colon + 1; v < eol && *v == ' '; v++)
+			;
+		if (v == eol || *v == '#') { /* "key:": a block may follow */
+			key = p;
+			kl = (size_t)(colon - p);
+			in_block = 0;
+			nested_tls = kl == 25 && !memcmp(p, "client-transport-security", 25);
+			if (!nested_tls && cfg_yaml_set(cfg, &y, key, kl, NULL))
+				return KVD_EINVAL; /* an unknown key fails on its own line */
+			continue;
+		}
+		if (cfg_yaml_value(&y, colon + 1, eol, &v) || cfg_yaml_set(cfg, &y, p, (size_t)(colon - p), v))
+			return KVD_EINVAL;
+	}
+	return 0;
 }
 
 static void cfg_env_name(const struct cfg_flag *f, char *out, size_t cap)
@@ -21761,6 +22286,25 @@ static int cfg_mkdirs(const char *dir, char *err, size_t errlen)
 	return 0;
 }
 
+/* A file a flag names must be a readable regular file (checked before the
+ * data dir is touched; NULL or "" is no file). */
+static int cfg_check_file(const char *path, const char *flag, char *err, size_t errlen)
+{
+	struct stat st;
+
+	if (!path || !path[0])
+		return 0;
+	if (stat(path, &st) || access(path, R_OK)) {
+		snprintf(err, errlen, "%s %s: %s", flag, path, strerror(errno));
+		return KVD_EINVAL;
+	}
+	if (!S_ISREG(st.st_mode)) {
+		snprintf(err, errlen, "%s %s: not a regular file", flag, path);
+		return KVD_EINVAL;
+	}
+	return 0;
+}
+
 /* Exactly one kvd per data dir: an exclusive flock on <dir>/kvd.lock. */
 static int cfg_lock(struct kvd *k, char *err, size_t errlen)
 {
@@ -21797,6 +22341,9 @@ KVD_API const char *kvd_build_options(void)
 	       " watch-queue=" KVD_STR(KVD_MAX_WATCH_QUEUE)
 	       " lease-expire-max=" KVD_STR(KVD_LEASE_EXPIRE_MAX)
 	       " etcd-api=" KVD_ETCD_VERSION
+#ifdef KVD_NO_CONFD
+	       " confd=no"
+#endif
 #ifdef KVD_NO_TLS
 	       " tls=no"
 #else
@@ -21895,6 +22442,10 @@ KVD_API int kvd_config_parse(struct kvd_config *cfg, int argc, char **argv, char
 		snprintf(err, errlen, "'%s' is not a valid flag", argv[ai + 1]);
 		return KVD_EINVAL;
 	}
+	if (!cfg->config_file && (v = getenv("ETCD_CONFIG_FILE")) && *v)
+		cfg->config_file = v;
+	if (cfg->config_file && *cfg->config_file)
+		return 0; /* as etcd: the file is the whole configuration, the variables are not read */
 	for (i = 0; i < KVD_COUNT(cfg_flags); i++) {
 		cfg_env_name(&cfg_flags[i], env, sizeof env);
 		if (!(v = getenv(env)))
@@ -21953,7 +22504,7 @@ static int kvd_init(const struct kvd_config *cfg, struct kvd **out, char *err, s
 	k->st.start_wall = (int64_t)time(NULL);
 	k->pba.allocator_data = k;
 	k->next_timer = INT64_MAX;
-	k->lock_fd = k->wake[0] = k->wake[1] = k->sd_fd = -1;
+	k->lock_fd = k->wake[0] = k->wake[1] = k->sd_fd = k->log_fd = -1;
 	k->now = util_now_ms();
 	k->cfg = *cfg; /* the strings are made kvd's own below */
 	{ /* etcd: minTTL = ceil(((3 * electionTicks) / 2) * heartbeat), in seconds */
@@ -21999,17 +22550,31 @@ KVD_API int kvd_open(const struct kvd_config *cfg, struct kvd **out, char *err, 
 		r = KVD_EIO;
 		goto fail;
 	}
-	if ((r = net_check_urls(k, &tls, err, errlen)) || (r = http1_check_cors(k, err, errlen)))
-		goto fail; /* every URL, then TLS, before the data dir is touched */
+	/* Every flag and every file it names is checked before the data dir is
+	 * touched or a socket bound: a configuration error changes nothing on
+	 * disk, and kvd_main tells it apart (exit 2) from a runtime failure. */
+	r = log_open(k, err, errlen);
+	if (!r)
+		r = net_check_urls(k, &tls, err, errlen);
+	if (!r)
+		r = http1_check_cors(k, err, errlen);
 #ifndef KVD_NO_TLS
-	if ((r = tls_init(k, tls, err, errlen)))
-		goto fail;
+	if (!r)
+		r = tls_init(k, tls, err, errlen);
 #endif
-	if ((r = auth_open(k, err, errlen))) /* jwt keys, read before the data dir too */
+	if (!r)
+		r = auth_open(k, err, errlen); /* jwt keys */
+	if (!r)
+		r = confd_open(k, err, errlen); /* the key, the addresses */
+	if (!r)
+		r = cfg_check_file(k->cfg.restore_snapshot, "--restore-snapshot", err, errlen);
+	if (r) {
+		r = r == KVD_ENOMEM ? r : KVD_EINVAL;
 		goto fail;
+	}
 	if ((r = cfg_mkdirs(k->cfg.data_dir, err, errlen)) || (r = cfg_lock(k, err, errlen)) ||
 	    (k->cfg.restore_snapshot && k->cfg.restore_snapshot[0] && (r = snap_restore(k, err, errlen))) ||
-	    (r = mvcc_open(k, err, errlen)) || (r = life_init(k, err, errlen)) || (r = confd_open(k, err, errlen)))
+	    (r = mvcc_open(k, err, errlen)) || (r = life_init(k, err, errlen)) || (r = confd_bind(k, err, errlen)))
 		goto fail; /* confd first: "serving client requests" means everything serves */
 	if (!(list = kvd_strdup(k, k->cfg.listen_client_urls))) {
 		r = KVD_ENOMEM;
@@ -22095,7 +22660,7 @@ KVD_API void kvd_close(struct kvd *k)
 		close(k->ls[i].fd);
 	if (k->db.fd >= 0)
 		mvcc_flush(k); /* an embedder closing mid-batch: keep what was written */
-	if (k->confd) {
+	if (k->confd && k->confd->nfd) {
 		char line[512];
 		confd_report(k, line, sizeof line);
 		kvd_log(k, KVD_LOG_INFO, "confd: %s", line);
@@ -22129,6 +22694,7 @@ KVD_API void kvd_close(struct kvd *k)
 	cfg_disown(k, &k->cfg);
 	if (k->mem)
 		kvd_log(k, KVD_LOG_WARN, "%zu bytes still allocated at close", k->mem);
+	log_close(k);
 	KVD_SYS_FREE(k);
 }
 
@@ -22143,9 +22709,45 @@ static void kvd_on_signal(int sig)
 		kvd_shutdown(main_kvd);
 }
 
+/* --config-file: read (bounded), then parsed over etcd's defaults; *store
+ * holds its strings until kvd_open() has copied them. */
+static int main_config_file(struct kvd_config *cfg, char **store, char *err, size_t errlen)
+{
+	const char *path = cfg->config_file;
+	struct stat st;
+	size_t got = 0;
+	ssize_t n;
+	char *text;
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+
+	if (fd < 0 || fstat(fd, &st) || !S_ISREG(st.st_mode) || st.st_size > CFG_YAML_MAX) {
+		snprintf(err, errlen, "--config-file %s: %s", path,
+		         fd < 0 ? strerror(errno) : !S_ISREG(st.st_mode) ? "not a regular file" : "larger than 64 KiB");
+		if (fd >= 0)
+			close(fd);
+		return KVD_EINVAL;
+	}
+	text = KVD_SYS_MALLOC(2 * (size_t)st.st_size + 2);
+	if (!text) {
+		close(fd);
+		snprintf(err, errlen, "out of memory");
+		return KVD_ENOMEM;
+	}
+	while (got < (size_t)st.st_size && (n = read(fd, text + got, (size_t)st.st_size - got)) > 0)
+		got += (size_t)n;
+	close(fd);
+	*store = text;
+	kvd_config_init(cfg);
+	cfg->config_file = path;
+	n = snprintf(err, errlen, "--config-file %.64s: ", path); /* the parser's words go after it */
+	return kvd_config_yaml(cfg, text, got, text + got + 1, got + 1, err + n, errlen - (size_t)n);
+}
+
 KVD_API int kvd_main(int argc, char **argv)
 {
 	struct kvd_config cfg;
+	char *yaml = NULL;
+	sigset_t block, old_mask;
 	struct kvd *k;
 	struct sigaction sa;
 	char err[KVD_ERRLEN];
@@ -22154,20 +22756,37 @@ KVD_API int kvd_main(int argc, char **argv)
 	kvd_config_init(&cfg);
 	r = kvd_config_parse(&cfg, argc, argv, err, sizeof err);
 	if (r == 1)
-		return 0;
+		return KVD_EXIT_OK;
+	if (!r && cfg.config_file && cfg.config_file[0]) /* as etcd: the file, and nothing else */
+		r = main_config_file(&cfg, &yaml, err, sizeof err);
 	if (r) {
 		fprintf(stderr, "kvd: %s\n", err);
-		return 2;
+		KVD_SYS_FREE(yaml);
+		return KVD_EXIT_CONFIG;
 	}
 	if (cfg.snapshot_save && cfg.snapshot_save[0]) { /* a backup, then exit */
 		if ((r = snap_save_offline(&cfg, err, sizeof err)))
 			fprintf(stderr, "kvd: %s\n", err);
-		return r ? 1 : 0;
+		KVD_SYS_FREE(yaml);
+		return r ? KVD_EXIT_RUNTIME : KVD_EXIT_OK;
 	}
-	if ((r = kvd_open(&cfg, &k, err, sizeof err))) {
+	/* "serving" is logged inside kvd_open, before the handlers exist: a
+	 * SIGTERM sent on seeing it must wait for them, not kill kvd outright */
+	sigemptyset(&block);
+	sigaddset(&block, SIGTERM);
+	sigaddset(&block, SIGINT);
+	sigaddset(&block, SIGHUP);
+	sigprocmask(SIG_BLOCK, &block, &old_mask);
+	r = kvd_open(&cfg, &k, err, sizeof err);
+	KVD_SYS_FREE(yaml); /* kvd_open copied every string */
+	if (r) {
+		sigprocmask(SIG_SETMASK, &old_mask, NULL);
 		fprintf(stderr, "kvd: %s\n", err);
-		return r == KVD_EINVAL ? 2 : 1;
+		return r == KVD_EINVAL ? KVD_EXIT_CONFIG : KVD_EXIT_RUNTIME;
 	}
+	if (yaml)
+		kvd_log(k, KVD_LOG_INFO, "configuration from %s (other flags and ETCD_* variables are ignored, as etcd)",
+		        cfg.config_file);
 	memset(&sa, 0, sizeof sa);
 	sa.sa_handler = SIG_IGN;
 	sigaction(SIGPIPE, &sa, NULL);
@@ -22177,6 +22796,7 @@ KVD_API int kvd_main(int argc, char **argv)
 	sigaction(SIGTERM, &sa, NULL);
 	sigaction(SIGINT, &sa, NULL);
 	sigaction(SIGHUP, &sa, NULL);
+	sigprocmask(SIG_SETMASK, &old_mask, NULL); /* one that came meanwhile is handled now */
 	loop_notify_open(k); /* systemd (Type=notify): ready now */
 	{
 		char st[160];
@@ -22186,10 +22806,13 @@ KVD_API int kvd_main(int argc, char **argv)
 	}
 	while ((r = kvd_poll(k, -1)) == 0 || r == KVD_ENOMEM)
 		;
-	kvd_log(k, KVD_LOG_INFO, "stopped");
+	if (r == KVD_ESTOPPED)
+		kvd_log(k, KVD_LOG_INFO, "stopped");
+	else
+		kvd_log(k, KVD_LOG_ERROR, "stopped on an error: %s", kvd_strerror(r));
 	main_kvd = NULL;
 	kvd_close(k);
-	return 0;
+	return r == KVD_ESTOPPED ? KVD_EXIT_OK : KVD_EXIT_RUNTIME;
 }
 
 /* ===== 26. main() ======================================================= */

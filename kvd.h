@@ -48,6 +48,15 @@ extern "C" {
 #define KVD_EBUSY (-8)    /* resource in use (port, data dir lock) */
 #define KVD_ESTOPPED (-9) /* kvd_poll: graceful shutdown finished */
 
+/* kvd_main()'s exit codes: a clean stop (also --help, --version); a failure
+ * at run time (data dir locked, port busy, I/O): an init system may retry;
+ * a flag, an environment variable or a file they name is wrong (every flag
+ * and file is checked before the data dir is touched, so nothing changed
+ * unless a snapshot to restore proved corrupt): fix it, do not respawn. */
+#define KVD_EXIT_OK 0
+#define KVD_EXIT_RUNTIME 1
+#define KVD_EXIT_CONFIG 2
+
 /* Log levels, as etcd's --log-level names them. */
 enum kvd_log_level { KVD_LOG_DEBUG, KVD_LOG_INFO, KVD_LOG_WARN, KVD_LOG_ERROR };
 
@@ -72,6 +81,9 @@ struct kvd_config {
 	uint32_t stall_timeout_ms;               /* --stall-timeout, 0 = never (60 s) */
 	uint32_t drain_timeout_ms;               /* --shutdown-grace (5 s) */
 	int log_level;                           /* --log-level (KVD_LOG_INFO) */
+	const char *log_outputs;                 /* --log-outputs ("default": stderr; stdout, syslog, a file) */
+	const char *logger;                      /* --logger ("capnslog" or "zap", as etcd 3.4) */
+	const char *config_file;                 /* --config-file: kvd_main reads it (kvd_config_yaml) */
 	uint32_t max_txn_ops;                    /* --max-txn-ops (128) */
 	uint32_t heartbeat_interval_ms;          /* --heartbeat-interval (100) */
 	uint32_t election_timeout_ms;            /* --election-timeout (1000) */
@@ -116,6 +128,14 @@ struct kvd;
 
 /* Fill cfg with the defaults listed above. */
 KVD_API void kvd_config_init(struct kvd_config *cfg);
+
+/*
+ * etcd 3.4's YAML configuration file (--config-file): text[0..len) parsed
+ * into cfg; strings are copied into store (cap >= len + 1), which must live
+ * until kvd_open() returns.  0, or KVD_EINVAL with "line N: why" in err.
+ */
+KVD_API int kvd_config_yaml(struct kvd_config *cfg, const char *text, size_t len, char *store, size_t cap,
+                            char *err, size_t errlen);
 
 /*
  * Parse etcd-style command-line flags (argv[0] is skipped) into cfg; strings

@@ -484,7 +484,8 @@ def key_file_rules_and_reload():
     check(r.returncode == 2 and "readable or writable by group or others" in r.stderr, "0644 refused: %r" % r.stderr)
     r = subprocess.run([KVD, "--data-dir", os.path.join(d, "data"), "--confd-hmac-key-file", os.path.join(d, "nope")],
                        capture_output=True, text=True, timeout=10)
-    check(r.returncode == 1 and "No such file" in r.stderr, "missing key file: %r" % r.stderr)
+    check(r.returncode == 2 and "No such file" in r.stderr and not os.path.exists(os.path.join(d, "data")),
+          "missing key file: a configuration error, found before the data dir: %r" % r.stderr)
     k = kvd_confd()
     q = Confd(k.confd_port)
     check(q.ask(0) is not None, "old key")

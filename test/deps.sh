@@ -1,7 +1,8 @@
 #!/bin/sh
 # test/deps.sh [build|test] - install what is missing from Debian's packages:
 # the build dependencies, and with "test" the real peers the tests talk to,
-# then (best effort) the i386 and s390x cross toolchains for `make cross`.
+# then (best effort) the cross toolchains, qemu-user and musl for `make cross`
+# and `make static` (with "cross-all", those of `make cross-all` too).
 # As root it runs apt-get; otherwise it prints the command and fails.
 set -u
 BUILD="gcc make libc6-dev libmbedtls-dev libprotobuf-c-dev"
@@ -12,8 +13,13 @@ python3-prometheus-client"
 # Ganeti's Python confd client: the ganeti-3.0 package unpacked (installing
 # it would pull in openssh-server, lvm2 and 20 more packages it does not need)
 GANETI_LIB=/var/cache/kvd-test/ganeti-3.0
-CROSS="gcc-i686-linux-gnu libc6-dev-i386-cross libprotobuf-c-dev:i386 libmbedtls-dev:i386 \
-gcc-s390x-linux-gnu libc6-dev-s390x-cross libprotobuf-c-dev:s390x libmbedtls-dev:s390x qemu-user"
+# make cross: i386 on Debian's multiarch libraries; mips and armhf static on
+# mbedtls and protobuf-c built from Debian's source (test/xlibs.sh: dpkg-dev);
+# musl-tools for make static.  make cross-all adds the rest (CROSS_ALL).
+CROSS="gcc-i686-linux-gnu libc6-dev-i386-cross libprotobuf-c-dev:i386 libmbedtls-dev:i386 qemu-user dpkg-dev \
+gcc-mips-linux-gnu libc6-dev-mips-cross gcc-arm-linux-gnueabihf libc6-dev-armhf-cross musl-tools"
+CROSS_ALL="gcc-mipsel-linux-gnu libc6-dev-mipsel-cross gcc-aarch64-linux-gnu libc6-dev-arm64-cross \
+gcc-s390x-linux-gnu libc6-dev-s390x-cross libprotobuf-c-dev:s390x libmbedtls-dev:s390x"
 
 missing() {
 	m=""
@@ -27,6 +33,7 @@ need=$(missing $BUILD)
 [ "${1:-build}" = test ] && need="$need$(missing $TEST)"
 cross=""
 [ "${1:-build}" = test ] && cross=$(missing $CROSS)
+[ "${1:-build}" = cross-all ] && cross=$(missing $CROSS $CROSS_ALL)
 ganeti_lib() {
 	[ "${1:-build}" = test ] || return 0
 	[ -d /usr/share/ganeti/3.0/ganeti ] || [ -d $GANETI_LIB/usr/share/ganeti/3.0/ganeti ] && return 0
@@ -46,7 +53,7 @@ else
 fi
 export DEBIAN_FRONTEND=noninteractive
 if [ -n "$cross" ]; then
-	for arch in i386 s390x; do
+	for arch in i386 s390x; do # only these come from multiarch
 		dpkg --print-foreign-architectures | grep -qx $arch || $SUDO dpkg --add-architecture $arch
 	done
 fi

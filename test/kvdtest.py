@@ -156,12 +156,12 @@ def free_port():
 class Kvd:
     """A kvd process on 127.0.0.1:<free port>; log lines collected in .log."""
 
-    def __init__(self, binary=None, args=(), data_dir=None, port=None, wait=True):
+    def __init__(self, binary=None, args=(), data_dir=None, port=None, wait=True, wrap=()):
         self.binary = binary or os.environ.get("KVD", os.path.join(ROOT, "kvd"))
         self.port = port or free_port()
         self.dir = data_dir or tempfile.mkdtemp(prefix="kvd-test-")
         self.url = "http://127.0.0.1:%d" % self.port
-        self.cmd = [self.binary, "--data-dir", self.dir, "--listen-client-urls", self.url,
+        self.cmd = list(wrap) + [self.binary, "--data-dir", self.dir, "--listen-client-urls", self.url,
                     "--advertise-client-urls", self.url] + list(args)
         env = dict(os.environ, ASAN_OPTIONS="detect_leaks=1:abort_on_error=0")
         self.p = spawn(self.cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)

@@ -2619,6 +2619,63 @@ static void test_cfg(void)
 	kvd_close(k);
 }
 
+/* --config-file's reader: what it takes, how, and what it refuses (line). */
+static int yaml_try(struct kvd_config *cfg, const char *text, char *store, char *err)
+{
+	kvd_config_init(cfg);
+	return kvd_config_yaml(cfg, text, strlen(text), store, strlen(text) + 1, err, KVD_ERRLEN);
+}
+
+static void test_config_yaml(void)
+{
+	static const struct { const char *text; unsigned line; const char *why; } bad[] = {
+	    {"name: a\nnope: 1\n", 2, "unknown key \"nope\""},
+	    {"name: a\n\theartbeat-interval: 1\n", 2, "tab"},
+	    {"heartbeat-interval: x\n", 1, "invalid value"},
+	    {"name: &a x\n", 1, "unsupported YAML"},
+	    {"name: |\n  x\n", 1, "unsupported YAML"},
+	    {"name: 'x\n", 1, "unterminated"},
+	    {"name: \"\\q\"\n", 1, "unsupported escape"},
+	    {"log-outputs: [a, , b]\n", 1, "empty list item"},
+	    {"log-outputs: [a\n", 1, "unterminated [list]"},
+	    {"client-transport-security:\n  cert-file: a\n  crt: b\n", 3, "unknown key in client-transport-security"},
+	    {"name:\n  x: y\n", 2, "not a mapping"},
+	    {"  x: 1\n", 1, "outside a block"},
+	    {"Name: x\n", 1, "a key is a flag name"},
+	    {"name x\n", 1, "want \"key: value\""},
+	    {"name: x y # c\nconfig-file: /x\n", 2, "cannot name another"},
+	    {"grpc-keepalive-min-time: 99999999999999999999\n", 1, "out of range"},
+	};
+	struct kvd_config cfg;
+	char store[1024], err[KVD_ERRLEN], want[64];
+	size_t i;
+
+	CHECK(yaml_try(&cfg,
+	               "# comment\n---\nname: 'it''s'\ndata-dir:\ncors: \"a\\\"b\" # c\r\n"
+	               "log-outputs: [ stderr , \"stdout\" ]\nlisten-client-urls:\n  - http://127.0.0.1:1\n"
+	               "  - 'http://127.0.0.1:2'\nheartbeat-interval: 50\nunsafe-no-fsync: yes\n"
+	               "grpc-keepalive-min-time: 1500000\nmax-idle-time: 2m\ndebug: true\n"
+	               "client-transport-security:\n  auto-tls: true\n  cert-file: ~\n"
+	               "peer-transport-security:\n  cert-file: /x\nenable-v2: true\nwal-dir:\nauto-compaction-retention: \"1\"",
+	               store, err) == 0);
+	CHECK(!strcmp(cfg.name, "it's") && cfg.data_dir == NULL && !strcmp(cfg.cors, "a\"b") &&
+	      !strcmp(cfg.log_outputs, "stderr,stdout") &&
+	      !strcmp(cfg.listen_client_urls, "http://127.0.0.1:1,http://127.0.0.1:2") && cfg.heartbeat_interval_ms == 50 &&
+	      cfg.unsafe_no_fsync == 1 && cfg.keepalive_min_time_ms == 2 && cfg.idle_timeout_ms == 120000 &&
+	      cfg.log_level == KVD_LOG_DEBUG && cfg.auto_tls == 1 && cfg.cert_file == NULL &&
+	      !strcmp(cfg.auto_compaction_retention, "1"));
+	CHECK(yaml_try(&cfg, "", store, err) == 0 && yaml_try(&cfg, "log-outputs: []\n", store, err) == 0);
+	for (i = 0; i < KVD_COUNT(bad); i++) {
+		snprintf(want, sizeof want, "line %u: ", bad[i].line);
+		CHECK(yaml_try(&cfg, bad[i].text, store, err) == KVD_EINVAL && !strncmp(err, want, strlen(want)) &&
+		      strstr(err, bad[i].why));
+		if (strncmp(err, want, strlen(want)) || !strstr(err, bad[i].why))
+			printf("  yaml case %zu: %s\n", i, err);
+	}
+	kvd_config_init(&cfg); /* the store must hold the text: smaller is refused */
+	CHECK(kvd_config_yaml(&cfg, "name: x", 7, store, 7, err, sizeof err) == KVD_EINVAL);
+}
+
 static void test_pct_encode(void)
 {
 	char out[64];
@@ -3611,6 +3668,7 @@ static const struct {
 	{"json", test_json},
 	{"confd_vectors", test_confd_vectors},
 	{"cfg", test_cfg},
+	{"config_yaml", test_config_yaml},
 	{"pct_encode", test_pct_encode},
 };
 

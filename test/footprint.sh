@@ -1,0 +1,60 @@
+#!/bin/sh
+# test/footprint.sh - the README's footprint table: kvd static on musl for
+# x86_64, mips and armhf, TLS on and off, confd on and off, stripped, with
+# mbedtls configured small (test/xlibs.sh) and, for x86_64, with Debian's
+# configuration too; and the idle RSS of the x86_64 one.  musl for mips and armhf is built from Debian's
+# source with the cross compilers (once, in /var/cache/kvd-test); each binary
+# is run once (qemu-user for the others) to show it starts.
+set -eu
+cd "$(dirname "$0")/.."
+top=/var/cache/kvd-test
+out=${FOOTPRINT_DIR:-/tmp/kvd-footprint}
+mkdir -p "$out"
+musl_for() { # $1 = target, $2 = cross gcc: a musl-gcc wrapper around it
+	t=$1 cc=$2 p=$top/muslcc-$1
+	[ -x "$p/bin/musl-gcc" ] && return 0
+	src=$(ls -d $top/src/musl-*/ 2>/dev/null | head -1)
+	if [ -z "$src" ]; then
+		mkdir -p $top/src && (cd $top/src && apt-get source -qq musl >/dev/null 2>&1)
+		src=$(ls -d $top/src/musl-*/ | head -1)
+	fi
+	b=$(mktemp -d)
+	cp -r "$src" "$b/musl"
+	echo "footprint: musl for $t"
+	(cd "$b/musl" && ./configure -q --prefix="$p" --target="${cc%-gcc}" CROSS_COMPILE="${cc%gcc}" CC="$cc" \
+		--disable-shared --enable-wrapper=gcc >/dev/null && make -s -j2 >/dev/null 2>&1 && make -s install >/dev/null)
+	rm -rf "$b"
+}
+command -v musl-gcc >/dev/null || ./test/deps.sh test
+musl_for mips mips-linux-gnu-gcc
+musl_for armhf arm-linux-gnueabihf-gcc
+printf '| target | mbedtls | TLS | confd | stripped bytes |\n|---|---|---|---|---|\n' > "$out/table.md"
+for t in x86_64 mips armhf; do
+	case $t in
+	x86_64) mcc=musl-gcc run="" ;;
+	mips) mcc=$top/muslcc-mips/bin/musl-gcc run=qemu-mips ;;
+	armhf) mcc=$top/muslcc-armhf/bin/musl-gcc run=qemu-arm ;;
+	esac
+	for prof in small debian; do
+		[ $prof = debian ] && [ $t != x86_64 ] && continue
+		for tls in 1 0; do for confd in 1 0; do
+			make -s -B kvd-static MUSL_CC=$mcc MBEDTLS_PROFILE=$prof TLS=$tls CONFD=$confd >/dev/null
+			f=$out/kvd-$t-$prof-tls$tls-confd$confd
+			mv kvd-static "$f"
+			$run "$f" --version | grep -q "etcd API" # it starts
+			printf '| %s | %s | %s | %s | %s |\n' $t $prof "$([ $tls = 1 ] && echo on || echo off)" \
+				"$([ $confd = 1 ] && echo on || echo off)" "$(wc -c < "$f")" >> "$out/table.md"
+		done; done
+	done
+done
+# idle RSS: the x86_64 binary with everything, serving, nothing asked yet
+d=$(mktemp -d)
+"$out/kvd-x86_64-small-tls1-confd1" --data-dir "$d/data" --listen-client-urls http://127.0.0.1:0 2> "$d/log" &
+pid=$!
+n=0
+until grep -q "serving client requests" "$d/log"; do n=$((n + 1)); [ $n -lt 600 ] || break; sleep 0.1; done
+rss=$(awk '/^VmRSS/ {print $2}' /proc/$pid/status)
+kill $pid; wait $pid || true
+rm -rf "$d"
+echo "idle RSS (x86_64, TLS and confd on, static): $rss KiB" >> "$out/table.md"
+cat "$out/table.md"

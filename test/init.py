@@ -1,0 +1,580 @@
+"""kvd under init systems: exit codes and the checks made before the data dir
+is touched, --log-outputs (stdout, a file, syslog through a /dev/log the test
+binds), --config-file (etcd's sample file, side by side with etcd), and the
+README's blocks run as written: the quick start, the systemd unit, the
+sysvinit script, the OpenWrt procd script, uci file and package Makefile.
+Run with /usr/bin/python3."""
+import configparser
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import kvdtest  # noqa: E402
+from kvdtest import ROOT, Kvd, check, etcdctl, free_port, run_tests, spawn, test  # noqa: E402
+
+KVD = os.path.abspath(os.environ.get("KVD", os.path.join(ROOT, "kvd")))
+
+
+def wait_for(cond, timeout=60.0):
+    return kvdtest.wait_for(cond, timeout)
+
+
+def readme_block(name):
+    """The fenced block after '<!-- block: name -->' in the README."""
+    text = open(os.path.join(ROOT, "README.md")).read()
+    m = re.search(r"<!-- block: %s -->\n```[a-z]*\n(.*?)\n```\n" % re.escape(name), text, re.S)
+    check(m is not None, "the README has the %s block" % name)
+    return m.group(1) + "\n" if m else ""
+
+
+def healthy(port):
+    rc, out, err = etcdctl("127.0.0.1:%d" % port, "endpoint", "health", timeout=10)
+    return rc == 0 and "is healthy" in (out + err)
+
+
+class Syslog:
+    """A /dev/log of the test's own: a datagram socket bound at /dev/log, or,
+    when the machine has one, bound elsewhere and mounted over /dev/log in a
+    private mount namespace for the processes started through .wrap()."""
+
+    def __init__(self):
+        self.dir = tempfile.mkdtemp(prefix="kvd-syslog-")
+        self.own = not os.path.exists("/dev/log")
+        self.path = "/dev/log" if self.own else os.path.join(self.dir, "log")
+        self.s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.s.bind(self.path)
+        self.s.settimeout(0.2)
+        self.lines = []
+
+    def wrap(self, cmd):
+        if self.own:
+            return cmd
+        return ["unshare", "-m", "sh", "-c", 'mount --bind "$0" /dev/log && exec "$@"', self.path] + cmd
+
+    def read(self):
+        while True:
+            try:
+                self.lines.append(self.s.recv(65536).decode(errors="replace"))
+            except socket.timeout:
+                return self.lines
+
+    def saw(self, text, timeout=60):
+        return wait_for(lambda: any(text in l for l in self.read()), timeout)
+
+    def close(self):
+        self.s.close()
+        if self.own:
+            os.unlink(self.path)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def run(args, env=None, timeout=30):
+    e = dict(os.environ)
+    e.update(env or {})
+    return subprocess.run([KVD] + args, capture_output=True, text=True, timeout=timeout, env=e)
+
+
+# ------------------------------------------------------------------ exit codes
+@test
+def configuration_errors_exit_2_before_the_data_dir():
+    d = tempfile.mkdtemp(prefix="kvd-init-")
+    dd = os.path.join(d, "data")
+    key = os.path.join(d, "key")
+    with open(key, "w") as f:
+        f.write("k" * 32)
+    os.chmod(key, 0o600)
+    bad_yaml = os.path.join(d, "bad.yml")
+    with open(bad_yaml, "w") as f:
+        f.write("name: x\n# fine\nlisten-client-url: http://127.0.0.1:1\n")
+    cases = [
+        (["--nope"], {}, "unknown flag --nope"),
+        (["--max-txn-ops", "x"], {}, "invalid value"),
+        (["--name", "a"], {"ETCD_NAME": "b"}, "conflicting environment variable"),
+        (["--listen-client-urls", "https://127.0.0.1:%d" % free_port()], {}, "must be provided"),
+        (["--listen-client-urls", "http://example.com:2379"], {}, "IP address"),
+        (["--listen-metrics-urls", "ftp://127.0.0.1:1"], {}, ""),
+        (["--cert-file", d + "/none.pem", "--key-file", d + "/none.key", "--listen-client-urls",
+          "https://127.0.0.1:%d" % free_port()], {}, "none.pem"),
+        (["--confd-hmac-key-file", d + "/nokey"], {}, "No such file"),
+        (["--confd-hmac-key-file", key, "--confd-listen", "nonsense"], {}, "bad address"),
+        (["--restore-snapshot", d + "/nosnap"], {}, "--restore-snapshot"),
+        (["--log-outputs", "/nonexistent-dir/kvd.log"], {}, "cannot open"),
+        (["--log-outputs", "stderr,"], {}, "empty output name"),
+        (["--logger", "logrus"], {}, "unknown logger type"),
+        (["--log-level", "loud"], {}, "log-level"),
+        (["--config-file", d + "/none.yml"], {}, "--config-file"),
+        (["--config-file", bad_yaml], {}, 'line 3: unknown key "listen-client-url"'),
+        (["--auth-token", "jwt,sign-method=RS256,pub-key=%s/none.pub" % d], {}, "none.pub"),
+        (["--election-timeout", "100"], {}, "at least as 5 times"),
+    ]
+    for args, env, want in cases:
+        r = run(["--data-dir", dd] + args, env)
+        check(r.returncode == 2 and want in r.stderr and len(r.stderr.strip().splitlines()) == 1,
+              "%s: exit 2 with %r: %d %r" % (args, want, r.returncode, r.stderr[-300:]))
+        check(not os.path.exists(dd), "%s: the data dir was not created" % args)
+    for args in (["--help"], ["--version"]):
+        r = run(args)
+        check(r.returncode == 0 and r.stdout, "%s: exit 0" % args)
+    shutil.rmtree(d)
+
+
+@test
+def runtime_failures_exit_1_and_a_clean_stop_0():
+    k = Kvd(KVD)
+    # the data dir is locked by a running kvd
+    r = run(["--data-dir", k.dir, "--listen-client-urls", "http://127.0.0.1:%d" % free_port()])
+    check(r.returncode == 1 and "in use by another kvd" in r.stderr, "locked data dir: %d %r" % (r.returncode, r.stderr))
+    # the port is taken
+    d = tempfile.mkdtemp(prefix="kvd-init-")
+    r = run(["--data-dir", d + "/data", "--listen-client-urls", k.url])
+    check(r.returncode == 1 and "address already in use" in r.stderr, "busy port: %d %r" % (r.returncode, r.stderr))
+    check(k.stop(signal.SIGTERM) == 0, "SIGTERM: exit 0")
+    k = Kvd(KVD, data_dir=k.dir)
+    check(k.stop(signal.SIGINT) == 0 and "stopped" in k.logtext(), "SIGINT: exit 0")
+    # a data dir kvd cannot write (as root, a file where the dir should be)
+    with open(d + "/file", "w") as f:
+        f.write("x")
+    r = run(["--data-dir", d + "/file/sub", "--listen-client-urls", "http://127.0.0.1:%d" % free_port()])
+    check(r.returncode in (1, 2) and "file/sub" in r.stderr, "unusable data dir refused: %d %r" % (r.returncode, r.stderr))
+    shutil.rmtree(d)
+
+
+# ------------------------------------------------------------------ logs
+@test
+def log_outputs_stdout_file_and_syslog():
+    d = tempfile.mkdtemp(prefix="kvd-init-")
+    port = free_port()
+    p = spawn([KVD, "--data-dir", d + "/a", "--listen-client-urls", "http://127.0.0.1:%d" % port,
+               "--log-outputs", "stdout," + d + "/kvd.log"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    check(wait_for(lambda: os.path.exists(d + "/kvd.log") and "serving client requests" in open(d + "/kvd.log").read()),
+          "the file gets the lines")
+    p.send_signal(signal.SIGTERM)
+    out, err = p.communicate(timeout=30)
+    out = out.decode()
+    check(p.returncode == 0 and not err and "serving client requests" in out and out.endswith("I | kvd: stopped\n"),
+          "stdout gets them, stderr none: %r %r" % (out[-200:], err[-200:]))
+    check(out == open(d + "/kvd.log").read(), "the file and stdout hold the same lines")
+    # appended, never truncated
+    p = spawn([KVD, "--data-dir", d + "/a", "--listen-client-urls", "http://127.0.0.1:%d" % port,
+               "--log-outputs", d + "/kvd.log"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    check(wait_for(lambda: open(d + "/kvd.log").read().count("serving client requests") == 2), "appended")
+    p.terminate()
+    p.wait(30)
+    # syslog: priority daemon.info (30) / daemon.warning (28), ident kvd[pid], no timestamp of ours
+    with open(d + "/a/kvd.log", "ab") as f:
+        f.write(b"K\x01\x02")  # a torn tail: cut with a warning
+    sl = Syslog()
+    p = spawn(sl.wrap([KVD, "--data-dir", d + "/a", "--listen-client-urls", "http://127.0.0.1:%d" % port,
+                       "--log-outputs", "syslog", "--unsafe-no-fsync"]), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    check(sl.saw("serving client requests"), "syslog gets the lines")
+    p.send_signal(signal.SIGHUP)
+    check(sl.saw("SIGHUP: reading"), "SIGHUP is logged")
+    p.send_signal(signal.SIGTERM)
+    out, err = p.communicate(timeout=30)
+    check(p.returncode == 0 and not out and not err, "nothing on stdout/stderr: %r %r" % (out, err))
+    check(sl.saw("kvd: stopped") or sl.saw("]: stopped"), "the last line")
+    lines = sl.read()
+    info = [l for l in lines if "serving client requests" in l][0]
+    check(re.match(r"<30>[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d kvd\[\d+\]: serving client requests on 127\.0\.0\.1:%d"
+                   % port, info) is not None, "daemon.info, ident kvd[pid]: %r" % info)
+    check(any(l.startswith("<28>") for l in lines), "a warning is daemon.warning: %r" % lines[:4])
+    check(not any(" I | " in l for l in lines), "no timestamp of kvd's in syslog lines")
+    sl.close()
+    shutil.rmtree(d)
+
+
+# ------------------------------------------------------------------ config file
+SAMPLE = """# This is the configuration file for the etcd server (the shape of etcd 3.4's sample).
+name: 'cfg-member'
+data-dir: %(dir)s
+wal-dir:
+snapshot-count: 10000
+heartbeat-interval: 100
+election-timeout: 1000
+quota-backend-bytes: 0
+listen-peer-urls: http://127.0.0.1:%(peer)d
+listen-client-urls: http://127.0.0.1:%(port)d
+max-snapshots: 5
+max-wals: 5
+cors:
+initial-advertise-peer-urls: http://127.0.0.1:%(apeer)d
+advertise-client-urls: http://127.0.0.1:%(port)d
+discovery:
+discovery-fallback: 'proxy'
+discovery-proxy:
+discovery-srv:
+initial-cluster:
+initial-cluster-token: 'kvd-cfg-cluster'
+initial-cluster-state: 'new'
+strict-reconfig-check: false
+enable-v2: false
+enable-pprof: false
+proxy: 'off'
+proxy-failure-wait: 5000
+proxy-refresh-interval: 30000
+proxy-dial-timeout: 1000
+proxy-write-timeout: 5000
+proxy-read-timeout: 0
+client-transport-security:
+  # Path to the client server TLS cert file.
+  cert-file:
+  key-file:
+  client-cert-auth: false
+  trusted-ca-file:
+  auto-tls: false
+peer-transport-security:
+  cert-file:
+  key-file:
+  client-cert-auth: false
+  trusted-ca-file:
+  auto-tls: false
+debug: false
+logger: zap
+log-outputs: [stderr]
+force-new-cluster: false
+auto-compaction-mode: periodic
+auto-compaction-retention: "1"
+max-txn-ops: 3
+"""
+
+
+@test
+def config_file_as_etcd_reads_it():
+    """The same file (but its ports and data dir) for etcd and kvd: same
+    member id and name, same max-txn-ops refusal; flags beside it ignored."""
+    apeer = free_port()
+    answers = []
+    for server in ("etcd", "kvd"):
+        d = tempfile.mkdtemp(prefix="kvd-cfg-")
+        port = free_port()
+        path = os.path.join(d, "conf.yml")
+        with open(path, "w") as f:
+            f.write(SAMPLE % {"dir": d + "/data", "peer": apeer if server == "etcd" else free_port(),
+                              "apeer": apeer, "port": port})
+        cmd = ["etcd", "--config-file", path] if server == "etcd" else \
+            [KVD, "--config-file", path, "--name", "ignored", "--max-txn-ops", "100"]
+        p = spawn(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=dict(os.environ, ETCD_NAME="ignored2"))
+        check(wait_for(lambda: healthy(port), 60), "%s serves from its config file" % server)
+        rc, out, err = etcdctl("127.0.0.1:%d" % port, "member", "list", "-w", "json")
+        m = json.loads(out)["members"][0] if rc == 0 else {}
+        r = subprocess.run(["etcdctl", "--endpoints", "127.0.0.1:%d" % port, "txn"], input="\nput a 1\nput b 2\n"
+                           "put c 3\nput d 4\n\n\n", capture_output=True, text=True, timeout=20,
+                           env=dict(os.environ, ETCDCTL_API="3"))
+        answers.append((m.get("ID"), m.get("name"), m.get("peerURLs"), r.stderr.strip().splitlines()[-1:]))
+        p.send_signal(signal.SIGTERM)
+        p.wait(30)
+        shutil.rmtree(d)
+    check(answers[0] == answers[1] and answers[0][1] == "cfg-member" and "too many operations" in str(answers[0][3]),
+          "etcd and kvd read the file alike: %r" % answers)
+
+
+@test
+def config_file_refusals_name_the_line():
+    d = tempfile.mkdtemp(prefix="kvd-cfg-")
+    cases = [
+        ("name: a\nlisten-client-url: http://127.0.0.1:1\n", 'line 2: unknown key "listen-client-url"'),
+        ("name: a\n\nheartbeat-interval: often\n", "line 3: invalid value \"often\" for flag --heartbeat-interval"),
+        ("name: a\nclient-transport-security:\n  cert-file: /x\n  verify: true\n",
+         'line 4: unknown key in client-transport-security "verify"'),
+        ("name: *anchor\n", "line 1: unsupported YAML"),
+        ("log-outputs:\n\t- stderr\n", "line 2: tab in indentation"),
+        ("client-transport-security:\n  cert-file: %s/none.pem\n  key-file: %s/none.key\n"
+         "listen-client-urls: https://127.0.0.1:1\n" % (d, d), "none.pem"),
+    ]
+    for text, want in cases:
+        with open(d + "/c.yml", "w") as f:
+            f.write(text)
+        r = subprocess.run([KVD, "--config-file", d + "/c.yml", "--data-dir", d + "/data"], cwd=d,
+                           capture_output=True, text=True, timeout=30)
+        check(r.returncode == 2 and want in r.stderr, "%r: %d %r" % (want, r.returncode, r.stderr))
+        check(not os.path.exists(d + "/data") and not os.path.exists(d + "/default.etcd"), "nothing created")
+    shutil.rmtree(d)
+
+
+# ------------------------------------------------------------------ the README's blocks
+@test
+def readme_quick_start_verbatim():
+    """README's first lines, as written, in a copy of the tree: make run, then
+    the etcdctl lines from another shell."""
+    text = open(os.path.join(ROOT, "README.md")).read()
+    m = re.search(r"\*\*Build and start\*\*[^\n]*\n(?:[^\n]+\n)*\n    (make run)\n\n(?:.*\n)*?"
+                  r"Then, from another shell[^:]*:\n\n((?:    .*\n)+)", text)
+    check(m is not None, "the README's quick start is where the test looks")
+    if not m:
+        return
+    lines = [l[4:] for l in m.group(2).splitlines()]
+    if healthy(2379) or socket.socket().connect_ex(("127.0.0.1", 2379)) == 0:
+        check(False, "port 2379 is taken: the quick start cannot run as written here")
+        return
+    d = tempfile.mkdtemp(prefix="kvd-quick-")
+    files = subprocess.run(["git", "-C", ROOT, "ls-files"], capture_output=True, text=True).stdout.split()
+    for f in files:
+        if os.path.exists(os.path.join(ROOT, f)):
+            os.makedirs(os.path.dirname(os.path.join(d, f)) or d, exist_ok=True)
+            shutil.copy2(os.path.join(ROOT, f), os.path.join(d, f))
+    p = spawn(["sh", "-c", m.group(1)], cwd=d, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+              start_new_session=True)
+    try:
+        quick_start(p, d, lines)
+    finally:
+        os.killpg(p.pid, signal.SIGTERM)  # make and the kvd it started
+        p.wait(60)
+    check(os.path.exists(os.path.join(d, "default.etcd", "kvd.log")), "data in ./default.etcd")
+    shutil.rmtree(d)
+
+
+def quick_start(p, d, lines):
+    check(wait_for(lambda: healthy(2379), 300), "make run serves on 127.0.0.1:2379")
+    outs = []
+    for line in lines:
+        r = subprocess.run(["sh", "-c", line], capture_output=True, text=True, timeout=60, cwd=d)
+        outs.append(r)
+        check(r.returncode == 0, "%s: %s" % (line, r.stderr[-300:]))
+    check(outs[0].stdout.strip() == "OK", "put: %r" % outs[0].stdout)
+    got = json.loads(outs[1].stdout) if outs[1].returncode == 0 else {}
+    kv = got.get("kvs", [{}])[0]
+    check(kv.get("key") == "Z3JlZXRpbmc=" and kv.get("value") == "aGVsbG8=", "get -w json: %r" % got)
+    check("127.0.0.1:2379" in outs[2].stdout and "3.4" in outs[2].stdout, "endpoint status table: %r" % outs[2].stdout)
+
+
+def notify_socket(d):
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    s.bind(os.path.join(d, "notify"))
+    s.settimeout(60)
+    return s
+
+
+@test
+def readme_systemd_unit():
+    unit = readme_block("systemd-unit")
+    cp = configparser.ConfigParser(interpolation=None, strict=False)
+    cp.optionxform = str
+    cp.read_string(unit)
+    svc = cp["Service"]
+    check(svc.get("Type") == "notify" and svc.get("RestartPreventExitStatus") == "2" and "WatchdogSec" in svc and
+          svc.get("NoNewPrivileges") == "yes" and svc.get("ProtectSystem") == "strict", "the unit's settings")
+    d = tempfile.mkdtemp(prefix="kvd-unit-")
+    if shutil.which("systemd-analyze"):
+        u = os.path.join(d, "kvd.service")
+        with open(u, "w") as f:
+            f.write(unit.replace("/usr/local/bin/kvd", KVD))
+        r = subprocess.run(["systemd-analyze", "verify", u], capture_output=True, text=True)
+        check(r.returncode == 0, "systemd-analyze verify: %s" % r.stderr[-500:])
+    argv = shlex.split(svc["ExecStart"])
+    check(argv[0] == "/usr/local/bin/kvd", "ExecStart runs kvd")
+    argv = [KVD] + [a.replace("/var/lib/kvd", d + "/state") for a in argv[1:]]
+    wd = svc["WatchdogSec"]
+    wd_us = int(wd[:-1]) * 1000000 if wd.endswith("s") else int(wd) * 1000000
+    s = notify_socket(d)
+    port = free_port()
+    env = dict(os.environ, NOTIFY_SOCKET=os.path.join(d, "notify"), WATCHDOG_USEC=str(wd_us),
+               ETCD_LISTEN_CLIENT_URLS="http://127.0.0.1:%d" % port)
+    p = spawn(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    ready = s.recv(4096).decode()
+    check(ready.startswith("READY=1") and "MAINPID=%d" % p.pid in ready, "READY=1 with MAINPID: %r" % ready)
+    check(healthy(port), "serving once READY=1 came")
+    mainpid = re.search(r"MAINPID=(\d+)", ready).group(1)
+    reload_cmd = shlex.split(svc["ExecReload"].replace("$MAINPID", mainpid))
+    check(subprocess.run(reload_cmd).returncode == 0, "ExecReload ran")
+    got = [s.recv(4096).decode() for _ in range(2)]
+    check(got == ["RELOADING=1", "READY=1"] or got[0] == "WATCHDOG=1", "reload: RELOADING=1, READY=1: %r" % got)
+    while "WATCHDOG=1" not in got:  # half of WatchdogSec
+        got.append(s.recv(4096).decode())
+    p.send_signal(signal.SIGTERM)  # systemd's KillSignal
+    while not got[-1].startswith("STOPPING=1"):
+        got.append(s.recv(4096).decode())
+    check(p.wait(30) == 0, "SIGTERM: exit 0 (not a failure for Restart=on-failure)")
+    # a configuration error: 2, which RestartPreventExitStatus keeps from respawning
+    env["ETCD_LOG_LEVEL"] = "chatty"
+    r = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=30)
+    check(r.returncode == 2, "configuration error: exit 2: %d %r" % (r.returncode, r.stderr))
+    s.close()
+    shutil.rmtree(d)
+
+
+@test
+def readme_sysvinit_script():
+    if not shutil.which("start-stop-daemon"):
+        check(False, "start-stop-daemon missing")
+        return
+    d = tempfile.mkdtemp(prefix="kvd-sysv-")
+    script = os.path.join(d, "kvd.init")
+    with open(script, "w") as f:
+        f.write(readme_block("sysvinit").replace("/var/lib/kvd", d + "/state"))
+    os.chmod(script, 0o755)
+    port = free_port()
+    env = dict(os.environ, DAEMON=KVD, PIDFILE=d + "/kvd.pid", ETCD_LISTEN_CLIENT_URLS="http://127.0.0.1:%d" % port)
+    sl = Syslog()
+
+    def svc(action, wrap=False):
+        cmd = [script, action]
+        return subprocess.run(sl.wrap(cmd) if wrap else cmd, env=env, capture_output=True, text=True, timeout=60)
+
+    check(svc("status").returncode == 3, "status before start: 3 (LSB: not running)")
+    r = svc("start", wrap=True)
+    check(r.returncode == 0, "start: %r" % r.stderr)
+    check(wait_for(lambda: healthy(port), 60), "started and serving")
+    check(sl.saw("serving client requests"), "its log goes to syslog")
+    pid = int(open(d + "/kvd.pid").read())
+    r = svc("status")
+    check(r.returncode == 0 and "running" in r.stdout, "status: running")
+    r = svc("start")
+    check(r.returncode == 0 and "already running" in r.stdout and int(open(d + "/kvd.pid").read()) == pid,
+          "start again: the same process")
+    check(etcdctl("127.0.0.1:%d" % port, "put", "k", "v")[0] == 0, "a write")
+    check(svc("reload").returncode == 0 and sl.saw("SIGHUP: reading"), "reload: SIGHUP")
+    r = svc("stop")
+    check(r.returncode == 0 and not os.path.exists(d + "/kvd.pid"), "stop: %r" % r.stdout)
+    check(sl.saw("]: stopped"), "a clean stop")
+    check(not os.path.exists("/proc/%d" % pid) or open("/proc/%d/stat" % pid).read().split()[2] == "Z", "gone")
+    check(svc("status").returncode == 3, "status after stop: 3")
+    r = svc("restart", wrap=True)
+    check(r.returncode == 0 and wait_for(lambda: healthy(port), 60), "restart")
+    rc, out, _ = etcdctl("127.0.0.1:%d" % port, "get", "k", "--print-value-only")
+    check(out.strip() == "v", "the write survived")
+    check(svc("stop").returncode == 0, "stop")
+    check(svc("bogus").returncode == 2, "usage: 2")
+    sl.close()
+    shutil.rmtree(d)
+
+
+PROCD_SHIM = r'''
+# rc.common and procd, as far as the README's script uses them: the uci file
+# is read for real; the instance is recorded (one argument per line).
+config_load() { :; }
+config_get() {
+	v=$(awk -v s="$2" -v o="$3" '
+		$1 == "config" { gsub(/'"'"'/, "", $3); sec = $3 }
+		$1 == "option" && sec == s && $2 == o { $1 = ""; $2 = ""; sub(/^ +/, ""); gsub(/^'"'"'|'"'"'$/, ""); print; exit }
+	' "$UCI")
+	[ -n "$v" ] || v=$4
+	eval "$1=\$v"
+}
+procd_open_instance() { : > "$OUT.cmd"; : > "$OUT.params"; }
+procd_set_param() {
+	p=$1; shift
+	if [ "$p" = command ]; then printf '%s\n' "$@" > "$OUT.cmd"; else echo "$p $*" >> "$OUT.params"; fi
+}
+procd_append_param() { p=$1; shift; [ "$p" = command ] && printf '%s\n' "$@" >> "$OUT.cmd"; }
+procd_close_instance() { :; }
+procd_add_reload_trigger() { echo "reload_trigger $*" >> "$OUT.params"; }
+'''
+
+
+@test
+def readme_openwrt_procd_script_and_uci():
+    d = tempfile.mkdtemp(prefix="kvd-procd-")
+    init = readme_block("procd-init")
+    check(init.startswith("#!/bin/sh /etc/rc.common\n") and "USE_PROCD=1" in init, "a procd script")
+    port = free_port()
+    uci = readme_block("uci-config").replace("/srv/kvd", d + "/srv").replace(
+        "http://127.0.0.1:2379", "http://127.0.0.1:%d" % port).replace("'info'", "'warn'")
+    for name, text in (("kvd.init", init), ("kvd.config", uci), ("shim.sh", PROCD_SHIM)):
+        with open(os.path.join(d, name), "w") as f:
+            f.write(text)
+    r = subprocess.run(["sh", "-n", d + "/kvd.init"], capture_output=True, text=True)
+    check(r.returncode == 0, "sh -n: %s" % r.stderr)
+    r = subprocess.run(["sh", "-c", '. "$0/shim.sh"; . "$0/kvd.init"; start_service; service_triggers', d],
+                       env=dict(os.environ, UCI=d + "/kvd.config", OUT=d + "/instance"), capture_output=True, text=True)
+    check(r.returncode == 0, "start_service ran: %s" % r.stderr)
+    argv = open(d + "/instance.cmd").read().splitlines()
+    params = open(d + "/instance.params").read()
+    check(argv[:1] == ["/usr/bin/kvd"], "the instance runs /usr/bin/kvd: %r" % argv)
+    check("respawn 3600 5 5" in params and "reload_signal HUP" in params and "file /etc/config/kvd" in params and
+          "reload_trigger kvd" in params, "respawn, reload signal, config file, trigger: %r" % params)
+    check(argv[1:] == ["--data-dir", d + "/srv", "--listen-client-urls", "http://127.0.0.1:%d" % port,
+                       "--log-level", "warn", "--log-outputs", "syslog"], "uci mapped to flags: %r" % argv)
+    sl = Syslog()
+    p = spawn(sl.wrap([KVD] + argv[1:]), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    check(wait_for(lambda: healthy(port), 60), "the declared command serves")
+    check(os.path.exists(d + "/srv/kvd.log"), "in the uci data_dir")
+    p.send_signal(signal.SIGHUP)  # reload_signal
+    p.send_signal(signal.SIGTERM)
+    check(p.wait(30) == 0, "procd's stop (SIGTERM): exit 0")
+    check(not any("serving client requests" in l for l in sl.read()), "--log-level warn from uci: no info lines")
+    # a confd key in uci becomes the flag
+    uci2 = uci.replace("option confd_hmac_key_file ''", "option confd_hmac_key_file '/etc/ganeti/hmac.key'")
+    with open(d + "/kvd.config", "w") as f:
+        f.write(uci2)
+    subprocess.run(["sh", "-c", '. "$0/shim.sh"; . "$0/kvd.init"; start_service', d],
+                   env=dict(os.environ, UCI=d + "/kvd.config", OUT=d + "/instance"), check=True)
+    argv = open(d + "/instance.cmd").read().splitlines()
+    check(argv[-2:] == ["--confd-hmac-key-file", "/etc/ganeti/hmac.key"], "confd key appended: %r" % argv)
+    sl.close()
+    shutil.rmtree(d)
+
+
+RULES_MK = """INCLUDE_DIR := $(TOPDIR)/include
+BUILD_DIR := $(TOPDIR)/build_dir
+CP := cp -fpR
+INSTALL_DIR := install -d -m0755
+INSTALL_BIN := install -m0755
+INSTALL_CONF := install -m0600
+TARGET_CC := mips-linux-gnu-gcc
+TARGET_CFLAGS := -Os -pipe
+TARGET_CPPFLAGS := -I/var/cache/kvd-test/mips/include
+TARGET_LDFLAGS := -L/var/cache/kvd-test/mips/lib -static
+"""
+PACKAGE_MK = """PKG_BUILD_DIR := $(BUILD_DIR)/$(PKG_NAME)-$(PKG_VERSION)
+IPKG_DIR := $(BUILD_DIR)/ipkg-$(PKG_NAME)
+define BuildPackage
+compile:
+	$$(Build/Prepare)
+	$$(Build/Compile)
+install: compile
+	$$(call Package/$(1)/install,$$(IPKG_DIR))
+endef
+"""
+
+
+@test
+def readme_openwrt_package_makefile():
+    if not shutil.which("mips-linux-gnu-gcc") or not shutil.which("qemu-mips"):
+        check(False, "mips-linux-gnu-gcc and qemu-mips are needed (test/deps.sh test installs them)")
+        return
+    r = subprocess.run([os.path.join(ROOT, "test", "xlibs.sh"), "mips", "mips-linux-gnu-gcc", "-O2"],
+                       capture_output=True, text=True)
+    check(r.returncode == 0, "mbedtls and protobuf-c for mips: %s" % r.stderr[-300:])
+    top = tempfile.mkdtemp(prefix="kvd-sdk-")
+    pkg = os.path.join(top, "package", "kvd")
+    os.makedirs(pkg + "/files")
+    os.makedirs(top + "/include")
+    with open(top + "/rules.mk", "w") as f:
+        f.write(RULES_MK)
+    with open(top + "/include/package.mk", "w") as f:
+        f.write(PACKAGE_MK)
+    with open(pkg + "/Makefile", "w") as f:
+        f.write(readme_block("openwrt-makefile"))
+    with open(pkg + "/files/kvd.init", "w") as f:
+        f.write(readme_block("procd-init"))
+    with open(pkg + "/files/kvd.config", "w") as f:
+        f.write(readme_block("uci-config"))
+    r = subprocess.run(["make", "-C", pkg, "TOPDIR=" + top, "KVD_SRC=" + ROOT, "install"],
+                       capture_output=True, text=True, timeout=600)
+    check(r.returncode == 0, "the package builds and installs: %s" % (r.stdout + r.stderr)[-1500:])
+    ipkg = os.path.join(top, "build_dir", "ipkg-kvd")
+    kvd = ipkg + "/usr/bin/kvd"
+    if not os.path.exists(kvd):
+        return
+    with open(kvd, "rb") as f:
+        h = f.read(20)
+    check(h[:4] == b"\x7fELF" and h[4] == 1 and h[5] == 2 and h[18:20] == b"\x00\x08",
+          "a 32-bit big-endian MIPS executable")
+    r = subprocess.run(["qemu-mips", kvd, "--version"], capture_output=True, text=True, timeout=60)
+    check(r.returncode == 0 and "etcd API Version" in r.stdout, "it runs: %r" % r.stdout)
+    st = os.stat(ipkg + "/etc/config/kvd")
+    check(oct(st.st_mode & 0o777) == "0o600" and os.access(ipkg + "/etc/init.d/kvd", os.X_OK),
+          "conffile 0600, init script executable")
+    shutil.rmtree(top)
+
+
+if __name__ == "__main__":
+    sys.exit(run_tests(sys.argv))
