@@ -115,7 +115,8 @@ test/confdbench: test/confdbench.c
 # The corpora are replayed on a 256 KiB stack (routers run with small ones):
 # a recursion an input can drive fails here, not on a board.
 REPLAY_STACK_KIB ?= 256
-asan: test/test-asan $(FUZZERS:%=test/replay-%)
+asan:
+	$(MAKE) -j2 test/test-asan $(FUZZERS:%=test/replay-%)  # two builds at a time: CI has 2 CPUs
 	ASAN_OPTIONS=detect_leaks=1 ./test/test-asan
 	for f in $(FUZZERS); do (ulimit -s $(REPLAY_STACK_KIB) && ASAN_OPTIONS=detect_leaks=1 \
 	  ./test/replay-$$f test/corpus/$$f) || exit 1; done
@@ -160,7 +161,8 @@ fuzz-smoke:
 # libFuzzer (clang): FUZZ_TIME seconds per target.  New inputs go to
 # FUZZ_CORPUS (default: the committed corpus, which then grows).
 FUZZ_CORPUS ?= test/corpus
-fuzz: $(FUZZERS:%=test/fuzz-%)
+fuzz:
+	$(MAKE) -j2 $(FUZZERS:%=test/fuzz-%)
 	for f in $(FUZZERS); do mkdir -p $(FUZZ_CORPUS)/$$f; \
 	  ./test/fuzz-$$f -max_total_time=$(FUZZ_TIME) -artifact_prefix=test/crash- $(FUZZ_CORPUS)/$$f test/corpus/$$f \
 	    > test/fuzz-$$f.log 2>&1 || { tail -40 test/fuzz-$$f.log; exit 1; }; \
