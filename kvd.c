@@ -943,7 +943,7 @@ static void kvd_log(struct kvd *k, int level, const char *fmt, ...)
 }
 
 /* --log-outputs and --logger, checked; a file output opened (O_APPEND). */
-static int log_open(struct kvd *k, char *err, size_t errlen)
+static int util_log_open(struct kvd *k, char *err, size_t errlen)
 {
 	const char *o = k->cfg.log_outputs, *e;
 	char path[PATH_MAX];
@@ -985,7 +985,7 @@ static int log_open(struct kvd *k, char *err, size_t errlen)
 	return 0;
 }
 
-static void log_close(struct kvd *k)
+static void util_log_close(struct kvd *k)
 {
 	if (k->log_to & LOG_TO_SYSLOG)
 		closelog();
@@ -21464,6 +21464,18 @@ static int loop_pollset(struct kvd *k)
 	return (int)n;
 }
 
+/* Whatever could not get memory (a frame, a header block, an event) stayed
+ * queued: the loop comes back for it 20 ms later, not only when a socket
+ * wakes it.  Under lasting pressure calls wait; the stall and idle timeouts
+ * end them. */
+static void loop_oom_retry(struct kvd *k)
+{
+	if (k->alloc_failed) {
+		k->alloc_failed = 0;
+		loop_arm(k, k->now + 20);
+	}
+}
+
 /* One loop iteration (kvd_poll): timers, the flush of what is pending, then
  * poll, dispatch by what each fd is, and the flush again. */
 static int loop_run(struct kvd *k, int timeout_ms)
@@ -21480,14 +21492,7 @@ static int loop_run(struct kvd *k, int timeout_ms)
 #endif
 	loop_timers(k);
 	loop_flush(k);
-	if (k->alloc_failed) {
-		/* Whatever could not get memory (a frame, a header block, an event)
-		 * stayed queued: the loop comes back for it soon, not only when a
-		 * socket wakes it.  Under lasting pressure calls wait, and the
-		 * stall and idle timeouts end them. */
-		k->alloc_failed = 0;
-		loop_arm(k, k->now + 20);
-	}
+	loop_oom_retry(k);
 	if (k->stopping && !k->conns)
 		return KVD_ESTOPPED;
 	if ((n = loop_pollset(k)) < 0)
@@ -21537,10 +21542,7 @@ static int loop_run(struct kvd *k, int timeout_ms)
 		}
 	}
 	loop_flush(k);
-	if (k->alloc_failed) {
-		k->alloc_failed = 0;
-		loop_arm(k, k->now + 20);
-	}
+	loop_oom_retry(k);
 	return k->stopping && !k->conns ? KVD_ESTOPPED : 0;
 }
 
@@ -21979,118 +21981,6 @@ static int cfg_yaml_set(struct kvd_config *cfg, struct cfg_yaml *y, const char *
 	return 0;
 }
 
-KVD_API int kvd_config_yaml(struct kvd_config *cfg, const char *text, size_t len, char *store, size_t cap, char *err,
-                            size_t errlen)
-{
-	struct cfg_yaml y = {text, text + len, store, store + cap, 0, err, errlen};
-	const char *eol, *p, *colon, *key = NULL, *v;
-	size_t kl = 0;
-	char *list = NULL; /* a "- item" list being joined in the store */
-	int in_block = 0, nested_tls = 0, indent, isnull;
-
-	if (len > CFG_YAML_MAX || cap < len + 1) {
-		snprintf(err, errlen, "config file larger than %u bytes", CFG_YAML_MAX);
-		return KVD_EINVAL;
-	}
-	for (; y.p < y.end || key; y.p = eol < y.end ? eol + 1 : eol) {
-		eol = y.p < y.end ? memchr(y.p, '\n', (size_t)(y.end - y.p)) : NULL;
-		eol = eol ? eol : y.end;
-		y.line++;
-		if (eol > y.p && eol[-1] == '\r')
-			eol--;
-		for (p = y.p; p < eol && *p == ' '; p++)
-			;
-		indent = (int)(p - y.p);
-		if (y.p < y.end && (p == eol || *p == '#' || (!indent && eol - p >= 3 && !memcmp(p, "---", 3))))
-			continue; /* blank, comment, document start */
-		if (p < eol && *p == '\t')
-			return cfg_yaml_bad(&y, "tab in indentation", NULL);
-		if (y.p < y.end && (indent || (p < eol && *p == '-' && (p + 1 == eol || p[1] == ' ')))) {
-			/* inside the block "key:" opened */
-			if (!key)
-				return cfg_yaml_bad(&y, "indented line outside a block", NULL);
-			if (*p == '-' && (p + 1 == eol || p[1] == ' ')) {
-				if (in_block == 2)
-					return cfg_yaml_bad(&y, "list item inside a mapping", NULL);
-				in_block = 1;
-				if (list && cfg_yaml_put(&y, ','))
-					return KVD_EINVAL;
-				if (!list)
-					list = y.w;
-				p++;
-				if (cfg_yaml_scalar(&y, &p, eol, 0, &isnull) || cfg_yaml_eol(&y, p, eol))
-					return KVD_EINVAL;
-				if (isnull)
-					return cfg_yaml_bad(&y, "empty list item", NULL);
-				continue;
-			}
-			if (in_block == 1 || !indent)
-				return cfg_yaml_bad(&y, "mapping inside a list", NULL);
-			in_block = 2;
-			colon = memchr(p, ':', (size_t)(eol - p));
-			if (!colon || (colon + 1 < eol && colon[1] != ' '))
-				return cfg_yaml_bad(&y, "want \"key: value\"", NULL);
-			if (!nested_tls) { /* peer-transport-security and the like: ignored as a whole */
-				size_t i;
-				for (i = 0; i < KVD_COUNT(cfg_yaml_ignored) &&
-				            !(strlen(cfg_yaml_ignored[i]) == kl && !memcmp(cfg_yaml_ignored[i], key, kl)); i++)
-					;
-				if (i == KVD_COUNT(cfg_yaml_ignored))
-					return cfg_yaml_bad(&y, "a flag takes a value or a list, not a mapping", NULL);
-				continue;
-			}
-			if (cfg_yaml_value(&y, colon + 1, eol, &v))
-				return KVD_EINVAL;
-			{
-				static const char *const sub[] = {"cert-file", "key-file", "client-cert-auth", "trusted-ca-file",
-				                                  "auto-tls"};
-				size_t i, n = (size_t)(colon - p);
-				for (i = 0; i < KVD_COUNT(sub) && !(strlen(sub[i]) == n && !memcmp(sub[i], p, n)); i++)
-					;
-				if (i == KVD_COUNT(sub)) {
-					char bad[64];
-					snprintf(bad, sizeof bad, "%.*s", (int)KVD_MIN(n, 63), p);
-					return cfg_yaml_bad(&y, "unknown key in client-transport-security", bad);
-				}
-				if (cfg_yaml_set(cfg, &y, p, n, v))
-					return KVD_EINVAL;
-			}
-			continue;
-		}
-		/* column 0 (or the end): the block before it, if any, ends here */
-		if (key) {
-			if (list && cfg_yaml_put(&y, 0))
-				return KVD_EINVAL;
-			if (!nested_tls && in_block != 2 && cfg_yaml_set(cfg, &y, key, kl, list))
-				return KVD_EINVAL;
-			key = NULL;
-			list = NULL;
-		}
-		if (y.p >= y.end)
-			break;
-		colon = memchr(p, ':', (size_t)(eol - p));
-		if (!colon || colon == p || (colon + 1 < eol && colon[1] != ' '))
-			return cfg_yaml_bad(&y, "want \"key: value\"", NULL);
-		for (v = p; v < colon; v++)
-			if (!((*v >= 'a' && *v <= 'z') || (*v >= '0' && *v <= '9') || *v == '-'))
-				return cfg_yaml_bad(&y, "a key is a flag name (a-z, 0-9, -)", NULL);
-		for (v = colon + 1; v < eol && *v == ' '; v++)
-			;
-		if (v == eol || *v == '#') { /* "key:": a block may follow */
-			key = p;
-			kl = (size_t)(colon - p);
-			in_block = 0;
-			nested_tls = kl == 25 && !memcmp(p, "client-transport-security", 25);
-			if (!nested_tls && cfg_yaml_set(cfg, &y, key, kl, NULL))
-				return KVD_EINVAL; /* an unknown key fails on its own line */
-			continue;
-		}
-		if (cfg_yaml_value(&y, colon + 1, eol, &v) || cfg_yaml_set(cfg, &y, p, (size_t)(colon - p), v))
-			return KVD_EINVAL;
-	}
-	return 0;
-}
-
 static void cfg_env_name(const struct cfg_flag *f, char *out, size_t cap)
 {
 	size_t i, o = (size_t)snprintf(out, cap, "ETCD_");
@@ -22324,6 +22214,40 @@ static int cfg_lock(struct kvd *k, char *err, size_t errlen)
 	return 0;
 }
 
+/* --config-file: read (bounded), then parsed over etcd's defaults; *store
+ * holds its strings until kvd_open() has copied them. */
+static int cfg_read_file(struct kvd_config *cfg, char **store, char *err, size_t errlen)
+{
+	const char *path = cfg->config_file;
+	struct stat st;
+	size_t got = 0;
+	ssize_t n;
+	char *text;
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+
+	if (fd < 0 || fstat(fd, &st) || !S_ISREG(st.st_mode) || st.st_size > CFG_YAML_MAX) {
+		snprintf(err, errlen, "--config-file %s: %s", path,
+		         fd < 0 ? strerror(errno) : !S_ISREG(st.st_mode) ? "not a regular file" : "larger than 64 KiB");
+		if (fd >= 0)
+			close(fd);
+		return KVD_EINVAL;
+	}
+	text = KVD_SYS_MALLOC(2 * (size_t)st.st_size + 2);
+	if (!text) {
+		close(fd);
+		snprintf(err, errlen, "out of memory");
+		return KVD_ENOMEM;
+	}
+	while (got < (size_t)st.st_size && (n = read(fd, text + got, (size_t)st.st_size - got)) > 0)
+		got += (size_t)n;
+	close(fd);
+	*store = text;
+	kvd_config_init(cfg);
+	cfg->config_file = path;
+	n = snprintf(err, errlen, "--config-file %.64s: ", path); /* the parser's words go after it */
+	return kvd_config_yaml(cfg, text, got, text + got + 1, got + 1, err + n, errlen - (size_t)n);
+}
+
 /* ===== 25. Public embedding API (kvd_) ================================== */
 
 #define KVD_STR_(x) #x
@@ -22461,6 +22385,119 @@ KVD_API int kvd_config_parse(struct kvd_config *cfg, int argc, char **argv, char
 	return 0;
 }
 
+/* --config-file's text (the reader's grammar: section 24, cfg_yaml_). */
+KVD_API int kvd_config_yaml(struct kvd_config *cfg, const char *text, size_t len, char *store, size_t cap, char *err,
+                            size_t errlen)
+{
+	struct cfg_yaml y = {text, text + len, store, store + cap, 0, err, errlen};
+	const char *eol, *p, *colon, *key = NULL, *v;
+	size_t kl = 0;
+	char *list = NULL; /* a "- item" list being joined in the store */
+	int in_block = 0, nested_tls = 0, indent, isnull;
+
+	if (len > CFG_YAML_MAX || cap < len + 1) {
+		snprintf(err, errlen, "config file larger than %u bytes", CFG_YAML_MAX);
+		return KVD_EINVAL;
+	}
+	for (; y.p < y.end || key; y.p = eol < y.end ? eol + 1 : eol) {
+		eol = y.p < y.end ? memchr(y.p, '\n', (size_t)(y.end - y.p)) : NULL;
+		eol = eol ? eol : y.end;
+		y.line++;
+		if (eol > y.p && eol[-1] == '\r')
+			eol--;
+		for (p = y.p; p < eol && *p == ' '; p++)
+			;
+		indent = (int)(p - y.p);
+		if (y.p < y.end && (p == eol || *p == '#' || (!indent && eol - p >= 3 && !memcmp(p, "---", 3))))
+			continue; /* blank, comment, document start */
+		if (p < eol && *p == '\t')
+			return cfg_yaml_bad(&y, "tab in indentation", NULL);
+		if (y.p < y.end && (indent || (p < eol && *p == '-' && (p + 1 == eol || p[1] == ' ')))) {
+			/* inside the block "key:" opened */
+			if (!key)
+				return cfg_yaml_bad(&y, "indented line outside a block", NULL);
+			if (*p == '-' && (p + 1 == eol || p[1] == ' ')) {
+				if (in_block == 2)
+					return cfg_yaml_bad(&y, "list item inside a mapping", NULL);
+				in_block = 1;
+				if (list && cfg_yaml_put(&y, ','))
+					return KVD_EINVAL;
+				if (!list)
+					list = y.w;
+				p++;
+				if (cfg_yaml_scalar(&y, &p, eol, 0, &isnull) || cfg_yaml_eol(&y, p, eol))
+					return KVD_EINVAL;
+				if (isnull)
+					return cfg_yaml_bad(&y, "empty list item", NULL);
+				continue;
+			}
+			if (in_block == 1 || !indent)
+				return cfg_yaml_bad(&y, "mapping inside a list", NULL);
+			in_block = 2;
+			colon = memchr(p, ':', (size_t)(eol - p));
+			if (!colon || (colon + 1 < eol && colon[1] != ' '))
+				return cfg_yaml_bad(&y, "want \"key: value\"", NULL);
+			if (!nested_tls) { /* peer-transport-security and the like: ignored as a whole */
+				size_t i;
+				for (i = 0; i < KVD_COUNT(cfg_yaml_ignored) &&
+				            !(strlen(cfg_yaml_ignored[i]) == kl && !memcmp(cfg_yaml_ignored[i], key, kl)); i++)
+					;
+				if (i == KVD_COUNT(cfg_yaml_ignored))
+					return cfg_yaml_bad(&y, "a flag takes a value or a list, not a mapping", NULL);
+				continue;
+			}
+			if (cfg_yaml_value(&y, colon + 1, eol, &v))
+				return KVD_EINVAL;
+			{
+				static const char *const sub[] = {"cert-file", "key-file", "client-cert-auth", "trusted-ca-file",
+				                                  "auto-tls"};
+				size_t i, n = (size_t)(colon - p);
+				for (i = 0; i < KVD_COUNT(sub) && !(strlen(sub[i]) == n && !memcmp(sub[i], p, n)); i++)
+					;
+				if (i == KVD_COUNT(sub)) {
+					char bad[64];
+					snprintf(bad, sizeof bad, "%.*s", (int)KVD_MIN(n, 63), p);
+					return cfg_yaml_bad(&y, "unknown key in client-transport-security", bad);
+				}
+				if (cfg_yaml_set(cfg, &y, p, n, v))
+					return KVD_EINVAL;
+			}
+			continue;
+		}
+		/* column 0 (or the end): the block before it, if any, ends here */
+		if (key) {
+			if (list && cfg_yaml_put(&y, 0))
+				return KVD_EINVAL;
+			if (!nested_tls && in_block != 2 && cfg_yaml_set(cfg, &y, key, kl, list))
+				return KVD_EINVAL;
+			key = NULL;
+			list = NULL;
+		}
+		if (y.p >= y.end)
+			break;
+		colon = memchr(p, ':', (size_t)(eol - p));
+		if (!colon || colon == p || (colon + 1 < eol && colon[1] != ' '))
+			return cfg_yaml_bad(&y, "want \"key: value\"", NULL);
+		for (v = p; v < colon; v++)
+			if (!((*v >= 'a' && *v <= 'z') || (*v >= '0' && *v <= '9') || *v == '-'))
+				return cfg_yaml_bad(&y, "a key is a flag name (a-z, 0-9, -)", NULL);
+		for (v = colon + 1; v < eol && *v == ' '; v++)
+			;
+		if (v == eol || *v == '#') { /* "key:": a block may follow */
+			key = p;
+			kl = (size_t)(colon - p);
+			in_block = 0;
+			nested_tls = kl == 25 && !memcmp(p, "client-transport-security", 25);
+			if (!nested_tls && cfg_yaml_set(cfg, &y, key, kl, NULL))
+				return KVD_EINVAL; /* an unknown key fails on its own line */
+			continue;
+		}
+		if (cfg_yaml_value(&y, colon + 1, eol, &v) || cfg_yaml_set(cfg, &y, p, (size_t)(colon - p), v))
+			return KVD_EINVAL;
+	}
+	return 0;
+}
+
 /*
  * The memory-only half of kvd_open(): configuration, ids.  No file, socket
  * or pipe is touched, so tests and fuzzers build instances with it.
@@ -22553,7 +22590,7 @@ KVD_API int kvd_open(const struct kvd_config *cfg, struct kvd **out, char *err, 
 	/* Every flag and every file it names is checked before the data dir is
 	 * touched or a socket bound: a configuration error changes nothing on
 	 * disk, and kvd_main tells it apart (exit 2) from a runtime failure. */
-	r = log_open(k, err, errlen);
+	r = util_log_open(k, err, errlen);
 	if (!r)
 		r = net_check_urls(k, &tls, err, errlen);
 	if (!r)
@@ -22694,7 +22731,7 @@ KVD_API void kvd_close(struct kvd *k)
 	cfg_disown(k, &k->cfg);
 	if (k->mem)
 		kvd_log(k, KVD_LOG_WARN, "%zu bytes still allocated at close", k->mem);
-	log_close(k);
+	util_log_close(k);
 	KVD_SYS_FREE(k);
 }
 
@@ -22709,39 +22746,6 @@ static void kvd_on_signal(int sig)
 		kvd_shutdown(main_kvd);
 }
 
-/* --config-file: read (bounded), then parsed over etcd's defaults; *store
- * holds its strings until kvd_open() has copied them. */
-static int main_config_file(struct kvd_config *cfg, char **store, char *err, size_t errlen)
-{
-	const char *path = cfg->config_file;
-	struct stat st;
-	size_t got = 0;
-	ssize_t n;
-	char *text;
-	int fd = open(path, O_RDONLY | O_CLOEXEC);
-
-	if (fd < 0 || fstat(fd, &st) || !S_ISREG(st.st_mode) || st.st_size > CFG_YAML_MAX) {
-		snprintf(err, errlen, "--config-file %s: %s", path,
-		         fd < 0 ? strerror(errno) : !S_ISREG(st.st_mode) ? "not a regular file" : "larger than 64 KiB");
-		if (fd >= 0)
-			close(fd);
-		return KVD_EINVAL;
-	}
-	text = KVD_SYS_MALLOC(2 * (size_t)st.st_size + 2);
-	if (!text) {
-		close(fd);
-		snprintf(err, errlen, "out of memory");
-		return KVD_ENOMEM;
-	}
-	while (got < (size_t)st.st_size && (n = read(fd, text + got, (size_t)st.st_size - got)) > 0)
-		got += (size_t)n;
-	close(fd);
-	*store = text;
-	kvd_config_init(cfg);
-	cfg->config_file = path;
-	n = snprintf(err, errlen, "--config-file %.64s: ", path); /* the parser's words go after it */
-	return kvd_config_yaml(cfg, text, got, text + got + 1, got + 1, err + n, errlen - (size_t)n);
-}
 
 KVD_API int kvd_main(int argc, char **argv)
 {
@@ -22758,7 +22762,7 @@ KVD_API int kvd_main(int argc, char **argv)
 	if (r == 1)
 		return KVD_EXIT_OK;
 	if (!r && cfg.config_file && cfg.config_file[0]) /* as etcd: the file, and nothing else */
-		r = main_config_file(&cfg, &yaml, err, sizeof err);
+		r = cfg_read_file(&cfg, &yaml, err, sizeof err);
 	if (r) {
 		fprintf(stderr, "kvd: %s\n", err);
 		KVD_SYS_FREE(yaml);

@@ -145,7 +145,11 @@ def contend(c, n=6):
             holders[0] += 1
             overlap[0] |= holders[0] > 1
             got.append(i)
-        time.sleep(0.02)  # hold it a moment: a second holder would show
+        with mu:
+            waiting = n - len(got)
+        # hold it until every client still to come is queued on the server
+        # (its key under mx/ exists): a second holder would then show
+        wait_for(lambda: sum(1 for kv in c.keys() if kv[0].startswith(b"mx/")) >= waiting + 1, 30)
         with mu:
             holders[0] -= 1
         c.unlock(r[1].key)
