@@ -9,7 +9,7 @@
  *    0. Build knobs (KVD_*)               -- search for "@@" to find every knob
  *    1. Includes and portability
  *    2. Types, limits, shared declarations
- *    3. Utilities: allocation, log, bytes, clock, rate buckets
+ *    3. Utilities: allocation, log, bytes, clock, rate buckets, fair shares (share_)
  *    4. Byte buffers (buf_)
  *    5. Protobuf glue (pb_)
  *    6. MVCC store: log, index, revisions (mvcc_)
@@ -56,8 +56,11 @@
 #ifndef KVD_DEFAULT_MAX_CONNECTIONS /* @@ --max-connections default */
 #define KVD_DEFAULT_MAX_CONNECTIONS 256
 #endif
-#ifndef KVD_DEFAULT_MAX_CONNS_PER_IP /* @@ --max-connections-per-ip default */
-#define KVD_DEFAULT_MAX_CONNS_PER_IP 64
+#ifndef KVD_DEFAULT_MAX_CONNS_PER_IP /* @@ --max-connections-per-ip default (0: none, as etcd; fair shares instead) */
+#define KVD_DEFAULT_MAX_CONNS_PER_IP 0
+#endif
+#ifndef KVD_DEFAULT_MAX_INPUT /* @@ --max-request-buffer default: request bytes held in all */
+#define KVD_DEFAULT_MAX_INPUT (8 * 1024 * 1024)
 #endif
 #ifndef KVD_DEFAULT_MAX_STREAMS /* @@ --max-concurrent-streams default (etcd: 2^32-1) */
 #define KVD_DEFAULT_MAX_STREAMS 256
@@ -115,6 +118,15 @@
 #endif
 #ifndef KVD_DEFAULT_DRAIN_MS /* @@ --shutdown-grace default */
 #define KVD_DEFAULT_DRAIN_MS 5000
+#endif
+#ifndef KVD_MAX_REFUSING /* @@ refused connections kept at once to answer in their own protocol */
+#define KVD_MAX_REFUSING 32
+#endif
+#ifndef KVD_REFUSE_WAIT_MS /* @@ how long a refused connection may take to say what it speaks */
+#define KVD_REFUSE_WAIT_MS 1000
+#endif
+#ifndef KVD_STOP_LINGER_MS /* @@ while stopping: how long a closed connection waits for the peer's FIN */
+#define KVD_STOP_LINGER_MS 200
 #endif
 #ifndef KVD_ACCEPTS_PER_TICK /* @@ accept() calls per loop iteration */
 #define KVD_ACCEPTS_PER_TICK 64
@@ -247,6 +259,8 @@ enum grpc_code {
 	GRPC_UNAVAILABLE, GRPC_DATA_LOSS, GRPC_UNAUTHENTICATED
 };
 
+#define LEASE_MAX_TTL 9000000000ll /* etcd's MaxLeaseTTL, seconds: bounds every TTL, requested or replayed */
+
 /* etcd's error texts, byte for byte: clients match errors by text. */
 #define E_EMPTY_KEY "etcdserver: key is not provided"
 #define E_KEY_NOT_FOUND "etcdserver: key not found"
@@ -280,6 +294,12 @@ enum grpc_code {
 #define E_INVALID_TOKEN "etcdserver: invalid auth token"
 #define E_TOO_MANY_REQUESTS "etcdserver: too many requests"
 #define E_AUTH_OLD_REV "etcdserver: revision of auth store is old"
+#define E_STOPPING "transport is closing" /* what etcd's clients and its gateway see as it stops */
+/* kvd's own words, where etcd has none: writes that would take a number
+ * past 2^63-1 (etcd would wrap), a full --max-request-buffer */
+#define E_NO_REVISION "kvd: mvcc: no revision left (the store is at revision 9223372036854775807)"
+#define E_NO_VERSION "kvd: mvcc: the key's version would pass 9223372036854775807"
+#define E_INPUT_FULL "kvd: too many request bytes buffered (--max-request-buffer); retry"
 
 /* An owned, growable byte buffer; live bytes are p[rd..len).  A lent one
  * borrows memory it does not own (net_read lends k->rbuf): it cannot grow.
@@ -479,7 +499,8 @@ struct auth_jwt;
  * auth revision a JWT was issued at (0: a simple token or a certificate,
  * which are always current). */
 struct auth_who {
-	const char *name;
+	const char *name;              /* NUL-terminated, but nlen says its length: a CN may hold NULs */
+	size_t nlen;
 	uint64_t rev;
 };
 struct auth {
@@ -494,7 +515,9 @@ struct auth {
 	int64_t ttl_ms;
 	struct auth_jwt *jwt;          /* --auth-token jwt,...: NULL for simple tokens */
 	struct auth_job *jobs, *jobs_tail; /* hashes to make, oldest first */
+	struct auth_job *cur;          /* the one being hashed (finished before another begins) */
 	unsigned njobs;
+	uint64_t vclock;               /* fair turns: the shares' and connections' vt come from it */
 	int rnd_fd;
 	uint64_t hashes, failures;     /* counters */
 };
@@ -551,7 +574,8 @@ struct grpc_method {
 	void (*on_close)(struct kvd *k, struct call *c);
 	/* the carrier can take more and the call's queue is empty (optional) */
 	void (*on_produce)(struct kvd *k, struct call *c);
-	/* kvd begins to shut down (optional): Health watchers say NOT_SERVING */
+	/* kvd begins to shut down (optional): Health watchers say NOT_SERVING,
+	 * waiters end; streams end after it (svc_stop_call) */
 	void (*on_shutdown)(struct kvd *k, struct call *c);
 };
 
@@ -614,6 +638,7 @@ struct net_proto {
 	void (*stop)(struct kvd *k, struct conn *c);      /* the grace is over */
 	void (*evict)(struct kvd *k, struct conn *c);     /* closed for a new client: say so */
 	int (*busy)(const struct conn *c);                /* a call is being served */
+	int (*shed)(struct kvd *k, struct conn *c);       /* drop its largest buffered request: 1 if it had one */
 	void (*free)(struct kvd *k, struct conn *c);      /* its state (ps) */
 };
 struct conn {
@@ -622,6 +647,9 @@ struct conn {
 	int fd;
 	char peer[64];
 	uint8_t src[9];              /* source address: family, then the IPv4 address or IPv6 /64 */
+	struct share *share;         /* that address's fair share (section 3); NULL only for refusals */
+	uint64_t in_held;            /* request bytes it buffers (its part of k->in_held) */
+	uint64_t vt;                 /* password hashes: when this connection was last served */
 	const struct net_transport *tr;
 	void *ts;                    /* the transport's state (TLS) */
 	const struct net_proto *proto; /* NULL until the first bytes say */
@@ -634,6 +662,7 @@ struct conn {
 	unsigned shut_wr : 1;        /* output done, lingering for the peer's close */
 	unsigned want_write : 1;     /* the transport waits to write (a TLS handshake): POLLOUT */
 	unsigned metrics_only : 1;   /* from a --listen-metrics-urls listener: HTTP/1.x, /metrics, /health */
+	unsigned refusing : 1;       /* over the limits: its first bytes get a refusal in its protocol */
 	/* times, monotonic ms */
 	int64_t t_open, t_close;
 	int64_t t_active;            /* last progress: a call opened, request data, a call ended */
@@ -652,13 +681,22 @@ struct net_listener {
 #define KVD_METRIC_METHODS 64 /* gRPC methods counted by /metrics (kvd routes ~55) */
 #define KVD_FSYNC_BUCKETS 14  /* 1 ms .. 8.192 s, doubling: etcd's wal_fsync buckets */
 #define KVD_COMMIT_BUCKETS 12 /* 1 .. 2048 replies released by one group commit */
+enum { YIELD_CONNS, YIELD_HANDSHAKES, YIELD_HASHES, YIELD_WATCHERS, YIELD_BYTES, YIELD_N }; /* fair shares given up */
 struct kvd_stats {
 	uint64_t conns_accepted, conns_refused, conns_refused_ip, conns_evicted, goaway_sent, rst_sent, calls;
+	uint64_t yields[YIELD_N];    /* units a largest holder gave up to a newcomer, by pool */
 	uint64_t grpc_started[KVD_METRIC_METHODS], grpc_handled[KVD_METRIC_METHODS][17];
 	uint64_t fsync_b[KVD_FSYNC_BUCKETS], fsync_n, commit_b[KVD_COMMIT_BUCKETS], commit_n, commit_sum;
 	uint64_t http_requests;
 	double fsync_sum;            /* seconds */
 	int64_t start_wall;          /* time(NULL) at start, for process_start_time_seconds */
+};
+
+/* Fair shares (section 3): who holds how much of each bounded pool. */
+struct share;
+struct share_tab {
+	struct share **b;
+	size_t mask, n;
 };
 
 struct kvd {
@@ -679,7 +717,7 @@ struct kvd {
 	struct net_listener *ls;
 	unsigned nls;
 	struct conn *conns;
-	unsigned nconns;
+	unsigned nconns, nrefusing;  /* counted toward --max-connections; being refused (uncounted) */
 	struct pollfd *pfd;
 	struct loop_slot *slot;      /* what each pollfd belongs to */
 	size_t pcap;
@@ -713,6 +751,8 @@ struct kvd {
 	/* HPACK decode scratch, shared: one header block is decoded at a time */
 	struct hp_field hf[KVD_MAX_HEADER_FIELDS];
 	uint8_t harena[KVD_MAX_HEADER_LIST + HP_TABLE_SIZE + 64];
+	struct share_tab shares;     /* fair shares of the pools below (section 3) */
+	uint64_t in_held;            /* request bytes buffered in all (--max-request-buffer) */
 	struct kvd_stats st;
 };
 
@@ -732,10 +772,12 @@ static int cfg_lock(struct kvd *k, char *err, size_t errlen);
 static void lease_promote(struct kvd *k);
 static void loop_arm(struct kvd *k, int64_t when);
 static void loop_log_flush(struct kvd *k);
+static void net_held(struct kvd *k, struct conn *c, int64_t delta);
+static void net_shed(struct kvd *k);
 static int net_nonblock(int fd);
 static void confd_report(struct kvd *k, char *out, size_t cap);
 
-/* ===== 3. Utilities: allocation, log, bytes, clock, rate buckets ======== */
+/* ===== 3. Utilities: allocation, log, bytes, clock, rate buckets, fair shares (share_) == */
 
 /*
  * The one allocation choke point.  Each block carries its size so kvd knows
@@ -942,7 +984,49 @@ static void kvd_log(struct kvd *k, int level, const char *fmt, ...)
 		(void)!write(k->log_fd, line, len + 1);
 }
 
-/* --log-outputs and --logger, checked; a file output opened (O_APPEND). */
+/*
+ * A file a flag names, opened for reading without ever blocking: a FIFO or a
+ * device would hang start-up (or a SIGHUP reload) in open() or read(), so
+ * only a regular file is taken.  The fd (O_NONBLOCK cleared, *st filled),
+ * -1 with errno when open/fstat failed, or -2 when it is not a regular file.
+ */
+static int util_open_regular(const char *path, int flags, struct stat *st)
+{
+	int fd = open(path, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC | flags), fl;
+
+	if (fd < 0)
+		return -1;
+	if (fstat(fd, st)) {
+		close(fd);
+		return -1;
+	}
+	if (!S_ISREG(st->st_mode)) {
+		close(fd);
+		return -2;
+	}
+	if ((fl = fcntl(fd, F_GETFL)) >= 0)
+		fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
+	return fd;
+}
+
+/* Before a library opens path itself (mbedtls' *_parse_file, fopen): it is a
+ * readable regular file, or err says why ("what path: ..."). */
+static int util_check_regular(const char *path, const char *what, char *err, size_t errlen)
+{
+	struct stat st;
+	int fd = util_open_regular(path, 0, &st);
+
+	if (fd >= 0) {
+		close(fd);
+		return 0;
+	}
+	snprintf(err, errlen, "%s %.200s: %s", what, path, fd == -2 ? "not a regular file" : strerror(errno));
+	return KVD_EINVAL;
+}
+
+/* --log-outputs and --logger, checked; a file output opened (O_APPEND;
+ * non-blocking, so a FIFO without a reader is refused and a full one drops
+ * lines rather than stalling the loop). */
 static int util_log_open(struct kvd *k, char *err, size_t errlen)
 {
 	const char *o = k->cfg.log_outputs, *e;
@@ -971,7 +1055,7 @@ static int util_log_open(struct kvd *k, char *err, size_t errlen)
 		} else {
 			memcpy(path, o, n);
 			path[n] = 0;
-			if ((k->log_fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0600)) < 0) {
+			if ((k->log_fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_NONBLOCK | O_NOCTTY | O_CLOEXEC, 0600)) < 0) {
 				snprintf(err, errlen, "--log-outputs: cannot open %s: %s", path, strerror(errno));
 				return KVD_EINVAL;
 			}
@@ -1066,6 +1150,134 @@ static int bucket_take(struct bucket *b, int64_t now, uint32_t rate, uint32_t bu
 		return 0;
 	b->milli -= 1000;
 	return 1;
+}
+
+/*
+ * Fair shares of bounded pools.  Connection slots, TLS handshakes, password
+ * hashes, watchers and buffered request bytes are each bounded in all.  Who
+ * holds them is a share: a source address (IPv4, or an IPv6 /64) or, for
+ * watchers with auth on, a user.  Nobody is limited while a pool has room;
+ * when it is full, the share holding the most yields to a newcomer holding
+ * clearly less (max-min fairness), so a few hostile addresses can fill a
+ * pool but cannot keep an honest client out of it, and an honest busy host
+ * is refused only when it is itself the largest holder.  A share lives in a
+ * small hash table while something refers to it (a connection, a watch
+ * stream); its counts are what it holds of each pool.
+ */
+enum { SHARE_CONNS, SHARE_HANDSHAKES, SHARE_WATCHERS, SHARE_INPUT, SHARE_KINDS };
+struct share {
+	struct share *next;            /* hash chain */
+	uint64_t n[SHARE_KINDS];       /* what it holds of each pool */
+	uint64_t vt;                   /* password hashes: when it was last served (a virtual clock) */
+	unsigned refs;
+	size_t klen;
+	uint8_t key[];                 /* 'a' + net_src_key's 9 bytes, or 'u' + a user name's bytes */
+};
+
+static uint64_t share_hash(const uint8_t *p, size_t n)
+{
+	uint64_t h = 1469598103934665603ull; /* FNV-1a */
+
+	while (n--)
+		h = (h ^ *p++) * 1099511628211ull;
+	return h;
+}
+
+static uint64_t share_key_hash(const struct share *e)
+{
+	return share_hash(e->key + 1, e->klen - 1) ^ e->key[0];
+}
+
+/* The share of type ('a' an address, 'u' a user) and name p[0..n) (a
+ * reference taken), made if new; NULL without memory. */
+static struct share *share_get(struct kvd *k, int type, const uint8_t *p, size_t n)
+{
+	struct share_tab *t = &k->shares;
+	struct share *e, **b;
+	uint64_t h = share_hash(p, n) ^ (uint64_t)type;
+	size_t i;
+
+	if (t->b)
+		for (e = t->b[h & t->mask]; e; e = e->next)
+			if (e->klen == n + 1 && e->key[0] == type && !memcmp(e->key + 1, p, n)) {
+				e->refs++;
+				return e;
+			}
+	if (t->n >= t->mask) { /* grow at a load of 1: chains stay short */
+		size_t sz = t->mask ? (t->mask + 1) * 2 : 64;
+		struct share **nb = kvd_calloc(k, sz * sizeof *nb), *next;
+		if (!nb)
+			return NULL;
+		for (i = 0; t->b && i <= t->mask; i++)
+			for (e = t->b[i]; e; e = next) {
+				next = e->next;
+				e->next = nb[share_key_hash(e) & (sz - 1)];
+				nb[share_key_hash(e) & (sz - 1)] = e;
+			}
+		kvd_free(k, t->b);
+		t->b = nb;
+		t->mask = sz - 1;
+	}
+	if (!(e = kvd_calloc(k, sizeof *e + n + 1)))
+		return NULL;
+	e->key[0] = (uint8_t)type;
+	if (n)
+		memcpy(e->key + 1, p, n);
+	e->klen = n + 1;
+	e->refs = 1;
+	b = &t->b[h & t->mask];
+	e->next = *b;
+	*b = e;
+	t->n++;
+	return e;
+}
+
+/* Drop a reference; the last one frees it (it holds nothing by then). */
+static void share_put(struct kvd *k, struct share *e)
+{
+	struct share **b;
+
+	if (!e || --e->refs)
+		return;
+	for (b = &k->shares.b[share_key_hash(e) & k->shares.mask]; *b; b = &(*b)->next)
+		if (*b == e) {
+			*b = e->next;
+			break;
+		}
+	k->shares.n--;
+	kvd_free(k, e);
+}
+
+/* The share that holds the most of pool kind (NULL if nobody holds any). */
+static struct share *share_max(struct kvd *k, int kind)
+{
+	struct share *e, *best = NULL;
+	size_t i;
+
+	for (i = 0; k->shares.b && i <= k->shares.mask; i++)
+		for (e = k->shares.b[i]; e; e = e->next)
+			if (e->n[kind] && (!best || e->n[kind] > best->n[kind]))
+				best = e;
+	return best;
+}
+
+/* At close: the table (every share went with what referred to it). */
+static void share_fini(struct kvd *k)
+{
+	(void)KVD_ALWAYS(!k->shares.n);
+	kvd_free(k, k->shares.b);
+	k->shares.b = NULL;
+	k->shares.mask = k->shares.n = 0;
+}
+
+/* Must `have` (the newcomer's holding) yield to nobody, or may it take
+ * from `top`, which holds at least `margin` more?  (max-min: a holder
+ * gives up a unit only when it keeps at least as much as the newcomer.) */
+static int share_may_take(const struct share *top, const struct share *have, int kind, uint64_t margin)
+{
+	uint64_t mine = have ? have->n[kind] : 0;
+
+	return top && top != have && top->n[kind] >= mine + margin;
 }
 
 /* ===== 4. Byte buffers (buf_) =========================================== */
@@ -1545,7 +1757,7 @@ static int auth_raw(struct svc_err *e);
 static const char *auth_watch_reason(const struct svc_err *e);
 static void auth_init(struct kvd *k);
 static void auth_free(struct kvd *k);
-static const char *tls_peer_cn(const struct conn *c);
+static const char *tls_peer_cn(const struct conn *c, size_t *n);
 #define AUTH_R AUTHPB__PERMISSION__TYPE__READ
 #define AUTH_W AUTHPB__PERMISSION__TYPE__WRITE
 
@@ -2254,6 +2466,10 @@ static int mvcc_op_decode(const uint8_t **pp, const uint8_t *end, uint64_t off, 
 		}
 		op->lease = mvcc_unzigzag(v[0]);
 		op->ttl = op->kind == MVCC_OP_GRANT ? (int64_t)v[1] : 0;
+		if (!op->lease || (op->kind == MVCC_OP_GRANT && (v[1] < 1 || v[1] > (uint64_t)LEASE_MAX_TTL))) {
+			*why = "bad lease op"; /* ttl * 1000 must not overflow: etcd's MaxLeaseTTL bounds it */
+			return KVD_ECORRUPT;
+		}
 		*pp = p;
 		return 0;
 	case MVCC_OP_PUT:
@@ -2274,6 +2490,13 @@ static int mvcc_op_decode(const uint8_t **pp, const uint8_t *end, uint64_t off, 
 			*why = "bad op varint";
 			return KVD_ECORRUPT;
 		}
+	/* bounded before use: a put's revisions and version are in 1..2^63-1,
+	 * created at or before it; a delete carries none */
+	if (v[0] < 1 || v[0] > INT64_MAX ||
+	    (op->kind == MVCC_OP_PUT ? v[1] < 1 || v[1] > v[0] || v[2] < 1 || v[2] > INT64_MAX : v[1] || v[2])) {
+		*why = "op numbers out of range";
+		return KVD_ECORRUPT;
+	}
 	op->rev = (int64_t)v[0];
 	op->create = (int64_t)v[1];
 	op->ver = (int64_t)v[2];
@@ -2780,6 +3003,13 @@ static size_t mvcc_rec_open(struct kvd_buf *b, int64_t rev)
 	return b->len - 4;
 }
 
+/* The revision after rev -- or rev itself when it is the last (2^63-1):
+ * nothing can follow it, so "from the next one on" means nothing more. */
+static int64_t mvcc_after(int64_t rev)
+{
+	return rev < INT64_MAX ? rev + 1 : INT64_MAX;
+}
+
 /* Start a write txn: its record header goes to the batch now, its length
  * and CRC when it ends. */
 static int mvcc_txn_begin(struct kvd *k, struct mvcc_txn *t)
@@ -2789,6 +3019,8 @@ static int mvcc_txn_begin(struct kvd *k, struct mvcc_txn *t)
 	memset(t, 0, sizeof *t);
 	if (m->broken)
 		return KVD_EIO;
+	if (m->rev >= INT64_MAX) /* no revision left: svc_writable refuses writes before this */
+		return KVD_ELIMIT;
 	t->rev = m->rev + 1;
 	t->at = m->w.len;
 	t->undo_at = m->nundo;
@@ -2963,11 +3195,13 @@ static int mvcc_put(struct kvd *k, struct mvcc_txn *t, const uint8_t *key, size_
 
 	if (klen > 0xffffffffu || vlen > 0x7fffffffu)
 		return KVD_ELIMIT;
-	if (lease_reserve(k, lease)) /* attaching the key cannot fail later */
-		return KVD_ENOMEM;
 	it = mvcc_seek(m, key, klen, &eq);
 	r = eq ? mvcc_at(m, it) : NULL;
 	live = r && r->create;
+	if (live && r->ver >= INT64_MAX) /* a version past int64 could not be replayed */
+		return KVD_ERANGE;
+	if (lease_reserve(k, lease)) /* attaching the key cannot fail later */
+		return KVD_ENOMEM;
 	create = live ? r->create : t->rev;
 	ver = live ? r->ver + 1 : 1;
 	if (!r) {
@@ -3362,7 +3596,7 @@ static int mvcc_replay_record(struct kvd *k, struct mvcc *m, struct mvcc_rec *re
 	}
 	switch (rec->type) {
 	case MVCC_REC_TXN:
-		if (rec->rev != m->rev + 1) {
+		if (m->rev >= INT64_MAX || rec->rev != m->rev + 1) {
 			*why = "txn revision out of sequence";
 			return KVD_ECORRUPT;
 		}
@@ -3646,7 +3880,6 @@ struct lease {
 #endif
 #define LEASE_TICK 100              /* ms per wheel slot */
 #define LEASE_SLOTS 1024            /* one turn of the wheel: 102.4 s */
-#define LEASE_MAX_TTL 9000000000ll  /* etcd's MaxLeaseTTL, seconds */
 #define LEASE_RETRY_MS 1000         /* an expiry that could not be written is retried */
 
 static size_t lease_hash(int64_t id)
@@ -4633,7 +4866,7 @@ static int life_rw_start(struct kvd *k, int automatic)
 			rw->leases[rw->nleases].id = l->id;
 			rw->leases[rw->nleases++].ttl = l->ttl;
 		}
-	rw->from = rw->at = mvcc_seek_rev(k, &rw->win, rw->base + 1);
+	rw->from = rw->at = mvcc_seek_rev(k, &rw->win, mvcc_after(rw->base));
 	life_path(k, rw->path, sizeof rw->path, "kvd.log.new");
 	rw->fd = open(rw->path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
 	if (rw->fd < 0) {
@@ -6617,7 +6850,7 @@ static int snap_imp_key(struct kvd *k, void *arg, const uint8_t *key, size_t kn,
 	if (!im->in_txn || im->rec_rev != main_rev) {
 		if ((e = snap_imp_close(k, im)))
 			goto out;
-		if (main_rev != k->db.rev + 1) {
+		if (k->db.rev >= INT64_MAX || main_rev != k->db.rev + 1) {
 			e = snap_imp_fail(im, "revision %lld follows %lld: revisions above the compaction must not skip",
 			                  (long long)main_rev, (long long)k->db.rev);
 			goto out;
@@ -6710,8 +6943,8 @@ static int snap_imp_authflags(struct kvd *k, void *arg, const uint8_t *key, size
 	(void)flags;
 	if (kn == 11 && !memcmp(key, "authEnabled", 11) && vn == 1)
 		im->auth_on = val[0] == 1;
-	else if (kn == 12 && !memcmp(key, "authRevision", 12) && vn == 8)
-		im->auth_rev = get_be64(val);
+	else if (kn == 12 && !memcmp(key, "authRevision", 12) && vn == 8 && (im->auth_rev = get_be64(val)) > INT64_MAX)
+		return snap_imp_fail(im, "an auth revision past 2^63-1");
 	return 0;
 }
 
@@ -6864,6 +7097,10 @@ static int snap_import_mem(struct kvd *k, const uint8_t *p, uint64_t n, int skip
 			                  (unsigned long long)id);
 			goto out;
 		}
+		if (k->db.rev >= INT64_MAX) { /* its TXN would carry revision 2^63 */
+			e = snap_imp_fail(im, "lease %llx to revoke after the last revision", (unsigned long long)id);
+			goto out;
+		}
 		if ((e = snap_imp_room(k, im, MVCC_REC_TXN, k->db.rev + 1, MVCC_LEASE_OP_MAX)))
 			goto out;
 		im->out.len = (size_t)(mvcc_lease_encode(im->out.p + im->out.len, MVCC_OP_REVOKE, id, 0) - im->out.p);
@@ -6918,8 +7155,8 @@ static int snap_restore(struct kvd *k0, char *err, size_t errlen)
 		         "start without the flag)", dir);
 		return KVD_EINVAL;
 	}
-	if ((fd = open(file, O_RDONLY | O_CLOEXEC)) < 0 || fstat(fd, &st)) {
-		snprintf(err, errlen, "cannot open %s: %s", file, strerror(errno));
+	if ((fd = util_open_regular(file, 0, &st)) < 0) {
+		snprintf(err, errlen, "cannot open %s: %s", file, fd == -2 ? "not a regular file" : strerror(errno));
 		e = KVD_EINVAL;
 		goto out;
 	}
@@ -7442,6 +7679,7 @@ struct h2_stream {
 	uint32_t recv_owed;         /* consumed, not yet credited back */
 	size_t grant_msg;           /* size of the message that waits for a grant */
 	size_t reserved;            /* its share of the connection's grants */
+	uint64_t charge;            /* request bytes it counts toward --max-request-buffer */
 	uint64_t content_length, data_seen;
 	int64_t stalled_since;      /* output blocked by a zero window since */
 	struct kvd_buf in;          /* request bytes (gRPC-framed) */
@@ -7623,6 +7861,7 @@ static struct h2_stream *h2_stream_new(struct h2_conn *c, uint32_t sid)
 
 static void h2_credit(struct h2_conn *c);
 static void h2_release(struct h2_stream *s);
+static void h2_recharge(struct h2_stream *s);
 
 /* Forget a stream: service state, buffers.  Late frames for its id are
  * ignored (reset ring).  Never called from inside a service handler. */
@@ -7641,6 +7880,7 @@ static void h2_stream_close(struct h2_conn *c, struct h2_stream *s)
 		h2_remember_closed(c, s->id, 0);
 	h2_release(s);
 	buf_free(k, &s->in);
+	h2_recharge(s);
 	kvd_free(k, s);
 	c->conn->t_active = k->now; /* a call ended: progress */
 	if (k->cfg.idle_timeout_ms)
@@ -7687,7 +7927,11 @@ static void h2_stream_error(struct h2_conn *c, uint32_t sid, enum h2_error code)
  *     message always makes progress.
  *
  * So a connection buffers at most KVD_MAX_CONN_INPUT (or one message) plus
- * 64 KiB per open stream, and every message can complete.
+ * 64 KiB per open stream, and every message can complete.  Across all
+ * connections, what streams buffer (a granted message counted whole) is one
+ * budget, --max-request-buffer (h2_recharge, net_shed): past it, the address
+ * holding the most loses its largest, so parking unfinished messages on many
+ * connections costs kvd the budget, not 64 KiB times every stream.
  */
 static void h2_credit(struct h2_conn *c)
 {
@@ -7737,6 +7981,7 @@ static void h2_grant(struct h2_stream *s, size_t msg)
 	c->reserved += msg;
 	h2_frame_u32(c, H2_WINDOW_UPDATE, s->id, (uint32_t)grant);
 	s->recv_window += grant;
+	h2_recharge(s);
 }
 
 /* s's granted message was consumed, dropped or its stream closed: its share
@@ -7752,6 +7997,7 @@ static void h2_release(struct h2_stream *s)
 		return;
 	c->reserved -= s->reserved;
 	s->reserved = 0;
+	h2_recharge(s);
 	for (;;) {
 		next = NULL;
 		for (i = 0; i < c->nst; i++)
@@ -7763,6 +8009,37 @@ static void h2_release(struct h2_stream *s)
 		if (next->want_grant) /* still no room */
 			return;
 	}
+}
+
+/* What s counts toward --max-request-buffer: the bytes it buffers, or all
+ * of a granted message (the grant promised room for it). */
+static void h2_recharge(struct h2_stream *s)
+{
+	uint64_t now = KVD_MAX((uint64_t)BUF_LEN(&s->in), (uint64_t)s->reserved);
+
+	if (now != s->charge) {
+		net_held(s->c->k, s->c->conn, (int64_t)now - (int64_t)s->charge);
+		s->charge = now;
+	}
+}
+
+/* Over --max-request-buffer (net_shed): the stream holding the most of this
+ * connection's buffered request bytes ends RESOURCE_EXHAUSTED, its bytes
+ * dropped.  1 if there was one. */
+static int h2_shed(struct kvd *k, struct h2_conn *c)
+{
+	struct h2_stream *v = NULL;
+	unsigned i;
+
+	for (i = 0; i < c->nst; i++)
+		if (c->st[i]->charge && !c->st[i]->call.finished && (!v || c->st[i]->charge > v->charge))
+			v = c->st[i];
+	if (!v)
+		return 0;
+	kvd_log(k, KVD_LOG_INFO, "%s: stream %u: %llu request bytes dropped (--max-request-buffer is full; this "
+	        "address holds the most)", c->conn->peer, v->id, (unsigned long long)v->charge);
+	call_finish(k, &v->call, GRPC_RESOURCE_EXHAUSTED, "%s", E_INPUT_FULL);
+	return 1;
 }
 
 static int h2_token_char(unsigned char ch)
@@ -8103,6 +8380,9 @@ static void h2_on_data(struct kvd *k, struct h2_conn *c, unsigned flags, uint32_
 	}
 	if (flags & H2_F_END_STREAM)
 		grpc_on_remote_close(k, s);
+	h2_recharge(s);
+	if (k->in_held > k->cfg.max_request_buffer)
+		net_shed(k); /* what stays buffered is over the budget of all connections */
 	h2_credit(c);
 }
 
@@ -8689,6 +8969,7 @@ static void h2_proto_evict(struct kvd *k, struct conn *c)
 		h2_fail(h, H2_NO_ERROR, "too_many_connections");
 }
 static int h2_proto_busy(const struct conn *c) { return h2_busy(c->ps); }
+static int h2_proto_shed(struct kvd *k, struct conn *c) { return h2_shed(k, c->ps); }
 static void h2_proto_free(struct kvd *k, struct conn *c)
 {
 	h2_conn_free(k, c->ps);
@@ -8696,7 +8977,7 @@ static void h2_proto_free(struct kvd *k, struct conn *c)
 }
 static const struct net_proto h2_proto = {
 	"h2", h2_proto_input, h2_proto_flush, h2_proto_timers, h2_proto_drain, h2_proto_stop, h2_proto_evict,
-	h2_proto_busy, h2_proto_free,
+	h2_proto_busy, h2_proto_shed, h2_proto_free,
 };
 
 /* ===== 12. Calls and gRPC framing (call_, grpc_) ======================== */
@@ -8722,6 +9003,7 @@ static const struct net_proto h2_proto = {
 static const struct grpc_method *svc_route(const char *svc, size_t slen, const char *meth,
                                            size_t mlen, int *known_service);
 static int svc_method_index(const struct grpc_method *m);
+static void svc_stop_call(struct kvd *k, struct call *c);
 
 /* A new call of method m (NULL until routed) on carrier car: on k->calls. */
 static void call_init(struct kvd *k, struct call *c, const struct grpc_method *m, const struct call_carrier *car)
@@ -8940,6 +9222,8 @@ static void call_message(struct kvd *k, struct call *c, const uint8_t *p, size_t
 	c->raw.p = p;
 	c->raw.n = n;
 	c->m->on_msg(k, c);
+	if (k->stopping) /* begun while kvd stops: a stream ends at once */
+		svc_stop_call(k, c);
 	pb_free(k, c->rq);
 	c->rq = NULL;
 	c->raw.n = 0;
@@ -9024,6 +9308,7 @@ static void grpc_finished(struct kvd *k, struct call *c)
 		buf_free(k, &s->in);
 		h2_consumed(s);
 	}
+	h2_recharge(s);
 }
 
 static const struct call_carrier grpc_h2_carrier = {"grpc", grpc_finished};
@@ -9794,6 +10079,8 @@ static int svc_put_op(struct kvd *k, struct svc_pool *pl, struct mvcc_txn *t,
 		lease = r->lease;
 	err = mvcc_put(k, t, rq->key.data, rq->key.len, val, vlen, lease);
 	kvd_free(k, copy);
+	if (err == KVD_ERANGE)
+		return svc_fail(e, GRPC_OUT_OF_RANGE, E_NO_VERSION);
 	if (err)
 		return svc_fail(e, GRPC_RESOURCE_EXHAUSTED, err == KVD_ELIMIT ? E_TOO_LARGE : "kvd: out of memory");
 	if (!(rs->header = svc_alloc(pl, sizeof *rs->header)))
@@ -10318,6 +10605,8 @@ static int svc_writable(struct kvd *k, struct svc_err *e, uint64_t cost)
 
 	if (k->db.broken)
 		return svc_fail(e, GRPC_UNAVAILABLE, "kvd: the log is unwritable after an I/O error; restart kvd");
+	if (k->db.rev >= INT64_MAX) /* a snapshot can bring it; the next txn would overflow */
+		return svc_fail(e, GRPC_OUT_OF_RANGE, E_NO_REVISION);
 	if (life_admit(k, cost, &code, &msg))
 		return svc_fail(e, code, msg);
 	return 0;
@@ -10960,8 +11249,14 @@ static void svc_lease_leases_rpc(struct kvd *k, struct call *s)
  * iteration between everything else (auth_step).  Other clients therefore
  * wait at most one slice for a hash, whatever the cost, and a flood of
  * wrong passwords is bounded by AUTH_MAX_JOBS queued hashes (then "too many
- * requests").  Who may ask for a hash is checked before it is queued: only
- * Authenticate of an existing user with a password, or an admin's change.
+ * requests").  The queue is shared fairly (section 3's rule): hashes are
+ * made round-robin by source address, then by connection within one, so an
+ * honest login waits behind at most one hash per other client, not behind
+ * a whole flood; and when the queue is full, the address holding the most
+ * jobs (or, within the newcomer's own address, the connection) gives up its
+ * newest to a newcomer holding at least two fewer.  Who may ask for a hash
+ * is checked before it is queued: only Authenticate of an existing user
+ * with a password, or an admin's change.
  *
  * Tokens are etcd's simple tokens: 16 random letters, ".", the revision; a
  * token lives --auth-token-ttl seconds after its last use.  Letters come
@@ -11386,12 +11681,17 @@ static size_t auth_find(const struct auth_tab *t, const void *name, size_t n, in
 	return lo;
 }
 
-static Authpb__User *auth_user(struct kvd *k, const char *name)
+static Authpb__User *auth_user_n(struct kvd *k, const char *name, size_t n)
 {
 	int eq;
-	size_t i = auth_find(&k->auth.users, name, strlen(name), &eq);
+	size_t i = auth_find(&k->auth.users, name, n, &eq);
 
 	return eq ? (Authpb__User *)k->auth.users.v[i] : NULL;
+}
+
+static Authpb__User *auth_user(struct kvd *k, const char *name)
+{
+	return auth_user_n(k, name, strlen(name));
 }
 
 static Authpb__Role *auth_role(struct kvd *k, const char *name)
@@ -12115,6 +12415,8 @@ static int auth_open(struct kvd *k, char *err, size_t errlen)
 		snprintf(err, errlen, "--auth-token: jwt needs priv-key (to issue tokens) or pub-key (to verify them)");
 		return KVD_EINVAL;
 	}
+	if (util_check_regular(priv ? priv : pub, priv ? "--auth-token: priv-key" : "--auth-token: pub-key", err, errlen))
+		return KVD_EINVAL;
 	if (j->family == 'H') { /* the secret: the file's bytes */
 		FILE *f = fopen(priv ? priv : pub, "rb");
 		long n = -1;
@@ -12174,8 +12476,10 @@ static int auth_who(struct kvd *k, struct call *c, struct auth_who *w, struct sv
 {
 	const char *t = call_meta(c, "token"), *cn;
 	struct auth_token *tk;
+	size_t cnlen;
 
 	w->name = NULL;
+	w->nlen = 0;
 	w->rev = 0;
 	if (!t)
 		t = call_meta(c, "authorization");
@@ -12183,16 +12487,20 @@ static int auth_who(struct kvd *k, struct call *c, struct auth_who *w, struct sv
 		if (auth_jwt_check(k, t, &w->rev))
 			return svc_fail(e, GRPC_UNAUTHENTICATED, E_INVALID_TOKEN);
 		w->name = k->auth.jwt->name; /* valid until the next call's check */
+		w->nlen = strlen(w->name);
 		return 0;
 	}
 	if (t) {
 		if (!(tk = auth_tok_find(k, t)))
 			return svc_fail(e, GRPC_UNAUTHENTICATED, E_INVALID_TOKEN);
 		w->name = tk->user;
+		w->nlen = strlen(w->name);
 		return 0;
 	}
-	if (k->cfg.client_cert_auth && c->conn && (cn = tls_peer_cn(c->conn)) && *cn)
-		w->name = cn;
+	if (k->cfg.client_cert_auth && c->conn && (cn = tls_peer_cn(c->conn, &cnlen))) {
+		w->name = cn; /* its exact bytes: "root\0.x" is not root */
+		w->nlen = cnlen;
+	}
 	return 0;
 }
 
@@ -12203,9 +12511,9 @@ static int auth_admin(struct kvd *k, const struct auth_who *w, struct svc_err *e
 
 	if (!k->auth.enabled)
 		return 0;
-	if (!w->name || !*w->name)
+	if (!w->nlen)
 		return svc_fail(e, GRPC_INVALID_ARGUMENT, E_USER_EMPTY);
-	if (!(u = auth_user(k, w->name)))
+	if (!(u = auth_user_n(k, w->name, w->nlen)))
 		return svc_fail(e, GRPC_FAILED_PRECONDITION, E_USER_NOT_FOUND);
 	return auth_has_role(u, AUTH_ROOT) ? 0 : svc_fail(e, GRPC_PERMISSION_DENIED, E_PERM_DENIED);
 }
@@ -12298,13 +12606,258 @@ static void auth_perm_iv(const Authpb__Permission *p, struct auth_iv *v)
 	}
 }
 
+/*
+ * etcd's interval tree itself (its adt package), for the one query whose
+ * answer depends on the tree's shape: an inverted range, key >= end.  etcd
+ * lets it into Contains like any other; the overlap test then calls it
+ * "overlapping" some nodes and "right of" others, and the maximum-end pruning
+ * skips whole subtrees, so which permissions are seen -- and whether the
+ * empty range is permitted -- depends on where the red-black insertion put
+ * each one.  The tree is built here the way etcd builds a user's cache: the
+ * user's roles in order, each role's permissions in order, the same
+ * insertion (ties on begin go right), fix-up and rotations, with the
+ * subtree maxima updated at exactly the points etcd updates them (its
+ * update stops early, so a different order gives different maxima).
+ * Nodes are indices; 0 is the black sentinel.  Only built for such queries
+ * (nothing else depends on the shape), and freed at once.
+ */
+struct auth_rbn {
+	struct auth_iv iv;
+	const uint8_t *m;            /* the subtree's largest end */
+	size_t mn;
+	unsigned mz : 1, red : 1;
+	uint32_t l, r, p;
+};
+struct auth_rbt {
+	struct auth_rbn *t;
+	uint32_t root;
+	/* Contains' walk */
+	const uint8_t *minb, *maxe;
+	size_t minbn, maxen;
+	unsigned maxz : 1, seen : 1, gap : 1;
+};
+
+/* adt's Interval.Compare: -1 a left of b, 1 a right of b, 0 they overlap. */
+static int auth_iv_compare(const struct auth_iv *a, const struct auth_iv *b)
+{
+	if (auth_bound_cmp(a->b, a->bn, 0, b->b, b->bn, 0) < 0 && auth_bound_cmp(a->e, a->en, a->ez, b->b, b->bn, 0) <= 0)
+		return -1;
+	return auth_bound_cmp(a->b, a->bn, 0, b->e, b->en, b->ez) >= 0 ? 1 : 0;
+}
+
+static void auth_rb_max(struct auth_rbt *T, uint32_t x)
+{
+	struct auth_rbn *t = T->t;
+
+	for (; x; x = t[x].p) {
+		const uint8_t *m = t[x].iv.e;
+		size_t mn = t[x].iv.en;
+		int mz = t[x].iv.ez, i;
+		for (i = 0; i < 2; i++) {
+			uint32_t c = i ? t[x].r : t[x].l;
+			if (c && auth_bound_cmp(t[c].m, t[c].mn, t[c].mz, m, mn, mz) > 0) {
+				m = t[c].m;
+				mn = t[c].mn;
+				mz = t[c].mz;
+			}
+		}
+		if (!auth_bound_cmp(t[x].m, t[x].mn, t[x].mz, m, mn, mz))
+			return; /* as etcd: an unchanged maximum ends the walk up */
+		t[x].m = m;
+		t[x].mn = mn;
+		t[x].mz = (unsigned)mz;
+	}
+}
+
+/* Rotate x down to the left (dir 0) or right (dir 1). */
+static void auth_rb_rotate(struct auth_rbt *T, uint32_t x, int dir)
+{
+	struct auth_rbn *t = T->t;
+	uint32_t y = dir ? t[x].l : t[x].r, in = dir ? t[y].r : t[y].l, p = t[x].p;
+
+	if (!y)
+		return;
+	if (dir)
+		t[x].l = in;
+	else
+		t[x].r = in;
+	if (in)
+		t[in].p = x;
+	auth_rb_max(T, x);
+	t[y].p = p;
+	if (!p) {
+		T->root = y;
+	} else {
+		if (t[p].l == x)
+			t[p].l = y;
+		else
+			t[p].r = y;
+		auth_rb_max(T, p);
+	}
+	t[x].p = y;
+	if (dir)
+		t[y].r = x;
+	else
+		t[y].l = x;
+	auth_rb_max(T, y);
+}
+
+/* Insert node z (its interval set): ordered by begin, ties to the right. */
+static void auth_rb_insert(struct auth_rbt *T, uint32_t z)
+{
+	struct auth_rbn *t = T->t;
+	uint32_t x = T->root, y = 0, g, u;
+	int side;
+
+	t[z].m = t[z].iv.e;
+	t[z].mn = t[z].iv.en;
+	t[z].mz = t[z].iv.ez;
+	t[z].red = 1;
+	t[z].l = t[z].r = 0;
+	while (x) {
+		y = x;
+		x = auth_bound_cmp(t[z].iv.b, t[z].iv.bn, 0, t[x].iv.b, t[x].iv.bn, 0) < 0 ? t[x].l : t[x].r;
+	}
+	t[z].p = y;
+	if (!y) {
+		T->root = z;
+	} else {
+		if (auth_bound_cmp(t[z].iv.b, t[z].iv.bn, 0, t[y].iv.b, t[y].iv.bn, 0) < 0)
+			t[y].l = z;
+		else
+			t[y].r = z;
+		auth_rb_max(T, y);
+	}
+	while (t[t[z].p].red) { /* CLRS' fix-up; the sentinel is black */
+		g = t[t[z].p].p;
+		side = t[z].p == t[g].l; /* the parent is a left child: the uncle is on the right */
+		u = side ? t[g].r : t[g].l;
+		if (t[u].red) {
+			t[t[z].p].red = 0;
+			t[u].red = 0;
+			t[g].red = 1;
+			z = g;
+			continue;
+		}
+		if (z == (side ? t[t[z].p].r : t[t[z].p].l)) {
+			z = t[z].p;
+			auth_rb_rotate(T, z, side ? 0 : 1);
+		}
+		t[t[z].p].red = 0;
+		t[t[t[z].p].p].red = 1;
+		auth_rb_rotate(T, t[t[z].p].p, side ? 1 : 0);
+	}
+	t[T->root].red = 0;
+}
+
+/* adt's visit with Contains' callback: nodes q overlaps, in order; the
+ * walk stops at the first gap.  0 once it stopped. */
+static int auth_rb_visit(struct auth_rbt *T, uint32_t x, const struct auth_iv *q)
+{
+	struct auth_rbn *n = &T->t[x];
+	struct auth_iv m;
+	int v;
+
+	if (!x)
+		return 1;
+	v = auth_iv_compare(q, &n->iv);
+	if (v < 0)
+		return auth_rb_visit(T, n->l, q);
+	if (v > 0) {
+		m.b = n->iv.b;
+		m.bn = n->iv.bn;
+		m.e = n->m;
+		m.en = n->mn;
+		m.ez = n->mz;
+		return auth_iv_compare(&m, q) ? 1 : auth_rb_visit(T, n->l, q) && auth_rb_visit(T, n->r, q);
+	}
+	if (!auth_rb_visit(T, n->l, q))
+		return 0;
+	if (!T->seen) {
+		T->seen = 1;
+		T->minb = n->iv.b;
+		T->minbn = n->iv.bn;
+	} else if (auth_bound_cmp(T->maxe, T->maxen, T->maxz, n->iv.b, n->iv.bn, 0) < 0) {
+		T->gap = 1;
+		return 0;
+	} else if (auth_bound_cmp(n->iv.e, n->iv.en, n->iv.ez, T->maxe, T->maxen, T->maxz) <= 0) {
+		return auth_rb_visit(T, n->r, q);
+	}
+	T->maxe = n->iv.e;
+	T->maxen = n->iv.en;
+	T->maxz = n->iv.ez;
+	return auth_rb_visit(T, n->r, q);
+}
+
+/* u's permissions of type (READWRITE ones too) in etcd's order: the roles
+ * as the user lists them, each role's permissions in order.  *i and *j
+ * start at 0; NULL after the last. */
+static const Authpb__Permission *auth_perm_next(struct kvd *k, const Authpb__User *u, int type, size_t *i, size_t *j)
+{
+	for (; *i < u->n_roles; (*i)++, *j = 0) {
+		const Authpb__Role *r = auth_role(k, u->roles[*i]);
+		while (r && *j < r->n_keypermission) {
+			const Authpb__Permission *p = r->keypermission[(*j)++];
+			if (p->permtype == (Authpb__Permission__Type)type || p->permtype == AUTHPB__PERMISSION__TYPE__READWRITE)
+				return p;
+		}
+	}
+	return NULL;
+}
+
+/* adt's Intersects(q) for a point q: its search from the root, which
+ * follows the left subtree only when that subtree's maximum passes q. */
+static int auth_rb_intersects(const struct auth_rbt *T, const struct auth_iv *q)
+{
+	const struct auth_rbn *t = T->t;
+	uint32_t x = T->root, l;
+
+	while (x && auth_iv_compare(q, &t[x].iv)) {
+		l = t[x].l;
+		x = l && auth_bound_cmp(t[l].m, t[l].mn, t[l].mz, q->b, q->bn, 0) > 0 ? l : t[x].r;
+	}
+	return x != 0;
+}
+
+/* Contains(q) (or, q a point, Intersects) on the tree of u's permissions of
+ * type, built as etcd builds it. */
+static int auth_covers_tree(struct kvd *k, const Authpb__User *u, const struct auth_iv *q, int point, int type)
+{
+	const Authpb__Permission *p;
+	struct auth_rbt T;
+	size_t i, j, n;
+	int ok;
+
+	memset(&T, 0, sizeof T);
+	for (i = j = 0, n = 1; auth_perm_next(k, u, type, &i, &j); n++)
+		;
+	if (n > UINT32_MAX || !(T.t = kvd_calloc(k, n * sizeof *T.t)))
+		return 0; /* no memory: refused, the safe answer */
+	for (i = j = 0, n = 1; (p = auth_perm_next(k, u, type, &i, &j)); n++) {
+		auth_perm_iv(p, &T.t[n].iv);
+		auth_rb_insert(&T, (uint32_t)n);
+	}
+	if (point) {
+		ok = auth_rb_intersects(&T, q);
+	} else {
+		auth_rb_visit(&T, T.root, q);
+		ok = T.seen && !T.gap && auth_bound_cmp(T.maxe, T.maxen, T.maxz, q->e, q->en, 0) >= 0 &&
+		     auth_bound_cmp(T.minb, T.minbn, 0, q->b, q->bn, 0) <= 0;
+	}
+	kvd_free(k, T.t);
+	return ok;
+}
+
 /* Does u's merged permission of type (AUTHPB__PERMISSION__TYPE__READ or
  * WRITE) cover [key, end) -- or hold key, end empty?  etcd's checkKeyPoint
- * and checkKeyInterval over its interval tree, without the tree. */
+ * and checkKeyInterval over its interval tree: without the tree where its
+ * shape cannot matter, with it where it can -- an inverted range asked
+ * about, or an inverted permission (3.4 stores them) among the user's. */
 static int auth_covers(struct kvd *k, const Authpb__User *u, const ProtobufCBinaryData *key,
                        const ProtobufCBinaryData *end, int type)
 {
 	struct auth_iv stack[32], *v = stack, q, x;
+	const Authpb__Permission *p;
 	size_t n = 0, cap = KVD_COUNT(stack), i, j;
 	const uint8_t *maxe = NULL;
 	size_t maxen = 0;
@@ -12315,36 +12868,41 @@ static int auth_covers(struct kvd *k, const Authpb__User *u, const ProtobufCBina
 	q.ez = 0;
 	q.e = end->len == 1 && !end->data[0] ? NULL : end->data;
 	q.en = q.e ? end->len : 0;
-	for (i = 0; i < u->n_roles; i++) {
-		const Authpb__Role *r = auth_role(k, u->roles[i]);
-		for (j = 0; r && j < r->n_keypermission; j++) {
-			const Authpb__Permission *p = r->keypermission[j];
-			if (p->permtype != (Authpb__Permission__Type)type && p->permtype != AUTHPB__PERMISSION__TYPE__READWRITE)
-				continue;
-			auth_perm_iv(p, &x);
-			if (point) { /* Intersects: begin <= key < end */
-				if (auth_bound_cmp(x.b, x.bn, 0, q.b, q.bn, 0) <= 0 &&
-				    auth_bound_cmp(q.b, q.bn, 0, x.e, x.en, x.ez) < 0)
-					goto yes;
-				continue;
-			}
-			/* the tree visits intervals its Compare calls overlapping the query
-			 * (for an inverted query, wider than an overlap) */
-			if ((auth_bound_cmp(q.b, q.bn, 0, x.b, x.bn, 0) < 0 && auth_bound_cmp(q.e, q.en, 0, x.b, x.bn, 0) <= 0) ||
-			    auth_bound_cmp(q.b, q.bn, 0, x.e, x.en, x.ez) >= 0)
-				continue;
-			if (n == cap) {
-				struct auth_iv *nv = kvd_malloc(k, 2 * cap * sizeof *nv);
-				if (!nv)
-					goto out; /* no memory: refused, the safe answer */
-				memcpy(nv, v, n * sizeof *nv);
-				if (v != stack)
-					kvd_free(k, v);
-				v = nv;
-				cap *= 2;
-			}
-			v[n++] = x;
+	if (point) { /* the point [key, key\0) */
+		q.e = key->data;
+		q.en = key->len;
+		q.ez = 1;
+	}
+	if (!point && auth_bound_cmp(q.b, q.bn, 0, q.e, q.en, 0) >= 0)
+		return auth_covers_tree(k, u, &q, point, type); /* key >= end: the tree's shape decides */
+	for (i = j = 0; (p = auth_perm_next(k, u, type, &i, &j));) {
+		auth_perm_iv(p, &x);
+		if (auth_bound_cmp(x.b, x.bn, 0, x.e, x.en, x.ez) >= 0)
+			return auth_covers_tree(k, u, &q, point, type); /* so does an inverted permission's */
+	}
+	for (i = j = 0; (p = auth_perm_next(k, u, type, &i, &j));) {
+		auth_perm_iv(p, &x);
+		if (point) { /* Intersects: begin <= key < end */
+			if (auth_bound_cmp(x.b, x.bn, 0, q.b, q.bn, 0) <= 0 && auth_bound_cmp(q.b, q.bn, 0, x.e, x.en, x.ez) < 0)
+				goto yes;
+			continue;
 		}
+		/* the intervals its Compare calls overlapping the query: with key <
+		 * end, exactly what the tree visits, whatever its shape */
+		if ((auth_bound_cmp(q.b, q.bn, 0, x.b, x.bn, 0) < 0 && auth_bound_cmp(q.e, q.en, 0, x.b, x.bn, 0) <= 0) ||
+		    auth_bound_cmp(q.b, q.bn, 0, x.e, x.en, x.ez) >= 0)
+			continue;
+		if (n == cap) {
+			struct auth_iv *nv = kvd_malloc(k, 2 * cap * sizeof *nv);
+			if (!nv)
+				goto out; /* no memory: refused, the safe answer */
+			memcpy(nv, v, n * sizeof *nv);
+			if (v != stack)
+				kvd_free(k, v);
+			v = nv;
+			cap *= 2;
+		}
+		v[n++] = x;
 	}
 	if (point || !n)
 		goto out;
@@ -12379,11 +12937,11 @@ static int auth_may(struct kvd *k, const struct auth_who *w, const ProtobufCBina
 
 	if (!k->auth.enabled)
 		return 0;
-	if (!w->name || !*w->name)
+	if (!w->nlen)
 		return svc_fail(e, GRPC_INVALID_ARGUMENT, E_USER_EMPTY);
 	if (w->rev && w->rev < k->auth.rev) /* a JWT from before an auth change */
 		return svc_fail(e, GRPC_INVALID_ARGUMENT, E_AUTH_OLD_REV);
-	if (!(u = auth_user(k, w->name)))
+	if (!(u = auth_user_n(k, w->name, w->nlen)))
 		return svc_fail(e, GRPC_PERMISSION_DENIED, E_PERM_DENIED);
 	if (auth_has_role(u, AUTH_ROOT) || auth_covers(k, u, key, end ? end : &none, type))
 		return 0;
@@ -12493,6 +13051,84 @@ static const char *auth_hashed(const struct call *c)
 	return j && j->done ? j->out : NULL;
 }
 
+static void auth_job_unqueue(struct kvd *k, struct auth_job *j)
+{
+	struct auth *a = &k->auth;
+	struct auth_job **pp, *prev = NULL;
+
+	for (pp = &a->jobs; *pp; prev = *pp, pp = &(*pp)->next)
+		if (*pp == j) {
+			*pp = j->next;
+			if (a->jobs_tail == j)
+				a->jobs_tail = prev;
+			a->njobs--;
+			break;
+		}
+	if (a->cur == j)
+		a->cur = NULL;
+	j->queued = 0;
+}
+
+/* Who a job is, for the queue's fair shares: its address, its connection
+ * (NULL for in-process calls, which share one turn). */
+static struct share *auth_job_share(const struct auth_job *j)
+{
+	return j->c->conn ? j->c->conn->share : NULL;
+}
+
+static int auth_job_count(const struct auth *a, const struct share *sh, const struct conn *c)
+{
+	const struct auth_job *j;
+	int n = 0;
+
+	for (j = a->jobs; j; j = j->next)
+		n += auth_job_share(j) == sh && (!c || j->c->conn == c);
+	return n;
+}
+
+/*
+ * The queue is full and call c wants a hash: the address holding the most
+ * queued jobs gives up its newest when it holds at least two more than c's;
+ * within c's own address, the connection holding the most does.  The job
+ * given up ends "too many requests", as a refusal would have.  0 when there
+ * is room now.
+ */
+static int auth_job_make_room(struct kvd *k, struct call *c)
+{
+	struct auth *a = &k->auth;
+	struct share *mine = c->conn ? c->conn->share : NULL, *top = NULL;
+	struct auth_job *j, *v = NULL;
+	const struct conn *ctop = NULL;
+	int n, best = -1, have = auth_job_count(a, mine, NULL);
+
+	for (j = a->jobs; j; j = j->next) /* the address holding the most */
+		if ((n = auth_job_count(a, auth_job_share(j), NULL)) > best) {
+			best = n;
+			top = auth_job_share(j);
+		}
+	if (top == mine || best < have + 2) { /* c's own address is the largest: by connection within it */
+		top = mine;
+		have = c->conn ? auth_job_count(a, mine, c->conn) : 0;
+		for (best = -1, j = a->jobs; j; j = j->next)
+			if (auth_job_share(j) == mine && j->c->conn != c->conn &&
+			    (n = auth_job_count(a, mine, j->c->conn)) > best) {
+				best = n;
+				ctop = j->c->conn;
+			}
+		if (!ctop || best < have + 2)
+			return KVD_ELIMIT;
+	}
+	for (j = a->jobs; j; j = j->next) /* its newest, never the one being hashed */
+		if (j != a->cur && auth_job_share(j) == top && (!ctop || j->c->conn == ctop))
+			v = j;
+	if (!v)
+		return KVD_ELIMIT;
+	auth_job_unqueue(k, v);
+	call_finish(k, v->c, GRPC_RESOURCE_EXHAUSTED, "%s", E_TOO_MANY_REQUESTS);
+	k->st.yields[YIELD_HASHES]++;
+	return 0;
+}
+
 /* Queue a bcrypt of pw for c (salt NULL: a fresh one, for a new hash); the
  * loop calls c's handler again when it is ready.  0, or the error in *e. */
 static int auth_hash_start(struct kvd *k, struct call *c, const char *pw, const uint8_t *salt, unsigned cost,
@@ -12502,7 +13138,7 @@ static int auth_hash_start(struct kvd *k, struct call *c, const char *pw, const 
 	struct auth_job *j = c->svc;
 	uint8_t fresh[16];
 
-	if (!j && a->njobs >= KVD_AUTH_MAX_JOBS)
+	if (!j && a->njobs >= KVD_AUTH_MAX_JOBS && auth_job_make_room(k, c))
 		return svc_fail(e, GRPC_RESOURCE_EXHAUSTED, E_TOO_MANY_REQUESTS);
 	if (!salt && auth_random(k, fresh, sizeof fresh))
 		return svc_fail(e, GRPC_UNAVAILABLE, "kvd: cannot read /dev/urandom");
@@ -12529,22 +13165,6 @@ static int auth_hash_start(struct kvd *k, struct call *c, const char *pw, const 
 	return 0;
 }
 
-static void auth_job_unqueue(struct kvd *k, struct auth_job *j)
-{
-	struct auth *a = &k->auth;
-	struct auth_job **pp, *prev = NULL;
-
-	for (pp = &a->jobs; *pp; prev = *pp, pp = &(*pp)->next)
-		if (*pp == j) {
-			*pp = j->next;
-			if (a->jobs_tail == j)
-				a->jobs_tail = prev;
-			a->njobs--;
-			break;
-		}
-	j->queued = 0;
-}
-
 /* The call goes (answered, or its client left): its hash with it. */
 static void auth_job_close(struct kvd *k, struct call *c)
 {
@@ -12560,8 +13180,36 @@ static void auth_job_close(struct kvd *k, struct call *c)
 	c->svc = NULL;
 }
 
-/* Hash for at most KVD_AUTH_SLICE_US, oldest job first; finished jobs go
- * back to their handlers.  Runs once per loop iteration. */
+/* The next job to hash: the one whose address, then connection, had its
+ * turn longest ago (oldest first among equals); its turn is taken now. */
+static struct auth_job *auth_job_next(struct kvd *k)
+{
+	struct auth *a = &k->auth;
+	struct auth_job *j, *best = NULL;
+	struct share *sh;
+	uint64_t bs = 0, bc = 0, vs, vc;
+
+	for (j = a->jobs; j; j = j->next) {
+		sh = auth_job_share(j);
+		vs = sh ? sh->vt : 0;
+		vc = j->c->conn ? j->c->conn->vt : 0;
+		if (!best || vs < bs || (vs == bs && vc < bc)) {
+			best = j;
+			bs = vs;
+			bc = vc;
+		}
+	}
+	if (best) {
+		if ((sh = auth_job_share(best)))
+			sh->vt = ++a->vclock;
+		if (best->c->conn)
+			best->c->conn->vt = ++a->vclock;
+	}
+	return best;
+}
+
+/* Hash for at most KVD_AUTH_SLICE_US, the jobs in their fair turns;
+ * finished jobs go back to their handlers.  Runs once per loop iteration. */
 static void auth_step(struct kvd *k)
 {
 	struct auth *a = &k->auth;
@@ -12571,7 +13219,8 @@ static void auth_step(struct kvd *k)
 	if (!a->jobs)
 		return;
 	t0 = auth_us();
-	while ((j = a->jobs)) {
+	while (a->cur || (a->cur = auth_job_next(k))) {
+		j = a->cur;
 		while (!auth_bcrypt_step(&j->h, 2))
 			if (auth_us() - t0 >= KVD_AUTH_SLICE_US)
 				goto more;
@@ -12596,6 +13245,8 @@ static int auth_begin(struct kvd *k, struct call *s, struct auth_rec *r, struct 
 {
 	if (svc_writable(k, e, 0))
 		return KVD_EINVAL;
+	if (k->auth.rev >= INT64_MAX) /* the AUTH record holds it as a signed 64-bit number */
+		return svc_fail(e, GRPC_OUT_OF_RANGE, "kvd: auth: no auth revision left");
 	if (auth_rec_begin(k, r))
 		return svc_fail(e, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
 	s->wrote = 1;
@@ -12776,7 +13427,8 @@ static void svc_auth_user_get(struct kvd *k, struct call *s)
 
 	if (auth_who(k, s, &who, &e))
 		;
-	else if (strcmp(who.name ? who.name : "", rq->name) && auth_admin(k, &who, &e))
+	else if (!(who.nlen == strlen(rq->name) && !memcmp(who.name ? who.name : "", rq->name, who.nlen)) &&
+	         auth_admin(k, &who, &e))
 		; /* oneself (even "", as etcd), or root */
 	else if (!(u = auth_user(k, rq->name)))
 		svc_fail(&e, GRPC_FAILED_PRECONDITION, E_USER_NOT_FOUND);
@@ -12989,7 +13641,7 @@ static void svc_auth_role_get(struct kvd *k, struct call *s)
 
 	if (auth_who(k, s, &who, &e))
 		;
-	else if (!(who.name && auth_has_role(auth_user(k, who.name), rq->role)) && auth_admin(k, &who, &e))
+	else if (!(who.name && auth_has_role(auth_user_n(k, who.name, who.nlen), rq->role)) && auth_admin(k, &who, &e))
 		; /* one's own role, or root */
 	else if (!(r = auth_role(k, rq->role)))
 		svc_fail(&e, GRPC_FAILED_PRECONDITION, E_ROLE_NOT_FOUND);
@@ -14234,6 +14886,16 @@ static void lock_close(struct kvd *k, struct call *c)
 	lock_free(k, w);
 }
 
+/* Shutdown: a Lock or Campaign still waiting is a wait, not work: it ends
+ * now (its key is taken back as the call goes, lock_close). */
+static void lock_shutdown(struct kvd *k, struct call *c)
+{
+	const struct lock_wait *w = c->svc;
+
+	if (w && !w->done)
+		call_finish(k, c, GRPC_UNAVAILABLE, "%s", E_STOPPING);
+}
+
 /* ---- the RPCs ----------------------------------------------------------- */
 
 static void lock_lock_rpc(struct kvd *k, struct call *c)
@@ -14494,11 +15156,11 @@ static const struct grpc_method svc_auth[] = {
 	{"/etcdserverpb.Auth/RoleRevokePermission", GRPC_UNARY, PB(etcdserverpb__auth_role_revoke_permission_request), PB(etcdserverpb__auth_role_revoke_permission_response), svc_auth_role_revoke, NULL, NULL, NULL, NULL},
 };
 static const struct grpc_method svc_lock[] = {
-	{"/v3lockpb.Lock/Lock", GRPC_UNARY, PB(v3lockpb__lock_request), PB(v3lockpb__lock_response), lock_lock_rpc, NULL, lock_close, NULL, NULL},
+	{"/v3lockpb.Lock/Lock", GRPC_UNARY, PB(v3lockpb__lock_request), PB(v3lockpb__lock_response), lock_lock_rpc, NULL, lock_close, NULL, lock_shutdown},
 	{"/v3lockpb.Lock/Unlock", GRPC_UNARY, PB(v3lockpb__unlock_request), PB(v3lockpb__unlock_response), lock_unlock_rpc, NULL, NULL, NULL, NULL},
 };
 static const struct grpc_method svc_election[] = {
-	{"/v3electionpb.Election/Campaign", GRPC_UNARY, PB(v3electionpb__campaign_request), PB(v3electionpb__campaign_response), lock_campaign_rpc, NULL, lock_close, NULL, NULL},
+	{"/v3electionpb.Election/Campaign", GRPC_UNARY, PB(v3electionpb__campaign_request), PB(v3electionpb__campaign_response), lock_campaign_rpc, NULL, lock_close, NULL, lock_shutdown},
 	{"/v3electionpb.Election/Proclaim", GRPC_UNARY, PB(v3electionpb__proclaim_request), PB(v3electionpb__proclaim_response), lock_proclaim_rpc, NULL, NULL, NULL, NULL},
 	{"/v3electionpb.Election/Leader", GRPC_UNARY, PB(v3electionpb__leader_request), PB(v3electionpb__leader_response), lock_leader_rpc, NULL, lock_close, NULL, NULL},
 	{"/v3electionpb.Election/Observe", GRPC_SERVER_STREAM, PB(v3electionpb__leader_request), PB(v3electionpb__leader_response), lock_observe_rpc, NULL, lock_close, NULL, NULL},
@@ -14612,15 +15274,32 @@ static int svc_method_index(const struct grpc_method *m)
 	return -1;
 }
 
-/* Shutdown begins: every call whose method cares is told (Health
- * watchers announce NOT_SERVING). */
+/*
+ * Shutdown, as etcd's stop treats calls (its gRPC server closes every
+ * transport at once; its gateway then ends each stream with "transport is
+ * closing"): a stream -- Watch, LeaseKeepAlive, Observe, Snapshot, a Health
+ * watch -- ends now, UNAVAILABLE, after its method had its say (Health
+ * watchers see NOT_SERVING first); a unary call keeps --shutdown-grace to be
+ * answered and made durable, unless its method ends it (a Lock or Campaign
+ * still waiting).  A call that begins while kvd stops is treated the same
+ * once its first message came (call_message).
+ */
+static void svc_stop_call(struct kvd *k, struct call *c)
+{
+	if (!c->m || c->finished)
+		return;
+	if (c->m->on_shutdown)
+		c->m->on_shutdown(k, c);
+	if (c->m->kind != GRPC_UNARY)
+		call_finish(k, c, GRPC_UNAVAILABLE, "%s", E_STOPPING);
+}
+
 static void svc_shutdown(struct kvd *k)
 {
 	struct call *c;
 
 	for (c = k->calls; c; c = c->next)
-		if (c->m && c->m->on_shutdown)
-			c->m->on_shutdown(k, c);
+		svc_stop_call(k, c);
 }
 
 /* ===== 18. Watch (watch_) =============================================== */
@@ -14664,6 +15343,8 @@ struct watch_stream {
 	struct call *s;
 	struct watch_stream *prev, *next;
 	struct watch **w;
+	struct share *owner;           /* its user (auth on) or its address: --max-watchers' fair shares */
+	size_t live;                   /* its watchers registered (ids of dead ones stay in w) */
 	size_t n, cap, unsynced, rr;
 	int64_t next_id;
 	int64_t progress_at;
@@ -14769,6 +15450,9 @@ static int watch_register(struct kvd *k, struct watch *w)
 		g->ranges = w;
 	}
 	g->total++;
+	w->ws->live++;
+	if (w->ws->owner)
+		w->ws->owner->n[SHARE_WATCHERS]++;
 	return 0;
 }
 
@@ -14795,6 +15479,9 @@ static void watch_unregister(struct kvd *k, struct watch *w)
 			w->gnext->gprev = w->gprev;
 	}
 	g->total--;
+	w->ws->live--;
+	if (w->ws->owner)
+		w->ws->owner->n[SHARE_WATCHERS]--;
 }
 
 static int watch_matches(const struct watch *w, const uint8_t *key, size_t n)
@@ -15170,7 +15857,7 @@ static void watch_live_record(struct kvd *k, struct mvcc_rec *rec)
 		if (!g->hdr_len || watch_emit_live(k, w, g->hits + i, j - i, rev))
 			watch_pause(k, w, rev, rec->off);
 		else
-			w->next = rev + 1;
+			w->next = mvcc_after(rev);
 	}
 }
 
@@ -15359,11 +16046,11 @@ static int watch_catchup(struct kvd *k, struct watch *w)
 		sent = 1;
 	}
 	if (last)
-		w->next = last + 1;
+		w->next = mvcc_after(last);
 	w->next_off = off;
 	if (off + MVCC_REC_HDR > m->size || w->next > m->rev_durable) { /* caught up: live from now on */
 		w->synced = 1;
-		w->next = KVD_MAX(w->next, m->rev_durable + 1);
+		w->next = KVD_MAX(w->next, mvcc_after(m->rev_durable));
 		w->ws->unsynced--;
 	}
 	svc_pool_free(&pl);
@@ -15429,6 +16116,40 @@ static int watch_prefix_end(const uint8_t *key, size_t n, const uint8_t *end, si
 	return elen == i && !memcmp(end, key, i - 1) && end[i - 1] == key[i - 1] + 1;
 }
 
+/*
+ * --max-watchers is full and stream ws wants one more (section 3's rule):
+ * the share -- a user with auth on, else an address -- holding the most
+ * watchers gives up its newest, from its stream holding the most, when it
+ * holds at least two more than ws's share; within ws's own share, its
+ * stream holding the most does, when that one holds at least two more than
+ * ws.  The watcher given up is cancelled with a reason, as etcd cancels
+ * one (clients watch again).  0 when there is room now.
+ */
+static int watch_make_room(struct kvd *k, struct watch_stream *ws)
+{
+	struct share *top = share_max(k, SHARE_WATCHERS);
+	struct share *from = share_may_take(top, ws->owner, SHARE_WATCHERS, 2) ? top : ws->owner;
+	struct watch_stream *o, *v = NULL;
+	struct watch *w = NULL;
+	size_t i;
+
+	for (o = k->watch.streams; o; o = o->next)
+		if (o != ws && o->owner == from && o->live && (!v || o->live > v->live))
+			v = o;
+	if (!v || (from == ws->owner && v->live < ws->live + 2))
+		return KVD_ELIMIT;
+	for (i = 0; i < v->n; i++)
+		if (!v->w[i]->dead && (!w || v->w[i]->seq > w->seq))
+			w = v->w[i];
+	if (!w)
+		return KVD_ELIMIT;
+	watch_reply_ctrl(k, v->s, w->id, 0, 1, "kvd: watcher cancelled for a newcomer: --max-watchers is full and "
+	                 "this one's user (or address) holds the most");
+	watch_free(k, w);
+	k->st.yields[YIELD_WATCHERS]++;
+	return 0;
+}
+
 static void watch_create(struct kvd *k, struct call *s, struct watch_stream *ws,
                          const Etcdserverpb__WatchCreateRequest *c)
 {
@@ -15450,6 +16171,14 @@ static void watch_create(struct kvd *k, struct call *s, struct watch_stream *ws,
 			watch_reply_ctrl(k, s, -1, 1, 1, auth_watch_reason(&e));
 			return;
 		}
+		if (!ws->owner && (s->conn || (k->auth.enabled && who.nlen))) { /* whose share its watchers are */
+			ws->owner = k->auth.enabled && who.nlen ? share_get(k, 'u', (const uint8_t *)who.name, who.nlen)
+			                                        : share_get(k, 'a', s->conn->src, sizeof s->conn->src);
+			if (!ws->owner) {
+				watch_reply_ctrl(k, s, -1, 1, 1, "kvd: out of memory");
+				return;
+			}
+		}
 	}
 	if (!elen)
 		kind = WATCH_KEY;
@@ -15468,7 +16197,7 @@ static void watch_create(struct kvd *k, struct call *s, struct watch_stream *ws,
 		watch_reply_ctrl(k, s, -1, 1, 1, "mvcc: duplicate watch ID provided on the WatchStream");
 		return;
 	}
-	if (k->watch.total >= k->cfg.max_watchers) {
+	if (k->watch.total >= k->cfg.max_watchers && watch_make_room(k, ws)) {
 		watch_reply_ctrl(k, s, -1, 1, 1, "kvd: too many watchers (--max-watchers)");
 		return;
 	}
@@ -15506,8 +16235,8 @@ static void watch_create(struct kvd *k, struct call *s, struct watch_stream *ws,
 	w->prev_kv = c->prev_kv;
 	w->progress = c->progress_notify;
 	w->fragment = c->fragment;
-	w->next = c->start_revision ? c->start_revision : k->db.rev_durable + 1;
-	w->synced = w->next > k->db.rev_durable;
+	w->next = c->start_revision ? c->start_revision : mvcc_after(k->db.rev_durable);
+	w->synced = !c->start_revision || w->next > k->db.rev_durable; /* (the same but at the last revision) */
 	if (watch_register(k, w)) {
 		kvd_free(k, w);
 		watch_reply_ctrl(k, s, -1, 1, 1, "kvd: out of memory");
@@ -15576,6 +16305,7 @@ static void watch_on_close(struct kvd *k, struct call *s)
 		k->watch.streams = ws->next;
 	if (ws->next)
 		ws->next->prev = ws->prev;
+	share_put(k, ws->owner);
 	kvd_free(k, ws->w);
 	kvd_free(k, ws);
 	s->svc = NULL;
@@ -16884,6 +17614,7 @@ struct confd {
 	struct json_doc cfg;           /* Ganeti mode: config.data, as of cfg_mod */
 	int64_t cfg_mod;
 	char cfg_err[256];
+	unsigned scope_warned;         /* keyspace mode: auth on without --confd-user was logged */
 	struct kvd_buf msg, out, tmp;  /* reply msg, datagram, scratch */
 	uint8_t rbuf[4096];
 };
@@ -17011,19 +17742,17 @@ static int confd_load_key(struct kvd *k, char *err, size_t errlen)
 	uint8_t key[CONFD_MAX_KEY + 1];
 	struct stat st;
 	ssize_t n;
-	int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+	int fd = util_open_regular(path, O_NOFOLLOW, &st); /* also on SIGHUP: never a FIFO that blocks the loop */
 
-	if (fd < 0 || fstat(fd, &st)) {
+	if (fd == -1) {
 		snprintf(err, errlen, "--confd-hmac-key-file %s: %s", path, strerror(errno));
-		if (fd >= 0)
-			close(fd);
 		return KVD_EIO;
 	}
-	if (!S_ISREG(st.st_mode) || (st.st_mode & 077)) {
+	if (fd == -2 || (st.st_mode & 077)) {
 		snprintf(err, errlen, "--confd-hmac-key-file %s: %s", path,
-		         S_ISREG(st.st_mode) ? "readable or writable by group or others (chmod 600 or 400)"
-		                             : "not a regular file");
-		close(fd);
+		         fd >= 0 ? "readable or writable by group or others (chmod 600 or 400)" : "not a regular file");
+		if (fd >= 0)
+			close(fd);
 		return KVD_EINVAL;
 	}
 	n = read(fd, key, sizeof key);
@@ -17296,16 +18025,51 @@ out:
 	kvd_free(k, v);
 }
 
+/*
+ * Keyspace mode's scope.  The HMAC key proves a datagram came from someone
+ * holding it; it is not a kvd user.  So keyspace mode answers only keys
+ * under --confd-keyspace-prefix, which queries name relative to it (they
+ * cannot reach above it; with a prefix ending in "/", a query's leading "/"
+ * is that one, so "/" lists the whole scope), and with auth enabled only what --confd-user may
+ * read, checked as a Range by that user would be.  With auth on and no
+ * --confd-user kvd refuses to start; if auth is enabled later, keyspace
+ * queries get "unknown" until a user is configured.
+ */
+#define CONFD_SCAN_MAX 10000 /* keys a "/" query may look at (unreadable and deleted ones count: work) */
+
+static int confd_may_read(struct kvd *k, const uint8_t *key, size_t n, const uint8_t *end, size_t en)
+{
+	struct auth_who w;
+	struct svc_err e = {0, NULL};
+	ProtobufCBinaryData kb, eb;
+
+	if (!k->auth.enabled)
+		return 1;
+	if (!k->cfg.confd_user[0])
+		return 0;
+	w.name = k->cfg.confd_user;
+	w.nlen = strlen(w.name);
+	w.rev = 0;
+	kb.data = (uint8_t *)(uintptr_t)key;
+	kb.len = n;
+	eb.data = (uint8_t *)(uintptr_t)end;
+	eb.len = en;
+	return !auth_may(k, &w, &kb, &eb, AUTH_R, &e);
+}
+
 static void confd_keyspace(struct kvd *k, const struct confd_req *rq)
 {
 	struct confd *cd = k->confd;
 	struct mvcc *m = &k->db;
-	const uint8_t *key;
-	size_t klen;
+	const char *pfx = k->cfg.confd_keyspace_prefix;
+	size_t plen = strlen(pfx), klen, scanned = 0, skip;
+	struct kvd_buf *key = &cd->tmp;
 	struct mvcc_key *r;
 	struct mvcc_it it;
-	int eq, first = 1;
+	int eq, first = 1, all = 0;
 
+	if (k->auth.enabled && !k->cfg.confd_user[0] && !cd->scope_warned++)
+		kvd_log(k, KVD_LOG_WARN, "confd: auth is enabled and --confd-user is not set: keyspace queries get nothing");
 	if (rq->type == CONFD_PING) {
 		confd_msg_int(k, CONFD_OK, m->rev, m->rev);
 		return;
@@ -17318,11 +18082,18 @@ static void confd_keyspace(struct kvd *k, const struct confd_req *rq)
 		confd_msg_int(k, CONFD_ERROR, CONFD_E_ARGUMENT, 0);
 		return;
 	}
-	key = (const uint8_t *)rq->plain->s;
-	klen = rq->plain->n;
-	if (key[klen - 1] != '/') {
-		r = mvcc_find(m, key, klen);
-		if (!r || !r->create) {
+	key->rd = key->len = 0; /* the store's key: the scope's prefix, then the query */
+	buf_append(k, key, pfx, plen);
+	skip = plen && pfx[plen - 1] == '/' && rq->plain->s[0] == '/'; /* "/x" is x, and "/" the whole scope */
+	buf_append(k, key, rq->plain->s + skip, rq->plain->n - skip);
+	if (key->err) {
+		cd->msg.err = 1;
+		return;
+	}
+	klen = key->len;
+	if (key->p[klen - 1] != '/') {
+		r = mvcc_find(m, key->p, klen);
+		if (!r || !r->create || !confd_may_read(k, key->p, klen, NULL, 0)) { /* unreadable: as absent */
 			confd_msg_int(k, CONFD_ERROR, CONFD_E_UNKNOWN, 0);
 			return;
 		}
@@ -17331,16 +18102,30 @@ static void confd_keyspace(struct kvd *k, const struct confd_req *rq)
 		confd_end_msg(k, r->mod);
 		return;
 	}
-	confd_begin_msg(k, CONFD_OK); /* every key under the prefix, as an object */
+	if (k->auth.enabled) { /* the whole prefix readable: no check per key */
+		if (buf_reserve(k, key, klen)) {
+			cd->msg.err = 1;
+			return;
+		}
+		memcpy(key->p + klen, key->p, klen);
+		key->p[2 * klen - 1]++; /* the prefix's end: it ends in '/', never 0xff */
+		all = confd_may_read(k, key->p, klen, key->p + klen, klen);
+	}
+	confd_begin_msg(k, CONFD_OK); /* every key under the prefix, as an object, named relative to the scope */
 	json_put_raw(k, &cd->msg, "{");
-	for (it = mvcc_seek(m, key, klen, &eq); (r = mvcc_at(m, it)) && !cd->msg.err; mvcc_next(m, &it)) {
-		if (r->klen < klen || memcmp(r->key, key, klen))
+	for (it = mvcc_seek(m, key->p, klen, &eq); (r = mvcc_at(m, it)) && !cd->msg.err; mvcc_next(m, &it)) {
+		if (r->klen < klen || memcmp(r->key, key->p, klen))
 			break;
-		if (!r->create)
+		if (++scanned > CONFD_SCAN_MAX) { /* bounded work per datagram: too big, as a long answer is */
+			confd_msg_int(k, CONFD_ERROR, CONFD_E_ARGUMENT, 0);
+			cd->too_big++;
+			return;
+		}
+		if (!r->create || (!all && !confd_may_read(k, r->key, r->klen, NULL, 0)))
 			continue;
 		if (!first)
 			json_put_raw(k, &cd->msg, ",");
-		json_put_str(k, &cd->msg, r->key, r->klen);
+		json_put_str(k, &cd->msg, r->key + plen, r->klen - plen);
 		json_put_raw(k, &cd->msg, ":");
 		confd_put_value(k, &cd->msg, r);
 		first = 0;
@@ -18643,6 +19428,11 @@ static int confd_bind(struct kvd *k, char *err, size_t errlen)
 
 	if (!k->confd)
 		return 0;
+	if (!k->cfg.confd_ganeti_config_key[0] && k->auth.enabled && !k->cfg.confd_user[0]) {
+		snprintf(err, errlen, "confd keyspace mode with auth enabled needs --confd-user (whose read permissions "
+		         "confd answers with): the HMAC key is not a kvd user");
+		return KVD_EINVAL; /* known only once the store is read: after the data dir, still exit 2 */
+	}
 	if (!(r = confd_listen(k, 1, err, errlen)))
 		kvd_log(k, KVD_LOG_INFO, "confd: serving Ganeti confd queries on udp %s (%s mode)", k->cfg.confd_listen,
 		        k->cfg.confd_ganeti_config_key[0] ? "Ganeti" : "keyspace");
@@ -18767,8 +19557,10 @@ static void confd_close(struct kvd *k) { (void)k; }
  * Bounds.  A connection that has not finished its handshake and sent its
  * first bytes within KVD_PREFACE_TIMEOUT_MS is closed, as a silent plain
  * one is.  At most KVD_MAX_HANDSHAKES handshakes are in progress: a new one
- * displaces the oldest, so a flood of ClientHellos (or of 1-byte-per-second
- * handshakes) only displaces itself.  Each loop iteration runs at most
+ * displaces one of the address holding the most (section 3's fair shares),
+ * so a flood of ClientHellos (or of 1-byte-per-second handshakes) from a few
+ * addresses only displaces itself, never a slow honest handshake from
+ * elsewhere.  Each loop iteration runs at most
  * KVD_HANDSHAKE_STEPS handshake steps (each may be a signature or a key
  * exchange), then serves everything else before the next; established
  * connections never wait behind more than that.  Per connection mbedtls
@@ -18779,12 +19571,13 @@ static void confd_close(struct kvd *k) { (void)k; }
  * What is offered: TLS 1.2 (mbedtls 2.28 has no TLS 1.3 server), ECDHE key
  * exchange with AEAD ciphers (AES-GCM, ChaCha20-Poly1305) unless
  * --cipher-suites names others; ALPN h2 and http/1.1 (grpc-go requires h2);
- * no renegotiation, no compression.  With --client-cert-auth a client must
- * present a certificate that --trusted-ca-file signed (and --client-crl-file
- * has not revoked) or the handshake fails; with
- * --client-cert-allowed-hostname its SAN (or CN) must also name that host.
- * The client certificate's CN stays with the connection (etcd takes it as
- * the user name when auth is on and no token is sent).
+ * no renegotiation, no compression.  With --trusted-ca-file (alone, as
+ * etcd reads it, or with --client-cert-auth) a client must present a
+ * certificate that CA signed (and --client-crl-file has not revoked) or the
+ * handshake fails; with --client-cert-allowed-hostname its SAN (or CN) must
+ * also name that host.  The client certificate's last CN stays with the
+ * connection, every byte of it (with --client-cert-auth etcd takes it as the
+ * user name when auth is on and no token is sent: "root\0.x" is no user).
  *
  * Certificates, key, CA and CRL are one generation (struct tls_cfg),
  * counted by the connections made with it.  SIGHUP reads them again: a good
@@ -18794,7 +19587,7 @@ static void confd_close(struct kvd *k) { (void)k; }
 
 #ifndef KVD_NO_TLS
 
-#ifndef KVD_MAX_HANDSHAKES /* @@ TLS handshakes in progress; a new one displaces the oldest */
+#ifndef KVD_MAX_HANDSHAKES /* @@ TLS handshakes in progress; a new one displaces one (tls_accept) */
 #define KVD_MAX_HANDSHAKES 64
 #endif
 #ifndef KVD_HANDSHAKE_STEPS /* @@ TLS handshake steps per loop iteration */
@@ -18829,7 +19622,8 @@ struct tls_conn {
 	struct tls_cfg *cfg;
 	size_t pending;                 /* bytes offered to a write that said WANT_WRITE */
 	unsigned done : 1;              /* the handshake is over */
-	char cn[65];                    /* the client certificate's CN, "" if none */
+	char *cn;                       /* the client certificate's CN, its exact bytes (NUL added); NULL if none */
+	size_t cnlen;
 };
 
 /* etcd's defaults in spirit: ECDHE, AEAD only. */
@@ -18962,6 +19756,15 @@ static int tls_cfg_load(struct kvd *k, struct tls_cfg **out, char *err, size_t e
 	mbedtls_x509_crt_init(&t->ca);
 	mbedtls_x509_crl_init(&t->crl);
 	mbedtls_pk_init(&t->key);
+	if (!tls_auto(cfg) && (util_check_regular(cfg->cert_file, "--cert-file", err, errlen) ||
+	                       util_check_regular(cfg->key_file, "--key-file", err, errlen)))
+		goto fail; /* mbedtls opens them itself: a FIFO would block (at start, or on SIGHUP) */
+	if (cfg->trusted_ca_file && cfg->trusted_ca_file[0] &&
+	    util_check_regular(cfg->trusted_ca_file, "--trusted-ca-file", err, errlen))
+		goto fail;
+	if (cfg->client_crl_file && cfg->client_crl_file[0] &&
+	    util_check_regular(cfg->client_crl_file, "--client-crl-file", err, errlen))
+		goto fail;
 	if (tls_auto(cfg)) {
 		if (tls_self_signed(k, t, err, errlen))
 			goto fail;
@@ -19027,7 +19830,10 @@ static int tls_cfg_load(struct kvd *k, struct tls_cfg **out, char *err, size_t e
 #endif
 	if (cfg->trusted_ca_file && cfg->trusted_ca_file[0])
 		mbedtls_ssl_conf_ca_chain(&t->conf, &t->ca, cfg->client_crl_file && cfg->client_crl_file[0] ? &t->crl : NULL);
-	mbedtls_ssl_conf_authmode(&t->conf, cfg->client_cert_auth ? MBEDTLS_SSL_VERIFY_REQUIRED : MBEDTLS_SSL_VERIFY_NONE);
+	/* as etcd's TLSInfo: a trusted CA alone already means "require and verify a
+	 * client certificate"; --client-cert-auth adds only the CN as the user */
+	mbedtls_ssl_conf_authmode(&t->conf, cfg->client_cert_auth || (cfg->trusted_ca_file && cfg->trusted_ca_file[0])
+	                                        ? MBEDTLS_SSL_VERIFY_REQUIRED : MBEDTLS_SSL_VERIFY_NONE);
 	if (cfg->cipher_suites && cfg->cipher_suites[0]) {
 		char list[1024], *p, *save;
 		snprintf(list, sizeof list, "%s", cfg->cipher_suites);
@@ -19171,6 +19977,15 @@ static int tls_names(const mbedtls_x509_crt *crt, const char *host)
 	return 0;
 }
 
+/* A handshake is no longer in progress (done, or its connection gone). */
+static void tls_hs_end(struct conn *c)
+{
+	if (c->k->tls)
+		c->k->tls->handshaking--;
+	if (c->share)
+		c->share->n[SHARE_HANDSHAKES]--;
+}
+
 /* The handshake's next step: 0 once it is over, KVD_EAGAIN, or KVD_EIO. */
 static int tls_step(struct conn *c)
 {
@@ -19198,12 +20013,23 @@ static int tls_step(struct conn *c)
 		return KVD_EIO;
 	}
 	t->done = 1;
-	k->tls->handshaking--;
+	tls_hs_end(c);
 	k->tls->handshakes++;
 	if ((peer = mbedtls_ssl_get_peer_cert(&t->ssl))) {
-		for (nm = &peer->subject; nm; nm = nm->next)
-			if (!MBEDTLS_OID_CMP(MBEDTLS_OID_AT_CN, &nm->oid))
-				snprintf(t->cn, sizeof t->cn, "%.*s", (int)KVD_MIN(nm->val.len, 64), (const char *)nm->val.p);
+		const mbedtls_x509_name *last = NULL;
+		for (nm = &peer->subject; nm; nm = nm->next) /* the last CN, as Go's pkix.Name keeps it */
+			if (nm->oid.p && !MBEDTLS_OID_CMP(MBEDTLS_OID_AT_CN, &nm->oid))
+				last = nm;
+		if (last) { /* every byte of it: a NUL or a length cap must not make it another user's name */
+			if (!(t->cn = kvd_malloc(k, last->val.len + 1))) {
+				kvd_log(k, KVD_LOG_WARN, "%s: out of memory after a TLS handshake: closed", c->peer);
+				return KVD_EIO;
+			}
+			if (last->val.len)
+				memcpy(t->cn, last->val.p, last->val.len);
+			t->cn[last->val.len] = 0;
+			t->cnlen = last->val.len;
+		}
 		if (t->cfg->allowed[0] && !tls_names(peer, t->cfg->allowed)) {
 			kvd_log(k, KVD_LOG_INFO, "%s: client certificate does not name %s: refused", c->peer,
 			        t->cfg->allowed);
@@ -19212,9 +20038,16 @@ static int tls_step(struct conn *c)
 			return KVD_EIO;
 		}
 	}
-	kvd_log(k, KVD_LOG_DEBUG, "%s: TLS %s %s, ALPN %s%s%s", c->peer, mbedtls_ssl_get_version(&t->ssl),
-	        mbedtls_ssl_get_ciphersuite(&t->ssl), mbedtls_ssl_get_alpn_protocol(&t->ssl) ?
-	        mbedtls_ssl_get_alpn_protocol(&t->ssl) : "-", t->cn[0] ? ", client " : "", t->cn);
+	if (k->cfg.log_level <= KVD_LOG_DEBUG) {
+		char cn[80];
+		size_t i;
+		for (i = 0; t->cn && i < t->cnlen && i < sizeof cn - 1; i++) /* printable, for the log only */
+			cn[i] = t->cn[i] >= 0x20 && t->cn[i] < 0x7f ? t->cn[i] : '?';
+		cn[i] = 0;
+		kvd_log(k, KVD_LOG_DEBUG, "%s: TLS %s %s, ALPN %s%s%s", c->peer, mbedtls_ssl_get_version(&t->ssl),
+		        mbedtls_ssl_get_ciphersuite(&t->ssl), mbedtls_ssl_get_alpn_protocol(&t->ssl) ?
+		        mbedtls_ssl_get_alpn_protocol(&t->ssl) : "-", t->cn ? ", client " : "", cn);
+	}
 	return 0;
 }
 
@@ -19274,32 +20107,43 @@ static void tls_free(struct conn *c)
 
 	if (!t)
 		return;
-	if (!t->done && c->k->tls)
-		c->k->tls->handshaking--;
+	if (!t->done)
+		tls_hs_end(c);
 	mbedtls_ssl_free(&t->ssl);
 	tls_cfg_unref(c->k, t->cfg);
+	kvd_free(c->k, t->cn);
 	kvd_free(c->k, t);
 	c->ts = NULL;
 }
 
 static const struct net_transport tls_transport = {"tls", tls_recv, tls_send, tls_shut, tls_free};
 
-/* A new connection on an https:// listener; the oldest handshake in
- * progress makes room when KVD_MAX_HANDSHAKES are. */
+/*
+ * A new connection on an https:// listener.  When KVD_MAX_HANDSHAKES are in
+ * progress, one makes room (section 3's rule): the oldest of the address
+ * holding the most, when it holds at least two more than the newcomer's;
+ * else the newcomer's own oldest; else the oldest of all.  So a flood of
+ * half-open ClientHellos from a few addresses displaces itself, never a
+ * slow honest handshake from elsewhere.
+ */
 static int tls_accept(struct kvd *k, struct conn *c)
 {
 	struct tls_conn *t;
 	struct conn *o, *oldest = NULL;
 
 	if (k->tls->handshaking >= KVD_MAX_HANDSHAKES) {
+		struct share *top = share_max(k, SHARE_HANDSHAKES), *from;
+		from = share_may_take(top, c->share, SHARE_HANDSHAKES, 2) ? top
+		     : c->share && c->share->n[SHARE_HANDSHAKES] ? c->share : NULL;
 		for (o = k->conns; o; o = o->next)
 			if (o->tr == &tls_transport && !o->dead && o->ts && !((struct tls_conn *)o->ts)->done &&
-			    (!oldest || o->t_open < oldest->t_open))
+			    (!from || o->share == from) && (!oldest || o->t_open < oldest->t_open))
 				oldest = o;
 		if (oldest) {
 			tls_free(oldest); /* its handshake slot goes now; the socket at the reap */
 			oldest->dead = 1;
 			k->tls->displaced++;
+			k->st.yields[YIELD_HANDSHAKES] += from == top && top != c->share;
 		}
 	}
 	if (!(t = kvd_calloc(k, sizeof *t)))
@@ -19315,22 +20159,27 @@ static int tls_accept(struct kvd *k, struct conn *c)
 	t->cfg->refs++;
 	c->ts = t;
 	k->tls->handshaking++;
+	if (c->share)
+		c->share->n[SHARE_HANDSHAKES]++;
 	return 0;
 }
 
 /* The verified client certificate's CN: who a call without a token is, with
- * --client-cert-auth (section 16).  NULL if none. */
-static const char *tls_peer_cn(const struct conn *c)
+ * --client-cert-auth (section 16).  NULL if none or empty; *n its length
+ * (it may hold NULs: compare it by length, never as a C string). */
+static const char *tls_peer_cn(const struct conn *c, size_t *n)
 {
 	const struct tls_conn *t = c->tr == &tls_transport ? c->ts : NULL;
 
-	return t && t->done && t->cn[0] ? t->cn : NULL;
+	*n = t && t->done && t->cn ? t->cnlen : 0;
+	return *n ? t->cn : NULL;
 }
 
 #else
-static const char *tls_peer_cn(const struct conn *c)
+static const char *tls_peer_cn(const struct conn *c, size_t *n)
 {
 	(void)c;
+	*n = 0;
 	return NULL;
 }
 #endif /* KVD_NO_TLS */
@@ -19916,7 +20765,7 @@ static int gw_body(struct kvd *k, struct conn *c)
 		if (!h->body_chunked || h->chunk_st == 1) {
 			uint64_t want = h->body_chunked ? h->chunk_left : h->body_clen;
 			take = (size_t)KVD_MIN((uint64_t)BUF_LEN(&c->in), want);
-			if (h->delivered || !h->in_call || (h->call.finished && !h->bidi)) /* nobody takes it */
+			if (h->delivered || !h->in_call || h->call.finished) /* nobody takes it */
 				;
 			else if (buf_append(k, &h->body, p, take))
 				return http1_fail(k, c, 500, "kvd: out of memory\n");
@@ -20017,6 +20866,32 @@ static void gw_error_body(struct kvd *k, struct kvd_buf *b, const struct call *c
 	json_put_raw(k, b, "}");
 }
 
+/* The gateway call's body is what this connection counts toward
+ * --max-request-buffer. */
+static void gw_recharge(struct kvd *k, struct conn *c)
+{
+	struct http1_conn *h = c->ps;
+
+	if (BUF_LEN(&h->body) != c->in_held)
+		net_held(k, c, (int64_t)BUF_LEN(&h->body) - (int64_t)c->in_held);
+}
+
+/* Over --max-request-buffer (net_shed): the call whose body is held ends
+ * RESOURCE_EXHAUSTED (its answer once the body is read), the body dropped. */
+static int gw_shed(struct kvd *k, struct conn *c)
+{
+	struct http1_conn *h = c->ps;
+
+	if (!h->in_call || !BUF_LEN(&h->body))
+		return 0;
+	kvd_log(k, KVD_LOG_INFO, "%s: %zu gateway body bytes dropped (--max-request-buffer is full; this address "
+	        "holds the most)", c->peer, BUF_LEN(&h->body));
+	call_finish(k, &h->call, GRPC_RESOURCE_EXHAUSTED, "%s", E_INPUT_FULL);
+	buf_free(k, &h->body);
+	gw_recharge(k, c);
+	return 1;
+}
+
 /* The call is over and answered: ready for the next request. */
 static void gw_end(struct kvd *k, struct conn *c)
 {
@@ -20024,6 +20899,7 @@ static void gw_end(struct kvd *k, struct conn *c)
 
 	call_fini(k, &h->call);
 	buf_free(k, &h->body);
+	gw_recharge(k, c);
 	if (h->close || !h->body_done || !h->minor)
 		c->is_closing = 1; /* HTTP/1.0, or a body still coming that nobody reads */
 	h->in_call = h->stream = h->bidi = h->hdr_sent = h->delivered = h->plain = 0;
@@ -20352,8 +21228,18 @@ static void http1_metrics(struct kvd *k, struct conn *c, const struct http1_req 
 	http1_m_val(&m, "kvd_connections_refused_total", "limit=\"max-connections\"", (double)k->st.conns_refused);
 	http1_m_val(&m, "kvd_connections_refused_total", "limit=\"max-connections-per-ip\"",
 	            (double)k->st.conns_refused_ip);
-	http1_m_one(&m, "kvd_connections_evicted_total", "counter", "Idle connections closed for a new client at "
+	http1_m_one(&m, "kvd_connections_evicted_total", "counter", "Connections closed for a new client at "
 	            "--max-connections.", (double)k->st.conns_evicted);
+	{
+		static const char *const pools[YIELD_N] = {"connections", "tls_handshakes", "password_hashes", "watchers",
+		                                           "request_buffers"};
+		http1_m_head(&m, "kvd_fair_share_yields_total", "counter", "Units of a full pool the largest holder gave "
+		             "up to a newcomer holding fewer, by pool.");
+		for (i = 0; i < YIELD_N; i++) {
+			snprintf(lab, sizeof lab, "pool=\"%s\"", pools[i]);
+			http1_m_val(&m, "kvd_fair_share_yields_total", lab, (double)k->st.yields[i]);
+		}
+	}
 	http1_m_one(&m, "kvd_http_requests_total", "counter", "HTTP/1.x requests read on client ports.",
 	            (double)k->st.http_requests);
 	if (k->confd && !confd_counters(k, confd, &dn, &ndrop)) {
@@ -20410,8 +21296,8 @@ static void http1_health(struct kvd *k, struct conn *c, const struct http1_req *
 static int http1_route(struct kvd *k, struct conn *c, const struct http1_req *r)
 {
 	struct http1_conn *h = c->ps;
-	const char *path = r->target, *q = memchr(path, '?', r->tlen), *rpc = NULL, *cn;
-	size_t plen = q ? (size_t)(q - path) : r->tlen, qlen = q ? r->tlen - plen - 1 : 0, skip = 0;
+	const char *path = r->target, *q = memchr(path, '?', r->tlen), *rpc = NULL;
+	size_t plen = q ? (size_t)(q - path) : r->tlen, qlen = q ? r->tlen - plen - 1 : 0, skip = 0, cnlen;
 
 	h->minor = r->minor;
 	if (r->mlen == 7 && !memcmp(r->method, "OPTIONS", 7)) { /* a CORS preflight: etcd answers it itself */
@@ -20440,7 +21326,7 @@ static int http1_route(struct kvd *k, struct conn *c, const struct http1_req *r)
 			return 0;
 		}
 		/* etcd: a client certificate's CN is not the gateway's user -- refused */
-		if (k->cfg.client_cert_auth && k->auth.enabled && (cn = tls_peer_cn(c)) && *cn) {
+		if (k->cfg.client_cert_auth && k->auth.enabled && tls_peer_cn(c, &cnlen)) {
 			http1_answer(k, c, r->minor, 400, HTTP1_NOSNIFF, "CommonName of client sending a request against "
 			             "gateway will be ignored and not used as expected\n", r->close);
 			return 0;
@@ -20465,12 +21351,17 @@ static int gw_input(struct kvd *k, struct conn *c)
 {
 	struct http1_conn *h = c->ps;
 	size_t before = BUF_LEN(&c->in);
+	int r = gw_body(k, c);
 
-	if (gw_body(k, c))
+	gw_recharge(k, c);
+	if (r)
 		return 1;
 	if (BUF_LEN(&c->in) != before)
 		c->t_active = k->now;
 	gw_deliver(k, c);
+	gw_recharge(k, c);
+	if (k->in_held > k->cfg.max_request_buffer)
+		net_shed(k);
 	if (h->in_call && h->body_done && BUF_LEN(&c->in) > HTTP1_MAX_HEAD + HTTP1_MAX_BODY) {
 		c->is_closing = 1; /* pipelining far ahead of a call: no */
 		return 1;
@@ -20590,15 +21481,17 @@ static void http1_close_now(struct kvd *k, struct conn *c)
 	c->is_closing = 1; /* after what is answered already */
 }
 
-/* Shutdown begins: a call still being served (a stream) ends with the
- * error the gRPC carrier's calls get; its answer goes out, then the close. */
+/* Shutdown begins: an idle connection closes; one serving a call closes
+ * after its answer -- a stream's is the error it was just ended with
+ * (svc_shutdown), then the last chunk, as etcd's gateway writes them. */
 static void http1_drain(struct kvd *k, struct conn *c)
 {
 	struct http1_conn *h = c->ps;
 
-	if (h->in_call && h->stream)
-		return; /* loop_timers ends it at the grace's end */
-	c->is_closing = !h->in_call;
+	if (h->in_call)
+		h->close = 1;
+	else
+		c->is_closing = 1;
 	(void)k;
 }
 
@@ -20616,13 +21509,14 @@ static void http1_free(struct kvd *k, struct conn *c)
 	if (h->in_call)
 		call_fini(k, &h->call);
 	buf_free(k, &h->body);
+	gw_recharge(k, c);
 	kvd_free(k, c->ps);
 	c->ps = NULL;
 }
 
 static const struct net_proto http1_proto = {
 	"http/1.1", http1_input, http1_flush, http1_timers, http1_drain, http1_close_now, http1_close_now,
-	http1_busy, http1_free,
+	http1_busy, gw_shed, http1_free,
 };
 
 /* ===== 23. Sockets and the poll loop (net_, loop_) ====================== */
@@ -20841,22 +21735,6 @@ static int net_listen(struct kvd *k, const char *url, int metrics, char *err, si
 	return 0;
 }
 
-/* Over the connection cap: a SETTINGS and a GOAWAY the client can act on
- * (on a TLS listener, which cannot carry them before a handshake, a close). */
-static void net_refuse(struct kvd *k, int fd, int tls)
-{
-	static const uint8_t msg[] = {
-	    0, 0, 0, H2_SETTINGS, 0, 0, 0, 0, 0,
-	    0, 0, 28, H2_GOAWAY, 0, 0, 0, 0, 0,
-	    0, 0, 0, 0, 0, 0, 0, H2_ENHANCE_YOUR_CALM,
-	    't', 'o', 'o', '_', 'm', 'a', 'n', 'y', '_', 'c', 'o', 'n', 'n', 'e', 'c', 't', 'i', 'o', 'n', 's'};
-
-	if (!tls && send(fd, msg, sizeof msg, MSG_NOSIGNAL) < 0)
-		(void)0; /* best effort */
-	close(fd);
-	k->st.conns_refused++;
-}
-
 /* ---- transports: how a connection's bytes move ----------------------------- */
 
 static long net_plain_recv(struct conn *c, void *p, size_t n)
@@ -20939,9 +21817,62 @@ static void net_tls_answer(struct kvd *k, struct conn *c)
 	kvd_log(k, KVD_LOG_INFO, "%s: a TLS ClientHello on a plain listener (TLS is served on https:// ones)", c->peer);
 }
 
+/*
+ * Over the connection limits: the refusal is said in the client's own
+ * protocol, so it waits for the first bytes (clients speak first): an
+ * HTTP/1.x request gets a 503 and the close, anything else a SETTINGS and a
+ * GOAWAY too_many_connections, which gRPC clients act on.  Such a connection
+ * counts toward no limit, lives at most KVD_REFUSE_WAIT_MS, and at most
+ * KVD_MAX_REFUSING wait at once; past that, and on a TLS listener (which
+ * cannot speak before a handshake), the refusal is a plain close.
+ */
+static const uint8_t net_refusal_h2[] = {
+    0, 0, 0, H2_SETTINGS, 0, 0, 0, 0, 0,
+    0, 0, 28, H2_GOAWAY, 0, 0, 0, 0, 0,
+    0, 0, 0, 0, 0, 0, 0, H2_ENHANCE_YOUR_CALM,
+    't', 'o', 'o', '_', 'm', 'a', 'n', 'y', '_', 'c', 'o', 'n', 'n', 'e', 'c', 't', 'i', 'o', 'n', 's'};
+static const char net_refusal_http1[] = "HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain; charset=utf-8\r\n"
+                                        "Connection: close\r\nContent-Length: 26\r\n\r\nkvd: too many connections\n";
+
+static struct conn *net_conn_new(struct kvd *k, int fd, const struct net_transport *tr);
+
+static void net_refuse(struct kvd *k, int fd, int tls, const struct sockaddr_storage *ss)
+{
+	struct conn *c;
+
+	k->st.conns_refused++;
+	if (tls || k->nrefusing >= KVD_MAX_REFUSING || !(c = net_conn_new(k, fd, &net_plain))) {
+		close(fd);
+		return;
+	}
+	net_addr_str((const struct sockaddr *)ss, c->peer, sizeof c->peer);
+	c->refusing = c->uncounted = 1;
+	c->next = k->conns;
+	k->conns = c;
+	k->nrefusing++;
+	loop_arm(k, k->now + KVD_REFUSE_WAIT_MS);
+}
+
+/* The first bytes of a refused connection: the refusal, in their protocol. */
+static void net_refusal(struct kvd *k, struct conn *c)
+{
+	switch (net_sniff(BUF_DATA(&c->in), BUF_LEN(&c->in))) {
+	case NET_SNIFF_MORE: return;
+	case NET_SNIFF_HTTP1: buf_append(k, &c->out, net_refusal_http1, sizeof net_refusal_http1 - 1); break;
+	case NET_SNIFF_TLS: net_tls_answer(k, c); break;
+	default: buf_append(k, &c->out, net_refusal_h2, sizeof net_refusal_h2); break;
+	}
+	buf_consume(&c->in, BUF_LEN(&c->in));
+	c->is_closing = 1;
+}
+
 /* Handle what c->in holds: choose the protocol first if it is not known. */
 static void net_input(struct kvd *k, struct conn *c)
 {
+	if (c->refusing) {
+		net_refusal(k, c);
+		return;
+	}
 	if (!c->proto) {
 		switch (net_sniff(BUF_DATA(&c->in), BUF_LEN(&c->in))) {
 		case NET_SNIFF_MORE: return;
@@ -20985,12 +21916,61 @@ static struct conn *net_conn_new(struct kvd *k, int fd, const struct net_transpo
 	return c;
 }
 
+/* c no longer counts toward --max-connections (evicted, or gone). */
+static void net_uncount(struct kvd *k, struct conn *c)
+{
+	if (c->uncounted)
+		return;
+	c->uncounted = 1;
+	k->nconns--;
+	if (c->share)
+		c->share->n[SHARE_CONNS]--;
+}
+
+/* A protocol's report: c now buffers delta more (or fewer) request bytes. */
+static void net_held(struct kvd *k, struct conn *c, int64_t delta)
+{
+	c->in_held += (uint64_t)delta;
+	k->in_held += (uint64_t)delta;
+	if (c->share)
+		c->share->n[SHARE_INPUT] += (uint64_t)delta;
+}
+
+/*
+ * --max-request-buffer: request bytes buffered across every connection --
+ * messages not yet whole (a granted one counts whole), gateway bodies -- are
+ * one budget, whatever the number of connections.  Over it, the address
+ * holding the most gives up its largest (section 3's rule, in bytes) until
+ * the rest fits: a request that arrives whole is never buffered, so honest
+ * calls go on while someone parks unfinished messages.
+ */
+static void net_shed(struct kvd *k)
+{
+	struct share *top;
+	struct conn *c, *v;
+
+	while (k->in_held > k->cfg.max_request_buffer && (top = share_max(k, SHARE_INPUT))) {
+		for (v = NULL, c = k->conns; c; c = c->next)
+			if (c->share == top && c->proto && c->in_held && (!v || c->in_held > v->in_held))
+				v = c;
+		if (!v || !v->proto->shed(k, v))
+			break;
+		k->st.yields[YIELD_BYTES]++;
+	}
+}
+
 static void net_conn_free(struct kvd *k, struct conn *c)
 {
+	net_uncount(k, c);
+	if (c->refusing)
+		k->nrefusing--;
 	if (c->proto)
 		c->proto->free(k, c);
 	if (c->tr->free)
 		c->tr->free(c);
+	if (!KVD_ALWAYS(!c->in_held)) /* each protocol gave back what it buffered */
+		k->in_held -= c->in_held;
+	share_put(k, c->share);
 	buf_free(k, &c->in);
 	buf_free(k, &c->out);
 	kvd_free(k, c);
@@ -21001,14 +21981,28 @@ static int net_busy(const struct conn *c)
 	return c->proto && c->proto->busy(c);
 }
 
+/* How long a closed connection waits for the peer's FIN (net_reap). */
+static int64_t net_linger(const struct kvd *k)
+{
+	return k->stopping ? KVD_STOP_LINGER_MS : 1000; /* stopping: exit soon, as etcd does */
+}
+
 /* A connection's timers: the first bytes must come within
- * KVD_PREFACE_TIMEOUT_MS; then its protocol's.  The next time it needs a look. */
+ * KVD_PREFACE_TIMEOUT_MS; then its protocol's; a closing one, when net_reap
+ * lets it go.  The next time it needs a look. */
 static int64_t net_timers(struct kvd *k, struct conn *c)
 {
+	if (c->t_close)
+		return c->shut_wr ? KVD_MIN(c->t_close + net_linger(k), c->t_close + 5000) : c->t_close + 5000;
 	if (c->proto)
 		return c->proto->timers(k, c);
 	if (c->is_closing)
 		return INT64_MAX;
+	if (c->refusing) { /* said nothing: closed without a word */
+		if (k->now - c->t_open >= KVD_REFUSE_WAIT_MS)
+			c->is_closing = 1;
+		return c->is_closing ? INT64_MAX : c->t_open + KVD_REFUSE_WAIT_MS;
+	}
 	if (k->now - c->t_open >= KVD_PREFACE_TIMEOUT_MS) {
 		c->is_closing = 1; /* never said what it speaks */
 		return INT64_MAX;
@@ -21058,29 +22052,45 @@ static void net_src_key(const struct sockaddr_storage *ss, uint8_t key[9])
 	}
 }
 
-/*
- * The table is full: close the connection that has gone longest without
- * progress and serves no call, so a new client gets its slot; a flood of
- * silent or ping-only connections then only displaces itself.  Returns 0
- * when one was evicted.
- */
-static int net_evict(struct kvd *k)
+/* Which of two connections goes first: one serving no call, then the one
+ * that made no progress for longer (the list is newest first: ties go to
+ * the oldest). */
+static int net_evict_before(const struct conn *c, const struct conn *v)
 {
+	int cb = net_busy(c), vb = net_busy(v);
+
+	return cb != vb ? !cb : c->t_active <= v->t_active;
+}
+
+/*
+ * The table is full and a client from share `from` comes (section 3's
+ * rule): the address holding the most slots gives one up -- an idle one
+ * first, else its stalest busy one -- when it holds at least two more than
+ * the newcomer's; otherwise the connection idle the longest, whoever holds
+ * it, so a flood of silent or ping-only connections only displaces itself.
+ * 0 when one was evicted; KVD_ELIMIT (refuse the newcomer) otherwise.
+ */
+static int net_evict(struct kvd *k, const struct share *from)
+{
+	struct share *top = share_max(k, SHARE_CONNS);
+	int fair = share_may_take(top, from, SHARE_CONNS, 2);
 	struct conn *c, *victim = NULL;
 
 	for (c = k->conns; c; c = c->next)
-		if (!c->uncounted && !c->is_closing && !c->dead && !net_busy(c) &&
-		    (!victim || c->t_active <= victim->t_active)) /* newest first: ties go to the oldest */
+		if (!c->uncounted && !c->is_closing && !c->dead && (fair ? c->share == top : !net_busy(c)) &&
+		    (!victim || net_evict_before(c, victim)))
 			victim = c;
 	if (!victim)
 		return KVD_ELIMIT;
 	if (victim->proto) /* in the protocol's own words */
 		victim->proto->evict(k, victim);
 	net_write(k, victim); /* best effort: the GOAWAY, then the socket goes */
-	victim->dead = victim->uncounted = 1;
-	k->nconns--;
+	victim->dead = 1;
+	kvd_log(k, KVD_LOG_DEBUG, "%s: evicted (%s) for a new connection", victim->peer,
+	        !net_busy(victim) ? "idle" : "its address holds the most connections");
+	net_uncount(k, victim);
 	k->st.conns_evicted++;
-	kvd_log(k, KVD_LOG_DEBUG, "%s: evicted (idle) for a new connection", victim->peer);
+	k->st.yields[YIELD_CONNS] += (uint64_t)fair;
 	return 0;
 }
 
@@ -21089,8 +22099,8 @@ static void net_accept(struct kvd *k, struct net_listener *l)
 	struct sockaddr_storage ss;
 	socklen_t sl;
 	struct conn *c;
+	struct share *sh;
 	uint8_t key[9];
-	unsigned same;
 	int fd, one = 1, i;
 
 	for (i = 0; i < KVD_ACCEPTS_PER_TICK; i++) {
@@ -21112,18 +22122,32 @@ static void net_accept(struct kvd *k, struct net_listener *l)
 		}
 		setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
 		net_src_key(&ss, key);
-		for (same = 0, c = k->conns; c && k->cfg.max_connections_per_ip; c = c->next)
-			same += !c->uncounted && !memcmp(c->src, key, sizeof key);
-		if (k->cfg.max_connections_per_ip && same >= k->cfg.max_connections_per_ip) {
+		if (!(sh = share_get(k, 'a', key, sizeof key))) {
+			close(fd);
+			continue;
+		}
+		if (k->cfg.max_connections_per_ip && sh->n[SHARE_CONNS] >= k->cfg.max_connections_per_ip) {
 			k->st.conns_refused_ip++;
-			net_refuse(k, fd, l->tls);
+			share_put(k, sh);
+			net_refuse(k, fd, l->tls, &ss);
 			continue;
 		}
-		if (k->stopping || (k->nconns >= k->cfg.max_connections && net_evict(k)) ||
-		    !(c = net_conn_new(k, fd, &net_plain))) {
-			net_refuse(k, fd, l->tls);
+		if (k->nconns >= k->cfg.max_connections && net_evict(k, sh)) {
+			share_put(k, sh);
+			net_refuse(k, fd, l->tls, &ss);
 			continue;
 		}
+		if (!(c = net_conn_new(k, fd, &net_plain))) { /* no memory: a close, not a refusal's words */
+			share_put(k, sh);
+			close(fd);
+			continue;
+		}
+		net_addr_str((struct sockaddr *)&ss, c->peer, sizeof c->peer);
+		memcpy(c->src, key, sizeof c->src);
+		c->share = sh;
+		sh->n[SHARE_CONNS]++;
+		k->nconns++;
+		c->metrics_only = l->metrics;
 #ifndef KVD_NO_TLS
 		if (l->tls) {
 			c->tr = &tls_transport;
@@ -21134,12 +22158,8 @@ static void net_accept(struct kvd *k, struct net_listener *l)
 			}
 		}
 #endif
-		net_addr_str((struct sockaddr *)&ss, c->peer, sizeof c->peer);
-		memcpy(c->src, key, sizeof key);
-		c->metrics_only = l->metrics;
 		c->next = k->conns;
 		k->conns = c;
-		k->nconns++;
 		k->st.conns_accepted++;
 	}
 }
@@ -21201,6 +22221,7 @@ static void net_read(struct kvd *k, struct conn *c)
 static void net_reap(struct kvd *k)
 {
 	struct conn **pp = &k->conns, *c;
+	int64_t linger = net_linger(k);
 
 	while ((c = *pp)) {
 		if (c->is_closing && !c->t_close) {
@@ -21212,14 +22233,12 @@ static void net_reap(struct kvd *k)
 				c->tr->shut(c);
 			shutdown(c->fd, SHUT_WR);
 			c->shut_wr = 1;
-			loop_arm(k, k->now + 1000);
+			loop_arm(k, k->now + linger);
 		}
-		if (c->dead || (c->shut_wr && (c->peer_closed || k->now - c->t_close >= 1000)) ||
+		if (c->dead || (c->shut_wr && (c->peer_closed || k->now - c->t_close >= linger)) ||
 		    (c->t_close && k->now - c->t_close >= 5000)) {
 			*pp = c->next;
 			close(c->fd);
-			if (!c->uncounted)
-				k->nconns--;
 			net_conn_free(k, c);
 			continue;
 		}
@@ -21274,7 +22293,6 @@ static void loop_notify_open(struct kvd *k)
 
 /* ---- the loop ---------------------------------------------------------------- */
 
-/* Graceful shutdown: stop accepting, tell every connection, finish calls. */
 /* SIGHUP (kvd_reload): the files that may change under a running kvd are
  * read again; a bad one is refused and the old one kept (each says so). */
 static void loop_reload(struct kvd *k)
@@ -21288,6 +22306,9 @@ static void loop_reload(struct kvd *k)
 	loop_notify(k, "READY=1");
 }
 
+/* SIGTERM/SIGINT (kvd_shutdown): stop accepting, end every stream, let the
+ * unary calls in flight finish (and the group commit they wait for), tell
+ * every connection; loop_run says KVD_ESTOPPED once none is left. */
 static void loop_stop(struct kvd *k)
 {
 	struct conn *c;
@@ -21301,12 +22322,13 @@ static void loop_stop(struct kvd *k)
 	for (i = 0; i < k->nls; i++)
 		close(k->ls[i].fd);
 	k->nls = 0;
-	svc_shutdown(k);
+	svc_shutdown(k); /* streams end now; unary calls have the grace */
 	for (c = k->conns; c; c = c->next)
 		if (c->proto)
 			c->proto->drain(k, c);
 		else
 			c->is_closing = 1;
+	loop_arm(k, k->now + KVD_STOP_LINGER_MS); /* lingering connections go sooner now */
 	kvd_log(k, KVD_LOG_INFO, "shutting down: draining %u connection(s)", k->nconns);
 	loop_notify(k, "STOPPING=1\nSTATUS=shutting down");
 }
@@ -21582,9 +22604,14 @@ static const struct cfg_flag cfg_flags[] = {
 	CFG_N("max-concurrent-streams", CFG_U32, max_concurrent_streams, 1, KVD_DEFAULT_MAX_STREAMS,
 	      "HTTP/2 streams per connection (etcd's is 2^32-1)"),
 	CFG_N("max-connections", CFG_U32, max_connections, 1, KVD_DEFAULT_MAX_CONNECTIONS,
-	      "kvd: client connections at once; when full, the oldest idle one is closed for a new one, else it is refused"),
+	      "kvd: client connections at once; when full, the address holding the most gives up one for a new "
+	      "client, else the oldest idle one is closed, else the new one is refused"),
 	CFG_N("max-connections-per-ip", CFG_U32, max_connections_per_ip, 0, KVD_DEFAULT_MAX_CONNS_PER_IP,
-	      "kvd: client connections from one IPv4 address or IPv6 /64, 0 = no limit"),
+	      "kvd: client connections from one IPv4 address or IPv6 /64, 0 = no limit (when full, the address "
+	      "holding the most yields a slot)"),
+	CFG_N("max-request-buffer", CFG_U64, max_request_buffer, 0, KVD_DEFAULT_MAX_INPUT,
+	      "kvd: request bytes buffered across all connections (unfinished messages, gateway bodies); at least "
+	      "one largest request"),
 	CFG_N("grpc-keepalive-min-time", CFG_MS, keepalive_min_time_ms, 0, 5000, "minimum interval between client pings"),
 	CFG_N("max-idle-time", CFG_MS, idle_timeout_ms, 0, KVD_DEFAULT_IDLE_MS,
 	      "kvd: close connections that serve no call and make no progress this long, 0 = never"),
@@ -21655,6 +22682,10 @@ static const struct cfg_flag cfg_flags[] = {
 	      "kvd: confd UDP addresses, comma list of host:port or [v6]:port"),
 	CFG_S("confd-ganeti-config-key", confd_ganeti_config_key, NULL,
 	      "kvd: answer as ganeti-confd from the config.data JSON under this key (default: keyspace mode)"),
+	CFG_S("confd-keyspace-prefix", confd_keyspace_prefix, "",
+	      "kvd: keyspace mode answers keys under this prefix only, named relative to it (\"\": every key)"),
+	CFG_S("confd-user", confd_user, "",
+	      "kvd: with auth enabled, keyspace mode answers only what this user may read (required then)"),
 	CFG_N("confd-max-clock-skew", CFG_MS, confd_max_clock_skew_ms, 0, 300000,
 	      "kvd: accepted request timestamp skew, 0 = no check, for boards without a clock"),
 	CFG_N("confd-rate-limit", CFG_U32, confd_rate_limit, 1, 2000,
@@ -22176,25 +23207,6 @@ static int cfg_mkdirs(const char *dir, char *err, size_t errlen)
 	return 0;
 }
 
-/* A file a flag names must be a readable regular file (checked before the
- * data dir is touched; NULL or "" is no file). */
-static int cfg_check_file(const char *path, const char *flag, char *err, size_t errlen)
-{
-	struct stat st;
-
-	if (!path || !path[0])
-		return 0;
-	if (stat(path, &st) || access(path, R_OK)) {
-		snprintf(err, errlen, "%s %s: %s", flag, path, strerror(errno));
-		return KVD_EINVAL;
-	}
-	if (!S_ISREG(st.st_mode)) {
-		snprintf(err, errlen, "%s %s: not a regular file", flag, path);
-		return KVD_EINVAL;
-	}
-	return 0;
-}
-
 /* Exactly one kvd per data dir: an exclusive flock on <dir>/kvd.lock. */
 static int cfg_lock(struct kvd *k, char *err, size_t errlen)
 {
@@ -22223,11 +23235,11 @@ static int cfg_read_file(struct kvd_config *cfg, char **store, char *err, size_t
 	size_t got = 0;
 	ssize_t n;
 	char *text;
-	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	int fd = util_open_regular(path, 0, &st); /* a FIFO would block start-up: refused */
 
-	if (fd < 0 || fstat(fd, &st) || !S_ISREG(st.st_mode) || st.st_size > CFG_YAML_MAX) {
+	if (fd < 0 || st.st_size > CFG_YAML_MAX) {
 		snprintf(err, errlen, "--config-file %s: %s", path,
-		         fd < 0 ? strerror(errno) : !S_ISREG(st.st_mode) ? "not a regular file" : "larger than 64 KiB");
+		         fd == -1 ? strerror(errno) : fd == -2 ? "not a regular file" : "larger than 64 KiB");
 		if (fd >= 0)
 			close(fd);
 		return KVD_EINVAL;
@@ -22292,6 +23304,7 @@ KVD_API const char *kvd_strerror(int err)
 	case KVD_ELIMIT: return "limit reached";
 	case KVD_EBUSY: return "resource busy";
 	case KVD_ESTOPPED: return "stopped";
+	case KVD_ERANGE: return "number out of range";
 	default: return "unknown error";
 	}
 }
@@ -22552,6 +23565,10 @@ static int kvd_init(const struct kvd_config *cfg, struct kvd **out, char *err, s
 	k->cfg.confd_rate_limit = KVD_MAX(cfg->confd_rate_limit, 1u);
 	k->cfg.confd_global_rate_limit = KVD_MAX(cfg->confd_global_rate_limit, 1u);
 	k->cfg.confd_replay_cache = cfg->confd_replay_cache != 0;
+	{ /* the request buffer holds at least one largest request (a gateway body: base64, twice as big) */
+		uint64_t least = 2 * ((uint64_t)cfg->max_request_bytes + KVD_GRPC_RECV_SLACK) + 65536;
+		k->cfg.max_request_buffer = KVD_MAX(cfg->max_request_buffer, least);
+	}
 	mvcc_init(&k->db);
 	k->db.no_fsync = cfg->unsafe_no_fsync != 0;
 	auth_init(k);
@@ -22604,7 +23621,8 @@ KVD_API int kvd_open(const struct kvd_config *cfg, struct kvd **out, char *err, 
 	if (!r)
 		r = confd_open(k, err, errlen); /* the key, the addresses */
 	if (!r)
-		r = cfg_check_file(k->cfg.restore_snapshot, "--restore-snapshot", err, errlen);
+		r = k->cfg.restore_snapshot && k->cfg.restore_snapshot[0] ?
+		    util_check_regular(k->cfg.restore_snapshot, "--restore-snapshot", err, errlen) : 0;
 	if (r) {
 		r = r == KVD_ENOMEM ? r : KVD_EINVAL;
 		goto fail;
@@ -22711,6 +23729,7 @@ KVD_API void kvd_close(struct kvd *k)
 	watch_fini(k);
 	lease_fini(k);
 	auth_free(k);
+	share_fini(k);
 	for (; k->nmembers; k->nmembers--)
 		cfg_free_list(k, k->members[k->nmembers - 1].urls, k->members[k->nmembers - 1].n);
 	kvd_free(k, k->members);

@@ -47,12 +47,15 @@ extern "C" {
 #define KVD_ELIMIT (-7)   /* a configured limit was hit */
 #define KVD_EBUSY (-8)    /* resource in use (port, data dir lock) */
 #define KVD_ESTOPPED (-9) /* kvd_poll: graceful shutdown finished */
+#define KVD_ERANGE (-10)  /* a number would leave its range (a revision, a version) */
 
 /* kvd_main()'s exit codes: a clean stop (also --help, --version); a failure
  * at run time (data dir locked, port busy, I/O): an init system may retry;
  * a flag, an environment variable or a file they name is wrong (every flag
  * and file is checked before the data dir is touched, so nothing changed
- * unless a snapshot to restore proved corrupt): fix it, do not respawn. */
+ * unless a snapshot to restore proved corrupt; one check needs the store
+ * read first: confd keyspace mode with auth on and no --confd-user): fix
+ * it, do not respawn. */
 #define KVD_EXIT_OK 0
 #define KVD_EXIT_RUNTIME 1
 #define KVD_EXIT_CONFIG 2
@@ -75,7 +78,8 @@ struct kvd_config {
 	uint32_t max_request_bytes;              /* --max-request-bytes (1572864) */
 	uint32_t max_concurrent_streams;         /* --max-concurrent-streams (256) */
 	uint32_t max_connections;                /* --max-connections (256) */
-	uint32_t max_connections_per_ip;         /* --max-connections-per-ip (64; 0 = no limit) */
+	uint32_t max_connections_per_ip;         /* --max-connections-per-ip (0 = no limit) */
+	uint64_t max_request_buffer;             /* --max-request-buffer: request bytes held in all (8 MiB) */
 	uint32_t keepalive_min_time_ms;          /* --grpc-keepalive-min-time (5 s) */
 	uint32_t idle_timeout_ms;                /* --max-idle-time, 0 = never (300 s) */
 	uint32_t stall_timeout_ms;               /* --stall-timeout, 0 = never (60 s) */
@@ -112,6 +116,8 @@ struct kvd_config {
 	const char *confd_hmac_key_file;         /* --confd-hmac-key-file (NULL: confd off) */
 	const char *confd_listen;                /* --confd-listen ("127.0.0.1:1814") */
 	const char *confd_ganeti_config_key;     /* --confd-ganeti-config-key (NULL: keyspace mode) */
+	const char *confd_keyspace_prefix;       /* --confd-keyspace-prefix: keyspace mode's scope ("": every key) */
+	const char *confd_user;                  /* --confd-user: with auth on, whose read permissions confd has */
 	uint32_t confd_max_clock_skew_ms;        /* --confd-max-clock-skew (300 s; 0 = no check) */
 	uint32_t confd_rate_limit;               /* --confd-rate-limit, per source (2000/s) */
 	uint32_t confd_global_rate_limit;        /* --confd-global-rate-limit (100000/s) */

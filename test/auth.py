@@ -731,6 +731,164 @@ def brute_force_does_not_starve_others():
 
 
 @test
+def empty_ranges_as_etcd():
+    """A range with key >= range_end reads and deletes nothing, but etcd
+    still checks it, through its interval tree: whether it is permitted
+    depends on where the red-black insertion put each permission (the
+    overlap test calls an inverted range "overlapping" some nodes and
+    "right of" others, and the maximum-end pruning skips subtrees).  kvd let
+    every one through; it now builds etcd's tree for them.  Random users
+    with random permissions (inverted ones too, which 3.4 stores), inverted
+    and ordinary ranges, side by side with etcd 3.4."""
+    e, k = Etcd(), Kvd(binary=SAN, args=COST)
+    pe, pk = Peer(e.endpoint()), Peer(k.endpoint())
+    keys = [b"a", b"b", b"c", b"ab", b"abc", b"b\x00", b"k/1", b"k/2", b"k/10", b"z", b"m", b"q", b"y"]
+    for p in (pe, pk):
+        for m_, req in (("UserAdd", R.AuthUserAddRequest(name="root", password="rootpw")),
+                        ("UserGrantRole", R.AuthUserGrantRoleRequest(user="root", role="root")),
+                        ("AuthEnable", R.AuthEnableRequest())):
+            assert p.call(m_, req)[0] == "ok", m_
+        p.tok["root"] = root_token(p)
+    n = differ = inverted = denied = 0
+    for seed in range(24):
+        r = random.Random(seed)
+        u, roles = "u%d" % seed, ["r%d_%d" % (seed, i) for i in range(r.randrange(1, 4))]
+        perms = []
+        for _ in range(r.randrange(1, 12)):
+            key = r.choice(keys)
+            c = r.random()
+            end = b"" if c < 0.15 else b"\x00" if c < 0.25 else prefix_end(key) if c < 0.4 else r.choice(keys)
+            perms.append((r.choice(roles), AUTHPB.Permission(permType=r.randrange(3), key=key, range_end=end)))
+        for p in (pe, pk):
+            t = p.tok["root"]
+            p.call("UserAdd", R.AuthUserAddRequest(name=u, password="pw"), t)
+            for ro in roles:
+                p.call("RoleAdd", R.AuthRoleAddRequest(name=ro), t)
+                p.call("UserGrantRole", R.AuthUserGrantRoleRequest(user=u, role=ro), t)
+            for ro, pe_ in perms:
+                p.call("RoleGrantPermission", R.AuthRoleGrantPermissionRequest(name=ro, perm=pe_), t)
+            p.tok[u] = p.call("Authenticate", R.AuthenticateRequest(name=u, password="pw"))[1].token
+        for q in range(40):
+            key = r.choice(keys)
+            end = r.choice(keys) if r.random() < 0.8 else prefix_end(key)
+            meth = r.choice(["Range", "DeleteRange", "Txn"])
+            ans = []
+            for p in (pe, pk):
+                if meth == "Range":
+                    a = p.call("Range", R.RangeRequest(key=key, range_end=end), p.tok[u])
+                elif meth == "DeleteRange":
+                    a = p.call("DeleteRange", R.DeleteRangeRequest(key=key, range_end=end), p.tok[u])
+                else:
+                    t = R.TxnRequest()
+                    t.success.add().request_range.CopyFrom(R.RangeRequest(key=key, range_end=end))
+                    a = p.call("Txn", t, p.tok[u])
+                ans.append(a[0] if a[0] == "ok" else a)
+            n += 1
+            inverted += key >= end
+            denied += ans[0] != "ok"
+            if ans[0] != ans[1]:
+                differ += 1
+                if differ <= 5:
+                    check(False, "seed %d: %s [%r, %r): etcd %r, kvd %r; perms %r" %
+                          (seed, meth, key, end, ans[0], ans[1], [(ro, x.permType, x.key, x.range_end) for ro, x in perms]))
+    check(differ == 0, "%d of %d checks differ" % (differ, n))
+    check(inverted > 300 and 0 < denied < n, "the sample holds inverted ranges (%d) and denials (%d of %d)" %
+          (inverted, denied, n))
+    print("    %d permission checks (%d inverted ranges, %d denied): all as etcd 3.4" % (n, inverted, denied))
+    pe.close()
+    pk.close()
+    e.stop()
+    k.stop()
+
+
+@test
+def logins_are_fair_under_a_flood():
+    """64 wrong-password Authenticate(root) calls kept in flight used to fill
+    the 32-job bcrypt queue, and 0 of 40 honest logins got through ("too
+    many requests").  Hashes are now made in turns by address (then by
+    connection), and a full queue makes room for a newcomer holding fewer:
+    every honest login succeeds, from another address and from another
+    connection of the attacker's own address."""
+    k = Kvd(binary=SAN, args=["--bcrypt-cost", "8"], hosts=["127.0.0.2"])
+    p = Peer(k.endpoint())
+    setup_alice(p)
+    for where in ("127.0.0.2", "127.0.0.1"):
+        stop, outcome = threading.Event(), {"busy": 0, "failed": 0}
+        atk = Peer("%s:%d" % (where, k.port))
+        atk.c.ch.close()  # a connection of its own (grpcio would share one with p's channel)
+        atk.c.ch = kvdtest_grpc().insecure_channel("%s:%d" % (where, k.port), options=[("grpc.use_local_subchannel_pool", 1)])
+        f = atk.c.ch.unary_unary("/etcdserverpb.Auth/Authenticate", request_serializer=lambda m: m.SerializeToString(),
+                                 response_deserializer=R.AuthenticateResponse.FromString)
+        pending = set()
+        lock = threading.Lock()
+
+        def fire():
+            fu = f.future(R.AuthenticateRequest(name="root", password="wrong"), timeout=120)
+            with lock:
+                pending.add(fu)
+
+            def done(x):
+                with lock:
+                    pending.discard(x)
+                    try:
+                        x.result()
+                    except kvdtest_grpc().RpcError as e:
+                        outcome["busy" if "too many" in e.details() else "failed"] += 1
+                if not stop.is_set():
+                    fire()
+            fu.add_done_callback(done)
+        for _ in range(64):
+            fire()
+        check(wait_for(lambda: outcome["failed"] + outcome["busy"] >= 64, 120), "the flood runs (%r)" % outcome)
+        ok = 0
+        for i in range(40):
+            a = p.call("Authenticate", R.AuthenticateRequest(name="alice", password="apw"))
+            ok += a[0] == "ok"
+        stop.set()
+        check(wait_for(lambda: not pending, 120), "the flood's calls end")
+        check(ok == 40, "flood from %s: %d of 40 honest logins succeeded" % (where, ok))
+        print("    64 wrong logins in flight from %s: %d/40 honest logins; the flood: %d hashed, %d turned away" %
+              (where, ok, outcome["failed"], outcome["busy"]))
+        atk.close()
+    p.close()
+    check(k.stop() == 0, "kvd stopped cleanly")
+
+
+def kvdtest_grpc():
+    import grpc
+    return grpc
+
+
+@test
+def one_user_cannot_take_every_watcher():
+    """--max-watchers was one pool: an ordinary user's stream took all of it
+    and even root's Watch was refused until it left.  With auth on, watchers
+    are shared by user: the user holding the most gives up its newest to
+    one holding fewer."""
+    k = Kvd(binary=SAN, args=COST + ["--max-watchers", "500"])
+    p = Peer(k.endpoint())
+    setup_alice(p)
+    hog = kvdtest.WatchStream(k.endpoint(), metadata=[("token", p.tok["alice"])])
+    for i in range(600):
+        hog.create(key=b"/app/%d" % i)
+    check(hog.wait(600), "alice's 600 creates answered")
+    made = sum(1 for r in hog.got if r.created and not r.canceled)
+    check(made == 500, "alice alone takes the whole pool: %d created" % made)
+    rw = kvdtest.WatchStream(k.endpoint(), metadata=[("token", p.tok["root"])])
+    for i in range(10):
+        rw.create(key=b"/root/%d" % i)
+    check(rw.wait(10), "root's creates answered")
+    check(all(r.created and not r.canceled for r in rw.got[:10]), "root's 10 watches are created: %r" %
+          [(r.created, r.canceled, r.cancel_reason) for r in rw.got[:10] if r.canceled][:2])
+    check(wait_for(lambda: sum(1 for r in hog.got if r.canceled and not r.created) >= 10, 30),
+          "alice's newest 10 were cancelled for them")
+    hog.close()
+    rw.close()
+    p.close()
+    check(k.stop() == 0, "kvd stopped cleanly")
+
+
+@test
 def tokens_are_random_and_expire():
     k = Kvd(args=COST + ["--auth-token-ttl", "3"])
     p = Peer(k.endpoint())
@@ -940,7 +1098,7 @@ def hostile_tokens_are_refused():
 
 @test
 def bad_settings_are_refused():
-    for args, want in ((["--auth-token", "jwt,pub-key=/nonexistent,sign-method=RS256"], "cannot read the public key"),
+    for args, want in ((["--auth-token", "jwt,pub-key=/nonexistent,sign-method=RS256"], "pub-key /nonexistent: No such file"),
                        (["--auth-token", "jwt,pub-key=/x"], "sign-method (missing)"),
                        (["--auth-token", "jwt,sign-method=RS256"], "needs priv-key"),
                        (["--auth-token", "jwt,sign-method=XS256,pub-key=/x"], "want RS256"),

@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 """confd with real peers: kvd beside Debian's ganeti-confd 3.0.2 (the same
 configuration, the same signed datagrams, replies compared), Ganeti's own
-Python client against kvd in both modes, the keyspace mode, the key file
+Python client against kvd in both modes, the keyspace mode and its scope
+(--confd-keyspace-prefix, --confd-user with auth, a bounded listing), the key file
 rules, the replay cache, hostile datagrams and a flood from several sources
 while gRPC is in use.  Last line: "N passed, N failed"."""
 import hashlib
@@ -18,7 +19,7 @@ import tempfile
 import threading
 import time
 
-from kvdtest import ROOT, Kvd, Client, pb, check, test, run_tests, wait_for, spawn
+from kvdtest import ROOT, Kvd, Client, pb, check, test, run_tests, wait_for, spawn, free_port
 import ganeticonf
 
 KVD = os.path.abspath(os.environ.get("KVD", os.path.join(ROOT, "kvd")))
@@ -165,13 +166,13 @@ class GanetiConfd:
         shutil.rmtree(self.root, ignore_errors=True)
 
 
-def kvd_confd(binary=KVD_TEST, ganeti=False, args=(), key=KEY):
+def kvd_confd(binary=KVD_TEST, ganeti=False, args=(), key=KEY, data_dir=None):
     d = tempfile.mkdtemp(prefix="kvd-confd-key-")
     port = udp_port()
     a = ["--confd-hmac-key-file", key_file(d, key), "--confd-listen", "127.0.0.1:%d" % port] + list(args)
     if ganeti:
         a += ["--confd-ganeti-config-key", CFG_KEY]
-    k = Kvd(binary, a)
+    k = Kvd(binary, a, data_dir=data_dir)
     k.confd_port, k.key_dir = port, d
     return k
 
@@ -435,6 +436,245 @@ def keyspace_mode():
     msg, rsalt = q.msg(10, "a/y")
     raw = q.ask_raw(q.datagram(msg))
     check(raw and all(b < 0x80 for b in raw), "ASCII-only datagram")
+    q.close()
+    c.close()
+    k.stop()
+
+
+# ------------------------------------------------------------------ keyspace mode's scope
+
+AUTHPB = pb()["auth"]
+ABSENT = {"protocol": 1, "status": 1, "answer": 0, "serial": 0}  # UNKNOWN_ENTRY: what an unreadable key looks like
+ARGUMENT = {"protocol": 1, "status": 1, "answer": 2, "serial": 0}
+AUTH_RPC = {"AuthEnable": "AuthEnable", "AuthDisable": "AuthDisable", "Authenticate": "Authenticate",
+            "UserAdd": "AuthUserAdd", "UserGrantRole": "AuthUserGrantRole", "RoleAdd": "AuthRoleAdd",
+            "RoleGrantPermission": "AuthRoleGrantPermission"}
+COST = ["--bcrypt-cost", "4"]  # the ASan build hashes slowly; the cost is not what these tests are about
+
+
+def rpc(c, method, req, token=None):
+    """One Auth or KV call through grpcio, with a token if given: ('ok', msg) or ('err', code, text)."""
+    if method in AUTH_RPC:
+        svc, resp = "Auth", AUTH_RPC[method] + "Response"
+    else:
+        svc, resp = "KV", Client.RESP[method]
+    f = c.ch.unary_unary("/etcdserverpb.%s/%s" % (svc, method), request_serializer=lambda m: m.SerializeToString(),
+                         response_deserializer=getattr(R, resp).FromString)
+    try:
+        return ("ok", f(req, timeout=60, metadata=[("token", token)] if token else None))
+    except c.grpc.RpcError as e:
+        return ("err", e.code().name, e.details())
+
+
+def must(c, method, req, token=None):
+    a = rpc(c, method, req, token)
+    if a[0] != "ok":
+        raise AssertionError("%s: %r" % (method, a))
+    return a[1]
+
+
+def enable_auth(c, extra=()):
+    """root (password rootpw, role root), then what extra holds (method, request), then AuthEnable; root's token."""
+    must(c, "UserAdd", R.AuthUserAddRequest(name="root", password="rootpw"))
+    must(c, "UserGrantRole", R.AuthUserGrantRoleRequest(user="root", role="root"))
+    for m, req in extra:
+        must(c, m, req)
+    must(c, "AuthEnable", R.AuthEnableRequest())
+    return must(c, "Authenticate", R.AuthenticateRequest(name="root", password="rootpw")).token
+
+
+def reader(user, role, key, end=b""):
+    """A user with a role that may read [key, end) (end empty: the one key)."""
+    return [("UserAdd", R.AuthUserAddRequest(name=user, password=user + "pw")),
+            ("RoleAdd", R.AuthRoleAddRequest(name=role)),
+            ("RoleGrantPermission", R.AuthRoleGrantPermissionRequest(name=role, perm=AUTHPB.Permission(
+                permType=AUTHPB.Permission.READ, key=key, range_end=end))),
+            ("UserGrantRole", R.AuthUserGrantRoleRequest(user=user, role=role))]
+
+
+def put_many(c, keys, value=b"v", token=None):
+    """Puts in Txns of 128 (--max-txn-ops' default)."""
+    keys = list(keys)
+    for i in range(0, len(keys), 128):
+        t = R.TxnRequest()
+        for key in keys[i:i + 128]:
+            t.success.add().request_put.CopyFrom(R.PutRequest(key=key, value=value))
+        must(c, "Txn", t, token)
+
+
+def value(got):
+    return got["answer"] if got and got["status"] == 0 else ("not answered", got)
+
+
+@test
+def keyspace_prefix_scopes_queries():
+    """--confd-keyspace-prefix /app/: a query names a key relative to the
+    prefix (a leading "/" is the prefix's own: "/a" is "a", "/" lists the
+    whole scope), a listing names its keys relative to it, and nothing above
+    it can be reached (".." and any further "/" are bytes of a key name)."""
+    k = kvd_confd(args=["--confd-keyspace-prefix", "/app/"])
+    c = Client(k.endpoint())
+    q = Confd(k.confd_port)
+    for key, v in ((b"/app/a", b"1"), (b"/app/b", b"2"), (b"/app/sub/c", b"3"), (b"/app/sub/d/e", b"4"),
+                   (b"/secret/x", b"s"), (b"/app-other/z", b"o"), (b"a", b"top-a"), (b"sub/c", b"top-c")):
+        must(c, "Put", R.PutRequest(key=key, value=v))
+    check(q.ask(0)["status"] == 0, "PING answered")
+    got = q.ask(10, "a")
+    check(got and got["status"] == 0 and got["answer"] == "1", "query a reads /app/a (not the key a): %r" % got)
+    check(value(q.ask(10, "sub/c")) == "3", "query sub/c reads /app/sub/c (not the key sub/c)")
+    check(value(q.ask(10, "/a")) == "1" and value(q.ask(10, "/sub/c")) == "3", "a leading / is the prefix's: /a is a")
+    for out in ("../secret/x", "/secret/x", "//secret/x", "../../secret/x", "./../secret/x", "secret/x", "../app-other/z",
+                "-other/z", "x", "/../secret/x"):
+        check(q.ask(10, out) == ABSENT, "query %r: absent (it names a key under /app/)" % (out,))
+    # a listing: its keys named relative to the prefix, never one outside it
+    got = q.ask(10, "sub/")
+    check(got and got["status"] == 0 and got["answer"] == {"sub/c": "3", "sub/d/e": "4"},
+          "sub/ lists /app/sub/..., keys relative to the prefix: %r" % got)
+    check(value(q.ask(10, "sub/d/")) == {"sub/d/e": "4"}, "a deeper listing: relative to the prefix, not the query")
+    scope = {"a": "1", "b": "2", "sub/c": "3", "sub/d/e": "4"}
+    check(value(q.ask(10, "/")) == scope, "/ lists the whole scope, relative names, nothing outside: %r" %
+          (value(q.ask(10, "/")),))
+    for out in ("../", "/secret/", "../secret/", "//", "nope/", "-other/", "./"):
+        check(value(q.ask(10, out)) == {}, "listing %r: empty (it lists a prefix under /app/)" % (out,))
+    check(q.ask(10, "") == ARGUMENT, "an empty query: ARGUMENT, as ever")
+    # the literal key "/app/../secret/x" is under the prefix: answered (no path rules, only bytes)
+    must(c, "Put", R.PutRequest(key=b"/app/../secret/x", value=b"in scope"))
+    check(value(q.ask(10, "../secret/x")) == "in scope", "the key /app/../secret/x itself is in scope")
+    check(value(q.ask(10, "../")) == {"../secret/x": "in scope"}, "and listed as ../secret/x")
+    q.close()
+    c.close()
+    k.stop()
+    # the default prefix "": every key, named as stored (the old behaviour)
+    k = kvd_confd()
+    c = Client(k.endpoint())
+    q = Confd(k.confd_port)
+    must(c, "Put", R.PutRequest(key=b"/app/a", value=b"1"))
+    must(c, "Put", R.PutRequest(key=b"/secret/x", value=b"s"))
+    check(value(q.ask(10, "/secret/x")) == "s" and value(q.ask(10, "/")) == {"/app/a": "1", "/secret/x": "s"},
+          "no prefix: every key, full names")
+    q.close()
+    c.close()
+    k.stop()
+
+
+@test
+def keyspace_with_auth_needs_a_user():
+    """With auth enabled, keyspace mode answers as --confd-user may read; no
+    --confd-user: kvd does not start (exit 2)."""
+    k = Kvd(KVD_TEST, COST)
+    d = k.dir
+    c = Client(k.endpoint())
+    for key, v in ((b"/pub/x", b"px"), (b"/pub/z", b"pz"), (b"/priv/y", b"secret"), (b"/pubx", b"beside")):
+        must(c, "Put", R.PutRequest(key=key, value=v))
+    enable_auth(c, reader("alice", "pubread", b"/pub/", b"/pub0"))
+    c.close()
+    check(k.stop() == 0, "stopped")
+    kd = tempfile.mkdtemp(prefix="kvd-confd-key-")
+    base = [KVD_TEST, "--data-dir", d, "--listen-client-urls", "http://127.0.0.1:%d" % free_port(),
+            "--confd-hmac-key-file", key_file(kd), "--confd-listen", "127.0.0.1:%d" % udp_port()] + COST
+    env = dict(os.environ, ASAN_OPTIONS="detect_leaks=1:abort_on_error=0")
+    for extra, what in (([], "no --confd-user"), (["--confd-user", ""], "an empty --confd-user")):
+        try:
+            r = subprocess.run(base + extra, capture_output=True, text=True, timeout=120, env=env)
+            rc, err = r.returncode, r.stderr
+        except subprocess.TimeoutExpired as e:  # it started and served
+            rc, err = "still running after 120 s", (e.stderr or b"").decode(errors="replace")
+        check(rc == 2 and "--confd-user" in err,
+              "auth on, keyspace mode, %s: exit 2 naming --confd-user: %s %r" % (what, rc, err[-500:]))
+    # alice: /pub/ only
+    k = kvd_confd(args=COST + ["--confd-user", "alice"], data_dir=d)
+    q = Confd(k.confd_port)
+    check(value(q.ask(10, "/pub/x")) == "px", "alice may read /pub/x: answered")
+    check(q.ask(10, "/priv/y") == ABSENT, "/priv/y exists, alice may not read it: absent")
+    check(q.ask(10, "/pubx") == ABSENT, "/pubx (outside [/pub/, /pub0)): absent")
+    check(value(q.ask(10, "/")) == {"/pub/x": "px", "/pub/z": "pz"}, "the / listing: only what alice may read")
+    check(value(q.ask(10, "/pub/")) == {"/pub/x": "px", "/pub/z": "pz"}, "/pub/ (all readable): every key")
+    check(value(q.ask(10, "/priv/")) == {}, "/priv/: empty")
+    q.close()
+    k.stop()
+    # alice with a prefix: both scopes at once
+    k = kvd_confd(args=COST + ["--confd-user", "alice", "--confd-keyspace-prefix", "/p"], data_dir=d)
+    q = Confd(k.confd_port)
+    check(value(q.ask(10, "ub/x")) == "px" and q.ask(10, "riv/y") == ABSENT and
+          value(q.ask(10, "ub/")) == {"ub/x": "px", "ub/z": "pz"}, "prefix and user together")
+    q.close()
+    k.stop()
+    # a user that does not exist reads nothing
+    k = kvd_confd(args=COST + ["--confd-user", "nobody"], data_dir=d)
+    q = Confd(k.confd_port)
+    check(q.ask(10, "/pub/x") == ABSENT and value(q.ask(10, "/")) == {}, "--confd-user nobody: nothing")
+    q.close()
+    k.stop()
+    # the positive control: root reads everything
+    k = kvd_confd(args=COST + ["--confd-user", "root"], data_dir=d)
+    q = Confd(k.confd_port)
+    check(value(q.ask(10, "/priv/y")) == "secret", "root sees /priv/y")
+    check(value(q.ask(10, "/")) == {"/pub/x": "px", "/pub/z": "pz", "/priv/y": "secret", "/pubx": "beside"},
+          "root's / listing: every key")
+    q.close()
+    k.stop()
+    # Ganeti mode reads the one key it is told to: no --confd-user needed
+    k = kvd_confd(args=COST, data_dir=d, ganeti=True)
+    check(k.alive(), "Ganeti mode starts with auth on")
+    k.stop()
+
+
+@test
+def auth_enabled_at_run_time_closes_keyspace():
+    """Auth enabled while kvd runs keyspace mode without --confd-user:
+    keyspace queries get nothing from then on (a warning, once)."""
+    k = kvd_confd(args=COST)
+    c = Client(k.endpoint())
+    q = Confd(k.confd_port)
+    must(c, "Put", R.PutRequest(key=b"d/k", value=b"v"))
+    check(value(q.ask(10, "d/k")) == "v" and value(q.ask(10, "d/")) == {"d/k": "v"}, "auth off: answered")
+    token = enable_auth(c)
+    for _ in range(3):
+        check(q.ask(10, "d/k") == ABSENT, "auth on, no --confd-user: d/k absent")
+        check(value(q.ask(10, "d/")) == {}, "auth on, no --confd-user: an empty listing")
+    check(wait_for(lambda: "confd-user" in k.logtext(), 60), "a warning naming --confd-user: %s" % k.logtext()[-500:])
+    k.p.send_signal(signal.SIGHUP)  # a line logged after every query above was handled
+    check(wait_for(lambda: "SIGHUP: reading" in k.logtext(), 60), "SIGHUP logged")
+    check(q.ask(10, "d/k") == ABSENT, "still absent")
+    q.barrier()
+    k.p.send_signal(signal.SIGHUP)
+    check(wait_for(lambda: k.logtext().count("SIGHUP: reading") == 2, 60), "SIGHUP logged again")
+    warned = [l for l in k.logtext().splitlines() if "confd-user" in l]
+    check(len(warned) == 1 and " W | " in warned[0], "the warning, once: %r" % warned)
+    # auth off again: answered again
+    must(c, "AuthDisable", R.AuthDisableRequest(), token)
+    check(value(q.ask(10, "d/k")) == "v", "auth off again: answered")
+    check(k.alive(), "alive")
+    q.close()
+    c.close()
+    k.stop()
+
+
+@test
+def listing_is_bounded():
+    """A "/" query looks at no more than 10000 keys (readable or not):
+    past that, ARGUMENT; a query for one key is still answered."""
+    k = kvd_confd(args=COST + ["--confd-user", "alice"])
+    c = Client(k.endpoint())
+    q = Confd(k.confd_port)
+    put_many(c, (b"/many/%05d" % i for i in range(10000)))
+    check(value(q.ask(10, "/many/00005")) == "v", "one of 10000: answered")
+    # alice may read one of them: her listing is small, what it looks at is not
+    token = enable_auth(c, reader("alice", "one", b"/many/00000"))
+    check(value(q.ask(10, "/many/")) == {"/many/00000": "v"}, "10000 keys looked at: answered")
+    must(c, "Put", R.PutRequest(key=b"/many/10000", value=b"v"), token)
+    before = int(stats(c)["too-big"])
+    check(q.ask(10, "/many/") == ARGUMENT, "10001 keys to look at: ARGUMENT, although the answer would be one key")
+    check(int(stats(c)["too-big"]) == before + 1, "counted as too big")
+    check(value(q.ask(10, "/many/00000")) == "v", "a query for one key still answered")
+    check(q.ask(10, "/many/10000") == ABSENT, "and one alice may not read still absent")
+    check(value(q.ask(10, "/man/")) == {} and value(q.ask(10, "/many0/")) == {}, "listings beside it: fine")
+    # auth off: 10001 keys, every one readable
+    must(c, "AuthDisable", R.AuthDisableRequest(), token)
+    check(q.ask(10, "/many/") == ARGUMENT, "auth off, 10001 keys: ARGUMENT")
+    check(value(q.ask(10, "/many/10000")) == "v" and value(q.ask(10, "/many/00005")) == "v",
+          "a query for one of them: answered")
+    check(k.alive(), "alive")
     q.close()
     c.close()
     k.stop()

@@ -25,6 +25,7 @@ import json
 import os
 import random
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -374,6 +375,45 @@ def streams_like_etcd():
           (res["etcd"], res["kvd"]))
     e.stop()
     k.stop()
+
+
+@test
+def a_stop_ends_streams_as_etcd():
+    """SIGTERM with a /v3/watch and a /v3/election/observe open: etcd ends
+    each at once with grpc-gateway's error object ("transport is closing",
+    503) and the last chunk, then exits; kvd did the same only after its
+    whole --shutdown-grace, during which Patroni (which speaks this gateway)
+    could reach no store and demoted its primary.  The bytes after the
+    created line are compared, and kvd must exit long before a 60 s grace."""
+    e = Etcd()
+    k = Kvd(KVD_TEST, ["--shutdown-grace", "60s"])
+    res, took = {}, {}
+    for name, srv in (("etcd", e), ("kvd", k)):
+        c = Conn(srv.port)
+        c.send(post("/v3/lease/grant", '{"TTL":30,"ID":"5"}'))
+        c.answer()
+        w, ka = Conn(srv.port), Conn(srv.port)
+        w.send(post("/v3/watch", '{"create_request":{"key":"Zm9v"}}'))
+        wh = w.head()
+        first = stream_lines(w, 1)
+        c.send(post("/v3/election/campaign", '{"name":"ZWw=","value":"djE=","lease":"5"}'))
+        c.answer()
+        ka.send(post("/v3/election/observe", '{"name":"ZWw="}'))  # a server stream: it stays open
+        kh = ka.head()
+        kfirst = stream_lines(ka, 1)
+        t0 = time.time()
+        srv.p.send_signal(signal.SIGTERM)
+        rest, krest = stream_lines(w, 3), stream_lines(ka, 3)
+        srv.p.wait(60)
+        took[name] = time.time() - t0
+        res[name] = (wh[0], first, rest, kh[0], kfirst, krest)
+        for x in (c, w, ka):
+            x.close()
+    check(res["etcd"] == res["kvd"], "the streams' ends:\n  etcd %r\n  kvd  %r" % (res["etcd"], res["kvd"]))
+    check(res["kvd"][2][-1] == "END" and b"transport is closing" in res["kvd"][2][0],
+          "the watch got the error object, then the last chunk: %r" % (res["kvd"][2],))
+    check(took["kvd"] < 30, "kvd exited well within its 60 s grace: %.2f s" % took["kvd"])
+    print("    SIGTERM to exit with two gateway streams open: etcd %.3f s, kvd %.3f s" % (took["etcd"], took["kvd"]))
 
 
 def auth_steps():

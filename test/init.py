@@ -1,5 +1,5 @@
 """kvd under init systems: exit codes and the checks made before the data dir
-is touched, --log-outputs (stdout, a file, syslog through a /dev/log the test
+is touched (a FIFO where a file belongs is refused, never waited on), --log-outputs (stdout, a file, syslog through a /dev/log the test
 binds), --config-file (etcd's sample file, side by side with etcd), and the
 README's blocks run as written: the quick start, the systemd unit, the
 sysvinit script, the OpenWrt procd script, uci file and package Makefile.
@@ -180,7 +180,7 @@ def log_outputs_stdout_file_and_syslog():
     p.send_signal(signal.SIGTERM)
     out, err = p.communicate(timeout=30)
     check(p.returncode == 0 and not out and not err, "nothing on stdout/stderr: %r %r" % (out, err))
-    check(sl.saw("kvd: stopped") or sl.saw("]: stopped"), "the last line")
+    check(wait_for(lambda: any("kvd: stopped" in l or "]: stopped" in l for l in sl.read()), 60), "the last line")
     lines = sl.read()
     info = [l for l in lines if "serving client requests" in l][0]
     check(re.match(r"<30>[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d kvd\[\d+\]: serving client requests on 127\.0\.0\.1:%d"
@@ -296,6 +296,150 @@ def config_file_refusals_name_the_line():
                            capture_output=True, text=True, timeout=30)
         check(r.returncode == 2 and want in r.stderr, "%r: %d %r" % (want, r.returncode, r.stderr))
         check(not os.path.exists(d + "/data") and not os.path.exists(d + "/default.etcd"), "nothing created")
+    shutil.rmtree(d)
+
+
+# ------------------------------------------------------------------ FIFOs
+@test
+def fifos_where_files_belong():
+    """Every file a flag names is opened without blocking and must be a
+    regular file: a FIFO is refused at start (exit 2, before the data dir),
+    never waited on; on SIGHUP a FIFO is refused and the old file kept."""
+    d = tempfile.mkdtemp(prefix="kvd-fifo-")
+    dd = os.path.join(d, "data")
+    fifo = os.path.join(d, "fifo")
+    os.mkfifo(fifo)
+    link = os.path.join(d, "link")
+    os.symlink(fifo, link)
+    cert, key = os.path.join(d, "c.pem"), os.path.join(d, "k.pem")
+    r = subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+                        "-keyout", key, "-out", cert, "-days", "30", "-subj", "/CN=kvd-fifo",
+                        "-addext", "subjectAltName=IP:127.0.0.1"], capture_output=True, text=True)
+    check(r.returncode == 0, "a certificate: %s" % r.stderr[-300:])
+    hmac_key = os.path.join(d, "hmac.key")
+    with open(hmac_key, "w") as f:
+        f.write("5f2b7c0e9a1d4e8b3c6f0a2d5e8b1c4f7a0d3e6b\n")
+    os.chmod(hmac_key, 0o600)
+    yaml = os.path.join(d, "fifo.yml")
+    with open(yaml, "w") as f:
+        f.write("data-dir: %s\nlisten-client-urls: https://127.0.0.1:%d\nclient-transport-security:\n"
+                "  cert-file: %s\n  key-file: %s\n" % (dd, free_port(), fifo, key))
+
+    def https():
+        return ["--listen-client-urls", "https://127.0.0.1:%d" % free_port()]
+    nonreg = "%s: not a regular file"
+    enxio = "--log-outputs: cannot open %s: No such device or address"  # O_WRONLY|O_NONBLOCK, no reader: ENXIO
+    F = "@F@"  # where the case's path goes
+    cases = [  # args naming F, what stderr must say ("%s": the path), the same through a symlink to it
+        (["--config-file", F], "--config-file " + nonreg, None),
+        (["--cert-file", F, "--key-file", key] + https(), "--cert-file " + nonreg, None),
+        (["--cert-file", cert, "--key-file", F] + https(), "--key-file " + nonreg, None),
+        (["--cert-file", cert, "--key-file", key, "--trusted-ca-file", F] + https(), "--trusted-ca-file " + nonreg, None),
+        (["--cert-file", cert, "--key-file", key, "--trusted-ca-file", cert, "--client-cert-auth",
+          "--client-crl-file", F] + https(), "--client-crl-file " + nonreg, None),
+        (["--auto-tls", "--trusted-ca-file", F] + https(), "--trusted-ca-file " + nonreg, None),
+        # the key file is opened O_NOFOLLOW (as before): a symlink is refused as one
+        (["--confd-hmac-key-file", F], "--confd-hmac-key-file " + nonreg,
+         "--confd-hmac-key-file %s: Too many levels of symbolic links"),
+        (["--restore-snapshot", F], "--restore-snapshot " + nonreg, None),
+        (["--auth-token", "jwt,sign-method=RS256,pub-key=" + F], "--auth-token: pub-key " + nonreg, None),
+        (["--auth-token", "jwt,sign-method=ES256,priv-key=" + F], "--auth-token: priv-key " + nonreg, None),
+        (["--auth-token", "jwt,sign-method=HS256,priv-key=" + F], "--auth-token: priv-key " + nonreg, None),
+        (["--log-outputs", F], enxio, None),
+        (["--log-outputs", "stderr," + F], enxio, None),
+    ]
+
+    def attempt(args):
+        a = ["--data-dir", dd] + args  # never the default ports: a kvd that starts must not take 2379 or 1814
+        if "--listen-client-urls" not in args:
+            a += ["--listen-client-urls", "http://127.0.0.1:%d" % free_port()]
+        if "--confd-hmac-key-file" in args:
+            a += ["--confd-listen", "127.0.0.1:%d" % free_port()]
+        try:
+            r = run(a, timeout=30)
+            return r.returncode, r.stderr
+        except subprocess.TimeoutExpired as e:  # blocked (or started): run() killed it
+            err = e.stderr or b""
+            return "blocked for 30 s", err.decode(errors="replace") if isinstance(err, bytes) else err
+
+    for args, want, via_link in cases:
+        for path, w in ((fifo, want), (link, via_link or want)):
+            a = [x.replace(F, path) for x in args]
+            rc, err = attempt(a)
+            check(rc == 2 and (w % path) in err and len(err.strip().splitlines()) == 1,
+                  "%s: exit 2 with %r: %s %r" % (a, w % path, rc, err[-300:]))
+            check(not os.path.exists(dd), "%s: the data dir was not created" % a)
+            shutil.rmtree(dd, ignore_errors=True)
+    # the same through a config file's client-transport-security
+    rc, err = attempt(["--config-file", yaml])
+    check(rc == 2 and ("--cert-file " + nonreg % fifo) in err and not os.path.exists(dd),
+          "a config file naming a FIFO as its cert-file: %s %r" % (rc, err[-300:]))
+    # the positive control: a regular file, wrong in content, is read and refused (not waited on either)
+    junk, empty = os.path.join(d, "junk"), os.path.join(d, "empty")
+    for path, text in ((junk, "junk\n"), (empty, "")):
+        with open(path, "w") as f:
+            f.write(text)
+        os.chmod(path, 0o600)
+    for args, want, _ in cases:
+        if args[0] == "--log-outputs":
+            continue  # a regular file is a fine log
+        bad = empty if args[0] == "--confd-hmac-key-file" or "HS256" in args[-1] else junk  # any bytes are a key
+        a = [x.replace(F, bad) for x in args]
+        rc, err = attempt(a)
+        check(rc == 2 and "not a regular file" not in err and bad in err,
+              "%s: refused for its content: %s %r" % (a, rc, err[-300:]))
+        shutil.rmtree(dd, ignore_errors=True)
+    # a FIFO with a reader is a log output like any other
+    rfd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+    got = [b""]
+
+    def drain():
+        while True:
+            try:
+                b = os.read(rfd, 65536)
+            except BlockingIOError:
+                break
+            if not b:
+                break
+            got[0] += b
+        return b"serving client requests" in got[0]
+    p = spawn([KVD, "--data-dir", dd, "--listen-client-urls", "http://127.0.0.1:%d" % free_port(), "--log-outputs",
+               fifo], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    check(wait_for(drain), "a FIFO with a reader gets the log lines: %r" % got[0][-300:])
+    p.terminate()
+    check(p.wait(30) == 0, "and kvd stops cleanly")
+    os.close(rfd)
+    shutil.rmtree(dd, ignore_errors=True)
+    # SIGHUP: the confd key and the certificate become FIFOs; refused, the old ones kept, the loop never blocked
+    port = free_port()
+    log = os.path.join(d, "run.log")
+    ckey, ccert = os.path.join(d, "hmac2.key"), os.path.join(d, "c2.pem")
+    shutil.copy(hmac_key, ckey)
+    shutil.copy(cert, ccert)
+    p = spawn([KVD, "--data-dir", dd, "--listen-client-urls", "https://127.0.0.1:%d" % port, "--cert-file", ccert,
+               "--key-file", key, "--confd-hmac-key-file", ckey, "--confd-listen", "127.0.0.1:%d" % free_port(),
+               "--log-outputs", log], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    text = lambda: open(log).read() if os.path.exists(log) else ""
+    check(wait_for(lambda: "serving client requests" in text()), "kvd serves over TLS: %r" % text()[-300:])
+
+    def tls_healthy():
+        rc, out, err = etcdctl("https://127.0.0.1:%d" % port, "--cacert", cert, "endpoint", "health", timeout=20)
+        return rc == 0 and "is healthy" in (out + err)
+    check(tls_healthy(), "healthy over TLS")
+    for f in (ckey, ccert):
+        os.unlink(f)
+        os.mkfifo(f)
+    p.send_signal(signal.SIGHUP)
+    check(wait_for(lambda: "confd: key not reloaded" in text() and "TLS reload" in text()),
+          "SIGHUP: both refused: %r" % text()[-600:])
+    t = text()
+    check(("--confd-hmac-key-file %s: not a regular file" % ckey) in t and
+          ("--cert-file %s: not a regular file" % ccert) in t, "each says why: %r" % t[-600:])
+    p.send_signal(signal.SIGHUP)
+    check(wait_for(lambda: text().count("SIGHUP: reading") == 2), "a second SIGHUP handled: the loop runs")
+    check(tls_healthy(), "still healthy over TLS with the old certificate")
+    p.terminate()
+    check(p.wait(30) == 0, "a clean stop")
     shutil.rmtree(d)
 
 

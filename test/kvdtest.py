@@ -156,12 +156,15 @@ def free_port():
 class Kvd:
     """A kvd process on 127.0.0.1:<free port>; log lines collected in .log."""
 
-    def __init__(self, binary=None, args=(), data_dir=None, port=None, wait=True, wrap=()):
+    def __init__(self, binary=None, args=(), data_dir=None, port=None, wait=True, wrap=(), hosts=()):
+        """hosts: more loopback addresses to serve on (same port): a client
+        dialling 127.0.0.N comes from 127.0.0.N, whatever the client."""
         self.binary = binary or os.environ.get("KVD", os.path.join(ROOT, "kvd"))
         self.port = port or free_port()
         self.dir = data_dir or tempfile.mkdtemp(prefix="kvd-test-")
         self.url = "http://127.0.0.1:%d" % self.port
-        self.cmd = list(wrap) + [self.binary, "--data-dir", self.dir, "--listen-client-urls", self.url,
+        urls = ",".join([self.url] + ["http://%s:%d" % (h, self.port) for h in hosts])
+        self.cmd = list(wrap) + [self.binary, "--data-dir", self.dir, "--listen-client-urls", urls,
                     "--advertise-client-urls", self.url] + list(args)
         env = dict(os.environ, ASAN_OPTIONS="detect_leaks=1:abort_on_error=0")
         self.p = spawn(self.cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
@@ -514,9 +517,10 @@ def settings(pairs=()):
 class H2:
     """A raw client connection: send anything, read frames back."""
 
-    def __init__(self, port, init_window=65535, preface=True, timeout=5):
+    def __init__(self, port, init_window=65535, preface=True, timeout=5, source=None):
         self.port = port
-        self.s = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+        self.s = socket.create_connection(("127.0.0.1", port), timeout=timeout,
+                                          source_address=(source, 0) if source else None)
         self.s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.enc = Encoder()
         self.buf = b""

@@ -8,7 +8,15 @@ not allowed); plain and TLS listeners side by side; large messages through
 HTTP/2 flow control over TLS; SIGHUP re-reads the certificates (a bad set
 keeps the old one); hostile input on the TLS port (garbage, a handshake
 that stops half way, a slow one, a ClientHello flood) while an honest client
-is served and memory stays bounded.
+is served and memory stays bounded.  --trusted-ca-file alone already
+requires a client certificate signed by it, on both.  With
+--client-cert-auth and auth on, the certificate's CN is the user by its
+exact bytes: a CN "root\\0.tenant42.example" is not root, a 73-character CN
+is not the user named by its first 64, on both (with the same error texts),
+while a CN "root" is root.  A flood of half-open ClientHellos from four
+addresses (127.0.0.2-5, ~300 a second) does not push out a slow honest
+handshake from a fifth (150 ms each way): the address holding the most
+handshakes yields its slot.
 Last line: "N passed, N failed".
 """
 import json
@@ -136,6 +144,12 @@ def both(e, k, ca, client, *args, fail=False):
     return ctl(e, ca, client, *args, fail=fail), ctl(k, ca, client, *args, fail=fail)
 
 
+def ctl_error(r):
+    """etcdctl's own "Error: ..." line (the rest of stderr is its client's
+    retry log, with times)."""
+    return [line for line in r[2].splitlines() if line.startswith("Error:")]
+
+
 SERVER = ["--cert-file", None, "--key-file", None]
 
 
@@ -199,6 +213,53 @@ def mutual_tls_like_etcd():
     check(x[0] == 0 and y[0] == 0, "bob is allowed on both: %s" % (y,))
     x, y = both(e, k, "ca", "alice", "get", "h", fail=True)
     check(x[0] != 0 and y[0] != 0, "alice is not, on both: %s" % (y[2][-160:],))
+    e.stop()
+    k.stop()
+
+
+@test
+def trusted_ca_alone_requires_a_client_certificate():
+    """--trusted-ca-file without --client-cert-auth: etcd (its listener sets
+    RequireAndVerifyClientCert when a CA file is given) requires a client
+    certificate that CA signed; so does kvd.  Side by side: alice's works,
+    none or mallory's (another CA) fails on both; grpcio too, on kvd.  The
+    CN is still no user name there (etcd takes it only with
+    --client-cert-auth): with auth on, a CN "root" is refused on both."""
+    flags = ["--trusted-ca-file", p("ca.pem")]
+    e = EtcdTLS(server_args(extra=flags))
+    k = kvd_tls(server_args(extra=flags))
+    for args in (("put", "tc", "1"), ("get", "tc", "--print-value-only")):
+        x, y = both(e, k, "ca", "alice", *args)
+        check(x[0] == y[0] == 0 and x[1] == y[1], "alice's certificate: etcdctl %s on both: %s / %s" % (args, x, y))
+    for client, what in ((None, "no client certificate"), ("mallory", "a certificate from another CA")):
+        x, y = both(e, k, "ca", client, "get", "tc", fail=True)
+        check(x[0] != 0 and y[0] != 0, "%s fails on both (etcd %d, kvd %d: %s)" % (what, x[0], y[0], y[2][-160:]))
+    check(wait_for(lambda: "TLS handshake failed" in k.logtext(), 10), "kvd logs why a handshake failed")
+    import grpc
+    ch = grpc_channel(k.tport, "alice")
+    got = call(ch, "Range", R.RangeRequest(key=b"tc"), "RangeResponse")
+    check(len(got.kvs) == 1 and got.kvs[0].value == b"1", "grpcio with alice's certificate: %s" % got)
+    ch.close()
+    ch = grpc_channel(k.tport)
+    try:
+        call(ch, "Range", R.RangeRequest(key=b"tc"), "RangeResponse", timeout=10)
+        refused = None
+    except grpc.RpcError as ex:
+        refused = ex.code()
+    check(refused == grpc.StatusCode.UNAVAILABLE, "grpcio without a client certificate: refused (%s)" % refused)
+    ch.close()
+    # without --client-cert-auth the CN names no user once auth is on, on both: a CN "root" is not root
+    make_cert("ca", "tc-root", "root", usage="clientAuth")
+    for args in (("user", "add", "root:rootpw"), ("user", "grant-role", "root", "root"), ("auth", "enable")):
+        x, y = both(e, k, "ca", "alice", *args)
+        check(x[0] == y[0] == 0 and x[1] == y[1], "etcdctl %s on both: %s / %s" % (" ".join(args), x, y))
+    for args in (("put", "tc", "2"), ("user", "list")):
+        x, y = both(e, k, "ca", "tc-root", *args)
+        check(x[0] != 0 and y[0] != 0 and ctl_error(x) == ctl_error(y) != [],
+              "a CN \"root\" without --client-cert-auth: etcdctl %s refused on both, the same text: %s / %s" %
+              (" ".join(args), ctl_error(x), ctl_error(y)))
+    x, y = both(e, k, "ca", "tc-root", "--user", "root:rootpw", "get", "tc", "--print-value-only")
+    check(x[0] == y[0] == 0 and x[1] == y[1] == "1\n", "a password still works over it, on both: %s / %s" % (x, y))
     e.stop()
     k.stop()
 
@@ -271,6 +332,90 @@ def grpcio_and_etcd3_over_tls():
               % (k.tport, p("ca.pem"), p("alice.key"), p("alice.pem")))
     r = subprocess.run(["/usr/bin/python3", "-c", script], capture_output=True, text=True, timeout=60)
     check("CHECK ok" in r.stdout, "python3-etcd3 over mTLS: %s %s" % (r.stdout, r.stderr[-300:]))
+    k.stop()
+
+
+def make_cert_cn(ca, name, cn):
+    """A client certificate signed by ca whose CN is cn exactly, characters
+    openssl's -subj cannot carry (a NUL) or more than its 64 (X.509's upper
+    bound ub-common-name): made with python3-cryptography's
+    CertificateBuilder, the CN a UTF8String of cn's UTF-8 bytes (which Go
+    parses too; a PrintableString may not hold a NUL).  _validate=False lets
+    a cryptography that checks the 64-character bound build it anyway."""
+    import datetime
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+    ca_key = serialization.load_pem_private_key(open(p(ca + ".key"), "rb").read(), None)
+    ca_cert = x509.load_pem_x509_certificate(open(p(ca + ".pem"), "rb").read())
+    key = ec.generate_private_key(ec.SECP256R1())
+    now = datetime.datetime.utcnow()
+    cert = (x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn, _validate=False)]))
+            .issuer_name(ca_cert.subject).public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(hours=1)).not_valid_after(now + datetime.timedelta(days=30))
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+            .sign(ca_key, hashes.SHA256()))
+    raw = cn.encode()
+    der = cert.public_bytes(serialization.Encoding.DER)
+    assert bytes([0x0C, len(raw)]) + raw in der, "the CN's UTF8String holds every byte"  # len < 128 here
+    open(p(name + ".pem"), "wb").write(cert.public_bytes(serialization.Encoding.PEM))
+    open(p(name + ".key"), "wb").write(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                                         serialization.NoEncryption()))
+    sh("openssl", "verify", "-CAfile", ca + ".pem", name + ".pem")
+
+
+@test
+def certificate_cn_bytes_exactly():
+    """With --client-cert-auth and auth on, a call without a token is the
+    user the client certificate's CN names, all of its bytes.  kvd used to
+    copy the CN as a C string capped at 64 bytes: a CN "root\\0.tenant42.example"
+    was root, and a 73-character CN whose first 64 characters name a user with
+    the root role was that user.  etcd (Go) takes the whole CN; neither is a
+    user, so both refuse, with the same texts.  Controls that the setup can
+    tell: a CN "root", and one that is exactly the 64-character name, are
+    root on both."""
+    r64 = "r" * 64
+    make_cert_cn("ca", "cn-nul", "root\x00.tenant42.example")
+    make_cert_cn("ca", "cn-long", r64 + "123456789")
+    make_cert("ca", "cn-root", "root", usage="clientAuth")
+    make_cert("ca", "cn-r64", r64, usage="clientAuth")
+    flags = ["--client-cert-auth", "--trusted-ca-file", p("ca.pem")]
+    e = EtcdTLS(server_args(extra=flags))
+    k = kvd_tls(["--bcrypt-cost", "4"] + server_args(extra=flags))
+    # alice (her certificate's CN) is a plain user once auth is on; root and r64 have the root role
+    for args in (("user", "add", "root:rootpw"), ("user", "grant-role", "root", "root"),
+                 ("user", "add", r64 + ":r64pw"), ("user", "grant-role", r64, "root"),
+                 ("role", "add", "r"), ("role", "grant-permission", "r", "readwrite", "cn/", "--prefix"),
+                 ("user", "add", "alice:alicepw"), ("user", "grant-role", "alice", "r"), ("auth", "enable")):
+        x, y = both(e, k, "ca", "alice", *args)
+        check(x[0] == y[0] == 0 and x[1] == y[1], "etcdctl %s on both: %s / %s" % (" ".join(args), x, y))
+    x, y = both(e, k, "ca", "alice", "--user", r64 + ":r64pw", "user", "list")
+    check(x[0] == y[0] == 0 and x[1] == y[1] and "alice" in y[1],
+          "the 64-character user is an admin by password on both: %s / %s" % (x, y))
+    x, y = both(e, k, "ca", "alice", "put", "x", "1")
+    check(x[0] != 0 and y[0] != 0 and ctl_error(x) == ctl_error(y) != [],
+          "alice (a plain user by her CN) may not write x on both: %s / %s" % (ctl_error(x), ctl_error(y)))
+    for cert, what in (("cn-root", 'a CN "root"'), ("cn-r64", "a CN of the 64-character admin's name")):
+        for args in (("put", "x", cert), ("user", "list")):
+            x, y = both(e, k, "ca", cert, *args)
+            check(x[0] == y[0] == 0 and x[1] == y[1], "%s is an admin: etcdctl %s on both: %s / %s" %
+                  (what, " ".join(args), x, y))
+    for cert, what in (("cn-nul", 'a CN "root\\0.tenant42.example"'),
+                       ("cn-long", "a 73-character CN, the admin's name and 9 more")):
+        for args in (("put", "x", "1"), ("user", "list"), ("get", "x")):
+            x, y = both(e, k, "ca", cert, *args)
+            print("    %s, etcdctl %s: etcd %d %s, kvd %d %s" % (cert, " ".join(args), x[0], ctl_error(x), y[0],
+                                                                 ctl_error(y)), flush=True)
+            check(x[0] != 0 and y[0] != 0 and ctl_error(x) == ctl_error(y) != [],
+                  "%s is no user: etcdctl %s refused on both, the same text: %s / %s" %
+                  (what, " ".join(args), (x[0], x[1], ctl_error(x)), (y[0], y[1], ctl_error(y))))
+    x, y = both(e, k, "ca", "cn-root", "get", "x", "--print-value-only")
+    check(x[0] == y[0] == 0 and x[1] == y[1] == "cn-r64\n", "x as the admins left it, on both: %s / %s" % (x, y))
+    e.stop()
     k.stop()
 
 
@@ -419,6 +564,176 @@ def hostile_input_on_the_tls_port():
     m = re.search(r"tls: (\d+) handshakes, (\d+) failed, (\d+) displaced", k.logtext())
     check(m and int(m.group(3)) >= 400 - 64 - 10, "silent handshakes beyond 64 displaced the oldest: %s" %
           (m.group(0) if m else k.logtext()[-300:]))
+
+
+def paced_handshake(port, latency, source="127.0.0.1"):
+    """One TLS handshake with kvd over a slow link: ssl.MemoryBIO + SSLObject
+    over a plain socket, each flight held back `latency` seconds before it
+    leaves and again after it arrives.  The server certificate's CN; raises
+    if kvd closes the connection or the handshake fails."""
+    ctx = ssl.create_default_context(cafile=p("ca.pem"))
+    ctx.set_alpn_protocols(["h2"])
+    inc, out = ssl.MemoryBIO(), ssl.MemoryBIO()
+    obj = ctx.wrap_bio(inc, out, server_hostname="127.0.0.1")
+    link = threading.Event()  # never set: its wait() is the simulated latency
+    with socket.create_connection(("127.0.0.1", port), timeout=30, source_address=(source, 0)) as s:
+        while True:
+            try:
+                obj.do_handshake()
+                done = True
+            except ssl.SSLWantReadError:
+                done = False
+            flight = out.read()
+            if flight:
+                link.wait(latency)  # simulates network latency: our flight on its way to kvd
+                s.sendall(flight)
+            if done:
+                break
+            d = s.recv(65536)
+            if not d:
+                raise ConnectionError("kvd closed the connection in the handshake")
+            link.wait(latency)  # simulates network latency: kvd's flight on its way back
+            s.settimeout(0)
+            try:  # the rest of kvd's flight arrived meanwhile
+                while True:
+                    more = s.recv(65536)
+                    if not more:
+                        break
+                    d += more
+            except BlockingIOError:
+                pass
+            s.settimeout(30)
+            inc.write(d)
+        return dict(x[0] for x in obj.getpeercert()["subject"])["commonName"]
+
+
+class Flood:
+    """Half-open TLS connections at `rate` a second in all, spread over the
+    source addresses: each sends the first 40 bytes of a real ClientHello
+    and stays silent, held open (the newest 600 per address; kvd has
+    displaced the older ones by then).  made[i]: connections from address i."""
+
+    def __init__(self, port, sources, rate):
+        self.port, self.stop, self.made, self.errors = port, threading.Event(), [0] * len(sources), [0]
+        self.first = None  # the flood's first connection: kvd closes it once the table is full
+        hello = client_hello()[:40]
+        self.threads = [threading.Thread(target=self.run, args=(i, src, rate / len(sources), hello), daemon=True)
+                        for i, src in enumerate(sources)]
+        for t in self.threads:
+            t.start()
+
+    def run(self, i, src, rate, hello):
+        import collections
+        held, t0, n = collections.deque(), time.time(), 0
+        while not self.stop.is_set():
+            try:
+                s = socket.create_connection(("127.0.0.1", self.port), timeout=5, source_address=(src, 0))
+                s.sendall(hello)
+                self.made[i] += 1
+                if self.first is None and i == 0:
+                    self.first = s
+                else:
+                    held.append(s)
+            except OSError:
+                self.errors[0] += 1
+            if len(held) > 600:
+                held.popleft().close()
+            n += 1
+            self.stop.wait(max(0.0, t0 + n / rate - time.time()))  # pacing: the attack's rate, n/rate seconds in
+        for s in held:
+            s.close()
+
+    def total(self):
+        return sum(self.made)
+
+    def first_closed(self):
+        if self.first is None:
+            return False
+        self.first.settimeout(0)
+        try:
+            return self.first.recv(1, socket.MSG_PEEK) == b""
+        except BlockingIOError:
+            return False
+        except OSError:
+            return True
+
+    def end(self):
+        self.stop.set()
+        for t in self.threads:
+            t.join(30)
+        if self.first is not None:
+            self.first.close()
+
+
+def flood_and_handshake(k, sources, rate=300, n=5, latency=0.15):
+    """A Flood from sources; once it has filled the handshake slots, n paced
+    handshakes from 127.0.0.1; then the flood ends (whatever happened).
+    (filled, completed, failures, the flood's connections made during each
+    handshake, the flood's connections in all, its connect errors)."""
+    flood = Flood(k.tport, sources, rate)
+    ok, failures, during = 0, [], []
+    try:
+        # full: past 64 at once, and its first connection displaced
+        filled = wait_for(lambda: flood.total() > 128 and flood.first_closed(), 60)
+        for _ in range(n if filled else 0):
+            before = flood.total()
+            try:
+                ok += paced_handshake(k.tport, latency) == "kvd-server"
+            except (OSError, ssl.SSLError) as ex:
+                failures.append("%s: %s" % (type(ex).__name__, ex))
+            during.append(flood.total() - before)
+    finally:
+        flood.end()
+    return filled, ok, failures, during, flood.total(), flood.errors[0]
+
+
+@test
+def handshake_flood_from_few_addresses():
+    """At most KVD_MAX_HANDSHAKES (64) TLS handshakes are in progress; when
+    full, a new one displaces one.  kvd used to displace the oldest of all:
+    ~300 half-open ClientHellos a second from four addresses (127.0.0.2-5)
+    turn the 64 slots over every 64/300 ~ 0.2 s, while an honest handshake
+    over a link with 150 ms latency (held 150 ms before each flight leaves
+    and after each arrives: ~0.45 s in a slot, from its connect to kvd's
+    Finished) needs longer, so it always became the oldest and was pushed
+    out: 0/5 completed.  Now the address holding the most handshakes yields:
+    5/5 must complete.  That the attack was strong enough to push out a
+    handshake under the old rule is checked too, by counting, not timing:
+    once the table is full, a handshake during which 64 newer ones arrive
+    becomes the oldest of all, so each honest handshake must have seen at
+    least 64 flood connections made while it ran.  The control: the same
+    flood from the honest client's own address, where the new rule falls
+    back to that address's oldest, i.e. the old rule: the paced handshakes
+    that saw 64 newer ones are pushed out."""
+    k = kvd_tls(server_args(extra=["--max-connections", "1024"]))
+    filled, ok, failures, during, made, errors = flood_and_handshake(k, ["127.0.0.%d" % i for i in (2, 3, 4, 5)])
+    check(filled, "the flood filled the 64 handshake slots (its first connection displaced)")
+    check(ok == 5, "5 slow honest handshakes from 127.0.0.1 complete during the flood: %d/5 %s" % (ok, failures[:3]))
+    check(during and min(during) >= 64, "each saw at least 64 flood connections made while it ran (the old rule "
+          "would have pushed it out): %s" % during)
+    # the control: the old rule, as the new one still applies it when everything comes from one address
+    filled, cok, cfailures, cduring, cmade, cerrors = flood_and_handshake(k, ["127.0.0.1"])
+    check(filled, "the control flood filled the handshake slots")
+    strong = sum(1 for d in cduring if d >= 64)
+    check(strong and cok <= 5 - strong, "control: the same flood from 127.0.0.1 pushes out the paced handshakes "
+          "that saw 64 newer ones: %d/5 completed, flood connections during each %s" % (cok, cduring))
+    made += cmade
+    errors += cerrors
+    check(k.alive() and peer_cert_cn(k.tport)[0] == "kvd-server", "kvd serves TLS after the floods")
+    ch = grpc_channel(k.tport)
+    call(ch, "Put", R.PutRequest(key=b"after", value=b"flood"), "PutResponse")
+    check(call(ch, "Range", R.RangeRequest(key=b"after"), "RangeResponse").kvs[0].value == b"flood",
+          "and gRPC calls over it")
+    ch.close()
+    k.stop()
+    import re
+    m = re.search(r"tls: (\d+) handshakes, (\d+) failed, (\d+) displaced", k.logtext())
+    print("    honest handshakes (150 ms each way) completed during the flood from 127.0.0.2-5: %d/5, flood "
+          "connections during each %s; control from 127.0.0.1: %d/5, %s; flood connections %d (%d errors); "
+          "kvd: %s" % (ok, during, cok, cduring, made, errors, m.group(0) if m else "no tls line"),
+          flush=True)
+    check(m and int(m.group(3)) >= made // 2, "the floods displaced themselves: %s of %d" %
+          (m.group(0) if m else k.logtext()[-300:], made))
 
 
 if __name__ == "__main__":
