@@ -380,11 +380,12 @@ def streams_like_etcd():
 @test
 def a_stop_ends_streams_as_etcd():
     """SIGTERM with a /v3/watch and a /v3/election/observe open: etcd ends
-    each at once with grpc-gateway's error object ("transport is closing",
-    503) and the last chunk, then exits; kvd did the same only after its
-    whole --shutdown-grace, during which Patroni (which speaks this gateway)
-    could reach no store and demoted its primary.  The bytes after the
-    created line are compared, and kvd must exit long before a 60 s grace."""
+    each at once with grpc-gateway's error object and the last chunk, then
+    exits; kvd did the same only after its whole --shutdown-grace, during
+    which Patroni (which speaks this gateway) could reach no store and
+    demoted its primary.  The streams are compared byte for byte but for
+    the error object, whose text is racy in etcd (see below); kvd must write
+    etcd's "transport is closing" one and exit long before a 60 s grace."""
     e = Etcd()
     k = Kvd(KVD_TEST, ["--shutdown-grace", "60s"])
     res, took = {}, {}
@@ -409,9 +410,21 @@ def a_stop_ends_streams_as_etcd():
         res[name] = (wh[0], first, rest, kh[0], kfirst, krest)
         for x in (c, w, ka):
             x.close()
-    check(res["etcd"] == res["kvd"], "the streams' ends:\n  etcd %r\n  kvd  %r" % (res["etcd"], res["kvd"]))
-    check(res["kvd"][2][-1] == "END" and b"transport is closing" in res["kvd"][2][0],
-          "the watch got the error object, then the last chunk: %r" % (res["kvd"][2],))
+    # etcd's own ending races: its gateway's client connection may see the
+    # server's transport close (14, 503 "transport is closing", as the issue
+    # saw) or close first itself (1, 408 "grpc: the client connection is
+    # closing"); kvd writes the first.  Everything else is compared as is.
+    closing = (b'{"error":{"grpc_code":14,"http_code":503,"message":"transport is closing",'
+               b'"http_status":"Service Unavailable"}}')
+    racing = (b'{"error":{"grpc_code":1,"http_code":408,"message":"grpc: the client connection is closing",'
+              b'"http_status":"Request Timeout"}}')
+    same = lambda r: tuple([r[2][1:], r[5][1:]] + [r[i] for i in (0, 1, 3, 4)])
+    check(same(res["etcd"]) == same(res["kvd"]), "the streams but their errors:\n  etcd %r\n  kvd  %r" %
+          (res["etcd"], res["kvd"]))
+    check(all(res["etcd"][i][0] in (closing, racing) for i in (2, 5)), "etcd ends each with one of its two: %r" %
+          ([res["etcd"][2], res["etcd"][5]],))
+    check(res["kvd"][2] == [closing, "END"] and res["kvd"][5] == [closing, "END"],
+          "kvd ends each with etcd's error object, then the last chunk: %r" % ([res["kvd"][2], res["kvd"][5]],))
     check(took["kvd"] < 30, "kvd exited well within its 60 s grace: %.2f s" % took["kvd"])
     print("    SIGTERM to exit with two gateway streams open: etcd %.3f s, kvd %.3f s" % (took["etcd"], took["kvd"]))
 
