@@ -1,6 +1,7 @@
 #!/bin/sh
 # test/deps.sh [build|test] - install what is missing from Debian's packages:
-# the build dependencies, and with "test" the real peers the tests talk to,
+# the build dependencies, and with "test" the real peers the tests talk to
+# (Debian's, and etcd 3.7.3's built with Go from test/peers, pinned),
 # then (best effort) the cross toolchains, qemu-user and musl for `make cross`
 # and `make static` (with "cross-all", those of `make cross-all` too).
 # As root it runs apt-get; otherwise it prints the command and fails.
@@ -34,6 +35,39 @@ need=$(missing $BUILD)
 cross=""
 [ "${1:-build}" = test ] && cross=$(missing $CROSS)
 [ "${1:-build}" = cross-all ] && cross=$(missing $CROSS $CROSS_ALL)
+# The Go test peers (test/peers: etcd, etcdctl and etcdutl 3.7.3, pinned by
+# its go.mod and go.sum), built once per machine into
+# $KVD_CACHE/go-peers-<hash of go.mod and go.sum>/bin, outside the tree.
+# Go comes from PATH or /usr/local/go; without Go >= GO_MIN the suites that
+# need the peers say SKIPPED -- unless KVD_REQUIRE_GO_PEERS is set (CI), when
+# that is a failure.
+GO_MIN=1.26.0
+KVD_CACHE=${KVD_CACHE:-/var/cache/kvd-test}
+go_peers() {
+	[ "${1:-build}" = test ] || return 0
+	top=$(cd "$(dirname "$0")/.." && pwd)
+	go=$(command -v go || true)
+	[ -z "$go" ] && [ -x /usr/local/go/bin/go ] && go=/usr/local/go/bin/go
+	have=$([ -n "$go" ] && "$go" env GOVERSION 2>/dev/null | sed 's/^go//')
+	if [ -z "$have" ] || [ "$(printf '%s\n%s\n' "$GO_MIN" "$have" | sort -V | head -1)" != "$GO_MIN" ]; then
+		echo "deps: SKIPPED: needs Go >= $GO_MIN for the etcd 3.7.3 test peers (found: ${have:-none})"
+		[ -n "${KVD_REQUIRE_GO_PEERS:-}" ] && { echo "deps: KVD_REQUIRE_GO_PEERS is set: failing" >&2; exit 1; }
+		return 0
+	fi
+	out=$KVD_CACHE/go-peers-$(cat "$top/test/peers/go.mod" "$top/test/peers/go.sum" | sha256sum | cut -c1-12)
+	[ -x "$out/bin/etcd" ] && [ -x "$out/bin/etcdctl" ] && [ -x "$out/bin/etcdutl" ] && return 0
+	echo "deps: building the Go test peers (etcd, etcdctl, etcdutl 3.7.3) with Go $have into $out"
+	mkdir -p "$KVD_CACHE" && rm -rf "$out.tmp" || exit 1
+	(cd "$top/test/peers" && export GOTOOLCHAIN=local GOFLAGS=-mod=readonly &&
+		"$go" build -trimpath -o "$out.tmp/bin/etcd" go.etcd.io/etcd/server/v3 &&
+		"$go" build -trimpath -o "$out.tmp/bin/etcdctl" go.etcd.io/etcd/etcdctl/v3 &&
+		"$go" build -trimpath -o "$out.tmp/bin/etcdutl" go.etcd.io/etcd/etcdutl/v3) || {
+		echo "deps: the Go test peers did not build" >&2
+		exit 1
+	}
+	mv "$out.tmp" "$out"
+}
+
 ganeti_lib() {
 	[ "${1:-build}" = test ] || return 0
 	[ -d /usr/share/ganeti/3.0/ganeti ] || [ -d $GANETI_LIB/usr/share/ganeti/3.0/ganeti ] && return 0
@@ -41,7 +75,7 @@ ganeti_lib() {
 		dpkg -x ganeti-3.0_*.deb $GANETI_LIB) || echo "deps: could not unpack ganeti-3.0 (confd client tests will fail)"
 	rm -rf "$d"
 }
-[ -z "$need$cross" ] && { ganeti_lib "${1:-build}"; exit 0; }
+[ -z "$need$cross" ] && { ganeti_lib "${1:-build}"; go_peers "${1:-build}"; exit 0; }
 if [ "$(id -u)" = 0 ]; then
 	SUDO=""
 elif command -v sudo >/dev/null && sudo -n true 2>/dev/null; then
@@ -71,4 +105,5 @@ if [ -n "$cross" ]; then
 		echo "deps: cross toolchains unavailable: make cross will say SKIPPED"
 fi
 ganeti_lib "${1:-build}"
+go_peers "${1:-build}"
 echo "deps: done"

@@ -215,17 +215,48 @@ class Kvd:
         return "".join(self.log)
 
 
-class Etcd:
-    """Debian's etcd on 127.0.0.1:<free port>, data on tmpfs when possible
-    (the differential tests compare semantics, not durability)."""
+GO_MIN = "1.26.0"  # test/deps.sh's GO_MIN: the Go that builds test/peers
 
-    def __init__(self, args=()):
+
+def go_peer(name):
+    """The path of an etcd 3.7.3 peer test/deps.sh built from test/peers
+    (etcd, etcdctl, etcdutl), or None when it could not (no Go >= GO_MIN):
+    the caller says SKIPPED -- which, with KVD_REQUIRE_GO_PEERS set (CI), is
+    a failure instead (go_peers_or_skip)."""
+    import hashlib
+    peers = os.path.join(ROOT, "test", "peers")
+    h = hashlib.sha256()
+    for f in ("go.mod", "go.sum"):
+        with open(os.path.join(peers, f), "rb") as fh:
+            h.update(fh.read())
+    path = os.path.join(os.environ.get("KVD_CACHE", "/var/cache/kvd-test"), "go-peers-" + h.hexdigest()[:12], "bin", name)
+    return path if os.access(path, os.X_OK) else None
+
+
+def go_peers_or_skip(what):
+    """True when the etcd 3.7.3 peers are built; else says SKIPPED (or, under
+    KVD_REQUIRE_GO_PEERS, fails the check) and returns False."""
+    if go_peer("etcd") and go_peer("etcdctl") and go_peer("etcdutl"):
+        return True
+    if os.environ.get("KVD_REQUIRE_GO_PEERS"):
+        check(False, "%s: the etcd 3.7.3 peers are not built (test/deps.sh test) and KVD_REQUIRE_GO_PEERS is set" % what)
+    else:
+        print("  SKIPPED: needs Go >= %s (%s: test/deps.sh builds the etcd 3.7.3 peers with it)" % (GO_MIN, what))
+    return False
+
+
+class Etcd:
+    """Debian's etcd (or another etcd binary: go_peer("etcd") is 3.7.3) on
+    127.0.0.1:<free port>, data on tmpfs when possible (the differential
+    tests compare semantics, not durability)."""
+
+    def __init__(self, args=(), binary="etcd"):
         self.port = free_port()
         base = "/dev/shm" if os.path.isdir("/dev/shm") else None
         self.dir = tempfile.mkdtemp(prefix="etcd-test-", dir=base)
         self.url = "http://127.0.0.1:%d" % self.port
         _tmpdirs.append(self.dir)
-        self.p = spawn(["etcd", "--name", "ref", "--data-dir", self.dir,
+        self.p = spawn([binary, "--name", "ref", "--data-dir", self.dir,
                         "--listen-client-urls", self.url, "--advertise-client-urls", self.url,
                         "--listen-peer-urls", "http://127.0.0.1:%d" % free_port(),
                         "--log-level", "error"] + list(args),
