@@ -23,7 +23,7 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import kvdtest
-from kvdtest import Client, Etcd, Kvd, check, free_port, go_peer, go_peers_or_skip, run_tests, spawn, test, wait_for
+from kvdtest import Client, Kvd, check, go_peer, go_peers_or_skip, run_tests, test
 import snapshot  # its store generator and comparisons
 del kvdtest._tests[:]  # its tests are its own to run
 
@@ -37,41 +37,9 @@ def ctl37(*args, timeout=120):
 
 
 def utl37(*args, timeout=120):
+    """etcdutl 3.7.3 (snapshot status and restore moved there from etcdctl)."""
     r = subprocess.run([go_peer("etcdutl")] + list(args), capture_output=True, text=True, timeout=timeout)
     return r.returncode, r.stdout, r.stderr
-
-
-class Restored37:
-    """etcd 3.7.3 on a data dir `etcdutl snapshot restore` made."""
-
-    def __init__(self, snap):
-        self.port, peer = free_port(), free_port()
-        base = "/dev/shm" if os.path.isdir("/dev/shm") else None
-        self.top = tempfile.mkdtemp(prefix="kvd-restore37-", dir=base)
-        self.dir = os.path.join(self.top, "r.etcd")
-        purl = "http://127.0.0.1:%d" % peer
-        self.restore = utl37("snapshot", "restore", snap, "--data-dir", self.dir, "--name", "r",
-                             "--initial-cluster", "r=" + purl, "--initial-advertise-peer-urls", purl)
-        self.p = None
-        if self.restore[0]:
-            return
-        url = "http://127.0.0.1:%d" % self.port
-        self.p = spawn([go_peer("etcd"), "--name", "r", "--data-dir", self.dir, "--listen-client-urls", url,
-                        "--advertise-client-urls", url, "--listen-peer-urls", purl,
-                        "--initial-advertise-peer-urls", purl, "--initial-cluster", "r=" + purl,
-                        "--log-level", "error"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        if not wait_for(lambda: ctl37("--endpoints", self.endpoint(), "endpoint", "health", timeout=10)[0] == 0,
-                        60, 0.1):
-            raise RuntimeError("etcd 3.7.3 on the restored data dir did not start")
-
-    def endpoint(self):
-        return "127.0.0.1:%d" % self.port
-
-    def stop(self):
-        if self.p and self.p.poll() is None:
-            self.p.terminate()
-            self.p.wait(60)
-        shutil.rmtree(self.top, ignore_errors=True)
 
 
 @test
@@ -91,8 +59,8 @@ def snapshots_with_etcdutl_3_7():
     check(rc == 0 and st.get("revision") == want[2] and st.get("totalKey", 0) > 0,
           "etcdutl 3.7.3 snapshot status reads it: revision %s (kvd %s): %s %s" % (st.get("revision"), want[2],
                                                                                  out[-200:], err[-200:]))
-    r = Restored37(path)
-    check(r.restore[0] == 0, "etcdutl 3.7.3 snapshot restore takes it: %s" % r.restore[2][-300:])
+    r = snapshot.Restored(path, restore=[go_peer("etcdutl")], etcd=go_peer("etcd"))
+    check(r.restore_rc == 0, "etcdutl 3.7.3 snapshot restore takes it: %s" % r.restore_err[-300:])
     if r.p:
         cr = Client(r.endpoint())
         snapshot.same_store(ck, cr, g, "kvd -> etcdutl 3.7 -> etcd 3.7", rnd)

@@ -210,15 +210,17 @@ def snapshot_status(path):
 
 
 class Restored:
-    """Debian's etcd on a data dir `etcdctl snapshot restore` made."""
+    """Debian's etcd on a data dir `etcdctl snapshot restore` made (or
+    another etcd on one another tool made: restore=[etcdutl 3.7.3],
+    etcd=etcd 3.7.3, as test/etcd37.py does)."""
 
-    def __init__(self, snap, skip_hash=False):
+    def __init__(self, snap, skip_hash=False, restore=("etcdctl",), etcd="etcd"):
         self.port, peer = free_port(), free_port()
         base = "/dev/shm" if os.path.isdir("/dev/shm") else None
         self.top = tempfile.mkdtemp(prefix="kvd-restore-", dir=base)
         self.dir = os.path.join(self.top, "r.etcd")
         purl = "http://127.0.0.1:%d" % peer
-        args = ["etcdctl", "snapshot", "restore", snap, "--data-dir", self.dir, "--name", "r",
+        args = list(restore) + ["snapshot", "restore", snap, "--data-dir", self.dir, "--name", "r",
                 "--initial-cluster", "r=" + purl, "--initial-advertise-peer-urls", purl]
         if skip_hash:
             args.append("--skip-hash-check")
@@ -228,7 +230,7 @@ class Restored:
         if r.returncode:
             return
         url = "http://127.0.0.1:%d" % self.port
-        self.p = spawn(["etcd", "--name", "r", "--data-dir", self.dir, "--listen-client-urls", url,
+        self.p = spawn([etcd, "--name", "r", "--data-dir", self.dir, "--listen-client-urls", url,
                         "--advertise-client-urls", url, "--listen-peer-urls", purl,
                         "--initial-advertise-peer-urls", purl, "--initial-cluster", "r=" + purl,
                         "--log-level", "error"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
