@@ -131,8 +131,11 @@
 #ifndef KVD_ACCEPTS_PER_TICK /* @@ accept() calls per loop iteration */
 #define KVD_ACCEPTS_PER_TICK 64
 #endif
-#ifndef KVD_ETCD_VERSION /* @@ etcd version kvd reports (the API level it follows) */
-#define KVD_ETCD_VERSION "3.4.23"
+#ifndef KVD_ETCD_VERSION /* @@ etcd version kvd reports (the API level it follows; strict X.Y.Z) */
+#define KVD_ETCD_VERSION "3.7.3"
+#endif
+#ifndef KVD_ETCD_CLUSTER /* @@ its cluster and storage version: major.minor.0, as etcd's */
+#define KVD_ETCD_CLUSTER "3.7.0"
 #endif
 
 /* ===== 1. Includes and portability ====================================== */
@@ -225,6 +228,8 @@ enum h2_error {
 	H2_REFUSED_STREAM, H2_CANCEL, H2_COMPRESSION_ERROR, H2_CONNECT_ERROR,
 	H2_ENHANCE_YOUR_CALM, H2_INADEQUATE_SECURITY, H2_HTTP_1_1_REQUIRED
 };
+
+#define SVC_RAFT_TERM 2 /* what a fresh single-node etcd reports; kvd never elects (also meta/term) */
 
 /* Frame types and flags (RFC 9113 section 6). */
 enum h2_frame_type {
@@ -460,6 +465,8 @@ struct mvcc {
 	struct kvd_buf w;              /* the batch: records not yet written */
 	int64_t rev, rev_durable;      /* current revision (batch included), durable one */
 	int64_t compacted, compacted_durable, pending_compact;
+	struct { uint32_t hash; int64_t compact, rev; } hashes[10]; /* HashKVs taken at compactions (section 9) */
+	unsigned nhashes;
 	uint32_t gen;                  /* bumped whenever the log moves (mvcc_log_moved) */
 	struct mvcc_leaf **leaf;       /* index: sorted leaves of sorted keys */
 	size_t nleaf, leafcap, nkeys;
@@ -671,9 +678,10 @@ struct conn {
 /* A listening socket. */
 struct net_listener {
 	int fd;
-	unsigned tls : 1;            /* https:// */
+	unsigned tls : 1;            /* https:// or unixs:// */
 	unsigned metrics : 1;        /* --listen-metrics-urls: /metrics and /health only */
 	char name[80];
+	char *upath;                 /* a unix socket's file, removed when it closes; else NULL */
 };
 
 
@@ -688,6 +696,9 @@ struct kvd_stats {
 	uint64_t grpc_started[KVD_METRIC_METHODS], grpc_handled[KVD_METRIC_METHODS][17];
 	uint64_t fsync_b[KVD_FSYNC_BUCKETS], fsync_n, commit_b[KVD_COMMIT_BUCKETS], commit_n, commit_sum;
 	uint64_t http_requests;
+	uint64_t health_ok, health_failed; /* /health answers (etcd_server_health_*) */
+	uint64_t checks[2][4][2];    /* /livez, /readyz: each check run, by success / error */
+	uint8_t check_last[2][4];    /* 1 + its last result (1 error, 2 success); 0: never run */
 	double fsync_sum;            /* seconds */
 	int64_t start_wall;          /* time(NULL) at start, for process_start_time_seconds */
 };
@@ -746,6 +757,7 @@ struct kvd {
 	struct lock_wait *locks;     /* Lock/Campaign waiters and Observe streams (section 17) */
 	struct svc_member_x *members; /* members MemberAdd listed (section 17): never started */
 	size_t nmembers;
+	unsigned downgrade : 1;      /* Maintenance/Downgrade ENABLE: cluster version one minor down (memory only) */
 	struct call **held;          /* calls answered while the batch was open */
 	size_t nheld, heldcap;
 	/* HPACK decode scratch, shared: one header block is decoded at a time */
@@ -1034,8 +1046,12 @@ static int util_log_open(struct kvd *k, char *err, size_t errlen)
 	size_t n;
 	unsigned to = 0;
 
-	if (k->cfg.logger[0] && strcmp(k->cfg.logger, "capnslog") && strcmp(k->cfg.logger, "zap")) {
-		snprintf(err, errlen, "unknown logger type \"%.64s\" (want capnslog or zap)", k->cfg.logger);
+	if (k->cfg.logger[0] && !strcmp(k->cfg.logger, "capnslog")) { /* etcd 3.7's words */
+		snprintf(err, errlen, "--logger=capnslog is removed in v3.5");
+		return KVD_EINVAL;
+	}
+	if (k->cfg.logger[0] && strcmp(k->cfg.logger, "zap")) {
+		snprintf(err, errlen, "unknown logger option \"%.64s\"", k->cfg.logger);
 		return KVD_EINVAL;
 	}
 	for (e = o; *e; o = e + 1) { /* every name, the empty ones too ("stderr," is refused) */
@@ -1392,136 +1408,103 @@ static void buf_trim(struct kvd *k, struct kvd_buf *b, size_t keep)
 /*
  * Requests are checked before protobuf-c sees them.  protobuf-c unpacks a
  * nested message by recursing, so a TxnRequest nested a few thousand levels
- * deep (29 KB on the wire) would run any stack dry; and it is laxer than
- * etcd's decoders (a bool with the wrong wire type passes).  pb_check walks
- * the bytes once, without recursion (an explicit stack of PB_MAX_DEPTH
- * levels), and applies the checks of etcd's own decoder in the order it
- * applies them, so a malformed request gets etcd's text.  etcd has two:
+ * deep (29 KB on the wire) would run any stack dry; and it refuses some of
+ * what etcd's decoder takes.  etcd 3.7 decodes every message (its own and
+ * grpc-go's health service) with protobuf-go, in one pass that stops at the
+ * first fault:
  *
- *   gogo (etcdserverpb, mvccpb, authpb, v3lockpb, v3electionpb: generated
- *   Unmarshal methods) -- a known field with the wrong wire type is an error:
- *     proto: wrong wireType = 1 for field PrevKv
- *     proto: PutRequest: illegal tag 0 (wire type 2)
- *     proto: PutRequest: wiretype end group for non-group
- *     proto: illegal wireType 6             (skipping an unknown field)
- *     proto: integer overflow               (a varint of more than 10 bytes)
- *     proto: negative length found during unmarshaling
- *     unexpected EOF
- *   golang/protobuf 1.3 (grpc.health.v1, grpc-go's health service) -- a
- *   known field with the wrong wire type is skipped as unknown; any bad
- *   varint or length is "unexpected EOF"; then
- *     proto: grpc_health_v1.HealthCheckRequest: illegal tag 0 (wire type 2)
- *     proto: can't skip unknown wire type 4
- *     proto: field "grpc.health.v1.HealthCheckRequest.service" contains invalid UTF-8
+ *   - a known field with the wrong wire type is an unknown field, skipped;
+ *     so are groups (nested, each closed by its own field number);
+ *   - a field number of 0 or above 2^29-1 (MaxInt32 inside a group), a
+ *     varint of more than 10 bytes or with a 10th byte above 1, a length or
+ *     a fixed32/64 past the end, wire types 6 and 7, a stray end-group, a
+ *     packed run that does not end with its field:
+ *       proto: cannot parse invalid wire-format data
+ *   - a string field (proto3: singular or repeated) that is not UTF-8:
+ *       string field contains invalid UTF-8
  *
- * Only then does protobuf-c run, on bytes whose depth is bounded.  What etcd
- * skips and protobuf-c refuses (groups, mistyped fields the golang dialect
- * skips) is dropped from a top-level message first (pb_strip); a group
- * deeper down is refused, and said to be.  Only a Txn can nest
- * (TxnRequest -> RequestOp -> TxnRequest): two message levels per txn level,
- * so KVD_MAX_TXN_NEST levels of txns below the top one take PB_MAX_DEPTH.
- * etcd's own bound is --max-txn-ops levels (each level costs its parent one
- * op); kvd answers deeper ones as etcd answers those: "too many operations
- * in txn request".
+ * pb_check walks the bytes once in that order, without recursion (an
+ * explicit stack of PB_MAX_DEPTH levels), so a malformed request gets etcd's
+ * text.  What etcd skips and protobuf-c refuses -- a mistyped known field, a
+ * group, a tag or length prefix longer than the 5 bytes protobuf-c reads --
+ * sets PB_F_STRIP, and pb_strip rewrites the message at every depth without
+ * it (and without unknown fields, which etcd ignores).  The rewrite is never
+ * longer than the original: tags and byte lengths are written minimally,
+ * and a nested message's length keeps the width its original length needs,
+ * padded (protobuf-c takes a non-minimal varint of up to 5 bytes).
+ *
+ * Only a Txn can nest (TxnRequest -> RequestOp -> TxnRequest): two message
+ * levels per txn level, so KVD_MAX_TXN_NEST levels of txns below the top
+ * one take PB_MAX_DEPTH.  etcd's own bound is --max-txn-ops levels (each
+ * level costs its parent one op); kvd answers deeper ones as etcd answers
+ * those: "too many operations in txn request".
  */
 #ifndef KVD_MAX_TXN_NEST /* @@ txns nested inside a txn, below the top one (etcd: --max-txn-ops) */
 #define KVD_MAX_TXN_NEST 32
 #endif
 #define PB_MAX_DEPTH (2 * KVD_MAX_TXN_NEST + 3) /* + RequestOp and its Range/Put/Delete */
-#define PB_F_STRIP 1u      /* the top level holds fields protobuf-c cannot take: pb_strip them */
-#define PB_F_DEEP 2u       /* so does a message below it: unsupported */
+#define PB_MAX_GROUPS 32   /* nested groups kvd skips (protobuf-go: 10000) */
+#define PB_MAX_FIELD 536870911u
+#define PB_F_STRIP 1u      /* holds fields protobuf-c cannot take: pb_strip them */
+#define PB_E_WIRE "proto: cannot parse invalid wire-format data"
+#define PB_E_UTF8 "string field contains invalid UTF-8"
 
 static size_t json_utf8_len(const uint8_t *p, const uint8_t *end);
 
-/* gogo's CamelCase of a proto field name ("prev_kv" -> "PrevKv"). */
-static void pb_go_name(const char *s, char *out, size_t cap)
-{
-	size_t o = 0;
-
-	if (*s == '_' && o + 1 < cap) {
-		out[o++] = 'X';
-		s++;
-	}
-	for (; *s && o + 1 < cap; s++) {
-		char c = *s;
-		if (c == '_' && s[1] >= 'a' && s[1] <= 'z')
-			continue;
-		if (c >= 'a' && c <= 'z')
-			c = (char)(c - 'a' + 'A');
-		out[o++] = c;
-		while (s[1] >= 'a' && s[1] <= 'z' && o + 1 < cap)
-			out[o++] = *++s;
-	}
-	out[o] = 0;
-}
-
-/* A varint as etcd reads it.  gogo: up to 10 bytes ("integer overflow"),
- * the bits past 64 dropped.  golang: a 10th byte above 1 is as bad as a cut. */
-static const char *pb_varint(const uint8_t **pp, const uint8_t *end, uint64_t *v, int golang)
+/* protowire.ConsumeVarint: 10 bytes at most, the 10th at most 1. */
+static int pb_varint(const uint8_t **pp, const uint8_t *end, uint64_t *v)
 {
 	const uint8_t *p = *pp;
-	unsigned shift;
+	unsigned i;
 
 	*v = 0;
-	for (shift = 0;; shift += 7) {
-		if (shift >= 64 || (golang && shift == 63 && p < end && *p > 1))
-			return golang ? "unexpected EOF" : "proto: integer overflow";
-		if (p >= end)
-			return "unexpected EOF";
-		*v |= (uint64_t)(*p & 0x7f) << shift;
-		if (*p++ < 0x80)
-			break;
+	for (i = 0; i < 10; i++) {
+		if (p >= end || (i == 9 && *p > 1))
+			return -1;
+		*v |= (uint64_t)(*p & 0x7f) << (7 * i);
+		if (*p++ < 0x80) {
+			*pp = p;
+			return 0;
+		}
 	}
-	*pp = p;
-	return NULL;
+	return -1;
 }
 
 /* A length prefix and what it covers. */
-static const char *pb_len(const uint8_t **pp, const uint8_t *end, const uint8_t **body_end, int golang)
+static int pb_len(const uint8_t **pp, const uint8_t *end, const uint8_t **body_end)
 {
-	const char *e;
 	uint64_t n;
 
-	if ((e = pb_varint(pp, end, &n, golang)))
-		return e;
-	if ((n >> 63) && !golang)
-		return "proto: negative length found during unmarshaling";
-	if (n > (uint64_t)(end - *pp))
-		return "unexpected EOF";
+	if (pb_varint(pp, end, &n) || n > (uint64_t)(end - *pp))
+		return -1;
 	*body_end = *pp + n;
-	return NULL;
+	return 0;
 }
 
-/* Skip an unknown field whose tag (wire type wt) was just read.  Groups are
- * skipped to their end, nesting counted, never recursed. */
-static const char *pb_skip(const uint8_t **pp, const uint8_t *end, unsigned wt, int golang, int *group)
+/* protowire.ConsumeFieldValue for an unknown field (number num, wire type
+ * wt, its tag just read): groups to their own end, never recursing.
+ * Returns 0, -1 (malformed), or 1 (groups nested deeper than kvd follows). */
+static int pb_skip(const uint8_t **pp, const uint8_t *end, uint64_t num, unsigned wt)
 {
+	uint64_t open[PB_MAX_GROUPS], v;
 	const uint8_t *body;
-	const char *e;
-	uint64_t v, depth = 0;
+	unsigned depth = 0;
 
 	for (;;) {
 		switch (wt) {
-		case 0: e = pb_varint(pp, end, &v, golang); break;
-		case 1: e = end - *pp < 8 ? "unexpected EOF" : NULL; *pp += e ? 0 : 8; break;
-		case 2: e = pb_len(pp, end, &body, golang); *pp = e ? *pp : body; break;
-		case 3: e = NULL; depth++; *group = 1; break;
-		case 4:
-			if (!depth) /* golang cannot skip it; gogo never gets here (the caller caught it) */
-				return "proto: can't skip unknown wire type 4";
-			e = NULL;
-			depth--;
-			break;
-		case 5: e = end - *pp < 4 ? "unexpected EOF" : NULL; *pp += e ? 0 : 4; break;
-		default:
-			if (golang)
-				return wt == 6 ? "proto: can't skip unknown wire type 6" : "proto: can't skip unknown wire type 7";
-			return wt == 6 ? "proto: illegal wireType 6" : "proto: illegal wireType 7";
+		case 0: if (pb_varint(pp, end, &v)) return -1; break;
+		case 1: if (end - *pp < 8) return -1; *pp += 8; break;
+		case 2: if (pb_len(pp, end, &body)) return -1; *pp = body; break;
+		case 3: if (depth == PB_MAX_GROUPS) return 1; open[depth++] = num; break;
+		case 4: if (!depth || open[depth - 1] != num) return -1; depth--; break;
+		case 5: if (end - *pp < 4) return -1; *pp += 4; break;
+		default: return -1;
 		}
-		if (e || !depth)
-			return e;
-		if ((e = pb_varint(pp, end, &v, golang)))
-			return e;
+		if (!depth)
+			return 0;
+		if (pb_varint(pp, end, &v) || !(v >> 3) || (v >> 3) > 0x7fffffffu)
+			return -1;
+		num = v >> 3;
 		wt = (unsigned)(v & 7);
 	}
 }
@@ -1539,7 +1522,7 @@ static unsigned pb_wire_type(const ProtobufCFieldDescriptor *f)
 	}
 }
 
-/* A field's wire type as protobuf-c takes it (scalars may come packed). */
+/* A field's wire type as both decoders take it (scalars may come packed). */
 static int pb_wire_ok(const ProtobufCFieldDescriptor *f, unsigned wt)
 {
 	unsigned want = pb_wire_type(f);
@@ -1547,28 +1530,12 @@ static int pb_wire_ok(const ProtobufCFieldDescriptor *f, unsigned wt)
 	return wt == want || (wt == 2 && want != 2 && f->label == PROTOBUF_C_LABEL_REPEATED);
 }
 
-/* The decoder etcd uses for a message: golang/protobuf for grpc-go's health
- * service, gogo for all of etcd's own. */
-static int pb_golang(const ProtobufCMessageDescriptor *d)
+/* The descriptor's field for a tag, if a known one of the right wire type. */
+static const ProtobufCFieldDescriptor *pb_field(const ProtobufCMessageDescriptor *d, uint64_t tag)
 {
-	return d->package_name && !strcmp(d->package_name, "grpc.health.v1");
-}
+	const ProtobufCFieldDescriptor *f = protobuf_c_message_descriptor_get_field(d, (unsigned)(tag >> 3));
 
-/* The Go type of a message in error texts: gogo names the type alone;
- * golang its Go package too ("grpc_health_v1.HealthCheckRequest"). */
-static void pb_go_type(const ProtobufCMessageDescriptor *d, int golang, char *out, size_t cap)
-{
-	size_t n = d->package_name ? strlen(d->package_name) : 0, i;
-	const char *type = n && !strncmp(d->name, d->package_name, n) && d->name[n] == '.' ? d->name + n + 1 : d->name;
-
-	if (!golang || !n) {
-		snprintf(out, cap, "%s", type);
-		return;
-	}
-	snprintf(out, cap, "%.40s.%.38s", d->package_name, type); /* cap is 80: names are short */
-	for (i = 0; i < n && i < cap; i++)
-		if (out[i] == '.')
-			out[i] = '_';
+	return f && pb_wire_ok(f, (unsigned)(tag & 7)) ? f : NULL;
 }
 
 /*
@@ -1582,12 +1549,10 @@ static int pb_check(const ProtobufCMessageDescriptor *d, const uint8_t *p, size_
 	struct { const ProtobufCMessageDescriptor *d; const uint8_t *end; } st[PB_MAX_DEPTH];
 	const ProtobufCFieldDescriptor *f;
 	const uint8_t *body, *at;
-	const char *e = NULL, *utf8 = NULL;
-	char name[80];
-	unsigned depth = 0, wt;
-	int golang, group;
-	int32_t num;
+	const char *e = PB_E_WIRE;
+	unsigned depth = 0, wt, unit;
 	uint64_t tag, v;
+	int r;
 
 	*flags = 0;
 	if (max_depth > PB_MAX_DEPTH)
@@ -1596,113 +1561,147 @@ static int pb_check(const ProtobufCMessageDescriptor *d, const uint8_t *p, size_
 	st[0].end = n ? p + n : p; /* an empty message may come as NULL */
 	for (;;) {
 		while (p == st[depth].end) {
-			if (!depth) {
-				if (!utf8) /* golang reports bad UTF-8 last, once nothing worse was found */
-					return 0;
-				snprintf(why, whylen, "proto: field \"%s.%s\" contains invalid UTF-8", st[0].d->name, utf8);
-				return KVD_EPROTO;
-			}
+			if (!depth)
+				return 0;
 			depth--;
 		}
 		d = st[depth].d;
-		golang = pb_golang(d);
 		at = p;
-		if ((e = pb_varint(&p, st[depth].end, &tag, golang)))
+		if (pb_varint(&p, st[depth].end, &tag) || !(tag >> 3) || (tag >> 3) > PB_MAX_FIELD)
 			break;
-		num = (int32_t)(uint32_t)(tag >> 3); /* gogo: int32(wire >> 3) */
 		wt = (unsigned)(tag & 7);
-		if (!golang && wt == 4) {
-			pb_go_type(d, golang, name, sizeof name);
-			snprintf(why, whylen, "proto: %s: wiretype end group for non-group", name);
-			return KVD_EPROTO;
-		}
-		if (golang ? !(tag >> 3) : num <= 0) {
-			pb_go_type(d, golang, name, sizeof name);
-			snprintf(why, whylen, "proto: %s: illegal tag %d (wire type %llu)", name, (int)num,
-			         golang ? (unsigned long long)wt : (unsigned long long)tag);
-			return KVD_EPROTO;
-		}
-		f = tag >> 35 ? NULL : protobuf_c_message_descriptor_get_field(d, (unsigned)(tag >> 3));
-		if (f && !pb_wire_ok(f, wt)) {
-			if (!golang) {
-				pb_go_name(f->name, name, sizeof name);
-				snprintf(why, whylen, "proto: wrong wireType = %u for field %s", wt, name);
+		if (wt == 4) /* an end-group outside any group */
+			break;
+		*flags |= p - at > 5 ? PB_F_STRIP : 0; /* protobuf-c reads 5 tag bytes at most */
+		if (!(f = pb_field(d, tag))) { /* unknown, or known with the wrong wire type: skipped */
+			*flags |= wt == 3 || protobuf_c_message_descriptor_get_field(d, (unsigned)(tag >> 3)) ? PB_F_STRIP : 0;
+			if ((r = pb_skip(&p, st[depth].end, tag >> 3, wt)) > 0) {
+				snprintf(why, whylen, "kvd: groups nested deeper than %d are not supported", PB_MAX_GROUPS);
 				return KVD_EPROTO;
 			}
-			f = NULL; /* golang: skipped as an unknown field */
-			*flags |= depth ? 0 : PB_F_STRIP;
-		}
-		if (!f) { /* protobuf-c takes neither groups nor tags of more than 5 bytes */
-			group = p - at > 5;
-			if ((e = pb_skip(&p, st[depth].end, wt, golang, &group)))
+			if (r)
 				break;
-			*flags |= !group ? 0 : depth ? PB_F_DEEP : PB_F_STRIP;
 			continue;
 		}
 		if (wt == 0) {
-			e = pb_varint(&p, st[depth].end, &v, golang);
-		} else if (wt == 1 || wt == 5) {
-			e = st[depth].end - p < (wt == 1 ? 8 : 4) ? "unexpected EOF" : NULL;
-			p += e ? 0 : wt == 1 ? 8 : 4;
-		} else if (!(e = pb_len(&p, st[depth].end, &body, golang))) {
-			if (f->type == PROTOBUF_C_TYPE_MESSAGE) {
-				if (depth + 1 >= max_depth)
-					return KVD_ELIMIT;
-				depth++;
-				st[depth].d = f->descriptor;
-				st[depth].end = body;
-				continue;
-			}
-			if (pb_wire_type(f) == 0) { /* packed varints; gogo reads the last one up to the message's end */
-				while (!e && p < body)
-					e = pb_varint(&p, st[depth].end, &v, golang);
-				if (!e && p != body)
-					e = "unexpected EOF"; /* gogo would go on from there; protobuf-c cannot */
-			}
-			if (golang && f->type == PROTOBUF_C_TYPE_STRING && !utf8)
-				for (at = p; at < body; at += v)
-					if (!(v = json_utf8_len(at, body))) {
-						utf8 = f->name;
-						break;
-					}
-			p = e ? p : KVD_MAX(p, body);
+			if (pb_varint(&p, st[depth].end, &v))
+				break;
+			continue;
 		}
-		if (e)
+		if (wt == 1 || wt == 5) {
+			if (st[depth].end - p < (wt == 1 ? 8 : 4))
+				break;
+			p += wt == 1 ? 8 : 4;
+			continue;
+		}
+		at = p;
+		if (pb_len(&p, st[depth].end, &body))
 			break;
+		*flags |= p - at > 5 ? PB_F_STRIP : 0;
+		if (f->type == PROTOBUF_C_TYPE_MESSAGE) {
+			if (depth + 1 >= max_depth)
+				return KVD_ELIMIT;
+			depth++;
+			st[depth].d = f->descriptor;
+			st[depth].end = body;
+			continue;
+		}
+		if ((unit = pb_wire_type(f)) != 2) { /* a packed run: whole values up to its end */
+			while (p < body && (unit == 0 ? !pb_varint(&p, body, &v) : body - p >= (unit == 1 ? 8 : 4)))
+				p += unit == 0 ? 0 : unit == 1 ? 8 : 4;
+			if (p != body)
+				break;
+		} else if (f->type == PROTOBUF_C_TYPE_STRING) {
+			for (; p < body; p += v)
+				if (!(v = json_utf8_len(p, body))) {
+					e = PB_E_UTF8;
+					break;
+				}
+			if (p != body)
+				break;
+		}
+		p = body;
 	}
 	snprintf(why, whylen, "%s", e);
 	return KVD_EPROTO;
 }
 
+/* v as a varint of exactly w bytes (w >= its minimal width). */
+static uint8_t *pb_put_padded(uint8_t *o, uint64_t v, unsigned w)
+{
+	while (--w) {
+		*o++ = (uint8_t)(v | 0x80);
+		v >>= 7;
+	}
+	*o++ = (uint8_t)v;
+	return o;
+}
+
+static unsigned pb_varint_width(uint64_t v)
+{
+	unsigned w = 1;
+
+	while (v >>= 7)
+		w++;
+	return w;
+}
+
 /*
- * The top level of a message pb_check accepted, without what protobuf-c
- * cannot take and etcd skips (groups; fields of the wrong wire type in the
- * golang dialect), into out (n bytes at most).  Returns its length.
+ * A message pb_check accepted, rewritten at every depth with only what
+ * protobuf-c takes (known fields of their wire type), into out (n bytes at
+ * most).  Returns its length.
  */
 static size_t pb_strip(const ProtobufCMessageDescriptor *d, const uint8_t *p, size_t n, uint8_t *out)
 {
-	const uint8_t *end = p + n, *field;
+	struct { const ProtobufCMessageDescriptor *d; const uint8_t *end; size_t lenat; unsigned w; } st[PB_MAX_DEPTH];
 	const ProtobufCFieldDescriptor *f;
+	const uint8_t *val, *body;
+	unsigned depth = 0, wt;
+	uint64_t tag, v;
 	size_t o = 0;
-	uint64_t tag;
-	unsigned wt;
-	int group, golang = pb_golang(d);
 
-	while (p < end) {
-		field = p;
-		if (pb_varint(&p, end, &tag, golang))
-			break; /* cannot happen: pb_check read it */
-		wt = (unsigned)(tag & 7);
-		f = tag >> 35 ? NULL : protobuf_c_message_descriptor_get_field(d, (unsigned)(tag >> 3));
-		group = 0;
-		if (pb_skip(&p, end, wt, golang, &group))
-			break;
-		if (f && pb_wire_ok(f, wt) && !group) {
-			memcpy(out + o, field, (size_t)(p - field));
-			o += (size_t)(p - field);
+	st[0].d = d;
+	st[0].end = p + n;
+	for (;;) {
+		while (p == st[depth].end) {
+			if (!depth)
+				return o;
+			pb_put_padded(out + st[depth].lenat, o - st[depth].lenat - st[depth].w, st[depth].w);
+			depth--;
 		}
+		if (pb_varint(&p, st[depth].end, &tag))
+			return o; /* cannot happen: pb_check read it */
+		wt = (unsigned)(tag & 7);
+		if (!(f = pb_field(st[depth].d, tag))) {
+			if (pb_skip(&p, st[depth].end, tag >> 3, wt))
+				return o;
+			continue;
+		}
+		o = (size_t)(pb_put_padded(out + o, tag, pb_varint_width(tag)) - out);
+		val = p;
+		if (wt != 2) {
+			if (wt == 0 ? pb_varint(&p, st[depth].end, &v) : (p += wt == 1 ? 8 : 4, 0))
+				return o;
+			memcpy(out + o, val, (size_t)(p - val));
+			o += (size_t)(p - val);
+			continue;
+		}
+		if (pb_len(&p, st[depth].end, &body))
+			return o;
+		if (f->type == PROTOBUF_C_TYPE_MESSAGE && depth + 1 < PB_MAX_DEPTH) {
+			depth++;
+			st[depth].d = f->descriptor;
+			st[depth].end = body;
+			st[depth].lenat = o;
+			st[depth].w = pb_varint_width((uint64_t)(body - p));
+			o += st[depth].w;
+			continue;
+		}
+		o = (size_t)(pb_put_padded(out + o, (uint64_t)(body - p), pb_varint_width((uint64_t)(body - p))) - out);
+		memmove(out + o, p, (size_t)(body - p));
+		o += (size_t)(body - p);
+		p = body;
 	}
-	return o;
 }
 
 static void *pb_alloc(void *data, size_t n)
@@ -1753,7 +1752,7 @@ static int auth_open(struct kvd *k, char *err, size_t errlen);
 static void auth_step(struct kvd *k);
 static ProtobufCBinaryData *auth_name(ProtobufCMessage *m);
 static int auth_root(struct kvd *k, struct call *c, struct svc_err *e);
-static int auth_raw(struct svc_err *e);
+static int auth_need_user(struct kvd *k, struct call *c, struct auth_who *who, struct svc_err *e);
 static const char *auth_watch_reason(const struct svc_err *e);
 static void auth_init(struct kvd *k);
 static void auth_free(struct kvd *k);
@@ -3263,8 +3262,8 @@ static int mvcc_del(struct kvd *k, struct mvcc_txn *t, struct mvcc_key *r)
 }
 
 /*
- * Compaction in RAM.  Keys whose latest op is a tombstone <= rev leave the
- * index (with undo when a batch is open: they are freed once it is durable);
+ * Compaction in RAM.  Keys whose latest op is a tombstone < rev leave the
+ * index (etcd 3.5.16+ keeps a tombstone at rev itself, for watchers from rev) (with undo when a batch is open: they are freed once it is durable);
  * the statistics follow once the compaction is durable (mvcc_compact_stats).
  */
 static int mvcc_compact_index(struct kvd *k, struct mvcc *m, int64_t rev, int with_undo)
@@ -3273,7 +3272,7 @@ static int mvcc_compact_index(struct kvd *k, struct mvcc *m, int64_t rev, int wi
 	struct mvcc_key *r;
 
 	while ((r = mvcc_at(m, it))) {
-		if (!r->create && r->mod <= rev) {
+		if (!r->create && r->mod < rev) {
 			if (with_undo && mvcc_undo_push(k, m, r, MVCC_UNDO_REMOVED))
 				return KVD_ENOMEM;
 			m->reclaimable += mvcc_key_opsize(r);
@@ -3303,6 +3302,8 @@ static void mvcc_compact_stats(struct mvcc *m, int64_t rev)
 	}
 }
 
+static void snap_keep_hash(struct kvd *k, int64_t rev); /* section 9: HashKV's memory of compactions */
+
 /* Log a compaction to rev and apply it to the index. */
 static int mvcc_compact(struct kvd *k, int64_t rev)
 {
@@ -3314,6 +3315,7 @@ static int mvcc_compact(struct kvd *k, int64_t rev)
 		return KVD_EIO;
 	if (buf_reserve(k, &m->w, MVCC_COMPACT_REC_MAX))
 		return KVD_ENOMEM;
+	snap_keep_hash(k, rev);
 	if (mvcc_compact_index(k, m, rev, 1)) { /* put back what was taken */
 		while (m->nundo > nundo) {
 			struct mvcc_key *r = m->undo[--m->nundo].r;
@@ -5409,7 +5411,7 @@ static void life_fini(struct kvd *k)
 /* ===== 9. etcd's backend: snapshots, Hash, HashKV (snap_) =============== */
 
 /*
- * etcd 3.4 keeps its store in a bbolt file, and Maintenance/Snapshot sends
+ * etcd keeps its store in a bbolt file, and Maintenance/Snapshot sends
  * that file.  kvd keeps a log instead, so it makes the file etcd would have
  * -- page by page, as the client's window opens -- and `etcdctl snapshot
  * restore` turns it into an etcd data dir with every revision kept.  This
@@ -5434,9 +5436,10 @@ static void life_fini(struct kvd *k)
  * mvccpb.KeyValue, exactly the records etcd's backend would hold after the
  * compaction point C, the same selection as HashKV (below);  lease: id BE ->
  * leasepb.Lease {ID, TTL};  meta: consistent_index (the revision, etcd's
- * restore replaces it), finished/scheduledCompactRev when compacted;
+ * restore replaces it), finished/scheduledCompactRev when compacted, and
+ * etcd 3.5+'s term, confState {"voters":[id]} and storageVersion (3.7.0);
  * alarm: the active alarms;  members: this member as etcd's JSON;  cluster:
- * clusterVersion 3.4.0;  auth: authEnabled, authRevision;  authRoles,
+ * clusterVersion 3.7.0;  auth: authEnabled, authRevision;  authRoles,
  * authUsers: authpb.Role and authpb.User by name, as section 16 keeps them
  * (bcrypt hashes included);  members_removed: empty.
  *
@@ -5462,8 +5465,8 @@ static void life_fini(struct kvd *k)
  * big record's leaf), one 32 KiB chunk and the log reader's 64 KiB window.
  *
  * Hash is etcd's Maintenance.Hash over this same content -- each bucket's
- * name, then its keys and values in order, without meta/consistent_index --
- * so it is the hash of the snapshot kvd would send at that moment.
+ * name, then its keys and values in order, without meta's consistent_index,
+ * term and storageVersion (etcd 3.7's DefaultIgnores) -- so it is the hash of the snapshot kvd would send at that moment.
  */
 
 #define SNAP_PAGE 4096
@@ -5497,14 +5500,16 @@ static const char *const snap_bucket_names[SNAP_NBUCKETS] = {
  *
  * etcd's `key` bucket holds, in revision order, every record above the
  * compaction point C and, at or below it, only what compaction left: for
- * each key live at C, its newest record <= C.  kvd's log holds more than
+ * each key live at C, its newest record <= C, and (etcd 3.5.16+) the
+ * tombstones at exactly C, which HashKV skips.  kvd's log holds more than
  * that until a rewrite, so the records at or below C are chosen with a map
  * of the op each key had then (snap_ops_at).  A rewritten log's BASE ops
  * carry their sub-revisions in their prev field.
  */
 
-/* The op each index key had at rev, when it was live then, into h. */
-static int snap_ops_at(struct kvd *k, int64_t rev, struct life_map *h)
+/* The op each index key had at rev, when it was live then (or, with tombs,
+ * deleted at exactly rev), into h. */
+static int snap_ops_at(struct kvd *k, int64_t rev, struct life_map *h, int tombs)
 {
 	struct mvcc *m = &k->db;
 	struct mvcc_it it = {0, 0};
@@ -5515,7 +5520,7 @@ static int snap_ops_at(struct kvd *k, int64_t rev, struct life_map *h)
 	for (; (r = mvcc_at(m, it)); mvcc_next(m, &it)) {
 		if ((e = mvcc_op_at(m, r->op, rev, &op)) < 0)
 			return e;
-		if (e && op.kind == MVCC_OP_PUT && life_map_put(k, h, op.off + 1, 1))
+		if (e && (op.kind == MVCC_OP_PUT || (tombs && op.rev == rev)) && life_map_put(k, h, op.off + 1, 1))
 			return KVD_ENOMEM;
 	}
 	return 0;
@@ -5635,7 +5640,7 @@ static int snap_keys_crc(struct kvd *k, struct snap_keys *it, uint32_t *crc)
  * holds up to rev -- and, when some key is live at rev, of those at or below
  * C only those keys' newest records <= rev (etcd's keep, taken at rev).
  */
-static int snap_hashkv(struct kvd *k, int64_t rev, uint32_t *hash)
+static int snap_hashkv_real(struct kvd *k, int64_t rev, uint32_t *hash)
 {
 	struct mvcc *m = &k->db;
 	struct life_map atc = {NULL, 0, 0}, atrev = {NULL, 0, 0};
@@ -5645,7 +5650,7 @@ static int snap_hashkv(struct kvd *k, int64_t rev, uint32_t *hash)
 	int e;
 
 	snap_keys_init(&it, m->size + m->w.len, rev, c, NULL);
-	if ((e = snap_ops_at(k, rev, &atrev)) || (c >= 1 && (e = snap_ops_at(k, c, &atc))))
+	if ((e = snap_ops_at(k, rev, &atrev, 0)) || (c >= 1 && (e = snap_ops_at(k, c, &atc, 0))))
 		goto out;
 	it.sel = atrev.n ? &atrev : &atc;
 	e = snap_keys_crc(k, &it, &crc);
@@ -5655,6 +5660,40 @@ out:
 	kvd_free(k, atrev.v);
 	buf_free(k, &it.win);
 	return e < 0 ? e : 0;
+}
+
+static int snap_hashkv(struct kvd *k, int64_t rev, uint32_t *hash)
+{
+	if (rev < 1) /* nothing at or below 0: the bucket name alone */
+		return *hash = mvcc_crc32c(0, "key", 3), 0;
+	return snap_hashkv_real(k, rev, hash);
+}
+
+/*
+ * etcd 3.7 hashes the history a compaction to rev removes from -- HashKV(rev)
+ * just before it, with the previous compaction point -- and keeps the last
+ * 10 of them (in memory: a restart forgets them).  A later HashKV asking for
+ * exactly such a revision, 0 included, is answered from here, even below the
+ * compaction point.  A failed hash is not kept, as etcd's.
+ */
+static void snap_keep_hash(struct kvd *k, int64_t rev)
+{
+	struct mvcc *m = &k->db;
+	uint32_t h;
+	unsigned i;
+
+	if (snap_hashkv(k, rev, &h))
+		return;
+	if (m->nhashes == KVD_COUNT(m->hashes)) { /* the oldest by revision goes */
+		memmove(m->hashes, m->hashes + 1, (m->nhashes - 1) * sizeof m->hashes[0]);
+		m->nhashes--;
+	}
+	for (i = m->nhashes; i > 0 && m->hashes[i - 1].rev > rev; i--)
+		m->hashes[i] = m->hashes[i - 1];
+	m->hashes[i].hash = h;
+	m->hashes[i].compact = m->compacted;
+	m->hashes[i].rev = rev;
+	m->nhashes++;
 }
 
 /* ---- bbolt pages -------------------------------------------------------- */
@@ -5829,7 +5868,7 @@ static int snap_content(struct kvd *k, struct snap *s)
 	struct kvd_buf js = {0};
 	struct lease *l;
 	uint8_t b[32], *o;
-	char hex[24];
+	char hex[48];
 	size_t i, j;
 	unsigned x;
 	int e = 0;
@@ -5866,7 +5905,7 @@ static int snap_content(struct kvd *k, struct snap *s)
 			kvd_free(k, v);
 		}
 	}
-	e |= snap_small(k, s, 4, "clusterVersion", 14, "3.4.0", 5);
+	e |= snap_small(k, s, 4, "clusterVersion", 14, KVD_ETCD_CLUSTER, strlen(KVD_ETCD_CLUSTER));
 	json_put_raw(k, &js, "{\"id\":");
 	snprintf(hex, sizeof hex, "%llu", (unsigned long long)k->member_id);
 	json_put_raw(k, &js, hex);
@@ -5896,6 +5935,11 @@ static int snap_content(struct kvd *k, struct snap *s)
 	buf_free(k, &js);
 	put_be64(b, (uint64_t)s->rev);
 	e |= snap_small(k, s, 9, "consistent_index", 16, b, 8);
+	put_be64(b, SVC_RAFT_TERM); /* etcd 3.5+: with every consistent_index */
+	e |= snap_small(k, s, 9, "term", 4, b, 8);
+	e |= snap_small(k, s, 9, "storageVersion", 14, KVD_ETCD_CLUSTER, strlen(KVD_ETCD_CLUSTER));
+	snprintf(hex, sizeof hex, "{\"voters\":[%llu]}", (unsigned long long)k->member_id);
+	e |= snap_small(k, s, 9, "confState", 9, hex, strlen(hex)); /* etcd 3.7's json of raftpb.ConfState */
 	if (s->c >= 1) {
 		put_be64(b, (uint64_t)s->c);
 		b[8] = '_';
@@ -6020,7 +6064,7 @@ static int snap_plan(struct kvd *k, struct snap *s)
 
 	if ((e = snap_content(k, s)))
 		return e;
-	if (s->c >= 1 && (e = snap_ops_at(k, s->c, &s->sel)))
+	if (s->c >= 1 && (e = snap_ops_at(k, s->c, &s->sel, 1)))
 		return e;
 	snap_keys_init(&it, s->end, s->rev, s->c, &s->sel);
 	while ((e = snap_keys_next(k, &it, &op, rk, &kn)) == 1) {
@@ -6292,6 +6336,7 @@ static int snap_produce(struct kvd *k, struct snap *s, struct call *c)
 	if ((e = snap_chunk(k, s, &p, &n, &rem, &last)) <= 0)
 		return e;
 	rs.remaining_bytes = rem;
+	rs.version = (char *)KVD_ETCD_CLUSTER; /* the storage version, on every message (etcd 3.6+) */
 	rs.blob.data = (uint8_t *)(uintptr_t)p;
 	rs.blob.len = n;
 	if (call_send(k, c, &rs.base))
@@ -6364,8 +6409,15 @@ out:
 	return e;
 }
 
+/* etcd 3.7's DefaultIgnores: meta keys that change without a client. */
+static int snap_hash_ignores(const uint8_t *key, size_t n)
+{
+	return (n == 16 && !memcmp(key, "consistent_index", 16)) || (n == 4 && !memcmp(key, "term", 4)) ||
+	       (n == 14 && !memcmp(key, "storageVersion", 14));
+}
+
 /* etcd's Maintenance.Hash of the snapshot kvd would send now: CRC-32C over
- * each bucket's name, then its keys and values, without consistent_index. */
+ * each bucket's name, then its keys and values, but meta's ignored three. */
 static int snap_hash(struct kvd *k, uint32_t *hash)
 {
 	struct snap *s = kvd_calloc(k, sizeof *s);
@@ -6379,14 +6431,14 @@ static int snap_hash(struct kvd *k, uint32_t *hash)
 	if (!s)
 		return KVD_ENOMEM;
 	snap_keys_init(&it, 0, 0, 0, NULL);
-	if ((e = snap_content(k, s)) || (s->c >= 1 && (e = snap_ops_at(k, s->c, &s->sel))))
+	if ((e = snap_content(k, s)) || (s->c >= 1 && (e = snap_ops_at(k, s->c, &s->sel, 1))))
 		goto out;
 	for (b = 0; b < SNAP_NBUCKETS; b++) {
 		crc = mvcc_crc32c(crc, snap_bucket_names[b], strlen(snap_bucket_names[b]));
 		if (snap_kind(b) == SNAP_INLINE) {
 			for (i = s->first[b]; i < s->first[b] + s->n[b]; i++) {
 				const struct snap_kvref *r = &s->kv[i];
-				if (b == 9 && r->kn == 16 && !memcmp(s->arena.p + r->ko, "consistent_index", 16))
+				if (b == 9 && snap_hash_ignores(s->arena.p + r->ko, r->kn))
 					continue;
 				crc = mvcc_crc32c(crc, s->arena.p + r->ko, r->kn);
 				crc = mvcc_crc32c(crc, s->arena.p + r->vo, r->vn);
@@ -6412,8 +6464,8 @@ out:
 
 /* ---- reading bbolt: etcd's snapshots, imported ---------------------------
  *
- * `kvd --restore-snapshot FILE` makes a new store from an etcd 3.4 snapshot
- * (or from one kvd made).  The file is hostile until proven otherwise: the
+ * `kvd --restore-snapshot FILE` makes a new store from an etcd snapshot (3.4
+ * to 3.7, or one kvd made).  The file is hostile until proven otherwise: the
  * reader checks both metas (magic, version, FNV checksum), takes the page
  * size and page count from the valid one with the higher txid and refuses a
  * count the file cannot hold; every page it follows must lie in
@@ -9181,11 +9233,6 @@ static int call_decode(struct kvd *k, struct call *c, const uint8_t *p, size_t n
 		call_finish(k, c, GRPC_INTERNAL, "grpc: error unmarshalling request: %s", why);
 		return r;
 	}
-	if (flags & PB_F_DEEP) {
-		call_finish(k, c, GRPC_INTERNAL, "grpc: error unmarshalling request: %s",
-		            "kvd: unknown fields as groups or with over-long tags are not supported below the top level");
-		return KVD_EPROTO;
-	}
 	if (flags & PB_F_STRIP) { /* what etcd skips, protobuf-c would refuse */
 		uint8_t *copy = kvd_malloc(k, n ? n : 1);
 		if (!copy) {
@@ -9280,10 +9327,6 @@ static int call_route(struct kvd *k, struct call *c, const char *path, size_t pl
 	}
 	if ((known = svc_method_index(c->m)) >= 0)
 		k->st.grpc_started[known]++;
-	if (!c->m->on_msg) {
-		call_finish(k, c, GRPC_UNIMPLEMENTED, "kvd: %s is not implemented yet", c->m->path);
-		return KVD_EINVAL;
-	}
 	return 0;
 }
 
@@ -9437,9 +9480,15 @@ static void grpc_on_remote_close(struct kvd *k, struct h2_stream *s)
 /*
  * etcd sorts a Range's results with Go's sort.Sort, which is not stable:
  * keys that tie on the sort target come out in an order only its algorithm
- * decides.  This is Go 1.19's pattern-defeating quicksort, step for step
- * (pivot choice, the xorshift that breaks patterns, the insertion-sort
- * cut-offs), so ties come out exactly as etcd's do.
+ * decides.  This is Go 1.26's pattern-defeating quicksort (etcd 3.7.3 is
+ * built with Go 1.26), step for step (pivot choice, the xorshift that breaks
+ * patterns, the insertion-sort cut-offs, partialInsertionSort, the heapsort
+ * fallback), so ties come out exactly as etcd's do.  Go 1.19 introduced this
+ * algorithm and 1.26 differs from it only in that xorshift: 1.19 to 1.23
+ * shifted <<13, >>17, <<5 (a 32-bit generator's triple, golang/go#70144),
+ * later releases <<13, >>7, <<17.  The xorshift picks the elements swapped
+ * after an unbalanced partition, so inputs that never partition badly sort
+ * alike under both; in the others ties can come out differently.
  */
 /* RangeRequest's sort options, by name. */
 #define SORT_NONE ETCDSERVERPB__RANGE_REQUEST__SORT_ORDER__NONE
@@ -9634,13 +9683,13 @@ static void svc_gosort_break_patterns(struct gosort *g, size_t a, size_t b)
 
 	if (length < 8)
 		return;
-	r = length; /* Go 1.19's xorshift: <<13, >>17, <<5, seeded with the length */
+	r = length; /* Go 1.26's xorshift: <<13, >>7, <<17, seeded with the length */
 	modulus = (size_t)1 << svc_gosort_bitlen(length);
 	idx = a + (length / 4) * 2 - 1;
 	for (i = 0; i < 3; i++) {
 		r ^= r << 13;
-		r ^= r >> 17;
-		r ^= r << 5;
+		r ^= r >> 7;
+		r ^= r << 17;
 		other = (size_t)(r & (modulus - 1));
 		if (other >= length)
 			other -= length;
@@ -9764,13 +9813,12 @@ static void svc_gosort_ptrs(void **v, size_t n, int (*less)(const void *, const 
 /* ===== 14. Services: KV (svc_) ========================================== */
 
 /*
- * Semantics follow etcd 3.4 (etcdserver/apply.go, v3rpc/key.go, mvcc): error
+ * Semantics follow etcd 3.7 (etcdserver/txn, v3rpc/key.go, mvcc): error
  * texts byte for byte, the order checks run in, header revisions of
  * top-level and txn sub-responses, count before filters, and sorting with Go
- * 1.19's sort.Sort (pdqsort, not stable) so ties order exactly as etcd's do.
+ * 1.26's sort.Sort (pdqsort, not stable) so ties order exactly as etcd's do.
  */
 
-#define SVC_RAFT_TERM 2 /* what a fresh single-node etcd reports; kvd never elects */
 
 static void svc_header(struct kvd *k, Etcdserverpb__ResponseHeader *h, int with_revision)
 {
@@ -9957,7 +10005,8 @@ static int svc_range(struct kvd *k, const Etcdserverpb__RangeRequest *rq, int64_
 
 /*
  * Turn kvs into protobuf KeyValues.  Keys point into the index (valid until
- * the next write); values are read into one block from the pool.
+ * the next write); values are read into one block from the pool.  keys_only
+ * is svc_keys_only()'s: 1 leaves values out, 2 leases too.
  */
 static int svc_kvs(struct kvd *k, struct svc_pool *pl, const struct mvcc_kv *kv, size_t n, int keys_only,
                    Mvccpb__KeyValue ***out)
@@ -9982,7 +10031,7 @@ static int svc_kvs(struct kvd *k, struct svc_pool *pl, const struct mvcc_kv *kv,
 		v[i].create_revision = kv[i].create;
 		v[i].mod_revision = kv[i].mod;
 		v[i].version = kv[i].ver;
-		v[i].lease = kv[i].lease;
+		v[i].lease = keys_only == 2 ? 0 : kv[i].lease;
 		if (!keys_only && kv[i].vlen) {
 			if (mvcc_pread(&k->db, vals, kv[i].vlen, kv[i].voff))
 				return KVD_EIO;
@@ -9994,6 +10043,13 @@ static int svc_kvs(struct kvd *k, struct svc_pool *pl, const struct mvcc_kv *kv,
 	}
 	*out = pp;
 	return 0;
+}
+
+/* etcd 3.7's keys-only read comes from its index (no lease) unless it sorts
+ * by value, which reads the records. */
+static int svc_keys_only(const Etcdserverpb__RangeRequest *rq)
+{
+	return !rq->keys_only ? 0 : rq->sort_target == SORT_BY_VALUE ? 1 : 2;
 }
 
 /* ---- txn machinery shared by Put, DeleteRange and Txn -------------------- */
@@ -10011,7 +10067,7 @@ static int svc_range_op(struct kvd *k, struct svc_pool *pl, const struct mvcc_tx
 	int r;
 
 	r = svc_range(k, rq, svc_cur(k, t), &rr, e);
-	if (!r && svc_kvs(k, pl, rr.kv, rr.n, rq->keys_only, &rs->kvs))
+	if (!r && svc_kvs(k, pl, rr.kv, rr.n, svc_keys_only(rq), &rs->kvs))
 		r = svc_fail(e, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
 	if (!r) {
 		rs->n_kvs = rs->kvs ? rr.n : 0;
@@ -10148,11 +10204,21 @@ out:
  * KVD_MAX_TXN_NEST levels (the decoder bounded the recursion already). */
 static int svc_txn_check(const Etcdserverpb__TxnRequest *rq, long max, unsigned depth, struct svc_err *e);
 
+/* v3rpc checkRangeRequest: a key, and sort enums etcd knows (3.6+). */
+static int svc_range_check(const Etcdserverpb__RangeRequest *rq, struct svc_err *e)
+{
+	if (!rq->key.len)
+		return svc_fail(e, GRPC_INVALID_ARGUMENT, E_EMPTY_KEY);
+	if ((unsigned)rq->sort_order > SORT_DESCEND || (unsigned)rq->sort_target > SORT_BY_VALUE)
+		return svc_fail(e, GRPC_INVALID_ARGUMENT, E_BAD_SORT);
+	return 0;
+}
+
 static int svc_op_check(const Etcdserverpb__RequestOp *op, long max, unsigned depth, struct svc_err *e)
 {
 	switch (op->request_case) {
 	case ETCDSERVERPB__REQUEST_OP__REQUEST_REQUEST_RANGE:
-		return op->request_range->key.len ? 0 : svc_fail(e, GRPC_INVALID_ARGUMENT, E_EMPTY_KEY);
+		return svc_range_check(op->request_range, e);
 	case ETCDSERVERPB__REQUEST_OP__REQUEST_REQUEST_PUT: {
 		const Etcdserverpb__PutRequest *p = op->request_put;
 		if (!p->key.len)
@@ -10464,9 +10530,10 @@ static int svc_txn_path(struct kvd *k, const Etcdserverpb__TxnRequest *rq, struc
 	return 0;
 }
 
-/* checkRequests along the path: pass 0 checks puts (ignore_* keys, leases),
- * pass 1 range revisions; the first failure fails the whole txn. */
-static int svc_txn_precheck(struct kvd *k, const Etcdserverpb__TxnRequest *rq, struct svc_path *p, int pass,
+/* etcd 3.7's checkTxn along the path, one pass in op order (3.4 checked
+ * every put, then every range): a range's revision; a put's lease, then the
+ * key ignore_* needs.  The first failure fails the whole txn. */
+static int svc_txn_precheck(struct kvd *k, const Etcdserverpb__TxnRequest *rq, struct svc_path *p,
                             struct svc_err *e)
 {
 	Etcdserverpb__RequestOp **ops;
@@ -10478,15 +10545,15 @@ static int svc_txn_precheck(struct kvd *k, const Etcdserverpb__TxnRequest *rq, s
 	for (i = 0; i < n; i++) {
 		const Etcdserverpb__RequestOp *op = ops[i];
 		if (op->request_case == ETCDSERVERPB__REQUEST_OP__REQUEST_REQUEST_TXN) {
-			if (svc_txn_precheck(k, op->request_txn, p, pass, e))
+			if (svc_txn_precheck(k, op->request_txn, p, e))
 				return KVD_EINVAL;
-		} else if (pass == 0 && op->request_case == ETCDSERVERPB__REQUEST_OP__REQUEST_REQUEST_PUT) {
+		} else if (op->request_case == ETCDSERVERPB__REQUEST_OP__REQUEST_REQUEST_PUT) {
 			const Etcdserverpb__PutRequest *pr = op->request_put;
-			if ((pr->ignore_value || pr->ignore_lease) && !svc_live(k, &pr->key))
-				return svc_fail(e, GRPC_INVALID_ARGUMENT, E_KEY_NOT_FOUND);
 			if (pr->lease && !svc_lease_exists(k, pr->lease))
 				return svc_fail(e, GRPC_NOT_FOUND, E_LEASE_NOT_FOUND);
-		} else if (pass == 1 && op->request_case == ETCDSERVERPB__REQUEST_OP__REQUEST_REQUEST_RANGE) {
+			if ((pr->ignore_value || pr->ignore_lease) && !svc_live(k, &pr->key))
+				return svc_fail(e, GRPC_INVALID_ARGUMENT, E_KEY_NOT_FOUND);
+		} else if (op->request_case == ETCDSERVERPB__REQUEST_OP__REQUEST_REQUEST_RANGE) {
 			int64_t rev = op->request_range->revision;
 			if (rev > k->db.rev)
 				return svc_fail(e, GRPC_OUT_OF_RANGE, E_FUTURE_REV);
@@ -10654,8 +10721,8 @@ static void svc_range_rpc(struct kvd *k, struct call *s)
 	struct svc_err e = {0, NULL};
 	struct auth_who who;
 
-	if (!rq->key.len)
-		svc_fail(&e, GRPC_INVALID_ARGUMENT, E_EMPTY_KEY);
+	if (svc_range_check(rq, &e))
+		;
 	else if (auth_who(k, s, &who, &e) || auth_may(k, &who, &rq->key, &rq->range_end, AUTH_R, &e))
 		;
 	else if (!svc_range_op(k, &pl, NULL, rq, &rs, &e)) {
@@ -10788,10 +10855,7 @@ static int svc_txn_do(struct kvd *k, struct call *s, const Etcdserverpb__TxnRequ
 		svc_fail(e, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
 		goto out;
 	}
-	if (!ro && svc_txn_precheck(k, rq, &path, 0, e))
-		goto out;
-	path.at = 0;
-	if (svc_txn_precheck(k, rq, &path, 1, e))
+	if (svc_txn_precheck(k, rq, &path, e))
 		goto out;
 	path.at = 0;
 	if (ro) {
@@ -10833,9 +10897,8 @@ static void svc_compact_rpc(struct kvd *k, struct call *s)
 	Etcdserverpb__CompactionResponse rs = ETCDSERVERPB__COMPACTION_RESPONSE__INIT;
 	Etcdserverpb__ResponseHeader h;
 	struct svc_err e = {0, NULL};
-	struct auth_who who;
 
-	if (auth_who(k, s, &who, &e)) /* a token must be good; no permission is needed (etcd 3.4) */
+	if (auth_root(k, s, &e)) /* etcd 3.7: root only */
 		;
 	else if (svc_too_large(k, s->raw.n))
 		svc_fail(&e, GRPC_INVALID_ARGUMENT, E_TOO_LARGE);
@@ -10943,7 +11006,7 @@ static void svc_rstream_chunk(struct kvd *k, struct call *s)
 	if (got.n) {
 		const struct mvcc_key *lk = got.kv[got.n - 1].r;
 		uint8_t *nl = kvd_realloc(k, st->last, lk->klen ? lk->klen : 1);
-		if (!nl || svc_kvs(k, &pl, got.kv, got.n, rq->keys_only, &rr.kvs)) {
+		if (!nl || svc_kvs(k, &pl, got.kv, got.n, svc_keys_only(rq), &rr.kvs)) {
 			if (nl)
 				st->last = nl;
 			call_finish(k, s, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
@@ -10982,16 +11045,14 @@ static void svc_rangestream_rpc(struct kvd *k, struct call *s)
 	int64_t rev;
 
 	rev = rq->revision;
-	if (!rq->key.len)
-		call_finish(k, s, GRPC_INVALID_ARGUMENT, "%s", E_EMPTY_KEY);
-	else if (auth_who(k, s, &who, &e) || auth_may(k, &who, &rq->key, &rq->range_end, AUTH_R, &e))
+	if (svc_range_check(rq, &e))
 		call_finish(k, s, e.code, "%s", e.msg);
-	else if (rq->sort_order > SORT_DESCEND || rq->sort_target > SORT_BY_VALUE)
-		call_finish(k, s, GRPC_INVALID_ARGUMENT, "%s", E_BAD_SORT);
 	else if (rq->sort_order != SORT_NONE && !(rq->sort_target == SORT_BY_KEY && rq->sort_order == SORT_ASCEND))
 		call_finish(k, s, GRPC_UNIMPLEMENTED, "RangeStream does not support custom sort orders");
 	else if (rq->min_mod_revision || rq->max_mod_revision || rq->min_create_revision || rq->max_create_revision)
 		call_finish(k, s, GRPC_UNIMPLEMENTED, "RangeStream does not support revision filters");
+	else if (auth_who(k, s, &who, &e) || auth_may(k, &who, &rq->key, &rq->range_end, AUTH_R, &e))
+		call_finish(k, s, e.code, "%s", e.msg);
 	else if (rev > k->db.rev)
 		call_finish(k, s, GRPC_OUT_OF_RANGE, "%s", E_FUTURE_REV);
 	else if (rev > 0 && rev < k->db.compacted)
@@ -11052,7 +11113,7 @@ static void svc_lease_grant_rpc(struct kvd *k, struct call *s)
 
 	id = rq->id;
 	ttl = KVD_MAX(rq->ttl, k->lease.min_ttl); /* 0 and negative too, as etcd */
-	if (auth_who(k, s, &who, &e)) /* a token must be good; no permission is needed (etcd 3.4) */
+	if (auth_need_user(k, s, &who, &e)) /* a user; no permission (etcd 3.7) */
 		;
 	else if (svc_too_large(k, s->raw.n))
 		svc_fail(&e, GRPC_INVALID_ARGUMENT, E_TOO_LARGE);
@@ -11081,7 +11142,7 @@ static void svc_lease_revoke_rpc(struct kvd *k, struct call *s)
 	struct lease *l;
 	struct auth_who who;
 
-	if (auth_who(k, s, &who, &e))
+	if (auth_need_user(k, s, &who, &e))
 		;
 	else if (svc_too_large(k, s->raw.n))
 		svc_fail(&e, GRPC_INVALID_ARGUMENT, E_TOO_LARGE);
@@ -11100,13 +11161,22 @@ static void svc_lease_revoke_rpc(struct kvd *k, struct call *s)
 }
 
 /* LeaseKeepAlive: one answer per request; an unknown lease gets TTL 0 and
- * no error, as etcd.  Renewals are not logged (see section 7). */
+ * no error, as etcd.  Renewals are not logged (see section 7).  With auth
+ * on (etcd 3.7's checkLeaseRenew) a user renews only leases whose keys it
+ * may write; a refusal ends the stream with its error. */
 static void svc_lease_keepalive_msg(struct kvd *k, struct call *s)
 {
 	const Etcdserverpb__LeaseKeepAliveRequest *rq = (const void *)s->rq;
 	Etcdserverpb__LeaseKeepAliveResponse rs = ETCDSERVERPB__LEASE_KEEP_ALIVE_RESPONSE__INIT;
 	Etcdserverpb__ResponseHeader h;
+	struct svc_err e = {0, NULL};
+	struct auth_who who;
 	struct lease *l;
+
+	if (auth_need_user(k, s, &who, &e) || auth_lease_keys(k, &who, rq->id, AUTH_W, &e)) {
+		call_finish(k, s, e.code, "%s", e.msg);
+		return;
+	}
 
 	svc_header(k, &h, 1); /* filled before the renewal, as etcd */
 	rs.header = &h;
@@ -11139,12 +11209,12 @@ static void svc_lease_ttl_rpc(struct kvd *k, struct call *s)
 	rs.header = &h;
 	rs.id = rq->id;
 	rs.ttl = -1; /* unknown: TTL -1, granted 0, no error */
-	if (svc_too_large(k, s->raw.n)) {
+	if (auth_need_user(k, s, &who, &e)) {
+		; /* etcd 3.7: a user; key names need read on each */
+	} else if (svc_too_large(k, s->raw.n)) {
 		svc_fail(&e, GRPC_INVALID_ARGUMENT, E_TOO_LARGE);
-	} else if (rq->keys && k->auth.enabled &&
-	           (auth_who(k, s, &who, &e) || (!who.name && svc_fail(&e, GRPC_INVALID_ARGUMENT, E_USER_EMPTY)) ||
-	            auth_lease_keys(k, &who, rq->id, AUTH_R, &e))) {
-		; /* key names need read on each (later etcd releases, not 3.4.23) */
+	} else if (rq->keys && auth_lease_keys(k, &who, rq->id, AUTH_R, &e)) {
+		;
 	} else if ((l = svc_lease_live(k, rq->id))) {
 		rs.ttl = (l->deadline - k->now) / 1000; /* whole seconds left, truncated as etcd */
 		rs.grantedttl = l->ttl;
@@ -11189,11 +11259,18 @@ static void svc_lease_leases_rpc(struct kvd *k, struct call *s)
 	struct lease_reg *g = &k->lease;
 	struct lease **v, *l;
 	Etcdserverpb__LeaseStatus *st;
+	struct auth_who who;
 	size_t i, nl = 0;
 
 	svc_header(k, &h, 1);
 	rs.header = &h;
-	if (g->n) {
+	if (auth_need_user(k, s, &who, &e)) /* etcd 3.7: a user, who may read every leased key */
+		;
+	else if (k->auth.enabled && auth_admin(k, &who, &e))
+		for (e.msg = NULL, i = 0; g->n && i <= g->mask && !e.msg; i++)
+			for (l = g->tab[i]; l && !auth_lease_keys(k, &who, l->id, AUTH_R, &e); l = l->hnext)
+				;
+	if (!e.msg && g->n) {
 		v = svc_alloc(&pl, g->n * sizeof *v);
 		st = svc_alloc(&pl, g->n * sizeof *st);
 		rs.leases = svc_alloc(&pl, g->n * sizeof *rs.leases);
@@ -11219,7 +11296,7 @@ static void svc_lease_leases_rpc(struct kvd *k, struct call *s)
 /* ===== 16. Auth: users, roles, permissions, tokens (auth_, svc_auth_) ==== */
 
 /*
- * etcd 3.4's authentication, for a store one box serves.  State: a flag
+ * etcd 3.7's authentication, for a store one box serves.  State: a flag
  * (enabled), the auth revision (bumped by every change that can take a
  * right away), users (authpb.User: name, bcrypt hash, sorted roles,
  * no_password) and roles (authpb.Role: name, key permissions sorted by key).
@@ -11263,21 +11340,22 @@ static void svc_lease_leases_rpc(struct kvd *k, struct call *s)
  * from /dev/urandom (getrandom's pool), 52 per character by rejection, so
  * about 91 bits per token.  Tokens are RAM only, as etcd's: a restart ends
  * them.  Deleting a user or changing its password ends that user's tokens;
- * disabling auth ends every token.  A token nobody knows is an error even
- * while auth is off (as etcd: "invalid auth token").  With
- * --client-cert-auth, a call without a token is its client certificate's
- * CN.  With --auth-token jwt,... tokens are etcd's signed JWTs instead
+ * disabling auth ends every token.  With auth on, a token nobody knows is
+ * an error ("invalid auth token"); with it off, etcd 3.7 looks at no token
+ * (3.4 refused a dead one either way).  With --client-cert-auth, a call
+ * without a token is its client certificate's CN.  With --auth-token jwt,... tokens are etcd's signed JWTs instead
  * (below): nothing is kept, the signature and expiry are checked.
  *
- * Checks follow etcd 3.4's (auth/store.go, etcdserver/apply_auth.go):
- * admin calls need the root role; a key op needs a permission of its type
- * whose intervals, merged, cover the request (a point needs an interval
- * that holds it); root may do anything.  Errors and their order are
- * etcd's.  Three deliberate differences, each where 3.4 lets a user see
- * more than its permissions (later etcd releases closed the first two):
- * a nested txn's ops are checked like the outer ones, LeaseTimeToLive with
- * keys needs read on every attached key, and a watch from a key
- * (range_end "\0") needs read on the whole interval, not only on the key.
+ * Checks follow etcd 3.7's (server/auth/store.go, etcdserver/apply/auth.go,
+ * v3rpc): admin calls need the root role; a key op needs a permission of
+ * its type whose intervals, merged, cover the request (a point needs an
+ * interval that holds it); root may do anything.  Errors and their order
+ * are etcd's.  3.7 closed the holes 3.4 had, and kvd with it: a txn's ops
+ * are checked at every depth as top-level ones (a put's lease keys and
+ * prev_kv too), LeaseTimeToLive with keys needs read on every attached
+ * key, a watch from a key (range_end "\0") needs read on the whole
+ * interval; Compact, MoveLeader, Downgrade and changing alarms need root,
+ * Status, MemberList, listing alarms and every lease RPC a user.
  */
 
 #define AUTH_ROOT "root"
@@ -12469,9 +12547,10 @@ static void auth_jwt_free(struct kvd *k)
 
 /* ---- who is calling, and may they ------------------------------------------- */
 
-/* What etcd's AuthInfoFromCtx finds: the user a token names, else (with
- * --client-cert-auth) the client certificate's CN, else nobody (*who NULL).
- * A token that is not live is an error, auth on or off. */
+/* What etcd's AuthInfoFromCtx finds: with auth on, the user a token names
+ * (a token that is not live is an error); else (with --client-cert-auth)
+ * the client certificate's CN; else nobody (*who NULL).  Auth off, etcd 3.7
+ * looks at no token at all (3.4 refused a dead one either way). */
 static int auth_who(struct kvd *k, struct call *c, struct auth_who *w, struct svc_err *e)
 {
 	const char *t = call_meta(c, "token"), *cn;
@@ -12483,6 +12562,10 @@ static int auth_who(struct kvd *k, struct call *c, struct auth_who *w, struct sv
 	w->rev = 0;
 	if (!t)
 		t = call_meta(c, "authorization");
+	if (!k->auth.enabled)
+		t = NULL;
+	if (t && !strncmp(t, "Bearer ", 7)) /* etcd 3.7 strips it */
+		t += 7;
 	if (t && k->auth.jwt) {
 		if (auth_jwt_check(k, t, &w->rev))
 			return svc_fail(e, GRPC_UNAUTHENTICATED, E_INVALID_TOKEN);
@@ -12518,29 +12601,22 @@ static int auth_admin(struct kvd *k, const struct auth_who *w, struct svc_err *e
 	return auth_has_role(u, AUTH_ROOT) ? 0 : svc_fail(e, GRPC_PERMISSION_DENIED, E_PERM_DENIED);
 }
 
-/* The Maintenance service hands the auth package's own errors to gRPC
- * unconverted (etcd 3.4): code Unknown, "auth: " where the texts clients
- * know say "etcdserver: ".  Returns KVD_EINVAL, e converted. */
-static int auth_raw(struct svc_err *e)
-{
-	static const char *const raw[][2] = {
-		{E_USER_EMPTY, "auth: user name is empty"}, {E_INVALID_TOKEN, "auth: invalid auth token"},
-		{E_USER_NOT_FOUND, "auth: user name not found"}, {E_PERM_DENIED, "auth: permission denied"},
-	};
-	size_t i;
-
-	for (i = 0; i < KVD_COUNT(raw); i++)
-		if (!strcmp(e->msg, raw[i][0]))
-			return svc_fail(e, GRPC_UNKNOWN, raw[i][1]);
-	return KVD_EINVAL;
-}
-
-/* Maintenance's check (etcd's authMaintenanceServer): the caller is root. */
+/* etcd's AuthAdmin.isPermitted: the caller is root (etcd 3.7 maps the
+ * errors; 3.4's Maintenance sent them raw, code Unknown). */
 static int auth_root(struct kvd *k, struct call *c, struct svc_err *e)
 {
 	struct auth_who who;
 
-	return auth_who(k, c, &who, e) || auth_admin(k, &who, e) ? auth_raw(e) : 0;
+	return auth_who(k, c, &who, e) || auth_admin(k, &who, e) ? KVD_EINVAL : 0;
+}
+
+/* etcd 3.7's requireAuthInfo (Status, MemberList, Alarm GET, leases): with
+ * auth on, any caller with a name -- a live token, or a certificate's CN. */
+static int auth_need_user(struct kvd *k, struct call *c, struct auth_who *who, struct svc_err *e)
+{
+	if (auth_who(k, c, who, e))
+		return KVD_EINVAL;
+	return k->auth.enabled && !who->nlen ? svc_fail(e, GRPC_INVALID_ARGUMENT, E_USER_EMPTY) : 0;
 }
 
 /* A watch's cancel_reason for a refused create: the gRPC error as Go
@@ -12615,7 +12691,7 @@ static void auth_perm_iv(const Authpb__Permission *p, struct auth_iv *v)
  * empty range is permitted -- depends on where the red-black insertion put
  * each one.  The tree is built here the way etcd builds a user's cache: the
  * user's roles in order, each role's permissions in order, the same
- * insertion (ties on begin go right), fix-up and rotations, with the
+ * insertion (ties on begin ordered by end, as etcd 3.7's), fix-up and rotations, with the
  * subtree maxima updated at exactly the points etcd updates them (its
  * update stops early, so a different order gives different maxima).
  * Nodes are indices; 0 is the black sentinel.  Only built for such queries
@@ -12702,7 +12778,16 @@ static void auth_rb_rotate(struct auth_rbt *T, uint32_t x, int dir)
 	auth_rb_max(T, y);
 }
 
-/* Insert node z (its interval set): ordered by begin, ties to the right. */
+/* Where z goes below x: left (1) when its begin is lower, or (etcd 3.7's
+ * adt; 3.4 sent every tie right) the same begin and a lower end. */
+static int auth_rb_left(const struct auth_rbn *t, uint32_t z, uint32_t x)
+{
+	int c = auth_bound_cmp(t[z].iv.b, t[z].iv.bn, 0, t[x].iv.b, t[x].iv.bn, 0);
+
+	return c < 0 || (!c && auth_bound_cmp(t[z].iv.e, t[z].iv.en, t[z].iv.ez, t[x].iv.e, t[x].iv.en, t[x].iv.ez) < 0);
+}
+
+/* Insert node z (its interval set), ordered as auth_rb_left says. */
 static void auth_rb_insert(struct auth_rbt *T, uint32_t z)
 {
 	struct auth_rbn *t = T->t;
@@ -12716,13 +12801,13 @@ static void auth_rb_insert(struct auth_rbt *T, uint32_t z)
 	t[z].l = t[z].r = 0;
 	while (x) {
 		y = x;
-		x = auth_bound_cmp(t[z].iv.b, t[z].iv.bn, 0, t[x].iv.b, t[x].iv.bn, 0) < 0 ? t[x].l : t[x].r;
+		x = auth_rb_left(t, z, x) ? t[x].l : t[x].r;
 	}
 	t[z].p = y;
 	if (!y) {
 		T->root = z;
 	} else {
-		if (auth_bound_cmp(t[z].iv.b, t[z].iv.bn, 0, t[y].iv.b, t[y].iv.bn, 0) < 0)
+		if (auth_rb_left(t, z, y))
 			t[y].l = z;
 		else
 			t[y].r = z;
@@ -12852,7 +12937,8 @@ static int auth_covers_tree(struct kvd *k, const Authpb__User *u, const struct a
  * WRITE) cover [key, end) -- or hold key, end empty?  etcd's checkKeyPoint
  * and checkKeyInterval over its interval tree: without the tree where its
  * shape cannot matter, with it where it can -- an inverted range asked
- * about, or an inverted permission (3.4 stores them) among the user's. */
+ * about, or an inverted permission among the user's (etcd 3.4 stored them;
+ * a store from then may still hold some). */
 static int auth_covers(struct kvd *k, const Authpb__User *u, const ProtobufCBinaryData *key,
                        const ProtobufCBinaryData *end, int type)
 {
@@ -12948,8 +13034,8 @@ static int auth_may(struct kvd *k, const struct auth_who *w, const ProtobufCBina
 	return svc_fail(e, GRPC_PERMISSION_DENIED, E_PERM_DENIED);
 }
 
-/* etcd's checkTxnAuth: every compare, then each branch's ops in order (and,
- * unlike 3.4, the ops of nested txns). */
+/* etcd 3.7's checkTxnPermission: every compare, then each branch's ops in
+ * order, nested txns' too (3.4 stopped at the top level). */
 static int auth_txn(struct kvd *k, const struct auth_who *who, const Etcdserverpb__TxnRequest *rq, struct svc_err *e)
 {
 	size_t i, b;
@@ -12969,8 +13055,10 @@ static int auth_txn(struct kvd *k, const struct auth_who *who, const Etcdserverp
 			case ETCDSERVERPB__REQUEST_OP__REQUEST_REQUEST_RANGE:
 				r = auth_may(k, who, &op->request_range->key, &op->request_range->range_end, AUTH_R, e);
 				break;
-			case ETCDSERVERPB__REQUEST_OP__REQUEST_REQUEST_PUT:
-				r = auth_may(k, who, &op->request_put->key, NULL, AUTH_W, e);
+			case ETCDSERVERPB__REQUEST_OP__REQUEST_REQUEST_PUT: /* etcd 3.7's checkPutAuth, at every depth */
+				r = auth_may(k, who, &op->request_put->key, NULL, AUTH_W, e) ||
+				    auth_lease_keys(k, who, op->request_put->lease, AUTH_W, e) ||
+				    (op->request_put->prev_kv && auth_may(k, who, &op->request_put->key, NULL, AUTH_R, e));
 				break;
 			case ETCDSERVERPB__REQUEST_OP__REQUEST_REQUEST_DELETE_RANGE:
 				if (op->request_delete_range->prev_kv)
@@ -13313,12 +13401,18 @@ static void svc_auth_disable(struct kvd *k, struct call *s)
 	auth_answer(k, s, &rs.base, &rs.header, &e);
 }
 
-/* AuthStatus (etcd 3.5): answered as 3.5 does, to anyone. */
+/* AuthStatus: etcd 3.7 answers anyone (3.5 and 3.6: root), but a token
+ * sent must be live, as for every request etcd proposes. */
 static void svc_auth_status(struct kvd *k, struct call *s)
 {
 	Etcdserverpb__AuthStatusResponse rs = ETCDSERVERPB__AUTH_STATUS_RESPONSE__INIT;
 	struct svc_err e = {0, NULL};
+	struct auth_who who;
 
+	if (auth_who(k, s, &who, &e)) {
+		call_finish(k, s, e.code, "%s", e.msg);
+		return;
+	}
 	rs.enabled = k->auth.enabled;
 	rs.authrevision = k->auth.rev;
 	auth_answer(k, s, &rs.base, &rs.header, &e);
@@ -13636,6 +13730,8 @@ static void svc_auth_role_get(struct kvd *k, struct call *s)
 	const Etcdserverpb__AuthRoleGetRequest *rq = (const void *)s->rq;
 	Etcdserverpb__AuthRoleGetResponse rs = ETCDSERVERPB__AUTH_ROLE_GET_RESPONSE__INIT;
 	struct svc_err e = {0, NULL};
+	static const uint8_t nul = 0;
+	Authpb__Permission all = AUTHPB__PERMISSION__INIT, *pall = &all;
 	const Authpb__Role *r;
 	struct auth_who who;
 
@@ -13645,7 +13741,13 @@ static void svc_auth_role_get(struct kvd *k, struct call *s)
 		; /* one's own role, or root */
 	else if (!(r = auth_role(k, rq->role)))
 		svc_fail(&e, GRPC_FAILED_PRECONDITION, E_ROLE_NOT_FOUND);
-	else {
+	else if (!strcmp(rq->role, AUTH_ROOT)) { /* etcd 3.5+: root shows what it may, every key */
+		all.permtype = AUTHPB__PERMISSION__TYPE__READWRITE;
+		all.range_end.data = (uint8_t *)&nul;
+		all.range_end.len = 1;
+		rs.perm = &pall;
+		rs.n_perm = 1;
+	} else {
 		rs.perm = r->keypermission;
 		rs.n_perm = r->n_keypermission;
 	}
@@ -13698,8 +13800,19 @@ static void svc_auth_role_delete(struct kvd *k, struct call *s)
 	auth_answer(k, s, &rs.base, &rs.header, &e);
 }
 
-/* etcd's permSlice.Less: by key alone (ties keep their place in 3.4.23's
- * sort of a nearly sorted slice, not by any rule: hence Go's sort here) */
+/* etcd's isValidPermissionRange: a key, and an end above it, "\0" (from
+ * the key on) or none (the key alone). */
+static int auth_perm_valid(const Authpb__Permission *p)
+{
+	if (!p->key.len)
+		return 0;
+	if (!p->range_end.len || (p->range_end.len == 1 && !p->range_end.data[0]))
+		return 1;
+	return auth_cmp(p->key.data, p->key.len, p->range_end.data, p->range_end.len) < 0;
+}
+
+/* etcd's permSlice.Less: by key alone (ties keep their place in Go's sort
+ * of a nearly sorted slice, not by any rule: hence Go's sort here) */
 static int auth_perm_less(const void *a, const void *b)
 {
 	const Authpb__Permission *x = a, *y = b;
@@ -13721,10 +13834,12 @@ static void svc_auth_role_grant(struct kvd *k, struct call *s)
 
 	if (auth_who(k, s, &who, &e) || auth_admin(k, &who, &e))
 		;
-	else if (!(role = auth_role(k, rq->name)))
-		svc_fail(&e, GRPC_FAILED_PRECONDITION, E_ROLE_NOT_FOUND);
 	else if (!rq->perm)
 		svc_fail(&e, GRPC_INVALID_ARGUMENT, E_PERM_NOT_GIVEN);
+	else if (!auth_perm_valid(rq->perm)) /* etcd 3.5.8+: stored ranges are never inverted */
+		svc_fail(&e, GRPC_INVALID_ARGUMENT, E_INVALID_AUTH_MGMT);
+	else if (!(role = auth_role(k, rq->name)))
+		svc_fail(&e, GRPC_FAILED_PRECONDITION, E_ROLE_NOT_FOUND);
 	else if (!(v = kvd_malloc(k, (role->n_keypermission + 1) * sizeof *v)))
 		svc_fail(&e, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
 	else {
@@ -13865,17 +13980,107 @@ static void svc_health_watch_shutdown(struct kvd *k, struct call *s)
 		call_send(k, s, &rs.base);
 }
 
-/* Maintenance/Status, with the fields etcd 3.4 sets (leader = self); errors
- * are the alarms, as etcd's AlarmMember prints itself. */
+/*
+ * Downgrade (etcd 3.5+).  A one-member etcd 3.7 validates a target one minor
+ * below its cluster version; ENABLE records it, and at its next version
+ * monitor tick (<= 4 s) the cluster and storage versions drop to it; CANCEL
+ * always succeeds and the versions climb back.  kvd follows at once and
+ * keeps the state in memory only: it never runs an older binary, so a
+ * restart is the end of any downgrade.  svc_cluster_version() is what
+ * /version, Status, snapshots and the answers here report.
+ */
+static const char *svc_cluster_version(const struct kvd *k)
+{
+	return k->downgrade ? "3.6.0" : KVD_ETCD_CLUSTER;
+}
+
+static void svc_downgrade_info(const struct kvd *k, Etcdserverpb__DowngradeInfo *di)
+{
+	di->enabled = k->downgrade;
+	di->targetversion = k->downgrade ? (char *)"3.6.0" : (char *)"";
+}
+
+/* coreos/go-semver's NewVersion, or it with ".0" appended (convertToClusterVersion):
+ * major and minor of X.Y[.Z[-pre][+build]]; -1 when neither parses. */
+static int svc_semver_mm(const char *v, long *maj, long *min)
+{
+	const char *p = v;
+	long x[3] = {0, 0, 0};
+	int i;
+
+	for (i = 0; i < 3; i++) {
+		if (i && *p++ != '.')
+			return -1;
+		if (!(*p >= '0' && *p <= '9'))
+			return -1;
+		for (; *p >= '0' && *p <= '9'; p++)
+			if ((x[i] = x[i] * 10 + (*p - '0')) > 1000000000L)
+				return -1;
+		if (i == 1 && !*p)
+			break; /* X.Y */
+	}
+	if (i == 3 && *p && !((*p == '-' || *p == '+') && p[1]))
+		return -1; /* X.Y.Z, then nothing or a pre-release / build suffix */
+	*maj = x[0];
+	*min = x[1];
+	return 0;
+}
+
+static void svc_downgrade(struct kvd *k, struct call *s)
+{
+	const Etcdserverpb__DowngradeRequest *rq = (const void *)s->rq;
+	Etcdserverpb__DowngradeResponse rs = ETCDSERVERPB__DOWNGRADE_RESPONSE__INIT;
+	Etcdserverpb__ResponseHeader h;
+	struct svc_err e = {0, NULL};
+	long maj = 0, min = 0, cmaj = 3, cmin = k->downgrade ? 6 : 7;
+	char cv[16];
+	int act = rq->action;
+
+	if (auth_root(k, s, &e))
+		;
+	else if (svc_too_large(k, s->raw.n))
+		svc_fail(&e, GRPC_INVALID_ARGUMENT, E_TOO_LARGE);
+	else if (act == ETCDSERVERPB__DOWNGRADE_REQUEST__DOWNGRADE_ACTION__CANCEL)
+		k->downgrade = 0; /* 3.6+: never an error, "no inflight downgrade job" is only logged */
+	else if (act != ETCDSERVERPB__DOWNGRADE_REQUEST__DOWNGRADE_ACTION__VALIDATE &&
+	         act != ETCDSERVERPB__DOWNGRADE_REQUEST__DOWNGRADE_ACTION__ENABLE)
+		svc_fail(&e, GRPC_UNKNOWN, "etcdserver: unknown method");
+	else if (svc_semver_mm(rq->version ? rq->version : "", &maj, &min))
+		svc_fail(&e, GRPC_INVALID_ARGUMENT, "etcdserver: wrong downgrade target version format");
+	else if (maj != cmaj || min != cmin - 1)
+		svc_fail(&e, GRPC_INVALID_ARGUMENT, "etcdserver: invalid downgrade target version");
+	else if (k->downgrade)
+		svc_fail(&e, GRPC_FAILED_PRECONDITION, "etcdserver: cluster has a downgrade job in progress");
+	if (!e.msg) {
+		snprintf(cv, sizeof cv, "3.%ld", cmin); /* the cluster version before this call */
+		if (act == ETCDSERVERPB__DOWNGRADE_REQUEST__DOWNGRADE_ACTION__ENABLE)
+			k->downgrade = 1;
+		svc_header(k, &h, 1);
+		rs.header = &h;
+		rs.version = cv;
+	}
+	svc_end(k, s, &rs.base, &e);
+}
+
+/* Maintenance/Status, with the fields etcd 3.7 sets (leader = self; the
+ * downgrade info always present, if empty); errors are the alarms, as
+ * etcd's AlarmMember prints itself (3.7's prototext: no trailing space). */
 static void svc_status(struct kvd *k, struct call *s)
 {
 	Etcdserverpb__StatusResponse rs = ETCDSERVERPB__STATUS_RESPONSE__INIT;
+	Etcdserverpb__DowngradeInfo di = ETCDSERVERPB__DOWNGRADE_INFO__INIT;
 	Etcdserverpb__ResponseHeader h;
 	char text[MVCC_MAX_ALARMS][64], *errs[MVCC_MAX_ALARMS];
+	struct svc_err e = {0, NULL};
+	struct auth_who who;
 	unsigned i;
 
+	if (auth_need_user(k, s, &who, &e)) {
+		call_finish(k, s, e.code, "%s", e.msg);
+		return;
+	}
 	for (i = 0; i < k->db.nalarms; i++) {
-		snprintf(text[i], sizeof text[i], "memberID:%llu alarm:%s ", (unsigned long long)k->db.alarms[i].member,
+		snprintf(text[i], sizeof text[i], "memberID:%llu alarm:%s", (unsigned long long)k->db.alarms[i].member,
 		         life_alarm_name(k->db.alarms[i].type));
 		errs[i] = text[i];
 	}
@@ -13890,10 +14095,15 @@ static void svc_status(struct kvd *k, struct call *s)
 	rs.raftindex = (uint64_t)k->db.rev;
 	rs.raftappliedindex = (uint64_t)k->db.rev;
 	rs.raftterm = SVC_RAFT_TERM;
+	rs.storageversion = (char *)svc_cluster_version(k);
+	rs.dbsizequota = k->cfg.quota_backend_bytes ? (int64_t)k->cfg.quota_backend_bytes : (int64_t)LIFE_DEFAULT_QUOTA;
+	svc_downgrade_info(k, &di);
+	rs.downgradeinfo = &di;
 	call_reply(k, s, &rs.base);
 }
 
-/* Maintenance/HashKV: etcd 3.4's hash of the key history (section 9). */
+/* Maintenance/HashKV: etcd 3.7's hash of the key history (section 9); the
+ * compaction point itself may be hashed. */
 static void svc_hashkv(struct kvd *k, struct call *s)
 {
 	const Etcdserverpb__HashKVRequest *rq = (const void *)s->rq;
@@ -13901,13 +14111,24 @@ static void svc_hashkv(struct kvd *k, struct call *s)
 	Etcdserverpb__ResponseHeader h;
 	struct svc_err e = {0, NULL};
 	uint32_t hash = 0;
+	unsigned i;
 	int r;
 
+	for (i = 0; i < k->db.nhashes && k->db.hashes[i].rev != rq->revision; i++)
+		;
 	if (auth_root(k, s, &e))
 		;
 	else if (svc_too_large(k, s->raw.n))
 		svc_fail(&e, GRPC_INVALID_ARGUMENT, E_TOO_LARGE);
-	else if (rq->revision > 0 && rq->revision <= k->db.compacted) /* etcd: the compacted one too */
+	else if (i < k->db.nhashes) { /* kept at that compaction (section 9) */
+		svc_header(k, &h, 1);
+		rs.header = &h;
+		rs.hash = k->db.hashes[i].hash;
+		rs.compact_revision = k->db.hashes[i].compact;
+		rs.hash_revision = k->db.hashes[i].rev;
+		svc_end(k, s, &rs.base, &e);
+		return;
+	} else if (rq->revision > 0 && rq->revision < k->db.compacted)
 		svc_fail(&e, GRPC_OUT_OF_RANGE, E_COMPACTED);
 	else if (rq->revision > k->db.rev)
 		svc_fail(&e, GRPC_OUT_OF_RANGE, E_FUTURE_REV);
@@ -13919,11 +14140,12 @@ static void svc_hashkv(struct kvd *k, struct call *s)
 		rs.header = &h;
 		rs.hash = hash;
 		rs.compact_revision = k->db.compacted;
+		rs.hash_revision = rq->revision ? rq->revision : k->db.rev;
 	}
 	svc_end(k, s, &rs.base, &e);
 }
 
-/* Maintenance/Hash: etcd 3.4's hash of its backend (section 9). */
+/* Maintenance/Hash: etcd 3.7's hash of its backend (section 9). */
 static void svc_hash(struct kvd *k, struct call *s)
 {
 	Etcdserverpb__HashResponse rs = ETCDSERVERPB__HASH_RESPONSE__INIT;
@@ -13996,14 +14218,16 @@ static void svc_alarm(struct kvd *k, struct call *s)
 	const Etcdserverpb__AlarmRequest *rq = (const void *)s->rq;
 	Etcdserverpb__AlarmResponse rs = ETCDSERVERPB__ALARM_RESPONSE__INIT;
 	Etcdserverpb__AlarmMember am[MVCC_MAX_ALARMS], *pam[MVCC_MAX_ALARMS];
+	Etcdserverpb__ResponseHeader h;
 	struct svc_err e = {0, NULL};
 	struct mvcc *m = &k->db;
 	unsigned i, n = 0, type = (unsigned)rq->alarm;
 	struct auth_who who;
 	int r;
 
-	if (auth_who(k, s, &who, &e)) { /* a token must be good; no permission is needed (etcd 3.4) */
-		auth_raw(&e);
+	if (rq->action == ETCDSERVERPB__ALARM_REQUEST__ALARM_ACTION__GET ? auth_need_user(k, s, &who, &e)
+	                                                                 : auth_root(k, s, &e)) {
+		(void)0; /* etcd 3.7: a user lists, root changes */
 	} else if (svc_too_large(k, s->raw.n)) {
 		svc_fail(&e, GRPC_INVALID_ARGUMENT, E_TOO_LARGE);
 	} else if (rq->action == ETCDSERVERPB__ALARM_REQUEST__ALARM_ACTION__GET) {
@@ -14039,7 +14263,9 @@ static void svc_alarm(struct kvd *k, struct call *s)
 			s->wrote = r == 1;
 		}
 	}
-	if (!e.msg) { /* no header: etcd 3.4's Alarm answers without one */
+	if (!e.msg) { /* with a header since etcd 3.5 */
+		svc_header(k, &h, 1);
+		rs.header = &h;
 		rs.n_alarms = n;
 		rs.alarms = n ? pam : NULL;
 	}
@@ -14051,15 +14277,30 @@ static void svc_alarm(struct kvd *k, struct call *s)
 static void svc_defrag_answer(struct kvd *k, struct call *c, int code, const char *msg)
 {
 	Etcdserverpb__DefragmentResponse rs = ETCDSERVERPB__DEFRAGMENT_RESPONSE__INIT;
-	Etcdserverpb__ResponseHeader h;
 
 	if (code != GRPC_OK) {
 		call_finish(k, c, code, "%s", msg);
 		return;
 	}
-	svc_header(k, &h, 1);
-	rs.header = &h;
-	call_reply(k, c, &rs.base);
+	call_reply(k, c, &rs.base); /* no header: etcd 3.7's answer is empty */
+}
+
+/* Maintenance/MoveLeader: kvd leads alone, so the move to itself is done at
+ * once and any other member (a learner, or none) is a bad transferee, as
+ * etcd 3.7 answers.  Root only. */
+static void svc_move_leader(struct kvd *k, struct call *s)
+{
+	const Etcdserverpb__MoveLeaderRequest *rq = (const void *)s->rq;
+	Etcdserverpb__MoveLeaderResponse rs = ETCDSERVERPB__MOVE_LEADER_RESPONSE__INIT;
+	struct svc_err e = {0, NULL};
+
+	if (auth_root(k, s, &e))
+		;
+	else if (svc_too_large(k, s->raw.n))
+		svc_fail(&e, GRPC_INVALID_ARGUMENT, E_TOO_LARGE);
+	else if (rq->targetid != k->member_id)
+		svc_fail(&e, GRPC_FAILED_PRECONDITION, "etcdserver: bad leader transferee");
+	svc_end(k, s, &rs.base, &e);
 }
 
 static void svc_defrag(struct kvd *k, struct call *s)
@@ -14131,7 +14372,13 @@ static void svc_member_list(struct kvd *k, struct call *s)
 	Etcdserverpb__MemberListResponse rs = ETCDSERVERPB__MEMBER_LIST_RESPONSE__INIT;
 	Etcdserverpb__ResponseHeader h;
 	Etcdserverpb__Member m[SVC_MAX_MEMBERS + 1], *mp[SVC_MAX_MEMBERS + 1];
+	struct svc_err e = {0, NULL};
+	struct auth_who who;
 
+	if (auth_need_user(k, s, &who, &e)) { /* etcd 3.7; linearizable or not, one member answers the same */
+		call_finish(k, s, e.code, "%s", e.msg);
+		return;
+	}
 	svc_header(k, &h, 0);
 	rs.header = &h;
 	rs.n_members = svc_members(k, m, mp);
@@ -14143,14 +14390,14 @@ static void svc_member_list(struct kvd *k, struct call *s)
 
 /*
  * kvd is one member and stays one.  The membership RPCs answer as a
- * one-node etcd 3.4 answers the same requests (checks, order, codes and
+ * one-node etcd 3.7 answers the same requests (checks, order, codes and
  * texts measured against it; ids made as etcd makes them), with one
  * exception: etcd accepts a voting member -- and then has no quorum until
  * that member starts, which here it never would -- so kvd refuses it with
  * the words etcd uses when a reconfiguration would leave too few started
  * members.  A learner (etcd takes one at a time) is listed until removed;
  * promoting it fails as etcd fails for a learner that is not in sync;
- * updating it lists it as a voter from then on, as etcd 3.4 does.
+ * updating it keeps it a learner, as etcd 3.6.12+ does (3.4 made it a voter).
  * MemberUpdate of kvd itself changes the peer URLs MemberList reports.
  * These changes live in memory: after a restart the flags say who kvd is
  * (etcd keeps them in its backend).
@@ -14383,11 +14630,10 @@ static void svc_member_update(struct kvd *k, struct call *s)
 			cfg_free_list(k, k->peer_urls, k->npeer_urls);
 			k->peer_urls = u;
 			k->npeer_urls = (unsigned)rq->n_peerurls;
-		} else { /* etcd 3.4 writes the member back without its learner flag */
+		} else { /* a learner stays one (etcd 3.4 dropped the flag; 3.6.12 fixed that) */
 			cfg_free_list(k, x->urls, x->n);
 			x->urls = u;
 			x->n = (unsigned)rq->n_peerurls;
-			x->learner = 0;
 		}
 		svc_header(k, &h, 0);
 		rs.header = &h;
@@ -14506,9 +14752,8 @@ static void svc_test_stream(struct kvd *k, struct call *s)
 
 /*
  * Every method kvd knows, by service, with its request and response types
- * (the JSON gateway and the fuzzers use them too).  A NULL on_msg answers
- * Unimplemented ("kvd: ... is not implemented yet"); unknown paths get
- * grpc-go's texts.
+ * (the JSON gateway and the fuzzers use them too).  Every one has its
+ * handler (the unit tests check it); unknown paths get grpc-go's texts.
  */
 #define PB(name) &name##__descriptor
 /* ---- Lock and Election: etcd's concurrency recipes, served (lock_) ------- */
@@ -15133,8 +15378,8 @@ static const struct grpc_method svc_maintenance[] = {
 	{"/etcdserverpb.Maintenance/Hash", GRPC_UNARY, PB(etcdserverpb__hash_request), PB(etcdserverpb__hash_response), svc_hash, NULL, NULL, NULL, NULL},
 	{"/etcdserverpb.Maintenance/HashKV", GRPC_UNARY, PB(etcdserverpb__hash_kvrequest), PB(etcdserverpb__hash_kvresponse), svc_hashkv, NULL, NULL, NULL, NULL},
 	{"/etcdserverpb.Maintenance/Snapshot", GRPC_SERVER_STREAM, PB(etcdserverpb__snapshot_request), PB(etcdserverpb__snapshot_response), svc_snapshot_rpc, NULL, svc_snapshot_close, svc_snapshot_produce, NULL},
-	{"/etcdserverpb.Maintenance/MoveLeader", GRPC_UNARY, PB(etcdserverpb__move_leader_request), PB(etcdserverpb__move_leader_response), NULL, NULL, NULL, NULL, NULL},
-	{"/etcdserverpb.Maintenance/Downgrade", GRPC_UNARY, PB(etcdserverpb__downgrade_request), PB(etcdserverpb__downgrade_response), NULL, NULL, NULL, NULL, NULL},
+	{"/etcdserverpb.Maintenance/MoveLeader", GRPC_UNARY, PB(etcdserverpb__move_leader_request), PB(etcdserverpb__move_leader_response), svc_move_leader, NULL, NULL, NULL, NULL},
+	{"/etcdserverpb.Maintenance/Downgrade", GRPC_UNARY, PB(etcdserverpb__downgrade_request), PB(etcdserverpb__downgrade_response), svc_downgrade, NULL, NULL, NULL, NULL},
 };
 static const struct grpc_method svc_auth[] = {
 	{"/etcdserverpb.Auth/AuthEnable", GRPC_UNARY, PB(etcdserverpb__auth_enable_request), PB(etcdserverpb__auth_enable_response), svc_auth_enable, NULL, NULL, NULL, NULL},
@@ -15329,6 +15574,7 @@ struct watch {
 	struct watch *gprev, *gnext;   /* the list of range and from-key watchers */
 	int64_t id, seq;               /* watch id on its stream; creation order */
 	int64_t next;                  /* first revision it still owes its client */
+	int64_t start;                 /* the start_revision asked for (0: none) */
 	uint64_t next_off;             /* catch-up: log offset to read next (0: look it up) */
 	uint32_t next_gen;             /* the log's generation next_off belongs to */
 	uint32_t klen, elen;
@@ -15747,13 +15993,11 @@ static int watch_emit_live(struct kvd *k, struct watch *w, const struct watch_hi
 	return 0;
 }
 
-/* Does this event interest w (filters; tombstones at the compaction point
- * are gone from etcd's history, so catch-up skips them too)? */
-static int watch_wants(const struct kvd *k, const struct watch *w, const struct watch_ev *e, int catchup)
+/* Does this event interest w (filters)?  A watcher from the compaction
+ * point gets its tombstones: etcd 3.5.16+ keeps them. */
+static int watch_wants(const struct watch *w, const struct watch_ev *e)
 {
 	if (e->type == MVCC_OP_PUT ? w->noput : w->nodelete)
-		return 0;
-	if (catchup && e->type == MVCC_OP_DEL && e->rev <= k->db.compacted)
 		return 0;
 	return e->rev >= w->next;
 }
@@ -15813,12 +16057,12 @@ static void watch_match(struct kvd *k, int ev)
 				continue; /* no prefix watcher of this length */
 			for (w = g->tab[watch_hash(e->key, l) & g->mask]; w; w = w->hnext)
 				if (w->klen == l && w->synced && (w->kind == WATCH_PREFIX || l == e->klen) &&
-				    !memcmp(w->key, e->key, l) && watch_wants(k, w, e, 0))
+				    !memcmp(w->key, e->key, l) && watch_wants(w, e))
 					watch_add_hit(k, w, ev);
 		}
 	}
 	for (w = g->ranges; w; w = w->gnext)
-		if (w->synced && watch_matches(w, e->key, e->klen) && watch_wants(k, w, e, 0))
+		if (w->synced && watch_matches(w, e->key, e->klen) && watch_wants(w, e))
 			watch_add_hit(k, w, ev);
 }
 
@@ -15938,7 +16182,7 @@ static int watch_take_events(struct kvd *k, struct watch *w, struct svc_pool *pl
 		Mvccpb__Event *e;
 		Mvccpb__KeyValue *kv;
 		uint8_t *kb;
-		if (!watch_matches(w, x->key, x->klen) || !watch_wants(k, w, x, 1))
+		if (!watch_matches(w, x->key, x->klen) || !watch_wants(w, x))
 			continue;
 		if (l->n == l->cap) {
 			size_t nc = l->cap ? l->cap * 2 : 64;
@@ -15976,7 +16220,7 @@ static int watch_any(struct kvd *k, const struct watch *w)
 	size_t i;
 
 	for (i = 0; i < k->watch.nevs; i++)
-		if (watch_matches(w, k->watch.evs[i].key, k->watch.evs[i].klen) && watch_wants(k, w, &k->watch.evs[i], 1))
+		if (watch_matches(w, k->watch.evs[i].key, k->watch.evs[i].klen) && watch_wants(w, &k->watch.evs[i]))
 			return 1;
 	return 0;
 }
@@ -16160,7 +16404,11 @@ static void watch_create(struct kvd *k, struct call *s, struct watch_stream *ws,
 	int64_t id = c->watch_id;
 	int kind;
 
-	{ /* etcd's isWatchPermitted, first: no error, a created+canceled answer */
+	if (c->start_revision < 0) { /* etcd 3.5.24+: no watcher, an answer as for compacted history */
+		watch_reply_ctrl(k, s, -1, 1, 1, E_COMPACTED);
+		return;
+	}
+	{ /* etcd's isWatchPermitted: no error, a created+canceled answer */
 		struct svc_err e = {0, NULL};
 		struct auth_who who;
 		ProtobufCBinaryData kb, eb;
@@ -16235,6 +16483,7 @@ static void watch_create(struct kvd *k, struct call *s, struct watch_stream *ws,
 	w->prev_kv = c->prev_kv;
 	w->progress = c->progress_notify;
 	w->fragment = c->fragment;
+	w->start = c->start_revision;
 	w->next = c->start_revision ? c->start_revision : mvcc_after(k->db.rev_durable);
 	w->synced = !c->start_revision || w->next > k->db.rev_durable; /* (the same but at the last revision) */
 	if (watch_register(k, w)) {
@@ -16252,6 +16501,19 @@ static void watch_create(struct kvd *k, struct call *s, struct watch_stream *ws,
 		ws->progress_at = k->now + k->cfg.watch_progress_notify_ms;
 		loop_arm(k, ws->progress_at);
 	}
+}
+
+/* etcd 3.7 answers a progress request only when the stream has watchers,
+ * each caught up (a compacted one never is again) and none waiting for a
+ * future start revision.  Events already due were queued before it. */
+static int watch_all_synced(const struct kvd *k, const struct watch_stream *ws)
+{
+	size_t i;
+
+	for (i = 0; i < ws->n; i++)
+		if (ws->w[i]->dead || !ws->w[i]->synced || ws->w[i]->start > k->db.rev_durable)
+			return 0;
+	return ws->n > 0;
 }
 
 static void watch_on_msg(struct kvd *k, struct call *s)
@@ -16284,7 +16546,8 @@ static void watch_on_msg(struct kvd *k, struct call *s)
 		}
 		break;
 	case ETCDSERVERPB__WATCH_REQUEST__REQUEST_UNION_PROGRESS_REQUEST:
-		watch_reply_ctrl(k, s, -1, 0, 0, NULL); /* etcd 3.4: at once, watch_id -1 */
+		if (watch_all_synced(k, ws)) /* else dropped, not deferred (etcd 3.7's progressIfSync) */
+			watch_reply_ctrl(k, s, -1, 0, 0, NULL);
 		break;
 	default:
 		break; /* etcd ignores what it does not know */
@@ -16330,7 +16593,7 @@ static void watch_timers(struct kvd *k)
 			struct watch *w = ws->w[i];
 			if (!w->progress || w->dead)
 				continue;
-			if (!w->sent && w->synced && !ws->s->finished) {
+			if (!w->sent && w->synced && w->start <= k->db.rev_durable && !ws->s->finished) {
 				Etcdserverpb__WatchResponse r = ETCDSERVERPB__WATCH_RESPONSE__INIT;
 				Etcdserverpb__ResponseHeader h;
 				watch_header(k, &h, k->db.rev_durable);
@@ -17003,6 +17266,14 @@ static KVD_UNUSED void json_write(struct kvd *k, struct kvd_buf *b, const struct
  * JSON in is encoded straight to protobuf bytes, so a gateway request meets
  * exactly the decoder (and its checks) a gRPC request meets; answers are
  * the messages a gRPC client would get, unpacked and written here.
+ *
+ * etcd 3.7 moved to grpc-gateway v2 and protojson.  The visible shape of
+ * good requests and answers is the same (section 22 writes v2's error
+ * bodies and routes); what is still jsonpb's here, and so differs from
+ * 3.7, is the words for malformed JSON, duplicate members (protojson
+ * refuses them), unknown enum names (protojson drops them), URL-safe
+ * base64 (protojson takes it) and HTML escaping in unary answers (protojson
+ * does none).  test/gateway.py prints each such case.
  */
 
 #define JSON_PB_WHY 192
@@ -19539,6 +19810,46 @@ static void confd_close(struct kvd *k) { (void)k; }
 
 /* ===== 21. TLS: a transport under any protocol (tls_) ================== */
 
+/* --tls-min-version / --tls-max-version, checked as etcd 3.7 checks them
+ * (its words); 2 is TLS 1.2, 3 TLS 1.3.  TLS 1.3 needs an mbedtls that has
+ * it (3.x with MBEDTLS_SSL_PROTO_TLS1_3): as a minimum it is refused
+ * otherwise, as a maximum it means "the newest this build has". */
+static int tls_check_versions(const struct kvd_config *cfg, int *min, int *max, char *err, size_t errlen)
+{
+	const char *v[2] = {cfg->tls_min_version, cfg->tls_max_version};
+	int n[2] = {2, 3}, i;
+
+	for (i = 0; i < 2; i++) {
+		if (!v[i] || !v[i][0])
+			continue;
+		if (strcmp(v[i], "TLS1.2") && strcmp(v[i], "TLS1.3")) {
+			snprintf(err, errlen, "unexpected TLS version \"%.32s\" (must be one of: TLS1.2, TLS1.3)", v[i]);
+			return KVD_EINVAL;
+		}
+		n[i] = v[i][5] == '2' ? 2 : 3;
+	}
+	if (n[0] > n[1]) {
+		snprintf(err, errlen, "min version (%s) is greater than max version (%s)", v[0], v[1]);
+		return KVD_EINVAL;
+	}
+	if (n[0] == 3 && cfg->cipher_suites && cfg->cipher_suites[0]) {
+		snprintf(err, errlen, "cipher suites cannot be configured when only TLS1.3 is enabled");
+		return KVD_EINVAL;
+	}
+#if !defined(MBEDTLS_SSL_PROTO_TLS1_3)
+	if (n[0] == 3) {
+		snprintf(err, errlen, "--tls-min-version TLS1.3: this kvd's mbedtls has no TLS 1.3");
+		return KVD_EINVAL;
+	}
+	n[1] = 2;
+#endif
+	if (min)
+		*min = n[0];
+	if (max)
+		*max = n[1];
+	return 0;
+}
+
 /*
  * An https:// listener's connections get the TLS transport instead of the
  * plain one; above it nothing changes -- the first decrypted bytes choose the
@@ -19743,7 +20054,7 @@ static int tls_cfg_load(struct kvd *k, struct tls_cfg **out, char *err, size_t e
 {
 	const struct kvd_config *cfg = &k->cfg;
 	struct tls_cfg *t = kvd_calloc(k, sizeof *t);
-	int r, n = 0;
+	int r, n = 0, vmin = 2, vmax = 2;
 
 	*out = NULL;
 	if (!t) {
@@ -19824,7 +20135,11 @@ static int tls_cfg_load(struct kvd *k, struct tls_cfg **out, char *err, size_t e
 #else
 	mbedtls_ssl_conf_curves(&t->conf, t->curves);
 #endif
-	mbedtls_ssl_conf_min_version(&t->conf, MBEDTLS_SSL_MAJOR_VERSION_3, MBEDTLS_SSL_MINOR_VERSION_3);
+	if (tls_check_versions(cfg, &vmin, &vmax, err, errlen))
+		goto fail;
+	/* TLS 1.2 at least, as etcd 3.7 (its --tls-min-version default) */
+	mbedtls_ssl_conf_min_version(&t->conf, MBEDTLS_SSL_MAJOR_VERSION_3, vmin == 3 ? 4 : MBEDTLS_SSL_MINOR_VERSION_3);
+	mbedtls_ssl_conf_max_version(&t->conf, MBEDTLS_SSL_MAJOR_VERSION_3, vmax == 3 ? 4 : MBEDTLS_SSL_MINOR_VERSION_3);
 #ifdef MBEDTLS_SSL_RENEGOTIATION /* a small mbedtls has none to turn off */
 	mbedtls_ssl_conf_renegotiation(&t->conf, MBEDTLS_SSL_RENEGOTIATION_DISABLED);
 #endif
@@ -20191,8 +20506,9 @@ static const char *tls_peer_cn(const struct conn *c, size_t *n)
  * supervisors and load balancers, /version, /metrics and the JSON gateway.
  * A connection whose first bytes are an HTTP/1.x request line (or that
  * chose ALPN http/1.1 over TLS) gets this protocol.  It answers /health
- * and /version as etcd 3.4 does, and /v3/... through the gateway below;
- * /metrics says 501 until it is built; anything else is Go's 404.
+ * /livez, /readyz and /version as etcd 3.7 does, /metrics in Prometheus'
+ * text format, and /v3/... through the gateway below; anything else is
+ * Go's 404.
  *
  * The parser follows picohttpparser's contract: it reads at most
  * HTTP1_MAX_HEAD bytes of request line and headers, allocates nothing (the
@@ -20244,6 +20560,7 @@ struct http1_conn {
 	unsigned close : 1;         /* close after this answer */
 	unsigned body_chunked : 1;
 	unsigned body_done : 1;
+	unsigned trailers : 1;      /* TE: trailers -- grpc-gateway then sends its trailers */
 	int chunk_st;               /* chunked body: 0 size line, 1 data, 2 its CRLF, 3 trailers */
 	uint64_t body_clen;         /* Content-Length bytes still to come */
 	uint64_t chunk_left;        /* data bytes left in this chunk */
@@ -20403,7 +20720,8 @@ static const char *http1_reason(int status)
 	static const struct { short code; const char *text; } reasons[] = {
 		{200, "OK"}, {400, "Bad Request"}, {401, "Unauthorized"}, {403, "Forbidden"}, {404, "Not Found"},
 		{405, "Method Not Allowed"}, {408, "Request Timeout"}, {409, "Conflict"}, {412, "Precondition Failed"},
-		{413, "Request Entity Too Large"}, {417, "Expectation Failed"}, {429, "Too Many Requests"},
+		{307, "Temporary Redirect"}, {413, "Request Entity Too Large"}, {417, "Expectation Failed"},
+		{429, "Too Many Requests"}, {499, "status code 499"}, /* Go's words for a code it has no text for */
 		{431, "Request Header Fields Too Large"}, {500, "Internal Server Error"}, {501, "Not Implemented"},
 		{503, "Service Unavailable"}, {504, "Gateway Timeout"},
 	};
@@ -20471,19 +20789,22 @@ static void http1_head(struct kvd *k, struct conn *c, int minor, int status, con
                        int close)
 {
 	struct http1_conn *h = c->ps;
-	char hdr[1024], date[40];
+	char hdr[2048], date[40];
 	time_t now = time(NULL);
 	struct tm tm;
-	int n;
+	int n, te;
 
 	gmtime_r(&now, &tm);
 	strftime(date, sizeof date, "%a, %d %b %Y %H:%M:%S GMT", &tm);
-	n = snprintf(hdr, sizeof hdr, "HTTP/1.%d %d %s\r\n%s%s%s%sDate: %s\r\n%s%s\r\n", minor ? 1 : 0, status,
+	/* Go writes Date, Content-Length, a sniffed Content-Type, Connection, then Transfer-Encoding */
+	te = !strncmp(framing, "Transfer-Encoding", 17);
+	n = snprintf(hdr, sizeof hdr, "HTTP/1.%d %d %s\r\n%s%s%s%sDate: %s\r\n%s%s%s\r\n", minor ? 1 : 0, status,
 	             http1_reason(status),
 	             h->origin[0] ? "Access-Control-Allow-Headers: accept, content-type, authorization\r\n"
 	                            "Access-Control-Allow-Methods: POST, GET, OPTIONS, PUT, DELETE\r\n"
 	                            "Access-Control-Allow-Origin: " : "",
-	             h->origin, h->origin[0] ? "\r\n" : "", fields, date, framing, close && minor ? "Connection: close\r\n" : "");
+	             h->origin, h->origin[0] ? "\r\n" : "", fields, date, te ? "" : framing,
+	             close && minor ? "Connection: close\r\n" : "", te ? framing : "");
 	buf_append(k, &c->out, hdr, (size_t)KVD_MIN(n, (int)sizeof hdr - 1));
 	if (close)
 		c->is_closing = 1;
@@ -20501,6 +20822,17 @@ static void http1_answer(struct kvd *k, struct conn *c, int minor, int status, c
 }
 
 #define HTTP1_TEXT "Content-Type: text/plain; charset=utf-8\r\n"
+
+/* A whole answer whose Content-Type Go sniffed from the body (the handler
+ * set none): Go writes it after Content-Length. */
+static void http1_answer_sniffed(struct kvd *k, struct conn *c, int minor, int status, const char *body, int close)
+{
+	char fr[96];
+
+	snprintf(fr, sizeof fr, "Content-Length: %zu\r\n" HTTP1_TEXT, strlen(body));
+	http1_head(k, c, minor, status, "", fr, close);
+	buf_append(k, &c->out, body, strlen(body));
+}
 #define HTTP1_NOSNIFF HTTP1_TEXT "X-Content-Type-Options: nosniff\r\n"
 
 /* A request kvd cannot go on reading: answered, then the connection closes. */
@@ -20513,7 +20845,7 @@ static int http1_fail(struct kvd *k, struct conn *c, int status, const char *bod
 /* ---- the JSON gateway: POST /v3/<service>/<method> ------------------------ */
 
 /*
- * etcd 3.4 answers JSON on its client port through grpc-gateway v1, which
+ * etcd 3.7 answers JSON on its client port through grpc-gateway v2, which
  * turns each request into a gRPC call to etcd itself.  kvd has no second
  * server to call: a gateway request becomes a call (section 12) whose
  * carrier is this connection.  Its JSON body is encoded to protobuf bytes
@@ -20527,22 +20859,26 @@ static int http1_fail(struct kvd *k, struct conn *c, int status, const char *bod
  * --max-request-bytes (base64 is 4/3 of the bytes it carries); bidi streams
  * (Watch, LeaseKeepAlive) take each JSON value of the body as a message as
  * it arrives, as the gateway's decoder loop does, and keep answering after
- * the body ends.  Bodies may come with Content-Length or chunked, after a
+ * the body ends; a value that cannot be read ends what the stream sends, as
+ * the gateway's send loop stops (etcd then answers nothing until its server
+ * ends the stream).  Bodies may come with Content-Length or chunked, after a
  * 100 Continue when the client asked for one.
  *
  * Answers as etcd's gateway writes them: a unary success is 200 with
- * Content-Length and Grpc-Metadata-Content-Type; an RPC error is chunked with
- * a Grpc-Trailer-Content-Type trailer, {"error","message","code"} and the
- * HTTP status grpc-gateway maps the code to; a request whose JSON cannot be
- * read is 400 (a stream's first message: 500, code Unknown, as the gateway
- * does not wrap that error); a stream is chunked, one {"result":...} line per
- * message, and an error after it began is grpc-gateway's {"error":{...}}
- * chunk.  HTTP/1.0 clients get the same bytes unchunked, then a close.
+ * Grpc-Metadata-Content-Type; an error (the RPC's, or JSON that cannot be
+ * read: 400) is {"code":n,"message":...} with the HTTP status grpc-gateway
+ * v2 maps the code to, and a 401 says its message in WWW-Authenticate.  Both
+ * have a Content-Length unless the request said TE: trailers -- then they
+ * are chunked, and an RPC error ends with the Grpc-Trailer-Content-Type
+ * trailer.  A stream is chunked, one {"result":...} line per message, and an
+ * error ends it with an {"error":{"code","message"}} line.  Unknown paths
+ * under /v3/ are 404 {"code":5}, a known one asked with another method 501
+ * {"code":12} (v2's routing errors).  HTTP/1.0 clients get the same bytes
+ * unchunked, then a close.
  */
 
-/* gateway path after /v3/ -> gRPC method (etcd 3.4's google.api.http
- * routes; /v3/auth/status and /v3/maintenance/hashkv are 3.5's, for RPCs kvd
- * serves; 3.4 sends /v3/maintenance/hash to Hash, not HashKV) */
+/* gateway path after /v3/ -> gRPC method (etcd 3.7's google.api.http
+ * routes: /v3/maintenance/hash is still Hash, HashKV has its own) */
 static const struct {
 	const char *gw, *rpc;
 } gw_routes[] = {
@@ -20572,6 +20908,7 @@ static const struct {
 	{"maintenance/hashkv", "/etcdserverpb.Maintenance/HashKV"},
 	{"maintenance/snapshot", "/etcdserverpb.Maintenance/Snapshot"},
 	{"maintenance/transfer-leadership", "/etcdserverpb.Maintenance/MoveLeader"},
+	{"maintenance/downgrade", "/etcdserverpb.Maintenance/Downgrade"},
 	{"auth/enable", "/etcdserverpb.Auth/AuthEnable"},
 	{"auth/disable", "/etcdserverpb.Auth/AuthDisable"},
 	{"auth/status", "/etcdserverpb.Auth/AuthStatus"},
@@ -20598,10 +20935,11 @@ static const struct {
 	{"election/resign", "/v3electionpb.Election/Resign"},
 };
 
-/* grpc-gateway v1's HTTPStatusFromCode. */
+/* grpc-gateway v2's HTTPStatusFromCode (v1 said 408 to Canceled, 412 to
+ * FailedPrecondition). */
 static int gw_http_status(int code)
 {
-	static const short st[] = {200, 408, 500, 400, 504, 404, 409, 403, 429, 412, 409, 400, 501, 500, 503, 500, 401};
+	static const short st[] = {200, 499, 500, 400, 504, 404, 409, 403, 429, 400, 409, 400, 501, 500, 503, 500, 401};
 	return code >= 0 && code < (int)KVD_COUNT(st) ? st[code] : 500;
 }
 
@@ -20631,7 +20969,8 @@ static void gw_begin(struct kvd *k, struct conn *c, const struct http1_req *r, c
 	struct hp_field f[HTTP1_MAX_HEADERS];
 	char names[HTTP1_MAX_HEAD];
 	unsigned i, nf = 0;
-	size_t at = 0, j;
+	size_t at = 0, j, tl = 0;
+	const char *te = http1_header(r, "te", &tl);
 
 	h->in_call = 1;
 	h->minor = r->minor;
@@ -20639,6 +20978,9 @@ static void gw_begin(struct kvd *k, struct conn *c, const struct http1_req *r, c
 	h->body_chunked = r->chunked;
 	h->body_clen = r->clen;
 	h->body_done = !r->chunked && !r->clen;
+	h->trailers = 0; /* grpc-gateway: strings.Contains(strings.ToLower(TE), "trailers") */
+	for (j = 0; te && j + 8 <= tl && !h->trailers; j++)
+		h->trailers = !strncasecmp(te + j, "trailers", 8);
 	call_init(k, cl, NULL, &gw_carrier);
 	cl->conn = c;
 	/* grpc-gateway's metadata: Authorization as is, Grpc-Metadata-* stripped */
@@ -20683,6 +21025,17 @@ static void gw_bad_json(struct kvd *k, struct call *cl, int code, const char *wh
 	call_finish(k, cl, code, "%s", why);
 }
 
+/* The gateway's CloseSend on a bidi stream.  One that got no message hears
+ * it as its service takes a half-close (Watch stays open, LeaseKeepAlive
+ * ends OK), not as call_half_close's Unknown "EOF" for a missing request. */
+static void gw_close_send(struct kvd *k, struct call *cl)
+{
+	if (cl->got_msg || cl->finished)
+		call_half_close(k, cl, 0);
+	else if (cl->m->on_half_close)
+		cl->m->on_half_close(k, cl);
+}
+
 /*
  * Body bytes in h->body: hand over complete JSON values.  A bidi stream takes
  * each as it completes; the others take the first once the body is whole
@@ -20709,10 +21062,10 @@ static void gw_deliver(struct kvd *k, struct conn *c)
 			if (!h->bidi && n == -2) {
 				call_message(k, cl, (const uint8_t *)"", 0);
 				call_half_close(k, cl, 0);
-			} else if (n == 0 && !cl->got_msg) { /* the gateway does not wrap a stream's: Unknown */
-				gw_bad_json(k, cl, h->bidi ? GRPC_UNKNOWN : GRPC_INVALID_ARGUMENT, "unexpected EOF");
-			} else if (cl->got_msg) { /* a stream that never got a message stays open, as etcd's */
-				call_half_close(k, cl, 0);
+			} else if (!h->bidi) {
+				gw_bad_json(k, cl, GRPC_INVALID_ARGUMENT, "unexpected EOF");
+			} else { /* v2's send loop ends with CloseSend, whatever it read */
+				gw_close_send(k, cl);
 			}
 			return;
 		}
@@ -20733,11 +21086,11 @@ static void gw_deliver(struct kvd *k, struct conn *c)
 		}
 		if (r) {
 			buf_free(k, &pb);
-			if (h->bidi && cl->got_msg) { /* the gateway's send loop just stops */
+			if (h->bidi) { /* the gateway's send loop just stops: nobody hears why */
 				h->delivered = 1;
-				call_half_close(k, cl, 0);
+				gw_close_send(k, cl);
 			} else {
-				gw_bad_json(k, cl, h->bidi ? GRPC_UNKNOWN : GRPC_INVALID_ARGUMENT, why);
+				gw_bad_json(k, cl, GRPC_INVALID_ARGUMENT, why);
 			}
 			return;
 		}
@@ -20852,17 +21205,70 @@ static void gw_chunk(struct kvd *k, struct conn *c, const void *p, size_t n)
 		buf_append(k, &c->out, "\r\n", 2);
 }
 
-/* {"error":msg,"message":msg,"code":n} as grpc-gateway's DefaultHTTPError. */
-static void gw_error_body(struct kvd *k, struct kvd_buf *b, const struct call *cl)
+/* A string as protojson writes it: '"', '\\' and control bytes escaped
+ * (\b \f \n \r \t, else \u00xx), the rest as is -- no HTML escapes.  The
+ * caller checked it is UTF-8. */
+static void gw_put_pjstr(struct kvd *k, struct kvd_buf *b, const char *s, size_t n)
+{
+	static const char hex[] = "0123456789abcdef";
+	char e[8];
+	size_t i, from = 0;
+
+	buf_append(k, b, "\"", 1);
+	for (i = 0; i < n; i++) {
+		uint8_t c = (uint8_t)s[i];
+		if (c >= 0x20 && c != '"' && c != '\\')
+			continue;
+		buf_append(k, b, s + from, i - from);
+		from = i + 1;
+		if (c == '"' || c == '\\' || c == '\b' || c == '\f' || c == '\n' || c == '\r' || c == '\t') {
+			e[0] = '\\';
+			e[1] = c == '\b' ? 'b' : c == '\f' ? 'f' : c == '\n' ? 'n' : c == '\r' ? 'r' : c == '\t' ? 't' : (char)c;
+			buf_append(k, b, e, 2);
+		} else {
+			memcpy(e, "\\u00", 4);
+			e[4] = hex[c >> 4];
+			e[5] = hex[c & 15];
+			buf_append(k, b, e, 6);
+		}
+	}
+	buf_append(k, b, s + from, n - from);
+	buf_append(k, b, "\"", 1);
+}
+
+/* Is s[0..n) UTF-8?  protojson refuses to write a string that is not. */
+static int gw_utf8(const char *s, size_t n)
+{
+	size_t i, l;
+
+	for (i = 0; i < n; i += l)
+		if (!(l = json_utf8_len((const uint8_t *)s + i, (const uint8_t *)s + n)))
+			return 0;
+	return 1;
+}
+
+/* grpc-gateway v2's error object, a google.rpc.Status: {"code":n,"message":m},
+ * the message left out when empty (protojson omits unpopulated fields).
+ * gostr: inside a stream's {"error":...}, which encoding/json re-encodes
+ * (HTML-safe) around protojson's bytes. */
+static void gw_status_json(struct kvd *k, struct kvd_buf *b, const struct call *cl, int gostr)
 {
 	const char *msg = cl->status_msg ? cl->status_msg : "";
+	size_t n;
 
-	json_put_raw(k, b, "{\"error\":");
-	json_put_gostr(k, b, msg, strlen(msg));
-	json_put_raw(k, b, ",\"message\":");
-	json_put_gostr(k, b, msg, strlen(msg));
-	json_put_raw(k, b, ",\"code\":");
+	if (!strcmp(msg, E_STOPPING)) /* etcd 3.7's gateway, a gRPC client, sees its server's connection end */
+		msg = "error reading from server: EOF";
+	n = strlen(msg);
+
+	json_put_raw(k, b, "{\"code\":");
 	json_put_int(k, b, cl->status);
+	if (n) {
+		json_put_raw(k, b, ",\"message\":");
+		if (gostr)
+			json_put_gostr(k, b, msg, n);
+		else
+			gw_put_pjstr(k, b, msg, n);
+	}
 	json_put_raw(k, b, "}");
 }
 
@@ -20911,14 +21317,45 @@ static void gw_end(struct kvd *k, struct conn *c)
 
 static void gw_stream_error(struct kvd *k, struct conn *c);
 
+/*
+ * A whole body as Go's server frames a handler's writes: with a
+ * Content-Length when it fits net/http's 2048-byte buffer (and the handler
+ * did not ask for chunking), else chunked -- or, for HTTP/1.0, up to the
+ * close.  tr: the trailer section after the last chunk ("" none).
+ */
+static void gw_body_out(struct kvd *k, struct conn *c, int status, const char *fields, const struct kvd_buf *b,
+                        int chunk, const char *tr)
+{
+	struct http1_conn *h = c->ps;
+	char len[48];
+
+	chunk = chunk || BUF_LEN(b) > HTTP1_GO_BUFFER;
+	snprintf(len, sizeof len, "Content-Length: %zu\r\n", BUF_LEN(b));
+	http1_head(k, c, h->minor, status, fields, !chunk ? len : h->minor ? "Transfer-Encoding: chunked\r\n" : "", 0);
+	if (!chunk) {
+		buf_append(k, &c->out, BUF_DATA(b), BUF_LEN(b));
+		return;
+	}
+	gw_chunk(k, c, BUF_DATA(b), BUF_LEN(b));
+	if (!h->minor) {
+		h->close = 1;
+		return;
+	}
+	buf_append(k, &c->out, "0\r\n", 3);
+	buf_append(k, &c->out, tr, strlen(tr));
+	buf_append(k, &c->out, "\r\n", 2);
+}
+
 /* The error answer of a call that sent nothing yet. */
 static void gw_error_answer(struct kvd *k, struct conn *c)
 {
 	struct http1_conn *h = c->ps;
 	struct call *cl = &h->call;
 	struct kvd_buf b = {0};
-	char len[48];
+	const char *msg = cl->status_msg ? cl->status_msg : "";
+	char fields[400], auth[300];
 	int hs = gw_http_status(cl->status);
+	size_t i;
 
 	if (h->stream && !h->plain) { /* grpc-gateway's stream error, before any message */
 		http1_head(k, c, h->minor, hs, "Content-Type: application/json\r\n",
@@ -20928,37 +21365,39 @@ static void gw_error_answer(struct kvd *k, struct conn *c)
 			buf_append(k, &c->out, "0\r\n\r\n", 5);
 		return;
 	}
-	gw_error_body(k, &b, cl);
-	if (h->plain) { /* runtime.HTTPError: no call was answered, so no trailer */
-		snprintf(len, sizeof len, "Content-Length: %zu\r\n", BUF_LEN(&b));
-		http1_head(k, c, h->minor, hs, "Content-Type: application/json\r\n", len, 0);
-		buf_append(k, &c->out, BUF_DATA(&b), BUF_LEN(&b));
-	} else {
-		http1_head(k, c, h->minor, hs, "Content-Type: application/json\r\nTrailer: Grpc-Trailer-Content-Type\r\n",
-		           h->minor ? "Transfer-Encoding: chunked\r\n" : "", 0);
-		gw_chunk(k, c, BUF_DATA(&b), BUF_LEN(&b));
-		if (h->minor)
-			buf_append(k, &c->out, "0\r\nGrpc-Trailer-Content-Type: application/grpc\r\n\r\n", 50);
+	if (!gw_utf8(msg, strlen(msg))) { /* protojson cannot write it: DefaultHTTPErrorHandler's fallback */
+		json_put_raw(k, &b, "{\"code\": 13, \"message\": \"failed to marshal error message\"}");
+		gw_body_out(k, c, 500, "Content-Type: application/json\r\n", &b, 0, "");
+		buf_free(k, &b);
+		return;
 	}
+	gw_status_json(k, &b, cl, 0);
+	/* a 401 says why in WWW-Authenticate (Go writes a CR or LF in a value as a space) */
+	snprintf(auth, sizeof auth, "%s", msg);
+	for (i = 0; auth[i]; i++)
+		if (auth[i] == '\r' || auth[i] == '\n')
+			auth[i] = ' ';
+	/* with TE: trailers an RPC's error is chunked and ends with its trailer;
+	 * JSON that could not be read (no call was made) has no trailer */
+	snprintf(fields, sizeof fields, "Content-Type: application/json\r\n%s%s%s%s",
+	         h->trailers && !h->plain ? "Trailer: Grpc-Trailer-Content-Type\r\n" : "",
+	         cl->status == GRPC_UNAUTHENTICATED ? "Www-Authenticate: " : "",
+	         cl->status == GRPC_UNAUTHENTICATED ? auth : "", cl->status == GRPC_UNAUTHENTICATED ? "\r\n" : "");
+	gw_body_out(k, c, hs, fields, &b, h->trailers,
+	            h->trailers && !h->plain ? "Grpc-Trailer-Content-Type: application/grpc\r\n" : "");
 	buf_free(k, &b);
 }
 
-/* {"error":{...}}: how grpc-gateway ends a stream with an error. */
+/* {"error":{"code":n,"message":m}} and the stream's delimiter: how
+ * grpc-gateway v2 ends a stream with an error. */
 static void gw_stream_error(struct kvd *k, struct conn *c)
 {
 	struct http1_conn *h = c->ps;
-	struct call *cl = &h->call;
-	const char *msg = cl->status_msg ? cl->status_msg : "";
-	int hs = gw_http_status(cl->status);
 	struct kvd_buf b = {0};
-	char t[96];
 
-	snprintf(t, sizeof t, "{\"error\":{\"grpc_code\":%d,\"http_code\":%d,\"message\":", cl->status, hs);
-	json_put_raw(k, &b, t);
-	json_put_gostr(k, &b, msg, strlen(msg));
-	json_put_raw(k, &b, ",\"http_status\":");
-	json_put_gostr(k, &b, http1_reason(hs), strlen(http1_reason(hs)));
-	json_put_raw(k, &b, "}}");
+	json_put_raw(k, &b, "{\"error\":");
+	gw_status_json(k, &b, &h->call, 1);
+	json_put_raw(k, &b, "}\n");
 	gw_chunk(k, c, BUF_DATA(&b), BUF_LEN(&b));
 	buf_free(k, &b);
 }
@@ -20972,7 +21411,6 @@ static void gw_flush(struct kvd *k, struct conn *c)
 	struct http1_conn *h = c->ps;
 	struct call *cl = &h->call;
 	struct kvd_buf b = {0};
-	char len[48];
 
 	if (!h->in_call || cl->held)
 		return;
@@ -20981,20 +21419,8 @@ static void gw_flush(struct kvd *k, struct conn *c)
 			return; /* the whole body first: the connection stays in step */
 		if (cl->status == GRPC_OK && !h->stream) {
 			if (BUF_LEN(&cl->out) >= 5 && !gw_message_json(k, cl, &b)) {
-				/* Go's server knows the length only of answers that fit its
-				 * 2048-byte buffer; longer ones go chunked (1.1) or to the close */
-				snprintf(len, sizeof len, "Content-Length: %zu\r\n", BUF_LEN(&b));
-				http1_head(k, c, h->minor, 200, GW_OK_FIELDS, BUF_LEN(&b) <= HTTP1_GO_BUFFER ? len
-				           : h->minor ? "Transfer-Encoding: chunked\r\n" : "", 0);
-				if (BUF_LEN(&b) <= HTTP1_GO_BUFFER) {
-					buf_append(k, &c->out, BUF_DATA(&b), BUF_LEN(&b));
-				} else {
-					gw_chunk(k, c, BUF_DATA(&b), BUF_LEN(&b));
-					if (h->minor)
-						buf_append(k, &c->out, "0\r\n\r\n", 5);
-					else
-						h->close = 1;
-				}
+				/* TE: trailers makes it chunked, though a success has no trailer to send */
+				gw_body_out(k, c, 200, GW_OK_FIELDS, &b, h->trailers, "");
 				buf_free(k, &b);
 				gw_end(k, c);
 				return;
@@ -21035,7 +21461,9 @@ static void gw_flush(struct kvd *k, struct conn *c)
 			gw_end(k, c);
 			return;
 		}
-		http1_head(k, c, h->minor, 200, GW_OK_FIELDS, h->minor ? "Transfer-Encoding: chunked\r\n" : "", 0);
+		/* over without a message: a trailers-only answer, so no header
+		 * metadata, and no Content-Type (no message set one) */
+		http1_head(k, c, h->minor, 200, "", h->minor ? "Transfer-Encoding: chunked\r\n" : "", 0);
 	} else if (cl->status != GRPC_OK) {
 		gw_stream_error(k, c);
 	}
@@ -21147,6 +21575,8 @@ static void http1_m_process(struct http1_mb *m)
 	            (double)vsz * (double)page);
 }
 
+static void http1_metrics_checks(const struct kvd *k, struct http1_mb *m);
+
 static void http1_metrics(struct kvd *k, struct conn *c, const struct http1_req *r)
 {
 	static const char *const kinds[] = {"unary", "server_stream", "bidi_stream"}; /* enum grpc_kind */
@@ -21161,12 +21591,18 @@ static void http1_metrics(struct kvd *k, struct conn *c, const struct http1_req 
 	uint64_t confd[16] = {0};
 	const char *const *dn = NULL;
 	unsigned ndrop = 0;
+	int head;
 
 	for (cl = k->calls; cl; cl = cl->next)
 		streams += cl->m && cl->m->on_msg == watch_on_msg;
 	http1_m_one(&m, "etcd_server_has_leader", "gauge", "Whether or not a leader exists. 1 is existence, 0 is not.", 1);
 	http1_m_one(&m, "etcd_server_is_leader", "gauge", "Whether or not this member is a leader. 1 if is, 0 otherwise.", 1);
 	http1_m_one(&m, "etcd_server_leader_changes_seen_total", "counter", "The number of leader changes seen.", 1);
+	http1_m_one(&m, "etcd_server_health_success", "counter", "The total number of successful health checks",
+	            (double)k->st.health_ok);
+	http1_m_one(&m, "etcd_server_health_failures", "counter", "The total number of failed health checks",
+	            (double)k->st.health_failed);
+	http1_metrics_checks(k, &m);
 	http1_m_head(&m, "etcd_server_version", "gauge", "Which version is running. 1 for 'server_version' label with "
 	             "current version.");
 	http1_m_val(&m, "etcd_server_version", "server_version=\"" KVD_ETCD_VERSION "\"", 1);
@@ -21257,38 +21693,261 @@ static void http1_metrics(struct kvd *k, struct conn *c, const struct http1_req 
 		return;
 	}
 	snprintf(len, sizeof len, "Content-Length: %zu\r\n", BUF_LEN(&m.b));
-	http1_head(k, c, r->minor, 200, "Content-Type: text/plain; version=0.0.4; charset=utf-8\r\n", len, r->close);
-	buf_append(k, &c->out, BUF_DATA(&m.b), BUF_LEN(&m.b));
+	head = r->mlen == 4 && !memcmp(r->method, "HEAD", 4); /* the head alone, as Go answers HEAD */
+	http1_head(k, c, r->minor, 200, "Content-Type: text/plain; version=0.0.4; charset=utf-8; escaping=underscores\r\n",
+	           head ? "" : len, r->close);
+	if (!head)
+		buf_append(k, &c->out, BUF_DATA(&m.b), BUF_LEN(&m.b));
 	buf_free(k, &m.b);
 }
 
 /* ---- the endpoints ------------------------------------------------------------ */
 
-/* /health and /version, as etcd 3.4 answers them. */
-static void http1_health(struct kvd *k, struct conn *c, const struct http1_req *r, size_t plen, const char *q,
-                         size_t qlen)
+/*
+ * The next name=value pair of the query q[0..n) from *at, as Go's
+ * url.ParseQuery reads it: pairs split at '&', '+' and %XX unescaped; a pair
+ * with a ';' or a bad escape is skipped, as Go skips it.  A name or value
+ * longer than its buffer becomes "\1" (it equals no name kvd looks for).
+ * 1 with a pair, 0 at the end.
+ */
+static int http1_query_next(const char *q, size_t n, size_t *at, char *name, char *val, size_t cap)
 {
-	int ok = !k->stopping, skip_nospace = 0;
-	size_t i, j;
+	while (*at < n) {
+		const char *p = q + *at, *amp = memchr(p, '&', n - *at), *e = amp ? amp : q + n;
+		char *out = name;
+		size_t o = 0, i;
+		int bad = 0, long_ = 0;
+
+		*at = (size_t)(e - q) + (amp != NULL);
+		if (p == e || memchr(p, ';', (size_t)(e - p)))
+			continue;
+		for (i = 0; p + i <= e && !bad; i++) {
+			int ch;
+			if (p + i == e || (out == name && p[i] == '=')) { /* the end of the name, or of the value */
+				out[o < cap ? o : 0] = 0;
+				if (long_)
+					memcpy(out, "\1", 2);
+				if (p + i == e) {
+					if (out == name)
+						val[0] = 0;
+					break;
+				}
+				out = val;
+				o = 0;
+				long_ = 0;
+				continue;
+			}
+			ch = (unsigned char)p[i];
+			if (ch == '+') {
+				ch = ' ';
+			} else if (ch == '%') {
+				unsigned v = 0, j;
+				for (j = 1; j <= 2 && !bad; j++) {
+					int x = p + i + j >= e ? -1 : p[i + j] >= '0' && p[i + j] <= '9' ? p[i + j] - '0'
+					        : (p[i + j] | 0x20) >= 'a' && (p[i + j] | 0x20) <= 'f' ? (p[i + j] | 0x20) - 'a' + 10 : -1;
+					bad = x < 0;
+					v = v << 4 | (unsigned)(x & 15);
+				}
+				ch = (int)v;
+				i += 2;
+			}
+			if (o + 1 < cap)
+				out[o++] = (char)ch;
+			else
+				long_ = 1;
+		}
+		if (!bad)
+			return 1;
+	}
+	return 0;
+}
+
+/* Does the query hold name (any value; ""=NULL) or name=val? */
+static int http1_query_has(const char *q, size_t n, const char *name, const char *val)
+{
+	char nm[64], v[64];
+	size_t at = 0;
+
+	while (http1_query_next(q, n, &at, nm, v, sizeof nm))
+		if (!strcmp(nm, name) && (!val || !strcmp(v, val)))
+			return 1;
+	return 0;
+}
+
+/*
+ * /health as etcd 3.7 answers it: the alarms (each skipped when its name is
+ * in ?exclude=), the leader (skipped with ?serializable=true; kvd always is
+ * one, so that flag changes nothing here), then a keys-only Range, which kvd
+ * cannot fail but while it stops.  The first failure is the reason.
+ */
+static void http1_health(struct kvd *k, struct conn *c, const struct http1_req *r, const char *q, size_t qlen)
+{
+	char reason[64] = "", body[160];
+	size_t i;
 
 	if (!(r->mlen == 3 && !memcmp(r->method, "GET", 3))) {
 		http1_answer(k, c, r->minor, 405, "Allow: GET\r\n" HTTP1_NOSNIFF, "Method Not Allowed\n", r->close);
 		return;
 	}
-	if (plen == 8) {
-		http1_answer(k, c, r->minor, 200, "Content-Type: application/json\r\n",
-		             "{\"etcdserver\":\"" KVD_ETCD_VERSION "\",\"etcdcluster\":\"3.4.0\"}", r->close);
+	for (i = 0; i < k->db.nalarms && !reason[0]; i++) {
+		unsigned t = k->db.alarms[i].type;
+		if (!http1_query_has(q, qlen, "exclude", life_alarm_name(t)))
+			snprintf(reason, sizeof reason, "ALARM %s", t == ALARM_NOSPACE || t == ALARM_CORRUPT
+			         ? life_alarm_name(t) : "UNKNOWN");
+	}
+	if (!reason[0] && k->stopping)
+		snprintf(reason, sizeof reason, "RANGE ERROR:%s", "etcdserver: server stopped");
+	if (!reason[0]) { /* w.Write without a Content-Type: Go sniffs one */
+		k->st.health_ok++;
+		http1_answer_sniffed(k, c, r->minor, 200, "{\"health\":\"true\",\"reason\":\"\"}", r->close);
 		return;
 	}
-	for (j = 0; q && j + 15 <= qlen; j++) /* ?exclude=NOSPACE ignores that alarm, as etcd 3.4 */
-		skip_nospace |= !memcmp(q + 1 + j, "exclude=NOSPACE", 15);
-	for (i = 0; i < k->db.nalarms; i++)
-		if (!(skip_nospace && k->db.alarms[i].type == ALARM_NOSPACE))
-			ok = 0;
-	if (ok)
-		http1_answer(k, c, r->minor, 200, HTTP1_TEXT, "{\"health\":\"true\"}", r->close);
-	else /* etcd answers this one through http.Error */
-		http1_answer(k, c, r->minor, 503, HTTP1_NOSNIFF, "{\"health\":\"false\"}\n", r->close);
+	k->st.health_failed++;
+	/* http.Error: its headers, and a newline; the reasons need no JSON escape */
+	snprintf(body, sizeof body, "{\"health\":\"false\",\"reason\":\"%s\"}\n", reason);
+	http1_answer(k, c, r->minor, 503, HTTP1_NOSNIFF, body, r->close);
+}
+
+/* etcd's /livez and /readyz checks (etcdhttp's CheckRegistry).  etcd runs
+ * them in Go's map order, which is random; kvd in this one. */
+static const struct {
+	const char *name;
+	unsigned readyz_only : 1;
+} http1_checks[] = {
+	{"data_corruption", 1}, {"serializable_read", 0}, {"linearizable_read", 1}, {"non_learner", 1},
+};
+
+/* etcd_server_healthcheck and _healthchecks_total, as client_golang prints
+ * them: only the series a run check made, labels and series sorted. */
+static void http1_metrics_checks(const struct kvd *k, struct http1_mb *m)
+{
+	static const unsigned byname[] = {0, 2, 3, 1}; /* http1_checks' names in byte order */
+	static const char *const type[2] = {"livez", "readyz"}, *const status[2] = {"error", "success"};
+	char lb[96];
+	unsigned i, t, st, any = 0;
+
+	for (i = 0; i < 4; i++)
+		any |= k->st.check_last[0][i] | k->st.check_last[1][i];
+	if (!any)
+		return;
+	http1_m_head(m, "etcd_server_healthcheck", "gauge", "The result of each kind of healthcheck.");
+	for (i = 0; i < 4; i++)
+		for (t = 0; t < 2; t++)
+			if (k->st.check_last[t][byname[i]]) {
+				snprintf(lb, sizeof lb, "name=\"%s\",type=\"%s\"", http1_checks[byname[i]].name, type[t]);
+				http1_m_val(m, "etcd_server_healthcheck", lb, k->st.check_last[t][byname[i]] == 2);
+			}
+	http1_m_head(m, "etcd_server_healthchecks_total", "counter", "The total number of each kind of healthcheck.");
+	for (i = 0; i < 4; i++)
+		for (st = 0; st < 2; st++)
+			for (t = 0; t < 2; t++)
+				if (k->st.checks[t][byname[i]][st]) {
+					snprintf(lb, sizeof lb, "name=\"%s\",status=\"%s\",type=\"%s\"", http1_checks[byname[i]].name,
+					         status[st], type[t]);
+					http1_m_val(m, "etcd_server_healthchecks_total", lb, (double)k->st.checks[t][byname[i]][st]);
+				}
+}
+
+/* A check's error, NULL when it passes. */
+static const char *http1_check(const struct kvd *k, size_t i)
+{
+	if (i == 0) /* data_corruption */
+		return life_alarm_on(k, ALARM_CORRUPT) ? "alarm activated: CORRUPT" : NULL;
+	if (i == 1 || i == 2) /* the reads, as root: they fail only while kvd stops */
+		return k->stopping ? "etcdserver: server stopped" : NULL;
+	return NULL; /* non_learner: kvd is never a learner */
+}
+
+/*
+ * /livez, /readyz (every check but those in ?exclude=) and /livez/<check>,
+ * /readyz/<check> (that one).  A success is "ok\n", after the per-check lines
+ * with ?verbose; a failure is 503 with the lines always, through http.Error.
+ * Returns 0 when the path is none of these (not answered).
+ */
+static int http1_checks_answer(struct kvd *k, struct conn *c, const struct http1_req *r, const char *path,
+                               size_t plen, const char *q, size_t qlen)
+{
+	int readyz = plen >= 7 && !memcmp(path, "/readyz", 7), fail = 0;
+	size_t root = readyz ? 7 : 6, i, only = KVD_COUNT(http1_checks), at = 0;
+	char body[512];
+	const char *err;
+
+	if (!readyz && !(plen >= 6 && !memcmp(path, "/livez", 6)))
+		return 0;
+	if (plen > root) { /* a check's own path */
+		for (i = 0; i < KVD_COUNT(http1_checks) && only == KVD_COUNT(http1_checks); i++)
+			if ((readyz || !http1_checks[i].readyz_only) && plen == root + 1 + strlen(http1_checks[i].name) &&
+			    path[root] == '/' && !memcmp(path + root + 1, http1_checks[i].name, plen - root - 1))
+				only = i;
+		if (only == KVD_COUNT(http1_checks))
+			return 0;
+	}
+	if (!(r->mlen == 3 && !memcmp(r->method, "GET", 3))) {
+		http1_answer(k, c, r->minor, 405, "Allow: GET\r\n" HTTP1_NOSNIFF, "Method Not Allowed\n", r->close);
+		return 1;
+	}
+	body[0] = 0;
+	for (i = 0; i < KVD_COUNT(http1_checks); i++) {
+		if ((!readyz && http1_checks[i].readyz_only) || (only != KVD_COUNT(http1_checks) && i != only) ||
+		    (only == KVD_COUNT(http1_checks) && http1_query_has(q, qlen, "exclude", http1_checks[i].name)))
+			continue;
+		err = http1_check(k, i);
+		fail |= err != NULL;
+		k->st.checks[readyz][i][!err]++; /* etcd's recordMetrics, for each check run */
+		k->st.check_last[readyz][i] = err ? 1 : 2;
+		at += (size_t)snprintf(body + at, sizeof body - at, err ? "[-]%s failed: %s\n" : "[+]%s ok\n",
+		                       http1_checks[i].name, err ? err : "");
+	}
+	if (fail) {
+		snprintf(body + at, sizeof body - at, "\n");
+		http1_answer(k, c, r->minor, 503, HTTP1_NOSNIFF, body, r->close);
+	} else {
+		snprintf(http1_query_has(q, qlen, "verbose", NULL) ? body + at : body, sizeof body - at, "ok\n");
+		http1_answer(k, c, r->minor, 200, HTTP1_NOSNIFF, body, r->close);
+	}
+	return 1;
+}
+
+/* /version: the cluster and storage versions follow a downgrade. */
+static void http1_version(struct kvd *k, struct conn *c, const struct http1_req *r)
+{
+	char body[128];
+
+	if (!(r->mlen == 3 && !memcmp(r->method, "GET", 3))) {
+		http1_answer(k, c, r->minor, 405, "Allow: GET\r\n" HTTP1_NOSNIFF, "Method Not Allowed\n", r->close);
+		return;
+	}
+	snprintf(body, sizeof body, "{\"etcdserver\":\"" KVD_ETCD_VERSION "\",\"etcdcluster\":\"%s\",\"storage\":\"%s\"}",
+	         svc_cluster_version(k), svc_cluster_version(k));
+	http1_answer(k, c, r->minor, 200, "Content-Type: application/json\r\n", body, r->close);
+}
+
+/* /v3 without its slash: Go's ServeMux redirects to the subtree /v3/ (307
+ * keeps the method), the query kept; http.Redirect writes a link (its URL
+ * HTML-escaped) only for GET and HEAD.  q[0..qlen): the query, after '?'. */
+static void http1_redirect_v3(struct kvd *k, struct conn *c, const struct http1_req *r, const char *q, size_t qlen)
+{
+	char fields[400], body[1024];
+	int get = (r->mlen == 3 && !memcmp(r->method, "GET", 3)) || (r->mlen == 4 && !memcmp(r->method, "HEAD", 4));
+	size_t i, at;
+
+	qlen = KVD_MIN(qlen, (size_t)300);
+	snprintf(fields, sizeof fields, "%sLocation: /v3/%s%.*s\r\n", get ? "Content-Type: text/html; charset=utf-8\r\n" : "",
+	         qlen ? "?" : "", (int)qlen, q);
+	body[0] = 0;
+	if (get) {
+		at = (size_t)snprintf(body, sizeof body, "<a href=\"/v3/%s", qlen ? "?" : "");
+		for (i = 0; i < qlen && at + 8 < sizeof body; i++) {
+			const char *e = q[i] == '&' ? "&amp;" : q[i] == '<' ? "&lt;" : q[i] == '>' ? "&gt;"
+			              : q[i] == '"' ? "&#34;" : q[i] == '\'' ? "&#39;" : NULL;
+			if (e)
+				at += (size_t)snprintf(body + at, sizeof body - at, "%s", e);
+			else
+				body[at++] = q[i];
+		}
+		snprintf(body + at, sizeof body - at, "\">Temporary Redirect</a>.\n\n");
+	}
+	http1_answer(k, c, r->minor, 307, fields, body, r->close);
 }
 
 /* Route one request.  Returns 1 when a gateway call began (the head is
@@ -21300,12 +21959,20 @@ static int http1_route(struct kvd *k, struct conn *c, const struct http1_req *r)
 	size_t plen = q ? (size_t)(q - path) : r->tlen, qlen = q ? r->tlen - plen - 1 : 0, skip = 0, cnlen;
 
 	h->minor = r->minor;
-	if (r->mlen == 7 && !memcmp(r->method, "OPTIONS", 7)) { /* a CORS preflight: etcd answers it itself */
+	q = q ? q + 1 : ""; /* the query itself */
+	if (r->mlen == 7 && !memcmp(r->method, "OPTIONS", 7) && !c->metrics_only) { /* a CORS preflight: etcd answers it itself */
 		http1_answer(k, c, r->minor, 200, "", "", r->close);
 		return 0;
 	}
-	if ((plen == 7 && !memcmp(path, "/health", 7)) || (plen == 8 && !memcmp(path, "/version", 8) && !c->metrics_only)) {
-		http1_health(k, c, r, plen, q, qlen);
+	/* the health endpoints are on the metrics listener too, as etcd's */
+	if (plen == 7 && !memcmp(path, "/health", 7)) {
+		http1_health(k, c, r, q, qlen);
+		return 0;
+	}
+	if (http1_checks_answer(k, c, r, path, plen, q, qlen))
+		return 0;
+	if (plen == 8 && !memcmp(path, "/version", 8) && !c->metrics_only) {
+		http1_version(k, c, r);
 		return 0;
 	}
 	if (c->metrics_only && !(plen == 8 && !memcmp(path, "/metrics", 8))) { /* etcd's metrics listener */
@@ -21314,15 +21981,21 @@ static int http1_route(struct kvd *k, struct conn *c, const struct http1_req *r)
 	}
 	if (plen >= 4 && !memcmp(path, "/v3/", 4))
 		skip = 4;
-	else if (plen >= 8 && !memcmp(path, "/v3beta/", 8)) /* etcd rewrites it to /v3/ */
+	else if (plen >= 8 && !memcmp(path, "/v3beta/", 8)) /* etcd 3.7 still rewrites it to /v3/ */
 		skip = 8;
-	if (skip && k->cfg.enable_grpc_gateway) {
+	if (plen == 3 && !memcmp(path, "/v3", 3) && k->cfg.enable_grpc_gateway) {
+		http1_redirect_v3(k, c, r, q, qlen);
+		return 0;
+	}
+	if (skip && k->cfg.enable_grpc_gateway) { /* grpc-gateway v2's routing errors are JSON */
 		if (!(rpc = gw_find(path + skip, plen - skip))) {
-			http1_answer(k, c, r->minor, 404, HTTP1_NOSNIFF, "Not Found\n", r->close);
+			http1_answer(k, c, r->minor, 404, "Content-Type: application/json\r\n",
+			             "{\"code\":5,\"message\":\"Not Found\"}", r->close);
 			return 0;
 		}
 		if (!(r->mlen == 4 && !memcmp(r->method, "POST", 4))) {
-			http1_answer(k, c, r->minor, 405, HTTP1_NOSNIFF, "Method Not Allowed\n", r->close);
+			http1_answer(k, c, r->minor, 501, "Content-Type: application/json\r\n",
+			             "{\"code\":12,\"message\":\"Method Not Allowed\"}", r->close);
 			return 0;
 		}
 		/* etcd: a client certificate's CN is not the gateway's user -- refused */
@@ -21334,11 +22007,8 @@ static int http1_route(struct kvd *k, struct conn *c, const struct http1_req *r)
 		gw_begin(k, c, r, rpc);
 		return 1;
 	}
-	if (plen == 8 && !memcmp(path, "/metrics", 8)) {
-		if (r->mlen == 3 && !memcmp(r->method, "GET", 3))
-			http1_metrics(k, c, r);
-		else
-			http1_answer(k, c, r->minor, 405, "Allow: GET\r\n" HTTP1_NOSNIFF, "Method Not Allowed\n", r->close);
+	if (plen == 8 && !memcmp(path, "/metrics", 8)) { /* promhttp answers any method */
+		http1_metrics(k, c, r);
 		return 0;
 	}
 	http1_answer(k, c, r->minor, 404, HTTP1_NOSNIFF, "404 page not found\n", r->close);
@@ -21423,7 +22093,10 @@ static void http1_input_step(struct kvd *k, struct conn *c)
 			                         : status == 417 ? "" : "400 Bad Request\n");
 			return;
 		}
-		http1_cors(k, h, &r);
+		if (c->metrics_only) /* etcd's metrics listener has no access controller: no CORS */
+			h->origin[0] = 0;
+		else
+			http1_cors(k, h, &r);
 		if (r.clen > gw_max_body(k)) {
 			http1_fail(k, c, 413, "413 Request Entity Too Large\n");
 			return;
@@ -21569,14 +22242,55 @@ static void net_addr_str(const struct sockaddr *sa, char *out, size_t cap)
 		const struct sockaddr_in6 *in6 = (const struct sockaddr_in6 *)(const void *)sa;
 		inet_ntop(AF_INET6, &in6->sin6_addr, host, sizeof host);
 		snprintf(out, cap, "[%s]:%u", host, ntohs(in6->sin6_port));
+	} else if (sa->sa_family == AF_UNIX) {
+		snprintf(out, cap, "unix");
 	} else {
 		snprintf(out, cap, "?");
 	}
 }
 
 /*
+ * A unix socket URL, as etcd serves one: unix://P or unixs://P (TLS over
+ * the socket), the file P being the URL's host and path together --
+ * unix://localhost:2379 is ./localhost:2379, unix:///run/kvd.sock is
+ * /run/kvd.sock -- but for --listen-metrics-urls (metrics set) etcd takes
+ * the host alone, so there only unix://NAME (relative to the working
+ * directory) names a file; kvd refuses the empty host etcd would bind to no
+ * file.  1 with the path in path (and *tls), 0 for another URL, or
+ * KVD_EINVAL for a path that does not fit a sockaddr_un.
+ */
+static int net_unix_path(const char *url, int metrics, int *tls, char *path, size_t cap, char *err, size_t errlen)
+{
+	struct sockaddr_un sun;
+	const char *p;
+	size_t n;
+
+	if (!strncmp(url, "unix://", 7))
+		p = url + 7, *tls = 0;
+	else if (!strncmp(url, "unixs://", 8))
+		p = url + 8, *tls = 1;
+	else
+		return 0;
+#ifdef KVD_NO_TLS
+	if (*tls) {
+		snprintf(err, errlen, "%s: this kvd is built without TLS (KVD_NO_TLS)", url);
+		return KVD_EINVAL;
+	}
+#endif
+	n = metrics ? strcspn(p, "/") : strlen(p);
+	if (!n || n >= sizeof sun.sun_path || n >= cap || memchr(p, '?', n) || memchr(p, '#', n)) {
+		snprintf(err, errlen, metrics ? "%s: expected unix://NAME, a file in the working directory (etcd's "
+		                                "metrics listener takes the URL's host alone; at most %zu bytes)"
+		                              : "%s: expected unix://PATH (at most %zu bytes)", url, sizeof sun.sun_path - 1);
+		return KVD_EINVAL;
+	}
+	snprintf(path, cap, "%.*s", (int)n, p);
+	return 1;
+}
+
+/*
  * Split "http://host:port" or "https://host:port" (host may be [v6]) into
- * host and port; *tls says which.  Unix sockets get a clear refusal.
+ * host and port; *tls says which.
  */
 static int net_split_url(const char *url, int *tls, char *host, size_t hcap, char *port, size_t pcap,
                          char *err, size_t errlen)
@@ -21584,10 +22298,6 @@ static int net_split_url(const char *url, int *tls, char *host, size_t hcap, cha
 	const char *h, *colon, *end;
 
 	*tls = 0;
-	if (!strncmp(url, "unix://", 7) || !strncmp(url, "unixs://", 8)) {
-		snprintf(err, errlen, "%s: unix sockets are not supported yet", url);
-		return KVD_EINVAL;
-	}
 	if (!strncmp(url, "https://", 8)) {
 #ifdef KVD_NO_TLS
 		snprintf(err, errlen, "%s: this kvd is built without TLS (KVD_NO_TLS)", url);
@@ -21633,7 +22343,7 @@ static int net_split_url(const char *url, int *tls, char *host, size_t hcap, cha
 		goto bad;
 	return 0;
 bad:
-	snprintf(err, errlen, "%s: expected http(s)://IP:PORT", url);
+	snprintf(err, errlen, "%s: expected http(s)://IP:PORT or unix(s)://PATH", url);
 	return KVD_EINVAL;
 }
 
@@ -21642,7 +22352,7 @@ bad:
 static int net_check_urls(struct kvd *k, int *tls, char *err, size_t errlen)
 {
 	const char *lists[2] = {k->cfg.listen_client_urls, k->cfg.listen_metrics_urls};
-	char *list, *url, *save, host[64], port[8];
+	char *list, *url, *save, host[64], port[8], path[128];
 	int r = 0, t, i;
 
 	*tls = 0;
@@ -21653,6 +22363,11 @@ static int net_check_urls(struct kvd *k, int *tls, char *err, size_t errlen)
 			return KVD_ENOMEM;
 		for (url = strtok_r(list, ",", &save); url && !r; url = strtok_r(NULL, ",", &save)) {
 			struct in6_addr a;
+			if ((r = net_unix_path(url, i, &t, path, sizeof path, err, errlen))) {
+				*tls |= t;
+				r = r < 0 ? r : 0;
+				continue;
+			}
 			r = net_split_url(url, &t, host, sizeof host, port, sizeof port, err, errlen);
 			*tls |= t;
 			if (!r && strcmp(host, "localhost") && inet_pton(AF_INET, host, &a) != 1 &&
@@ -21666,18 +22381,96 @@ static int net_check_urls(struct kvd *k, int *tls, char *err, size_t errlen)
 	return r;
 }
 
+/* A listener's slot, its socket fd taken: 0, or KVD_ENOMEM (fd closed). */
+static int net_add_listener(struct kvd *k, int fd, int tls, int metrics, char *upath, char *err, size_t errlen)
+{
+	struct net_listener *ls = kvd_realloc(k, k->ls, (k->nls + 1) * sizeof *ls);
+
+	if (!ls) {
+		snprintf(err, errlen, "out of memory");
+		close(fd);
+		kvd_free(k, upath);
+		return KVD_ENOMEM;
+	}
+	k->ls = ls;
+	memset(&ls[k->nls], 0, sizeof ls[k->nls]);
+	ls[k->nls].fd = fd;
+	ls[k->nls].tls = tls ? 1 : 0;
+	ls[k->nls].metrics = metrics ? 1 : 0;
+	ls[k->nls].upath = upath;
+	k->nls++;
+	return 0;
+}
+
+/* Close listener l; a unix socket's file goes with it, as etcd's. */
+static void net_close_listener(struct kvd *k, struct net_listener *l)
+{
+	close(l->fd);
+	if (l->upath) {
+		unlink(l->upath);
+		kvd_free(k, l->upath);
+		l->upath = NULL;
+	}
+}
+
+/* Listen on the unix socket at path.  A stale socket file there is removed
+ * first, as etcd does; any other kind of file is left alone and refused. */
+static int net_listen_unix(struct kvd *k, const char *url, const char *path, int tls, int metrics, char *err,
+                           size_t errlen)
+{
+	struct sockaddr_un sun;
+	struct stat st;
+	char *own;
+	int fd, r;
+
+	memset(&sun, 0, sizeof sun);
+	sun.sun_family = AF_UNIX;
+	memcpy(sun.sun_path, path, strlen(path)); /* fits: net_unix_path checked */
+	if (!lstat(path, &st) && !S_ISSOCK(st.st_mode)) {
+		snprintf(err, errlen, "listen unix %s: the file exists and is not a socket", path);
+		return KVD_EBUSY;
+	}
+	fd = socket(AF_UNIX, SOCK_STREAM, 0);
+	if (fd < 0 || net_nonblock(fd)) {
+		snprintf(err, errlen, "listen %s: socket: %s", url, strerror(errno));
+		if (fd >= 0)
+			close(fd);
+		return KVD_EIO;
+	}
+	unlink(path);
+	if (bind(fd, (struct sockaddr *)&sun, sizeof sun) || listen(fd, 128)) {
+		r = errno;
+		snprintf(err, errlen, "listen unix %s: bind: %s", path, strerror(r));
+		close(fd);
+		return r == EADDRINUSE ? KVD_EBUSY : KVD_EIO;
+	}
+	if (!(own = kvd_strdup(k, path))) {
+		snprintf(err, errlen, "out of memory");
+		close(fd);
+		unlink(path);
+		return KVD_ENOMEM;
+	}
+	if ((r = net_add_listener(k, fd, tls, metrics, own, err, errlen))) {
+		unlink(path);
+		return r;
+	}
+	snprintf(k->ls[k->nls - 1].name, sizeof k->ls[k->nls - 1].name, "%s", url);
+	return 0;
+}
+
 static int net_listen(struct kvd *k, const char *url, int metrics, char *err, size_t errlen)
 {
-	char host[64], port[8];
+	char host[64], port[8], upath[128];
 	int tls;
 	struct sockaddr_storage ss;
 	struct sockaddr_in *in4 = (struct sockaddr_in *)(void *)&ss;
 	struct sockaddr_in6 *in6 = (struct sockaddr_in6 *)(void *)&ss;
 	socklen_t sl;
-	struct net_listener *ls;
 	unsigned long pn;
 	int fd = -1, one = 1, r;
 
+	if ((r = net_unix_path(url, metrics, &tls, upath, sizeof upath, err, errlen)))
+		return r < 0 ? r : net_listen_unix(k, url, upath, tls, metrics, err, errlen);
 	if ((r = net_split_url(url, &tls, host, sizeof host, port, sizeof port, err, errlen)))
 		return r;
 	if (!strcmp(host, "localhost")) /* as etcd (Go): the IPv4 loopback */
@@ -21718,20 +22511,11 @@ static int net_listen(struct kvd *k, const char *url, int metrics, char *err, si
 		close(fd);
 		return r == EADDRINUSE ? KVD_EBUSY : KVD_EIO;
 	}
-	ls = kvd_realloc(k, k->ls, (k->nls + 1) * sizeof *ls);
-	if (!ls) {
-		snprintf(err, errlen, "out of memory");
-		close(fd);
-		return KVD_ENOMEM;
-	}
-	k->ls = ls;
-	ls[k->nls].fd = fd;
-	ls[k->nls].tls = tls ? 1 : 0;
-	ls[k->nls].metrics = metrics ? 1 : 0;
+	if ((r = net_add_listener(k, fd, tls, metrics, NULL, err, errlen)))
+		return r;
 	sl = sizeof ss;
 	getsockname(fd, (struct sockaddr *)&ss, &sl);
-	net_addr_str((struct sockaddr *)&ss, ls[k->nls].name, sizeof ls[k->nls].name);
-	k->nls++;
+	net_addr_str((struct sockaddr *)&ss, k->ls[k->nls - 1].name, sizeof k->ls[k->nls - 1].name);
 	return 0;
 }
 
@@ -22320,7 +23104,7 @@ static void loop_stop(struct kvd *k)
 	k->stop_deadline = k->now + k->cfg.drain_timeout_ms;
 	loop_arm(k, k->stop_deadline);
 	for (i = 0; i < k->nls; i++)
-		close(k->ls[i].fd);
+		net_close_listener(k, &k->ls[i]);
 	k->nls = 0;
 	svc_shutdown(k); /* streams end now; unary calls have the grace */
 	for (c = k->conns; c; c = c->next)
@@ -22573,7 +23357,7 @@ static int loop_run(struct kvd *k, int timeout_ms)
 /*
  * etcd's flag syntax (Go's flag package): -flag or --flag, "=value" or the
  * next argument; every flag may also come from ETCD_<FLAG_IN_CAPS>, and, as in
- * etcd 3.4, setting both is an error.  Durations are Go durations ("5s").
+ * etcd, setting both is an error.  Durations are Go durations ("5s").
  */
 enum cfg_type { CFG_STR, CFG_U32, CFG_U64, CFG_MS, CFG_LEVEL, CFG_BOOL };
 /* One flag: its name (the environment variable is ETCD_<NAME>), the field of
@@ -22621,16 +23405,16 @@ static const struct cfg_flag cfg_flags[] = {
 	      "kvd: on SIGTERM/SIGINT, time calls get to finish"),
 	CFG_N("log-level", CFG_LEVEL, log_level, 0, KVD_LOG_INFO, "debug, info, warn or error"),
 	CFG_S("config-file", config_file, NULL,
-	      "etcd 3.4's YAML configuration file; other flags and ETCD_* variables are then ignored, as etcd"),
+	      "etcd's YAML configuration file; other flags and ETCD_* variables are then ignored, as etcd"),
 	CFG_S("log-outputs", log_outputs, "default",
 	      "comma list: default (stderr), stderr, stdout, syslog (or systemd/journal), a file path"),
-	CFG_S("logger", logger, "capnslog", "capnslog or zap, accepted as etcd 3.4 (kvd writes one format)"),
+	CFG_S("logger", logger, "zap", "zap, the only one etcd 3.7 takes (kvd writes one format)"),
 	CFG_N("max-txn-ops", CFG_U32, max_txn_ops, 0, 128, "operations per txn request"),
 	CFG_N("heartbeat-interval", CFG_U32, heartbeat_interval_ms, 1, 100,
 	      "ms; with --election-timeout, sets the minimum lease TTL as etcd"),
 	CFG_N("election-timeout", CFG_U32, election_timeout_ms, 1, 1000,
 	      "ms; minimum lease TTL = ceil(1.5 x this), added to TTLs at restart"),
-	CFG_N("experimental-watch-progress-notify-interval", CFG_MS, watch_progress_notify_ms, 1, 600000,
+	CFG_N("watch-progress-notify-interval", CFG_MS, watch_progress_notify_ms, 1, 600000,
 	      "interval of progress notifications to watchers that asked"),
 	CFG_N("max-watchers", CFG_U32, max_watchers, 0, KVD_MAX_WATCHERS, "kvd: watchers in all streams"),
 	CFG_N("unsafe-no-fsync", CFG_BOOL, unsafe_no_fsync, 0, 0,
@@ -22658,6 +23442,10 @@ static const struct cfg_flag cfg_flags[] = {
 	      "allowed TLS hostname for client cert authentication"),
 	CFG_N("auto-tls", CFG_BOOL, auto_tls, 0, 0,
 	      "client TLS using a self-signed certificate made at start (when --cert-file is not given)"),
+	CFG_S("feature-gates", feature_gates, "", "etcd 3.6+'s Name=bool,... list: checked as etcd checks it; "
+	      "every gate is about etcd's internals, so none changes what kvd does"),
+	CFG_S("tls-min-version", tls_min_version, "", "TLS1.2 or TLS1.3; \"\" is TLS1.2, as etcd 3.7"),
+	CFG_S("tls-max-version", tls_max_version, "", "TLS1.2 or TLS1.3; \"\" is the newest this build has"),
 	CFG_S("cipher-suites", cipher_suites, NULL,
 	      "comma-separated list of supported TLS cipher suites (empty: ECDHE with AES-GCM or ChaCha20-Poly1305)"),
 	CFG_S("auth-token", auth_token, "simple",
@@ -22668,7 +23456,7 @@ static const struct cfg_flag cfg_flags[] = {
 	CFG_S("cors", cors, "*", "comma list of origins allowed for CORS, \"*\" = any"),
 	CFG_N("bcrypt-cost", CFG_U32, bcrypt_cost, 4, 10, "bcrypt cost of new password hashes (4..31)"),
 	CFG_S("restore-snapshot", restore_snapshot, NULL,
-	      "kvd: make the store from this etcd 3.4 snapshot file (etcdctl snapshot save), then serve; "
+	      "kvd: make the store from this etcd snapshot file (etcdctl snapshot save), then serve; "
 	      "refused if the data dir holds one"),
 	CFG_N("skip-hash-check", CFG_BOOL, skip_hash_check, 0, 0,
 	      "with --restore-snapshot: do not require the file's SHA-256 trailer to match"),
@@ -22801,8 +23589,48 @@ static int cfg_set(struct kvd_config *cfg, const struct cfg_flag *f, const char 
 	return KVD_EINVAL;
 }
 
+/* --feature-gates as etcd 3.7 checks it (its gates, Go's ParseBool, its
+ * words); kvd has none to turn, so a valid list changes nothing. */
+static int cfg_check_gates(const char *list, char *err, size_t errlen)
+{
+	static const char *const gates[] = {"StopGRPCServiceOnDefrag", "InitialCorruptCheck", "CompactHashCheck",
+	                                    "TxnModeWriteWithSharedBuffer", "LeaseCheckpoint", "LeaseCheckpointPersist",
+	                                    "SetMemberLocalAddr", "FastLeaseKeepAlive", "PriorityRequest"};
+	static const char *const bools[] = {"1", "t", "T", "TRUE", "true", "True", "0", "f", "F", "FALSE", "false", "False"};
+	const char *p = list, *e, *eq;
+	size_t i, n;
+
+	for (; p && *p; p = *e ? e + 1 : e) {
+		e = p + strcspn(p, ",");
+		eq = memchr(p, '=', (size_t)(e - p));
+		if (!eq) {
+			snprintf(err, errlen, "invalid value \"%.128s\" for flag --feature-gates: missing bool value for %.*s",
+			         list, (int)KVD_MIN((size_t)(e - p), 64), p);
+			return KVD_EINVAL;
+		}
+		n = (size_t)(eq - p);
+		for (i = 0; i < KVD_COUNT(gates) && !(strlen(gates[i]) == n && !memcmp(gates[i], p, n)); i++)
+			;
+		if (i == KVD_COUNT(gates)) {
+			snprintf(err, errlen, "invalid value \"%.128s\" for flag --feature-gates: unrecognized feature gate: %.*s",
+			         list, (int)KVD_MIN(n, 64), p);
+			return KVD_EINVAL;
+		}
+		n = (size_t)(e - eq - 1);
+		for (i = 0; i < KVD_COUNT(bools) && !(strlen(bools[i]) == n && !memcmp(bools[i], eq + 1, n)); i++)
+			;
+		if (i == KVD_COUNT(bools)) {
+			snprintf(err, errlen, "invalid value \"%.128s\" for flag --feature-gates: invalid value of %.*s, err: "
+			         "strconv.ParseBool: parsing \"%.*s\": invalid syntax", list, (int)KVD_MIN((size_t)(e - p), 96), p,
+			         (int)KVD_MIN(n, 32), eq + 1);
+			return KVD_EINVAL;
+		}
+	}
+	return 0;
+}
+
 /*
- * --config-file: etcd 3.4's YAML file, the flat subset its sample file uses.
+ * --config-file: etcd's YAML file, the flat subset its sample file uses.
  *
  * A line is blank, a comment, "key: value" at column 0, or "key:" alone,
  * which opens an indented block: either a mapping one level deep (etcd's
@@ -22812,8 +23640,11 @@ static int cfg_set(struct kvd_config *cfg, const struct cfg_flag *f, const char 
  * 'single' or "double" quoted, a [flow, list], or nothing: null, which
  * leaves the default.  A list becomes the flag's comma list.  Keys are the
  * flag names; etcd's keys that mean nothing to one kvd (peers, WAL, proxy,
- * discovery, v2, pprof) are taken and ignored, anything else is refused with
- * its line number, as are anchors, tags, block scalars and flow mappings.
+ * discovery, v2, pprof, 3.6+'s tuning keys) are taken and
+ * ignored, and so are the keys 3.7 removed (experimental-*, debug,
+ * log-output), which 3.7's lax YAML decoding ignores too; anything else is
+ * refused with its line number, as are anchors, tags, block scalars and flow
+ * mappings.
  *
  * Durations: etcd reads a bare number as nanoseconds (Go's time.Duration
  * through JSON); so does kvd, and it takes "5s" as well.  Bounded: 64 KiB of
@@ -22827,7 +23658,11 @@ static const char *const cfg_yaml_ignored[] = {
     "discovery-fallback", "discovery-proxy", "discovery-srv", "initial-cluster", "initial-cluster-state",
     "strict-reconfig-check", "enable-v2", "enable-pprof", "proxy", "proxy-failure-wait", "proxy-refresh-interval",
     "proxy-dial-timeout", "proxy-write-timeout", "proxy-read-timeout", "force-new-cluster", "peer-transport-security",
-    "metrics", "log-package-levels", "pre-vote", "initial-corrupt-check"};
+    "metrics", "log-package-levels", "pre-vote", "initial-corrupt-check", "debug", "log-output",
+    "max-learners", "snapshot-catchup-entries", "v2-deprecation", "corrupt-check-time",
+    "compact-hash-check-time", "compaction-batch-limit", "compaction-sleep-interval", "downgrade-check-time",
+    "warning-apply-duration", "warning-unary-request-duration", "memory-mlock", "backend-bbolt-freelist-type",
+    "bootstrap-defrag-threshold-megabytes", "log-format"};
 
 struct cfg_yaml {
 	const char *p, *end;   /* text still to read */
@@ -22977,11 +23812,8 @@ static int cfg_yaml_set(struct kvd_config *cfg, struct cfg_yaml *y, const char *
 	for (i = 0; i < KVD_COUNT(cfg_yaml_ignored); i++)
 		if (!strcmp(name, cfg_yaml_ignored[i]))
 			return 0; /* etcd's, meaningless for one kvd */
-	if (!strcmp(name, "debug")) { /* etcd 3.4: debug: true is --log-level debug */
-		if (v && (!strcmp(v, "true") || !strcmp(v, "True")))
-			cfg->log_level = KVD_LOG_DEBUG;
-		return 0;
-	}
+	if (!strncmp(name, "experimental-", 13))
+		return 0; /* etcd 3.7 removed them; its YAML decoding is not strict, so they are ignored */
 	for (i = 0; i < KVD_COUNT(cfg_flags); i++)
 		if (!strcmp(name, cfg_flags[i].name))
 			f = &cfg_flags[i];
@@ -23357,8 +24189,12 @@ KVD_API int kvd_config_parse(struct kvd_config *cfg, int argc, char **argv, char
 		for (i = 0; i < KVD_COUNT(cfg_flags); i++)
 			if (strlen(cfg_flags[i].name) == nl && !strncmp(cfg_flags[i].name, a, nl))
 				break;
-		if (i == KVD_COUNT(cfg_flags)) {
-			snprintf(err, errlen, "unknown flag --%.*s (see kvd --help)", (int)KVD_MIN(nl, 64), a);
+		if (i == KVD_COUNT(cfg_flags)) { /* etcd 3.7 removed every --experimental-*: exit 2 as it does */
+			if (nl > 13 && !strncmp(a, "experimental-", 13))
+				snprintf(err, errlen, "flag provided but not defined: -%.*s (etcd 3.7 removed the experimental "
+				         "flags; see kvd --help for the names without experimental-)", (int)KVD_MIN(nl, 64), a);
+			else
+				snprintf(err, errlen, "unknown flag --%.*s (see kvd --help)", (int)KVD_MIN(nl, 64), a);
 			return KVD_EINVAL;
 		}
 		if (eq) {
@@ -23612,6 +24448,10 @@ KVD_API int kvd_open(const struct kvd_config *cfg, struct kvd **out, char *err, 
 		r = net_check_urls(k, &tls, err, errlen);
 	if (!r)
 		r = http1_check_cors(k, err, errlen);
+	if (!r)
+		r = tls_check_versions(&k->cfg, NULL, NULL, err, errlen);
+	if (!r)
+		r = cfg_check_gates(k->cfg.feature_gates, err, errlen);
 #ifndef KVD_NO_TLS
 	if (!r)
 		r = tls_init(k, tls, err, errlen);
@@ -23712,7 +24552,7 @@ KVD_API void kvd_close(struct kvd *k)
 		net_conn_free(k, c);
 	}
 	for (i = 0; i < k->nls; i++)
-		close(k->ls[i].fd);
+		net_close_listener(k, &k->ls[i]);
 	if (k->db.fd >= 0)
 		mvcc_flush(k); /* an embedder closing mid-batch: keep what was written */
 	if (k->confd && k->confd->nfd) {

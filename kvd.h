@@ -112,6 +112,9 @@ struct kvd_config {
 	const char *client_crl_file;             /* --client-crl-file */
 	const char *client_cert_allowed_hostname; /* --client-cert-allowed-hostname */
 	const char *cipher_suites;               /* --cipher-suites, Go names, comma list */
+	const char *tls_min_version;             /* --tls-min-version: "", TLS1.2 or TLS1.3 ("": TLS1.2) */
+	const char *tls_max_version;             /* --tls-max-version: "", TLS1.2 or TLS1.3 ("": the newest) */
+	const char *feature_gates;               /* --feature-gates: etcd 3.6+'s Name=bool list, checked, no effect */
 	int auto_tls;                            /* --auto-tls: a self-signed certificate made at start (0) */
 	const char *confd_hmac_key_file;         /* --confd-hmac-key-file (NULL: confd off) */
 	const char *confd_listen;                /* --confd-listen ("127.0.0.1:1814") */

@@ -922,9 +922,12 @@ def tokens_are_random_and_expire():
     check(p.call("Range", R.RangeRequest(key=b"k1"), t4) == ("err", "UNAUTHENTICATED", "etcdserver: invalid auth token"),
           "deleting the user ends its tokens")
     p.call("AuthDisable", R.AuthDisableRequest(), rt)
-    check(p.call("Range", R.RangeRequest(key=b"k1"), rt) == ("err", "UNAUTHENTICATED", "etcdserver: invalid auth token"),
-          "auth off ends every token (and a token is still checked, as etcd)")
+    check(p.call("Range", R.RangeRequest(key=b"k1"), rt)[0] == "ok",
+          "auth off, a token is not looked at (etcd 3.7; 3.4 still refused a dead one)")
     check(p.call("Range", R.RangeRequest(key=b"k1"))[0] == "ok", "no token: fine with auth off")
+    check(p.call("AuthEnable", R.AuthEnableRequest())[0] == "ok", "auth on again")
+    check(p.call("Range", R.RangeRequest(key=b"k1"), rt) == ("err", "UNAUTHENTICATED", "etcdserver: invalid auth token"),
+          "auth off ended every token")
     p.close()
     k.stop()
 
@@ -1111,6 +1114,420 @@ def bad_settings_are_refused():
                            capture_output=True, text=True, timeout=30)
         check(r.returncode == 2 and want in r.stderr and not os.path.exists(d + "/x"),
               "%s refused before the data dir: %d %s" % (args, r.returncode, r.stderr.strip()[-200:]))
+
+
+
+# ------------------------------------------------------------------ etcd 3.7's authorization matrix
+EMPTY = ("err", "INVALID_ARGUMENT", "etcdserver: user name is empty")
+BADTOK = ("err", "UNAUTHENTICATED", "etcdserver: invalid auth token")
+DENIED = ("err", "PERMISSION_DENIED", "etcdserver: permission denied")
+BADMGMT = ("err", "INVALID_ARGUMENT", "etcdserver: invalid auth management")
+NOPERM = ("err", "INVALID_ARGUMENT", "etcdserver: permission not given")
+NOROLE = ("err", "FAILED_PRECONDITION", "etcdserver: role name not found")
+CALLERS = ["none", "invalid", "alice", "bob", "root"]
+BEARER = {"alice:Bearer": "alice", "root:Bearer": "root", "invalid:Bearer": "invalid"}  # -> the plain caller
+
+
+def rule(kind, watch=False, **over):
+    """What each caller gets under a 3.7 rule of the delta notes (section 3):
+    'user' (any valid token), 'root', 'none' (AuthStatus); key permissions
+    as overrides (alice= / bob= / root=).  For Watch an error is the
+    created+canceled reply's cancel_reason."""
+    d = {"user": dict(none=EMPTY, invalid=BADTOK, alice="ok", bob="ok", root="ok"),
+         "root": dict(none=EMPTY, invalid=BADTOK, alice=DENIED, bob=DENIED, root="ok"),
+         "none": dict(none="ok", invalid=BADTOK, alice="ok", bob="ok", root="ok")}[kind]
+    d.update(over)
+    if watch:  # the reason is the gRPC status' text (rpctypes.ErrGRPC*.Error()), code and all
+        camel = lambda c: "".join(w.capitalize() for w in c.split("_"))
+        d = {k: v if v == "ok" else ("canceled", "rpc error: code = %s desc = %s" % (camel(v[1]), v[2]))
+             for k, v in d.items()}
+    return d
+
+
+def caller_md(p, caller):
+    """The call's metadata: no token, a made-up one, a user's, or as
+    'authorization: Bearer <tok>'."""
+    who, _, bearer = caller.partition(":")
+    if who == "none":
+        return None
+    tok = "abcdefghijklmnop.1" if who == "invalid" else p.tok[who]
+    return [("authorization", "Bearer " + tok)] if bearer else [("token", tok)]
+
+
+def m_unary(svc, method, resp, req):
+    """A cell calling svc/method; req is a message or req(p, ctx)."""
+    def f(p, md, ctx):
+        q = req(p, ctx) if callable(req) else req
+        call = p.c.ch.unary_unary("/etcdserverpb.%s/%s" % (svc, method),
+                                  request_serializer=lambda m: m.SerializeToString(),
+                                  response_deserializer=getattr(R, resp).FromString)
+        try:
+            return ("ok", call(q, timeout=60, metadata=md))
+        except p.c.grpc.RpcError as e:
+            return ("err", e.code().name, e.details())
+    return f
+
+
+def m_stream(svc, method, resp, req, bidi=True):
+    """A cell answering the first message of a stream (Watch, LeaseKeepAlive:
+    one request sent; Snapshot), or the status it ended with."""
+    def f(p, md, ctx):
+        q = req(p, ctx) if callable(req) else req
+        mk = p.c.ch.stream_stream if bidi else p.c.ch.unary_stream
+        call = mk("/etcdserverpb.%s/%s" % (svc, method), request_serializer=lambda m: m.SerializeToString(),
+                  response_deserializer=getattr(R, resp).FromString)
+        done = threading.Event()
+
+        def reqs():
+            yield q
+            done.wait(60)
+        it = call(reqs() if bidi else q, timeout=60, metadata=md)
+        try:
+            return ("ok", next(it))
+        except p.c.grpc.RpcError as e:
+            return ("err", e.code().name, e.details())
+        except StopIteration:
+            return ("err", "ended without a message", "")
+        finally:
+            done.set()
+            it.cancel()
+    return f
+
+
+def m_outcome(ans):
+    """ok, an error, or a watch's ('canceled', cancel_reason)."""
+    if ans[0] != "ok":
+        return ans
+    if isinstance(ans[1], R.WatchResponse) and ans[1].canceled:
+        return ("canceled", ans[1].cancel_reason)
+    return "ok"
+
+
+def m_relabel(p, m):
+    """Lease ids (fields ID and lease) as the order the test made them in."""
+    for fd, val in m.ListFields():
+        if fd.message_type is not None:
+            for v in (val if fd.label == fd.LABEL_REPEATED else [val]):
+                m_relabel(p, v)
+        elif fd.name in ("ID", "lease") and fd.type == fd.TYPE_INT64:
+            setattr(m, fd.name, p.names.get(val, -7))
+
+
+def m_canon(p, ans):
+    """Comparable: headers without ids and term, lease ids relabelled, TTLs
+    that tick by 1, and what is each server's own (hashes, snapshot bytes,
+    member URLs, Status' sizes) left out."""
+    if ans[0] != "ok":
+        return ans
+    m = type(ans[1])()
+    m.CopyFrom(ans[1])
+    normalize(m)
+    if isinstance(m, (R.StatusResponse, R.HashResponse)):
+        return ("ok", type(m).__name__, m.header.revision)
+    if isinstance(m, R.HashKVResponse):
+        return ("ok", "HashKV", m.header.revision, m.compact_revision, m.hash_revision)
+    if isinstance(m, R.SnapshotResponse):
+        return ("ok", "Snapshot", m.HasField("header"), len(m.blob) > 0, m.version)
+    if isinstance(m, R.MemberListResponse):
+        return ("ok", "MemberList", len(m.members), m.header.SerializeToString(deterministic=True))
+    m_relabel(p, m)
+    if isinstance(m, (R.LeaseTimeToLiveResponse, R.LeaseKeepAliveResponse)) and m.TTL > 0:
+        m.TTL = 1
+    if isinstance(m, R.LeaseTimeToLiveResponse):  # etcd's come in Go's map order
+        ks = sorted(m.keys)
+        del m.keys[:]
+        m.keys.extend(ks)
+    if isinstance(m, R.LeaseLeasesResponse):
+        ids = sorted(x.ID for x in m.leases)
+        del m.leases[:]
+        for i in ids:
+            m.leases.add(ID=i)
+    return ("ok", m.SerializeToString(deterministic=True))
+
+
+def m_short(o):
+    """A cell of the printed table."""
+    if o == "ok":
+        return "ok"
+    abbr = {"etcdserver: user name is empty": "E", "etcdserver: invalid auth token": "I",
+            "etcdserver: permission denied": "D", "etcdserver: invalid auth management": "MGMT",
+            "etcdserver: permission not given": "NOPERM", "etcdserver: role name not found": "NOROLE"}
+    if o[0] == "canceled":
+        return "c" + abbr.get(o[1].split(" desc = ")[-1], o[1] or "''")
+    return abbr.get(o[2], o[1][:6])
+
+
+def m_grant(p, key=None):
+    """A lease from root, with key attached when given; its label is the next number."""
+    lid = p.call("LeaseGrant", R.LeaseGrantRequest(TTL=600), p.tok["root"])[1].ID
+    p.names[lid] = len(p.names) + 1
+    if key is not None:
+        assert p.call("Put", R.PutRequest(key=key, value=b"l", lease=lid), p.tok["root"])[0] == "ok"
+    return lid
+
+
+def m_setup(p):
+    """root (role root); alice with role app: readwrite [/app/, /app0), read
+    on the single key k1, write only on [w/, w0); bob with no role; role
+    other (no user)."""
+    A = AUTHPB.Permission
+    for m, req in (("UserAdd", R.AuthUserAddRequest(name="root", password="rootpw")),
+                   ("UserGrantRole", R.AuthUserGrantRoleRequest(user="root", role="root")),
+                   ("UserAdd", R.AuthUserAddRequest(name="alice", password="apw")),
+                   ("UserAdd", R.AuthUserAddRequest(name="bob", password="bpw")),
+                   ("RoleAdd", R.AuthRoleAddRequest(name="app")),
+                   ("RoleAdd", R.AuthRoleAddRequest(name="other")),
+                   ("RoleGrantPermission", R.AuthRoleGrantPermissionRequest(name="app", perm=A(
+                       permType=A.READWRITE, key=b"/app/", range_end=b"/app0"))),
+                   ("RoleGrantPermission", R.AuthRoleGrantPermissionRequest(name="app", perm=A(
+                       permType=A.READ, key=b"k1"))),
+                   ("RoleGrantPermission", R.AuthRoleGrantPermissionRequest(name="app", perm=A(
+                       permType=A.WRITE, key=b"w/", range_end=b"w0"))),
+                   ("UserGrantRole", R.AuthUserGrantRoleRequest(user="alice", role="app")),
+                   ("AuthEnable", R.AuthEnableRequest())):
+        a = p.call(m, req)
+        assert a[0] == "ok", (m, a)
+    for u, pw in (("root", "rootpw"), ("alice", "apw"), ("bob", "bpw")):
+        p.tok[u] = p.call("Authenticate", R.AuthenticateRequest(name=u, password=pw))[1].token
+    for k, v in ((b"/app/x", b"1"), (b"k1", b"1"), (b"secret", b"s")):
+        assert p.call("Put", R.PutRequest(key=k, value=v), p.tok["root"])[0] == "ok"
+    p.names, p.lease = {}, {}
+    p.lease["app"] = m_grant(p, b"/app/leased")  # alice may write its key, bob may not
+
+
+def m_more_leases(p):
+    p.lease["secret"] = m_grant(p, b"secret/l")  # neither may read or write its key
+    p.lease["k1"] = m_grant(p, b"k1")  # alice may read its key, not write it
+    p.lease["empty"] = m_grant(p)  # no keys
+
+
+def m_realign(pe, pk):
+    """Where kvd wrote and etcd refused (or the reverse), the one behind
+    gets root puts on /pad until both are at the same revision: one cell's
+    difference does not shift every later revision.  Returns the pads."""
+    rev = lambda p: p.call("Range", R.RangeRequest(key=b"/pad"), p.tok["root"])[1].header.revision
+    pads = 0
+    while True:
+        a, b = rev(pe), rev(pk)
+        if a == b:
+            return pads
+        pads += 1
+        p = pe if a < b else pk
+        p.call("Put", R.PutRequest(key=b"/pad", value=b"%d" % pads), p.tok["root"])
+
+
+def m_txn(*ops, nested=False, compare=None):
+    """A TxnRequest with ops (kind, key, extra) in success, or inside a txn in success."""
+    def build(p, ctx):
+        t = R.TxnRequest()
+        if compare:
+            t.compare.add(key=compare, target=R.Compare.VERSION, result=R.Compare.GREATER, version=0)
+        br = t.success.add().request_txn.success if nested else t.success
+        for kind, key, extra in ops:
+            key = ctx if key is None else key  # None: the key the row's setup made
+            op = br.add()
+            if kind == "range":
+                op.request_range.key = key
+            elif kind == "put":
+                op.request_put.key = key
+                op.request_put.value = b"t"
+                if extra == "prev_kv":
+                    op.request_put.prev_kv = True
+                elif extra:
+                    op.request_put.lease = p.lease[extra]
+        return t
+    return build
+
+
+def m_rows():
+    """(label, expected by caller, cell, per-cell setup or None); a bare
+    function is a step run on both servers between rows."""
+    Wc = R.WatchCreateRequest
+    KV = lambda m, resp, req: m_unary("KV", m, resp, req)
+    LE = lambda m, resp, req: m_unary("Lease", m, resp, req)
+    MA = lambda m, resp, req: m_unary("Maintenance", m, resp, req)
+    AU = lambda m, resp, req: m_unary("Auth", m, resp, req)
+    watch = lambda creq: m_stream("Watch", "Watch", "WatchResponse", R.WatchRequest(create_request=creq))
+    keepalive = lambda name: m_stream("Lease", "LeaseKeepAlive", "LeaseKeepAliveResponse",
+                                      lambda p, ctx: R.LeaseKeepAliveRequest(ID=p.lease[name]))
+    ttl = lambda name, keys: LE("LeaseTimeToLive", "LeaseTimeToLiveResponse",
+                                lambda p, ctx: R.LeaseTimeToLiveRequest(ID=p.lease[name], keys=keys))
+    revoke = LE("LeaseRevoke", "LeaseRevokeResponse", lambda p, ctx: R.LeaseRevokeRequest(ID=ctx))
+    leases = LE("LeaseLeases", "LeaseLeasesResponse", R.LeaseLeasesRequest())
+    grantp = lambda perm: AU("RoleGrantPermission", "AuthRoleGrantPermissionResponse",
+                             R.AuthRoleGrantPermissionRequest(name="other", perm=perm))
+    A = AUTHPB.Permission
+    lease_grant = LE("LeaseGrant", "LeaseGrantResponse", R.LeaseGrantRequest(TTL=600))
+
+    def grant_cell(p, md, ctx):  # a granted lease gets the next label
+        a = lease_grant(p, md, ctx)
+        if a[0] == "ok":
+            p.names[a[1].ID] = len(p.names) + 1
+        return a
+
+    def current_rev(p):  # after a write: each root cell compacts a revision of its own
+        return p.call("Put", R.PutRequest(key=b"/app/c", value=b"1"), p.tok["root"])[1].header.revision
+
+    def w_key(p):  # a key of its own for each cell, root's value in it: a prev_kv shows it
+        p.seq = getattr(p, "seq", 0) + 1
+        key = b"w/%d" % p.seq
+        p.call("Put", R.PutRequest(key=key, value=b"root's"), p.tok["root"])
+        return key
+
+    def member_id(p):
+        return p.call("Status", R.StatusRequest(), p.tok["root"])[1].header.member_id
+
+    return [
+        ("Range /app/x (rw)", rule("user", bob=DENIED), KV("Range", "RangeResponse", R.RangeRequest(key=b"/app/x")), None),
+        ("Range k1 (read)", rule("user", bob=DENIED), KV("Range", "RangeResponse", R.RangeRequest(key=b"k1")), None),
+        ("Range secret", rule("user", alice=DENIED, bob=DENIED), KV("Range", "RangeResponse", R.RangeRequest(key=b"secret")), None),
+        ("Range [k1, \\0)", rule("user", alice=DENIED, bob=DENIED),
+         KV("Range", "RangeResponse", R.RangeRequest(key=b"k1", range_end=b"\x00")), None),
+        ("Put /app/x prev_kv", rule("user", bob=DENIED),
+         KV("Put", "PutResponse", R.PutRequest(key=b"/app/x", value=b"2", prev_kv=True)), None),
+        ("Put k1 (read only)", rule("user", alice=DENIED, bob=DENIED), KV("Put", "PutResponse", R.PutRequest(key=b"k1", value=b"2")), None),
+        ("Put /app/p lease=L(app)", rule("user", bob=DENIED),
+         KV("Put", "PutResponse", lambda p, ctx: R.PutRequest(key=b"/app/p", value=b"1", lease=p.lease["app"])), None),
+        ("Put w/x (write only)", rule("user", bob=DENIED), KV("Put", "PutResponse", R.PutRequest(key=b"w/x", value=b"1")), None),
+        ("Put w/n prev_kv (write only)", rule("user", alice=DENIED, bob=DENIED),
+         KV("Put", "PutResponse", lambda p, ctx: R.PutRequest(key=ctx, value=b"1", prev_kv=True)), w_key),
+        ("DeleteRange /app/d prev_kv", rule("user", bob=DENIED),
+         KV("DeleteRange", "DeleteRangeResponse", R.DeleteRangeRequest(key=b"/app/d", prev_kv=True)), None),
+        ("DeleteRange k1 (read only)", rule("user", alice=DENIED, bob=DENIED),
+         KV("DeleteRange", "DeleteRangeResponse", R.DeleteRangeRequest(key=b"k1")), None),
+        ("Txn range /app/x", rule("user", bob=DENIED), KV("Txn", "TxnResponse", m_txn(("range", b"/app/x", None))), None),
+        ("Txn compare secret", rule("user", alice=DENIED, bob=DENIED),
+         KV("Txn", "TxnResponse", m_txn(("range", b"/app/x", None), compare=b"secret")), None),
+        ("Txn put secret", rule("user", alice=DENIED, bob=DENIED), KV("Txn", "TxnResponse", m_txn(("put", b"secret", None))), None),
+        ("Txn put w/x (write only)", rule("user", bob=DENIED), KV("Txn", "TxnResponse", m_txn(("put", b"w/x", None))), None),
+        ("Txn put w/n prev_kv (write only)", rule("user", alice=DENIED, bob=DENIED),
+         KV("Txn", "TxnResponse", m_txn(("put", None, "prev_kv"))), w_key),
+        ("Txn nested put /app/n", rule("user", bob=DENIED),
+         KV("Txn", "TxnResponse", m_txn(("put", b"/app/n", None), nested=True)), None),
+        ("Txn nested put secret", rule("user", alice=DENIED, bob=DENIED),
+         KV("Txn", "TxnResponse", m_txn(("put", b"secret", None), nested=True)), None),
+        ("Txn nested range secret", rule("user", alice=DENIED, bob=DENIED),
+         KV("Txn", "TxnResponse", m_txn(("range", b"secret", None), nested=True)), None),
+        ("Txn put /app/t lease=L(app)", rule("user", bob=DENIED),
+         KV("Txn", "TxnResponse", m_txn(("put", b"/app/t", "app"))), None),
+        ("LeaseLeases (L(app) only)", rule("user", bob=DENIED), leases, None),
+        m_more_leases,
+        ("Put /app/p lease=L(secret)", rule("user", alice=DENIED, bob=DENIED),
+         KV("Put", "PutResponse", lambda p, ctx: R.PutRequest(key=b"/app/p", value=b"1", lease=p.lease["secret"])), None),
+        ("Txn put /app/t lease=L(secret)", rule("user", alice=DENIED, bob=DENIED),
+         KV("Txn", "TxnResponse", m_txn(("put", b"/app/t", "secret"))), None),
+        ("Txn nested put /app/t lease=L(secret)", rule("user", alice=DENIED, bob=DENIED),
+         KV("Txn", "TxnResponse", m_txn(("put", b"/app/t", "secret"), nested=True)), None),
+        ("Compact (current rev)", rule("root"),
+         KV("Compact", "CompactionResponse", lambda p, ctx: R.CompactionRequest(revision=ctx)), current_rev),
+        ("Watch /app/ prefix", rule("user", watch=True, bob=DENIED), watch(Wc(key=b"/app/", range_end=b"/app0")), None),
+        ("Watch k1", rule("user", watch=True, bob=DENIED), watch(Wc(key=b"k1")), None),
+        ("Watch [k1, \\0)", rule("user", watch=True, alice=DENIED, bob=DENIED), watch(Wc(key=b"k1", range_end=b"\x00")), None),
+        ("Watch [\"\", \\0)", rule("user", watch=True, alice=DENIED, bob=DENIED), watch(Wc(key=b"", range_end=b"\x00")), None),
+        ("LeaseGrant", rule("user"), grant_cell, None),
+        ("LeaseRevoke L(no keys)", rule("user"), revoke, lambda p: m_grant(p)),
+        ("LeaseRevoke L(/app/rv)", rule("user", bob=DENIED), revoke, lambda p: m_grant(p, b"/app/rv")),
+        ("LeaseRevoke L(secret/rv)", rule("user", alice=DENIED, bob=DENIED), revoke, lambda p: m_grant(p, b"secret/rv")),
+        ("LeaseKeepAlive L(no keys)", rule("user"), keepalive("empty"), None),
+        ("LeaseKeepAlive L(app)", rule("user", bob=DENIED), keepalive("app"), None),
+        ("LeaseKeepAlive L(k1: read only)", rule("user", alice=DENIED, bob=DENIED), keepalive("k1"), None),
+        ("LeaseKeepAlive L(secret)", rule("user", alice=DENIED, bob=DENIED), keepalive("secret"), None),
+        ("LeaseTimeToLive L(secret)", rule("user"), ttl("secret", False), None),
+        ("LeaseTimeToLive L(secret) keys", rule("user", alice=DENIED, bob=DENIED), ttl("secret", True), None),
+        ("LeaseTimeToLive L(k1) keys", rule("user", bob=DENIED), ttl("k1", True), None),
+        ("LeaseTimeToLive L(no keys) keys", rule("user"), ttl("empty", True), None),
+        ("LeaseLeases (L(secret) too)", rule("user", alice=DENIED, bob=DENIED), leases, None),
+        ("MemberList linearizable", rule("user"),
+         m_unary("Cluster", "MemberList", "MemberListResponse", R.MemberListRequest(linearizable=True)), None),
+        ("Status", rule("user"), MA("Status", "StatusResponse", R.StatusRequest()), None),
+        ("Alarm GET", rule("user"), MA("Alarm", "AlarmResponse", R.AlarmRequest(action=R.AlarmRequest.GET)), None),
+        ("Alarm ACTIVATE NONE", rule("root"),
+         MA("Alarm", "AlarmResponse", R.AlarmRequest(action=R.AlarmRequest.ACTIVATE, alarm=R.NONE)), None),
+        ("Alarm DEACTIVATE NOSPACE", rule("root"),
+         MA("Alarm", "AlarmResponse", R.AlarmRequest(action=R.AlarmRequest.DEACTIVATE, alarm=R.NOSPACE)), None),
+        ("MoveLeader (to itself)", rule("root"),
+         MA("MoveLeader", "MoveLeaderResponse", lambda p, ctx: R.MoveLeaderRequest(targetID=ctx)), member_id),
+        ("Downgrade VALIDATE 3.6", rule("root"),
+         MA("Downgrade", "DowngradeResponse", R.DowngradeRequest(action=R.DowngradeRequest.VALIDATE, version="3.6")), None),
+        ("Defragment", rule("root"), MA("Defragment", "DefragmentResponse", R.DefragmentRequest()), None),
+        ("Snapshot", rule("root"), m_stream("Maintenance", "Snapshot", "SnapshotResponse", R.SnapshotRequest(), bidi=False), None),
+        ("Hash", rule("root"), MA("Hash", "HashResponse", R.HashRequest()), None),
+        ("HashKV", rule("root"), MA("HashKV", "HashKVResponse", R.HashKVRequest()), None),
+        ("AuthStatus", rule("none"), AU("AuthStatus", "AuthStatusResponse", R.AuthStatusRequest()), None),
+        ("UserGet alice", rule("root", alice="ok"), AU("UserGet", "AuthUserGetResponse", R.AuthUserGetRequest(name="alice")), None),
+        ("UserGet bob", rule("root", bob="ok"), AU("UserGet", "AuthUserGetResponse", R.AuthUserGetRequest(name="bob")), None),
+        ("RoleGet app", rule("root", alice="ok"), AU("RoleGet", "AuthRoleGetResponse", R.AuthRoleGetRequest(role="app")), None),
+        ("RoleGet root (never added)", rule("root", root=NOROLE), AU("RoleGet", "AuthRoleGetResponse", R.AuthRoleGetRequest(role="root")), None),
+        ("RoleGrantPermission key ''", rule("root", root=BADMGMT), grantp(A(permType=A.READ, key=b"")), None),
+        ("RoleGrantPermission ['', \\0)", rule("root", root=BADMGMT), grantp(A(permType=A.READ, key=b"", range_end=b"\x00")), None),
+        ("RoleGrantPermission [b, a)", rule("root", root=BADMGMT), grantp(A(permType=A.READ, key=b"b", range_end=b"a")), None),
+        ("RoleGrantPermission [b, b)", rule("root", root=BADMGMT), grantp(A(permType=A.READ, key=b"b", range_end=b"b")), None),
+        ("RoleGrantPermission [f/, \\0)", rule("root"), grantp(A(permType=A.WRITE, key=b"f/", range_end=b"\x00")), None),
+        ("RoleGrantPermission no perm", rule("root", root=NOPERM),
+         AU("RoleGrantPermission", "AuthRoleGrantPermissionResponse", R.AuthRoleGrantPermissionRequest(name="other")), None),
+        ("RoleGet other (after)", rule("root"), AU("RoleGet", "AuthRoleGetResponse", R.AuthRoleGetRequest(role="other")), None),
+        ("AuthStatus (after)", rule("none"), AU("AuthStatus", "AuthStatusResponse", R.AuthStatusRequest()), None),
+    ]
+
+
+@test
+def authorization_matrix_of_3_7():
+    """Section 3 of the 3.7 delta notes, cell by cell, side by side with
+    etcd 3.7.3: every RPC called with no token, a made-up token, alice (a
+    read-write and a read permission), bob (no role) and root -- and as
+    'authorization: Bearer <tok>' for alice, root and the made-up token.
+    Each cell: etcd's answer is the 3.7 rule's, and kvd's equals etcd's
+    (code and text; successes with ids, terms and TTL ticks normalised).
+    Where one server wrote and the other refused, revisions are realigned
+    before the next cell, so a difference shows in its own cell only.  One
+    correction to the notes: a refused watch's cancel_reason is the whole
+    gRPC status text, "rpc error: code = PermissionDenied desc = etcdserver:
+    permission denied", not the bare message."""
+    e = Etcd(COST)
+    k = Kvd(binary=SAN, args=COST)
+    pe, pk = Peer(e.endpoint()), Peer(k.endpoint())
+    for p in (pe, pk):
+        m_setup(p)
+    table, differ = [], []
+    for row in m_rows():
+        if callable(row):
+            for p in (pe, pk):
+                row(p)
+            continue
+        label, want, cell, setup = row
+        got = {}
+        for caller in CALLERS + list(BEARER):
+            ans = []
+            for p in (pe, pk):
+                ctx = setup(p) if setup else None
+                ans.append(cell(p, caller_md(p, caller), ctx))
+            oe, ok_ = m_outcome(ans[0]), m_outcome(ans[1])
+            rule_o = want[BEARER.get(caller, caller)]
+            check(oe == rule_o, "%s as %s: etcd answers %s, the 3.7 rule says %s" % (label, caller, oe, rule_o))
+            same = m_canon(pe, ans[0]) == m_canon(pk, ans[1])
+            if not check(same, "%s as %s: etcd %s, kvd %s" % (label, caller, show(ans[0])[:400], show(ans[1])[:400])):
+                differ.append((label, caller, show(ans[0])[:300], show(ans[1])[:300]))
+            got[caller] = m_short(oe) if same else "%s/kvd:%s" % (m_short(oe), m_short(ok_))
+            pads = m_realign(pe, pk)
+            if pads:
+                print("  after %s as %s: %d revision(s) realigned" % (label, caller, pads))
+        table.append((label, got))
+    cols = CALLERS + list(BEARER)
+    w = max(len(r[0]) for r in table)
+    print("  %-*s %s" % (w, "RPC", " ".join("%-8s" % c[:8] for c in cols)))
+    for label, got in table:
+        print("  %-*s %s" % (w, label, " ".join("%-8s" % got[c] for c in cols)))
+    print("  (E user name is empty, I invalid auth token, D permission denied, c.. a created+canceled watch;"
+          " x/kvd:y where kvd differs)")
+    print("  %d rows x %d callers; %d cells where kvd differs from etcd 3.7.3%s" % (
+        len(table), len(cols), len(differ), ":" if differ else ""))
+    for label, caller, a, b in differ:
+        print("    %s as %s:\n      etcd: %s\n      kvd:  %s" % (label, caller, a or "{}", b or "{}"))
+    check(k.alive(), "kvd alive after the matrix")
+    pe.close()
+    pk.close()
+    e.stop()
+    check(k.stop() == 0, "kvd stopped cleanly")
 
 
 if __name__ == "__main__":

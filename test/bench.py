@@ -4,6 +4,7 @@ data on the same disk.  A benchmark, not a test: it prints figures and
 kvd/etcd ratios (the README records them).
 
   test/bench.py [--n N] [--keys K] [--only transport|watch|lease|confd|kv]
+  test/bench.py --only kv3                   Put, Range, 200k keys' RSS: etcd 3.7.3, 3.4.23 and kvd
   test/bench.py --only rewrite [--mb 100]    Put latency during Defragment, kvd and etcd
   test/bench.py --only life                  disk writes per byte put over a simulated life
   test/bench.py --only snapshot [--keys K]   snapshot save (time, server RSS) and import of K keys x 100 B
@@ -34,12 +35,12 @@ CONFDBENCH = os.path.join(ROOT, "test", "confdbench")
 class EtcdDisk:
     """etcd with its data on the same disk as kvd's (durability costs the same)."""
 
-    def __init__(self, d=None, port=None, args=()):
+    def __init__(self, d=None, port=None, args=(), binary="etcd"):
         self.port = port or free_port()
         self.dir = d or tempfile.mkdtemp(prefix="etcd-bench-", dir=DISK)
         self.url = "http://127.0.0.1:%d" % self.port
         self.t0 = time.time()
-        self.p = subprocess.Popen(["etcd", "--name", "bench", "--data-dir", self.dir, "--listen-client-urls", self.url,
+        self.p = subprocess.Popen([binary, "--name", "bench", "--data-dir", self.dir, "--listen-client-urls", self.url,
                                    "--advertise-client-urls", self.url,
                                    "--listen-peer-urls", "http://127.0.0.1:%d" % free_port(), "--log-level", "error"]
                                   + list(args),
@@ -549,6 +550,50 @@ def http1_rows(n=100000):
     k.stop()
 
 
+def kv3_rows(n, nkeys):
+    """The issue-26 figures in one run: etcd 3.7.3 (test/peers), Debian's
+    etcd 3.4.23 and kvd, the same h2load calls and bodies, each server with
+    its data on the same disk; ratios are kvd's over each etcd's."""
+    from kvdtest import go_peer
+    e37 = go_peer("etcd")
+    if not e37:
+        print("SKIPPED: needs the etcd 3.7.3 peer (test/deps.sh test)")
+        return
+    servers = [("etcd 3.7.3", EtcdDisk(binary=e37)), ("etcd 3.4.23", EtcdDisk()),
+               ("kvd", Kvd(KVD, ["--name", "bench"], data_dir=tempfile.mkdtemp(prefix="kvd-bench-", dir=DISK)))]
+    for _, srv in servers:
+        wait_for(lambda: Client(srv.endpoint()).call("Range", R.RangeRequest(key=b"x"))[0] == "ok", 60)
+    print("%-40s %13s %13s %13s %9s %9s" % ("", "etcd 3.7.3", "etcd 3.4.23", "kvd", "kvd/3.7", "kvd/3.4"))
+
+    def row3(name, vals, unit="req/s", higher=True):
+        def fmt(v):
+            return ("%.2f %s" if 0 <= v < 10 and v != int(v) else "%.0f %s") % (v, unit)
+        ratios = [(vals[2] / v if higher else v / vals[2]) if v > 0 and vals[2] > 0 else float("nan") for v in vals[:2]]
+        print("%-40s %13s %13s %13s %9s %9s" % ((name,) + tuple(fmt(v) for v in vals) +
+                                               tuple("%.1fx" % r for r in ratios)), flush=True)
+    row3("idle RSS", [proc(srv.p.pid, "VmRSS") for _, srv in servers], "KiB", higher=False)
+    put = grpc_frame(R.PutRequest(key=b"foo", value=b"bar").SerializeToString())
+    rng = grpc_frame(R.RangeRequest(key=b"foo").SerializeToString())
+    srng = grpc_frame(R.RangeRequest(key=b"foo", serializable=True).SerializeToString())
+    row3("Put (durable) -c 1 -m 1", [h2load(srv.port, "/etcdserverpb.KV/Put", put, max(2000, n // 20), 1, 1)
+                                     for _, srv in servers])
+    row3("Put (durable) -c 16 -m 8", [h2load(srv.port, "/etcdserverpb.KV/Put", put, n, 16, 8) for _, srv in servers])
+    for name, body in (("Range linearizable", rng), ("Range serializable", srng)):
+        row3("%s -c 16 -m 8" % name, [h2load(srv.port, "/etcdserverpb.KV/Range", body, n, 16, 8)
+                                      for _, srv in servers])
+    rates = []
+    for _, srv in servers:
+        t0 = time.time()
+        load(srv.endpoint(), nkeys)
+        rates.append(nkeys / (time.time() - t0))
+    row3("load %d keys x 100 B (txns of 128)" % nkeys, rates, "keys/s")
+    time.sleep(1)
+    row3("RSS with %d keys" % nkeys, [proc(srv.p.pid, "VmRSS") for _, srv in servers], "KiB", higher=False)
+    for _, srv in servers:
+        srv.stop()
+        os.system("rm -rf %s" % srv.dir)
+
+
 def main(argv):
     n = int(argv[argv.index("--n") + 1]) if "--n" in argv else 100000
     nkeys = int(argv[argv.index("--keys") + 1]) if "--keys" in argv else 200000
@@ -570,6 +615,9 @@ def main(argv):
         return 0
     if only == "http1":
         http1_rows(n)
+        return 0
+    if only == "kv3":
+        kv3_rows(n, nkeys)
         return 0
     kvd_dir = tempfile.mkdtemp(prefix="kvd-bench-", dir=DISK)
     e = EtcdDisk()

@@ -38,11 +38,22 @@ cross=""
 # The Go test peers (test/peers: etcd, etcdctl and etcdutl 3.7.3, pinned by
 # its go.mod and go.sum), built once per machine into
 # $KVD_CACHE/go-peers-<hash of go.mod and go.sum>/bin, outside the tree.
+# Beside them, recipes (test/peers/recipes: clientv3 3.7's recipes, for
+# etcd37.py), built again whenever its source changes: bin/recipes.src holds
+# the hash of the source it was built from (recipes_src; etcd37.py computes
+# the same to refuse a stale binary).  Its source is not in the directory's
+# hash so that editing it does not rebuild etcd, etcdctl and etcdutl (the
+# slow part) nor move the directory kvdtest.go_peer() finds them in.
 # Go comes from PATH or /usr/local/go; without Go >= GO_MIN the suites that
 # need the peers say SKIPPED -- unless KVD_REQUIRE_GO_PEERS is set (CI), when
 # that is a failure.
 GO_MIN=1.26.0
 KVD_CACHE=${KVD_CACHE:-/var/cache/kvd-test}
+recipes_src() { # the paths and contents of test/peers/recipes/*.go, hashed
+	(cd "$1/test/peers" && for f in $(find recipes -type f -name '*.go' | LC_ALL=C sort); do
+		echo "$f" && cat "$f"
+	done) | sha256sum | cut -c1-64
+}
 go_peers() {
 	[ "${1:-build}" = test ] || return 0
 	top=$(cd "$(dirname "$0")/.." && pwd)
@@ -55,17 +66,29 @@ go_peers() {
 		return 0
 	fi
 	out=$KVD_CACHE/go-peers-$(cat "$top/test/peers/go.mod" "$top/test/peers/go.sum" | sha256sum | cut -c1-12)
-	[ -x "$out/bin/etcd" ] && [ -x "$out/bin/etcdctl" ] && [ -x "$out/bin/etcdutl" ] && return 0
-	echo "deps: building the Go test peers (etcd, etcdctl, etcdutl 3.7.3) with Go $have into $out"
-	mkdir -p "$KVD_CACHE" && rm -rf "$out.tmp" || exit 1
+	if ! [ -x "$out/bin/etcd" ] || ! [ -x "$out/bin/etcdctl" ] || ! [ -x "$out/bin/etcdutl" ]; then
+		echo "deps: building the Go test peers (etcd, etcdctl, etcdutl 3.7.3) with Go $have into $out"
+		mkdir -p "$KVD_CACHE" && rm -rf "$out.tmp" || exit 1
+		(cd "$top/test/peers" && export GOTOOLCHAIN=local GOFLAGS=-mod=readonly &&
+			"$go" build -trimpath -o "$out.tmp/bin/etcd" go.etcd.io/etcd/server/v3 &&
+			"$go" build -trimpath -o "$out.tmp/bin/etcdctl" go.etcd.io/etcd/etcdctl/v3 &&
+			"$go" build -trimpath -o "$out.tmp/bin/etcdutl" go.etcd.io/etcd/etcdutl/v3) || {
+			echo "deps: the Go test peers did not build" >&2
+			exit 1
+		}
+		mv "$out.tmp" "$out"
+	fi
+	src=$(recipes_src "$top") || exit 1
+	[ -x "$out/bin/recipes" ] && [ "$(cat "$out/bin/recipes.src" 2>/dev/null)" = "$src" ] && return 0
+	echo "deps: building the clientv3 3.7.3 recipes program into $out/bin"
 	(cd "$top/test/peers" && export GOTOOLCHAIN=local GOFLAGS=-mod=readonly &&
-		"$go" build -trimpath -o "$out.tmp/bin/etcd" go.etcd.io/etcd/server/v3 &&
-		"$go" build -trimpath -o "$out.tmp/bin/etcdctl" go.etcd.io/etcd/etcdctl/v3 &&
-		"$go" build -trimpath -o "$out.tmp/bin/etcdutl" go.etcd.io/etcd/etcdutl/v3) || {
-		echo "deps: the Go test peers did not build" >&2
+		"$go" build -trimpath -o "$out/bin/recipes.tmp" ./recipes) &&
+		echo "$src" >"$out/bin/recipes.src.tmp" &&
+		mv "$out/bin/recipes.tmp" "$out/bin/recipes" && mv "$out/bin/recipes.src.tmp" "$out/bin/recipes.src" || {
+		echo "deps: the recipes program did not build" >&2
+		rm -f "$out/bin/recipes.tmp" "$out/bin/recipes.src.tmp"
 		exit 1
 	}
-	mv "$out.tmp" "$out"
 }
 
 ganeti_lib() {

@@ -86,7 +86,7 @@ def full_disk(mnt):
           (len(ans[1].kvs) if ans[0] == "ok" else -1, ans[1].header.revision if ans[0] == "ok" else ans))
     check(k.alive(), "kvd alive")
     st = c.call("Status", R.StatusRequest(), service="etcdserverpb.Maintenance", resp="StatusResponse")[1]
-    check([e.endswith("alarm:NOSPACE ") for e in st.errors] == [True], "NOSPACE raised: %r" % list(st.errors))
+    check([e.endswith("alarm:NOSPACE") for e in st.errors] == [True], "NOSPACE raised: %r" % list(st.errors))
     check(not os.path.exists(os.path.join(d, "kvd.reserve")), "the reserve given back")
     # on the full disk: the lease expires (its key goes), deletes and compaction work
     check(wait_for(lambda: c.call("Range", R.RangeRequest(key=b"leased"))[1].count == 0, 30),

@@ -44,7 +44,7 @@ static void fz_mapping(struct kvd *k, const ProtobufCMessageDescriptor *d, const
 		return;
 	if (json_pb_encode(k, &pb1, d, doc.root, why) == 0 && !buf_reserve(k, &pb1, 1)) { /* never NULL */
 		if (pb_check(d, BUF_DATA(&pb1), BUF_LEN(&pb1), PB_MAX_DEPTH, why, sizeof why, &flags) == 0 &&
-		    !(flags & (PB_F_STRIP | PB_F_DEEP))) {
+		    !(flags & PB_F_STRIP)) {
 			if (!(m = pb_unpack(k, d, BUF_DATA(&pb1), BUF_LEN(&pb1), &oom))) {
 				if (!oom)
 					abort(); /* the mapping made bytes protobuf-c refuses */

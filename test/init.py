@@ -108,7 +108,9 @@ def configuration_errors_exit_2_before_the_data_dir():
         (["--restore-snapshot", d + "/nosnap"], {}, "--restore-snapshot"),
         (["--log-outputs", "/nonexistent-dir/kvd.log"], {}, "cannot open"),
         (["--log-outputs", "stderr,"], {}, "empty output name"),
-        (["--logger", "logrus"], {}, "unknown logger type"),
+        (["--logger", "logrus"], {}, 'unknown logger option "logrus"'),
+        (["--logger", "capnslog"], {}, "--logger=capnslog is removed in v3.5"),       # etcd 3.7's words
+        (["--experimental-watch-progress-notify-interval", "1s"], {}, "flag provided but not defined"),
         (["--log-level", "loud"], {}, "log-level"),
         (["--config-file", d + "/none.yml"], {}, "--config-file"),
         (["--config-file", bad_yaml], {}, 'line 3: unknown key "listen-client-url"'),
@@ -123,6 +125,112 @@ def configuration_errors_exit_2_before_the_data_dir():
     for args in (["--help"], ["--version"]):
         r = run(args)
         check(r.returncode == 0 and r.stdout, "%s: exit 0" % args)
+    shutil.rmtree(d)
+
+
+@test
+def tls_version_and_feature_gate_flags_as_etcd():
+    """--tls-min-version / --tls-max-version and --feature-gates: etcd 3.7's
+    values and refusals, the same words from both (etcd exits 1 or 2 on
+    them, kvd 2 as for any configuration error)."""
+    if not kvdtest.go_peers_or_skip("tls_version_and_feature_gate_flags_as_etcd"):
+        return
+    cases = [(["--tls-min-version", "TLS1.1"], 'unexpected TLS version "TLS1.1" (must be one of: TLS1.2, TLS1.3)'),
+             (["--tls-max-version", "tls1.3"], 'unexpected TLS version "tls1.3" (must be one of: TLS1.2, TLS1.3)'),
+             (["--tls-min-version", "TLS1.3", "--tls-max-version", "TLS1.2"],
+              "min version (TLS1.3) is greater than max version (TLS1.2)"),
+             (["--tls-min-version", "TLS1.3", "--cipher-suites", "TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256"],
+              "cipher suites cannot be configured when only TLS1.3 is enabled"),
+             (["--feature-gates", "InitialCorruptCheck=true,Nope=true"], "unrecognized feature gate: Nope"),
+             (["--feature-gates", "InitialCorruptCheck=maybe"],
+              'invalid value of InitialCorruptCheck=maybe, err: strconv.ParseBool: parsing "maybe": invalid syntax')]
+    for args, want in cases:
+        d = tempfile.mkdtemp(prefix="kvd-tlsv-")
+        r = run(["--data-dir", d + "/data"] + args)
+        e = subprocess.run([kvdtest.oracle(), "--data-dir", d + "/etcd"] + args, capture_output=True, text=True,
+                           timeout=60)
+        check(r.returncode == 2 and want in r.stderr, "kvd %s: %d %r" % (args, r.returncode, r.stderr[-300:]))
+        check(e.returncode != 0 and want in e.stderr.replace("\\\"", "\""), "etcd %s: %d %r" % (args, e.returncode, e.stderr[-300:]))
+        shutil.rmtree(d)
+    k = Kvd(KVD, ["--tls-min-version", "TLS1.2", "--tls-max-version", "TLS1.3",
+                  "--feature-gates", "StopGRPCServiceOnDefrag=true,FastLeaseKeepAlive=False"])
+    check(healthy(k.port), "TLS1.2 to TLS1.3 is taken (this build's newest is its maximum); etcd's gates too")
+    k.stop()
+
+
+def unix_get(path, target):
+    """GET target over the unix socket at path: (status, body)."""
+    import http.client
+
+    class C(http.client.HTTPConnection):
+        def connect(self):
+            self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            self.sock.settimeout(20)
+            self.sock.connect(path)
+    c = C("localhost")
+    c.request("GET", target)
+    r = c.getresponse()
+    out = (r.status, r.read())
+    c.close()
+    return out
+
+
+@test
+def unix_sockets_as_etcd():
+    """unix:// listeners (client and metrics URLs) side by side with etcd
+    3.7.3: etcdctl 3.7 and Debian's 3.4 over the socket, HTTP on it, a stale
+    socket file replaced, the file gone after a stop.  kvd leaves a file that
+    is not a socket alone and refuses to start (etcd would delete it)."""
+    if not kvdtest.go_peers_or_skip("unix_sockets_as_etcd"):
+        return
+    ctl37 = kvdtest.go_peer("etcdctl")
+    outs = {}
+    for name in ("etcd", "kvd"):
+        d = tempfile.mkdtemp(prefix="kvd-unix-")
+        sock, msock = os.path.join(d, "c.sock"), os.path.join(d, "m.sock")
+        stale = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        stale.bind(sock)
+        stale.close()  # the file stays: a socket nobody listens on
+        port = free_port()
+        # a metrics URL's socket is its host alone (etcd's createMetricsListener): a name in the cwd
+        urls = ["--listen-client-urls", "unix://%s,http://127.0.0.1:%d" % (sock, port),
+                "--advertise-client-urls", "http://127.0.0.1:%d" % port, "--listen-metrics-urls", "unix://m.sock"]
+        if name == "etcd":
+            p = spawn([kvdtest.oracle(), "--data-dir", d + "/data", "--listen-peer-urls",
+                       "http://127.0.0.1:%d" % free_port(), "--log-level", "error"] + urls,
+                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=d)
+        else:
+            p = spawn([KVD, "--data-dir", d + "/data"] + urls, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                      cwd=d)
+        check(wait_for(lambda: healthy(port), 60), "%s serves" % name)
+        ep = "unix://" + sock
+        got = []
+        for args in (["put", "k", "v"], ["get", "k"], ["endpoint", "health", "-w", "json"]):
+            r = subprocess.run([ctl37, "--endpoints", ep] + args, capture_output=True, text=True, timeout=30)
+            got.append((r.returncode, re.sub(r'"took":"[^"]*"', "", r.stdout).replace(d, "D")))
+        rc, out, err = etcdctl(ep, "get", "k", "--print-value-only")
+        got.append((rc, out))
+        st, body = unix_get(sock, "/version")
+        got.append((st, json.loads(body)))
+        st, body = unix_get(msock, "/health")
+        got.append((st, body))
+        st, body = unix_get(msock, "/metrics")
+        got.append((st, b"\nprocess_resident_memory_bytes " in body))
+        outs[name] = got
+        p.send_signal(signal.SIGTERM)
+        p.wait(30)
+        check(not os.path.exists(sock) and not os.path.exists(msock), "%s removed its socket files" % name)
+        shutil.rmtree(d)
+    check(outs["etcd"] == outs["kvd"] and outs["kvd"][1][0] == 0 and "v" in outs["kvd"][3][1],
+          "the same answers over unix sockets: %r" % outs)
+    d = tempfile.mkdtemp(prefix="kvd-unix-")
+    open(os.path.join(d, "c.sock"), "w").close()
+    r = run(["--data-dir", d + "/data", "--listen-client-urls", "unix://%s/c.sock" % d])
+    check(r.returncode != 0 and "not a socket" in r.stderr and os.path.isfile(os.path.join(d, "c.sock")),
+          "a regular file where the socket goes is left alone: %d %r" % (r.returncode, r.stderr[-200:]))
+    r = run(["--data-dir", d + "/data", "--listen-metrics-urls", "unix://%s/m.sock" % d])
+    check(r.returncode == 2 and "takes the URL's host alone" in r.stderr,
+          "a metrics URL with an empty host (etcd would bind no file) is refused: %r" % r.stderr[-200:])
     shutil.rmtree(d)
 
 
@@ -192,7 +300,8 @@ def log_outputs_stdout_file_and_syslog():
 
 
 # ------------------------------------------------------------------ config file
-SAMPLE = """# This is the configuration file for the etcd server (the shape of etcd 3.4's sample).
+SAMPLE = """# This is the configuration file for the etcd server (the shape of etcd 3.4's sample, with keys
+# 3.7 added and keys it removed, which its YAML decoding ignores).
 name: 'cfg-member'
 data-dir: %(dir)s
 wal-dir:
@@ -242,6 +351,9 @@ log-outputs: [stderr]
 force-new-cluster: false
 auto-compaction-mode: periodic
 auto-compaction-retention: "1"
+experimental-compaction-batch-limit: 500
+feature-gates: InitialCorruptCheck=true
+watch-progress-notify-interval: 600000000000
 max-txn-ops: 3
 """
 
@@ -259,7 +371,7 @@ def config_file_as_etcd_reads_it():
         with open(path, "w") as f:
             f.write(SAMPLE % {"dir": d + "/data", "peer": apeer if server == "etcd" else free_port(),
                               "apeer": apeer, "port": port})
-        cmd = ["etcd", "--config-file", path] if server == "etcd" else \
+        cmd = [kvdtest.oracle(), "--config-file", path] if server == "etcd" else \
             [KVD, "--config-file", path, "--name", "ignored", "--max-txn-ops", "100"]
         p = spawn(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=dict(os.environ, ETCD_NAME="ignored2"))
         check(wait_for(lambda: healthy(port), 60), "%s serves from its config file" % server)
@@ -486,7 +598,7 @@ def quick_start(p, d, lines):
     got = json.loads(outs[1].stdout) if outs[1].returncode == 0 else {}
     kv = got.get("kvs", [{}])[0]
     check(kv.get("key") == "Z3JlZXRpbmc=" and kv.get("value") == "aGVsbG8=", "get -w json: %r" % got)
-    check("127.0.0.1:2379" in outs[2].stdout and "3.4" in outs[2].stdout, "endpoint status table: %r" % outs[2].stdout)
+    check("127.0.0.1:2379" in outs[2].stdout and "3.7.3" in outs[2].stdout, "endpoint status table: %r" % outs[2].stdout)
 
 
 def notify_socket(d):

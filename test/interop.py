@@ -46,7 +46,7 @@ def etcdctl_endpoint_status():
     check(rc == 0, "etcdctl endpoint status rc=%d %s" % (rc, err))
     st = json.loads(out)[0]["Status"]
     h = st["header"]
-    check(st["version"] == "3.4.23", "version %r" % st.get("version"))
+    check(st["version"] == "3.7.3", "version %r" % st.get("version"))
     check(st["leader"] == h["member_id"], "leader is self")
     check(h["revision"] == 1 and h["raft_term"] == 2, "header %r" % h)
     check(st["raftIndex"] == 1 and st["raftAppliedIndex"] == 1, "raft index %r" % st)
@@ -88,10 +88,21 @@ def same_ids_as_etcd():
 
 
 @test
-def etcdctl_unimplemented():
-    k = Kvd(KVD)
-    rc, out, err = etcdctl(k, "move-leader", "1")
-    check(rc != 0 and "code = Unimplemented" in err and "not implemented yet" in err, "move-leader: %r" % err)
+def etcdctl_move_leader_like_etcd():
+    """MoveLeader (Debian's etcdctl 3.4 move-leader) as a one-member etcd 3.7.3
+    answers it: to an unknown member, "bad leader transferee"; to itself,
+    done.  The same name, so the same member id."""
+    import re
+    from kvdtest import Etcd
+    e, k = Etcd(), Kvd(KVD, ["--name", "ref"])
+    me = json.loads(etcdctl(k, "endpoint", "status", "-w", "json")[1])[0]["Status"]["header"]["member_id"]
+    for target in ("1", "%x" % me):
+        a = [etcdctl(s, "move-leader", target) for s in (e, k)]
+        a = [(r[0], r[1], re.sub(r'\{"level".*\n', "", r[2])) for r in a]
+        check(a[0] == a[1], "move-leader %s: etcd %r / kvd %r" % (target, a[0], a[1]))
+    check("bad leader transferee" in a[0][2] or "bad leader transferee" in etcdctl(k, "move-leader", "1")[2],
+          "the unknown member's refusal")
+    e.stop()
     k.stop()
 
 
@@ -157,7 +168,7 @@ def cluster_calls(endpoint, peer):
 
 @test
 def cluster_like_etcd():
-    """Membership RPCs as a one-node etcd 3.4 answers them (same flags, so
+    """Membership RPCs as a one-node etcd 3.7 answers them (same flags, so
     the same member and cluster ids), then etcdctl's member commands."""
     from kvdtest import Etcd
     peer = "http://127.0.0.1:%d" % free_port()
@@ -480,7 +491,7 @@ def flags_and_errors():
     rc, out, err = run("--listen-client-urls", "https://127.0.0.1:1")
     check(rc == 2 and "--cert-file" in err and err.count("\n") == 1, "https without a certificate refused: %r" % err)
     rc, out, err = run("--version")
-    check(rc == 0 and out.startswith("kvd Version: ") and "etcd API Version: 3.4.23" in out, "version: %r" % out)
+    check(rc == 0 and out.startswith("kvd Version: ") and "etcd API Version: 3.7.3" in out, "version: %r" % out)
     rc, out, err = run("--help")
     check(rc == 0 and "--listen-client-urls" in out, "help")
     k = Kvd(KVD)
@@ -529,7 +540,7 @@ def http1_gets_an_answer():
         if not d:
             break
         data += d
-    check(data.startswith(b"HTTP/1.1 200 OK") and data.endswith(b'{"health":"true"}'), "HTTP/1.1 answer: %r" % data[:80])
+    check(data.startswith(b"HTTP/1.1 200 OK") and data.endswith(b'{"health":"true","reason":""}'), "HTTP/1.1 answer: %r" % data[:80])
     k.stop()
 
 
@@ -594,6 +605,66 @@ def full_table_evicts_the_oldest_idle():
     check(not goaways(old[1].frames(0.3)) and not goaways(old[2].frames(0.3)), "the others stay")
     for c in old + [new]:
         c.close()
+    k.stop()
+
+
+@test
+def downgrade_like_etcd():
+    """Maintenance/Downgrade as a one-member etcd 3.7.3 answers it: validate
+    (3.6 and 3.6.x taken, 3.5 and 3.8 invalid, "x" a bad format, an unknown
+    action), enable, a second enable (in progress), Status' downgradeInfo and
+    storageVersion and /version once etcd has lowered its cluster version
+    (at its next check, within seconds: waited for, not slept), a cancel,
+    and the versions back; each answer compared field by field."""
+    import urllib.request
+    from kvdtest import Etcd, pb, wait_for
+    R = pb()["rpc"]
+    e, k = Etcd(), Kvd(KVD)
+
+    def call(ep, m, req, resp):
+        ch = grpc.insecure_channel(ep)
+        f = ch.unary_unary("/etcdserverpb.Maintenance/%s" % m, request_serializer=lambda x: x.SerializeToString(),
+                           response_deserializer=resp.FromString)
+        try:
+            r = f(req, timeout=10)
+            r.header.Clear() if r.HasField("header") and m == "Status" else None
+            if m == "Downgrade":
+                r.header.cluster_id = r.header.member_id = r.header.raft_term = 0
+            if m == "Status":
+                for f_ in ("dbSize", "dbSizeInUse", "leader", "raftIndex", "raftTerm", "raftAppliedIndex"):
+                    setattr(r, f_, 0)
+            return ("ok", r.SerializeToString(deterministic=True).hex())
+        except grpc.RpcError as x:
+            return ("err", x.code().name, x.details())
+        finally:
+            ch.close()
+
+    def version(srv):
+        return json.loads(urllib.request.urlopen("http://%s/version" % srv.endpoint(), timeout=10).read())
+
+    V, E, C = (R.DowngradeRequest.VALIDATE, R.DowngradeRequest.ENABLE, R.DowngradeRequest.CANCEL)
+    def steps(todo):
+        for act, ver in todo:
+            a = [call(s.endpoint(), "Downgrade", R.DowngradeRequest(action=act, version=ver), R.DowngradeResponse)
+                 for s in (e, k)]
+            check(a[0] == a[1], "%d %r: etcd %r / kvd %r" % (act, ver, a[0], a[1]))
+    steps([(V, "3.6"), (V, "3.6.9"), (V, "3.6.0-rc.1"), (V, "3.5"), (V, "3.8"), (V, "x"), (V, "3"), (V, ""),
+           (7, "3.6"), (C, ""), (E, "3.5"), (E, "3.6")])
+    # etcd lowers the cluster version at its next check; what it answers next depends on it: wait
+    check(wait_for(lambda: version(e)["etcdcluster"] == "3.6.0" and version(e)["storage"] == "3.6.0", 60),
+          "etcd lowered its cluster version: %r" % version(e))
+    steps([(E, "3.6"), (V, "3.6"), (V, "3.5")])
+    check(version(e) == version(k), "/version while downgrading: %r %r" % (version(e), version(k)))
+    st = [call(s.endpoint(), "Status", R.StatusRequest(), R.StatusResponse) for s in (e, k)]
+    check(st[0] == st[1], "Status while downgrading (downgradeInfo, storageVersion): %r %r" % tuple(st))
+    a = [call(s.endpoint(), "Downgrade", R.DowngradeRequest(action=C), R.DowngradeResponse) for s in (e, k)]
+    check(a[0] == a[1] and a[0][0] == "ok", "cancel: %r %r" % tuple(a))
+    check(wait_for(lambda: version(e)["etcdcluster"] == "3.7.0", 60), "etcd's cluster version back: %r" % version(e))
+    check(version(e) == version(k) == {"etcdserver": "3.7.3", "etcdcluster": "3.7.0", "storage": "3.7.0"},
+          "/version after the cancel: %r %r" % (version(e), version(k)))
+    st = [call(s.endpoint(), "Status", R.StatusRequest(), R.StatusResponse) for s in (e, k)]
+    check(st[0] == st[1], "Status after the cancel: %r %r" % tuple(st))
+    e.stop()
     k.stop()
 
 

@@ -160,12 +160,13 @@ def bolt_read(data):
 
 
 def bolt_hash(buckets, with_ci):
-    """etcd's Maintenance.Hash (without consistent_index) or the status hash."""
+    """etcd 3.7's Maintenance.Hash (without meta's consistent_index, term
+    and storageVersion: its DefaultIgnores) or the status hash (all)."""
     h = 0
     for name in sorted(buckets):
         h = crc32c(h, name.encode())
         for k, v in buckets[name]:
-            if name == "meta" and k == b"consistent_index" and not with_ci:
+            if name == "meta" and k in (b"consistent_index", b"term", b"storageVersion") and not with_ci:
                 continue
             h = crc32c(h, k)
             h = crc32c(h, v)
@@ -334,7 +335,7 @@ def etcd_restores_a_kvd_snapshot():
                               "members_removed", "meta"], "etcd's ten buckets")
     h = maint(c, "Hash", R.HashRequest(), "HashResponse")
     check(h[0] == "ok" and h[1].hash == bolt_hash(buckets, False) and h[1].header.revision == kvs[2],
-          "Hash = the file's hash without consistent_index: %s" % (h,))
+          "Hash = the file's hash without consistent_index, term, storageVersion: %s" % (h,))
     comp = dict(buckets["meta"]).get(b"finishedCompactRev")
     check(g.compacted > 0 and comp and struct.unpack(">q", comp[:8])[0] == g.compacted, "finishedCompactRev")
     # every key record decodes, revisions ascend
@@ -351,7 +352,8 @@ def etcd_restores_a_kvd_snapshot():
     e_kvs = all_kvs(ce)
     check(e_kvs == kvs, "etcd serves every key as kvd: %d keys" % len(kvs[1]))
     check(leases(ce) == leases(c), "the same leases, TTLs and keys: %s" % leases(c))
-    check(hashkv(ce) == hashkv(c), "HashKV at the current revision: %s %s" % (hashkv(ce), hashkv(c)))
+    check(hashkv(ce, kvs[2]) == hashkv(c, kvs[2]),
+          "HashKV at the current revision: %s %s" % (hashkv(ce, kvs[2]), hashkv(c, kvs[2])))
     for rev in random.Random(3).sample(range(g.compacted + 1, kvs[2] + 1), 12):
         check(hashkv(ce, rev) == hashkv(c, rev), "HashKV at %d" % rev)
         check(all_kvs(ce, rev) == all_kvs(c, rev), "Range at %d" % rev)
@@ -484,7 +486,9 @@ def same_store(ca, cb, g, what, rnd):
     a, b = all_kvs(ca), all_kvs(cb)
     check(a == b, "%s: every key (%d)" % (what, len(a[1]) if a[0] == "ok" else -1))
     check(leases(ca) == leases(cb), "%s: leases" % what)
-    check(hashkv(ca) == hashkv(cb), "%s: HashKV now %s %s" % (what, hashkv(ca), hashkv(cb)))
+    # at the current revision by number: HashKV(0) after a Compact(0) answers from etcd 3.7's
+    # memory of compaction hashes, which a restored store does not have
+    check(hashkv(ca, a[2]) == hashkv(cb, a[2]), "%s: HashKV now %s %s" % (what, hashkv(ca, a[2]), hashkv(cb, a[2])))
     bad = [rev for rev in rnd.sample(range(max(g.compacted, 1) + 1, a[2] + 1), 10)
            if hashkv(ca, rev) != hashkv(cb, rev) or all_kvs(ca, rev) != all_kvs(cb, rev)]
     check(not bad, "%s: HashKV and Range at past revisions: %s" % (what, bad))

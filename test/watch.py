@@ -256,7 +256,7 @@ def max_watchers():
 
 @test
 def progress_notify_and_fragments():
-    k = Kvd(KVD, ["--experimental-watch-progress-notify-interval", "300ms", "--max-request-bytes", "10000"])
+    k = Kvd(KVD, ["--watch-progress-notify-interval", "300ms", "--max-request-bytes", "10000"])
     w = WatchStream(k.endpoint())
     w.create(key=b"pn", progress_notify=True)
     check(w.wait(1), "created")
