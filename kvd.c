@@ -9941,7 +9941,7 @@ static int svc_range(struct kvd *k, const Etcdserverpb__RangeRequest *rq, int64_
 	at = rev >= cur ? 0 : rev; /* 0: the latest state, which RAM holds */
 	sorted = rq->sort_order != SORT_NONE || rq->min_mod_revision || rq->max_mod_revision ||
 	         rq->min_create_revision || rq->max_create_revision;
-	fetch = sorted ? 0 : rq->limit > 0 ? rq->limit + 1 : 0;
+	fetch = sorted || rq->limit <= 0 ? 0 : rq->limit < INT64_MAX ? rq->limit + 1 : INT64_MAX; /* etcd's rangeLimit */
 	it = mvcc_seek(m, rq->key.data, rq->key.len, &eq);
 	if (!rq->range_end.len && !eq)
 		it.li = m->nleaf; /* a single key that does not exist */
@@ -16629,8 +16629,10 @@ static void watch_fini(struct kvd *k)
  * their input order.  The writer emits ASCII only (\uXXXX for the rest), and
  * numbers as Haskell's Text.JSON does (Ganeti's confd is the peer that
  * cares): an integral value as an integer, others as Haskell's `show` of a
- * Double.  Syntax errors are worded as Go's encoding/json words them (the
- * gateway's clients read etcd's).  The gateway's protobuf mapping follows.
+ * Double.  Syntax errors are worded as Go's encoding/json words them.  This
+ * tree serves confd and JWTs; the gateway's bodies are read, and its answers
+ * written, by the protobuf mapping that follows (two readers of its own, as
+ * grpc-gateway has them, neither building a tree).
  */
 
 #define JSON_MAX_DEPTH 64
@@ -16705,10 +16707,11 @@ static int json_fail(struct json_parser *ps, const char *why)
  * 'x' looking for beginning of value"; "unexpected EOF" past the end), as
  * the gateway's clients read them from etcd.
  */
+static void json_go_char(unsigned c, char *q);
+
 static int json_syntax(struct json_parser *ps, const uint8_t *at, const char *ctx)
 {
-	char q[8];
-	unsigned c;
+	char q[12];
 
 	if (ps->err)
 		return KVD_EPROTO;
@@ -16716,19 +16719,7 @@ static int json_syntax(struct json_parser *ps, const uint8_t *at, const char *ct
 		ps->err = "unexpected EOF";
 		return KVD_EPROTO;
 	}
-	c = *at;
-	if (c == '\\' || c == '\'')
-		snprintf(q, sizeof q, "\\%c", c);
-	else if (c == '\n' || c == '\r' || c == '\t')
-		snprintf(q, sizeof q, "\\%c", c == '\n' ? 'n' : c == '\r' ? 'r' : 't');
-	else if (c < 0x20 || c == 0x7f)
-		snprintf(q, sizeof q, "\\x%02x", c);
-	else if (c >= 0x80 && (c <= 0xa0 || c == 0xad)) /* strconv.Quote of U+00XX */
-		snprintf(q, sizeof q, "\\u00%02x", c);
-	else if (c >= 0x80)
-		snprintf(q, sizeof q, "%c%c", 0xc0 | c >> 6, 0x80 | (c & 0x3f));
-	else
-		snprintf(q, sizeof q, "%c", c);
+	json_go_char(*at, q);
 	snprintf(ps->doc->why, sizeof ps->doc->why, "invalid character '%s' %s", q, ctx);
 	ps->err = ps->doc->why;
 	return KVD_EPROTO;
@@ -16805,6 +16796,94 @@ static uint8_t *json_put_utf8(uint8_t *o, uint32_t c)
 		*o++ = (uint8_t)(0x80 | (c & 0x3f));
 	}
 	return o;
+}
+
+/*
+ * Go's strconv quoting, which the errors the gateway's clients read use.
+ * json_go_print: unicode.IsPrint, to the extent kvd can know it -- control
+ * and format characters, separators other than ' ', private use and
+ * noncharacters are not printable; kvd has no table of unassigned code
+ * points, which Go also escapes.
+ */
+static int json_go_print(uint32_t r)
+{
+	if (r < 0x20 || (r >= 0x7f && r <= 0xa0) || r == 0xad)
+		return 0;
+	if (r < 0x600)
+		return 1;
+	return !((r >= 0x600 && r <= 0x605) || r == 0x61c || r == 0x6dd || r == 0x70f || r == 0x1680 || r == 0x180e ||
+	         (r >= 0x2000 && r <= 0x200f) || (r >= 0x2028 && r <= 0x202f) || (r >= 0x205f && r <= 0x206f) ||
+	         r == 0x3000 || (r >= 0xd800 && r <= 0xf8ff) || r == 0xfeff || (r >= 0xfff9 && r <= 0xfffb) ||
+	         (r & 0xfffe) == 0xfffe || r >= 0xf0000);
+}
+
+/* The rune of the valid UTF-8 sequence p[0..l) (json_utf8_len said l). */
+static uint32_t json_utf8_rune(const uint8_t *p, size_t l)
+{
+	if (l == 1)
+		return p[0];
+	if (l == 2)
+		return (p[0] & 0x1fu) << 6 | (p[1] & 0x3fu);
+	if (l == 3)
+		return (p[0] & 0x0fu) << 12 | (p[1] & 0x3fu) << 6 | (p[2] & 0x3fu);
+	return (p[0] & 0x07u) << 18 | (p[1] & 0x3fu) << 12 | (p[2] & 0x3fu) << 6 | (p[3] & 0x3fu);
+}
+
+/* Rune r as it stands inside a Go double-quoted string (strconv.Quote). */
+static char *json_go_rune(char *o, uint32_t r)
+{
+	static const char hex[] = "0123456789abcdef";
+
+	if (r == '"' || r == '\\') {
+		*o++ = '\\';
+		*o++ = (char)r;
+	} else if (json_go_print(r)) {
+		o = (char *)json_put_utf8((uint8_t *)o, r);
+	} else if (r >= '\a' && r <= '\r') {
+		*o++ = '\\';
+		*o++ = "abtnvfr"[r - '\a'];
+	} else if (r < 0x20 || r == 0x7f) {
+		o += sprintf(o, "\\x%c%c", hex[r >> 4], hex[r & 15]);
+	} else {
+		o += sprintf(o, r < 0x10000 ? "\\u%04x" : "\\U%08x", (unsigned)r);
+	}
+	return o;
+}
+
+/* Go's %q of the bytes s[0..n) (a byte that is not UTF-8 as \xNN) into
+ * out, which has room for 10 * n + 3. */
+static void json_go_quote(const uint8_t *s, size_t n, char *out)
+{
+	const uint8_t *p = s, *end = s + n;
+	char *o = out;
+	size_t l;
+
+	*o++ = '"';
+	while (p < end) {
+		if (*p < 0x80 || !(l = json_utf8_len(p, end))) {
+			if (*p >= 0x80)
+				o += sprintf(o, "\\x%02x", *p);
+			else
+				o = json_go_rune(o, *p);
+			p++;
+			continue;
+		}
+		o = json_go_rune(o, json_utf8_rune(p, l));
+		p += l;
+	}
+	*o++ = '"';
+	*o = 0;
+}
+
+/* Byte c as encoding/json's syntax errors quote it (quoteChar: the byte
+ * taken as a Latin-1 rune), without the single quotes; q has room for 12. */
+static void json_go_char(unsigned c, char *q)
+{
+	if (c == '\'' || c == '"') {
+		snprintf(q, 12, "%s", c == '"' ? "\"" : "\\'");
+		return;
+	}
+	*json_go_rune(q, c) = 0;
 }
 
 /* A string at ps->p (after the quote): unescaped into the arena. */
@@ -17248,40 +17327,80 @@ static KVD_UNUSED void json_write(struct kvd *k, struct kvd_buf *b, const struct
 /* ---- protobuf <-> JSON, as etcd's gateway maps them ---------------------- */
 
 /*
- * The gateway's JSON mapping has this one owner.  etcd 3.4 serves it with
- * grpc-gateway v1 and golang/protobuf's jsonpb (OrigName on), so:
+ * The gateway's JSON mapping has this one owner.  etcd 3.7 serves it with
+ * grpc-gateway v2, whose marshaller is google.golang.org/protobuf's
+ * protojson (UseProtoNames; unpopulated fields left out; DiscardUnknown on
+ * input).
  *
- *   out  fields in number order (etcd's protos declare them so) under their
- *        proto names; zero scalars, empty lists and absent messages left out,
- *        but a oneof member or a present, empty message is written; 64-bit
- *        integers as strings, 32-bit ones as numbers; bytes as standard
- *        base64; enums by name; strings escaped as Go's encoding/json does
- *        (UTF-8 kept, <>& and U+2028/9 escaped, bad bytes as U+FFFD).
- *   in   an object per message; each field by its proto name, else its
- *        lowerCamel JSON name (the last member of that name wins, as jsonpb
- *        reads a map); unknown members ignored (the gateway allows them);
- *        null = absent; numbers bare or quoted; enums by name or number;
- *        bytes standard base64.  Errors are jsonpb's / encoding/json's texts.
+ * In, two readers, as grpc-gateway has them.  It reads a body with
+ * encoding/json's Decoder, one value (a bidi stream's body: one value per
+ * message), and hands exactly that value's bytes -- the space before it
+ * dropped, whatever follows unread -- to protojson.Unmarshal:
  *
- * JSON in is encoded straight to protobuf bytes, so a gateway request meets
- * exactly the decoder (and its checks) a gRPC request meets; answers are
- * the messages a gRPC client would get, unpacked and written here.
+ *   json_scan is the Decoder: Go's scanner, allocation-free and bounded
+ *     (JSON_MAX_DEPTH).  Its words for a syntax error ("invalid character
+ *     'x' looking for beginning of value"; "unexpected EOF" when the body
+ *     ends inside a value); a body of nothing but space is no request at
+ *     all; a value that may still grow is "need more" (KVD_EAGAIN), a bad
+ *     one is bad as soon as its first bad byte is in.  Go's scanner takes
+ *     any byte above 0x1f in a string and any \uXXXX; a top-level number,
+ *     string or literal ends at the byte after it (5xyz is the value 5).
+ *   json_pj_decode is protojson reading that value, token by token in
+ *     document order, the first fault its answer:
+ *       - a member names a field by its JSON (lowerCamel) name, else by its
+ *         proto name; an unknown name, or an extension's "[...]", is
+ *         skipped (its value still read);
+ *       - a field named twice (by either name) is refused, and so is a
+ *         second member of a oneof; null leaves a field unset (but named);
+ *       - integers: a number, or a string holding one with no space around
+ *         it (what follows the number's delimiter is ignored: "12 x" is 12);
+ *         1e2 and 1.0 are integers, 1.5 is not;
+ *       - enums by name -- an unknown name is dropped, as if absent -- or by
+ *         number, not by a quoted number;
+ *       - bytes: base64, URL-safe if the text holds '-' or '_', unpadded if
+ *         its length is not a multiple of 4, CR and LF ignored;
+ *       - strings must be UTF-8, a surrogate escape must be half of a pair.
+ *     Its words: "proto: (line 1:23): invalid value for int64 field limit:
+ *     1.5", "proto: (line 1:16): duplicate field \"key\"", "proto: syntax
+ *     error (line 1:1): unexpected token 5" (a field's JSON name, the
+ *     token as written; line and rune column from the value's first byte;
+ *     a token quoted in an error is cut at JSON_PJ_RAW bytes, Go's is not).
+ *     "proto: " is written with plain spaces: protojson picks plain or
+ *     no-break ones per build, and etcd 3.7.3's build has plain ones.
+ *   JSON in is encoded straight to protobuf bytes, so a gateway request
+ *   meets exactly the decoder (and its checks) a gRPC request meets.
  *
- * etcd 3.7 moved to grpc-gateway v2 and protojson.  The visible shape of
- * good requests and answers is the same (section 22 writes v2's error
- * bodies and routes); what is still jsonpb's here, and so differs from
- * 3.7, is the words for malformed JSON, duplicate members (protojson
- * refuses them), unknown enum names (protojson drops them), URL-safe
- * base64 (protojson takes it) and HTML escaping in unary answers (protojson
- * does none).  test/gateway.py prints each such case.
+ * Out: answers are the messages a gRPC client would get, unpacked and
+ * written: fields in number order (etcd's protos declare them so) under
+ * their proto names; zero scalars, empty lists and absent messages left
+ * out, but a oneof member or a present, empty message written; 64-bit
+ * integers as strings, 32-bit ones as numbers; bytes as standard base64;
+ * enums by name; strings as protojson writes them ('"', '\\' and control
+ * bytes escaped, the rest as is: no HTML escapes).  A stream's
+ * {"result":...} line is encoding/json's map around protojson's bytes,
+ * which escapes <, >, & and U+2028/9 again (json_put_pjstr's html).
+ * protojson refuses to write a string that is not UTF-8; kvd holds none
+ * (requests are checked), so a stray bad byte is written as U+FFFD.
  */
 
-#define JSON_PB_WHY 192
+#define JSON_PB_WHY 512 /* call_finish keeps 511 bytes */
+#define JSON_PJ_RAW 400 /* a token quoted in an error, at most (cut between runes) */
 
 static const char json_b64std[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
 
-/* A string as Go's encoding/json writes it (HTML-safe). */
-static void json_put_gostr(struct kvd *k, struct kvd_buf *b, const void *s, size_t n)
+static int json_space(unsigned c)
+{
+	return c == ' ' || c == '\t' || c == '\n' || c == '\r';
+}
+
+/* ---- JSON out -------------------------------------------------------------- */
+
+/*
+ * A string as protojson writes it: '"', '\\' and control bytes escaped (\b
+ * \f \n \r \t, else \u00xx), the rest as is.  html: as encoding/json then
+ * re-escapes it inside a stream's line (<, >, & and U+2028/9 as \uXXXX).
+ */
+static void json_put_pjstr(struct kvd *k, struct kvd_buf *b, const void *s, size_t n, int html)
 {
 	static const char hex[] = "0123456789abcdef";
 	const uint8_t *p = s, *end = p + n;
@@ -17303,10 +17422,10 @@ static void json_put_gostr(struct kvd *k, struct kvd_buf *b, const void *s, size
 			if (c == '"' || c == '\\') {
 				*o++ = '\\';
 				*o++ = c;
-			} else if (c == '\n' || c == '\r' || c == '\t') {
+			} else if (c == '\b' || c == '\f' || c == '\n' || c == '\r' || c == '\t') {
 				*o++ = '\\';
-				*o++ = c == '\n' ? 'n' : c == '\r' ? 'r' : 't';
-			} else if (c < 0x20 || c == '<' || c == '>' || c == '&') {
+				*o++ = c == '\b' ? 'b' : c == '\f' ? 'f' : c == '\n' ? 'n' : c == '\r' ? 'r' : 't';
+			} else if (c < 0x20 || (html && (c == '<' || c == '>' || c == '&'))) {
 				memcpy(o, "\\u00", 4);
 				o[4] = (uint8_t)hex[c >> 4];
 				o[5] = (uint8_t)hex[c & 15];
@@ -17317,12 +17436,12 @@ static void json_put_gostr(struct kvd *k, struct kvd_buf *b, const void *s, size
 			continue;
 		}
 		if (!(l = json_utf8_len(p, end))) {
-			memcpy(o, "\\ufffd", 6);
-			o += 6;
+			memcpy(o, "\xef\xbf\xbd", 3);
+			o += 3;
 			p++;
 			continue;
 		}
-		if (l == 3 && p[0] == 0xe2 && p[1] == 0x80 && (p[2] == 0xa8 || p[2] == 0xa9)) {
+		if (html && l == 3 && p[0] == 0xe2 && p[1] == 0x80 && (p[2] == 0xa8 || p[2] == 0xa9)) {
 			memcpy(o, p[2] == 0xa8 ? "\\u2028" : "\\u2029", 6);
 			o += 6;
 		} else {
@@ -17344,17 +17463,6 @@ static void json_put_b64(struct kvd *k, struct kvd_buf *b, const uint8_t *p, siz
 	b->p[b->len++] = '"';
 }
 
-/* Go's name of an enum type in jsonpb's errors: "etcdserverpb.Compare_CompareTarget". */
-static void json_pb_enum_name(const ProtobufCEnumDescriptor *e, char *out, size_t cap)
-{
-	size_t n = e->package_name ? strlen(e->package_name) : 0, i;
-
-	snprintf(out, cap, "%s", e->name);
-	for (i = n + 1; i < cap && out[i]; i++)
-		if (out[i] == '.')
-			out[i] = '_';
-}
-
 static size_t json_pb_elem_size(const ProtobufCFieldDescriptor *f)
 {
 	switch (f->type) {
@@ -17369,9 +17477,9 @@ static size_t json_pb_elem_size(const ProtobufCFieldDescriptor *f)
 	}
 }
 
-static void json_pb_write(struct kvd *k, struct kvd_buf *b, const ProtobufCMessage *m);
+static void json_pb_write(struct kvd *k, struct kvd_buf *b, const ProtobufCMessage *m, int html);
 
-static void json_pb_value(struct kvd *k, struct kvd_buf *b, const ProtobufCFieldDescriptor *f, const void *v)
+static void json_pb_value(struct kvd *k, struct kvd_buf *b, const ProtobufCFieldDescriptor *f, const void *v, int html)
 {
 	char t[32];
 
@@ -17400,7 +17508,7 @@ static void json_pb_value(struct kvd *k, struct kvd_buf *b, const ProtobufCField
 	case PROTOBUF_C_TYPE_ENUM: {
 		const ProtobufCEnumValue *ev = protobuf_c_enum_descriptor_get_value(f->descriptor, *(const int *)v);
 		if (ev) {
-			json_put_gostr(k, b, ev->name, strlen(ev->name));
+			json_put_pjstr(k, b, ev->name, strlen(ev->name), html);
 			return;
 		}
 		snprintf(t, sizeof t, "%d", *(const int *)v);
@@ -17408,7 +17516,7 @@ static void json_pb_value(struct kvd *k, struct kvd_buf *b, const ProtobufCField
 	}
 	case PROTOBUF_C_TYPE_STRING: {
 		const char *s = *(char *const *)v;
-		json_put_gostr(k, b, s ? s : "", s ? strlen(s) : 0);
+		json_put_pjstr(k, b, s ? s : "", s ? strlen(s) : 0, html);
 		return;
 	}
 	case PROTOBUF_C_TYPE_BYTES: {
@@ -17417,7 +17525,7 @@ static void json_pb_value(struct kvd *k, struct kvd_buf *b, const ProtobufCField
 		return;
 	}
 	default: /* PROTOBUF_C_TYPE_MESSAGE */
-		json_pb_write(k, b, *(ProtobufCMessage *const *)v);
+		json_pb_write(k, b, *(ProtobufCMessage *const *)v, html);
 		return;
 	}
 	json_put_raw(k, b, t);
@@ -17440,9 +17548,9 @@ static int json_pb_zero(const ProtobufCFieldDescriptor *f, const void *v)
 	}
 }
 
-/* Message m as jsonpb (OrigName) writes it.  Depth is the message's: the
- * decoder bounded it (PB_MAX_DEPTH). */
-static void json_pb_write(struct kvd *k, struct kvd_buf *b, const ProtobufCMessage *m)
+/* Message m as protojson (UseProtoNames) writes it; html: inside a stream's
+ * line.  Depth is the message's: the decoder bounded it (PB_MAX_DEPTH). */
+static void json_pb_write(struct kvd *k, struct kvd_buf *b, const ProtobufCMessage *m, int html)
 {
 	const ProtobufCMessageDescriptor *d = m->descriptor;
 	const uint8_t *base = (const uint8_t *)m;
@@ -17469,40 +17577,741 @@ static void json_pb_write(struct kvd *k, struct kvd_buf *b, const ProtobufCMessa
 		if (!first)
 			json_put_raw(k, b, ",");
 		first = 0;
-		json_put_gostr(k, b, f->name, strlen(f->name));
+		json_put_pjstr(k, b, f->name, strlen(f->name), html);
 		json_put_raw(k, b, ":");
 		if (f->label != PROTOBUF_C_LABEL_REPEATED) {
-			json_pb_value(k, b, f, v);
+			json_pb_value(k, b, f, v, html);
 			continue;
 		}
 		json_put_raw(k, b, "[");
 		for (j = 0; j < n && !b->err; j++) {
 			if (j)
 				json_put_raw(k, b, ",");
-			json_pb_value(k, b, f, *(const uint8_t *const *)v + j * json_pb_elem_size(f));
+			json_pb_value(k, b, f, *(const uint8_t *const *)v + j * json_pb_elem_size(f), html);
 		}
 		json_put_raw(k, b, "]");
 	}
 	json_put_raw(k, b, "}");
 }
 
-/* ---- JSON in ---------------------------------------------------------------- */
+/* ---- JSON in: encoding/json's Decoder ------------------------------------------ */
 
-static const char *json_kind(const struct json *v)
+enum {
+	JSON_S_VALUE, JSON_S_VALUE_OR_END, JSON_S_KEY, JSON_S_KEY_OR_END, JSON_S_END, JSON_S_STR, JSON_S_ESC,
+	JSON_S_U, JSON_S_NEG, JSON_S_ZERO, JSON_S_INT, JSON_S_DOT, JSON_S_FRAC, JSON_S_E, JSON_S_ESIGN, JSON_S_EXP,
+	JSON_S_LIT
+};
+
+static int json_scan_fail(char *why, unsigned c, const char *ctx)
 {
-	static const char *const kinds[] = {"null", "bool", "bool", "number", "string", "array", "object"};
-	return kinds[v->type];
+	char q[12];
+
+	json_go_char(c, q);
+	snprintf(why, JSON_PB_WHY, "invalid character '%s' %s", q, ctx);
+	return KVD_EPROTO;
 }
 
-static int json_pb_fail(char *why, const char *fmt, ...) KVD_PRINTF(2, 3);
-static int json_pb_fail(char *why, const char *fmt, ...)
+/*
+ * The first JSON value in p[0..n), as encoding/json's Decoder finds it:
+ * 0 with it at p[*from..*to) (*from == *to == n: nothing but space, and eof),
+ * KVD_EAGAIN if it may still grow (more may come: !eof), or KVD_EPROTO with
+ * Go's words in why (JSON_PB_WHY bytes).  Allocation-free; containers nest
+ * JSON_MAX_DEPTH deep at most (Go's limit is 10000, its words kept).
+ */
+static int json_scan(const uint8_t *p, size_t n, int eof, size_t *from, size_t *to, char *why)
 {
-	va_list ap;
+	uint64_t objs = 0; /* bit d: the container at depth d + 1 is an object */
+	unsigned depth = 0, st = JSON_S_VALUE, key = 0, after_key = 0, nu = 0;
+	const char *lit = "";
+	char ctx[48];
+	size_t i = 0;
 
+	while (i < n && json_space(p[i]))
+		i++;
+	*from = *to = i;
+	if (i == n)
+		return eof ? 0 : KVD_EAGAIN;
+	for (; i < n; i++) {
+		unsigned c = p[i], digit = c >= '0' && c <= '9';
+	again:
+		switch (st) {
+		case JSON_S_VALUE_OR_END:
+			if (c == ']')
+				goto closed;
+			/* fall through */
+		case JSON_S_VALUE:
+			if (json_space(c))
+				break;
+			if (c == '{' || c == '[') {
+				if (depth >= JSON_MAX_DEPTH)
+					return json_scan_fail(why, c, "exceeded max depth");
+				if (c == '{')
+					objs |= (uint64_t)1 << depth;
+				else
+					objs &= ~((uint64_t)1 << depth);
+				depth++;
+				st = c == '{' ? JSON_S_KEY_OR_END : JSON_S_VALUE_OR_END;
+			} else if (c == '"') {
+				key = 0;
+				st = JSON_S_STR;
+			} else if (c == '-') {
+				st = JSON_S_NEG;
+			} else if (digit) {
+				st = c == '0' ? JSON_S_ZERO : JSON_S_INT;
+			} else if (c == 't' || c == 'f' || c == 'n') {
+				lit = c == 't' ? "true" : c == 'f' ? "false" : "null";
+				nu = 1;
+				st = JSON_S_LIT;
+			} else {
+				return json_scan_fail(why, c, "looking for beginning of value");
+			}
+			break;
+		case JSON_S_KEY_OR_END:
+			if (c == '}')
+				goto closed;
+			/* fall through */
+		case JSON_S_KEY:
+			if (json_space(c))
+				break;
+			if (c != '"')
+				return json_scan_fail(why, c, "looking for beginning of object key string");
+			key = 1;
+			st = JSON_S_STR;
+			break;
+		case JSON_S_END:
+			if (json_space(c))
+				break;
+			if (objs >> (depth - 1) & 1) {
+				if (after_key) {
+					if (c != ':')
+						return json_scan_fail(why, c, "after object key");
+					after_key = 0;
+					st = JSON_S_VALUE;
+				} else if (c == ',') {
+					st = JSON_S_KEY;
+				} else if (c == '}') {
+					goto closed;
+				} else {
+					return json_scan_fail(why, c, "after object key:value pair");
+				}
+			} else if (c == ',') {
+				st = JSON_S_VALUE;
+			} else if (c == ']') {
+				goto closed;
+			} else {
+				return json_scan_fail(why, c, "after array element");
+			}
+			break;
+		case JSON_S_STR:
+			if (c == '"') {
+				if (!key)
+					goto scalar_in;
+				after_key = 1;
+				st = JSON_S_END;
+			} else if (c == '\\') {
+				st = JSON_S_ESC;
+			} else if (c < 0x20) {
+				return json_scan_fail(why, c, "in string literal");
+			}
+			break;
+		case JSON_S_ESC:
+			if (c == 'b' || c == 'f' || c == 'n' || c == 'r' || c == 't' || c == '\\' || c == '/' ||
+			    c == '"') {
+				st = JSON_S_STR;
+			} else if (c == 'u') {
+				nu = 0;
+				st = JSON_S_U;
+			} else {
+				return json_scan_fail(why, c, "in string escape code");
+			}
+			break;
+		case JSON_S_U:
+			if (!digit && !((c | 0x20) >= 'a' && (c | 0x20) <= 'f'))
+				return json_scan_fail(why, c, "in \\u hexadecimal character escape");
+			if (++nu == 4)
+				st = JSON_S_STR;
+			break;
+		case JSON_S_NEG:
+			if (!digit)
+				return json_scan_fail(why, c, "in numeric literal");
+			st = c == '0' ? JSON_S_ZERO : JSON_S_INT;
+			break;
+		case JSON_S_INT:
+			if (digit)
+				break;
+			/* fall through */
+		case JSON_S_ZERO:
+			if (c == '.')
+				st = JSON_S_DOT;
+			else if (c == 'e' || c == 'E')
+				st = JSON_S_E;
+			else
+				goto scalar_out;
+			break;
+		case JSON_S_DOT:
+			if (!digit)
+				return json_scan_fail(why, c, "after decimal point in numeric literal");
+			st = JSON_S_FRAC;
+			break;
+		case JSON_S_FRAC:
+			if (digit)
+				break;
+			if (c != 'e' && c != 'E')
+				goto scalar_out;
+			st = JSON_S_E;
+			break;
+		case JSON_S_E:
+			if (c == '+' || c == '-') {
+				st = JSON_S_ESIGN;
+				break;
+			}
+			/* fall through */
+		case JSON_S_ESIGN:
+			if (!digit)
+				return json_scan_fail(why, c, "in exponent of numeric literal");
+			st = JSON_S_EXP;
+			break;
+		case JSON_S_EXP:
+			if (!digit)
+				goto scalar_out;
+			break;
+		default: /* JSON_S_LIT */
+			if (c != (uint8_t)lit[nu]) {
+				snprintf(ctx, sizeof ctx, "in literal %s (expecting '%c')", lit, lit[nu]);
+				return json_scan_fail(why, c, ctx);
+			}
+			if (!lit[++nu])
+				goto scalar_in;
+			break;
+		}
+		continue;
+	closed: /* p[i] closes the container at depth */
+		if (!--depth) {
+			*to = i + 1;
+			return 0;
+		}
+		st = JSON_S_END;
+		after_key = 0;
+		continue;
+	scalar_in: /* a string or a literal ends with p[i]; at the top, Go's scanner needs the byte after it */
+		if (!depth) {
+			*to = i + 1;
+			return i + 1 < n || eof ? 0 : KVD_EAGAIN;
+		}
+		st = JSON_S_END;
+		after_key = 0;
+		continue;
+	scalar_out: /* a number ended before p[i] */
+		if (!depth) {
+			*to = i;
+			return 0;
+		}
+		st = JSON_S_END;
+		after_key = 0;
+		goto again;
+	}
+	if (!eof)
+		return KVD_EAGAIN;
+	if (!depth && (st == JSON_S_ZERO || st == JSON_S_INT || st == JSON_S_FRAC || st == JSON_S_EXP)) {
+		*to = n;
+		return 0;
+	}
+	snprintf(why, JSON_PB_WHY, "unexpected EOF");
+	return KVD_EPROTO;
+}
+
+/* ---- JSON in: protojson ------------------------------------------------------------ */
+
+enum { JSON_T_EOF, JSON_T_NULL, JSON_T_BOOL, JSON_T_NUM, JSON_T_STR, JSON_T_NAME, JSON_T_OBJ, JSON_T_OBJ_END,
+       JSON_T_ARR, JSON_T_ARR_END };
+
+struct json_tok {
+	int kind, boo;
+	size_t pos, len; /* as written: in[pos..pos + len) */
+};
+
+struct json_pj {
+	struct kvd *k;
+	const uint8_t *in; /* the value */
+	size_t n, at;
+	struct kvd_buf str; /* the last string token's bytes, NUL-terminated */
+	char *why;          /* JSON_PB_WHY bytes */
+	int depth;
+};
+
+/* protojson's error at in[pos]: "proto: (line L:C): ..." (syntax: "proto:
+ * syntax error (line L:C): ..."), the column counted in runes as Go does. */
+static int json_pj_fail(struct json_pj *d, size_t pos, int syntax, const char *fmt, ...) KVD_PRINTF(4, 5);
+static int json_pj_fail(struct json_pj *d, size_t pos, int syntax, const char *fmt, ...)
+{
+	size_t i, l, line = 1, col = 1;
+	va_list ap;
+	int o;
+
+	for (i = 0; i < pos && i < d->n; i += l) {
+		l = d->in[i] < 0x80 ? 1 : json_utf8_len(d->in + i, d->in + pos);
+		if (!l)
+			l = 1; /* a byte that is not UTF-8 is a rune */
+		if (d->in[i] == '\n')
+			line++, col = 1;
+		else
+			col++;
+	}
+	o = snprintf(d->why, JSON_PB_WHY, "proto: %s(line %zu:%zu): ", syntax ? "syntax error " : "", line, col);
 	va_start(ap, fmt);
-	vsnprintf(why, JSON_PB_WHY, fmt, ap);
+	vsnprintf(d->why + o, JSON_PB_WHY - (size_t)o, fmt, ap);
 	va_end(ap);
 	return KVD_EPROTO;
+}
+
+static int json_pj_eof(struct json_pj *d)
+{
+	snprintf(d->why, JSON_PB_WHY, "proto: unexpected EOF");
+	return KVD_EPROTO;
+}
+
+/* Token t as written, cut at JSON_PJ_RAW bytes between runes, into out. */
+static const char *json_pj_raw(const struct json_pj *d, const struct json_tok *t, char *out)
+{
+	size_t n = KVD_MIN(t->len, (size_t)JSON_PJ_RAW);
+
+	if (n < t->len)
+		while (n && (d->in[t->pos + n] & 0xc0) == 0x80)
+			n--;
+	memcpy(out, d->in + t->pos, n);
+	out[n] = 0;
+	return out;
+}
+
+static int json_pj_unexpected(struct json_pj *d, const struct json_tok *t)
+{
+	char raw[JSON_PJ_RAW + 1];
+
+	return json_pj_fail(d, t->pos, 1, "unexpected token %s", json_pj_raw(d, t, raw));
+}
+
+/* A string token at in[d->at] (its quote) into d->str, as protojson reads one. */
+static int json_pj_string(struct json_pj *d, struct json_tok *t)
+{
+	const uint8_t *p = d->in + d->at + 1, *end = d->in + d->n, *esc;
+	char q[64];
+	uint8_t *o;
+	uint32_t c, lo;
+	size_t l;
+
+	d->str.len = 0;
+	if (buf_reserve(d->k, &d->str, d->n - d->at + 1)) /* never longer than as written */
+		return KVD_ENOMEM;
+	o = d->str.p;
+	for (;;) {
+		if (p >= end)
+			return json_pj_eof(d);
+		if (*p == '"')
+			break;
+		if (*p >= 0x80) {
+			if (!(l = json_utf8_len(p, end)))
+				return json_pj_fail(d, t->pos, 1, "invalid UTF-8 in string");
+			memcpy(o, p, l);
+			o += l;
+			p += l;
+			continue;
+		}
+		if (*p < 0x20) {
+			*json_go_rune(q, *p) = 0;
+			return json_pj_fail(d, t->pos, 1, "invalid character '%s' in string", q);
+		}
+		if (*p != '\\') {
+			*o++ = *p++;
+			continue;
+		}
+		if (end - p < 2)
+			return json_pj_eof(d);
+		esc = p;
+		switch (p[1]) {
+		case '"': case '\\': case '/': *o++ = p[1]; break;
+		case 'b': *o++ = '\b'; break;
+		case 'f': *o++ = '\f'; break;
+		case 'n': *o++ = '\n'; break;
+		case 'r': *o++ = '\r'; break;
+		case 't': *o++ = '\t'; break;
+		case 'u':
+			if (end - p < 6)
+				return json_pj_eof(d);
+			if (json_hex4(p + 2, &c))
+				goto bad;
+			p += 6;
+			if (c >= 0xd800 && c <= 0xdfff) { /* must be the first half of a pair, the second following */
+				esc = p;
+				if (end - p < 6)
+					return json_pj_eof(d);
+				if (p[0] != '\\' || p[1] != 'u' || json_hex4(p + 2, &lo) || c > 0xdbff || lo < 0xdc00 ||
+				    lo > 0xdfff)
+					goto bad;
+				p += 6;
+				c = 0x10000 + ((c - 0xd800) << 10) + (lo - 0xdc00);
+			}
+			o = json_put_utf8(o, c);
+			continue;
+		default:
+			json_go_quote(p, 2, q);
+			return json_pj_fail(d, t->pos, 1, "invalid escape code %s in string", q);
+		}
+		p += 2;
+		continue;
+	bad:
+		json_go_quote(esc, 6, q);
+		return json_pj_fail(d, t->pos, 1, "invalid escape code %s in string", q);
+	}
+	*o = 0;
+	d->str.len = (size_t)(o - d->str.p);
+	t->kind = JSON_T_STR;
+	t->len = (size_t)(p + 1 - (d->in + t->pos));
+	d->at = t->pos + t->len;
+	return 0;
+}
+
+/* Is c one of the bytes protojson takes to go on a token ([-+._a-zA-Z0-9])? */
+static int json_pj_nondelim(unsigned c)
+{
+	return c == '-' || c == '+' || c == '.' || c == '_' || (c >= '0' && c <= '9') ||
+	       ((c | 0x20) >= 'a' && (c | 0x20) <= 'z');
+}
+
+/* The length of the JSON number at s[0..n), 0 if none, as protojson's
+ * parseNumber reads one (a delimiter or the end must follow it). */
+static size_t json_pj_numlen(const uint8_t *s, size_t n)
+{
+	size_t i = 0;
+
+	if (i < n && s[i] == '-')
+		i++;
+	if (i >= n || !(s[i] >= '0' && s[i] <= '9'))
+		return 0;
+	if (s[i++] != '0')
+		while (i < n && s[i] >= '0' && s[i] <= '9')
+			i++;
+	if (n - i >= 2 && s[i] == '.' && s[i + 1] >= '0' && s[i + 1] <= '9')
+		for (i += 2; i < n && s[i] >= '0' && s[i] <= '9'; i++)
+			;
+	if (n - i >= 2 && (s[i] == 'e' || s[i] == 'E')) {
+		i++;
+		if (s[i] == '+' || s[i] == '-')
+			if (++i == n)
+				return 0;
+		while (i < n && s[i] >= '0' && s[i] <= '9')
+			i++;
+	}
+	return i < n && json_pj_nondelim(s[i]) ? 0 : i;
+}
+
+/* The next token (commas skipped, a string before ':' a name), at its first byte t->pos. */
+static int json_pj_next(struct json_pj *d, struct json_tok *t)
+{
+	static const char *const lits[] = {"null", "false", "true"};
+	const uint8_t *p;
+	size_t l, left;
+	int r, w;
+
+	for (;;) {
+		while (d->at < d->n && json_space(d->in[d->at]))
+			d->at++;
+		if (d->at >= d->n || d->in[d->at] != ',')
+			break;
+		d->at++;
+	}
+	memset(t, 0, sizeof *t);
+	t->pos = d->at;
+	if (d->at >= d->n)
+		return 0; /* JSON_T_EOF */
+	p = d->in + d->at;
+	left = d->n - d->at;
+	t->len = 1;
+	switch (*p) {
+	case '{': t->kind = JSON_T_OBJ; break;
+	case '}': t->kind = JSON_T_OBJ_END; break;
+	case '[': t->kind = JSON_T_ARR; break;
+	case ']': t->kind = JSON_T_ARR_END; break;
+	case '"':
+		if ((r = json_pj_string(d, t)))
+			return r;
+		while (d->at < d->n && json_space(d->in[d->at]))
+			d->at++;
+		if (d->at < d->n && d->in[d->at] == ':') {
+			d->at++;
+			t->kind = JSON_T_NAME;
+		}
+		return 0;
+	case 'n': case 'f': case 't':
+		w = *p == 'n' ? 0 : *p == 'f' ? 1 : 2;
+		l = strlen(lits[w]);
+		if (left < l || memcmp(p, lits[w], l) || (left > l && json_pj_nondelim(p[l])))
+			goto bad;
+		t->kind = w ? JSON_T_BOOL : JSON_T_NULL;
+		t->boo = w == 2;
+		t->len = l;
+		break;
+	default:
+		if (!(l = json_pj_numlen(p, left)))
+			goto bad;
+		t->kind = JSON_T_NUM;
+		t->len = l;
+		break;
+	}
+	d->at += t->len;
+	return 0;
+bad: /* not after json_scan: Go's scanner took the value */
+	for (l = 0; l < left && l < 32 && json_pj_nondelim(p[l]); l++)
+		;
+	if (!l && !(l = *p < 0x80 ? 1 : json_utf8_len(p, p + left)))
+		return json_pj_fail(d, t->pos, 1, "invalid value");
+	return json_pj_fail(d, t->pos, 1, "invalid value %.*s", (int)l, (const char *)p);
+}
+
+/*
+ * The integer a JSON number s[0..n) is, as protojson's Token.Int/Uint
+ * reads one (1e2 and 1.0 are integers; 1.5 is not), into *out: 0, or
+ * KVD_ERANGE when it is not one of the field's (sign, bits).
+ */
+static int json_pj_int(const uint8_t *s, size_t n, int sign, int bits, uint64_t *out)
+{
+	const uint8_t *ip = NULL, *fp = NULL;
+	size_t il = 0, fl = 0, i = 0, nd, j;
+	long long e = 0;
+	int neg = 0, eneg = 0;
+	uint64_t u = 0, lim;
+	char digits[24];
+
+	if (i < n && s[i] == '-')
+		neg = 1, i++;
+	if (i >= n || !(s[i] >= '0' && s[i] <= '9'))
+		return KVD_ERANGE;
+	if (s[i] == '0') {
+		i++;
+	} else {
+		for (ip = s + i; i < n && s[i] >= '0' && s[i] <= '9'; i++)
+			il++;
+	}
+	if (n - i >= 2 && s[i] == '.' && s[i + 1] >= '0' && s[i + 1] <= '9') {
+		for (fp = s + ++i; i < n && s[i] >= '0' && s[i] <= '9'; i++)
+			fl++;
+		while (fl && fp[fl - 1] == '0')
+			fl--;
+	}
+	if (!il && !fl) { /* zero, whatever its exponent */
+		*out = 0;
+		return 0;
+	}
+	if (n - i >= 2 && (s[i] == 'e' || s[i] == 'E')) { /* the exponent: strconv.ParseInt(_, 10, 32) */
+		if (++i < n && (s[i] == '+' || s[i] == '-'))
+			eneg = s[i++] == '-';
+		if (i == n || !(s[i] >= '0' && s[i] <= '9'))
+			return KVD_ERANGE; /* "1e+": a sign alone */
+		for (; i < n && s[i] >= '0' && s[i] <= '9'; i++)
+			if ((e = e * 10 + (s[i] - '0')) > 2147483648LL)
+				return KVD_ERANGE;
+		if (e > 2147483647LL + eneg)
+			return KVD_ERANGE;
+		if (eneg)
+			e = -e;
+	}
+	if (e >= 0) { /* fraction digits move into the integer, zeros pad it */
+		if ((long long)fl > e || (long long)il + e > 20)
+			return KVD_ERANGE;
+		memcpy(digits, ip ? (const char *)ip : "", il);
+		memcpy(digits + il, fp ? (const char *)fp : "", fl);
+		nd = il + (size_t)e;
+		for (j = il + fl; j < nd; j++)
+			digits[j] = '0';
+		ip = (const uint8_t *)digits;
+	} else { /* digits move out of it, each of them a zero */
+		if (fl || (long long)il + e < 0)
+			return KVD_ERANGE;
+		nd = il - (size_t)-e;
+		for (j = nd; j < il; j++)
+			if (ip[j] != '0')
+				return KVD_ERANGE;
+	}
+	if (!nd || (neg && !sign)) /* strconv.ParseInt(""), ParseUint("-1") */
+		return KVD_ERANGE;
+	if (sign)
+		lim = (bits == 32 ? 0x7fffffffull : 0x7fffffffffffffffull) + (uint64_t)neg;
+	else
+		lim = bits == 32 ? 0xffffffffull : UINT64_MAX;
+	for (j = 0; j < nd; j++) {
+		unsigned dg = (unsigned)(ip[j] - '0');
+		if (u > (lim - dg) / 10)
+			return KVD_ERANGE;
+		u = u * 10 + dg;
+	}
+	*out = neg ? (uint64_t)0 - u : u;
+	return 0;
+}
+
+/* Does the UTF-8 rune at p (l bytes) count as space to Go's strings.TrimSpace? */
+static int json_pj_trims(const uint8_t *p, size_t l)
+{
+	uint32_t c = l ? json_utf8_rune(p, l) : 0;
+
+	return c == ' ' || (c >= '\t' && c <= '\r') || c == 0x85 || c == 0xa0 || c == 0x1680 ||
+	       (c >= 0x2000 && c <= 0x200a) || c == 0x2028 || c == 0x2029 || c == 0x202f || c == 0x205f || c == 0x3000;
+}
+
+/* The number a string token holds (d->str), as protojson takes one for a
+ * number field: no space around it, a number first; its length or 0. */
+static size_t json_pj_strnum(const struct json_pj *d)
+{
+	const uint8_t *s = d->str.p, *e = s + d->str.len, *last;
+
+	if (!d->str.len || json_pj_trims(s, s[0] < 0x80 ? 1 : json_utf8_len(s, e)))
+		return 0;
+	for (last = e - 1; last > s && (*last & 0xc0) == 0x80; last--)
+		;
+	if (json_pj_trims(last, (size_t)(e - last)))
+		return 0;
+	return json_pj_numlen(s, d->str.len);
+}
+
+/* An integer field's value (a number, or a string holding one). */
+static int json_pj_intval(struct json_pj *d, const struct json_tok *t, int sign, int bits, uint64_t *out)
+{
+	size_t l;
+
+	if (t->kind == JSON_T_NUM)
+		return json_pj_int(d->in + t->pos, t->len, sign, bits, out);
+	if (t->kind != JSON_T_STR || !(l = json_pj_strnum(d)))
+		return KVD_ERANGE;
+	return json_pj_int(d->str.p, l, sign, bits, out);
+}
+
+/* A float or double field's value: a number, a string holding one, "NaN",
+ * "Infinity" or "-Infinity" (no etcd message has one). */
+static int json_pj_floatval(struct json_pj *d, const struct json_tok *t, int bits, double *out)
+{
+	char tmp[400];
+	const uint8_t *s;
+	size_t l;
+
+	if (t->kind == JSON_T_STR) {
+		const char *v = (const char *)d->str.p;
+		uint64_t bits64 = 0;
+		if (d->str.len == 3 && !strcmp(v, "NaN"))
+			bits64 = 0x7ff8000000000000ull;
+		else if (d->str.len == 8 && !strcmp(v, "Infinity"))
+			bits64 = 0x7ff0000000000000ull;
+		else if (d->str.len == 9 && !strcmp(v, "-Infinity"))
+			bits64 = 0xfff0000000000000ull;
+		if (bits64) {
+			memcpy(out, &bits64, 8);
+			return 0;
+		}
+		if (!(l = json_pj_strnum(d)))
+			return KVD_ERANGE;
+		s = d->str.p;
+	} else if (t->kind == JSON_T_NUM) {
+		s = d->in + t->pos;
+		l = t->len;
+	} else {
+		return KVD_ERANGE;
+	}
+	if (l >= sizeof tmp)
+		return KVD_ERANGE; /* kvd's bound */
+	memcpy(tmp, s, l);
+	tmp[l] = 0;
+	*out = strtod(tmp, NULL);
+	if (!(*out - *out == 0) || (bits == 32 && (*out > 3.4028234663852886e38 || *out < -3.4028234663852886e38)))
+		return KVD_ERANGE; /* strconv.ParseFloat: out of range */
+	return 0;
+}
+
+/* The base64 text s[0..n) as protojson decodes a bytes field (Go's
+ * encoding/base64, not strict), into out (room for n * 3 / 4 + 3): its
+ * length, or -1. */
+static long json_pj_b64(const uint8_t *s, size_t n, uint8_t *out)
+{
+	int url = memchr(s, '-', n) || memchr(s, '_', n), pad = n % 4 == 0, j, dlen;
+	size_t si = 0, o = 0;
+
+	for (;;) {
+		uint32_t q[4] = {0, 0, 0, 0}, v;
+		for (dlen = 4, j = 0; j < 4; j++) {
+			uint8_t c;
+			const char *at;
+			if (si == n) {
+				if (j == 0)
+					return (long)o;
+				if (j == 1 || pad)
+					return -1;
+				dlen = j;
+				break;
+			}
+			c = s[si++];
+			if (c == (url ? '-' : '+'))
+				c = '+';
+			else if (c == (url ? '_' : '/'))
+				c = '/';
+			else if (c == '+' || c == '/')
+				c = '!'; /* the other alphabet's */
+			if (c && (at = strchr(json_b64std, c)) != NULL) {
+				q[j] = (uint32_t)(at - json_b64std);
+				continue;
+			}
+			if (c == '\n' || c == '\r') {
+				j--;
+				continue;
+			}
+			if (!pad || c != '=' || j < 2)
+				return -1;
+			if (j == 2) { /* "==" */
+				while (si < n && (s[si] == '\n' || s[si] == '\r'))
+					si++;
+				if (si == n || s[si] != '=')
+					return -1;
+				si++;
+			}
+			while (si < n && (s[si] == '\n' || s[si] == '\r'))
+				si++;
+			if (si < n)
+				return -1; /* after the padding */
+			dlen = j;
+			break;
+		}
+		v = q[0] << 18 | q[1] << 12 | q[2] << 6 | q[3];
+		for (j = 0; j < dlen - 1; j++)
+			out[o++] = (uint8_t)(v >> (16 - 8 * j));
+		if (dlen < 4)
+			return (long)o;
+	}
+}
+
+static void json_pb_varint(struct kvd *k, struct kvd_buf *b, uint64_t v)
+{
+	uint8_t t[10];
+
+	buf_append(k, b, t, (size_t)(mvcc_put_varint(t, v) - t));
+}
+
+/* protoreflect's name of f's kind, for protojson's errors. */
+static const char *json_pj_kind(const ProtobufCFieldDescriptor *f)
+{
+	switch (f->type) {
+	case PROTOBUF_C_TYPE_INT32: return "int32";
+	case PROTOBUF_C_TYPE_SINT32: return "sint32";
+	case PROTOBUF_C_TYPE_SFIXED32: return "sfixed32";
+	case PROTOBUF_C_TYPE_INT64: return "int64";
+	case PROTOBUF_C_TYPE_SINT64: return "sint64";
+	case PROTOBUF_C_TYPE_SFIXED64: return "sfixed64";
+	case PROTOBUF_C_TYPE_UINT32: return "uint32";
+	case PROTOBUF_C_TYPE_FIXED32: return "fixed32";
+	case PROTOBUF_C_TYPE_UINT64: return "uint64";
+	case PROTOBUF_C_TYPE_FIXED64: return "fixed64";
+	case PROTOBUF_C_TYPE_FLOAT: return "float";
+	case PROTOBUF_C_TYPE_DOUBLE: return "double";
+	case PROTOBUF_C_TYPE_BOOL: return "bool";
+	case PROTOBUF_C_TYPE_ENUM: return "enum";
+	case PROTOBUF_C_TYPE_STRING: return "string";
+	case PROTOBUF_C_TYPE_BYTES: return "bytes";
+	default: return "message";
+	}
 }
 
 /* Is key[0..klen) the lowerCamel JSON name of proto name n (protoc's
@@ -17527,184 +18336,76 @@ static int json_pb_camel(const char *n, const char *key, size_t klen)
 	return o == klen;
 }
 
-/* The member of o that sets f (jsonpb looks the proto name up first). */
-static const struct json *json_pb_member(const struct json *o, const ProtobufCFieldDescriptor *f)
+static int json_pj_bad_value(struct json_pj *d, const ProtobufCFieldDescriptor *f, const struct json_tok *t)
 {
-	const struct json *hit = NULL;
-	size_t l = strlen(f->name);
-	uint32_t i;
+	char raw[JSON_PJ_RAW + 1], jn[64];
+	const char *n = f->name;
+	size_t o = 0;
+	int up = 0;
 
-	for (i = 0; i < o->n; i++)
-		if (o->kids[i].klen == l && !memcmp(o->kids[i].key, f->name, l))
-			hit = &o->kids[i];
-	if (hit)
-		return hit;
-	for (i = 0; i < o->n; i++)
-		if (json_pb_camel(f->name, o->kids[i].key, o->kids[i].klen))
-			hit = &o->kids[i];
-	return hit;
-}
-
-/*
- * An integer field's value: a JSON number, or a string holding one (jsonpb
- * drops the quotes and lets encoding/json read what is inside).  bits 32 or
- * 64; Go's words when it is not one.
- */
-static int json_pb_int(const struct json *v, int sign, int bits, uint64_t *out, char *why)
-{
-	const char *go = sign ? (bits == 32 ? "int32" : "int64") : (bits == 32 ? "uint32" : "uint64");
-	const char *s = v->s, *p;
-	uint64_t u = 0, lim;
-	int neg = 0;
-
-	if (v->type != JSON_NUM && v->type != JSON_STR)
-		return json_pb_fail(why, "json: cannot unmarshal %s into Go value of type %s", json_kind(v), go);
-	if (!v->n)
-		return json_pb_fail(why, "unexpected end of JSON input");
-	p = s;
-	if (*p == '-')
-		neg = 1, p++;
-	if (!(*p >= '0' && *p <= '9'))
-		return json_pb_fail(why, "invalid character '%c' %s", *p ? *p : ' ', neg ? "in numeric literal" : "looking for beginning of value");
-	if (*p == '0' && p[1] >= '0' && p[1] <= '9')
-		return json_pb_fail(why, "invalid character '%c' after top-level value", p[1]);
-	lim = sign ? (bits == 32 ? 0x7fffffffull : 0x7fffffffffffffffull) + (uint64_t)neg : (bits == 32 ? 0xffffffffull : UINT64_MAX);
-	for (; *p >= '0' && *p <= '9'; p++) {
-		if (u > (lim - (uint64_t)(*p - '0')) / 10) {
-			u = lim + 1; /* overflow: reported below with the whole literal */
-			while (p[1] >= '0' && p[1] <= '9')
-				p++;
+	for (; *n && o < sizeof jn - 1; n++) { /* f's JSON name */
+		if (*n == '_') {
+			up = 1;
 			continue;
 		}
-		u = u * 10 + (uint64_t)(*p - '0');
+		jn[o++] = up && *n >= 'a' && *n <= 'z' ? (char)(*n - 'a' + 'A') : *n;
+		up = 0;
 	}
-	if (*p == '.' || *p == 'e' || *p == 'E' || u > lim || (neg && !sign))
-		return json_pb_fail(why, "json: cannot unmarshal number %.40s into Go value of type %s", s, go);
-	if (*p)
-		return json_pb_fail(why, "invalid character '%c' after top-level value", *p);
-	*out = neg ? (uint64_t)0 - u : u;
-	return 0;
+	jn[o] = 0;
+	return json_pj_fail(d, t->pos, 0, "invalid value for %s field %s: %s", json_pj_kind(f), jn,
+	                    json_pj_raw(d, t, raw));
 }
 
-/* Standard base64 as Go's encoding/json reads []byte (padding required),
- * into out (room for n * 3 / 4); the length, or -1 with Go's error offset. */
-static long json_b64_decode(const char *s, size_t n, uint8_t *out, size_t *bad)
+static int json_pj_message(struct json_pj *d, struct kvd_buf *b, const ProtobufCMessageDescriptor *md,
+                           const struct json_tok *t);
+
+/* One value of scalar field f (a list's element, or the field), token t, onto b. */
+static int json_pj_scalar(struct json_pj *d, struct kvd_buf *b, const ProtobufCFieldDescriptor *f,
+                          const struct json_tok *t)
 {
-	uint32_t acc = 0;
-	size_t i, q = 0, o = 0, pad = 0;
-	const char *c;
-
-	for (i = 0; i < n; i++) {
-		if (s[i] == '=' && q >= 2) {
-			pad = 4 - q; /* "xx==" or "xxx=" */
-			if (pad == 2 && (i + 1 == n || s[i + 1] != '=')) {
-				*bad = i + 1 == n ? n : i; /* Go's offsets for a half padding */
-				return -1;
-			}
-			if (i + pad < n) { /* bytes after the padding */
-				*bad = i + pad;
-				return -1;
-			}
-			acc <<= 6 * pad;
-			out[o++] = (uint8_t)(acc >> 16);
-			if (q == 3)
-				out[o++] = (uint8_t)(acc >> 8);
-			return (long)o;
-		}
-		if (!s[i] || !(c = strchr(json_b64std, s[i]))) {
-			*bad = i;
-			return -1;
-		}
-		acc = acc << 6 | (uint32_t)(c - json_b64std);
-		if (++q == 4) {
-			out[o++] = (uint8_t)(acc >> 16);
-			out[o++] = (uint8_t)(acc >> 8);
-			out[o++] = (uint8_t)acc;
-			acc = 0;
-			q = 0;
-		}
-	}
-	if (q) { /* a quantum cut short: Go points at its start */
-		*bad = n - q;
-		return -1;
-	}
-	return (long)o;
-}
-
-static void json_pb_varint(struct kvd *k, struct kvd_buf *b, uint64_t v)
-{
-	uint8_t t[10];
-
-	buf_append(k, b, t, (size_t)(mvcc_put_varint(t, v) - t));
-}
-
-static int json_pb_encode(struct kvd *k, struct kvd_buf *b, const ProtobufCMessageDescriptor *d,
-                          const struct json *o, char *why);
-
-/* One value of field f (a list's element, or the field) onto b. */
-static int json_pb_field(struct kvd *k, struct kvd_buf *b, const ProtobufCFieldDescriptor *f, const struct json *v,
-                         char *why)
-{
+	struct kvd *k = d->k;
 	uint64_t u = 0;
-	uint8_t t[8];
-	int r;
+	uint8_t tb[8];
 
 	switch (f->type) {
 	case PROTOBUF_C_TYPE_BOOL:
-		if (v->type != JSON_TRUE && v->type != JSON_FALSE)
-			return json_pb_fail(why, "json: cannot unmarshal %s into Go value of type bool", json_kind(v));
+		if (t->kind != JSON_T_BOOL)
+			return json_pj_bad_value(d, f, t);
 		json_pb_varint(k, b, (uint64_t)f->id << 3);
-		json_pb_varint(k, b, v->type == JSON_TRUE);
+		json_pb_varint(k, b, (uint64_t)t->boo);
 		return 0;
 	case PROTOBUF_C_TYPE_STRING:
+		if (t->kind != JSON_T_STR)
+			return json_pj_bad_value(d, f, t);
+		json_pb_varint(k, b, (uint64_t)f->id << 3 | 2);
+		json_pb_varint(k, b, d->str.len);
+		buf_append(k, b, d->str.p, d->str.len);
+		return 0;
 	case PROTOBUF_C_TYPE_BYTES: {
 		uint8_t *raw;
 		long n;
-		size_t bad = 0;
-		if (v->type != JSON_STR)
-			return json_pb_fail(why, "json: cannot unmarshal %s into Go value of type %s", json_kind(v),
-			                    f->type == PROTOBUF_C_TYPE_STRING ? "string" : "[]uint8");
-		json_pb_varint(k, b, (uint64_t)f->id << 3 | 2);
-		if (f->type == PROTOBUF_C_TYPE_STRING) {
-			json_pb_varint(k, b, v->n);
-			buf_append(k, b, v->s, v->n);
-			return 0;
-		}
-		if (buf_reserve(k, b, 10 + v->n)) /* room for the length, then the bytes */
+		if (t->kind != JSON_T_STR)
+			return json_pj_bad_value(d, f, t);
+		if (buf_reserve(k, b, 20 + d->str.len)) /* room for the tag and length, then the bytes */
 			return KVD_ENOMEM;
-		raw = b->p + b->len + 10;
-		if ((n = json_b64_decode(v->s, v->n, raw, &bad)) < 0)
-			return json_pb_fail(why, "illegal base64 data at input byte %zu", bad);
-		u = (uint64_t)(mvcc_put_varint(b->p + b->len, (uint64_t)n) - (b->p + b->len));
+		raw = b->p + b->len + 20;
+		if ((n = json_pj_b64(d->str.p, d->str.len, raw)) < 0)
+			return json_pj_bad_value(d, f, t);
+		u = (uint64_t)(mvcc_put_varint(b->p + b->len, (uint64_t)f->id << 3 | 2) - (b->p + b->len));
+		u += (uint64_t)(mvcc_put_varint(b->p + b->len + u, (uint64_t)n) - (b->p + b->len + u));
 		memmove(b->p + b->len + u, raw, (size_t)n);
 		b->len += (size_t)u + (size_t)n;
 		return 0;
 	}
-	case PROTOBUF_C_TYPE_MESSAGE: {
-		struct kvd_buf sub = {0};
-		if (v->type != JSON_OBJ)
-			return json_pb_fail(why, "json: cannot unmarshal %s into Go value of type map[string]json.RawMessage",
-			                    json_kind(v));
-		if ((r = json_pb_encode(k, &sub, f->descriptor, v, why)) == 0) {
-			json_pb_varint(k, b, (uint64_t)f->id << 3 | 2);
-			json_pb_varint(k, b, BUF_LEN(&sub));
-			buf_append(k, b, BUF_DATA(&sub), BUF_LEN(&sub));
-			r = sub.err ? KVD_ENOMEM : 0;
-		}
-		buf_free(k, &sub);
-		return r;
-	}
 	case PROTOBUF_C_TYPE_ENUM:
-		if (v->type == JSON_STR) {
-			const ProtobufCEnumValue *ev = protobuf_c_enum_descriptor_get_value_by_name(f->descriptor, v->s);
-			char en[96];
-			if (!ev || strlen(v->s) != v->n) {
-				json_pb_enum_name(f->descriptor, en, sizeof en);
-				return json_pb_fail(why, "unknown value \"%.60s\" for enum %s", v->s, en);
-			}
+		if (t->kind == JSON_T_STR) {
+			const char *nm = (const char *)d->str.p;
+			const ProtobufCEnumValue *ev = protobuf_c_enum_descriptor_get_value_by_name(f->descriptor, nm);
+			if (!ev || strlen(nm) != d->str.len)
+				return 0; /* an unknown name: dropped (DiscardUnknown) */
 			u = (uint64_t)(int64_t)ev->value;
-		} else if ((r = json_pb_int(v, 1, 32, &u, why))) {
-			return r;
+		} else if (t->kind != JSON_T_NUM || json_pj_int(d->in + t->pos, t->len, 1, 32, &u)) {
+			return json_pj_bad_value(d, f, t);
 		}
 		json_pb_varint(k, b, (uint64_t)f->id << 3);
 		json_pb_varint(k, b, u);
@@ -17712,21 +18413,20 @@ static int json_pb_field(struct kvd *k, struct kvd_buf *b, const ProtobufCFieldD
 	case PROTOBUF_C_TYPE_FLOAT:
 	case PROTOBUF_C_TYPE_DOUBLE: { /* no etcd message has one */
 		double x;
-		if (v->type != JSON_NUM)
-			return json_pb_fail(why, "json: cannot unmarshal %s into Go value of type float64", json_kind(v));
-		x = v->d;
+		if (json_pj_floatval(d, t, f->type == PROTOBUF_C_TYPE_FLOAT ? 32 : 64, &x))
+			return json_pj_bad_value(d, f, t);
 		if (f->type == PROTOBUF_C_TYPE_FLOAT) {
 			float fl = (float)x;
 			uint32_t bits;
 			memcpy(&bits, &fl, 4);
-			put_le32(t, bits);
+			put_le32(tb, bits);
 			json_pb_varint(k, b, (uint64_t)f->id << 3 | 5);
-			buf_append(k, b, t, 4);
+			buf_append(k, b, tb, 4);
 		} else {
 			memcpy(&u, &x, 8);
-			put_le64(t, u);
+			put_le64(tb, u);
 			json_pb_varint(k, b, (uint64_t)f->id << 3 | 1);
-			buf_append(k, b, t, 8);
+			buf_append(k, b, tb, 8);
 		}
 		return 0;
 	}
@@ -17739,8 +18439,8 @@ static int json_pb_field(struct kvd *k, struct kvd_buf *b, const ProtobufCFieldD
 		           f->type == PROTOBUF_C_TYPE_SFIXED32 || f->type == PROTOBUF_C_TYPE_INT64 ||
 		           f->type == PROTOBUF_C_TYPE_SINT64 || f->type == PROTOBUF_C_TYPE_SFIXED64;
 		int bits = json_pb_elem_size(f) == 8 ? 64 : 32;
-		if ((r = json_pb_int(v, sign, bits, &u, why)))
-			return r;
+		if (json_pj_intval(d, t, sign, bits, &u))
+			return json_pj_bad_value(d, f, t);
 		switch (f->type) {
 		case PROTOBUF_C_TYPE_SINT32: /* zigzag */
 			u = (uint32_t)((uint32_t)u << 1 ^ (uint32_t)((int32_t)(uint32_t)u >> 31));
@@ -17749,14 +18449,14 @@ static int json_pb_field(struct kvd *k, struct kvd_buf *b, const ProtobufCFieldD
 			u = u << 1 ^ (uint64_t)((int64_t)u >> 63);
 			break;
 		case PROTOBUF_C_TYPE_SFIXED32: case PROTOBUF_C_TYPE_FIXED32:
-			put_le32(t, (uint32_t)u);
+			put_le32(tb, (uint32_t)u);
 			json_pb_varint(k, b, (uint64_t)f->id << 3 | 5);
-			buf_append(k, b, t, 4);
+			buf_append(k, b, tb, 4);
 			return 0;
 		case PROTOBUF_C_TYPE_SFIXED64: case PROTOBUF_C_TYPE_FIXED64:
-			put_le64(t, u);
+			put_le64(tb, u);
 			json_pb_varint(k, b, (uint64_t)f->id << 3 | 1);
-			buf_append(k, b, t, 8);
+			buf_append(k, b, tb, 8);
 			return 0;
 		default:
 			break;
@@ -17767,76 +18467,179 @@ static int json_pb_field(struct kvd *k, struct kvd_buf *b, const ProtobufCFieldD
 	}
 }
 
-/* Object o as message d's protobuf bytes onto b.  0, KVD_EPROTO (why: Go's
- * words), or KVD_ENOMEM.  Depth is bounded by the parser's (JSON_MAX_DEPTH). */
-static int json_pb_encode(struct kvd *k, struct kvd_buf *b, const ProtobufCMessageDescriptor *d,
-                          const struct json *o, char *why)
+/* A message field's value (token t opens it) as a length-delimited field onto b. */
+static int json_pj_sub(struct json_pj *d, struct kvd_buf *b, const ProtobufCFieldDescriptor *f,
+                       const struct json_tok *t)
 {
-	unsigned i;
-	uint32_t j;
+	struct kvd_buf sub = {0};
 	int r;
 
-	if (o->type != JSON_OBJ)
-		return json_pb_fail(why, "json: cannot unmarshal %s into Go value of type map[string]json.RawMessage",
-		                    json_kind(o));
-	for (i = 0; i < d->n_fields; i++) {
-		const ProtobufCFieldDescriptor *f = &d->fields[i];
-		const struct json *v = json_pb_member(o, f);
-		if (!v || v->type == JSON_NULL)
-			continue;
-		if (f->label != PROTOBUF_C_LABEL_REPEATED) {
-			if ((r = json_pb_field(k, b, f, v, why)))
+	if ((r = json_pj_message(d, &sub, f->descriptor, t)) == 0) {
+		json_pb_varint(d->k, b, (uint64_t)f->id << 3 | 2);
+		json_pb_varint(d->k, b, BUF_LEN(&sub));
+		buf_append(d->k, b, BUF_DATA(&sub), BUF_LEN(&sub));
+		r = sub.err ? KVD_ENOMEM : 0;
+	}
+	buf_free(d->k, &sub);
+	return r;
+}
+
+/* An unknown member's value, read and dropped (protojson's skipJSONValue). */
+static int json_pj_skip(struct json_pj *d)
+{
+	struct json_tok t;
+	long open = 0;
+	int r;
+
+	do {
+		if ((r = json_pj_next(d, &t)))
+			return r;
+		if (t.kind == JSON_T_OBJ || t.kind == JSON_T_ARR)
+			open++;
+		else if (t.kind == JSON_T_OBJ_END || t.kind == JSON_T_ARR_END)
+			open--;
+		else if (t.kind == JSON_T_EOF)
+			return json_pj_eof(d);
+	} while (open > 0);
+	return 0;
+}
+
+/* The field a member's name (d->str) sets: its JSON name first, then its
+ * proto name; NULL if none (an extension's "[...]" is none of etcd's). */
+static const ProtobufCFieldDescriptor *json_pj_field(const struct json_pj *d, const ProtobufCMessageDescriptor *md)
+{
+	const char *name = (const char *)d->str.p;
+	size_t n = d->str.len;
+	unsigned i;
+
+	if (n >= 2 && name[0] == '[' && name[n - 1] == ']')
+		return NULL;
+	for (i = 0; i < md->n_fields; i++)
+		if (json_pb_camel(md->fields[i].name, name, n))
+			return &md->fields[i];
+	for (i = 0; i < md->n_fields; i++)
+		if (strlen(md->fields[i].name) == n && !memcmp(md->fields[i].name, name, n))
+			return &md->fields[i];
+	return NULL;
+}
+
+/* The oneof of etcd's messages that have one (protobuf-c keeps no names). */
+static const char *json_pj_oneof(const ProtobufCMessageDescriptor *md)
+{
+	static const char *const names[][2] = {
+	    {"etcdserverpb.RequestOp", "request"},          {"etcdserverpb.ResponseOp", "response"},
+	    {"etcdserverpb.Compare", "target_union"},       {"etcdserverpb.WatchRequest", "request_union"},
+	};
+	size_t i;
+
+	for (i = 0; i < KVD_COUNT(names); i++)
+		if (!strcmp(md->name, names[i][0]))
+			return names[i][1];
+	return "oneof";
+}
+
+/* A member's name refused: named twice (md NULL), or a second member of md's oneof. */
+static int json_pj_refuse(struct json_pj *d, const struct json_tok *name, const ProtobufCMessageDescriptor *md)
+{
+	char raw[JSON_PJ_RAW + 1];
+
+	json_pj_raw(d, name, raw);
+	if (!md)
+		return json_pj_fail(d, name->pos, 0, "duplicate field %s", raw);
+	return json_pj_fail(d, name->pos, 0, "error parsing %s, oneof %s.%s is already set", raw, md->name,
+	                    json_pj_oneof(md));
+}
+
+/* Message md, its value opened by token t, as protobuf bytes onto b. */
+static int json_pj_message(struct json_pj *d, struct kvd_buf *b, const ProtobufCMessageDescriptor *md,
+                           const struct json_tok *t)
+{
+	uint64_t seen = 0;     /* fields named, by index (etcd's messages have at most 13) */
+	unsigned oneofs[8], noneofs = 0, i;
+	struct json_tok name, v, e;
+	int r, rv;
+
+	if (t->kind != JSON_T_OBJ)
+		return json_pj_unexpected(d, t);
+	if (d->depth >= JSON_MAX_DEPTH) /* json_scan bounded it already */
+		return json_pj_fail(d, t->pos, 0, "exceeded max recursion depth");
+	d->depth++;
+	for (;;) {
+		const ProtobufCFieldDescriptor *f;
+		unsigned idx;
+		if ((r = json_pj_next(d, &name)))
+			return r;
+		if (name.kind == JSON_T_OBJ_END)
+			break;
+		if (name.kind != JSON_T_NAME)
+			return json_pj_unexpected(d, &name);
+		if (!(f = json_pj_field(d, md))) {
+			if ((r = json_pj_skip(d)))
 				return r;
 			continue;
 		}
-		if (v->type != JSON_ARR)
-			return json_pb_fail(why, "json: cannot unmarshal %s into Go value of type []json.RawMessage", json_kind(v));
-		for (j = 0; j < v->n; j++)
-			if ((r = json_pb_field(k, b, f, &v->kids[j], why)))
+		idx = (unsigned)(f - md->fields);
+		if (idx < 64 && (seen >> idx & 1))
+			return json_pj_refuse(d, &name, NULL);
+		if (idx < 64)
+			seen |= (uint64_t)1 << idx;
+		rv = json_pj_next(d, &v); /* protojson peeks at it for null: its fault waits */
+		if (!rv && v.kind == JSON_T_NULL)
+			continue;
+		if ((f->flags & PROTOBUF_C_FIELD_FLAG_ONEOF) && f->label != PROTOBUF_C_LABEL_REPEATED) {
+			for (i = 0; i < noneofs && oneofs[i] != f->quantifier_offset; i++)
+				;
+			if (i < noneofs)
+				return json_pj_refuse(d, &name, md);
+			if (noneofs < KVD_COUNT(oneofs))
+				oneofs[noneofs++] = f->quantifier_offset;
+		}
+		if (rv)
+			return rv;
+		if (f->label != PROTOBUF_C_LABEL_REPEATED) {
+			r = f->type == PROTOBUF_C_TYPE_MESSAGE ? json_pj_sub(d, b, f, &v) : json_pj_scalar(d, b, f, &v);
+			if (r)
 				return r;
+			continue;
+		}
+		if (v.kind != JSON_T_ARR)
+			return json_pj_unexpected(d, &v);
+		for (;;) {
+			if ((r = json_pj_next(d, &e)))
+				return r;
+			if (e.kind == JSON_T_ARR_END)
+				break;
+			r = f->type == PROTOBUF_C_TYPE_MESSAGE ? json_pj_sub(d, b, f, &e) : json_pj_scalar(d, b, f, &e);
+			if (r)
+				return r;
+		}
 	}
+	d->depth--;
 	return b->err ? KVD_ENOMEM : 0;
 }
 
 /*
- * Where the first JSON value in p[0..n) ends, judged by its brackets and
- * strings alone (the parser checks the rest): its length, space before it
- * included; 0 if it is not complete yet; -2 if there is nothing but space;
- * -1 if it does not begin with an object, a list or a string.  Bounded by n,
- * allocation-free: a stream's body is cut into values with it.
+ * The JSON value p[0..n) (json_scan found it) as message md's protobuf bytes
+ * onto b, as protojson.Unmarshal reads it.  0, KVD_EPROTO (why: protojson's
+ * words, JSON_PB_WHY bytes), or KVD_ENOMEM.
  */
-static long json_scan(const uint8_t *p, size_t n)
+static int json_pj_decode(struct kvd *k, struct kvd_buf *b, const ProtobufCMessageDescriptor *md, const uint8_t *p,
+                          size_t n, char *why)
 {
-	size_t i = 0;
-	long depth = 0;
-	int str = 0;
+	struct json_pj d;
+	struct json_tok t;
+	int r;
 
-	while (i < n && (p[i] == ' ' || p[i] == '\t' || p[i] == '\n' || p[i] == '\r'))
-		i++;
-	if (i == n)
-		return -2;
-	if (p[i] != '{' && p[i] != '[' && p[i] != '"')
-		return -1;
-	for (; i < n; i++) {
-		uint8_t ch = p[i];
-		if (str) {
-			if (ch == '\\') {
-				i++;
-			} else if (ch == '"') {
-				str = 0;
-				if (!depth)
-					return (long)i + 1;
-			}
-			continue;
-		}
-		if (ch == '"')
-			str = 1;
-		else if (ch == '{' || ch == '[')
-			depth++;
-		else if ((ch == '}' || ch == ']') && --depth == 0)
-			return (long)i + 1;
-	}
-	return 0;
+	memset(&d, 0, sizeof d);
+	d.k = k;
+	d.in = p;
+	d.n = n;
+	d.why = why;
+	if (!(r = json_pj_next(&d, &t)) && !(r = json_pj_message(&d, b, md, &t)) && !(r = json_pj_next(&d, &t)) &&
+	    t.kind != JSON_T_EOF)
+		r = json_pj_unexpected(&d, &t);
+	buf_free(k, &d.str);
+	return r ? r : b->err ? KVD_ENOMEM : 0;
 }
 
 /* ===== 20. confd: Ganeti's UDP query protocol (confd_) ================== */
@@ -21037,48 +21840,39 @@ static void gw_close_send(struct kvd *k, struct call *cl)
 }
 
 /*
- * Body bytes in h->body: hand over complete JSON values.  A bidi stream takes
- * each as it completes; the others take the first once the body is whole
- * (grpc-gateway reads one value and ignores what follows; an empty body is
- * an empty request).
+ * Body bytes in h->body: hand over complete JSON values, as grpc-gateway's
+ * json.Decoder finds them (section 19: json_scan, then json_pj_decode).  A
+ * bidi stream takes each as it completes; the others take the first once
+ * the body is whole (grpc-gateway reads one value and ignores what follows;
+ * a body of nothing but space is an empty request).
  */
 static void gw_deliver(struct kvd *k, struct conn *c)
 {
 	struct http1_conn *h = c->ps;
 	struct call *cl = &h->call;
 	struct kvd_buf pb = {0};
-	struct json_doc d;
 	char why[JSON_PB_WHY];
-	const char *err;
-	long n;
+	size_t from, to;
 	int r;
 
 	while (!cl->finished && !h->delivered && (h->bidi || h->body_done)) {
-		n = json_scan(BUF_DATA(&h->body), BUF_LEN(&h->body));
-		if ((n == 0 || n == -2) && !h->body_done)
+		r = json_scan(BUF_DATA(&h->body), BUF_LEN(&h->body), h->body_done, &from, &to, why);
+		if (r == KVD_EAGAIN)
 			return; /* more to come */
-		if (n == 0 || n == -2) { /* the body is over: inside a value (0), or between values */
+		if (!r && from == to) { /* the body is over, between values */
 			h->delivered = 1;
-			if (!h->bidi && n == -2) {
+			if (!h->bidi) {
 				call_message(k, cl, (const uint8_t *)"", 0);
 				call_half_close(k, cl, 0);
-			} else if (!h->bidi) {
-				gw_bad_json(k, cl, GRPC_INVALID_ARGUMENT, "unexpected EOF");
 			} else { /* v2's send loop ends with CloseSend, whatever it read */
 				gw_close_send(k, cl);
 			}
 			return;
 		}
-		if (n < 0) /* not an object or a list: the parser and the mapping say why */
-			n = (long)BUF_LEN(&h->body);
-		if (!(r = json_parse(k, &d, BUF_DATA(&h->body), (size_t)n, &err))) {
-			r = json_pb_encode(k, &pb, cl->m->req, d.root, why);
-			json_free(&d);
-		} else if (r != KVD_ENOMEM) {
-			snprintf(why, sizeof why, "%s", err);
-			r = KVD_EPROTO;
+		if (!r) {
+			r = json_pj_decode(k, &pb, cl->m->req, BUF_DATA(&h->body) + from, to - from, why);
+			buf_consume(&h->body, to);
 		}
-		buf_consume(&h->body, (size_t)n);
 		if (r == KVD_ENOMEM) {
 			buf_free(k, &pb);
 			call_finish(k, cl, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
@@ -21171,8 +21965,9 @@ static int gw_body(struct kvd *k, struct conn *c)
 	return 0;
 }
 
-/* One response message (gRPC-framed at the front of cl->out) as JSON onto b. */
-static int gw_message_json(struct kvd *k, struct call *cl, struct kvd_buf *b)
+/* One response message (gRPC-framed at the front of cl->out) as JSON onto b;
+ * html: inside a stream's line (section 19). */
+static int gw_message_json(struct kvd *k, struct call *cl, struct kvd_buf *b, int html)
 {
 	const uint8_t *p = BUF_DATA(&cl->out);
 	uint32_t n = get_be32(p + 1);
@@ -21185,7 +21980,7 @@ static int gw_message_json(struct kvd *k, struct call *cl, struct kvd_buf *b)
 	buf_consume(&cl->out, 5 + (size_t)n);
 	if (!m)
 		return oom ? KVD_ENOMEM : KVD_EPROTO;
-	json_pb_write(k, b, m);
+	json_pb_write(k, b, m, html);
 	pb_free(k, m);
 	return b->err ? KVD_ENOMEM : 0;
 }
@@ -21205,37 +22000,6 @@ static void gw_chunk(struct kvd *k, struct conn *c, const void *p, size_t n)
 		buf_append(k, &c->out, "\r\n", 2);
 }
 
-/* A string as protojson writes it: '"', '\\' and control bytes escaped
- * (\b \f \n \r \t, else \u00xx), the rest as is -- no HTML escapes.  The
- * caller checked it is UTF-8. */
-static void gw_put_pjstr(struct kvd *k, struct kvd_buf *b, const char *s, size_t n)
-{
-	static const char hex[] = "0123456789abcdef";
-	char e[8];
-	size_t i, from = 0;
-
-	buf_append(k, b, "\"", 1);
-	for (i = 0; i < n; i++) {
-		uint8_t c = (uint8_t)s[i];
-		if (c >= 0x20 && c != '"' && c != '\\')
-			continue;
-		buf_append(k, b, s + from, i - from);
-		from = i + 1;
-		if (c == '"' || c == '\\' || c == '\b' || c == '\f' || c == '\n' || c == '\r' || c == '\t') {
-			e[0] = '\\';
-			e[1] = c == '\b' ? 'b' : c == '\f' ? 'f' : c == '\n' ? 'n' : c == '\r' ? 'r' : c == '\t' ? 't' : (char)c;
-			buf_append(k, b, e, 2);
-		} else {
-			memcpy(e, "\\u00", 4);
-			e[4] = hex[c >> 4];
-			e[5] = hex[c & 15];
-			buf_append(k, b, e, 6);
-		}
-	}
-	buf_append(k, b, s + from, n - from);
-	buf_append(k, b, "\"", 1);
-}
-
 /* Is s[0..n) UTF-8?  protojson refuses to write a string that is not. */
 static int gw_utf8(const char *s, size_t n)
 {
@@ -21249,9 +22013,9 @@ static int gw_utf8(const char *s, size_t n)
 
 /* grpc-gateway v2's error object, a google.rpc.Status: {"code":n,"message":m},
  * the message left out when empty (protojson omits unpopulated fields).
- * gostr: inside a stream's {"error":...}, which encoding/json re-encodes
+ * html: inside a stream's {"error":...}, which encoding/json re-encodes
  * (HTML-safe) around protojson's bytes. */
-static void gw_status_json(struct kvd *k, struct kvd_buf *b, const struct call *cl, int gostr)
+static void gw_status_json(struct kvd *k, struct kvd_buf *b, const struct call *cl, int html)
 {
 	const char *msg = cl->status_msg ? cl->status_msg : "";
 	size_t n;
@@ -21264,10 +22028,7 @@ static void gw_status_json(struct kvd *k, struct kvd_buf *b, const struct call *
 	json_put_int(k, b, cl->status);
 	if (n) {
 		json_put_raw(k, b, ",\"message\":");
-		if (gostr)
-			json_put_gostr(k, b, msg, n);
-		else
-			gw_put_pjstr(k, b, msg, n);
+		json_put_pjstr(k, b, msg, n, html);
 	}
 	json_put_raw(k, b, "}");
 }
@@ -21418,7 +22179,7 @@ static void gw_flush(struct kvd *k, struct conn *c)
 		if (!cl->finished || (!h->body_done && !h->bidi))
 			return; /* the whole body first: the connection stays in step */
 		if (cl->status == GRPC_OK && !h->stream) {
-			if (BUF_LEN(&cl->out) >= 5 && !gw_message_json(k, cl, &b)) {
+			if (BUF_LEN(&cl->out) >= 5 && !gw_message_json(k, cl, &b, 0)) {
 				/* TE: trailers makes it chunked, though a success has no trailer to send */
 				gw_body_out(k, c, 200, GW_OK_FIELDS, &b, h->trailers, "");
 				buf_free(k, &b);
@@ -21445,7 +22206,7 @@ static void gw_flush(struct kvd *k, struct conn *c)
 		}
 		b.rd = b.len = 0;
 		json_put_raw(k, &b, "{\"result\":");
-		if (gw_message_json(k, cl, &b)) {
+		if (gw_message_json(k, cl, &b, 1)) {
 			call_finish(k, cl, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
 			break;
 		}

@@ -84,7 +84,7 @@ class Gen:
         k = self.key()
         q = R.RangeRequest(key=k, range_end=self.end(k))
         if self.r.random() < 0.3:
-            q.limit = self.r.choice([-1, 0, 1, 2, 3, 5])
+            q.limit = self.r.choice([-1, 0, 1, 2, 3, 5, 2 ** 63 - 1])
         q.revision = self.rev_arg()
         if self.r.random() < 0.35:
             q.sort_order = self.r.choice([0, 1, 2, 2, 1, 5])

@@ -148,7 +148,7 @@ def out_of_space_during_a_rewrite(mnt):
     check(ans[0] == "err" and ans[1] == "RESOURCE_EXHAUSTED" and "No space left" in ans[2],
           "the rewrite is abandoned with its reason: %r" % (ans,))
     check(not os.path.exists(os.path.join(d, "kvd.log.new")), "its partial file is gone")
-    check("log rewrite abandoned" in k.logtext(), "and the log says so")
+    check(wait_for(lambda: "log rewrite abandoned" in k.logtext(), 30), "and the log says so")
     ans = c.call("Range", R.RangeRequest(key=b"k", range_end=b"l", count_only=True))
     check(ans[0] == "ok" and ans[1].count == 100 and k.alive(), "kvd serves from the old log")
     ans = c.call("Put", R.PutRequest(key=b"small", value=b"s"))

@@ -775,6 +775,14 @@ def ctl37_lease_lock_elect():
     (e,), (k,) = servers()
     S = (Side("etcd", e), Side("kvd", k))
     ttl = lambda r: (r[0], re.sub(r'remaining\(\d+s\)', "remaining(Ns)", re.sub(r'"ttl":\d+', '"ttl":N', r[1])), r[2])
+
+    def ttlk(r):
+        """ttl, and a lease's keys in order: etcd lists them from a Go map (random)."""
+        r = ttl(r)
+        out = re.sub(r'attached keys\(\[([^]]*)\]\)', lambda m: "attached keys([%s])" % " ".join(sorted(m.group(1).split())),
+                     r[1])
+        out = re.sub(r'"keys":\[([^]]*)\]', lambda m: '"keys":[%s]' % ",".join(sorted(m.group(1).split(","))), out)
+        return (r[0], out, r[2])
     try:
         same(S, "lease", "grant", "100")
         same(S, "lease", "grant", "-5")
@@ -792,8 +800,8 @@ def ctl37_lease_lock_elect():
         both("put", "k2", "v2", "--lease", "LID")
         both("get", "k1", "-w", "json")
         both("lease", "timetolive", "LID", norm=ttl)
-        both("lease", "timetolive", "LID", "--keys", norm=ttl)
-        both("lease", "timetolive", "LID", "--keys", "-w", "json", norm=ttl)
+        both("lease", "timetolive", "LID", "--keys", norm=ttlk)
+        both("lease", "timetolive", "LID", "--keys", "-w", "json", norm=ttlk)
         both("lease", "keep-alive", "--once", "LID")
         both("lease", "keep-alive", "--once", "LID", "-w", "json")
         same(S, "lease", "keep-alive", "--once", "1234")

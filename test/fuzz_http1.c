@@ -11,8 +11,9 @@
  * once) to an instance with a real store, so gateway calls reach real
  * handlers; the log is flushed and timers run between chunks, and bit 5
  * leaves kvd's output unread.  Bit 7 set: the rest is JSON for the request
- * message of gateway route (bits 0-6): the protobuf bytes json_pb_encode
- * makes must pass etcd's decoder checks and unpack, and the JSON written
+ * message of gateway route (bits 0-6): the protobuf bytes json_pj_decode
+ * makes from the value json_scan finds must pass etcd's decoder checks and
+ * unpack, and the JSON written
  * from them must map to bytes that write the same JSON again (the mapping
  * is stable on its own output).  Everything must be freed.
  */
@@ -29,40 +30,38 @@ static void fz_quiet(void *arg, int level, const char *line)
 	(void)line;
 }
 
-/* JSON -> protobuf -> JSON -> protobuf -> JSON: the last two JSONs agree. */
+/* JSON -> protobuf -> JSON -> protobuf -> JSON: the last two JSONs agree.
+ * The gateway's reading: json_scan finds one value, json_pj_decode makes
+ * the request's bytes from it (protojson's rules). */
 static void fz_mapping(struct kvd *k, const ProtobufCMessageDescriptor *d, const uint8_t *p, size_t n)
 {
 	struct kvd_buf pb1 = {0}, pb2 = {0}, j1 = {0}, j2 = {0};
-	struct json_doc doc;
-	const char *err;
 	char why[JSON_PB_WHY];
 	ProtobufCMessage *m;
 	unsigned flags;
+	size_t from, to;
 	int oom;
 
-	if (json_parse(k, &doc, p, n, &err))
-		return;
-	if (json_pb_encode(k, &pb1, d, doc.root, why) == 0 && !buf_reserve(k, &pb1, 1)) { /* never NULL */
+	if (json_scan(p, n, 1, &from, &to, why) == 0 && to > from &&
+	    json_pj_decode(k, &pb1, d, p + from, to - from, why) == 0 && !buf_reserve(k, &pb1, 1)) { /* never NULL */
 		if (pb_check(d, BUF_DATA(&pb1), BUF_LEN(&pb1), PB_MAX_DEPTH, why, sizeof why, &flags) == 0 &&
 		    !(flags & PB_F_STRIP)) {
 			if (!(m = pb_unpack(k, d, BUF_DATA(&pb1), BUF_LEN(&pb1), &oom))) {
 				if (!oom)
 					abort(); /* the mapping made bytes protobuf-c refuses */
 			} else {
-				json_pb_write(k, &j1, m);
+				json_pb_write(k, &j1, m, 0);
 				pb_free(k, m);
 			}
 		}
 	}
-	json_free(&doc);
 	if (BUF_LEN(&j1) && !j1.err) {
-		if (json_parse(k, &doc, BUF_DATA(&j1), BUF_LEN(&j1), &err))
-			abort(); /* the writer's JSON must read back */
-		if (json_pb_encode(k, &pb2, d, doc.root, why) || buf_reserve(k, &pb2, 1))
+		if (json_scan(BUF_DATA(&j1), BUF_LEN(&j1), 1, &from, &to, why) || from != 0 || to != BUF_LEN(&j1))
+			abort(); /* the writer's JSON must read back, whole */
+		if (json_pj_decode(k, &pb2, d, BUF_DATA(&j1), BUF_LEN(&j1), why) || buf_reserve(k, &pb2, 1))
 			abort(); /* and map back */
-		json_free(&doc);
 		if ((m = pb_unpack(k, d, BUF_DATA(&pb2), BUF_LEN(&pb2), &oom))) {
-			json_pb_write(k, &j2, m);
+			json_pb_write(k, &j2, m, 0);
 			pb_free(k, m);
 			if (!j2.err && (BUF_LEN(&j1) != BUF_LEN(&j2) || memcmp(BUF_DATA(&j1), BUF_DATA(&j2), BUF_LEN(&j1))))
 				abort(); /* not stable on its own output */

@@ -2461,6 +2461,138 @@ static void test_json(void)
 	kvd_close(k);
 }
 
+/* The gateway's readers, as grpc-gateway v2 reads a body: encoding/json's
+ * Decoder finds the value (json_scan), protojson reads it (json_pj_decode).
+ * The texts are etcd 3.7.3's (test/gateway.py compares them). */
+static const char *t_scan(const char *in, int eof)
+{
+	static char out[JSON_PB_WHY + 16];
+	size_t from, to;
+	int r = json_scan((const uint8_t *)in, strlen(in), eof, &from, &to, out);
+
+	if (r == KVD_EAGAIN)
+		return "more";
+	if (!r)
+		snprintf(out, sizeof out, "%zu-%zu", from, to);
+	return out;
+}
+
+static const char *t_pj(struct kvd *k, const ProtobufCMessageDescriptor *d, const char *in)
+{
+	static char out[JSON_PB_WHY];
+	struct kvd_buf b = {0};
+	size_t i, o = 0;
+	int r = json_pj_decode(k, &b, d, (const uint8_t *)in, strlen(in), out);
+
+	if (!r)
+		for (i = 0; i < BUF_LEN(&b) && o + 3 < sizeof out; i++)
+			o += (size_t)snprintf(out + o, sizeof out - o, "%02x", BUF_DATA(&b)[i]);
+	if (!r)
+		out[o] = 0;
+	buf_free(k, &b);
+	return r == KVD_ENOMEM ? "oom" : out;
+}
+
+static void test_gw_json(void)
+{
+	static const struct {
+		const char *in;
+		int eof;
+		const char *want;
+	} scans[] = {
+	    {"", 1, "0-0"}, {"  \n", 1, "3-3"}, {"  ", 0, "more"},
+	    {"{\"a\":1} x", 1, "0-7"}, {" [1]", 0, "1-4"}, {"5", 0, "more"}, {"5", 1, "0-1"}, {"5x", 0, "0-1"},
+	    {"\"abc\"", 0, "more"}, {"\"abc\"{", 0, "0-5"}, {"true", 1, "0-4"}, {"\"\xff\"", 1, "0-3"},
+	    {"{\"a\":1", 0, "more"}, {"{\"a\":1", 1, "unexpected EOF"}, {"-", 1, "unexpected EOF"}, {"tru", 1, "unexpected EOF"},
+	    {"{\"a\" 1}", 1, "invalid character '1' after object key"},
+	    {"{\"a\":1,}", 1, "invalid character '}' looking for beginning of object key string"},
+	    {"{\"a\":1 \"b\"}", 1, "invalid character '\"' after object key:value pair"},
+	    {"{\"a\":tru}", 1, "invalid character '}' in literal true (expecting 'e')"},
+	    {"[1 2]", 1, "invalid character '2' after array element"},
+	    {"-x", 1, "invalid character 'x' in numeric literal"}, {"1.x", 1, "invalid character 'x' after decimal point in numeric literal"},
+	    {"1ex", 1, "invalid character 'x' in exponent of numeric literal"},
+	    {"\"\x01\"", 1, "invalid character '\\x01' in string literal"},
+	    {"\"\\q\"", 1, "invalid character 'q' in string escape code"},
+	    {"\"\\u12G4\"", 1, "invalid character 'G' in \\u hexadecimal character escape"},
+	    {"\a", 1, "invalid character '\\a' looking for beginning of value"},
+	    {"'", 1, "invalid character '\\'' looking for beginning of value"},
+	    {"\xe9", 1, "invalid character '\xc3\xa9' looking for beginning of value"},
+	    {"\x85", 1, "invalid character '\\u0085' looking for beginning of value"},
+	};
+	static const struct {
+		const char *in, *want;
+	} range[] = {
+	    {"{\"key\":\"Zm9v\",\"limit\":\"10\"}", "0a03666f6f180a"},
+	    {"{\"key\":\"Zm9v-_\",\"limit\":1e1,\"keysOnly\":true}", "0a04666f6ffb180a4001"},
+	    {"{\"limit\":\"12 x\",\"sort_order\":\"NOPE\",\"sortTarget\":1.0}", "180c3001"},
+	    {"{\"bogus\":[1,{\"x\":null}],\"[key]\":5,\"key\":null,\"range_end\":\"Zg\\n\"}", "120166"},
+	    {"{\"key\":\"Zm9v\",\"limit\":1.5}", "proto: (line 1:23): invalid value for int64 field limit: 1.5"},
+	    {"{\"limit\":\" 1\"}", "proto: (line 1:10): invalid value for int64 field limit: \" 1\""},
+	    {"{\"keys_only\":\"true\"}", "proto: (line 1:14): invalid value for bool field keysOnly: \"true\""},
+	    {"{\"key\":\"Zg=\"}", "proto: (line 1:8): invalid value for bytes field key: \"Zg=\""},
+	    {"{\"key\":\"Zm9v\",\n \"key\":\"YQ==\"}", "proto: (line 2:2): duplicate field \"key\""},
+	    {"{\"rangeEnd\":null, \"range_end\":\"YQ==\"}", "proto: (line 1:19): duplicate field \"range_end\""},
+	    {"5", "proto: syntax error (line 1:1): unexpected token 5"},
+	    {"{\"key\":{}}", "proto: (line 1:8): invalid value for bytes field key: {"},
+	    {"{\"key\":\"\\ud800\"}", "proto: unexpected EOF"},
+	    {"{\"key\":\"\\ud800\\u0041\"}", "proto: syntax error (line 1:8): invalid escape code \"\\\\u0041\" in string"},
+	    {"{\"\xc3\xa9\":1,\"key\":\"\xff\"}", "proto: syntax error (line 1:14): invalid UTF-8 in string"},
+	};
+	static const char *const txn[][2] = {
+	    {"{\"success\":[{\"request_put\":{\"key\":\"YQ==\"},\"request_range\":{}}]}",
+	     "proto: (line 1:43): error parsing \"request_range\", oneof etcdserverpb.RequestOp.request is already set"},
+	    {"{\"compare\":{}}", "proto: syntax error (line 1:12): unexpected token {"},
+	    {"{\"compare\":[{\"target\":\"NOPE\",\"version\":\"0\"}],\"success\":[{\"request_put\":null,\"requestRange\":{}}]}",
+	     "0a02200012020a00"},
+	};
+	struct kvd *k = t_kvd();
+	struct kvd_buf b = {0};
+	size_t i;
+	int ok = 1;
+
+	for (i = 0; i < KVD_COUNT(scans); i++) {
+		const char *got = t_scan(scans[i].in, scans[i].eof);
+		ok &= !strcmp(got, scans[i].want);
+		if (strcmp(got, scans[i].want))
+			printf("  json_scan %s -> %s (want %s)\n", scans[i].in, got, scans[i].want);
+	}
+	for (i = 0; i < KVD_COUNT(range); i++) {
+		const char *got = t_pj(k, &etcdserverpb__range_request__descriptor, range[i].in);
+		ok &= !strcmp(got, range[i].want);
+		if (strcmp(got, range[i].want))
+			printf("  json_pj %s -> %s (want %s)\n", range[i].in, got, range[i].want);
+	}
+	for (i = 0; i < KVD_COUNT(txn); i++) {
+		const char *got = t_pj(k, &etcdserverpb__txn_request__descriptor, txn[i][0]);
+		ok &= !strcmp(got, txn[i][1]);
+		if (strcmp(got, txn[i][1]))
+			printf("  json_pj %s -> %s (want %s)\n", txn[i][0], got, txn[i][1]);
+	}
+	t_name = "gw_json";
+	CHECK(ok);
+	{ /* 64 levels scan, 65 do not (Go's words for its own limit) */
+		char deep[70];
+		memset(deep, '[', 65);
+		deep[64] = 0;
+		CHECK(!strcmp(t_scan(deep, 0), "more"));
+		deep[64] = '[';
+		deep[65] = 0;
+		CHECK(!strcmp(t_scan(deep, 0), "invalid character '[' exceeded max depth"));
+	}
+	/* unary answers are protojson's strings; a stream's are HTML-escaped again */
+	{
+		static const char in[] = "<a&b>\xe2\x80\xa8\b\x01\"", plain[] = "\"<a&b>\xe2\x80\xa8\\b\\u0001\\\"\"",
+		                  html[] = "\"\\u003ca\\u0026b\\u003e\\u2028\\b\\u0001\\\"\"";
+		json_put_pjstr(k, &b, in, sizeof in - 1, 0);
+		CHECK(BUF_LEN(&b) == sizeof plain - 1 && !memcmp(BUF_DATA(&b), plain, sizeof plain - 1));
+		b.len = 0;
+		json_put_pjstr(k, &b, in, sizeof in - 1, 1);
+		CHECK(BUF_LEN(&b) == sizeof html - 1 && !memcmp(BUF_DATA(&b), html, sizeof html - 1));
+	}
+	buf_free(k, &b);
+	kvd_close(k);
+}
+
 /* Reference vectors (Ganeti's own client and daemon, key with its newline). */
 #define T_KEY "0123456789abcdef0123456789abcdef01234567\n"
 #define T_REQ0 "plj0{\"msg\": \"{\\\"protocol\\\": 1, \\\"type\\\": 0, \\\"rsalt\\\": " \
@@ -3864,6 +3996,7 @@ static const struct {
 	{"lease_expiry_burst", test_lease_expiry_burst},
 	{"lease_oom", test_lease_oom},
 	{"json", test_json},
+	{"gw_json", test_gw_json},
 	{"confd_vectors", test_confd_vectors},
 	{"cfg", test_cfg},
 	{"config_yaml", test_config_yaml},
