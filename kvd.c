@@ -6850,13 +6850,32 @@ static int snap_imp_base_end(struct kvd *k, struct snap_imp *im)
 	return im->c < 1 ? 0 : snap_imp_compact(k, im, im->c, "the compaction at");
 }
 
+/* The prev of a new op on key in the open TXN: the key's last op in that
+ * record if it has one (a txn may put and then delete a key: both at one
+ * revision), else its latest op in the scratch store; 0 for a new key. */
+static uint64_t snap_imp_prev(struct kvd *k, struct snap_imp *im, const uint8_t *key, size_t klen)
+{
+	const uint8_t *p = im->out.p + im->nops_at + 4, *end = im->out.p + im->out.len;
+	const struct mvcc_key *r;
+	const char *why;
+	struct mvcc_op op;
+	uint64_t prev = 0;
+
+	while (im->in_txn && im->rec_type == MVCC_REC_TXN && p < end &&
+	       !mvcc_op_decode(&p, end, im->size + (uint64_t)(p - im->out.p), 1, &op, &why))
+		if ((op.kind == MVCC_OP_PUT || op.kind == MVCC_OP_DEL) && op.klen == klen && !memcmp(op.key, key, klen))
+			prev = op.off + 1;
+	if (!prev && (r = mvcc_find(&k->db, key, klen)))
+		prev = r->op + 1;
+	return prev;
+}
+
 /* One record of etcd's key bucket, in revision order. */
 static int snap_imp_key(struct kvd *k, void *arg, const uint8_t *key, size_t kn, const uint8_t *val, size_t vn,
                         uint32_t flags)
 {
 	struct snap_imp *im = arg;
 	Mvccpb__KeyValue *kv;
-	struct mvcc_key *r;
 	int64_t main_rev, lease = 0;
 	uint64_t sub, prev = 0;
 	int tomb = kn == 18, e = 0;
@@ -6917,10 +6936,9 @@ static int snap_imp_key(struct kvd *k, void *arg, const uint8_t *key, size_t kn,
 	if (lease && (sl = life_map_slot(&im->granted, (uint64_t)lease)) == SIZE_MAX &&
 	    (e = snap_imp_grant(k, im, MVCC_REC_TXN, main_rev, lease, 1, 2)))
 		goto out;
-	if ((r = mvcc_find(&k->db, kv->key.data, kv->key.len)))
-		prev = r->op + 1;
 	if ((e = snap_imp_room(k, im, MVCC_REC_TXN, main_rev, MVCC_OP_MAX_HDR + kv->key.len + kv->value.len)))
 		goto out;
+	prev = snap_imp_prev(k, im, kv->key.data, kv->key.len);
 	if (tomb)
 		im->out.len = (size_t)(mvcc_op_encode(im->out.p + im->out.len, MVCC_OP_DEL, prev, main_rev, 0, 0, 0,
 		                                      kv->key.data, kv->key.len, NULL, 0) - im->out.p);
