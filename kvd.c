@@ -208,11 +208,16 @@
 #define KVD_UNUSED
 #endif
 
+/* Invariants that run: KVD_ALWAYS(x) is x, and KVD_NEVER(x) is x, in every
+ * build -- code goes on sensibly either way -- and a debug build (the tests'
+ * kvd-test and test/test) stops at the first that does not hold. */
 #ifdef NDEBUG
 #define KVD_ALWAYS(x) (x)
+#define KVD_NEVER(x) (x)
 #else
 #include <assert.h>
 #define KVD_ALWAYS(x) ((x) ? 1 : (assert(0 && #x), 0))
+#define KVD_NEVER(x) ((x) ? (assert(0 && #x), 1) : 0)
 #endif
 
 #define KVD_MIN(a, b) ((a) < (b) ? (a) : (b))
@@ -1137,6 +1142,50 @@ static uint32_t get_le32(const uint8_t *p)
 }
 static uint64_t get_le64(const uint8_t *p) { return (uint64_t)get_le32(p) | (uint64_t)get_le32(p + 4) << 32; }
 
+/* LEB128 varints, the one encoding and the one decoder of them: the log
+ * (section 6) and the protobuf wire (section 5) write the same bytes.  The
+ * decoder takes protowire.ConsumeVarint's rule: 10 bytes at most, the 10th
+ * at most 1 -- a longer or overflowing varint is corrupt, not truncated. */
+static size_t varint_len(uint64_t v)
+{
+	size_t n = 1;
+
+	while (v >= 0x80) {
+		v >>= 7;
+		n++;
+	}
+	return n;
+}
+
+static uint8_t *put_varint(uint8_t *p, uint64_t v)
+{
+	while (v >= 0x80) {
+		*p++ = (uint8_t)(v | 0x80);
+		v >>= 7;
+	}
+	*p++ = (uint8_t)v;
+	return p;
+}
+
+static int get_varint(const uint8_t **pp, const uint8_t *end, uint64_t *v)
+{
+	const uint8_t *p = *pp;
+	uint64_t r = 0;
+	unsigned i;
+
+	for (i = 0; i < 10; i++) {
+		if (p >= end || (i == 9 && *p > 1))
+			return KVD_ECORRUPT;
+		r |= (uint64_t)(*p & 0x7f) << (7 * i);
+		if (*p++ < 0x80) {
+			*v = r;
+			*pp = p;
+			return 0;
+		}
+	}
+	return KVD_ECORRUPT;
+}
+
 /* SHA-1 of one buffer (member ids are derived as etcd derives them). */
 static void util_sha1(const void *p, size_t n, uint8_t out[20])
 {
@@ -1451,31 +1500,12 @@ static void buf_trim(struct kvd *k, struct kvd_buf *b, size_t keep)
 
 static size_t json_utf8_len(const uint8_t *p, const uint8_t *end);
 
-/* protowire.ConsumeVarint: 10 bytes at most, the 10th at most 1. */
-static int pb_varint(const uint8_t **pp, const uint8_t *end, uint64_t *v)
-{
-	const uint8_t *p = *pp;
-	unsigned i;
-
-	*v = 0;
-	for (i = 0; i < 10; i++) {
-		if (p >= end || (i == 9 && *p > 1))
-			return -1;
-		*v |= (uint64_t)(*p & 0x7f) << (7 * i);
-		if (*p++ < 0x80) {
-			*pp = p;
-			return 0;
-		}
-	}
-	return -1;
-}
-
 /* A length prefix and what it covers. */
 static int pb_len(const uint8_t **pp, const uint8_t *end, const uint8_t **body_end)
 {
 	uint64_t n;
 
-	if (pb_varint(pp, end, &n) || n > (uint64_t)(end - *pp))
+	if (get_varint(pp, end, &n) || n > (uint64_t)(end - *pp))
 		return -1;
 	*body_end = *pp + n;
 	return 0;
@@ -1492,7 +1522,7 @@ static int pb_skip(const uint8_t **pp, const uint8_t *end, uint64_t num, unsigne
 
 	for (;;) {
 		switch (wt) {
-		case 0: if (pb_varint(pp, end, &v)) return -1; break;
+		case 0: if (get_varint(pp, end, &v)) return -1; break;
 		case 1: if (end - *pp < 8) return -1; *pp += 8; break;
 		case 2: if (pb_len(pp, end, &body)) return -1; *pp = body; break;
 		case 3: if (depth == PB_MAX_GROUPS) return 1; open[depth++] = num; break;
@@ -1502,7 +1532,7 @@ static int pb_skip(const uint8_t **pp, const uint8_t *end, uint64_t num, unsigne
 		}
 		if (!depth)
 			return 0;
-		if (pb_varint(pp, end, &v) || !(v >> 3) || (v >> 3) > 0x7fffffffu)
+		if (get_varint(pp, end, &v) || !(v >> 3) || (v >> 3) > 0x7fffffffu)
 			return -1;
 		num = v >> 3;
 		wt = (unsigned)(v & 7);
@@ -1567,7 +1597,7 @@ static int pb_check(const ProtobufCMessageDescriptor *d, const uint8_t *p, size_
 		}
 		d = st[depth].d;
 		at = p;
-		if (pb_varint(&p, st[depth].end, &tag) || !(tag >> 3) || (tag >> 3) > PB_MAX_FIELD)
+		if (get_varint(&p, st[depth].end, &tag) || !(tag >> 3) || (tag >> 3) > PB_MAX_FIELD)
 			break;
 		wt = (unsigned)(tag & 7);
 		if (wt == 4) /* an end-group outside any group */
@@ -1584,7 +1614,7 @@ static int pb_check(const ProtobufCMessageDescriptor *d, const uint8_t *p, size_
 			continue;
 		}
 		if (wt == 0) {
-			if (pb_varint(&p, st[depth].end, &v))
+			if (get_varint(&p, st[depth].end, &v))
 				break;
 			continue;
 		}
@@ -1607,7 +1637,7 @@ static int pb_check(const ProtobufCMessageDescriptor *d, const uint8_t *p, size_
 			continue;
 		}
 		if ((unit = pb_wire_type(f)) != 2) { /* a packed run: whole values up to its end */
-			while (p < body && (unit == 0 ? !pb_varint(&p, body, &v) : body - p >= (unit == 1 ? 8 : 4)))
+			while (p < body && (unit == 0 ? !get_varint(&p, body, &v) : body - p >= (unit == 1 ? 8 : 4)))
 				p += unit == 0 ? 0 : unit == 1 ? 8 : 4;
 			if (p != body)
 				break;
@@ -1637,15 +1667,6 @@ static uint8_t *pb_put_padded(uint8_t *o, uint64_t v, unsigned w)
 	return o;
 }
 
-static unsigned pb_varint_width(uint64_t v)
-{
-	unsigned w = 1;
-
-	while (v >>= 7)
-		w++;
-	return w;
-}
-
 /*
  * A message pb_check accepted, rewritten at every depth with only what
  * protobuf-c takes (known fields of their wire type), into out (n bytes at
@@ -1669,7 +1690,7 @@ static size_t pb_strip(const ProtobufCMessageDescriptor *d, const uint8_t *p, si
 			pb_put_padded(out + st[depth].lenat, o - st[depth].lenat - st[depth].w, st[depth].w);
 			depth--;
 		}
-		if (pb_varint(&p, st[depth].end, &tag))
+		if (get_varint(&p, st[depth].end, &tag))
 			return o; /* cannot happen: pb_check read it */
 		wt = (unsigned)(tag & 7);
 		if (!(f = pb_field(st[depth].d, tag))) {
@@ -1677,10 +1698,10 @@ static size_t pb_strip(const ProtobufCMessageDescriptor *d, const uint8_t *p, si
 				return o;
 			continue;
 		}
-		o = (size_t)(pb_put_padded(out + o, tag, pb_varint_width(tag)) - out);
+		o = (size_t)(pb_put_padded(out + o, tag, (unsigned)varint_len(tag)) - out);
 		val = p;
 		if (wt != 2) {
-			if (wt == 0 ? pb_varint(&p, st[depth].end, &v) : (p += wt == 1 ? 8 : 4, 0))
+			if (wt == 0 ? get_varint(&p, st[depth].end, &v) : (p += wt == 1 ? 8 : 4, 0))
 				return o;
 			memcpy(out + o, val, (size_t)(p - val));
 			o += (size_t)(p - val);
@@ -1693,11 +1714,11 @@ static size_t pb_strip(const ProtobufCMessageDescriptor *d, const uint8_t *p, si
 			st[depth].d = f->descriptor;
 			st[depth].end = body;
 			st[depth].lenat = o;
-			st[depth].w = pb_varint_width((uint64_t)(body - p));
+			st[depth].w = (unsigned)varint_len((uint64_t)(body - p));
 			o += st[depth].w;
 			continue;
 		}
-		o = (size_t)(pb_put_padded(out + o, (uint64_t)(body - p), pb_varint_width((uint64_t)(body - p))) - out);
+		o = (size_t)(pb_put_padded(out + o, (uint64_t)(body - p), (unsigned)varint_len((uint64_t)(body - p))) - out);
 		memmove(out + o, p, (size_t)(body - p));
 		o += (size_t)(body - p);
 		p = body;
@@ -1731,6 +1752,70 @@ static void pb_free(struct kvd *k, void *m)
 {
 	if (m)
 		protobuf_c_message_free_unpacked(m, &k->pba);
+}
+
+/* ---- the wire, written by hand -----------------------------------------
+ *
+ * protobuf-c packs whole messages.  Where kvd assembles one from pieces
+ * -- a live WatchResponse from events packed once for every watcher
+ * (section 18), a lease record in a snapshot (section 9), a message the
+ * JSON gateway decodes field by field (section 19) -- it writes the wire
+ * with these, and nowhere by hand: a tag is (field number << 3 | wire
+ * type) as a varint; a length-delimited field is its tag, its length as
+ * a varint, its bytes.  Field numbers are named where they are used, and
+ * a unit test holds each name to protobuf-c's descriptor.
+ */
+enum { PB_WT_VARINT = 0, PB_WT_I64 = 1, PB_WT_LEN = 2, PB_WT_I32 = 5 };
+#define PB_HDR_MAX 15 /* a tag (5 bytes) and a length (10) at most */
+
+static uint8_t *pb_put_tag(uint8_t *o, uint32_t num, unsigned wt)
+{
+	return put_varint(o, (uint64_t)num << 3 | wt);
+}
+
+/* A varint field: tag, value. */
+static uint8_t *pb_put_uint(uint8_t *o, uint32_t num, uint64_t v)
+{
+	return put_varint(pb_put_tag(o, num, PB_WT_VARINT), v);
+}
+
+/* A length-delimited field's tag and length; its n bytes go next. */
+static uint8_t *pb_put_lenhdr(uint8_t *o, uint32_t num, uint64_t n)
+{
+	return put_varint(pb_put_tag(o, num, PB_WT_LEN), n);
+}
+
+static size_t pb_lenhdr_size(uint32_t num, uint64_t n)
+{
+	return varint_len((uint64_t)num << 3) + varint_len(n);
+}
+
+/* The same onto a buffer (a failed append sets b->err, as buf_append does). */
+static void pb_buf_uint(struct kvd *k, struct kvd_buf *b, uint32_t num, uint64_t v)
+{
+	uint8_t t[PB_HDR_MAX];
+
+	buf_append(k, b, t, (size_t)(pb_put_uint(t, num, v) - t));
+}
+
+static void pb_buf_bytes(struct kvd *k, struct kvd_buf *b, uint32_t num, const void *p, size_t n)
+{
+	uint8_t t[PB_HDR_MAX];
+
+	buf_append(k, b, t, (size_t)(pb_put_lenhdr(t, num, n) - t));
+	buf_append(k, b, p, n);
+}
+
+/* fixed32 (bits 32) or fixed64, little-endian as the wire has them. */
+static void pb_buf_fixed(struct kvd *k, struct kvd_buf *b, uint32_t num, int bits, uint64_t v)
+{
+	uint8_t t[5 + 8], *o = pb_put_tag(t, num, bits == 32 ? PB_WT_I32 : PB_WT_I64);
+
+	if (bits == 32)
+		put_le32(o, (uint32_t)v);
+	else
+		put_le64(o, v);
+	buf_append(k, b, t, (size_t)(o - t) + (size_t)bits / 8);
 }
 
 /* Auth (section 16): the log replays and rewrites its records; services
@@ -2135,43 +2220,6 @@ static uint32_t mvcc_crc32c(uint32_t crc, const void *data, size_t n)
 	return ~crc;
 }
 
-static size_t mvcc_vlen(uint64_t v)
-{
-	size_t n = 1;
-
-	while (v >= 0x80) {
-		v >>= 7;
-		n++;
-	}
-	return n;
-}
-
-static uint8_t *mvcc_put_varint(uint8_t *p, uint64_t v)
-{
-	while (v >= 0x80) {
-		*p++ = (uint8_t)(v | 0x80);
-		v >>= 7;
-	}
-	*p++ = (uint8_t)v;
-	return p;
-}
-
-static int mvcc_get_varint(const uint8_t **pp, const uint8_t *end, uint64_t *v)
-{
-	const uint8_t *p = *pp;
-	uint64_t r = 0;
-	unsigned shift = 0;
-
-	do {
-		if (p >= end || shift > 63)
-			return KVD_ECORRUPT;
-		r |= (uint64_t)(*p & 0x7f) << shift;
-		shift += 7;
-	} while (*p++ & 0x80);
-	*v = r;
-	*pp = p;
-	return 0;
-}
 
 static uint64_t mvcc_zigzag(int64_t v)
 {
@@ -2186,8 +2234,8 @@ static int64_t mvcc_unzigzag(uint64_t v)
 /* Bytes of an op's header, from fields RAM knows. */
 static size_t mvcc_op_hdr(int64_t rev, int64_t create, int64_t ver, int64_t lease, size_t klen, size_t vlen)
 {
-	return 1 + 8 + mvcc_vlen((uint64_t)rev) + mvcc_vlen((uint64_t)create) + mvcc_vlen((uint64_t)ver) +
-	       mvcc_vlen(mvcc_zigzag(lease)) + mvcc_vlen(klen) + mvcc_vlen(vlen);
+	return 1 + 8 + varint_len((uint64_t)rev) + varint_len((uint64_t)create) + varint_len((uint64_t)ver) +
+	       varint_len(mvcc_zigzag(lease)) + varint_len(klen) + varint_len(vlen);
 }
 
 static size_t mvcc_key_opsize(const struct mvcc_key *r)
@@ -2459,7 +2507,7 @@ static int mvcc_op_decode(const uint8_t **pp, const uint8_t *end, uint64_t off, 
 	switch (op->kind) {
 	case MVCC_OP_GRANT:
 	case MVCC_OP_REVOKE:
-		if (mvcc_get_varint(&p, end, &v[0]) || (op->kind == MVCC_OP_GRANT && mvcc_get_varint(&p, end, &v[1]))) {
+		if (get_varint(&p, end, &v[0]) || (op->kind == MVCC_OP_GRANT && get_varint(&p, end, &v[1]))) {
 			*why = "bad lease op";
 			return KVD_ECORRUPT;
 		}
@@ -2485,7 +2533,7 @@ static int mvcc_op_decode(const uint8_t **pp, const uint8_t *end, uint64_t off, 
 	op->prev = get_be64(p);
 	p += 8;
 	for (i = 0; i < 6; i++)
-		if (mvcc_get_varint(&p, end, &v[i])) {
+		if (get_varint(&p, end, &v[i])) {
 			*why = "bad op varint";
 			return KVD_ECORRUPT;
 		}
@@ -2576,7 +2624,7 @@ static int mvcc_rec_decode(struct mvcc_rec *r, const char **why)
 		return 0;
 	case MVCC_REC_TXN:
 	case MVCC_REC_BASE:
-		if (mvcc_get_varint(&p, r->end, &rev) || r->end - p < 4 || rev > INT64_MAX) {
+		if (get_varint(&p, r->end, &rev) || r->end - p < 4 || rev > INT64_MAX) {
 			*why = "bad txn record";
 			return KVD_ECORRUPT;
 		}
@@ -2586,7 +2634,7 @@ static int mvcc_rec_decode(struct mvcc_rec *r, const char **why)
 		r->at = 0;
 		return 0;
 	case MVCC_REC_COMPACT:
-		if (mvcc_get_varint(&p, r->end, &rev) || p != r->end || rev > INT64_MAX) {
+		if (get_varint(&p, r->end, &rev) || p != r->end || rev > INT64_MAX) {
 			*why = "bad compact record";
 			return KVD_ECORRUPT;
 		}
@@ -2755,7 +2803,7 @@ static int mvcc_rec_alarms(const struct mvcc_rec *r, struct mvcc_alarm *a, unsig
 		return KVD_ECORRUPT;
 	}
 	for (i = 0; i < r->nops; i++) {
-		if (mvcc_get_varint(&p, r->end, &member) || p >= r->end || *p < ALARM_NOSPACE || *p > ALARM_CORRUPT) {
+		if (get_varint(&p, r->end, &member) || p >= r->end || *p < ALARM_NOSPACE || *p > ALARM_CORRUPT) {
 			*why = "bad alarm record";
 			return KVD_ECORRUPT;
 		}
@@ -2968,12 +3016,12 @@ static uint8_t *mvcc_op_encode(uint8_t *p, int kind, uint64_t prev, int64_t rev,
 	*p++ = (uint8_t)kind;
 	put_be64(p, prev);
 	p += 8;
-	p = mvcc_put_varint(p, (uint64_t)rev);
-	p = mvcc_put_varint(p, (uint64_t)create);
-	p = mvcc_put_varint(p, (uint64_t)ver);
-	p = mvcc_put_varint(p, mvcc_zigzag(lease));
-	p = mvcc_put_varint(p, klen);
-	p = mvcc_put_varint(p, vlen);
+	p = put_varint(p, (uint64_t)rev);
+	p = put_varint(p, (uint64_t)create);
+	p = put_varint(p, (uint64_t)ver);
+	p = put_varint(p, mvcc_zigzag(lease));
+	p = put_varint(p, klen);
+	p = put_varint(p, vlen);
 	if (klen)
 		memcpy(p, key, klen);
 	p += klen;
@@ -2986,9 +3034,9 @@ static uint8_t *mvcc_op_encode(uint8_t *p, int kind, uint64_t prev, int64_t rev,
 static uint8_t *mvcc_lease_encode(uint8_t *p, int kind, int64_t id, int64_t ttl)
 {
 	*p++ = (uint8_t)kind;
-	p = mvcc_put_varint(p, mvcc_zigzag(id));
+	p = put_varint(p, mvcc_zigzag(id));
 	if (kind == MVCC_OP_GRANT)
-		p = mvcc_put_varint(p, (uint64_t)ttl);
+		p = put_varint(p, (uint64_t)ttl);
 	return p;
 }
 
@@ -2996,7 +3044,7 @@ static uint8_t *mvcc_lease_encode(uint8_t *p, int kind, int64_t id, int64_t ttl)
  * the end of b: returns where its count goes (filled at mvcc_rec_close). */
 static size_t mvcc_rec_open(struct kvd_buf *b, int64_t rev)
 {
-	uint8_t *p = mvcc_put_varint(b->p + b->len + MVCC_REC_HDR, (uint64_t)rev);
+	uint8_t *p = put_varint(b->p + b->len + MVCC_REC_HDR, (uint64_t)rev);
 
 	b->len = (size_t)(p - b->p) + 4;
 	return b->len - 4;
@@ -3057,7 +3105,7 @@ static void mvcc_compact_encode(struct kvd_buf *b, int64_t rev)
 {
 	size_t at = b->len;
 
-	b->len = (size_t)(mvcc_put_varint(b->p + at + MVCC_REC_HDR, (uint64_t)rev) - b->p);
+	b->len = (size_t)(put_varint(b->p + at + MVCC_REC_HDR, (uint64_t)rev) - b->p);
 	mvcc_seal(b->p + at, b->len - at - MVCC_REC_HDR, MVCC_REC_COMPACT);
 }
 
@@ -3071,7 +3119,7 @@ static void mvcc_alarms_encode(struct kvd_buf *b, const struct mvcc_alarm *a, un
 	put_be32(p, n);
 	p += 4;
 	for (i = 0; i < n; i++) {
-		p = mvcc_put_varint(p, a[i].member);
+		p = put_varint(p, a[i].member);
 		*p++ = (uint8_t)a[i].type;
 	}
 	b->len = (size_t)(p - b->p);
@@ -5846,19 +5894,19 @@ static int snap_lease_cmp(const void *a, const void *b)
 	return (x > y) - (x < y);
 }
 
-/* leasepb.Lease {1 ID, 2 TTL} into p (20 bytes at most); its length. */
+/* leasepb.Lease {1 ID, 2 TTL} (int64s, etcd's lease.proto) and
+ * AlarmMember {1 MemberID, 2 Alarm}: proto3, a zero field is not written. */
+enum { SNAP_F_LEASE_ID = 1, SNAP_F_LEASE_TTL = 2, SNAP_F_ALARM_MEMBER = 1, SNAP_F_ALARM_TYPE = 2 };
+
+/* A Lease into p (22 bytes at most); its length. */
 static size_t snap_lease_val(uint8_t *p, const struct snap_lease *l)
 {
 	uint8_t *o = p;
 
-	if (l->id) {
-		*o++ = 0x08;
-		o = mvcc_put_varint(o, (uint64_t)l->id);
-	}
-	if (l->ttl) {
-		*o++ = 0x10;
-		o = mvcc_put_varint(o, (uint64_t)l->ttl);
-	}
+	if (l->id)
+		o = pb_put_uint(o, SNAP_F_LEASE_ID, (uint64_t)l->id);
+	if (l->ttl)
+		o = pb_put_uint(o, SNAP_F_LEASE_TTL, (uint64_t)l->ttl);
 	return (size_t)(o - p);
 }
 
@@ -5878,12 +5926,9 @@ static int snap_content(struct kvd *k, struct snap *s)
 	s->end = k->db.size + k->db.w.len;
 	for (i = 0; i < k->db.nalarms; i++) { /* alarm: AlarmMember -> empty */
 		o = b;
-		if (k->db.alarms[i].member) {
-			*o++ = 0x08;
-			o = mvcc_put_varint(o, k->db.alarms[i].member);
-		}
-		*o++ = 0x10;
-		o = mvcc_put_varint(o, k->db.alarms[i].type);
+		if (k->db.alarms[i].member)
+			o = pb_put_uint(o, SNAP_F_ALARM_MEMBER, k->db.alarms[i].member);
+		o = pb_put_uint(o, SNAP_F_ALARM_TYPE, k->db.alarms[i].type);
 		e |= snap_small(k, s, 0, b, (size_t)(o - b), "", 0);
 	}
 	if (k->auth.enabled || k->auth.rev > 1) { /* etcd writes it at the first AuthEnable */
@@ -6983,11 +7028,11 @@ static int snap_imp_lease(struct kvd *k, void *arg, const uint8_t *key, size_t k
 	(void)kn;
 	(void)flags;
 	while (p < end) {
-		if (mvcc_get_varint(&p, end, &tag) || (tag & 7) != 0 || mvcc_get_varint(&p, end, &v))
+		if (get_varint(&p, end, &tag) || (tag & 7) != PB_WT_VARINT || get_varint(&p, end, &v))
 			return snap_imp_fail(im, "a bad lease record");
-		if (tag >> 3 == 1)
+		if (tag >> 3 == SNAP_F_LEASE_ID)
 			id = v;
-		else if (tag >> 3 == 2)
+		else if (tag >> 3 == SNAP_F_LEASE_TTL)
 			ttl = v;
 	}
 	if (!id || (int64_t)id < 0 || (int64_t)ttl < 1 || (int64_t)ttl > LEASE_MAX_TTL)
@@ -8832,6 +8877,8 @@ static int h2_stream_send(struct kvd *k, struct h2_conn *c, struct h2_stream *s)
 	size_t n;
 	int64_t room;
 
+	if (KVD_NEVER(s->call.held)) /* the durability contract: see loop_log_flush */
+		return 0;
 	for (;;) {
 		room = KVD_MIN(c->send_window, s->send_window);
 		if (!BUF_LEN(&s->call.out) && s->call.produce && !s->call.finished && room > 0 && BUF_LEN(&c->conn->out) < KVD_MAX_OUTPUT) {
@@ -9152,23 +9199,35 @@ static void call_finish(struct kvd *k, struct call *c, int code, const char *fmt
 		c->carrier->finished(k, c);
 }
 
-/* Queue one response message.  On failure the call ends RESOURCE_EXHAUSTED. */
-static int call_send(struct kvd *k, struct call *c, const ProtobufCMessage *m)
+/* Room for one response message of n bytes on c's output: the gRPC prefix
+ * (uncompressed, length) written, the n bytes counted in, where they go
+ * returned -- the one writer of that prefix.  NULL: the call ended
+ * RESOURCE_EXHAUSTED. */
+static uint8_t *call_msg(struct kvd *k, struct call *c, size_t n)
 {
-	size_t n = protobuf_c_message_get_packed_size(m);
 	uint8_t *p;
 
-	if (c->finished)
-		return KVD_EINVAL;
 	if (n > 0xffffffffu || buf_reserve(k, &c->out, 5 + n)) {
 		call_finish(k, c, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
-		return KVD_ENOMEM;
+		return NULL;
 	}
 	p = c->out.p + c->out.len;
 	p[0] = 0;
 	put_be32(p + 1, (uint32_t)n);
-	protobuf_c_message_pack(m, p + 5);
 	c->out.len += 5 + n;
+	return p + 5;
+}
+
+/* Queue one response message.  On failure the call ends RESOURCE_EXHAUSTED. */
+static int call_send(struct kvd *k, struct call *c, const ProtobufCMessage *m)
+{
+	uint8_t *p;
+
+	if (c->finished)
+		return KVD_EINVAL;
+	if (!(p = call_msg(k, c, protobuf_c_message_get_packed_size(m))))
+		return KVD_ENOMEM;
+	protobuf_c_message_pack(m, p);
 	return 0;
 }
 
@@ -14692,16 +14751,10 @@ static int svc_test_raw(struct kvd *k, struct call *s, const uint8_t *p, size_t 
 {
 	uint8_t *o;
 
-	if (buf_reserve(k, &s->out, 5 + n)) {
-		call_finish(k, s, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+	if (!(o = call_msg(k, s, n)))
 		return KVD_ENOMEM;
-	}
-	o = s->out.p + s->out.len;
-	o[0] = 0;
-	put_be32(o + 1, (uint32_t)n);
 	if (n)
-		memcpy(o + 5, p, n);
-	s->out.len += 5 + n;
+		memcpy(o, p, n);
 	return 0;
 }
 
@@ -15962,6 +16015,10 @@ static int watch_enc_event(struct kvd *k, int ev, int with_prev)
 	return rc;
 }
 
+/* WatchResponse's fields the live path writes (rpc.proto; test/test.c holds
+ * them to protobuf-c's descriptor). */
+enum { WATCH_F_HEADER = 1, WATCH_F_WATCH_ID = 2, WATCH_F_EVENTS = 11 };
+
 /* The live path: a WatchResponse {header, watch_id, events} assembled from
  * bytes packed once per record (field order as protobuf-c packs it), so a
  * thousand watchers of one key cost a thousand memcpy, not a thousand packs.
@@ -15974,39 +16031,31 @@ static int watch_emit_live(struct kvd *k, struct watch *w, const struct watch_hi
 	size_t i, total;
 	uint8_t *p;
 
-	total = 1 + mvcc_vlen(g->hdr_len) + g->hdr_len + (w->id ? 1 + mvcc_vlen((uint64_t)w->id) : 0);
+	total = pb_lenhdr_size(WATCH_F_HEADER, g->hdr_len) + g->hdr_len;
+	if (w->id) /* int64: a negative one takes ten bytes */
+		total += varint_len(WATCH_F_WATCH_ID << 3) + varint_len((uint64_t)w->id);
 	for (i = 0; i < n; i++) {
 		const struct watch_ev *x = &g->evs[hits[i].ev];
 		if (watch_enc_event(k, hits[i].ev, w->prev_kv))
 			return KVD_ENOMEM;
-		total += 1 + mvcc_vlen(x->elen[w->prev_kv]) + x->elen[w->prev_kv];
+		total += pb_lenhdr_size(WATCH_F_EVENTS, x->elen[w->prev_kv]) + x->elen[w->prev_kv];
 	}
 	if (w->fragment && n > 1 && total >= k->cfg.max_request_bytes)
 		return watch_emit(k, w, hits, n, rev);
-	if (total > 0xffffffffu || buf_reserve(k, &s->out, 5 + total)) {
-		call_finish(k, s, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+	if (!(p = call_msg(k, s, total)))
 		return KVD_ENOMEM;
-	}
-	p = s->out.p + s->out.len;
-	*p++ = 0;
-	put_be32(p, (uint32_t)total);
-	p += 4;
-	*p++ = 1 << 3 | 2; /* header */
-	p = mvcc_put_varint(p, g->hdr_len);
+	p = pb_put_lenhdr(p, WATCH_F_HEADER, g->hdr_len);
 	memcpy(p, g->enc.p, g->hdr_len);
 	p += g->hdr_len;
-	if (w->id) {
-		*p++ = 2 << 3; /* watch_id: int64, negative ones take ten bytes */
-		p = mvcc_put_varint(p, (uint64_t)w->id);
-	}
+	if (w->id)
+		p = pb_put_uint(p, WATCH_F_WATCH_ID, (uint64_t)w->id);
 	for (i = 0; i < n; i++) {
 		const struct watch_ev *x = &g->evs[hits[i].ev];
-		*p++ = 11 << 3 | 2; /* events */
-		p = mvcc_put_varint(p, x->elen[w->prev_kv]);
+		p = pb_put_lenhdr(p, WATCH_F_EVENTS, x->elen[w->prev_kv]);
 		memcpy(p, g->enc.p + x->eoff[w->prev_kv], x->elen[w->prev_kv]);
 		p += x->elen[w->prev_kv];
 	}
-	s->out.len = (size_t)(p - s->out.p);
+	KVD_ALWAYS(p == s->out.p + s->out.len);
 	w->sent = 1;
 	return 0;
 }
@@ -18301,13 +18350,6 @@ static long json_pj_b64(const uint8_t *s, size_t n, uint8_t *out)
 	}
 }
 
-static void json_pb_varint(struct kvd *k, struct kvd_buf *b, uint64_t v)
-{
-	uint8_t t[10];
-
-	buf_append(k, b, t, (size_t)(mvcc_put_varint(t, v) - t));
-}
-
 /* protoreflect's name of f's kind, for protojson's errors. */
 static const char *json_pj_kind(const ProtobufCFieldDescriptor *f)
 {
@@ -18383,34 +18425,29 @@ static int json_pj_scalar(struct json_pj *d, struct kvd_buf *b, const ProtobufCF
 {
 	struct kvd *k = d->k;
 	uint64_t u = 0;
-	uint8_t tb[8];
 
 	switch (f->type) {
 	case PROTOBUF_C_TYPE_BOOL:
 		if (t->kind != JSON_T_BOOL)
 			return json_pj_bad_value(d, f, t);
-		json_pb_varint(k, b, (uint64_t)f->id << 3);
-		json_pb_varint(k, b, (uint64_t)t->boo);
+		pb_buf_uint(k, b, f->id, (uint64_t)t->boo);
 		return 0;
 	case PROTOBUF_C_TYPE_STRING:
 		if (t->kind != JSON_T_STR)
 			return json_pj_bad_value(d, f, t);
-		json_pb_varint(k, b, (uint64_t)f->id << 3 | 2);
-		json_pb_varint(k, b, d->str.len);
-		buf_append(k, b, d->str.p, d->str.len);
+		pb_buf_bytes(k, b, f->id, d->str.p, d->str.len);
 		return 0;
 	case PROTOBUF_C_TYPE_BYTES: {
 		uint8_t *raw;
 		long n;
 		if (t->kind != JSON_T_STR)
 			return json_pj_bad_value(d, f, t);
-		if (buf_reserve(k, b, 20 + d->str.len)) /* room for the tag and length, then the bytes */
+		if (buf_reserve(k, b, PB_HDR_MAX + d->str.len)) /* room for the tag and length, then the bytes */
 			return KVD_ENOMEM;
-		raw = b->p + b->len + 20;
+		raw = b->p + b->len + PB_HDR_MAX;
 		if ((n = json_pj_b64(d->str.p, d->str.len, raw)) < 0)
 			return json_pj_bad_value(d, f, t);
-		u = (uint64_t)(mvcc_put_varint(b->p + b->len, (uint64_t)f->id << 3 | 2) - (b->p + b->len));
-		u += (uint64_t)(mvcc_put_varint(b->p + b->len + u, (uint64_t)n) - (b->p + b->len + u));
+		u = (uint64_t)(pb_put_lenhdr(b->p + b->len, f->id, (uint64_t)n) - (b->p + b->len));
 		memmove(b->p + b->len + u, raw, (size_t)n);
 		b->len += (size_t)u + (size_t)n;
 		return 0;
@@ -18425,8 +18462,7 @@ static int json_pj_scalar(struct json_pj *d, struct kvd_buf *b, const ProtobufCF
 		} else if (t->kind != JSON_T_NUM || json_pj_int(d->in + t->pos, t->len, 1, 32, &u)) {
 			return json_pj_bad_value(d, f, t);
 		}
-		json_pb_varint(k, b, (uint64_t)f->id << 3);
-		json_pb_varint(k, b, u);
+		pb_buf_uint(k, b, f->id, u);
 		return 0;
 	case PROTOBUF_C_TYPE_FLOAT:
 	case PROTOBUF_C_TYPE_DOUBLE: { /* no etcd message has one */
@@ -18437,14 +18473,10 @@ static int json_pj_scalar(struct json_pj *d, struct kvd_buf *b, const ProtobufCF
 			float fl = (float)x;
 			uint32_t bits;
 			memcpy(&bits, &fl, 4);
-			put_le32(tb, bits);
-			json_pb_varint(k, b, (uint64_t)f->id << 3 | 5);
-			buf_append(k, b, tb, 4);
+			pb_buf_fixed(k, b, f->id, 32, bits);
 		} else {
 			memcpy(&u, &x, 8);
-			put_le64(tb, u);
-			json_pb_varint(k, b, (uint64_t)f->id << 3 | 1);
-			buf_append(k, b, tb, 8);
+			pb_buf_fixed(k, b, f->id, 64, u);
 		}
 		return 0;
 	}
@@ -18467,20 +18499,15 @@ static int json_pj_scalar(struct json_pj *d, struct kvd_buf *b, const ProtobufCF
 			u = u << 1 ^ (uint64_t)((int64_t)u >> 63);
 			break;
 		case PROTOBUF_C_TYPE_SFIXED32: case PROTOBUF_C_TYPE_FIXED32:
-			put_le32(tb, (uint32_t)u);
-			json_pb_varint(k, b, (uint64_t)f->id << 3 | 5);
-			buf_append(k, b, tb, 4);
+			pb_buf_fixed(k, b, f->id, 32, u);
 			return 0;
 		case PROTOBUF_C_TYPE_SFIXED64: case PROTOBUF_C_TYPE_FIXED64:
-			put_le64(tb, u);
-			json_pb_varint(k, b, (uint64_t)f->id << 3 | 1);
-			buf_append(k, b, tb, 8);
+			pb_buf_fixed(k, b, f->id, 64, u);
 			return 0;
 		default:
 			break;
 		}
-		json_pb_varint(k, b, (uint64_t)f->id << 3);
-		json_pb_varint(k, b, u);
+		pb_buf_uint(k, b, f->id, u);
 		return 0;
 	}
 }
@@ -18493,9 +18520,7 @@ static int json_pj_sub(struct json_pj *d, struct kvd_buf *b, const ProtobufCFiel
 	int r;
 
 	if ((r = json_pj_message(d, &sub, f->descriptor, t)) == 0) {
-		json_pb_varint(d->k, b, (uint64_t)f->id << 3 | 2);
-		json_pb_varint(d->k, b, BUF_LEN(&sub));
-		buf_append(d->k, b, BUF_DATA(&sub), BUF_LEN(&sub));
+		pb_buf_bytes(d->k, b, f->id, BUF_DATA(&sub), BUF_LEN(&sub));
 		r = sub.err ? KVD_ENOMEM : 0;
 	}
 	buf_free(d->k, &sub);
@@ -22191,7 +22216,7 @@ static void gw_flush(struct kvd *k, struct conn *c)
 	struct call *cl = &h->call;
 	struct kvd_buf b = {0};
 
-	if (!h->in_call || cl->held)
+	if (!h->in_call || KVD_NEVER(cl->held)) /* the durability contract: see loop_log_flush */
 		return;
 	if (!h->stream || (h->plain && cl->finished)) {
 		if (!cl->finished || (!h->body_done && !h->bidi))
@@ -23939,6 +23964,12 @@ static void loop_timers(struct kvd *k)
  * Group commit: make this iteration's writes durable, then let the replies
  * that waited for it go -- or, if the write failed, replace them with the
  * error (the batch was undone, so what they showed never happened).
+ *
+ * The durability contract: no held call's answer leaves before its
+ * fdatasync.  It holds by order -- carriers move a call's bytes toward the
+ * socket only in their protocol's flush, which loop_flush runs after this
+ * -- and each carrier checks it where it moves them (h2_stream_send,
+ * gw_flush: KVD_NEVER(held)).
  */
 static void loop_log_flush(struct kvd *k)
 {

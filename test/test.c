@@ -1249,7 +1249,7 @@ static unsigned t_interleaved_uploads(struct kvd *k, unsigned n, size_t len, siz
 	uint8_t blk[512], *msg, vl[10];
 	unsigned i, j, rr = 0, done = 0, moved;
 
-	hl = 1 + (size_t)(mvcc_put_varint(vl, len) - vl);
+	hl = 1 + (size_t)(put_varint(vl, len) - vl);
 	total = 5 + hl + len;
 	msg = malloc(total);
 	msg[0] = 0;
@@ -1541,17 +1541,68 @@ static void test_crc32c_varint(void)
 	CHECK(mvcc_crc32c(0, "123456789", 9) == 0xe3069283u); /* the CRC-32C check value */
 	CHECK(mvcc_crc32c(mvcc_crc32c(0, "1234", 4), "56789", 5) == 0xe3069283u);
 	for (i = 0; i < KVD_COUNT(vals); i++) {
-		uint8_t *e = mvcc_put_varint(b, mvcc_zigzag(vals[i]));
+		uint8_t *e = put_varint(b, mvcc_zigzag(vals[i]));
 		p = b;
-		CHECK((size_t)(e - b) == mvcc_vlen(mvcc_zigzag(vals[i])));
-		CHECK(mvcc_get_varint(&p, e, &v) == 0 && p == e && mvcc_unzigzag(v) == vals[i]);
+		CHECK((size_t)(e - b) == varint_len(mvcc_zigzag(vals[i])));
+		CHECK(get_varint(&p, e, &v) == 0 && p == e && mvcc_unzigzag(v) == vals[i]);
 	}
 	p = b;
 	b[0] = 0x80;
-	CHECK(mvcc_get_varint(&p, b + 1, &v) == KVD_ECORRUPT); /* truncated */
+	CHECK(get_varint(&p, b + 1, &v) == KVD_ECORRUPT); /* truncated */
 	memset(b, 0xff, 11);
 	p = b;
-	CHECK(mvcc_get_varint(&p, b + 11, &v) == KVD_ECORRUPT); /* too long */
+	CHECK(get_varint(&p, b + 11, &v) == KVD_ECORRUPT); /* too long */
+	b[9] = 0x01; /* ten bytes, the 10th at most 1: UINT64_MAX */
+	p = b;
+	CHECK(get_varint(&p, b + 10, &v) == 0 && v == UINT64_MAX && p == b + 10);
+	b[9] = 0x02; /* the 10th above 1 overflows: corrupt, as protowire says */
+	p = b;
+	CHECK(get_varint(&p, b + 10, &v) == KVD_ECORRUPT);
+}
+
+/* The hand-written wire (section 5) against protobuf-c: what pb_put_* and
+ * pb_buf_* write, protobuf-c reads back; the field numbers kvd names are
+ * the descriptors' own. */
+static void test_pb_wire(void)
+{
+	struct kvd k;
+	struct kvd_buf b = {0};
+	uint8_t o[64], *e;
+	Etcdserverpb__WatchResponse *wr;
+	Etcdserverpb__AlarmMember *am;
+	const ProtobufCMessageDescriptor *wd = &etcdserverpb__watch_response__descriptor;
+	const ProtobufCMessageDescriptor *ad = &etcdserverpb__alarm_member__descriptor;
+	Etcdserverpb__ResponseHeader h = ETCDSERVERPB__RESPONSE_HEADER__INIT;
+	uint8_t hb[32];
+	size_t hn;
+
+	memset(&k, 0, sizeof k);
+	CHECK(protobuf_c_message_descriptor_get_field_by_name(wd, "header")->id == WATCH_F_HEADER);
+	CHECK(protobuf_c_message_descriptor_get_field_by_name(wd, "watch_id")->id == WATCH_F_WATCH_ID);
+	CHECK(protobuf_c_message_descriptor_get_field_by_name(wd, "events")->id == WATCH_F_EVENTS);
+	CHECK(protobuf_c_message_descriptor_get_field_by_name(ad, "memberID")->id == SNAP_F_ALARM_MEMBER);
+	CHECK(protobuf_c_message_descriptor_get_field_by_name(ad, "alarm")->id == SNAP_F_ALARM_TYPE);
+	h.revision = 77;
+	hn = protobuf_c_message_pack(&h.base, hb);
+	e = pb_put_lenhdr(o, WATCH_F_HEADER, hn);
+	CHECK((size_t)(e - o) == pb_lenhdr_size(WATCH_F_HEADER, hn));
+	memcpy(e, hb, hn);
+	e = pb_put_uint(e + hn, WATCH_F_WATCH_ID, (uint64_t)-5);
+	wr = etcdserverpb__watch_response__unpack(NULL, (size_t)(e - o), o);
+	CHECK(wr && wr->header && wr->header->revision == 77 && wr->watch_id == -5);
+	etcdserverpb__watch_response__free_unpacked(wr, NULL);
+	pb_buf_uint(&k, &b, SNAP_F_ALARM_MEMBER, 0x1234567890ULL);
+	pb_buf_uint(&k, &b, SNAP_F_ALARM_TYPE, 2);
+	am = etcdserverpb__alarm_member__unpack(NULL, BUF_LEN(&b), BUF_DATA(&b));
+	CHECK(!b.err && am && am->memberid == 0x1234567890ULL && am->alarm == 2);
+	etcdserverpb__alarm_member__free_unpacked(am, NULL);
+	buf_free(&k, &b);
+	pb_buf_fixed(&k, &b, 3, 32, 0x01020304u); /* tag 3|5, then little-endian */
+	CHECK(BUF_LEN(&b) == 5 && BUF_DATA(&b)[0] == (3 << 3 | 5) && BUF_DATA(&b)[1] == 4 && BUF_DATA(&b)[4] == 1);
+	buf_free(&k, &b);
+	pb_buf_bytes(&k, &b, 2, "xyz", 3);
+	CHECK(BUF_LEN(&b) == 5 && BUF_DATA(&b)[0] == (2 << 3 | 2) && BUF_DATA(&b)[1] == 3 && !memcmp(BUF_DATA(&b) + 2, "xyz", 3));
+	buf_free(&k, &b);
 }
 
 static int t_keycmp(const void *a, const void *b)
@@ -2825,8 +2876,7 @@ static size_t t_pbfield(uint8_t *o, unsigned num, const uint8_t *p, size_t n)
 {
 	uint8_t *s = o;
 
-	o = mvcc_put_varint(o, num << 3 | 2);
-	o = mvcc_put_varint(o, n);
+	o = pb_put_lenhdr(o, num, n);
 	memmove(o, p, n);
 	return (size_t)(o - s) + n;
 }
@@ -3985,6 +4035,7 @@ static const struct {
 	{"h2_closed_streams", test_h2_closed_streams},
 	{"h2_idle_progress", test_h2_idle_progress},
 	{"crc32c_varint", test_crc32c_varint},
+	{"pb_wire", test_pb_wire},
 	{"mvcc_index", test_mvcc_index},
 	{"mvcc_history_and_replay", test_mvcc_history_and_replay},
 	{"mvcc_rollback", test_mvcc_rollback},
