@@ -732,6 +732,7 @@ struct kvd {
 	/* network */
 	struct net_listener *ls;
 	unsigned nls;
+	size_t lscap;
 	struct conn *conns;
 	unsigned nconns, nrefusing;  /* counted toward --max-connections; being refused (uncounted) */
 	struct pollfd *pfd;
@@ -910,6 +911,59 @@ static char *kvd_strdup(struct kvd *k, const char *s)
 		memcpy(p, s, n);
 	return p;
 }
+
+/*
+ * Growing arrays.  Appends to a kvd_realloc'd array go through util_grow
+ * instead of each writing the idiom out (compare with the capacity, pick
+ * a new one, multiply by the element size, realloc, store pointer and
+ * capacity), so the policy and its overflow checks live in one place.
+ * (The few arrays sized exactly to their largest need say why not.)
+ *
+ * util_grow_cap is the policy, which buf_grow (section 4) also uses: it
+ * starts at first (each site keeps its own starting figure, e.g. 8 streams
+ * per connection), doubles until need fits, and stops at what kvd_malloc
+ * can hand out.  It returns the capacity, or 0 when need elements of
+ * elsize bytes are beyond that.
+ */
+static size_t util_grow_cap(size_t cap, size_t need, size_t elsize, size_t first)
+{
+	size_t max = SIZE_MAX / 2 / elsize, n = cap ? cap : first ? first : 1;
+
+	if (need > max)
+		return 0;
+	if (n > max)
+		n = max;
+	while (n < need)
+		n = n > max / 2 ? max : n * 2;
+	return n;
+}
+
+/*
+ * Make room for need elements of elsize bytes in the array arrp points at
+ * (a T * holding *cap of them).  Returns 0, or KVD_ENOMEM and leaves the
+ * array and *cap untouched.  The T * is read and written with memcpy, not
+ * through a void **, because accessing a T * as a void * breaks strict
+ * aliasing (on every target kvd builds for, T * and void * have the same
+ * representation).  UTIL_GROW takes the array and its capacity as lvalues
+ * and works out the element size itself.
+ */
+static int util_grow(struct kvd *k, void *arrp, size_t *cap, size_t need, size_t elsize, size_t first)
+{
+	size_t n;
+	void *p;
+
+	if (need <= *cap)
+		return 0;
+	if (!(n = util_grow_cap(*cap, need, elsize, first)))
+		return KVD_ENOMEM;
+	memcpy(&p, arrp, sizeof p);
+	if (!(p = kvd_realloc(k, p, n * elsize)))
+		return KVD_ENOMEM;
+	memcpy(arrp, &p, sizeof p);
+	*cap = n;
+	return 0;
+}
+#define UTIL_GROW(k, arr, cap, need, first) util_grow((k), &(arr), &(cap), (need), sizeof *(arr), (first))
 
 /* Monotonic milliseconds: boards have no RTC, wall time may jump at boot. */
 static int64_t util_now_us(void)
@@ -1377,20 +1431,14 @@ static int buf_grow(struct kvd *k, struct kvd_buf *b, size_t n)
 	}
 	if (n > SIZE_MAX / 4 - live)
 		return KVD_ENOMEM;
-	cap = b->cap ? b->cap : 256;
-	while (cap - live < n)
-		cap *= 2;
-	if (b->rd) { /* compact into the new block */
-		p = kvd_malloc(k, cap);
-		if (!p)
-			return KVD_ENOMEM;
-		memcpy(p, b->p + b->rd, live);
-		kvd_free(k, b->p);
-	} else {
-		p = kvd_realloc(k, b->p, cap);
-		if (!p)
-			return KVD_ENOMEM;
-	}
+	if (!b->rd)
+		return util_grow(k, &b->p, &b->cap, live + n, 1, 256);
+	cap = util_grow_cap(b->cap, live + n, 1, 256); /* compact into the new block */
+	p = kvd_malloc(k, cap);
+	if (!p)
+		return KVD_ENOMEM;
+	memcpy(p, b->p + b->rd, live);
+	kvd_free(k, b->p);
 	b->p = p;
 	b->rd = 0;
 	b->len = live;
@@ -2325,14 +2373,8 @@ static struct mvcc_key *mvcc_find(struct mvcc *m, const uint8_t *key, size_t n)
 
 static int mvcc_leaf_slot(struct kvd *k, struct mvcc *m, size_t at, struct mvcc_leaf *l)
 {
-	if (m->nleaf == m->leafcap) {
-		size_t cap = m->leafcap ? m->leafcap * 2 : 16;
-		struct mvcc_leaf **nl = kvd_realloc(k, m->leaf, cap * sizeof *nl);
-		if (!nl)
-			return KVD_ENOMEM;
-		m->leaf = nl;
-		m->leafcap = cap;
-	}
+	if (UTIL_GROW(k, m->leaf, m->leafcap, m->nleaf + 1, 16))
+		return KVD_ENOMEM;
 	memmove(m->leaf + at + 1, m->leaf + at, (m->nleaf - at) * sizeof *m->leaf);
 	m->leaf[at] = l;
 	m->nleaf++;
@@ -2930,14 +2972,8 @@ static void mvcc_restore(struct kvd *k, struct mvcc_key *r, const struct mvcc_wa
 /* Remember r's state (changed, new or removed) so a failed flush can undo. */
 static int mvcc_undo_push(struct kvd *k, struct mvcc *m, struct mvcc_key *r, unsigned kind)
 {
-	if (m->nundo == m->undocap) {
-		size_t cap = m->undocap ? m->undocap * 2 : 64;
-		struct mvcc_undo *u = kvd_realloc(k, m->undo, cap * sizeof *u);
-		if (!u)
-			return KVD_ENOMEM;
-		m->undo = u;
-		m->undocap = cap;
-	}
+	if (UTIL_GROW(k, m->undo, m->undocap, m->nundo + 1, 64))
+		return KVD_ENOMEM;
 	m->undo[m->nundo].r = r;
 	m->undo[m->nundo].kind = kind;
 	if (kind == MVCC_UNDO_CHANGED)
@@ -2968,18 +3004,13 @@ static void mvcc_dead(struct kvd *k, struct mvcc *m, int64_t rev, uint64_t bytes
 		}
 		m->ndead /= 2;
 	}
-	if (m->ndead == m->deadcap) {
-		size_t cap = m->deadcap ? m->deadcap * 2 : 16;
-		void *d = kvd_realloc(k, m->dead, cap * sizeof *m->dead);
-		if (!d) { /* only the in-use figure suffers: widen the last range */
-			if (m->ndead) {
-				m->dead[m->ndead - 1].bytes += bytes;
-				m->dead[m->ndead - 1].hi = rev;
-			}
-			return;
+	if (UTIL_GROW(k, m->dead, m->deadcap, m->ndead + 1, 16)) {
+		/* only the in-use figure suffers: widen the last range */
+		if (m->ndead) {
+			m->dead[m->ndead - 1].bytes += bytes;
+			m->dead[m->ndead - 1].hi = rev;
 		}
-		m->dead = d;
-		m->deadcap = cap;
+		return;
 	}
 	m->dead[m->ndead].lo = m->dead[m->ndead].hi = rev;
 	m->dead[m->ndead].bytes = bytes;
@@ -2991,14 +3022,8 @@ static void mvcc_mark(struct kvd *k, struct mvcc_marks *mk, int64_t rev, uint64_
 {
 	if (mk->n && rev < mk->v[mk->n - 1].rev + MVCC_MARK_EVERY)
 		return;
-	if (mk->n == mk->cap) {
-		size_t cap = mk->cap ? mk->cap * 2 : 16;
-		void *p = kvd_realloc(k, mk->v, cap * sizeof *mk->v);
-		if (!p)
-			return; /* a sparser map only costs longer scans */
-		mk->v = p;
-		mk->cap = cap;
-	}
+	if (UTIL_GROW(k, mk->v, mk->cap, mk->n + 1, 16))
+		return; /* a sparser map only costs longer scans */
 	mk->v[mk->n].rev = rev;
 	mk->v[mk->n].off = off;
 	mk->n++;
@@ -4868,6 +4893,8 @@ static int life_rw_deleted_at_c(struct kvd *k, struct life_rw *rw)
 			if (e && h.off == op.off)
 				continue; /* yes: the base walk finds its op at B */
 		}
+		/* one more, not util_grow: rw->snap holds every key, and doubling
+		 * it for a rare straggler would double it */
 		if (!(ns = kvd_realloc(k, rw->snap, (rw->nsnap + 1) * sizeof *ns)))
 			return KVD_ENOMEM;
 		rw->snap = ns;
@@ -5829,7 +5856,8 @@ struct snap {
 	struct life_map sel;              /* each key's op at C */
 	struct kvd_buf arena;             /* the small buckets' keys and values */
 	struct snap_kvref *kv;            /* grows: authUsers and authRoles can be long */
-	unsigned nkv, kvcap;
+	unsigned nkv;
+	size_t kvcap;
 	unsigned first[SNAP_NBUCKETS], n[SNAP_NBUCKETS]; /* inline buckets' entries in kv */
 	struct snap_lease *lease;
 	size_t nlease;
@@ -5859,14 +5887,8 @@ static int snap_small(struct kvd *k, struct snap *s, unsigned b, const void *key
 
 	if (!KVD_ALWAYS(!s->n[b] || s->first[b] + s->n[b] == s->nkv))
 		return KVD_ELIMIT; /* a bucket's entries are made together */
-	if (s->nkv == s->kvcap) {
-		unsigned cap = s->kvcap ? s->kvcap * 2 : SNAP_SMALL;
-		struct snap_kvref *v = kvd_realloc(k, s->kv, cap * sizeof *v);
-		if (!v)
-			return KVD_ENOMEM;
-		s->kv = v;
-		s->kvcap = cap;
-	}
+	if (UTIL_GROW(k, s->kv, s->kvcap, (size_t)s->nkv + 1, SNAP_SMALL))
+		return KVD_ENOMEM;
 	if (!s->n[b])
 		s->first[b] = s->nkv;
 	s->n[b]++;
@@ -6022,14 +6044,8 @@ static int snap_tree_add(struct kvd *k, struct snap_tree *t, const uint8_t *key,
 	if (vn > UINT32_MAX - 64)
 		return KVD_ELIMIT;
 	if (!l || (l->n && (uint64_t)l->size + esz > SNAP_PAGE)) {
-		if (t->nleaf == t->cap) {
-			size_t cap = t->cap ? t->cap * 2 : 64;
-			struct snap_leaf *v = kvd_realloc(k, t->leaf, cap * sizeof *v);
-			if (!v)
-				return KVD_ENOMEM;
-			t->leaf = v;
-			t->cap = cap;
-		}
+		if (UTIL_GROW(k, t->leaf, t->cap, t->nleaf + 1, 64))
+			return KVD_ENOMEM;
 		l = &t->leaf[t->nleaf++];
 		memset(l, 0, sizeof *l);
 		l->size = 16;
@@ -6752,7 +6768,7 @@ struct snap_imp {
 	struct kvd_buf out;         /* records not written yet */
 	int64_t c, sched;           /* finishedCompactRev, scheduledCompactRev (0: none) */
 	struct snap_lease *live;    /* the lease bucket, by id */
-	size_t nlive;
+	size_t nlive, livecap;
 	struct life_map granted;    /* lease id -> 1 live, 2 only history names it */
 	int in_txn, did_base;       /* a record is open; a BASE was written */
 	int past_base;              /* the BASE and its compaction are written */
@@ -7037,12 +7053,8 @@ static int snap_imp_lease(struct kvd *k, void *arg, const uint8_t *key, size_t k
 	}
 	if (!id || (int64_t)id < 0 || (int64_t)ttl < 1 || (int64_t)ttl > LEASE_MAX_TTL)
 		return snap_imp_fail(im, "a lease with a bad id or TTL");
-	if (im->nlive % 64 == 0) {
-		struct snap_lease *nl = kvd_realloc(k, im->live, (im->nlive + 64) * sizeof *nl);
-		if (!nl)
-			return KVD_ENOMEM;
-		im->live = nl;
-	}
+	if (UTIL_GROW(k, im->live, im->livecap, im->nlive + 1, 64))
+		return KVD_ENOMEM;
 	im->live[im->nlive].id = (int64_t)id;
 	im->live[im->nlive++].ttl = (int64_t)ttl;
 	return 0;
@@ -7821,7 +7833,8 @@ struct h2_conn {
 	unsigned hblk_frames;
 	/* streams */
 	struct h2_stream **st;
-	unsigned nst, stcap, rr;
+	unsigned nst, rr;
+	size_t stcap;
 	uint32_t last_sid;          /* highest client stream id seen */
 	uint32_t closed_ring[32];   /* recently closed ids << 1 | 1 if kvd reset them */
 	unsigned closed_pos;
@@ -7950,16 +7963,10 @@ static struct h2_stream *h2_stream_find(struct h2_conn *c, uint32_t sid)
 static struct h2_stream *h2_stream_new(struct h2_conn *c, uint32_t sid)
 {
 	struct kvd *k = c->k;
-	struct h2_stream *s, **st;
+	struct h2_stream *s;
 
-	if (c->nst == c->stcap) {
-		unsigned cap = c->stcap ? c->stcap * 2 : 8;
-		st = kvd_realloc(k, c->st, cap * sizeof *st);
-		if (!st)
-			return NULL;
-		c->st = st;
-		c->stcap = cap;
-	}
+	if (UTIL_GROW(k, c->st, c->stcap, (size_t)c->nst + 1, 8))
+		return NULL;
 	s = kvd_calloc(k, sizeof *s);
 	if (!s)
 		return NULL;
@@ -9167,14 +9174,8 @@ static void call_fini(struct kvd *k, struct call *c)
  */
 static void call_hold(struct kvd *k, struct call *c)
 {
-	if (k->nheld == k->heldcap) {
-		size_t cap = k->heldcap ? k->heldcap * 2 : 64;
-		struct call **h = kvd_realloc(k, k->held, cap * sizeof *h);
-		if (!h)
-			return; /* cannot track it: it leaves after the flush all the same */
-		k->held = h;
-		k->heldcap = cap;
-	}
+	if (UTIL_GROW(k, k->held, k->heldcap, k->nheld + 1, 64))
+		return; /* cannot track it: it leaves after the flush all the same */
 	k->held[k->nheld++] = c;
 	c->held = 1;
 }
@@ -9971,14 +9972,8 @@ struct svc_range {
 
 static int svc_range_push(struct kvd *k, struct svc_range *rr, const struct mvcc_kv *kv)
 {
-	if (rr->n == rr->cap) {
-		size_t cap = rr->cap ? rr->cap * 2 : 16;
-		struct mvcc_kv *v = kvd_realloc(k, rr->kv, cap * sizeof *v);
-		if (!v)
-			return KVD_ENOMEM;
-		rr->kv = v;
-		rr->cap = cap;
-	}
+	if (UTIL_GROW(k, rr->kv, rr->cap, rr->n + 1, 16))
+		return KVD_ENOMEM;
 	rr->kv[rr->n++] = *kv;
 	return 0;
 }
@@ -10381,14 +10376,8 @@ static int svc_ivs_add_put(struct kvd *k, struct svc_ivs *s, const ProtobufCBina
 {
 	if (svc_put_seen(s, key)) /* a set, as etcd's map */
 		return 0;
-	if (s->np == s->capp) {
-		size_t cap = s->capp ? s->capp * 2 : 16;
-		const ProtobufCBinaryData **p = kvd_realloc(k, s->puts, cap * sizeof *p);
-		if (!p)
-			return KVD_ENOMEM;
-		s->puts = p;
-		s->capp = cap;
-	}
+	if (UTIL_GROW(k, s->puts, s->capp, s->np + 1, 16))
+		return KVD_ENOMEM;
 	s->puts[s->np++] = key;
 	return 0;
 }
@@ -10396,14 +10385,8 @@ static int svc_ivs_add_put(struct kvd *k, struct svc_ivs *s, const ProtobufCBina
 static int svc_ivs_add_del(struct kvd *k, struct svc_ivs *s, const ProtobufCBinaryData *a,
                            const ProtobufCBinaryData *b, int point)
 {
-	if (s->ni == s->capi) {
-		size_t cap = s->capi ? s->capi * 2 : 16;
-		void *p = kvd_realloc(k, s->iv, cap * sizeof *s->iv);
-		if (!p)
-			return KVD_ENOMEM;
-		s->iv = p;
-		s->capi = cap;
-	}
+	if (UTIL_GROW(k, s->iv, s->capi, s->ni + 1, 16))
+		return KVD_ENOMEM;
 	s->iv[s->ni].a = a;
 	s->iv[s->ni].b = b;
 	s->iv[s->ni].point = point;
@@ -10589,14 +10572,8 @@ static int svc_txn_path(struct kvd *k, const Etcdserverpb__TxnRequest *rq, struc
 			return KVD_ENOMEM;
 		ok = res;
 	}
-	if (p->n == p->cap) {
-		size_t cap = p->cap ? p->cap * 2 : 16;
-		uint8_t *b = kvd_realloc(k, p->b, cap);
-		if (!b)
-			return KVD_ENOMEM;
-		p->b = b;
-		p->cap = cap;
-	}
+	if (UTIL_GROW(k, p->b, p->cap, p->n + 1, 16))
+		return KVD_ENOMEM;
 	p->b[p->n++] = (uint8_t)ok;
 	ops = ok ? rq->success : rq->failure;
 	n = ok ? rq->n_success : rq->n_failure;
@@ -11881,23 +11858,11 @@ static int auth_tab_set(struct kvd *k, int role, const void *name, size_t n, Pro
 	size_t i;
 	int eq;
 
-	if (undo && a->nundo == a->undocap) {
-		size_t cap = a->undocap ? a->undocap * 2 : 16;
-		struct auth_undo *u = kvd_realloc(k, a->undo, cap * sizeof *u);
-		if (!u)
-			goto oom;
-		a->undo = u;
-		a->undocap = cap;
-	}
+	if (undo && UTIL_GROW(k, a->undo, a->undocap, a->nundo + 1, 16))
+		goto oom;
 	i = auth_find(t, name, n, &eq);
-	if (!eq && m && t->n == t->cap) {
-		size_t cap = t->cap ? t->cap * 2 : 16;
-		ProtobufCMessage **v = kvd_realloc(k, t->v, cap * sizeof *v);
-		if (!v)
-			goto oom;
-		t->v = v;
-		t->cap = cap;
-	}
+	if (!eq && m && UTIL_GROW(k, t->v, t->cap, t->n + 1, 16))
+		goto oom;
 	if (undo) {
 		struct auth_undo *u = &a->undo[a->nundo];
 		if (!(u->name = kvd_malloc(k, n + 1)))
@@ -14397,15 +14362,9 @@ static void svc_defrag(struct kvd *k, struct call *s)
 		call_finish(k, s, GRPC_UNAVAILABLE, "kvd: the log is unwritable after an I/O error; restart kvd");
 		return;
 	}
-	if (L->nwait == L->waitcap) {
-		size_t cap = L->waitcap ? L->waitcap * 2 : 4;
-		struct call **w = kvd_realloc(k, L->wait, cap * sizeof *w);
-		if (!w) {
-			call_finish(k, s, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
-			return;
-		}
-		L->wait = w;
-		L->waitcap = cap;
+	if (UTIL_GROW(k, L->wait, L->waitcap, L->nwait + 1, 4)) {
+		call_finish(k, s, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+		return;
 	}
 	L->wait[L->nwait++] = s;
 	s->svc = s; /* waiting: svc_defrag_close takes it off the list */
@@ -15744,7 +15703,7 @@ static int watch_register(struct kvd *k, struct watch *w)
 		if ((!g->tab || g->nhashed + 1 > g->mask + 1) && watch_reg_grow(k))
 			return KVD_ENOMEM;
 		if (w->kind == WATCH_PREFIX) {
-			if (w->klen >= g->nplen) {
+			if (w->klen >= g->nplen) { /* exactly as long as the longest prefix: not util_grow */
 				size_t n = w->klen + 1;
 				uint32_t *pl = kvd_realloc(k, g->plen, n * sizeof *pl);
 				if (!pl)
@@ -15825,6 +15784,8 @@ static int watch_decode(struct kvd *k, struct mvcc_rec *rec)
 
 	g->nevs = 0;
 	g->enc.len = g->hdr_len = 0;
+	/* as large as the largest record, never more (not util_grow): one range
+	 * delete is one record, and this scratch is kept */
 	if (rec->nops > g->evcap) {
 		struct watch_ev *e = kvd_realloc(k, g->evs, rec->nops * sizeof *e);
 		if (!e)
@@ -16096,14 +16057,8 @@ static int watch_add_hit(struct kvd *k, struct watch *w, int ev)
 {
 	struct watch_reg *g = &k->watch;
 
-	if (g->nhits == g->hitcap) {
-		size_t cap = g->hitcap ? g->hitcap * 2 : 64;
-		struct watch_hit *h = kvd_realloc(k, g->hits, cap * sizeof *h);
-		if (!h)
-			return KVD_ENOMEM;
-		g->hits = h;
-		g->hitcap = cap;
-	}
+	if (UTIL_GROW(k, g->hits, g->hitcap, g->nhits + 1, 64))
+		return KVD_ENOMEM;
 	g->hits[g->nhits].w = w;
 	g->hits[g->nhits].ev = ev;
 	g->nhits++;
@@ -16516,15 +16471,9 @@ static void watch_create(struct kvd *k, struct call *s, struct watch_stream *ws,
 		watch_reply_ctrl(k, s, -1, 1, 1, "kvd: too many watchers (--max-watchers)");
 		return;
 	}
-	if (ws->n == ws->cap) {
-		size_t cap = ws->cap ? ws->cap * 2 : 8;
-		struct watch **a = kvd_realloc(k, ws->w, cap * sizeof *a);
-		if (!a) {
-			watch_reply_ctrl(k, s, -1, 1, 1, "kvd: out of memory");
-			return;
-		}
-		ws->w = a;
-		ws->cap = cap;
+	if (UTIL_GROW(k, ws->w, ws->cap, ws->n + 1, 8)) {
+		watch_reply_ctrl(k, s, -1, 1, 1, "kvd: out of memory");
+		return;
 	}
 	w = kvd_calloc(k, sizeof *w + klen + (kind == WATCH_RANGE ? elen : 0));
 	if (!w) {
@@ -17076,14 +17025,8 @@ static int json_number(struct json_parser *ps, struct json *v)
 
 static int json_push(struct json_parser *ps, const struct json *v)
 {
-	if (ps->nstack == ps->capstack) {
-		size_t cap = ps->capstack ? ps->capstack * 2 : 64;
-		struct json *s = kvd_realloc(ps->doc->k, ps->stack, cap * sizeof *s);
-		if (!s)
-			return json_oom(ps);
-		ps->stack = s;
-		ps->capstack = cap;
-	}
+	if (UTIL_GROW(ps->doc->k, ps->stack, ps->capstack, ps->nstack + 1, 64))
+		return json_oom(ps);
 	ps->stack[ps->nstack++] = *v;
 	return 0;
 }
@@ -19692,7 +19635,7 @@ static struct confd_ipent *confd_link_ips(struct kvd *k, const char *link, size_
 {
 	const struct confd *cd = k->confd;
 	const struct json *dlink = confd_default_link(cd), **insts, *nics, *nic, *l, *ip;
-	struct confd_ipent *v = NULL, *nv;
+	struct confd_ipent *v = NULL;
 	uint32_t ni, i, j;
 	size_t n = 0, cap = 0, w;
 
@@ -19708,15 +19651,11 @@ static struct confd_ipent *confd_link_ips(struct kvd *k, const char *link, size_
 				l = dlink;
 			if (!ip || !l || l->n != ln || memcmp(l->s, link, ln))
 				continue;
-			if (n == cap) {
-				cap = cap ? cap * 2 : 16;
-				if (!(nv = kvd_realloc(k, v, cap * sizeof *v))) {
-					kvd_free(k, v);
-					kvd_free(k, insts);
-					k->confd->msg.err = 1; /* no answer rather than a short one */
-					return NULL;
-				}
-				v = nv;
+			if (UTIL_GROW(k, v, cap, n + 1, 16)) {
+				kvd_free(k, v);
+				kvd_free(k, insts);
+				k->confd->msg.err = 1; /* no answer rather than a short one */
+				return NULL;
 			}
 			v[n].ip = ip;
 			v[n].inst = insts[i];
@@ -23188,15 +23127,15 @@ static int net_check_urls(struct kvd *k, int *tls, char *err, size_t errlen)
 /* A listener's slot, its socket fd taken: 0, or KVD_ENOMEM (fd closed). */
 static int net_add_listener(struct kvd *k, int fd, int tls, int metrics, char *upath, char *err, size_t errlen)
 {
-	struct net_listener *ls = kvd_realloc(k, k->ls, (k->nls + 1) * sizeof *ls);
+	struct net_listener *ls;
 
-	if (!ls) {
+	if (UTIL_GROW(k, k->ls, k->lscap, (size_t)k->nls + 1, 1)) {
 		snprintf(err, errlen, "out of memory");
 		close(fd);
 		kvd_free(k, upath);
 		return KVD_ENOMEM;
 	}
-	k->ls = ls;
+	ls = k->ls;
 	memset(&ls[k->nls], 0, sizeof ls[k->nls]);
 	ls[k->nls].fd = fd;
 	ls[k->nls].tls = tls ? 1 : 0;
@@ -24054,7 +23993,7 @@ static int loop_pollset(struct kvd *k)
 
 	for (c = k->conns; c; c = c->next)
 		need += c->uncounted; /* evicted, still to be reaped */
-	if (need > k->pcap) {
+	if (need > k->pcap) { /* two arrays, one capacity: sized exactly, not util_grow */
 		struct pollfd *p = kvd_realloc(k, k->pfd, need * sizeof *p);
 		struct loop_slot *o;
 		if (!p)
@@ -24745,18 +24684,17 @@ static void cfg_disown(struct kvd *k, struct kvd_config *cfg)
 static int cfg_split(struct kvd *k, const char *list, char ***out, unsigned *n)
 {
 	const char *p = list, *e;
-	char **a = NULL, **na;
+	char **a = NULL;
+	size_t cap = 0;
 
 	*n = 0;
 	while (*p) {
 		e = p + strcspn(p, ",");
 		if (e > p) {
-			na = kvd_realloc(k, a, (*n + 1) * sizeof *a);
-			if (!na || !(na[*n] = kvd_malloc(k, (size_t)(e - p) + 1))) {
-				*out = na ? na : a;
+			if (UTIL_GROW(k, a, cap, (size_t)*n + 1, 1) || !(a[*n] = kvd_malloc(k, (size_t)(e - p) + 1))) {
+				*out = a;
 				return KVD_ENOMEM;
 			}
-			a = na;
 			memcpy(a[*n], p, (size_t)(e - p));
 			a[*n][e - p] = 0;
 			(*n)++;

@@ -152,6 +152,48 @@ static void test_alloc(void)
 	kvd_close(k);
 }
 
+/* util_grow: geometric from a site's first figure, overflow refused before
+ * any allocation, the array untouched on failure. */
+static void test_grow(void)
+{
+	struct kvd *k = t_kvd();
+	struct t_rec {
+		uint8_t b[24];
+	} *r = NULL;
+	uint32_t *a = NULL, *was;
+	size_t cap = 0, rcap = 0, i, base = k->mem, nalloc;
+
+	CHECK(UTIL_GROW(k, a, cap, 1, 8) == 0 && a && cap == 8 && k->mem == base + 8 * sizeof *a);
+	for (i = 0; i < 8; i++)
+		a[i] = (uint32_t)i;
+	was = a;
+	nalloc = k->nalloc;
+	CHECK(UTIL_GROW(k, a, cap, 8, 8) == 0 && a == was && cap == 8 && k->nalloc == nalloc); /* it fits */
+	CHECK(UTIL_GROW(k, a, cap, 9, 8) == 0 && cap == 16 && a[0] == 0 && a[7] == 7);
+	CHECK(UTIL_GROW(k, a, cap, 100, 8) == 0 && cap == 128 && a[7] == 7 && k->mem == base + 128 * sizeof *a);
+	/* need * elsize past size_t, or past what kvd_malloc hands out: no allocation tried */
+	was = a;
+	nalloc = k->nalloc;
+	CHECK(UTIL_GROW(k, a, cap, SIZE_MAX / 4 + 1, 8) == KVD_ENOMEM && a == was && cap == 128);
+	CHECK(UTIL_GROW(k, a, cap, SIZE_MAX, 8) == KVD_ENOMEM && a == was && cap == 128);
+	CHECK(UTIL_GROW(k, r, rcap, SIZE_MAX / sizeof *r + 1, 8) == KVD_ENOMEM && !r && rcap == 0);
+	CHECK(k->nalloc == nalloc && k->mem == base + 128 * sizeof *a);
+	/* an allocation that fails leaves the array as it was */
+	k->fail_at = k->nalloc + 1;
+	CHECK(UTIL_GROW(k, a, cap, 129, 8) == KVD_ENOMEM && a == was && cap == 128 && a[7] == 7);
+	CHECK(UTIL_GROW(k, r, rcap, 1, 4) == 0 && r && rcap == 4); /* the next one succeeds */
+	k->fail_at = 0;
+	/* the policy: doubling from first (1 without one), clamped at the limit */
+	CHECK(util_grow_cap(0, 1, 1, 256) == 256 && util_grow_cap(256, 300, 1, 256) == 512);
+	CHECK(util_grow_cap(256, 200, 1, 256) == 256 && util_grow_cap(0, 5, 8, 0) == 8);
+	CHECK(util_grow_cap(1024, SIZE_MAX / 2 / 24 - 1, 24, 16) == SIZE_MAX / 2 / 24);
+	CHECK(util_grow_cap(0, SIZE_MAX / 2 / 24 + 1, 24, 16) == 0);
+	kvd_free(k, a);
+	kvd_free(k, r);
+	CHECK(k->mem == base);
+	kvd_close(k);
+}
+
 static void test_bucket(void)
 {
 	struct bucket b;
@@ -4008,6 +4050,7 @@ static const struct {
 	{"bytes", test_bytes},
 	{"buf", test_buf},
 	{"alloc", test_alloc},
+	{"grow", test_grow},
 	{"bucket", test_bucket},
 	{"hpack_int", test_hpack_int},
 	{"hpack_huffman", test_huffman},
