@@ -5549,12 +5549,75 @@ static void life_fini(struct kvd *k)
 #define SNAP_FANOUT 100             /* children per branch page: 16 + 100 * (16 + 18) < 4096 */
 #define SNAP_LEVELS 10              /* 100^9 leaves: more than any log holds */
 #define SNAP_TXID 2                 /* meta 0's txid; meta 1 has one less, as etcd writes */
-#define SNAP_MAGIC 0xED0CDAEDu
-#define SNAP_NO_FREELIST UINT64_MAX /* bbolt's pgidNoFreelist */
 #define SNAP_SMALL 40               /* entries of the inline buckets, to begin with */
-enum { SNAP_F_BRANCH = 0x01, SNAP_F_LEAF = 0x02, SNAP_F_META = 0x04, SNAP_F_FREELIST = 0x10 };
 enum { SNAP_INLINE, SNAP_KEYS, SNAP_LEASES };
 #define SNAP_NBUCKETS 10
+
+/*
+ * bbolt's layout (v1.3.6 page.go, db.go, bucket.go; etcd-snapshot-format.md
+ * section 1), named once for the writer and the reader below: they use these
+ * names, no literal offsets.  bbolt casts its structs onto the file, so the
+ * fields are in host order: little-endian, as on amd64.
+ *
+ *    type page struct {                 every page's header
+ *        id       pgid     u64    0     the page's own index
+ *        flags    uint16   u16    8     branch, leaf, meta, freelist
+ *        count    uint16   u16   10     elements (or freelist ids)
+ *        overflow uint32   u32   12     contiguous pages after this one
+ *    }                           16     then the elements, the meta or the ids
+ *
+ *    type branchPageElement struct {    16 bytes, at 16 + 16 * i
+ *        pos   uint32   +0                key at the element + pos
+ *        ksize uint32   +4
+ *        pgid  pgid     +8                the child's page
+ *    }
+ *    type leafPageElement struct {      16 bytes, at 16 + 16 * i
+ *        flags uint32   +0                bucketLeafFlag: a sub-bucket
+ *        pos   uint32   +4                key at the element + pos, value after it
+ *        ksize uint32   +8
+ *        vsize uint32  +12
+ *    }
+ *
+ *    type meta struct {                 in pages 0 and 1, after the header
+ *        magic    uint32   16           0xED0CDAED
+ *        version  uint32   20           2
+ *        pageSize uint32   24
+ *        flags    uint32   28           0
+ *        root     bucket   32           the root bucket (its root page, sequence at 40)
+ *        freelist pgid     48           pgidNoFreelist: none
+ *        pgid     pgid     56           pages in use: the highest id + 1
+ *        txid     txid     64
+ *        checksum uint64   72           FNV-1a 64 of bytes [16, 72)
+ *    }
+ *
+ *    type bucket struct {               a sub-bucket's value begins with it
+ *        root     pgid     +0           0: inline, a leaf page image follows
+ *        sequence uint64   +8
+ *    }                     16
+ */
+enum {
+	BOLT_PAGE_ID = 0, BOLT_PAGE_FLAGS = 8, BOLT_PAGE_COUNT = 10, BOLT_PAGE_OVERFLOW = 12,
+	BOLT_PAGE_HDR = 16,                              /* sizeof(page): where elements start */
+	BOLT_ELEM = 16,                                  /* a branch or a leaf element */
+	BOLT_BRANCH_POS = 0, BOLT_BRANCH_KSIZE = 4, BOLT_BRANCH_PGID = 8,
+	BOLT_LEAF_FLAGS = 0, BOLT_LEAF_POS = 4, BOLT_LEAF_KSIZE = 8, BOLT_LEAF_VSIZE = 12,
+	BOLT_LEAF_BUCKET = 0x01,                         /* leaf element flags: bucketLeafFlag */
+	BOLT_META_MAGIC = 16, BOLT_META_VERSION = 20, BOLT_META_PAGE_SIZE = 24, BOLT_META_FLAGS = 28,
+	BOLT_META_ROOT = 32, BOLT_META_FREELIST = 48, BOLT_META_PGID = 56, BOLT_META_TXID = 64,
+	BOLT_META_CHECKSUM = 72,                         /* of [BOLT_META_MAGIC, BOLT_META_CHECKSUM) */
+	BOLT_META_PAGES = 2,                             /* pages 0 and 1 are the metas */
+	BOLT_VERSION = 2,
+	BOLT_BUCKET_ROOT = 0, BOLT_BUCKET_SEQUENCE = 8,
+	BOLT_BUCKET_HDR = 16,                            /* sizeof(bucket): an inline page follows */
+	BOLT_OPEN_READ = 4096,                           /* Open reads this much to find meta 0, and takes it
+	                                                  * as the page size when meta 0 is bad (amd64's) */
+};
+/* page flags: branchPageFlag, leafPageFlag, metaPageFlag, freelistPageFlag
+ * (SNAP_F_: test/test.c uses these names) */
+enum { SNAP_F_BRANCH = 0x01, SNAP_F_LEAF = 0x02, SNAP_F_META = 0x04, SNAP_F_FREELIST = 0x10 };
+#define BOLT_MAGIC 0xED0CDAEDu
+#define BOLT_NO_FREELIST UINT64_MAX /* pgidNoFreelist */
+#define SNAP_ROOT_PAGE BOLT_META_PAGES /* kvd's root bucket leaf: right after the metas */
 
 /* etcd's ten buckets, in the root bucket's (byte) order. */
 static const char *const snap_bucket_names[SNAP_NBUCKETS] = {
@@ -5785,25 +5848,26 @@ static uint64_t snap_fnv64(const uint8_t *p, size_t n)
 
 static void snap_page_hdr(uint8_t *pg, uint64_t id, unsigned flags, unsigned count, uint32_t overflow)
 {
-	put_le64(pg, id);
-	put_le16(pg + 8, flags);
-	put_le16(pg + 10, count);
-	put_le32(pg + 12, overflow);
+	put_le64(pg + BOLT_PAGE_ID, id);
+	put_le16(pg + BOLT_PAGE_FLAGS, flags);
+	put_le16(pg + BOLT_PAGE_COUNT, count);
+	put_le32(pg + BOLT_PAGE_OVERFLOW, overflow);
 }
 
-/* Meta page id (0 or 1): root bucket at page 2, no freelist, pgid pages. */
+/* Meta page id (0 or 1): root bucket at page 2, no freelist, pgid pages;
+ * flags and the root's sequence stay 0. */
 static void snap_meta(uint8_t *pg, uint64_t id, uint64_t pgid)
 {
 	memset(pg, 0, SNAP_PAGE);
 	snap_page_hdr(pg, id, SNAP_F_META, 0, 0);
-	put_le32(pg + 16, SNAP_MAGIC);
-	put_le32(pg + 20, 2);
-	put_le32(pg + 24, SNAP_PAGE);
-	put_le64(pg + 32, 2);
-	put_le64(pg + 48, SNAP_NO_FREELIST);
-	put_le64(pg + 56, pgid);
-	put_le64(pg + 64, SNAP_TXID - id);
-	put_le64(pg + 72, snap_fnv64(pg + 16, 56));
+	put_le32(pg + BOLT_META_MAGIC, BOLT_MAGIC);
+	put_le32(pg + BOLT_META_VERSION, BOLT_VERSION);
+	put_le32(pg + BOLT_META_PAGE_SIZE, SNAP_PAGE);
+	put_le64(pg + BOLT_META_ROOT + BOLT_BUCKET_ROOT, SNAP_ROOT_PAGE);
+	put_le64(pg + BOLT_META_FREELIST, BOLT_NO_FREELIST);
+	put_le64(pg + BOLT_META_PGID, pgid);
+	put_le64(pg + BOLT_META_TXID, SNAP_TXID - id);
+	put_le64(pg + BOLT_META_CHECKSUM, snap_fnv64(pg + BOLT_META_MAGIC, BOLT_META_CHECKSUM - BOLT_META_MAGIC));
 }
 
 /* Leaf element i of a leaf whose data starts at *d: its header, its key;
@@ -5811,12 +5875,12 @@ static void snap_meta(uint8_t *pg, uint64_t id, uint64_t pgid)
 static uint8_t *snap_leaf_elem(uint8_t *pg, unsigned i, uint8_t **d, unsigned flags, const uint8_t *key,
                                size_t kn, size_t vn)
 {
-	uint8_t *e = pg + 16 + 16 * (size_t)i, *v;
+	uint8_t *e = pg + BOLT_PAGE_HDR + BOLT_ELEM * (size_t)i, *v;
 
-	put_le32(e, flags);
-	put_le32(e + 4, (uint32_t)(*d - e));
-	put_le32(e + 8, (uint32_t)kn);
-	put_le32(e + 12, (uint32_t)vn);
+	put_le32(e + BOLT_LEAF_FLAGS, flags);
+	put_le32(e + BOLT_LEAF_POS, (uint32_t)(*d - e));
+	put_le32(e + BOLT_LEAF_KSIZE, (uint32_t)kn);
+	put_le32(e + BOLT_LEAF_VSIZE, (uint32_t)vn);
 	memcpy(*d, key, kn);
 	v = *d + kn;
 	*d = v + vn;
@@ -6038,7 +6102,7 @@ static int snap_content(struct kvd *k, struct snap *s)
 /* Plan one record of kn + vn bytes into tree t. */
 static int snap_tree_add(struct kvd *k, struct snap_tree *t, const uint8_t *key, size_t kn, size_t vn)
 {
-	size_t esz = 16 + kn + vn;
+	size_t esz = BOLT_ELEM + kn + vn;
 	struct snap_leaf *l = t->nleaf ? &t->leaf[t->nleaf - 1] : NULL;
 
 	if (vn > UINT32_MAX - 64)
@@ -6048,7 +6112,7 @@ static int snap_tree_add(struct kvd *k, struct snap_tree *t, const uint8_t *key,
 			return KVD_ENOMEM;
 		l = &t->leaf[t->nleaf++];
 		memset(l, 0, sizeof *l);
-		l->size = 16;
+		l->size = BOLT_PAGE_HDR;
 	}
 	if (!l->n) {
 		memcpy(l->key, key, kn);
@@ -6069,7 +6133,7 @@ static int snap_tree_end(struct kvd *k, struct snap_tree *t, uint64_t *pgid)
 		if (!(t->leaf = kvd_calloc(k, sizeof *t->leaf)))
 			return KVD_ENOMEM;
 		t->nleaf = t->cap = 1;
-		t->leaf[0].size = 16;
+		t->leaf[0].size = BOLT_PAGE_HDR;
 	}
 	for (i = 0; i < t->nleaf; i++) {
 		t->leaf[i].pgid = *pgid;
@@ -6100,13 +6164,13 @@ static size_t snap_records(const struct snap_tree *t)
 /* Bytes of bucket b's value in the root leaf. */
 static size_t snap_bucket_size(const struct snap *s, unsigned b)
 {
-	size_t n = 16, i;
+	size_t n = BOLT_BUCKET_HDR, i;
 
 	if (snap_kind(b) != SNAP_INLINE)
-		return 16;
-	n += 16; /* an inline leaf page's header */
+		return BOLT_BUCKET_HDR;
+	n += BOLT_PAGE_HDR; /* an inline leaf page's header */
 	for (i = s->first[b]; i < s->first[b] + s->n[b]; i++)
-		n += 16 + s->kv[i].kn + s->kv[i].vn;
+		n += BOLT_ELEM + s->kv[i].kn + s->kv[i].vn;
 	return n;
 }
 
@@ -6141,10 +6205,10 @@ static int snap_plan(struct kvd *k, struct snap *s)
 		if ((e = snap_tree_add(k, &s->t[1], lk, 8, snap_lease_val(lv, &s->lease[i]))))
 			return e;
 	}
-	s->root_size = 16;
+	s->root_size = BOLT_PAGE_HDR;
 	for (b = 0; b < SNAP_NBUCKETS; b++)
-		s->root_size += (uint32_t)(16 + strlen(snap_bucket_names[b]) + snap_bucket_size(s, b));
-	s->pgid = 2 + (s->root_size + SNAP_PAGE - 1) / SNAP_PAGE;
+		s->root_size += (uint32_t)(BOLT_ELEM + strlen(snap_bucket_names[b]) + snap_bucket_size(s, b));
+	s->pgid = SNAP_ROOT_PAGE + (s->root_size + SNAP_PAGE - 1) / SNAP_PAGE;
 	if ((e = snap_tree_end(k, &s->t[0], &s->pgid)) || (e = snap_tree_end(k, &s->t[1], &s->pgid)))
 		return e;
 	snap_keys_init(&s->it, s->end, s->rev, s->c, &s->sel);
@@ -6188,21 +6252,21 @@ static uint8_t *snap_node(struct kvd *k, struct snap *s, size_t size)
 
 static void snap_root(const struct snap *s, uint8_t *pg)
 {
-	uint8_t *d = pg + 16 + 16 * SNAP_NBUCKETS, *v, *ip, *id;
+	uint8_t *d = pg + BOLT_PAGE_HDR + BOLT_ELEM * SNAP_NBUCKETS, *v, *ip, *id;
 	const struct snap_kvref *r;
 	unsigned b, i;
 
-	snap_page_hdr(pg, 2, SNAP_F_LEAF, SNAP_NBUCKETS, (s->root_size - 1) / SNAP_PAGE);
+	snap_page_hdr(pg, SNAP_ROOT_PAGE, SNAP_F_LEAF, SNAP_NBUCKETS, (s->root_size - 1) / SNAP_PAGE);
 	for (b = 0; b < SNAP_NBUCKETS; b++) {
-		v = snap_leaf_elem(pg, b, &d, 0x01, (const uint8_t *)snap_bucket_names[b], strlen(snap_bucket_names[b]),
-		                   snap_bucket_size(s, b));
+		v = snap_leaf_elem(pg, b, &d, BOLT_LEAF_BUCKET, (const uint8_t *)snap_bucket_names[b],
+		                   strlen(snap_bucket_names[b]), snap_bucket_size(s, b));
 		if (snap_kind(b) != SNAP_INLINE) { /* {root page, sequence 0} */
-			put_le64(v, s->t[snap_kind(b) - 1].root);
+			put_le64(v + BOLT_BUCKET_ROOT, s->t[snap_kind(b) - 1].root);
 			continue;
 		}
-		ip = v + 16; /* an inline leaf: root 0, then the page image */
+		ip = v + BOLT_BUCKET_HDR; /* an inline leaf: root 0, then the page image */
 		snap_page_hdr(ip, 0, SNAP_F_LEAF, s->n[b], 0);
-		id = ip + 16 + 16 * (size_t)s->n[b];
+		id = ip + BOLT_PAGE_HDR + BOLT_ELEM * (size_t)s->n[b];
 		for (i = 0; i < s->n[b]; i++) {
 			r = &s->kv[s->first[b] + i];
 			v = snap_leaf_elem(ip, i, &id, 0, s->arena.p + r->ko, r->kn, r->vn);
@@ -6215,17 +6279,17 @@ static void snap_root(const struct snap *s, uint8_t *pg)
 static void snap_branch(const struct snap_tree *t, unsigned l, size_t j, uint8_t *pg)
 {
 	size_t span = 1, first = j * SNAP_FANOUT, n = KVD_MIN((size_t)SNAP_FANOUT, t->count[l - 1] - first), i;
-	uint8_t *e = pg + 16, *d = pg + 16 + 16 * n;
+	uint8_t *e = pg + BOLT_PAGE_HDR, *d = pg + BOLT_PAGE_HDR + BOLT_ELEM * n;
 	unsigned x;
 
 	for (x = 1; x < l; x++)
 		span *= SNAP_FANOUT;
 	snap_page_hdr(pg, t->base[l] + j, SNAP_F_BRANCH, (unsigned)n, 0);
-	for (i = 0; i < n; i++, e += 16) {
+	for (i = 0; i < n; i++, e += BOLT_ELEM) {
 		const struct snap_leaf *f = &t->leaf[(first + i) * span];
-		put_le32(e, (uint32_t)(d - e));
-		put_le32(e + 4, f->kn);
-		put_le64(e + 8, l == 1 ? t->leaf[first + i].pgid : t->base[l - 1] + first + i);
+		put_le32(e + BOLT_BRANCH_POS, (uint32_t)(d - e));
+		put_le32(e + BOLT_BRANCH_KSIZE, f->kn);
+		put_le64(e + BOLT_BRANCH_PGID, l == 1 ? t->leaf[first + i].pgid : t->base[l - 1] + first + i);
 		memcpy(d, f->key, f->kn);
 		d += f->kn;
 	}
@@ -6235,7 +6299,7 @@ static void snap_branch(const struct snap_tree *t, unsigned l, size_t j, uint8_t
 static int snap_key_leaf(struct kvd *k, struct snap *s, size_t j, uint8_t *pg)
 {
 	const struct snap_leaf *lf = &s->t[0].leaf[j];
-	uint8_t *d = pg + 16 + 16 * (size_t)lf->n, *v, rk[18];
+	uint8_t *d = pg + BOLT_PAGE_HDR + BOLT_ELEM * (size_t)lf->n, *v, rk[18];
 	uint8_t *end = pg + s->node.len;
 	struct mvcc_op op;
 	Mvccpb__KeyValue kv;
@@ -6260,7 +6324,7 @@ static int snap_key_leaf(struct kvd *k, struct snap *s, size_t j, uint8_t *pg)
 static void snap_lease_leaf(struct snap *s, size_t j, uint8_t *pg)
 {
 	const struct snap_leaf *lf = &s->t[1].leaf[j];
-	uint8_t *d = pg + 16 + 16 * (size_t)lf->n, *v, lk[8], lv[24];
+	uint8_t *d = pg + BOLT_PAGE_HDR + BOLT_ELEM * (size_t)lf->n, *v, lk[8], lv[24];
 	size_t vn;
 	uint32_t i;
 
@@ -6568,13 +6632,14 @@ struct snap_nd {
 
 static int snap_meta_ok(const uint8_t *pg)
 {
-	return get_le32(pg + 16) == SNAP_MAGIC && get_le32(pg + 20) == 2 && get_le64(pg + 72) == snap_fnv64(pg + 16, 56);
+	return get_le32(pg + BOLT_META_MAGIC) == BOLT_MAGIC && get_le32(pg + BOLT_META_VERSION) == BOLT_VERSION &&
+	       get_le64(pg + BOLT_META_CHECKSUM) == snap_fnv64(pg + BOLT_META_MAGIC, BOLT_META_CHECKSUM - BOLT_META_MAGIC);
 }
 
 static int snap_file_open(struct kvd *k, struct snap_file *f, const uint8_t *p, uint64_t n)
 {
 	uint64_t txid = 0;
-	uint32_t ps = 4096;
+	uint32_t ps = BOLT_OPEN_READ;
 	unsigned i;
 	int have = 0;
 
@@ -6582,34 +6647,35 @@ static int snap_file_open(struct kvd *k, struct snap_file *f, const uint8_t *p, 
 	f->p = p;
 	f->n = n;
 	f->why = "not a bbolt file: too small";
-	if (n < 4096)
+	if (n < BOLT_OPEN_READ)
 		return KVD_ECORRUPT;
 	if (snap_meta_ok(p))
-		ps = get_le32(p + 24);
+		ps = get_le32(p + BOLT_META_PAGE_SIZE);
 	f->why = "bad page size";
 	if (ps < 1024 || ps > 65536 || (ps & (ps - 1)))
 		return KVD_ECORRUPT;
 	f->why = "file size too small";
-	if (n < 2 * (uint64_t)ps)
+	if (n < BOLT_META_PAGES * (uint64_t)ps)
 		return KVD_ECORRUPT;
-	for (i = 0; i < 2; i++) {
+	for (i = 0; i < BOLT_META_PAGES; i++) {
 		const uint8_t *pg = p + (size_t)i * ps;
-		if (!snap_meta_ok(pg) || get_le32(pg + 24) != ps || (have && get_le64(pg + 64) <= txid))
+		if (!snap_meta_ok(pg) || get_le32(pg + BOLT_META_PAGE_SIZE) != ps ||
+		    (have && get_le64(pg + BOLT_META_TXID) <= txid))
 			continue;
 		have = 1;
-		txid = get_le64(pg + 64);
-		f->root = get_le64(pg + 32);
-		f->pgid = get_le64(pg + 56);
+		txid = get_le64(pg + BOLT_META_TXID);
+		f->root = get_le64(pg + BOLT_META_ROOT + BOLT_BUCKET_ROOT);
+		f->pgid = get_le64(pg + BOLT_META_PGID);
 	}
 	f->ps = ps;
 	f->why = "no valid meta page";
 	if (!have)
 		return KVD_ECORRUPT;
 	f->why = "the meta page counts more pages than the file holds";
-	if (f->pgid < 3 || f->pgid > n / ps)
+	if (f->pgid < BOLT_META_PAGES + 1 || f->pgid > n / ps)
 		return KVD_ECORRUPT;
 	f->why = "bad root page";
-	if (f->root < 2 || f->root >= f->pgid)
+	if (f->root < BOLT_META_PAGES || f->root >= f->pgid)
 		return KVD_ECORRUPT;
 	f->why = "out of memory";
 	if (!(f->seen = kvd_calloc(k, (size_t)(f->pgid / 8 + 1))))
@@ -6624,12 +6690,12 @@ static int snap_file_node(struct snap_file *f, uint64_t id, struct snap_nd *nd)
 	uint64_t ovf, j;
 
 	f->why = "a page id out of range";
-	if (id < 2 || id >= f->pgid)
+	if (id < BOLT_META_PAGES || id >= f->pgid)
 		return KVD_ECORRUPT;
 	pg = f->p + id * f->ps;
-	ovf = get_le32(pg + 12);
+	ovf = get_le32(pg + BOLT_PAGE_OVERFLOW);
 	f->why = "a page header names another page";
-	if (get_le64(pg) != id)
+	if (get_le64(pg + BOLT_PAGE_ID) != id)
 		return KVD_ECORRUPT;
 	f->why = "overflow pages past the last page";
 	if (ovf >= f->pgid - id)
@@ -6642,32 +6708,32 @@ static int snap_file_node(struct snap_file *f, uint64_t id, struct snap_nd *nd)
 	}
 	nd->p = pg;
 	nd->n = (ovf + 1) * f->ps;
-	nd->flags = get_le16(pg + 8);
-	nd->count = get_le16(pg + 10);
+	nd->flags = get_le16(pg + BOLT_PAGE_FLAGS);
+	nd->count = get_le16(pg + BOLT_PAGE_COUNT);
 	f->why = "a page that is neither branch nor leaf in a tree";
 	if (nd->flags != SNAP_F_BRANCH && nd->flags != SNAP_F_LEAF)
 		return KVD_ECORRUPT;
 	f->why = "more elements than the page holds";
-	return 16 + 16 * (uint64_t)nd->count <= nd->n ? 0 : KVD_ECORRUPT;
+	return BOLT_PAGE_HDR + BOLT_ELEM * (uint64_t)nd->count <= nd->n ? 0 : KVD_ECORRUPT;
 }
 
 /* Element i of nd: key, and value (leaf: flags too) or child (branch). */
 static int snap_file_elem(struct snap_file *f, const struct snap_nd *nd, unsigned i, const uint8_t **key, size_t *kn,
                           const uint8_t **val, size_t *vn, uint64_t *child, uint32_t *flags)
 {
-	const uint8_t *e = nd->p + 16 + 16 * (size_t)i;
+	const uint8_t *e = nd->p + BOLT_PAGE_HDR + BOLT_ELEM * (size_t)i;
 	uint64_t at, ks, vs = 0;
 
 	if (nd->flags == SNAP_F_BRANCH) {
-		at = 16 + 16 * (uint64_t)i + get_le32(e);
-		ks = get_le32(e + 4);
-		*child = get_le64(e + 8);
+		at = BOLT_PAGE_HDR + BOLT_ELEM * (uint64_t)i + get_le32(e + BOLT_BRANCH_POS);
+		ks = get_le32(e + BOLT_BRANCH_KSIZE);
+		*child = get_le64(e + BOLT_BRANCH_PGID);
 		*flags = 0;
 	} else {
-		*flags = get_le32(e);
-		at = 16 + 16 * (uint64_t)i + get_le32(e + 4);
-		ks = get_le32(e + 8);
-		vs = get_le32(e + 12);
+		*flags = get_le32(e + BOLT_LEAF_FLAGS);
+		at = BOLT_PAGE_HDR + BOLT_ELEM * (uint64_t)i + get_le32(e + BOLT_LEAF_POS);
+		ks = get_le32(e + BOLT_LEAF_KSIZE);
+		vs = get_le32(e + BOLT_LEAF_VSIZE);
 	}
 	f->why = "an element outside its page";
 	if (at > nd->n || ks > nd->n - at || vs > nd->n - at - ks)
@@ -6702,19 +6768,19 @@ static int snap_file_walk(struct kvd *k, struct snap_file *f, const uint8_t *bv,
 	int e = KVD_ECORRUPT, c;
 
 	f->why = "a bucket value too short";
-	if (bn < 16)
+	if (bn < BOLT_BUCKET_HDR)
 		return KVD_ECORRUPT;
-	if (!get_le64(bv)) { /* inline: a leaf page image after the header */
-		st[0].nd.p = bv + 16;
-		st[0].nd.n = bn - 16;
+	if (!get_le64(bv + BOLT_BUCKET_ROOT)) { /* inline: a leaf page image after the header */
+		st[0].nd.p = bv + BOLT_BUCKET_HDR;
+		st[0].nd.n = bn - BOLT_BUCKET_HDR;
 		f->why = "a bad inline bucket";
-		if (st[0].nd.n < 16)
+		if (st[0].nd.n < BOLT_PAGE_HDR)
 			return KVD_ECORRUPT;
-		st[0].nd.flags = get_le16(bv + 16 + 8);
-		st[0].nd.count = get_le16(bv + 16 + 10);
-		if (st[0].nd.flags != SNAP_F_LEAF || 16 + 16 * (uint64_t)st[0].nd.count > st[0].nd.n)
+		st[0].nd.flags = get_le16(st[0].nd.p + BOLT_PAGE_FLAGS);
+		st[0].nd.count = get_le16(st[0].nd.p + BOLT_PAGE_COUNT);
+		if (st[0].nd.flags != SNAP_F_LEAF || BOLT_PAGE_HDR + BOLT_ELEM * (uint64_t)st[0].nd.count > st[0].nd.n)
 			return KVD_ECORRUPT;
-	} else if ((e = snap_file_node(f, get_le64(bv), &st[0].nd))) {
+	} else if ((e = snap_file_node(f, get_le64(bv + BOLT_BUCKET_ROOT), &st[0].nd))) {
 		return e;
 	}
 	st[0].i = 0;
@@ -7089,7 +7155,8 @@ static int snap_imp_user(struct kvd *k, void *arg, const uint8_t *key, size_t kn
 {
 	(void)key;
 	(void)kn;
-	return flags & 1 ? snap_imp_fail(arg, "a bucket inside authUsers") : snap_imp_authop(k, arg, AUTH_OP_USER, val, vn);
+	return flags & BOLT_LEAF_BUCKET ? snap_imp_fail(arg, "a bucket inside authUsers")
+	                                : snap_imp_authop(k, arg, AUTH_OP_USER, val, vn);
 }
 
 static int snap_imp_role(struct kvd *k, void *arg, const uint8_t *key, size_t kn, const uint8_t *val, size_t vn,
@@ -7097,7 +7164,8 @@ static int snap_imp_role(struct kvd *k, void *arg, const uint8_t *key, size_t kn
 {
 	(void)key;
 	(void)kn;
-	return flags & 1 ? snap_imp_fail(arg, "a bucket inside authRoles") : snap_imp_authop(k, arg, AUTH_OP_ROLE, val, vn);
+	return flags & BOLT_LEAF_BUCKET ? snap_imp_fail(arg, "a bucket inside authRoles")
+	                                : snap_imp_authop(k, arg, AUTH_OP_ROLE, val, vn);
 }
 
 /* Users and roles as one whole-state AUTH record, replayed like the rest. */
@@ -7130,7 +7198,7 @@ static int snap_imp_root(struct kvd *k, void *arg, const uint8_t *key, size_t kn
 	unsigned b;
 
 	(void)k;
-	if (!(flags & 1))
+	if (!(flags & BOLT_LEAF_BUCKET))
 		return snap_imp_fail(im, "the root holds something that is not a bucket");
 	for (b = 0; b < SNAP_NBUCKETS; b++)
 		if (strlen(snap_bucket_names[b]) == kn && !memcmp(snap_bucket_names[b], key, kn)) {
@@ -7177,9 +7245,9 @@ static int snap_import_mem(struct kvd *k, const uint8_t *p, uint64_t n, int skip
 		goto out;
 	}
 	{ /* the root bucket: a page, walked as a bucket value naming it */
-		uint8_t rootv[16];
-		put_le64(rootv, im->f.root);
-		put_le64(rootv + 8, 0);
+		uint8_t rootv[BOLT_BUCKET_HDR];
+		put_le64(rootv + BOLT_BUCKET_ROOT, im->f.root);
+		put_le64(rootv + BOLT_BUCKET_SEQUENCE, 0);
 		if ((e = snap_file_walk(k, &im->f, rootv, sizeof rootv, snap_imp_root, im))) {
 			if (!im->why[0])
 				snap_imp_fail(im, "%s", im->f.why);
