@@ -35,7 +35,7 @@ TEST_CFLAGS = -O1 -g -Werror
 SRC = kvd.c kvd.h $(wildcard proto/*.pb-c.[ch]) Makefile
 PROTOS = kv auth rpc v3lock v3election health
 
-.PHONY: all test check notls asan cross cross-all footprint static-check fuzz fuzz-smoke run static install clean proto proto-check symcheck toc size
+.PHONY: all test check notls asan cross cross-all footprint static-check fuzz fuzz-smoke run static install clean proto proto-check symcheck toc size buildline
 
 all: kvd
 
@@ -128,7 +128,7 @@ test:
 	./test/deps.sh test
 	$(MAKE) check
 
-check: kvd test/test test/kvd-test notls asan fuzz-smoke cross static-check proto-check symcheck toc
+check: kvd test/test test/kvd-test notls asan fuzz-smoke cross static-check proto-check symcheck toc buildline
 	./test/test
 	./test/run.sh
 
@@ -188,6 +188,14 @@ symcheck: kvd
 	if [ -n "$$bad" ]; then echo "symcheck: unexpected exports: $$bad"; exit 1; fi; echo "symcheck: ok"
 
 # The table of contents must list the section banners, in order.
+# The one-line build kvd.c's header and README.md give, built as given.
+buildline:
+	@l=$$(sed -n 's/^ \* Build:  make  *or  *//p' kvd.c); \
+	r=$$(grep -o 'Or by hand: `[^`]*`' README.md | sed 's/^Or by hand: `//; s/`$$//'); \
+	if [ -z "$$l" ] || [ "$$l" != "$$r" ]; then echo "buildline: kvd.c gives '$$l', README.md '$$r'"; exit 1; fi; \
+	d=$$(mktemp -d) && cp -r kvd.c kvd.h proto $$d && (cd $$d && eval "$$l" && ./kvd --version >/dev/null) && \
+	rm -rf $$d && echo "buildline: ok ($$l)" || { echo "buildline: '$$l' does not build kvd"; rm -rf $$d; exit 1; }
+
 toc:
 	@grep -E '^/\* ===== [0-9]+\. ' kvd.c | sed -E 's|^/\* ===== ([0-9]+)\. (.*) =+ \*/$$|\1. \2|' > .toc.banners
 	@sed -n '/TABLE OF CONTENTS/,/^ \*$$/p' kvd.c | grep -E '^ \* +[0-9]+\. ' | sed -E 's/^ \* +//; s/ +--.*$$//' > .toc.header

@@ -2,7 +2,7 @@
  * kvd.c - an etcd v3 (gRPC) key-value daemon in one C file, for routers and boards.
  * SPDX-License-Identifier: BSD-2-Clause
  *
- * Build:  make        or        cc -O2 kvd.c -lprotobuf-c -lmbedcrypto -o kvd
+ * Build:  make        or        cc -O2 kvd.c -lprotobuf-c -lmbedtls -lmbedx509 -lmbedcrypto -o kvd
  * (the generated proto/ files are committed and #included below.)
  *
  * TABLE OF CONTENTS
@@ -576,9 +576,9 @@ struct grpc_method {
 	enum grpc_kind kind;
 	/* request and response messages (NULL req: raw bytes, test methods only) */
 	const ProtobufCMessageDescriptor *req, *resp;
-	/* one request message, in c->rq (decoded) and c->raw (as it came); NULL
-	 * means "not implemented yet".  The handler may keep c->rq by taking
-	 * it (c->rq = NULL); otherwise it is freed when the handler returns. */
+	/* one request message, in c->rq (decoded) and c->raw (as it came);
+	 * every method has one.  The handler may keep c->rq by taking it
+	 * (c->rq = NULL); otherwise it is freed when the handler returns. */
 	void (*on_msg)(struct kvd *k, struct call *c);
 	/* the client half-closed a streaming call (optional) */
 	void (*on_half_close)(struct kvd *k, struct call *c);
@@ -596,7 +596,8 @@ struct grpc_method {
  * request, its metadata, the response messages queued for the carrier
  * (gRPC-framed: 5-byte prefix, message), the final status, and whether the
  * reply waits for the group commit.  A carrier embeds it: an HTTP/2 stream
- * (gRPC), and in-process calls; the JSON gateway will be another.
+ * (gRPC) or an HTTP/1.1 connection (the JSON gateway); in-process calls
+ * will be a third, through the same struct.
  */
 struct call_carrier {
 	const char *name;
@@ -628,7 +629,7 @@ struct call {
 
 /*
  * One client connection (section 23): a socket, the transport that moves its
- * bytes (a plain socket now; TLS next), and the protocol its first bytes
+ * bytes (a plain socket, or TLS over it), and the protocol its first bytes
  * chose (HTTP/2; an HTTP/1.x request; a TLS ClientHello), whose state hangs
  * off ps.  The loop owns it; a protocol never closes or frees one itself.
  */
@@ -673,7 +674,7 @@ struct conn {
 	unsigned dead : 1;           /* socket error: close now */
 	unsigned shut_wr : 1;        /* output done, lingering for the peer's close */
 	unsigned want_write : 1;     /* the transport waits to write (a TLS handshake): POLLOUT */
-	unsigned metrics_only : 1;   /* from a --listen-metrics-urls listener: HTTP/1.x, /metrics, /health */
+	unsigned metrics_only : 1;   /* from a --listen-metrics-urls listener: HTTP/1.x: /metrics, /health, /livez, /readyz */
 	unsigned refusing : 1;       /* over the limits: its first bytes get a refusal in its protocol */
 	/* times, monotonic ms */
 	int64_t t_open, t_close;
@@ -684,7 +685,7 @@ struct conn {
 struct net_listener {
 	int fd;
 	unsigned tls : 1;            /* https:// or unixs:// */
-	unsigned metrics : 1;        /* --listen-metrics-urls: /metrics and /health only */
+	unsigned metrics : 1;        /* --listen-metrics-urls: /metrics and the health endpoints only */
 	char name[80];
 	char *upath;                 /* a unix socket's file, removed when it closes; else NULL */
 };
@@ -721,7 +722,7 @@ struct kvd {
 	int64_t next_timer;          /* earliest connection/stream timer */
 	kvd_log_fn *log_fn;
 	void *log_arg;
-	unsigned log_to;             /* LOG_TO_* (section 2); 0: stderr */
+	unsigned log_to;             /* LOG_TO_* (section 3); 0: stderr */
 	int log_fd;                  /* a --log-outputs file, -1 if none */
 	/* memory accounting (section 3) */
 	size_t mem, mem_peak;
@@ -1907,7 +1908,7 @@ static const char *tls_peer_cn(const struct conn *c, size_t *n);
  * Log format, integers big-endian or varint (LEB128), CRC-32C:
  *   record  = u32 len | u32 crc | u8 type | payload[len]
  *             crc covers the 4 len bytes, the type byte and the payload
- *   HEADER  (1) = "kvd-log\n" | u32 format (1 or 2)     -- the first record
+ *   HEADER  (1) = "kvd-log\n" | u32 format (1, 2 or 3)  -- the first record
  *   TXN     (2) = varint rev | u32 nops | op[nops]       -- one write txn = one revision
  *   COMPACT (3) = varint rev
  *   BASE    (4) = varint rev | u32 nops | op[nops]       -- a rewritten log's state at rev
@@ -7844,7 +7845,8 @@ static void hp_put_status(struct kvd *k, struct kvd_buf *b, int status)
 /* ===== 11. HTTP/2 frames, streams, flow control (h2_) ==================== */
 
 /*
- * RFC 9113, server side, cleartext with prior knowledge: the loop hands a
+ * RFC 9113, server side, with prior knowledge (cleartext, or inside TLS,
+ * where ALPN offers h2): the loop hands a
  * connection to this section once its first bytes were the preface
  * (section 23).  Input is parsed from c->conn->in one whole frame at a time
  * (a frame is at most 16 KiB + 9); output is appended to c->conn->out, which
@@ -8943,7 +8945,7 @@ static int h2_send_headers(struct h2_conn *c, struct h2_stream *s, int with_stat
 /*
  * Move what stream s may send into c->conn->out: response HEADERS, DATA within
  * min(connection window, stream window, peer frame size), then trailers.  A
- * producing stream (RangeStream, later Watch) makes its next message only
+ * producing stream (RangeStream, Watch, Snapshot, Observe) makes its next message only
  * when its queue is empty and the window is open, so a slow reader holds one
  * message, not the whole answer.  Returns 1 when the stream ended and was freed.
  */
@@ -9177,7 +9179,7 @@ static const struct net_proto h2_proto = {
 /*
  * A call is one RPC being served, apart from what carries it.  A service
  * sees only its call: the decoded request (c->rq), its metadata (the auth
- * token will be one), and where its answer goes -- response messages queued
+ * token among it), and where its answer goes -- response messages queued
  * on c->out, a final status, and whether that answer must wait for the
  * group commit (c->held).  Carriers move the bytes: gRPC over HTTP/2 (an
  * h2 stream embeds its call; this section's grpc_ half frames the
@@ -21357,8 +21359,8 @@ static const char *tls_peer_cn(const struct conn *c, size_t *n)
 /*
  * etcd serves HTTP/1.1 on its client port beside gRPC: /health for
  * supervisors and load balancers, /version, /metrics and the JSON gateway.
- * A connection whose first bytes are an HTTP/1.x request line (or that
- * chose ALPN http/1.1 over TLS) gets this protocol.  It answers /health
+ * A connection whose first bytes (decrypted, over TLS: ALPN is only
+ * logged) are an HTTP/1.x request line gets this protocol.  It answers /health
  * /livez, /readyz and /version as etcd 3.7 does, /metrics in Prometheus'
  * text format, and /v3/... through the gateway below; anything else is
  * Go's 404.
@@ -23017,7 +23019,7 @@ static const struct net_proto http1_proto = {
  *      protocol -> calls -> services, write;
  *   6. the group commit and the output again, then reaps closed
  *      connections -- never inside their own handlers.
- * A connection is a socket, a transport (plain TCP now; TLS next) and the
+ * A connection is a socket, a transport (plain TCP, or TLS) and the
  * protocol its first bytes chose (net_sniff): the HTTP/2 preface, an HTTP/1.x
  * request line, a TLS ClientHello, or garbage -- each answered on the same
  * port.  A protocol is a table of hooks (struct net_proto); the loop knows
