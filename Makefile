@@ -35,14 +35,14 @@ TEST_CFLAGS = -O1 -g -Werror
 SRC = kvd.c kvd.h $(wildcard proto/*.pb-c.[ch]) Makefile
 PROTOS = kv auth rpc v3lock v3election health
 
-.PHONY: all test check notls asan cross cross-all footprint static-check fuzz fuzz-smoke run static install clean proto proto-check symcheck toc size buildline
+.PHONY: all test unit check notls asan cross cross-all footprint static-check fuzz fuzz-smoke run static install clean proto proto-check symcheck toc size buildline
 
 all: kvd
 
 # Build and start on a fresh Debian machine: installs the build deps if
 # missing, then runs kvd on 127.0.0.1:2379 with data in ./default.etcd.
 run:
-	./test/deps.sh build
+	./test/lib/deps.sh build
 	$(MAKE) kvd
 	./kvd $(ARGS)
 
@@ -51,7 +51,7 @@ kvd: $(SRC)
 
 # One self-contained executable for any Linux of this CPU: musl, static,
 # with mbedtls and protobuf-c built for musl from Debian's source packages
-# (test/xlibs.sh, once, outside the tree; mbedtls configured small unless
+# (test/lib/xlibs.sh, once, outside the tree; mbedtls configured small unless
 # MBEDTLS_PROFILE=debian).  TLS=0 and CONFD=0 cut those for
 # the smallest images; MUSL_CC=.../bin/musl-gcc builds for another CPU
 # (test/footprint.sh makes such compilers).  make footprint: the README's table.
@@ -62,8 +62,8 @@ MUSL_NAME = musl-$(shell $(MUSL_CC) -dumpmachine 2>/dev/null)-$(MBEDTLS_PROFILE)
 MUSL_DIR = /var/cache/kvd-test/$(MUSL_NAME)
 static: kvd-static
 kvd-static: $(SRC)
-	@command -v $(MUSL_CC) >/dev/null || ./test/deps.sh test
-	./test/xlibs.sh $(MUSL_NAME) $(MUSL_CC) "$(MUSL_CFLAGS)" $(MBEDTLS_PROFILE)
+	@command -v $(MUSL_CC) >/dev/null || ./test/lib/deps.sh test
+	./test/lib/xlibs.sh $(MUSL_NAME) $(MUSL_CC) "$(MUSL_CFLAGS)" $(MBEDTLS_PROFILE)
 	$(MUSL_CC) $(MUSL_CFLAGS) $(KVD_CFLAGS) -I$(MUSL_DIR)/include -o $@ kvd.c -L$(MUSL_DIR)/lib \
 	  -static -s $(KVD_LDFLAGS) $(KVD_LIBS)
 	@ls -l $@ | awk '{print "$@: " $$5 " bytes, static, stripped"}'
@@ -77,12 +77,19 @@ static-check:
 	@if command -v $(MUSL_CC) >/dev/null; then $(MAKE) -B kvd-static && \
 	  KVD=./kvd-static KVD_DIFF_OPS=2000 KVD_DIFF_SEEDS=5 $(PYTHON) test/diff.py && \
 	  KVD=./kvd-static $(PYTHON) test/tls.py grpcio; \
-	else echo "static-check: SKIPPED ($(MUSL_CC) missing; test/deps.sh test installs musl-tools)"; fi
+	else echo "static-check: SKIPPED ($(MUSL_CC) missing; test/lib/deps.sh test installs musl-tools)"; fi
 
 # --- tests -------------------------------------------------------------------
+# test/: the suites; test/lib/: what they and the build use (test/README.md).
 # Unit tests #include kvd.c; -Werror here only, never in the default build.
 test/test: test/test.c $(SRC)
 	$(CC) $(CPPFLAGS) $(TEST_CFLAGS) $(KVD_CFLAGS) -o $@ test/test.c $(LDFLAGS) $(LDLIBS) $(KVD_LIBS)
+
+# The inner loop: build and run the unit tests, only those whose name
+# contains T if given (make unit T=hpack).
+T ?=
+unit: test/test
+	./test/test $(T)
 
 test/test-asan: test/test.c $(SRC)
 	$(CC) $(CPPFLAGS) $(TEST_CFLAGS) $(SAN) $(KVD_CFLAGS) -o $@ test/test.c $(LDFLAGS) $(LDLIBS) $(KVD_LIBS)
@@ -101,16 +108,16 @@ test/kvd-notls: $(SRC)
 
 # Fuzz targets replayed over their corpus without libFuzzer (any compiler).
 FUZZERS = h2 hpack log json confd pb bolt auth http1 config
-test/replay-%: test/fuzz_%.c test/fuzz_replay.c test/fuzz.h $(SRC)
-	$(CC) $(CPPFLAGS) $(TEST_CFLAGS) $(SAN) $(KVD_CFLAGS) -o $@ test/fuzz_$*.c test/fuzz_replay.c $(LDFLAGS) $(LDLIBS) $(KVD_LIBS)
+test/replay-%: test/fuzz_%.c test/lib/fuzz_replay.c test/lib/fuzz.h $(SRC)
+	$(CC) $(CPPFLAGS) $(TEST_CFLAGS) $(SAN) $(KVD_CFLAGS) -o $@ test/fuzz_$*.c test/lib/fuzz_replay.c $(LDFLAGS) $(LDLIBS) $(KVD_LIBS)
 
 # Watch load generator for test/bench.py (plain C, no kvd code inside).
-test/watchbench: test/watchbench.c
-	$(CC) $(CPPFLAGS) -O2 -g $(WARN) -o $@ test/watchbench.c $(LDFLAGS) $(LDLIBS)
+test/watchbench: test/lib/watchbench.c
+	$(CC) $(CPPFLAGS) -O2 -g $(WARN) -o $@ test/lib/watchbench.c $(LDFLAGS) $(LDLIBS)
 
 # confd load generator for test/bench.py (plain C and mbedtls, no kvd code inside).
-test/confdbench: test/confdbench.c
-	$(CC) $(CPPFLAGS) -O2 -g $(WARN) -o $@ test/confdbench.c $(LDFLAGS) $(LDLIBS) -lmbedcrypto
+test/confdbench: test/lib/confdbench.c
+	$(CC) $(CPPFLAGS) -O2 -g $(WARN) -o $@ test/lib/confdbench.c $(LDFLAGS) $(LDLIBS) -lmbedcrypto
 
 # The corpora are replayed on a 256 KiB stack (routers run with small ones):
 # a recursion an input can drive fails here, not on a board.
@@ -125,7 +132,7 @@ asan:
 # included), then unit tests, sanitizers, corpus replay, a short libFuzzer
 # run, proto freshness, symbols, TOC, and interop/abuse against real clients.
 test:
-	./test/deps.sh test
+	./test/lib/deps.sh test
 	$(MAKE) check
 
 check: kvd test/test test/kvd-test notls asan fuzz-smoke cross static-check proto-check symcheck toc buildline
@@ -143,17 +150,17 @@ cross: $(SRC) test/test.c
 	@if command -v i686-linux-gnu-gcc >/dev/null; then \
 	  i686-linux-gnu-gcc $(TEST_CFLAGS) $(KVD_CFLAGS) $(XINC) -L/usr/lib/i386-linux-gnu \
 	    -o test/test-i386 test/test.c $(KVD_LIBS) && ./test/test-i386 | tail -1; \
-	else echo "cross i386: SKIPPED (i686-linux-gnu-gcc missing; test/deps.sh test installs it)"; fi
+	else echo "cross i386: SKIPPED (i686-linux-gnu-gcc missing; test/lib/deps.sh test installs it)"; fi
 	./test/cross.sh mips armhf
 
 cross-all: cross
-	./test/deps.sh cross-all
+	./test/lib/deps.sh cross-all
 	./test/cross.sh mipsel arm64
 	s390x-linux-gnu-gcc $(TEST_CFLAGS) $(KVD_CFLAGS) $(XINC) -L/usr/lib/s390x-linux-gnu \
 	  -o test/test-s390x test/test.c $(KVD_LIBS)
 	T_LIFE_PUTS=300000 qemu-s390x -L / test/test-s390x
 	s390x-linux-gnu-gcc -O2 $(KVD_CFLAGS) $(XINC) -L/usr/lib/s390x-linux-gnu -o test/kvd-s390x kvd.c $(KVD_LIBS)
-	KVD=test/kvd-x.sh KVD_X=s390x KVD_DIFF_OPS=2000 KVD_DIFF_SEEDS=77 $(PYTHON) test/diff.py
+	KVD=test/lib/kvd-x.sh KVD_X=s390x KVD_DIFF_OPS=2000 KVD_DIFF_SEEDS=77 $(PYTHON) test/diff.py
 
 fuzz-smoke:
 	$(MAKE) fuzz FUZZ_TIME=10 FUZZ_CORPUS=/tmp/kvd-fuzz-smoke
@@ -167,7 +174,7 @@ fuzz:
 	  ./test/fuzz-$$f -max_total_time=$(FUZZ_TIME) -artifact_prefix=test/crash- $(FUZZ_CORPUS)/$$f test/corpus/$$f \
 	    > test/fuzz-$$f.log 2>&1 || { tail -40 test/fuzz-$$f.log; exit 1; }; \
 	  echo "fuzz-$$f: $$(grep -c . test/fuzz-$$f.log) log lines, $$(grep -o 'Done [0-9]* runs' test/fuzz-$$f.log)"; done
-test/fuzz-%: test/fuzz_%.c test/fuzz.h $(SRC)
+test/fuzz-%: test/fuzz_%.c test/lib/fuzz.h $(SRC)
 	$(CLANG) -O1 -g -fsanitize=fuzzer,address,undefined -o $@ test/fuzz_$*.c $(KVD_LIBS)
 
 # --- generated protobuf-c code (committed; firmware builds need no protoc) ---

@@ -14,6 +14,7 @@ import time
 
 import grpc
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib"))  # test/lib: kvdtest, helpers
 from kvdtest import (Kvd, H2, check, test, run_tests, frame, settings, goaways, rsts, count,
                      decode_headers, grpc_frame, wait_for, ROOT, DATA, HEADERS, PING, SETTINGS,
                      RST_STREAM, CONTINUATION, WINDOW_UPDATE, GOAWAY)

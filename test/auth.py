@@ -23,6 +23,7 @@ import tempfile
 import threading
 import time
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib"))  # test/lib: kvdtest, helpers
 import kvdtest
 from kvdtest import (ROOT, Etcd, Kvd, Client, pb, test, check, run_tests, etcdctl, wait_for, free_port)
 from diff import normalize, show, prefix_end

@@ -23,6 +23,7 @@ import tempfile
 import threading
 import time
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib"))  # test/lib: kvdtest, helpers
 from kvdtest import ROOT, Kvd, Client, pb, free_port, grpc_frame, wait_for
 
 KVD = os.path.abspath(os.environ.get("KVD", os.path.join(ROOT, "kvd")))
@@ -557,7 +558,7 @@ def kv3_rows(n, nkeys):
     from kvdtest import go_peer
     e37 = go_peer("etcd")
     if not e37:
-        print("SKIPPED: needs the etcd 3.7.3 peer (test/deps.sh test)")
+        print("SKIPPED: needs the etcd 3.7.3 peer (test/lib/deps.sh test)")
         return
     servers = [("etcd 3.7.3", EtcdDisk(binary=e37)), ("etcd 3.4.23", EtcdDisk()),
                ("kvd", Kvd(KVD, ["--name", "bench"], data_dir=tempfile.mkdtemp(prefix="kvd-bench-", dir=DISK)))]

@@ -19,6 +19,7 @@ import tempfile
 import threading
 import time
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib"))  # test/lib: kvdtest, helpers
 from kvdtest import ROOT, Kvd, Client, pb, check, test, run_tests, wait_for, spawn, free_port
 import ganeticonf
 
@@ -339,7 +340,7 @@ def differential_vs_ganeti_confd():
 # ------------------------------------------------------------------ Ganeti's client
 
 def ganeti_client(port, keypath, queries, timeout=2.0, tamper=None):
-    r = subprocess.run(["/usr/bin/python3", os.path.join(ROOT, "test", "ganeticlient.py"), str(port), keypath,
+    r = subprocess.run(["/usr/bin/python3", os.path.join(ROOT, "test", "lib", "ganeticlient.py"), str(port), keypath,
                         json.dumps(queries), str(timeout)] + ([tamper] if tamper else []),
                        capture_output=True, text=True, timeout=120)
     return r.returncode, [json.loads(l) if not l.startswith("RAISED") else l for l in r.stdout.splitlines()], r.stderr

@@ -15,6 +15,7 @@ import tempfile
 import threading
 import time
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib"))  # test/lib: kvdtest, helpers
 from kvdtest import ROOT, Kvd, Client, pb, check, test, run_tests, free_port
 
 KVD = os.path.abspath(os.environ.get("KVD", os.path.join(ROOT, "kvd")))

@@ -1,7 +1,7 @@
 #!/bin/sh
 # test/cross.sh TARGET... - kvd on the CPUs routers and boards use, under
 # qemu-user (make cross, make cross-all).  For each target: mbedtls and
-# protobuf-c built from Debian's source (test/xlibs.sh), the unit tests and
+# protobuf-c built from Debian's source (test/lib/xlibs.sh), the unit tests and
 # the daemon linked static, the unit tests run, then the daemon through the
 # differential test against etcd (and, on mips, mutual TLS and auth).
 # Targets: mips (32-bit big-endian), mipsel, armhf, arm64.
@@ -19,10 +19,10 @@ for t in "$@"; do
 	*) echo "cross.sh: unknown target $t"; exit 2 ;;
 	esac
 	if ! command -v $cc >/dev/null || ! command -v $q >/dev/null; then
-		echo "cross $t: SKIPPED ($cc or $q missing; test/deps.sh test installs them)"
+		echo "cross $t: SKIPPED ($cc or $q missing; test/lib/deps.sh test installs them)"
 		continue
 	fi
-	./test/xlibs.sh $t $cc -O2
+	./test/lib/xlibs.sh $t $cc -O2
 	X=/var/cache/kvd-test/$t
 	echo "== cross $t: unit tests ($q)"
 	$cc -O1 -g -Werror $CF -I$X/include -o test/test-$t test/test.c -L$X/lib $LIBS -static
@@ -30,9 +30,9 @@ for t in "$@"; do
 	grep -q ' 0 failed$' test/cross-$t.log
 	echo "== cross $t: the daemon against etcd"
 	$cc -O2 $CF -I$X/include -o test/kvd-$t kvd.c -L$X/lib -Wl,--gc-sections $LIBS -static
-	KVD=test/kvd-x.sh KVD_X=$t KVD_DIFF_OPS=2000 KVD_DIFF_SEEDS=77 $PY test/diff.py
+	KVD=test/lib/kvd-x.sh KVD_X=$t KVD_DIFF_OPS=2000 KVD_DIFF_SEEDS=77 $PY test/diff.py
 	if [ $t = mips ]; then
-		KVD=test/kvd-x.sh KVD_X=$t $PY test/tls.py grpcio
-		KVD=test/kvd-x.sh KVD_X=$t $PY test/auth.py differential
+		KVD=test/lib/kvd-x.sh KVD_X=$t $PY test/tls.py grpcio
+		KVD=test/lib/kvd-x.sh KVD_X=$t $PY test/auth.py differential
 	fi
 done

@@ -1,9 +1,14 @@
 #!/usr/bin/python3
-"""Differential test: the same seeded random KV operations against Debian's
-etcd 3.4 and kvd, every response compared field by field (headers without
-cluster_id, member_id, raft_term).  Errors must match in code and text.
+"""Differential test: the same seeded random KV operations against the etcd
+3.7.3 oracle (test/peers) and kvd, every response compared field by field
+(headers without cluster_id, member_id, raft_term).  Errors must match in
+code and text.
 
-  test/diff.py [--ops N] [--seeds a,b,c] [--kvd PATH]
+  test/diff.py [--ops N] [--seeds a,b,c] [--kvd PATH] [name-filter]
+  test/diff.py --replay FILE     rerun a saved sequence, print every answer pair
+
+One test per seed (kv_seed_N; KVD_DIFF_SEEDS=1,2,3,4 and KVD_DIFF_OPS=5000
+unless --seeds/--ops say otherwise), run by kvdtest's runner.
 
 Also checks, on kvd alone, that RangeStream's merged chunks equal Range's
 answer for the same request.  On a mismatch it prints the seed, the op, both
@@ -16,7 +21,8 @@ import random
 import sys
 import time
 
-from kvdtest import ROOT, Etcd, Kvd, Client, pb
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib"))  # test/lib: kvdtest, helpers
+from kvdtest import ROOT, Etcd, Kvd, Client, check, pb, run_tests, split_options, test
 
 R = pb()["rpc"]
 KEYS = [b"a", b"b", b"c", b"ab", b"abc", b"b\x00", b"\x00", b"\x01", b"\xff", b"\xff\xff", b"a\xff",
@@ -344,9 +350,8 @@ def hashkv_check(p, g, rnd, seed, i, stats):
         e = p.ce.call("HashKV", q, service="etcdserverpb.Maintenance", resp="HashKVResponse")
         k = p.ck.call("HashKV", q, service="etcdserverpb.Maintenance", resp="HashKVResponse")
         stats["hashkv"] += 1
-        if canon(e) != canon(k):
-            print("HASHKV MISMATCH seed=%d op=%d rev=%d:\n  etcd: %s\n  kvd:  %s" % (seed, i, rev, show(e), show(k)))
-            stats["hashkv_fail"] += 1
+        if not check(canon(e) == canon(k), "HASHKV MISMATCH seed=%d op=%d rev=%d" % (seed, i, rev)):
+            print("  etcd: %s\n  kvd:  %s" % (show(e), show(k)))
 
 
 def run_seed(kvd_bin, seed, nops, stats):
@@ -388,11 +393,9 @@ def run_seed(kvd_bin, seed, nops, stats):
                     else:
                         ok = b[0] == "err" and b[1:] == a[1:]
                     stats["stream"] += 1
-                    if not ok:
-                        print("RANGESTREAM MISMATCH seed=%d op=%d: %s" % (seed, i, brief("Range", q)))
+                    if not check(ok, "RANGESTREAM MISMATCH seed=%d op=%d: %s" % (seed, i, brief("Range", q))):
                         print("  Range:       %s" % show(a))
                         print("  RangeStream: %s" % (show(("ok", merge_stream(b[1]))) if b[0] == "ok" else show(b)))
-                        stats["stream_fail"] += 1
         return None
     finally:
         p.close()
@@ -418,6 +421,32 @@ def load(path):
     return ops
 
 
+def seed_test(kvd_bin, seed, nops):
+    """The test kv_seed_<seed>: nops random ops on a fresh etcd and kvd,
+    every answer compared, RangeStream and HashKV checked on the way; a
+    mismatch shrinks to the shortest failing sequence, saved for --replay."""
+    def fn():
+        stats = {"ops": 0, "ok": 0, "err": 0, "stream": 0, "hashkv": 0}
+        t0 = time.time()
+        bad = run_seed(kvd_bin, seed, nops, stats)
+        if check(bad is None, "seed %d: a mismatch (above)" % seed):
+            print("  seed %d: %d ops identical" % (seed, nops), flush=True)
+        else:
+            print("shrinking %d ops..." % len(bad), flush=True)
+            small = shrink(kvd_bin, bad)
+            print("shortest failing sequence (seed %d, %d ops):" % (seed, len(small)))
+            for m, q in small:
+                print("  " + brief(m, q))
+            path = "/tmp/kvd-diff-seed%d.ops" % seed
+            save(path, small)
+            print("saved: replay with test/diff.py --replay %s" % path)
+        print("  %d ops (%d answered, %d errors) in %.1fs; %d RangeStream checks, %d HashKV comparisons, "
+              "%d log rewrites in kvd" % (stats["ops"], stats["ok"], stats["err"], time.time() - t0, stats["stream"],
+                                          stats["hashkv"], stats.get("rewrites", 0)), flush=True)
+    fn.__name__ = "kv_seed_%d" % seed
+    return fn
+
+
 def main(argv):
     if "--replay" in argv:  # run a saved sequence, print every answer pair
         p = Pair(os.environ.get("KVD", os.path.join(ROOT, "kvd")))
@@ -430,40 +459,13 @@ def main(argv):
         finally:
             p.close()
         return 0
-    nops = int(os.environ.get("KVD_DIFF_OPS", "5000"))
-    seeds = [int(x) for x in os.environ.get("KVD_DIFF_SEEDS", "1,2,3,4").split(",")]
-    kvd_bin = os.environ.get("KVD", os.path.join(ROOT, "kvd"))
-    if "--ops" in argv:
-        nops = int(argv[argv.index("--ops") + 1])
-    if "--seeds" in argv:
-        seeds = [int(x) for x in argv[argv.index("--seeds") + 1].split(",")]
-    if "--kvd" in argv:
-        kvd_bin = argv[argv.index("--kvd") + 1]
-    passed = failed = 0
-    stats = {"ops": 0, "ok": 0, "err": 0, "stream": 0, "stream_fail": 0, "hashkv": 0, "hashkv_fail": 0}
-    t0 = time.time()
-    for seed in seeds:
-        bad = run_seed(kvd_bin, seed, nops, stats)
-        if bad is None:
-            passed += 1
-            print("  seed %d: %d ops identical" % (seed, nops), flush=True)
-            continue
-        failed += 1
-        print("shrinking %d ops..." % len(bad), flush=True)
-        small = shrink(kvd_bin, bad)
-        print("shortest failing sequence (seed %d, %d ops):" % (seed, len(small)))
-        for m, q in small:
-            print("  " + brief(m, q))
-        path = "/tmp/kvd-diff-seed%d.ops" % seed
-        save(path, small)
-        print("saved: replay with test/diff.py --replay %s" % path)
-    failed += stats["stream_fail"] + stats["hashkv_fail"]
-    passed += stats["stream"] - stats["stream_fail"] + stats["hashkv"] - stats["hashkv_fail"]
-    print("%d ops (%d answered, %d errors) in %.1fs; %d RangeStream checks, %d HashKV comparisons, "
-          "%d log rewrites in kvd" % (stats["ops"], stats["ok"], stats["err"], time.time() - t0, stats["stream"],
-                                      stats["hashkv"], stats.get("rewrites", 0)))
-    print("%d passed, %d failed" % (passed, failed))
-    return 1 if failed else 0
+    opts, argv = split_options(argv, ("--ops", "--seeds", "--kvd"))
+    nops = int(opts.get("--ops", os.environ.get("KVD_DIFF_OPS", "5000")))
+    seeds = [int(x) for x in opts.get("--seeds", os.environ.get("KVD_DIFF_SEEDS", "1,2,3,4")).split(",")]
+    kvd_bin = opts.get("--kvd", os.environ.get("KVD", os.path.join(ROOT, "kvd")))
+    for seed in seeds:  # registered here, not at import: other suites import this module
+        test(seed_test(kvd_bin, seed, nops))
+    return run_tests(argv)
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import tempfile
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib"))  # test/lib: kvdtest, helpers
 from kvdtest import ROOT, Kvd, Client, pb, check, test, run_tests, free_port, etcdctl, wait_for
 
 KVD = os.path.abspath(os.environ.get("KVD", os.path.join(ROOT, "kvd")))

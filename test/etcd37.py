@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """kvd beside etcd 3.7.3 -- the etcd people run today -- through its own
 tools, built from test/peers (go.mod and go.sum pin etcd, etcdctl and
-etcdutl v3.7.3; test/deps.sh builds them once per machine, outside the
+etcdutl v3.7.3; test/lib/deps.sh builds them once per machine, outside the
 tree).  Without Go >= 1.26 every test here says SKIPPED; with
 KVD_REQUIRE_GO_PEERS set (CI) that is a failure.
 
@@ -36,7 +36,7 @@ import subprocess
 import sys
 import tempfile
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib"))  # test/lib: kvdtest, helpers
 import kvdtest
 from kvdtest import Client, Etcd, Kvd, check, go_peer, go_peers_or_skip, run_tests, test, wait_for
 import snapshot  # its store generator and comparisons
@@ -1021,7 +1021,7 @@ def ctl37_alarm_nospace():
 
 
 def recipes_src():
-    """test/deps.sh's recipes_src: the hash of test/peers/recipes/*.go (each
+    """test/lib/deps.sh's recipes_src: the hash of test/peers/recipes/*.go (each
     path, a newline, its contents, in path order) -- what bin/recipes.src
     says the built recipes program was built from."""
     peers = os.path.join(kvdtest.ROOT, "test", "peers")
@@ -1056,7 +1056,7 @@ def clientv3_recipes_side_by_side():
         except OSError:
             pass
     if not rec or built != recipes_src():
-        raise kvdtest.Skipped("the recipes program is %s (test/deps.sh test builds it beside etcd)" %
+        raise kvdtest.Skipped("the recipes program is %s (test/lib/deps.sh test builds it beside etcd)" %
                               ("not built" if not rec else "older than test/peers/recipes"))
     e = recipes_run(kvdtest.Etcd(), rec)
     k = Kvd(KVD)

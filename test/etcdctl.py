@@ -8,6 +8,7 @@ import os
 import re
 import sys
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib"))  # test/lib: kvdtest, helpers
 from kvdtest import ROOT, Kvd, Etcd, check, test, run_tests
 
 KVD = os.path.abspath(os.environ.get("KVD", os.path.join(ROOT, "kvd")))

@@ -1,7 +1,7 @@
 #!/bin/sh
 # test/footprint.sh - the README's footprint table: kvd static on musl for
 # x86_64, mips and armhf, TLS on and off, confd on and off, stripped, with
-# mbedtls configured small (test/xlibs.sh) and, for x86_64, with Debian's
+# mbedtls configured small (test/lib/xlibs.sh) and, for x86_64, with Debian's
 # configuration too; and the idle RSS of the x86_64 one.  musl for mips and armhf is built from Debian's
 # source with the cross compilers (once, in /var/cache/kvd-test); each binary
 # is run once (qemu-user for the others) to show it starts.
@@ -25,7 +25,7 @@ musl_for() { # $1 = target, $2 = cross gcc: a musl-gcc wrapper around it
 		--disable-shared --enable-wrapper=gcc >/dev/null && make -s -j2 >/dev/null 2>&1 && make -s install >/dev/null)
 	rm -rf "$b"
 }
-command -v musl-gcc >/dev/null || ./test/deps.sh test
+command -v musl-gcc >/dev/null || ./test/lib/deps.sh test
 musl_for mips mips-linux-gnu-gcc
 musl_for armhf arm-linux-gnueabihf-gcc
 printf '| target | mbedtls | TLS | confd | stripped bytes |\n|---|---|---|---|---|\n' > "$out/table.md"

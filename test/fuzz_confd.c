@@ -5,7 +5,7 @@
  * Byte 0: bit 0 wraps the rest as the msg of an envelope signed with the
  * right key and a current salt (so the fuzzer reaches the request parser
  * and every query); bit 1 answers in Ganeti mode from a configuration
- * (test/corpus/confd-config.json, made by test/ganeticonf.py) stored in the
+ * (test/corpus/confd-config.json, made by test/lib/ganeticonf.py) stored in the
  * keyspace; bit 2 stores a few keys for the keyspace mode.  A reply must be
  * a signed "plj0" datagram under the cap.  Everything is freed.
  */

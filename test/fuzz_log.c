@@ -12,7 +12,7 @@
  */
 #define KVD_NO_MAIN
 #include "../kvd.c"
-#include "fuzz.h"
+#include "lib/fuzz.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

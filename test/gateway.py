@@ -43,7 +43,7 @@ import subprocess
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib"))  # test/lib: kvdtest, helpers
 from kvdtest import Client, Etcd, Kvd, check, main_guard, pb, test, wait_for
 
 R = pb()["rpc"]

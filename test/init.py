@@ -16,7 +16,7 @@ import subprocess
 import sys
 import tempfile
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib"))  # test/lib: kvdtest, helpers
 import kvdtest  # noqa: E402
 from kvdtest import ROOT, Kvd, check, etcdctl, free_port, run_tests, spawn, test  # noqa: E402
 
@@ -794,9 +794,9 @@ endef
 @test
 def readme_openwrt_package_makefile():
     if not shutil.which("mips-linux-gnu-gcc") or not shutil.which("qemu-mips"):
-        check(False, "mips-linux-gnu-gcc and qemu-mips are needed (test/deps.sh test installs them)")
+        check(False, "mips-linux-gnu-gcc and qemu-mips are needed (test/lib/deps.sh test installs them)")
         return
-    r = subprocess.run([os.path.join(ROOT, "test", "xlibs.sh"), "mips", "mips-linux-gnu-gcc", "-O2"],
+    r = subprocess.run([os.path.join(ROOT, "test", "lib", "xlibs.sh"), "mips", "mips-linux-gnu-gcc", "-O2"],
                        capture_output=True, text=True)
     check(r.returncode == 0, "mbedtls and protobuf-c for mips: %s" % r.stderr[-300:])
     top = tempfile.mkdtemp(prefix="kvd-sdk-")

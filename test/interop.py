@@ -16,6 +16,7 @@ import time
 
 import grpc
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib"))  # test/lib: kvdtest, helpers
 from kvdtest import (Kvd, H2, check, test, etcdctl, grpc_frame, grpc_messages, pb_string,
                      h2_call, frame, goaways, rsts, decode_headers, count, wait_for, run_tests, spawn,
                      free_port, ROOT, DATA, HEADERS, PING, WINDOW_UPDATE)
@@ -694,7 +695,7 @@ def hangs():
     if len(sys.argv) > 1:
         time.sleep(600)
 run_tests(sys.argv[:1] + sys.argv[2:])
-""" % (os.path.join(ROOT, "test"), KVD, KVD)
+""" % (os.path.join(ROOT, "test", "lib"), KVD, KVD)
     r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     pids = re.findall(r"PID (\d+)", r.stdout)
     check(len(pids) == 3 and r.stdout.splitlines()[-1] == "0 passed, 2 failed", "ran: %r" % r.stdout[-300:])

@@ -13,6 +13,7 @@ import tempfile
 import threading
 import time
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib"))  # test/lib: kvdtest, helpers
 from kvdtest import ROOT, Kvd, Etcd, Client, pb, check, check_script, test, run_tests, etcdctl, wait_for, grpc_frame, spawn
 
 KVD = os.path.abspath(os.environ.get("KVD", os.path.join(ROOT, "kvd")))

@@ -1,23 +1,27 @@
 #!/usr/bin/python3
 """Differential test for leases: the same seeded random lease and KV
-operations against Debian's etcd 3.4 and kvd, every answer compared (headers
-without cluster_id, member_id, raft_term).  Lease ids are chosen by the test
-(explicit ids, negative ones and duplicates included) so both servers hold the
-same ids; server-chosen ids are checked on their own.  A watcher on the whole
-keyspace (with prev_kv) runs throughout and its events are compared at the
-end: revokes delete a lease's keys in one revision, in key order.
+operations against the etcd 3.7.3 oracle (test/peers) and kvd, every answer
+compared (headers without cluster_id, member_id, raft_term).  Lease ids are
+chosen by the test (explicit ids, negative ones and duplicates included) so
+both servers hold the same ids; server-chosen ids are checked on their own.
+A watcher on the whole keyspace (with prev_kv) runs throughout and its events
+are compared at the end: revokes delete a lease's keys in one revision, in key
+order.
 
 What legitimately differs is normalized: LeaseTimeToLive's remaining TTL may
 differ by one second (it is truncated on two clocks), its keys and
 LeaseLeases' ids are compared as sets (etcd builds them from Go maps).
 
-  test/leasediff.py [--ops N] [--seeds a,b]        Last line: "N passed, N failed"
+  test/leasediff.py [--ops N] [--seeds a,b] [name-filter]   Last line: "N passed, N failed"
+
+One test per seed (lease_seed_N), then server_chosen_ids.
 """
 import os
 import random
 import sys
 
-from kvdtest import ROOT, Etcd, Kvd, Client, WatchStream, pb, wait_for
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib"))  # test/lib: kvdtest, helpers
+from kvdtest import ROOT, Etcd, Kvd, Client, WatchStream, check, pb, run_tests, split_options, test, wait_for
 from diff import normalize
 
 R = pb()["rpc"]
@@ -194,22 +198,27 @@ def server_chosen_ids(kvd_bin):
     return good
 
 
+def seed_test(kvd_bin, seed, nops):
+    """The test lease_seed_<seed>: nops random lease and KV ops on both."""
+    def fn():
+        check(run_seed(kvd_bin, seed, nops), "seed %d: a mismatch (above)" % seed)
+    fn.__name__ = "lease_seed_%d" % seed
+    return fn
+
+
 def main(argv):
-    nops = int(argv[argv.index("--ops") + 1]) if "--ops" in argv else 400
-    seeds = [int(x) for x in argv[argv.index("--seeds") + 1].split(",")] if "--seeds" in argv else [1, 2, 3]
+    opts, argv = split_options(argv, ("--ops", "--seeds"))
+    nops = int(opts.get("--ops", 400))
+    seeds = [int(x) for x in opts.get("--seeds", "1,2,3").split(",")]
     kvd_bin = os.environ.get("KVD", os.path.join(ROOT, "kvd"))
-    passed = failed = 0
-    for s in seeds:
-        if run_seed(kvd_bin, s, nops):
-            passed += 1
-        else:
-            failed += 1
-    if server_chosen_ids(kvd_bin):
-        passed += 1
-    else:
-        failed += 1
-    print("%d passed, %d failed" % (passed, failed))
-    return 1 if failed else 0
+    for s in seeds:  # registered here, not at import (test/lib/mkcorpus.py imports this module)
+        test(seed_test(kvd_bin, s, nops))
+
+    def server_chosen_ids_test():
+        check(server_chosen_ids(kvd_bin), "server-chosen lease ids")
+    server_chosen_ids_test.__name__ = "server_chosen_ids"
+    test(server_chosen_ids_test)
+    return run_tests(argv)
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ import tempfile
 import threading
 import time
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib"))  # test/lib: kvdtest, helpers
 from kvdtest import ROOT, Kvd, Etcd, Client, WatchStream, pb, check, test, run_tests, free_port, etcdctl, wait_for
 
 KVD = os.path.abspath(os.environ.get("KVD", os.path.join(ROOT, "kvd")))

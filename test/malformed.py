@@ -19,6 +19,7 @@ import random
 import resource
 import sys
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib"))  # test/lib: kvdtest, helpers
 from kvdtest import (Kvd, Etcd, check, test, run_tests, h2_call, grpc_frame, pb, ROOT,
                      pb_string as field, nested_txn as nested)
 

@@ -8,7 +8,7 @@ Run with /usr/bin/python3."""
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib"))  # test/lib: kvdtest, helpers
 import kvdtest  # noqa: E402
 from kvdtest import ROOT, Client, Kvd, check, pb, run_tests, test  # noqa: E402
 

@@ -1,6 +1,8 @@
 #!/bin/sh
 # test/run.sh - integration tests with real peers (etcdctl, grpcio, python-h2,
 # h2load, nghttp); `make test` runs the unit tests and sanitizers first.
+# Each suite is run as test/README.md's convention says (one by hand:
+# KVD=./kvd KVD_TEST=./test/kvd-test /usr/bin/python3 test/lock.py [filter]).
 set -u
 cd "$(dirname "$0")/.." || exit 1
 PY=/usr/bin/python3

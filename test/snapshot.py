@@ -28,7 +28,7 @@ import tempfile
 import threading
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib"))  # test/lib: kvdtest, helpers
 from kvdtest import (Kvd, Client, check, etcdctl, free_port, h2_call, grpc_frame, grpc_messages, main_guard, pb,
                      spawn, test, wait_for)
 

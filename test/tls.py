@@ -31,7 +31,7 @@ import tempfile
 import threading
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib"))  # test/lib: kvdtest, helpers
 from kvdtest import (ROOT, Kvd, check, free_port, main_guard, pb, spawn, test, wait_for)
 
 R = pb()["rpc"]

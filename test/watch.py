@@ -18,6 +18,7 @@ import urllib.request
 
 import grpc
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib"))  # test/lib: kvdtest, helpers
 from kvdtest import (ROOT, Kvd, Etcd, Client, WatchStream, pb, check, check_script, test, run_tests, wait_for,
                      grpc_frame, grpc_headers, spawn)
 

@@ -44,6 +44,7 @@ server's answers between the request and the second barrier's sentinel
 history must be exactly what that rule predicts (a model error if etcd
 itself disagrees), and the progress answers are compared in order too.
 
+  test/watchdiff.py [name-filter]     one test per seed: watch_seed_N
   KVD_WATCHDIFF_OPS=N (default 400 per seed), KVD_WATCHDIFF_SEEDS=1,2,3
   KVD_WATCHDIFF_SELF=1: a second etcd 3.7.3 instead of kvd (proves the test
   sound and deterministic against the oracle itself)
@@ -56,7 +57,8 @@ import sys
 import time
 import urllib.request
 
-from kvdtest import ROOT, Etcd, Kvd, Client, WatchStream, pb, wait_for
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib"))  # test/lib: kvdtest, helpers
+from kvdtest import ROOT, Etcd, Kvd, Client, WatchStream, check, pb, run_tests, test, wait_for
 from diff import Gen, canon, prefix_end, KEYS, normalize, brief, show as kvshow
 
 R = pb()["rpc"]
@@ -347,24 +349,25 @@ def run_seed(seed, nops):
         k.close()
 
 
-def main():
-    nops = int(os.environ.get("KVD_WATCHDIFF_OPS", "400"))
-    seeds = [int(s) for s in os.environ.get("KVD_WATCHDIFF_SEEDS", "1,2,3").split(",")]
-    passed = failed = 0
-    t0 = time.time()
-    for seed in seeds:
+def seed_test(seed, nops):
+    """The test watch_seed_<seed>: nops ops and watch requests, both sides."""
+    def fn():
         res = run_seed(seed, nops)
-        if res and res[0]:
-            passed += 1
+        if check(bool(res and res[0]), "seed %d: a mismatch (above)" % seed):
             print("  seed %d: %d ops, %d watch responses identical%s; progress requests as 3.7 rules: %s" %
                   (seed, nops, res[1], " (etcd vs etcd)" if SELF else "",
                    ", ".join("%s %d" % kv for kv in sorted(res[2].items()))), flush=True)
-        else:
-            failed += 1
-    print("watch differential in %.1fs" % (time.time() - t0))
-    print("%d passed, %d failed" % (passed, failed))
-    return 1 if failed else 0
+    fn.__name__ = "watch_seed_%d" % seed
+    return fn
+
+
+def main(argv):
+    nops = int(os.environ.get("KVD_WATCHDIFF_OPS", "400"))
+    seeds = [int(s) for s in os.environ.get("KVD_WATCHDIFF_SEEDS", "1,2,3").split(",")]
+    for seed in seeds:
+        test(seed_test(seed, nops))
+    return run_tests(argv)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv))

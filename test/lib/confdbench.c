@@ -1,4 +1,4 @@
-/* test/confdbench.c - confd load generator for test/bench.py.
+/* test/lib/confdbench.c - confd load generator for test/bench.py.
  *
  *   confdbench PORT KEYFILE TYPE QUERY SECS INFLIGHT
  *

@@ -1,5 +1,5 @@
 #!/bin/sh
-# test/xlibs.sh NAME CC [CFLAGS [small]] - mbedtls and protobuf-c, built as
+# test/lib/xlibs.sh NAME CC [CFLAGS [small]] - mbedtls and protobuf-c, built as
 # static libraries with compiler CC from Debian's own source packages, for a
 # target Debian has no -dev packages for (mips big-endian) or another libc
 # (musl).  "small": mbedtls configured (with its own scripts/config.py) down

@@ -28,7 +28,7 @@ import h2.exceptions
 import h2.settings
 from hpack import Encoder
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # test/lib/ -> the tree
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 DATA, HEADERS, PRIORITY, RST_STREAM, SETTINGS, PUSH_PROMISE, PING, GOAWAY, WINDOW_UPDATE, CONTINUATION = range(10)
 ERRORS = ["NO_ERROR", "PROTOCOL_ERROR", "INTERNAL_ERROR", "FLOW_CONTROL_ERROR", "SETTINGS_TIMEOUT",
@@ -114,10 +114,10 @@ def check(cond, what=""):
 
 
 def check_script(script, port, timeout=120):
-    """Run test/<script> (a client in its own interpreter, e.g. python3-etcd3,
+    """Run test/lib/<script> (a client in its own interpreter, e.g. python3-etcd3,
     whose generated etcd modules would clash with ours) against port; each
     "CHECK ok|FAIL what" line it prints becomes a check."""
-    r = subprocess.run([sys.executable, os.path.join(ROOT, "test", script), str(port)],
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "test", "lib", script), str(port)],
                        capture_output=True, text=True, timeout=timeout)
     for line in r.stdout.splitlines():
         if line.startswith("CHECK "):
@@ -127,7 +127,23 @@ def check_script(script, port, timeout=120):
     return r.stdout
 
 
+def split_options(argv, names):
+    """A suite's own options (each of names, followed by its value) taken
+    out of argv: (dict of them, argv left for run_tests: [prog, filter])."""
+    opts, rest, i = {}, argv[:1], 1
+    while i < len(argv):
+        if argv[i] in names and i + 1 < len(argv):
+            opts[argv[i]] = argv[i + 1]
+            i += 2
+        else:
+            rest.append(argv[i])
+            i += 1
+    return opts, rest
+
+
 def run_tests(argv):
+    """Every @test whose name contains argv[1] (all without it), in order;
+    the last line printed is "N passed, N failed" (checks); 1 if any failed."""
     only = argv[1] if len(argv) > 1 else ""
     for fn in _tests:
         if only and only not in fn.__name__:
@@ -226,11 +242,11 @@ class Kvd:
         return "".join(self.log)
 
 
-GO_MIN = "1.26.0"  # test/deps.sh's GO_MIN: the Go that builds test/peers
+GO_MIN = "1.26.0"  # test/lib/deps.sh's GO_MIN: the Go that builds test/peers
 
 
 def go_peer(name):
-    """The path of an etcd 3.7.3 peer test/deps.sh built from test/peers
+    """The path of an etcd 3.7.3 peer test/lib/deps.sh built from test/peers
     (etcd, etcdctl, etcdutl), or None when it could not (no Go >= GO_MIN):
     the caller says SKIPPED -- which, with KVD_REQUIRE_GO_PEERS set (CI), is
     a failure instead (go_peers_or_skip)."""
@@ -250,9 +266,9 @@ def go_peers_or_skip(what):
     if go_peer("etcd") and go_peer("etcdctl") and go_peer("etcdutl"):
         return True
     if os.environ.get("KVD_REQUIRE_GO_PEERS"):
-        check(False, "%s: the etcd 3.7.3 peers are not built (test/deps.sh test) and KVD_REQUIRE_GO_PEERS is set" % what)
+        check(False, "%s: the etcd 3.7.3 peers are not built (test/lib/deps.sh test) and KVD_REQUIRE_GO_PEERS is set" % what)
     else:
-        print("  SKIPPED: needs Go >= %s (%s: test/deps.sh builds the etcd 3.7.3 peers with it)" % (GO_MIN, what))
+        print("  SKIPPED: needs Go >= %s (%s: test/lib/deps.sh builds the etcd 3.7.3 peers with it)" % (GO_MIN, what))
     return False
 
 
@@ -261,7 +277,7 @@ def oracle():
     test/peers.  Without it the test is Skipped (a failure in CI)."""
     b = go_peer("etcd")
     if not b:
-        raise Skipped("needs Go >= %s (test/deps.sh builds the etcd 3.7.3 oracle with it)" % GO_MIN)
+        raise Skipped("needs Go >= %s (test/lib/deps.sh builds the etcd 3.7.3 oracle with it)" % GO_MIN)
     return b
 
 

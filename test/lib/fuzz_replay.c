@@ -1,5 +1,5 @@
 /*
- * test/fuzz_replay.c - run a libFuzzer target over files and directories
+ * test/lib/fuzz_replay.c - run a libFuzzer target over files and directories
  * without libFuzzer, so `make test` replays the corpora under ASan/UBSan.
  * SPDX-License-Identifier: BSD-2-Clause
  */

@@ -1,5 +1,5 @@
 #!/bin/sh
-# test/deps.sh [build|test] - install what is missing from Debian's packages:
+# test/lib/deps.sh [build|test] - install what is missing from Debian's packages:
 # the build dependencies, and with "test" the real peers the tests talk to
 # (Debian's, and etcd 3.7.3's built with Go from test/peers, pinned),
 # then (best effort) the cross toolchains, qemu-user and musl for `make cross`
@@ -15,7 +15,7 @@ python3-prometheus-client"
 # it would pull in openssh-server, lvm2 and 20 more packages it does not need)
 GANETI_LIB=/var/cache/kvd-test/ganeti-3.0
 # make cross: i386 on Debian's multiarch libraries; mips and armhf static on
-# mbedtls and protobuf-c built from Debian's source (test/xlibs.sh: dpkg-dev);
+# mbedtls and protobuf-c built from Debian's source (test/lib/xlibs.sh: dpkg-dev);
 # musl-tools for make static.  make cross-all adds the rest (CROSS_ALL).
 CROSS="gcc-i686-linux-gnu libc6-dev-i386-cross libprotobuf-c-dev:i386 libmbedtls-dev:i386 qemu-user dpkg-dev \
 gcc-mips-linux-gnu libc6-dev-mips-cross gcc-arm-linux-gnueabihf libc6-dev-armhf-cross musl-tools"
@@ -56,7 +56,7 @@ recipes_src() { # the paths and contents of test/peers/recipes/*.go, hashed
 }
 go_peers() {
 	[ "${1:-build}" = test ] || return 0
-	top=$(cd "$(dirname "$0")/.." && pwd)
+	top=$(cd "$(dirname "$0")/../.." && pwd)
 	go=$(command -v go || true)
 	[ -z "$go" ] && [ -x /usr/local/go/bin/go ] && go=/usr/local/go/bin/go
 	have=$([ -n "$go" ] && "$go" env GOVERSION 2>/dev/null | sed 's/^go//')

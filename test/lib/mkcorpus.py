@@ -1,13 +1,13 @@
 #!/usr/bin/python3
 """Seed the fuzz corpora from real clients (run by hand, output committed).
 
-usage: test/mkcorpus.py KVD_PORT   (h2 and hpack seeds)
-       test/mkcorpus.py log        (log seeds: kvd's own logs under random traffic)
-       test/mkcorpus.py confd      (JSON documents and confd datagrams)
-       test/mkcorpus.py pb         (request messages of every gRPC method)
-       test/mkcorpus.py bolt       (snapshot files from etcd and kvd)
-       test/mkcorpus.py auth       (a log with AUTH records; snapshots with users and roles)
-       test/mkcorpus.py http1      (gateway requests as curl sends them; JSON for the mapping)
+usage: test/lib/mkcorpus.py KVD_PORT   (h2 and hpack seeds)
+       test/lib/mkcorpus.py log        (log seeds: kvd's own logs under random traffic)
+       test/lib/mkcorpus.py confd      (JSON documents and confd datagrams)
+       test/lib/mkcorpus.py pb         (request messages of every gRPC method)
+       test/lib/mkcorpus.py bolt       (snapshot files from etcd and kvd)
+       test/lib/mkcorpus.py auth       (a log with AUTH records; snapshots with users and roles)
+       test/lib/mkcorpus.py http1      (gateway requests as curl sends them; JSON for the mapping)
 A relay on a free port records what each client sends to kvd at KVD_PORT:
 etcdctl 3.4 (grpc-go), grpcio, python-h2 with padding/PRIORITY/CONTINUATION.
 Each capture becomes test/corpus/h2/<name> (behind a mode byte, see
@@ -26,7 +26,7 @@ import grpc
 import h2.config
 import h2.connection
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # test/ (this file is in test/lib/)
 
 
 def relay(kvd_port, record):

@@ -1,7 +1,8 @@
 #!/bin/sh
-# A cross build of kvd (test/kvd-$KVD_X, static), run by qemu-user: see
-# test/cross.sh.  s390x is dynamic, on Debian's multiarch libraries.
-d=$(dirname "$0")
+# test/lib/kvd-x.sh - a cross build of kvd (test/kvd-$KVD_X, static), run by
+# qemu-user: see test/cross.sh.  s390x is dynamic, on Debian's multiarch
+# libraries.
+d=$(dirname "$0")/.. # the binaries are in test/
 case ${KVD_X:-s390x} in
 mips) exec qemu-mips "$d/kvd-mips" "$@" ;;
 mipsel) exec qemu-mipsel "$d/kvd-mipsel" "$@" ;;

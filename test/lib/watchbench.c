@@ -1,5 +1,5 @@
 /*
- * test/watchbench.c - watch load for test/bench.py: C watches, C writer.
+ * test/lib/watchbench.c - watch load for test/bench.py: C watches, C writer.
  * SPDX-License-Identifier: BSD-2-Clause
  *
  *   watchbench PORT CONNS WATCHERS_PER_CONN KEYS SECONDS INFLIGHT

@@ -1,6 +1,6 @@
 /*
- * test/fuzz.h - what the fuzz targets that need a store share (after
- * #include "../kvd.c").
+ * test/lib/fuzz.h - what the fuzz targets that need a store share (after
+ * #include "../kvd.c" in test/fuzz_*.c).
  * SPDX-License-Identifier: BSD-2-Clause
  */
 

@@ -2,7 +2,7 @@
 """Ganeti's own confd client library (Debian's ganeti-3.0, run with
 /usr/bin/python3) against a confd server:
 
-  test/ganeticlient.py PORT KEYFILE '[[type, query], ...]' [timeout [skew:SECONDS|magic:FOURCC]]
+  test/lib/ganeticlient.py PORT KEYFILE '[[type, query], ...]' [timeout [skew:SECONDS|magic:FOURCC]]
 
 Packing, signing, verifying and rsalt matching are all Ganeti's code; the
 last argument bends it: requests stamped SECONDS away from now, or packed
