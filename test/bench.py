@@ -595,6 +595,59 @@ def kv3_rows(n, nkeys):
         os.system("rm -rf %s" % srv.dir)
 
 
+def before_rows(n, nkeys, before):
+    """A change's cost in one run: etcd 3.7.3 (test/peers), kvd as built
+    before the change (--before PATH) and kvd now, the same calls, data on
+    the same disk; ratios over etcd 3.7.3, and now over before."""
+    from kvdtest import go_peer
+    e37 = go_peer("etcd")
+    if not e37:
+        print("SKIPPED: needs the etcd 3.7.3 peer (test/lib/deps.sh test)")
+        return
+    servers = [("etcd 3.7.3", EtcdDisk(binary=e37)),
+               ("kvd before", Kvd(before, ["--name", "bench"], data_dir=tempfile.mkdtemp(prefix="kvd-bench-", dir=DISK))),
+               ("kvd", Kvd(KVD, ["--name", "bench"], data_dir=tempfile.mkdtemp(prefix="kvd-bench-", dir=DISK)))]
+    for _, srv in servers:
+        wait_for(lambda: Client(srv.endpoint()).call("Range", R.RangeRequest(key=b"x"))[0] == "ok", 60)
+    subprocess.run(["make", "-s", "-C", ROOT, "test/watchbench"], check=True)
+    print("%-44s %13s %13s %13s %9s %9s %9s" % ("", "etcd 3.7.3", "kvd before", "kvd", "before/3.7", "kvd/3.7",
+                                                 "kvd/before"))
+
+    def rowb(name, vals, unit="req/s", higher=True):
+        def fmt(v):
+            return ("%.2f %s" if 0 <= v < 10 and v != int(v) else "%.0f %s") % (v, unit)
+
+        def ratio(a, b):  # a's advantage over b
+            return (a / b if higher else b / a) if a > 0 and b > 0 else float("nan")
+        print("%-44s %13s %13s %13s %9s %9s %9s" % ((name,) + tuple(fmt(v) for v in vals) +
+                                                     ("%.1fx" % ratio(vals[1], vals[0]), "%.1fx" % ratio(vals[2], vals[0]),
+                                                      "%.2fx" % ratio(vals[2], vals[1]))), flush=True)
+    rowb("idle RSS", [proc(srv.p.pid, "VmRSS") for _, srv in servers], "KiB", higher=False)
+    put = grpc_frame(R.PutRequest(key=b"foo", value=b"bar").SerializeToString())
+    rng = grpc_frame(R.RangeRequest(key=b"foo").SerializeToString())
+    health = grpc_frame(b"")
+    rowb("Health/Check -c 16 -m 8", [h2load(srv.port, "/grpc.health.v1.Health/Check", health, n, 16, 8)
+                                     for _, srv in servers])
+    rowb("Put (durable) -c 1 -m 1", [h2load(srv.port, "/etcdserverpb.KV/Put", put, max(2000, n // 20), 1, 1)
+                                     for _, srv in servers])
+    rowb("Put (durable) -c 16 -m 8", [h2load(srv.port, "/etcdserverpb.KV/Put", put, n, 16, 8) for _, srv in servers])
+    rowb("Range linearizable -c 16 -m 8", [h2load(srv.port, "/etcdserverpb.KV/Range", rng, n, 16, 8)
+                                           for _, srv in servers])
+    rowb("watch: 1000 watchers on 1 key, 16 in flight", [watchbench(srv.port, 10, 100, 1, 3, 16)
+                                                         for _, srv in servers], "ev/s")
+    rates = []
+    for _, srv in servers:
+        t0 = time.time()
+        load(srv.endpoint(), nkeys)
+        rates.append(nkeys / (time.time() - t0))
+    rowb("load %d keys x 100 B (txns of 128)" % nkeys, rates, "keys/s")
+    time.sleep(1)
+    rowb("RSS with %d keys" % nkeys, [proc(srv.p.pid, "VmRSS") for _, srv in servers], "KiB", higher=False)
+    for _, srv in servers:
+        srv.stop()
+        os.system("rm -rf %s" % srv.dir)
+
+
 def main(argv):
     n = int(argv[argv.index("--n") + 1]) if "--n" in argv else 100000
     nkeys = int(argv[argv.index("--keys") + 1]) if "--keys" in argv else 200000
@@ -619,6 +672,9 @@ def main(argv):
         return 0
     if only == "kv3":
         kv3_rows(n, nkeys)
+        return 0
+    if "--before" in argv:
+        before_rows(n, nkeys, argv[argv.index("--before") + 1])
         return 0
     kvd_dir = tempfile.mkdtemp(prefix="kvd-bench-", dir=DISK)
     e = EtcdDisk()
