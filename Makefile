@@ -35,7 +35,7 @@ TEST_CFLAGS = -O1 -g -Werror
 SRC = kvd.c kvd.h $(wildcard proto/*.pb-c.[ch]) Makefile
 PROTOS = kv auth rpc v3lock v3election health
 
-.PHONY: all test unit check notls asan cross cross-all footprint static-check fuzz fuzz-smoke run static install clean proto proto-check symcheck toc size buildline
+.PHONY: all test unit check notls asan cross cross-all footprint static-check fuzz fuzz-smoke run static install clean proto proto-check symcheck toc toc-write size buildline
 
 all: kvd
 
@@ -203,11 +203,13 @@ buildline:
 	d=$$(mktemp -d) && cp -r kvd.c kvd.h proto $$d && (cd $$d && eval "$$l" && ./kvd --version >/dev/null) && \
 	rm -rf $$d && echo "buildline: ok ($$l)" || { echo "buildline: '$$l' does not build kvd"; rm -rf $$d; exit 1; }
 
+# The table of contents is an index (sections, their sub-banners, the "where
+# is" paths): test/lib/toc.py checks it against the file; toc-write rewrites it.
 toc:
-	@grep -E '^/\* ===== [0-9]+\. ' kvd.c | sed -E 's|^/\* ===== ([0-9]+)\. (.*) =+ \*/$$|\1. \2|' > .toc.banners
-	@sed -n '/TABLE OF CONTENTS/,/^ \*$$/p' kvd.c | grep -E '^ \* +[0-9]+\. ' | sed -E 's/^ \* +//; s/ +--.*$$//' > .toc.header
-	@if cmp -s .toc.banners .toc.header; then echo "toc: ok"; rm -f .toc.banners .toc.header; \
-	 else echo "toc: table of contents and banners differ:"; diff .toc.header .toc.banners; rm -f .toc.banners .toc.header; exit 1; fi
+	@$(PYTHON) test/lib/toc.py kvd.c
+
+toc-write:
+	@$(PYTHON) test/lib/toc.py --write kvd.c
 
 size: kvd
 	@size kvd; strip -o kvd.stripped kvd && ls -l kvd.stripped | awk '{print "stripped:", $$5, "bytes"}'; rm -f kvd.stripped

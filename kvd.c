@@ -5,34 +5,111 @@
  * Build:  make        or        cc -O2 kvd.c -lprotobuf-c -lmbedtls -lmbedx509 -lmbedcrypto -o kvd
  * (the generated proto/ files are committed and #included below.)
  *
- * TABLE OF CONTENTS
- *    0. Build knobs (KVD_*)               -- search for "@@" to find every knob
+ * TABLE OF CONTENTS, an index: every section and, under it, its sub-banners;
+ * `make toc` checks it against them (and `make toc-write` rewrites it).
+ *    0. Build knobs (KVD_*)             -- search for "@@" to find every knob
  *    1. Includes and portability
  *    2. Types, limits, shared declarations
- *    3. Utilities: allocation, log, bytes, clock, rate buckets, fair shares (share_)
+ *    3. Utilities: memory, log, bytes, clock, shares (util_, get_, put_, varint_, utf8_, bucket_, share_)
+ *          - growing arrays
+ *          - clocks, base64
+ *          - the log: levels and outputs
+ *          - bytes: byte order, varints, UTF-8
+ *          - the loop's wake-up, SHA-1, rate buckets
+ *          - fair shares
  *    4. Byte buffers (buf_)
- *    5. Protobuf glue (pb_)
- *    6. MVCC store: log, index, revisions (mvcc_)
- *    7. Leases (lease_)
- *    8. Store lifecycle: rewrite, compaction, quota, alarms (life_)
- *    9. etcd's backend: snapshots, Hash, HashKV (snap_)
- *   10. HPACK (hp_)
- *   11. HTTP/2 frames, streams, flow control (h2_)
- *   12. Calls and gRPC framing (call_, grpc_)
- *   13. Go's sort.Sort, as etcd sorts ranges (svc_gosort_)
- *   14. Services: KV (svc_)
- *   15. Services: Lease (svc_lease_)
- *   16. Auth: users, roles, permissions, tokens (auth_, svc_auth_)
- *   17. Services: Maintenance, Cluster, Health, Lock, Election; the method table (svc_, lock_)
- *   18. Watch (watch_)
- *   19. JSON (json_)
- *   20. confd: Ganeti's UDP query protocol (confd_)
- *   21. TLS: a transport under any protocol (tls_)
- *   22. HTTP/1.1 on the client port: /health, /version, the JSON gateway (http1_, gw_)
- *   23. Sockets and the poll loop (net_, loop_)
- *   24. Flags and configuration (cfg_)
- *   25. Public embedding API (kvd_)
- *   26. main()
+ *    5. Protobuf glue: requests checked, the wire written by hand (pb_)
+ *          - the wire, written by hand
+ *    6. JSON: a strict reader, a writer (json_)
+ *          - writing
+ *    7. JSON <-> protobuf, as etcd's gateway maps them (json_)
+ *          - JSON out
+ *          - JSON in: encoding/json's Decoder
+ *          - JSON in: protojson
+ *    8. Calls: one RPC, whatever carries it (call_)
+ *    9. MVCC store: the log, its format and grammar (mvcc_)
+ *          - reading
+ *          - the log's grammar: the one decoder every reader uses
+ *   10. MVCC store: the index, writing, group commit, recovery (mvcc_)
+ *          - writing
+ *          - recovery
+ *   11. Leases (lease_)
+ *          - attached keys
+ *          - the timer wheel
+ *          - the table
+ *          - grant, renew, revoke
+ *          - recovery and shutdown
+ *   12. Auth store: users, roles, permissions, bcrypt (auth_)
+ *          - bcrypt
+ *          - users and roles
+ *   13. Store lifecycle: rewrite, compaction, quota, alarms (life_)
+ *          - the reserve
+ *          - alarms
+ *          - the rewrite
+ *          - auto-compaction (etcd 3.4's v3compactor)
+ *          - the loop's part
+ *   14. etcd's backend: snapshots written, Hash, HashKV (snap_)
+ *          - the key bucket: etcd's records, read from the log
+ *          - bbolt pages
+ *          - the plan: buckets, leaves, branch levels
+ *          - page images
+ *          - the stream
+ *   15. etcd's backend: snapshots read and imported (snap_)
+ *   16. HPACK (hp_)
+ *   17. HTTP/2 frames, streams, flow control (h2_)
+ *   18. gRPC over HTTP/2: the h2 stream as a carrier (grpc_)
+ *   19. Auth: tokens, who is calling, and may they; password hashing (auth_)
+ *          - JSON Web Tokens (--auth-token jwt,...)
+ *          - who is calling, and may they
+ *          - password hashes, off the handlers' path
+ *   20. Go's sort.Sort, as etcd sorts ranges (svc_gosort_)
+ *   21. Services: KV (svc_)
+ *          - ranges
+ *          - txn machinery shared by Put, DeleteRange and Txn
+ *          - Txn
+ *          - handlers
+ *          - RangeStream: chunks produced as the client's window opens
+ *   22. Services: Lease (svc_lease_)
+ *   23. Services: Auth (svc_auth_, auth_)
+ *   24. Services: Maintenance, Health (svc_)
+ *   25. Services: Cluster, one member for good (svc_)
+ *   26. Lock and Election: etcd's concurrency recipes, served (lock_)
+ *          - Observe
+ *          - the RPCs
+ *   27. Watch (watch_)
+ *          - records to events
+ *          - live events: a durable batch
+ *          - catch-up from the log
+ *          - the Watch RPC
+ *   28. The method table: every RPC, routed by :path (svc_)
+ *   29. confd: Ganeti's UDP query protocol, keyspace mode (confd_)
+ *          - HMAC-SHA1 (RFC 2104) on mbedtls' SHA-1, keyed once
+ *          - the key file
+ *          - abuse controls
+ *          - request parsing (strict, as Ganeti's)
+ *          - replies
+ *          - keyspace mode
+ *   30. confd: Ganeti mode, datagrams, setup (confd_)
+ *          - Ganeti mode: lookups as Ganeti.Utils.lookupName does them
+ *          - Ganeti mode: the queries
+ *          - Ganeti mode: one function per query type
+ *          - one datagram
+ *          - setup
+ *   31. TLS: a transport under any protocol (tls_)
+ *          - the transport
+ *   32. HTTP/1.1 on the client port: requests and answers (http1_)
+ *   33. The JSON gateway: POST /v3/<service>/<method> (gw_)
+ *   34. HTTP/1.1 endpoints: /health, /version, /metrics (http1_)
+ *          - the endpoints
+ *   35. Sockets and the poll loop (net_, loop_)
+ *          - transports: how a connection's bytes move
+ *          - choosing a protocol from the first bytes
+ *          - connections
+ *          - systemd's notify protocol, without libsystemd
+ *          - the loop
+ *   36. Flags and configuration (cfg_)
+ *   37. Public embedding API (kvd_)
+ *   38. main()
  *
  * Prefixes mark the section a static function belongs to; only kvd_* (and the
  * generated protobuf-c symbols) are exported.  Functions return 0 or a
@@ -43,11 +120,49 @@
  * requests -> a gateway call (JSON <-> protobuf) -> the same service.  A
  * service sees only its call: it queues messages and a status on it, and
  * the carrier (an h2 stream for gRPC, the connection for the gateway) sends
- * them as the peer's flow-control windows allow.  The log has one owner (section 6); every reader of it
- * goes through its grammar.
+ * them as the peer's flow-control windows allow.  The log has one owner
+ * (section 9); every reader of it goes through its grammar.  Each data
+ * format has one owner: the log (9), the protobuf wire written by hand
+ * (5), JSON text (6) and its mapping to protobuf (7),
+ * bbolt's pages (14), HPACK (16), gRPC's message prefix (8).
+ * A section uses what comes before it; where it reaches forward -- the log
+ * replaying leases and auth records, HTTP/2 handing frames to its gRPC
+ * carrier, carriers routing through the method table -- a prototype in
+ * section 2 or at the end of section 5 says so.
+ *
+ * WHERE IS ... the main paths, as the functions a reader follows (`make toc`
+ * checks that each is defined in the section its § names):
+ *   - a durable write: h2_on_data §17 > grpc_on_data §18 > call_message §8 >
+ *     svc_put_rpc §21 > mvcc_put §10 > call_finish §8 (the reply held: call_hold §8)
+ *     > loop_log_flush §35 > mvcc_flush §10 (pwrite, fdatasync) > the reply released
+ *     > h2_stream_send §17 > net_write §35
+ *   - a read: grpc_on_data §18 > call_message §8 > svc_range_rpc §21 > svc_range §21
+ *     (mvcc_seek §10, mvcc_visible §9) > svc_kvs §21 (mvcc_pread §9) > call_reply §8
+ *     > h2_stream_send §17
+ *   - a watch event, commit to socket: mvcc_txn_end §10 > loop_log_flush §35 >
+ *     mvcc_flush §10 > watch_batch §27 > watch_live_record §27 > watch_match §27 >
+ *     watch_emit_live §27 > h2_stream_send §17
+ *   - a permission check: svc_range_rpc §21 > auth_who §19 (auth_tok_find §19,
+ *     auth_jwt_check §19, tls_peer_cn §31) > auth_may §19 > auth_covers §19; for a
+ *     Watch: watch_create §27 > auth_who §19 > auth_may §19 > auth_watch_reason §19
+ *   - a TLS handshake: net_accept §35 > tls_accept §31 > net_read §35 > tls_recv §31
+ *     > tls_step §31 > net_input §35 > net_sniff §35 > h2_conn_new §17
+ *   - a gateway request: net_sniff §35 > http1_input_step §34 > http1_route §34 >
+ *     gw_begin §33 > gw_deliver §33 > json_pj_decode §7 > call_message §8 > the
+ *     service > gw_flush §33 (gw_message_json §33)
+ *   - a confd query: confd_read §30 > confd_handle §30 > confd_hmac §29 >
+ *     confd_parse_request §29 > confd_keyspace §29 or confd_ganeti §30 > confd_sign §29
+ *   - a log rewrite: svc_defrag §24 > life_step §13 > life_rw_start §13 >
+ *     life_rw_step §13 > life_rw_copy §13 > life_rw_write §13 > life_rw_switch §13
+ *     > life_rw_end §13 (svc_defrag_answer §24)
+ *   - a snapshot import: kvd_open §37 > snap_restore §15 > snap_import_mem §15 >
+ *     snap_file_open §15 > snap_file_walk §15 > snap_imp_key §15 > snap_imp_apply §15
+ *     > snap_imp_write §15
+ *   - a snapshot export: svc_snapshot_rpc §24 > svc_snapshot_produce §24 >
+ *     snap_produce §14 > snap_chunk §14 > snap_plan §14 > snap_next_node §14 > call_send §8
  */
 
-/* ===== 0. Build knobs (KVD_*) =========================================== */
+/* ===== 0. Build knobs (KVD_*) ============================================ */
 
 #ifdef KVD_CONFIG_FILE
 #include KVD_CONFIG_FILE /* @@ a firmware tree can pin knobs here */
@@ -138,7 +253,7 @@
 #define KVD_ETCD_CLUSTER "3.7.0"
 #endif
 
-/* ===== 1. Includes and portability ====================================== */
+/* ===== 1. Includes and portability ======================================= */
 
 #ifndef _DEFAULT_SOURCE
 #define _DEFAULT_SOURCE /* flock(), and POSIX.1-2008 */
@@ -224,7 +339,7 @@
 #define KVD_MAX(a, b) ((a) > (b) ? (a) : (b))
 #define KVD_COUNT(a) (sizeof(a) / sizeof((a)[0]))
 
-/* ===== 2. Types, limits, shared declarations ============================ */
+/* ===== 2. Types, limits, shared declarations ============================= */
 
 /* HTTP/2 error codes (RFC 9113 section 7). */
 enum h2_error {
@@ -362,7 +477,7 @@ struct kvd;
 struct h2_conn;
 struct h2_stream;
 
-/* The store (section 6).  Per key, RAM holds only the latest revision. */
+/* The store (sections 9 and 10).  Per key, RAM holds only the latest revision. */
 struct mvcc_key {
 	int64_t mod, create, ver, lease; /* latest op; create == 0: it was a delete */
 	uint64_t op;                     /* log offset of that op */
@@ -399,7 +514,7 @@ struct mvcc_txn {
 	size_t at, nops_at, undo_at;
 	uint32_t nops, nkeys;
 };
-/* Leases (section 7): the registry kvd holds; a lease is defined there. */
+/* Leases (section 11): the registry kvd holds; a lease is defined there. */
 struct lease;
 struct lease_reg {
 	struct lease **tab;           /* by id, chained */
@@ -411,7 +526,7 @@ struct lease_reg {
 	int64_t min_ttl;              /* seconds, from the election timeout as etcd */
 	int warned;                   /* a failed expiry was logged */
 };
-/* Watch (section 18): the registry kvd holds; watchers are defined there. */
+/* Watch (section 27): the registry kvd holds; watchers are defined there. */
 struct watch;
 struct watch_stream;
 struct watch_ev;
@@ -445,14 +560,14 @@ struct mvcc_alarm {
 	uint64_t member;
 	unsigned type;
 };
-/* Store lifecycle (section 8): the rewrite, the compactor, the reserve. */
+/* Store lifecycle (section 13): the rewrite, the compactor, the reserve. */
 struct life_rw;
 struct life {
 	struct life_rw *rw;            /* a log rewrite in progress */
 	unsigned want : 1;             /* one was asked for: it starts after the next flush */
 	unsigned reserve_held : 1;     /* <data-dir>/kvd.reserve holds its bytes */
 	struct call **wait;            /* Defragment calls waiting for the rewrite's end */
-	unsigned snapshots;            /* snapshots streaming: no rewrite moves the log (section 9) */
+	unsigned snapshots;            /* snapshots streaming: no rewrite moves the log (section 14) */
 	size_t nwait, waitcap;
 	int64_t rw_failed_at;          /* ms: the last automatic rewrite was abandoned then */
 	uint64_t rewrites, rw_kept, rw_dropped; /* counters, since start */
@@ -470,7 +585,7 @@ struct mvcc {
 	struct kvd_buf w;              /* the batch: records not yet written */
 	int64_t rev, rev_durable;      /* current revision (batch included), durable one */
 	int64_t compacted, compacted_durable, pending_compact;
-	struct { uint32_t hash; int64_t compact, rev; } hashes[10]; /* HashKVs taken at compactions (section 9) */
+	struct { uint32_t hash; int64_t compact, rev; } hashes[10]; /* HashKVs taken at compactions (section 14) */
 	unsigned nhashes;
 	uint32_t gen;                  /* bumped whenever the log moves (mvcc_log_moved) */
 	struct mvcc_leaf **leaf;       /* index: sorted leaves of sorted keys */
@@ -480,7 +595,7 @@ struct mvcc {
 	struct { int64_t lo, hi; uint64_t bytes; } *dead; /* superseded bytes by revisions lo..hi */
 	size_t ndead, deadcap;
 	struct mvcc_marks marks;       /* sparse revision -> record offset */
-	struct mvcc_alarm alarms[MVCC_MAX_ALARMS]; /* active alarms (section 8), kept in the log */
+	struct mvcc_alarm alarms[MVCC_MAX_ALARMS]; /* active alarms (section 13), kept in the log */
 	unsigned nalarms;
 	int64_t base_rev;              /* replay: the BASE records' revision, 0 if none */
 	uint64_t base_end;             /* where BASE records end: ops before have no history */
@@ -492,7 +607,7 @@ struct mvcc {
 	char why[96];
 };
 
-/* Auth (section 16): users and roles as etcd's authpb messages, sorted by
+/* Auth (section 12): users and roles as etcd's authpb messages, sorted by
  * name; what the open batch replaced; tokens; calls waiting for a hash. */
 struct auth_tab {
 	ProtobufCMessage **v;
@@ -534,8 +649,8 @@ struct auth {
 	uint64_t hashes, failures;     /* counters */
 };
 
-struct confd; /* section 20 */
-/* JSON (section 19): a parsed document in one arena. */
+struct confd; /* section 29 */
+/* JSON (section 6): a parsed document in one arena. */
 enum { JSON_NULL, JSON_FALSE, JSON_TRUE, JSON_NUM, JSON_STR, JSON_ARR, JSON_OBJ };
 
 struct json {
@@ -559,16 +674,8 @@ struct json_doc {
 	char why[96]; /* a syntax error's text, as Go's encoding/json words it */
 };
 
-static int json_parse(struct kvd *k, struct json_doc *d, const void *p, size_t n, const char **err);
-static int call_keep_meta(struct kvd *k, struct call *s, const struct hp_field *f, unsigned nf); /* section 12 */
-static const struct json *json_get(const struct json *o, const char *key);
-static int json_is_str(const struct json *v);
-static void json_free(struct json_doc *d);
-static void json_put_int(struct kvd *k, struct kvd_buf *b, int64_t v);
-static void json_put_str(struct kvd *k, struct kvd_buf *b, const void *s, size_t n); /* section 19 */
-static void json_put_raw(struct kvd *k, struct kvd_buf *b, const char *s);
 
-/* A gRPC method: how calls to one :path are served (section 12). */
+/* A gRPC method: how calls to one :path are served (sections 8 and 28). */
 struct call;
 enum grpc_kind { GRPC_UNARY, GRPC_SERVER_STREAM, GRPC_BIDI };
 struct grpc_method {
@@ -592,7 +699,7 @@ struct grpc_method {
 };
 
 /*
- * One call being served, whatever carries it (section 12): the method, the
+ * One call being served, whatever carries it (section 8): the method, the
  * request, its metadata, the response messages queued for the carrier
  * (gRPC-framed: 5-byte prefix, message), the final status, and whether the
  * reply waits for the group commit.  A carrier embeds it: an HTTP/2 stream
@@ -628,7 +735,7 @@ struct call {
 
 
 /*
- * One client connection (section 23): a socket, the transport that moves its
+ * One client connection (section 35): a socket, the transport that moves its
  * bytes (a plain socket, or TLS over it), and the protocol its first bytes
  * chose (HTTP/2; an HTTP/1.x request; a TLS ClientHello), whose state hangs
  * off ps.  The loop owns it; a protocol never closes or frees one itself.
@@ -691,7 +798,7 @@ struct net_listener {
 };
 
 
-/* Counters, reported by logs, tests and /metrics (section 22). */
+/* Counters, reported by logs, tests and /metrics (section 34). */
 #define KVD_METRIC_METHODS 64 /* gRPC methods counted by /metrics (kvd routes ~55) */
 #define KVD_FSYNC_BUCKETS 14  /* 1 ms .. 8.192 s, doubling: etcd's wal_fsync buckets */
 #define KVD_COMMIT_BUCKETS 12 /* 1 .. 2048 replies released by one group commit */
@@ -747,7 +854,7 @@ struct kvd {
 	char **client_urls, **peer_urls;
 	unsigned nclient_urls, npeer_urls;
 	int lock_fd;
-	/* systemd's notify socket (section 23), -1 if none */
+	/* systemd's notify socket (section 35), -1 if none */
 	int sd_fd;
 	socklen_t sd_len;
 	struct sockaddr_un sd_addr;
@@ -756,13 +863,13 @@ struct kvd {
 	struct mvcc db;              /* the store */
 	struct watch_reg watch;      /* watchers */
 	struct lease_reg lease;      /* leases */
-	struct life life;            /* rewrite, auto-compaction, reserve (section 8) */
+	struct life life;            /* rewrite, auto-compaction, reserve (section 13) */
 	struct confd *confd;         /* the confd responder, NULL when off */
-	struct tls_state *tls;       /* TLS (section 21), NULL without https:// listeners */
-	struct auth auth;            /* users, roles, tokens (section 16) */
+	struct tls_state *tls;       /* TLS (section 31), NULL without https:// listeners */
+	struct auth auth;            /* users, roles, tokens (section 12) */
 	struct call *calls;          /* every live call, whatever its carrier */
-	struct lock_wait *locks;     /* Lock/Campaign waiters and Observe streams (section 17) */
-	struct svc_member_x *members; /* members MemberAdd listed (section 17): never started */
+	struct lock_wait *locks;     /* Lock/Campaign waiters and Observe streams (section 26) */
+	struct svc_member_x *members; /* members MemberAdd listed (section 25): never started */
 	size_t nmembers;
 	unsigned downgrade : 1;      /* Maintenance/Downgrade ENABLE: cluster version one minor down (memory only) */
 	struct call **held;          /* calls answered while the batch was open */
@@ -779,7 +886,7 @@ static void call_finish(struct kvd *k, struct call *c, int code, const char *fmt
 static int call_send(struct kvd *k, struct call *c, const ProtobufCMessage *m);
 static int cfg_duration(const char *s, uint32_t *out);
 static void cfg_show_ms(uint32_t ms, char *out, size_t cap);
-/* The store keeps leases' key sets in step with its keys (section 7). */
+/* The store keeps leases' key sets in step with its keys (section 11). */
 static struct lease *lease_find(struct kvd *k, int64_t id);
 static void lease_rebind(struct kvd *k, struct mvcc_key *r, int64_t from, int64_t to);
 static int lease_reserve(struct kvd *k, int64_t id);
@@ -789,14 +896,20 @@ static int lease_replay(struct kvd *k, int kind, int64_t id, int64_t ttl);
 static int kvd_init(const struct kvd_config *cfg, struct kvd **out, char *err, size_t errlen);
 static int cfg_lock(struct kvd *k, char *err, size_t errlen);
 static void lease_promote(struct kvd *k);
-static void loop_arm(struct kvd *k, int64_t when);
 static void loop_log_flush(struct kvd *k);
 static void net_held(struct kvd *k, struct conn *c, int64_t delta);
 static void net_shed(struct kvd *k);
 static int net_nonblock(int fd);
 static void confd_report(struct kvd *k, char *out, size_t cap);
 
-/* ===== 3. Utilities: allocation, log, bytes, clock, rate buckets, fair shares (share_) == */
+/* An error to return: gRPC code and etcd's text. */
+struct svc_err {
+	int code;
+	const char *msg;
+};
+static int svc_fail(struct svc_err *e, int code, const char *msg); /* section 21 */
+
+/* ===== 3. Utilities: memory, log, bytes, clock, shares (util_, get_, put_, varint_, utf8_, bucket_, share_) == */
 
 /*
  * The one allocation choke point.  Each block carries its size so kvd knows
@@ -913,6 +1026,8 @@ static char *kvd_strdup(struct kvd *k, const char *s)
 	return p;
 }
 
+/* ---- growing arrays ------------------------------------------------------ */
+
 /*
  * Growing arrays.  Appends to a kvd_realloc'd array go through util_grow
  * instead of each writing the idiom out (compare with the capacity, pick
@@ -966,6 +1081,8 @@ static int util_grow(struct kvd *k, void *arrp, size_t *cap, size_t need, size_t
 }
 #define UTIL_GROW(k, arr, cap, need, first) util_grow((k), &(arr), &(cap), (need), sizeof *(arr), (first))
 
+/* ---- clocks, base64 ------------------------------------------------------- */
+
 /* Monotonic milliseconds: boards have no RTC, wall time may jump at boot. */
 static int64_t util_now_us(void)
 {
@@ -1003,6 +1120,8 @@ static size_t util_b64(const char *a, int pad, const uint8_t *p, size_t n, char 
 	}
 	return (size_t)(o - out);
 }
+
+/* ---- the log: levels and outputs ----------------------------------------- */
 
 /*
  * Where log lines go: --log-outputs, a comma list as etcd's ("default" and
@@ -1155,6 +1274,8 @@ static void util_log_close(struct kvd *k)
 	k->log_to = 0;
 }
 
+/* ---- bytes: byte order, varints, UTF-8 ----------------------------------- */
+
 /* Byte order by assembly: correct on any host, no endianness detection. */
 static uint32_t get_be16(const uint8_t *p) { return (uint32_t)p[0] << 8 | p[1]; }
 static uint32_t get_be24(const uint8_t *p) { return (uint32_t)p[0] << 16 | (uint32_t)p[1] << 8 | p[2]; }
@@ -1178,7 +1299,7 @@ static void put_be64(uint8_t *p, uint64_t v)
 	put_be32(p, (uint32_t)(v >> 32));
 	put_be32(p + 4, (uint32_t)v);
 }
-/* bbolt's pages are little-endian (section 9), whatever the host. */
+/* bbolt's pages are little-endian (section 14), whatever the host. */
 static void put_le16(uint8_t *p, uint32_t v) { p[0] = (uint8_t)v; p[1] = (uint8_t)(v >> 8); }
 static void put_le32(uint8_t *p, uint32_t v)
 {
@@ -1198,7 +1319,7 @@ static uint32_t get_le32(const uint8_t *p)
 static uint64_t get_le64(const uint8_t *p) { return (uint64_t)get_le32(p) | (uint64_t)get_le32(p + 4) << 32; }
 
 /* LEB128 varints, the one encoding and the one decoder of them: the log
- * (section 6) and the protobuf wire (section 5) write the same bytes.  The
+ * (section 9) and the protobuf wire (section 5) write the same bytes.  The
  * decoder takes protowire.ConsumeVarint's rule: 10 bytes at most, the 10th
  * at most 1 -- a longer or overflowing varint is corrupt, not truncated. */
 static size_t varint_len(uint64_t v)
@@ -1241,6 +1362,44 @@ static int get_varint(const uint8_t **pp, const uint8_t *end, uint64_t *v)
 	return KVD_ECORRUPT;
 }
 
+/* Length of the valid UTF-8 sequence at p (1..4), 0 if invalid. */
+static size_t utf8_len(const uint8_t *p, const uint8_t *end)
+{
+	uint32_t c = p[0], v;
+	size_t n, i;
+
+	if (c < 0x80)
+		return 1;
+	if (c >= 0xc2 && c <= 0xdf)
+		n = 2, v = c & 0x1f;
+	else if (c >= 0xe0 && c <= 0xef)
+		n = 3, v = c & 0x0f;
+	else if (c >= 0xf0 && c <= 0xf4)
+		n = 4, v = c & 0x07;
+	else
+		return 0;
+	if ((size_t)(end - p) < n)
+		return 0;
+	for (i = 1; i < n; i++) {
+		if ((p[i] & 0xc0) != 0x80)
+			return 0;
+		v = v << 6 | (p[i] & 0x3f);
+	}
+	if ((n == 3 && (v < 0x800 || (v >= 0xd800 && v <= 0xdfff))) || (n == 4 && (v < 0x10000 || v > 0x10ffff)))
+		return 0; /* overlong, surrogate, or beyond Unicode */
+	return n;
+}
+
+/* ---- the loop's wake-up, SHA-1, rate buckets ------------------------------- */
+
+/* The loop sleeps no later than `when` (monotonic ms): every timer in every
+ * section asks through this; the loop (section 35) starts afresh each turn. */
+static void util_wake_by(struct kvd *k, int64_t when)
+{
+	if (when < k->next_timer)
+		k->next_timer = when;
+}
+
 /* SHA-1 of one buffer (member ids are derived as etcd derives them). */
 static void util_sha1(const void *p, size_t n, uint8_t out[20])
 {
@@ -1271,6 +1430,8 @@ static int bucket_take(struct bucket *b, int64_t now, uint32_t rate, uint32_t bu
 	b->milli -= 1000;
 	return 1;
 }
+
+/* ---- fair shares --------------------------------------------------------- */
 
 /*
  * Fair shares of bounded pools.  Connection slots, TLS handshakes, password
@@ -1400,7 +1561,7 @@ static int share_may_take(const struct share *top, const struct share *have, int
 	return top && top != have && top->n[kind] >= mine + margin;
 }
 
-/* ===== 4. Byte buffers (buf_) =========================================== */
+/* ===== 4. Byte buffers (buf_) ============================================ */
 
 static int buf_grow(struct kvd *k, struct kvd_buf *b, size_t n);
 
@@ -1485,7 +1646,7 @@ static void buf_trim(struct kvd *k, struct kvd_buf *b, size_t keep)
 		buf_free(k, b);
 }
 
-/* ===== 5. Protobuf glue (pb_) =========================================== */
+/* ===== 5. Protobuf glue: requests checked, the wire written by hand (pb_) == */
 
 /* The generated code is part of this translation unit (the onelua pattern),
  * so `cc kvd.c` needs no extra sources. */
@@ -1547,7 +1708,6 @@ static void buf_trim(struct kvd *k, struct kvd_buf *b, size_t keep)
 #define PB_E_WIRE "proto: cannot parse invalid wire-format data"
 #define PB_E_UTF8 "string field contains invalid UTF-8"
 
-static size_t json_utf8_len(const uint8_t *p, const uint8_t *end);
 
 /* A length prefix and what it covers. */
 static int pb_len(const uint8_t **pp, const uint8_t *end, const uint8_t **body_end)
@@ -1692,7 +1852,7 @@ static int pb_check(const ProtobufCMessageDescriptor *d, const uint8_t *p, size_
 				break;
 		} else if (f->type == PROTOBUF_C_TYPE_STRING) {
 			for (; p < body; p += v)
-				if (!(v = json_utf8_len(p, body))) {
+				if (!(v = utf8_len(p, body))) {
 					e = PB_E_UTF8;
 					break;
 				}
@@ -1807,8 +1967,8 @@ static void pb_free(struct kvd *k, void *m)
  *
  * protobuf-c packs whole messages.  Where kvd assembles one from pieces
  * -- a live WatchResponse from events packed once for every watcher
- * (section 18), a lease record in a snapshot (section 9), a message the
- * JSON gateway decodes field by field (section 19) -- it writes the wire
+ * (section 27), a lease record in a snapshot (section 14), a message the
+ * JSON gateway decodes field by field (section 7) -- it writes the wire
  * with these, and nowhere by hand: a tag is (field number << 3 | wire
  * type) as a varint; a length-delimited field is its tag, its length as
  * a varint, its bytes.  Field numbers are named where they are used, and
@@ -1867,34 +2027,2309 @@ static void pb_buf_fixed(struct kvd *k, struct kvd_buf *b, uint32_t num, int bit
 	buf_append(k, b, t, (size_t)(o - t) + (size_t)bits / 8);
 }
 
-/* Auth (section 16): the log replays and rewrites its records; services
- * check their callers. */
+/* Auth (sections 12 and 19, after the log and the calls): the log replays
+ * and rewrites its records; services check their callers. */
 struct mvcc_rec;
-struct svc_err;
 static int auth_replay(struct kvd *k, const struct mvcc_rec *rec, const char **why);
 static void auth_commit(struct kvd *k);
 static void auth_rollback(struct kvd *k);
-static int auth_any(const struct kvd *k);
-static int auth_encode_whole(struct kvd *k, struct kvd_buf *b);
 static int auth_who(struct kvd *k, struct call *c, struct auth_who *w, struct svc_err *e);
-static int auth_admin(struct kvd *k, const struct auth_who *w, struct svc_err *e);
 static int auth_may(struct kvd *k, const struct auth_who *w, const ProtobufCBinaryData *key,
                     const ProtobufCBinaryData *end, int type, struct svc_err *e);
 static int auth_txn(struct kvd *k, const struct auth_who *w, const Etcdserverpb__TxnRequest *rq, struct svc_err *e);
 static int auth_lease_keys(struct kvd *k, const struct auth_who *w, int64_t id, int type, struct svc_err *e);
-static int auth_open(struct kvd *k, char *err, size_t errlen);
 static void auth_step(struct kvd *k);
-static ProtobufCBinaryData *auth_name(ProtobufCMessage *m);
-static int auth_root(struct kvd *k, struct call *c, struct svc_err *e);
-static int auth_need_user(struct kvd *k, struct call *c, struct auth_who *who, struct svc_err *e);
 static const char *auth_watch_reason(const struct svc_err *e);
-static void auth_init(struct kvd *k);
-static void auth_free(struct kvd *k);
 static const char *tls_peer_cn(const struct conn *c, size_t *n);
 #define AUTH_R AUTHPB__PERMISSION__TYPE__READ
 #define AUTH_W AUTHPB__PERMISSION__TYPE__WRITE
 
-/* ===== 6. MVCC store: log, index, revisions (mvcc_) ===================== */
+/* ===== 6. JSON: a strict reader, a writer (json_) ======================== */
+
+/*
+ * A small strict JSON reader (RFC 8259) into a tree held in one arena, and
+ * a compact writer.  Bounded: depth JSON_MAX_DEPTH, input size by the
+ * caller, nodes by the input.  Strings are unescaped to UTF-8 (invalid UTF-8
+ * and lone surrogates are refused) and NUL-terminated; object members keep
+ * their input order.  The writer emits ASCII only (\uXXXX for the rest), and
+ * numbers as Haskell's Text.JSON does (Ganeti's confd is the peer that
+ * cares): an integral value as an integer, others as Haskell's `show` of a
+ * Double.  Syntax errors are worded as Go's encoding/json words them.  This
+ * tree serves confd and JWTs; the gateway's bodies are read, and its answers
+ * written, by the protobuf mapping that follows (two readers of its own, as
+ * grpc-gateway has them, neither building a tree).
+ */
+
+#define JSON_MAX_DEPTH 64
+#define JSON_CHUNK 16384 /* arena chunk bytes */
+
+struct json_chunk {
+	struct json_chunk *next;
+	size_t used, cap;
+	union mem_hdr align;
+	/* data follows */
+};
+
+struct json_parser {
+	struct json_doc *doc;
+	const uint8_t *p, *end;
+	struct json *stack; /* children being collected, all levels */
+	size_t nstack, capstack;
+	int depth;
+	const char *err;
+	int oom;            /* err is "out of memory" */
+};
+
+static void *json_alloc(struct json_doc *d, size_t n)
+{
+	struct json_chunk *c = d->chunks;
+	void *p;
+
+	n = (n + sizeof(union mem_hdr) - 1) / sizeof(union mem_hdr) * sizeof(union mem_hdr);
+	if (!c || c->cap - c->used < n) {
+		size_t cap = KVD_MAX(n, (size_t)JSON_CHUNK);
+		if (!(c = kvd_malloc(d->k, sizeof *c + cap)))
+			return NULL;
+		c->next = d->chunks;
+		c->used = 0;
+		c->cap = cap;
+		d->chunks = c;
+		d->bytes += sizeof *c + cap;
+	}
+	p = (uint8_t *)(c + 1) + c->used;
+	c->used += n;
+	return p;
+}
+
+static void json_free(struct json_doc *d)
+{
+	struct json_chunk *c, *next;
+
+	for (c = d->chunks; c; c = next) {
+		next = c->next;
+		kvd_free(d->k, c);
+	}
+	d->chunks = NULL;
+	d->root = NULL;
+	d->bytes = 0;
+}
+
+static void json_ws(struct json_parser *ps)
+{
+	while (ps->p < ps->end && (*ps->p == ' ' || *ps->p == '\t' || *ps->p == '\n' || *ps->p == '\r'))
+		ps->p++;
+}
+
+static int json_fail(struct json_parser *ps, const char *why)
+{
+	if (!ps->err)
+		ps->err = why;
+	return KVD_EPROTO;
+}
+
+/*
+ * A syntax error at `at` in Go's encoding/json words ("invalid character
+ * 'x' looking for beginning of value"; "unexpected EOF" past the end), as
+ * the gateway's clients read them from etcd.
+ */
+static void json_go_char(unsigned c, char *q);
+
+static int json_syntax(struct json_parser *ps, const uint8_t *at, const char *ctx)
+{
+	char q[12];
+
+	if (ps->err)
+		return KVD_EPROTO;
+	if (at >= ps->end) {
+		ps->err = "unexpected EOF";
+		return KVD_EPROTO;
+	}
+	json_go_char(*at, q);
+	snprintf(ps->doc->why, sizeof ps->doc->why, "invalid character '%s' %s", q, ctx);
+	ps->err = ps->doc->why;
+	return KVD_EPROTO;
+}
+
+/* Out of memory is not the document's fault: it says so. */
+static int json_oom(struct json_parser *ps)
+{
+	if (!ps->err)
+		ps->err = "out of memory";
+	ps->oom = 1;
+	return KVD_ENOMEM;
+}
+static int json_hex4(const uint8_t *p, uint32_t *v)
+{
+	int i;
+
+	for (*v = 0, i = 0; i < 4; i++) {
+		int c = p[i];
+		*v <<= 4;
+		if (c >= '0' && c <= '9')
+			*v |= (uint32_t)(c - '0');
+		else if ((c | 0x20) >= 'a' && (c | 0x20) <= 'f')
+			*v |= (uint32_t)((c | 0x20) - 'a' + 10);
+		else
+			return KVD_EPROTO;
+	}
+	return 0;
+}
+
+static uint8_t *json_put_utf8(uint8_t *o, uint32_t c)
+{
+	if (c < 0x80) {
+		*o++ = (uint8_t)c;
+	} else if (c < 0x800) {
+		*o++ = (uint8_t)(0xc0 | c >> 6);
+		*o++ = (uint8_t)(0x80 | (c & 0x3f));
+	} else if (c < 0x10000) {
+		*o++ = (uint8_t)(0xe0 | c >> 12);
+		*o++ = (uint8_t)(0x80 | (c >> 6 & 0x3f));
+		*o++ = (uint8_t)(0x80 | (c & 0x3f));
+	} else {
+		*o++ = (uint8_t)(0xf0 | c >> 18);
+		*o++ = (uint8_t)(0x80 | (c >> 12 & 0x3f));
+		*o++ = (uint8_t)(0x80 | (c >> 6 & 0x3f));
+		*o++ = (uint8_t)(0x80 | (c & 0x3f));
+	}
+	return o;
+}
+
+/*
+ * Go's strconv quoting, which the errors the gateway's clients read use.
+ * json_go_print: unicode.IsPrint, to the extent kvd can know it -- control
+ * and format characters, separators other than ' ', private use and
+ * noncharacters are not printable; kvd has no table of unassigned code
+ * points, which Go also escapes.
+ */
+static int json_go_print(uint32_t r)
+{
+	if (r < 0x20 || (r >= 0x7f && r <= 0xa0) || r == 0xad)
+		return 0;
+	if (r < 0x600)
+		return 1;
+	return !((r >= 0x600 && r <= 0x605) || r == 0x61c || r == 0x6dd || r == 0x70f || r == 0x1680 || r == 0x180e ||
+	         (r >= 0x2000 && r <= 0x200f) || (r >= 0x2028 && r <= 0x202f) || (r >= 0x205f && r <= 0x206f) ||
+	         r == 0x3000 || (r >= 0xd800 && r <= 0xf8ff) || r == 0xfeff || (r >= 0xfff9 && r <= 0xfffb) ||
+	         (r & 0xfffe) == 0xfffe || r >= 0xf0000);
+}
+
+/* The rune of the valid UTF-8 sequence p[0..l) (utf8_len said l). */
+static uint32_t json_utf8_rune(const uint8_t *p, size_t l)
+{
+	if (l == 1)
+		return p[0];
+	if (l == 2)
+		return (p[0] & 0x1fu) << 6 | (p[1] & 0x3fu);
+	if (l == 3)
+		return (p[0] & 0x0fu) << 12 | (p[1] & 0x3fu) << 6 | (p[2] & 0x3fu);
+	return (p[0] & 0x07u) << 18 | (p[1] & 0x3fu) << 12 | (p[2] & 0x3fu) << 6 | (p[3] & 0x3fu);
+}
+
+/* Rune r as it stands inside a Go double-quoted string (strconv.Quote). */
+static char *json_go_rune(char *o, uint32_t r)
+{
+	static const char hex[] = "0123456789abcdef";
+
+	if (r == '"' || r == '\\') {
+		*o++ = '\\';
+		*o++ = (char)r;
+	} else if (json_go_print(r)) {
+		o = (char *)json_put_utf8((uint8_t *)o, r);
+	} else if (r >= '\a' && r <= '\r') {
+		*o++ = '\\';
+		*o++ = "abtnvfr"[r - '\a'];
+	} else if (r < 0x20 || r == 0x7f) {
+		o += sprintf(o, "\\x%c%c", hex[r >> 4], hex[r & 15]);
+	} else {
+		o += sprintf(o, r < 0x10000 ? "\\u%04x" : "\\U%08x", (unsigned)r);
+	}
+	return o;
+}
+
+/* Go's %q of the bytes s[0..n) (a byte that is not UTF-8 as \xNN) into
+ * out, which has room for 10 * n + 3. */
+static void json_go_quote(const uint8_t *s, size_t n, char *out)
+{
+	const uint8_t *p = s, *end = s + n;
+	char *o = out;
+	size_t l;
+
+	*o++ = '"';
+	while (p < end) {
+		if (*p < 0x80 || !(l = utf8_len(p, end))) {
+			if (*p >= 0x80)
+				o += sprintf(o, "\\x%02x", *p);
+			else
+				o = json_go_rune(o, *p);
+			p++;
+			continue;
+		}
+		o = json_go_rune(o, json_utf8_rune(p, l));
+		p += l;
+	}
+	*o++ = '"';
+	*o = 0;
+}
+
+/* Byte c as encoding/json's syntax errors quote it (quoteChar: the byte
+ * taken as a Latin-1 rune), without the single quotes; q has room for 12. */
+static void json_go_char(unsigned c, char *q)
+{
+	if (c == '\'' || c == '"') {
+		snprintf(q, 12, "%s", c == '"' ? "\"" : "\\'");
+		return;
+	}
+	*json_go_rune(q, c) = 0;
+}
+
+/* A string at ps->p (after the quote): unescaped into the arena. */
+static int json_string(struct json_parser *ps, const char **out, uint32_t *len)
+{
+	const uint8_t *p = ps->p, *q;
+	uint8_t *o, *start;
+	size_t raw = 0, n;
+	uint32_t c, lo;
+
+	for (q = p; q < ps->end && *q != '"'; q++, raw++) /* an upper bound for the output */
+		if (*q == '\\' && q + 1 < ps->end)
+			q++, raw++;
+	if (q >= ps->end)
+		return json_syntax(ps, ps->end, "");
+	if (raw > 0xfffffff0u || !(start = o = json_alloc(ps->doc, raw + 1)))
+		return raw > 0xfffffff0u ? json_fail(ps, "string too long") : json_oom(ps);
+	while (*p != '"') {
+		if (*p < 0x20)
+			return json_syntax(ps, p, "in string literal");
+		if (*p != '\\') {
+			if (!(n = utf8_len(p, ps->end)))
+				return json_fail(ps, "invalid UTF-8");
+			memcpy(o, p, n);
+			o += n;
+			p += n;
+			continue;
+		}
+		p++;
+		switch (*p++) {
+		case '"': *o++ = '"'; break;
+		case '\\': *o++ = '\\'; break;
+		case '/': *o++ = '/'; break;
+		case 'b': *o++ = '\b'; break;
+		case 'f': *o++ = '\f'; break;
+		case 'n': *o++ = '\n'; break;
+		case 'r': *o++ = '\r'; break;
+		case 't': *o++ = '\t'; break;
+		case 'u':
+			if (ps->end - p < 4 || json_hex4(p, &c)) {
+				while (p < ps->end && ((*p >= '0' && *p <= '9') || ((*p | 0x20) >= 'a' && (*p | 0x20) <= 'f')))
+					p++;
+				return json_syntax(ps, p, "in \\u hexadecimal character escape");
+			}
+			p += 4;
+			if (c >= 0xdc00 && c <= 0xdfff)
+				return json_fail(ps, "lone surrogate");
+			if (c >= 0xd800 && c <= 0xdbff) {
+				if (ps->end - p < 6 || p[0] != '\\' || p[1] != 'u' || json_hex4(p + 2, &lo) || lo < 0xdc00 ||
+				    lo > 0xdfff)
+					return json_fail(ps, "lone surrogate");
+				p += 6;
+				c = 0x10000 + ((c - 0xd800) << 10) + (lo - 0xdc00);
+			}
+			o = json_put_utf8(o, c);
+			break;
+		default:
+			return json_syntax(ps, p - 1, "in string escape code");
+		}
+	}
+	*o = 0;
+	ps->p = p + 1;
+	*out = (const char *)start;
+	*len = (uint32_t)(o - start);
+	return 0;
+}
+
+static int json_number(struct json_parser *ps, struct json *v)
+{
+	const uint8_t *p = ps->p, *s = p;
+	char tmp[64];
+	int frac = 0;
+
+	if (p < ps->end && *p == '-')
+		p++;
+	if (p >= ps->end || !(*p >= '0' && *p <= '9'))
+		return json_syntax(ps, p, p == s ? "looking for beginning of value" : "in numeric literal");
+	if (*p == '0')
+		p++;
+	else
+		while (p < ps->end && *p >= '0' && *p <= '9')
+			p++;
+	if (p < ps->end && *p == '.') {
+		frac = 1;
+		if (++p >= ps->end || !(*p >= '0' && *p <= '9'))
+			return json_syntax(ps, p, "after decimal point in numeric literal");
+		while (p < ps->end && *p >= '0' && *p <= '9')
+			p++;
+	}
+	if (p < ps->end && (*p == 'e' || *p == 'E')) {
+		frac = 1;
+		if (++p < ps->end && (*p == '+' || *p == '-'))
+			p++;
+		if (p >= ps->end || !(*p >= '0' && *p <= '9'))
+			return json_syntax(ps, p, "in exponent of numeric literal");
+		while (p < ps->end && *p >= '0' && *p <= '9')
+			p++;
+	}
+	if ((size_t)(p - s) >= sizeof tmp)
+		return json_fail(ps, "number too long");
+	memcpy(tmp, s, (size_t)(p - s));
+	tmp[p - s] = 0;
+	v->type = JSON_NUM;
+	v->n = (uint32_t)(p - s); /* the literal, for readers that want it exact (the gateway's int64s) */
+	if (!(v->s = json_alloc(ps->doc, v->n + 1)))
+		return json_oom(ps);
+	memcpy((char *)v->s, tmp, v->n + 1);
+	v->d = strtod(tmp, NULL);
+	if (v->d != v->d || v->d > 1.7976931348623157e308 || v->d < -1.7976931348623157e308)
+		return json_fail(ps, "number out of range");
+	if (!frac) { /* exact when it fits */
+		char *e;
+		errno = 0;
+		v->i = strtoll(tmp, &e, 10);
+		v->isint = errno == 0;
+	} else if (v->d >= -9.2233720368547758e18 && v->d < 9.2233720368547758e18 && v->d == (double)(int64_t)v->d) {
+		v->i = (int64_t)v->d; /* 5000000.0 is the integer 5000000, as a Haskell Rational */
+		v->isint = 1;
+	}
+	ps->p = p;
+	return 0;
+}
+
+static int json_push(struct json_parser *ps, const struct json *v)
+{
+	if (UTIL_GROW(ps->doc->k, ps->stack, ps->capstack, ps->nstack + 1, 64))
+		return json_oom(ps);
+	ps->stack[ps->nstack++] = *v;
+	return 0;
+}
+
+static int json_value(struct json_parser *ps, struct json *v);
+
+/* An array or object: its children are collected on the stack, then moved
+ * into one arena array. */
+static int json_container(struct json_parser *ps, struct json *v, int obj)
+{
+	size_t base = ps->nstack, n;
+	struct json kid;
+	const char *key = NULL;
+	uint32_t klen = 0;
+	int r;
+
+	if (++ps->depth > JSON_MAX_DEPTH)
+		return json_fail(ps, "nested too deep");
+	ps->p++;
+	json_ws(ps);
+	if (ps->p < ps->end && *ps->p == (obj ? '}' : ']')) {
+		ps->p++;
+	} else {
+		for (;;) {
+			json_ws(ps);
+			if (obj) {
+				if (ps->p >= ps->end || *ps->p != '"')
+					return json_syntax(ps, ps->p, "looking for beginning of object key string");
+				ps->p++;
+				if ((r = json_string(ps, &key, &klen)))
+					return r;
+				json_ws(ps);
+				if (ps->p >= ps->end || *ps->p != ':')
+					return json_syntax(ps, ps->p, "after object key");
+				ps->p++;
+			}
+			memset(&kid, 0, sizeof kid);
+			if ((r = json_value(ps, &kid)))
+				return r;
+			kid.key = key;
+			kid.klen = klen;
+			if ((r = json_push(ps, &kid)))
+				return r;
+			json_ws(ps);
+			if (ps->p < ps->end && *ps->p == ',') {
+				ps->p++;
+				continue;
+			}
+			if (ps->p < ps->end && *ps->p == (obj ? '}' : ']')) {
+				ps->p++;
+				break;
+			}
+			return json_syntax(ps, ps->p, obj ? "after object key:value pair" : "after array element");
+		}
+	}
+	n = ps->nstack - base;
+	v->type = obj ? JSON_OBJ : JSON_ARR;
+	v->n = (uint32_t)n;
+	if (n && !(v->kids = json_alloc(ps->doc, n * sizeof *v->kids)))
+		return json_oom(ps);
+	if (n)
+		memcpy(v->kids, ps->stack + base, n * sizeof *v->kids);
+	ps->nstack = base;
+	ps->depth--;
+	return 0;
+}
+
+static int json_value(struct json_parser *ps, struct json *v)
+{
+	json_ws(ps);
+	if (ps->p >= ps->end)
+		return json_syntax(ps, ps->p, "");
+	switch (*ps->p) {
+	case '{':
+		return json_container(ps, v, 1);
+	case '[':
+		return json_container(ps, v, 0);
+	case '"':
+		ps->p++;
+		v->type = JSON_STR;
+		return json_string(ps, &v->s, &v->n);
+	case 't':
+	case 'f':
+	case 'n': {
+		static const char *const words[] = {"null", "false", "true"};
+		int w = *ps->p == 'n' ? 0 : *ps->p == 'f' ? 1 : 2;
+		size_t l = strlen(words[w]), j;
+		for (j = 1; j < l; j++)
+			if (ps->p + j >= ps->end || ps->p[j] != words[w][j]) {
+				char ctx[40];
+				snprintf(ctx, sizeof ctx, "in literal %s (expecting '%c')", words[w], words[w][j]);
+				return json_syntax(ps, ps->p + j, ctx);
+			}
+		ps->p += l;
+		v->type = (uint8_t)(JSON_NULL + w);
+		return 0;
+	}
+	default:
+		return json_number(ps, v);
+	}
+}
+
+/*
+ * Parse p[0..n) into d (whose memory is the caller's to json_free).  Only
+ * whitespace may follow the value.  Returns 0, or KVD_EINVAL with *err set.
+ */
+static int json_parse(struct kvd *k, struct json_doc *d, const void *p, size_t n, const char **err)
+{
+	struct json_parser ps;
+	struct json *root;
+	int r;
+
+	memset(d, 0, sizeof *d);
+	memset(&ps, 0, sizeof ps);
+	d->k = k;
+	ps.doc = d;
+	ps.p = p;
+	ps.end = ps.p + n;
+	root = json_alloc(d, sizeof *root);
+	if (!root) {
+		*err = "out of memory";
+		return KVD_ENOMEM;
+	}
+	memset(root, 0, sizeof *root);
+	r = json_value(&ps, root);
+	if (!r) {
+		json_ws(&ps);
+		if (ps.p != ps.end)
+			r = json_syntax(&ps, ps.p, "after top-level value");
+	}
+	kvd_free(k, ps.stack);
+	if (r) {
+		*err = ps.err;
+		json_free(d);
+		return ps.oom ? KVD_ENOMEM : KVD_EINVAL;
+	}
+	d->root = root;
+	return 0;
+}
+
+/* The member named key of object o, or NULL (the first one if repeated). */
+static const struct json *json_get(const struct json *o, const char *key)
+{
+	size_t l = strlen(key);
+	uint32_t i;
+
+	if (!o || o->type != JSON_OBJ)
+		return NULL;
+	for (i = 0; i < o->n; i++)
+		if (o->kids[i].klen == l && !memcmp(o->kids[i].key, key, l))
+			return &o->kids[i];
+	return NULL;
+}
+
+static int json_is_str(const struct json *v)
+{
+	return v && v->type == JSON_STR;
+}
+
+/* ---- writing ------------------------------------------------------------- */
+
+/* A string as JSON, ASCII only.  Bytes that are not UTF-8 are taken as
+ * Latin-1, so any input gives valid output. */
+static void json_put_str(struct kvd *k, struct kvd_buf *b, const void *s, size_t n)
+{
+	static const char hex[] = "0123456789abcdef";
+	const uint8_t *p = s, *end = p + n;
+	uint8_t *o;
+	uint32_t c;
+	size_t l;
+
+	if (n > SIZE_MAX / 12 - 2) {
+		b->err = 1;
+		return;
+	}
+	if (buf_reserve(k, b, n * 12 + 2))
+		return;
+	o = b->p + b->len;
+	*o++ = '"';
+	while (p < end) {
+		c = *p;
+		if (c >= 0x20 && c < 0x7f) {
+			if (c == '"' || c == '\\')
+				*o++ = '\\';
+			*o++ = (uint8_t)c;
+			p++;
+			continue;
+		}
+		if (c == '\n' || c == '\t' || c == '\r' || c == '\b' || c == '\f') {
+			*o++ = '\\';
+			*o++ = c == '\n' ? 'n' : c == '\t' ? 't' : c == '\r' ? 'r' : c == '\b' ? 'b' : 'f';
+			p++;
+			continue;
+		}
+		if (c >= 0x80 && (l = utf8_len(p, end)) > 1) {
+			c = l == 2 ? (p[0] & 0x1fu) << 6 | (p[1] & 0x3fu)
+			  : l == 3 ? (p[0] & 0x0fu) << 12 | (p[1] & 0x3fu) << 6 | (p[2] & 0x3fu)
+			           : (p[0] & 0x07u) << 18 | (p[1] & 0x3fu) << 12 | (p[2] & 0x3fu) << 6 | (p[3] & 0x3fu);
+			p += l;
+		} else {
+			p++;
+		}
+		if (c >= 0x10000) {
+			uint32_t hi = 0xd800 + ((c - 0x10000) >> 10), lo = 0xdc00 + ((c - 0x10000) & 0x3ff);
+			o += sprintf((char *)o, "\\u%c%c%c%c", hex[hi >> 12], hex[hi >> 8 & 15], hex[hi >> 4 & 15], hex[hi & 15]);
+			c = lo;
+		}
+		o += sprintf((char *)o, "\\u%c%c%c%c", hex[c >> 12], hex[c >> 8 & 15], hex[c >> 4 & 15], hex[c & 15]);
+	}
+	*o++ = '"';
+	b->len = (size_t)(o - b->p);
+}
+
+static void json_put_raw(struct kvd *k, struct kvd_buf *b, const char *s)
+{
+	buf_append(k, b, s, strlen(s));
+}
+
+static void json_put_int(struct kvd *k, struct kvd_buf *b, int64_t v)
+{
+	char t[24];
+
+	snprintf(t, sizeof t, "%lld", (long long)v);
+	json_put_raw(k, b, t);
+}
+
+/*
+ * A double as Haskell's `show` prints it (Text.JSON uses it for every
+ * non-integral number): the shortest digits that read back to the same
+ * double, in fixed notation for 0.1 <= |x| < 10^7 ("0.5", "123.25") and
+ * scientific otherwise ("1.343869045604884e9", "1.0e-2").
+ */
+static void json_haskell_double(double x, char *out)
+{
+	char t[40], digits[24], *o = out;
+	int prec, e, nd, i;
+	const char *p;
+
+	if (x == 0) {
+		strcpy(out, "0.0");
+		return;
+	}
+	for (prec = 0; prec < 17; prec++) { /* the shortest digits that round-trip */
+		snprintf(t, sizeof t, "%.*e", prec, x);
+		if (strtod(t, NULL) == x)
+			break;
+	}
+	snprintf(t, sizeof t, "%.*e", prec, x);
+	p = t;
+	if (*p == '-')
+		*o++ = *p++;
+	for (nd = 0; *p && *p != 'e'; p++)
+		if (*p != '.')
+			digits[nd++] = *p;
+	while (nd > 1 && digits[nd - 1] == '0')
+		nd--;
+	digits[nd] = 0;
+	e = atoi(p + 1) + 1; /* x = 0.DIGITS * 10^e */
+	if (e < 0 || e > 7) {
+		sprintf(o, "%c.%se%d", digits[0], nd > 1 ? digits + 1 : "0", e - 1);
+		return;
+	}
+	if (!e)
+		*o++ = '0';
+	for (i = 0; i < e; i++)
+		*o++ = i < nd ? digits[i] : '0';
+	*o++ = '.';
+	sprintf(o, "%s", nd > e ? digits + e : "0");
+}
+
+static void json_put_num(struct kvd *k, struct kvd_buf *b, const struct json *v)
+{
+	char t[48];
+
+	if (v->isint) {
+		json_put_int(k, b, v->i);
+		return;
+	}
+	json_haskell_double(v->d, t);
+	json_put_raw(k, b, t);
+}
+
+/* v as compact JSON. */
+static KVD_UNUSED void json_write(struct kvd *k, struct kvd_buf *b, const struct json *v) /* confd's */
+{
+	uint32_t i;
+
+	switch (v->type) {
+	case JSON_NULL: json_put_raw(k, b, "null"); return;
+	case JSON_FALSE: json_put_raw(k, b, "false"); return;
+	case JSON_TRUE: json_put_raw(k, b, "true"); return;
+	case JSON_NUM: json_put_num(k, b, v); return;
+	case JSON_STR: json_put_str(k, b, v->s, v->n); return;
+	}
+	json_put_raw(k, b, v->type == JSON_OBJ ? "{" : "[");
+	for (i = 0; i < v->n && !b->err; i++) {
+		if (i)
+			json_put_raw(k, b, ",");
+		if (v->type == JSON_OBJ) {
+			json_put_str(k, b, v->kids[i].key, v->kids[i].klen);
+			json_put_raw(k, b, ":");
+		}
+		json_write(k, b, &v->kids[i]);
+	}
+	json_put_raw(k, b, v->type == JSON_OBJ ? "}" : "]");
+}
+
+/* ===== 7. JSON <-> protobuf, as etcd's gateway maps them (json_) ========= */
+
+/*
+ * etcd's gateway (grpc-gateway) maps each protobuf message to JSON and
+ * back, and kvd's gateway (section 33) answers as it does: this section
+ * owns that mapping, both ways, walking protobuf-c's descriptors -- section
+ * 6 owns the JSON text itself, section 5 the protobuf wire.
+ *
+ * Invariants:
+ *   1. Out: a message becomes the JSON grpc-gateway v2 writes (protojson:
+ *      int64 as strings, bytes as base64, enums by name, zero values left
+ *      out), from its descriptor alone.
+ *   2. In: a request body is decoded as protojson decodes it, field by
+ *      field onto the protobuf wire with section 5's pb_buf_* -- never by
+ *      hand -- and then unpacked by protobuf-c like any gRPC request; what
+ *      protojson refuses gets protojson's error text.
+ */
+
+/*
+ * The gateway's JSON mapping has this one owner.  etcd 3.7 serves it with
+ * grpc-gateway v2, whose marshaller is google.golang.org/protobuf's
+ * protojson (UseProtoNames; unpopulated fields left out; DiscardUnknown on
+ * input).
+ *
+ * In, two readers, as grpc-gateway has them.  It reads a body with
+ * encoding/json's Decoder, one value (a bidi stream's body: one value per
+ * message), and hands exactly that value's bytes -- the space before it
+ * dropped, whatever follows unread -- to protojson.Unmarshal:
+ *
+ *   json_scan is the Decoder: Go's scanner, allocation-free and bounded
+ *     (JSON_MAX_DEPTH).  Its words for a syntax error ("invalid character
+ *     'x' looking for beginning of value"; "unexpected EOF" when the body
+ *     ends inside a value); a body of nothing but space is no request at
+ *     all; a value that may still grow is "need more" (KVD_EAGAIN), a bad
+ *     one is bad as soon as its first bad byte is in.  Go's scanner takes
+ *     any byte above 0x1f in a string and any \uXXXX; a top-level number,
+ *     string or literal ends at the byte after it (5xyz is the value 5).
+ *   json_pj_decode is protojson reading that value, token by token in
+ *     document order, the first fault its answer:
+ *       - a member names a field by its JSON (lowerCamel) name, else by its
+ *         proto name; an unknown name, or an extension's "[...]", is
+ *         skipped (its value still read);
+ *       - a field named twice (by either name) is refused, and so is a
+ *         second member of a oneof; null leaves a field unset (but named);
+ *       - integers: a number, or a string holding one with no space around
+ *         it (what follows the number's delimiter is ignored: "12 x" is 12);
+ *         1e2 and 1.0 are integers, 1.5 is not;
+ *       - enums by name -- an unknown name is dropped, as if absent -- or by
+ *         number, not by a quoted number;
+ *       - bytes: base64, URL-safe if the text holds '-' or '_', unpadded if
+ *         its length is not a multiple of 4, CR and LF ignored;
+ *       - strings must be UTF-8, a surrogate escape must be half of a pair.
+ *     Its words: "proto: (line 1:23): invalid value for int64 field limit:
+ *     1.5", "proto: (line 1:16): duplicate field \"key\"", "proto: syntax
+ *     error (line 1:1): unexpected token 5" (a field's JSON name, the
+ *     token as written; line and rune column from the value's first byte;
+ *     a token quoted in an error is cut at JSON_PJ_RAW bytes, Go's is not).
+ *     "proto: " is written with plain spaces: protojson picks plain or
+ *     no-break ones per build, and etcd 3.7.3's build has plain ones.
+ *   JSON in is encoded straight to protobuf bytes, so a gateway request
+ *   meets exactly the decoder (and its checks) a gRPC request meets.
+ *
+ * Out: answers are the messages a gRPC client would get, unpacked and
+ * written: fields in number order (etcd's protos declare them so) under
+ * their proto names; zero scalars, empty lists and absent messages left
+ * out, but a oneof member or a present, empty message written; 64-bit
+ * integers as strings, 32-bit ones as numbers; bytes as standard base64;
+ * enums by name; strings as protojson writes them ('"', '\\' and control
+ * bytes escaped, the rest as is: no HTML escapes).  A stream's
+ * {"result":...} line is encoding/json's map around protojson's bytes,
+ * which escapes <, >, & and U+2028/9 again (json_put_pjstr's html).
+ * protojson refuses to write a string that is not UTF-8; kvd holds none
+ * (requests are checked), so a stray bad byte is written as U+FFFD.
+ */
+
+#define JSON_PB_WHY 512 /* call_finish keeps 511 bytes */
+#define JSON_PJ_RAW 400 /* a token quoted in an error, at most (cut between runes) */
+
+static const char json_b64std[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+
+static int json_space(unsigned c)
+{
+	return c == ' ' || c == '\t' || c == '\n' || c == '\r';
+}
+
+/* ---- JSON out -------------------------------------------------------------- */
+
+/*
+ * A string as protojson writes it: '"', '\\' and control bytes escaped (\b
+ * \f \n \r \t, else \u00xx), the rest as is.  html: as encoding/json then
+ * re-escapes it inside a stream's line (<, >, & and U+2028/9 as \uXXXX).
+ */
+static void json_put_pjstr(struct kvd *k, struct kvd_buf *b, const void *s, size_t n, int html)
+{
+	static const char hex[] = "0123456789abcdef";
+	const uint8_t *p = s, *end = p + n;
+	uint8_t *o;
+	size_t l;
+
+	if (n > SIZE_MAX / 6 - 2) {
+		b->err = 1;
+		return;
+	}
+	if (buf_reserve(k, b, n * 6 + 2))
+		return;
+	o = b->p + b->len;
+	*o++ = '"';
+	while (p < end) {
+		uint8_t c = *p;
+		if (c < 0x80) {
+			p++;
+			if (c == '"' || c == '\\') {
+				*o++ = '\\';
+				*o++ = c;
+			} else if (c == '\b' || c == '\f' || c == '\n' || c == '\r' || c == '\t') {
+				*o++ = '\\';
+				*o++ = c == '\b' ? 'b' : c == '\f' ? 'f' : c == '\n' ? 'n' : c == '\r' ? 'r' : 't';
+			} else if (c < 0x20 || (html && (c == '<' || c == '>' || c == '&'))) {
+				memcpy(o, "\\u00", 4);
+				o[4] = (uint8_t)hex[c >> 4];
+				o[5] = (uint8_t)hex[c & 15];
+				o += 6;
+			} else {
+				*o++ = c;
+			}
+			continue;
+		}
+		if (!(l = utf8_len(p, end))) {
+			memcpy(o, "\xef\xbf\xbd", 3);
+			o += 3;
+			p++;
+			continue;
+		}
+		if (html && l == 3 && p[0] == 0xe2 && p[1] == 0x80 && (p[2] == 0xa8 || p[2] == 0xa9)) {
+			memcpy(o, p[2] == 0xa8 ? "\\u2028" : "\\u2029", 6);
+			o += 6;
+		} else {
+			memcpy(o, p, l);
+			o += l;
+		}
+		p += l;
+	}
+	*o++ = '"';
+	b->len = (size_t)(o - b->p);
+}
+
+static void json_put_b64(struct kvd *k, struct kvd_buf *b, const uint8_t *p, size_t n)
+{
+	if (n > SIZE_MAX / 2 || buf_reserve(k, b, (n + 2) / 3 * 4 + 2))
+		return;
+	b->p[b->len++] = '"';
+	b->len += util_b64(json_b64std, 1, p, n, (char *)b->p + b->len);
+	b->p[b->len++] = '"';
+}
+
+static size_t json_pb_elem_size(const ProtobufCFieldDescriptor *f)
+{
+	switch (f->type) {
+	case PROTOBUF_C_TYPE_INT64: case PROTOBUF_C_TYPE_SINT64: case PROTOBUF_C_TYPE_SFIXED64:
+	case PROTOBUF_C_TYPE_UINT64: case PROTOBUF_C_TYPE_FIXED64: case PROTOBUF_C_TYPE_DOUBLE:
+		return 8;
+	case PROTOBUF_C_TYPE_BOOL: return sizeof(protobuf_c_boolean);
+	case PROTOBUF_C_TYPE_STRING: return sizeof(char *);
+	case PROTOBUF_C_TYPE_BYTES: return sizeof(ProtobufCBinaryData);
+	case PROTOBUF_C_TYPE_MESSAGE: return sizeof(void *);
+	default: return 4;
+	}
+}
+
+static void json_pb_write(struct kvd *k, struct kvd_buf *b, const ProtobufCMessage *m, int html);
+
+static void json_pb_value(struct kvd *k, struct kvd_buf *b, const ProtobufCFieldDescriptor *f, const void *v, int html)
+{
+	char t[32];
+
+	switch (f->type) {
+	case PROTOBUF_C_TYPE_INT32: case PROTOBUF_C_TYPE_SINT32: case PROTOBUF_C_TYPE_SFIXED32:
+		snprintf(t, sizeof t, "%ld", (long)*(const int32_t *)v);
+		break;
+	case PROTOBUF_C_TYPE_UINT32: case PROTOBUF_C_TYPE_FIXED32:
+		snprintf(t, sizeof t, "%lu", (unsigned long)*(const uint32_t *)v);
+		break;
+	case PROTOBUF_C_TYPE_INT64: case PROTOBUF_C_TYPE_SINT64: case PROTOBUF_C_TYPE_SFIXED64:
+		snprintf(t, sizeof t, "\"%lld\"", (long long)*(const int64_t *)v);
+		break;
+	case PROTOBUF_C_TYPE_UINT64: case PROTOBUF_C_TYPE_FIXED64:
+		snprintf(t, sizeof t, "\"%llu\"", (unsigned long long)*(const uint64_t *)v);
+		break;
+	case PROTOBUF_C_TYPE_FLOAT:
+		snprintf(t, sizeof t, "%.9g", (double)*(const float *)v);
+		break;
+	case PROTOBUF_C_TYPE_DOUBLE:
+		snprintf(t, sizeof t, "%.17g", *(const double *)v);
+		break;
+	case PROTOBUF_C_TYPE_BOOL:
+		snprintf(t, sizeof t, "%s", *(const protobuf_c_boolean *)v ? "true" : "false");
+		break;
+	case PROTOBUF_C_TYPE_ENUM: {
+		const ProtobufCEnumValue *ev = protobuf_c_enum_descriptor_get_value(f->descriptor, *(const int *)v);
+		if (ev) {
+			json_put_pjstr(k, b, ev->name, strlen(ev->name), html);
+			return;
+		}
+		snprintf(t, sizeof t, "%d", *(const int *)v);
+		break;
+	}
+	case PROTOBUF_C_TYPE_STRING: {
+		const char *s = *(char *const *)v;
+		json_put_pjstr(k, b, s ? s : "", s ? strlen(s) : 0, html);
+		return;
+	}
+	case PROTOBUF_C_TYPE_BYTES: {
+		const ProtobufCBinaryData *d = v;
+		json_put_b64(k, b, d->data, d->len);
+		return;
+	}
+	default: /* PROTOBUF_C_TYPE_MESSAGE */
+		json_pb_write(k, b, *(ProtobufCMessage *const *)v, html);
+		return;
+	}
+	json_put_raw(k, b, t);
+}
+
+/* Is the singular field at v its type's zero value (left out)? */
+static int json_pb_zero(const ProtobufCFieldDescriptor *f, const void *v)
+{
+	switch (f->type) {
+	case PROTOBUF_C_TYPE_STRING: {
+		const char *s = *(char *const *)v;
+		return !s || !*s;
+	}
+	case PROTOBUF_C_TYPE_BYTES: return !((const ProtobufCBinaryData *)v)->len;
+	case PROTOBUF_C_TYPE_MESSAGE: return !*(void *const *)v;
+	case PROTOBUF_C_TYPE_BOOL: return !*(const protobuf_c_boolean *)v;
+	case PROTOBUF_C_TYPE_FLOAT: return *(const float *)v == 0;
+	case PROTOBUF_C_TYPE_DOUBLE: return *(const double *)v == 0;
+	default: return json_pb_elem_size(f) == 8 ? !*(const uint64_t *)v : !*(const uint32_t *)v;
+	}
+}
+
+/* Message m as protojson (UseProtoNames) writes it; html: inside a stream's
+ * line.  Depth is the message's: the decoder bounded it (PB_MAX_DEPTH). */
+static void json_pb_write(struct kvd *k, struct kvd_buf *b, const ProtobufCMessage *m, int html)
+{
+	const ProtobufCMessageDescriptor *d = m->descriptor;
+	const uint8_t *base = (const uint8_t *)m;
+	unsigned i, first = 1;
+	size_t j, n = 0;
+
+	json_put_raw(k, b, "{");
+	for (i = 0; i < d->n_fields && !b->err; i++) {
+		const ProtobufCFieldDescriptor *f = &d->fields[i];
+		const void *v = base + f->offset;
+		if (f->label == PROTOBUF_C_LABEL_REPEATED) {
+			n = *(const size_t *)(const void *)(base + f->quantifier_offset);
+			if (!n)
+				continue;
+		} else if (f->flags & PROTOBUF_C_FIELD_FLAG_ONEOF) {
+			if (*(const uint32_t *)(const void *)(base + f->quantifier_offset) != f->id)
+				continue;
+		} else if (f->label == PROTOBUF_C_LABEL_OPTIONAL && f->quantifier_offset) {
+			if (!*(const protobuf_c_boolean *)(const void *)(base + f->quantifier_offset))
+				continue;
+		} else if (json_pb_zero(f, v)) {
+			continue;
+		}
+		if (!first)
+			json_put_raw(k, b, ",");
+		first = 0;
+		json_put_pjstr(k, b, f->name, strlen(f->name), html);
+		json_put_raw(k, b, ":");
+		if (f->label != PROTOBUF_C_LABEL_REPEATED) {
+			json_pb_value(k, b, f, v, html);
+			continue;
+		}
+		json_put_raw(k, b, "[");
+		for (j = 0; j < n && !b->err; j++) {
+			if (j)
+				json_put_raw(k, b, ",");
+			json_pb_value(k, b, f, *(const uint8_t *const *)v + j * json_pb_elem_size(f), html);
+		}
+		json_put_raw(k, b, "]");
+	}
+	json_put_raw(k, b, "}");
+}
+
+/* ---- JSON in: encoding/json's Decoder ------------------------------------------ */
+
+enum {
+	JSON_S_VALUE, JSON_S_VALUE_OR_END, JSON_S_KEY, JSON_S_KEY_OR_END, JSON_S_END, JSON_S_STR, JSON_S_ESC,
+	JSON_S_U, JSON_S_NEG, JSON_S_ZERO, JSON_S_INT, JSON_S_DOT, JSON_S_FRAC, JSON_S_E, JSON_S_ESIGN, JSON_S_EXP,
+	JSON_S_LIT
+};
+
+static int json_scan_fail(char *why, unsigned c, const char *ctx)
+{
+	char q[12];
+
+	json_go_char(c, q);
+	snprintf(why, JSON_PB_WHY, "invalid character '%s' %s", q, ctx);
+	return KVD_EPROTO;
+}
+
+/*
+ * The first JSON value in p[0..n), as encoding/json's Decoder finds it:
+ * 0 with it at p[*from..*to) (*from == *to == n: nothing but space, and eof),
+ * KVD_EAGAIN if it may still grow (more may come: !eof), or KVD_EPROTO with
+ * Go's words in why (JSON_PB_WHY bytes).  Allocation-free; containers nest
+ * JSON_MAX_DEPTH deep at most (Go's limit is 10000, its words kept).
+ */
+static int json_scan(const uint8_t *p, size_t n, int eof, size_t *from, size_t *to, char *why)
+{
+	uint64_t objs = 0; /* bit d: the container at depth d + 1 is an object */
+	unsigned depth = 0, st = JSON_S_VALUE, key = 0, after_key = 0, nu = 0;
+	const char *lit = "";
+	char ctx[48];
+	size_t i = 0;
+
+	while (i < n && json_space(p[i]))
+		i++;
+	*from = *to = i;
+	if (i == n)
+		return eof ? 0 : KVD_EAGAIN;
+	for (; i < n; i++) {
+		unsigned c = p[i], digit = c >= '0' && c <= '9';
+	again:
+		switch (st) {
+		case JSON_S_VALUE_OR_END:
+			if (c == ']')
+				goto closed;
+			/* fall through */
+		case JSON_S_VALUE:
+			if (json_space(c))
+				break;
+			if (c == '{' || c == '[') {
+				if (depth >= JSON_MAX_DEPTH)
+					return json_scan_fail(why, c, "exceeded max depth");
+				if (c == '{')
+					objs |= (uint64_t)1 << depth;
+				else
+					objs &= ~((uint64_t)1 << depth);
+				depth++;
+				st = c == '{' ? JSON_S_KEY_OR_END : JSON_S_VALUE_OR_END;
+			} else if (c == '"') {
+				key = 0;
+				st = JSON_S_STR;
+			} else if (c == '-') {
+				st = JSON_S_NEG;
+			} else if (digit) {
+				st = c == '0' ? JSON_S_ZERO : JSON_S_INT;
+			} else if (c == 't' || c == 'f' || c == 'n') {
+				lit = c == 't' ? "true" : c == 'f' ? "false" : "null";
+				nu = 1;
+				st = JSON_S_LIT;
+			} else {
+				return json_scan_fail(why, c, "looking for beginning of value");
+			}
+			break;
+		case JSON_S_KEY_OR_END:
+			if (c == '}')
+				goto closed;
+			/* fall through */
+		case JSON_S_KEY:
+			if (json_space(c))
+				break;
+			if (c != '"')
+				return json_scan_fail(why, c, "looking for beginning of object key string");
+			key = 1;
+			st = JSON_S_STR;
+			break;
+		case JSON_S_END:
+			if (json_space(c))
+				break;
+			if (objs >> (depth - 1) & 1) {
+				if (after_key) {
+					if (c != ':')
+						return json_scan_fail(why, c, "after object key");
+					after_key = 0;
+					st = JSON_S_VALUE;
+				} else if (c == ',') {
+					st = JSON_S_KEY;
+				} else if (c == '}') {
+					goto closed;
+				} else {
+					return json_scan_fail(why, c, "after object key:value pair");
+				}
+			} else if (c == ',') {
+				st = JSON_S_VALUE;
+			} else if (c == ']') {
+				goto closed;
+			} else {
+				return json_scan_fail(why, c, "after array element");
+			}
+			break;
+		case JSON_S_STR:
+			if (c == '"') {
+				if (!key)
+					goto scalar_in;
+				after_key = 1;
+				st = JSON_S_END;
+			} else if (c == '\\') {
+				st = JSON_S_ESC;
+			} else if (c < 0x20) {
+				return json_scan_fail(why, c, "in string literal");
+			}
+			break;
+		case JSON_S_ESC:
+			if (c == 'b' || c == 'f' || c == 'n' || c == 'r' || c == 't' || c == '\\' || c == '/' ||
+			    c == '"') {
+				st = JSON_S_STR;
+			} else if (c == 'u') {
+				nu = 0;
+				st = JSON_S_U;
+			} else {
+				return json_scan_fail(why, c, "in string escape code");
+			}
+			break;
+		case JSON_S_U:
+			if (!digit && !((c | 0x20) >= 'a' && (c | 0x20) <= 'f'))
+				return json_scan_fail(why, c, "in \\u hexadecimal character escape");
+			if (++nu == 4)
+				st = JSON_S_STR;
+			break;
+		case JSON_S_NEG:
+			if (!digit)
+				return json_scan_fail(why, c, "in numeric literal");
+			st = c == '0' ? JSON_S_ZERO : JSON_S_INT;
+			break;
+		case JSON_S_INT:
+			if (digit)
+				break;
+			/* fall through */
+		case JSON_S_ZERO:
+			if (c == '.')
+				st = JSON_S_DOT;
+			else if (c == 'e' || c == 'E')
+				st = JSON_S_E;
+			else
+				goto scalar_out;
+			break;
+		case JSON_S_DOT:
+			if (!digit)
+				return json_scan_fail(why, c, "after decimal point in numeric literal");
+			st = JSON_S_FRAC;
+			break;
+		case JSON_S_FRAC:
+			if (digit)
+				break;
+			if (c != 'e' && c != 'E')
+				goto scalar_out;
+			st = JSON_S_E;
+			break;
+		case JSON_S_E:
+			if (c == '+' || c == '-') {
+				st = JSON_S_ESIGN;
+				break;
+			}
+			/* fall through */
+		case JSON_S_ESIGN:
+			if (!digit)
+				return json_scan_fail(why, c, "in exponent of numeric literal");
+			st = JSON_S_EXP;
+			break;
+		case JSON_S_EXP:
+			if (!digit)
+				goto scalar_out;
+			break;
+		default: /* JSON_S_LIT */
+			if (c != (uint8_t)lit[nu]) {
+				snprintf(ctx, sizeof ctx, "in literal %s (expecting '%c')", lit, lit[nu]);
+				return json_scan_fail(why, c, ctx);
+			}
+			if (!lit[++nu])
+				goto scalar_in;
+			break;
+		}
+		continue;
+	closed: /* p[i] closes the container at depth */
+		if (!--depth) {
+			*to = i + 1;
+			return 0;
+		}
+		st = JSON_S_END;
+		after_key = 0;
+		continue;
+	scalar_in: /* a string or a literal ends with p[i]; at the top, Go's scanner needs the byte after it */
+		if (!depth) {
+			*to = i + 1;
+			return i + 1 < n || eof ? 0 : KVD_EAGAIN;
+		}
+		st = JSON_S_END;
+		after_key = 0;
+		continue;
+	scalar_out: /* a number ended before p[i] */
+		if (!depth) {
+			*to = i;
+			return 0;
+		}
+		st = JSON_S_END;
+		after_key = 0;
+		goto again;
+	}
+	if (!eof)
+		return KVD_EAGAIN;
+	if (!depth && (st == JSON_S_ZERO || st == JSON_S_INT || st == JSON_S_FRAC || st == JSON_S_EXP)) {
+		*to = n;
+		return 0;
+	}
+	snprintf(why, JSON_PB_WHY, "unexpected EOF");
+	return KVD_EPROTO;
+}
+
+/* ---- JSON in: protojson ------------------------------------------------------------ */
+
+enum { JSON_T_EOF, JSON_T_NULL, JSON_T_BOOL, JSON_T_NUM, JSON_T_STR, JSON_T_NAME, JSON_T_OBJ, JSON_T_OBJ_END,
+       JSON_T_ARR, JSON_T_ARR_END };
+
+struct json_tok {
+	int kind, boo;
+	size_t pos, len; /* as written: in[pos..pos + len) */
+};
+
+struct json_pj {
+	struct kvd *k;
+	const uint8_t *in; /* the value */
+	size_t n, at;
+	struct kvd_buf str; /* the last string token's bytes, NUL-terminated */
+	char *why;          /* JSON_PB_WHY bytes */
+	int depth;
+};
+
+/* protojson's error at in[pos]: "proto: (line L:C): ..." (syntax: "proto:
+ * syntax error (line L:C): ..."), the column counted in runes as Go does. */
+static int json_pj_fail(struct json_pj *d, size_t pos, int syntax, const char *fmt, ...) KVD_PRINTF(4, 5);
+static int json_pj_fail(struct json_pj *d, size_t pos, int syntax, const char *fmt, ...)
+{
+	size_t i, l, line = 1, col = 1;
+	va_list ap;
+	int o;
+
+	for (i = 0; i < pos && i < d->n; i += l) {
+		l = d->in[i] < 0x80 ? 1 : utf8_len(d->in + i, d->in + pos);
+		if (!l)
+			l = 1; /* a byte that is not UTF-8 is a rune */
+		if (d->in[i] == '\n')
+			line++, col = 1;
+		else
+			col++;
+	}
+	o = snprintf(d->why, JSON_PB_WHY, "proto: %s(line %zu:%zu): ", syntax ? "syntax error " : "", line, col);
+	va_start(ap, fmt);
+	vsnprintf(d->why + o, JSON_PB_WHY - (size_t)o, fmt, ap);
+	va_end(ap);
+	return KVD_EPROTO;
+}
+
+static int json_pj_eof(struct json_pj *d)
+{
+	snprintf(d->why, JSON_PB_WHY, "proto: unexpected EOF");
+	return KVD_EPROTO;
+}
+
+/* Token t as written, cut at JSON_PJ_RAW bytes between runes, into out. */
+static const char *json_pj_raw(const struct json_pj *d, const struct json_tok *t, char *out)
+{
+	size_t n = KVD_MIN(t->len, (size_t)JSON_PJ_RAW);
+
+	if (n < t->len)
+		while (n && (d->in[t->pos + n] & 0xc0) == 0x80)
+			n--;
+	memcpy(out, d->in + t->pos, n);
+	out[n] = 0;
+	return out;
+}
+
+static int json_pj_unexpected(struct json_pj *d, const struct json_tok *t)
+{
+	char raw[JSON_PJ_RAW + 1];
+
+	return json_pj_fail(d, t->pos, 1, "unexpected token %s", json_pj_raw(d, t, raw));
+}
+
+/* A string token at in[d->at] (its quote) into d->str, as protojson reads one. */
+static int json_pj_string(struct json_pj *d, struct json_tok *t)
+{
+	const uint8_t *p = d->in + d->at + 1, *end = d->in + d->n, *esc;
+	char q[64];
+	uint8_t *o;
+	uint32_t c, lo;
+	size_t l;
+
+	d->str.len = 0;
+	if (buf_reserve(d->k, &d->str, d->n - d->at + 1)) /* never longer than as written */
+		return KVD_ENOMEM;
+	o = d->str.p;
+	for (;;) {
+		if (p >= end)
+			return json_pj_eof(d);
+		if (*p == '"')
+			break;
+		if (*p >= 0x80) {
+			if (!(l = utf8_len(p, end)))
+				return json_pj_fail(d, t->pos, 1, "invalid UTF-8 in string");
+			memcpy(o, p, l);
+			o += l;
+			p += l;
+			continue;
+		}
+		if (*p < 0x20) {
+			*json_go_rune(q, *p) = 0;
+			return json_pj_fail(d, t->pos, 1, "invalid character '%s' in string", q);
+		}
+		if (*p != '\\') {
+			*o++ = *p++;
+			continue;
+		}
+		if (end - p < 2)
+			return json_pj_eof(d);
+		esc = p;
+		switch (p[1]) {
+		case '"': case '\\': case '/': *o++ = p[1]; break;
+		case 'b': *o++ = '\b'; break;
+		case 'f': *o++ = '\f'; break;
+		case 'n': *o++ = '\n'; break;
+		case 'r': *o++ = '\r'; break;
+		case 't': *o++ = '\t'; break;
+		case 'u':
+			if (end - p < 6)
+				return json_pj_eof(d);
+			if (json_hex4(p + 2, &c))
+				goto bad;
+			p += 6;
+			if (c >= 0xd800 && c <= 0xdfff) { /* must be the first half of a pair, the second following */
+				esc = p;
+				if (end - p < 6)
+					return json_pj_eof(d);
+				if (p[0] != '\\' || p[1] != 'u' || json_hex4(p + 2, &lo) || c > 0xdbff || lo < 0xdc00 ||
+				    lo > 0xdfff)
+					goto bad;
+				p += 6;
+				c = 0x10000 + ((c - 0xd800) << 10) + (lo - 0xdc00);
+			}
+			o = json_put_utf8(o, c);
+			continue;
+		default:
+			json_go_quote(p, 2, q);
+			return json_pj_fail(d, t->pos, 1, "invalid escape code %s in string", q);
+		}
+		p += 2;
+		continue;
+	bad:
+		json_go_quote(esc, 6, q);
+		return json_pj_fail(d, t->pos, 1, "invalid escape code %s in string", q);
+	}
+	*o = 0;
+	d->str.len = (size_t)(o - d->str.p);
+	t->kind = JSON_T_STR;
+	t->len = (size_t)(p + 1 - (d->in + t->pos));
+	d->at = t->pos + t->len;
+	return 0;
+}
+
+/* Is c one of the bytes protojson takes to go on a token ([-+._a-zA-Z0-9])? */
+static int json_pj_nondelim(unsigned c)
+{
+	return c == '-' || c == '+' || c == '.' || c == '_' || (c >= '0' && c <= '9') ||
+	       ((c | 0x20) >= 'a' && (c | 0x20) <= 'z');
+}
+
+/* The length of the JSON number at s[0..n), 0 if none, as protojson's
+ * parseNumber reads one (a delimiter or the end must follow it). */
+static size_t json_pj_numlen(const uint8_t *s, size_t n)
+{
+	size_t i = 0;
+
+	if (i < n && s[i] == '-')
+		i++;
+	if (i >= n || !(s[i] >= '0' && s[i] <= '9'))
+		return 0;
+	if (s[i++] != '0')
+		while (i < n && s[i] >= '0' && s[i] <= '9')
+			i++;
+	if (n - i >= 2 && s[i] == '.' && s[i + 1] >= '0' && s[i + 1] <= '9')
+		for (i += 2; i < n && s[i] >= '0' && s[i] <= '9'; i++)
+			;
+	if (n - i >= 2 && (s[i] == 'e' || s[i] == 'E')) {
+		i++;
+		if (s[i] == '+' || s[i] == '-')
+			if (++i == n)
+				return 0;
+		while (i < n && s[i] >= '0' && s[i] <= '9')
+			i++;
+	}
+	return i < n && json_pj_nondelim(s[i]) ? 0 : i;
+}
+
+/* The next token (commas skipped, a string before ':' a name), at its first byte t->pos. */
+static int json_pj_next(struct json_pj *d, struct json_tok *t)
+{
+	static const char *const lits[] = {"null", "false", "true"};
+	const uint8_t *p;
+	size_t l, left;
+	int r, w;
+
+	for (;;) {
+		while (d->at < d->n && json_space(d->in[d->at]))
+			d->at++;
+		if (d->at >= d->n || d->in[d->at] != ',')
+			break;
+		d->at++;
+	}
+	memset(t, 0, sizeof *t);
+	t->pos = d->at;
+	if (d->at >= d->n)
+		return 0; /* JSON_T_EOF */
+	p = d->in + d->at;
+	left = d->n - d->at;
+	t->len = 1;
+	switch (*p) {
+	case '{': t->kind = JSON_T_OBJ; break;
+	case '}': t->kind = JSON_T_OBJ_END; break;
+	case '[': t->kind = JSON_T_ARR; break;
+	case ']': t->kind = JSON_T_ARR_END; break;
+	case '"':
+		if ((r = json_pj_string(d, t)))
+			return r;
+		while (d->at < d->n && json_space(d->in[d->at]))
+			d->at++;
+		if (d->at < d->n && d->in[d->at] == ':') {
+			d->at++;
+			t->kind = JSON_T_NAME;
+		}
+		return 0;
+	case 'n': case 'f': case 't':
+		w = *p == 'n' ? 0 : *p == 'f' ? 1 : 2;
+		l = strlen(lits[w]);
+		if (left < l || memcmp(p, lits[w], l) || (left > l && json_pj_nondelim(p[l])))
+			goto bad;
+		t->kind = w ? JSON_T_BOOL : JSON_T_NULL;
+		t->boo = w == 2;
+		t->len = l;
+		break;
+	default:
+		if (!(l = json_pj_numlen(p, left)))
+			goto bad;
+		t->kind = JSON_T_NUM;
+		t->len = l;
+		break;
+	}
+	d->at += t->len;
+	return 0;
+bad: /* not after json_scan: Go's scanner took the value */
+	for (l = 0; l < left && l < 32 && json_pj_nondelim(p[l]); l++)
+		;
+	if (!l && !(l = *p < 0x80 ? 1 : utf8_len(p, p + left)))
+		return json_pj_fail(d, t->pos, 1, "invalid value");
+	return json_pj_fail(d, t->pos, 1, "invalid value %.*s", (int)l, (const char *)p);
+}
+
+/*
+ * The integer a JSON number s[0..n) is, as protojson's Token.Int/Uint
+ * reads one (1e2 and 1.0 are integers; 1.5 is not), into *out: 0, or
+ * KVD_ERANGE when it is not one of the field's (sign, bits).
+ */
+static int json_pj_int(const uint8_t *s, size_t n, int sign, int bits, uint64_t *out)
+{
+	const uint8_t *ip = NULL, *fp = NULL;
+	size_t il = 0, fl = 0, i = 0, nd, j;
+	long long e = 0;
+	int neg = 0, eneg = 0;
+	uint64_t u = 0, lim;
+	char digits[24];
+
+	if (i < n && s[i] == '-')
+		neg = 1, i++;
+	if (i >= n || !(s[i] >= '0' && s[i] <= '9'))
+		return KVD_ERANGE;
+	if (s[i] == '0') {
+		i++;
+	} else {
+		for (ip = s + i; i < n && s[i] >= '0' && s[i] <= '9'; i++)
+			il++;
+	}
+	if (n - i >= 2 && s[i] == '.' && s[i + 1] >= '0' && s[i + 1] <= '9') {
+		for (fp = s + ++i; i < n && s[i] >= '0' && s[i] <= '9'; i++)
+			fl++;
+		while (fl && fp[fl - 1] == '0')
+			fl--;
+	}
+	if (!il && !fl) { /* zero, whatever its exponent */
+		*out = 0;
+		return 0;
+	}
+	if (n - i >= 2 && (s[i] == 'e' || s[i] == 'E')) { /* the exponent: strconv.ParseInt(_, 10, 32) */
+		if (++i < n && (s[i] == '+' || s[i] == '-'))
+			eneg = s[i++] == '-';
+		if (i == n || !(s[i] >= '0' && s[i] <= '9'))
+			return KVD_ERANGE; /* "1e+": a sign alone */
+		for (; i < n && s[i] >= '0' && s[i] <= '9'; i++)
+			if ((e = e * 10 + (s[i] - '0')) > 2147483648LL)
+				return KVD_ERANGE;
+		if (e > 2147483647LL + eneg)
+			return KVD_ERANGE;
+		if (eneg)
+			e = -e;
+	}
+	if (e >= 0) { /* fraction digits move into the integer, zeros pad it */
+		if ((long long)fl > e || (long long)il + e > 20)
+			return KVD_ERANGE;
+		memcpy(digits, ip ? (const char *)ip : "", il);
+		memcpy(digits + il, fp ? (const char *)fp : "", fl);
+		nd = il + (size_t)e;
+		for (j = il + fl; j < nd; j++)
+			digits[j] = '0';
+		ip = (const uint8_t *)digits;
+	} else { /* digits move out of it, each of them a zero */
+		if (fl || (long long)il + e < 0)
+			return KVD_ERANGE;
+		nd = il - (size_t)-e;
+		for (j = nd; j < il; j++)
+			if (ip[j] != '0')
+				return KVD_ERANGE;
+	}
+	if (!nd || (neg && !sign)) /* strconv.ParseInt(""), ParseUint("-1") */
+		return KVD_ERANGE;
+	if (sign)
+		lim = (bits == 32 ? 0x7fffffffull : 0x7fffffffffffffffull) + (uint64_t)neg;
+	else
+		lim = bits == 32 ? 0xffffffffull : UINT64_MAX;
+	for (j = 0; j < nd; j++) {
+		unsigned dg = (unsigned)(ip[j] - '0');
+		if (u > (lim - dg) / 10)
+			return KVD_ERANGE;
+		u = u * 10 + dg;
+	}
+	*out = neg ? (uint64_t)0 - u : u;
+	return 0;
+}
+
+/* Does the UTF-8 rune at p (l bytes) count as space to Go's strings.TrimSpace? */
+static int json_pj_trims(const uint8_t *p, size_t l)
+{
+	uint32_t c = l ? json_utf8_rune(p, l) : 0;
+
+	return c == ' ' || (c >= '\t' && c <= '\r') || c == 0x85 || c == 0xa0 || c == 0x1680 ||
+	       (c >= 0x2000 && c <= 0x200a) || c == 0x2028 || c == 0x2029 || c == 0x202f || c == 0x205f || c == 0x3000;
+}
+
+/* The number a string token holds (d->str), as protojson takes one for a
+ * number field: no space around it, a number first; its length or 0. */
+static size_t json_pj_strnum(const struct json_pj *d)
+{
+	const uint8_t *s = d->str.p, *e = s + d->str.len, *last;
+
+	if (!d->str.len || json_pj_trims(s, s[0] < 0x80 ? 1 : utf8_len(s, e)))
+		return 0;
+	for (last = e - 1; last > s && (*last & 0xc0) == 0x80; last--)
+		;
+	if (json_pj_trims(last, (size_t)(e - last)))
+		return 0;
+	return json_pj_numlen(s, d->str.len);
+}
+
+/* An integer field's value (a number, or a string holding one). */
+static int json_pj_intval(struct json_pj *d, const struct json_tok *t, int sign, int bits, uint64_t *out)
+{
+	size_t l;
+
+	if (t->kind == JSON_T_NUM)
+		return json_pj_int(d->in + t->pos, t->len, sign, bits, out);
+	if (t->kind != JSON_T_STR || !(l = json_pj_strnum(d)))
+		return KVD_ERANGE;
+	return json_pj_int(d->str.p, l, sign, bits, out);
+}
+
+/* A float or double field's value: a number, a string holding one, "NaN",
+ * "Infinity" or "-Infinity" (no etcd message has one). */
+static int json_pj_floatval(struct json_pj *d, const struct json_tok *t, int bits, double *out)
+{
+	char tmp[400];
+	const uint8_t *s;
+	size_t l;
+
+	if (t->kind == JSON_T_STR) {
+		const char *v = (const char *)d->str.p;
+		uint64_t bits64 = 0;
+		if (d->str.len == 3 && !strcmp(v, "NaN"))
+			bits64 = 0x7ff8000000000000ull;
+		else if (d->str.len == 8 && !strcmp(v, "Infinity"))
+			bits64 = 0x7ff0000000000000ull;
+		else if (d->str.len == 9 && !strcmp(v, "-Infinity"))
+			bits64 = 0xfff0000000000000ull;
+		if (bits64) {
+			memcpy(out, &bits64, 8);
+			return 0;
+		}
+		if (!(l = json_pj_strnum(d)))
+			return KVD_ERANGE;
+		s = d->str.p;
+	} else if (t->kind == JSON_T_NUM) {
+		s = d->in + t->pos;
+		l = t->len;
+	} else {
+		return KVD_ERANGE;
+	}
+	if (l >= sizeof tmp)
+		return KVD_ERANGE; /* kvd's bound */
+	memcpy(tmp, s, l);
+	tmp[l] = 0;
+	*out = strtod(tmp, NULL);
+	if (!(*out - *out == 0) || (bits == 32 && (*out > 3.4028234663852886e38 || *out < -3.4028234663852886e38)))
+		return KVD_ERANGE; /* strconv.ParseFloat: out of range */
+	return 0;
+}
+
+/* The base64 text s[0..n) as protojson decodes a bytes field (Go's
+ * encoding/base64, not strict), into out (room for n * 3 / 4 + 3): its
+ * length, or -1. */
+static long json_pj_b64(const uint8_t *s, size_t n, uint8_t *out)
+{
+	int url = memchr(s, '-', n) || memchr(s, '_', n), pad = n % 4 == 0, j, dlen;
+	size_t si = 0, o = 0;
+
+	for (;;) {
+		uint32_t q[4] = {0, 0, 0, 0}, v;
+		for (dlen = 4, j = 0; j < 4; j++) {
+			uint8_t c;
+			const char *at;
+			if (si == n) {
+				if (j == 0)
+					return (long)o;
+				if (j == 1 || pad)
+					return -1;
+				dlen = j;
+				break;
+			}
+			c = s[si++];
+			if (c == (url ? '-' : '+'))
+				c = '+';
+			else if (c == (url ? '_' : '/'))
+				c = '/';
+			else if (c == '+' || c == '/')
+				c = '!'; /* the other alphabet's */
+			if (c && (at = strchr(json_b64std, c)) != NULL) {
+				q[j] = (uint32_t)(at - json_b64std);
+				continue;
+			}
+			if (c == '\n' || c == '\r') {
+				j--;
+				continue;
+			}
+			if (!pad || c != '=' || j < 2)
+				return -1;
+			if (j == 2) { /* "==" */
+				while (si < n && (s[si] == '\n' || s[si] == '\r'))
+					si++;
+				if (si == n || s[si] != '=')
+					return -1;
+				si++;
+			}
+			while (si < n && (s[si] == '\n' || s[si] == '\r'))
+				si++;
+			if (si < n)
+				return -1; /* after the padding */
+			dlen = j;
+			break;
+		}
+		v = q[0] << 18 | q[1] << 12 | q[2] << 6 | q[3];
+		for (j = 0; j < dlen - 1; j++)
+			out[o++] = (uint8_t)(v >> (16 - 8 * j));
+		if (dlen < 4)
+			return (long)o;
+	}
+}
+
+/* protoreflect's name of f's kind, for protojson's errors. */
+static const char *json_pj_kind(const ProtobufCFieldDescriptor *f)
+{
+	switch (f->type) {
+	case PROTOBUF_C_TYPE_INT32: return "int32";
+	case PROTOBUF_C_TYPE_SINT32: return "sint32";
+	case PROTOBUF_C_TYPE_SFIXED32: return "sfixed32";
+	case PROTOBUF_C_TYPE_INT64: return "int64";
+	case PROTOBUF_C_TYPE_SINT64: return "sint64";
+	case PROTOBUF_C_TYPE_SFIXED64: return "sfixed64";
+	case PROTOBUF_C_TYPE_UINT32: return "uint32";
+	case PROTOBUF_C_TYPE_FIXED32: return "fixed32";
+	case PROTOBUF_C_TYPE_UINT64: return "uint64";
+	case PROTOBUF_C_TYPE_FIXED64: return "fixed64";
+	case PROTOBUF_C_TYPE_FLOAT: return "float";
+	case PROTOBUF_C_TYPE_DOUBLE: return "double";
+	case PROTOBUF_C_TYPE_BOOL: return "bool";
+	case PROTOBUF_C_TYPE_ENUM: return "enum";
+	case PROTOBUF_C_TYPE_STRING: return "string";
+	case PROTOBUF_C_TYPE_BYTES: return "bytes";
+	default: return "message";
+	}
+}
+
+/* Is key[0..klen) the lowerCamel JSON name of proto name n (protoc's
+ * json_name: each '_' dropped and the letter after it upper-cased)? */
+static int json_pb_camel(const char *n, const char *key, size_t klen)
+{
+	size_t o = 0;
+	int up = 0;
+
+	for (; *n; n++) {
+		char c = *n;
+		if (c == '_') {
+			up = 1;
+			continue;
+		}
+		if (up && c >= 'a' && c <= 'z')
+			c = (char)(c - 'a' + 'A');
+		up = 0;
+		if (o >= klen || key[o++] != c)
+			return 0;
+	}
+	return o == klen;
+}
+
+static int json_pj_bad_value(struct json_pj *d, const ProtobufCFieldDescriptor *f, const struct json_tok *t)
+{
+	char raw[JSON_PJ_RAW + 1], jn[64];
+	const char *n = f->name;
+	size_t o = 0;
+	int up = 0;
+
+	for (; *n && o < sizeof jn - 1; n++) { /* f's JSON name */
+		if (*n == '_') {
+			up = 1;
+			continue;
+		}
+		jn[o++] = up && *n >= 'a' && *n <= 'z' ? (char)(*n - 'a' + 'A') : *n;
+		up = 0;
+	}
+	jn[o] = 0;
+	return json_pj_fail(d, t->pos, 0, "invalid value for %s field %s: %s", json_pj_kind(f), jn,
+	                    json_pj_raw(d, t, raw));
+}
+
+static int json_pj_message(struct json_pj *d, struct kvd_buf *b, const ProtobufCMessageDescriptor *md,
+                           const struct json_tok *t);
+
+/* One value of scalar field f (a list's element, or the field), token t, onto b. */
+static int json_pj_scalar(struct json_pj *d, struct kvd_buf *b, const ProtobufCFieldDescriptor *f,
+                          const struct json_tok *t)
+{
+	struct kvd *k = d->k;
+	uint64_t u = 0;
+
+	switch (f->type) {
+	case PROTOBUF_C_TYPE_BOOL:
+		if (t->kind != JSON_T_BOOL)
+			return json_pj_bad_value(d, f, t);
+		pb_buf_uint(k, b, f->id, (uint64_t)t->boo);
+		return 0;
+	case PROTOBUF_C_TYPE_STRING:
+		if (t->kind != JSON_T_STR)
+			return json_pj_bad_value(d, f, t);
+		pb_buf_bytes(k, b, f->id, d->str.p, d->str.len);
+		return 0;
+	case PROTOBUF_C_TYPE_BYTES: {
+		uint8_t *raw;
+		long n;
+		if (t->kind != JSON_T_STR)
+			return json_pj_bad_value(d, f, t);
+		if (buf_reserve(k, b, PB_HDR_MAX + d->str.len)) /* room for the tag and length, then the bytes */
+			return KVD_ENOMEM;
+		raw = b->p + b->len + PB_HDR_MAX;
+		if ((n = json_pj_b64(d->str.p, d->str.len, raw)) < 0)
+			return json_pj_bad_value(d, f, t);
+		u = (uint64_t)(pb_put_lenhdr(b->p + b->len, f->id, (uint64_t)n) - (b->p + b->len));
+		memmove(b->p + b->len + u, raw, (size_t)n);
+		b->len += (size_t)u + (size_t)n;
+		return 0;
+	}
+	case PROTOBUF_C_TYPE_ENUM:
+		if (t->kind == JSON_T_STR) {
+			const char *nm = (const char *)d->str.p;
+			const ProtobufCEnumValue *ev = protobuf_c_enum_descriptor_get_value_by_name(f->descriptor, nm);
+			if (!ev || strlen(nm) != d->str.len)
+				return 0; /* an unknown name: dropped (DiscardUnknown) */
+			u = (uint64_t)(int64_t)ev->value;
+		} else if (t->kind != JSON_T_NUM || json_pj_int(d->in + t->pos, t->len, 1, 32, &u)) {
+			return json_pj_bad_value(d, f, t);
+		}
+		pb_buf_uint(k, b, f->id, u);
+		return 0;
+	case PROTOBUF_C_TYPE_FLOAT:
+	case PROTOBUF_C_TYPE_DOUBLE: { /* no etcd message has one */
+		double x;
+		if (json_pj_floatval(d, t, f->type == PROTOBUF_C_TYPE_FLOAT ? 32 : 64, &x))
+			return json_pj_bad_value(d, f, t);
+		if (f->type == PROTOBUF_C_TYPE_FLOAT) {
+			float fl = (float)x;
+			uint32_t bits;
+			memcpy(&bits, &fl, 4);
+			pb_buf_fixed(k, b, f->id, 32, bits);
+		} else {
+			memcpy(&u, &x, 8);
+			pb_buf_fixed(k, b, f->id, 64, u);
+		}
+		return 0;
+	}
+	default:
+		break;
+	}
+	/* the integers */
+	{
+		int sign = f->type == PROTOBUF_C_TYPE_INT32 || f->type == PROTOBUF_C_TYPE_SINT32 ||
+		           f->type == PROTOBUF_C_TYPE_SFIXED32 || f->type == PROTOBUF_C_TYPE_INT64 ||
+		           f->type == PROTOBUF_C_TYPE_SINT64 || f->type == PROTOBUF_C_TYPE_SFIXED64;
+		int bits = json_pb_elem_size(f) == 8 ? 64 : 32;
+		if (json_pj_intval(d, t, sign, bits, &u))
+			return json_pj_bad_value(d, f, t);
+		switch (f->type) {
+		case PROTOBUF_C_TYPE_SINT32: /* zigzag */
+			u = (uint32_t)((uint32_t)u << 1 ^ (uint32_t)((int32_t)(uint32_t)u >> 31));
+			break;
+		case PROTOBUF_C_TYPE_SINT64:
+			u = u << 1 ^ (uint64_t)((int64_t)u >> 63);
+			break;
+		case PROTOBUF_C_TYPE_SFIXED32: case PROTOBUF_C_TYPE_FIXED32:
+			pb_buf_fixed(k, b, f->id, 32, u);
+			return 0;
+		case PROTOBUF_C_TYPE_SFIXED64: case PROTOBUF_C_TYPE_FIXED64:
+			pb_buf_fixed(k, b, f->id, 64, u);
+			return 0;
+		default:
+			break;
+		}
+		pb_buf_uint(k, b, f->id, u);
+		return 0;
+	}
+}
+
+/* A message field's value (token t opens it) as a length-delimited field onto b. */
+static int json_pj_sub(struct json_pj *d, struct kvd_buf *b, const ProtobufCFieldDescriptor *f,
+                       const struct json_tok *t)
+{
+	struct kvd_buf sub = {0};
+	int r;
+
+	if ((r = json_pj_message(d, &sub, f->descriptor, t)) == 0) {
+		pb_buf_bytes(d->k, b, f->id, BUF_DATA(&sub), BUF_LEN(&sub));
+		r = sub.err ? KVD_ENOMEM : 0;
+	}
+	buf_free(d->k, &sub);
+	return r;
+}
+
+/* An unknown member's value, read and dropped (protojson's skipJSONValue). */
+static int json_pj_skip(struct json_pj *d)
+{
+	struct json_tok t;
+	long open = 0;
+	int r;
+
+	do {
+		if ((r = json_pj_next(d, &t)))
+			return r;
+		if (t.kind == JSON_T_OBJ || t.kind == JSON_T_ARR)
+			open++;
+		else if (t.kind == JSON_T_OBJ_END || t.kind == JSON_T_ARR_END)
+			open--;
+		else if (t.kind == JSON_T_EOF)
+			return json_pj_eof(d);
+	} while (open > 0);
+	return 0;
+}
+
+/* The field a member's name (d->str) sets: its JSON name first, then its
+ * proto name; NULL if none (an extension's "[...]" is none of etcd's). */
+static const ProtobufCFieldDescriptor *json_pj_field(const struct json_pj *d, const ProtobufCMessageDescriptor *md)
+{
+	const char *name = (const char *)d->str.p;
+	size_t n = d->str.len;
+	unsigned i;
+
+	if (n >= 2 && name[0] == '[' && name[n - 1] == ']')
+		return NULL;
+	for (i = 0; i < md->n_fields; i++)
+		if (json_pb_camel(md->fields[i].name, name, n))
+			return &md->fields[i];
+	for (i = 0; i < md->n_fields; i++)
+		if (strlen(md->fields[i].name) == n && !memcmp(md->fields[i].name, name, n))
+			return &md->fields[i];
+	return NULL;
+}
+
+/* The oneof of etcd's messages that have one (protobuf-c keeps no names). */
+static const char *json_pj_oneof(const ProtobufCMessageDescriptor *md)
+{
+	static const char *const names[][2] = {
+	    {"etcdserverpb.RequestOp", "request"},          {"etcdserverpb.ResponseOp", "response"},
+	    {"etcdserverpb.Compare", "target_union"},       {"etcdserverpb.WatchRequest", "request_union"},
+	};
+	size_t i;
+
+	for (i = 0; i < KVD_COUNT(names); i++)
+		if (!strcmp(md->name, names[i][0]))
+			return names[i][1];
+	return "oneof";
+}
+
+/* A member's name refused: named twice (md NULL), or a second member of md's oneof. */
+static int json_pj_refuse(struct json_pj *d, const struct json_tok *name, const ProtobufCMessageDescriptor *md)
+{
+	char raw[JSON_PJ_RAW + 1];
+
+	json_pj_raw(d, name, raw);
+	if (!md)
+		return json_pj_fail(d, name->pos, 0, "duplicate field %s", raw);
+	return json_pj_fail(d, name->pos, 0, "error parsing %s, oneof %s.%s is already set", raw, md->name,
+	                    json_pj_oneof(md));
+}
+
+/* Message md, its value opened by token t, as protobuf bytes onto b. */
+static int json_pj_message(struct json_pj *d, struct kvd_buf *b, const ProtobufCMessageDescriptor *md,
+                           const struct json_tok *t)
+{
+	uint64_t seen = 0;     /* fields named, by index (etcd's messages have at most 13) */
+	unsigned oneofs[8], noneofs = 0, i;
+	struct json_tok name, v, e;
+	int r, rv;
+
+	if (t->kind != JSON_T_OBJ)
+		return json_pj_unexpected(d, t);
+	if (d->depth >= JSON_MAX_DEPTH) /* json_scan bounded it already */
+		return json_pj_fail(d, t->pos, 0, "exceeded max recursion depth");
+	d->depth++;
+	for (;;) {
+		const ProtobufCFieldDescriptor *f;
+		unsigned idx;
+		if ((r = json_pj_next(d, &name)))
+			return r;
+		if (name.kind == JSON_T_OBJ_END)
+			break;
+		if (name.kind != JSON_T_NAME)
+			return json_pj_unexpected(d, &name);
+		if (!(f = json_pj_field(d, md))) {
+			if ((r = json_pj_skip(d)))
+				return r;
+			continue;
+		}
+		idx = (unsigned)(f - md->fields);
+		if (idx < 64 && (seen >> idx & 1))
+			return json_pj_refuse(d, &name, NULL);
+		if (idx < 64)
+			seen |= (uint64_t)1 << idx;
+		rv = json_pj_next(d, &v); /* protojson peeks at it for null: its fault waits */
+		if (!rv && v.kind == JSON_T_NULL)
+			continue;
+		if ((f->flags & PROTOBUF_C_FIELD_FLAG_ONEOF) && f->label != PROTOBUF_C_LABEL_REPEATED) {
+			for (i = 0; i < noneofs && oneofs[i] != f->quantifier_offset; i++)
+				;
+			if (i < noneofs)
+				return json_pj_refuse(d, &name, md);
+			if (noneofs < KVD_COUNT(oneofs))
+				oneofs[noneofs++] = f->quantifier_offset;
+		}
+		if (rv)
+			return rv;
+		if (f->label != PROTOBUF_C_LABEL_REPEATED) {
+			r = f->type == PROTOBUF_C_TYPE_MESSAGE ? json_pj_sub(d, b, f, &v) : json_pj_scalar(d, b, f, &v);
+			if (r)
+				return r;
+			continue;
+		}
+		if (v.kind != JSON_T_ARR)
+			return json_pj_unexpected(d, &v);
+		for (;;) {
+			if ((r = json_pj_next(d, &e)))
+				return r;
+			if (e.kind == JSON_T_ARR_END)
+				break;
+			r = f->type == PROTOBUF_C_TYPE_MESSAGE ? json_pj_sub(d, b, f, &e) : json_pj_scalar(d, b, f, &e);
+			if (r)
+				return r;
+		}
+	}
+	d->depth--;
+	return b->err ? KVD_ENOMEM : 0;
+}
+
+/*
+ * The JSON value p[0..n) (json_scan found it) as message md's protobuf bytes
+ * onto b, as protojson.Unmarshal reads it.  0, KVD_EPROTO (why: protojson's
+ * words, JSON_PB_WHY bytes), or KVD_ENOMEM.
+ */
+static int json_pj_decode(struct kvd *k, struct kvd_buf *b, const ProtobufCMessageDescriptor *md, const uint8_t *p,
+                          size_t n, char *why)
+{
+	struct json_pj d;
+	struct json_tok t;
+	int r;
+
+	memset(&d, 0, sizeof d);
+	d.k = k;
+	d.in = p;
+	d.n = n;
+	d.why = why;
+	if (!(r = json_pj_next(&d, &t)) && !(r = json_pj_message(&d, b, md, &t)) && !(r = json_pj_next(&d, &t)) &&
+	    t.kind != JSON_T_EOF)
+		r = json_pj_unexpected(&d, &t);
+	buf_free(k, &d.str);
+	return r ? r : b->err ? KVD_ENOMEM : 0;
+}
+
+/* ===== 8. Calls: one RPC, whatever carries it (call_) ==================== */
+
+/*
+ * A call is one RPC being served, apart from what carries it.  A service
+ * sees only its call: the decoded request (c->rq), its metadata (the auth
+ * token among it), and where its answer goes -- response messages queued
+ * on c->out, a final status, and whether that answer must wait for the
+ * group commit (c->held).  Carriers move the bytes: gRPC over HTTP/2 (an
+ * h2 stream embeds its call; this section's grpc_ half frames the
+ * messages), in-process calls (tests, fuzzers), and the JSON gateway over
+ * HTTP/1.1 (section 33) -- all through the same svc_* handlers.  Every live call is
+ * on k->calls, so shutdown and timers reach them without knowing carriers.
+ *
+ * gRPC over HTTP/2 (grpc doc/PROTOCOL-HTTP2.md): each message is a 1-byte
+ * compressed flag, a 4-byte big-endian length, then the protobuf bytes;
+ * messages may span DATA frames or share one.  Status goes in trailers;
+ * early errors use Trailers-Only.  Texts follow grpc-go (etcd's server) so
+ * clients that match errors by text keep working.
+ */
+
+static const struct grpc_method *svc_route(const char *svc, size_t slen, const char *meth,
+                                           size_t mlen, int *known_service);
+static int svc_method_index(const struct grpc_method *m);
+static void svc_stop_call(struct kvd *k, struct call *c);
+
+/* A new call of method m (NULL until routed) on carrier car: on k->calls. */
+static void call_init(struct kvd *k, struct call *c, const struct grpc_method *m, const struct call_carrier *car)
+{
+	memset(c, 0, sizeof *c);
+	c->m = m;
+	c->carrier = car;
+	c->next = k->calls;
+	if (k->calls)
+		k->calls->prev = c;
+	k->calls = c;
+}
+
+/* The call goes away: its service state, a held reply, its memory (not c). */
+static void call_fini(struct kvd *k, struct call *c)
+{
+	size_t i;
+	int mi = c->m ? svc_method_index(c->m) : -1;
+
+	if (mi >= 0) /* grpc_server_handled_total: a call that never ended was cancelled */
+		k->st.grpc_handled[mi][c->finished && c->status >= 0 && c->status < 17 ? c->status : GRPC_CANCELLED]++;
+	if (c->m && c->m->on_close)
+		c->m->on_close(k, c);
+	if (c->held) /* its reply was waiting for the log flush */
+		for (i = 0; i < k->nheld; i++)
+			if (k->held[i] == c)
+				k->held[i] = NULL;
+	if (c->prev)
+		c->prev->next = c->next;
+	else
+		k->calls = c->next;
+	if (c->next)
+		c->next->prev = c->prev;
+	pb_free(k, c->rq);
+	buf_free(k, &c->out);
+	kvd_free(k, c->meta);
+	kvd_free(k, c->status_msg);
+}
+
+/*
+ * A reply produced while the log batch is open may show writes a failed
+ * flush takes back: it waits in k->held, and the flush either releases it or
+ * replaces it with the error (loop_log_flush).
+ */
+static void call_hold(struct kvd *k, struct call *c)
+{
+	if (UTIL_GROW(k, k->held, k->heldcap, k->nheld + 1, 64))
+		return; /* cannot track it: it leaves after the flush all the same */
+	k->held[k->nheld++] = c;
+	c->held = 1;
+}
+
+/* Final status for c.  The message is copied; later calls are ignored. */
+static void call_finish(struct kvd *k, struct call *c, int code, const char *fmt, ...)
+{
+	char msg[512];
+	va_list ap;
+
+	if (c->finished)
+		return;
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof msg, fmt, ap);
+	va_end(ap);
+	c->status = code;
+	c->status_msg = msg[0] ? kvd_strdup(k, msg) : NULL;
+	c->finished = 1;
+	if (k->db.w.len && !c->held)
+		call_hold(k, c);
+	if (c->carrier->finished)
+		c->carrier->finished(k, c);
+}
+
+/* Room for one response message of n bytes on c's output: the gRPC prefix
+ * (uncompressed, length) written, the n bytes counted in, where they go
+ * returned -- the one writer of that prefix.  NULL: the call ended
+ * RESOURCE_EXHAUSTED. */
+static uint8_t *call_msg(struct kvd *k, struct call *c, size_t n)
+{
+	uint8_t *p;
+
+	if (n > 0xffffffffu || buf_reserve(k, &c->out, 5 + n)) {
+		call_finish(k, c, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+		return NULL;
+	}
+	p = c->out.p + c->out.len;
+	p[0] = 0;
+	put_be32(p + 1, (uint32_t)n);
+	c->out.len += 5 + n;
+	return p + 5;
+}
+
+/* Queue one response message.  On failure the call ends RESOURCE_EXHAUSTED. */
+static int call_send(struct kvd *k, struct call *c, const ProtobufCMessage *m)
+{
+	uint8_t *p;
+
+	if (c->finished)
+		return KVD_EINVAL;
+	if (!(p = call_msg(k, c, protobuf_c_message_get_packed_size(m))))
+		return KVD_ENOMEM;
+	protobuf_c_message_pack(m, p);
+	return 0;
+}
+
+/* A unary answer: one message, then status OK. */
+static void call_reply(struct kvd *k, struct call *c, const ProtobufCMessage *m)
+{
+	if (!call_send(k, c, m))
+		call_finish(k, c, GRPC_OK, "%s", "");
+}
+
+/* Keep a call's metadata (regular fields: names not starting with ':'), in
+ * one allocation.  Each carrier hands over what its protocol calls them. */
+static int call_keep_meta(struct kvd *k, struct call *s, const struct hp_field *f, unsigned nf)
+{
+	size_t bytes = 0;
+	unsigned i, n = 0;
+	char *p;
+
+	for (i = 0; i < nf; i++)
+		if (f[i].name[0] != ':') {
+			bytes += f[i].nlen + f[i].vlen + 2;
+			n++;
+		}
+	if (!n)
+		return 0;
+	s->meta = kvd_malloc(k, n * sizeof *s->meta + bytes);
+	if (!s->meta)
+		return KVD_ENOMEM;
+	p = (char *)(s->meta + n);
+	for (i = 0; i < nf; i++) {
+		if (f[i].name[0] == ':')
+			continue;
+		memcpy(p, f[i].name, f[i].nlen);
+		p[f[i].nlen] = 0;
+		s->meta[s->nmeta].name = p;
+		s->meta[s->nmeta].nlen = f[i].nlen;
+		p += f[i].nlen + 1;
+		memcpy(p, f[i].value, f[i].vlen);
+		p[f[i].vlen] = 0;
+		s->meta[s->nmeta].value = p;
+		s->meta[s->nmeta].vlen = f[i].vlen;
+		p += f[i].vlen + 1;
+		s->nmeta++;
+	}
+	return 0;
+}
+
+/* Request metadata by (lowercase) name, NUL-terminated; NULL if absent. */
+static const char *call_meta(const struct call *c, const char *name)
+{
+	unsigned i;
+
+	for (i = 0; i < c->nmeta; i++)
+		if (!strcmp(c->meta[i].name, name))
+			return c->meta[i].value;
+	return NULL;
+}
+
+/*
+ * Decode a request message for c's method into c->rq, or end the call as
+ * etcd does: its decoder's text for malformed bytes (pb_check), its txn
+ * limit for nesting beyond what kvd decodes, and kvd's own words only for
+ * what is kvd's (memory, groups).  Returns 0 or a negative KVD_E*.
+ */
+static int call_decode(struct kvd *k, struct call *c, const uint8_t *p, size_t n)
+{
+	const ProtobufCMessageDescriptor *d = c->m->req;
+	char why[160];
+	unsigned flags;
+	int oom, r;
+
+	if (!d)
+		return 0; /* raw bytes (test methods) */
+	r = pb_check(d, p, n, PB_MAX_DEPTH, why, sizeof why, &flags);
+	if (r == KVD_ELIMIT) { /* only a Txn nests: etcd's answer for deep ones */
+		call_finish(k, c, GRPC_INVALID_ARGUMENT, "%s", E_TOO_MANY_OPS);
+		return r;
+	}
+	if (r) {
+		call_finish(k, c, GRPC_INTERNAL, "grpc: error unmarshalling request: %s", why);
+		return r;
+	}
+	if (flags & PB_F_STRIP) { /* what etcd skips, protobuf-c would refuse */
+		uint8_t *copy = kvd_malloc(k, n ? n : 1);
+		if (!copy) {
+			call_finish(k, c, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+			return KVD_ENOMEM;
+		}
+		c->rq = pb_unpack(k, d, copy, pb_strip(d, p, n, copy), &oom);
+		kvd_free(k, copy);
+	} else {
+		c->rq = pb_unpack(k, d, p, n, &oom);
+	}
+	if (c->rq)
+		return 0;
+	if (oom) {
+		call_finish(k, c, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+		return KVD_ENOMEM;
+	}
+	call_finish(k, c, GRPC_INTERNAL, "grpc: error unmarshalling request: kvd: malformed protobuf");
+	return KVD_EPROTO;
+}
+
+/* One request message for c: decoded, then handed to the method (a unary
+ * call takes only its first).  The handler may finish c, never frees it. */
+static void call_message(struct kvd *k, struct call *c, const uint8_t *p, size_t n)
+{
+	if (!p) /* an empty buffer's data: decoders may not do arithmetic on NULL */
+		p = (const uint8_t *)"";
+	if (c->m->kind != GRPC_BIDI && c->got_msg)
+		return;
+	c->got_msg = 1;
+	c->out_mark = c->out.len;
+	if (call_decode(k, c, p, n))
+		return;
+	c->raw.p = p;
+	c->raw.n = n;
+	c->m->on_msg(k, c);
+	if (k->stopping) /* begun while kvd stops: a stream ends at once */
+		svc_stop_call(k, c);
+	pb_free(k, c->rq);
+	c->rq = NULL;
+	c->raw.n = 0;
+}
+
+/* The client will send nothing more (gRPC: io.EOF / io.ErrUnexpectedEOF
+ * when the request never came, as grpc-go answers). */
+static void call_half_close(struct kvd *k, struct call *c, int partial)
+{
+	if (c->finished)
+		return;
+	if (!c->got_msg) {
+		call_finish(k, c, GRPC_UNKNOWN, partial ? "unexpected EOF" : "EOF");
+		return;
+	}
+	if (partial && c->m->kind == GRPC_BIDI) {
+		call_finish(k, c, GRPC_INTERNAL, "unexpected EOF");
+		return;
+	}
+	if (c->m->on_half_close)
+		c->m->on_half_close(k, c);
+}
+
+/* Route a path as grpc-go does (strip one leading '/', split at the last
+ * '/'); 0, or the call finished with grpc-go's text. */
+static int call_route(struct kvd *k, struct call *c, const char *path, size_t plen)
+{
+	const char *svc = path, *slash = NULL, *orig = path;
+	size_t i, olen = plen;
+	int known;
+
+	if (plen && path[0] == '/') {
+		path++;
+		plen--;
+	}
+	for (i = plen; i > 0; i--)
+		if (path[i - 1] == '/') {
+			slash = path + i - 1;
+			break;
+		}
+	if (!slash) {
+		call_finish(k, c, GRPC_RESOURCE_EXHAUSTED, "malformed method name: \"%.*s\"", (int)KVD_MIN(olen, 200), orig);
+		return KVD_EINVAL;
+	}
+	svc = path;
+	c->m = svc_route(svc, (size_t)(slash - svc), slash + 1, plen - (size_t)(slash - svc) - 1, &known);
+	if (!c->m) {
+		if (known)
+			call_finish(k, c, GRPC_UNIMPLEMENTED, "unknown method %.*s for service %.*s",
+			            (int)KVD_MIN(plen - (size_t)(slash - svc) - 1, 200), slash + 1, (int)(slash - svc), svc);
+		else
+			call_finish(k, c, GRPC_UNIMPLEMENTED, "unknown service %.*s", (int)KVD_MIN((size_t)(slash - svc), 200), svc);
+		return KVD_EINVAL;
+	}
+	if ((known = svc_method_index(c->m)) >= 0)
+		k->st.grpc_started[known]++;
+	return 0;
+}
+
+/* ===== 9. MVCC store: the log, its format and grammar (mvcc_) ============ */
 
 /*
  * The store is one append-only log, <data-dir>/kvd.log, and an in-memory
@@ -1915,7 +4350,7 @@ static const char *tls_peer_cn(const struct conn *c, size_t *n);
  *   ALARM   (5) = u32 n | (varint member | u8 alarm)[n]  -- the active alarms from here on
  *   AUTH    (6) = u8 flags (1 enabled, 2 whole) | u64 auth rev | u32 nops | aop[nops]
  *   aop     = u8 kind | u32 len | bytes[len]   -- 1 user, 3 role: the packed
- *             authpb.User/Role; 2, 4: the name of one that goes (section 16
+ *             authpb.User/Role; 2, 4: the name of one that goes (section 12
  *             applies them; "whole" first forgets every user and role)
  *   op      = u8 kind (1 put, 2 delete) | u64 prev | varint rev | varint create
  *             | varint version | varint zigzag(lease) | varint klen | varint vlen
@@ -1929,8 +4364,8 @@ static const char *tls_peer_cn(const struct conn *c, size_t *n);
  * deletes of its keys.
  * A whole txn is one record, so a crash never leaves half of it: recovery
  * keeps the longest prefix of valid records and cuts a torn tail.
- * BASE records only follow the header, in a log a rewrite made (section 8)
- * or an etcd snapshot's import (section 9): lease grants and key puts, each
+ * BASE records only follow the header, in a log a rewrite made (section 13)
+ * or an etcd snapshot's import (section 15): lease grants and key puts, each
  * put at the revision it had, all at or below the BASE revision, which the
  * TXNs after them continue; a BASE without ops (nothing was live) still says
  * that revision.  A put in a
@@ -2303,181 +4738,6 @@ static int mvcc_cmp(const uint8_t *a, size_t an, const uint8_t *b, size_t bn)
 	int c = an && bn ? memcmp(a, b, KVD_MIN(an, bn)) : 0;
 
 	return c ? c : (an > bn) - (an < bn);
-}
-
-/* ---- the index: a two-level B+tree (sorted leaves + a sorted leaf array) */
-
-struct mvcc_it {
-	size_t li;
-	unsigned ki;
-};
-
-/* Position of the first key >= key; *eq set when it is key itself. */
-static struct mvcc_it mvcc_seek(struct mvcc *m, const uint8_t *key, size_t n, int *eq)
-{
-	struct mvcc_it it = {0, 0};
-	size_t lo = 0, hi = m->nleaf, mid;
-	struct mvcc_leaf *l;
-	unsigned a, b, c;
-
-	*eq = 0;
-	if (!m->nleaf)
-		return it;
-	while (hi - lo > 1) {
-		mid = lo + (hi - lo) / 2;
-		if (mvcc_cmp(m->leaf[mid]->k[0]->key, m->leaf[mid]->k[0]->klen, key, n) <= 0)
-			lo = mid;
-		else
-			hi = mid;
-	}
-	l = m->leaf[lo];
-	a = 0;
-	b = l->n;
-	while (a < b) {
-		c = a + (b - a) / 2;
-		if (mvcc_cmp(l->k[c]->key, l->k[c]->klen, key, n) < 0)
-			a = c + 1;
-		else
-			b = c;
-	}
-	it.li = lo;
-	it.ki = a;
-	if (a < l->n)
-		*eq = !mvcc_cmp(l->k[a]->key, l->k[a]->klen, key, n);
-	else {
-		it.li++;
-		it.ki = 0;
-	}
-	return it;
-}
-
-static struct mvcc_key *mvcc_at(struct mvcc *m, struct mvcc_it it)
-{
-	return it.li < m->nleaf ? m->leaf[it.li]->k[it.ki] : NULL;
-}
-
-static void mvcc_next(struct mvcc *m, struct mvcc_it *it)
-{
-	if (++it->ki >= m->leaf[it->li]->n) {
-		it->li++;
-		it->ki = 0;
-	}
-}
-
-static struct mvcc_key *mvcc_find(struct mvcc *m, const uint8_t *key, size_t n)
-{
-	int eq;
-	struct mvcc_it it = mvcc_seek(m, key, n, &eq);
-
-	return eq ? mvcc_at(m, it) : NULL;
-}
-
-static int mvcc_leaf_slot(struct kvd *k, struct mvcc *m, size_t at, struct mvcc_leaf *l)
-{
-	if (UTIL_GROW(k, m->leaf, m->leafcap, m->nleaf + 1, 16))
-		return KVD_ENOMEM;
-	memmove(m->leaf + at + 1, m->leaf + at, (m->nleaf - at) * sizeof *m->leaf);
-	m->leaf[at] = l;
-	m->nleaf++;
-	return 0;
-}
-
-/* Insert r where mvcc_seek said it belongs. */
-static int mvcc_insert(struct kvd *k, struct mvcc *m, struct mvcc_it it, struct mvcc_key *r)
-{
-	struct mvcc_leaf *l, *nl;
-	unsigned half;
-
-	if (!m->nleaf) {
-		if (!(l = kvd_malloc(k, sizeof *l)))
-			return KVD_ENOMEM;
-		l->n = 0;
-		if (mvcc_leaf_slot(k, m, 0, l)) {
-			kvd_free(k, l);
-			return KVD_ENOMEM;
-		}
-		it.li = 0;
-		it.ki = 0;
-	} else if (it.li == m->nleaf) {
-		it.li = m->nleaf - 1;
-		it.ki = m->leaf[it.li]->n;
-	} else if (it.ki == 0 && it.li > 0 && m->leaf[it.li - 1]->n < MVCC_LEAF) {
-		it.li--; /* append to the previous leaf rather than shifting this one */
-		it.ki = m->leaf[it.li]->n;
-	}
-	l = m->leaf[it.li];
-	if (l->n == MVCC_LEAF) { /* split */
-		if (!(nl = kvd_malloc(k, sizeof *nl)))
-			return KVD_ENOMEM;
-		half = MVCC_LEAF / 2;
-		if (it.ki == MVCC_LEAF)
-			half = MVCC_LEAF; /* appending at the end: start a fresh leaf */
-		nl->n = MVCC_LEAF - half;
-		memcpy(nl->k, l->k + half, nl->n * sizeof *nl->k);
-		if (mvcc_leaf_slot(k, m, it.li + 1, nl)) {
-			kvd_free(k, nl);
-			return KVD_ENOMEM;
-		}
-		l->n = half;
-		if (it.ki >= half) {
-			it.ki -= half;
-			it.li++;
-			l = nl;
-		}
-	}
-	memmove(l->k + it.ki + 1, l->k + it.ki, (l->n - it.ki) * sizeof *l->k);
-	l->k[it.ki] = r;
-	l->n++;
-	m->nkeys++;
-	return 0;
-}
-
-/* Remove the key at it; empty leaves go, small neighbours merge.  Returns
- * the position of the key that followed it. */
-static struct mvcc_it mvcc_remove(struct kvd *k, struct mvcc *m, struct mvcc_it it)
-{
-	struct mvcc_leaf *l = m->leaf[it.li], *r;
-
-	memmove(l->k + it.ki, l->k + it.ki + 1, (l->n - it.ki - 1) * sizeof *l->k);
-	l->n--;
-	m->nkeys--;
-	if (!l->n) {
-		kvd_free(k, l);
-		memmove(m->leaf + it.li, m->leaf + it.li + 1, (m->nleaf - it.li - 1) * sizeof *m->leaf);
-		m->nleaf--;
-		it.ki = 0;
-		return it;
-	}
-	if (it.li + 1 < m->nleaf && l->n + (r = m->leaf[it.li + 1])->n <= MVCC_LEAF / 2) {
-		memcpy(l->k + l->n, r->k, r->n * sizeof *r->k);
-		l->n += r->n;
-		kvd_free(k, r);
-		memmove(m->leaf + it.li + 1, m->leaf + it.li + 2, (m->nleaf - it.li - 2) * sizeof *m->leaf);
-		m->nleaf--;
-	}
-	if (it.ki >= l->n) {
-		it.li++;
-		it.ki = 0;
-	}
-	return it;
-}
-
-static struct mvcc_key *mvcc_new_key(struct kvd *k, const uint8_t *key, size_t klen)
-{
-	struct mvcc_key *r = kvd_nalloc(k, sizeof *r + klen);
-
-	if (r) {
-		memset(r, 0, sizeof *r);
-		r->klen = (uint32_t)klen;
-		memcpy(r->key, key, klen);
-	}
-	return r;
-}
-
-static void mvcc_free_key(struct kvd *k, struct mvcc_key *r)
-{
-	if (r)
-		kvd_nfree(k, r, sizeof *r + r->klen);
 }
 
 /* ---- reading ------------------------------------------------------------ */
@@ -2947,6 +5207,204 @@ static int mvcc_visible(struct mvcc *m, const struct mvcc_key *r, int64_t rev, s
 	return 1;
 }
 
+/* ===== 10. MVCC store: the index, writing, group commit, recovery (mvcc_) == */
+
+/*
+ * The index and the writer.  RAM holds every live key in a two-level
+ * B+tree (struct mvcc_key: its latest revision and where its op sits in
+ * the log); a write txn changes the index at once and appends its record
+ * to the open batch m->w; the loop's end makes the batch durable.
+ *
+ * A durable write, end to end: svc_put_rpc (section 21) -> mvcc_put
+ * (here: the op appended, the index changed, an undo entry kept) ->
+ * call_finish (section 8: while the batch is open the reply is held,
+ * call_hold) -> loop_log_flush (section 35) -> mvcc_flush (here: one
+ * pwrite, one fdatasync) -> the held replies released -> the carrier's
+ * flush (h2_stream_send, gw_flush) moves them toward the socket.
+ *
+ * Invariants:
+ *   1. No reply that shows a write leaves before that write's fdatasync:
+ *      the durability contract (loop_log_flush; KVD_NEVER(held) where a
+ *      carrier moves bytes).
+ *   2. A failed flush undoes the whole batch in RAM (the undo list), and
+ *      the held replies become errors: what they showed never happened.
+ *   3. Recovery keeps the longest prefix of valid records and cuts a torn
+ *      tail; it never reads past a bad CRC.
+ */
+
+struct mvcc_it {
+	size_t li;
+	unsigned ki;
+};
+
+/* Position of the first key >= key; *eq set when it is key itself. */
+static struct mvcc_it mvcc_seek(struct mvcc *m, const uint8_t *key, size_t n, int *eq)
+{
+	struct mvcc_it it = {0, 0};
+	size_t lo = 0, hi = m->nleaf, mid;
+	struct mvcc_leaf *l;
+	unsigned a, b, c;
+
+	*eq = 0;
+	if (!m->nleaf)
+		return it;
+	while (hi - lo > 1) {
+		mid = lo + (hi - lo) / 2;
+		if (mvcc_cmp(m->leaf[mid]->k[0]->key, m->leaf[mid]->k[0]->klen, key, n) <= 0)
+			lo = mid;
+		else
+			hi = mid;
+	}
+	l = m->leaf[lo];
+	a = 0;
+	b = l->n;
+	while (a < b) {
+		c = a + (b - a) / 2;
+		if (mvcc_cmp(l->k[c]->key, l->k[c]->klen, key, n) < 0)
+			a = c + 1;
+		else
+			b = c;
+	}
+	it.li = lo;
+	it.ki = a;
+	if (a < l->n)
+		*eq = !mvcc_cmp(l->k[a]->key, l->k[a]->klen, key, n);
+	else {
+		it.li++;
+		it.ki = 0;
+	}
+	return it;
+}
+
+static struct mvcc_key *mvcc_at(struct mvcc *m, struct mvcc_it it)
+{
+	return it.li < m->nleaf ? m->leaf[it.li]->k[it.ki] : NULL;
+}
+
+static void mvcc_next(struct mvcc *m, struct mvcc_it *it)
+{
+	if (++it->ki >= m->leaf[it->li]->n) {
+		it->li++;
+		it->ki = 0;
+	}
+}
+
+static struct mvcc_key *mvcc_find(struct mvcc *m, const uint8_t *key, size_t n)
+{
+	int eq;
+	struct mvcc_it it = mvcc_seek(m, key, n, &eq);
+
+	return eq ? mvcc_at(m, it) : NULL;
+}
+
+static int mvcc_leaf_slot(struct kvd *k, struct mvcc *m, size_t at, struct mvcc_leaf *l)
+{
+	if (UTIL_GROW(k, m->leaf, m->leafcap, m->nleaf + 1, 16))
+		return KVD_ENOMEM;
+	memmove(m->leaf + at + 1, m->leaf + at, (m->nleaf - at) * sizeof *m->leaf);
+	m->leaf[at] = l;
+	m->nleaf++;
+	return 0;
+}
+
+/* Insert r where mvcc_seek said it belongs. */
+static int mvcc_insert(struct kvd *k, struct mvcc *m, struct mvcc_it it, struct mvcc_key *r)
+{
+	struct mvcc_leaf *l, *nl;
+	unsigned half;
+
+	if (!m->nleaf) {
+		if (!(l = kvd_malloc(k, sizeof *l)))
+			return KVD_ENOMEM;
+		l->n = 0;
+		if (mvcc_leaf_slot(k, m, 0, l)) {
+			kvd_free(k, l);
+			return KVD_ENOMEM;
+		}
+		it.li = 0;
+		it.ki = 0;
+	} else if (it.li == m->nleaf) {
+		it.li = m->nleaf - 1;
+		it.ki = m->leaf[it.li]->n;
+	} else if (it.ki == 0 && it.li > 0 && m->leaf[it.li - 1]->n < MVCC_LEAF) {
+		it.li--; /* append to the previous leaf rather than shifting this one */
+		it.ki = m->leaf[it.li]->n;
+	}
+	l = m->leaf[it.li];
+	if (l->n == MVCC_LEAF) { /* split */
+		if (!(nl = kvd_malloc(k, sizeof *nl)))
+			return KVD_ENOMEM;
+		half = MVCC_LEAF / 2;
+		if (it.ki == MVCC_LEAF)
+			half = MVCC_LEAF; /* appending at the end: start a fresh leaf */
+		nl->n = MVCC_LEAF - half;
+		memcpy(nl->k, l->k + half, nl->n * sizeof *nl->k);
+		if (mvcc_leaf_slot(k, m, it.li + 1, nl)) {
+			kvd_free(k, nl);
+			return KVD_ENOMEM;
+		}
+		l->n = half;
+		if (it.ki >= half) {
+			it.ki -= half;
+			it.li++;
+			l = nl;
+		}
+	}
+	memmove(l->k + it.ki + 1, l->k + it.ki, (l->n - it.ki) * sizeof *l->k);
+	l->k[it.ki] = r;
+	l->n++;
+	m->nkeys++;
+	return 0;
+}
+
+/* Remove the key at it; empty leaves go, small neighbours merge.  Returns
+ * the position of the key that followed it. */
+static struct mvcc_it mvcc_remove(struct kvd *k, struct mvcc *m, struct mvcc_it it)
+{
+	struct mvcc_leaf *l = m->leaf[it.li], *r;
+
+	memmove(l->k + it.ki, l->k + it.ki + 1, (l->n - it.ki - 1) * sizeof *l->k);
+	l->n--;
+	m->nkeys--;
+	if (!l->n) {
+		kvd_free(k, l);
+		memmove(m->leaf + it.li, m->leaf + it.li + 1, (m->nleaf - it.li - 1) * sizeof *m->leaf);
+		m->nleaf--;
+		it.ki = 0;
+		return it;
+	}
+	if (it.li + 1 < m->nleaf && l->n + (r = m->leaf[it.li + 1])->n <= MVCC_LEAF / 2) {
+		memcpy(l->k + l->n, r->k, r->n * sizeof *r->k);
+		l->n += r->n;
+		kvd_free(k, r);
+		memmove(m->leaf + it.li + 1, m->leaf + it.li + 2, (m->nleaf - it.li - 2) * sizeof *m->leaf);
+		m->nleaf--;
+	}
+	if (it.ki >= l->n) {
+		it.li++;
+		it.ki = 0;
+	}
+	return it;
+}
+
+static struct mvcc_key *mvcc_new_key(struct kvd *k, const uint8_t *key, size_t klen)
+{
+	struct mvcc_key *r = kvd_nalloc(k, sizeof *r + klen);
+
+	if (r) {
+		memset(r, 0, sizeof *r);
+		r->klen = (uint32_t)klen;
+		memcpy(r->key, key, klen);
+	}
+	return r;
+}
+
+static void mvcc_free_key(struct kvd *k, struct mvcc_key *r)
+{
+	if (r)
+		kvd_nfree(k, r, sizeof *r + r->klen);
+}
+
 /* ---- writing ------------------------------------------------------------ */
 
 static void mvcc_save(struct mvcc_was *w, const struct mvcc_key *r)
@@ -2985,7 +5443,7 @@ static int mvcc_undo_push(struct kvd *k, struct mvcc *m, struct mvcc_key *r, uns
 
 /*
  * Bytes superseded at revision rev: a rewrite drops them once the compacted
- * revision is past rev (section 8).  One range per revision, exact, until
+ * revision is past rev (section 13).  One range per revision, exact, until
  * MVCC_DEAD_MAX ranges of uncompacted history: then neighbours merge, and a
  * merged range counts once compaction has passed all of it.
  */
@@ -3376,7 +5834,7 @@ static void mvcc_compact_stats(struct mvcc *m, int64_t rev)
 	}
 }
 
-static void snap_keep_hash(struct kvd *k, int64_t rev); /* section 9: HashKV's memory of compactions */
+static void snap_keep_hash(struct kvd *k, int64_t rev); /* section 14: HashKV's memory of compactions */
 
 /* Log a compaction to rev and apply it to the index. */
 static int mvcc_compact(struct kvd *k, int64_t rev)
@@ -3406,7 +5864,7 @@ static int mvcc_compact(struct kvd *k, int64_t rev)
 }
 
 /*
- * The log moved: a rewrite (section 8) put its records at other offsets.
+ * The log moved: a rewrite (section 13) put its records at other offsets.
  * Offsets kept beyond one record follow: the mover re-points the index (each
  * key's latest op) and hands over the marks it made while writing the new
  * file; a watcher's position carries the generation it belongs to, so it is
@@ -3919,12 +6377,12 @@ static void mvcc_init(struct mvcc *m)
 	m->compacted = m->compacted_durable = -1;
 }
 
-/* ===== 7. Leases (lease_) =============================================== */
+/* ===== 11. Leases (lease_) =============================================== */
 
 /*
  * A lease is an id, a granted TTL, a deadline on the monotonic clock (boards
  * have no RTC) and the set of keys attached to it.  Grants and revokes are
- * ops in the log (section 6); a revoke shares its record and its revision
+ * ops in the log (section 9); a revoke shares its record and its revision
  * with the deletes of its keys, so a crash never leaves half of one.
  * Keep-alives are not logged (they would wear flash for nothing): after a
  * restart every lease gets its full TTL plus the election timeout, which is
@@ -4088,7 +6546,7 @@ static void lease_wheel_add(struct kvd *k, struct lease *l)
 		l->wnext->wprev = l;
 	g->wheel[l->slot] = l;
 	g->bits[l->slot / 64] |= 1ull << (l->slot % 64);
-	loop_arm(k, t * LEASE_TICK);
+	util_wake_by(k, t * LEASE_TICK);
 }
 
 static void lease_wheel_del(struct kvd *k, struct lease *l)
@@ -4337,7 +6795,7 @@ static void lease_timers(struct kvd *k)
 				continue; /* a later turn of the wheel */
 			if (done++ == KVD_LEASE_EXPIRE_MAX) {
 				g->cursor = t;
-				loop_arm(k, k->now); /* the rest next iteration */
+				util_wake_by(k, k->now); /* the rest next iteration */
 				return;
 			}
 			lease_expire(k, l);
@@ -4346,7 +6804,7 @@ static void lease_timers(struct kvd *k)
 	}
 	t = lease_next_tick(g, g->cursor, g->cursor + LEASE_SLOTS - 1);
 	if (t < g->cursor + LEASE_SLOTS)
-		loop_arm(k, t * LEASE_TICK);
+		util_wake_by(k, t * LEASE_TICK);
 }
 
 /* ---- recovery and shutdown -------------------------------------------------- */
@@ -4407,7 +6865,760 @@ static void lease_fini(struct kvd *k)
 	memset(g, 0, sizeof *g);
 }
 
-/* ===== 8. Store lifecycle: rewrite, compaction, quota, alarms (life_) == */
+/* ===== 12. Auth store: users, roles, permissions, bcrypt (auth_) ========= */
+
+/*
+ * etcd 3.7's authentication, for a store one box serves.  State: a flag
+ * (enabled), the auth revision (bumped by every change that can take a
+ * right away), users (authpb.User: name, bcrypt hash, sorted roles,
+ * no_password) and roles (authpb.Role: name, key permissions sorted by key).
+ * RAM holds them unpacked, each table sorted by name as bbolt's buckets are.
+ *
+ * Durability.  A change is one AUTH record in the log's batch, so it rides
+ * the group commit with the writes around it and its reply waits for the
+ * flush like theirs:
+ *   AUTH (6) = u8 flags (1 enabled, 2 whole state) | u64 auth revision
+ *              | u32 nops | (u8 kind | u32 len | bytes[len])[nops]
+ *   kind 1 user, 3 role: the packed authpb message, exactly what etcd keeps
+ *   in its authUsers/authRoles buckets (so a snapshot carries them as they
+ *   are); kind 2, 4: the name of a user or role that goes.
+ * A record states the flag and revision after it; "whole state" first
+ * forgets every user and role (a rewrite ends with one such record, and an
+ * import starts with one).  Replay and a live change apply ops through the
+ * same auth_apply; live changes keep the replaced messages on an undo list
+ * until the flush, which a failed flush uses to put them back.
+ *
+ * Passwords are bcrypt ($2a$, Go's), so hashes move between etcd and kvd in
+ * snapshots.  bcrypt is built here on Blowfish, whose initial state is the
+ * fractional part of pi in hexadecimal (auth_pi: 1042 words, checked by
+ * the tests against Python's bcrypt).  A hash costs 2^cost key schedules --
+ * about 50 ms at cost 10 on a PC, 20 times that on a router -- so it never
+ * runs inside one handler: Authenticate, UserAdd and UserChangePassword
+ * queue a job, and the loop runs the oldest for at most AUTH_SLICE_US per
+ * iteration between everything else (auth_step).  Other clients therefore
+ * wait at most one slice for a hash, whatever the cost, and a flood of
+ * wrong passwords is bounded by AUTH_MAX_JOBS queued hashes (then "too many
+ * requests").  The queue is shared fairly (section 3's rule): hashes are
+ * made round-robin by source address, then by connection within one, so an
+ * honest login waits behind at most one hash per other client, not behind
+ * a whole flood; and when the queue is full, the address holding the most
+ * jobs (or, within the newcomer's own address, the connection) gives up its
+ * newest to a newcomer holding at least two fewer.  Who may ask for a hash
+ * is checked before it is queued: only Authenticate of an existing user
+ * with a password, or an admin's change.
+ *
+ * Tokens are etcd's simple tokens: 16 random letters, ".", the revision; a
+ * token lives --auth-token-ttl seconds after its last use.  Letters come
+ * from /dev/urandom (getrandom's pool), 52 per character by rejection, so
+ * about 91 bits per token.  Tokens are RAM only, as etcd's: a restart ends
+ * them.  Deleting a user or changing its password ends that user's tokens;
+ * disabling auth ends every token.  With auth on, a token nobody knows is
+ * an error ("invalid auth token"); with it off, etcd 3.7 looks at no token
+ * (3.4 refused a dead one either way).  With --client-cert-auth, a call
+ * without a token is its client certificate's CN.  With --auth-token jwt,... tokens are etcd's signed JWTs instead
+ * (below): nothing is kept, the signature and expiry are checked.
+ *
+ * Checks follow etcd 3.7's (server/auth/store.go, etcdserver/apply/auth.go,
+ * v3rpc): admin calls need the root role; a key op needs a permission of
+ * its type whose intervals, merged, cover the request (a point needs an
+ * interval that holds it); root may do anything.  Errors and their order
+ * are etcd's.  3.7 closed the holes 3.4 had, and kvd with it: a txn's ops
+ * are checked at every depth as top-level ones (a put's lease keys and
+ * prev_kv too), LeaseTimeToLive with keys needs read on every attached
+ * key, a watch from a key (range_end "\0") needs read on the whole
+ * interval; Compact, MoveLeader, Downgrade and changing alarms need root,
+ * Status, MemberList, listing alarms and every lease RPC a user.
+ */
+
+#define AUTH_ROOT "root"
+#define AUTH_BUCKETS 1024          /* token hash table */
+#ifndef KVD_AUTH_MAX_TOKENS        /* @@ live simple tokens */
+#define KVD_AUTH_MAX_TOKENS 65536
+#endif
+#ifndef KVD_AUTH_MAX_JOBS          /* @@ password hashes queued */
+#define KVD_AUTH_MAX_JOBS 32
+#endif
+#ifndef KVD_AUTH_SLICE_US          /* @@ hashing per loop iteration */
+#define KVD_AUTH_SLICE_US 2000
+#endif
+
+/* ---- bcrypt ---------------------------------------------------------------- */
+
+/* The hexadecimal digits of pi after the point, 32 bits at a time: Blowfish's
+ * P-array (18 words) then its four S-boxes (256 words each). */
+static const uint32_t auth_pi[1042] = {
+	0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344, 0xa4093822, 0x299f31d0,
+	0x082efa98, 0xec4e6c89, 0x452821e6, 0x38d01377, 0xbe5466cf, 0x34e90c6c,
+	0xc0ac29b7, 0xc97c50dd, 0x3f84d5b5, 0xb5470917, 0x9216d5d9, 0x8979fb1b,
+	0xd1310ba6, 0x98dfb5ac, 0x2ffd72db, 0xd01adfb7, 0xb8e1afed, 0x6a267e96,
+	0xba7c9045, 0xf12c7f99, 0x24a19947, 0xb3916cf7, 0x0801f2e2, 0x858efc16,
+	0x636920d8, 0x71574e69, 0xa458fea3, 0xf4933d7e, 0x0d95748f, 0x728eb658,
+	0x718bcd58, 0x82154aee, 0x7b54a41d, 0xc25a59b5, 0x9c30d539, 0x2af26013,
+	0xc5d1b023, 0x286085f0, 0xca417918, 0xb8db38ef, 0x8e79dcb0, 0x603a180e,
+	0x6c9e0e8b, 0xb01e8a3e, 0xd71577c1, 0xbd314b27, 0x78af2fda, 0x55605c60,
+	0xe65525f3, 0xaa55ab94, 0x57489862, 0x63e81440, 0x55ca396a, 0x2aab10b6,
+	0xb4cc5c34, 0x1141e8ce, 0xa15486af, 0x7c72e993, 0xb3ee1411, 0x636fbc2a,
+	0x2ba9c55d, 0x741831f6, 0xce5c3e16, 0x9b87931e, 0xafd6ba33, 0x6c24cf5c,
+	0x7a325381, 0x28958677, 0x3b8f4898, 0x6b4bb9af, 0xc4bfe81b, 0x66282193,
+	0x61d809cc, 0xfb21a991, 0x487cac60, 0x5dec8032, 0xef845d5d, 0xe98575b1,
+	0xdc262302, 0xeb651b88, 0x23893e81, 0xd396acc5, 0x0f6d6ff3, 0x83f44239,
+	0x2e0b4482, 0xa4842004, 0x69c8f04a, 0x9e1f9b5e, 0x21c66842, 0xf6e96c9a,
+	0x670c9c61, 0xabd388f0, 0x6a51a0d2, 0xd8542f68, 0x960fa728, 0xab5133a3,
+	0x6eef0b6c, 0x137a3be4, 0xba3bf050, 0x7efb2a98, 0xa1f1651d, 0x39af0176,
+	0x66ca593e, 0x82430e88, 0x8cee8619, 0x456f9fb4, 0x7d84a5c3, 0x3b8b5ebe,
+	0xe06f75d8, 0x85c12073, 0x401a449f, 0x56c16aa6, 0x4ed3aa62, 0x363f7706,
+	0x1bfedf72, 0x429b023d, 0x37d0d724, 0xd00a1248, 0xdb0fead3, 0x49f1c09b,
+	0x075372c9, 0x80991b7b, 0x25d479d8, 0xf6e8def7, 0xe3fe501a, 0xb6794c3b,
+	0x976ce0bd, 0x04c006ba, 0xc1a94fb6, 0x409f60c4, 0x5e5c9ec2, 0x196a2463,
+	0x68fb6faf, 0x3e6c53b5, 0x1339b2eb, 0x3b52ec6f, 0x6dfc511f, 0x9b30952c,
+	0xcc814544, 0xaf5ebd09, 0xbee3d004, 0xde334afd, 0x660f2807, 0x192e4bb3,
+	0xc0cba857, 0x45c8740f, 0xd20b5f39, 0xb9d3fbdb, 0x5579c0bd, 0x1a60320a,
+	0xd6a100c6, 0x402c7279, 0x679f25fe, 0xfb1fa3cc, 0x8ea5e9f8, 0xdb3222f8,
+	0x3c7516df, 0xfd616b15, 0x2f501ec8, 0xad0552ab, 0x323db5fa, 0xfd238760,
+	0x53317b48, 0x3e00df82, 0x9e5c57bb, 0xca6f8ca0, 0x1a87562e, 0xdf1769db,
+	0xd542a8f6, 0x287effc3, 0xac6732c6, 0x8c4f5573, 0x695b27b0, 0xbbca58c8,
+	0xe1ffa35d, 0xb8f011a0, 0x10fa3d98, 0xfd2183b8, 0x4afcb56c, 0x2dd1d35b,
+	0x9a53e479, 0xb6f84565, 0xd28e49bc, 0x4bfb9790, 0xe1ddf2da, 0xa4cb7e33,
+	0x62fb1341, 0xcee4c6e8, 0xef20cada, 0x36774c01, 0xd07e9efe, 0x2bf11fb4,
+	0x95dbda4d, 0xae909198, 0xeaad8e71, 0x6b93d5a0, 0xd08ed1d0, 0xafc725e0,
+	0x8e3c5b2f, 0x8e7594b7, 0x8ff6e2fb, 0xf2122b64, 0x8888b812, 0x900df01c,
+	0x4fad5ea0, 0x688fc31c, 0xd1cff191, 0xb3a8c1ad, 0x2f2f2218, 0xbe0e1777,
+	0xea752dfe, 0x8b021fa1, 0xe5a0cc0f, 0xb56f74e8, 0x18acf3d6, 0xce89e299,
+	0xb4a84fe0, 0xfd13e0b7, 0x7cc43b81, 0xd2ada8d9, 0x165fa266, 0x80957705,
+	0x93cc7314, 0x211a1477, 0xe6ad2065, 0x77b5fa86, 0xc75442f5, 0xfb9d35cf,
+	0xebcdaf0c, 0x7b3e89a0, 0xd6411bd3, 0xae1e7e49, 0x00250e2d, 0x2071b35e,
+	0x226800bb, 0x57b8e0af, 0x2464369b, 0xf009b91e, 0x5563911d, 0x59dfa6aa,
+	0x78c14389, 0xd95a537f, 0x207d5ba2, 0x02e5b9c5, 0x83260376, 0x6295cfa9,
+	0x11c81968, 0x4e734a41, 0xb3472dca, 0x7b14a94a, 0x1b510052, 0x9a532915,
+	0xd60f573f, 0xbc9bc6e4, 0x2b60a476, 0x81e67400, 0x08ba6fb5, 0x571be91f,
+	0xf296ec6b, 0x2a0dd915, 0xb6636521, 0xe7b9f9b6, 0xff34052e, 0xc5855664,
+	0x53b02d5d, 0xa99f8fa1, 0x08ba4799, 0x6e85076a, 0x4b7a70e9, 0xb5b32944,
+	0xdb75092e, 0xc4192623, 0xad6ea6b0, 0x49a7df7d, 0x9cee60b8, 0x8fedb266,
+	0xecaa8c71, 0x699a17ff, 0x5664526c, 0xc2b19ee1, 0x193602a5, 0x75094c29,
+	0xa0591340, 0xe4183a3e, 0x3f54989a, 0x5b429d65, 0x6b8fe4d6, 0x99f73fd6,
+	0xa1d29c07, 0xefe830f5, 0x4d2d38e6, 0xf0255dc1, 0x4cdd2086, 0x8470eb26,
+	0x6382e9c6, 0x021ecc5e, 0x09686b3f, 0x3ebaefc9, 0x3c971814, 0x6b6a70a1,
+	0x687f3584, 0x52a0e286, 0xb79c5305, 0xaa500737, 0x3e07841c, 0x7fdeae5c,
+	0x8e7d44ec, 0x5716f2b8, 0xb03ada37, 0xf0500c0d, 0xf01c1f04, 0x0200b3ff,
+	0xae0cf51a, 0x3cb574b2, 0x25837a58, 0xdc0921bd, 0xd19113f9, 0x7ca92ff6,
+	0x94324773, 0x22f54701, 0x3ae5e581, 0x37c2dadc, 0xc8b57634, 0x9af3dda7,
+	0xa9446146, 0x0fd0030e, 0xecc8c73e, 0xa4751e41, 0xe238cd99, 0x3bea0e2f,
+	0x3280bba1, 0x183eb331, 0x4e548b38, 0x4f6db908, 0x6f420d03, 0xf60a04bf,
+	0x2cb81290, 0x24977c79, 0x5679b072, 0xbcaf89af, 0xde9a771f, 0xd9930810,
+	0xb38bae12, 0xdccf3f2e, 0x5512721f, 0x2e6b7124, 0x501adde6, 0x9f84cd87,
+	0x7a584718, 0x7408da17, 0xbc9f9abc, 0xe94b7d8c, 0xec7aec3a, 0xdb851dfa,
+	0x63094366, 0xc464c3d2, 0xef1c1847, 0x3215d908, 0xdd433b37, 0x24c2ba16,
+	0x12a14d43, 0x2a65c451, 0x50940002, 0x133ae4dd, 0x71dff89e, 0x10314e55,
+	0x81ac77d6, 0x5f11199b, 0x043556f1, 0xd7a3c76b, 0x3c11183b, 0x5924a509,
+	0xf28fe6ed, 0x97f1fbfa, 0x9ebabf2c, 0x1e153c6e, 0x86e34570, 0xeae96fb1,
+	0x860e5e0a, 0x5a3e2ab3, 0x771fe71c, 0x4e3d06fa, 0x2965dcb9, 0x99e71d0f,
+	0x803e89d6, 0x5266c825, 0x2e4cc978, 0x9c10b36a, 0xc6150eba, 0x94e2ea78,
+	0xa5fc3c53, 0x1e0a2df4, 0xf2f74ea7, 0x361d2b3d, 0x1939260f, 0x19c27960,
+	0x5223a708, 0xf71312b6, 0xebadfe6e, 0xeac31f66, 0xe3bc4595, 0xa67bc883,
+	0xb17f37d1, 0x018cff28, 0xc332ddef, 0xbe6c5aa5, 0x65582185, 0x68ab9802,
+	0xeecea50f, 0xdb2f953b, 0x2aef7dad, 0x5b6e2f84, 0x1521b628, 0x29076170,
+	0xecdd4775, 0x619f1510, 0x13cca830, 0xeb61bd96, 0x0334fe1e, 0xaa0363cf,
+	0xb5735c90, 0x4c70a239, 0xd59e9e0b, 0xcbaade14, 0xeecc86bc, 0x60622ca7,
+	0x9cab5cab, 0xb2f3846e, 0x648b1eaf, 0x19bdf0ca, 0xa02369b9, 0x655abb50,
+	0x40685a32, 0x3c2ab4b3, 0x319ee9d5, 0xc021b8f7, 0x9b540b19, 0x875fa099,
+	0x95f7997e, 0x623d7da8, 0xf837889a, 0x97e32d77, 0x11ed935f, 0x16681281,
+	0x0e358829, 0xc7e61fd6, 0x96dedfa1, 0x7858ba99, 0x57f584a5, 0x1b227263,
+	0x9b83c3ff, 0x1ac24696, 0xcdb30aeb, 0x532e3054, 0x8fd948e4, 0x6dbc3128,
+	0x58ebf2ef, 0x34c6ffea, 0xfe28ed61, 0xee7c3c73, 0x5d4a14d9, 0xe864b7e3,
+	0x42105d14, 0x203e13e0, 0x45eee2b6, 0xa3aaabea, 0xdb6c4f15, 0xfacb4fd0,
+	0xc742f442, 0xef6abbb5, 0x654f3b1d, 0x41cd2105, 0xd81e799e, 0x86854dc7,
+	0xe44b476a, 0x3d816250, 0xcf62a1f2, 0x5b8d2646, 0xfc8883a0, 0xc1c7b6a3,
+	0x7f1524c3, 0x69cb7492, 0x47848a0b, 0x5692b285, 0x095bbf00, 0xad19489d,
+	0x1462b174, 0x23820e00, 0x58428d2a, 0x0c55f5ea, 0x1dadf43e, 0x233f7061,
+	0x3372f092, 0x8d937e41, 0xd65fecf1, 0x6c223bdb, 0x7cde3759, 0xcbee7460,
+	0x4085f2a7, 0xce77326e, 0xa6078084, 0x19f8509e, 0xe8efd855, 0x61d99735,
+	0xa969a7aa, 0xc50c06c2, 0x5a04abfc, 0x800bcadc, 0x9e447a2e, 0xc3453484,
+	0xfdd56705, 0x0e1e9ec9, 0xdb73dbd3, 0x105588cd, 0x675fda79, 0xe3674340,
+	0xc5c43465, 0x713e38d8, 0x3d28f89e, 0xf16dff20, 0x153e21e7, 0x8fb03d4a,
+	0xe6e39f2b, 0xdb83adf7, 0xe93d5a68, 0x948140f7, 0xf64c261c, 0x94692934,
+	0x411520f7, 0x7602d4f7, 0xbcf46b2e, 0xd4a20068, 0xd4082471, 0x3320f46a,
+	0x43b7d4b7, 0x500061af, 0x1e39f62e, 0x97244546, 0x14214f74, 0xbf8b8840,
+	0x4d95fc1d, 0x96b591af, 0x70f4ddd3, 0x66a02f45, 0xbfbc09ec, 0x03bd9785,
+	0x7fac6dd0, 0x31cb8504, 0x96eb27b3, 0x55fd3941, 0xda2547e6, 0xabca0a9a,
+	0x28507825, 0x530429f4, 0x0a2c86da, 0xe9b66dfb, 0x68dc1462, 0xd7486900,
+	0x680ec0a4, 0x27a18dee, 0x4f3ffea2, 0xe887ad8c, 0xb58ce006, 0x7af4d6b6,
+	0xaace1e7c, 0xd3375fec, 0xce78a399, 0x406b2a42, 0x20fe9e35, 0xd9f385b9,
+	0xee39d7ab, 0x3b124e8b, 0x1dc9faf7, 0x4b6d1856, 0x26a36631, 0xeae397b2,
+	0x3a6efa74, 0xdd5b4332, 0x6841e7f7, 0xca7820fb, 0xfb0af54e, 0xd8feb397,
+	0x454056ac, 0xba489527, 0x55533a3a, 0x20838d87, 0xfe6ba9b7, 0xd096954b,
+	0x55a867bc, 0xa1159a58, 0xcca92963, 0x99e1db33, 0xa62a4a56, 0x3f3125f9,
+	0x5ef47e1c, 0x9029317c, 0xfdf8e802, 0x04272f70, 0x80bb155c, 0x05282ce3,
+	0x95c11548, 0xe4c66d22, 0x48c1133f, 0xc70f86dc, 0x07f9c9ee, 0x41041f0f,
+	0x404779a4, 0x5d886e17, 0x325f51eb, 0xd59bc0d1, 0xf2bcc18f, 0x41113564,
+	0x257b7834, 0x602a9c60, 0xdff8e8a3, 0x1f636c1b, 0x0e12b4c2, 0x02e1329e,
+	0xaf664fd1, 0xcad18115, 0x6b2395e0, 0x333e92e1, 0x3b240b62, 0xeebeb922,
+	0x85b2a20e, 0xe6ba0d99, 0xde720c8c, 0x2da2f728, 0xd0127845, 0x95b794fd,
+	0x647d0862, 0xe7ccf5f0, 0x5449a36f, 0x877d48fa, 0xc39dfd27, 0xf33e8d1e,
+	0x0a476341, 0x992eff74, 0x3a6f6eab, 0xf4f8fd37, 0xa812dc60, 0xa1ebddf8,
+	0x991be14c, 0xdb6e6b0d, 0xc67b5510, 0x6d672c37, 0x2765d43b, 0xdcd0e804,
+	0xf1290dc7, 0xcc00ffa3, 0xb5390f92, 0x690fed0b, 0x667b9ffb, 0xcedb7d9c,
+	0xa091cf0b, 0xd9155ea3, 0xbb132f88, 0x515bad24, 0x7b9479bf, 0x763bd6eb,
+	0x37392eb3, 0xcc115979, 0x8026e297, 0xf42e312d, 0x6842ada7, 0xc66a2b3b,
+	0x12754ccc, 0x782ef11c, 0x6a124237, 0xb79251e7, 0x06a1bbe6, 0x4bfb6350,
+	0x1a6b1018, 0x11caedfa, 0x3d25bdd8, 0xe2e1c3c9, 0x44421659, 0x0a121386,
+	0xd90cec6e, 0xd5abea2a, 0x64af674e, 0xda86a85f, 0xbebfe988, 0x64e4c3fe,
+	0x9dbc8057, 0xf0f7c086, 0x60787bf8, 0x6003604d, 0xd1fd8346, 0xf6381fb0,
+	0x7745ae04, 0xd736fccc, 0x83426b33, 0xf01eab71, 0xb0804187, 0x3c005e5f,
+	0x77a057be, 0xbde8ae24, 0x55464299, 0xbf582e61, 0x4e58f48f, 0xf2ddfda2,
+	0xf474ef38, 0x8789bdc2, 0x5366f9c3, 0xc8b38e74, 0xb475f255, 0x46fcd9b9,
+	0x7aeb2661, 0x8b1ddf84, 0x846a0e79, 0x915f95e2, 0x466e598e, 0x20b45770,
+	0x8cd55591, 0xc902de4c, 0xb90bace1, 0xbb8205d0, 0x11a86248, 0x7574a99e,
+	0xb77f19b6, 0xe0a9dc09, 0x662d09a1, 0xc4324633, 0xe85a1f02, 0x09f0be8c,
+	0x4a99a025, 0x1d6efe10, 0x1ab93d1d, 0x0ba5a4df, 0xa186f20f, 0x2868f169,
+	0xdcb7da83, 0x573906fe, 0xa1e2ce9b, 0x4fcd7f52, 0x50115e01, 0xa70683fa,
+	0xa002b5c4, 0x0de6d027, 0x9af88c27, 0x773f8641, 0xc3604c06, 0x61a806b5,
+	0xf0177a28, 0xc0f586e0, 0x006058aa, 0x30dc7d62, 0x11e69ed7, 0x2338ea63,
+	0x53c2dd94, 0xc2c21634, 0xbbcbee56, 0x90bcb6de, 0xebfc7da1, 0xce591d76,
+	0x6f05e409, 0x4b7c0188, 0x39720a3d, 0x7c927c24, 0x86e3725f, 0x724d9db9,
+	0x1ac15bb4, 0xd39eb8fc, 0xed545578, 0x08fca5b5, 0xd83d7cd3, 0x4dad0fc4,
+	0x1e50ef5e, 0xb161e6f8, 0xa28514d9, 0x6c51133c, 0x6fd5c7e7, 0x56e14ec4,
+	0x362abfce, 0xddc6c837, 0xd79a3234, 0x92638212, 0x670efa8e, 0x406000e0,
+	0x3a39ce37, 0xd3faf5cf, 0xabc27737, 0x5ac52d1b, 0x5cb0679e, 0x4fa33742,
+	0xd3822740, 0x99bc9bbe, 0xd5118e9d, 0xbf0f7315, 0xd62d1c7e, 0xc700c47b,
+	0xb78c1b6b, 0x21a19045, 0xb26eb1be, 0x6a366eb4, 0x5748ab2f, 0xbc946e79,
+	0xc6a376d2, 0x6549c2c8, 0x530ff8ee, 0x468dde7d, 0xd5730a1d, 0x4cd04dc6,
+	0x2939bbdb, 0xa9ba4650, 0xac9526e8, 0xbe5ee304, 0xa1fad5f0, 0x6a2d519a,
+	0x63ef8ce2, 0x9a86ee22, 0xc089c2b8, 0x43242ef6, 0xa51e03aa, 0x9cf2d0a4,
+	0x83c061ba, 0x9be96a4d, 0x8fe51550, 0xba645bd6, 0x2826a2f9, 0xa73a3ae1,
+	0x4ba99586, 0xef5562e9, 0xc72fefd3, 0xf752f7da, 0x3f046f69, 0x77fa0a59,
+	0x80e4a915, 0x87b08601, 0x9b09e6ad, 0x3b3ee593, 0xe990fd5a, 0x9e34d797,
+	0x2cf0b7d9, 0x022b8b51, 0x96d5ac3a, 0x017da67d, 0xd1cf3ed6, 0x7c7d2d28,
+	0x1f9f25cf, 0xadf2b89b, 0x5ad6b472, 0x5a88f54c, 0xe029ac71, 0xe019a5e6,
+	0x47b0acfd, 0xed93fa9b, 0xe8d3c48d, 0x283b57cc, 0xf8d56629, 0x79132e28,
+	0x785f0191, 0xed756055, 0xf7960e44, 0xe3d35e8c, 0x15056dd4, 0x88f46dba,
+	0x03a16125, 0x0564f0bd, 0xc3eb9e15, 0x3c9057a2, 0x97271aec, 0xa93a072a,
+	0x1b3f6d9b, 0x1e6321f5, 0xf59c66fb, 0x26dcf319, 0x7533d928, 0xb155fdf5,
+	0x03563482, 0x8aba3cbb, 0x28517711, 0xc20ad9f8, 0xabcc5167, 0xccad925f,
+	0x4de81751, 0x3830dc8e, 0x379d5862, 0x9320f991, 0xea7a90c2, 0xfb3e7bce,
+	0x5121ce64, 0x774fbe32, 0xa8b6e37e, 0xc3293d46, 0x48de5369, 0x6413e680,
+	0xa2ae0810, 0xdd6db224, 0x69852dfd, 0x09072166, 0xb39a460a, 0x6445c0dd,
+	0x586cdecf, 0x1c20c8ae, 0x5bbef7dd, 0x1b588d40, 0xccd2017f, 0x6bb4e3bb,
+	0xdda26a7e, 0x3a59ff45, 0x3e350a44, 0xbcb4cdd5, 0x72eacea8, 0xfa6484bb,
+	0x8d6612ae, 0xbf3c6f47, 0xd29be463, 0x542f5d9e, 0xaec2771b, 0xf64e6370,
+	0x740e0d8d, 0xe75b1357, 0xf8721671, 0xaf537d5d, 0x4040cb08, 0x4eb4e2cc,
+	0x34d2466a, 0x0115af84, 0xe1b00428, 0x95983a1d, 0x06b89fb4, 0xce6ea048,
+	0x6f3f3b82, 0x3520ab82, 0x011a1d4b, 0x277227f8, 0x611560b1, 0xe7933fdc,
+	0xbb3a792b, 0x344525bd, 0xa08839e1, 0x51ce794b, 0x2f32c9b7, 0xa01fbac9,
+	0xe01cc87e, 0xbcc7d1f6, 0xcf0111c3, 0xa1e8aac7, 0x1a908749, 0xd44fbd9a,
+	0xd0dadecb, 0xd50ada38, 0x0339c32a, 0xc6913667, 0x8df9317c, 0xe0b12b4f,
+	0xf79e59b7, 0x43f5bb3a, 0xf2d519ff, 0x27d9459c, 0xbf97222c, 0x15e6fc2a,
+	0x0f91fc71, 0x9b941525, 0xfae59361, 0xceb69ceb, 0xc2a86459, 0x12baa8d1,
+	0xb6c1075e, 0xe3056a0c, 0x10d25065, 0xcb03a442, 0xe0ec6e0e, 0x1698db3b,
+	0x4c98a0be, 0x3278e964, 0x9f1f9532, 0xe0d392df, 0xd3a0342b, 0x8971f21e,
+	0x1b0a7441, 0x4ba3348c, 0xc5be7120, 0xc37632d8, 0xdf359f8d, 0x9b992f2e,
+	0xe60b6f47, 0x0fe3f11d, 0xe54cda54, 0x1edad891, 0xce6279cf, 0xcd3e7e6f,
+	0x1618b166, 0xfd2c1d05, 0x848fd2c5, 0xf6fb2299, 0xf523f357, 0xa6327623,
+	0x93a83531, 0x56cccd02, 0xacf08162, 0x5a75ebb5, 0x6e163697, 0x88d273cc,
+	0xde966292, 0x81b949d0, 0x4c50901b, 0x71c65614, 0xe6c6c7bd, 0x327a140a,
+	0x45e1d006, 0xc3f27b9a, 0xc9aa53fd, 0x62a80f00, 0xbb25bfe2, 0x35bdd2f6,
+	0x71126905, 0xb2040222, 0xb6cbcf7c, 0xcd769c2b, 0x53113ec0, 0x1640e3d3,
+	0x38abbd60, 0x2547adf0, 0xba38209c, 0xf746ce76, 0x77afa1c5, 0x20756060,
+	0x85cbfe4e, 0x8ae88dd8, 0x7aaaf9b0, 0x4cf9aa7e, 0x1948c25c, 0x02fb8a8c,
+	0x01c36ae4, 0xd6ebe1f9, 0x90d4f869, 0xa65cdea0, 0x3f09252d, 0xc208e69f,
+	0xb74e6132, 0xce77e25b, 0x578fdfe3, 0x3ac372e6,
+};
+
+struct auth_bf {
+	uint32_t p[18];
+	uint32_t s[4][256];
+};
+
+static uint32_t auth_bf_f(const struct auth_bf *b, uint32_t x)
+{
+	return ((b->s[0][x >> 24] + b->s[1][(x >> 16) & 0xff]) ^ b->s[2][(x >> 8) & 0xff]) + b->s[3][x & 0xff];
+}
+
+static void auth_bf_encrypt(const struct auth_bf *b, uint32_t *xl, uint32_t *xr)
+{
+	uint32_t l = *xl, r = *xr, t;
+	int i;
+
+	for (i = 0; i < 16; i++) {
+		l ^= b->p[i];
+		r ^= auth_bf_f(b, l);
+		t = l;
+		l = r;
+		r = t;
+	}
+	*xl = r ^ b->p[17]; /* the last swap undone */
+	*xr = l ^ b->p[16];
+}
+
+/* The next 4 bytes of d[0..n), cyclically, big-endian. */
+static uint32_t auth_bf_word(const uint8_t *d, size_t n, size_t *j)
+{
+	uint32_t w = 0;
+	int i;
+
+	for (i = 0; i < 4; i++) {
+		w = w << 8 | d[*j];
+		*j = (*j + 1) % n;
+	}
+	return w;
+}
+
+/* Blowfish's key schedule; with a salt, bcrypt's: the salt's words are
+ * mixed into each block before it is encrypted. */
+static void auth_bf_expand(struct auth_bf *b, const uint8_t *key, size_t klen, const uint8_t *salt)
+{
+	uint32_t l = 0, r = 0, *w = &b->s[0][0];
+	size_t i, j = 0, sj = 0;
+
+	for (i = 0; i < 18; i++)
+		b->p[i] ^= auth_bf_word(key, klen, &j);
+	for (i = 0; i < 18 + 1024; i += 2) {
+		if (salt) {
+			l ^= auth_bf_word(salt, 16, &sj);
+			r ^= auth_bf_word(salt, 16, &sj);
+		}
+		auth_bf_encrypt(b, &l, &r);
+		if (i < 18) {
+			b->p[i] = l;
+			b->p[i + 1] = r;
+		} else {
+			w[i - 18] = l;
+			w[i - 17] = r;
+		}
+	}
+}
+
+static const char auth_b64[] = "./ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+
+/* bcrypt's base64 (its own alphabet, no padding): n bytes -> out, NUL-ended. */
+static void auth_b64_put(const uint8_t *p, size_t n, char *out)
+{
+	out[util_b64(auth_b64, 0, p, n, out)] = 0;
+}
+
+/* 22 characters -> the 16-byte salt.  0 or KVD_EINVAL. */
+static int auth_b64_salt(const char *s, uint8_t out[16])
+{
+	uint8_t bits[24];
+	size_t i;
+	const char *c;
+
+	for (i = 0; i < 22; i++) {
+		if (!s[i] || !(c = strchr(auth_b64, s[i])))
+			return KVD_EINVAL;
+		bits[i] = (uint8_t)(c - auth_b64);
+	}
+	bits[22] = bits[23] = 0;
+	for (i = 0; i < 16; i += 3) {
+		size_t q = i / 3 * 4;
+		uint32_t v = (uint32_t)bits[q] << 18 | (uint32_t)bits[q + 1] << 12 | (uint32_t)bits[q + 2] << 6 | bits[q + 3];
+		out[i] = (uint8_t)(v >> 16);
+		if (i + 1 < 16)
+			out[i + 1] = (uint8_t)(v >> 8);
+		if (i + 2 < 16)
+			out[i + 2] = (uint8_t)v;
+	}
+	return 0;
+}
+
+/* One bcrypt computation, run a slice at a time. */
+struct auth_bcrypt {
+	struct auth_bf bf;
+	uint8_t key[72], salt[16];
+	size_t klen;
+	uint32_t left;              /* expensive rounds still to run */
+	unsigned cost;
+};
+
+static void auth_bcrypt_begin(struct auth_bcrypt *h, const uint8_t *pw, size_t n, const uint8_t salt[16], unsigned cost)
+{
+	memcpy(h->bf.p, auth_pi, sizeof h->bf.p);
+	memcpy(h->bf.s, auth_pi + 18, sizeof h->bf.s);
+	/* the password and its NUL, at most 72 bytes (all Blowfish can take) */
+	h->klen = KVD_MIN(n + 1, sizeof h->key);
+	memcpy(h->key, pw, KVD_MIN(n, sizeof h->key));
+	if (n < sizeof h->key)
+		h->key[n] = 0;
+	memcpy(h->salt, salt, 16);
+	h->cost = cost;
+	h->left = (uint32_t)1 << cost;
+	auth_bf_expand(&h->bf, h->key, h->klen, h->salt);
+}
+
+/* Run up to rounds expensive rounds; 1 when the hash is ready. */
+static int auth_bcrypt_step(struct auth_bcrypt *h, uint32_t rounds)
+{
+	while (h->left && rounds--) {
+		auth_bf_expand(&h->bf, h->key, h->klen, NULL);
+		auth_bf_expand(&h->bf, h->salt, 16, NULL);
+		h->left--;
+	}
+	return !h->left;
+}
+
+/* The finished hash, as Go writes it: "$2a$10$" salt(22) hash(31). */
+static void auth_bcrypt_end(struct auth_bcrypt *h, char out[61])
+{
+	static const char magic[] = "OrpheanBeholderScryDoubt";
+	uint32_t c[6];
+	uint8_t b[24];
+	int i, j;
+
+	for (i = 0; i < 6; i++)
+		c[i] = get_be32((const uint8_t *)magic + 4 * i);
+	for (i = 0; i < 64; i++)
+		for (j = 0; j < 6; j += 2)
+			auth_bf_encrypt(&h->bf, &c[j], &c[j + 1]);
+	for (i = 0; i < 6; i++)
+		put_be32(b + 4 * i, c[i]);
+	snprintf(out, 8, "$2a$%02u$", h->cost);
+	auth_b64_put(h->salt, 16, out + 7);
+	auth_b64_put(b, 23, out + 29);
+}
+
+/* A stored hash's cost and salt (for a check).  0 or KVD_EINVAL. */
+static int auth_bcrypt_parse(const uint8_t *s, size_t n, unsigned *cost, uint8_t salt[16])
+{
+	char t[61];
+
+	if (n != 60)
+		return KVD_EINVAL;
+	memcpy(t, s, 60);
+	t[60] = 0;
+	if (t[0] != '$' || t[1] != '2' || !strchr("aby", t[2]) || t[3] != '$' || t[4] < '0' || t[4] > '9' ||
+	    t[5] < '0' || t[5] > '9' || t[6] != '$')
+		return KVD_EINVAL;
+	*cost = (unsigned)(t[4] - '0') * 10 + (unsigned)(t[5] - '0');
+	if (*cost < 4 || *cost > 31)
+		return KVD_EINVAL;
+	return auth_b64_salt(t + 7, salt);
+}
+
+/* ---- users and roles ----------------------------------------------------- */
+
+static int auth_cmp(const void *a, size_t an, const void *b, size_t bn)
+{
+	int c = an && bn ? memcmp(a, b, KVD_MIN(an, bn)) : 0; /* an empty one may be NULL */
+
+	return c ? c : (an > bn) - (an < bn);
+}
+
+static ProtobufCBinaryData *auth_name(ProtobufCMessage *m)
+{
+	return m->descriptor == &authpb__user__descriptor ? &((Authpb__User *)m)->name : &((Authpb__Role *)m)->name;
+}
+
+/* Where name is (or would go) in t; *eq when it is there. */
+static size_t auth_find(const struct auth_tab *t, const void *name, size_t n, int *eq)
+{
+	size_t lo = 0, hi = t->n, mid;
+	int c;
+
+	*eq = 0;
+	while (lo < hi) {
+		ProtobufCBinaryData *x;
+		mid = lo + (hi - lo) / 2;
+		x = auth_name(t->v[mid]);
+		c = auth_cmp(x->data, x->len, name, n);
+		if (!c) {
+			*eq = 1;
+			return mid;
+		}
+		if (c < 0)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return lo;
+}
+
+static Authpb__User *auth_user_n(struct kvd *k, const char *name, size_t n)
+{
+	int eq;
+	size_t i = auth_find(&k->auth.users, name, n, &eq);
+
+	return eq ? (Authpb__User *)k->auth.users.v[i] : NULL;
+}
+
+static Authpb__User *auth_user(struct kvd *k, const char *name)
+{
+	return auth_user_n(k, name, strlen(name));
+}
+
+static Authpb__Role *auth_role(struct kvd *k, const char *name)
+{
+	int eq;
+	size_t i = auth_find(&k->auth.roles, name, strlen(name), &eq);
+
+	return eq ? (Authpb__Role *)k->auth.roles.v[i] : NULL;
+}
+
+static int auth_has_role(const Authpb__User *u, const char *role)
+{
+	size_t i;
+
+	for (i = 0; u && i < u->n_roles; i++)
+		if (!strcmp(u->roles[i], role))
+			return 1;
+	return 0;
+}
+
+/*
+ * Put m (or, m NULL, remove) under name in the users (role 0) or roles
+ * table.  With undo, the message replaced is kept until the batch is
+ * durable (auth_commit) or put back (auth_rollback); without, it is freed.
+ * m is taken even on failure.  0 or KVD_ENOMEM.
+ */
+static int auth_tab_set(struct kvd *k, int role, const void *name, size_t n, ProtobufCMessage *m, int undo)
+{
+	struct auth *a = &k->auth;
+	struct auth_tab *t = role ? &a->roles : &a->users;
+	ProtobufCMessage *old = NULL;
+	size_t i;
+	int eq;
+
+	if (undo && UTIL_GROW(k, a->undo, a->undocap, a->nundo + 1, 16))
+		goto oom;
+	i = auth_find(t, name, n, &eq);
+	if (!eq && m && UTIL_GROW(k, t->v, t->cap, t->n + 1, 16))
+		goto oom;
+	if (undo) {
+		struct auth_undo *u = &a->undo[a->nundo];
+		if (!(u->name = kvd_malloc(k, n + 1)))
+			goto oom;
+		memcpy(u->name, name, n);
+		u->nlen = n;
+		u->role = role;
+		u->old = eq ? t->v[i] : NULL;
+		a->nundo++;
+	} else if (eq) {
+		old = t->v[i];
+	}
+	if (eq && m) {
+		t->v[i] = m;
+	} else if (eq) {
+		memmove(t->v + i, t->v + i + 1, (t->n - i - 1) * sizeof *t->v);
+		t->n--;
+	} else if (m) {
+		memmove(t->v + i + 1, t->v + i, (t->n - i) * sizeof *t->v);
+		t->v[i] = m;
+		t->n++;
+	}
+	pb_free(k, old);
+	return 0;
+oom:
+	pb_free(k, m);
+	return KVD_ENOMEM;
+}
+
+/* One op of an AUTH record (bytes p[0..n)), live (undo) or in replay. */
+static int auth_apply(struct kvd *k, unsigned kind, const uint8_t *p, size_t n, int undo, const char **why)
+{
+	ProtobufCMessage *m;
+	ProtobufCBinaryData *nm;
+	int oom = 0, role = kind == AUTH_OP_ROLE || kind == AUTH_OP_ROLE_DEL;
+
+	if (kind == AUTH_OP_USER_DEL || kind == AUTH_OP_ROLE_DEL)
+		return auth_tab_set(k, role, p, n, NULL, undo) ? (*why = "out of memory", KVD_ENOMEM) : 0;
+	if (kind != AUTH_OP_USER && kind != AUTH_OP_ROLE) {
+		*why = "bad auth op";
+		return KVD_ECORRUPT;
+	}
+	m = pb_unpack(k, role ? &authpb__role__descriptor : &authpb__user__descriptor, p, n, &oom);
+	if (!m) {
+		*why = oom ? "out of memory" : "bad auth op";
+		return oom ? KVD_ENOMEM : KVD_ECORRUPT;
+	}
+	nm = auth_name(m);
+	if (!nm->len) {
+		pb_free(k, m);
+		*why = "auth op without a name";
+		return KVD_ECORRUPT;
+	}
+	return auth_tab_set(k, role, nm->data, nm->len, m, undo) ? (*why = "out of memory", KVD_ENOMEM) : 0;
+}
+
+static void auth_tab_clear(struct kvd *k, struct auth_tab *t)
+{
+	while (t->n)
+		pb_free(k, t->v[--t->n]);
+}
+
+/* Replay an AUTH record (framed and decoded by section 9). */
+static int auth_replay(struct kvd *k, const struct mvcc_rec *rec0, const char **why)
+{
+	struct mvcc_rec rec = *rec0;
+	const uint8_t *p;
+	unsigned kind;
+	size_t n;
+	int r;
+
+	if (rec.flags & AUTH_F_WHOLE) {
+		auth_tab_clear(k, &k->auth.users);
+		auth_tab_clear(k, &k->auth.roles);
+	}
+	while ((r = mvcc_rec_auth_op(&rec, &kind, &p, &n, why)) == 1)
+		if ((r = auth_apply(k, kind, p, n, 0, why)))
+			return r;
+	if (r)
+		return r;
+	k->auth.enabled = !!(rec.flags & AUTH_F_ENABLED);
+	k->auth.rev = (uint64_t)rec.rev;
+	return 0;
+}
+
+/* The batch is durable: what it replaced can go. */
+static void auth_commit(struct kvd *k)
+{
+	struct auth *a = &k->auth;
+
+	while (a->nundo) {
+		a->nundo--;
+		pb_free(k, a->undo[a->nundo].old);
+		kvd_free(k, a->undo[a->nundo].name);
+	}
+	a->saved = 0;
+}
+
+/* Undo back to undo entry mark (a failed change, or mark 0: a failed flush). */
+static void auth_undo_to(struct kvd *k, size_t mark)
+{
+	struct auth *a = &k->auth;
+	const char *why;
+
+	while (a->nundo > mark) {
+		struct auth_undo *u = &a->undo[--a->nundo];
+		ProtobufCMessage *old = u->old;
+		struct auth_tab *t = u->role ? &a->roles : &a->users;
+		size_t i;
+		int eq;
+
+		i = auth_find(t, u->name, u->nlen, &eq);
+		if (eq && old) {
+			pb_free(k, t->v[i]);
+			t->v[i] = old;
+		} else if (eq) {
+			pb_free(k, t->v[i]);
+			memmove(t->v + i, t->v + i + 1, (t->n - i - 1) * sizeof *t->v);
+			t->n--;
+		} else if (old && auth_tab_set(k, u->role, u->name, u->nlen, old, 0)) {
+			why = "out of memory";
+			kvd_log(k, KVD_LOG_ERROR, "undoing an auth change: %s", why);
+		}
+		kvd_free(k, u->name);
+	}
+}
+
+static void auth_rollback(struct kvd *k)
+{
+	struct auth *a = &k->auth;
+
+	auth_undo_to(k, 0);
+	if (a->saved) {
+		a->enabled = a->was_enabled;
+		a->rev = a->was_rev;
+		a->saved = 0;
+	}
+}
+
+/* An AUTH record being built at the end of the batch. */
+struct auth_rec {
+	size_t at, undo_at;
+	uint32_t nops;
+};
+
+static int auth_rec_begin(struct kvd *k, struct auth_rec *r)
+{
+	struct mvcc *m = &k->db;
+	struct auth *a = &k->auth;
+
+	if (mvcc_auth_open(k, &m->w, &r->at))
+		return KVD_ENOMEM;
+	if (!a->saved) { /* the first change of this batch: what a failed flush restores */
+		a->was_enabled = a->enabled;
+		a->was_rev = a->rev;
+		a->saved = 1;
+	}
+	r->undo_at = a->nundo;
+	r->nops = 0;
+	return 0;
+}
+
+/* Append an op (a message, or a name for the DEL kinds) and apply it. */
+static int auth_rec_op(struct kvd *k, struct auth_rec *r, unsigned kind, const ProtobufCMessage *msg,
+                       const char *name)
+{
+	size_t n = msg ? 0 : strlen(name);
+	const uint8_t *p = mvcc_auth_op(k, &k->db.w, kind, msg, name, &n);
+	const char *why;
+
+	if (!p || auth_apply(k, kind, p, n, 1, &why))
+		return KVD_ENOMEM; /* auth_rec_end then takes the record back */
+	r->nops++;
+	return 0;
+}
+
+/* Seal the record (after a->rev and a->enabled say the new state), or,
+ * failed, take it and what it applied back. */
+static void auth_rec_end(struct kvd *k, struct auth_rec *r, int failed)
+{
+	struct mvcc *m = &k->db;
+
+	if (failed) {
+		auth_undo_to(k, r->undo_at);
+		m->w.len = r->at;
+		return;
+	}
+	mvcc_auth_seal(&m->w, r->at, k->auth.enabled ? AUTH_F_ENABLED : 0, k->auth.rev, r->nops);
+}
+
+/* Is there anything to say (a rewrite states it once more)? */
+static int auth_any(const struct kvd *k)
+{
+	return k->auth.enabled || k->auth.rev > 1 || k->auth.users.n || k->auth.roles.n;
+}
+
+/* The whole state as one AUTH record at the end of b (a rewrite's last). */
+static int auth_encode_whole(struct kvd *k, struct kvd_buf *b)
+{
+	const struct auth *a = &k->auth;
+	const struct auth_tab *t;
+	size_t at, i, n;
+	uint32_t nops = 0;
+	int pass;
+
+	if (mvcc_auth_open(k, b, &at))
+		return KVD_ENOMEM;
+	for (pass = 0; pass < 2; pass++)
+		for (t = pass ? &a->roles : &a->users, i = 0; i < t->n; i++, nops++)
+			if (!mvcc_auth_op(k, b, pass ? AUTH_OP_ROLE : AUTH_OP_USER, t->v[i], NULL, &n)) {
+				b->len = at;
+				return KVD_ENOMEM;
+			}
+	mvcc_auth_seal(b, at, (a->enabled ? AUTH_F_ENABLED : 0) | AUTH_F_WHOLE, a->rev, nops);
+	return 0;
+}
+
+/* Zero what held a secret. */
+static void auth_wipe(void *p, size_t n)
+{
+	volatile uint8_t *v = p;
+
+	while (n--)
+		*v++ = 0;
+}
+
+/* Differs, in time that does not depend on where. */
+static unsigned auth_ct_diff(const void *a, const void *b, size_t n)
+{
+	const uint8_t *x = a, *y = b;
+	unsigned d = 0;
+
+	while (n--)
+		d |= (unsigned)(*x++ ^ *y++);
+	return d;
+}
+
+/* ===== 13. Store lifecycle: rewrite, compaction, quota, alarms (life_) === */
 
 /*
  * The log only grows: compaction frees RAM, never a byte of disk.  This
@@ -4799,7 +8010,7 @@ static void life_rw_end(struct kvd *k, int code, const char *msg)
 		c->svc = NULL;
 		svc_defrag_answer(k, c, code, msg);
 	}
-	loop_arm(k, k->now); /* the answers leave on the next turn */
+	util_wake_by(k, k->now); /* the answers leave on the next turn */
 }
 
 /* Give up: the partial file goes, the old log serves on. */
@@ -5380,7 +8591,7 @@ static int life_init(struct kvd *k, char *err, size_t errlen)
 		L->next_tick = k->now + k->cfg.auto_compaction_check_ms;
 	}
 	if (L->mode != LIFE_OFF)
-		loop_arm(k, L->next_tick);
+		util_wake_by(k, L->next_tick);
 	return 0;
 }
 
@@ -5435,7 +8646,7 @@ static void life_compactor(struct kvd *k)
 	}
 arm:
 	if (L->mode != LIFE_OFF && !k->stopping)
-		loop_arm(k, L->next_tick);
+		util_wake_by(k, L->next_tick);
 }
 
 /* ---- the loop's part ---------------------------------------------------------- */
@@ -5464,7 +8675,7 @@ static void life_step(struct kvd *k)
 	if (L->rw) {
 		life_rw_step(k);
 		if (L->rw)
-			loop_arm(k, k->now); /* the next slice without waiting */
+			util_wake_by(k, k->now); /* the next slice without waiting */
 	}
 }
 
@@ -5484,7 +8695,7 @@ static void life_fini(struct kvd *k)
 	L->revs = NULL;
 }
 
-/* ===== 9. etcd's backend: snapshots, Hash, HashKV (snap_) =============== */
+/* ===== 14. etcd's backend: snapshots written, Hash, HashKV (snap_) ======= */
 
 /*
  * etcd keeps its store in a bbolt file, and Maintenance/Snapshot sends
@@ -5516,7 +8727,7 @@ static void life_fini(struct kvd *k)
  * etcd 3.5+'s term, confState {"voters":[id]} and storageVersion (3.7.0);
  * alarm: the active alarms;  members: this member as etcd's JSON;  cluster:
  * clusterVersion 3.7.0;  auth: authEnabled, authRevision;  authRoles,
- * authUsers: authpb.Role and authpb.User by name, as section 16 keeps them
+ * authUsers: authpb.Role and authpb.User by name, as section 12 keeps them
  * (bcrypt hashes included);  members_removed: empty.
  *
  * A tree's layout comes first.  bbolt's metas, at the front of the file,
@@ -6588,8 +9799,17 @@ out:
 	return e < 0 ? e : 0;
 }
 
-/* ---- reading bbolt: etcd's snapshots, imported ---------------------------
- *
+/* ===== 15. etcd's backend: snapshots read and imported (snap_) =========== */
+
+/*
+ * A snapshot import, end to end: kvd_open (section 37) -> snap_restore
+ * -> snap_import_mem (the SHA-256 trailer) -> snap_file_open (both metas,
+ * snap_meta_ok) -> snap_file_walk (bounded) -> snap_imp_key (revisions
+ * into BASE and TXN records) -> snap_imp_apply (mvcc_replay_record, section
+ * 10) -> snap_imp_write (fdatasync), renamed to kvd.log.
+ */
+
+/*
  * `kvd --restore-snapshot FILE` makes a new store from an etcd snapshot (3.4
  * to 3.7, or one kvd made).  The file is hostile until proven otherwise: the
  * reader checks both metas (magic, version, FNV checksum), takes the page
@@ -7422,7 +10642,7 @@ out:
 	return e;
 }
 
-/* ===== 10. HPACK (hp_) =================================================== */
+/* ===== 16. HPACK (hp_) =================================================== */
 
 /*
  * RFC 7541.  The decoder is complete (static and dynamic tables, Huffman,
@@ -7842,15 +11062,15 @@ static void hp_put_status(struct kvd *k, struct kvd_buf *b, int status)
 	hp_put_field(k, b, 8, NULL, s, 3);
 }
 
-/* ===== 11. HTTP/2 frames, streams, flow control (h2_) ==================== */
+/* ===== 17. HTTP/2 frames, streams, flow control (h2_) ==================== */
 
 /*
  * RFC 9113, server side, with prior knowledge (cleartext, or inside TLS,
  * where ALPN offers h2): the loop hands a
  * connection to this section once its first bytes were the preface
- * (section 23).  Input is parsed from c->conn->in one whole frame at a time
+ * (section 35).  Input is parsed from c->conn->in one whole frame at a time
  * (a frame is at most 16 KiB + 9); output is appended to c->conn->out, which
- * the loop writes.  Each stream carries one call (section 12).  Response DATA is
+ * the loop writes.  Each stream carries one call (section 8).  Response DATA is
  * pulled from each stream's queue only as far as the peer's windows and
  * KVD_MAX_OUTPUT allow, so a slow or hostile reader pins bounded memory.
  *
@@ -7884,7 +11104,7 @@ struct h2_stream {
 };
 #define H2_STREAM_OF(cp) ((struct h2_stream *)(void *)(cp)) /* call is the first member */
 
-/* An HTTP/2 connection's state (its struct conn is section 23's). */
+/* An HTTP/2 connection's state (its struct conn is section 35's). */
 struct h2_conn {
 	struct kvd *k;
 	struct conn *conn;
@@ -7932,8 +11152,6 @@ struct h2_req {
 static void grpc_on_headers(struct kvd *k, struct h2_stream *s, const struct h2_req *rq);
 static void grpc_on_data(struct kvd *k, struct h2_stream *s);
 static void grpc_on_remote_close(struct kvd *k, struct h2_stream *s);
-static void call_init(struct kvd *k, struct call *c, const struct grpc_method *m, const struct call_carrier *car);
-static void call_fini(struct kvd *k, struct call *c);
 static const struct call_carrier grpc_h2_carrier;
 
 static int h2_frame(struct h2_conn *c, unsigned type, unsigned flags, uint32_t sid,
@@ -8076,7 +11294,7 @@ static void h2_stream_close(struct h2_conn *c, struct h2_stream *s)
 	kvd_free(k, s);
 	c->conn->t_active = k->now; /* a call ended: progress */
 	if (k->cfg.idle_timeout_ms)
-		loop_arm(k, k->now + k->cfg.idle_timeout_ms);
+		util_wake_by(k, k->now + k->cfg.idle_timeout_ms);
 	if (!c->nst) {
 		if (c->goaway_sent)
 			c->conn->is_closing = 1;
@@ -8885,7 +12103,7 @@ static void h2_input(struct kvd *k, struct h2_conn *c)
 		buf_consume(&c->conn->in, H2_FRAME_HDR + len);
 	}
 	if (k->cfg.idle_timeout_ms)
-		loop_arm(k, c->conn->t_active + (int64_t)k->cfg.idle_timeout_ms);
+		util_wake_by(k, c->conn->t_active + (int64_t)k->cfg.idle_timeout_ms);
 }
 
 /* grpc-message is percent-encoded: bytes outside 0x20..0x7e and '%' (grpc). */
@@ -8978,7 +12196,7 @@ static int h2_stream_send(struct kvd *k, struct h2_conn *c, struct h2_stream *s)
 				if (!s->stalled_since) {
 					s->stalled_since = k->now ? k->now : 1;
 					if (k->cfg.stall_timeout_ms)
-						loop_arm(k, k->now + k->cfg.stall_timeout_ms);
+						util_wake_by(k, k->now + k->cfg.stall_timeout_ms);
 				}
 				return 0;
 			}
@@ -9109,7 +12327,7 @@ static void h2_drain(struct kvd *k, struct h2_conn *c)
 	h2_frame(c, H2_GOAWAY, 0, 0, p, 8);
 	h2_frame(c, H2_PING, 0, 0, h2_stop_ping, 8);
 	c->t_drain_ping = k->now;
-	loop_arm(k, k->now + 1000);
+	util_wake_by(k, k->now + 1000);
 }
 
 /* HTTP/2 on connection cn (its first bytes were the preface). */
@@ -9128,7 +12346,7 @@ static struct h2_conn *h2_conn_new(struct kvd *k, struct conn *cn)
 	c->peer_init_window = H2_DEFAULT_WINDOW;
 	bucket_init(&c->rst, KVD_RST_RATE * 2, k->now);
 	bucket_init(&c->glitch, KVD_GLITCH_RATE * 10, k->now);
-	loop_arm(k, cn->t_open + KVD_PREFACE_TIMEOUT_MS);
+	util_wake_by(k, cn->t_open + KVD_PREFACE_TIMEOUT_MS);
 	return c;
 }
 
@@ -9144,7 +12362,7 @@ static void h2_conn_free(struct kvd *k, struct h2_conn *c)
 	kvd_free(k, c);
 }
 
-/* HTTP/2 as one of the protocols a connection may speak (section 23). */
+/* HTTP/2 as one of the protocols a connection may speak (section 35). */
 static void h2_proto_input(struct kvd *k, struct conn *c) { h2_input(k, c->ps); }
 static void h2_proto_flush(struct kvd *k, struct conn *c) { h2_flush(k, c->ps); }
 static int64_t h2_proto_timers(struct kvd *k, struct conn *c) { return h2_timers(k, c->ps); }
@@ -9174,311 +12392,25 @@ static const struct net_proto h2_proto = {
 	h2_proto_busy, h2_proto_shed, h2_proto_free,
 };
 
-/* ===== 12. Calls and gRPC framing (call_, grpc_) ======================== */
+/* ===== 18. gRPC over HTTP/2: the h2 stream as a carrier (grpc_) ========== */
 
 /*
- * A call is one RPC being served, apart from what carries it.  A service
- * sees only its call: the decoded request (c->rq), its metadata (the auth
- * token among it), and where its answer goes -- response messages queued
- * on c->out, a final status, and whether that answer must wait for the
- * group commit (c->held).  Carriers move the bytes: gRPC over HTTP/2 (an
- * h2 stream embeds its call; this section's grpc_ half frames the
- * messages), in-process calls (tests, fuzzers), and the JSON gateway over
- * HTTP/1.1 (section 22) -- all through the same svc_* handlers.  Every live call is
- * on k->calls, so shutdown and timers reach them without knowing carriers.
+ * gRPC over HTTP/2 (grpc-go's server transport, as etcd runs it): an h2
+ * stream embeds its call (section 8) and is that call's carrier.  Its
+ * HEADERS are checked here (method, content-type, grpc-timeout) and routed
+ * by :path through the method table (section 28); its DATA is cut
+ * into gRPC messages (a 5-byte prefix each) bounded by --max-request-bytes;
+ * the call's answer goes back as HEADERS, DATA and trailers in
+ * h2_stream_send (section 17).
  *
- * gRPC over HTTP/2 (grpc doc/PROTOCOL-HTTP2.md): each message is a 1-byte
- * compressed flag, a 4-byte big-endian length, then the protobuf bytes;
- * messages may span DATA frames or share one.  Status goes in trailers;
- * early errors use Trailers-Only.  Texts follow grpc-go (etcd's server) so
- * clients that match errors by text keep working.
+ * Invariants:
+ *   1. A message is handed to its call whole, never past the receive cap
+ *      (grpc_max_recv): a longer one ends the call RESOURCE_EXHAUSTED with
+ *      grpc-go's text.
+ *   2. A finished call's leftover request bytes are dropped and their
+ *      window given back (grpc_finished), so one call cannot starve the
+ *      connection's window.
  */
-
-static const struct grpc_method *svc_route(const char *svc, size_t slen, const char *meth,
-                                           size_t mlen, int *known_service);
-static int svc_method_index(const struct grpc_method *m);
-static void svc_stop_call(struct kvd *k, struct call *c);
-
-/* A new call of method m (NULL until routed) on carrier car: on k->calls. */
-static void call_init(struct kvd *k, struct call *c, const struct grpc_method *m, const struct call_carrier *car)
-{
-	memset(c, 0, sizeof *c);
-	c->m = m;
-	c->carrier = car;
-	c->next = k->calls;
-	if (k->calls)
-		k->calls->prev = c;
-	k->calls = c;
-}
-
-/* The call goes away: its service state, a held reply, its memory (not c). */
-static void call_fini(struct kvd *k, struct call *c)
-{
-	size_t i;
-	int mi = c->m ? svc_method_index(c->m) : -1;
-
-	if (mi >= 0) /* grpc_server_handled_total: a call that never ended was cancelled */
-		k->st.grpc_handled[mi][c->finished && c->status >= 0 && c->status < 17 ? c->status : GRPC_CANCELLED]++;
-	if (c->m && c->m->on_close)
-		c->m->on_close(k, c);
-	if (c->held) /* its reply was waiting for the log flush */
-		for (i = 0; i < k->nheld; i++)
-			if (k->held[i] == c)
-				k->held[i] = NULL;
-	if (c->prev)
-		c->prev->next = c->next;
-	else
-		k->calls = c->next;
-	if (c->next)
-		c->next->prev = c->prev;
-	pb_free(k, c->rq);
-	buf_free(k, &c->out);
-	kvd_free(k, c->meta);
-	kvd_free(k, c->status_msg);
-}
-
-/*
- * A reply produced while the log batch is open may show writes a failed
- * flush takes back: it waits in k->held, and the flush either releases it or
- * replaces it with the error (loop_log_flush).
- */
-static void call_hold(struct kvd *k, struct call *c)
-{
-	if (UTIL_GROW(k, k->held, k->heldcap, k->nheld + 1, 64))
-		return; /* cannot track it: it leaves after the flush all the same */
-	k->held[k->nheld++] = c;
-	c->held = 1;
-}
-
-/* Final status for c.  The message is copied; later calls are ignored. */
-static void call_finish(struct kvd *k, struct call *c, int code, const char *fmt, ...)
-{
-	char msg[512];
-	va_list ap;
-
-	if (c->finished)
-		return;
-	va_start(ap, fmt);
-	vsnprintf(msg, sizeof msg, fmt, ap);
-	va_end(ap);
-	c->status = code;
-	c->status_msg = msg[0] ? kvd_strdup(k, msg) : NULL;
-	c->finished = 1;
-	if (k->db.w.len && !c->held)
-		call_hold(k, c);
-	if (c->carrier->finished)
-		c->carrier->finished(k, c);
-}
-
-/* Room for one response message of n bytes on c's output: the gRPC prefix
- * (uncompressed, length) written, the n bytes counted in, where they go
- * returned -- the one writer of that prefix.  NULL: the call ended
- * RESOURCE_EXHAUSTED. */
-static uint8_t *call_msg(struct kvd *k, struct call *c, size_t n)
-{
-	uint8_t *p;
-
-	if (n > 0xffffffffu || buf_reserve(k, &c->out, 5 + n)) {
-		call_finish(k, c, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
-		return NULL;
-	}
-	p = c->out.p + c->out.len;
-	p[0] = 0;
-	put_be32(p + 1, (uint32_t)n);
-	c->out.len += 5 + n;
-	return p + 5;
-}
-
-/* Queue one response message.  On failure the call ends RESOURCE_EXHAUSTED. */
-static int call_send(struct kvd *k, struct call *c, const ProtobufCMessage *m)
-{
-	uint8_t *p;
-
-	if (c->finished)
-		return KVD_EINVAL;
-	if (!(p = call_msg(k, c, protobuf_c_message_get_packed_size(m))))
-		return KVD_ENOMEM;
-	protobuf_c_message_pack(m, p);
-	return 0;
-}
-
-/* A unary answer: one message, then status OK. */
-static void call_reply(struct kvd *k, struct call *c, const ProtobufCMessage *m)
-{
-	if (!call_send(k, c, m))
-		call_finish(k, c, GRPC_OK, "%s", "");
-}
-
-/* Keep a call's metadata (regular fields: names not starting with ':'), in
- * one allocation.  Each carrier hands over what its protocol calls them. */
-static int call_keep_meta(struct kvd *k, struct call *s, const struct hp_field *f, unsigned nf)
-{
-	size_t bytes = 0;
-	unsigned i, n = 0;
-	char *p;
-
-	for (i = 0; i < nf; i++)
-		if (f[i].name[0] != ':') {
-			bytes += f[i].nlen + f[i].vlen + 2;
-			n++;
-		}
-	if (!n)
-		return 0;
-	s->meta = kvd_malloc(k, n * sizeof *s->meta + bytes);
-	if (!s->meta)
-		return KVD_ENOMEM;
-	p = (char *)(s->meta + n);
-	for (i = 0; i < nf; i++) {
-		if (f[i].name[0] == ':')
-			continue;
-		memcpy(p, f[i].name, f[i].nlen);
-		p[f[i].nlen] = 0;
-		s->meta[s->nmeta].name = p;
-		s->meta[s->nmeta].nlen = f[i].nlen;
-		p += f[i].nlen + 1;
-		memcpy(p, f[i].value, f[i].vlen);
-		p[f[i].vlen] = 0;
-		s->meta[s->nmeta].value = p;
-		s->meta[s->nmeta].vlen = f[i].vlen;
-		p += f[i].vlen + 1;
-		s->nmeta++;
-	}
-	return 0;
-}
-
-/* Request metadata by (lowercase) name, NUL-terminated; NULL if absent. */
-static const char *call_meta(const struct call *c, const char *name)
-{
-	unsigned i;
-
-	for (i = 0; i < c->nmeta; i++)
-		if (!strcmp(c->meta[i].name, name))
-			return c->meta[i].value;
-	return NULL;
-}
-
-/*
- * Decode a request message for c's method into c->rq, or end the call as
- * etcd does: its decoder's text for malformed bytes (pb_check), its txn
- * limit for nesting beyond what kvd decodes, and kvd's own words only for
- * what is kvd's (memory, groups).  Returns 0 or a negative KVD_E*.
- */
-static int call_decode(struct kvd *k, struct call *c, const uint8_t *p, size_t n)
-{
-	const ProtobufCMessageDescriptor *d = c->m->req;
-	char why[160];
-	unsigned flags;
-	int oom, r;
-
-	if (!d)
-		return 0; /* raw bytes (test methods) */
-	r = pb_check(d, p, n, PB_MAX_DEPTH, why, sizeof why, &flags);
-	if (r == KVD_ELIMIT) { /* only a Txn nests: etcd's answer for deep ones */
-		call_finish(k, c, GRPC_INVALID_ARGUMENT, "%s", E_TOO_MANY_OPS);
-		return r;
-	}
-	if (r) {
-		call_finish(k, c, GRPC_INTERNAL, "grpc: error unmarshalling request: %s", why);
-		return r;
-	}
-	if (flags & PB_F_STRIP) { /* what etcd skips, protobuf-c would refuse */
-		uint8_t *copy = kvd_malloc(k, n ? n : 1);
-		if (!copy) {
-			call_finish(k, c, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
-			return KVD_ENOMEM;
-		}
-		c->rq = pb_unpack(k, d, copy, pb_strip(d, p, n, copy), &oom);
-		kvd_free(k, copy);
-	} else {
-		c->rq = pb_unpack(k, d, p, n, &oom);
-	}
-	if (c->rq)
-		return 0;
-	if (oom) {
-		call_finish(k, c, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
-		return KVD_ENOMEM;
-	}
-	call_finish(k, c, GRPC_INTERNAL, "grpc: error unmarshalling request: kvd: malformed protobuf");
-	return KVD_EPROTO;
-}
-
-/* One request message for c: decoded, then handed to the method (a unary
- * call takes only its first).  The handler may finish c, never frees it. */
-static void call_message(struct kvd *k, struct call *c, const uint8_t *p, size_t n)
-{
-	if (!p) /* an empty buffer's data: decoders may not do arithmetic on NULL */
-		p = (const uint8_t *)"";
-	if (c->m->kind != GRPC_BIDI && c->got_msg)
-		return;
-	c->got_msg = 1;
-	c->out_mark = c->out.len;
-	if (call_decode(k, c, p, n))
-		return;
-	c->raw.p = p;
-	c->raw.n = n;
-	c->m->on_msg(k, c);
-	if (k->stopping) /* begun while kvd stops: a stream ends at once */
-		svc_stop_call(k, c);
-	pb_free(k, c->rq);
-	c->rq = NULL;
-	c->raw.n = 0;
-}
-
-/* The client will send nothing more (gRPC: io.EOF / io.ErrUnexpectedEOF
- * when the request never came, as grpc-go answers). */
-static void call_half_close(struct kvd *k, struct call *c, int partial)
-{
-	if (c->finished)
-		return;
-	if (!c->got_msg) {
-		call_finish(k, c, GRPC_UNKNOWN, partial ? "unexpected EOF" : "EOF");
-		return;
-	}
-	if (partial && c->m->kind == GRPC_BIDI) {
-		call_finish(k, c, GRPC_INTERNAL, "unexpected EOF");
-		return;
-	}
-	if (c->m->on_half_close)
-		c->m->on_half_close(k, c);
-}
-
-/* Route a path as grpc-go does (strip one leading '/', split at the last
- * '/'); 0, or the call finished with grpc-go's text. */
-static int call_route(struct kvd *k, struct call *c, const char *path, size_t plen)
-{
-	const char *svc = path, *slash = NULL, *orig = path;
-	size_t i, olen = plen;
-	int known;
-
-	if (plen && path[0] == '/') {
-		path++;
-		plen--;
-	}
-	for (i = plen; i > 0; i--)
-		if (path[i - 1] == '/') {
-			slash = path + i - 1;
-			break;
-		}
-	if (!slash) {
-		call_finish(k, c, GRPC_RESOURCE_EXHAUSTED, "malformed method name: \"%.*s\"", (int)KVD_MIN(olen, 200), orig);
-		return KVD_EINVAL;
-	}
-	svc = path;
-	c->m = svc_route(svc, (size_t)(slash - svc), slash + 1, plen - (size_t)(slash - svc) - 1, &known);
-	if (!c->m) {
-		if (known)
-			call_finish(k, c, GRPC_UNIMPLEMENTED, "unknown method %.*s for service %.*s",
-			            (int)KVD_MIN(plen - (size_t)(slash - svc) - 1, 200), slash + 1, (int)(slash - svc), svc);
-		else
-			call_finish(k, c, GRPC_UNIMPLEMENTED, "unknown service %.*s", (int)KVD_MIN((size_t)(slash - svc), 200), svc);
-		return KVD_EINVAL;
-	}
-	if ((known = svc_method_index(c->m)) >= 0)
-		k->st.grpc_started[known]++;
-	return 0;
-}
-
-/* ---- gRPC over HTTP/2: the h2 stream as a carrier ------------------------- */
 
 /* The receive cap: etcd's --max-request-bytes plus grpc's slack. */
 static uint32_t grpc_max_recv(struct kvd *k)
@@ -9567,7 +12499,7 @@ static void grpc_on_headers(struct kvd *k, struct h2_stream *s, const struct h2_
 			return;
 		}
 		c->deadline = k->now * 1000 + us;
-		loop_arm(k, (c->deadline + 999) / 1000);
+		util_wake_by(k, (c->deadline + 999) / 1000);
 	}
 	if (rq->encoding.n && !grpc_slice_is(rq->encoding, "identity"))
 		s->bad_encoding = 1;
@@ -9623,7 +12555,1297 @@ static void grpc_on_remote_close(struct kvd *k, struct h2_stream *s)
 	call_half_close(k, &s->call, BUF_LEN(&s->in) != 0);
 }
 
-/* ===== 13. Go's sort.Sort, as etcd sorts ranges (svc_gosort_) =========== */
+/* ===== 19. Auth: tokens, who is calling, and may they; password hashing (auth_) == */
+
+/*
+ * Who is calling, and may they.  A call carries a token (the metadata
+ * "token", or a gateway's Authorization header) or a TLS client
+ * certificate's CN; auth_who turns it into a user, and auth_may, auth_txn
+ * and auth_lease_keys hold a request to that user's roles' ranges (section
+ * 12 keeps users and roles).  Tokens are etcd's two kinds: simple
+ * (random, kept here with a TTL) and JWT (signed and checked here, no
+ * state).  Password hashing runs here too, a slice per loop turn, off the
+ * handlers' path.
+ *
+ * A permission check: svc_range_rpc (section 21) -> auth_who (the
+ * token or CN to a user) -> auth_may (auth off: allowed; the user's roles'
+ * ranges) -> auth_covers -> the request, or PermissionDenied.  A Watch:
+ * watch_create (section 27) -> auth_who -> auth_may ->
+ * auth_watch_reason (a refused create's text, as etcd words it).
+ *
+ * Invariants:
+ *   1. With auth off no token is looked at (etcd 3.7); with it on, every
+ *      request but Authenticate and the Health service has a user.
+ *   2. A change of the auth store (its revision) invalidates what a token
+ *      or a cached permission said, before the next check.
+ */
+
+struct auth_token {
+	struct auth_token *next;
+	int64_t expires;           /* monotonic ms */
+	char *user;                /* owned */
+	char tok[40];
+};
+
+static uint32_t auth_tok_hash(const char *s)
+{
+	uint32_t h = 2166136261u;
+
+	while (*s)
+		h = (h ^ (uint8_t)*s++) * 16777619u;
+	return h % AUTH_BUCKETS;
+}
+
+static void auth_tok_free(struct kvd *k, struct auth_token *t)
+{
+	kvd_free(k, t->user);
+	kvd_free(k, t);
+	k->auth.ntok--;
+}
+
+/* Drop the tokens of user (NULL: every token) and the expired ones. */
+static void auth_tok_drop(struct kvd *k, const char *user)
+{
+	struct auth *a = &k->auth;
+	struct auth_token **pp, *t;
+	size_t i;
+
+	if (!a->tok)
+		return;
+	for (i = 0; i < AUTH_BUCKETS; i++)
+		for (pp = &a->tok[i]; (t = *pp);) {
+			if (!user || !strcmp(t->user, user) || t->expires <= k->now) {
+				*pp = t->next;
+				auth_tok_free(k, t);
+			} else {
+				pp = &t->next;
+			}
+		}
+}
+
+/* The live token named s, its life extended, or NULL. */
+static struct auth_token *auth_tok_find(struct kvd *k, const char *s)
+{
+	struct auth *a = &k->auth;
+	struct auth_token **pp, *t;
+
+	if (!a->tok)
+		return NULL;
+	for (pp = &a->tok[auth_tok_hash(s)]; (t = *pp); pp = &t->next) {
+		if (strcmp(t->tok, s))
+			continue;
+		if (t->expires <= k->now) {
+			*pp = t->next;
+			auth_tok_free(k, t);
+			return NULL;
+		}
+		t->expires = k->now + a->ttl_ms;
+		return t;
+	}
+	return NULL;
+}
+
+/* n random bytes from the kernel's pool.  0 or KVD_EIO. */
+static int auth_random(struct kvd *k, uint8_t *p, size_t n)
+{
+	ssize_t r;
+
+	if (k->auth.rnd_fd < 0 && (k->auth.rnd_fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC)) < 0)
+		return KVD_EIO;
+	while (n) {
+		r = read(k->auth.rnd_fd, p, n);
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r <= 0)
+			return KVD_EIO;
+		p += r;
+		n -= (size_t)r;
+	}
+	return 0;
+}
+
+/* A new token for user, as etcd's simple tokens look.  0 or KVD_E*. */
+static int auth_tok_new(struct kvd *k, const char *user, char *out, size_t cap)
+{
+	static const char letters[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ";
+	struct auth *a = &k->auth;
+	struct auth_token *t;
+	uint8_t rnd[64];
+	size_t i, got = 0;
+	uint32_t h;
+
+	if (!a->tok && !(a->tok = kvd_calloc(k, AUTH_BUCKETS * sizeof *a->tok)))
+		return KVD_ENOMEM;
+	if (a->ntok >= KVD_AUTH_MAX_TOKENS)
+		auth_tok_drop(k, ""); /* only the expired ones: no user is named "" */
+	if (a->ntok >= KVD_AUTH_MAX_TOKENS)
+		return KVD_ELIMIT;
+	if (!(t = kvd_calloc(k, sizeof *t)) || !(t->user = kvd_strdup(k, user))) {
+		kvd_free(k, t);
+		return KVD_ENOMEM;
+	}
+	do {
+		if (auth_random(k, rnd, sizeof rnd)) {
+			kvd_free(k, t->user);
+			kvd_free(k, t);
+			return KVD_EIO;
+		}
+		for (i = 0; i < sizeof rnd && got < 16; i++)
+			if (rnd[i] < 208) /* 4 x 52: no letter more likely than another */
+				t->tok[got++] = letters[rnd[i] % 52];
+	} while (got < 16);
+	snprintf(t->tok + 16, sizeof t->tok - 16, ".%lld", (long long)k->db.rev);
+	t->expires = k->now + a->ttl_ms;
+	h = auth_tok_hash(t->tok);
+	t->next = a->tok[h];
+	a->tok[h] = t;
+	a->ntok++;
+	snprintf(out, cap, "%s", t->tok);
+	return 0;
+}
+
+/* ---- JSON Web Tokens (--auth-token jwt,...) ----------------------------------
+ *
+ * etcd's jwt tokens: a header {"alg":A,"typ":"JWT"}, claims
+ * {"exp":T,"revision":R,"username":U} (Go's encoding/json: keys sorted), each
+ * base64url without padding, then the signature over "header.claims":
+ * RS256/384/512 (RSA PKCS#1 v1.5), PS256/384/512 (RSA-PSS, salt as long as
+ * the hash), ES256/384/512 (r and s, each the curve's size, as JOSE wants),
+ * HS256/384/512 (HMAC, the key file's bytes the secret).  Options as etcd's:
+ * sign-method (required), pub-key, priv-key, ttl (5m).  Without priv-key kvd
+ * verifies tokens another server issued but cannot issue any (Authenticate
+ * fails, as etcd's verify-only mode).  A token carries the auth revision it
+ * was issued at; a key operation with one older than the store's is refused
+ * ("revision of auth store is old") and clients authenticate again.  A
+ * token is not kept anywhere: deleting its user or disabling auth does not
+ * revoke it, its expiry does (as etcd).
+ */
+struct auth_jwt {
+	mbedtls_pk_context key;      /* private (can issue) or public (verify only) */
+	uint8_t *secret;             /* HS*: the key file's bytes */
+	size_t nsecret;
+	unsigned priv : 1;
+	char alg[8];
+	char family;                 /* 'R' PKCS#1 v1.5, 'P' PSS, 'E' ECDSA, 'H' HMAC */
+	mbedtls_md_type_t md;
+	size_t half;                 /* ECDSA: bytes of r, and of s */
+	uint32_t ttl_ms;
+	char name[256];              /* the user the last verified token named */
+};
+
+static const char auth_b64url[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+
+static void auth_b64url_put(struct kvd *k, struct kvd_buf *b, const uint8_t *p, size_t n)
+{
+	if (!buf_reserve(k, b, (n + 2) / 3 * 4))
+		b->len += util_b64(auth_b64url, 0, p, n, (char *)b->p + b->len);
+}
+
+/* base64url without padding (what jwt-go makes and takes) into out (cap
+ * bytes).  The length, or -1 if s is not that. */
+static long auth_b64url_get(const char *s, size_t n, uint8_t *out, size_t cap)
+{
+	uint32_t acc = 0;
+	size_t i, bits = 0, o = 0;
+	const char *c;
+
+	if (n % 4 == 1)
+		return -1;
+	for (i = 0; i < n; i++) {
+		if (!s[i] || !(c = strchr(auth_b64url, s[i])))
+			return -1;
+		acc = acc << 6 | (uint32_t)(c - auth_b64url);
+		bits += 6;
+		if (bits >= 8) {
+			bits -= 8;
+			if (o == cap)
+				return -1;
+			out[o++] = (uint8_t)(acc >> bits);
+			acc &= (1u << bits) - 1;
+		}
+	}
+	return acc ? -1 : (long)o; /* leftover bits must be zero */
+}
+
+static int auth_jwt_rng(void *k, unsigned char *p, size_t n)
+{
+	return auth_random(k, p, n) ? -1 : 0;
+}
+
+/* Sign or check (verify) the signature sig of data.  Sign: sig has room for
+ * MBEDTLS_PK_SIGNATURE_MAX_SIZE bytes, *n is set.  0 or -1. */
+static int auth_jwt_sig(struct kvd *k, struct auth_jwt *j, const uint8_t *data, size_t len, uint8_t *sig,
+                        size_t *n, int verify)
+{
+	const mbedtls_md_info_t *md = mbedtls_md_info_from_type(j->md);
+	uint8_t h[MBEDTLS_MD_MAX_SIZE], der[MBEDTLS_PK_SIGNATURE_MAX_SIZE];
+	size_t hl = mbedtls_md_get_size(md), dl = 0;
+	mbedtls_mpi r, s;
+	int e = -1;
+
+	if (j->family == 'H') {
+		if (mbedtls_md_hmac(md, j->secret, j->nsecret, data, len, h))
+			return -1;
+		if (!verify) {
+			memcpy(sig, h, hl);
+			*n = hl;
+			return 0;
+		}
+		return *n == hl && !auth_ct_diff(h, sig, hl) ? 0 : -1;
+	}
+	if (mbedtls_md(md, data, len, h))
+		return -1;
+	if (j->family == 'R' || j->family == 'P') {
+		mbedtls_rsa_set_padding(mbedtls_pk_rsa(j->key), j->family == 'P' ? MBEDTLS_RSA_PKCS_V21 : MBEDTLS_RSA_PKCS_V15,
+		                        j->family == 'P' ? j->md : MBEDTLS_MD_NONE);
+		if (verify) {
+			mbedtls_pk_rsassa_pss_options o;
+			o.mgf1_hash_id = j->md;
+			o.expected_salt_len = MBEDTLS_RSA_SALT_LEN_ANY;
+			return mbedtls_pk_verify_ext(j->family == 'P' ? MBEDTLS_PK_RSASSA_PSS : MBEDTLS_PK_RSA,
+			                             j->family == 'P' ? &o : NULL, &j->key, j->md, h, hl, sig, *n) ? -1 : 0;
+		}
+		return mbedtls_pk_sign(&j->key, j->md, h, hl, sig, n, auth_jwt_rng, k) ? -1 : 0;
+	}
+	/* ECDSA: JOSE's r||s, the pk layer's DER */
+	mbedtls_mpi_init(&r);
+	mbedtls_mpi_init(&s);
+	if (verify) {
+		uint8_t *p = der + sizeof der;
+		size_t m = 0;
+		int w;
+		if (*n != 2 * j->half || mbedtls_mpi_read_binary(&r, sig, j->half) ||
+		    mbedtls_mpi_read_binary(&s, sig + j->half, j->half))
+			goto out;
+		if ((w = mbedtls_asn1_write_mpi(&p, der, &s)) < 0)
+			goto out;
+		m += (size_t)w;
+		if ((w = mbedtls_asn1_write_mpi(&p, der, &r)) < 0)
+			goto out;
+		m += (size_t)w;
+		if ((w = mbedtls_asn1_write_len(&p, der, m)) < 0)
+			goto out;
+		m += (size_t)w;
+		if ((w = mbedtls_asn1_write_tag(&p, der, MBEDTLS_ASN1_CONSTRUCTED | MBEDTLS_ASN1_SEQUENCE)) < 0)
+			goto out;
+		m += (size_t)w;
+		e = mbedtls_pk_verify(&j->key, j->md, h, hl, p, m) ? -1 : 0;
+	} else {
+		uint8_t *p = der, *end;
+		size_t seq;
+		if (mbedtls_pk_sign(&j->key, j->md, h, hl, der, &dl, auth_jwt_rng, k))
+			goto out;
+		end = der + dl;
+		if (mbedtls_asn1_get_tag(&p, end, &seq, MBEDTLS_ASN1_CONSTRUCTED | MBEDTLS_ASN1_SEQUENCE) ||
+		    mbedtls_asn1_get_mpi(&p, end, &r) || mbedtls_asn1_get_mpi(&p, end, &s) ||
+		    mbedtls_mpi_write_binary(&r, sig, j->half) || mbedtls_mpi_write_binary(&s, sig + j->half, j->half))
+			goto out;
+		*n = 2 * j->half;
+		e = 0;
+	}
+out:
+	mbedtls_mpi_free(&r);
+	mbedtls_mpi_free(&s);
+	return e;
+}
+
+/* A token for user at the current auth revision, into out.  0 or KVD_E*. */
+static int auth_jwt_issue(struct kvd *k, const char *user, char *out, size_t cap)
+{
+	struct auth_jwt *j = k->auth.jwt;
+	struct kvd_buf b = {0}, c = {0};
+	uint8_t sig[MBEDTLS_PK_SIGNATURE_MAX_SIZE];
+	size_t n = 0, at;
+	struct timespec ts;
+	int r = KVD_ENOMEM;
+
+	if (!j->priv)
+		return KVD_EINVAL;
+	clock_gettime(CLOCK_REALTIME, &ts);
+	json_put_raw(k, &c, "{\"alg\":\"");
+	json_put_raw(k, &c, j->alg);
+	json_put_raw(k, &c, "\",\"typ\":\"JWT\"}");
+	if (c.err)
+		goto out;
+	auth_b64url_put(k, &b, c.p, c.len);
+	buf_append(k, &b, ".", 1);
+	c.len = 0;
+	json_put_raw(k, &c, "{\"exp\":");
+	json_put_int(k, &c, (int64_t)ts.tv_sec + j->ttl_ms / 1000);
+	json_put_raw(k, &c, ",\"revision\":");
+	json_put_int(k, &c, (int64_t)k->auth.rev);
+	json_put_raw(k, &c, ",\"username\":");
+	json_put_str(k, &c, user, strlen(user));
+	json_put_raw(k, &c, "}");
+	if (c.err)
+		goto out;
+	auth_b64url_put(k, &b, c.p, c.len);
+	at = b.len;
+	if (b.err || auth_jwt_sig(k, j, b.p, at, sig, &n, 0)) {
+		r = b.err ? KVD_ENOMEM : KVD_EIO;
+		goto out;
+	}
+	buf_append(k, &b, ".", 1);
+	auth_b64url_put(k, &b, sig, n);
+	if (b.err || b.len >= cap)
+		goto out;
+	memcpy(out, b.p, b.len);
+	out[b.len] = 0;
+	r = 0;
+out:
+	buf_free(k, &b);
+	buf_free(k, &c);
+	return r;
+}
+
+/* A token another call sent: its user (into j->name) and revision, or -1
+ * when it is not a token this key signed, or has expired. */
+static int auth_jwt_check(struct kvd *k, const char *tok, uint64_t *rev)
+{
+	struct auth_jwt *j = k->auth.jwt;
+	const char *d1 = strchr(tok, '.'), *d2 = d1 ? strchr(d1 + 1, '.') : NULL;
+	uint8_t buf[1024], sig[MBEDTLS_PK_SIGNATURE_MAX_SIZE];
+	const struct json *alg, *u, *rv, *exp;
+	struct json_doc doc;
+	struct timespec ts;
+	const char *why;
+	size_t sn;
+	long l;
+	int r = -1;
+
+	if (!d2 || strchr(d2 + 1, '.') || strlen(tok) > 4096)
+		return -1;
+	l = auth_b64url_get(d2 + 1, strlen(d2 + 1), sig, sizeof sig);
+	if (l < 0)
+		return -1;
+	sn = (size_t)l;
+	if (auth_jwt_sig(k, j, (const uint8_t *)tok, (size_t)(d2 - tok), sig, &sn, 1))
+		return -1;
+	/* signed by this key: now the header says the same algorithm, and the claims */
+	if ((l = auth_b64url_get(tok, (size_t)(d1 - tok), buf, sizeof buf)) < 0 ||
+	    json_parse(k, &doc, buf, (size_t)l, &why))
+		return -1;
+	alg = json_get(doc.root, "alg");
+	r = json_is_str(alg) && !strcmp(alg->s, j->alg) ? 0 : -1;
+	json_free(&doc);
+	if (r || (l = auth_b64url_get(d1 + 1, (size_t)(d2 - d1 - 1), buf, sizeof buf)) < 0 ||
+	    json_parse(k, &doc, buf, (size_t)l, &why))
+		return -1;
+	u = json_get(doc.root, "username");
+	rv = json_get(doc.root, "revision");
+	exp = json_get(doc.root, "exp");
+	clock_gettime(CLOCK_REALTIME, &ts);
+	r = -1;
+	if (json_is_str(u) && u->n < sizeof j->name && !memchr(u->s, 0, u->n) && rv && rv->type == JSON_NUM &&
+	    rv->d >= 0 && (!exp || (exp->type == JSON_NUM && exp->d > (double)ts.tv_sec))) {
+		memcpy(j->name, u->s, u->n + 1);
+		*rev = rv->d > 0 ? (uint64_t)rv->d : 1;
+		r = 0;
+	}
+	json_free(&doc);
+	return r;
+}
+
+/* --auth-token: "simple", or "jwt,sign-method=...,pub-key=...,priv-key=...,ttl=...".
+ * Keys are read here, before the data dir is touched.  0 or KVD_EINVAL. */
+static int auth_open(struct kvd *k, char *err, size_t errlen)
+{
+	static const struct { const char *alg; char family; mbedtls_md_type_t md; size_t half; } algs[] = {
+		{"RS256", 'R', MBEDTLS_MD_SHA256, 0}, {"RS384", 'R', MBEDTLS_MD_SHA384, 0}, {"RS512", 'R', MBEDTLS_MD_SHA512, 0},
+		{"PS256", 'P', MBEDTLS_MD_SHA256, 0}, {"PS384", 'P', MBEDTLS_MD_SHA384, 0}, {"PS512", 'P', MBEDTLS_MD_SHA512, 0},
+		{"ES256", 'E', MBEDTLS_MD_SHA256, 32}, {"ES384", 'E', MBEDTLS_MD_SHA384, 48}, {"ES512", 'E', MBEDTLS_MD_SHA512, 66},
+		{"HS256", 'H', MBEDTLS_MD_SHA256, 0}, {"HS384", 'H', MBEDTLS_MD_SHA384, 0}, {"HS512", 'H', MBEDTLS_MD_SHA512, 0},
+	};
+	const char *spec = k->cfg.auth_token ? k->cfg.auth_token : "simple";
+	char opts[1024], *o, *save, *method = NULL, *pub = NULL, *priv = NULL, *ttl = NULL;
+	struct auth_jwt *j;
+	size_t i;
+	int r;
+
+	if (!strcmp(spec, "simple"))
+		return 0;
+	if (strncmp(spec, "jwt,", 4) || strlen(spec) >= sizeof opts) {
+		snprintf(err, errlen, "--auth-token %s: unknown token type (want simple or jwt,...)", spec);
+		return KVD_EINVAL;
+	}
+	snprintf(opts, sizeof opts, "%s", spec + 4);
+	for (o = strtok_r(opts, ",", &save); o; o = strtok_r(NULL, ",", &save)) {
+		char *v = strchr(o, '=');
+		if (!v) {
+			snprintf(err, errlen, "--auth-token: option %s has no value", o);
+			return KVD_EINVAL;
+		}
+		*v++ = 0;
+		if (!strcmp(o, "sign-method"))
+			method = v;
+		else if (!strcmp(o, "pub-key"))
+			pub = v;
+		else if (!strcmp(o, "priv-key"))
+			priv = v;
+		else if (!strcmp(o, "ttl"))
+			ttl = v;
+		else {
+			snprintf(err, errlen, "--auth-token: unknown option %s", o);
+			return KVD_EINVAL;
+		}
+	}
+	for (i = 0; method && i < KVD_COUNT(algs) && strcmp(algs[i].alg, method); i++)
+		;
+	if (!method || i == KVD_COUNT(algs)) {
+		snprintf(err, errlen, "--auth-token: sign-method %s: want RS256..512, PS256..512, ES256..512 or HS256..512",
+		         method ? method : "(missing)");
+		return KVD_EINVAL;
+	}
+	if (!(j = kvd_calloc(k, sizeof *j)))
+		return KVD_ENOMEM;
+	mbedtls_pk_init(&j->key);
+	k->auth.jwt = j;
+	snprintf(j->alg, sizeof j->alg, "%s", method);
+	j->family = algs[i].family;
+	j->md = algs[i].md;
+	j->half = algs[i].half;
+	j->ttl_ms = 5 * 60 * 1000;
+	if (ttl && (cfg_duration(ttl, &j->ttl_ms) || j->ttl_ms < 1000)) {
+		snprintf(err, errlen, "--auth-token: ttl %s: want a duration of at least 1s", ttl);
+		return KVD_EINVAL;
+	}
+	if (!pub && !priv) {
+		snprintf(err, errlen, "--auth-token: jwt needs priv-key (to issue tokens) or pub-key (to verify them)");
+		return KVD_EINVAL;
+	}
+	if (util_check_regular(priv ? priv : pub, priv ? "--auth-token: priv-key" : "--auth-token: pub-key", err, errlen))
+		return KVD_EINVAL;
+	if (j->family == 'H') { /* the secret: the file's bytes */
+		FILE *f = fopen(priv ? priv : pub, "rb");
+		long n = -1;
+		if (f && !fseek(f, 0, SEEK_END) && (n = ftell(f)) > 0 && n < 65536 && !fseek(f, 0, SEEK_SET) &&
+		    (j->secret = kvd_malloc(k, (size_t)n)) && fread(j->secret, 1, (size_t)n, f) == (size_t)n) {
+			j->nsecret = (size_t)n;
+			j->priv = 1;
+		}
+		if (f)
+			fclose(f);
+		if (!j->nsecret) {
+			snprintf(err, errlen, "--auth-token: cannot read the HMAC key %s", priv ? priv : pub);
+			return KVD_EINVAL;
+		}
+		return 0;
+	}
+	r = priv ? mbedtls_pk_parse_keyfile(&j->key, priv, NULL
+#if MBEDTLS_VERSION_MAJOR >= 3
+	                                    , auth_jwt_rng, k
+#endif
+	                                    ) : mbedtls_pk_parse_public_keyfile(&j->key, pub);
+	if (r) {
+		snprintf(err, errlen, "--auth-token: cannot read the %s key %s (mbedtls -0x%04x)", priv ? "private" : "public",
+		         priv ? priv : pub, (unsigned)-r);
+		return KVD_EINVAL;
+	}
+	j->priv = !!priv;
+	if (j->family == 'E' ? !mbedtls_pk_can_do(&j->key, MBEDTLS_PK_ECDSA) ||
+	                           (mbedtls_pk_get_bitlen(&j->key) + 7) / 8 != j->half
+	                     : !mbedtls_pk_can_do(&j->key, MBEDTLS_PK_RSA)) {
+		snprintf(err, errlen, "--auth-token: the key in %s does not fit sign-method %s", priv ? priv : pub, method);
+		return KVD_EINVAL;
+	}
+	return 0;
+}
+
+static void auth_jwt_free(struct kvd *k)
+{
+	struct auth_jwt *j = k->auth.jwt;
+
+	if (!j)
+		return;
+	mbedtls_pk_free(&j->key);
+	if (j->secret)
+		auth_wipe(j->secret, j->nsecret);
+	kvd_free(k, j->secret);
+	kvd_free(k, j);
+	k->auth.jwt = NULL;
+}
+
+/* ---- who is calling, and may they ------------------------------------------- */
+
+/* What etcd's AuthInfoFromCtx finds: with auth on, the user a token names
+ * (a token that is not live is an error); else (with --client-cert-auth)
+ * the client certificate's CN; else nobody (*who NULL).  Auth off, etcd 3.7
+ * looks at no token at all (3.4 refused a dead one either way). */
+static int auth_who(struct kvd *k, struct call *c, struct auth_who *w, struct svc_err *e)
+{
+	const char *t = call_meta(c, "token"), *cn;
+	struct auth_token *tk;
+	size_t cnlen;
+
+	w->name = NULL;
+	w->nlen = 0;
+	w->rev = 0;
+	if (!t)
+		t = call_meta(c, "authorization");
+	if (!k->auth.enabled)
+		t = NULL;
+	if (t && !strncmp(t, "Bearer ", 7)) /* etcd 3.7 strips it */
+		t += 7;
+	if (t && k->auth.jwt) {
+		if (auth_jwt_check(k, t, &w->rev))
+			return svc_fail(e, GRPC_UNAUTHENTICATED, E_INVALID_TOKEN);
+		w->name = k->auth.jwt->name; /* valid until the next call's check */
+		w->nlen = strlen(w->name);
+		return 0;
+	}
+	if (t) {
+		if (!(tk = auth_tok_find(k, t)))
+			return svc_fail(e, GRPC_UNAUTHENTICATED, E_INVALID_TOKEN);
+		w->name = tk->user;
+		w->nlen = strlen(w->name);
+		return 0;
+	}
+	if (k->cfg.client_cert_auth && c->conn && (cn = tls_peer_cn(c->conn, &cnlen))) {
+		w->name = cn; /* its exact bytes: "root\0.x" is not root */
+		w->nlen = cnlen;
+	}
+	return 0;
+}
+
+/* etcd's IsAdminPermitted. */
+static int auth_admin(struct kvd *k, const struct auth_who *w, struct svc_err *e)
+{
+	const Authpb__User *u;
+
+	if (!k->auth.enabled)
+		return 0;
+	if (!w->nlen)
+		return svc_fail(e, GRPC_INVALID_ARGUMENT, E_USER_EMPTY);
+	if (!(u = auth_user_n(k, w->name, w->nlen)))
+		return svc_fail(e, GRPC_FAILED_PRECONDITION, E_USER_NOT_FOUND);
+	return auth_has_role(u, AUTH_ROOT) ? 0 : svc_fail(e, GRPC_PERMISSION_DENIED, E_PERM_DENIED);
+}
+
+/* etcd's AuthAdmin.isPermitted: the caller is root (etcd 3.7 maps the
+ * errors; 3.4's Maintenance sent them raw, code Unknown). */
+static int auth_root(struct kvd *k, struct call *c, struct svc_err *e)
+{
+	struct auth_who who;
+
+	return auth_who(k, c, &who, e) || auth_admin(k, &who, e) ? KVD_EINVAL : 0;
+}
+
+/* etcd 3.7's requireAuthInfo (Status, MemberList, Alarm GET, leases): with
+ * auth on, any caller with a name -- a live token, or a certificate's CN. */
+static int auth_need_user(struct kvd *k, struct call *c, struct auth_who *who, struct svc_err *e)
+{
+	if (auth_who(k, c, who, e))
+		return KVD_EINVAL;
+	return k->auth.enabled && !who->nlen ? svc_fail(e, GRPC_INVALID_ARGUMENT, E_USER_EMPTY) : 0;
+}
+
+/* A watch's cancel_reason for a refused create: the gRPC error as Go
+ * prints it (etcd's isWatchPermitted). */
+static const char *auth_watch_reason(const struct svc_err *e)
+{
+	if (!strcmp(e->msg, E_INVALID_TOKEN))
+		return "rpc error: code = Unauthenticated desc = " E_INVALID_TOKEN;
+	if (!strcmp(e->msg, E_USER_EMPTY))
+		return "rpc error: code = InvalidArgument desc = " E_USER_EMPTY;
+	if (!strcmp(e->msg, E_AUTH_OLD_REV))
+		return "rpc error: code = InvalidArgument desc = " E_AUTH_OLD_REV;
+	return "rpc error: code = PermissionDenied desc = " E_PERM_DENIED;
+}
+
+/*
+ * An interval of keys, as etcd's adt package compares them: an empty
+ * bound is +infinity, and z appends a 0 byte (a point [k, k\0)).
+ */
+struct auth_iv {
+	const uint8_t *b, *e;
+	size_t bn, en;
+	unsigned ez : 1;
+};
+
+static int auth_bound_cmp(const uint8_t *a, size_t an, int az, const uint8_t *b, size_t bn, int bz)
+{
+	size_t la = an + (size_t)az, lb = bn + (size_t)bz, i;
+
+	if (!la || !lb)
+		return !la && !lb ? 0 : !la ? 1 : -1;
+	for (i = 0; i < la && i < lb; i++) {
+		uint8_t x = i < an ? a[i] : 0, y = i < bn ? b[i] : 0;
+		if (x != y)
+			return x < y ? -1 : 1;
+	}
+	return (la > lb) - (la < lb);
+}
+
+static int auth_iv_order(const void *x, const void *y)
+{
+	const struct auth_iv *a = x, *b = y;
+
+	return auth_bound_cmp(a->b, a->bn, 0, b->b, b->bn, 0);
+}
+
+/* The permission's interval, as etcd's getMergedPerms builds it. */
+static void auth_perm_iv(const Authpb__Permission *p, struct auth_iv *v)
+{
+	v->b = p->key.data;
+	v->bn = p->key.len;
+	v->ez = 0;
+	if (!p->range_end.len) { /* a point */
+		v->e = p->key.data;
+		v->en = p->key.len;
+		v->ez = 1;
+	} else if (p->range_end.len == 1 && !p->range_end.data[0]) { /* from key on */
+		v->e = NULL;
+		v->en = 0;
+	} else {
+		v->e = p->range_end.data;
+		v->en = p->range_end.len;
+	}
+}
+
+/*
+ * etcd's interval tree itself (its adt package), for the one query whose
+ * answer depends on the tree's shape: an inverted range, key >= end.  etcd
+ * lets it into Contains like any other; the overlap test then calls it
+ * "overlapping" some nodes and "right of" others, and the maximum-end pruning
+ * skips whole subtrees, so which permissions are seen -- and whether the
+ * empty range is permitted -- depends on where the red-black insertion put
+ * each one.  The tree is built here the way etcd builds a user's cache: the
+ * user's roles in order, each role's permissions in order, the same
+ * insertion (ties on begin ordered by end, as etcd 3.7's), fix-up and rotations, with the
+ * subtree maxima updated at exactly the points etcd updates them (its
+ * update stops early, so a different order gives different maxima).
+ * Nodes are indices; 0 is the black sentinel.  Only built for such queries
+ * (nothing else depends on the shape), and freed at once.
+ */
+struct auth_rbn {
+	struct auth_iv iv;
+	const uint8_t *m;            /* the subtree's largest end */
+	size_t mn;
+	unsigned mz : 1, red : 1;
+	uint32_t l, r, p;
+};
+struct auth_rbt {
+	struct auth_rbn *t;
+	uint32_t root;
+	/* Contains' walk */
+	const uint8_t *minb, *maxe;
+	size_t minbn, maxen;
+	unsigned maxz : 1, seen : 1, gap : 1;
+};
+
+/* adt's Interval.Compare: -1 a left of b, 1 a right of b, 0 they overlap. */
+static int auth_iv_compare(const struct auth_iv *a, const struct auth_iv *b)
+{
+	if (auth_bound_cmp(a->b, a->bn, 0, b->b, b->bn, 0) < 0 && auth_bound_cmp(a->e, a->en, a->ez, b->b, b->bn, 0) <= 0)
+		return -1;
+	return auth_bound_cmp(a->b, a->bn, 0, b->e, b->en, b->ez) >= 0 ? 1 : 0;
+}
+
+static void auth_rb_max(struct auth_rbt *T, uint32_t x)
+{
+	struct auth_rbn *t = T->t;
+
+	for (; x; x = t[x].p) {
+		const uint8_t *m = t[x].iv.e;
+		size_t mn = t[x].iv.en;
+		int mz = t[x].iv.ez, i;
+		for (i = 0; i < 2; i++) {
+			uint32_t c = i ? t[x].r : t[x].l;
+			if (c && auth_bound_cmp(t[c].m, t[c].mn, t[c].mz, m, mn, mz) > 0) {
+				m = t[c].m;
+				mn = t[c].mn;
+				mz = t[c].mz;
+			}
+		}
+		if (!auth_bound_cmp(t[x].m, t[x].mn, t[x].mz, m, mn, mz))
+			return; /* as etcd: an unchanged maximum ends the walk up */
+		t[x].m = m;
+		t[x].mn = mn;
+		t[x].mz = (unsigned)mz;
+	}
+}
+
+/* Rotate x down to the left (dir 0) or right (dir 1). */
+static void auth_rb_rotate(struct auth_rbt *T, uint32_t x, int dir)
+{
+	struct auth_rbn *t = T->t;
+	uint32_t y = dir ? t[x].l : t[x].r, in = dir ? t[y].r : t[y].l, p = t[x].p;
+
+	if (!y)
+		return;
+	if (dir)
+		t[x].l = in;
+	else
+		t[x].r = in;
+	if (in)
+		t[in].p = x;
+	auth_rb_max(T, x);
+	t[y].p = p;
+	if (!p) {
+		T->root = y;
+	} else {
+		if (t[p].l == x)
+			t[p].l = y;
+		else
+			t[p].r = y;
+		auth_rb_max(T, p);
+	}
+	t[x].p = y;
+	if (dir)
+		t[y].r = x;
+	else
+		t[y].l = x;
+	auth_rb_max(T, y);
+}
+
+/* Where z goes below x: left (1) when its begin is lower, or (etcd 3.7's
+ * adt; 3.4 sent every tie right) the same begin and a lower end. */
+static int auth_rb_left(const struct auth_rbn *t, uint32_t z, uint32_t x)
+{
+	int c = auth_bound_cmp(t[z].iv.b, t[z].iv.bn, 0, t[x].iv.b, t[x].iv.bn, 0);
+
+	return c < 0 || (!c && auth_bound_cmp(t[z].iv.e, t[z].iv.en, t[z].iv.ez, t[x].iv.e, t[x].iv.en, t[x].iv.ez) < 0);
+}
+
+/* Insert node z (its interval set), ordered as auth_rb_left says. */
+static void auth_rb_insert(struct auth_rbt *T, uint32_t z)
+{
+	struct auth_rbn *t = T->t;
+	uint32_t x = T->root, y = 0, g, u;
+	int side;
+
+	t[z].m = t[z].iv.e;
+	t[z].mn = t[z].iv.en;
+	t[z].mz = t[z].iv.ez;
+	t[z].red = 1;
+	t[z].l = t[z].r = 0;
+	while (x) {
+		y = x;
+		x = auth_rb_left(t, z, x) ? t[x].l : t[x].r;
+	}
+	t[z].p = y;
+	if (!y) {
+		T->root = z;
+	} else {
+		if (auth_rb_left(t, z, y))
+			t[y].l = z;
+		else
+			t[y].r = z;
+		auth_rb_max(T, y);
+	}
+	while (t[t[z].p].red) { /* CLRS' fix-up; the sentinel is black */
+		g = t[t[z].p].p;
+		side = t[z].p == t[g].l; /* the parent is a left child: the uncle is on the right */
+		u = side ? t[g].r : t[g].l;
+		if (t[u].red) {
+			t[t[z].p].red = 0;
+			t[u].red = 0;
+			t[g].red = 1;
+			z = g;
+			continue;
+		}
+		if (z == (side ? t[t[z].p].r : t[t[z].p].l)) {
+			z = t[z].p;
+			auth_rb_rotate(T, z, side ? 0 : 1);
+		}
+		t[t[z].p].red = 0;
+		t[t[t[z].p].p].red = 1;
+		auth_rb_rotate(T, t[t[z].p].p, side ? 1 : 0);
+	}
+	t[T->root].red = 0;
+}
+
+/* adt's visit with Contains' callback: nodes q overlaps, in order; the
+ * walk stops at the first gap.  0 once it stopped. */
+static int auth_rb_visit(struct auth_rbt *T, uint32_t x, const struct auth_iv *q)
+{
+	struct auth_rbn *n = &T->t[x];
+	struct auth_iv m;
+	int v;
+
+	if (!x)
+		return 1;
+	v = auth_iv_compare(q, &n->iv);
+	if (v < 0)
+		return auth_rb_visit(T, n->l, q);
+	if (v > 0) {
+		m.b = n->iv.b;
+		m.bn = n->iv.bn;
+		m.e = n->m;
+		m.en = n->mn;
+		m.ez = n->mz;
+		return auth_iv_compare(&m, q) ? 1 : auth_rb_visit(T, n->l, q) && auth_rb_visit(T, n->r, q);
+	}
+	if (!auth_rb_visit(T, n->l, q))
+		return 0;
+	if (!T->seen) {
+		T->seen = 1;
+		T->minb = n->iv.b;
+		T->minbn = n->iv.bn;
+	} else if (auth_bound_cmp(T->maxe, T->maxen, T->maxz, n->iv.b, n->iv.bn, 0) < 0) {
+		T->gap = 1;
+		return 0;
+	} else if (auth_bound_cmp(n->iv.e, n->iv.en, n->iv.ez, T->maxe, T->maxen, T->maxz) <= 0) {
+		return auth_rb_visit(T, n->r, q);
+	}
+	T->maxe = n->iv.e;
+	T->maxen = n->iv.en;
+	T->maxz = n->iv.ez;
+	return auth_rb_visit(T, n->r, q);
+}
+
+/* u's permissions of type (READWRITE ones too) in etcd's order: the roles
+ * as the user lists them, each role's permissions in order.  *i and *j
+ * start at 0; NULL after the last. */
+static const Authpb__Permission *auth_perm_next(struct kvd *k, const Authpb__User *u, int type, size_t *i, size_t *j)
+{
+	for (; *i < u->n_roles; (*i)++, *j = 0) {
+		const Authpb__Role *r = auth_role(k, u->roles[*i]);
+		while (r && *j < r->n_keypermission) {
+			const Authpb__Permission *p = r->keypermission[(*j)++];
+			if (p->permtype == (Authpb__Permission__Type)type || p->permtype == AUTHPB__PERMISSION__TYPE__READWRITE)
+				return p;
+		}
+	}
+	return NULL;
+}
+
+/* adt's Intersects(q) for a point q: its search from the root, which
+ * follows the left subtree only when that subtree's maximum passes q. */
+static int auth_rb_intersects(const struct auth_rbt *T, const struct auth_iv *q)
+{
+	const struct auth_rbn *t = T->t;
+	uint32_t x = T->root, l;
+
+	while (x && auth_iv_compare(q, &t[x].iv)) {
+		l = t[x].l;
+		x = l && auth_bound_cmp(t[l].m, t[l].mn, t[l].mz, q->b, q->bn, 0) > 0 ? l : t[x].r;
+	}
+	return x != 0;
+}
+
+/* Contains(q) (or, q a point, Intersects) on the tree of u's permissions of
+ * type, built as etcd builds it. */
+static int auth_covers_tree(struct kvd *k, const Authpb__User *u, const struct auth_iv *q, int point, int type)
+{
+	const Authpb__Permission *p;
+	struct auth_rbt T;
+	size_t i, j, n;
+	int ok;
+
+	memset(&T, 0, sizeof T);
+	for (i = j = 0, n = 1; auth_perm_next(k, u, type, &i, &j); n++)
+		;
+	if (n > UINT32_MAX || !(T.t = kvd_calloc(k, n * sizeof *T.t)))
+		return 0; /* no memory: refused, the safe answer */
+	for (i = j = 0, n = 1; (p = auth_perm_next(k, u, type, &i, &j)); n++) {
+		auth_perm_iv(p, &T.t[n].iv);
+		auth_rb_insert(&T, (uint32_t)n);
+	}
+	if (point) {
+		ok = auth_rb_intersects(&T, q);
+	} else {
+		auth_rb_visit(&T, T.root, q);
+		ok = T.seen && !T.gap && auth_bound_cmp(T.maxe, T.maxen, T.maxz, q->e, q->en, 0) >= 0 &&
+		     auth_bound_cmp(T.minb, T.minbn, 0, q->b, q->bn, 0) <= 0;
+	}
+	kvd_free(k, T.t);
+	return ok;
+}
+
+/* Does u's merged permission of type (AUTHPB__PERMISSION__TYPE__READ or
+ * WRITE) cover [key, end) -- or hold key, end empty?  etcd's checkKeyPoint
+ * and checkKeyInterval over its interval tree: without the tree where its
+ * shape cannot matter, with it where it can -- an inverted range asked
+ * about, or an inverted permission among the user's (etcd 3.4 stored them;
+ * a store from then may still hold some). */
+static int auth_covers(struct kvd *k, const Authpb__User *u, const ProtobufCBinaryData *key,
+                       const ProtobufCBinaryData *end, int type)
+{
+	struct auth_iv stack[32], *v = stack, q, x;
+	const Authpb__Permission *p;
+	size_t n = 0, cap = KVD_COUNT(stack), i, j;
+	const uint8_t *maxe = NULL;
+	size_t maxen = 0;
+	int maxz = 0, ok = 0, point = !end->len;
+
+	q.b = key->data;
+	q.bn = key->len;
+	q.ez = 0;
+	q.e = end->len == 1 && !end->data[0] ? NULL : end->data;
+	q.en = q.e ? end->len : 0;
+	if (point) { /* the point [key, key\0) */
+		q.e = key->data;
+		q.en = key->len;
+		q.ez = 1;
+	}
+	if (!point && auth_bound_cmp(q.b, q.bn, 0, q.e, q.en, 0) >= 0)
+		return auth_covers_tree(k, u, &q, point, type); /* key >= end: the tree's shape decides */
+	for (i = j = 0; (p = auth_perm_next(k, u, type, &i, &j));) {
+		auth_perm_iv(p, &x);
+		if (auth_bound_cmp(x.b, x.bn, 0, x.e, x.en, x.ez) >= 0)
+			return auth_covers_tree(k, u, &q, point, type); /* so does an inverted permission's */
+	}
+	for (i = j = 0; (p = auth_perm_next(k, u, type, &i, &j));) {
+		auth_perm_iv(p, &x);
+		if (point) { /* Intersects: begin <= key < end */
+			if (auth_bound_cmp(x.b, x.bn, 0, q.b, q.bn, 0) <= 0 && auth_bound_cmp(q.b, q.bn, 0, x.e, x.en, x.ez) < 0)
+				goto yes;
+			continue;
+		}
+		/* the intervals its Compare calls overlapping the query: with key <
+		 * end, exactly what the tree visits, whatever its shape */
+		if ((auth_bound_cmp(q.b, q.bn, 0, x.b, x.bn, 0) < 0 && auth_bound_cmp(q.e, q.en, 0, x.b, x.bn, 0) <= 0) ||
+		    auth_bound_cmp(q.b, q.bn, 0, x.e, x.en, x.ez) >= 0)
+			continue;
+		if (n == cap) {
+			struct auth_iv *nv = kvd_malloc(k, 2 * cap * sizeof *nv);
+			if (!nv)
+				goto out; /* no memory: refused, the safe answer */
+			memcpy(nv, v, n * sizeof *nv);
+			if (v != stack)
+				kvd_free(k, v);
+			v = nv;
+			cap *= 2;
+		}
+		v[n++] = x;
+	}
+	if (point || !n)
+		goto out;
+	qsort(v, n, sizeof *v, auth_iv_order); /* in order of their begins, as the tree visits */
+	maxe = v[0].e;
+	maxen = v[0].en;
+	maxz = v[0].ez;
+	for (i = 1; i < n; i++) {
+		if (auth_bound_cmp(maxe, maxen, maxz, v[i].b, v[i].bn, 0) < 0)
+			goto out; /* a gap */
+		if (auth_bound_cmp(v[i].e, v[i].en, v[i].ez, maxe, maxen, maxz) > 0) {
+			maxe = v[i].e;
+			maxen = v[i].en;
+			maxz = v[i].ez;
+		}
+	}
+	ok = auth_bound_cmp(maxe, maxen, maxz, q.e, q.en, 0) >= 0 && auth_bound_cmp(v[0].b, v[0].bn, 0, q.b, q.bn, 0) <= 0;
+out:
+	if (v != stack)
+		kvd_free(k, v);
+	return ok;
+yes:
+	return 1;
+}
+
+/* etcd's isOpPermitted: may who do a type op on [key, end)? */
+static int auth_may(struct kvd *k, const struct auth_who *w, const ProtobufCBinaryData *key,
+                    const ProtobufCBinaryData *end, int type, struct svc_err *e)
+{
+	static const ProtobufCBinaryData none = {0, NULL};
+	const Authpb__User *u;
+
+	if (!k->auth.enabled)
+		return 0;
+	if (!w->nlen)
+		return svc_fail(e, GRPC_INVALID_ARGUMENT, E_USER_EMPTY);
+	if (w->rev && w->rev < k->auth.rev) /* a JWT from before an auth change */
+		return svc_fail(e, GRPC_INVALID_ARGUMENT, E_AUTH_OLD_REV);
+	if (!(u = auth_user_n(k, w->name, w->nlen)))
+		return svc_fail(e, GRPC_PERMISSION_DENIED, E_PERM_DENIED);
+	if (auth_has_role(u, AUTH_ROOT) || auth_covers(k, u, key, end ? end : &none, type))
+		return 0;
+	return svc_fail(e, GRPC_PERMISSION_DENIED, E_PERM_DENIED);
+}
+
+/* etcd 3.7's checkTxnPermission: every compare, then each branch's ops in
+ * order, nested txns' too (3.4 stopped at the top level). */
+static int auth_txn(struct kvd *k, const struct auth_who *who, const Etcdserverpb__TxnRequest *rq, struct svc_err *e)
+{
+	size_t i, b;
+
+	if (!k->auth.enabled)
+		return 0;
+	for (i = 0; i < rq->n_compare; i++)
+		if (auth_may(k, who, &rq->compare[i]->key, &rq->compare[i]->range_end, AUTH_R, e))
+			return KVD_EINVAL;
+	for (b = 0; b < 2; b++) {
+		Etcdserverpb__RequestOp **ops = b ? rq->failure : rq->success;
+		size_t n = b ? rq->n_failure : rq->n_success;
+		for (i = 0; i < n; i++) {
+			const Etcdserverpb__RequestOp *op = ops[i];
+			int r = 0;
+			switch (op->request_case) {
+			case ETCDSERVERPB__REQUEST_OP__REQUEST_REQUEST_RANGE:
+				r = auth_may(k, who, &op->request_range->key, &op->request_range->range_end, AUTH_R, e);
+				break;
+			case ETCDSERVERPB__REQUEST_OP__REQUEST_REQUEST_PUT: /* etcd 3.7's checkPutAuth, at every depth */
+				r = auth_may(k, who, &op->request_put->key, NULL, AUTH_W, e) ||
+				    auth_lease_keys(k, who, op->request_put->lease, AUTH_W, e) ||
+				    (op->request_put->prev_kv && auth_may(k, who, &op->request_put->key, NULL, AUTH_R, e));
+				break;
+			case ETCDSERVERPB__REQUEST_OP__REQUEST_REQUEST_DELETE_RANGE:
+				if (op->request_delete_range->prev_kv)
+					r = auth_may(k, who, &op->request_delete_range->key, &op->request_delete_range->range_end,
+					             AUTH_R, e);
+				if (!r)
+					r = auth_may(k, who, &op->request_delete_range->key,
+					             &op->request_delete_range->range_end, AUTH_W, e);
+				break;
+			case ETCDSERVERPB__REQUEST_OP__REQUEST_REQUEST_TXN:
+				r = auth_txn(k, who, op->request_txn, e);
+				break;
+			default:
+				break;
+			}
+			if (r)
+				return r;
+		}
+	}
+	return 0;
+}
+
+/* etcd's checkLeasePuts: write on every key the lease holds. */
+static int auth_lease_keys(struct kvd *k, const struct auth_who *who, int64_t id, int type, struct svc_err *e)
+{
+	struct lease *l;
+	ProtobufCBinaryData key;
+	uint32_t i;
+
+	if (!k->auth.enabled || !(l = lease_find(k, id)))
+		return 0;
+	for (i = 0; l->nkeys && i <= l->kmask; i++)
+		if (l->keys[i]) {
+			key.data = l->keys[i]->key;
+			key.len = l->keys[i]->klen;
+			if (auth_may(k, who, &key, NULL, type, e))
+				return KVD_EINVAL;
+		}
+	return 0;
+}
+
+/* ---- password hashes, off the handlers' path ----------------------------------- */
+
+/* A call waiting for a hash (its c->svc): the request stays here meanwhile. */
+struct auth_job {
+	struct auth_job *next;
+	struct call *c;
+	ProtobufCMessage *rq;       /* the request, taken from the call */
+	struct auth_bcrypt h;
+	uint64_t rev;               /* the auth revision when the check began */
+	char out[61];               /* the hash, when done */
+	unsigned queued : 1, done : 1;
+};
+
+static int64_t auth_us(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+}
+
+
+
+/* The request of c, whether it waited for a hash or not. */
+static const void *auth_rq(const struct call *c)
+{
+	const struct auth_job *j = c->svc;
+
+	return c->rq ? (const void *)c->rq : (const void *)j->rq;
+}
+
+/* The hash c's handler asked for, once the loop made it; NULL before. */
+static const char *auth_hashed(const struct call *c)
+{
+	const struct auth_job *j = c->svc;
+
+	return j && j->done ? j->out : NULL;
+}
+
+static void auth_job_unqueue(struct kvd *k, struct auth_job *j)
+{
+	struct auth *a = &k->auth;
+	struct auth_job **pp, *prev = NULL;
+
+	for (pp = &a->jobs; *pp; prev = *pp, pp = &(*pp)->next)
+		if (*pp == j) {
+			*pp = j->next;
+			if (a->jobs_tail == j)
+				a->jobs_tail = prev;
+			a->njobs--;
+			break;
+		}
+	if (a->cur == j)
+		a->cur = NULL;
+	j->queued = 0;
+}
+
+/* Who a job is, for the queue's fair shares: its address, its connection
+ * (NULL for in-process calls, which share one turn). */
+static struct share *auth_job_share(const struct auth_job *j)
+{
+	return j->c->conn ? j->c->conn->share : NULL;
+}
+
+static int auth_job_count(const struct auth *a, const struct share *sh, const struct conn *c)
+{
+	const struct auth_job *j;
+	int n = 0;
+
+	for (j = a->jobs; j; j = j->next)
+		n += auth_job_share(j) == sh && (!c || j->c->conn == c);
+	return n;
+}
+
+/*
+ * The queue is full and call c wants a hash: the address holding the most
+ * queued jobs gives up its newest when it holds at least two more than c's;
+ * within c's own address, the connection holding the most does.  The job
+ * given up ends "too many requests", as a refusal would have.  0 when there
+ * is room now.
+ */
+static int auth_job_make_room(struct kvd *k, struct call *c)
+{
+	struct auth *a = &k->auth;
+	struct share *mine = c->conn ? c->conn->share : NULL, *top = NULL;
+	struct auth_job *j, *v = NULL;
+	const struct conn *ctop = NULL;
+	int n, best = -1, have = auth_job_count(a, mine, NULL);
+
+	for (j = a->jobs; j; j = j->next) /* the address holding the most */
+		if ((n = auth_job_count(a, auth_job_share(j), NULL)) > best) {
+			best = n;
+			top = auth_job_share(j);
+		}
+	if (top == mine || best < have + 2) { /* c's own address is the largest: by connection within it */
+		top = mine;
+		have = c->conn ? auth_job_count(a, mine, c->conn) : 0;
+		for (best = -1, j = a->jobs; j; j = j->next)
+			if (auth_job_share(j) == mine && j->c->conn != c->conn &&
+			    (n = auth_job_count(a, mine, j->c->conn)) > best) {
+				best = n;
+				ctop = j->c->conn;
+			}
+		if (!ctop || best < have + 2)
+			return KVD_ELIMIT;
+	}
+	for (j = a->jobs; j; j = j->next) /* its newest, never the one being hashed */
+		if (j != a->cur && auth_job_share(j) == top && (!ctop || j->c->conn == ctop))
+			v = j;
+	if (!v)
+		return KVD_ELIMIT;
+	auth_job_unqueue(k, v);
+	call_finish(k, v->c, GRPC_RESOURCE_EXHAUSTED, "%s", E_TOO_MANY_REQUESTS);
+	k->st.yields[YIELD_HASHES]++;
+	return 0;
+}
+
+/* Queue a bcrypt of pw for c (salt NULL: a fresh one, for a new hash); the
+ * loop calls c's handler again when it is ready.  0, or the error in *e. */
+static int auth_hash_start(struct kvd *k, struct call *c, const char *pw, const uint8_t *salt, unsigned cost,
+                           struct svc_err *e)
+{
+	struct auth *a = &k->auth;
+	struct auth_job *j = c->svc;
+	uint8_t fresh[16];
+
+	if (!j && a->njobs >= KVD_AUTH_MAX_JOBS && auth_job_make_room(k, c))
+		return svc_fail(e, GRPC_RESOURCE_EXHAUSTED, E_TOO_MANY_REQUESTS);
+	if (!salt && auth_random(k, fresh, sizeof fresh))
+		return svc_fail(e, GRPC_UNAVAILABLE, "kvd: cannot read /dev/urandom");
+	if (!j) {
+		if (!(j = kvd_calloc(k, sizeof *j)))
+			return svc_fail(e, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+		j->c = c;
+		j->rq = c->rq;
+		c->rq = NULL;
+		c->svc = j;
+	}
+	auth_bcrypt_begin(&j->h, (const uint8_t *)pw, strlen(pw), salt ? salt : fresh, cost);
+	j->rev = a->rev;
+	j->done = 0;
+	j->queued = 1;
+	j->next = NULL;
+	if (a->jobs_tail)
+		a->jobs_tail->next = j;
+	else
+		a->jobs = j;
+	a->jobs_tail = j;
+	a->njobs++;
+	util_wake_by(k, k->now);
+	return 0;
+}
+
+/* The call goes (answered, or its client left): its hash with it. */
+static void auth_job_close(struct kvd *k, struct call *c)
+{
+	struct auth_job *j = c->svc;
+
+	if (!j)
+		return;
+	if (j->queued)
+		auth_job_unqueue(k, j);
+	pb_free(k, j->rq);
+	auth_wipe(j, sizeof *j); /* the password's key schedule */
+	kvd_free(k, j);
+	c->svc = NULL;
+}
+
+/* The next job to hash: the one whose address, then connection, had its
+ * turn longest ago (oldest first among equals); its turn is taken now. */
+static struct auth_job *auth_job_next(struct kvd *k)
+{
+	struct auth *a = &k->auth;
+	struct auth_job *j, *best = NULL;
+	struct share *sh;
+	uint64_t bs = 0, bc = 0, vs, vc;
+
+	for (j = a->jobs; j; j = j->next) {
+		sh = auth_job_share(j);
+		vs = sh ? sh->vt : 0;
+		vc = j->c->conn ? j->c->conn->vt : 0;
+		if (!best || vs < bs || (vs == bs && vc < bc)) {
+			best = j;
+			bs = vs;
+			bc = vc;
+		}
+	}
+	if (best) {
+		if ((sh = auth_job_share(best)))
+			sh->vt = ++a->vclock;
+		if (best->c->conn)
+			best->c->conn->vt = ++a->vclock;
+	}
+	return best;
+}
+
+/* Hash for at most KVD_AUTH_SLICE_US, the jobs in their fair turns;
+ * finished jobs go back to their handlers.  Runs once per loop iteration. */
+static void auth_step(struct kvd *k)
+{
+	struct auth *a = &k->auth;
+	struct auth_job *j;
+	int64_t t0;
+
+	if (!a->jobs)
+		return;
+	t0 = auth_us();
+	while (a->cur || (a->cur = auth_job_next(k))) {
+		j = a->cur;
+		while (!auth_bcrypt_step(&j->h, 2))
+			if (auth_us() - t0 >= KVD_AUTH_SLICE_US)
+				goto more;
+		auth_job_unqueue(k, j);
+		auth_bcrypt_end(&j->h, j->out);
+		j->done = 1;
+		a->hashes++;
+		if (!j->c->finished) /* a call past its deadline changes nothing */
+			j->c->m->on_msg(k, j->c); /* answers, or queues it again */
+		if (auth_us() - t0 >= KVD_AUTH_SLICE_US)
+			break;
+	}
+more:
+	util_wake_by(k, k->now); /* another slice, or the answers out, at once */
+}
+
+/* ===== 20. Go's sort.Sort, as etcd sorts ranges (svc_gosort_) ============ */
 
 /*
  * etcd sorts a Range's results with Go's sort.Sort, which is not stable:
@@ -9958,7 +14180,7 @@ static void svc_gosort_ptrs(void **v, size_t n, int (*less)(const void *, const 
 	svc_gosort_pdq(&g, 0, n, svc_gosort_bitlen(n));
 }
 
-/* ===== 14. Services: KV (svc_) ========================================== */
+/* ===== 21. Services: KV (svc_) =========================================== */
 
 /*
  * Semantics follow etcd 3.7 (etcdserver/txn, v3rpc/key.go, mvcc): error
@@ -9977,12 +14199,6 @@ static void svc_header(struct kvd *k, Etcdserverpb__ResponseHeader *h, int with_
 	if (with_revision)
 		h->revision = k->db.rev;
 }
-
-/* An error to return: gRPC code and etcd's text. */
-struct svc_err {
-	int code;
-	const char *msg;
-};
 
 static int svc_fail(struct svc_err *e, int code, const char *msg)
 {
@@ -11194,7 +15410,7 @@ static void svc_rangestream_rpc(struct kvd *k, struct call *s)
 	}
 }
 
-/* ===== 15. Services: Lease (svc_lease_) ================================= */
+/* ===== 22. Services: Lease (svc_lease_) ================================== */
 
 
 /* Lease id if it is alive; one whose deadline passed is revoked now (the
@@ -11285,7 +15501,7 @@ static void svc_lease_revoke_rpc(struct kvd *k, struct call *s)
 }
 
 /* LeaseKeepAlive: one answer per request; an unknown lease gets TTL 0 and
- * no error, as etcd.  Renewals are not logged (see section 7).  With auth
+ * no error, as etcd.  Renewals are not logged (see section 11).  With auth
  * on (etcd 3.7's checkLeaseRenew) a user renews only leases whose keys it
  * may write; a refusal ends the stream with its error. */
 static void svc_lease_keepalive_msg(struct kvd *k, struct call *s)
@@ -11417,2027 +15633,15 @@ static void svc_lease_leases_rpc(struct kvd *k, struct call *s)
 	svc_pool_free(&pl);
 }
 
-/* ===== 16. Auth: users, roles, permissions, tokens (auth_, svc_auth_) ==== */
+/* ===== 23. Services: Auth (svc_auth_, auth_) ============================= */
 
 /*
- * etcd 3.7's authentication, for a store one box serves.  State: a flag
- * (enabled), the auth revision (bumped by every change that can take a
- * right away), users (authpb.User: name, bcrypt hash, sorted roles,
- * no_password) and roles (authpb.Role: name, key permissions sorted by key).
- * RAM holds them unpacked, each table sorted by name as bbolt's buckets are.
- *
- * Durability.  A change is one AUTH record in the log's batch, so it rides
- * the group commit with the writes around it and its reply waits for the
- * flush like theirs:
- *   AUTH (6) = u8 flags (1 enabled, 2 whole state) | u64 auth revision
- *              | u32 nops | (u8 kind | u32 len | bytes[len])[nops]
- *   kind 1 user, 3 role: the packed authpb message, exactly what etcd keeps
- *   in its authUsers/authRoles buckets (so a snapshot carries them as they
- *   are); kind 2, 4: the name of a user or role that goes.
- * A record states the flag and revision after it; "whole state" first
- * forgets every user and role (a rewrite ends with one such record, and an
- * import starts with one).  Replay and a live change apply ops through the
- * same auth_apply; live changes keep the replaced messages on an undo list
- * until the flush, which a failed flush uses to put them back.
- *
- * Passwords are bcrypt ($2a$, Go's), so hashes move between etcd and kvd in
- * snapshots.  bcrypt is built here on Blowfish, whose initial state is the
- * fractional part of pi in hexadecimal (auth_pi: 1042 words, checked by
- * the tests against Python's bcrypt).  A hash costs 2^cost key schedules --
- * about 50 ms at cost 10 on a PC, 20 times that on a router -- so it never
- * runs inside one handler: Authenticate, UserAdd and UserChangePassword
- * queue a job, and the loop runs the oldest for at most AUTH_SLICE_US per
- * iteration between everything else (auth_step).  Other clients therefore
- * wait at most one slice for a hash, whatever the cost, and a flood of
- * wrong passwords is bounded by AUTH_MAX_JOBS queued hashes (then "too many
- * requests").  The queue is shared fairly (section 3's rule): hashes are
- * made round-robin by source address, then by connection within one, so an
- * honest login waits behind at most one hash per other client, not behind
- * a whole flood; and when the queue is full, the address holding the most
- * jobs (or, within the newcomer's own address, the connection) gives up its
- * newest to a newcomer holding at least two fewer.  Who may ask for a hash
- * is checked before it is queued: only Authenticate of an existing user
- * with a password, or an admin's change.
- *
- * Tokens are etcd's simple tokens: 16 random letters, ".", the revision; a
- * token lives --auth-token-ttl seconds after its last use.  Letters come
- * from /dev/urandom (getrandom's pool), 52 per character by rejection, so
- * about 91 bits per token.  Tokens are RAM only, as etcd's: a restart ends
- * them.  Deleting a user or changing its password ends that user's tokens;
- * disabling auth ends every token.  With auth on, a token nobody knows is
- * an error ("invalid auth token"); with it off, etcd 3.7 looks at no token
- * (3.4 refused a dead one either way).  With --client-cert-auth, a call
- * without a token is its client certificate's CN.  With --auth-token jwt,... tokens are etcd's signed JWTs instead
- * (below): nothing is kept, the signature and expiry are checked.
- *
- * Checks follow etcd 3.7's (server/auth/store.go, etcdserver/apply/auth.go,
- * v3rpc): admin calls need the root role; a key op needs a permission of
- * its type whose intervals, merged, cover the request (a point needs an
- * interval that holds it); root may do anything.  Errors and their order
- * are etcd's.  3.7 closed the holes 3.4 had, and kvd with it: a txn's ops
- * are checked at every depth as top-level ones (a put's lease keys and
- * prev_kv too), LeaseTimeToLive with keys needs read on every attached
- * key, a watch from a key (range_end "\0") needs read on the whole
- * interval; Compact, MoveLeader, Downgrade and changing alarms need root,
- * Status, MemberList, listing alarms and every lease RPC a user.
+ * The Auth service: AuthEnable .. RoleRevokePermission and Authenticate,
+ * each a write of the auth store (section 12) through the log (an
+ * AUTH record, section 9), answered as etcd 3.7 answers, error texts
+ * included.  Authenticate and UserAdd hash a password off the handlers'
+ * path (section 19); the call waits for it.
  */
-
-#define AUTH_ROOT "root"
-#define AUTH_BUCKETS 1024          /* token hash table */
-#ifndef KVD_AUTH_MAX_TOKENS        /* @@ live simple tokens */
-#define KVD_AUTH_MAX_TOKENS 65536
-#endif
-#ifndef KVD_AUTH_MAX_JOBS          /* @@ password hashes queued */
-#define KVD_AUTH_MAX_JOBS 32
-#endif
-#ifndef KVD_AUTH_SLICE_US          /* @@ hashing per loop iteration */
-#define KVD_AUTH_SLICE_US 2000
-#endif
-
-/* ---- bcrypt ---------------------------------------------------------------- */
-
-/* The hexadecimal digits of pi after the point, 32 bits at a time: Blowfish's
- * P-array (18 words) then its four S-boxes (256 words each). */
-static const uint32_t auth_pi[1042] = {
-	0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344, 0xa4093822, 0x299f31d0,
-	0x082efa98, 0xec4e6c89, 0x452821e6, 0x38d01377, 0xbe5466cf, 0x34e90c6c,
-	0xc0ac29b7, 0xc97c50dd, 0x3f84d5b5, 0xb5470917, 0x9216d5d9, 0x8979fb1b,
-	0xd1310ba6, 0x98dfb5ac, 0x2ffd72db, 0xd01adfb7, 0xb8e1afed, 0x6a267e96,
-	0xba7c9045, 0xf12c7f99, 0x24a19947, 0xb3916cf7, 0x0801f2e2, 0x858efc16,
-	0x636920d8, 0x71574e69, 0xa458fea3, 0xf4933d7e, 0x0d95748f, 0x728eb658,
-	0x718bcd58, 0x82154aee, 0x7b54a41d, 0xc25a59b5, 0x9c30d539, 0x2af26013,
-	0xc5d1b023, 0x286085f0, 0xca417918, 0xb8db38ef, 0x8e79dcb0, 0x603a180e,
-	0x6c9e0e8b, 0xb01e8a3e, 0xd71577c1, 0xbd314b27, 0x78af2fda, 0x55605c60,
-	0xe65525f3, 0xaa55ab94, 0x57489862, 0x63e81440, 0x55ca396a, 0x2aab10b6,
-	0xb4cc5c34, 0x1141e8ce, 0xa15486af, 0x7c72e993, 0xb3ee1411, 0x636fbc2a,
-	0x2ba9c55d, 0x741831f6, 0xce5c3e16, 0x9b87931e, 0xafd6ba33, 0x6c24cf5c,
-	0x7a325381, 0x28958677, 0x3b8f4898, 0x6b4bb9af, 0xc4bfe81b, 0x66282193,
-	0x61d809cc, 0xfb21a991, 0x487cac60, 0x5dec8032, 0xef845d5d, 0xe98575b1,
-	0xdc262302, 0xeb651b88, 0x23893e81, 0xd396acc5, 0x0f6d6ff3, 0x83f44239,
-	0x2e0b4482, 0xa4842004, 0x69c8f04a, 0x9e1f9b5e, 0x21c66842, 0xf6e96c9a,
-	0x670c9c61, 0xabd388f0, 0x6a51a0d2, 0xd8542f68, 0x960fa728, 0xab5133a3,
-	0x6eef0b6c, 0x137a3be4, 0xba3bf050, 0x7efb2a98, 0xa1f1651d, 0x39af0176,
-	0x66ca593e, 0x82430e88, 0x8cee8619, 0x456f9fb4, 0x7d84a5c3, 0x3b8b5ebe,
-	0xe06f75d8, 0x85c12073, 0x401a449f, 0x56c16aa6, 0x4ed3aa62, 0x363f7706,
-	0x1bfedf72, 0x429b023d, 0x37d0d724, 0xd00a1248, 0xdb0fead3, 0x49f1c09b,
-	0x075372c9, 0x80991b7b, 0x25d479d8, 0xf6e8def7, 0xe3fe501a, 0xb6794c3b,
-	0x976ce0bd, 0x04c006ba, 0xc1a94fb6, 0x409f60c4, 0x5e5c9ec2, 0x196a2463,
-	0x68fb6faf, 0x3e6c53b5, 0x1339b2eb, 0x3b52ec6f, 0x6dfc511f, 0x9b30952c,
-	0xcc814544, 0xaf5ebd09, 0xbee3d004, 0xde334afd, 0x660f2807, 0x192e4bb3,
-	0xc0cba857, 0x45c8740f, 0xd20b5f39, 0xb9d3fbdb, 0x5579c0bd, 0x1a60320a,
-	0xd6a100c6, 0x402c7279, 0x679f25fe, 0xfb1fa3cc, 0x8ea5e9f8, 0xdb3222f8,
-	0x3c7516df, 0xfd616b15, 0x2f501ec8, 0xad0552ab, 0x323db5fa, 0xfd238760,
-	0x53317b48, 0x3e00df82, 0x9e5c57bb, 0xca6f8ca0, 0x1a87562e, 0xdf1769db,
-	0xd542a8f6, 0x287effc3, 0xac6732c6, 0x8c4f5573, 0x695b27b0, 0xbbca58c8,
-	0xe1ffa35d, 0xb8f011a0, 0x10fa3d98, 0xfd2183b8, 0x4afcb56c, 0x2dd1d35b,
-	0x9a53e479, 0xb6f84565, 0xd28e49bc, 0x4bfb9790, 0xe1ddf2da, 0xa4cb7e33,
-	0x62fb1341, 0xcee4c6e8, 0xef20cada, 0x36774c01, 0xd07e9efe, 0x2bf11fb4,
-	0x95dbda4d, 0xae909198, 0xeaad8e71, 0x6b93d5a0, 0xd08ed1d0, 0xafc725e0,
-	0x8e3c5b2f, 0x8e7594b7, 0x8ff6e2fb, 0xf2122b64, 0x8888b812, 0x900df01c,
-	0x4fad5ea0, 0x688fc31c, 0xd1cff191, 0xb3a8c1ad, 0x2f2f2218, 0xbe0e1777,
-	0xea752dfe, 0x8b021fa1, 0xe5a0cc0f, 0xb56f74e8, 0x18acf3d6, 0xce89e299,
-	0xb4a84fe0, 0xfd13e0b7, 0x7cc43b81, 0xd2ada8d9, 0x165fa266, 0x80957705,
-	0x93cc7314, 0x211a1477, 0xe6ad2065, 0x77b5fa86, 0xc75442f5, 0xfb9d35cf,
-	0xebcdaf0c, 0x7b3e89a0, 0xd6411bd3, 0xae1e7e49, 0x00250e2d, 0x2071b35e,
-	0x226800bb, 0x57b8e0af, 0x2464369b, 0xf009b91e, 0x5563911d, 0x59dfa6aa,
-	0x78c14389, 0xd95a537f, 0x207d5ba2, 0x02e5b9c5, 0x83260376, 0x6295cfa9,
-	0x11c81968, 0x4e734a41, 0xb3472dca, 0x7b14a94a, 0x1b510052, 0x9a532915,
-	0xd60f573f, 0xbc9bc6e4, 0x2b60a476, 0x81e67400, 0x08ba6fb5, 0x571be91f,
-	0xf296ec6b, 0x2a0dd915, 0xb6636521, 0xe7b9f9b6, 0xff34052e, 0xc5855664,
-	0x53b02d5d, 0xa99f8fa1, 0x08ba4799, 0x6e85076a, 0x4b7a70e9, 0xb5b32944,
-	0xdb75092e, 0xc4192623, 0xad6ea6b0, 0x49a7df7d, 0x9cee60b8, 0x8fedb266,
-	0xecaa8c71, 0x699a17ff, 0x5664526c, 0xc2b19ee1, 0x193602a5, 0x75094c29,
-	0xa0591340, 0xe4183a3e, 0x3f54989a, 0x5b429d65, 0x6b8fe4d6, 0x99f73fd6,
-	0xa1d29c07, 0xefe830f5, 0x4d2d38e6, 0xf0255dc1, 0x4cdd2086, 0x8470eb26,
-	0x6382e9c6, 0x021ecc5e, 0x09686b3f, 0x3ebaefc9, 0x3c971814, 0x6b6a70a1,
-	0x687f3584, 0x52a0e286, 0xb79c5305, 0xaa500737, 0x3e07841c, 0x7fdeae5c,
-	0x8e7d44ec, 0x5716f2b8, 0xb03ada37, 0xf0500c0d, 0xf01c1f04, 0x0200b3ff,
-	0xae0cf51a, 0x3cb574b2, 0x25837a58, 0xdc0921bd, 0xd19113f9, 0x7ca92ff6,
-	0x94324773, 0x22f54701, 0x3ae5e581, 0x37c2dadc, 0xc8b57634, 0x9af3dda7,
-	0xa9446146, 0x0fd0030e, 0xecc8c73e, 0xa4751e41, 0xe238cd99, 0x3bea0e2f,
-	0x3280bba1, 0x183eb331, 0x4e548b38, 0x4f6db908, 0x6f420d03, 0xf60a04bf,
-	0x2cb81290, 0x24977c79, 0x5679b072, 0xbcaf89af, 0xde9a771f, 0xd9930810,
-	0xb38bae12, 0xdccf3f2e, 0x5512721f, 0x2e6b7124, 0x501adde6, 0x9f84cd87,
-	0x7a584718, 0x7408da17, 0xbc9f9abc, 0xe94b7d8c, 0xec7aec3a, 0xdb851dfa,
-	0x63094366, 0xc464c3d2, 0xef1c1847, 0x3215d908, 0xdd433b37, 0x24c2ba16,
-	0x12a14d43, 0x2a65c451, 0x50940002, 0x133ae4dd, 0x71dff89e, 0x10314e55,
-	0x81ac77d6, 0x5f11199b, 0x043556f1, 0xd7a3c76b, 0x3c11183b, 0x5924a509,
-	0xf28fe6ed, 0x97f1fbfa, 0x9ebabf2c, 0x1e153c6e, 0x86e34570, 0xeae96fb1,
-	0x860e5e0a, 0x5a3e2ab3, 0x771fe71c, 0x4e3d06fa, 0x2965dcb9, 0x99e71d0f,
-	0x803e89d6, 0x5266c825, 0x2e4cc978, 0x9c10b36a, 0xc6150eba, 0x94e2ea78,
-	0xa5fc3c53, 0x1e0a2df4, 0xf2f74ea7, 0x361d2b3d, 0x1939260f, 0x19c27960,
-	0x5223a708, 0xf71312b6, 0xebadfe6e, 0xeac31f66, 0xe3bc4595, 0xa67bc883,
-	0xb17f37d1, 0x018cff28, 0xc332ddef, 0xbe6c5aa5, 0x65582185, 0x68ab9802,
-	0xeecea50f, 0xdb2f953b, 0x2aef7dad, 0x5b6e2f84, 0x1521b628, 0x29076170,
-	0xecdd4775, 0x619f1510, 0x13cca830, 0xeb61bd96, 0x0334fe1e, 0xaa0363cf,
-	0xb5735c90, 0x4c70a239, 0xd59e9e0b, 0xcbaade14, 0xeecc86bc, 0x60622ca7,
-	0x9cab5cab, 0xb2f3846e, 0x648b1eaf, 0x19bdf0ca, 0xa02369b9, 0x655abb50,
-	0x40685a32, 0x3c2ab4b3, 0x319ee9d5, 0xc021b8f7, 0x9b540b19, 0x875fa099,
-	0x95f7997e, 0x623d7da8, 0xf837889a, 0x97e32d77, 0x11ed935f, 0x16681281,
-	0x0e358829, 0xc7e61fd6, 0x96dedfa1, 0x7858ba99, 0x57f584a5, 0x1b227263,
-	0x9b83c3ff, 0x1ac24696, 0xcdb30aeb, 0x532e3054, 0x8fd948e4, 0x6dbc3128,
-	0x58ebf2ef, 0x34c6ffea, 0xfe28ed61, 0xee7c3c73, 0x5d4a14d9, 0xe864b7e3,
-	0x42105d14, 0x203e13e0, 0x45eee2b6, 0xa3aaabea, 0xdb6c4f15, 0xfacb4fd0,
-	0xc742f442, 0xef6abbb5, 0x654f3b1d, 0x41cd2105, 0xd81e799e, 0x86854dc7,
-	0xe44b476a, 0x3d816250, 0xcf62a1f2, 0x5b8d2646, 0xfc8883a0, 0xc1c7b6a3,
-	0x7f1524c3, 0x69cb7492, 0x47848a0b, 0x5692b285, 0x095bbf00, 0xad19489d,
-	0x1462b174, 0x23820e00, 0x58428d2a, 0x0c55f5ea, 0x1dadf43e, 0x233f7061,
-	0x3372f092, 0x8d937e41, 0xd65fecf1, 0x6c223bdb, 0x7cde3759, 0xcbee7460,
-	0x4085f2a7, 0xce77326e, 0xa6078084, 0x19f8509e, 0xe8efd855, 0x61d99735,
-	0xa969a7aa, 0xc50c06c2, 0x5a04abfc, 0x800bcadc, 0x9e447a2e, 0xc3453484,
-	0xfdd56705, 0x0e1e9ec9, 0xdb73dbd3, 0x105588cd, 0x675fda79, 0xe3674340,
-	0xc5c43465, 0x713e38d8, 0x3d28f89e, 0xf16dff20, 0x153e21e7, 0x8fb03d4a,
-	0xe6e39f2b, 0xdb83adf7, 0xe93d5a68, 0x948140f7, 0xf64c261c, 0x94692934,
-	0x411520f7, 0x7602d4f7, 0xbcf46b2e, 0xd4a20068, 0xd4082471, 0x3320f46a,
-	0x43b7d4b7, 0x500061af, 0x1e39f62e, 0x97244546, 0x14214f74, 0xbf8b8840,
-	0x4d95fc1d, 0x96b591af, 0x70f4ddd3, 0x66a02f45, 0xbfbc09ec, 0x03bd9785,
-	0x7fac6dd0, 0x31cb8504, 0x96eb27b3, 0x55fd3941, 0xda2547e6, 0xabca0a9a,
-	0x28507825, 0x530429f4, 0x0a2c86da, 0xe9b66dfb, 0x68dc1462, 0xd7486900,
-	0x680ec0a4, 0x27a18dee, 0x4f3ffea2, 0xe887ad8c, 0xb58ce006, 0x7af4d6b6,
-	0xaace1e7c, 0xd3375fec, 0xce78a399, 0x406b2a42, 0x20fe9e35, 0xd9f385b9,
-	0xee39d7ab, 0x3b124e8b, 0x1dc9faf7, 0x4b6d1856, 0x26a36631, 0xeae397b2,
-	0x3a6efa74, 0xdd5b4332, 0x6841e7f7, 0xca7820fb, 0xfb0af54e, 0xd8feb397,
-	0x454056ac, 0xba489527, 0x55533a3a, 0x20838d87, 0xfe6ba9b7, 0xd096954b,
-	0x55a867bc, 0xa1159a58, 0xcca92963, 0x99e1db33, 0xa62a4a56, 0x3f3125f9,
-	0x5ef47e1c, 0x9029317c, 0xfdf8e802, 0x04272f70, 0x80bb155c, 0x05282ce3,
-	0x95c11548, 0xe4c66d22, 0x48c1133f, 0xc70f86dc, 0x07f9c9ee, 0x41041f0f,
-	0x404779a4, 0x5d886e17, 0x325f51eb, 0xd59bc0d1, 0xf2bcc18f, 0x41113564,
-	0x257b7834, 0x602a9c60, 0xdff8e8a3, 0x1f636c1b, 0x0e12b4c2, 0x02e1329e,
-	0xaf664fd1, 0xcad18115, 0x6b2395e0, 0x333e92e1, 0x3b240b62, 0xeebeb922,
-	0x85b2a20e, 0xe6ba0d99, 0xde720c8c, 0x2da2f728, 0xd0127845, 0x95b794fd,
-	0x647d0862, 0xe7ccf5f0, 0x5449a36f, 0x877d48fa, 0xc39dfd27, 0xf33e8d1e,
-	0x0a476341, 0x992eff74, 0x3a6f6eab, 0xf4f8fd37, 0xa812dc60, 0xa1ebddf8,
-	0x991be14c, 0xdb6e6b0d, 0xc67b5510, 0x6d672c37, 0x2765d43b, 0xdcd0e804,
-	0xf1290dc7, 0xcc00ffa3, 0xb5390f92, 0x690fed0b, 0x667b9ffb, 0xcedb7d9c,
-	0xa091cf0b, 0xd9155ea3, 0xbb132f88, 0x515bad24, 0x7b9479bf, 0x763bd6eb,
-	0x37392eb3, 0xcc115979, 0x8026e297, 0xf42e312d, 0x6842ada7, 0xc66a2b3b,
-	0x12754ccc, 0x782ef11c, 0x6a124237, 0xb79251e7, 0x06a1bbe6, 0x4bfb6350,
-	0x1a6b1018, 0x11caedfa, 0x3d25bdd8, 0xe2e1c3c9, 0x44421659, 0x0a121386,
-	0xd90cec6e, 0xd5abea2a, 0x64af674e, 0xda86a85f, 0xbebfe988, 0x64e4c3fe,
-	0x9dbc8057, 0xf0f7c086, 0x60787bf8, 0x6003604d, 0xd1fd8346, 0xf6381fb0,
-	0x7745ae04, 0xd736fccc, 0x83426b33, 0xf01eab71, 0xb0804187, 0x3c005e5f,
-	0x77a057be, 0xbde8ae24, 0x55464299, 0xbf582e61, 0x4e58f48f, 0xf2ddfda2,
-	0xf474ef38, 0x8789bdc2, 0x5366f9c3, 0xc8b38e74, 0xb475f255, 0x46fcd9b9,
-	0x7aeb2661, 0x8b1ddf84, 0x846a0e79, 0x915f95e2, 0x466e598e, 0x20b45770,
-	0x8cd55591, 0xc902de4c, 0xb90bace1, 0xbb8205d0, 0x11a86248, 0x7574a99e,
-	0xb77f19b6, 0xe0a9dc09, 0x662d09a1, 0xc4324633, 0xe85a1f02, 0x09f0be8c,
-	0x4a99a025, 0x1d6efe10, 0x1ab93d1d, 0x0ba5a4df, 0xa186f20f, 0x2868f169,
-	0xdcb7da83, 0x573906fe, 0xa1e2ce9b, 0x4fcd7f52, 0x50115e01, 0xa70683fa,
-	0xa002b5c4, 0x0de6d027, 0x9af88c27, 0x773f8641, 0xc3604c06, 0x61a806b5,
-	0xf0177a28, 0xc0f586e0, 0x006058aa, 0x30dc7d62, 0x11e69ed7, 0x2338ea63,
-	0x53c2dd94, 0xc2c21634, 0xbbcbee56, 0x90bcb6de, 0xebfc7da1, 0xce591d76,
-	0x6f05e409, 0x4b7c0188, 0x39720a3d, 0x7c927c24, 0x86e3725f, 0x724d9db9,
-	0x1ac15bb4, 0xd39eb8fc, 0xed545578, 0x08fca5b5, 0xd83d7cd3, 0x4dad0fc4,
-	0x1e50ef5e, 0xb161e6f8, 0xa28514d9, 0x6c51133c, 0x6fd5c7e7, 0x56e14ec4,
-	0x362abfce, 0xddc6c837, 0xd79a3234, 0x92638212, 0x670efa8e, 0x406000e0,
-	0x3a39ce37, 0xd3faf5cf, 0xabc27737, 0x5ac52d1b, 0x5cb0679e, 0x4fa33742,
-	0xd3822740, 0x99bc9bbe, 0xd5118e9d, 0xbf0f7315, 0xd62d1c7e, 0xc700c47b,
-	0xb78c1b6b, 0x21a19045, 0xb26eb1be, 0x6a366eb4, 0x5748ab2f, 0xbc946e79,
-	0xc6a376d2, 0x6549c2c8, 0x530ff8ee, 0x468dde7d, 0xd5730a1d, 0x4cd04dc6,
-	0x2939bbdb, 0xa9ba4650, 0xac9526e8, 0xbe5ee304, 0xa1fad5f0, 0x6a2d519a,
-	0x63ef8ce2, 0x9a86ee22, 0xc089c2b8, 0x43242ef6, 0xa51e03aa, 0x9cf2d0a4,
-	0x83c061ba, 0x9be96a4d, 0x8fe51550, 0xba645bd6, 0x2826a2f9, 0xa73a3ae1,
-	0x4ba99586, 0xef5562e9, 0xc72fefd3, 0xf752f7da, 0x3f046f69, 0x77fa0a59,
-	0x80e4a915, 0x87b08601, 0x9b09e6ad, 0x3b3ee593, 0xe990fd5a, 0x9e34d797,
-	0x2cf0b7d9, 0x022b8b51, 0x96d5ac3a, 0x017da67d, 0xd1cf3ed6, 0x7c7d2d28,
-	0x1f9f25cf, 0xadf2b89b, 0x5ad6b472, 0x5a88f54c, 0xe029ac71, 0xe019a5e6,
-	0x47b0acfd, 0xed93fa9b, 0xe8d3c48d, 0x283b57cc, 0xf8d56629, 0x79132e28,
-	0x785f0191, 0xed756055, 0xf7960e44, 0xe3d35e8c, 0x15056dd4, 0x88f46dba,
-	0x03a16125, 0x0564f0bd, 0xc3eb9e15, 0x3c9057a2, 0x97271aec, 0xa93a072a,
-	0x1b3f6d9b, 0x1e6321f5, 0xf59c66fb, 0x26dcf319, 0x7533d928, 0xb155fdf5,
-	0x03563482, 0x8aba3cbb, 0x28517711, 0xc20ad9f8, 0xabcc5167, 0xccad925f,
-	0x4de81751, 0x3830dc8e, 0x379d5862, 0x9320f991, 0xea7a90c2, 0xfb3e7bce,
-	0x5121ce64, 0x774fbe32, 0xa8b6e37e, 0xc3293d46, 0x48de5369, 0x6413e680,
-	0xa2ae0810, 0xdd6db224, 0x69852dfd, 0x09072166, 0xb39a460a, 0x6445c0dd,
-	0x586cdecf, 0x1c20c8ae, 0x5bbef7dd, 0x1b588d40, 0xccd2017f, 0x6bb4e3bb,
-	0xdda26a7e, 0x3a59ff45, 0x3e350a44, 0xbcb4cdd5, 0x72eacea8, 0xfa6484bb,
-	0x8d6612ae, 0xbf3c6f47, 0xd29be463, 0x542f5d9e, 0xaec2771b, 0xf64e6370,
-	0x740e0d8d, 0xe75b1357, 0xf8721671, 0xaf537d5d, 0x4040cb08, 0x4eb4e2cc,
-	0x34d2466a, 0x0115af84, 0xe1b00428, 0x95983a1d, 0x06b89fb4, 0xce6ea048,
-	0x6f3f3b82, 0x3520ab82, 0x011a1d4b, 0x277227f8, 0x611560b1, 0xe7933fdc,
-	0xbb3a792b, 0x344525bd, 0xa08839e1, 0x51ce794b, 0x2f32c9b7, 0xa01fbac9,
-	0xe01cc87e, 0xbcc7d1f6, 0xcf0111c3, 0xa1e8aac7, 0x1a908749, 0xd44fbd9a,
-	0xd0dadecb, 0xd50ada38, 0x0339c32a, 0xc6913667, 0x8df9317c, 0xe0b12b4f,
-	0xf79e59b7, 0x43f5bb3a, 0xf2d519ff, 0x27d9459c, 0xbf97222c, 0x15e6fc2a,
-	0x0f91fc71, 0x9b941525, 0xfae59361, 0xceb69ceb, 0xc2a86459, 0x12baa8d1,
-	0xb6c1075e, 0xe3056a0c, 0x10d25065, 0xcb03a442, 0xe0ec6e0e, 0x1698db3b,
-	0x4c98a0be, 0x3278e964, 0x9f1f9532, 0xe0d392df, 0xd3a0342b, 0x8971f21e,
-	0x1b0a7441, 0x4ba3348c, 0xc5be7120, 0xc37632d8, 0xdf359f8d, 0x9b992f2e,
-	0xe60b6f47, 0x0fe3f11d, 0xe54cda54, 0x1edad891, 0xce6279cf, 0xcd3e7e6f,
-	0x1618b166, 0xfd2c1d05, 0x848fd2c5, 0xf6fb2299, 0xf523f357, 0xa6327623,
-	0x93a83531, 0x56cccd02, 0xacf08162, 0x5a75ebb5, 0x6e163697, 0x88d273cc,
-	0xde966292, 0x81b949d0, 0x4c50901b, 0x71c65614, 0xe6c6c7bd, 0x327a140a,
-	0x45e1d006, 0xc3f27b9a, 0xc9aa53fd, 0x62a80f00, 0xbb25bfe2, 0x35bdd2f6,
-	0x71126905, 0xb2040222, 0xb6cbcf7c, 0xcd769c2b, 0x53113ec0, 0x1640e3d3,
-	0x38abbd60, 0x2547adf0, 0xba38209c, 0xf746ce76, 0x77afa1c5, 0x20756060,
-	0x85cbfe4e, 0x8ae88dd8, 0x7aaaf9b0, 0x4cf9aa7e, 0x1948c25c, 0x02fb8a8c,
-	0x01c36ae4, 0xd6ebe1f9, 0x90d4f869, 0xa65cdea0, 0x3f09252d, 0xc208e69f,
-	0xb74e6132, 0xce77e25b, 0x578fdfe3, 0x3ac372e6,
-};
-
-struct auth_bf {
-	uint32_t p[18];
-	uint32_t s[4][256];
-};
-
-static uint32_t auth_bf_f(const struct auth_bf *b, uint32_t x)
-{
-	return ((b->s[0][x >> 24] + b->s[1][(x >> 16) & 0xff]) ^ b->s[2][(x >> 8) & 0xff]) + b->s[3][x & 0xff];
-}
-
-static void auth_bf_encrypt(const struct auth_bf *b, uint32_t *xl, uint32_t *xr)
-{
-	uint32_t l = *xl, r = *xr, t;
-	int i;
-
-	for (i = 0; i < 16; i++) {
-		l ^= b->p[i];
-		r ^= auth_bf_f(b, l);
-		t = l;
-		l = r;
-		r = t;
-	}
-	*xl = r ^ b->p[17]; /* the last swap undone */
-	*xr = l ^ b->p[16];
-}
-
-/* The next 4 bytes of d[0..n), cyclically, big-endian. */
-static uint32_t auth_bf_word(const uint8_t *d, size_t n, size_t *j)
-{
-	uint32_t w = 0;
-	int i;
-
-	for (i = 0; i < 4; i++) {
-		w = w << 8 | d[*j];
-		*j = (*j + 1) % n;
-	}
-	return w;
-}
-
-/* Blowfish's key schedule; with a salt, bcrypt's: the salt's words are
- * mixed into each block before it is encrypted. */
-static void auth_bf_expand(struct auth_bf *b, const uint8_t *key, size_t klen, const uint8_t *salt)
-{
-	uint32_t l = 0, r = 0, *w = &b->s[0][0];
-	size_t i, j = 0, sj = 0;
-
-	for (i = 0; i < 18; i++)
-		b->p[i] ^= auth_bf_word(key, klen, &j);
-	for (i = 0; i < 18 + 1024; i += 2) {
-		if (salt) {
-			l ^= auth_bf_word(salt, 16, &sj);
-			r ^= auth_bf_word(salt, 16, &sj);
-		}
-		auth_bf_encrypt(b, &l, &r);
-		if (i < 18) {
-			b->p[i] = l;
-			b->p[i + 1] = r;
-		} else {
-			w[i - 18] = l;
-			w[i - 17] = r;
-		}
-	}
-}
-
-static const char auth_b64[] = "./ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
-
-/* bcrypt's base64 (its own alphabet, no padding): n bytes -> out, NUL-ended. */
-static void auth_b64_put(const uint8_t *p, size_t n, char *out)
-{
-	out[util_b64(auth_b64, 0, p, n, out)] = 0;
-}
-
-/* 22 characters -> the 16-byte salt.  0 or KVD_EINVAL. */
-static int auth_b64_salt(const char *s, uint8_t out[16])
-{
-	uint8_t bits[24];
-	size_t i;
-	const char *c;
-
-	for (i = 0; i < 22; i++) {
-		if (!s[i] || !(c = strchr(auth_b64, s[i])))
-			return KVD_EINVAL;
-		bits[i] = (uint8_t)(c - auth_b64);
-	}
-	bits[22] = bits[23] = 0;
-	for (i = 0; i < 16; i += 3) {
-		size_t q = i / 3 * 4;
-		uint32_t v = (uint32_t)bits[q] << 18 | (uint32_t)bits[q + 1] << 12 | (uint32_t)bits[q + 2] << 6 | bits[q + 3];
-		out[i] = (uint8_t)(v >> 16);
-		if (i + 1 < 16)
-			out[i + 1] = (uint8_t)(v >> 8);
-		if (i + 2 < 16)
-			out[i + 2] = (uint8_t)v;
-	}
-	return 0;
-}
-
-/* One bcrypt computation, run a slice at a time. */
-struct auth_bcrypt {
-	struct auth_bf bf;
-	uint8_t key[72], salt[16];
-	size_t klen;
-	uint32_t left;              /* expensive rounds still to run */
-	unsigned cost;
-};
-
-static void auth_bcrypt_begin(struct auth_bcrypt *h, const uint8_t *pw, size_t n, const uint8_t salt[16], unsigned cost)
-{
-	memcpy(h->bf.p, auth_pi, sizeof h->bf.p);
-	memcpy(h->bf.s, auth_pi + 18, sizeof h->bf.s);
-	/* the password and its NUL, at most 72 bytes (all Blowfish can take) */
-	h->klen = KVD_MIN(n + 1, sizeof h->key);
-	memcpy(h->key, pw, KVD_MIN(n, sizeof h->key));
-	if (n < sizeof h->key)
-		h->key[n] = 0;
-	memcpy(h->salt, salt, 16);
-	h->cost = cost;
-	h->left = (uint32_t)1 << cost;
-	auth_bf_expand(&h->bf, h->key, h->klen, h->salt);
-}
-
-/* Run up to rounds expensive rounds; 1 when the hash is ready. */
-static int auth_bcrypt_step(struct auth_bcrypt *h, uint32_t rounds)
-{
-	while (h->left && rounds--) {
-		auth_bf_expand(&h->bf, h->key, h->klen, NULL);
-		auth_bf_expand(&h->bf, h->salt, 16, NULL);
-		h->left--;
-	}
-	return !h->left;
-}
-
-/* The finished hash, as Go writes it: "$2a$10$" salt(22) hash(31). */
-static void auth_bcrypt_end(struct auth_bcrypt *h, char out[61])
-{
-	static const char magic[] = "OrpheanBeholderScryDoubt";
-	uint32_t c[6];
-	uint8_t b[24];
-	int i, j;
-
-	for (i = 0; i < 6; i++)
-		c[i] = get_be32((const uint8_t *)magic + 4 * i);
-	for (i = 0; i < 64; i++)
-		for (j = 0; j < 6; j += 2)
-			auth_bf_encrypt(&h->bf, &c[j], &c[j + 1]);
-	for (i = 0; i < 6; i++)
-		put_be32(b + 4 * i, c[i]);
-	snprintf(out, 8, "$2a$%02u$", h->cost);
-	auth_b64_put(h->salt, 16, out + 7);
-	auth_b64_put(b, 23, out + 29);
-}
-
-/* A stored hash's cost and salt (for a check).  0 or KVD_EINVAL. */
-static int auth_bcrypt_parse(const uint8_t *s, size_t n, unsigned *cost, uint8_t salt[16])
-{
-	char t[61];
-
-	if (n != 60)
-		return KVD_EINVAL;
-	memcpy(t, s, 60);
-	t[60] = 0;
-	if (t[0] != '$' || t[1] != '2' || !strchr("aby", t[2]) || t[3] != '$' || t[4] < '0' || t[4] > '9' ||
-	    t[5] < '0' || t[5] > '9' || t[6] != '$')
-		return KVD_EINVAL;
-	*cost = (unsigned)(t[4] - '0') * 10 + (unsigned)(t[5] - '0');
-	if (*cost < 4 || *cost > 31)
-		return KVD_EINVAL;
-	return auth_b64_salt(t + 7, salt);
-}
-
-/* ---- users and roles ----------------------------------------------------- */
-
-static int auth_cmp(const void *a, size_t an, const void *b, size_t bn)
-{
-	int c = an && bn ? memcmp(a, b, KVD_MIN(an, bn)) : 0; /* an empty one may be NULL */
-
-	return c ? c : (an > bn) - (an < bn);
-}
-
-static ProtobufCBinaryData *auth_name(ProtobufCMessage *m)
-{
-	return m->descriptor == &authpb__user__descriptor ? &((Authpb__User *)m)->name : &((Authpb__Role *)m)->name;
-}
-
-/* Where name is (or would go) in t; *eq when it is there. */
-static size_t auth_find(const struct auth_tab *t, const void *name, size_t n, int *eq)
-{
-	size_t lo = 0, hi = t->n, mid;
-	int c;
-
-	*eq = 0;
-	while (lo < hi) {
-		ProtobufCBinaryData *x;
-		mid = lo + (hi - lo) / 2;
-		x = auth_name(t->v[mid]);
-		c = auth_cmp(x->data, x->len, name, n);
-		if (!c) {
-			*eq = 1;
-			return mid;
-		}
-		if (c < 0)
-			lo = mid + 1;
-		else
-			hi = mid;
-	}
-	return lo;
-}
-
-static Authpb__User *auth_user_n(struct kvd *k, const char *name, size_t n)
-{
-	int eq;
-	size_t i = auth_find(&k->auth.users, name, n, &eq);
-
-	return eq ? (Authpb__User *)k->auth.users.v[i] : NULL;
-}
-
-static Authpb__User *auth_user(struct kvd *k, const char *name)
-{
-	return auth_user_n(k, name, strlen(name));
-}
-
-static Authpb__Role *auth_role(struct kvd *k, const char *name)
-{
-	int eq;
-	size_t i = auth_find(&k->auth.roles, name, strlen(name), &eq);
-
-	return eq ? (Authpb__Role *)k->auth.roles.v[i] : NULL;
-}
-
-static int auth_has_role(const Authpb__User *u, const char *role)
-{
-	size_t i;
-
-	for (i = 0; u && i < u->n_roles; i++)
-		if (!strcmp(u->roles[i], role))
-			return 1;
-	return 0;
-}
-
-/*
- * Put m (or, m NULL, remove) under name in the users (role 0) or roles
- * table.  With undo, the message replaced is kept until the batch is
- * durable (auth_commit) or put back (auth_rollback); without, it is freed.
- * m is taken even on failure.  0 or KVD_ENOMEM.
- */
-static int auth_tab_set(struct kvd *k, int role, const void *name, size_t n, ProtobufCMessage *m, int undo)
-{
-	struct auth *a = &k->auth;
-	struct auth_tab *t = role ? &a->roles : &a->users;
-	ProtobufCMessage *old = NULL;
-	size_t i;
-	int eq;
-
-	if (undo && UTIL_GROW(k, a->undo, a->undocap, a->nundo + 1, 16))
-		goto oom;
-	i = auth_find(t, name, n, &eq);
-	if (!eq && m && UTIL_GROW(k, t->v, t->cap, t->n + 1, 16))
-		goto oom;
-	if (undo) {
-		struct auth_undo *u = &a->undo[a->nundo];
-		if (!(u->name = kvd_malloc(k, n + 1)))
-			goto oom;
-		memcpy(u->name, name, n);
-		u->nlen = n;
-		u->role = role;
-		u->old = eq ? t->v[i] : NULL;
-		a->nundo++;
-	} else if (eq) {
-		old = t->v[i];
-	}
-	if (eq && m) {
-		t->v[i] = m;
-	} else if (eq) {
-		memmove(t->v + i, t->v + i + 1, (t->n - i - 1) * sizeof *t->v);
-		t->n--;
-	} else if (m) {
-		memmove(t->v + i + 1, t->v + i, (t->n - i) * sizeof *t->v);
-		t->v[i] = m;
-		t->n++;
-	}
-	pb_free(k, old);
-	return 0;
-oom:
-	pb_free(k, m);
-	return KVD_ENOMEM;
-}
-
-/* One op of an AUTH record (bytes p[0..n)), live (undo) or in replay. */
-static int auth_apply(struct kvd *k, unsigned kind, const uint8_t *p, size_t n, int undo, const char **why)
-{
-	ProtobufCMessage *m;
-	ProtobufCBinaryData *nm;
-	int oom = 0, role = kind == AUTH_OP_ROLE || kind == AUTH_OP_ROLE_DEL;
-
-	if (kind == AUTH_OP_USER_DEL || kind == AUTH_OP_ROLE_DEL)
-		return auth_tab_set(k, role, p, n, NULL, undo) ? (*why = "out of memory", KVD_ENOMEM) : 0;
-	if (kind != AUTH_OP_USER && kind != AUTH_OP_ROLE) {
-		*why = "bad auth op";
-		return KVD_ECORRUPT;
-	}
-	m = pb_unpack(k, role ? &authpb__role__descriptor : &authpb__user__descriptor, p, n, &oom);
-	if (!m) {
-		*why = oom ? "out of memory" : "bad auth op";
-		return oom ? KVD_ENOMEM : KVD_ECORRUPT;
-	}
-	nm = auth_name(m);
-	if (!nm->len) {
-		pb_free(k, m);
-		*why = "auth op without a name";
-		return KVD_ECORRUPT;
-	}
-	return auth_tab_set(k, role, nm->data, nm->len, m, undo) ? (*why = "out of memory", KVD_ENOMEM) : 0;
-}
-
-static void auth_tab_clear(struct kvd *k, struct auth_tab *t)
-{
-	while (t->n)
-		pb_free(k, t->v[--t->n]);
-}
-
-/* Replay an AUTH record (framed and decoded by section 6). */
-static int auth_replay(struct kvd *k, const struct mvcc_rec *rec0, const char **why)
-{
-	struct mvcc_rec rec = *rec0;
-	const uint8_t *p;
-	unsigned kind;
-	size_t n;
-	int r;
-
-	if (rec.flags & AUTH_F_WHOLE) {
-		auth_tab_clear(k, &k->auth.users);
-		auth_tab_clear(k, &k->auth.roles);
-	}
-	while ((r = mvcc_rec_auth_op(&rec, &kind, &p, &n, why)) == 1)
-		if ((r = auth_apply(k, kind, p, n, 0, why)))
-			return r;
-	if (r)
-		return r;
-	k->auth.enabled = !!(rec.flags & AUTH_F_ENABLED);
-	k->auth.rev = (uint64_t)rec.rev;
-	return 0;
-}
-
-/* The batch is durable: what it replaced can go. */
-static void auth_commit(struct kvd *k)
-{
-	struct auth *a = &k->auth;
-
-	while (a->nundo) {
-		a->nundo--;
-		pb_free(k, a->undo[a->nundo].old);
-		kvd_free(k, a->undo[a->nundo].name);
-	}
-	a->saved = 0;
-}
-
-/* Undo back to undo entry mark (a failed change, or mark 0: a failed flush). */
-static void auth_undo_to(struct kvd *k, size_t mark)
-{
-	struct auth *a = &k->auth;
-	const char *why;
-
-	while (a->nundo > mark) {
-		struct auth_undo *u = &a->undo[--a->nundo];
-		ProtobufCMessage *old = u->old;
-		struct auth_tab *t = u->role ? &a->roles : &a->users;
-		size_t i;
-		int eq;
-
-		i = auth_find(t, u->name, u->nlen, &eq);
-		if (eq && old) {
-			pb_free(k, t->v[i]);
-			t->v[i] = old;
-		} else if (eq) {
-			pb_free(k, t->v[i]);
-			memmove(t->v + i, t->v + i + 1, (t->n - i - 1) * sizeof *t->v);
-			t->n--;
-		} else if (old && auth_tab_set(k, u->role, u->name, u->nlen, old, 0)) {
-			why = "out of memory";
-			kvd_log(k, KVD_LOG_ERROR, "undoing an auth change: %s", why);
-		}
-		kvd_free(k, u->name);
-	}
-}
-
-static void auth_rollback(struct kvd *k)
-{
-	struct auth *a = &k->auth;
-
-	auth_undo_to(k, 0);
-	if (a->saved) {
-		a->enabled = a->was_enabled;
-		a->rev = a->was_rev;
-		a->saved = 0;
-	}
-}
-
-/* An AUTH record being built at the end of the batch. */
-struct auth_rec {
-	size_t at, undo_at;
-	uint32_t nops;
-};
-
-static int auth_rec_begin(struct kvd *k, struct auth_rec *r)
-{
-	struct mvcc *m = &k->db;
-	struct auth *a = &k->auth;
-
-	if (mvcc_auth_open(k, &m->w, &r->at))
-		return KVD_ENOMEM;
-	if (!a->saved) { /* the first change of this batch: what a failed flush restores */
-		a->was_enabled = a->enabled;
-		a->was_rev = a->rev;
-		a->saved = 1;
-	}
-	r->undo_at = a->nundo;
-	r->nops = 0;
-	return 0;
-}
-
-/* Append an op (a message, or a name for the DEL kinds) and apply it. */
-static int auth_rec_op(struct kvd *k, struct auth_rec *r, unsigned kind, const ProtobufCMessage *msg,
-                       const char *name)
-{
-	size_t n = msg ? 0 : strlen(name);
-	const uint8_t *p = mvcc_auth_op(k, &k->db.w, kind, msg, name, &n);
-	const char *why;
-
-	if (!p || auth_apply(k, kind, p, n, 1, &why))
-		return KVD_ENOMEM; /* auth_rec_end then takes the record back */
-	r->nops++;
-	return 0;
-}
-
-/* Seal the record (after a->rev and a->enabled say the new state), or,
- * failed, take it and what it applied back. */
-static void auth_rec_end(struct kvd *k, struct auth_rec *r, int failed)
-{
-	struct mvcc *m = &k->db;
-
-	if (failed) {
-		auth_undo_to(k, r->undo_at);
-		m->w.len = r->at;
-		return;
-	}
-	mvcc_auth_seal(&m->w, r->at, k->auth.enabled ? AUTH_F_ENABLED : 0, k->auth.rev, r->nops);
-}
-
-/* Is there anything to say (a rewrite states it once more)? */
-static int auth_any(const struct kvd *k)
-{
-	return k->auth.enabled || k->auth.rev > 1 || k->auth.users.n || k->auth.roles.n;
-}
-
-/* The whole state as one AUTH record at the end of b (a rewrite's last). */
-static int auth_encode_whole(struct kvd *k, struct kvd_buf *b)
-{
-	const struct auth *a = &k->auth;
-	const struct auth_tab *t;
-	size_t at, i, n;
-	uint32_t nops = 0;
-	int pass;
-
-	if (mvcc_auth_open(k, b, &at))
-		return KVD_ENOMEM;
-	for (pass = 0; pass < 2; pass++)
-		for (t = pass ? &a->roles : &a->users, i = 0; i < t->n; i++, nops++)
-			if (!mvcc_auth_op(k, b, pass ? AUTH_OP_ROLE : AUTH_OP_USER, t->v[i], NULL, &n)) {
-				b->len = at;
-				return KVD_ENOMEM;
-			}
-	mvcc_auth_seal(b, at, (a->enabled ? AUTH_F_ENABLED : 0) | AUTH_F_WHOLE, a->rev, nops);
-	return 0;
-}
-
-/* Zero what held a secret. */
-static void auth_wipe(void *p, size_t n)
-{
-	volatile uint8_t *v = p;
-
-	while (n--)
-		*v++ = 0;
-}
-
-/* Differs, in time that does not depend on where. */
-static unsigned auth_ct_diff(const void *a, const void *b, size_t n)
-{
-	const uint8_t *x = a, *y = b;
-	unsigned d = 0;
-
-	while (n--)
-		d |= (unsigned)(*x++ ^ *y++);
-	return d;
-}
-
-/* ---- tokens ---------------------------------------------------------------- */
-
-struct auth_token {
-	struct auth_token *next;
-	int64_t expires;           /* monotonic ms */
-	char *user;                /* owned */
-	char tok[40];
-};
-
-static uint32_t auth_tok_hash(const char *s)
-{
-	uint32_t h = 2166136261u;
-
-	while (*s)
-		h = (h ^ (uint8_t)*s++) * 16777619u;
-	return h % AUTH_BUCKETS;
-}
-
-static void auth_tok_free(struct kvd *k, struct auth_token *t)
-{
-	kvd_free(k, t->user);
-	kvd_free(k, t);
-	k->auth.ntok--;
-}
-
-/* Drop the tokens of user (NULL: every token) and the expired ones. */
-static void auth_tok_drop(struct kvd *k, const char *user)
-{
-	struct auth *a = &k->auth;
-	struct auth_token **pp, *t;
-	size_t i;
-
-	if (!a->tok)
-		return;
-	for (i = 0; i < AUTH_BUCKETS; i++)
-		for (pp = &a->tok[i]; (t = *pp);) {
-			if (!user || !strcmp(t->user, user) || t->expires <= k->now) {
-				*pp = t->next;
-				auth_tok_free(k, t);
-			} else {
-				pp = &t->next;
-			}
-		}
-}
-
-/* The live token named s, its life extended, or NULL. */
-static struct auth_token *auth_tok_find(struct kvd *k, const char *s)
-{
-	struct auth *a = &k->auth;
-	struct auth_token **pp, *t;
-
-	if (!a->tok)
-		return NULL;
-	for (pp = &a->tok[auth_tok_hash(s)]; (t = *pp); pp = &t->next) {
-		if (strcmp(t->tok, s))
-			continue;
-		if (t->expires <= k->now) {
-			*pp = t->next;
-			auth_tok_free(k, t);
-			return NULL;
-		}
-		t->expires = k->now + a->ttl_ms;
-		return t;
-	}
-	return NULL;
-}
-
-/* n random bytes from the kernel's pool.  0 or KVD_EIO. */
-static int auth_random(struct kvd *k, uint8_t *p, size_t n)
-{
-	ssize_t r;
-
-	if (k->auth.rnd_fd < 0 && (k->auth.rnd_fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC)) < 0)
-		return KVD_EIO;
-	while (n) {
-		r = read(k->auth.rnd_fd, p, n);
-		if (r < 0 && errno == EINTR)
-			continue;
-		if (r <= 0)
-			return KVD_EIO;
-		p += r;
-		n -= (size_t)r;
-	}
-	return 0;
-}
-
-/* A new token for user, as etcd's simple tokens look.  0 or KVD_E*. */
-static int auth_tok_new(struct kvd *k, const char *user, char *out, size_t cap)
-{
-	static const char letters[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ";
-	struct auth *a = &k->auth;
-	struct auth_token *t;
-	uint8_t rnd[64];
-	size_t i, got = 0;
-	uint32_t h;
-
-	if (!a->tok && !(a->tok = kvd_calloc(k, AUTH_BUCKETS * sizeof *a->tok)))
-		return KVD_ENOMEM;
-	if (a->ntok >= KVD_AUTH_MAX_TOKENS)
-		auth_tok_drop(k, ""); /* only the expired ones: no user is named "" */
-	if (a->ntok >= KVD_AUTH_MAX_TOKENS)
-		return KVD_ELIMIT;
-	if (!(t = kvd_calloc(k, sizeof *t)) || !(t->user = kvd_strdup(k, user))) {
-		kvd_free(k, t);
-		return KVD_ENOMEM;
-	}
-	do {
-		if (auth_random(k, rnd, sizeof rnd)) {
-			kvd_free(k, t->user);
-			kvd_free(k, t);
-			return KVD_EIO;
-		}
-		for (i = 0; i < sizeof rnd && got < 16; i++)
-			if (rnd[i] < 208) /* 4 x 52: no letter more likely than another */
-				t->tok[got++] = letters[rnd[i] % 52];
-	} while (got < 16);
-	snprintf(t->tok + 16, sizeof t->tok - 16, ".%lld", (long long)k->db.rev);
-	t->expires = k->now + a->ttl_ms;
-	h = auth_tok_hash(t->tok);
-	t->next = a->tok[h];
-	a->tok[h] = t;
-	a->ntok++;
-	snprintf(out, cap, "%s", t->tok);
-	return 0;
-}
-
-/* ---- JSON Web Tokens (--auth-token jwt,...) ----------------------------------
- *
- * etcd's jwt tokens: a header {"alg":A,"typ":"JWT"}, claims
- * {"exp":T,"revision":R,"username":U} (Go's encoding/json: keys sorted), each
- * base64url without padding, then the signature over "header.claims":
- * RS256/384/512 (RSA PKCS#1 v1.5), PS256/384/512 (RSA-PSS, salt as long as
- * the hash), ES256/384/512 (r and s, each the curve's size, as JOSE wants),
- * HS256/384/512 (HMAC, the key file's bytes the secret).  Options as etcd's:
- * sign-method (required), pub-key, priv-key, ttl (5m).  Without priv-key kvd
- * verifies tokens another server issued but cannot issue any (Authenticate
- * fails, as etcd's verify-only mode).  A token carries the auth revision it
- * was issued at; a key operation with one older than the store's is refused
- * ("revision of auth store is old") and clients authenticate again.  A
- * token is not kept anywhere: deleting its user or disabling auth does not
- * revoke it, its expiry does (as etcd).
- */
-struct auth_jwt {
-	mbedtls_pk_context key;      /* private (can issue) or public (verify only) */
-	uint8_t *secret;             /* HS*: the key file's bytes */
-	size_t nsecret;
-	unsigned priv : 1;
-	char alg[8];
-	char family;                 /* 'R' PKCS#1 v1.5, 'P' PSS, 'E' ECDSA, 'H' HMAC */
-	mbedtls_md_type_t md;
-	size_t half;                 /* ECDSA: bytes of r, and of s */
-	uint32_t ttl_ms;
-	char name[256];              /* the user the last verified token named */
-};
-
-static const char auth_b64url[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
-
-static void auth_b64url_put(struct kvd *k, struct kvd_buf *b, const uint8_t *p, size_t n)
-{
-	if (!buf_reserve(k, b, (n + 2) / 3 * 4))
-		b->len += util_b64(auth_b64url, 0, p, n, (char *)b->p + b->len);
-}
-
-/* base64url without padding (what jwt-go makes and takes) into out (cap
- * bytes).  The length, or -1 if s is not that. */
-static long auth_b64url_get(const char *s, size_t n, uint8_t *out, size_t cap)
-{
-	uint32_t acc = 0;
-	size_t i, bits = 0, o = 0;
-	const char *c;
-
-	if (n % 4 == 1)
-		return -1;
-	for (i = 0; i < n; i++) {
-		if (!s[i] || !(c = strchr(auth_b64url, s[i])))
-			return -1;
-		acc = acc << 6 | (uint32_t)(c - auth_b64url);
-		bits += 6;
-		if (bits >= 8) {
-			bits -= 8;
-			if (o == cap)
-				return -1;
-			out[o++] = (uint8_t)(acc >> bits);
-			acc &= (1u << bits) - 1;
-		}
-	}
-	return acc ? -1 : (long)o; /* leftover bits must be zero */
-}
-
-static int auth_jwt_rng(void *k, unsigned char *p, size_t n)
-{
-	return auth_random(k, p, n) ? -1 : 0;
-}
-
-/* Sign or check (verify) the signature sig of data.  Sign: sig has room for
- * MBEDTLS_PK_SIGNATURE_MAX_SIZE bytes, *n is set.  0 or -1. */
-static int auth_jwt_sig(struct kvd *k, struct auth_jwt *j, const uint8_t *data, size_t len, uint8_t *sig,
-                        size_t *n, int verify)
-{
-	const mbedtls_md_info_t *md = mbedtls_md_info_from_type(j->md);
-	uint8_t h[MBEDTLS_MD_MAX_SIZE], der[MBEDTLS_PK_SIGNATURE_MAX_SIZE];
-	size_t hl = mbedtls_md_get_size(md), dl = 0;
-	mbedtls_mpi r, s;
-	int e = -1;
-
-	if (j->family == 'H') {
-		if (mbedtls_md_hmac(md, j->secret, j->nsecret, data, len, h))
-			return -1;
-		if (!verify) {
-			memcpy(sig, h, hl);
-			*n = hl;
-			return 0;
-		}
-		return *n == hl && !auth_ct_diff(h, sig, hl) ? 0 : -1;
-	}
-	if (mbedtls_md(md, data, len, h))
-		return -1;
-	if (j->family == 'R' || j->family == 'P') {
-		mbedtls_rsa_set_padding(mbedtls_pk_rsa(j->key), j->family == 'P' ? MBEDTLS_RSA_PKCS_V21 : MBEDTLS_RSA_PKCS_V15,
-		                        j->family == 'P' ? j->md : MBEDTLS_MD_NONE);
-		if (verify) {
-			mbedtls_pk_rsassa_pss_options o;
-			o.mgf1_hash_id = j->md;
-			o.expected_salt_len = MBEDTLS_RSA_SALT_LEN_ANY;
-			return mbedtls_pk_verify_ext(j->family == 'P' ? MBEDTLS_PK_RSASSA_PSS : MBEDTLS_PK_RSA,
-			                             j->family == 'P' ? &o : NULL, &j->key, j->md, h, hl, sig, *n) ? -1 : 0;
-		}
-		return mbedtls_pk_sign(&j->key, j->md, h, hl, sig, n, auth_jwt_rng, k) ? -1 : 0;
-	}
-	/* ECDSA: JOSE's r||s, the pk layer's DER */
-	mbedtls_mpi_init(&r);
-	mbedtls_mpi_init(&s);
-	if (verify) {
-		uint8_t *p = der + sizeof der;
-		size_t m = 0;
-		int w;
-		if (*n != 2 * j->half || mbedtls_mpi_read_binary(&r, sig, j->half) ||
-		    mbedtls_mpi_read_binary(&s, sig + j->half, j->half))
-			goto out;
-		if ((w = mbedtls_asn1_write_mpi(&p, der, &s)) < 0)
-			goto out;
-		m += (size_t)w;
-		if ((w = mbedtls_asn1_write_mpi(&p, der, &r)) < 0)
-			goto out;
-		m += (size_t)w;
-		if ((w = mbedtls_asn1_write_len(&p, der, m)) < 0)
-			goto out;
-		m += (size_t)w;
-		if ((w = mbedtls_asn1_write_tag(&p, der, MBEDTLS_ASN1_CONSTRUCTED | MBEDTLS_ASN1_SEQUENCE)) < 0)
-			goto out;
-		m += (size_t)w;
-		e = mbedtls_pk_verify(&j->key, j->md, h, hl, p, m) ? -1 : 0;
-	} else {
-		uint8_t *p = der, *end;
-		size_t seq;
-		if (mbedtls_pk_sign(&j->key, j->md, h, hl, der, &dl, auth_jwt_rng, k))
-			goto out;
-		end = der + dl;
-		if (mbedtls_asn1_get_tag(&p, end, &seq, MBEDTLS_ASN1_CONSTRUCTED | MBEDTLS_ASN1_SEQUENCE) ||
-		    mbedtls_asn1_get_mpi(&p, end, &r) || mbedtls_asn1_get_mpi(&p, end, &s) ||
-		    mbedtls_mpi_write_binary(&r, sig, j->half) || mbedtls_mpi_write_binary(&s, sig + j->half, j->half))
-			goto out;
-		*n = 2 * j->half;
-		e = 0;
-	}
-out:
-	mbedtls_mpi_free(&r);
-	mbedtls_mpi_free(&s);
-	return e;
-}
-
-/* A token for user at the current auth revision, into out.  0 or KVD_E*. */
-static int auth_jwt_issue(struct kvd *k, const char *user, char *out, size_t cap)
-{
-	struct auth_jwt *j = k->auth.jwt;
-	struct kvd_buf b = {0}, c = {0};
-	uint8_t sig[MBEDTLS_PK_SIGNATURE_MAX_SIZE];
-	size_t n = 0, at;
-	struct timespec ts;
-	int r = KVD_ENOMEM;
-
-	if (!j->priv)
-		return KVD_EINVAL;
-	clock_gettime(CLOCK_REALTIME, &ts);
-	json_put_raw(k, &c, "{\"alg\":\"");
-	json_put_raw(k, &c, j->alg);
-	json_put_raw(k, &c, "\",\"typ\":\"JWT\"}");
-	if (c.err)
-		goto out;
-	auth_b64url_put(k, &b, c.p, c.len);
-	buf_append(k, &b, ".", 1);
-	c.len = 0;
-	json_put_raw(k, &c, "{\"exp\":");
-	json_put_int(k, &c, (int64_t)ts.tv_sec + j->ttl_ms / 1000);
-	json_put_raw(k, &c, ",\"revision\":");
-	json_put_int(k, &c, (int64_t)k->auth.rev);
-	json_put_raw(k, &c, ",\"username\":");
-	json_put_str(k, &c, user, strlen(user));
-	json_put_raw(k, &c, "}");
-	if (c.err)
-		goto out;
-	auth_b64url_put(k, &b, c.p, c.len);
-	at = b.len;
-	if (b.err || auth_jwt_sig(k, j, b.p, at, sig, &n, 0)) {
-		r = b.err ? KVD_ENOMEM : KVD_EIO;
-		goto out;
-	}
-	buf_append(k, &b, ".", 1);
-	auth_b64url_put(k, &b, sig, n);
-	if (b.err || b.len >= cap)
-		goto out;
-	memcpy(out, b.p, b.len);
-	out[b.len] = 0;
-	r = 0;
-out:
-	buf_free(k, &b);
-	buf_free(k, &c);
-	return r;
-}
-
-/* A token another call sent: its user (into j->name) and revision, or -1
- * when it is not a token this key signed, or has expired. */
-static int auth_jwt_check(struct kvd *k, const char *tok, uint64_t *rev)
-{
-	struct auth_jwt *j = k->auth.jwt;
-	const char *d1 = strchr(tok, '.'), *d2 = d1 ? strchr(d1 + 1, '.') : NULL;
-	uint8_t buf[1024], sig[MBEDTLS_PK_SIGNATURE_MAX_SIZE];
-	const struct json *alg, *u, *rv, *exp;
-	struct json_doc doc;
-	struct timespec ts;
-	const char *why;
-	size_t sn;
-	long l;
-	int r = -1;
-
-	if (!d2 || strchr(d2 + 1, '.') || strlen(tok) > 4096)
-		return -1;
-	l = auth_b64url_get(d2 + 1, strlen(d2 + 1), sig, sizeof sig);
-	if (l < 0)
-		return -1;
-	sn = (size_t)l;
-	if (auth_jwt_sig(k, j, (const uint8_t *)tok, (size_t)(d2 - tok), sig, &sn, 1))
-		return -1;
-	/* signed by this key: now the header says the same algorithm, and the claims */
-	if ((l = auth_b64url_get(tok, (size_t)(d1 - tok), buf, sizeof buf)) < 0 ||
-	    json_parse(k, &doc, buf, (size_t)l, &why))
-		return -1;
-	alg = json_get(doc.root, "alg");
-	r = json_is_str(alg) && !strcmp(alg->s, j->alg) ? 0 : -1;
-	json_free(&doc);
-	if (r || (l = auth_b64url_get(d1 + 1, (size_t)(d2 - d1 - 1), buf, sizeof buf)) < 0 ||
-	    json_parse(k, &doc, buf, (size_t)l, &why))
-		return -1;
-	u = json_get(doc.root, "username");
-	rv = json_get(doc.root, "revision");
-	exp = json_get(doc.root, "exp");
-	clock_gettime(CLOCK_REALTIME, &ts);
-	r = -1;
-	if (json_is_str(u) && u->n < sizeof j->name && !memchr(u->s, 0, u->n) && rv && rv->type == JSON_NUM &&
-	    rv->d >= 0 && (!exp || (exp->type == JSON_NUM && exp->d > (double)ts.tv_sec))) {
-		memcpy(j->name, u->s, u->n + 1);
-		*rev = rv->d > 0 ? (uint64_t)rv->d : 1;
-		r = 0;
-	}
-	json_free(&doc);
-	return r;
-}
-
-/* --auth-token: "simple", or "jwt,sign-method=...,pub-key=...,priv-key=...,ttl=...".
- * Keys are read here, before the data dir is touched.  0 or KVD_EINVAL. */
-static int auth_open(struct kvd *k, char *err, size_t errlen)
-{
-	static const struct { const char *alg; char family; mbedtls_md_type_t md; size_t half; } algs[] = {
-		{"RS256", 'R', MBEDTLS_MD_SHA256, 0}, {"RS384", 'R', MBEDTLS_MD_SHA384, 0}, {"RS512", 'R', MBEDTLS_MD_SHA512, 0},
-		{"PS256", 'P', MBEDTLS_MD_SHA256, 0}, {"PS384", 'P', MBEDTLS_MD_SHA384, 0}, {"PS512", 'P', MBEDTLS_MD_SHA512, 0},
-		{"ES256", 'E', MBEDTLS_MD_SHA256, 32}, {"ES384", 'E', MBEDTLS_MD_SHA384, 48}, {"ES512", 'E', MBEDTLS_MD_SHA512, 66},
-		{"HS256", 'H', MBEDTLS_MD_SHA256, 0}, {"HS384", 'H', MBEDTLS_MD_SHA384, 0}, {"HS512", 'H', MBEDTLS_MD_SHA512, 0},
-	};
-	const char *spec = k->cfg.auth_token ? k->cfg.auth_token : "simple";
-	char opts[1024], *o, *save, *method = NULL, *pub = NULL, *priv = NULL, *ttl = NULL;
-	struct auth_jwt *j;
-	size_t i;
-	int r;
-
-	if (!strcmp(spec, "simple"))
-		return 0;
-	if (strncmp(spec, "jwt,", 4) || strlen(spec) >= sizeof opts) {
-		snprintf(err, errlen, "--auth-token %s: unknown token type (want simple or jwt,...)", spec);
-		return KVD_EINVAL;
-	}
-	snprintf(opts, sizeof opts, "%s", spec + 4);
-	for (o = strtok_r(opts, ",", &save); o; o = strtok_r(NULL, ",", &save)) {
-		char *v = strchr(o, '=');
-		if (!v) {
-			snprintf(err, errlen, "--auth-token: option %s has no value", o);
-			return KVD_EINVAL;
-		}
-		*v++ = 0;
-		if (!strcmp(o, "sign-method"))
-			method = v;
-		else if (!strcmp(o, "pub-key"))
-			pub = v;
-		else if (!strcmp(o, "priv-key"))
-			priv = v;
-		else if (!strcmp(o, "ttl"))
-			ttl = v;
-		else {
-			snprintf(err, errlen, "--auth-token: unknown option %s", o);
-			return KVD_EINVAL;
-		}
-	}
-	for (i = 0; method && i < KVD_COUNT(algs) && strcmp(algs[i].alg, method); i++)
-		;
-	if (!method || i == KVD_COUNT(algs)) {
-		snprintf(err, errlen, "--auth-token: sign-method %s: want RS256..512, PS256..512, ES256..512 or HS256..512",
-		         method ? method : "(missing)");
-		return KVD_EINVAL;
-	}
-	if (!(j = kvd_calloc(k, sizeof *j)))
-		return KVD_ENOMEM;
-	mbedtls_pk_init(&j->key);
-	k->auth.jwt = j;
-	snprintf(j->alg, sizeof j->alg, "%s", method);
-	j->family = algs[i].family;
-	j->md = algs[i].md;
-	j->half = algs[i].half;
-	j->ttl_ms = 5 * 60 * 1000;
-	if (ttl && (cfg_duration(ttl, &j->ttl_ms) || j->ttl_ms < 1000)) {
-		snprintf(err, errlen, "--auth-token: ttl %s: want a duration of at least 1s", ttl);
-		return KVD_EINVAL;
-	}
-	if (!pub && !priv) {
-		snprintf(err, errlen, "--auth-token: jwt needs priv-key (to issue tokens) or pub-key (to verify them)");
-		return KVD_EINVAL;
-	}
-	if (util_check_regular(priv ? priv : pub, priv ? "--auth-token: priv-key" : "--auth-token: pub-key", err, errlen))
-		return KVD_EINVAL;
-	if (j->family == 'H') { /* the secret: the file's bytes */
-		FILE *f = fopen(priv ? priv : pub, "rb");
-		long n = -1;
-		if (f && !fseek(f, 0, SEEK_END) && (n = ftell(f)) > 0 && n < 65536 && !fseek(f, 0, SEEK_SET) &&
-		    (j->secret = kvd_malloc(k, (size_t)n)) && fread(j->secret, 1, (size_t)n, f) == (size_t)n) {
-			j->nsecret = (size_t)n;
-			j->priv = 1;
-		}
-		if (f)
-			fclose(f);
-		if (!j->nsecret) {
-			snprintf(err, errlen, "--auth-token: cannot read the HMAC key %s", priv ? priv : pub);
-			return KVD_EINVAL;
-		}
-		return 0;
-	}
-	r = priv ? mbedtls_pk_parse_keyfile(&j->key, priv, NULL
-#if MBEDTLS_VERSION_MAJOR >= 3
-	                                    , auth_jwt_rng, k
-#endif
-	                                    ) : mbedtls_pk_parse_public_keyfile(&j->key, pub);
-	if (r) {
-		snprintf(err, errlen, "--auth-token: cannot read the %s key %s (mbedtls -0x%04x)", priv ? "private" : "public",
-		         priv ? priv : pub, (unsigned)-r);
-		return KVD_EINVAL;
-	}
-	j->priv = !!priv;
-	if (j->family == 'E' ? !mbedtls_pk_can_do(&j->key, MBEDTLS_PK_ECDSA) ||
-	                           (mbedtls_pk_get_bitlen(&j->key) + 7) / 8 != j->half
-	                     : !mbedtls_pk_can_do(&j->key, MBEDTLS_PK_RSA)) {
-		snprintf(err, errlen, "--auth-token: the key in %s does not fit sign-method %s", priv ? priv : pub, method);
-		return KVD_EINVAL;
-	}
-	return 0;
-}
-
-static void auth_jwt_free(struct kvd *k)
-{
-	struct auth_jwt *j = k->auth.jwt;
-
-	if (!j)
-		return;
-	mbedtls_pk_free(&j->key);
-	if (j->secret)
-		auth_wipe(j->secret, j->nsecret);
-	kvd_free(k, j->secret);
-	kvd_free(k, j);
-	k->auth.jwt = NULL;
-}
-
-/* ---- who is calling, and may they ------------------------------------------- */
-
-/* What etcd's AuthInfoFromCtx finds: with auth on, the user a token names
- * (a token that is not live is an error); else (with --client-cert-auth)
- * the client certificate's CN; else nobody (*who NULL).  Auth off, etcd 3.7
- * looks at no token at all (3.4 refused a dead one either way). */
-static int auth_who(struct kvd *k, struct call *c, struct auth_who *w, struct svc_err *e)
-{
-	const char *t = call_meta(c, "token"), *cn;
-	struct auth_token *tk;
-	size_t cnlen;
-
-	w->name = NULL;
-	w->nlen = 0;
-	w->rev = 0;
-	if (!t)
-		t = call_meta(c, "authorization");
-	if (!k->auth.enabled)
-		t = NULL;
-	if (t && !strncmp(t, "Bearer ", 7)) /* etcd 3.7 strips it */
-		t += 7;
-	if (t && k->auth.jwt) {
-		if (auth_jwt_check(k, t, &w->rev))
-			return svc_fail(e, GRPC_UNAUTHENTICATED, E_INVALID_TOKEN);
-		w->name = k->auth.jwt->name; /* valid until the next call's check */
-		w->nlen = strlen(w->name);
-		return 0;
-	}
-	if (t) {
-		if (!(tk = auth_tok_find(k, t)))
-			return svc_fail(e, GRPC_UNAUTHENTICATED, E_INVALID_TOKEN);
-		w->name = tk->user;
-		w->nlen = strlen(w->name);
-		return 0;
-	}
-	if (k->cfg.client_cert_auth && c->conn && (cn = tls_peer_cn(c->conn, &cnlen))) {
-		w->name = cn; /* its exact bytes: "root\0.x" is not root */
-		w->nlen = cnlen;
-	}
-	return 0;
-}
-
-/* etcd's IsAdminPermitted. */
-static int auth_admin(struct kvd *k, const struct auth_who *w, struct svc_err *e)
-{
-	const Authpb__User *u;
-
-	if (!k->auth.enabled)
-		return 0;
-	if (!w->nlen)
-		return svc_fail(e, GRPC_INVALID_ARGUMENT, E_USER_EMPTY);
-	if (!(u = auth_user_n(k, w->name, w->nlen)))
-		return svc_fail(e, GRPC_FAILED_PRECONDITION, E_USER_NOT_FOUND);
-	return auth_has_role(u, AUTH_ROOT) ? 0 : svc_fail(e, GRPC_PERMISSION_DENIED, E_PERM_DENIED);
-}
-
-/* etcd's AuthAdmin.isPermitted: the caller is root (etcd 3.7 maps the
- * errors; 3.4's Maintenance sent them raw, code Unknown). */
-static int auth_root(struct kvd *k, struct call *c, struct svc_err *e)
-{
-	struct auth_who who;
-
-	return auth_who(k, c, &who, e) || auth_admin(k, &who, e) ? KVD_EINVAL : 0;
-}
-
-/* etcd 3.7's requireAuthInfo (Status, MemberList, Alarm GET, leases): with
- * auth on, any caller with a name -- a live token, or a certificate's CN. */
-static int auth_need_user(struct kvd *k, struct call *c, struct auth_who *who, struct svc_err *e)
-{
-	if (auth_who(k, c, who, e))
-		return KVD_EINVAL;
-	return k->auth.enabled && !who->nlen ? svc_fail(e, GRPC_INVALID_ARGUMENT, E_USER_EMPTY) : 0;
-}
-
-/* A watch's cancel_reason for a refused create: the gRPC error as Go
- * prints it (etcd's isWatchPermitted). */
-static const char *auth_watch_reason(const struct svc_err *e)
-{
-	if (!strcmp(e->msg, E_INVALID_TOKEN))
-		return "rpc error: code = Unauthenticated desc = " E_INVALID_TOKEN;
-	if (!strcmp(e->msg, E_USER_EMPTY))
-		return "rpc error: code = InvalidArgument desc = " E_USER_EMPTY;
-	if (!strcmp(e->msg, E_AUTH_OLD_REV))
-		return "rpc error: code = InvalidArgument desc = " E_AUTH_OLD_REV;
-	return "rpc error: code = PermissionDenied desc = " E_PERM_DENIED;
-}
-
-/*
- * An interval of keys, as etcd's adt package compares them: an empty
- * bound is +infinity, and z appends a 0 byte (a point [k, k\0)).
- */
-struct auth_iv {
-	const uint8_t *b, *e;
-	size_t bn, en;
-	unsigned ez : 1;
-};
-
-static int auth_bound_cmp(const uint8_t *a, size_t an, int az, const uint8_t *b, size_t bn, int bz)
-{
-	size_t la = an + (size_t)az, lb = bn + (size_t)bz, i;
-
-	if (!la || !lb)
-		return !la && !lb ? 0 : !la ? 1 : -1;
-	for (i = 0; i < la && i < lb; i++) {
-		uint8_t x = i < an ? a[i] : 0, y = i < bn ? b[i] : 0;
-		if (x != y)
-			return x < y ? -1 : 1;
-	}
-	return (la > lb) - (la < lb);
-}
-
-static int auth_iv_order(const void *x, const void *y)
-{
-	const struct auth_iv *a = x, *b = y;
-
-	return auth_bound_cmp(a->b, a->bn, 0, b->b, b->bn, 0);
-}
-
-/* The permission's interval, as etcd's getMergedPerms builds it. */
-static void auth_perm_iv(const Authpb__Permission *p, struct auth_iv *v)
-{
-	v->b = p->key.data;
-	v->bn = p->key.len;
-	v->ez = 0;
-	if (!p->range_end.len) { /* a point */
-		v->e = p->key.data;
-		v->en = p->key.len;
-		v->ez = 1;
-	} else if (p->range_end.len == 1 && !p->range_end.data[0]) { /* from key on */
-		v->e = NULL;
-		v->en = 0;
-	} else {
-		v->e = p->range_end.data;
-		v->en = p->range_end.len;
-	}
-}
-
-/*
- * etcd's interval tree itself (its adt package), for the one query whose
- * answer depends on the tree's shape: an inverted range, key >= end.  etcd
- * lets it into Contains like any other; the overlap test then calls it
- * "overlapping" some nodes and "right of" others, and the maximum-end pruning
- * skips whole subtrees, so which permissions are seen -- and whether the
- * empty range is permitted -- depends on where the red-black insertion put
- * each one.  The tree is built here the way etcd builds a user's cache: the
- * user's roles in order, each role's permissions in order, the same
- * insertion (ties on begin ordered by end, as etcd 3.7's), fix-up and rotations, with the
- * subtree maxima updated at exactly the points etcd updates them (its
- * update stops early, so a different order gives different maxima).
- * Nodes are indices; 0 is the black sentinel.  Only built for such queries
- * (nothing else depends on the shape), and freed at once.
- */
-struct auth_rbn {
-	struct auth_iv iv;
-	const uint8_t *m;            /* the subtree's largest end */
-	size_t mn;
-	unsigned mz : 1, red : 1;
-	uint32_t l, r, p;
-};
-struct auth_rbt {
-	struct auth_rbn *t;
-	uint32_t root;
-	/* Contains' walk */
-	const uint8_t *minb, *maxe;
-	size_t minbn, maxen;
-	unsigned maxz : 1, seen : 1, gap : 1;
-};
-
-/* adt's Interval.Compare: -1 a left of b, 1 a right of b, 0 they overlap. */
-static int auth_iv_compare(const struct auth_iv *a, const struct auth_iv *b)
-{
-	if (auth_bound_cmp(a->b, a->bn, 0, b->b, b->bn, 0) < 0 && auth_bound_cmp(a->e, a->en, a->ez, b->b, b->bn, 0) <= 0)
-		return -1;
-	return auth_bound_cmp(a->b, a->bn, 0, b->e, b->en, b->ez) >= 0 ? 1 : 0;
-}
-
-static void auth_rb_max(struct auth_rbt *T, uint32_t x)
-{
-	struct auth_rbn *t = T->t;
-
-	for (; x; x = t[x].p) {
-		const uint8_t *m = t[x].iv.e;
-		size_t mn = t[x].iv.en;
-		int mz = t[x].iv.ez, i;
-		for (i = 0; i < 2; i++) {
-			uint32_t c = i ? t[x].r : t[x].l;
-			if (c && auth_bound_cmp(t[c].m, t[c].mn, t[c].mz, m, mn, mz) > 0) {
-				m = t[c].m;
-				mn = t[c].mn;
-				mz = t[c].mz;
-			}
-		}
-		if (!auth_bound_cmp(t[x].m, t[x].mn, t[x].mz, m, mn, mz))
-			return; /* as etcd: an unchanged maximum ends the walk up */
-		t[x].m = m;
-		t[x].mn = mn;
-		t[x].mz = (unsigned)mz;
-	}
-}
-
-/* Rotate x down to the left (dir 0) or right (dir 1). */
-static void auth_rb_rotate(struct auth_rbt *T, uint32_t x, int dir)
-{
-	struct auth_rbn *t = T->t;
-	uint32_t y = dir ? t[x].l : t[x].r, in = dir ? t[y].r : t[y].l, p = t[x].p;
-
-	if (!y)
-		return;
-	if (dir)
-		t[x].l = in;
-	else
-		t[x].r = in;
-	if (in)
-		t[in].p = x;
-	auth_rb_max(T, x);
-	t[y].p = p;
-	if (!p) {
-		T->root = y;
-	} else {
-		if (t[p].l == x)
-			t[p].l = y;
-		else
-			t[p].r = y;
-		auth_rb_max(T, p);
-	}
-	t[x].p = y;
-	if (dir)
-		t[y].r = x;
-	else
-		t[y].l = x;
-	auth_rb_max(T, y);
-}
-
-/* Where z goes below x: left (1) when its begin is lower, or (etcd 3.7's
- * adt; 3.4 sent every tie right) the same begin and a lower end. */
-static int auth_rb_left(const struct auth_rbn *t, uint32_t z, uint32_t x)
-{
-	int c = auth_bound_cmp(t[z].iv.b, t[z].iv.bn, 0, t[x].iv.b, t[x].iv.bn, 0);
-
-	return c < 0 || (!c && auth_bound_cmp(t[z].iv.e, t[z].iv.en, t[z].iv.ez, t[x].iv.e, t[x].iv.en, t[x].iv.ez) < 0);
-}
-
-/* Insert node z (its interval set), ordered as auth_rb_left says. */
-static void auth_rb_insert(struct auth_rbt *T, uint32_t z)
-{
-	struct auth_rbn *t = T->t;
-	uint32_t x = T->root, y = 0, g, u;
-	int side;
-
-	t[z].m = t[z].iv.e;
-	t[z].mn = t[z].iv.en;
-	t[z].mz = t[z].iv.ez;
-	t[z].red = 1;
-	t[z].l = t[z].r = 0;
-	while (x) {
-		y = x;
-		x = auth_rb_left(t, z, x) ? t[x].l : t[x].r;
-	}
-	t[z].p = y;
-	if (!y) {
-		T->root = z;
-	} else {
-		if (auth_rb_left(t, z, y))
-			t[y].l = z;
-		else
-			t[y].r = z;
-		auth_rb_max(T, y);
-	}
-	while (t[t[z].p].red) { /* CLRS' fix-up; the sentinel is black */
-		g = t[t[z].p].p;
-		side = t[z].p == t[g].l; /* the parent is a left child: the uncle is on the right */
-		u = side ? t[g].r : t[g].l;
-		if (t[u].red) {
-			t[t[z].p].red = 0;
-			t[u].red = 0;
-			t[g].red = 1;
-			z = g;
-			continue;
-		}
-		if (z == (side ? t[t[z].p].r : t[t[z].p].l)) {
-			z = t[z].p;
-			auth_rb_rotate(T, z, side ? 0 : 1);
-		}
-		t[t[z].p].red = 0;
-		t[t[t[z].p].p].red = 1;
-		auth_rb_rotate(T, t[t[z].p].p, side ? 1 : 0);
-	}
-	t[T->root].red = 0;
-}
-
-/* adt's visit with Contains' callback: nodes q overlaps, in order; the
- * walk stops at the first gap.  0 once it stopped. */
-static int auth_rb_visit(struct auth_rbt *T, uint32_t x, const struct auth_iv *q)
-{
-	struct auth_rbn *n = &T->t[x];
-	struct auth_iv m;
-	int v;
-
-	if (!x)
-		return 1;
-	v = auth_iv_compare(q, &n->iv);
-	if (v < 0)
-		return auth_rb_visit(T, n->l, q);
-	if (v > 0) {
-		m.b = n->iv.b;
-		m.bn = n->iv.bn;
-		m.e = n->m;
-		m.en = n->mn;
-		m.ez = n->mz;
-		return auth_iv_compare(&m, q) ? 1 : auth_rb_visit(T, n->l, q) && auth_rb_visit(T, n->r, q);
-	}
-	if (!auth_rb_visit(T, n->l, q))
-		return 0;
-	if (!T->seen) {
-		T->seen = 1;
-		T->minb = n->iv.b;
-		T->minbn = n->iv.bn;
-	} else if (auth_bound_cmp(T->maxe, T->maxen, T->maxz, n->iv.b, n->iv.bn, 0) < 0) {
-		T->gap = 1;
-		return 0;
-	} else if (auth_bound_cmp(n->iv.e, n->iv.en, n->iv.ez, T->maxe, T->maxen, T->maxz) <= 0) {
-		return auth_rb_visit(T, n->r, q);
-	}
-	T->maxe = n->iv.e;
-	T->maxen = n->iv.en;
-	T->maxz = n->iv.ez;
-	return auth_rb_visit(T, n->r, q);
-}
-
-/* u's permissions of type (READWRITE ones too) in etcd's order: the roles
- * as the user lists them, each role's permissions in order.  *i and *j
- * start at 0; NULL after the last. */
-static const Authpb__Permission *auth_perm_next(struct kvd *k, const Authpb__User *u, int type, size_t *i, size_t *j)
-{
-	for (; *i < u->n_roles; (*i)++, *j = 0) {
-		const Authpb__Role *r = auth_role(k, u->roles[*i]);
-		while (r && *j < r->n_keypermission) {
-			const Authpb__Permission *p = r->keypermission[(*j)++];
-			if (p->permtype == (Authpb__Permission__Type)type || p->permtype == AUTHPB__PERMISSION__TYPE__READWRITE)
-				return p;
-		}
-	}
-	return NULL;
-}
-
-/* adt's Intersects(q) for a point q: its search from the root, which
- * follows the left subtree only when that subtree's maximum passes q. */
-static int auth_rb_intersects(const struct auth_rbt *T, const struct auth_iv *q)
-{
-	const struct auth_rbn *t = T->t;
-	uint32_t x = T->root, l;
-
-	while (x && auth_iv_compare(q, &t[x].iv)) {
-		l = t[x].l;
-		x = l && auth_bound_cmp(t[l].m, t[l].mn, t[l].mz, q->b, q->bn, 0) > 0 ? l : t[x].r;
-	}
-	return x != 0;
-}
-
-/* Contains(q) (or, q a point, Intersects) on the tree of u's permissions of
- * type, built as etcd builds it. */
-static int auth_covers_tree(struct kvd *k, const Authpb__User *u, const struct auth_iv *q, int point, int type)
-{
-	const Authpb__Permission *p;
-	struct auth_rbt T;
-	size_t i, j, n;
-	int ok;
-
-	memset(&T, 0, sizeof T);
-	for (i = j = 0, n = 1; auth_perm_next(k, u, type, &i, &j); n++)
-		;
-	if (n > UINT32_MAX || !(T.t = kvd_calloc(k, n * sizeof *T.t)))
-		return 0; /* no memory: refused, the safe answer */
-	for (i = j = 0, n = 1; (p = auth_perm_next(k, u, type, &i, &j)); n++) {
-		auth_perm_iv(p, &T.t[n].iv);
-		auth_rb_insert(&T, (uint32_t)n);
-	}
-	if (point) {
-		ok = auth_rb_intersects(&T, q);
-	} else {
-		auth_rb_visit(&T, T.root, q);
-		ok = T.seen && !T.gap && auth_bound_cmp(T.maxe, T.maxen, T.maxz, q->e, q->en, 0) >= 0 &&
-		     auth_bound_cmp(T.minb, T.minbn, 0, q->b, q->bn, 0) <= 0;
-	}
-	kvd_free(k, T.t);
-	return ok;
-}
-
-/* Does u's merged permission of type (AUTHPB__PERMISSION__TYPE__READ or
- * WRITE) cover [key, end) -- or hold key, end empty?  etcd's checkKeyPoint
- * and checkKeyInterval over its interval tree: without the tree where its
- * shape cannot matter, with it where it can -- an inverted range asked
- * about, or an inverted permission among the user's (etcd 3.4 stored them;
- * a store from then may still hold some). */
-static int auth_covers(struct kvd *k, const Authpb__User *u, const ProtobufCBinaryData *key,
-                       const ProtobufCBinaryData *end, int type)
-{
-	struct auth_iv stack[32], *v = stack, q, x;
-	const Authpb__Permission *p;
-	size_t n = 0, cap = KVD_COUNT(stack), i, j;
-	const uint8_t *maxe = NULL;
-	size_t maxen = 0;
-	int maxz = 0, ok = 0, point = !end->len;
-
-	q.b = key->data;
-	q.bn = key->len;
-	q.ez = 0;
-	q.e = end->len == 1 && !end->data[0] ? NULL : end->data;
-	q.en = q.e ? end->len : 0;
-	if (point) { /* the point [key, key\0) */
-		q.e = key->data;
-		q.en = key->len;
-		q.ez = 1;
-	}
-	if (!point && auth_bound_cmp(q.b, q.bn, 0, q.e, q.en, 0) >= 0)
-		return auth_covers_tree(k, u, &q, point, type); /* key >= end: the tree's shape decides */
-	for (i = j = 0; (p = auth_perm_next(k, u, type, &i, &j));) {
-		auth_perm_iv(p, &x);
-		if (auth_bound_cmp(x.b, x.bn, 0, x.e, x.en, x.ez) >= 0)
-			return auth_covers_tree(k, u, &q, point, type); /* so does an inverted permission's */
-	}
-	for (i = j = 0; (p = auth_perm_next(k, u, type, &i, &j));) {
-		auth_perm_iv(p, &x);
-		if (point) { /* Intersects: begin <= key < end */
-			if (auth_bound_cmp(x.b, x.bn, 0, q.b, q.bn, 0) <= 0 && auth_bound_cmp(q.b, q.bn, 0, x.e, x.en, x.ez) < 0)
-				goto yes;
-			continue;
-		}
-		/* the intervals its Compare calls overlapping the query: with key <
-		 * end, exactly what the tree visits, whatever its shape */
-		if ((auth_bound_cmp(q.b, q.bn, 0, x.b, x.bn, 0) < 0 && auth_bound_cmp(q.e, q.en, 0, x.b, x.bn, 0) <= 0) ||
-		    auth_bound_cmp(q.b, q.bn, 0, x.e, x.en, x.ez) >= 0)
-			continue;
-		if (n == cap) {
-			struct auth_iv *nv = kvd_malloc(k, 2 * cap * sizeof *nv);
-			if (!nv)
-				goto out; /* no memory: refused, the safe answer */
-			memcpy(nv, v, n * sizeof *nv);
-			if (v != stack)
-				kvd_free(k, v);
-			v = nv;
-			cap *= 2;
-		}
-		v[n++] = x;
-	}
-	if (point || !n)
-		goto out;
-	qsort(v, n, sizeof *v, auth_iv_order); /* in order of their begins, as the tree visits */
-	maxe = v[0].e;
-	maxen = v[0].en;
-	maxz = v[0].ez;
-	for (i = 1; i < n; i++) {
-		if (auth_bound_cmp(maxe, maxen, maxz, v[i].b, v[i].bn, 0) < 0)
-			goto out; /* a gap */
-		if (auth_bound_cmp(v[i].e, v[i].en, v[i].ez, maxe, maxen, maxz) > 0) {
-			maxe = v[i].e;
-			maxen = v[i].en;
-			maxz = v[i].ez;
-		}
-	}
-	ok = auth_bound_cmp(maxe, maxen, maxz, q.e, q.en, 0) >= 0 && auth_bound_cmp(v[0].b, v[0].bn, 0, q.b, q.bn, 0) <= 0;
-out:
-	if (v != stack)
-		kvd_free(k, v);
-	return ok;
-yes:
-	return 1;
-}
-
-/* etcd's isOpPermitted: may who do a type op on [key, end)? */
-static int auth_may(struct kvd *k, const struct auth_who *w, const ProtobufCBinaryData *key,
-                    const ProtobufCBinaryData *end, int type, struct svc_err *e)
-{
-	static const ProtobufCBinaryData none = {0, NULL};
-	const Authpb__User *u;
-
-	if (!k->auth.enabled)
-		return 0;
-	if (!w->nlen)
-		return svc_fail(e, GRPC_INVALID_ARGUMENT, E_USER_EMPTY);
-	if (w->rev && w->rev < k->auth.rev) /* a JWT from before an auth change */
-		return svc_fail(e, GRPC_INVALID_ARGUMENT, E_AUTH_OLD_REV);
-	if (!(u = auth_user_n(k, w->name, w->nlen)))
-		return svc_fail(e, GRPC_PERMISSION_DENIED, E_PERM_DENIED);
-	if (auth_has_role(u, AUTH_ROOT) || auth_covers(k, u, key, end ? end : &none, type))
-		return 0;
-	return svc_fail(e, GRPC_PERMISSION_DENIED, E_PERM_DENIED);
-}
-
-/* etcd 3.7's checkTxnPermission: every compare, then each branch's ops in
- * order, nested txns' too (3.4 stopped at the top level). */
-static int auth_txn(struct kvd *k, const struct auth_who *who, const Etcdserverpb__TxnRequest *rq, struct svc_err *e)
-{
-	size_t i, b;
-
-	if (!k->auth.enabled)
-		return 0;
-	for (i = 0; i < rq->n_compare; i++)
-		if (auth_may(k, who, &rq->compare[i]->key, &rq->compare[i]->range_end, AUTH_R, e))
-			return KVD_EINVAL;
-	for (b = 0; b < 2; b++) {
-		Etcdserverpb__RequestOp **ops = b ? rq->failure : rq->success;
-		size_t n = b ? rq->n_failure : rq->n_success;
-		for (i = 0; i < n; i++) {
-			const Etcdserverpb__RequestOp *op = ops[i];
-			int r = 0;
-			switch (op->request_case) {
-			case ETCDSERVERPB__REQUEST_OP__REQUEST_REQUEST_RANGE:
-				r = auth_may(k, who, &op->request_range->key, &op->request_range->range_end, AUTH_R, e);
-				break;
-			case ETCDSERVERPB__REQUEST_OP__REQUEST_REQUEST_PUT: /* etcd 3.7's checkPutAuth, at every depth */
-				r = auth_may(k, who, &op->request_put->key, NULL, AUTH_W, e) ||
-				    auth_lease_keys(k, who, op->request_put->lease, AUTH_W, e) ||
-				    (op->request_put->prev_kv && auth_may(k, who, &op->request_put->key, NULL, AUTH_R, e));
-				break;
-			case ETCDSERVERPB__REQUEST_OP__REQUEST_REQUEST_DELETE_RANGE:
-				if (op->request_delete_range->prev_kv)
-					r = auth_may(k, who, &op->request_delete_range->key, &op->request_delete_range->range_end,
-					             AUTH_R, e);
-				if (!r)
-					r = auth_may(k, who, &op->request_delete_range->key,
-					             &op->request_delete_range->range_end, AUTH_W, e);
-				break;
-			case ETCDSERVERPB__REQUEST_OP__REQUEST_REQUEST_TXN:
-				r = auth_txn(k, who, op->request_txn, e);
-				break;
-			default:
-				break;
-			}
-			if (r)
-				return r;
-		}
-	}
-	return 0;
-}
-
-/* etcd's checkLeasePuts: write on every key the lease holds. */
-static int auth_lease_keys(struct kvd *k, const struct auth_who *who, int64_t id, int type, struct svc_err *e)
-{
-	struct lease *l;
-	ProtobufCBinaryData key;
-	uint32_t i;
-
-	if (!k->auth.enabled || !(l = lease_find(k, id)))
-		return 0;
-	for (i = 0; l->nkeys && i <= l->kmask; i++)
-		if (l->keys[i]) {
-			key.data = l->keys[i]->key;
-			key.len = l->keys[i]->klen;
-			if (auth_may(k, who, &key, NULL, type, e))
-				return KVD_EINVAL;
-		}
-	return 0;
-}
-
-/* ---- password hashes, off the handlers' path ----------------------------------- */
-
-/* A call waiting for a hash (its c->svc): the request stays here meanwhile. */
-struct auth_job {
-	struct auth_job *next;
-	struct call *c;
-	ProtobufCMessage *rq;       /* the request, taken from the call */
-	struct auth_bcrypt h;
-	uint64_t rev;               /* the auth revision when the check began */
-	char out[61];               /* the hash, when done */
-	unsigned queued : 1, done : 1;
-};
-
-static int64_t auth_us(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
-}
-
-
-
-/* The request of c, whether it waited for a hash or not. */
-static const void *auth_rq(const struct call *c)
-{
-	const struct auth_job *j = c->svc;
-
-	return c->rq ? (const void *)c->rq : (const void *)j->rq;
-}
-
-/* The hash c's handler asked for, once the loop made it; NULL before. */
-static const char *auth_hashed(const struct call *c)
-{
-	const struct auth_job *j = c->svc;
-
-	return j && j->done ? j->out : NULL;
-}
-
-static void auth_job_unqueue(struct kvd *k, struct auth_job *j)
-{
-	struct auth *a = &k->auth;
-	struct auth_job **pp, *prev = NULL;
-
-	for (pp = &a->jobs; *pp; prev = *pp, pp = &(*pp)->next)
-		if (*pp == j) {
-			*pp = j->next;
-			if (a->jobs_tail == j)
-				a->jobs_tail = prev;
-			a->njobs--;
-			break;
-		}
-	if (a->cur == j)
-		a->cur = NULL;
-	j->queued = 0;
-}
-
-/* Who a job is, for the queue's fair shares: its address, its connection
- * (NULL for in-process calls, which share one turn). */
-static struct share *auth_job_share(const struct auth_job *j)
-{
-	return j->c->conn ? j->c->conn->share : NULL;
-}
-
-static int auth_job_count(const struct auth *a, const struct share *sh, const struct conn *c)
-{
-	const struct auth_job *j;
-	int n = 0;
-
-	for (j = a->jobs; j; j = j->next)
-		n += auth_job_share(j) == sh && (!c || j->c->conn == c);
-	return n;
-}
-
-/*
- * The queue is full and call c wants a hash: the address holding the most
- * queued jobs gives up its newest when it holds at least two more than c's;
- * within c's own address, the connection holding the most does.  The job
- * given up ends "too many requests", as a refusal would have.  0 when there
- * is room now.
- */
-static int auth_job_make_room(struct kvd *k, struct call *c)
-{
-	struct auth *a = &k->auth;
-	struct share *mine = c->conn ? c->conn->share : NULL, *top = NULL;
-	struct auth_job *j, *v = NULL;
-	const struct conn *ctop = NULL;
-	int n, best = -1, have = auth_job_count(a, mine, NULL);
-
-	for (j = a->jobs; j; j = j->next) /* the address holding the most */
-		if ((n = auth_job_count(a, auth_job_share(j), NULL)) > best) {
-			best = n;
-			top = auth_job_share(j);
-		}
-	if (top == mine || best < have + 2) { /* c's own address is the largest: by connection within it */
-		top = mine;
-		have = c->conn ? auth_job_count(a, mine, c->conn) : 0;
-		for (best = -1, j = a->jobs; j; j = j->next)
-			if (auth_job_share(j) == mine && j->c->conn != c->conn &&
-			    (n = auth_job_count(a, mine, j->c->conn)) > best) {
-				best = n;
-				ctop = j->c->conn;
-			}
-		if (!ctop || best < have + 2)
-			return KVD_ELIMIT;
-	}
-	for (j = a->jobs; j; j = j->next) /* its newest, never the one being hashed */
-		if (j != a->cur && auth_job_share(j) == top && (!ctop || j->c->conn == ctop))
-			v = j;
-	if (!v)
-		return KVD_ELIMIT;
-	auth_job_unqueue(k, v);
-	call_finish(k, v->c, GRPC_RESOURCE_EXHAUSTED, "%s", E_TOO_MANY_REQUESTS);
-	k->st.yields[YIELD_HASHES]++;
-	return 0;
-}
-
-/* Queue a bcrypt of pw for c (salt NULL: a fresh one, for a new hash); the
- * loop calls c's handler again when it is ready.  0, or the error in *e. */
-static int auth_hash_start(struct kvd *k, struct call *c, const char *pw, const uint8_t *salt, unsigned cost,
-                           struct svc_err *e)
-{
-	struct auth *a = &k->auth;
-	struct auth_job *j = c->svc;
-	uint8_t fresh[16];
-
-	if (!j && a->njobs >= KVD_AUTH_MAX_JOBS && auth_job_make_room(k, c))
-		return svc_fail(e, GRPC_RESOURCE_EXHAUSTED, E_TOO_MANY_REQUESTS);
-	if (!salt && auth_random(k, fresh, sizeof fresh))
-		return svc_fail(e, GRPC_UNAVAILABLE, "kvd: cannot read /dev/urandom");
-	if (!j) {
-		if (!(j = kvd_calloc(k, sizeof *j)))
-			return svc_fail(e, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
-		j->c = c;
-		j->rq = c->rq;
-		c->rq = NULL;
-		c->svc = j;
-	}
-	auth_bcrypt_begin(&j->h, (const uint8_t *)pw, strlen(pw), salt ? salt : fresh, cost);
-	j->rev = a->rev;
-	j->done = 0;
-	j->queued = 1;
-	j->next = NULL;
-	if (a->jobs_tail)
-		a->jobs_tail->next = j;
-	else
-		a->jobs = j;
-	a->jobs_tail = j;
-	a->njobs++;
-	loop_arm(k, k->now);
-	return 0;
-}
-
-/* The call goes (answered, or its client left): its hash with it. */
-static void auth_job_close(struct kvd *k, struct call *c)
-{
-	struct auth_job *j = c->svc;
-
-	if (!j)
-		return;
-	if (j->queued)
-		auth_job_unqueue(k, j);
-	pb_free(k, j->rq);
-	auth_wipe(j, sizeof *j); /* the password's key schedule */
-	kvd_free(k, j);
-	c->svc = NULL;
-}
-
-/* The next job to hash: the one whose address, then connection, had its
- * turn longest ago (oldest first among equals); its turn is taken now. */
-static struct auth_job *auth_job_next(struct kvd *k)
-{
-	struct auth *a = &k->auth;
-	struct auth_job *j, *best = NULL;
-	struct share *sh;
-	uint64_t bs = 0, bc = 0, vs, vc;
-
-	for (j = a->jobs; j; j = j->next) {
-		sh = auth_job_share(j);
-		vs = sh ? sh->vt : 0;
-		vc = j->c->conn ? j->c->conn->vt : 0;
-		if (!best || vs < bs || (vs == bs && vc < bc)) {
-			best = j;
-			bs = vs;
-			bc = vc;
-		}
-	}
-	if (best) {
-		if ((sh = auth_job_share(best)))
-			sh->vt = ++a->vclock;
-		if (best->c->conn)
-			best->c->conn->vt = ++a->vclock;
-	}
-	return best;
-}
-
-/* Hash for at most KVD_AUTH_SLICE_US, the jobs in their fair turns;
- * finished jobs go back to their handlers.  Runs once per loop iteration. */
-static void auth_step(struct kvd *k)
-{
-	struct auth *a = &k->auth;
-	struct auth_job *j;
-	int64_t t0;
-
-	if (!a->jobs)
-		return;
-	t0 = auth_us();
-	while (a->cur || (a->cur = auth_job_next(k))) {
-		j = a->cur;
-		while (!auth_bcrypt_step(&j->h, 2))
-			if (auth_us() - t0 >= KVD_AUTH_SLICE_US)
-				goto more;
-		auth_job_unqueue(k, j);
-		auth_bcrypt_end(&j->h, j->out);
-		j->done = 1;
-		a->hashes++;
-		if (!j->c->finished) /* a call past its deadline changes nothing */
-			j->c->m->on_msg(k, j->c); /* answers, or queues it again */
-		if (auth_us() - t0 >= KVD_AUTH_SLICE_US)
-			break;
-	}
-more:
-	loop_arm(k, k->now); /* another slice, or the answers out, at once */
-}
-
-/* ---- the Auth service ---------------------------------------------------------- */
 
 /* One change as one AUTH record: begun, ops added, sealed with the
  * revision bumped (bump) or not.  Each returns 0 or fills *e. */
@@ -14049,7 +16253,16 @@ static void auth_free(struct kvd *k)
 	a->rnd_fd = -1;
 }
 
-/* ===== 17. Services: Maintenance, Cluster, Health, Lock, Election; the method table (svc_, lock_) === */
+/* ===== 24. Services: Maintenance, Health (svc_) ========================== */
+
+/*
+ * Maintenance and Health: Status, Alarm, Defragment, Hash, HashKV,
+ * Snapshot, MoveLeader, Downgrade, and grpc.health.v1.  Each answers from
+ * the store as etcd 3.7 answers for a one-member cluster; a Snapshot
+ * streams section 14's image as the client's window opens:
+ * svc_snapshot_rpc -> h2_stream_send (on_produce when the window is open)
+ * -> svc_snapshot_produce -> snap_produce -> snap_chunk -> call_send.
+ */
 
 /* grpc.health.v1.Health/Check: "" is SERVING, any other name unknown (as
  * etcd registers only ""). */
@@ -14214,7 +16427,7 @@ static void svc_status(struct kvd *k, struct call *s)
 	call_reply(k, s, &rs.base);
 }
 
-/* Maintenance/HashKV: etcd 3.7's hash of the key history (section 9); the
+/* Maintenance/HashKV: etcd 3.7's hash of the key history (section 14); the
  * compaction point itself may be hashed. */
 static void svc_hashkv(struct kvd *k, struct call *s)
 {
@@ -14232,7 +16445,7 @@ static void svc_hashkv(struct kvd *k, struct call *s)
 		;
 	else if (svc_too_large(k, s->raw.n))
 		svc_fail(&e, GRPC_INVALID_ARGUMENT, E_TOO_LARGE);
-	else if (i < k->db.nhashes) { /* kept at that compaction (section 9) */
+	else if (i < k->db.nhashes) { /* kept at that compaction (section 14) */
 		svc_header(k, &h, 1);
 		rs.header = &h;
 		rs.hash = k->db.hashes[i].hash;
@@ -14257,7 +16470,7 @@ static void svc_hashkv(struct kvd *k, struct call *s)
 	svc_end(k, s, &rs.base, &e);
 }
 
-/* Maintenance/Hash: etcd 3.7's hash of its backend (section 9). */
+/* Maintenance/Hash: etcd 3.7's hash of its backend (section 14). */
 static void svc_hash(struct kvd *k, struct call *s)
 {
 	Etcdserverpb__HashResponse rs = ETCDSERVERPB__HASH_RESPONSE__INIT;
@@ -14282,7 +16495,7 @@ static void svc_hash(struct kvd *k, struct call *s)
 }
 
 /* Maintenance/Snapshot: etcd's backend file, made as the window opens
- * (section 9); planned on the first chance to send, after a group commit. */
+ * (section 14); planned on the first chance to send, after a group commit. */
 static void svc_snapshot_rpc(struct kvd *k, struct call *s)
 {
 	struct svc_err e = {0, NULL};
@@ -14320,7 +16533,7 @@ static void svc_snapshot_close(struct kvd *k, struct call *s)
 	snap_free(k, s->svc);
 	s->svc = NULL;
 	k->life.snapshots--;
-	loop_arm(k, k->now); /* a rewrite may go on */
+	util_wake_by(k, k->now); /* a rewrite may go on */
 }
 
 /* Maintenance/Alarm: GET (all, or one type), ACTIVATE, DEACTIVATE, as
@@ -14384,7 +16597,7 @@ static void svc_alarm(struct kvd *k, struct call *s)
 	svc_end(k, s, &rs.base, &e);
 }
 
-/* Maintenance/Defragment: the log rewrite (section 8).  The call waits for
+/* Maintenance/Defragment: the log rewrite (section 13).  The call waits for
  * it to end; clients go on meanwhile. */
 static void svc_defrag_answer(struct kvd *k, struct call *c, int code, const char *msg)
 {
@@ -14440,7 +16653,7 @@ static void svc_defrag(struct kvd *k, struct call *s)
 	s->svc = s; /* waiting: svc_defrag_close takes it off the list */
 	if (!L->rw)
 		L->want = 1;
-	loop_arm(k, k->now);
+	util_wake_by(k, k->now);
 }
 
 static void svc_defrag_close(struct kvd *k, struct call *s)
@@ -14492,7 +16705,7 @@ static void svc_member_list(struct kvd *k, struct call *s)
 	call_reply(k, s, &rs.base);
 }
 
-/* ---- Cluster: one member for good ------------------------------------------ */
+/* ===== 25. Services: Cluster, one member for good (svc_) ================= */
 
 /*
  * kvd is one member and stays one.  The membership RPCs answer as a
@@ -14516,7 +16729,7 @@ struct svc_member_x {
 	unsigned learner : 1;
 };
 
-static void cfg_free_list(struct kvd *k, char **l, unsigned n); /* section 24 */
+static void cfg_free_list(struct kvd *k, char **l, unsigned n); /* section 36 */
 
 /* etcd's types.NewURLs: http(s)://host:port each, no path; at least one. */
 static int svc_urls_ok(char **u, size_t n)
@@ -14856,7 +17069,7 @@ static void svc_test_stream(struct kvd *k, struct call *s)
  * handler (the unit tests check it); unknown paths get grpc-go's texts.
  */
 #define PB(name) &name##__descriptor
-/* ---- Lock and Election: etcd's concurrency recipes, served (lock_) ------- */
+/* ===== 26. Lock and Election: etcd's concurrency recipes, served (lock_) == */
 
 /*
  * etcd serves v3lockpb.Lock and v3electionpb.Election by running its own
@@ -15439,215 +17652,7 @@ static void lock_observe_rpc(struct kvd *k, struct call *c)
 		lock_observe(k, w); /* the leader now, if any; then after each batch */
 }
 
-static const struct grpc_method svc_kv[] = {
-	{"/etcdserverpb.KV/Range", GRPC_UNARY, PB(etcdserverpb__range_request), PB(etcdserverpb__range_response), svc_range_rpc, NULL, NULL, NULL, NULL},
-	{"/etcdserverpb.KV/RangeStream", GRPC_SERVER_STREAM, PB(etcdserverpb__range_request), PB(etcdserverpb__range_stream_response), svc_rangestream_rpc, NULL, svc_rstream_close, svc_rstream_chunk, NULL},
-	{"/etcdserverpb.KV/Put", GRPC_UNARY, PB(etcdserverpb__put_request), PB(etcdserverpb__put_response), svc_put_rpc, NULL, NULL, NULL, NULL},
-	{"/etcdserverpb.KV/DeleteRange", GRPC_UNARY, PB(etcdserverpb__delete_range_request), PB(etcdserverpb__delete_range_response), svc_delete_rpc, NULL, NULL, NULL, NULL},
-	{"/etcdserverpb.KV/Txn", GRPC_UNARY, PB(etcdserverpb__txn_request), PB(etcdserverpb__txn_response), svc_txn_rpc, NULL, NULL, NULL, NULL},
-	{"/etcdserverpb.KV/Compact", GRPC_UNARY, PB(etcdserverpb__compaction_request), PB(etcdserverpb__compaction_response), svc_compact_rpc, NULL, NULL, NULL, NULL},
-};
-static void watch_on_msg(struct kvd *k, struct call *s);
-static void watch_on_close(struct kvd *k, struct call *s);
-static void watch_produce(struct kvd *k, struct call *s);
-#ifdef KVD_TEST_SERVICES
-static size_t watch_unsynced(const struct kvd *k);
-#endif
-static const struct grpc_method svc_watch[] = {
-	/* no on_half_close: the stream stays open after the client half-closes */
-	{"/etcdserverpb.Watch/Watch", GRPC_BIDI, PB(etcdserverpb__watch_request), PB(etcdserverpb__watch_response), watch_on_msg, NULL, watch_on_close, watch_produce, NULL},
-};
-static const struct grpc_method svc_lease[] = {
-	{"/etcdserverpb.Lease/LeaseGrant", GRPC_UNARY, PB(etcdserverpb__lease_grant_request), PB(etcdserverpb__lease_grant_response), svc_lease_grant_rpc, NULL, NULL, NULL, NULL},
-	{"/etcdserverpb.Lease/LeaseRevoke", GRPC_UNARY, PB(etcdserverpb__lease_revoke_request), PB(etcdserverpb__lease_revoke_response), svc_lease_revoke_rpc, NULL, NULL, NULL, NULL},
-	{"/etcdserverpb.Lease/LeaseKeepAlive", GRPC_BIDI, PB(etcdserverpb__lease_keep_alive_request), PB(etcdserverpb__lease_keep_alive_response), svc_lease_keepalive_msg, svc_lease_keepalive_end, NULL, NULL, NULL},
-	{"/etcdserverpb.Lease/LeaseTimeToLive", GRPC_UNARY, PB(etcdserverpb__lease_time_to_live_request), PB(etcdserverpb__lease_time_to_live_response), svc_lease_ttl_rpc, NULL, NULL, NULL, NULL},
-	{"/etcdserverpb.Lease/LeaseLeases", GRPC_UNARY, PB(etcdserverpb__lease_leases_request), PB(etcdserverpb__lease_leases_response), svc_lease_leases_rpc, NULL, NULL, NULL, NULL},
-};
-static const struct grpc_method svc_cluster[] = {
-	{"/etcdserverpb.Cluster/MemberAdd", GRPC_UNARY, PB(etcdserverpb__member_add_request), PB(etcdserverpb__member_add_response), svc_member_add, NULL, NULL, NULL, NULL},
-	{"/etcdserverpb.Cluster/MemberRemove", GRPC_UNARY, PB(etcdserverpb__member_remove_request), PB(etcdserverpb__member_remove_response), svc_member_remove, NULL, NULL, NULL, NULL},
-	{"/etcdserverpb.Cluster/MemberUpdate", GRPC_UNARY, PB(etcdserverpb__member_update_request), PB(etcdserverpb__member_update_response), svc_member_update, NULL, NULL, NULL, NULL},
-	{"/etcdserverpb.Cluster/MemberList", GRPC_UNARY, PB(etcdserverpb__member_list_request), PB(etcdserverpb__member_list_response), svc_member_list, NULL, NULL, NULL, NULL},
-	{"/etcdserverpb.Cluster/MemberPromote", GRPC_UNARY, PB(etcdserverpb__member_promote_request), PB(etcdserverpb__member_promote_response), svc_member_promote, NULL, NULL, NULL, NULL},
-};
-static const struct grpc_method svc_maintenance[] = {
-	{"/etcdserverpb.Maintenance/Alarm", GRPC_UNARY, PB(etcdserverpb__alarm_request), PB(etcdserverpb__alarm_response), svc_alarm, NULL, NULL, NULL, NULL},
-	{"/etcdserverpb.Maintenance/Status", GRPC_UNARY, PB(etcdserverpb__status_request), PB(etcdserverpb__status_response), svc_status, NULL, NULL, NULL, NULL},
-	{"/etcdserverpb.Maintenance/Defragment", GRPC_UNARY, PB(etcdserverpb__defragment_request), PB(etcdserverpb__defragment_response), svc_defrag, NULL, svc_defrag_close, NULL, NULL},
-	{"/etcdserverpb.Maintenance/Hash", GRPC_UNARY, PB(etcdserverpb__hash_request), PB(etcdserverpb__hash_response), svc_hash, NULL, NULL, NULL, NULL},
-	{"/etcdserverpb.Maintenance/HashKV", GRPC_UNARY, PB(etcdserverpb__hash_kvrequest), PB(etcdserverpb__hash_kvresponse), svc_hashkv, NULL, NULL, NULL, NULL},
-	{"/etcdserverpb.Maintenance/Snapshot", GRPC_SERVER_STREAM, PB(etcdserverpb__snapshot_request), PB(etcdserverpb__snapshot_response), svc_snapshot_rpc, NULL, svc_snapshot_close, svc_snapshot_produce, NULL},
-	{"/etcdserverpb.Maintenance/MoveLeader", GRPC_UNARY, PB(etcdserverpb__move_leader_request), PB(etcdserverpb__move_leader_response), svc_move_leader, NULL, NULL, NULL, NULL},
-	{"/etcdserverpb.Maintenance/Downgrade", GRPC_UNARY, PB(etcdserverpb__downgrade_request), PB(etcdserverpb__downgrade_response), svc_downgrade, NULL, NULL, NULL, NULL},
-};
-static const struct grpc_method svc_auth[] = {
-	{"/etcdserverpb.Auth/AuthEnable", GRPC_UNARY, PB(etcdserverpb__auth_enable_request), PB(etcdserverpb__auth_enable_response), svc_auth_enable, NULL, NULL, NULL, NULL},
-	{"/etcdserverpb.Auth/AuthDisable", GRPC_UNARY, PB(etcdserverpb__auth_disable_request), PB(etcdserverpb__auth_disable_response), svc_auth_disable, NULL, NULL, NULL, NULL},
-	{"/etcdserverpb.Auth/AuthStatus", GRPC_UNARY, PB(etcdserverpb__auth_status_request), PB(etcdserverpb__auth_status_response), svc_auth_status, NULL, NULL, NULL, NULL},
-	{"/etcdserverpb.Auth/Authenticate", GRPC_UNARY, PB(etcdserverpb__authenticate_request), PB(etcdserverpb__authenticate_response), svc_auth_authenticate, NULL, auth_job_close, NULL, NULL},
-	{"/etcdserverpb.Auth/UserAdd", GRPC_UNARY, PB(etcdserverpb__auth_user_add_request), PB(etcdserverpb__auth_user_add_response), svc_auth_user_add, NULL, auth_job_close, NULL, NULL},
-	{"/etcdserverpb.Auth/UserGet", GRPC_UNARY, PB(etcdserverpb__auth_user_get_request), PB(etcdserverpb__auth_user_get_response), svc_auth_user_get, NULL, NULL, NULL, NULL},
-	{"/etcdserverpb.Auth/UserList", GRPC_UNARY, PB(etcdserverpb__auth_user_list_request), PB(etcdserverpb__auth_user_list_response), svc_auth_user_list, NULL, NULL, NULL, NULL},
-	{"/etcdserverpb.Auth/UserDelete", GRPC_UNARY, PB(etcdserverpb__auth_user_delete_request), PB(etcdserverpb__auth_user_delete_response), svc_auth_user_delete, NULL, NULL, NULL, NULL},
-	{"/etcdserverpb.Auth/UserChangePassword", GRPC_UNARY, PB(etcdserverpb__auth_user_change_password_request), PB(etcdserverpb__auth_user_change_password_response), svc_auth_user_passwd, NULL, auth_job_close, NULL, NULL},
-	{"/etcdserverpb.Auth/UserGrantRole", GRPC_UNARY, PB(etcdserverpb__auth_user_grant_role_request), PB(etcdserverpb__auth_user_grant_role_response), svc_auth_user_grant, NULL, NULL, NULL, NULL},
-	{"/etcdserverpb.Auth/UserRevokeRole", GRPC_UNARY, PB(etcdserverpb__auth_user_revoke_role_request), PB(etcdserverpb__auth_user_revoke_role_response), svc_auth_user_revoke, NULL, NULL, NULL, NULL},
-	{"/etcdserverpb.Auth/RoleAdd", GRPC_UNARY, PB(etcdserverpb__auth_role_add_request), PB(etcdserverpb__auth_role_add_response), svc_auth_role_add, NULL, NULL, NULL, NULL},
-	{"/etcdserverpb.Auth/RoleGet", GRPC_UNARY, PB(etcdserverpb__auth_role_get_request), PB(etcdserverpb__auth_role_get_response), svc_auth_role_get, NULL, NULL, NULL, NULL},
-	{"/etcdserverpb.Auth/RoleList", GRPC_UNARY, PB(etcdserverpb__auth_role_list_request), PB(etcdserverpb__auth_role_list_response), svc_auth_role_list, NULL, NULL, NULL, NULL},
-	{"/etcdserverpb.Auth/RoleDelete", GRPC_UNARY, PB(etcdserverpb__auth_role_delete_request), PB(etcdserverpb__auth_role_delete_response), svc_auth_role_delete, NULL, NULL, NULL, NULL},
-	{"/etcdserverpb.Auth/RoleGrantPermission", GRPC_UNARY, PB(etcdserverpb__auth_role_grant_permission_request), PB(etcdserverpb__auth_role_grant_permission_response), svc_auth_role_grant, NULL, NULL, NULL, NULL},
-	{"/etcdserverpb.Auth/RoleRevokePermission", GRPC_UNARY, PB(etcdserverpb__auth_role_revoke_permission_request), PB(etcdserverpb__auth_role_revoke_permission_response), svc_auth_role_revoke, NULL, NULL, NULL, NULL},
-};
-static const struct grpc_method svc_lock[] = {
-	{"/v3lockpb.Lock/Lock", GRPC_UNARY, PB(v3lockpb__lock_request), PB(v3lockpb__lock_response), lock_lock_rpc, NULL, lock_close, NULL, lock_shutdown},
-	{"/v3lockpb.Lock/Unlock", GRPC_UNARY, PB(v3lockpb__unlock_request), PB(v3lockpb__unlock_response), lock_unlock_rpc, NULL, NULL, NULL, NULL},
-};
-static const struct grpc_method svc_election[] = {
-	{"/v3electionpb.Election/Campaign", GRPC_UNARY, PB(v3electionpb__campaign_request), PB(v3electionpb__campaign_response), lock_campaign_rpc, NULL, lock_close, NULL, lock_shutdown},
-	{"/v3electionpb.Election/Proclaim", GRPC_UNARY, PB(v3electionpb__proclaim_request), PB(v3electionpb__proclaim_response), lock_proclaim_rpc, NULL, NULL, NULL, NULL},
-	{"/v3electionpb.Election/Leader", GRPC_UNARY, PB(v3electionpb__leader_request), PB(v3electionpb__leader_response), lock_leader_rpc, NULL, lock_close, NULL, NULL},
-	{"/v3electionpb.Election/Observe", GRPC_SERVER_STREAM, PB(v3electionpb__leader_request), PB(v3electionpb__leader_response), lock_observe_rpc, NULL, lock_close, NULL, NULL},
-	{"/v3electionpb.Election/Resign", GRPC_UNARY, PB(v3electionpb__resign_request), PB(v3electionpb__resign_response), lock_resign_rpc, NULL, NULL, NULL, NULL},
-};
-static const struct grpc_method svc_health[] = {
-	{"/grpc.health.v1.Health/Check", GRPC_UNARY, PB(grpc__health__v1__health_check_request), PB(grpc__health__v1__health_check_response), svc_health_check, NULL, NULL, NULL, NULL},
-	{"/grpc.health.v1.Health/Watch", GRPC_SERVER_STREAM, PB(grpc__health__v1__health_check_request), PB(grpc__health__v1__health_check_response), svc_health_watch, NULL, NULL, NULL,
-	 svc_health_watch_shutdown},
-};
-#ifdef KVD_TEST_SERVICES
-/* Stats: kvd's own accounting, so tests can prove memory stays bounded. */
-static void svc_test_stats(struct kvd *k, struct call *s)
-{
-	char out[1024];
-	unsigned streams = 0;
-	struct call *c;
-	size_t at;
-
-	for (c = k->calls; c; c = c->next)
-		streams++;
-	at = (size_t)snprintf(out, sizeof out, "mem=%zu peak=%zu conns=%u streams=%u watchers=%zu unsynced=%zu "
-	                      "accepted=%llu refused=%llu refused-ip=%llu evicted=%llu goaway=%llu rst=%llu ", k->mem,
-	                      k->mem_peak, k->nconns, streams, k->watch.total, watch_unsynced(k),
-	                      (unsigned long long)k->st.conns_accepted, (unsigned long long)k->st.conns_refused,
-	                      (unsigned long long)k->st.conns_refused_ip, (unsigned long long)k->st.conns_evicted,
-	                      (unsigned long long)k->st.goaway_sent, (unsigned long long)k->st.rst_sent);
-	if (k->confd)
-		confd_report(k, out + at, sizeof out - at);
-	if (!svc_test_raw(k, s, (const uint8_t *)out, strlen(out)))
-		call_finish(k, s, GRPC_OK, "%s", "");
-}
-
-/* The allocation-failure sweep from outside (test/memory.py): the body is
- * a decimal n; the n-th allocation from now fails (0: none).  The answer
- * (allocations so far, bytes in use) is written before the count starts. */
-static void svc_test_fail_alloc(struct kvd *k, struct call *s)
-{
-	char num[24], out[64];
-	size_t n = KVD_MIN(s->raw.n, sizeof num - 1);
-	unsigned long long v;
-
-	memcpy(num, s->raw.p, n);
-	num[n] = 0;
-	v = strtoull(num, NULL, 10);
-	snprintf(out, sizeof out, "nalloc=%llu mem=%zu", (unsigned long long)k->nalloc, k->mem);
-	if (!svc_test_raw(k, s, (const uint8_t *)out, strlen(out)))
-		call_finish(k, s, GRPC_OK, "%s", "");
-	k->fail_at = v ? k->nalloc + v : 0;
-}
-
-static const struct grpc_method svc_test[] = { /* raw bytes in and out */
-	{"/kvd.test.Test/FailAlloc", GRPC_UNARY, NULL, NULL, svc_test_fail_alloc, NULL, NULL, NULL, NULL},
-	{"/kvd.test.Test/Stats", GRPC_UNARY, NULL, NULL, svc_test_stats, NULL, NULL, NULL, NULL},
-	{"/kvd.test.Test/Echo", GRPC_UNARY, NULL, NULL, svc_test_echo, NULL, NULL, NULL, NULL},
-	{"/kvd.test.Test/Fill", GRPC_UNARY, NULL, NULL, svc_test_fill, NULL, NULL, NULL, NULL},
-	{"/kvd.test.Test/Stream", GRPC_SERVER_STREAM, NULL, NULL, svc_test_stream, NULL, NULL, NULL, NULL},
-};
-#endif
-
-static const struct {
-	const char *name;
-	const struct grpc_method *m;
-	size_t n;
-} svc_services[] = {
-	{"etcdserverpb.KV", svc_kv, KVD_COUNT(svc_kv)},
-	{"etcdserverpb.Watch", svc_watch, KVD_COUNT(svc_watch)},
-	{"etcdserverpb.Lease", svc_lease, KVD_COUNT(svc_lease)},
-	{"etcdserverpb.Cluster", svc_cluster, KVD_COUNT(svc_cluster)},
-	{"etcdserverpb.Maintenance", svc_maintenance, KVD_COUNT(svc_maintenance)},
-	{"etcdserverpb.Auth", svc_auth, KVD_COUNT(svc_auth)},
-	{"v3lockpb.Lock", svc_lock, KVD_COUNT(svc_lock)},
-	{"v3electionpb.Election", svc_election, KVD_COUNT(svc_election)},
-	{"grpc.health.v1.Health", svc_health, KVD_COUNT(svc_health)},
-#ifdef KVD_TEST_SERVICES
-	{"kvd.test.Test", svc_test, KVD_COUNT(svc_test)},
-#endif
-};
-
-static const struct grpc_method *svc_route(const char *svc, size_t slen, const char *meth,
-                                           size_t mlen, int *known_service)
-{
-	size_t i, j, nl;
-
-	*known_service = 0;
-	for (i = 0; i < KVD_COUNT(svc_services); i++) {
-		nl = strlen(svc_services[i].name);
-		if (nl != slen || memcmp(svc_services[i].name, svc, slen))
-			continue;
-		*known_service = 1;
-		for (j = 0; j < svc_services[i].n; j++) {
-			const char *path = svc_services[i].m[j].path + nl + 2; /* past "/svc/" */
-			if (strlen(path) == mlen && !memcmp(path, meth, mlen))
-				return &svc_services[i].m[j];
-		}
-		return NULL;
-	}
-	return NULL;
-}
-
-/* The method's place in the service tables (/metrics counts by it), -1 if
- * past KVD_METRIC_METHODS. */
-static int svc_method_index(const struct grpc_method *m)
-{
-	size_t i, base = 0;
-
-	for (i = 0; i < KVD_COUNT(svc_services); base += svc_services[i].n, i++)
-		if (m >= svc_services[i].m && m < svc_services[i].m + svc_services[i].n)
-			return base + (size_t)(m - svc_services[i].m) < KVD_METRIC_METHODS
-			           ? (int)(base + (size_t)(m - svc_services[i].m)) : -1;
-	return -1;
-}
-
-/*
- * Shutdown, as etcd's stop treats calls (its gRPC server closes every
- * transport at once; its gateway then ends each stream with "transport is
- * closing"): a stream -- Watch, LeaseKeepAlive, Observe, Snapshot, a Health
- * watch -- ends now, UNAVAILABLE, after its method had its say (Health
- * watchers see NOT_SERVING first); a unary call keeps --shutdown-grace to be
- * answered and made durable, unless its method ends it (a Lock or Campaign
- * still waiting).  A call that begins while kvd stops is treated the same
- * once its first message came (call_message).
- */
-static void svc_stop_call(struct kvd *k, struct call *c)
-{
-	if (!c->m || c->finished)
-		return;
-	if (c->m->on_shutdown)
-		c->m->on_shutdown(k, c);
-	if (c->m->kind != GRPC_UNARY)
-		call_finish(k, c, GRPC_UNAVAILABLE, "%s", E_STOPPING);
-}
-
-static void svc_shutdown(struct kvd *k)
-{
-	struct call *c;
-
-	for (c = k->calls; c; c = c->next)
-		svc_stop_call(k, c);
-}
-
-/* ===== 18. Watch (watch_) =============================================== */
+/* ===== 27. Watch (watch_) ================================================ */
 
 /*
  * etcd's Watch: many watchers per bidi stream.  A watcher owes its client
@@ -16411,7 +18416,7 @@ static void watch_produce(struct kvd *k, struct call *s)
 	if (!ws->unsynced)
 		s->produce = 0;
 	else if (!BUF_LEN(&s->out))
-		loop_arm(k, k->now); /* long stretches without matches: come back at once */
+		util_wake_by(k, k->now); /* long stretches without matches: come back at once */
 }
 
 /* ---- the Watch RPC -------------------------------------------------------- */
@@ -16585,7 +18590,7 @@ static void watch_create(struct kvd *k, struct call *s, struct watch_stream *ws,
 	}
 	if (w->progress && !ws->progress_at) {
 		ws->progress_at = k->now + k->cfg.watch_progress_notify_ms;
-		loop_arm(k, ws->progress_at);
+		util_wake_by(k, ws->progress_at);
 	}
 }
 
@@ -16671,7 +18676,7 @@ static void watch_timers(struct kvd *k)
 		if (!ws->progress_at)
 			continue;
 		if (k->now < ws->progress_at) {
-			loop_arm(k, ws->progress_at);
+			util_wake_by(k, ws->progress_at);
 			continue;
 		}
 		ws->progress_at = 0;
@@ -16691,7 +18696,7 @@ static void watch_timers(struct kvd *k)
 			ws->progress_at = k->now + k->cfg.watch_progress_notify_ms;
 		}
 		if (ws->progress_at)
-			loop_arm(k, ws->progress_at);
+			util_wake_by(k, ws->progress_at);
 	}
 }
 
@@ -16705,2000 +18710,222 @@ static void watch_fini(struct kvd *k)
 	buf_free(k, &k->watch.enc);
 }
 
-/* ===== 19. JSON (json_) ================================================= */
+/* ===== 28. The method table: every RPC, routed by :path (svc_) =========== */
 
 /*
- * A small strict JSON reader (RFC 8259) into a tree held in one arena, and
- * a compact writer.  Bounded: depth JSON_MAX_DEPTH, input size by the
- * caller, nodes by the input.  Strings are unescaped to UTF-8 (invalid UTF-8
- * and lone surrogates are refused) and NUL-terminated; object members keep
- * their input order.  The writer emits ASCII only (\uXXXX for the rest), and
- * numbers as Haskell's Text.JSON does (Ganeti's confd is the peer that
- * cares): an integral value as an integer, others as Haskell's `show` of a
- * Double.  Syntax errors are worded as Go's encoding/json words them.  This
- * tree serves confd and JWTs; the gateway's bodies are read, and its answers
- * written, by the protobuf mapping that follows (two readers of its own, as
- * grpc-gateway has them, neither building a tree).
+ * Every RPC kvd serves, by gRPC :path: its request and response types
+ * (protobuf-c descriptors), its handler and, for streams, its callbacks.
+ * Carriers route through svc_route (gRPC over HTTP/2, section 18;
+ * the JSON gateway, section 33); /metrics counts by a method's place
+ * here.  What is not in the table is Unimplemented, in grpc-go's words.
+ * It comes after every service so that it names only what is above it.
  */
 
-#define JSON_MAX_DEPTH 64
-#define JSON_CHUNK 16384 /* arena chunk bytes */
+static const struct grpc_method svc_kv[] = {
+	{"/etcdserverpb.KV/Range", GRPC_UNARY, PB(etcdserverpb__range_request), PB(etcdserverpb__range_response), svc_range_rpc, NULL, NULL, NULL, NULL},
+	{"/etcdserverpb.KV/RangeStream", GRPC_SERVER_STREAM, PB(etcdserverpb__range_request), PB(etcdserverpb__range_stream_response), svc_rangestream_rpc, NULL, svc_rstream_close, svc_rstream_chunk, NULL},
+	{"/etcdserverpb.KV/Put", GRPC_UNARY, PB(etcdserverpb__put_request), PB(etcdserverpb__put_response), svc_put_rpc, NULL, NULL, NULL, NULL},
+	{"/etcdserverpb.KV/DeleteRange", GRPC_UNARY, PB(etcdserverpb__delete_range_request), PB(etcdserverpb__delete_range_response), svc_delete_rpc, NULL, NULL, NULL, NULL},
+	{"/etcdserverpb.KV/Txn", GRPC_UNARY, PB(etcdserverpb__txn_request), PB(etcdserverpb__txn_response), svc_txn_rpc, NULL, NULL, NULL, NULL},
+	{"/etcdserverpb.KV/Compact", GRPC_UNARY, PB(etcdserverpb__compaction_request), PB(etcdserverpb__compaction_response), svc_compact_rpc, NULL, NULL, NULL, NULL},
+};
+#ifdef KVD_TEST_SERVICES
+#endif
+static const struct grpc_method svc_watch[] = {
+	/* no on_half_close: the stream stays open after the client half-closes */
+	{"/etcdserverpb.Watch/Watch", GRPC_BIDI, PB(etcdserverpb__watch_request), PB(etcdserverpb__watch_response), watch_on_msg, NULL, watch_on_close, watch_produce, NULL},
+};
+static const struct grpc_method svc_lease[] = {
+	{"/etcdserverpb.Lease/LeaseGrant", GRPC_UNARY, PB(etcdserverpb__lease_grant_request), PB(etcdserverpb__lease_grant_response), svc_lease_grant_rpc, NULL, NULL, NULL, NULL},
+	{"/etcdserverpb.Lease/LeaseRevoke", GRPC_UNARY, PB(etcdserverpb__lease_revoke_request), PB(etcdserverpb__lease_revoke_response), svc_lease_revoke_rpc, NULL, NULL, NULL, NULL},
+	{"/etcdserverpb.Lease/LeaseKeepAlive", GRPC_BIDI, PB(etcdserverpb__lease_keep_alive_request), PB(etcdserverpb__lease_keep_alive_response), svc_lease_keepalive_msg, svc_lease_keepalive_end, NULL, NULL, NULL},
+	{"/etcdserverpb.Lease/LeaseTimeToLive", GRPC_UNARY, PB(etcdserverpb__lease_time_to_live_request), PB(etcdserverpb__lease_time_to_live_response), svc_lease_ttl_rpc, NULL, NULL, NULL, NULL},
+	{"/etcdserverpb.Lease/LeaseLeases", GRPC_UNARY, PB(etcdserverpb__lease_leases_request), PB(etcdserverpb__lease_leases_response), svc_lease_leases_rpc, NULL, NULL, NULL, NULL},
+};
+static const struct grpc_method svc_cluster[] = {
+	{"/etcdserverpb.Cluster/MemberAdd", GRPC_UNARY, PB(etcdserverpb__member_add_request), PB(etcdserverpb__member_add_response), svc_member_add, NULL, NULL, NULL, NULL},
+	{"/etcdserverpb.Cluster/MemberRemove", GRPC_UNARY, PB(etcdserverpb__member_remove_request), PB(etcdserverpb__member_remove_response), svc_member_remove, NULL, NULL, NULL, NULL},
+	{"/etcdserverpb.Cluster/MemberUpdate", GRPC_UNARY, PB(etcdserverpb__member_update_request), PB(etcdserverpb__member_update_response), svc_member_update, NULL, NULL, NULL, NULL},
+	{"/etcdserverpb.Cluster/MemberList", GRPC_UNARY, PB(etcdserverpb__member_list_request), PB(etcdserverpb__member_list_response), svc_member_list, NULL, NULL, NULL, NULL},
+	{"/etcdserverpb.Cluster/MemberPromote", GRPC_UNARY, PB(etcdserverpb__member_promote_request), PB(etcdserverpb__member_promote_response), svc_member_promote, NULL, NULL, NULL, NULL},
+};
+static const struct grpc_method svc_maintenance[] = {
+	{"/etcdserverpb.Maintenance/Alarm", GRPC_UNARY, PB(etcdserverpb__alarm_request), PB(etcdserverpb__alarm_response), svc_alarm, NULL, NULL, NULL, NULL},
+	{"/etcdserverpb.Maintenance/Status", GRPC_UNARY, PB(etcdserverpb__status_request), PB(etcdserverpb__status_response), svc_status, NULL, NULL, NULL, NULL},
+	{"/etcdserverpb.Maintenance/Defragment", GRPC_UNARY, PB(etcdserverpb__defragment_request), PB(etcdserverpb__defragment_response), svc_defrag, NULL, svc_defrag_close, NULL, NULL},
+	{"/etcdserverpb.Maintenance/Hash", GRPC_UNARY, PB(etcdserverpb__hash_request), PB(etcdserverpb__hash_response), svc_hash, NULL, NULL, NULL, NULL},
+	{"/etcdserverpb.Maintenance/HashKV", GRPC_UNARY, PB(etcdserverpb__hash_kvrequest), PB(etcdserverpb__hash_kvresponse), svc_hashkv, NULL, NULL, NULL, NULL},
+	{"/etcdserverpb.Maintenance/Snapshot", GRPC_SERVER_STREAM, PB(etcdserverpb__snapshot_request), PB(etcdserverpb__snapshot_response), svc_snapshot_rpc, NULL, svc_snapshot_close, svc_snapshot_produce, NULL},
+	{"/etcdserverpb.Maintenance/MoveLeader", GRPC_UNARY, PB(etcdserverpb__move_leader_request), PB(etcdserverpb__move_leader_response), svc_move_leader, NULL, NULL, NULL, NULL},
+	{"/etcdserverpb.Maintenance/Downgrade", GRPC_UNARY, PB(etcdserverpb__downgrade_request), PB(etcdserverpb__downgrade_response), svc_downgrade, NULL, NULL, NULL, NULL},
+};
+static const struct grpc_method svc_auth[] = {
+	{"/etcdserverpb.Auth/AuthEnable", GRPC_UNARY, PB(etcdserverpb__auth_enable_request), PB(etcdserverpb__auth_enable_response), svc_auth_enable, NULL, NULL, NULL, NULL},
+	{"/etcdserverpb.Auth/AuthDisable", GRPC_UNARY, PB(etcdserverpb__auth_disable_request), PB(etcdserverpb__auth_disable_response), svc_auth_disable, NULL, NULL, NULL, NULL},
+	{"/etcdserverpb.Auth/AuthStatus", GRPC_UNARY, PB(etcdserverpb__auth_status_request), PB(etcdserverpb__auth_status_response), svc_auth_status, NULL, NULL, NULL, NULL},
+	{"/etcdserverpb.Auth/Authenticate", GRPC_UNARY, PB(etcdserverpb__authenticate_request), PB(etcdserverpb__authenticate_response), svc_auth_authenticate, NULL, auth_job_close, NULL, NULL},
+	{"/etcdserverpb.Auth/UserAdd", GRPC_UNARY, PB(etcdserverpb__auth_user_add_request), PB(etcdserverpb__auth_user_add_response), svc_auth_user_add, NULL, auth_job_close, NULL, NULL},
+	{"/etcdserverpb.Auth/UserGet", GRPC_UNARY, PB(etcdserverpb__auth_user_get_request), PB(etcdserverpb__auth_user_get_response), svc_auth_user_get, NULL, NULL, NULL, NULL},
+	{"/etcdserverpb.Auth/UserList", GRPC_UNARY, PB(etcdserverpb__auth_user_list_request), PB(etcdserverpb__auth_user_list_response), svc_auth_user_list, NULL, NULL, NULL, NULL},
+	{"/etcdserverpb.Auth/UserDelete", GRPC_UNARY, PB(etcdserverpb__auth_user_delete_request), PB(etcdserverpb__auth_user_delete_response), svc_auth_user_delete, NULL, NULL, NULL, NULL},
+	{"/etcdserverpb.Auth/UserChangePassword", GRPC_UNARY, PB(etcdserverpb__auth_user_change_password_request), PB(etcdserverpb__auth_user_change_password_response), svc_auth_user_passwd, NULL, auth_job_close, NULL, NULL},
+	{"/etcdserverpb.Auth/UserGrantRole", GRPC_UNARY, PB(etcdserverpb__auth_user_grant_role_request), PB(etcdserverpb__auth_user_grant_role_response), svc_auth_user_grant, NULL, NULL, NULL, NULL},
+	{"/etcdserverpb.Auth/UserRevokeRole", GRPC_UNARY, PB(etcdserverpb__auth_user_revoke_role_request), PB(etcdserverpb__auth_user_revoke_role_response), svc_auth_user_revoke, NULL, NULL, NULL, NULL},
+	{"/etcdserverpb.Auth/RoleAdd", GRPC_UNARY, PB(etcdserverpb__auth_role_add_request), PB(etcdserverpb__auth_role_add_response), svc_auth_role_add, NULL, NULL, NULL, NULL},
+	{"/etcdserverpb.Auth/RoleGet", GRPC_UNARY, PB(etcdserverpb__auth_role_get_request), PB(etcdserverpb__auth_role_get_response), svc_auth_role_get, NULL, NULL, NULL, NULL},
+	{"/etcdserverpb.Auth/RoleList", GRPC_UNARY, PB(etcdserverpb__auth_role_list_request), PB(etcdserverpb__auth_role_list_response), svc_auth_role_list, NULL, NULL, NULL, NULL},
+	{"/etcdserverpb.Auth/RoleDelete", GRPC_UNARY, PB(etcdserverpb__auth_role_delete_request), PB(etcdserverpb__auth_role_delete_response), svc_auth_role_delete, NULL, NULL, NULL, NULL},
+	{"/etcdserverpb.Auth/RoleGrantPermission", GRPC_UNARY, PB(etcdserverpb__auth_role_grant_permission_request), PB(etcdserverpb__auth_role_grant_permission_response), svc_auth_role_grant, NULL, NULL, NULL, NULL},
+	{"/etcdserverpb.Auth/RoleRevokePermission", GRPC_UNARY, PB(etcdserverpb__auth_role_revoke_permission_request), PB(etcdserverpb__auth_role_revoke_permission_response), svc_auth_role_revoke, NULL, NULL, NULL, NULL},
+};
+static const struct grpc_method svc_lock[] = {
+	{"/v3lockpb.Lock/Lock", GRPC_UNARY, PB(v3lockpb__lock_request), PB(v3lockpb__lock_response), lock_lock_rpc, NULL, lock_close, NULL, lock_shutdown},
+	{"/v3lockpb.Lock/Unlock", GRPC_UNARY, PB(v3lockpb__unlock_request), PB(v3lockpb__unlock_response), lock_unlock_rpc, NULL, NULL, NULL, NULL},
+};
+static const struct grpc_method svc_election[] = {
+	{"/v3electionpb.Election/Campaign", GRPC_UNARY, PB(v3electionpb__campaign_request), PB(v3electionpb__campaign_response), lock_campaign_rpc, NULL, lock_close, NULL, lock_shutdown},
+	{"/v3electionpb.Election/Proclaim", GRPC_UNARY, PB(v3electionpb__proclaim_request), PB(v3electionpb__proclaim_response), lock_proclaim_rpc, NULL, NULL, NULL, NULL},
+	{"/v3electionpb.Election/Leader", GRPC_UNARY, PB(v3electionpb__leader_request), PB(v3electionpb__leader_response), lock_leader_rpc, NULL, lock_close, NULL, NULL},
+	{"/v3electionpb.Election/Observe", GRPC_SERVER_STREAM, PB(v3electionpb__leader_request), PB(v3electionpb__leader_response), lock_observe_rpc, NULL, lock_close, NULL, NULL},
+	{"/v3electionpb.Election/Resign", GRPC_UNARY, PB(v3electionpb__resign_request), PB(v3electionpb__resign_response), lock_resign_rpc, NULL, NULL, NULL, NULL},
+};
+static const struct grpc_method svc_health[] = {
+	{"/grpc.health.v1.Health/Check", GRPC_UNARY, PB(grpc__health__v1__health_check_request), PB(grpc__health__v1__health_check_response), svc_health_check, NULL, NULL, NULL, NULL},
+	{"/grpc.health.v1.Health/Watch", GRPC_SERVER_STREAM, PB(grpc__health__v1__health_check_request), PB(grpc__health__v1__health_check_response), svc_health_watch, NULL, NULL, NULL,
+	 svc_health_watch_shutdown},
+};
+#ifdef KVD_TEST_SERVICES
+/* Stats: kvd's own accounting, so tests can prove memory stays bounded. */
+static void svc_test_stats(struct kvd *k, struct call *s)
+{
+	char out[1024];
+	unsigned streams = 0;
+	struct call *c;
+	size_t at;
 
-struct json_chunk {
-	struct json_chunk *next;
-	size_t used, cap;
-	union mem_hdr align;
-	/* data follows */
+	for (c = k->calls; c; c = c->next)
+		streams++;
+	at = (size_t)snprintf(out, sizeof out, "mem=%zu peak=%zu conns=%u streams=%u watchers=%zu unsynced=%zu "
+	                      "accepted=%llu refused=%llu refused-ip=%llu evicted=%llu goaway=%llu rst=%llu ", k->mem,
+	                      k->mem_peak, k->nconns, streams, k->watch.total, watch_unsynced(k),
+	                      (unsigned long long)k->st.conns_accepted, (unsigned long long)k->st.conns_refused,
+	                      (unsigned long long)k->st.conns_refused_ip, (unsigned long long)k->st.conns_evicted,
+	                      (unsigned long long)k->st.goaway_sent, (unsigned long long)k->st.rst_sent);
+	if (k->confd)
+		confd_report(k, out + at, sizeof out - at);
+	if (!svc_test_raw(k, s, (const uint8_t *)out, strlen(out)))
+		call_finish(k, s, GRPC_OK, "%s", "");
+}
+
+/* The allocation-failure sweep from outside (test/memory.py): the body is
+ * a decimal n; the n-th allocation from now fails (0: none).  The answer
+ * (allocations so far, bytes in use) is written before the count starts. */
+static void svc_test_fail_alloc(struct kvd *k, struct call *s)
+{
+	char num[24], out[64];
+	size_t n = KVD_MIN(s->raw.n, sizeof num - 1);
+	unsigned long long v;
+
+	memcpy(num, s->raw.p, n);
+	num[n] = 0;
+	v = strtoull(num, NULL, 10);
+	snprintf(out, sizeof out, "nalloc=%llu mem=%zu", (unsigned long long)k->nalloc, k->mem);
+	if (!svc_test_raw(k, s, (const uint8_t *)out, strlen(out)))
+		call_finish(k, s, GRPC_OK, "%s", "");
+	k->fail_at = v ? k->nalloc + v : 0;
+}
+
+static const struct grpc_method svc_test[] = { /* raw bytes in and out */
+	{"/kvd.test.Test/FailAlloc", GRPC_UNARY, NULL, NULL, svc_test_fail_alloc, NULL, NULL, NULL, NULL},
+	{"/kvd.test.Test/Stats", GRPC_UNARY, NULL, NULL, svc_test_stats, NULL, NULL, NULL, NULL},
+	{"/kvd.test.Test/Echo", GRPC_UNARY, NULL, NULL, svc_test_echo, NULL, NULL, NULL, NULL},
+	{"/kvd.test.Test/Fill", GRPC_UNARY, NULL, NULL, svc_test_fill, NULL, NULL, NULL, NULL},
+	{"/kvd.test.Test/Stream", GRPC_SERVER_STREAM, NULL, NULL, svc_test_stream, NULL, NULL, NULL, NULL},
+};
+#endif
+
+static const struct {
+	const char *name;
+	const struct grpc_method *m;
+	size_t n;
+} svc_services[] = {
+	{"etcdserverpb.KV", svc_kv, KVD_COUNT(svc_kv)},
+	{"etcdserverpb.Watch", svc_watch, KVD_COUNT(svc_watch)},
+	{"etcdserverpb.Lease", svc_lease, KVD_COUNT(svc_lease)},
+	{"etcdserverpb.Cluster", svc_cluster, KVD_COUNT(svc_cluster)},
+	{"etcdserverpb.Maintenance", svc_maintenance, KVD_COUNT(svc_maintenance)},
+	{"etcdserverpb.Auth", svc_auth, KVD_COUNT(svc_auth)},
+	{"v3lockpb.Lock", svc_lock, KVD_COUNT(svc_lock)},
+	{"v3electionpb.Election", svc_election, KVD_COUNT(svc_election)},
+	{"grpc.health.v1.Health", svc_health, KVD_COUNT(svc_health)},
+#ifdef KVD_TEST_SERVICES
+	{"kvd.test.Test", svc_test, KVD_COUNT(svc_test)},
+#endif
 };
 
-struct json_parser {
-	struct json_doc *doc;
-	const uint8_t *p, *end;
-	struct json *stack; /* children being collected, all levels */
-	size_t nstack, capstack;
-	int depth;
-	const char *err;
-	int oom;            /* err is "out of memory" */
-};
-
-static void *json_alloc(struct json_doc *d, size_t n)
+static const struct grpc_method *svc_route(const char *svc, size_t slen, const char *meth,
+                                           size_t mlen, int *known_service)
 {
-	struct json_chunk *c = d->chunks;
-	void *p;
+	size_t i, j, nl;
 
-	n = (n + sizeof(union mem_hdr) - 1) / sizeof(union mem_hdr) * sizeof(union mem_hdr);
-	if (!c || c->cap - c->used < n) {
-		size_t cap = KVD_MAX(n, (size_t)JSON_CHUNK);
-		if (!(c = kvd_malloc(d->k, sizeof *c + cap)))
-			return NULL;
-		c->next = d->chunks;
-		c->used = 0;
-		c->cap = cap;
-		d->chunks = c;
-		d->bytes += sizeof *c + cap;
-	}
-	p = (uint8_t *)(c + 1) + c->used;
-	c->used += n;
-	return p;
-}
-
-static void json_free(struct json_doc *d)
-{
-	struct json_chunk *c, *next;
-
-	for (c = d->chunks; c; c = next) {
-		next = c->next;
-		kvd_free(d->k, c);
-	}
-	d->chunks = NULL;
-	d->root = NULL;
-	d->bytes = 0;
-}
-
-static void json_ws(struct json_parser *ps)
-{
-	while (ps->p < ps->end && (*ps->p == ' ' || *ps->p == '\t' || *ps->p == '\n' || *ps->p == '\r'))
-		ps->p++;
-}
-
-static int json_fail(struct json_parser *ps, const char *why)
-{
-	if (!ps->err)
-		ps->err = why;
-	return KVD_EPROTO;
-}
-
-/*
- * A syntax error at `at` in Go's encoding/json words ("invalid character
- * 'x' looking for beginning of value"; "unexpected EOF" past the end), as
- * the gateway's clients read them from etcd.
- */
-static void json_go_char(unsigned c, char *q);
-
-static int json_syntax(struct json_parser *ps, const uint8_t *at, const char *ctx)
-{
-	char q[12];
-
-	if (ps->err)
-		return KVD_EPROTO;
-	if (at >= ps->end) {
-		ps->err = "unexpected EOF";
-		return KVD_EPROTO;
-	}
-	json_go_char(*at, q);
-	snprintf(ps->doc->why, sizeof ps->doc->why, "invalid character '%s' %s", q, ctx);
-	ps->err = ps->doc->why;
-	return KVD_EPROTO;
-}
-
-/* Out of memory is not the document's fault: it says so. */
-static int json_oom(struct json_parser *ps)
-{
-	if (!ps->err)
-		ps->err = "out of memory";
-	ps->oom = 1;
-	return KVD_ENOMEM;
-}
-static int json_hex4(const uint8_t *p, uint32_t *v)
-{
-	int i;
-
-	for (*v = 0, i = 0; i < 4; i++) {
-		int c = p[i];
-		*v <<= 4;
-		if (c >= '0' && c <= '9')
-			*v |= (uint32_t)(c - '0');
-		else if ((c | 0x20) >= 'a' && (c | 0x20) <= 'f')
-			*v |= (uint32_t)((c | 0x20) - 'a' + 10);
-		else
-			return KVD_EPROTO;
-	}
-	return 0;
-}
-
-/* Length of the valid UTF-8 sequence at p (1..4), 0 if invalid. */
-static size_t json_utf8_len(const uint8_t *p, const uint8_t *end)
-{
-	uint32_t c = p[0], v;
-	size_t n, i;
-
-	if (c < 0x80)
-		return 1;
-	if (c >= 0xc2 && c <= 0xdf)
-		n = 2, v = c & 0x1f;
-	else if (c >= 0xe0 && c <= 0xef)
-		n = 3, v = c & 0x0f;
-	else if (c >= 0xf0 && c <= 0xf4)
-		n = 4, v = c & 0x07;
-	else
-		return 0;
-	if ((size_t)(end - p) < n)
-		return 0;
-	for (i = 1; i < n; i++) {
-		if ((p[i] & 0xc0) != 0x80)
-			return 0;
-		v = v << 6 | (p[i] & 0x3f);
-	}
-	if ((n == 3 && (v < 0x800 || (v >= 0xd800 && v <= 0xdfff))) || (n == 4 && (v < 0x10000 || v > 0x10ffff)))
-		return 0; /* overlong, surrogate, or beyond Unicode */
-	return n;
-}
-
-static uint8_t *json_put_utf8(uint8_t *o, uint32_t c)
-{
-	if (c < 0x80) {
-		*o++ = (uint8_t)c;
-	} else if (c < 0x800) {
-		*o++ = (uint8_t)(0xc0 | c >> 6);
-		*o++ = (uint8_t)(0x80 | (c & 0x3f));
-	} else if (c < 0x10000) {
-		*o++ = (uint8_t)(0xe0 | c >> 12);
-		*o++ = (uint8_t)(0x80 | (c >> 6 & 0x3f));
-		*o++ = (uint8_t)(0x80 | (c & 0x3f));
-	} else {
-		*o++ = (uint8_t)(0xf0 | c >> 18);
-		*o++ = (uint8_t)(0x80 | (c >> 12 & 0x3f));
-		*o++ = (uint8_t)(0x80 | (c >> 6 & 0x3f));
-		*o++ = (uint8_t)(0x80 | (c & 0x3f));
-	}
-	return o;
-}
-
-/*
- * Go's strconv quoting, which the errors the gateway's clients read use.
- * json_go_print: unicode.IsPrint, to the extent kvd can know it -- control
- * and format characters, separators other than ' ', private use and
- * noncharacters are not printable; kvd has no table of unassigned code
- * points, which Go also escapes.
- */
-static int json_go_print(uint32_t r)
-{
-	if (r < 0x20 || (r >= 0x7f && r <= 0xa0) || r == 0xad)
-		return 0;
-	if (r < 0x600)
-		return 1;
-	return !((r >= 0x600 && r <= 0x605) || r == 0x61c || r == 0x6dd || r == 0x70f || r == 0x1680 || r == 0x180e ||
-	         (r >= 0x2000 && r <= 0x200f) || (r >= 0x2028 && r <= 0x202f) || (r >= 0x205f && r <= 0x206f) ||
-	         r == 0x3000 || (r >= 0xd800 && r <= 0xf8ff) || r == 0xfeff || (r >= 0xfff9 && r <= 0xfffb) ||
-	         (r & 0xfffe) == 0xfffe || r >= 0xf0000);
-}
-
-/* The rune of the valid UTF-8 sequence p[0..l) (json_utf8_len said l). */
-static uint32_t json_utf8_rune(const uint8_t *p, size_t l)
-{
-	if (l == 1)
-		return p[0];
-	if (l == 2)
-		return (p[0] & 0x1fu) << 6 | (p[1] & 0x3fu);
-	if (l == 3)
-		return (p[0] & 0x0fu) << 12 | (p[1] & 0x3fu) << 6 | (p[2] & 0x3fu);
-	return (p[0] & 0x07u) << 18 | (p[1] & 0x3fu) << 12 | (p[2] & 0x3fu) << 6 | (p[3] & 0x3fu);
-}
-
-/* Rune r as it stands inside a Go double-quoted string (strconv.Quote). */
-static char *json_go_rune(char *o, uint32_t r)
-{
-	static const char hex[] = "0123456789abcdef";
-
-	if (r == '"' || r == '\\') {
-		*o++ = '\\';
-		*o++ = (char)r;
-	} else if (json_go_print(r)) {
-		o = (char *)json_put_utf8((uint8_t *)o, r);
-	} else if (r >= '\a' && r <= '\r') {
-		*o++ = '\\';
-		*o++ = "abtnvfr"[r - '\a'];
-	} else if (r < 0x20 || r == 0x7f) {
-		o += sprintf(o, "\\x%c%c", hex[r >> 4], hex[r & 15]);
-	} else {
-		o += sprintf(o, r < 0x10000 ? "\\u%04x" : "\\U%08x", (unsigned)r);
-	}
-	return o;
-}
-
-/* Go's %q of the bytes s[0..n) (a byte that is not UTF-8 as \xNN) into
- * out, which has room for 10 * n + 3. */
-static void json_go_quote(const uint8_t *s, size_t n, char *out)
-{
-	const uint8_t *p = s, *end = s + n;
-	char *o = out;
-	size_t l;
-
-	*o++ = '"';
-	while (p < end) {
-		if (*p < 0x80 || !(l = json_utf8_len(p, end))) {
-			if (*p >= 0x80)
-				o += sprintf(o, "\\x%02x", *p);
-			else
-				o = json_go_rune(o, *p);
-			p++;
+	*known_service = 0;
+	for (i = 0; i < KVD_COUNT(svc_services); i++) {
+		nl = strlen(svc_services[i].name);
+		if (nl != slen || memcmp(svc_services[i].name, svc, slen))
 			continue;
+		*known_service = 1;
+		for (j = 0; j < svc_services[i].n; j++) {
+			const char *path = svc_services[i].m[j].path + nl + 2; /* past "/svc/" */
+			if (strlen(path) == mlen && !memcmp(path, meth, mlen))
+				return &svc_services[i].m[j];
 		}
-		o = json_go_rune(o, json_utf8_rune(p, l));
-		p += l;
-	}
-	*o++ = '"';
-	*o = 0;
-}
-
-/* Byte c as encoding/json's syntax errors quote it (quoteChar: the byte
- * taken as a Latin-1 rune), without the single quotes; q has room for 12. */
-static void json_go_char(unsigned c, char *q)
-{
-	if (c == '\'' || c == '"') {
-		snprintf(q, 12, "%s", c == '"' ? "\"" : "\\'");
-		return;
-	}
-	*json_go_rune(q, c) = 0;
-}
-
-/* A string at ps->p (after the quote): unescaped into the arena. */
-static int json_string(struct json_parser *ps, const char **out, uint32_t *len)
-{
-	const uint8_t *p = ps->p, *q;
-	uint8_t *o, *start;
-	size_t raw = 0, n;
-	uint32_t c, lo;
-
-	for (q = p; q < ps->end && *q != '"'; q++, raw++) /* an upper bound for the output */
-		if (*q == '\\' && q + 1 < ps->end)
-			q++, raw++;
-	if (q >= ps->end)
-		return json_syntax(ps, ps->end, "");
-	if (raw > 0xfffffff0u || !(start = o = json_alloc(ps->doc, raw + 1)))
-		return raw > 0xfffffff0u ? json_fail(ps, "string too long") : json_oom(ps);
-	while (*p != '"') {
-		if (*p < 0x20)
-			return json_syntax(ps, p, "in string literal");
-		if (*p != '\\') {
-			if (!(n = json_utf8_len(p, ps->end)))
-				return json_fail(ps, "invalid UTF-8");
-			memcpy(o, p, n);
-			o += n;
-			p += n;
-			continue;
-		}
-		p++;
-		switch (*p++) {
-		case '"': *o++ = '"'; break;
-		case '\\': *o++ = '\\'; break;
-		case '/': *o++ = '/'; break;
-		case 'b': *o++ = '\b'; break;
-		case 'f': *o++ = '\f'; break;
-		case 'n': *o++ = '\n'; break;
-		case 'r': *o++ = '\r'; break;
-		case 't': *o++ = '\t'; break;
-		case 'u':
-			if (ps->end - p < 4 || json_hex4(p, &c)) {
-				while (p < ps->end && ((*p >= '0' && *p <= '9') || ((*p | 0x20) >= 'a' && (*p | 0x20) <= 'f')))
-					p++;
-				return json_syntax(ps, p, "in \\u hexadecimal character escape");
-			}
-			p += 4;
-			if (c >= 0xdc00 && c <= 0xdfff)
-				return json_fail(ps, "lone surrogate");
-			if (c >= 0xd800 && c <= 0xdbff) {
-				if (ps->end - p < 6 || p[0] != '\\' || p[1] != 'u' || json_hex4(p + 2, &lo) || lo < 0xdc00 ||
-				    lo > 0xdfff)
-					return json_fail(ps, "lone surrogate");
-				p += 6;
-				c = 0x10000 + ((c - 0xd800) << 10) + (lo - 0xdc00);
-			}
-			o = json_put_utf8(o, c);
-			break;
-		default:
-			return json_syntax(ps, p - 1, "in string escape code");
-		}
-	}
-	*o = 0;
-	ps->p = p + 1;
-	*out = (const char *)start;
-	*len = (uint32_t)(o - start);
-	return 0;
-}
-
-static int json_number(struct json_parser *ps, struct json *v)
-{
-	const uint8_t *p = ps->p, *s = p;
-	char tmp[64];
-	int frac = 0;
-
-	if (p < ps->end && *p == '-')
-		p++;
-	if (p >= ps->end || !(*p >= '0' && *p <= '9'))
-		return json_syntax(ps, p, p == s ? "looking for beginning of value" : "in numeric literal");
-	if (*p == '0')
-		p++;
-	else
-		while (p < ps->end && *p >= '0' && *p <= '9')
-			p++;
-	if (p < ps->end && *p == '.') {
-		frac = 1;
-		if (++p >= ps->end || !(*p >= '0' && *p <= '9'))
-			return json_syntax(ps, p, "after decimal point in numeric literal");
-		while (p < ps->end && *p >= '0' && *p <= '9')
-			p++;
-	}
-	if (p < ps->end && (*p == 'e' || *p == 'E')) {
-		frac = 1;
-		if (++p < ps->end && (*p == '+' || *p == '-'))
-			p++;
-		if (p >= ps->end || !(*p >= '0' && *p <= '9'))
-			return json_syntax(ps, p, "in exponent of numeric literal");
-		while (p < ps->end && *p >= '0' && *p <= '9')
-			p++;
-	}
-	if ((size_t)(p - s) >= sizeof tmp)
-		return json_fail(ps, "number too long");
-	memcpy(tmp, s, (size_t)(p - s));
-	tmp[p - s] = 0;
-	v->type = JSON_NUM;
-	v->n = (uint32_t)(p - s); /* the literal, for readers that want it exact (the gateway's int64s) */
-	if (!(v->s = json_alloc(ps->doc, v->n + 1)))
-		return json_oom(ps);
-	memcpy((char *)v->s, tmp, v->n + 1);
-	v->d = strtod(tmp, NULL);
-	if (v->d != v->d || v->d > 1.7976931348623157e308 || v->d < -1.7976931348623157e308)
-		return json_fail(ps, "number out of range");
-	if (!frac) { /* exact when it fits */
-		char *e;
-		errno = 0;
-		v->i = strtoll(tmp, &e, 10);
-		v->isint = errno == 0;
-	} else if (v->d >= -9.2233720368547758e18 && v->d < 9.2233720368547758e18 && v->d == (double)(int64_t)v->d) {
-		v->i = (int64_t)v->d; /* 5000000.0 is the integer 5000000, as a Haskell Rational */
-		v->isint = 1;
-	}
-	ps->p = p;
-	return 0;
-}
-
-static int json_push(struct json_parser *ps, const struct json *v)
-{
-	if (UTIL_GROW(ps->doc->k, ps->stack, ps->capstack, ps->nstack + 1, 64))
-		return json_oom(ps);
-	ps->stack[ps->nstack++] = *v;
-	return 0;
-}
-
-static int json_value(struct json_parser *ps, struct json *v);
-
-/* An array or object: its children are collected on the stack, then moved
- * into one arena array. */
-static int json_container(struct json_parser *ps, struct json *v, int obj)
-{
-	size_t base = ps->nstack, n;
-	struct json kid;
-	const char *key = NULL;
-	uint32_t klen = 0;
-	int r;
-
-	if (++ps->depth > JSON_MAX_DEPTH)
-		return json_fail(ps, "nested too deep");
-	ps->p++;
-	json_ws(ps);
-	if (ps->p < ps->end && *ps->p == (obj ? '}' : ']')) {
-		ps->p++;
-	} else {
-		for (;;) {
-			json_ws(ps);
-			if (obj) {
-				if (ps->p >= ps->end || *ps->p != '"')
-					return json_syntax(ps, ps->p, "looking for beginning of object key string");
-				ps->p++;
-				if ((r = json_string(ps, &key, &klen)))
-					return r;
-				json_ws(ps);
-				if (ps->p >= ps->end || *ps->p != ':')
-					return json_syntax(ps, ps->p, "after object key");
-				ps->p++;
-			}
-			memset(&kid, 0, sizeof kid);
-			if ((r = json_value(ps, &kid)))
-				return r;
-			kid.key = key;
-			kid.klen = klen;
-			if ((r = json_push(ps, &kid)))
-				return r;
-			json_ws(ps);
-			if (ps->p < ps->end && *ps->p == ',') {
-				ps->p++;
-				continue;
-			}
-			if (ps->p < ps->end && *ps->p == (obj ? '}' : ']')) {
-				ps->p++;
-				break;
-			}
-			return json_syntax(ps, ps->p, obj ? "after object key:value pair" : "after array element");
-		}
-	}
-	n = ps->nstack - base;
-	v->type = obj ? JSON_OBJ : JSON_ARR;
-	v->n = (uint32_t)n;
-	if (n && !(v->kids = json_alloc(ps->doc, n * sizeof *v->kids)))
-		return json_oom(ps);
-	if (n)
-		memcpy(v->kids, ps->stack + base, n * sizeof *v->kids);
-	ps->nstack = base;
-	ps->depth--;
-	return 0;
-}
-
-static int json_value(struct json_parser *ps, struct json *v)
-{
-	json_ws(ps);
-	if (ps->p >= ps->end)
-		return json_syntax(ps, ps->p, "");
-	switch (*ps->p) {
-	case '{':
-		return json_container(ps, v, 1);
-	case '[':
-		return json_container(ps, v, 0);
-	case '"':
-		ps->p++;
-		v->type = JSON_STR;
-		return json_string(ps, &v->s, &v->n);
-	case 't':
-	case 'f':
-	case 'n': {
-		static const char *const words[] = {"null", "false", "true"};
-		int w = *ps->p == 'n' ? 0 : *ps->p == 'f' ? 1 : 2;
-		size_t l = strlen(words[w]), j;
-		for (j = 1; j < l; j++)
-			if (ps->p + j >= ps->end || ps->p[j] != words[w][j]) {
-				char ctx[40];
-				snprintf(ctx, sizeof ctx, "in literal %s (expecting '%c')", words[w], words[w][j]);
-				return json_syntax(ps, ps->p + j, ctx);
-			}
-		ps->p += l;
-		v->type = (uint8_t)(JSON_NULL + w);
-		return 0;
-	}
-	default:
-		return json_number(ps, v);
-	}
-}
-
-/*
- * Parse p[0..n) into d (whose memory is the caller's to json_free).  Only
- * whitespace may follow the value.  Returns 0, or KVD_EINVAL with *err set.
- */
-static int json_parse(struct kvd *k, struct json_doc *d, const void *p, size_t n, const char **err)
-{
-	struct json_parser ps;
-	struct json *root;
-	int r;
-
-	memset(d, 0, sizeof *d);
-	memset(&ps, 0, sizeof ps);
-	d->k = k;
-	ps.doc = d;
-	ps.p = p;
-	ps.end = ps.p + n;
-	root = json_alloc(d, sizeof *root);
-	if (!root) {
-		*err = "out of memory";
-		return KVD_ENOMEM;
-	}
-	memset(root, 0, sizeof *root);
-	r = json_value(&ps, root);
-	if (!r) {
-		json_ws(&ps);
-		if (ps.p != ps.end)
-			r = json_syntax(&ps, ps.p, "after top-level value");
-	}
-	kvd_free(k, ps.stack);
-	if (r) {
-		*err = ps.err;
-		json_free(d);
-		return ps.oom ? KVD_ENOMEM : KVD_EINVAL;
-	}
-	d->root = root;
-	return 0;
-}
-
-/* The member named key of object o, or NULL (the first one if repeated). */
-static const struct json *json_get(const struct json *o, const char *key)
-{
-	size_t l = strlen(key);
-	uint32_t i;
-
-	if (!o || o->type != JSON_OBJ)
 		return NULL;
-	for (i = 0; i < o->n; i++)
-		if (o->kids[i].klen == l && !memcmp(o->kids[i].key, key, l))
-			return &o->kids[i];
+	}
 	return NULL;
 }
 
-static int json_is_str(const struct json *v)
+/* The method's place in the service tables (/metrics counts by it), -1 if
+ * past KVD_METRIC_METHODS. */
+static int svc_method_index(const struct grpc_method *m)
 {
-	return v && v->type == JSON_STR;
-}
+	size_t i, base = 0;
 
-/* ---- writing ------------------------------------------------------------- */
-
-/* A string as JSON, ASCII only.  Bytes that are not UTF-8 are taken as
- * Latin-1, so any input gives valid output. */
-static void json_put_str(struct kvd *k, struct kvd_buf *b, const void *s, size_t n)
-{
-	static const char hex[] = "0123456789abcdef";
-	const uint8_t *p = s, *end = p + n;
-	uint8_t *o;
-	uint32_t c;
-	size_t l;
-
-	if (n > SIZE_MAX / 12 - 2) {
-		b->err = 1;
-		return;
-	}
-	if (buf_reserve(k, b, n * 12 + 2))
-		return;
-	o = b->p + b->len;
-	*o++ = '"';
-	while (p < end) {
-		c = *p;
-		if (c >= 0x20 && c < 0x7f) {
-			if (c == '"' || c == '\\')
-				*o++ = '\\';
-			*o++ = (uint8_t)c;
-			p++;
-			continue;
-		}
-		if (c == '\n' || c == '\t' || c == '\r' || c == '\b' || c == '\f') {
-			*o++ = '\\';
-			*o++ = c == '\n' ? 'n' : c == '\t' ? 't' : c == '\r' ? 'r' : c == '\b' ? 'b' : 'f';
-			p++;
-			continue;
-		}
-		if (c >= 0x80 && (l = json_utf8_len(p, end)) > 1) {
-			c = l == 2 ? (p[0] & 0x1fu) << 6 | (p[1] & 0x3fu)
-			  : l == 3 ? (p[0] & 0x0fu) << 12 | (p[1] & 0x3fu) << 6 | (p[2] & 0x3fu)
-			           : (p[0] & 0x07u) << 18 | (p[1] & 0x3fu) << 12 | (p[2] & 0x3fu) << 6 | (p[3] & 0x3fu);
-			p += l;
-		} else {
-			p++;
-		}
-		if (c >= 0x10000) {
-			uint32_t hi = 0xd800 + ((c - 0x10000) >> 10), lo = 0xdc00 + ((c - 0x10000) & 0x3ff);
-			o += sprintf((char *)o, "\\u%c%c%c%c", hex[hi >> 12], hex[hi >> 8 & 15], hex[hi >> 4 & 15], hex[hi & 15]);
-			c = lo;
-		}
-		o += sprintf((char *)o, "\\u%c%c%c%c", hex[c >> 12], hex[c >> 8 & 15], hex[c >> 4 & 15], hex[c & 15]);
-	}
-	*o++ = '"';
-	b->len = (size_t)(o - b->p);
-}
-
-static void json_put_raw(struct kvd *k, struct kvd_buf *b, const char *s)
-{
-	buf_append(k, b, s, strlen(s));
-}
-
-static void json_put_int(struct kvd *k, struct kvd_buf *b, int64_t v)
-{
-	char t[24];
-
-	snprintf(t, sizeof t, "%lld", (long long)v);
-	json_put_raw(k, b, t);
+	for (i = 0; i < KVD_COUNT(svc_services); base += svc_services[i].n, i++)
+		if (m >= svc_services[i].m && m < svc_services[i].m + svc_services[i].n)
+			return base + (size_t)(m - svc_services[i].m) < KVD_METRIC_METHODS
+			           ? (int)(base + (size_t)(m - svc_services[i].m)) : -1;
+	return -1;
 }
 
 /*
- * A double as Haskell's `show` prints it (Text.JSON uses it for every
- * non-integral number): the shortest digits that read back to the same
- * double, in fixed notation for 0.1 <= |x| < 10^7 ("0.5", "123.25") and
- * scientific otherwise ("1.343869045604884e9", "1.0e-2").
+ * Shutdown, as etcd's stop treats calls (its gRPC server closes every
+ * transport at once; its gateway then ends each stream with "transport is
+ * closing"): a stream -- Watch, LeaseKeepAlive, Observe, Snapshot, a Health
+ * watch -- ends now, UNAVAILABLE, after its method had its say (Health
+ * watchers see NOT_SERVING first); a unary call keeps --shutdown-grace to be
+ * answered and made durable, unless its method ends it (a Lock or Campaign
+ * still waiting).  A call that begins while kvd stops is treated the same
+ * once its first message came (call_message).
  */
-static void json_haskell_double(double x, char *out)
+static void svc_stop_call(struct kvd *k, struct call *c)
 {
-	char t[40], digits[24], *o = out;
-	int prec, e, nd, i;
-	const char *p;
-
-	if (x == 0) {
-		strcpy(out, "0.0");
+	if (!c->m || c->finished)
 		return;
-	}
-	for (prec = 0; prec < 17; prec++) { /* the shortest digits that round-trip */
-		snprintf(t, sizeof t, "%.*e", prec, x);
-		if (strtod(t, NULL) == x)
-			break;
-	}
-	snprintf(t, sizeof t, "%.*e", prec, x);
-	p = t;
-	if (*p == '-')
-		*o++ = *p++;
-	for (nd = 0; *p && *p != 'e'; p++)
-		if (*p != '.')
-			digits[nd++] = *p;
-	while (nd > 1 && digits[nd - 1] == '0')
-		nd--;
-	digits[nd] = 0;
-	e = atoi(p + 1) + 1; /* x = 0.DIGITS * 10^e */
-	if (e < 0 || e > 7) {
-		sprintf(o, "%c.%se%d", digits[0], nd > 1 ? digits + 1 : "0", e - 1);
-		return;
-	}
-	if (!e)
-		*o++ = '0';
-	for (i = 0; i < e; i++)
-		*o++ = i < nd ? digits[i] : '0';
-	*o++ = '.';
-	sprintf(o, "%s", nd > e ? digits + e : "0");
+	if (c->m->on_shutdown)
+		c->m->on_shutdown(k, c);
+	if (c->m->kind != GRPC_UNARY)
+		call_finish(k, c, GRPC_UNAVAILABLE, "%s", E_STOPPING);
 }
 
-static void json_put_num(struct kvd *k, struct kvd_buf *b, const struct json *v)
+static void svc_shutdown(struct kvd *k)
 {
-	char t[48];
+	struct call *c;
 
-	if (v->isint) {
-		json_put_int(k, b, v->i);
-		return;
-	}
-	json_haskell_double(v->d, t);
-	json_put_raw(k, b, t);
+	for (c = k->calls; c; c = c->next)
+		svc_stop_call(k, c);
 }
 
-/* v as compact JSON. */
-static KVD_UNUSED void json_write(struct kvd *k, struct kvd_buf *b, const struct json *v) /* confd's */
-{
-	uint32_t i;
-
-	switch (v->type) {
-	case JSON_NULL: json_put_raw(k, b, "null"); return;
-	case JSON_FALSE: json_put_raw(k, b, "false"); return;
-	case JSON_TRUE: json_put_raw(k, b, "true"); return;
-	case JSON_NUM: json_put_num(k, b, v); return;
-	case JSON_STR: json_put_str(k, b, v->s, v->n); return;
-	}
-	json_put_raw(k, b, v->type == JSON_OBJ ? "{" : "[");
-	for (i = 0; i < v->n && !b->err; i++) {
-		if (i)
-			json_put_raw(k, b, ",");
-		if (v->type == JSON_OBJ) {
-			json_put_str(k, b, v->kids[i].key, v->kids[i].klen);
-			json_put_raw(k, b, ":");
-		}
-		json_write(k, b, &v->kids[i]);
-	}
-	json_put_raw(k, b, v->type == JSON_OBJ ? "}" : "]");
-}
-
-/* ---- protobuf <-> JSON, as etcd's gateway maps them ---------------------- */
-
-/*
- * The gateway's JSON mapping has this one owner.  etcd 3.7 serves it with
- * grpc-gateway v2, whose marshaller is google.golang.org/protobuf's
- * protojson (UseProtoNames; unpopulated fields left out; DiscardUnknown on
- * input).
- *
- * In, two readers, as grpc-gateway has them.  It reads a body with
- * encoding/json's Decoder, one value (a bidi stream's body: one value per
- * message), and hands exactly that value's bytes -- the space before it
- * dropped, whatever follows unread -- to protojson.Unmarshal:
- *
- *   json_scan is the Decoder: Go's scanner, allocation-free and bounded
- *     (JSON_MAX_DEPTH).  Its words for a syntax error ("invalid character
- *     'x' looking for beginning of value"; "unexpected EOF" when the body
- *     ends inside a value); a body of nothing but space is no request at
- *     all; a value that may still grow is "need more" (KVD_EAGAIN), a bad
- *     one is bad as soon as its first bad byte is in.  Go's scanner takes
- *     any byte above 0x1f in a string and any \uXXXX; a top-level number,
- *     string or literal ends at the byte after it (5xyz is the value 5).
- *   json_pj_decode is protojson reading that value, token by token in
- *     document order, the first fault its answer:
- *       - a member names a field by its JSON (lowerCamel) name, else by its
- *         proto name; an unknown name, or an extension's "[...]", is
- *         skipped (its value still read);
- *       - a field named twice (by either name) is refused, and so is a
- *         second member of a oneof; null leaves a field unset (but named);
- *       - integers: a number, or a string holding one with no space around
- *         it (what follows the number's delimiter is ignored: "12 x" is 12);
- *         1e2 and 1.0 are integers, 1.5 is not;
- *       - enums by name -- an unknown name is dropped, as if absent -- or by
- *         number, not by a quoted number;
- *       - bytes: base64, URL-safe if the text holds '-' or '_', unpadded if
- *         its length is not a multiple of 4, CR and LF ignored;
- *       - strings must be UTF-8, a surrogate escape must be half of a pair.
- *     Its words: "proto: (line 1:23): invalid value for int64 field limit:
- *     1.5", "proto: (line 1:16): duplicate field \"key\"", "proto: syntax
- *     error (line 1:1): unexpected token 5" (a field's JSON name, the
- *     token as written; line and rune column from the value's first byte;
- *     a token quoted in an error is cut at JSON_PJ_RAW bytes, Go's is not).
- *     "proto: " is written with plain spaces: protojson picks plain or
- *     no-break ones per build, and etcd 3.7.3's build has plain ones.
- *   JSON in is encoded straight to protobuf bytes, so a gateway request
- *   meets exactly the decoder (and its checks) a gRPC request meets.
- *
- * Out: answers are the messages a gRPC client would get, unpacked and
- * written: fields in number order (etcd's protos declare them so) under
- * their proto names; zero scalars, empty lists and absent messages left
- * out, but a oneof member or a present, empty message written; 64-bit
- * integers as strings, 32-bit ones as numbers; bytes as standard base64;
- * enums by name; strings as protojson writes them ('"', '\\' and control
- * bytes escaped, the rest as is: no HTML escapes).  A stream's
- * {"result":...} line is encoding/json's map around protojson's bytes,
- * which escapes <, >, & and U+2028/9 again (json_put_pjstr's html).
- * protojson refuses to write a string that is not UTF-8; kvd holds none
- * (requests are checked), so a stray bad byte is written as U+FFFD.
- */
-
-#define JSON_PB_WHY 512 /* call_finish keeps 511 bytes */
-#define JSON_PJ_RAW 400 /* a token quoted in an error, at most (cut between runes) */
-
-static const char json_b64std[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-
-static int json_space(unsigned c)
-{
-	return c == ' ' || c == '\t' || c == '\n' || c == '\r';
-}
-
-/* ---- JSON out -------------------------------------------------------------- */
-
-/*
- * A string as protojson writes it: '"', '\\' and control bytes escaped (\b
- * \f \n \r \t, else \u00xx), the rest as is.  html: as encoding/json then
- * re-escapes it inside a stream's line (<, >, & and U+2028/9 as \uXXXX).
- */
-static void json_put_pjstr(struct kvd *k, struct kvd_buf *b, const void *s, size_t n, int html)
-{
-	static const char hex[] = "0123456789abcdef";
-	const uint8_t *p = s, *end = p + n;
-	uint8_t *o;
-	size_t l;
-
-	if (n > SIZE_MAX / 6 - 2) {
-		b->err = 1;
-		return;
-	}
-	if (buf_reserve(k, b, n * 6 + 2))
-		return;
-	o = b->p + b->len;
-	*o++ = '"';
-	while (p < end) {
-		uint8_t c = *p;
-		if (c < 0x80) {
-			p++;
-			if (c == '"' || c == '\\') {
-				*o++ = '\\';
-				*o++ = c;
-			} else if (c == '\b' || c == '\f' || c == '\n' || c == '\r' || c == '\t') {
-				*o++ = '\\';
-				*o++ = c == '\b' ? 'b' : c == '\f' ? 'f' : c == '\n' ? 'n' : c == '\r' ? 'r' : 't';
-			} else if (c < 0x20 || (html && (c == '<' || c == '>' || c == '&'))) {
-				memcpy(o, "\\u00", 4);
-				o[4] = (uint8_t)hex[c >> 4];
-				o[5] = (uint8_t)hex[c & 15];
-				o += 6;
-			} else {
-				*o++ = c;
-			}
-			continue;
-		}
-		if (!(l = json_utf8_len(p, end))) {
-			memcpy(o, "\xef\xbf\xbd", 3);
-			o += 3;
-			p++;
-			continue;
-		}
-		if (html && l == 3 && p[0] == 0xe2 && p[1] == 0x80 && (p[2] == 0xa8 || p[2] == 0xa9)) {
-			memcpy(o, p[2] == 0xa8 ? "\\u2028" : "\\u2029", 6);
-			o += 6;
-		} else {
-			memcpy(o, p, l);
-			o += l;
-		}
-		p += l;
-	}
-	*o++ = '"';
-	b->len = (size_t)(o - b->p);
-}
-
-static void json_put_b64(struct kvd *k, struct kvd_buf *b, const uint8_t *p, size_t n)
-{
-	if (n > SIZE_MAX / 2 || buf_reserve(k, b, (n + 2) / 3 * 4 + 2))
-		return;
-	b->p[b->len++] = '"';
-	b->len += util_b64(json_b64std, 1, p, n, (char *)b->p + b->len);
-	b->p[b->len++] = '"';
-}
-
-static size_t json_pb_elem_size(const ProtobufCFieldDescriptor *f)
-{
-	switch (f->type) {
-	case PROTOBUF_C_TYPE_INT64: case PROTOBUF_C_TYPE_SINT64: case PROTOBUF_C_TYPE_SFIXED64:
-	case PROTOBUF_C_TYPE_UINT64: case PROTOBUF_C_TYPE_FIXED64: case PROTOBUF_C_TYPE_DOUBLE:
-		return 8;
-	case PROTOBUF_C_TYPE_BOOL: return sizeof(protobuf_c_boolean);
-	case PROTOBUF_C_TYPE_STRING: return sizeof(char *);
-	case PROTOBUF_C_TYPE_BYTES: return sizeof(ProtobufCBinaryData);
-	case PROTOBUF_C_TYPE_MESSAGE: return sizeof(void *);
-	default: return 4;
-	}
-}
-
-static void json_pb_write(struct kvd *k, struct kvd_buf *b, const ProtobufCMessage *m, int html);
-
-static void json_pb_value(struct kvd *k, struct kvd_buf *b, const ProtobufCFieldDescriptor *f, const void *v, int html)
-{
-	char t[32];
-
-	switch (f->type) {
-	case PROTOBUF_C_TYPE_INT32: case PROTOBUF_C_TYPE_SINT32: case PROTOBUF_C_TYPE_SFIXED32:
-		snprintf(t, sizeof t, "%ld", (long)*(const int32_t *)v);
-		break;
-	case PROTOBUF_C_TYPE_UINT32: case PROTOBUF_C_TYPE_FIXED32:
-		snprintf(t, sizeof t, "%lu", (unsigned long)*(const uint32_t *)v);
-		break;
-	case PROTOBUF_C_TYPE_INT64: case PROTOBUF_C_TYPE_SINT64: case PROTOBUF_C_TYPE_SFIXED64:
-		snprintf(t, sizeof t, "\"%lld\"", (long long)*(const int64_t *)v);
-		break;
-	case PROTOBUF_C_TYPE_UINT64: case PROTOBUF_C_TYPE_FIXED64:
-		snprintf(t, sizeof t, "\"%llu\"", (unsigned long long)*(const uint64_t *)v);
-		break;
-	case PROTOBUF_C_TYPE_FLOAT:
-		snprintf(t, sizeof t, "%.9g", (double)*(const float *)v);
-		break;
-	case PROTOBUF_C_TYPE_DOUBLE:
-		snprintf(t, sizeof t, "%.17g", *(const double *)v);
-		break;
-	case PROTOBUF_C_TYPE_BOOL:
-		snprintf(t, sizeof t, "%s", *(const protobuf_c_boolean *)v ? "true" : "false");
-		break;
-	case PROTOBUF_C_TYPE_ENUM: {
-		const ProtobufCEnumValue *ev = protobuf_c_enum_descriptor_get_value(f->descriptor, *(const int *)v);
-		if (ev) {
-			json_put_pjstr(k, b, ev->name, strlen(ev->name), html);
-			return;
-		}
-		snprintf(t, sizeof t, "%d", *(const int *)v);
-		break;
-	}
-	case PROTOBUF_C_TYPE_STRING: {
-		const char *s = *(char *const *)v;
-		json_put_pjstr(k, b, s ? s : "", s ? strlen(s) : 0, html);
-		return;
-	}
-	case PROTOBUF_C_TYPE_BYTES: {
-		const ProtobufCBinaryData *d = v;
-		json_put_b64(k, b, d->data, d->len);
-		return;
-	}
-	default: /* PROTOBUF_C_TYPE_MESSAGE */
-		json_pb_write(k, b, *(ProtobufCMessage *const *)v, html);
-		return;
-	}
-	json_put_raw(k, b, t);
-}
-
-/* Is the singular field at v its type's zero value (left out)? */
-static int json_pb_zero(const ProtobufCFieldDescriptor *f, const void *v)
-{
-	switch (f->type) {
-	case PROTOBUF_C_TYPE_STRING: {
-		const char *s = *(char *const *)v;
-		return !s || !*s;
-	}
-	case PROTOBUF_C_TYPE_BYTES: return !((const ProtobufCBinaryData *)v)->len;
-	case PROTOBUF_C_TYPE_MESSAGE: return !*(void *const *)v;
-	case PROTOBUF_C_TYPE_BOOL: return !*(const protobuf_c_boolean *)v;
-	case PROTOBUF_C_TYPE_FLOAT: return *(const float *)v == 0;
-	case PROTOBUF_C_TYPE_DOUBLE: return *(const double *)v == 0;
-	default: return json_pb_elem_size(f) == 8 ? !*(const uint64_t *)v : !*(const uint32_t *)v;
-	}
-}
-
-/* Message m as protojson (UseProtoNames) writes it; html: inside a stream's
- * line.  Depth is the message's: the decoder bounded it (PB_MAX_DEPTH). */
-static void json_pb_write(struct kvd *k, struct kvd_buf *b, const ProtobufCMessage *m, int html)
-{
-	const ProtobufCMessageDescriptor *d = m->descriptor;
-	const uint8_t *base = (const uint8_t *)m;
-	unsigned i, first = 1;
-	size_t j, n = 0;
-
-	json_put_raw(k, b, "{");
-	for (i = 0; i < d->n_fields && !b->err; i++) {
-		const ProtobufCFieldDescriptor *f = &d->fields[i];
-		const void *v = base + f->offset;
-		if (f->label == PROTOBUF_C_LABEL_REPEATED) {
-			n = *(const size_t *)(const void *)(base + f->quantifier_offset);
-			if (!n)
-				continue;
-		} else if (f->flags & PROTOBUF_C_FIELD_FLAG_ONEOF) {
-			if (*(const uint32_t *)(const void *)(base + f->quantifier_offset) != f->id)
-				continue;
-		} else if (f->label == PROTOBUF_C_LABEL_OPTIONAL && f->quantifier_offset) {
-			if (!*(const protobuf_c_boolean *)(const void *)(base + f->quantifier_offset))
-				continue;
-		} else if (json_pb_zero(f, v)) {
-			continue;
-		}
-		if (!first)
-			json_put_raw(k, b, ",");
-		first = 0;
-		json_put_pjstr(k, b, f->name, strlen(f->name), html);
-		json_put_raw(k, b, ":");
-		if (f->label != PROTOBUF_C_LABEL_REPEATED) {
-			json_pb_value(k, b, f, v, html);
-			continue;
-		}
-		json_put_raw(k, b, "[");
-		for (j = 0; j < n && !b->err; j++) {
-			if (j)
-				json_put_raw(k, b, ",");
-			json_pb_value(k, b, f, *(const uint8_t *const *)v + j * json_pb_elem_size(f), html);
-		}
-		json_put_raw(k, b, "]");
-	}
-	json_put_raw(k, b, "}");
-}
-
-/* ---- JSON in: encoding/json's Decoder ------------------------------------------ */
-
-enum {
-	JSON_S_VALUE, JSON_S_VALUE_OR_END, JSON_S_KEY, JSON_S_KEY_OR_END, JSON_S_END, JSON_S_STR, JSON_S_ESC,
-	JSON_S_U, JSON_S_NEG, JSON_S_ZERO, JSON_S_INT, JSON_S_DOT, JSON_S_FRAC, JSON_S_E, JSON_S_ESIGN, JSON_S_EXP,
-	JSON_S_LIT
-};
-
-static int json_scan_fail(char *why, unsigned c, const char *ctx)
-{
-	char q[12];
-
-	json_go_char(c, q);
-	snprintf(why, JSON_PB_WHY, "invalid character '%s' %s", q, ctx);
-	return KVD_EPROTO;
-}
-
-/*
- * The first JSON value in p[0..n), as encoding/json's Decoder finds it:
- * 0 with it at p[*from..*to) (*from == *to == n: nothing but space, and eof),
- * KVD_EAGAIN if it may still grow (more may come: !eof), or KVD_EPROTO with
- * Go's words in why (JSON_PB_WHY bytes).  Allocation-free; containers nest
- * JSON_MAX_DEPTH deep at most (Go's limit is 10000, its words kept).
- */
-static int json_scan(const uint8_t *p, size_t n, int eof, size_t *from, size_t *to, char *why)
-{
-	uint64_t objs = 0; /* bit d: the container at depth d + 1 is an object */
-	unsigned depth = 0, st = JSON_S_VALUE, key = 0, after_key = 0, nu = 0;
-	const char *lit = "";
-	char ctx[48];
-	size_t i = 0;
-
-	while (i < n && json_space(p[i]))
-		i++;
-	*from = *to = i;
-	if (i == n)
-		return eof ? 0 : KVD_EAGAIN;
-	for (; i < n; i++) {
-		unsigned c = p[i], digit = c >= '0' && c <= '9';
-	again:
-		switch (st) {
-		case JSON_S_VALUE_OR_END:
-			if (c == ']')
-				goto closed;
-			/* fall through */
-		case JSON_S_VALUE:
-			if (json_space(c))
-				break;
-			if (c == '{' || c == '[') {
-				if (depth >= JSON_MAX_DEPTH)
-					return json_scan_fail(why, c, "exceeded max depth");
-				if (c == '{')
-					objs |= (uint64_t)1 << depth;
-				else
-					objs &= ~((uint64_t)1 << depth);
-				depth++;
-				st = c == '{' ? JSON_S_KEY_OR_END : JSON_S_VALUE_OR_END;
-			} else if (c == '"') {
-				key = 0;
-				st = JSON_S_STR;
-			} else if (c == '-') {
-				st = JSON_S_NEG;
-			} else if (digit) {
-				st = c == '0' ? JSON_S_ZERO : JSON_S_INT;
-			} else if (c == 't' || c == 'f' || c == 'n') {
-				lit = c == 't' ? "true" : c == 'f' ? "false" : "null";
-				nu = 1;
-				st = JSON_S_LIT;
-			} else {
-				return json_scan_fail(why, c, "looking for beginning of value");
-			}
-			break;
-		case JSON_S_KEY_OR_END:
-			if (c == '}')
-				goto closed;
-			/* fall through */
-		case JSON_S_KEY:
-			if (json_space(c))
-				break;
-			if (c != '"')
-				return json_scan_fail(why, c, "looking for beginning of object key string");
-			key = 1;
-			st = JSON_S_STR;
-			break;
-		case JSON_S_END:
-			if (json_space(c))
-				break;
-			if (objs >> (depth - 1) & 1) {
-				if (after_key) {
-					if (c != ':')
-						return json_scan_fail(why, c, "after object key");
-					after_key = 0;
-					st = JSON_S_VALUE;
-				} else if (c == ',') {
-					st = JSON_S_KEY;
-				} else if (c == '}') {
-					goto closed;
-				} else {
-					return json_scan_fail(why, c, "after object key:value pair");
-				}
-			} else if (c == ',') {
-				st = JSON_S_VALUE;
-			} else if (c == ']') {
-				goto closed;
-			} else {
-				return json_scan_fail(why, c, "after array element");
-			}
-			break;
-		case JSON_S_STR:
-			if (c == '"') {
-				if (!key)
-					goto scalar_in;
-				after_key = 1;
-				st = JSON_S_END;
-			} else if (c == '\\') {
-				st = JSON_S_ESC;
-			} else if (c < 0x20) {
-				return json_scan_fail(why, c, "in string literal");
-			}
-			break;
-		case JSON_S_ESC:
-			if (c == 'b' || c == 'f' || c == 'n' || c == 'r' || c == 't' || c == '\\' || c == '/' ||
-			    c == '"') {
-				st = JSON_S_STR;
-			} else if (c == 'u') {
-				nu = 0;
-				st = JSON_S_U;
-			} else {
-				return json_scan_fail(why, c, "in string escape code");
-			}
-			break;
-		case JSON_S_U:
-			if (!digit && !((c | 0x20) >= 'a' && (c | 0x20) <= 'f'))
-				return json_scan_fail(why, c, "in \\u hexadecimal character escape");
-			if (++nu == 4)
-				st = JSON_S_STR;
-			break;
-		case JSON_S_NEG:
-			if (!digit)
-				return json_scan_fail(why, c, "in numeric literal");
-			st = c == '0' ? JSON_S_ZERO : JSON_S_INT;
-			break;
-		case JSON_S_INT:
-			if (digit)
-				break;
-			/* fall through */
-		case JSON_S_ZERO:
-			if (c == '.')
-				st = JSON_S_DOT;
-			else if (c == 'e' || c == 'E')
-				st = JSON_S_E;
-			else
-				goto scalar_out;
-			break;
-		case JSON_S_DOT:
-			if (!digit)
-				return json_scan_fail(why, c, "after decimal point in numeric literal");
-			st = JSON_S_FRAC;
-			break;
-		case JSON_S_FRAC:
-			if (digit)
-				break;
-			if (c != 'e' && c != 'E')
-				goto scalar_out;
-			st = JSON_S_E;
-			break;
-		case JSON_S_E:
-			if (c == '+' || c == '-') {
-				st = JSON_S_ESIGN;
-				break;
-			}
-			/* fall through */
-		case JSON_S_ESIGN:
-			if (!digit)
-				return json_scan_fail(why, c, "in exponent of numeric literal");
-			st = JSON_S_EXP;
-			break;
-		case JSON_S_EXP:
-			if (!digit)
-				goto scalar_out;
-			break;
-		default: /* JSON_S_LIT */
-			if (c != (uint8_t)lit[nu]) {
-				snprintf(ctx, sizeof ctx, "in literal %s (expecting '%c')", lit, lit[nu]);
-				return json_scan_fail(why, c, ctx);
-			}
-			if (!lit[++nu])
-				goto scalar_in;
-			break;
-		}
-		continue;
-	closed: /* p[i] closes the container at depth */
-		if (!--depth) {
-			*to = i + 1;
-			return 0;
-		}
-		st = JSON_S_END;
-		after_key = 0;
-		continue;
-	scalar_in: /* a string or a literal ends with p[i]; at the top, Go's scanner needs the byte after it */
-		if (!depth) {
-			*to = i + 1;
-			return i + 1 < n || eof ? 0 : KVD_EAGAIN;
-		}
-		st = JSON_S_END;
-		after_key = 0;
-		continue;
-	scalar_out: /* a number ended before p[i] */
-		if (!depth) {
-			*to = i;
-			return 0;
-		}
-		st = JSON_S_END;
-		after_key = 0;
-		goto again;
-	}
-	if (!eof)
-		return KVD_EAGAIN;
-	if (!depth && (st == JSON_S_ZERO || st == JSON_S_INT || st == JSON_S_FRAC || st == JSON_S_EXP)) {
-		*to = n;
-		return 0;
-	}
-	snprintf(why, JSON_PB_WHY, "unexpected EOF");
-	return KVD_EPROTO;
-}
-
-/* ---- JSON in: protojson ------------------------------------------------------------ */
-
-enum { JSON_T_EOF, JSON_T_NULL, JSON_T_BOOL, JSON_T_NUM, JSON_T_STR, JSON_T_NAME, JSON_T_OBJ, JSON_T_OBJ_END,
-       JSON_T_ARR, JSON_T_ARR_END };
-
-struct json_tok {
-	int kind, boo;
-	size_t pos, len; /* as written: in[pos..pos + len) */
-};
-
-struct json_pj {
-	struct kvd *k;
-	const uint8_t *in; /* the value */
-	size_t n, at;
-	struct kvd_buf str; /* the last string token's bytes, NUL-terminated */
-	char *why;          /* JSON_PB_WHY bytes */
-	int depth;
-};
-
-/* protojson's error at in[pos]: "proto: (line L:C): ..." (syntax: "proto:
- * syntax error (line L:C): ..."), the column counted in runes as Go does. */
-static int json_pj_fail(struct json_pj *d, size_t pos, int syntax, const char *fmt, ...) KVD_PRINTF(4, 5);
-static int json_pj_fail(struct json_pj *d, size_t pos, int syntax, const char *fmt, ...)
-{
-	size_t i, l, line = 1, col = 1;
-	va_list ap;
-	int o;
-
-	for (i = 0; i < pos && i < d->n; i += l) {
-		l = d->in[i] < 0x80 ? 1 : json_utf8_len(d->in + i, d->in + pos);
-		if (!l)
-			l = 1; /* a byte that is not UTF-8 is a rune */
-		if (d->in[i] == '\n')
-			line++, col = 1;
-		else
-			col++;
-	}
-	o = snprintf(d->why, JSON_PB_WHY, "proto: %s(line %zu:%zu): ", syntax ? "syntax error " : "", line, col);
-	va_start(ap, fmt);
-	vsnprintf(d->why + o, JSON_PB_WHY - (size_t)o, fmt, ap);
-	va_end(ap);
-	return KVD_EPROTO;
-}
-
-static int json_pj_eof(struct json_pj *d)
-{
-	snprintf(d->why, JSON_PB_WHY, "proto: unexpected EOF");
-	return KVD_EPROTO;
-}
-
-/* Token t as written, cut at JSON_PJ_RAW bytes between runes, into out. */
-static const char *json_pj_raw(const struct json_pj *d, const struct json_tok *t, char *out)
-{
-	size_t n = KVD_MIN(t->len, (size_t)JSON_PJ_RAW);
-
-	if (n < t->len)
-		while (n && (d->in[t->pos + n] & 0xc0) == 0x80)
-			n--;
-	memcpy(out, d->in + t->pos, n);
-	out[n] = 0;
-	return out;
-}
-
-static int json_pj_unexpected(struct json_pj *d, const struct json_tok *t)
-{
-	char raw[JSON_PJ_RAW + 1];
-
-	return json_pj_fail(d, t->pos, 1, "unexpected token %s", json_pj_raw(d, t, raw));
-}
-
-/* A string token at in[d->at] (its quote) into d->str, as protojson reads one. */
-static int json_pj_string(struct json_pj *d, struct json_tok *t)
-{
-	const uint8_t *p = d->in + d->at + 1, *end = d->in + d->n, *esc;
-	char q[64];
-	uint8_t *o;
-	uint32_t c, lo;
-	size_t l;
-
-	d->str.len = 0;
-	if (buf_reserve(d->k, &d->str, d->n - d->at + 1)) /* never longer than as written */
-		return KVD_ENOMEM;
-	o = d->str.p;
-	for (;;) {
-		if (p >= end)
-			return json_pj_eof(d);
-		if (*p == '"')
-			break;
-		if (*p >= 0x80) {
-			if (!(l = json_utf8_len(p, end)))
-				return json_pj_fail(d, t->pos, 1, "invalid UTF-8 in string");
-			memcpy(o, p, l);
-			o += l;
-			p += l;
-			continue;
-		}
-		if (*p < 0x20) {
-			*json_go_rune(q, *p) = 0;
-			return json_pj_fail(d, t->pos, 1, "invalid character '%s' in string", q);
-		}
-		if (*p != '\\') {
-			*o++ = *p++;
-			continue;
-		}
-		if (end - p < 2)
-			return json_pj_eof(d);
-		esc = p;
-		switch (p[1]) {
-		case '"': case '\\': case '/': *o++ = p[1]; break;
-		case 'b': *o++ = '\b'; break;
-		case 'f': *o++ = '\f'; break;
-		case 'n': *o++ = '\n'; break;
-		case 'r': *o++ = '\r'; break;
-		case 't': *o++ = '\t'; break;
-		case 'u':
-			if (end - p < 6)
-				return json_pj_eof(d);
-			if (json_hex4(p + 2, &c))
-				goto bad;
-			p += 6;
-			if (c >= 0xd800 && c <= 0xdfff) { /* must be the first half of a pair, the second following */
-				esc = p;
-				if (end - p < 6)
-					return json_pj_eof(d);
-				if (p[0] != '\\' || p[1] != 'u' || json_hex4(p + 2, &lo) || c > 0xdbff || lo < 0xdc00 ||
-				    lo > 0xdfff)
-					goto bad;
-				p += 6;
-				c = 0x10000 + ((c - 0xd800) << 10) + (lo - 0xdc00);
-			}
-			o = json_put_utf8(o, c);
-			continue;
-		default:
-			json_go_quote(p, 2, q);
-			return json_pj_fail(d, t->pos, 1, "invalid escape code %s in string", q);
-		}
-		p += 2;
-		continue;
-	bad:
-		json_go_quote(esc, 6, q);
-		return json_pj_fail(d, t->pos, 1, "invalid escape code %s in string", q);
-	}
-	*o = 0;
-	d->str.len = (size_t)(o - d->str.p);
-	t->kind = JSON_T_STR;
-	t->len = (size_t)(p + 1 - (d->in + t->pos));
-	d->at = t->pos + t->len;
-	return 0;
-}
-
-/* Is c one of the bytes protojson takes to go on a token ([-+._a-zA-Z0-9])? */
-static int json_pj_nondelim(unsigned c)
-{
-	return c == '-' || c == '+' || c == '.' || c == '_' || (c >= '0' && c <= '9') ||
-	       ((c | 0x20) >= 'a' && (c | 0x20) <= 'z');
-}
-
-/* The length of the JSON number at s[0..n), 0 if none, as protojson's
- * parseNumber reads one (a delimiter or the end must follow it). */
-static size_t json_pj_numlen(const uint8_t *s, size_t n)
-{
-	size_t i = 0;
-
-	if (i < n && s[i] == '-')
-		i++;
-	if (i >= n || !(s[i] >= '0' && s[i] <= '9'))
-		return 0;
-	if (s[i++] != '0')
-		while (i < n && s[i] >= '0' && s[i] <= '9')
-			i++;
-	if (n - i >= 2 && s[i] == '.' && s[i + 1] >= '0' && s[i + 1] <= '9')
-		for (i += 2; i < n && s[i] >= '0' && s[i] <= '9'; i++)
-			;
-	if (n - i >= 2 && (s[i] == 'e' || s[i] == 'E')) {
-		i++;
-		if (s[i] == '+' || s[i] == '-')
-			if (++i == n)
-				return 0;
-		while (i < n && s[i] >= '0' && s[i] <= '9')
-			i++;
-	}
-	return i < n && json_pj_nondelim(s[i]) ? 0 : i;
-}
-
-/* The next token (commas skipped, a string before ':' a name), at its first byte t->pos. */
-static int json_pj_next(struct json_pj *d, struct json_tok *t)
-{
-	static const char *const lits[] = {"null", "false", "true"};
-	const uint8_t *p;
-	size_t l, left;
-	int r, w;
-
-	for (;;) {
-		while (d->at < d->n && json_space(d->in[d->at]))
-			d->at++;
-		if (d->at >= d->n || d->in[d->at] != ',')
-			break;
-		d->at++;
-	}
-	memset(t, 0, sizeof *t);
-	t->pos = d->at;
-	if (d->at >= d->n)
-		return 0; /* JSON_T_EOF */
-	p = d->in + d->at;
-	left = d->n - d->at;
-	t->len = 1;
-	switch (*p) {
-	case '{': t->kind = JSON_T_OBJ; break;
-	case '}': t->kind = JSON_T_OBJ_END; break;
-	case '[': t->kind = JSON_T_ARR; break;
-	case ']': t->kind = JSON_T_ARR_END; break;
-	case '"':
-		if ((r = json_pj_string(d, t)))
-			return r;
-		while (d->at < d->n && json_space(d->in[d->at]))
-			d->at++;
-		if (d->at < d->n && d->in[d->at] == ':') {
-			d->at++;
-			t->kind = JSON_T_NAME;
-		}
-		return 0;
-	case 'n': case 'f': case 't':
-		w = *p == 'n' ? 0 : *p == 'f' ? 1 : 2;
-		l = strlen(lits[w]);
-		if (left < l || memcmp(p, lits[w], l) || (left > l && json_pj_nondelim(p[l])))
-			goto bad;
-		t->kind = w ? JSON_T_BOOL : JSON_T_NULL;
-		t->boo = w == 2;
-		t->len = l;
-		break;
-	default:
-		if (!(l = json_pj_numlen(p, left)))
-			goto bad;
-		t->kind = JSON_T_NUM;
-		t->len = l;
-		break;
-	}
-	d->at += t->len;
-	return 0;
-bad: /* not after json_scan: Go's scanner took the value */
-	for (l = 0; l < left && l < 32 && json_pj_nondelim(p[l]); l++)
-		;
-	if (!l && !(l = *p < 0x80 ? 1 : json_utf8_len(p, p + left)))
-		return json_pj_fail(d, t->pos, 1, "invalid value");
-	return json_pj_fail(d, t->pos, 1, "invalid value %.*s", (int)l, (const char *)p);
-}
-
-/*
- * The integer a JSON number s[0..n) is, as protojson's Token.Int/Uint
- * reads one (1e2 and 1.0 are integers; 1.5 is not), into *out: 0, or
- * KVD_ERANGE when it is not one of the field's (sign, bits).
- */
-static int json_pj_int(const uint8_t *s, size_t n, int sign, int bits, uint64_t *out)
-{
-	const uint8_t *ip = NULL, *fp = NULL;
-	size_t il = 0, fl = 0, i = 0, nd, j;
-	long long e = 0;
-	int neg = 0, eneg = 0;
-	uint64_t u = 0, lim;
-	char digits[24];
-
-	if (i < n && s[i] == '-')
-		neg = 1, i++;
-	if (i >= n || !(s[i] >= '0' && s[i] <= '9'))
-		return KVD_ERANGE;
-	if (s[i] == '0') {
-		i++;
-	} else {
-		for (ip = s + i; i < n && s[i] >= '0' && s[i] <= '9'; i++)
-			il++;
-	}
-	if (n - i >= 2 && s[i] == '.' && s[i + 1] >= '0' && s[i + 1] <= '9') {
-		for (fp = s + ++i; i < n && s[i] >= '0' && s[i] <= '9'; i++)
-			fl++;
-		while (fl && fp[fl - 1] == '0')
-			fl--;
-	}
-	if (!il && !fl) { /* zero, whatever its exponent */
-		*out = 0;
-		return 0;
-	}
-	if (n - i >= 2 && (s[i] == 'e' || s[i] == 'E')) { /* the exponent: strconv.ParseInt(_, 10, 32) */
-		if (++i < n && (s[i] == '+' || s[i] == '-'))
-			eneg = s[i++] == '-';
-		if (i == n || !(s[i] >= '0' && s[i] <= '9'))
-			return KVD_ERANGE; /* "1e+": a sign alone */
-		for (; i < n && s[i] >= '0' && s[i] <= '9'; i++)
-			if ((e = e * 10 + (s[i] - '0')) > 2147483648LL)
-				return KVD_ERANGE;
-		if (e > 2147483647LL + eneg)
-			return KVD_ERANGE;
-		if (eneg)
-			e = -e;
-	}
-	if (e >= 0) { /* fraction digits move into the integer, zeros pad it */
-		if ((long long)fl > e || (long long)il + e > 20)
-			return KVD_ERANGE;
-		memcpy(digits, ip ? (const char *)ip : "", il);
-		memcpy(digits + il, fp ? (const char *)fp : "", fl);
-		nd = il + (size_t)e;
-		for (j = il + fl; j < nd; j++)
-			digits[j] = '0';
-		ip = (const uint8_t *)digits;
-	} else { /* digits move out of it, each of them a zero */
-		if (fl || (long long)il + e < 0)
-			return KVD_ERANGE;
-		nd = il - (size_t)-e;
-		for (j = nd; j < il; j++)
-			if (ip[j] != '0')
-				return KVD_ERANGE;
-	}
-	if (!nd || (neg && !sign)) /* strconv.ParseInt(""), ParseUint("-1") */
-		return KVD_ERANGE;
-	if (sign)
-		lim = (bits == 32 ? 0x7fffffffull : 0x7fffffffffffffffull) + (uint64_t)neg;
-	else
-		lim = bits == 32 ? 0xffffffffull : UINT64_MAX;
-	for (j = 0; j < nd; j++) {
-		unsigned dg = (unsigned)(ip[j] - '0');
-		if (u > (lim - dg) / 10)
-			return KVD_ERANGE;
-		u = u * 10 + dg;
-	}
-	*out = neg ? (uint64_t)0 - u : u;
-	return 0;
-}
-
-/* Does the UTF-8 rune at p (l bytes) count as space to Go's strings.TrimSpace? */
-static int json_pj_trims(const uint8_t *p, size_t l)
-{
-	uint32_t c = l ? json_utf8_rune(p, l) : 0;
-
-	return c == ' ' || (c >= '\t' && c <= '\r') || c == 0x85 || c == 0xa0 || c == 0x1680 ||
-	       (c >= 0x2000 && c <= 0x200a) || c == 0x2028 || c == 0x2029 || c == 0x202f || c == 0x205f || c == 0x3000;
-}
-
-/* The number a string token holds (d->str), as protojson takes one for a
- * number field: no space around it, a number first; its length or 0. */
-static size_t json_pj_strnum(const struct json_pj *d)
-{
-	const uint8_t *s = d->str.p, *e = s + d->str.len, *last;
-
-	if (!d->str.len || json_pj_trims(s, s[0] < 0x80 ? 1 : json_utf8_len(s, e)))
-		return 0;
-	for (last = e - 1; last > s && (*last & 0xc0) == 0x80; last--)
-		;
-	if (json_pj_trims(last, (size_t)(e - last)))
-		return 0;
-	return json_pj_numlen(s, d->str.len);
-}
-
-/* An integer field's value (a number, or a string holding one). */
-static int json_pj_intval(struct json_pj *d, const struct json_tok *t, int sign, int bits, uint64_t *out)
-{
-	size_t l;
-
-	if (t->kind == JSON_T_NUM)
-		return json_pj_int(d->in + t->pos, t->len, sign, bits, out);
-	if (t->kind != JSON_T_STR || !(l = json_pj_strnum(d)))
-		return KVD_ERANGE;
-	return json_pj_int(d->str.p, l, sign, bits, out);
-}
-
-/* A float or double field's value: a number, a string holding one, "NaN",
- * "Infinity" or "-Infinity" (no etcd message has one). */
-static int json_pj_floatval(struct json_pj *d, const struct json_tok *t, int bits, double *out)
-{
-	char tmp[400];
-	const uint8_t *s;
-	size_t l;
-
-	if (t->kind == JSON_T_STR) {
-		const char *v = (const char *)d->str.p;
-		uint64_t bits64 = 0;
-		if (d->str.len == 3 && !strcmp(v, "NaN"))
-			bits64 = 0x7ff8000000000000ull;
-		else if (d->str.len == 8 && !strcmp(v, "Infinity"))
-			bits64 = 0x7ff0000000000000ull;
-		else if (d->str.len == 9 && !strcmp(v, "-Infinity"))
-			bits64 = 0xfff0000000000000ull;
-		if (bits64) {
-			memcpy(out, &bits64, 8);
-			return 0;
-		}
-		if (!(l = json_pj_strnum(d)))
-			return KVD_ERANGE;
-		s = d->str.p;
-	} else if (t->kind == JSON_T_NUM) {
-		s = d->in + t->pos;
-		l = t->len;
-	} else {
-		return KVD_ERANGE;
-	}
-	if (l >= sizeof tmp)
-		return KVD_ERANGE; /* kvd's bound */
-	memcpy(tmp, s, l);
-	tmp[l] = 0;
-	*out = strtod(tmp, NULL);
-	if (!(*out - *out == 0) || (bits == 32 && (*out > 3.4028234663852886e38 || *out < -3.4028234663852886e38)))
-		return KVD_ERANGE; /* strconv.ParseFloat: out of range */
-	return 0;
-}
-
-/* The base64 text s[0..n) as protojson decodes a bytes field (Go's
- * encoding/base64, not strict), into out (room for n * 3 / 4 + 3): its
- * length, or -1. */
-static long json_pj_b64(const uint8_t *s, size_t n, uint8_t *out)
-{
-	int url = memchr(s, '-', n) || memchr(s, '_', n), pad = n % 4 == 0, j, dlen;
-	size_t si = 0, o = 0;
-
-	for (;;) {
-		uint32_t q[4] = {0, 0, 0, 0}, v;
-		for (dlen = 4, j = 0; j < 4; j++) {
-			uint8_t c;
-			const char *at;
-			if (si == n) {
-				if (j == 0)
-					return (long)o;
-				if (j == 1 || pad)
-					return -1;
-				dlen = j;
-				break;
-			}
-			c = s[si++];
-			if (c == (url ? '-' : '+'))
-				c = '+';
-			else if (c == (url ? '_' : '/'))
-				c = '/';
-			else if (c == '+' || c == '/')
-				c = '!'; /* the other alphabet's */
-			if (c && (at = strchr(json_b64std, c)) != NULL) {
-				q[j] = (uint32_t)(at - json_b64std);
-				continue;
-			}
-			if (c == '\n' || c == '\r') {
-				j--;
-				continue;
-			}
-			if (!pad || c != '=' || j < 2)
-				return -1;
-			if (j == 2) { /* "==" */
-				while (si < n && (s[si] == '\n' || s[si] == '\r'))
-					si++;
-				if (si == n || s[si] != '=')
-					return -1;
-				si++;
-			}
-			while (si < n && (s[si] == '\n' || s[si] == '\r'))
-				si++;
-			if (si < n)
-				return -1; /* after the padding */
-			dlen = j;
-			break;
-		}
-		v = q[0] << 18 | q[1] << 12 | q[2] << 6 | q[3];
-		for (j = 0; j < dlen - 1; j++)
-			out[o++] = (uint8_t)(v >> (16 - 8 * j));
-		if (dlen < 4)
-			return (long)o;
-	}
-}
-
-/* protoreflect's name of f's kind, for protojson's errors. */
-static const char *json_pj_kind(const ProtobufCFieldDescriptor *f)
-{
-	switch (f->type) {
-	case PROTOBUF_C_TYPE_INT32: return "int32";
-	case PROTOBUF_C_TYPE_SINT32: return "sint32";
-	case PROTOBUF_C_TYPE_SFIXED32: return "sfixed32";
-	case PROTOBUF_C_TYPE_INT64: return "int64";
-	case PROTOBUF_C_TYPE_SINT64: return "sint64";
-	case PROTOBUF_C_TYPE_SFIXED64: return "sfixed64";
-	case PROTOBUF_C_TYPE_UINT32: return "uint32";
-	case PROTOBUF_C_TYPE_FIXED32: return "fixed32";
-	case PROTOBUF_C_TYPE_UINT64: return "uint64";
-	case PROTOBUF_C_TYPE_FIXED64: return "fixed64";
-	case PROTOBUF_C_TYPE_FLOAT: return "float";
-	case PROTOBUF_C_TYPE_DOUBLE: return "double";
-	case PROTOBUF_C_TYPE_BOOL: return "bool";
-	case PROTOBUF_C_TYPE_ENUM: return "enum";
-	case PROTOBUF_C_TYPE_STRING: return "string";
-	case PROTOBUF_C_TYPE_BYTES: return "bytes";
-	default: return "message";
-	}
-}
-
-/* Is key[0..klen) the lowerCamel JSON name of proto name n (protoc's
- * json_name: each '_' dropped and the letter after it upper-cased)? */
-static int json_pb_camel(const char *n, const char *key, size_t klen)
-{
-	size_t o = 0;
-	int up = 0;
-
-	for (; *n; n++) {
-		char c = *n;
-		if (c == '_') {
-			up = 1;
-			continue;
-		}
-		if (up && c >= 'a' && c <= 'z')
-			c = (char)(c - 'a' + 'A');
-		up = 0;
-		if (o >= klen || key[o++] != c)
-			return 0;
-	}
-	return o == klen;
-}
-
-static int json_pj_bad_value(struct json_pj *d, const ProtobufCFieldDescriptor *f, const struct json_tok *t)
-{
-	char raw[JSON_PJ_RAW + 1], jn[64];
-	const char *n = f->name;
-	size_t o = 0;
-	int up = 0;
-
-	for (; *n && o < sizeof jn - 1; n++) { /* f's JSON name */
-		if (*n == '_') {
-			up = 1;
-			continue;
-		}
-		jn[o++] = up && *n >= 'a' && *n <= 'z' ? (char)(*n - 'a' + 'A') : *n;
-		up = 0;
-	}
-	jn[o] = 0;
-	return json_pj_fail(d, t->pos, 0, "invalid value for %s field %s: %s", json_pj_kind(f), jn,
-	                    json_pj_raw(d, t, raw));
-}
-
-static int json_pj_message(struct json_pj *d, struct kvd_buf *b, const ProtobufCMessageDescriptor *md,
-                           const struct json_tok *t);
-
-/* One value of scalar field f (a list's element, or the field), token t, onto b. */
-static int json_pj_scalar(struct json_pj *d, struct kvd_buf *b, const ProtobufCFieldDescriptor *f,
-                          const struct json_tok *t)
-{
-	struct kvd *k = d->k;
-	uint64_t u = 0;
-
-	switch (f->type) {
-	case PROTOBUF_C_TYPE_BOOL:
-		if (t->kind != JSON_T_BOOL)
-			return json_pj_bad_value(d, f, t);
-		pb_buf_uint(k, b, f->id, (uint64_t)t->boo);
-		return 0;
-	case PROTOBUF_C_TYPE_STRING:
-		if (t->kind != JSON_T_STR)
-			return json_pj_bad_value(d, f, t);
-		pb_buf_bytes(k, b, f->id, d->str.p, d->str.len);
-		return 0;
-	case PROTOBUF_C_TYPE_BYTES: {
-		uint8_t *raw;
-		long n;
-		if (t->kind != JSON_T_STR)
-			return json_pj_bad_value(d, f, t);
-		if (buf_reserve(k, b, PB_HDR_MAX + d->str.len)) /* room for the tag and length, then the bytes */
-			return KVD_ENOMEM;
-		raw = b->p + b->len + PB_HDR_MAX;
-		if ((n = json_pj_b64(d->str.p, d->str.len, raw)) < 0)
-			return json_pj_bad_value(d, f, t);
-		u = (uint64_t)(pb_put_lenhdr(b->p + b->len, f->id, (uint64_t)n) - (b->p + b->len));
-		memmove(b->p + b->len + u, raw, (size_t)n);
-		b->len += (size_t)u + (size_t)n;
-		return 0;
-	}
-	case PROTOBUF_C_TYPE_ENUM:
-		if (t->kind == JSON_T_STR) {
-			const char *nm = (const char *)d->str.p;
-			const ProtobufCEnumValue *ev = protobuf_c_enum_descriptor_get_value_by_name(f->descriptor, nm);
-			if (!ev || strlen(nm) != d->str.len)
-				return 0; /* an unknown name: dropped (DiscardUnknown) */
-			u = (uint64_t)(int64_t)ev->value;
-		} else if (t->kind != JSON_T_NUM || json_pj_int(d->in + t->pos, t->len, 1, 32, &u)) {
-			return json_pj_bad_value(d, f, t);
-		}
-		pb_buf_uint(k, b, f->id, u);
-		return 0;
-	case PROTOBUF_C_TYPE_FLOAT:
-	case PROTOBUF_C_TYPE_DOUBLE: { /* no etcd message has one */
-		double x;
-		if (json_pj_floatval(d, t, f->type == PROTOBUF_C_TYPE_FLOAT ? 32 : 64, &x))
-			return json_pj_bad_value(d, f, t);
-		if (f->type == PROTOBUF_C_TYPE_FLOAT) {
-			float fl = (float)x;
-			uint32_t bits;
-			memcpy(&bits, &fl, 4);
-			pb_buf_fixed(k, b, f->id, 32, bits);
-		} else {
-			memcpy(&u, &x, 8);
-			pb_buf_fixed(k, b, f->id, 64, u);
-		}
-		return 0;
-	}
-	default:
-		break;
-	}
-	/* the integers */
-	{
-		int sign = f->type == PROTOBUF_C_TYPE_INT32 || f->type == PROTOBUF_C_TYPE_SINT32 ||
-		           f->type == PROTOBUF_C_TYPE_SFIXED32 || f->type == PROTOBUF_C_TYPE_INT64 ||
-		           f->type == PROTOBUF_C_TYPE_SINT64 || f->type == PROTOBUF_C_TYPE_SFIXED64;
-		int bits = json_pb_elem_size(f) == 8 ? 64 : 32;
-		if (json_pj_intval(d, t, sign, bits, &u))
-			return json_pj_bad_value(d, f, t);
-		switch (f->type) {
-		case PROTOBUF_C_TYPE_SINT32: /* zigzag */
-			u = (uint32_t)((uint32_t)u << 1 ^ (uint32_t)((int32_t)(uint32_t)u >> 31));
-			break;
-		case PROTOBUF_C_TYPE_SINT64:
-			u = u << 1 ^ (uint64_t)((int64_t)u >> 63);
-			break;
-		case PROTOBUF_C_TYPE_SFIXED32: case PROTOBUF_C_TYPE_FIXED32:
-			pb_buf_fixed(k, b, f->id, 32, u);
-			return 0;
-		case PROTOBUF_C_TYPE_SFIXED64: case PROTOBUF_C_TYPE_FIXED64:
-			pb_buf_fixed(k, b, f->id, 64, u);
-			return 0;
-		default:
-			break;
-		}
-		pb_buf_uint(k, b, f->id, u);
-		return 0;
-	}
-}
-
-/* A message field's value (token t opens it) as a length-delimited field onto b. */
-static int json_pj_sub(struct json_pj *d, struct kvd_buf *b, const ProtobufCFieldDescriptor *f,
-                       const struct json_tok *t)
-{
-	struct kvd_buf sub = {0};
-	int r;
-
-	if ((r = json_pj_message(d, &sub, f->descriptor, t)) == 0) {
-		pb_buf_bytes(d->k, b, f->id, BUF_DATA(&sub), BUF_LEN(&sub));
-		r = sub.err ? KVD_ENOMEM : 0;
-	}
-	buf_free(d->k, &sub);
-	return r;
-}
-
-/* An unknown member's value, read and dropped (protojson's skipJSONValue). */
-static int json_pj_skip(struct json_pj *d)
-{
-	struct json_tok t;
-	long open = 0;
-	int r;
-
-	do {
-		if ((r = json_pj_next(d, &t)))
-			return r;
-		if (t.kind == JSON_T_OBJ || t.kind == JSON_T_ARR)
-			open++;
-		else if (t.kind == JSON_T_OBJ_END || t.kind == JSON_T_ARR_END)
-			open--;
-		else if (t.kind == JSON_T_EOF)
-			return json_pj_eof(d);
-	} while (open > 0);
-	return 0;
-}
-
-/* The field a member's name (d->str) sets: its JSON name first, then its
- * proto name; NULL if none (an extension's "[...]" is none of etcd's). */
-static const ProtobufCFieldDescriptor *json_pj_field(const struct json_pj *d, const ProtobufCMessageDescriptor *md)
-{
-	const char *name = (const char *)d->str.p;
-	size_t n = d->str.len;
-	unsigned i;
-
-	if (n >= 2 && name[0] == '[' && name[n - 1] == ']')
-		return NULL;
-	for (i = 0; i < md->n_fields; i++)
-		if (json_pb_camel(md->fields[i].name, name, n))
-			return &md->fields[i];
-	for (i = 0; i < md->n_fields; i++)
-		if (strlen(md->fields[i].name) == n && !memcmp(md->fields[i].name, name, n))
-			return &md->fields[i];
-	return NULL;
-}
-
-/* The oneof of etcd's messages that have one (protobuf-c keeps no names). */
-static const char *json_pj_oneof(const ProtobufCMessageDescriptor *md)
-{
-	static const char *const names[][2] = {
-	    {"etcdserverpb.RequestOp", "request"},          {"etcdserverpb.ResponseOp", "response"},
-	    {"etcdserverpb.Compare", "target_union"},       {"etcdserverpb.WatchRequest", "request_union"},
-	};
-	size_t i;
-
-	for (i = 0; i < KVD_COUNT(names); i++)
-		if (!strcmp(md->name, names[i][0]))
-			return names[i][1];
-	return "oneof";
-}
-
-/* A member's name refused: named twice (md NULL), or a second member of md's oneof. */
-static int json_pj_refuse(struct json_pj *d, const struct json_tok *name, const ProtobufCMessageDescriptor *md)
-{
-	char raw[JSON_PJ_RAW + 1];
-
-	json_pj_raw(d, name, raw);
-	if (!md)
-		return json_pj_fail(d, name->pos, 0, "duplicate field %s", raw);
-	return json_pj_fail(d, name->pos, 0, "error parsing %s, oneof %s.%s is already set", raw, md->name,
-	                    json_pj_oneof(md));
-}
-
-/* Message md, its value opened by token t, as protobuf bytes onto b. */
-static int json_pj_message(struct json_pj *d, struct kvd_buf *b, const ProtobufCMessageDescriptor *md,
-                           const struct json_tok *t)
-{
-	uint64_t seen = 0;     /* fields named, by index (etcd's messages have at most 13) */
-	unsigned oneofs[8], noneofs = 0, i;
-	struct json_tok name, v, e;
-	int r, rv;
-
-	if (t->kind != JSON_T_OBJ)
-		return json_pj_unexpected(d, t);
-	if (d->depth >= JSON_MAX_DEPTH) /* json_scan bounded it already */
-		return json_pj_fail(d, t->pos, 0, "exceeded max recursion depth");
-	d->depth++;
-	for (;;) {
-		const ProtobufCFieldDescriptor *f;
-		unsigned idx;
-		if ((r = json_pj_next(d, &name)))
-			return r;
-		if (name.kind == JSON_T_OBJ_END)
-			break;
-		if (name.kind != JSON_T_NAME)
-			return json_pj_unexpected(d, &name);
-		if (!(f = json_pj_field(d, md))) {
-			if ((r = json_pj_skip(d)))
-				return r;
-			continue;
-		}
-		idx = (unsigned)(f - md->fields);
-		if (idx < 64 && (seen >> idx & 1))
-			return json_pj_refuse(d, &name, NULL);
-		if (idx < 64)
-			seen |= (uint64_t)1 << idx;
-		rv = json_pj_next(d, &v); /* protojson peeks at it for null: its fault waits */
-		if (!rv && v.kind == JSON_T_NULL)
-			continue;
-		if ((f->flags & PROTOBUF_C_FIELD_FLAG_ONEOF) && f->label != PROTOBUF_C_LABEL_REPEATED) {
-			for (i = 0; i < noneofs && oneofs[i] != f->quantifier_offset; i++)
-				;
-			if (i < noneofs)
-				return json_pj_refuse(d, &name, md);
-			if (noneofs < KVD_COUNT(oneofs))
-				oneofs[noneofs++] = f->quantifier_offset;
-		}
-		if (rv)
-			return rv;
-		if (f->label != PROTOBUF_C_LABEL_REPEATED) {
-			r = f->type == PROTOBUF_C_TYPE_MESSAGE ? json_pj_sub(d, b, f, &v) : json_pj_scalar(d, b, f, &v);
-			if (r)
-				return r;
-			continue;
-		}
-		if (v.kind != JSON_T_ARR)
-			return json_pj_unexpected(d, &v);
-		for (;;) {
-			if ((r = json_pj_next(d, &e)))
-				return r;
-			if (e.kind == JSON_T_ARR_END)
-				break;
-			r = f->type == PROTOBUF_C_TYPE_MESSAGE ? json_pj_sub(d, b, f, &e) : json_pj_scalar(d, b, f, &e);
-			if (r)
-				return r;
-		}
-	}
-	d->depth--;
-	return b->err ? KVD_ENOMEM : 0;
-}
-
-/*
- * The JSON value p[0..n) (json_scan found it) as message md's protobuf bytes
- * onto b, as protojson.Unmarshal reads it.  0, KVD_EPROTO (why: protojson's
- * words, JSON_PB_WHY bytes), or KVD_ENOMEM.
- */
-static int json_pj_decode(struct kvd *k, struct kvd_buf *b, const ProtobufCMessageDescriptor *md, const uint8_t *p,
-                          size_t n, char *why)
-{
-	struct json_pj d;
-	struct json_tok t;
-	int r;
-
-	memset(&d, 0, sizeof d);
-	d.k = k;
-	d.in = p;
-	d.n = n;
-	d.why = why;
-	if (!(r = json_pj_next(&d, &t)) && !(r = json_pj_message(&d, b, md, &t)) && !(r = json_pj_next(&d, &t)) &&
-	    t.kind != JSON_T_EOF)
-		r = json_pj_unexpected(&d, &t);
-	buf_free(k, &d.str);
-	return r ? r : b->err ? KVD_ENOMEM : 0;
-}
-
-/* ===== 20. confd: Ganeti's UDP query protocol (confd_) ================== */
+/* ===== 29. confd: Ganeti's UDP query protocol, keyspace mode (confd_) ==== */
 
 /*
  * Ganeti's confd on UDP: a datagram is "plj0" + {"msg","salt","hmac"}, the
@@ -19140,7 +19367,7 @@ static void confd_put_value(struct kvd *k, struct kvd_buf *b, const struct mvcc_
 		b->err = 1; /* no answer rather than a wrong one */
 		goto out;
 	}
-	for (i = 0; i < r->vlen && (l = json_utf8_len(v + i, v + r->vlen)); i += l)
+	for (i = 0; i < r->vlen && (l = utf8_len(v + i, v + r->vlen)); i += l)
 		;
 	if (i == r->vlen) {
 		json_put_str(k, b, v, r->vlen);
@@ -19266,7 +19493,20 @@ static void confd_keyspace(struct kvd *k, const struct confd_req *rq)
 	confd_end_msg(k, m->rev);
 }
 
-/* ---- Ganeti mode: the configuration ------------------------------------------------ */
+/* ===== 30. confd: Ganeti mode, datagrams, setup (confd_) ================= */
+
+/*
+ * Ganeti mode: the cluster's configuration (config.data, reloaded when it
+ * changes) and the queries Ganeti's confd answers from it, each as
+ * Ganeti's own server answers; then one datagram from socket to signed
+ * reply, and the sockets' setup.
+ *
+ * A confd query: confd_read (recvfrom, the rate bucket) -> confd_handle
+ * (the envelope, the salt as clock, replays) -> confd_hmac (checked before
+ * anything trusts the sender) -> confd_parse_request (section 29)
+ * -> confd_keyspace or confd_ganeti -> confd_sign (the reply signed with
+ * the request's salt) -> sendto.
+ */
 
 /*
  * ganeti-confd answers from its own typed copy of config.data: fields the
@@ -19557,7 +19797,7 @@ static void confd_hs_show(struct kvd *k, struct kvd_buf *b, const char *s, size_
 	buf_append(k, b, "\"", 1);
 	while (p < end && !b->err) {
 		uint32_t c = *p;
-		size_t l = c >= 0x80 ? json_utf8_len(p, end) : 1;
+		size_t l = c >= 0x80 ? utf8_len(p, end) : 1;
 		if (c >= 0x80 && l > 1)
 			c = l == 2 ? (p[0] & 0x1fu) << 6 | (p[1] & 0x3fu)
 			  : l == 3 ? (p[0] & 0x0fu) << 12 | (p[1] & 0x3fu) << 6 | (p[2] & 0x3fu)
@@ -20663,7 +20903,7 @@ static void confd_reload(struct kvd *k) { (void)k; }
 static void confd_close(struct kvd *k) { (void)k; }
 #endif /* KVD_NO_CONFD */
 
-/* ===== 21. TLS: a transport under any protocol (tls_) ================== */
+/* ===== 31. TLS: a transport under any protocol (tls_) ==================== */
 
 /* --tls-min-version / --tls-max-version, checked as etcd 3.7 checks them
  * (its words); 2 is TLS 1.2, 3 TLS 1.3.  TLS 1.3 needs an mbedtls that has
@@ -21169,7 +21409,7 @@ static int tls_step(struct conn *c)
 	if (t->done)
 		return 0;
 	if (k->tls->steps >= KVD_HANDSHAKE_STEPS) {
-		loop_arm(k, k->now); /* next iteration: the others go first */
+		util_wake_by(k, k->now); /* next iteration: the others go first */
 		return KVD_EAGAIN;
 	}
 	k->tls->steps++;
@@ -21335,7 +21575,7 @@ static int tls_accept(struct kvd *k, struct conn *c)
 }
 
 /* The verified client certificate's CN: who a call without a token is, with
- * --client-cert-auth (section 16).  NULL if none or empty; *n its length
+ * --client-cert-auth (section 19).  NULL if none or empty; *n its length
  * (it may hold NULs: compare it by length, never as a C string). */
 static const char *tls_peer_cn(const struct conn *c, size_t *n)
 {
@@ -21354,7 +21594,7 @@ static const char *tls_peer_cn(const struct conn *c, size_t *n)
 }
 #endif /* KVD_NO_TLS */
 
-/* ===== 22. HTTP/1.1 on the client port: /health, /version, the JSON gateway (http1_, gw_) == */
+/* ===== 32. HTTP/1.1 on the client port: requests and answers (http1_) ==== */
 
 /*
  * etcd serves HTTP/1.1 on its client port beside gRPC: /health for
@@ -21697,14 +21937,14 @@ static int http1_fail(struct kvd *k, struct conn *c, int status, const char *bod
 	return KVD_EINVAL;
 }
 
-/* ---- the JSON gateway: POST /v3/<service>/<method> ------------------------ */
+/* ===== 33. The JSON gateway: POST /v3/<service>/<method> (gw_) =========== */
 
 /*
  * etcd 3.7 answers JSON on its client port through grpc-gateway v2, which
  * turns each request into a gRPC call to etcd itself.  kvd has no second
- * server to call: a gateway request becomes a call (section 12) whose
+ * server to call: a gateway request becomes a call (section 8) whose
  * carrier is this connection.  Its JSON body is encoded to protobuf bytes
- * (section 19 owns the mapping) and the call meets the same decoder and the
+ * (section 7 owns the mapping) and the call meets the same decoder and the
  * same handler a gRPC request meets; the messages the handler queues are
  * unpacked and written back as JSON.  Nothing here knows an RPC's meaning.
  *
@@ -21893,7 +22133,7 @@ static void gw_close_send(struct kvd *k, struct call *cl)
 
 /*
  * Body bytes in h->body: hand over complete JSON values, as grpc-gateway's
- * json.Decoder finds them (section 19: json_scan, then json_pj_decode).  A
+ * json.Decoder finds them (sections 6 and 7: json_scan, then json_pj_decode).  A
  * bidi stream takes each as it completes; the others take the first once
  * the body is whole (grpc-gateway reads one value and ignores what follows;
  * a body of nothing but space is an empty request).
@@ -22018,7 +22258,7 @@ static int gw_body(struct kvd *k, struct conn *c)
 }
 
 /* One response message (gRPC-framed at the front of cl->out) as JSON onto b;
- * html: inside a stream's line (section 19). */
+ * html: inside a stream's line (section 7). */
 static int gw_message_json(struct kvd *k, struct call *cl, struct kvd_buf *b, int html)
 {
 	const uint8_t *p = BUF_DATA(&cl->out);
@@ -22058,7 +22298,7 @@ static int gw_utf8(const char *s, size_t n)
 	size_t i, l;
 
 	for (i = 0; i < n; i += l)
-		if (!(l = json_utf8_len((const uint8_t *)s + i, (const uint8_t *)s + n)))
+		if (!(l = utf8_len((const uint8_t *)s + i, (const uint8_t *)s + n)))
 			return 0;
 	return 1;
 }
@@ -22125,7 +22365,7 @@ static void gw_end(struct kvd *k, struct conn *c)
 	h->chunk_st = 0;
 	c->t_active = k->now;
 	if (BUF_LEN(&c->in) && !c->is_closing)
-		loop_arm(k, k->now); /* a pipelined request waits: read it next round */
+		util_wake_by(k, k->now); /* a pipelined request waits: read it next round */
 }
 
 static void gw_stream_error(struct kvd *k, struct conn *c);
@@ -22285,7 +22525,37 @@ static void gw_flush(struct kvd *k, struct conn *c)
 	gw_end(k, c);
 }
 
-/* ---- /metrics: Prometheus' text format ------------------------------------ */
+/* Input for the gateway call being served: its body, then its messages.
+ * 1 when the rest of c->in must wait (the call goes on), 0 to go on. */
+static int gw_input(struct kvd *k, struct conn *c)
+{
+	struct http1_conn *h = c->ps;
+	size_t before = BUF_LEN(&c->in);
+	int r = gw_body(k, c);
+
+	gw_recharge(k, c);
+	if (r)
+		return 1;
+	if (BUF_LEN(&c->in) != before)
+		c->t_active = k->now;
+	gw_deliver(k, c);
+	gw_recharge(k, c);
+	if (k->in_held > k->cfg.max_request_buffer)
+		net_shed(k);
+	if (h->in_call && h->body_done && BUF_LEN(&c->in) > HTTP1_MAX_HEAD + HTTP1_MAX_BODY) {
+		c->is_closing = 1; /* pipelining far ahead of a call: no */
+		return 1;
+	}
+	return h->in_call || !BUF_LEN(&c->in);
+}
+
+/* ===== 34. HTTP/1.1 endpoints: /health, /version, /metrics (http1_) ====== */
+
+/*
+ * What HTTP/1.1 serves beside the gateway: /health, /livez, /readyz,
+ * /version and Prometheus' /metrics, answered as etcd 3.7 answers them;
+ * http1_route sends a POST to /v3/... to the gateway (section 33).
+ */
 
 /*
  * What a Prometheus scrape or `etcdctl check datascale` reads from etcd,
@@ -22828,30 +23098,6 @@ static int http1_route(struct kvd *k, struct conn *c, const struct http1_req *r)
 	return 0;
 }
 
-/* Input for the gateway call being served: its body, then its messages.
- * 1 when the rest of c->in must wait (the call goes on), 0 to go on. */
-static int gw_input(struct kvd *k, struct conn *c)
-{
-	struct http1_conn *h = c->ps;
-	size_t before = BUF_LEN(&c->in);
-	int r = gw_body(k, c);
-
-	gw_recharge(k, c);
-	if (r)
-		return 1;
-	if (BUF_LEN(&c->in) != before)
-		c->t_active = k->now;
-	gw_deliver(k, c);
-	gw_recharge(k, c);
-	if (k->in_held > k->cfg.max_request_buffer)
-		net_shed(k);
-	if (h->in_call && h->body_done && BUF_LEN(&c->in) > HTTP1_MAX_HEAD + HTTP1_MAX_BODY) {
-		c->is_closing = 1; /* pipelining far ahead of a call: no */
-		return 1;
-	}
-	return h->in_call || !BUF_LEN(&c->in);
-}
-
 /* An answer that could not be queued whole leaves the byte stream broken
  * (HTTP/1.1 has no frame to drop, no stream to reset): the connection is
  * closed at once, as if the peer had gone, and the client sees it end. */
@@ -22893,7 +23139,7 @@ static void http1_input_step(struct kvd *k, struct conn *c)
 		if (n == 0) {
 			if (!h->t_head) {
 				h->t_head = k->now ? k->now : 1;
-				loop_arm(k, k->now + KVD_PREFACE_TIMEOUT_MS);
+				util_wake_by(k, k->now + KVD_PREFACE_TIMEOUT_MS);
 			}
 			return;
 		}
@@ -23005,7 +23251,7 @@ static const struct net_proto http1_proto = {
 	http1_busy, gw_shed, http1_free,
 };
 
-/* ===== 23. Sockets and the poll loop (net_, loop_) ====================== */
+/* ===== 35. Sockets and the poll loop (net_, loop_) ======================= */
 
 /*
  * One poll() loop, no threads.  Each kvd_poll() call (loop_run):
@@ -23027,12 +23273,6 @@ static const struct net_proto http1_proto = {
  * KVD_MAX_OUTPUT is not read (POLLIN off): that is the backpressure against
  * peers that do not read.
  */
-
-static void loop_arm(struct kvd *k, int64_t when)
-{
-	if (when < k->next_timer)
-		k->next_timer = when;
-}
 
 static int net_nonblock(int fd)
 {
@@ -23447,7 +23687,7 @@ static void net_refuse(struct kvd *k, int fd, int tls, const struct sockaddr_sto
 	c->next = k->conns;
 	k->conns = c;
 	k->nrefusing++;
-	loop_arm(k, k->now + KVD_REFUSE_WAIT_MS);
+	util_wake_by(k, k->now + KVD_REFUSE_WAIT_MS);
 }
 
 /* The first bytes of a refused connection: the refusal, in their protocol. */
@@ -23509,7 +23749,7 @@ static struct conn *net_conn_new(struct kvd *k, int fd, const struct net_transpo
 	c->fd = fd;
 	c->tr = tr;
 	c->t_open = c->t_active = k->now;
-	loop_arm(k, k->now + KVD_PREFACE_TIMEOUT_MS);
+	util_wake_by(k, k->now + KVD_PREFACE_TIMEOUT_MS);
 	return c;
 }
 
@@ -23709,7 +23949,7 @@ static void net_accept(struct kvd *k, struct net_listener *l)
 			if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
 				kvd_log(k, KVD_LOG_WARN, "accept: %s; pausing 100 ms", strerror(errno));
 				k->accept_pause_until = k->now + 100;
-				loop_arm(k, k->accept_pause_until);
+				util_wake_by(k, k->accept_pause_until);
 			}
 			return;
 		}
@@ -23823,14 +24063,14 @@ static void net_reap(struct kvd *k)
 	while ((c = *pp)) {
 		if (c->is_closing && !c->t_close) {
 			c->t_close = k->now ? k->now : 1;
-			loop_arm(k, k->now + 5000);
+			util_wake_by(k, k->now + 5000);
 		}
 		if (c->is_closing && !c->dead && !BUF_LEN(&c->out) && !c->shut_wr) {
 			if (c->tr->shut)
 				c->tr->shut(c);
 			shutdown(c->fd, SHUT_WR);
 			c->shut_wr = 1;
-			loop_arm(k, k->now + linger);
+			util_wake_by(k, k->now + linger);
 		}
 		if (c->dead || (c->shut_wr && (c->peer_closed || k->now - c->t_close >= linger)) ||
 		    (c->t_close && k->now - c->t_close >= 5000)) {
@@ -23883,7 +24123,7 @@ static void loop_notify_open(struct kvd *k)
 		if (!errno && !*end && v >= 2000) {
 			k->sd_wd_ms = (int64_t)(v / 2000); /* half the interval, in ms */
 			k->sd_wd_next = util_now_ms() + k->sd_wd_ms;
-			loop_arm(k, k->sd_wd_next);
+			util_wake_by(k, k->sd_wd_next);
 		}
 	}
 }
@@ -23915,7 +24155,7 @@ static void loop_stop(struct kvd *k)
 		return;
 	k->stopping = 1;
 	k->stop_deadline = k->now + k->cfg.drain_timeout_ms;
-	loop_arm(k, k->stop_deadline);
+	util_wake_by(k, k->stop_deadline);
 	for (i = 0; i < k->nls; i++)
 		net_close_listener(k, &k->ls[i]);
 	k->nls = 0;
@@ -23925,7 +24165,7 @@ static void loop_stop(struct kvd *k)
 			c->proto->drain(k, c);
 		else
 			c->is_closing = 1;
-	loop_arm(k, k->now + KVD_STOP_LINGER_MS); /* lingering connections go sooner now */
+	util_wake_by(k, k->now + KVD_STOP_LINGER_MS); /* lingering connections go sooner now */
 	kvd_log(k, KVD_LOG_INFO, "shutting down: draining %u connection(s)", k->nconns);
 	loop_notify(k, "STOPPING=1\nSTATUS=shutting down");
 }
@@ -23943,10 +24183,10 @@ static void loop_timers(struct kvd *k)
 			loop_notify(k, "WATCHDOG=1");
 			k->sd_wd_next = k->now + k->sd_wd_ms;
 		}
-		loop_arm(k, k->sd_wd_next);
+		util_wake_by(k, k->sd_wd_next);
 	}
 	for (c = k->conns; c; c = c->next)
-		loop_arm(k, net_timers(k, c));
+		util_wake_by(k, net_timers(k, c));
 	if (k->stopping) {
 		if (k->now >= k->stop_deadline) { /* grace is over: end what remains */
 			for (call = k->calls; call; call = call->next)
@@ -23957,13 +24197,13 @@ static void loop_timers(struct kvd *k)
 				if (k->now >= k->stop_deadline + 1000)
 					c->dead = 1;
 			}
-			loop_arm(k, k->stop_deadline + 1000);
+			util_wake_by(k, k->stop_deadline + 1000);
 		} else {
-			loop_arm(k, k->stop_deadline);
+			util_wake_by(k, k->stop_deadline);
 		}
 	}
 	if (k->accept_pause_until > k->now)
-		loop_arm(k, k->accept_pause_until);
+		util_wake_by(k, k->accept_pause_until);
 	watch_timers(k);
 	lease_timers(k);
 	life_compactor(k);
@@ -24022,7 +24262,7 @@ static void loop_log_flush(struct kvd *k)
 	k->nheld = 0;
 	if (err && (k->db.last_errno == ENOSPC || k->db.last_errno == EDQUOT)) {
 		life_on_enospc(k); /* its ALARM record goes in the next batch */
-		loop_arm(k, k->now);
+		util_wake_by(k, k->now);
 	}
 }
 
@@ -24097,7 +24337,7 @@ static void loop_oom_retry(struct kvd *k)
 {
 	if (k->alloc_failed) {
 		k->alloc_failed = 0;
-		loop_arm(k, k->now + 20);
+		util_wake_by(k, k->now + 20);
 	}
 }
 
@@ -24171,7 +24411,7 @@ static int loop_run(struct kvd *k, int timeout_ms)
 	return k->stopping && !k->conns ? KVD_ESTOPPED : 0;
 }
 
-/* ===== 24. Flags and configuration (cfg_) =============================== */
+/* ===== 36. Flags and configuration (cfg_) ================================ */
 
 /*
  * etcd's flag syntax (Go's flag package): -flag or --flag, "=value" or the
@@ -24910,7 +25150,7 @@ static int cfg_read_file(struct kvd_config *cfg, char **store, char *err, size_t
 	return kvd_config_yaml(cfg, text, got, text + got + 1, got + 1, err + n, errlen - (size_t)n);
 }
 
-/* ===== 25. Public embedding API (kvd_) ================================== */
+/* ===== 37. Public embedding API (kvd_) =================================== */
 
 #define KVD_STR_(x) #x
 #define KVD_STR(x) KVD_STR_(x)
@@ -25052,7 +25292,7 @@ KVD_API int kvd_config_parse(struct kvd_config *cfg, int argc, char **argv, char
 	return 0;
 }
 
-/* --config-file's text (the reader's grammar: section 24, cfg_yaml_). */
+/* --config-file's text (the reader's grammar: section 36, cfg_yaml_). */
 KVD_API int kvd_config_yaml(struct kvd_config *cfg, const char *text, size_t len, char *store, size_t cap, char *err,
                             size_t errlen)
 {
@@ -25496,7 +25736,7 @@ KVD_API int kvd_main(int argc, char **argv)
 	return r == KVD_ESTOPPED ? KVD_EXIT_OK : KVD_EXIT_RUNTIME;
 }
 
-/* ===== 26. main() ======================================================= */
+/* ===== 38. main() ======================================================== */
 
 #ifndef KVD_NO_MAIN
 int main(int argc, char **argv)

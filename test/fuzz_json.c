@@ -21,7 +21,7 @@ static void fuzz_utf8(const char *s)
 	size_t l;
 
 	for (; p < end; p += l)
-		if (!(l = json_utf8_len(p, end)))
+		if (!(l = utf8_len(p, end)))
 			abort();
 }
 

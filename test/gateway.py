@@ -9,7 +9,7 @@
   still Hash), a keepalive whose body has no request, OPTIONS) -- the answers
   compared (Date, cluster/member ids and raft term masked; JSON bodies
   without the whitespace protojson adds at random, escapes kept).  Among
-  them the JSON codec's (section 19): encoding/json's words for a body that
+  them the JSON codec's (section 7): encoding/json's words for a body that
   is not JSON, protojson's for one it refuses (a wrong value's type, a
   field or a oneof named twice, bad base64, invalid UTF-8, a lone
   surrogate, a top-level value that is not an object), what it takes that

@@ -1,0 +1,132 @@
+#!/usr/bin/env python3
+"""make toc: kvd.c's table of contents is an index that cannot go stale.
+
+  toc.py kvd.c           check: the TOC lists every section banner and, under
+                         it, every sub-banner, in file order; every name in
+                         the "WHERE IS" map is a function defined in the
+                         section its "§N" says; every function sits in a
+                         section whose banner names its prefix.
+  toc.py --write kvd.c   rewrite the TOC's list (and the §N of the map) from
+                         the file, then check.
+Prints "toc: ok" or what differs; exits 1 on a difference.
+"""
+import re, sys
+
+BAN = re.compile(r'^/\* ===== (\d+)\. (.*?) =+ ?(?:\*/)?\s*$')
+SUB = re.compile(r'^/\* ---- (.*?)(?: -+)?(?: ?\*/)?\s*$')
+DEF = re.compile(r'^(?:static |KVD_API )?(?:inline )?(?:const )?(?:unsigned |signed |struct |enum )?\w+[ \t*]+\**(\w+)\((?!\*)')
+MAP_LINE = re.compile(r'^ \*   (\S.*?):\s+(.*)$')
+HOP = re.compile(r'(\w+) §(\d+)')
+# functions that are not named by their section's prefix, on purpose
+EXEMPT_PREFIX = ('kvd_', 'main')
+
+
+def parse(lines):
+    secs, subs, fdefs, fsec = [], {}, {}, {}
+    cur = -1
+    for i, l in enumerate(lines):
+        m = BAN.match(l)
+        if m:
+            cur = int(m.group(1))
+            secs.append((cur, m.group(2)))
+            subs[cur] = []
+            continue
+        m = SUB.match(l)
+        if m and cur >= 0:
+            subs[cur].append(m.group(1).strip().rstrip('-').strip())
+            continue
+        if cur >= 0 and not l.startswith((' ', '\t', '#', '/', '*', '}')) and '(' in l and not l.rstrip().endswith(';'):
+            m = DEF.match(l)
+            j = i
+            def ends(x):
+                return re.sub(r'\s*/\*.*\*/\s*$', '', x).rstrip().endswith(';')
+            while m and j < len(lines) - 1 and not ends(lines[j]) and lines[j + 1] != '{':
+                j += 1
+            if m and ends(lines[j]):
+                m = None  # a prototype
+            if m and m.group(1) not in fdefs:
+                fdefs[m.group(1)] = i
+                fsec[m.group(1)] = cur
+    return secs, subs, fdefs, fsec
+
+
+def toc_lines(secs, subs, old_notes):
+    out = []
+    for n, t in secs:
+        line = ' * %4d. %s' % (n, t)
+        note = old_notes.get(t)
+        if note:
+            line = '%-40s -- %s' % (line, note)
+        out.append(line)
+        for s in subs[n]:
+            out.append(' *          - %s' % s)
+    return out
+
+
+def main():
+    write = '--write' in sys.argv
+    path = [a for a in sys.argv[1:] if not a.startswith('--')][0]
+    lines = open(path).read().split('\n')
+    secs, subs, fdefs, fsec = parse(lines)
+    try:
+        a = next(i for i, l in enumerate(lines) if l.startswith(' * TABLE OF CONTENTS'))
+        b = next(i for i, l in enumerate(lines) if i > a and l.startswith(' * WHERE IS'))
+        a = next(i for i, l in enumerate(lines) if i > a and re.match(r'^ \*\s+\d+\. ', l)) - 1
+    except StopIteration:
+        print('toc: no " * TABLE OF CONTENTS" ... " * WHERE IS" block at the top of %s' % path)
+        return 1
+    # the list ends at the first blank comment line after it
+    end = a + 1
+    while lines[end] != ' *':
+        end += 1
+    old = lines[a + 1:end]
+    notes = {}
+    for l in old:
+        m = re.match(r'^ \*\s+\d+\. (.*?)\s+-- (.*)$', l)
+        if m:
+            notes[m.group(1)] = m.group(2)
+    new = toc_lines(secs, subs, notes)
+    errors = []
+    if new != old:
+        if write:
+            lines[a + 1:end] = new
+            shift = len(new) - len(old)
+            b += shift
+        else:
+            import difflib
+            errors.append('the table of contents and the banners differ (make toc-write fixes it):\n' +
+                          '\n'.join(difflib.unified_diff(old, new, 'TOC', 'banners', lineterm='', n=0)))
+    # the map: lines " *   what: name §N > name §N ..." until " */"
+    i = b + 1
+    while not lines[i].startswith(' */'):
+        l = lines[i]
+        hops = HOP.findall(l)
+        for name, n in hops:
+            if name not in fdefs:
+                errors.append('WHERE IS names %s, which is not a function in %s' % (name, path))
+            elif fsec[name] != int(n):
+                if write:
+                    l = l.replace('%s §%s' % (name, n), '%s §%d' % (name, fsec[name]))
+                else:
+                    errors.append('WHERE IS says %s §%s; it is in section %d' % (name, n, fsec[name]))
+        lines[i] = l
+        i += 1
+    # prefixes: each function carries one its section's banner names
+    pre = {}
+    for n, t in secs:
+        m = re.search(r'\(([a-z0-9_, ]+)\)\s*$', t)
+        if m:
+            pre[n] = [p.strip() for p in m.group(1).split(',')]
+    for f, n in sorted(fsec.items(), key=lambda x: fdefs[x[0]]):
+        if n in pre and not f.startswith(tuple(pre[n])) and not f.startswith(EXEMPT_PREFIX):
+            errors.append('%s (line %d) sits in section %d, whose banner names %s' % (f, fdefs[f] + 1, n, ', '.join(pre[n])))
+    if write:
+        open(path, 'w').write('\n'.join(lines))
+    if errors:
+        print('toc: ' + '\ntoc: '.join(errors))
+        return 1
+    print('toc: ok (%d sections, %d sub-banners, %d functions)' % (len(secs), sum(len(v) for v in subs.values()), len(fdefs)))
+    return 0
+
+
+sys.exit(main())
