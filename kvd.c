@@ -26,7 +26,7 @@
  *          - JSON out
  *          - JSON in: encoding/json's Decoder
  *          - JSON in: protojson
- *    8. Calls: one RPC, whatever carries it (call_)
+ *    8. Calls: one RPC, whatever carries it (call_, svc_fail)
  *    9. MVCC store: the log, its format and grammar (mvcc_)
  *          - reading
  *          - the log's grammar: the one decoder every reader uses
@@ -907,7 +907,6 @@ struct svc_err {
 	int code;
 	const char *msg;
 };
-static int svc_fail(struct svc_err *e, int code, const char *msg); /* section 21 */
 
 /* ===== 3. Utilities: memory, log, bytes, clock, shares (util_, get_, put_, varint_, utf8_, bucket_, share_) == */
 
@@ -4025,7 +4024,7 @@ static int json_pj_decode(struct kvd *k, struct kvd_buf *b, const ProtobufCMessa
 	return r ? r : b->err ? KVD_ENOMEM : 0;
 }
 
-/* ===== 8. Calls: one RPC, whatever carries it (call_) ==================== */
+/* ===== 8. Calls: one RPC, whatever carries it (call_, svc_fail) ==================== */
 
 /*
  * A call is one RPC being served, apart from what carries it.  A service
@@ -4099,6 +4098,15 @@ static void call_hold(struct kvd *k, struct call *c)
 		return; /* cannot track it: it leaves after the flush all the same */
 	k->held[k->nheld++] = c;
 	c->held = 1;
+}
+
+/* A service's error (struct svc_err, section 2): its gRPC code and etcd's
+ * text, for the handler to end its call with.  Returns KVD_EINVAL. */
+static int svc_fail(struct svc_err *e, int code, const char *msg)
+{
+	e->code = code;
+	e->msg = msg;
+	return KVD_EINVAL;
 }
 
 /* Final status for c.  The message is copied; later calls are ignored. */
@@ -14198,13 +14206,6 @@ static void svc_header(struct kvd *k, Etcdserverpb__ResponseHeader *h, int with_
 	h->raft_term = SVC_RAFT_TERM;
 	if (with_revision)
 		h->revision = k->db.rev;
-}
-
-static int svc_fail(struct svc_err *e, int code, const char *msg)
-{
-	e->code = code;
-	e->msg = msg;
-	return KVD_EINVAL;
 }
 
 /* Allocations for one response, freed together. */
