@@ -832,5 +832,41 @@ def readme_openwrt_package_makefile():
     shutil.rmtree(top)
 
 
+
+@test
+def toc_catches_planted_faults():
+    """make toc's checker (test/lib/toc.py) passes kvd.c as it is and fails
+    each planted fault: a sub-banner the index does not list, a WHERE IS hop
+    naming the wrong section, a hop naming no function, a function whose
+    prefix its section's banner does not name."""
+    src = open(os.path.join(ROOT, "kvd.c")).read()
+    tool = os.path.join(ROOT, "test", "lib", "toc.py")
+    d = tempfile.mkdtemp(prefix="kvd-toc-")
+
+    def run(text):
+        f = os.path.join(d, "kvd.c")
+        open(f, "w").write(text)
+        r = subprocess.run([sys.executable, tool, f], capture_output=True, text=True)
+        return r.returncode, r.stdout
+    rc, out = run(src)
+    check(rc == 0 and out.startswith("toc: ok"), "kvd.c as it is: " + out.strip()[:200])
+    m = re.search(r"mvcc_put §(\d+)", src)
+    check(m is not None, "the WHERE IS map names mvcc_put")
+    hop = m.group(0)
+    wrong = "mvcc_put §%d" % (int(m.group(1)) + 1)
+    at = src.index("/* ===== 5. ")
+    faults = {
+        "an unlisted sub-banner": src[:at] + "/* ---- planted ---- */\n" + src[at:],
+        "a hop in the wrong section": src.replace(hop, wrong, 1),
+        "a hop naming no function": src.replace(hop, "mvcc_no_such_fn §%s" % m.group(1), 1),
+        "a function outside its prefix": src.replace("static void buf_free(", "static void planted_free(", 1)
+                                             .replace("buf_free(", "planted_free("),
+    }
+    for what, text in faults.items():
+        rc, out = run(text)
+        check(rc == 1 and "toc:" in out, "%s is caught: %s" % (what, out.strip()[:160]))
+    shutil.rmtree(d)
+
+
 if __name__ == "__main__":
     sys.exit(run_tests(sys.argv))
