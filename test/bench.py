@@ -551,6 +551,22 @@ def http1_rows(n=100000):
     k.stop()
 
 
+def load_rows(row, servers, nkeys):
+    """The side-by-side tables' last rows: nkeys loaded into each server in
+    turn, then each one's RSS; then the servers stop and their data goes."""
+    rates = []
+    for _, srv in servers:
+        t0 = time.time()
+        load(srv.endpoint(), nkeys)
+        rates.append(nkeys / (time.time() - t0))
+    row("load %d keys x 100 B (txns of 128)" % nkeys, rates, "keys/s")
+    time.sleep(1)
+    row("RSS with %d keys" % nkeys, [proc(srv.p.pid, "VmRSS") for _, srv in servers], "KiB", higher=False)
+    for _, srv in servers:
+        srv.stop()
+        os.system("rm -rf %s" % srv.dir)
+
+
 def kv3_rows(n, nkeys):
     """The issue-26 figures in one run: etcd 3.7.3 (test/peers), Debian's
     etcd 3.4.23 and kvd, the same h2load calls and bodies, each server with
@@ -582,17 +598,7 @@ def kv3_rows(n, nkeys):
     for name, body in (("Range linearizable", rng), ("Range serializable", srng)):
         row3("%s -c 16 -m 8" % name, [h2load(srv.port, "/etcdserverpb.KV/Range", body, n, 16, 8)
                                       for _, srv in servers])
-    rates = []
-    for _, srv in servers:
-        t0 = time.time()
-        load(srv.endpoint(), nkeys)
-        rates.append(nkeys / (time.time() - t0))
-    row3("load %d keys x 100 B (txns of 128)" % nkeys, rates, "keys/s")
-    time.sleep(1)
-    row3("RSS with %d keys" % nkeys, [proc(srv.p.pid, "VmRSS") for _, srv in servers], "KiB", higher=False)
-    for _, srv in servers:
-        srv.stop()
-        os.system("rm -rf %s" % srv.dir)
+    load_rows(row3, servers, nkeys)
 
 
 def before_rows(n, nkeys, before):
@@ -635,17 +641,7 @@ def before_rows(n, nkeys, before):
                                            for _, srv in servers])
     rowb("watch: 1000 watchers on 1 key, 16 in flight", [watchbench(srv.port, 10, 100, 1, 3, 16)
                                                          for _, srv in servers], "ev/s")
-    rates = []
-    for _, srv in servers:
-        t0 = time.time()
-        load(srv.endpoint(), nkeys)
-        rates.append(nkeys / (time.time() - t0))
-    rowb("load %d keys x 100 B (txns of 128)" % nkeys, rates, "keys/s")
-    time.sleep(1)
-    rowb("RSS with %d keys" % nkeys, [proc(srv.p.pid, "VmRSS") for _, srv in servers], "KiB", higher=False)
-    for _, srv in servers:
-        srv.stop()
-        os.system("rm -rf %s" % srv.dir)
+    load_rows(rowb, servers, nkeys)
 
 
 def main(argv):
