@@ -2174,6 +2174,52 @@ static int json_hex4(const uint8_t *p, uint32_t *v)
 	return 0;
 }
 
+/*
+ * One escape at p (p[0] == '\\'), the one decoder of them both JSON readers
+ * use (each words its errors as its Go decoder does): *cp the code point, a
+ * surrogate pair joined; *n the bytes it took.  0, or where it went wrong:
+ * the input ends inside it (SHORT, or SHORT_PAIR inside the second half of
+ * a pair), p[1] names no escape (CODE), \u without four hex digits (HEX), a
+ * low surrogate first (LOW), a high one not followed by \u and a low one
+ * (PAIR: that second escape would start at p + 6).
+ */
+enum { JSON_ESC_SHORT = 1, JSON_ESC_SHORT_PAIR, JSON_ESC_CODE, JSON_ESC_HEX, JSON_ESC_LOW, JSON_ESC_PAIR };
+
+static int json_escape(const uint8_t *p, const uint8_t *end, uint32_t *cp, size_t *n)
+{
+	static const char from[8] = {'"', '\\', '/', 'b', 'f', 'n', 'r', 't'};
+	static const char to[8] = {'"', '\\', '/', '\b', '\f', '\n', '\r', '\t'};
+	const char *e;
+	uint32_t c, lo;
+
+	if (end - p < 2)
+		return JSON_ESC_SHORT;
+	if (p[1] != 'u') {
+		if (!(e = memchr(from, p[1], sizeof from)))
+			return JSON_ESC_CODE;
+		*cp = (uint8_t)to[e - from];
+		*n = 2;
+		return 0;
+	}
+	if (end - p < 6)
+		return JSON_ESC_SHORT;
+	if (json_hex4(p + 2, &c))
+		return JSON_ESC_HEX;
+	*cp = c;
+	*n = 6;
+	if (c < 0xd800 || c > 0xdfff)
+		return 0;
+	if (c >= 0xdc00)
+		return JSON_ESC_LOW;
+	if (end - p < 12)
+		return JSON_ESC_SHORT_PAIR;
+	if (p[6] != '\\' || p[7] != 'u' || json_hex4(p + 8, &lo) || lo < 0xdc00 || lo > 0xdfff)
+		return JSON_ESC_PAIR;
+	*cp = 0x10000 + ((c - 0xd800) << 10) + (lo - 0xdc00);
+	*n = 12;
+	return 0;
+}
+
 static uint8_t *json_put_utf8(uint8_t *o, uint32_t c)
 {
 	if (c < 0x80) {
@@ -2288,7 +2334,7 @@ static int json_string(struct json_parser *ps, const char **out, uint32_t *len)
 	const uint8_t *p = ps->p, *q;
 	uint8_t *o, *start;
 	size_t raw = 0, n;
-	uint32_t c, lo;
+	uint32_t c;
 
 	for (q = p; q < ps->end && *q != '"'; q++, raw++) /* an upper bound for the output */
 		if (*q == '\\' && q + 1 < ps->end)
@@ -2308,36 +2354,20 @@ static int json_string(struct json_parser *ps, const char **out, uint32_t *len)
 			p += n;
 			continue;
 		}
-		p++;
-		switch (*p++) {
-		case '"': *o++ = '"'; break;
-		case '\\': *o++ = '\\'; break;
-		case '/': *o++ = '/'; break;
-		case 'b': *o++ = '\b'; break;
-		case 'f': *o++ = '\f'; break;
-		case 'n': *o++ = '\n'; break;
-		case 'r': *o++ = '\r'; break;
-		case 't': *o++ = '\t'; break;
-		case 'u':
-			if (ps->end - p < 4 || json_hex4(p, &c)) {
-				while (p < ps->end && ((*p >= '0' && *p <= '9') || ((*p | 0x20) >= 'a' && (*p | 0x20) <= 'f')))
-					p++;
-				return json_syntax(ps, p, "in \\u hexadecimal character escape");
-			}
-			p += 4;
-			if (c >= 0xdc00 && c <= 0xdfff)
-				return json_fail(ps, "lone surrogate");
-			if (c >= 0xd800 && c <= 0xdbff) {
-				if (ps->end - p < 6 || p[0] != '\\' || p[1] != 'u' || json_hex4(p + 2, &lo) || lo < 0xdc00 ||
-				    lo > 0xdfff)
-					return json_fail(ps, "lone surrogate");
-				p += 6;
-				c = 0x10000 + ((c - 0xd800) << 10) + (lo - 0xdc00);
-			}
+		switch (json_escape(p, ps->end, &c, &n)) {
+		case 0:
 			o = json_put_utf8(o, c);
+			p += n;
 			break;
+		case JSON_ESC_SHORT:
+		case JSON_ESC_HEX:
+			for (p += 2; p < ps->end && ((*p >= '0' && *p <= '9') || ((*p | 0x20) >= 'a' && (*p | 0x20) <= 'f'));)
+				p++;
+			return json_syntax(ps, p, "in \\u hexadecimal character escape");
+		case JSON_ESC_CODE:
+			return json_syntax(ps, p + 1, "in string escape code");
 		default:
-			return json_syntax(ps, p - 1, "in string escape code");
+			return json_fail(ps, "lone surrogate");
 		}
 	}
 	*o = 0;
@@ -3299,10 +3329,10 @@ static int json_pj_unexpected(struct json_pj *d, const struct json_tok *t)
 /* A string token at in[d->at] (its quote) into d->str, as protojson reads one. */
 static int json_pj_string(struct json_pj *d, struct json_tok *t)
 {
-	const uint8_t *p = d->in + d->at + 1, *end = d->in + d->n, *esc;
+	const uint8_t *p = d->in + d->at + 1, *end = d->in + d->n;
 	char q[64];
 	uint8_t *o;
-	uint32_t c, lo;
+	uint32_t c;
 	size_t l;
 
 	d->str.len = 0;
@@ -3330,42 +3360,27 @@ static int json_pj_string(struct json_pj *d, struct json_tok *t)
 			*o++ = *p++;
 			continue;
 		}
-		if (end - p < 2)
-			return json_pj_eof(d);
-		esc = p;
-		switch (p[1]) {
-		case '"': case '\\': case '/': *o++ = p[1]; break;
-		case 'b': *o++ = '\b'; break;
-		case 'f': *o++ = '\f'; break;
-		case 'n': *o++ = '\n'; break;
-		case 'r': *o++ = '\r'; break;
-		case 't': *o++ = '\t'; break;
-		case 'u':
-			if (end - p < 6)
-				return json_pj_eof(d);
-			if (json_hex4(p + 2, &c))
-				goto bad;
-			p += 6;
-			if (c >= 0xd800 && c <= 0xdfff) { /* must be the first half of a pair, the second following */
-				esc = p;
-				if (end - p < 6)
-					return json_pj_eof(d);
-				if (p[0] != '\\' || p[1] != 'u' || json_hex4(p + 2, &lo) || c > 0xdbff || lo < 0xdc00 ||
-				    lo > 0xdfff)
-					goto bad;
-				p += 6;
-				c = 0x10000 + ((c - 0xd800) << 10) + (lo - 0xdc00);
-			}
+		switch (json_escape(p, end, &c, &l)) { /* a surrogate must be a pair's first half, the second following */
+		case 0:
 			o = json_put_utf8(o, c);
+			p += l;
 			continue;
-		default:
+		case JSON_ESC_LOW: /* as for PAIR, the second escape is the bad one */
+			if (end - p < 12)
+				return json_pj_eof(d);
+			/* fall through */
+		case JSON_ESC_PAIR:
+			json_go_quote(p + 6, 6, q);
+			break;
+		case JSON_ESC_HEX:
+			json_go_quote(p, 6, q);
+			break;
+		case JSON_ESC_CODE:
 			json_go_quote(p, 2, q);
-			return json_pj_fail(d, t->pos, 1, "invalid escape code %s in string", q);
+			break;
+		default:
+			return json_pj_eof(d);
 		}
-		p += 2;
-		continue;
-	bad:
-		json_go_quote(esc, 6, q);
 		return json_pj_fail(d, t->pos, 1, "invalid escape code %s in string", q);
 	}
 	*o = 0;

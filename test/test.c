@@ -2629,6 +2629,11 @@ static void test_gw_json(void)
 	    {"{\"key\":{}}", "proto: (line 1:8): invalid value for bytes field key: {"},
 	    {"{\"key\":\"\\ud800\"}", "proto: unexpected EOF"},
 	    {"{\"key\":\"\\ud800\\u0041\"}", "proto: syntax error (line 1:8): invalid escape code \"\\\\u0041\" in string"},
+	    {"{\"key\":\"\\udc00\\u0041\"}", "proto: syntax error (line 1:8): invalid escape code \"\\\\u0041\" in string"},
+	    {"{\"key\":\"\\udc00\"}", "proto: unexpected EOF"},
+	    {"{\"key\":\"\\q\"}", "proto: syntax error (line 1:8): invalid escape code \"\\\\q\" in string"},
+	    {"{\"key\":\"\\u12G4\"}", "proto: syntax error (line 1:8): invalid escape code \"\\\\u12G4\" in string"},
+	    {"{\"key\":\"\\u12\"}", "proto: syntax error (line 1:8): invalid escape code \"\\\\u12\\\"}\" in string"},
 	    {"{\"\xc3\xa9\":1,\"key\":\"\xff\"}", "proto: syntax error (line 1:14): invalid UTF-8 in string"},
 	};
 	static const char *const txn[][2] = {
