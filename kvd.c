@@ -13881,7 +13881,24 @@ more:
  * shifted <<13, >>17, <<5 (a 32-bit generator's triple, golang/go#70144),
  * later releases <<13, >>7, <<17.  The xorshift picks the elements swapped
  * after an unbalanced partition, so inputs that never partition badly sort
- * alike under both; in the others ties can come out differently.
+ * alike under both; in the others ties can come out differently.  Auth's
+ * permission lists (etcd's permSlice, section 23) go through the same code
+ * (svc_gosort_ptrs).
+ *
+ * Invariants:
+ *   1. Every step is Go's, in Go's order: the same Less and Swap calls on
+ *      the same indices as Go 1.26's pdqsort (svc_gosort_pdq and its
+ *      helpers, one per Go function; svc_gosort_bitlen is bits.Len, the
+ *      depth limit).  A tidier cut-off, pivot or loop bound (Go's j >= 1 in
+ *      partialInsertionSort, the signed indices of partition) changes how
+ *      ties come out.
+ *   2. Less is strict, and sort.Reverse swaps its arguments -- less(j, i),
+ *      never !less(i, j) (svc_gosort_less).
+ *   3. A swap moves a kv and its value together (svc_gosort_swap swaps
+ *      g->val with g->v): a VALUE sort reads each value once, before it
+ *      starts (svc_range, section 21).
+ *   4. Indices are absolute and every caller sorts a whole array from 0
+ *      (svc_range, svc_gosort_ptrs), as pdqsort's "a > 0" test assumes.
  */
 /* RangeRequest's sort options, by name. */
 #define SORT_NONE ETCDSERVERPB__RANGE_REQUEST__SORT_ORDER__NONE
@@ -14206,10 +14223,37 @@ static void svc_gosort_ptrs(void **v, size_t n, int (*less)(const void *, const 
 /* ===== 21. Services: KV (svc_) =========================================== */
 
 /*
- * Semantics follow etcd 3.7 (etcdserver/txn, v3rpc/key.go, mvcc): error
- * texts byte for byte, the order checks run in, header revisions of
- * top-level and txn sub-responses, count before filters, and sorting with Go
- * 1.26's sort.Sort (pdqsort, not stable) so ties order exactly as etcd's do.
+ * The KV service: Range, Put, DeleteRange, Txn, Compact, and kvd's
+ * RangeStream, on the index (section 10).  A handler checks the request,
+ * asks who is calling and whether they may (section 19), then reads the
+ * index or writes in one txn (mvcc_txn_begin .. mvcc_txn_end).  The Txn
+ * RPC's code (svc_txn_do) also runs the Lock and Election recipes
+ * (section 26).  Semantics follow etcd 3.7 (etcdserver/txn, v3rpc/key.go,
+ * mvcc): error texts byte for byte, the order checks run in, header
+ * revisions of top-level and txn sub-responses, count before filters, and
+ * sorting with Go 1.26's sort.Sort (pdqsort, not stable: section 20) so
+ * ties order exactly as etcd's do.
+ *
+ * Invariants:
+ *   1. Checks run in etcd 3.7's order and fail with its texts (E_*):
+ *      v3rpc's (svc_range_check, svc_txn_check, svc_intervals), who is
+ *      calling (auth_who), the size (svc_too_large), permission (auth_may,
+ *      auth_txn), then the apply's own (svc_txn_precheck) -- all before
+ *      anything is written.
+ *   2. A write is one txn, whole or not at all: svc_writable (a broken
+ *      log, the last revision, the quota: life_admit) before
+ *      mvcc_txn_begin, and a failed op aborts every op of it
+ *      (mvcc_txn_abort).  A Txn's branches are all decided on the state
+ *      before it (svc_txn_path).
+ *   3. No handler waits or sends: it says whether it wrote (s->wrote, only
+ *      when t.nops > 0) and ends its call; call_finish holds the reply until
+ *      the batch is durable (section 8).
+ *   4. A response's memory is one svc_pool, freed after svc_end packed it;
+ *      a KeyValue's key points into the index (svc_kvs), which no op of the
+ *      call frees (a delete leaves a tombstone key).
+ *   5. RangeStream reads at one revision: the request's, or the newest
+ *      durable one (k->db.rev_durable) pinned at its start; each chunk
+ *      checks compaction again (svc_rstream_chunk).
  */
 
 
@@ -15428,6 +15472,29 @@ static void svc_rangestream_rpc(struct kvd *k, struct call *s)
 
 /* ===== 22. Services: Lease (svc_lease_) ================================== */
 
+/*
+ * The Lease service: Grant, Revoke, KeepAlive, TimeToLive and Leases, on
+ * the lease table (section 11), answered as etcd 3.7's lessor and v3rpc
+ * answer them.  A grant and a revoke are writes, one txn each, whose reply
+ * waits for the group commit; a renewal only moves a deadline in RAM
+ * (renewals are not logged, section 11), so KeepAlive answers at once.
+ * Permission is etcd 3.7's: a user for every RPC, and write (renew, revoke)
+ * or read (the key names) on each key the lease holds (auth_lease_keys).
+ *
+ * Invariants:
+ *   1. No answer shows a lease past its deadline: a lookup by id goes
+ *      through svc_lease_live, which expires such a lease then and there
+ *      (lease_expire), before the timer wheel reaches it.
+ *   2. A grant or a revoke passes svc_writable, then runs in a txn of its
+ *      own (svc_lease_write), a failure aborting it; s->wrote makes its
+ *      answer wait for durability.
+ *   3. etcd's answers for an unknown lease: KeepAlive TTL 0 and no error,
+ *      TimeToLive TTL -1, Revoke NOT_FOUND; a TTL below the minimum is
+ *      raised to it (k->lease.min_ttl), 0 and negative ones too.
+ *   4. Lists come sorted as etcd sorts them: keys by name (lease_key_cmp),
+ *      leases by expiry, then id (svc_lease_cmp); they live in the call's
+ *      svc_pool and point into the table until svc_end packed them.
+ */
 
 /* Lease id if it is alive; one whose deadline passed is revoked now (the
  * wheel may not have reached it yet), as etcd answers for an expired one. */
@@ -15653,10 +15720,36 @@ static void svc_lease_leases_rpc(struct kvd *k, struct call *s)
 
 /*
  * The Auth service: AuthEnable .. RoleRevokePermission and Authenticate,
- * each a write of the auth store (section 12) through the log (an
- * AUTH record, section 9), answered as etcd 3.7 answers, error texts
- * included.  Authenticate and UserAdd hash a password off the handlers'
- * path (section 19); the call waits for it.
+ * answered as etcd 3.7 answers, error texts included.  Each change (enable,
+ * disable; a user's or a role's add, delete, grant, revoke; a password) is
+ * a write of the auth store (section 12) through the log, one AUTH record
+ * (section 9); AuthStatus, the Gets and the Lists only read it, and
+ * Authenticate issues a token (section 19) without writing.  Authenticate,
+ * UserAdd and UserChangePassword hash a password off the handlers' path
+ * (section 19); the call waits for it.  The auth state's setup and
+ * teardown (auth_init, auth_free) end the section.
+ *
+ * Invariants:
+ *   1. A change is one AUTH record, applied in RAM as it is appended:
+ *      auth_begin (svc_writable, an auth revision left, auth_rec_begin),
+ *      then auth_end, which seals it or, on a failure, takes back the
+ *      record and every op it applied (auth_rec_end, auth_undo_to).
+ *      auth_begin sets s->wrote: the answer waits for durability.
+ *   2. Checks run in etcd's order: who is calling (auth_who), root
+ *      (auth_admin, auth_root), then the request, then the store -- an
+ *      empty name before an existing one (svc_auth_user_add).
+ *   3. No bcrypt runs in a handler: it queues a job (auth_hash_start) and
+ *      returns; the loop calls it again with the hash (auth_hashed).
+ *      Authenticate hashes again when the users changed meanwhile (j->rev
+ *      != k->auth.rev) and compares in constant time (auth_ct_diff).
+ *   4. Tokens die with what they stood for: a user's when it is deleted or
+ *      its password changes, every one when auth is disabled
+ *      (auth_tok_drop).
+ *   5. Stored lists keep etcd's order: a user's roles sorted
+ *      (auth_roles_with), a role's permissions by key with Go's sort
+ *      (svc_gosort_ptrs, auth_perm_less).  While auth is on, neither the
+ *      root user nor the root role can be deleted, nor root's role revoked
+ *      (E_INVALID_AUTH_MGMT).
  */
 
 /* One change as one AUTH record: begun, ops added, sealed with the
@@ -16278,6 +16371,26 @@ static void auth_free(struct kvd *k)
  * streams section 14's image as the client's window opens:
  * svc_snapshot_rpc -> h2_stream_send (on_produce when the window is open)
  * -> svc_snapshot_produce -> snap_produce -> snap_chunk -> call_send.
+ * Cluster's MemberList (svc_member, svc_member_list) ends the section; the
+ * rest of Cluster is section 25's.
+ *
+ * Invariants:
+ *   1. Permission as etcd 3.7's: root for Hash, HashKV, Snapshot,
+ *      Defragment, MoveLeader, Downgrade and Alarm changes (auth_root); a
+ *      user for Status, Alarm GET and MemberList (auth_need_user); the
+ *      Health checks ask nobody.
+ *   2. A Snapshot's state is its call's (s->svc), freed by
+ *      svc_snapshot_close, which also takes it out of k->life.snapshots:
+ *      while one is open no rewrite moves the log (life_step); the close
+ *      wakes the loop so one may go on.
+ *   3. Defragment is answered only when the rewrite ends (life_rw_end ->
+ *      svc_defrag_answer); a call that goes first leaves the waiting list
+ *      (svc_defrag_close), so the rewrite never answers a freed call.
+ *   4. An alarm change writes only when the set changed (life_alarm_set
+ *      returns 1: s->wrote); it goes through whatever alarm is on, as
+ *      etcd's, and only a broken log refuses it.
+ *   5. Downgrade lives in memory only (k->downgrade); /version and Status
+ *      report the cluster version through svc_cluster_version.
  */
 
 /* grpc.health.v1.Health/Check: "" is SERVING, any other name unknown (as
@@ -16328,7 +16441,8 @@ static void svc_health_watch_shutdown(struct kvd *k, struct call *s)
  * always succeeds and the versions climb back.  kvd follows at once and
  * keeps the state in memory only: it never runs an older binary, so a
  * restart is the end of any downgrade.  svc_cluster_version() is what
- * /version, Status, snapshots and the answers here report.
+ * /version and Status report, and the answers here follow the same state;
+ * a snapshot (section 14) says KVD_ETCD_CLUSTER, downgrade or not.
  */
 static const char *svc_cluster_version(const struct kvd *k)
 {
@@ -16698,7 +16812,8 @@ static void svc_member(struct kvd *k, Etcdserverpb__Member *m)
 	m->clienturls = k->client_urls;
 }
 
-/* Cluster/MemberList: this member only; the header carries no revision. */
+/* Cluster/MemberList: this member and the learners MemberAdd took (they
+ * never start: section 25); the header carries no revision. */
 #define SVC_MAX_MEMBERS 8 /* other members kvd lists (never started ones) */
 static size_t svc_members(struct kvd *k, Etcdserverpb__Member *m, Etcdserverpb__Member **mp);
 
@@ -16735,7 +16850,22 @@ static void svc_member_list(struct kvd *k, struct call *s)
  * updating it keeps it a learner, as etcd 3.6.12+ does (3.4 made it a voter).
  * MemberUpdate of kvd itself changes the peer URLs MemberList reports.
  * These changes live in memory: after a restart the flags say who kvd is
- * (etcd keeps them in its backend).
+ * (etcd keeps them in its backend).  MemberList itself is section 24's
+ * (svc_member_list), through svc_members here.
+ *
+ * Invariants:
+ *   1. kvd is in every list and never leaves it: removing it fails with
+ *      etcd's not-enough-started-members words (svc_member_remove), and an
+ *      update keeps its id (svc_member_update).
+ *   2. Quorum stays kvd alone: only learners join (svc_member_add refuses
+ *      a voter), one at a time (etcd's maxLearners) and at most
+ *      SVC_MAX_MEMBERS, and none is ever promoted (svc_member_promote).
+ *   3. Ids and URLs as etcd's: a new id from svc_member_id, unique among
+ *      the members; peer URLs checked (svc_urls_ok), kept sorted
+ *      (svc_urls_copy), never two members' (svc_url_taken); lists sorted
+ *      by id (svc_members).
+ *   4. k->members and each member's URL list are kvd's: freed on remove
+ *      and in kvd_close (cfg_free_list).
  */
 
 struct svc_member_x {
@@ -17079,11 +17209,7 @@ static void svc_test_stream(struct kvd *k, struct call *s)
 }
 #endif
 
-/*
- * Every method kvd knows, by service, with its request and response types
- * (the JSON gateway and the fuzzers use them too).  Every one has its
- * handler (the unit tests check it); unknown paths get grpc-go's texts.
- */
+/* A message's protobuf-c descriptor, for the method table (section 28). */
 #define PB(name) &name##__descriptor
 /* ===== 26. Lock and Election: etcd's concurrency recipes, served (lock_) == */
 
@@ -17123,6 +17249,24 @@ static void svc_test_stream(struct kvd *k, struct call *s)
  * revoked -- ends at once with "session expired".  A waiting call that ends
  * otherwise (deadline, cancel, a closed connection) deletes its key on the
  * way out, as etcd's Unlock/Resign on error do.
+ *
+ * Invariants:
+ *   1. The recipes write only as a client would: each key change is a Txn
+ *      through svc_txn_do as the caller (lock_txn), each session lease a
+ *      grant through svc_lease_write (lock_session); auth, quota,
+ *      revisions and headers are the RPCs' own, never bypassed.
+ *   2. No answer shows a write a crash could undo: one given at once is
+ *      held like any call's (call_finish); a waiter looks again only after
+ *      a durable batch (lock_batch, from loop_log_flush); Observe's first
+ *      look waits for an open batch's flush (lock_observe_rpc).
+ *   3. A waiter is answered once: lock_won and lock_fail set w->done, and
+ *      lock_batch skips done waiters and finished calls.
+ *   4. A waiter that ends unanswered deletes its own key and no other: a
+ *      delete guarded by the key's create revision, w->rev, when the log
+ *      takes writes (lock_close).
+ *   5. A struct lock_wait is its call's (c->svc), on k->locks until the
+ *      call goes (lock_close -> lock_free); Proclaim and Resign use one on
+ *      the stack that borrows the request's LeaderKey (lock_resume).
  */
 
 #define LOCK_SESSION_TTL 60 /* seconds: concurrency.NewSession's default */
@@ -17683,8 +17827,31 @@ static void lock_observe_rpc(struct kvd *k, struct call *c)
  *
  * Matching does not scan every watcher: single-key and prefix watchers sit
  * in one hash table keyed by their key; an event on key K probes K itself
- * and each prefix length some watcher uses.  Only arbitrary ranges and
- * from-key watchers are on a list.
+ * and each prefix length some watcher uses.  Only arbitrary ranges,
+ * from-key watchers and prefixes longer than WATCH_MAX_PREFIX are on a
+ * list.
+ *
+ * Invariants:
+ *   1. No watcher sees a revision a crash could take back: live events come
+ *      only from watch_batch, which loop_log_flush calls after a successful
+ *      mvcc_flush; catch-up reads no further than the log's durable end
+ *      (m->size), and headers say m->rev_durable.
+ *   2. w->next moves past an event it wants only once that event is
+ *      queued (watch_live_record, watch_catchup) or the stream has ended (a
+ *      failed call_send ends it); a watcher that cannot take one pauses at
+ *      it (watch_pause) and catches up from the log.  None is lost, none
+ *      sent twice (watch_wants: rev >= w->next).
+ *   3. Bounded per stream: a queue past KVD_MAX_WATCH_QUEUE pauses its
+ *      watchers instead of growing; catch-up runs only on an empty queue
+ *      (watch_produce), reads at most WATCH_SCAN_BYTES a step, and keeps
+ *      no read window (watch_catchup frees g->rbuf).
+ *   4. g->total, ws->live and the owner's SHARE_WATCHERS change only in
+ *      watch_register and watch_unregister; a watcher cancelled by
+ *      compaction is unregistered once (watch_cancel_compacted) and keeps
+ *      only its id (watch_free skips a dead one).
+ *   5. Permission is checked once, at creation (auth_who, auth_may in
+ *      watch_create); a refusal is etcd's created-and-canceled answer, not
+ *      an error that ends the stream.
  */
 
 /* A watcher, and the Watch stream (a call) that holds its watchers. */
@@ -18731,10 +18898,27 @@ static void watch_fini(struct kvd *k)
 /*
  * Every RPC kvd serves, by gRPC :path: its request and response types
  * (protobuf-c descriptors), its handler and, for streams, its callbacks.
- * Carriers route through svc_route (gRPC over HTTP/2, section 18;
- * the JSON gateway, section 33); /metrics counts by a method's place
- * here.  What is not in the table is Unimplemented, in grpc-go's words.
- * It comes after every service so that it names only what is above it.
+ * Carriers route through call_route (section 8) to svc_route: gRPC over
+ * HTTP/2 (section 18) and the JSON gateway (section 33), which reads and
+ * writes JSON by the types here; the fuzzers walk the table too, and
+ * /metrics counts by a method's place in it (section 34).  What is not in
+ * the table is Unimplemented, in grpc-go's words (call_route).  It comes
+ * after every service so that it names only what is above it.  Shutdown's
+ * rule for calls (svc_stop_call, svc_shutdown) ends the section.
+ *
+ * Invariants:
+ *   1. Every entry has an on_msg: call_message calls it unchecked (no test
+ *      checks the table; the protobuf fuzzer skips an entry without one).
+ *      req is NULL only for the test methods (raw bytes: call_decode).
+ *   2. svc_route matches a service name, then a method, exactly -- no
+ *      prefix, no case folding -- and tells an unknown method of a known
+ *      service from an unknown service (known_service), for grpc-go's
+ *      texts.
+ *   3. A method's number is its place in svc_services, service after
+ *      service (svc_method_index, http1_metrics); only the first
+ *      KVD_METRIC_METHODS are counted.
+ *   4. At shutdown a stream ends at once, UNAVAILABLE, after its
+ *      on_shutdown; a unary call keeps --shutdown-grace (svc_stop_call).
  */
 
 static const struct grpc_method svc_kv[] = {
@@ -18960,6 +19144,26 @@ static void svc_shutdown(struct kvd *k)
  * under it).  Ganeti (--confd-ganeti-config-key K): Ganeti's config.data
  * JSON is read from key K (parsed again when K changes) and the twelve query
  * types are answered as ganeti-confd 3.0.2 answers them, quirks included.
+ * This section holds the protocol's parts and keyspace mode; Ganeti mode,
+ * the datagram's path and the sockets are section 30's.
+ *
+ * Invariants:
+ *   1. The key is read from a regular file that nobody else may read
+ *      (confd_load_key: O_NOFOLLOW, mode & 077 refused), kept only as two
+ *      keyed SHA-1 states (confd_hmac_key), its bytes wiped; a key that
+ *      fails to load leaves the old one in place.
+ *   2. MACs are compared in constant time (confd_ct_equal), after a strict
+ *      40-hex-digit decode (confd_unhex).
+ *   3. Abuse state is bounded: KVD_CONFD_SOURCES rate buckets, 4 probes
+ *      (confd_source_ok); KVD_CONFD_REPLAY replay entries, 16 probes, the
+ *      soonest to expire replaced (confd_replayed).
+ *   4. A request is Ganeti's exactly or nothing: confd_parse_request
+ *      refuses leading space, unknown keys, a type out of range, a query of
+ *      the wrong shape (confd_parse_query).
+ *   5. Keyspace mode answers only under --confd-keyspace-prefix, and with
+ *      auth on only what --confd-user may read (confd_may_read); an
+ *      unreadable key is answered as absent, and a "/" listing looks at no
+ *      more than CONFD_SCAN_MAX keys (confd_keyspace).
  */
 
 /* The responder: sockets, key, limits, counters, the parsed Ganeti configuration. */
@@ -19517,11 +19721,33 @@ static void confd_keyspace(struct kvd *k, const struct confd_req *rq)
  * Ganeti's own server answers; then one datagram from socket to signed
  * reply, and the sockets' setup.
  *
- * A confd query: confd_read (recvfrom, the rate bucket) -> confd_handle
- * (the envelope, the salt as clock, replays) -> confd_hmac (checked before
- * anything trusts the sender) -> confd_parse_request (section 29)
- * -> confd_keyspace or confd_ganeti -> confd_sign (the reply signed with
- * the request's salt) -> sendto.
+ * A confd query: confd_read (recvfrom, the size, the rate buckets) ->
+ * confd_handle (magic, envelope) -> confd_hmac (checked before anything
+ * trusts the sender) -> the salt as clock, the replay cache ->
+ * confd_parse_request (section 29) -> confd_keyspace or confd_ganeti ->
+ * confd_sign (the reply signed with the request's salt) -> sendto.  Setup
+ * checks the addresses before the data dir is touched (confd_open) and
+ * binds them once the store is read (confd_bind), which refuses keyspace
+ * mode with auth on and no --confd-user.
+ *
+ * Invariants:
+ *   1. Unauthenticated traffic never gets a byte back: confd_handle
+ *      returns 0 (a reply in cd->out) only past the HMAC, the clock, the
+ *      replay cache and the parse; confd_read sends nothing else, and
+ *      counts each drop by its reason (cd->dropped).
+ *   2. Answers come from durable state: confd_read flushes an open batch
+ *      first (loop_log_flush).
+ *   3. A reply fits one datagram, or is none: an answer over
+ *      KVD_CONFD_MAX_REPLY - 256 becomes status 1 / ARGUMENT; one still too
+ *      long once signed (a long rsalt), or half-built (msg.err, out.err), is
+ *      dropped -- no answer rather than a wrong one (confd_handle).
+ *   4. Work per loop turn is bounded: CONFD_BATCH datagrams a socket,
+ *      CONFD_RECV bytes each (longer ones, seen by MSG_TRUNC, dropped), the
+ *      buffers trimmed after (confd_read).
+ *   5. Ganeti mode parses config.data only when key K changed (its mod
+ *      revision: confd_ganeti_load) and fills Ganeti's defaults
+ *      (confd_fill); a file without a required field is not loaded, and
+ *      every query gets the reason (cd->cfg_err).
  */
 
 /*
@@ -20550,8 +20776,6 @@ static void confd_ganeti(struct kvd *k, const struct confd_req *rq)
 
 /* ---- one datagram -------------------------------------------------------------------- */
 
-/* The reply (in cd->out) to the datagram p[0..n), or -1 to drop it.  No
- * socket here: the fuzzer drives this directly. */
 /* The wall clock's seconds, precisely: time() may read a coarse clock a
  * tick behind, which at a second's edge lets a timestamp one second past
  * the skew window in (the sender's clock, like Ganeti's, is precise). */
@@ -20564,6 +20788,8 @@ static int64_t confd_wall(void)
 	return (int64_t)ts.tv_sec;
 }
 
+/* The reply (in cd->out) to the datagram p[0..n), or KVD_EPROTO to drop
+ * it.  No socket here: the fuzzer drives this directly. */
 static int confd_handle(struct kvd *k, const uint8_t *p, size_t n, int64_t wall)
 {
 	struct confd *cd = k->confd;
@@ -20921,6 +21147,72 @@ static void confd_close(struct kvd *k) { (void)k; }
 
 /* ===== 31. TLS: a transport under any protocol (tls_) ==================== */
 
+/*
+ * An https:// (or unixs://) listener's connections get the TLS transport
+ * instead of the plain one; above it nothing changes -- the first
+ * decrypted bytes choose the protocol as on a plain port, and HTTP/2, its
+ * flow control and every call run as they do over TCP.  mbedtls does the
+ * work; the poll loop drives it.
+ *
+ * Non-blocking.  mbedtls reads and writes the socket through two callbacks
+ * that never block: a read with nothing there is MBEDTLS_ERR_SSL_WANT_READ,
+ * a full socket MBEDTLS_ERR_SSL_WANT_WRITE, and either may come at any byte
+ * of any record.  The handshake advances when the socket is readable (the
+ * transport's recv) or, when a write was cut short, writable (the
+ * connection asks for POLLOUT with want_write); mbedtls_ssl_write must be
+ * given the same bytes again after WANT_WRITE, so the transport remembers
+ * how many it offered (pending) and offers exactly those.
+ *
+ * Bounds.  A connection that has not finished its handshake and sent its
+ * first bytes within KVD_PREFACE_TIMEOUT_MS is closed, as a silent plain
+ * one is.  At most KVD_MAX_HANDSHAKES handshakes are in progress: a new one
+ * displaces one of the address holding the most (section 3's fair shares),
+ * so a flood of ClientHellos (or of 1-byte-per-second handshakes) from a few
+ * addresses only displaces itself, never a slow honest handshake from
+ * elsewhere.  Each loop iteration runs at most
+ * KVD_HANDSHAKE_STEPS handshake steps (each may be a signature or a key
+ * exchange), then serves everything else before the next; established
+ * connections never wait behind more than that.  Per connection mbedtls
+ * holds its record buffers (16 KiB in + 16 KiB out with Debian's build:
+ * MBEDTLS_SSL_IN/OUT_CONTENT_LEN; a firmware build may shrink them) and the
+ * session, ~34 KiB in all; kvd adds 160 bytes.
+ *
+ * What is offered: TLS 1.2, and TLS 1.3 where mbedtls has it (3.x with
+ * MBEDTLS_SSL_PROTO_TLS1_3; 2.28 has no TLS 1.3 server), within
+ * --tls-min-version and --tls-max-version (tls_check_versions); ECDHE key
+ * exchange with AEAD ciphers (AES-GCM, ChaCha20-Poly1305) unless
+ * --cipher-suites names others; ALPN h2 and http/1.1 (grpc-go requires h2);
+ * no renegotiation, no compression.  With --trusted-ca-file (alone, as
+ * etcd reads it, or with --client-cert-auth) a client must present a
+ * certificate that CA signed (and --client-crl-file has not revoked) or the
+ * handshake fails; with --client-cert-allowed-hostname its SAN (or CN) must
+ * also name that host.  The client certificate's last CN stays with the
+ * connection, every byte of it (with --client-cert-auth etcd takes it as the
+ * user name when auth is on and no token is sent: "root\0.x" is no user).
+ *
+ * Certificates, key, CA and CRL are one generation (struct tls_cfg),
+ * counted by the connections made with it.  SIGHUP reads them again: a good
+ * set serves new connections at once while old ones finish on theirs; a bad
+ * one is logged and the old set stays.
+ *
+ * Invariants:
+ *   1. Nothing blocks: the BIO callbacks turn EAGAIN into WANT_READ or
+ *      WANT_WRITE (tls_bio_recv, tls_bio_send), and after WANT_WRITE the
+ *      same bytes are offered again (tls_send's t->pending).
+ *   2. Handshakes are bounded and counted once each way: k->tls->handshaking
+ *      and the share's SHARE_HANDSHAKES go up in tls_accept and down in
+ *      tls_hs_end -- when one finishes (tls_step) or an unfinished one is
+ *      freed (tls_free); at most KVD_HANDSHAKE_STEPS steps a loop turn
+ *      (tls_step).
+ *   3. The client's CN is given out only after a finished handshake, as
+ *      bytes and a length (tls_peer_cn), never to be compared as a C
+ *      string.
+ *   4. A certificate generation lives while anything uses it: a ref for
+ *      kvd's current one and one per connection (tls_accept), given back
+ *      by tls_free and tls_reload (tls_cfg_unref); a reload that fails
+ *      keeps the one in use.
+ */
+
 /* --tls-min-version / --tls-max-version, checked as etcd 3.7 checks them
  * (its words); 2 is TLS 1.2, 3 TLS 1.3.  TLS 1.3 needs an mbedtls that has
  * it (3.x with MBEDTLS_SSL_PROTO_TLS1_3): as a minimum it is refused
@@ -20960,52 +21252,6 @@ static int tls_check_versions(const struct kvd_config *cfg, int *min, int *max, 
 		*max = n[1];
 	return 0;
 }
-
-/*
- * An https:// listener's connections get the TLS transport instead of the
- * plain one; above it nothing changes -- the first decrypted bytes choose the
- * protocol as on a plain port, and HTTP/2, its flow control and every call
- * run as they do over TCP.  mbedtls does the work; the poll loop drives it.
- *
- * Non-blocking.  mbedtls reads and writes the socket through two callbacks
- * that never block: a read with nothing there is MBEDTLS_ERR_SSL_WANT_READ,
- * a full socket MBEDTLS_ERR_SSL_WANT_WRITE, and either may come at any byte
- * of any record.  The handshake advances when the socket is readable (the
- * transport's recv) or, when a write was cut short, writable (the
- * connection asks for POLLOUT with want_write); mbedtls_ssl_write must be
- * given the same bytes again after WANT_WRITE, so the transport remembers
- * how many it offered (pending) and offers exactly those.
- *
- * Bounds.  A connection that has not finished its handshake and sent its
- * first bytes within KVD_PREFACE_TIMEOUT_MS is closed, as a silent plain
- * one is.  At most KVD_MAX_HANDSHAKES handshakes are in progress: a new one
- * displaces one of the address holding the most (section 3's fair shares),
- * so a flood of ClientHellos (or of 1-byte-per-second handshakes) from a few
- * addresses only displaces itself, never a slow honest handshake from
- * elsewhere.  Each loop iteration runs at most
- * KVD_HANDSHAKE_STEPS handshake steps (each may be a signature or a key
- * exchange), then serves everything else before the next; established
- * connections never wait behind more than that.  Per connection mbedtls
- * holds its record buffers (16 KiB in + 16 KiB out with Debian's build:
- * MBEDTLS_SSL_IN/OUT_CONTENT_LEN; a firmware build may shrink them) and the
- * session, ~34 KiB in all; kvd adds 160 bytes.
- *
- * What is offered: TLS 1.2 (mbedtls 2.28 has no TLS 1.3 server), ECDHE key
- * exchange with AEAD ciphers (AES-GCM, ChaCha20-Poly1305) unless
- * --cipher-suites names others; ALPN h2 and http/1.1 (grpc-go requires h2);
- * no renegotiation, no compression.  With --trusted-ca-file (alone, as
- * etcd reads it, or with --client-cert-auth) a client must present a
- * certificate that CA signed (and --client-crl-file has not revoked) or the
- * handshake fails; with --client-cert-allowed-hostname its SAN (or CN) must
- * also name that host.  The client certificate's last CN stays with the
- * connection, every byte of it (with --client-cert-auth etcd takes it as the
- * user name when auth is on and no token is sent: "root\0.x" is no user).
- *
- * Certificates, key, CA and CRL are one generation (struct tls_cfg),
- * counted by the connections made with it.  SIGHUP reads them again: a good
- * set serves new connections at once while old ones finish on theirs; a bad
- * one is logged and the old set stays.
- */
 
 #ifndef KVD_NO_TLS
 
@@ -21616,27 +21862,45 @@ static const char *tls_peer_cn(const struct conn *c, size_t *n)
  * etcd serves HTTP/1.1 on its client port beside gRPC: /health for
  * supervisors and load balancers, /version, /metrics and the JSON gateway.
  * A connection whose first bytes (decrypted, over TLS: ALPN is only
- * logged) are an HTTP/1.x request line gets this protocol.  It answers /health
- * /livez, /readyz and /version as etcd 3.7 does, /metrics in Prometheus'
- * text format, and /v3/... through the gateway below; anything else is
- * Go's 404.
+ * logged) are an HTTP/1.x request line gets this protocol.  It answers
+ * /health, /livez, /readyz and /version as etcd 3.7 does, /metrics in
+ * Prometheus' text format (section 34), and /v3/... through the gateway
+ * (section 33); anything else is Go's 404.  This section is the parser and
+ * the writing of answers.
  *
  * The parser follows picohttpparser's contract: it reads at most
  * HTTP1_MAX_HEAD bytes of request line and headers, allocates nothing (the
  * fields it returns point into the input), and says "need more" (0) apart
- * from "bad" (a status to answer with: 400, or 431 when the head is too
- * large).  Requests are answered in order (pipelining works; a request
- * waits while the one before it is served), keep-alive is HTTP/1.1's
- * default.  A body for an endpoint that takes none is read and dropped up
- * to HTTP1_MAX_BODY.  A request head must arrive within
- * KVD_PREFACE_TIMEOUT_MS of its first byte; an idle keep-alive connection,
- * or a request body that stops coming, is closed after --max-idle-time, as
- * an idle HTTP/2 connection is.
+ * from "bad" (a status to answer with: 400; 431 when the head or its
+ * header count is too large; 501 for a transfer coding other than chunked;
+ * 417 for an Expect other than 100-continue).  Requests are answered in
+ * order (pipelining works; a request waits while the one before it is
+ * served), keep-alive is HTTP/1.1's default.  A body for an endpoint that
+ * takes none is read and dropped up to HTTP1_MAX_BODY; a longer or chunked
+ * one closes the connection after the answer.  A request head must arrive
+ * within KVD_PREFACE_TIMEOUT_MS of its first byte; an idle keep-alive
+ * connection, or a request body that stops coming, is closed after
+ * --max-idle-time, as an idle HTTP/2 connection is.
  *
  * CORS as etcd's access controller: with --cors "*" (the default) every
  * answer allows any origin; with a list, an answer carries the request's
  * Origin when it is on the list; OPTIONS on any path is 200 with nothing
  * more (etcd answers preflights itself).
+ *
+ * Invariants:
+ *   1. The parser reads no byte past min(n, HTTP1_MAX_HEAD) and keeps
+ *      nothing: a struct http1_req points into c->in, valid until that
+ *      input is consumed (http1_parse).
+ *   2. A request has one framing or is refused: Content-Length is digits
+ *      only and repeats must agree; a coding other than chunked is 501;
+ *      chunked beside a Content-Length is chunked, and the connection closes
+ *      after it (http1_parse).  No body is read two ways.
+ *   3. Answers are written as Go's net/http writes them, header order
+ *      included (http1_head); a request kvd cannot read on from is
+ *      answered, then the connection closes (http1_fail).
+ *   4. An Origin is echoed only when --cors lists it, and never one that
+ *      holds a ',' or does not fit (http1_cors); the list was checked at
+ *      start (http1_check_cors).
  */
 
 #define HTTP1_MAX_HEAD 8192
@@ -21967,13 +22231,14 @@ static int http1_fail(struct kvd *k, struct conn *c, int status, const char *bod
  * One call at a time per connection: a pipelined request waits in c->in
  * until the call before it has answered.  Unary calls (and server streams:
  * Snapshot, Observe) read their whole body first, bounded by twice
- * --max-request-bytes (base64 is 4/3 of the bytes it carries); bidi streams
- * (Watch, LeaseKeepAlive) take each JSON value of the body as a message as
- * it arrives, as the gateway's decoder loop does, and keep answering after
- * the body ends; a value that cannot be read ends what the stream sends, as
- * the gateway's send loop stops (etcd then answers nothing until its server
- * ends the stream).  Bodies may come with Content-Length or chunked, after a
- * 100 Continue when the client asked for one.
+ * --max-request-bytes plus 64 KiB (gw_max_body: base64 is 4/3 of the bytes
+ * it carries); bidi streams (Watch, LeaseKeepAlive) take each JSON value
+ * of the body as a message as it arrives, as the gateway's decoder loop
+ * does, and keep answering after the body ends; a value that cannot be
+ * read ends what the stream sends, as the gateway's send loop stops (etcd
+ * then answers nothing until its server ends the stream).  Bodies may
+ * come with Content-Length or chunked, after a 100 Continue when the
+ * client asked for one.
  *
  * Answers as etcd's gateway writes them: a unary success is 200 with
  * Grpc-Metadata-Content-Type; an error (the RPC's, or JSON that cannot be
@@ -21986,6 +22251,22 @@ static int http1_fail(struct kvd *k, struct conn *c, int status, const char *bod
  * under /v3/ are 404 {"code":5}, a known one asked with another method 501
  * {"code":12} (v2's routing errors).  HTTP/1.0 clients get the same bytes
  * unchunked, then a close.
+ *
+ * Invariants:
+ *   1. The gateway is a carrier, no more: a body becomes protobuf bytes
+ *      (json_pj_decode) that meet call_message, and answers are read back
+ *      from the call's queue (gw_message_json); only gw_routes names RPCs.
+ *   2. The durability contract: nothing of a held call is written
+ *      (gw_flush: KVD_NEVER(cl->held)).
+ *   3. One call per connection (the embedded h->call, h->in_call): the next
+ *      request waits in c->in until gw_end, and a client that pipelines
+ *      more than HTTP1_MAX_HEAD + HTTP1_MAX_BODY ahead is closed (gw_input).
+ *   4. Bodies are bounded (gw_max_body: 413; chunk lines within
+ *      HTTP1_MAX_HEAD: 400; gw_body) and count toward --max-request-buffer
+ *      (gw_recharge; over it, gw_shed ends the call).
+ *   5. A unary answer leaves only once the whole body is read, so the
+ *      connection stays in step (gw_flush); a body left unread closes the
+ *      connection after the answer (gw_end).
  */
 
 /* gateway path after /v3/ -> gRPC method (etcd 3.7's google.api.http
@@ -22570,7 +22851,25 @@ static int gw_input(struct kvd *k, struct conn *c)
 /*
  * What HTTP/1.1 serves beside the gateway: /health, /livez, /readyz,
  * /version and Prometheus' /metrics, answered as etcd 3.7 answers them;
- * http1_route sends a POST to /v3/... to the gateway (section 33).
+ * http1_route sends a POST to /v3/... to the gateway (section 33).  Then
+ * the protocol's hooks for the loop (http1_proto): input, flush, timers,
+ * drain, free.
+ *
+ * Invariants:
+ *   1. A metrics listener (c->metrics_only) serves /metrics, /health,
+ *      /livez and /readyz only: anything else is 404, with no CORS and no
+ *      preflight answer (http1_route, http1_input_step).
+ *   2. Requests are served one at a time, in order: http1_input_step reads
+ *      no further while a gateway call is in progress (gw_input) or the
+ *      output is at KVD_MAX_OUTPUT.
+ *   3. No half answer: one that could not be queued whole closes the
+ *      connection at once (http1_check_out, after input and after flush).
+ *   4. A head must end within KVD_PREFACE_TIMEOUT_MS of its first byte; a
+ *      connection making no progress is closed after --max-idle-time,
+ *      unless it is serving a call (http1_timers).
+ *   5. A body nobody takes is dropped up to HTTP1_MAX_BODY only; a larger
+ *      or chunked one closes the connection after the answer
+ *      (http1_input_step).
  */
 
 /*
@@ -23183,7 +23482,7 @@ static void http1_input_step(struct kvd *k, struct conn *c)
 			continue;
 		}
 		buf_consume(&c->in, (size_t)n);
-		if (r.chunked) { /* a chunked body nobody takes: read through gw_body, dropped */
+		if (r.chunked) { /* a chunked body nobody takes: not read, the connection closes */
 			c->is_closing = 1;
 			return;
 		}
@@ -23271,16 +23570,18 @@ static const struct net_proto http1_proto = {
 
 /*
  * One poll() loop, no threads.  Each kvd_poll() call (loop_run):
- *   1. reads the monotonic clock once;
+ *   1. reads the monotonic clock (and again when poll returns);
  *   2. runs due timers (first bytes, idle, stall, grpc-timeout, drain,
- *      watch progress, lease expiry);
- *   3. the group commit, then every connection's output into its socket;
+ *      watch progress, lease expiry, auto-compaction, systemd's watchdog);
+ *   3. the group commit, then every connection's output into its socket,
+ *      the reaping, a slice of a log rewrite and of password hashing
+ *      (loop_flush);
  *   4. polls, with a timeout that ends at the next timer;
  *   5. dispatches by what each pollfd belongs to (a typed slot: the wake
  *      pipe, a listener, a confd socket, a connection): accept, read ->
  *      protocol -> calls -> services, write;
- *   6. the group commit and the output again, then reaps closed
- *      connections -- never inside their own handlers.
+ *   6. loop_flush again: the group commit, the output, then the reaping of
+ *      closed connections -- never inside their own handlers.
  * A connection is a socket, a transport (plain TCP, or TLS) and the
  * protocol its first bytes chose (net_sniff): the HTTP/2 preface, an HTTP/1.x
  * request line, a TLS ClientHello, or garbage -- each answered on the same
@@ -23288,6 +23589,24 @@ static const struct net_proto http1_proto = {
  * no more of HTTP/2 than that.  A connection whose output is over
  * KVD_MAX_OUTPUT is not read (POLLIN off): that is the backpressure against
  * peers that do not read.
+ *
+ * Invariants:
+ *   1. The durability contract, by order: loop_flush runs the group commit
+ *      (loop_log_flush) before any protocol's flush hook and before
+ *      net_write -- the hooks are where answers move toward the socket.
+ *   2. A connection is freed only by net_reap (from loop_flush) or
+ *      kvd_close, never inside its own handlers: they mark it dead or
+ *      is_closing, and the dispatch may still look at it (loop_run).
+ *   3. Backpressure: a connection whose output is at KVD_MAX_OUTPUT is
+ *      neither polled for input (loop_pollset; a closing one is, for the
+ *      peer's EOF) nor handed what it holds (loop_flush).
+ *   4. k->rbuf is lent to c->in for one net_input only; what is left is
+ *      copied out, and a swapped loan kills the connection (net_read's
+ *      KVD_ALWAYS).
+ *   5. Counts balance: a connection leaves k->nconns and its share's count
+ *      once (net_uncount: c->uncounted), and has given back every request
+ *      byte it buffered before it is freed (net_conn_free's
+ *      KVD_ALWAYS(!c->in_held)).
  */
 
 static int net_nonblock(int fd)
@@ -24430,9 +24749,31 @@ static int loop_run(struct kvd *k, int timeout_ms)
 /* ===== 36. Flags and configuration (cfg_) ================================ */
 
 /*
+ * The flags: one table (cfg_flags) that the command line, the ETCD_*
+ * variables, --config-file's YAML (cfg_yaml_) and --help all read;
+ * kvd_config_parse (section 37) walks it.  Then what the flags lead to at
+ * start: the member and cluster ids, the data dir and its lock.
+ *
  * etcd's flag syntax (Go's flag package): -flag or --flag, "=value" or the
  * next argument; every flag may also come from ETCD_<FLAG_IN_CAPS>, and, as in
- * etcd, setting both is an error.  Durations are Go durations ("5s").
+ * etcd, setting both is an error.  With --config-file (or ETCD_CONFIG_FILE)
+ * the file is the whole configuration: the other flags are ignored and the
+ * variables not read, as etcd does.  Durations are Go durations ("5s").
+ *
+ * Invariants:
+ *   1. A flag is its cfg_flags line: its default (kvd_config_init), help
+ *      (cfg_usage), variable (cfg_env_name) and YAML key (cfg_yaml_set)
+ *      all come from it -- there is no second list to keep in step.
+ *   2. A value is checked where it is read, with the flag's name in the
+ *      error: cfg_set (syntax, range, the line's min), cfg_duration,
+ *      cfg_check_gates.
+ *   3. The YAML reader is bounded and allocates nothing: CFG_YAML_MAX bytes,
+ *      one level of nesting, strings unescaped into the caller's store,
+ *      never longer than the text (kvd_config_yaml, cfg_yaml_put).
+ *   4. The strings of struct kvd_config are the caller's until kvd_init
+ *      copies them (cfg_own); kvd_close lets them go (cfg_disown).
+ *   5. One kvd per data dir: an exclusive flock on <dir>/kvd.lock
+ *      (cfg_lock).
  */
 enum cfg_type { CFG_STR, CFG_U32, CFG_U64, CFG_MS, CFG_LEVEL, CFG_BOOL };
 /* One flag: its name (the environment variable is ETCD_<NAME>), the field of
@@ -25168,6 +25509,36 @@ static int cfg_read_file(struct kvd_config *cfg, char **store, char *err, size_t
 
 /* ===== 37. Public embedding API (kvd_) =================================== */
 
+/*
+ * What an embedder, and kvd_main, call (kvd.h declares them): the
+ * configuration (kvd_config_init, kvd_config_parse, kvd_config_yaml), an
+ * instance's life (kvd_open, kvd_poll, kvd_reload, kvd_shutdown,
+ * kvd_close), and kvd_main, the whole program.  KVD_API makes them extern,
+ * or static with KVD_STATIC.  Everything lives in one struct kvd, so two
+ * instances can share a process; an instance runs on the caller's thread,
+ * and only kvd_main installs signal handlers (main_kvd is their one global).
+ *
+ * Invariants:
+ *   1. Only kvd_* functions, main and the generated protobuf-c symbols are
+ *      exported; everything else is static (make symcheck; make toc holds
+ *      each function to its section's prefix).
+ *   2. A configuration error changes nothing: kvd_open checks every flag
+ *      and every file it names before the data dir is made or locked and
+ *      before a socket is bound, and returns KVD_EINVAL for it -- exit 2
+ *      from kvd_main, against 1 for a runtime failure (KVD_EXIT_*).  The
+ *      one check that needs the store (confd_bind: keyspace mode, auth on,
+ *      no --confd-user) comes after the data dir, still KVD_EINVAL.
+ *   3. kvd_open copies what it keeps (cfg_own, in kvd_init): the caller's
+ *      struct kvd_config and its strings may go once it returns; kvd_init
+ *      touches no file, socket or pipe (tests and fuzzers use it alone).
+ *   4. A signal only writes a byte to the wake pipe (kvd_on_signal ->
+ *      kvd_reload, kvd_shutdown); the loop acts on it (loop_run), so no
+ *      handler touches kvd's state.
+ *   5. kvd_close frees an instance whole, half-built or not -- every
+ *      failure of kvd_open ends in it -- after writing an open batch
+ *      (mvcc_flush); memory still held then is logged.
+ */
+
 #define KVD_STR_(x) #x
 #define KVD_STR(x) KVD_STR_(x)
 
@@ -25753,6 +26124,18 @@ KVD_API int kvd_main(int argc, char **argv)
 }
 
 /* ===== 38. main() ======================================================== */
+
+/*
+ * The program: main() is kvd_main() (section 37) and nothing more, so an
+ * embedder gets the same program from the public API; KVD_NO_MAIN leaves
+ * it out when kvd.c is #included (the tests and fuzzers).
+ *
+ * Invariants:
+ *   1. main only calls kvd_main: flags, signals and the loop are kvd_main's,
+ *      through section 37's API (kvd_config_parse, kvd_open, kvd_poll,
+ *      kvd_close), and so is the exit status (KVD_EXIT_OK, _RUNTIME,
+ *      _CONFIG).
+ */
 
 #ifndef KVD_NO_MAIN
 int main(int argc, char **argv)
