@@ -164,6 +164,21 @@
 
 /* ===== 0. Build knobs (KVD_*) ============================================ */
 
+/*
+ * Compile-time knobs: the defaults of run-time flags, and the caps no flag
+ * sets.  A firmware tree pins them with -DKVD_X=... or with a file of
+ * #defines named by KVD_CONFIG_FILE, included before any of them.  The
+ * knobs every part of the daemon shares are here; a knob only one section
+ * reads sits at the top of that section (the allocator, txn nesting,
+ * leases, auth, watch, confd, TLS), under the same rules.
+ *
+ * Invariants:
+ *   1. Every knob is #ifndef-guarded, so a value given from outside wins,
+ *      and its #ifndef line carries "@@" and says what it bounds: `grep -n
+ *      @@ kvd.c` lists them all.  Nothing else checks this: a new knob
+ *      keeps both marks.
+ */
+
 #ifdef KVD_CONFIG_FILE
 #include KVD_CONFIG_FILE /* @@ a firmware tree can pin knobs here */
 #endif
@@ -255,6 +270,22 @@
 
 /* ===== 1. Includes and portability ======================================= */
 
+/*
+ * What kvd is built on: POSIX.1-2008 and flock(), mbedtls (hashes, HMAC
+ * and public keys always; TLS unless KVD_NO_TLS) and protobuf-c; then the
+ * macros every section uses -- KVD_ALWAYS and KVD_NEVER, the invariants
+ * that run, and KVD_MIN, KVD_MAX, KVD_COUNT.
+ *
+ * Invariants:
+ *   1. The only libraries are libc, mbedtls and protobuf-c; without TLS
+ *      (KVD_NO_TLS, make TLS=0) the TLS and X.509 headers are left out and
+ *      only mbedcrypto is linked (make notls checks it; make buildline builds
+ *      the one-line build of the file's header as given).
+ *   2. The feature macros come before the first system header, so a 32-bit
+ *      target gets 64-bit file offsets (logs past 2 GiB) and time_t (past
+ *      2038) -- make cross builds and tests two (mips, armhf).
+ */
+
 #ifndef _DEFAULT_SOURCE
 #define _DEFAULT_SOURCE /* flock(), and POSIX.1-2008 */
 #endif
@@ -340,6 +371,37 @@
 #define KVD_COUNT(a) (sizeof(a) / sizeof((a)[0]))
 
 /* ===== 2. Types, limits, shared declarations ============================= */
+
+/*
+ * What more than one section needs, declared once: the protocol constants
+ * (HTTP/2's error codes, frame types and settings; gRPC's status codes),
+ * etcd's error texts, and the structs that cross sections -- byte buffers
+ * and slices, the store's key records, the lease and watch registries,
+ * calls and the methods they run, connections, listeners, counters, and
+ * struct kvd, which holds them all.  A struct's comment names the section
+ * that owns it; the prototypes at the end are where a section reaches
+ * forward.
+ *
+ * Invariants:
+ *   1. The E_* texts are etcd's, byte for byte (clients match errors by
+ *      text); kvd's own words (E_NO_REVISION, E_NO_VERSION, E_INPUT_FULL)
+ *      only where etcd has none.  The differential tests (test/diff.py,
+ *      test/auth.py) hold kvd's errors to etcd's, code and text.
+ *   2. Who frees what is written on each struct: a kvd_slice never owns; a
+ *      kvd_buf owns p unless lent (buf_grow and buf_free refuse a loan); a
+ *      call owns its rq, out, meta and status_msg (call_fini frees them); a
+ *      conn is the loop's -- a protocol marks it is_closing or dead, and
+ *      only section 35 frees it (net_conn_free).
+ *   3. Per key, RAM holds only its latest revision (struct mvcc_key, one
+ *      allocation with its key bytes, never moved while it lives); values
+ *      and older revisions stay in the log.
+ *   4. The scratch in struct kvd serves one use at a time: k->hf and
+ *      k->harena one header block (hp_decode), k->rbuf one socket read;
+ *      whoever keeps their bytes copies them (call_keep_meta, net_read).
+ *   5. LEASE_MAX_TTL bounds every TTL, asked for (svc_lease_grant_rpc) or
+ *      read back (mvcc_op_decode, snap_imp_lease), so ttl * 1000 cannot
+ *      overflow.
+ */
 
 /* HTTP/2 error codes (RFC 9113 section 7). */
 enum h2_error {
@@ -704,7 +766,8 @@ struct grpc_method {
  * (gRPC-framed: 5-byte prefix, message), the final status, and whether the
  * reply waits for the group commit.  A carrier embeds it: an HTTP/2 stream
  * (gRPC) or an HTTP/1.1 connection (the JSON gateway); in-process calls
- * will be a third, through the same struct.
+ * (the unit tests' and fuzzers' carriers) are a third, through the same
+ * struct.
  */
 struct call_carrier {
 	const char *name;
@@ -909,6 +972,38 @@ struct svc_err {
 };
 
 /* ===== 3. Utilities: memory, log, bytes, clock, shares (util_, get_, put_, varint_, utf8_, bucket_, share_) == */
+
+/*
+ * What every section uses and none owns: the allocator that counts every
+ * byte, growing arrays, the monotonic clock and base64, the log and its
+ * outputs, byte order, varints and UTF-8, the loop's wake-up, token
+ * buckets, and the fair shares of the bounded pools.
+ *
+ * Invariants:
+ *   1. kvd's own heap memory -- protobuf-c's too, through k->pba -- comes
+ *      from kvd_malloc, kvd_calloc or kvd_realloc and goes back through
+ *      kvd_free, or from kvd_nalloc to kvd_nfree with the same size, so
+ *      k->mem is exact and a test can fail allocation N (k->fail_at).
+ *      mbedtls allocates for itself.
+ *   2. No size computation overflows: kvd_malloc refuses more than
+ *      SIZE_MAX / 2, and arrays grow through util_grow (its policy
+ *      util_grow_cap), which leaves the array and its capacity untouched
+ *      when it fails.
+ *   3. Integers of a format are assembled byte by byte (get_be32,
+ *      put_le64, ...), never loaded in host order; get_varint is the one
+ *      varint decoder (10 bytes at most, the 10th at most 1) and utf8_len
+ *      the one UTF-8 check (no overlong form, surrogate, or code point
+ *      past U+10FFFF).
+ *   4. Timers and deadlines run on the monotonic clock (util_now_ms,
+ *      util_now_us, k->now: boards have no RTC), and each asks for its
+ *      wake-up through util_wake_by; wall-clock time is read only for log
+ *      lines and where a peer's protocol speaks it (JWT and confd
+ *      timestamps, HTTP dates, certificates, ids).
+ *   5. A share lives while something refers to it and holds nothing when
+ *      its last reference goes (share_put); none is left at close
+ *      (share_fini: KVD_ALWAYS(!k->shares.n)).  A full pool is taken from
+ *      its largest holder only by the max-min rule (share_may_take).
+ */
 
 /*
  * The one allocation choke point.  Each block carries its size so kvd knows
@@ -1562,6 +1657,26 @@ static int share_may_take(const struct share *top, const struct share *have, int
 
 /* ===== 4. Byte buffers (buf_) ============================================ */
 
+/*
+ * The byte buffer every section appends to and reads from (struct kvd_buf,
+ * section 2): writers append at len, readers consume from rd, and the
+ * buffer compacts before it grows.  A failed append is remembered, not
+ * returned to each caller, so a writer appends freely and checks once.
+ *
+ * Invariants:
+ *   1. rd <= len <= cap and the live bytes are p[rd..len): buf_consume
+ *      resets a drained buffer to 0; buf_grow moves them to the front when
+ *      that makes room in a buffer at most half full, else copies only
+ *      them into the bigger block.
+ *   2. A lent buffer (net_read lends k->rbuf) is never reallocated or
+ *      freed: buf_grow and buf_free refuse it (KVD_ALWAYS(!b->lent)).
+ *   3. b->err is sticky: a failed buf_reserve sets it and buf_append then
+ *      appends nothing; only buf_reset and buf_free clear it.
+ *   4. A buffer never filled has p NULL, and BUF_DATA gives NULL, never
+ *      NULL + 0 (undefined behaviour); a decoder that must not see
+ *      NULL is given "" instead (call_message).
+ */
+
 static int buf_grow(struct kvd *k, struct kvd_buf *b, size_t n);
 
 /* Make room for n more bytes at the end; compacts before growing.  A
@@ -1696,6 +1811,21 @@ static void buf_trim(struct kvd *k, struct kvd_buf *b, size_t keep)
  * one take PB_MAX_DEPTH.  etcd's own bound is --max-txn-ops levels (each
  * level costs its parent one op); kvd answers deeper ones as etcd answers
  * those: "too many operations in txn request".
+ *
+ * Invariants:
+ *   1. No request bytes reach protobuf-c unchecked: call_decode (section 8)
+ *      runs pb_check first, for gRPC and gateway requests alike, and
+ *      unpacks (pb_unpack) only what it accepted -- pb_strip's rewrite of
+ *      it when PB_F_STRIP is set.
+ *   2. Neither walk recurses: pb_check and pb_strip keep an explicit stack
+ *      of PB_MAX_DEPTH levels and pb_skip one of PB_MAX_GROUPS groups;
+ *      messages nested deeper get etcd's E_TOO_MANY_OPS (KVD_ELIMIT),
+ *      groups kvd's own words.
+ *   3. pb_strip's output is never longer than its input, so the n-byte
+ *      copy call_decode makes holds it.
+ *   4. What kvd assembles from pieces is written with pb_put_* and
+ *      pb_buf_* only; an unpacked message is allocated through k->pba
+ *      (pb_alloc, counted as any other) and freed with pb_free.
  */
 #ifndef KVD_MAX_TXN_NEST /* @@ txns nested inside a txn, below the top one (etcd: --max-txn-ops) */
 #define KVD_MAX_TXN_NEST 32
@@ -2057,6 +2187,19 @@ static const char *tls_peer_cn(const struct conn *c, size_t *n);
  * tree serves confd and JWTs; the gateway's bodies are read, and its answers
  * written, by the protobuf mapping that follows (two readers of its own, as
  * grpc-gateway has them, neither building a tree).
+ *
+ * Invariants:
+ *   1. The reader recurses at most JSON_MAX_DEPTH levels (json_container
+ *      refuses deeper ones), so no input runs the stack dry.
+ *   2. A document's nodes and strings live in its arena and stay valid
+ *      until json_free; json_parse frees the arena itself when it fails,
+ *      the caller when it succeeds.
+ *   3. A string read is UTF-8, lone surrogates refused, and NUL-terminated
+ *      with its length in n -- it may hold a NUL from \u0000 (json_string).
+ *   4. The writer's output is ASCII-only, valid JSON for any bytes it is
+ *      given (json_put_str takes what is not UTF-8 as Latin-1).
+ *   5. Running out of memory is never blamed on the document: json_oom
+ *      answers KVD_ENOMEM and "out of memory", not a syntax error.
  */
 
 #define JSON_MAX_DEPTH 64
@@ -2757,9 +2900,10 @@ static KVD_UNUSED void json_write(struct kvd *k, struct kvd_buf *b, const struct
  *      int64 as strings, bytes as base64, enums by name, zero values left
  *      out), from its descriptor alone.
  *   2. In: a request body is decoded as protojson decodes it, field by
- *      field onto the protobuf wire with section 5's pb_buf_* -- never by
- *      hand -- and then unpacked by protobuf-c like any gRPC request; what
- *      protojson refuses gets protojson's error text.
+ *      field onto the protobuf wire with section 5's pb_buf_* and
+ *      pb_put_lenhdr -- never by hand -- and then unpacked by protobuf-c
+ *      like any gRPC request; what protojson refuses gets protojson's
+ *      error text.
  */
 
 /*
@@ -4047,16 +4191,37 @@ static int json_pj_decode(struct kvd *k, struct kvd_buf *b, const ProtobufCMessa
  * token among it), and where its answer goes -- response messages queued
  * on c->out, a final status, and whether that answer must wait for the
  * group commit (c->held).  Carriers move the bytes: gRPC over HTTP/2 (an
- * h2 stream embeds its call; this section's grpc_ half frames the
- * messages), in-process calls (tests, fuzzers), and the JSON gateway over
- * HTTP/1.1 (section 33) -- all through the same svc_* handlers.  Every live call is
+ * h2 stream embeds its call; section 18 cuts its DATA into messages),
+ * in-process calls (tests, fuzzers), and the JSON gateway over HTTP/1.1
+ * (section 33) -- all through the same svc_* handlers.  Every live call is
  * on k->calls, so shutdown and timers reach them without knowing carriers.
  *
  * gRPC over HTTP/2 (grpc doc/PROTOCOL-HTTP2.md): each message is a 1-byte
  * compressed flag, a 4-byte big-endian length, then the protobuf bytes;
- * messages may span DATA frames or share one.  Status goes in trailers;
- * early errors use Trailers-Only.  Texts follow grpc-go (etcd's server) so
- * clients that match errors by text keep working.
+ * messages may span DATA frames or share one.  A call's answers are queued
+ * in that framing whatever carries them (call_msg).  Status goes in
+ * trailers; early errors use Trailers-Only.  Texts follow grpc-go (etcd's
+ * server) so clients that match errors by text keep working.
+ *
+ * Invariants:
+ *   1. Every live call is on k->calls from call_init to call_fini.
+ *      call_fini frees what the call owns -- its service state (on_close),
+ *      rq, out, meta, status_msg -- never the call itself: its carrier
+ *      does.
+ *   2. A call's final status is set once: call_finish ignores later calls,
+ *      and call_send queues nothing after it.
+ *   3. A reply finished while the log batch is open is held (call_hold,
+ *      c->held) until loop_log_flush releases it or turns it into the
+ *      error; call_fini clears a held call's slot in k->held, so the flush
+ *      never touches a freed call.  Should k->held fail to grow, the reply
+ *      still leaves only after the flush: the loop flushes the log before
+ *      it writes any socket (loop_flush).
+ *   4. call_msg is the one writer of the gRPC prefix: flag 0 (kvd never
+ *      compresses), a length of at most 2^32-1.
+ *   5. A request lives as long as its handler: call_message decodes it
+ *      into c->rq, points c->raw at its bytes, and after on_msg frees
+ *      c->rq (unless the handler took it: c->rq = NULL) and clears c->raw.
+ *      A call that is not bidi takes only its first message.
  */
 
 static const struct grpc_method *svc_route(const char *svc, size_t slen, const char *meth,
@@ -4386,7 +4551,9 @@ static int call_route(struct kvd *k, struct call *c, const char *path, size_t pl
  * (rev is still current + 1, as a check).  A revoke shares its TXN with the
  * deletes of its keys.
  * A whole txn is one record, so a crash never leaves half of it: recovery
- * keeps the longest prefix of valid records and cuts a torn tail.
+ * keeps the longest prefix of valid records and cuts a torn tail (a bad
+ * record that valid ones follow is corruption, not a tail: kvd refuses to
+ * start, section 10).
  * BASE records only follow the header, in a log a rewrite made (section 13)
  * or an etcd snapshot's import (section 15): lease grants and key puts, each
  * put at the revision it had, all at or below the BASE revision, which the
@@ -4405,6 +4572,25 @@ static int call_route(struct kvd *k, struct call *c, const char *path, size_t pl
  * then do replies leave (the loop flushes the log before any socket).  The
  * index changes at once, so later txns of the batch see earlier ones; an undo
  * list restores it if the write fails.
+ *
+ * Invariants:
+ *   1. Every reader decodes the log through the grammar below (mvcc_frame,
+ *      mvcc_rec_decode, mvcc_rec_op, mvcc_rec_auth_op, mvcc_read_rec, and
+ *      mvcc_read_op for one op's header), never at offsets of its own.
+ *   2. An unknown record type or op kind is corruption, never skipped nor
+ *      taken for a key event (mvcc_frame, mvcc_rec_decode, mvcc_op_decode).
+ *   3. Nothing decoded is used unchecked: a record lies within the log's
+ *      end (mvcc_frame); an op's key and value lie within its record, its
+ *      revisions in 1..2^63-1 with create <= rev, a grant's TTL in
+ *      1..LEASE_MAX_TTL (mvcc_op_decode); ops that do not end exactly at
+ *      their record's end are corruption (mvcc_rec_op, mvcc_rec_auth_op).
+ *   4. Replay checks every record's CRC-32C (mvcc_replay reads with crc
+ *      set); later readers read only bytes replay checked or kvd wrote,
+ *      with the check off.
+ *   5. mvcc_pread reads offsets below m->size from the file and the rest
+ *      from the batch, so the batch reads as the log it will become; a
+ *      history walk stops at a BASE op (mvcc_op_at: off < m->base_end),
+ *      whose prev holds a sub-revision, not a link.
  */
 
 #define MVCC_REC_HDR 9
@@ -5251,8 +5437,12 @@ static int mvcc_visible(struct mvcc *m, const struct mvcc_key *r, int64_t rev, s
  *      carrier moves bytes).
  *   2. A failed flush undoes the whole batch in RAM (the undo list), and
  *      the held replies become errors: what they showed never happened.
- *   3. Recovery keeps the longest prefix of valid records and cuts a torn
- *      tail; it never reads past a bad CRC.
+ *   3. Recovery applies the longest prefix of valid records, never a
+ *      record past a bad frame or CRC, and cuts the rest only when no valid
+ *      record follows it (a torn tail); valid records after a bad one, or
+ *      a sound record that does not apply, are corruption, and kvd refuses
+ *      to start rather than drop acknowledged writes (mvcc_replay,
+ *      mvcc_next_valid).
  */
 
 struct mvcc_it {
@@ -6420,6 +6610,22 @@ static void mvcc_init(struct mvcc *m)
  * A lease's keys are an open-addressing set of pointers to the index's key
  * records (which never move): attach, detach and revoke cost no scan of the
  * index, and keys without a lease cost nothing.
+ *
+ * Invariants:
+ *   1. A lease's key set is exactly the keys whose r->lease is its id:
+ *      every change of r->lease goes through lease_rebind (puts, deletes,
+ *      undo, replay), and a put cannot fail to attach its key, because
+ *      lease_reserve made room first (only an undo can find no memory, and
+ *      lease_rebind logs it).
+ *   2. A revoke is one record with the deletes of its keys (lease_revoke),
+ *      and replay refuses a revoke of a lease that still has keys
+ *      (lease_replay), so no key outlives its lease across a crash.
+ *   3. A revoked lease leaves the table at once but is freed only once the
+ *      batch is durable (mvcc_commit); a failed flush puts it back
+ *      (lease_undo), so the undo list never points at freed memory.
+ *   4. Expiry is bounded and never lost: at most KVD_LEASE_EXPIRE_MAX
+ *      revokes per loop iteration (lease_timers), and one that cannot be
+ *      written is tried again every LEASE_RETRY_MS (lease_expire).
  */
 
 /* A lease: an id, its TTL, its deadline, its keys. */
@@ -6917,29 +7123,31 @@ static void lease_fini(struct kvd *k)
  * the tests against Python's bcrypt).  A hash costs 2^cost key schedules --
  * about 50 ms at cost 10 on a PC, 20 times that on a router -- so it never
  * runs inside one handler: Authenticate, UserAdd and UserChangePassword
- * queue a job, and the loop runs the oldest for at most AUTH_SLICE_US per
- * iteration between everything else (auth_step).  Other clients therefore
- * wait at most one slice for a hash, whatever the cost, and a flood of
- * wrong passwords is bounded by AUTH_MAX_JOBS queued hashes (then "too many
- * requests").  The queue is shared fairly (section 3's rule): hashes are
- * made round-robin by source address, then by connection within one, so an
- * honest login waits behind at most one hash per other client, not behind
- * a whole flood; and when the queue is full, the address holding the most
- * jobs (or, within the newcomer's own address, the connection) gives up its
+ * queue a job, and the loop hashes, one job at a time in their fair turns,
+ * for at most KVD_AUTH_SLICE_US per iteration between everything else
+ * (auth_step, section 19).  Other clients therefore wait at most one slice
+ * for a hash, whatever the cost, and a flood of wrong passwords is bounded
+ * by KVD_AUTH_MAX_JOBS queued hashes (then "too many requests").  The
+ * queue is shared fairly (section 3's rule): hashes are made round-robin
+ * by source address, then by connection within one, so an honest login
+ * waits behind at most one hash per other client, not behind a whole
+ * flood; and when the queue is full, the address holding the most jobs
+ * (or, within the newcomer's own address, the connection) gives up its
  * newest to a newcomer holding at least two fewer.  Who may ask for a hash
  * is checked before it is queued: only Authenticate of an existing user
  * with a password, or an admin's change.
  *
- * Tokens are etcd's simple tokens: 16 random letters, ".", the revision; a
- * token lives --auth-token-ttl seconds after its last use.  Letters come
- * from /dev/urandom (getrandom's pool), 52 per character by rejection, so
- * about 91 bits per token.  Tokens are RAM only, as etcd's: a restart ends
- * them.  Deleting a user or changing its password ends that user's tokens;
- * disabling auth ends every token.  With auth on, a token nobody knows is
- * an error ("invalid auth token"); with it off, etcd 3.7 looks at no token
- * (3.4 refused a dead one either way).  With --client-cert-auth, a call
- * without a token is its client certificate's CN.  With --auth-token jwt,... tokens are etcd's signed JWTs instead
- * (below): nothing is kept, the signature and expiry are checked.
+ * Tokens are etcd's simple tokens: 16 random letters, ".", the store's
+ * revision; a token lives --auth-token-ttl seconds after its last use.
+ * Letters come from /dev/urandom (getrandom's pool), 52 per character by
+ * rejection, so about 91 bits per token.  Tokens are RAM only, as etcd's:
+ * a restart ends them.  Deleting a user or changing its password ends that
+ * user's tokens; disabling auth ends every token.  With auth on, a token
+ * nobody knows is an error ("invalid auth token"); with it off, etcd 3.7
+ * looks at no token (3.4 refused a dead one either way).  With
+ * --client-cert-auth, a call without a token is its client certificate's
+ * CN.  With --auth-token jwt,... tokens are etcd's signed JWTs instead
+ * (section 19): nothing is kept, the signature and expiry are checked.
  *
  * Checks follow etcd 3.7's (server/auth/store.go, etcdserver/apply/auth.go,
  * v3rpc): admin calls need the root role; a key op needs a permission of
@@ -6951,6 +7159,25 @@ static void lease_fini(struct kvd *k)
  * key, a watch from a key (range_end "\0") needs read on the whole
  * interval; Compact, MoveLeader, Downgrade and changing alarms need root,
  * Status, MemberList, listing alarms and every lease RPC a user.
+ *
+ * Invariants:
+ *   1. The users and the roles tables are each sorted by name, no name
+ *      twice, as bbolt's buckets are (auth_find; auth_tab_set inserts and
+ *      removes in place).
+ *   2. RAM is what the log replays to: a live change is an AUTH record in
+ *      the batch, applied by auth_apply (auth_rec_op) -- the function replay
+ *      applies it with (auth_replay) -- and sealed with the flag and
+ *      revision after it (auth_rec_end).
+ *   3. Until the batch is durable a replaced message waits on the undo
+ *      list: auth_commit frees it, a failed flush puts it back
+ *      (mvcc_rollback -> auth_rollback) with the flag and revision that
+ *      auth_rec_begin saved.  auth_tab_set takes m even when it fails.
+ *   4. No hash runs inside a handler: bcrypt advances a slice at a time
+ *      (auth_bcrypt_step, from auth_step), KVD_AUTH_SLICE_US per loop
+ *      iteration, KVD_AUTH_MAX_JOBS jobs queued at most.
+ *   5. Secrets neither linger nor leak through timing: a job's key
+ *      schedule and an HMAC key are wiped when they go (auth_wipe), and
+ *      hashes and MACs are compared with auth_ct_diff.
  */
 
 #define AUTH_ROOT "root"
@@ -7650,7 +7877,8 @@ static unsigned auth_ct_diff(const void *a, const void *b, size_t n)
  *
  * The rewrite (Defragment, or automatic) writes <data-dir>/kvd.log.new
  * holding only what a reader can still see, then renames it over kvd.log.
- * With C the compacted revision and B = max(C - 1, 1), the new log is:
+ * With C the compacted revision and B = max(C - 1, 1) -- never below the
+ * BASE revision the log has already (an import's B is C) -- the new log is:
  *   HEADER | BASE B... | the old log's records from the first TXN after B
  *   on, COMPACTs where they were | ALARM (the alarms now) | AUTH (users
  *   and roles now, whole)
@@ -7708,6 +7936,28 @@ static unsigned auth_ct_diff(const void *a, const void *b, size_t n)
  * are given back to the filesystem -- leaves room for those freeing writes
  * and for rewriting a mostly-reclaimable log.  It is made again after a
  * rewrite and when NOSPACE is disarmed.
+ *
+ * Invariants:
+ *   1. Until the rename kvd.log is the old, whole log; the new file is
+ *      fdatasynced before the rename and the directory fsynced after it
+ *      (life_rw_switch), and a kvd.log.new left behind is removed, by the
+ *      rewrite that fails (life_rw_abandon) or at the next start
+ *      (mvcc_open).
+ *   2. A slice runs only with the batch empty, the log writable and no
+ *      snapshot streaming (life_step: k->life.snapshots); the switch comes
+ *      only once COPY has reached the log's end right after a flush
+ *      (life_rw_step).
+ *   3. Nothing after the rename may fail: what could -- the compaction's
+ *      record found, every key's latest op copied, the last bytes written
+ *      -- is checked before it (life_rw_switch).
+ *   4. B never falls below the log's BASE revision (life_rw_start), so the
+ *      new log passes replay's rule that a BASE has its compaction
+ *      (mvcc_replay).
+ *   5. A write that would take the log past --quota-backend-bytes raises
+ *      NOSPACE and fails; while NOSPACE is active only what asks for no
+ *      bytes (cost 0: deletes, revokes, compaction) passes, and while
+ *      CORRUPT is, nothing that asks (life_admit); an ENOSPC raises NOSPACE
+ *      and gives the reserve back (life_on_enospc).
  */
 
 #define LIFE_SLICE (256 * 1024)       /* old log bytes a step reads */
@@ -8776,7 +9026,29 @@ static void life_fini(struct kvd *k)
  *
  * Hash is etcd's Maintenance.Hash over this same content -- each bucket's
  * name, then its keys and values in order, without meta's consistent_index,
- * term and storageVersion (etcd 3.7's DefaultIgnores) -- so it is the hash of the snapshot kvd would send at that moment.
+ * term and storageVersion (etcd 3.7's DefaultIgnores) -- so it is the hash
+ * of the snapshot kvd would send at that moment.
+ *
+ * Invariants:
+ *   1. This section alone writes bbolt's pages, through the BOLT_* names,
+ *      never literal offsets, every integer little-endian whatever the
+ *      host (put_le16, put_le32, put_le64).
+ *   2. Memory stays bounded by the plan: 40 bytes per leaf (struct
+ *      snap_leaf), one page image, one chunk and the reader's window; no
+ *      record is held past the page it goes into (snap_plan,
+ *      snap_next_node).
+ *   3. The second pass must agree with the plan -- each leaf's records,
+ *      first key and bytes (snap_key_leaf), the bytes sent equal to
+ *      pgid * 4096 before the digest (snap_chunk's KVD_ALWAYS) -- else the
+ *      stream fails (KVD_ECORRUPT) rather than send a file whose pages
+ *      contradict its metas.
+ *   4. While a snapshot streams (k->life.snapshots) no rewrite starts or
+ *      switches (life_step), so the planned bytes [0, end) stay where they
+ *      were.
+ *   5. The key bucket and Hash walk the same records (snap_keys_next over
+ *      snap_ops_at's map at C), so Hash is the hash of the snapshot;
+ *      HashKV walks the same iterator, its selection taken at its own
+ *      revision as etcd's keep is (snap_hashkv_real).
  */
 
 #define SNAP_PAGE 4096
@@ -9848,12 +10120,31 @@ out:
  * replay checks each one (chains, leases, revisions) -- then made durable
  * and renamed to kvd.log.  The records at or below the compaction point C
  * (for each key live at C, its newest record) become BASE records at C,
- * with their sub-revisions; every record above C becomes the TXN of its
- * revision (they must run without a gap), tombstones as deletes; then a
- * COMPACT at C.  Leases in the `lease` bucket are granted first; a lease
- * only history names is granted where first used and revoked at the end.
- * Users and roles (auth, authUsers, authRoles) become one whole-state AUTH
- * record.  The alarm, members and cluster buckets are not imported.
+ * with their sub-revisions, and a COMPACT at C follows them; then every
+ * record above C becomes the TXN of its revision (they must run without a
+ * gap), tombstones as deletes.  Leases in the `lease` bucket are granted
+ * first; a lease only history names is granted where first used and
+ * revoked at the end.  Users and roles (auth, authUsers, authRoles) become
+ * one whole-state AUTH record, and a compaction etcd had scheduled but not
+ * finished (scheduledCompactRev) is done last.  The alarm, members and
+ * cluster buckets are not imported.
+ *
+ * Invariants:
+ *   1. Nothing is read outside what the walk checked: a page lies in
+ *      [2, pgid), names itself, keeps its overflow pages below pgid and is
+ *      reached once (snap_file_node); an element lies inside its node
+ *      (snap_file_elem); trees are walked without recursion, at most
+ *      SNAP_MAX_DEPTH deep, keys rising strictly (snap_file_walk).
+ *   2. Every record the import makes is replayed by the log's own code as
+ *      it is made (snap_imp_apply -> mvcc_replay_record): it cannot write
+ *      a log kvd would refuse to open.
+ *   3. A live store is never touched: a data dir whose kvd.log holds
+ *      anything is refused, and the new log, written as kvd.log.import and
+ *      fdatasynced, becomes kvd.log by one rename only when whole; on any
+ *      failure it is unlinked and nothing is imported (snap_restore).
+ *   4. The SHA-256 trailer must match unless --skip-hash-check says
+ *      otherwise (snap_import_mem); revisions above C run without a gap,
+ *      sub-revisions in order (snap_imp_key).
  */
 
 #define SNAP_MAX_DEPTH 32
@@ -10674,6 +10965,25 @@ out:
  * processed so the dynamic table stays in sync with the peer's encoder.
  * The encoder only uses static indexes and literals without indexing, so kvd
  * keeps no encoder table.
+ *
+ * Invariants:
+ *   1. The dynamic table never outgrows its maximum, nor the maximum
+ *      HP_TABLE_SIZE (what kvd's SETTINGS allow): hp_insert evicts before
+ *      it adds, and a size update above HP_TABLE_SIZE, or after a block's
+ *      first field, is a COMPRESSION_ERROR (hp_decode).  Every entry costs
+ *      32 bytes or more, so HP_MAX_ENTRIES slots always suffice.
+ *   2. Every read stays inside the block and the tables: integers take at
+ *      most 5 continuation bytes and fit 32 bits (hp_int), a string's
+ *      length fits what is left (hp_string), an index names an entry
+ *      (hp_lookup), Huffman padding is at most 7 one-bits, EOS never
+ *      inside (hp_huff_decode).
+ *   3. The whole block is always decoded, past the caps too (o->over), so
+ *      the table stays in step with the peer's encoder; a list cut at the
+ *      caps is answered, never served in part (h2_on_block).
+ *   4. Decoded fields point into the block or the shared arena (k->harena)
+ *      and live until the next decode: strings from the dynamic table are
+ *      copied there, since an insert later in the block may evict them,
+ *      and whoever keeps a field copies it (call_keep_meta).
  */
 
 /* Appendix A: the static table. */
@@ -11098,8 +11408,32 @@ static void hp_put_status(struct kvd *k, struct kvd_buf *b, int status)
  * KVD_MAX_OUTPUT allow, so a slow or hostile reader pins bounded memory.
  *
  * Connection errors queue GOAWAY and mark the connection closing (h2_fail);
- * stream errors queue RST_STREAM (h2_stream_error).  Both count as glitches
- * when the peer caused them; too many glitches end the connection.
+ * stream errors queue RST_STREAM (h2_stream_error) and count as glitches,
+ * as do the peer's other slips (an empty DATA frame that does not end its
+ * stream, a header list over kvd's caps); too many glitches end the
+ * connection (h2_glitch).
+ *
+ * Invariants:
+ *   1. A frame is handled only whole, its payload at most H2_DEFAULT_FRAME
+ *      bytes (h2_input: FRAME_SIZE_ERROR); once a header block is open
+ *      only its CONTINUATIONs come, at most KVD_MAX_CONTINUATIONS frames
+ *      and KVD_MAX_HEADER_BLOCK bytes (h2_input, h2_on_continuation).
+ *   2. Every header block is HPACK-decoded, even one kvd refuses, so the
+ *      peer's encoder and kvd's table stay in step (h2_on_block).
+ *   3. No window passes 2^31-1 and no DATA passes a window: updates that
+ *      would overflow are FLOW_CONTROL_ERROR (h2_on_window_update,
+ *      h2_on_settings), a peer's DATA beyond its window too (h2_on_data),
+ *      and kvd sends at most min(connection window, stream window, peer
+ *      frame size) at a time (h2_stream_send).
+ *   4. Memory a peer can pin is bounded: frames are not parsed while the
+ *      output holds KVD_MAX_OUTPUT (h2_input), a stream's answer is pulled
+ *      only under that cap and its windows, a producing call makes its
+ *      next message only when its queue is empty (h2_stream_send); request
+ *      bytes are bounded by the stream windows and KVD_MAX_CONN_INPUT
+ *      (h2_grant, below).
+ *   5. A held reply never leaves (h2_stream_send: KVD_NEVER(s->call.held));
+ *      a stream and its call are freed only by h2_stream_close, never from
+ *      inside a service handler, and the connection only by the loop.
  */
 
 /* One HTTP/2 stream carrying one gRPC call. */
@@ -12597,10 +12931,20 @@ static void grpc_on_remote_close(struct kvd *k, struct h2_stream *s)
  * auth_watch_reason (a refused create's text, as etcd words it).
  *
  * Invariants:
- *   1. With auth off no token is looked at (etcd 3.7); with it on, every
- *      request but Authenticate and the Health service has a user.
- *   2. A change of the auth store (its revision) invalidates what a token
- *      or a cached permission said, before the next check.
+ *   1. With auth off no token is looked at (auth_who, as etcd 3.7) and
+ *      every check passes (auth_may, auth_admin, auth_need_user).  With it
+ *      on, a token sent must be live or the call fails "invalid auth
+ *      token" (auth_who); a key op needs a user whose roles cover it
+ *      (auth_may), an admin call the root role (auth_admin).
+ *   2. No permission is cached: each check reads the current users and
+ *      roles (auth_may -> auth_covers; the interval tree auth_covers_tree
+ *      builds is freed at once), so a change holds from the next check
+ *      on.  A JWT from before the current auth revision is refused for key
+ *      ops ("revision of auth store is old", auth_may); a simple token
+ *      goes with its user's deletion or new password, and every one when
+ *      auth is disabled (auth_tok_drop).
+ *   3. A JWT's claims are read only once its signature checks
+ *      (auth_jwt_check).
  */
 
 struct auth_token {
