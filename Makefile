@@ -35,7 +35,7 @@ TEST_CFLAGS = -O1 -g -Werror
 SRC = kvd.c kvd.h $(wildcard proto/*.pb-c.[ch]) Makefile
 PROTOS = kv auth rpc v3lock v3election health
 
-.PHONY: all test unit check notls asan cross cross-all footprint static-check fuzz fuzz-smoke run static install clean proto proto-check symcheck toc toc-write size buildline
+.PHONY: all test k8s unit check notls asan cross cross-all footprint static-check fuzz fuzz-smoke run static install clean proto proto-check symcheck toc toc-write size buildline
 
 all: kvd
 
@@ -138,6 +138,13 @@ test:
 check: kvd test/test test/kvd-test notls asan fuzz-smoke cross static-check proto-check symcheck toc buildline
 	./test/test
 	./test/run.sh
+
+# Kubernetes v1.37.2's control plane and kine on kvd and etcd 3.7.3 (test/k8s.py):
+# builds them from Go modules once per machine (test/lib/k8s-deps.sh), cached
+# outside the tree.  CI runs it after `make test`.
+k8s: kvd test/kvd-test
+	./test/lib/deps.sh test
+	KVD=./kvd KVD_TEST=./test/kvd-test /usr/bin/python3 test/k8s.py
 
 # The CPUs routers and boards use, other word sizes and byte orders, under
 # qemu-user: the unit tests built for i386 (Debian multiarch), then mips

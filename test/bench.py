@@ -4,6 +4,7 @@ data on the same disk.  A benchmark, not a test: it prints figures and
 kvd/etcd ratios (the README records them).
 
   test/bench.py [--n N] [--keys K] [--only transport|watch|lease|confd|kv]
+  test/bench.py --only k8s [--scale S]       a control plane (kube-apiserver 1.37) on etcd 3.7.3, kine and kvd
   test/bench.py --only kv3                   Put, Range, 200k keys' RSS: etcd 3.7.3, 3.4.23 and kvd
   test/bench.py --only rewrite [--mb 100]    Put latency during Defragment, kvd and etcd
   test/bench.py --only life                  disk writes per byte put over a simulated life
@@ -644,6 +645,197 @@ def before_rows(n, nkeys, before):
     load_rows(rowb, servers, nkeys)
 
 
+def k8s_rows(scale):
+    """A small control plane's workload on etcd 3.7.3, kine (SQLite) and kvd,
+    one after the other, data on the same disk: kube-apiserver (compaction
+    every minute), kube-controller-manager and kube-scheduler of 1.37.2
+    (test/k8s.py's), then 3000*scale ConfigMaps of 2 KiB, 200*scale
+    Deployments of 5 (Pods Pending: no nodes), a watch on ConfigMaps, 25
+    updates/s for 120*scale s, and every object deleted.  Per store: RSS
+    (peak and at the end), CPU seconds, bytes written to disk, the data dir
+    after compaction, the apiserver's request latency p50/p99 by verb (its
+    /metrics) and the watch delivery delay (update sent -> event read)."""
+    import http.client
+    import json as js
+    import ssl as sl
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import k8s
+    ncm, ndep, secs, rate = int(3000 * scale), int(200 * scale), int(120 * scale), 25
+    stores = (("etcd 3.7.3", lambda: k8s.EtcdStore(base=DISK)), ("kine", lambda: k8s.KineStore(base=DISK)),
+              ("kvd", lambda: k8s.KvdStore(base=DISK)))
+    ctx = sl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = sl.CERT_NONE
+    res = {}
+    for name, mk in stores:
+        pki = k8s.pki()
+        store = mk()
+        api = k8s.Apiserver(pki, store, extra=["--etcd-compaction-interval", "1m"])
+        ctl = k8s.Controllers(api)
+        hdr = {"Authorization": "Bearer admin-token", "Content-Type": "application/json"}
+
+        def io():
+            with open("/proc/%d/io" % store.p.pid) as f:
+                return dict(line.split(": ") for line in f.read().splitlines())
+
+        def cpu():
+            with open("/proc/%d/stat" % store.p.pid) as f:
+                parts = f.read().rsplit(")", 1)[1].split()
+            return (int(parts[11]) + int(parts[12])) / os.sysconf("SC_CLK_TCK")
+
+        def hwm():
+            with open("/proc/%d/status" % store.p.pid) as f:
+                return max(int(x.split()[1]) for x in f if x.startswith("VmHWM:"))
+
+        def conn():
+            return http.client.HTTPSConnection("127.0.0.1", api.port, context=ctx, timeout=60)
+
+        def many(reqs, threads=4):
+            errs = []
+
+            def worker(part):
+                c = conn()
+                for method, path, body in part:
+                    c.request(method, path, body=body, headers=dict(hdr, **({"Content-Type": "application/merge-patch+json"}
+                                                                           if method == "PATCH" else {})))
+                    r = c.getresponse()
+                    r.read()
+                    if r.status >= 300:
+                        errs.append((method, path, r.status))
+            ts = [threading.Thread(target=worker, args=(reqs[i::threads],)) for i in range(threads)]
+            [t.start() for t in ts]
+            [t.join() for t in ts]
+            return errs
+        w0, c0 = int(io()["write_bytes"]), cpu()
+        blob = "x" * 2048
+        errs = many([("POST", "/api/v1/namespaces/default/configmaps",
+                      js.dumps({"metadata": {"name": "cm-%05d" % i}, "data": {"v": blob}})) for i in range(ncm)])
+        errs += many([("POST", "/apis/apps/v1/namespaces/default/deployments", js.dumps(
+            {"metadata": {"name": "d-%04d" % i}, "spec": {"replicas": 5, "selector": {"matchLabels": {"app": "d-%04d" % i}},
+                                                          "template": {"metadata": {"labels": {"app": "d-%04d" % i}},
+                                                                       "spec": {"containers": [{"name": "c", "image": "pause"}]}}}}))
+                      for i in range(ndep)])
+        k8s.wait_for(lambda: k8s.count(api, "pods", "-n", "default") >= 5 * ndep, 900, 2)
+        pods = k8s.count(api, "pods", "-n", "default")
+        # the watch: each update carries its send time; the reader stamps arrival
+        delays, stop, started = [], threading.Event(), threading.Event()
+        c = conn()
+        c.request("GET", "/api/v1/namespaces/default/configmaps?limit=1", headers=hdr)
+        rv = js.loads(c.getresponse().read())["metadata"]["resourceVersion"]
+
+        def watcher():  # from the list's revision: no initial events
+            c = conn()
+            c.request("GET", "/api/v1/namespaces/default/configmaps?watch=1&resourceVersion=%s&timeoutSeconds=%d" %
+                      (rv, secs + 120), headers=hdr)
+            r = c.getresponse()
+            started.set()
+            while not stop.is_set():
+                line = r.readline()
+                if not line:
+                    break
+                try:
+                    ev = js.loads(line)
+                    t = float(ev["object"]["data"].get("t", "0"))
+                except (ValueError, KeyError, TypeError):
+                    continue
+                if t:
+                    delays.append(time.time() - t)
+        wt = threading.Thread(target=watcher, daemon=True)
+        wt.start()
+        started.wait(60)
+        w1 = int(io()["write_bytes"])
+        c = conn()
+        n, t0 = 0, time.time()
+        while time.time() - t0 < secs:
+            due = t0 + n / rate
+            if due > time.time():
+                time.sleep(due - time.time())
+            c.request("PATCH", "/api/v1/namespaces/default/configmaps/cm-%05d" % (n % ncm),
+                      body=js.dumps({"data": {"t": "%.6f" % time.time()}}),
+                      headers=dict(hdr, **{"Content-Type": "application/merge-patch+json"}))
+            r = c.getresponse()
+            r.read()
+            n += 1
+        k8s.wait_for(lambda: len(delays) >= n, 60, 0.1)  # every update's event read
+        w2 = int(io()["write_bytes"])
+        stop.set()
+        errs += many([("DELETE", "/api/v1/namespaces/default/configmaps/cm-%05d" % i, None) for i in range(ncm)])
+        errs += many([("DELETE", "/apis/apps/v1/namespaces/default/deployments/d-%04d" % i, None) for i in range(ndep)])
+        k8s.wait_for(lambda: k8s.count(api, "pods", "-n", "default") == 0, 900, 2)
+        # two compaction ticks after the deletes: the data dir as it stays
+        def crev():
+            return subprocess.run(["etcdctl", "--endpoints", store.url, "get", "compact_rev_key", "--print-value-only"],
+                                  capture_output=True, text=True, env=dict(os.environ, ETCDCTL_API="3")).stdout.strip()
+        first = crev()
+        k8s.wait_for(lambda: crev() != first, 150, 2)
+        second = crev()
+        k8s.wait_for(lambda: crev() != second, 150, 2)
+        du = int(subprocess.run(["du", "-sk", store.dir], capture_output=True, text=True).stdout.split()[0])
+        m = api.metrics()
+        lat = {}
+        for verb in ("POST", "GET", "LIST", "PATCH", "DELETE", "WATCH"):
+            lat[verb] = (hist_q(m, "apiserver_request_duration_seconds", verb, 0.5),
+                         hist_q(m, "apiserver_request_duration_seconds", verb, 0.99))
+        delays.sort()
+        res[name] = {"rss_peak": hwm(), "rss_end": store.rss_kb(), "cpu": cpu() - c0,
+                     "written": int(io()["write_bytes"]) - w0, "per_update": (w2 - w1) / max(n, 1), "du": du, "lat": lat,
+                     "delay": (delays[len(delays) // 2] if delays else -1, delays[int(len(delays) * 0.99)] if delays else -1),
+                     "updates": n, "pods": pods, "errors": len(errs)}
+        ctl.stop()
+        api.stop()
+        store.p.terminate()
+        store.p.wait(60)
+    names = [x[0] for x in stores]
+    print("control plane of Kubernetes v1.37.2, %d ConfigMaps x 2 KiB, %d Deployments x 5, %d updates at %d/s" %
+          (ncm, ndep, res["kvd"]["updates"], rate))
+    print("%-34s %16s %16s %16s %9s %9s" % ("", names[0], names[1], names[2], "etcd/kvd", "kine/kvd"))
+
+    def line(what, key, unit, fmt="%.1f"):
+        v = [key(res[x]) for x in names]
+        r = lambda a, b: ("%.1fx" % (a / b)) if a > 0 and b > 0 else "-"
+        print("%-34s %16s %16s %16s %9s %9s" % ((what,) + tuple((fmt % x) + " " + unit for x in v) +
+                                                  (r(v[0], v[2]), r(v[1], v[2]))), flush=True)
+    line("store RSS, peak", lambda r: r["rss_peak"] / 1024, "MiB")
+    line("store RSS, at the end", lambda r: r["rss_end"] / 1024, "MiB")
+    line("store CPU", lambda r: r["cpu"], "s")
+    line("bytes written to disk", lambda r: r["written"] / 1048576, "MiB")
+    line("bytes written per update", lambda r: r["per_update"] / 1024, "KiB")
+    line("data dir after compaction", lambda r: r["du"] / 1024, "MiB")
+    for verb in ("POST", "GET", "LIST", "PATCH", "DELETE"):
+        line("apiserver %s p50" % verb, lambda r: r["lat"][verb][0] * 1000, "ms", "%.2f")
+        line("apiserver %s p99" % verb, lambda r: r["lat"][verb][1] * 1000, "ms", "%.2f")
+    line("watch delay p50", lambda r: r["delay"][0] * 1000, "ms", "%.2f")
+    line("watch delay p99", lambda r: r["delay"][1] * 1000, "ms", "%.2f")
+    line("Pods made by the controllers", lambda r: r["pods"], "", "%d")
+    line("requests that failed", lambda r: r["errors"], "", "%d")
+
+
+def hist_q(metrics, name, verb, q):
+    """Quantile q of a Prometheus histogram's samples for one verb (all
+    resources summed), interpolated within its bucket."""
+    buckets = {}
+    for line in metrics.splitlines():
+        if not line.startswith(name + "_bucket{") or ('verb="%s"' % verb) not in line:
+            continue
+        le = line.partition('le="')[2].partition('"')[0]
+        buckets[float("inf") if le == "+Inf" else float(le)] = buckets.get(
+            float("inf") if le == "+Inf" else float(le), 0) + float(line.rsplit(" ", 1)[1])
+    if not buckets:
+        return -1
+    les = sorted(buckets)
+    total = buckets[les[-1]]
+    if total == 0:
+        return -1
+    want, prev_le, prev_n = q * total, 0.0, 0.0
+    for le in les:
+        if buckets[le] >= want:
+            if le == float("inf"):
+                return prev_le
+            return prev_le + (le - prev_le) * (want - prev_n) / max(buckets[le] - prev_n, 1e-9)
+        prev_le, prev_n = le, buckets[le]
+    return les[-2]
+
+
 def main(argv):
     n = int(argv[argv.index("--n") + 1]) if "--n" in argv else 100000
     nkeys = int(argv[argv.index("--keys") + 1]) if "--keys" in argv else 200000
@@ -665,6 +857,9 @@ def main(argv):
         return 0
     if only == "http1":
         http1_rows(n)
+        return 0
+    if only == "k8s":
+        k8s_rows(float(argv[argv.index("--scale") + 1]) if "--scale" in argv else 1.0)
         return 0
     if only == "kv3":
         kv3_rows(n, nkeys)
