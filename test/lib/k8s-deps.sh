@@ -49,7 +49,7 @@ fi
 # its source changes (bin/storage.test.src holds the hash it was built from),
 # not part of the directory's hash: editing it rebuilds no binary above.
 src=$(cd "$top/test/k8s" && for f in $(ls *_test.go 2>/dev/null | LC_ALL=C sort); do echo "$f" && cat "$f"; done | sha256sum | cut -c1-64)
-if ls "$top"/test/k8s/*_test.go >/dev/null 2>&1 && { ! [ -x "$out/bin/storage.test" ] || [ [ "$(cat "$out/bin/storage.test.src" 2>/dev/null)" != "$src" ]; }; then
+if ls "$top"/test/k8s/*_test.go >/dev/null 2>&1 && { ! [ -x "$out/bin/storage.test" ] || [ "$(cat "$out/bin/storage.test.src" 2>/dev/null)" != "$src" ]; }; then
 	echo "k8s-deps: go test -c (the storage conformance test)" >&2
 	(cd "$top/test/k8s" && export GOTOOLCHAIN=local GOFLAGS=-mod=readonly CGO_ENABLED=0 &&
 		"$go" test -c -trimpath -o "$out/bin/storage.test.tmp" .) &&
