@@ -28,7 +28,8 @@ SKIPPED, with KVD_REQUIRE_GO_PEERS set (CI) that is a failure.
 - watch_cache_features: the apiserver's compactor compacts kvd (its
   compact_rev_key moves, an old revision reads as compacted); consistent
   reads are served from the watch cache (RequestProgress in use: the
-  apiserver's metrics count cache reads that did not fall back) and a
+  apiserver's metrics count cache reads that did not fall back), its lists
+  use RangeStream (its etcd_requests_total, operation listStream), and a
   WatchList (sendInitialEvents) watch gets its bookmark.
 - kill9_under_control_plane: kvd killed with SIGKILL under a running
   apiserver and controllers, restarted on the same data dir: the apiserver
@@ -597,6 +598,14 @@ def watch_cache_features():
     served = metric_sum(m, "apiserver_watch_cache_consistent_read_total", fallback="false", success="true")
     fell = metric_sum(m, "apiserver_watch_cache_consistent_read_total", fallback="true")
     check(served >= 20 and fell == 0, "consistent reads from the watch cache: %d served, %d fell back" % (served, fell))
+    # Kubernetes 1.37 lists with RangeStream (EtcdRangeStream, beta, on) and
+    # falls back to paginated Range on Unimplemented: on kvd it must not
+    streams = metric_sum(m, "etcd_requests_total", operation="listStream")
+    paged = metric_sum(m, "etcd_requests_total", operation="list")
+    errs = metric_sum(m, "etcd_request_errors_total", operation="listStream")
+    check(streams > 0 and errs == 0, "the apiserver's lists use RangeStream: %d streamed, %d paginated, %d errors" %
+          (streams, paged, errs))
+    print("    apiserver lists on kvd: %d by RangeStream, %d paginated" % (streams, paged))
     # a WatchList: initial events then the bookmark marking their end
     code, body = api.get("/api/v1/namespaces/default/configmaps?watch=1&sendInitialEvents=true&allowWatchBookmarks=true"
                          "&resourceVersionMatch=NotOlderThan&timeoutSeconds=3", 30)
