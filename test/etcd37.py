@@ -106,7 +106,7 @@ def snapshots_with_etcdutl_3_7():
 # - the endpoints (EP, EP2, ...: each server has its own port);
 # - ids that etcd draws from a clock or a counter: lease ids, the ids of added
 #   members (the local member 8e9e05c52164694d and the cluster cdf818194e3a8c32
-#   are computed the same way by both and stay): each side's ids are numbered
+#   are computed the same way by both and stay; kvdtest.HEX_ID): each side's ids are numbered
 #   in order of appearance (ID1, ID2, ...), so a wrong reuse still shows;
 # - times ("took"), the db size / in use / % not in use of endpoint status
 #   (bbolt pages against kvd's log) and its raft index and raft applied index
@@ -213,7 +213,7 @@ class Side:
     def norm(self, text):
         for ep, lab in self.eps:
             text = text.replace(ep, lab)
-        text = re.sub(r"(?<![0-9A-Za-z])[0-9a-f]{16}(?![0-9A-Za-z])", lambda m: self.label(m.group(0), 16), text)
+        text = re.sub(kvdtest.HEX_ID, lambda m: self.label(m.group(0), 16), text)
         text = re.sub(r"(?<![0-9A-Za-z.])[0-9]{15,20}(?![0-9A-Za-z.])", lambda m: self.label(m.group(0), 10), text)
         if self.revs:  # histories that differ (ctl37_alarm_nospace)
             text = re.sub(r'"revision": ?[0-9]+', '"revision":R', text)

@@ -17,6 +17,7 @@ import time
 import grpc
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib"))  # test/lib: kvdtest, helpers
+import kvdtest
 from kvdtest import (Kvd, H2, check, test, etcdctl, grpc_frame, grpc_messages, pb_string,
                      h2_call, frame, goaways, rsts, decode_headers, count, wait_for, run_tests, spawn,
                      free_port, ROOT, DATA, HEADERS, PING, WINDOW_UPDATE)
@@ -183,7 +184,7 @@ def cluster_like_etcd():
                  ["member", "list", "-w", "table"], ["member", "promote", "1"], ["member", "remove", "1"]):
         x, y = etcdctl(e, *args), etcdctl(k, *args)
         def mask(r):  # ids masked; lines and ETCD_INITIAL_CLUSTER's members in any order (they come by id)
-            t = re.sub(r"\b[0-9a-f]{16}\b", "ID", r[1] + "".join(
+            t = re.sub(kvdtest.HEX_ID, "ID", r[1] + "".join(
                 x for x in r[2].splitlines(True) if not x.startswith('{"level"'))).replace(k.url, "URL").replace(e.url, "URL")
             t = re.sub(r'ETCD_INITIAL_CLUSTER="([^"]*)"', lambda m: ",".join(sorted(m.group(1).split(","))), t)
             return r[0], sorted(t.splitlines())

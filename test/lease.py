@@ -14,6 +14,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib"))  # test/lib: kvdtest, helpers
+import kvdtest
 from kvdtest import ROOT, Kvd, Etcd, Client, pb, check, check_script, test, run_tests, etcdctl, wait_for, grpc_frame, spawn
 
 KVD = os.path.abspath(os.environ.get("KVD", os.path.join(ROOT, "kvd")))
@@ -56,7 +57,7 @@ def etcdctl_lease_side_by_side():
         return out
 
     def norm(t):
-        t = re.sub(r"\b[0-9a-f]{16}\b", "ID", t)
+        t = re.sub(kvdtest.HEX_ID, "ID", t)
         t = re.sub(r"remaining\((\d+)s\)", lambda m: "remaining(%s)" % ("~60" if int(m.group(1)) >= 58 else
                                                                          m.group(1)), t)
         return re.sub(r"keys\(\[([^\]]*)\]\)", lambda m: "keys([%s])" % " ".join(sorted(m.group(1).split())), t)

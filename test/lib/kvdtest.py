@@ -29,6 +29,10 @@ import h2.settings
 from hpack import Encoder
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # test/lib/ -> the tree
+# A member, cluster or lease id as etcdctl prints it: 64 bits in hex without
+# leading zeros, so one id in 16 has 15 digits (those shorter than 16 must
+# hold a letter, not to take a long decimal number for one).
+HEX_ID = r"(?<![0-9A-Za-z])(?:[0-9a-f]{16}|(?=[0-9]*[a-f])[0-9a-f]{13,15})(?![0-9A-Za-z])"
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 DATA, HEADERS, PRIORITY, RST_STREAM, SETTINGS, PUSH_PROMISE, PING, GOAWAY, WINDOW_UPDATE, CONTINUATION = range(10)
 ERRORS = ["NO_ERROR", "PROTOCOL_ERROR", "INTERNAL_ERROR", "FLOW_CONTROL_ERROR", "SETTINGS_TIMEOUT",
