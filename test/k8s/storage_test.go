@@ -327,18 +327,23 @@ func (failing) TransformFromStorage(context.Context, []byte, value.Context) ([]b
 	return nil, false, errors.New("bits flipped")
 }
 
-type flakyTransformer struct {
-	value.Transformer
+// failSwitch turns a transformer's or a codec's reads into errors on demand
+// (the setFailing the transform-or-decode-error deletes take).
+type failSwitch struct {
 	mu   sync.Mutex
 	fail bool
 }
 
-func (f *flakyTransformer) setFailing(b bool) { f.mu.Lock(); f.fail = b; f.mu.Unlock() }
+func (f *failSwitch) setFailing(b bool) { f.mu.Lock(); f.fail = b; f.mu.Unlock() }
+func (f *failSwitch) failing() bool     { f.mu.Lock(); defer f.mu.Unlock(); return f.fail }
+
+type flakyTransformer struct {
+	value.Transformer
+	failSwitch
+}
+
 func (f *flakyTransformer) TransformFromStorage(ctx context.Context, d []byte, dc value.Context) ([]byte, bool, error) {
-	f.mu.Lock()
-	fail := f.fail
-	f.mu.Unlock()
-	if fail {
+	if f.failing() {
 		return nil, false, errors.New("synthetic error")
 	}
 	return f.Transformer.TransformFromStorage(ctx, d, dc)
@@ -346,16 +351,11 @@ func (f *flakyTransformer) TransformFromStorage(ctx context.Context, d []byte, d
 
 type flakyCodec struct {
 	runtime.Codec
-	mu   sync.Mutex
-	fail bool
+	failSwitch
 }
 
-func (f *flakyCodec) setFailing(b bool) { f.mu.Lock(); f.fail = b; f.mu.Unlock() }
 func (f *flakyCodec) Decode(d []byte, gvk *schema.GroupVersionKind, into runtime.Object) (runtime.Object, *schema.GroupVersionKind, error) {
-	f.mu.Lock()
-	fail := f.fail
-	f.mu.Unlock()
-	if fail {
+	if f.failing() {
 		return nil, nil, errors.New("synthetic error")
 	}
 	return f.Codec.Decode(d, gvk, into)
