@@ -15669,6 +15669,7 @@ static void svc_compact_rpc(struct kvd *k, struct call *s)
 struct svc_rstream {
 	Etcdserverpb__RangeRequest *rq; /* owned */
 	int64_t rev;                     /* pinned */
+	int64_t hrev;                    /* the store's (durable) revision at the start: the final header's */
 	uint8_t *last;                   /* last key sent (owned), NULL before the first */
 	size_t lastn;
 	int64_t sent, count;
@@ -15763,7 +15764,8 @@ static void svc_rstream_chunk(struct kvd *k, struct call *s)
 		st->sent += (int64_t)got.n;
 	}
 	if (done) {
-		svc_header(k, &h, 1);
+		svc_header(k, &h, 0);
+		h.revision = st->hrev; /* as etcd: when the stream started, never a later write's */
 		rr.header = &h;
 		rr.count = st->count;
 		rr.more = !rq->count_only && rq->limit > 0 && st->count > rq->limit;
@@ -15808,6 +15810,7 @@ static void svc_rangestream_rpc(struct kvd *k, struct call *s)
 		st->rq = (Etcdserverpb__RangeRequest *)s->rq; /* kept: see on_msg */
 		s->rq = NULL;
 		st->rev = rev > 0 ? rev : k->db.rev_durable;
+		st->hrev = k->db.rev_durable;
 		s->svc = st;
 		s->produce = 1;
 		return; /* chunks come from svc_rstream_chunk as the window opens */

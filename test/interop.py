@@ -416,6 +416,53 @@ def rangestream_bounded_memory():
     k.stop()
 
 
+@test
+def rangestream_header_is_the_start():
+    """A RangeStream's header carries the revision it read (the store's when
+    it started, as etcd), not a write's that landed while it streamed: the
+    chunks equal a Range at the header's revision.  (The robustness harness
+    found this as a linearizability violation.)"""
+    import threading
+    from kvdtest import Client, pb
+    R = pb()["rpc"]
+    k = Kvd(KVD_TEST)
+    c = Client(k.endpoint())
+    for t0 in range(0, 400, 100):
+        t = R.TxnRequest()
+        for i in range(t0, t0 + 100):
+            t.success.add().request_put.CopyFrom(R.PutRequest(key=b"rs/%05d" % i, value=b"v" * 1000))
+        check(c.call("Txn", t)[0] == "ok", "load")
+    stop, writes = threading.Event(), []
+
+    def writer():
+        w = Client(k.endpoint())
+        while not stop.is_set():
+            a = w.call("Put", R.PutRequest(key=b"rs/%05d" % (len(writes) % 400), value=b"w%d" % len(writes)))
+            writes.append(a[1].header.revision if a[0] == "ok" else 0)
+        w.close()
+    th = threading.Thread(target=writer)
+    th.start()
+    try:
+        req = R.RangeRequest(key=b"rs/", range_end=b"rs0")
+        r = h2_call(k.port, "/etcdserverpb.KV/RangeStream", grpc_frame(req.SerializeToString()), window=8192, slow=0.02)
+    finally:
+        stop.set()
+        th.join()
+    check(r.violation is None and r.status() == "0", "stream ok: %r %s" % (r.trailers, r.violation))
+    chunks = [R.RangeStreamResponse.FromString(m) for m in grpc_messages(r.data)]
+    merged = R.RangeResponse()
+    for ch in chunks:
+        merged.MergeFrom(ch.range_response)
+    hrev = merged.header.revision
+    check(writes and max(writes) > hrev, "writes landed while it streamed (%d writes, last at %s, header %d)" %
+          (len(writes), max(writes or [0]), hrev))
+    at = c.call("Range", R.RangeRequest(key=b"rs/", range_end=b"rs0", revision=hrev))
+    check(at[0] == "ok" and [(kv.key, kv.value) for kv in merged.kvs] == [(kv.key, kv.value) for kv in at[1].kvs],
+          "the %d streamed kvs are the store at the header's revision %d" % (len(merged.kvs), hrev))
+    c.close()
+    k.stop()
+
+
 # ------------------------------------------------------------------ lifecycle and flags
 @test
 def graceful_shutdown():
