@@ -183,6 +183,12 @@
 #include KVD_CONFIG_FILE /* @@ a firmware tree can pin knobs here */
 #endif
 
+#ifndef KVD_TEST_BUG /* @@ a planted bug (1-6) the robustness checker must catch: test builds only */
+#define KVD_TEST_BUG 0
+#endif
+#if KVD_TEST_BUG && !defined KVD_TEST_SERVICES
+#error "KVD_TEST_BUG plants a bug: only in a test build (-DKVD_TEST_SERVICES)"
+#endif
 #ifndef KVD_DEFAULT_MAX_CONNECTIONS /* @@ --max-connections default */
 #define KVD_DEFAULT_MAX_CONNECTIONS 256
 #endif
@@ -667,6 +673,12 @@ struct mvcc {
 	unsigned broken : 1;           /* a failed write could not be cut back */
 	unsigned no_fsync : 1;         /* --unsafe-no-fsync */
 	char why[96];
+#ifdef KVD_TEST_SERVICES
+	uint64_t synced;               /* the log's end at its last fdatasync (a power cut keeps that) */
+	uint32_t synced_gen;           /* ... in the log file of this generation */
+	unsigned flushes;              /* batches flushed (KVD_TEST_FLUSH_CRASH) */
+	off_t hist_mark;               /* KVD_TEST_HISTORY's size before this batch, -1 if none */
+#endif
 };
 
 /* Auth (section 12): users and roles as etcd's authpb messages, sorted by
@@ -6163,6 +6175,194 @@ static void mvcc_commit(struct kvd *k, struct mvcc *m)
 	}
 }
 
+#ifdef KVD_TEST_SERVICES
+/*
+ * Test builds only: what the robustness harness (test/robust) needs of the
+ * store, and nothing a product build carries.
+ *
+ * KVD_TEST_HISTORY=<file>: every batch is described there just before it is
+ * written, one line per request, so the harness can check watches and stale
+ * reads against what kvd persisted without trusting kvd's watch path:
+ *     <inode> <end> <rev> T [P <hexkey> <hexval> <lease> | D <hexkey>]...
+ *     <inode> <end> <rev> G <lease>    a grant       ... R <lease>  a revoke
+ *     <inode> <end> <rev> C <rev>      a compaction
+ * (inode and end offset: which log file, and where the record ends in it).
+ * A batch lost to a crash is a suffix of the log, so its lines are a suffix
+ * of the file: mvcc_test_history_open drops the lines of the current log
+ * file that end past what replay found.  A revoke's deletes are its R line.
+ *
+ * KVD_TEST_FSYNC_DELAY_MS=<n>: every log fdatasync takes n ms longer (slow
+ * flash).  KVD_TEST_FLUSH_CRASH=before-sync:N|after-sync:N dies (SIGKILL) at
+ * the Nth flush, around its fdatasync.  SIGUSR2 is a power cut: the log is
+ * cut back to its last fdatasync and the process exits at once.
+ */
+static void mvcc_test_hex(struct kvd *k, struct kvd_buf *b, const uint8_t *p, size_t n)
+{
+	static const char hx[] = "0123456789abcdef";
+	size_t i;
+
+	if (!n) {
+		buf_append(k, b, "-", 1);
+		return;
+	}
+	for (i = 0; i < n; i++) {
+		char two[2] = {hx[p[i] >> 4], hx[p[i] & 15]};
+		buf_append(k, b, two, 2);
+	}
+}
+
+static void mvcc_test_history(struct kvd *k, const uint8_t *p, size_t n, uint64_t base)
+{
+	struct mvcc *m = &k->db;
+	struct kvd_buf b = {0};
+	struct mvcc_rec rec;
+	struct mvcc_op op;
+	struct stat st;
+	const char *why, *path = getenv("KVD_TEST_HISTORY");
+	char num[96];
+	size_t at = 0;
+	long len;
+	int fd, e;
+
+	if (!path || fstat(m->fd, &st))
+		return;
+	while ((len = mvcc_frame(p + at, n - at, base + at, base + n, 0, &rec, &why)) > 0) {
+		uint64_t end = base + at + (uint64_t)len;
+		at += (size_t)len;
+		if (mvcc_rec_decode(&rec, &why))
+			continue;
+		snprintf(num, sizeof num, "%llu %llu %lld ", (unsigned long long)st.st_ino, (unsigned long long)end,
+		         (long long)rec.rev);
+		if (rec.type == MVCC_REC_COMPACT) {
+			buf_append(k, &b, num, strlen(num));
+			snprintf(num, sizeof num, "C %lld\n", (long long)rec.rev);
+			buf_append(k, &b, num, strlen(num));
+			continue;
+		}
+		if (rec.type != MVCC_REC_TXN)
+			continue;
+		{
+			struct mvcc_rec scan = rec;
+			int revoke = 0, kv = 0;
+			while ((e = mvcc_rec_op(&scan, &op, &why)) == 1) {
+				revoke |= op.kind == MVCC_OP_REVOKE;
+				kv |= op.kind == MVCC_OP_PUT || op.kind == MVCC_OP_DEL;
+			}
+			if (kv && !revoke) {
+				buf_append(k, &b, num, strlen(num));
+				buf_append(k, &b, "T", 1);
+			}
+			while ((e = mvcc_rec_op(&rec, &op, &why)) == 1) {
+				if (op.kind == MVCC_OP_GRANT || op.kind == MVCC_OP_REVOKE) {
+					char l[160];
+					snprintf(l, sizeof l, "%s%c %lld\n", num, op.kind == MVCC_OP_GRANT ? 'G' : 'R',
+					         (long long)op.lease);
+					buf_append(k, &b, l, strlen(l));
+				} else if (kv && !revoke) {
+					buf_append(k, &b, op.kind == MVCC_OP_PUT ? " P " : " D ", 3);
+					mvcc_test_hex(k, &b, op.key, (size_t)op.klen);
+					if (op.kind == MVCC_OP_PUT) {
+						buf_append(k, &b, " ", 1);
+						mvcc_test_hex(k, &b, op.val, (size_t)op.vlen);
+						snprintf(num, sizeof num, " %lld", (long long)op.lease);
+						buf_append(k, &b, num, strlen(num));
+					}
+				}
+			}
+			if (kv && !revoke)
+				buf_append(k, &b, "\n", 1);
+		}
+	}
+	if (b.len && (fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0600)) >= 0) {
+		m->hist_mark = lseek(fd, 0, SEEK_END);
+		if (write(fd, b.p, b.len) != (ssize_t)b.len)
+			kvd_log(k, KVD_LOG_WARN, "KVD_TEST_HISTORY: short write");
+		close(fd);
+	}
+	buf_free(k, &b);
+}
+
+/* A flush failed and its batch was undone: so are its lines. */
+static void mvcc_test_history_undo(struct kvd *k)
+{
+	const char *path = getenv("KVD_TEST_HISTORY");
+
+	if (path && k->db.hist_mark >= 0 && truncate(path, k->db.hist_mark))
+		kvd_log(k, KVD_LOG_WARN, "KVD_TEST_HISTORY: cannot cut back: %s", strerror(errno));
+	k->db.hist_mark = -1;
+}
+
+/* After replay: forget the history lines of batches the log lost. */
+static void mvcc_test_history_open(struct kvd *k)
+{
+	struct mvcc *m = &k->db;
+	const char *path = getenv("KVD_TEST_HISTORY");
+	unsigned long long ino, end;
+	size_t keep = 0, at = 0, lastother = 0;
+	struct stat st;
+	char line[256];
+	FILE *f;
+
+	m->synced = m->size;
+	m->synced_gen = m->gen;
+	m->hist_mark = -1;
+	if (!path || fstat(m->fd, &st) || !(f = fopen(path, "r")))
+		return;
+	/* lines of an older log file (before the last rewrite) are all kept;
+	 * those of the current one only up to the replayed end */
+	while (fgets(line, sizeof line, f)) {
+		size_t l = strlen(line);
+		int c;
+		if (line[l - 1] != '\n') /* a long line: skip to its end */
+			while ((c = fgetc(f)) != EOF && c != '\n')
+				l++;
+		at += l + (line[strlen(line) - 1] != '\n');
+		if (sscanf(line, "%llu %llu", &ino, &end) == 2 && ino != (unsigned long long)st.st_ino)
+			lastother = at;
+	}
+	rewind(f);
+	keep = lastother;
+	at = 0;
+	while (fgets(line, sizeof line, f)) {
+		size_t l = strlen(line);
+		int c;
+		int whole = line[l - 1] == '\n';
+		if (!whole)
+			while ((c = fgetc(f)) != EOF && c != '\n')
+				l++;
+		l += !whole;
+		if (at >= lastother) {
+			if (sscanf(line, "%llu %llu", &ino, &end) != 2 || end > m->size)
+				break;
+			keep = at + l;
+		}
+		at += l;
+	}
+	fclose(f);
+	if (truncate(path, (off_t)keep))
+		kvd_log(k, KVD_LOG_WARN, "KVD_TEST_HISTORY: cannot cut back: %s", strerror(errno));
+}
+
+static void mvcc_test_sync_hook(struct kvd *k, const char *point)
+{
+	const char *want = getenv("KVD_TEST_FLUSH_CRASH"), *d = getenv("KVD_TEST_FSYNC_DELAY_MS");
+	size_t pl = strlen(point);
+
+	if (d && !strcmp(point, "before-sync") && atoi(d) > 0) {
+		struct timespec ts = {atoi(d) / 1000, (long)(atoi(d) % 1000) * 1000000L};
+		while (nanosleep(&ts, &ts) && errno == EINTR)
+			;
+	}
+	if (want && !strncmp(want, point, pl) && want[pl] == ':' && k->db.flushes == (unsigned)atoi(want + pl + 1))
+		raise(SIGKILL);
+}
+#else
+#define mvcc_test_history(k, p, n, base) ((void)0)
+#define mvcc_test_history_open(k) ((void)0)
+#define mvcc_test_history_undo(k) ((void)0)
+#define mvcc_test_sync_hook(k, point) ((void)0)
+#endif
+
 /*
  * Make the batch durable: one pwrite at the end of the log, one fdatasync.
  * On failure the file is cut back, the batch undone, KVD_EIO returned and
@@ -6182,6 +6382,10 @@ static int mvcc_flush(struct kvd *k)
 	if (!n)
 		return 0;
 	t0 = util_now_us();
+#ifdef KVD_TEST_SERVICES
+	m->flushes++;
+#endif
+	mvcc_test_history(k, p, n, off);
 	while (n) {
 		r = pwrite(m->fd, p, n, (off_t)off);
 		if (r < 0 && errno == EINTR)
@@ -6194,10 +6398,20 @@ static int mvcc_flush(struct kvd *k)
 		n -= (size_t)r;
 		off += (uint64_t)r;
 	}
+	mvcc_test_sync_hook(k, "before-sync");
+#if KVD_TEST_BUG == 1 /* planted: the batch is acknowledged before it is durable */
+	if (0) {
+#else
 	if (!m->no_fsync && fdatasync(m->fd)) {
+#endif
 		err = errno;
 		goto fail;
 	}
+#if defined KVD_TEST_SERVICES && KVD_TEST_BUG != 1
+	m->synced = off;
+	m->synced_gen = m->gen;
+#endif
+	mvcc_test_sync_hook(k, "after-sync");
 	us = util_now_us() - t0; /* etcd_disk_wal_fsync_duration_seconds: the write and its sync */
 	for (b = 0; b < KVD_FSYNC_BUCKETS && us > (1000ll << b); b++)
 		;
@@ -6219,6 +6433,7 @@ fail:
 	} else {
 		kvd_log(k, KVD_LOG_WARN, "log write failed: %s; %zu bytes of this batch not committed",
 		        strerror(err), m->w.len);
+		mvcc_test_history_undo(k);
 	}
 	mvcc_rollback(k, m);
 	m->last_errno = err;
@@ -6548,11 +6763,13 @@ static int mvcc_open(struct kvd *k, char *err, size_t errlen)
 			close((int)dfd);
 		}
 		m->size = sizeof rec;
+		mvcc_test_history_open(k);
 		kvd_log(k, KVD_LOG_INFO, "created %s", path);
 		return 0;
 	}
 	m->rev_durable = m->rev;
 	m->compacted_durable = m->compacted;
+	mvcc_test_history_open(k);
 	lease_promote(k);
 	kvd_log(k, KVD_LOG_INFO, "log replayed: %zu keys, %zu leases, revision %lld, compacted %lld, %llu bytes in %lld ms",
 	        m->nkeys, k->lease.n, (long long)m->rev, (long long)m->compacted, (unsigned long long)m->size,
@@ -6920,7 +7137,7 @@ static int lease_grant(struct kvd *k, struct mvcc_txn *t, int64_t id, int64_t tt
 		lease_free(k, l);
 		return KVD_ENOMEM;
 	}
-	l->deadline = k->now + ttl * 1000;
+	l->deadline = k->now + ttl * 1000 - (KVD_TEST_BUG == 6) * 1000; /* planted bug 6: 1 s early */
 	lease_link(k, l, 1);
 	return 0;
 }
@@ -6928,7 +7145,7 @@ static int lease_grant(struct kvd *k, struct mvcc_txn *t, int64_t id, int64_t tt
 static void lease_renew(struct kvd *k, struct lease *l)
 {
 	lease_wheel_del(k, l);
-	l->deadline = k->now + l->ttl * 1000;
+	l->deadline = k->now + l->ttl * 1000 - (KVD_TEST_BUG == 6) * 1000;
 	lease_wheel_add(k, l);
 }
 
@@ -8765,6 +8982,10 @@ static int life_rw_switch(struct kvd *k, struct life_rw *rw, const char **why)
 	m->base_end = rw->base_end;
 	m->base_rev = rw->base;
 	mvcc_log_moved(k, m, &rw->marks);
+#ifdef KVD_TEST_SERVICES
+	m->synced = m->size; /* fdatasynced before the rename */
+	m->synced_gen = m->gen;
+#endif
 	m->reclaimable -= KVD_MIN(rw->recl0, m->reclaimable);
 	k->life.rewrites++;
 	k->life.rw_kept += rw->size;
@@ -14701,6 +14922,10 @@ static int svc_range(struct kvd *k, const Etcdserverpb__RangeRequest *rq, int64_
 	if (rev < m->compacted)
 		return svc_fail(e, GRPC_OUT_OF_RANGE, E_COMPACTED);
 	at = rev >= cur ? 0 : rev; /* 0: the latest state, which RAM holds */
+#if KVD_TEST_BUG == 2 /* planted: stale and serializable reads see one revision too old */
+	if ((rq->serializable || at) && rev - 1 > m->compacted && rev > 2)
+		at = rev - 1;
+#endif
 	sorted = rq->sort_order != SORT_NONE || rq->min_mod_revision || rq->max_mod_revision ||
 	         rq->min_create_revision || rq->max_create_revision;
 	fetch = sorted || rq->limit <= 0 ? 0 : rq->limit < INT64_MAX ? rq->limit + 1 : INT64_MAX; /* etcd's rangeLimit */
@@ -18214,6 +18439,9 @@ struct watch {
 	uint32_t next_gen;             /* the log's generation next_off belongs to */
 	uint32_t klen, elen;
 	uint8_t kind;
+#if KVD_TEST_BUG == 4
+	int64_t bug_compacted;       /* planted bug 4: the compaction last seen */
+#endif
 	unsigned noput : 1, nodelete : 1, prev_kv : 1, progress : 1, fragment : 1;
 	unsigned synced : 1;           /* live events reach it; else it catches up from the log */
 	unsigned sent : 1;             /* events since the last progress tick */
@@ -18729,6 +18957,12 @@ static void watch_live_record(struct kvd *k, struct mvcc_rec *rec)
 			watch_pause(k, w, rev, rec->off);
 		else
 			w->next = mvcc_after(rev);
+#if KVD_TEST_BUG == 4 /* planted: the first record after a compaction goes out twice */
+		if (w->synced && w->bug_compacted != k->db.compacted) {
+			w->bug_compacted = k->db.compacted;
+			watch_emit_live(k, w, g->hits + i, j - i, rev);
+		}
+#endif
 	}
 }
 
@@ -19105,7 +19339,14 @@ static void watch_create(struct kvd *k, struct call *s, struct watch_stream *ws,
 	w->progress = c->progress_notify;
 	w->fragment = c->fragment;
 	w->start = c->start_revision;
+#if KVD_TEST_BUG == 4
+	w->bug_compacted = k->db.compacted;
+#endif
 	w->next = c->start_revision ? c->start_revision : mvcc_after(k->db.rev_durable);
+#if KVD_TEST_BUG == 3 /* planted: a watch resumed in history skips its start revision */
+	if (c->start_revision > 1 && c->start_revision <= k->db.rev_durable)
+		w->next++;
+#endif
 	w->synced = !c->start_revision || w->next > k->db.rev_durable; /* (the same but at the last revision) */
 	if (watch_register(k, w)) {
 		kvd_free(k, w);
@@ -19167,6 +19408,17 @@ static void watch_on_msg(struct kvd *k, struct call *s)
 		}
 		break;
 	case ETCDSERVERPB__WATCH_REQUEST__REQUEST_UNION_PROGRESS_REQUEST:
+#if KVD_TEST_BUG == 5 /* planted: progress one revision ahead of every event delivered (the next write's) */
+		if (ws->n) {
+			Etcdserverpb__WatchResponse r = ETCDSERVERPB__WATCH_RESPONSE__INIT;
+			Etcdserverpb__ResponseHeader h;
+			watch_header(k, &h, k->db.rev + 1);
+			r.header = &h;
+			r.watch_id = -1;
+			call_send(k, s, &r.base);
+		}
+		break;
+#endif
 		if (watch_all_synced(k, ws)) /* else dropped, not deferred (etcd 3.7's progressIfSync) */
 			watch_reply_ctrl(k, s, -1, 0, 0, NULL);
 		break;
@@ -26391,6 +26643,14 @@ static struct kvd *main_kvd;
 
 static void kvd_on_signal(int sig)
 {
+#ifdef KVD_TEST_SERVICES
+	if (sig == SIGUSR2) { /* a power cut (section 10's test hooks): what was not fdatasynced is gone */
+		if (main_kvd && main_kvd->db.synced_gen == main_kvd->db.gen && main_kvd->db.fd >= 0)
+			while (ftruncate(main_kvd->db.fd, (off_t)main_kvd->db.synced) && errno == EINTR)
+				;
+		_exit(KVD_EXIT_RUNTIME);
+	}
+#endif
 	if (main_kvd && sig == SIGHUP)
 		kvd_reload(main_kvd);
 	else if (main_kvd)
@@ -26451,6 +26711,9 @@ KVD_API int kvd_main(int argc, char **argv)
 	sigaction(SIGTERM, &sa, NULL);
 	sigaction(SIGINT, &sa, NULL);
 	sigaction(SIGHUP, &sa, NULL);
+#ifdef KVD_TEST_SERVICES
+	sigaction(SIGUSR2, &sa, NULL);
+#endif
 	sigprocmask(SIG_SETMASK, &old_mask, NULL); /* one that came meanwhile is handled now */
 	loop_notify_open(k); /* systemd (Type=notify): ready now */
 	{
