@@ -10,7 +10,7 @@ BUILD="gcc make libc6-dev libmbedtls-dev libprotobuf-c-dev"
 TEST="protobuf-c-compiler protobuf-compiler clang libclang-rt-14-dev etcd-server etcd-client python3 python3-grpcio \
 python3-h2 python3-hpack python3-etcd3 python3-protobuf nghttp2-client curl procps \
 ganeti-haskell-3.0 python3-simplejson python3-openssl python3-bitarray python3-bcrypt netcat-openbsd openssl \
-python3-prometheus-client"
+python3-prometheus-client faketime"
 # Ganeti's Python confd client: the ganeti-3.0 package unpacked (installing
 # it would pull in openssh-server, lvm2 and 20 more packages it does not need)
 GANETI_LIB=/var/cache/kvd-test/ganeti-3.0
@@ -43,7 +43,9 @@ cross=""
 # the hash of the source it was built from (recipes_src; etcd37.py computes
 # the same to refuse a stale binary).  Its source is not in the directory's
 # hash so that editing it does not rebuild etcd, etcdctl and etcdutl (the
-# slow part) nor move the directory kvdtest.go_peer() finds them in.
+# slow part) nor move the directory kvdtest.go_peer() finds them in.  The
+# robustness harness (test/robust, its own module: etcd 3.7.3's robustness
+# checkers and porcupine) is built beside them the same way.
 # Go comes from PATH or /usr/local/go; without Go >= GO_MIN the suites that
 # need the peers say SKIPPED -- unless KVD_REQUIRE_GO_PEERS is set (CI), when
 # that is a failure.
@@ -78,15 +80,26 @@ go_peers() {
 		}
 		mv "$out.tmp" "$out"
 	fi
-	src=$(recipes_src "$top") || exit 1
-	[ -x "$out/bin/recipes" ] && [ "$(cat "$out/bin/recipes.src" 2>/dev/null)" = "$src" ] && return 0
-	echo "deps: building the clientv3 3.7.3 recipes program into $out/bin"
-	(cd "$top/test/peers" && export GOTOOLCHAIN=local GOFLAGS=-mod=readonly &&
-		"$go" build -trimpath -o "$out/bin/recipes.tmp" ./recipes) &&
-		echo "$src" >"$out/bin/recipes.src.tmp" &&
-		mv "$out/bin/recipes.tmp" "$out/bin/recipes" && mv "$out/bin/recipes.src.tmp" "$out/bin/recipes.src" || {
-		echo "deps: the recipes program did not build" >&2
-		rm -f "$out/bin/recipes.tmp" "$out/bin/recipes.src.tmp"
+	go_program recipes "$top/test/peers" ./recipes "$(recipes_src "$top")" "the clientv3 3.7.3 recipes program"
+	go_program robust "$top/test/robust" . "$(robust_src "$top")" "the robustness harness (etcd 3.7.3's checkers)"
+}
+robust_src() { # test/robust: its own module (go.etcd.io/etcd/tests/v3 v3.7.3, porcupine)
+	(cd "$1/test/robust" && for f in go.mod go.sum $(ls *.go | LC_ALL=C sort); do
+		echo "$f" && cat "$f"
+	done) | sha256sum | cut -c1-64
+}
+# go_program NAME DIR PKG SRC-HASH WHAT: $out/bin/NAME, built again when the
+# hash of its source (in $out/bin/NAME.src) changed
+go_program() {
+	[ -n "$4" ] || exit 1
+	[ -x "$out/bin/$1" ] && [ "$(cat "$out/bin/$1.src" 2>/dev/null)" = "$4" ] && return 0
+	echo "deps: building $5 into $out/bin"
+	(cd "$2" && export GOTOOLCHAIN=local GOFLAGS=-mod=readonly &&
+		"$go" build -trimpath -o "$out/bin/$1.tmp" "$3") &&
+		echo "$4" >"$out/bin/$1.src.tmp" &&
+		mv "$out/bin/$1.tmp" "$out/bin/$1" && mv "$out/bin/$1.src.tmp" "$out/bin/$1.src" || {
+		echo "deps: $5 did not build" >&2
+		rm -f "$out/bin/$1.tmp" "$out/bin/$1.src.tmp"
 		exit 1
 	}
 }
