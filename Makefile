@@ -35,7 +35,7 @@ TEST_CFLAGS = -O1 -g -Werror
 SRC = kvd.c kvd.h $(wildcard proto/*.pb-c.[ch]) Makefile
 PROTOS = kv auth rpc v3lock v3election health
 
-.PHONY: all test k8s unit check notls asan cross cross-all footprint static-check fuzz fuzz-smoke run static install clean proto proto-check symcheck toc toc-write size buildline
+.PHONY: all test k8s robustness unit check notls asan cross cross-all footprint static-check fuzz fuzz-smoke run static install clean proto proto-check symcheck toc toc-write size buildline
 
 all: kvd
 
@@ -98,6 +98,23 @@ test/test-asan: test/test.c $(SRC)
 test/kvd-test: $(SRC)
 	$(CC) $(CPPFLAGS) $(TEST_CFLAGS) $(SAN) $(KVD_CFLAGS) -DKVD_TEST_SERVICES -o $@ kvd.c $(LDFLAGS) $(LDLIBS) $(KVD_LIBS)
 
+# test/robustness.py's planted bugs: the test build with bug N of kvd.c's
+# KVD_TEST_BUG (section 0) planted, which the harness must catch.  -O0, no
+# sanitizers: six builds stay quick.
+BUGS = 1 2 3 4 5 6
+test/kvd-bug%: $(SRC)
+	$(CC) $(CPPFLAGS) -O0 -g $(KVD_CFLAGS) -DKVD_TEST_SERVICES -DKVD_TEST_BUG=$* -o $@ kvd.c $(LDFLAGS) $(LDLIBS) $(KVD_LIBS)
+
+# etcd's guarantees under faults (test/robustness.py; in make test too):
+# make robustness            the bounded run, kvd and the etcd 3.7.3 control
+# make robustness BUG=N      against planted bug N: fails, naming the guarantee
+# make robustness HOURS=H    a campaign: new seeds until H hours have passed
+BUG ?=
+HOURS ?=
+robustness: test/kvd-test $(BUGS:%=test/kvd-bug%)
+	./test/lib/deps.sh test
+	$(PYTHON) test/robustness.py $(if $(BUG),--bug $(BUG)) $(if $(HOURS),--hours $(HOURS))
+
 # The build without TLS (KVD_NO_TLS, make TLS=0) must stay whole: it builds,
 # links only mbedcrypto, and says so; an https:// URL is refused.
 notls: test/kvd-notls
@@ -135,7 +152,7 @@ test:
 	./test/lib/deps.sh test
 	$(MAKE) check
 
-check: kvd test/test test/kvd-test notls asan fuzz-smoke cross static-check proto-check symcheck toc buildline
+check: kvd test/test test/kvd-test $(BUGS:%=test/kvd-bug%) notls asan fuzz-smoke cross static-check proto-check symcheck toc buildline
 	./test/test
 	./test/run.sh
 
@@ -227,4 +244,4 @@ install: kvd
 	install -m 644 kvd.h $(DESTDIR)$(PREFIX)/include/kvd.h
 
 clean:
-	rm -f kvd kvd-static test/test test/test-asan test/test-i386 test/test-s390x test/kvd-s390x test/test-mips* test/kvd-mips* test/test-arm* test/kvd-arm* test/cross-*.log test/kvd-test test/watchbench test/confdbench test/replay-* $(FUZZERS:%=test/fuzz-%) test/*.log .toc.*
+	rm -f kvd kvd-static test/test test/test-asan test/test-i386 test/test-s390x test/kvd-s390x test/test-mips* test/kvd-mips* test/test-arm* test/kvd-arm* test/cross-*.log test/kvd-test test/kvd-bug* test/watchbench test/confdbench test/replay-* $(FUZZERS:%=test/fuzz-%) test/*.log .toc.*
