@@ -176,12 +176,25 @@ def run_tests(argv):
 
 
 # ------------------------------------------------------------------ kvd process
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
+def free_port(hosts=()):
+    """A port free on 127.0.0.1 and on every address in hosts: a client
+    dialling 127.0.0.N may hold an ephemeral port there that 127.0.0.1 knows
+    nothing of (CI once lost a test to 127.0.0.2:<port> in use)."""
+    while True:
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        p = s.getsockname()[1]
+        s.close()
+        for h in hosts:
+            t = socket.socket()
+            try:
+                t.bind((h, p))
+            except OSError:
+                break
+            finally:
+                t.close()
+        else:
+            return p
 
 
 class Kvd:
@@ -191,7 +204,7 @@ class Kvd:
         """hosts: more loopback addresses to serve on (same port): a client
         dialling 127.0.0.N comes from 127.0.0.N, whatever the client."""
         self.binary = binary or os.environ.get("KVD", os.path.join(ROOT, "kvd"))
-        self.port = port or free_port()
+        self.port = port or free_port(hosts)
         self.dir = data_dir or tempfile.mkdtemp(prefix="kvd-test-")
         self.url = "http://127.0.0.1:%d" % self.port
         urls = ",".join([self.url] + ["http://%s:%d" % (h, self.port) for h in hosts])
