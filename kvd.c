@@ -338,6 +338,10 @@
 #include <mbedtls/pk.h>
 #include <mbedtls/rsa.h>
 #include <mbedtls/version.h>
+#if MBEDTLS_VERSION_MAJOR >= 3 && !defined(MBEDTLS_SSL_DTLS_CONNECTION_ID_COMPAT)
+#define MBEDTLS_SSL_DTLS_CONNECTION_ID_COMPAT 0 /* 3.6's ssl.h tests it with #if, DTLS or not */
+#endif
+#include <mbedtls/platform.h>
 #ifndef KVD_NO_TLS /* @@ define to build without TLS (no https:// listeners; links only mbedcrypto) */
 #include <mbedtls/ctr_drbg.h>
 #include <mbedtls/entropy.h>
@@ -347,6 +351,9 @@
 #include <mbedtls/ssl.h>
 #include <mbedtls/x509_crl.h>
 #include <mbedtls/x509_crt.h>
+#if defined(MBEDTLS_SSL_PROTO_TLS1_3)
+#include <psa/crypto.h> /* TLS 1.3 runs on PSA, which must be started */
+#endif
 #endif
 #include <protobuf-c/protobuf-c.h>
 
@@ -910,6 +917,7 @@ struct kvd {
 	size_t mem, mem_peak;
 	uint64_t nalloc, fail_at;    /* fail_at: test hook, fail allocation N */
 	int alloc_failed;            /* since the loop last looked: it comes back soon (loop_run) */
+	uintptr_t mbed;              /* mbedtls' live blocks, if it allocates through kvd (util_mbed_calloc) */
 	ProtobufCAllocator pba;
 	int pb_oom;                  /* an allocation failed inside protobuf-c */
 	/* network */
@@ -996,7 +1004,9 @@ struct svc_err {
  *      from kvd_malloc, kvd_calloc or kvd_realloc and goes back through
  *      kvd_free, or from kvd_nalloc to kvd_nfree with the same size, so
  *      k->mem is exact and a test can fail allocation N (k->fail_at).
- *      mbedtls allocates for itself.
+ *      mbedtls' allocations come there too where its build allows
+ *      (MBEDTLS_PLATFORM_MEMORY: util_mbed_calloc); Debian's shared
+ *      mbedtls has no such hook and allocates for itself.
  *   2. No size computation overflows: kvd_malloc refuses more than
  *      SIZE_MAX / 2, and arrays grow through util_grow (its policy
  *      util_grow_cap), which leaves the array and its capacity untouched
@@ -1121,6 +1131,111 @@ static void kvd_nfree(struct kvd *k, void *p, size_t n)
 	k->mem -= n;
 	KVD_SYS_FREE(p);
 }
+
+/*
+ * mbedtls' allocations, where its build lets them be routed
+ * (MBEDTLS_PLATFORM_MEMORY; test/lib/xlibs.sh builds it so, as a firmware
+ * tree may).  mbedtls takes one allocator per process and gives it no
+ * context, so its blocks are charged to one kvd: the first opened
+ * (util_mbed_owner, the one process-wide pointer besides the signal
+ * handlers' main_kvd).  Each block is on its owner's list (k->mbed), so
+ * that the owner's close can hand the blocks still alive -- PSA's
+ * process-wide key slots -- back to the system uncharged; blocks made while
+ * no kvd owns the allocator are the system's from the start.  A failed
+ * allocation here is one more the sweep of k->fail_at reaches.
+ */
+#if defined(MBEDTLS_PLATFORM_MEMORY) && !defined(KVD_NO_MBED_MEMORY)
+/* The list's links are kept inverted (MBED_LINK): a leak checker must not
+ * take the list for a reference, or mbedtls' own leaks would hide in it. */
+union mbed_hdr {
+	struct {
+		uintptr_t prev, next;   /* MBED_LINK()ed */
+		struct kvd *k;          /* NULL: the system's (no mem_hdr charge) */
+	} s;
+	long double ld;
+	void *vp;
+};
+#define MBED_LINK(p) (~(uintptr_t)(p))
+#define MBED_PTR(x) ((union mbed_hdr *)~(x))
+static struct kvd *util_mbed_owner;
+
+static void *util_mbed_calloc(size_t n, size_t size)
+{
+	struct kvd *k = util_mbed_owner;
+	union mbed_hdr *h;
+	size_t all;
+
+	if (size && n > (SIZE_MAX / 2 - sizeof *h - sizeof(union mem_hdr)) / size)
+		return NULL;
+	all = sizeof *h + n * size;
+	if (k)
+		h = kvd_calloc(k, all);
+	else if ((h = KVD_SYS_CALLOC(1, sizeof(union mem_hdr) + all)))
+		h = (union mbed_hdr *)((union mem_hdr *)(void *)h + 1);
+	if (!h)
+		return NULL;
+	h->s.k = k;
+	h->s.prev = h->s.next = MBED_LINK(NULL);
+	if (k) {
+		h->s.next = k->mbed;
+		if (k->mbed != MBED_LINK(NULL))
+			MBED_PTR(k->mbed)->s.prev = MBED_LINK(h);
+		k->mbed = MBED_LINK(h);
+	}
+	return h + 1;
+}
+
+static void util_mbed_free(void *p)
+{
+	union mbed_hdr *h = p ? (union mbed_hdr *)p - 1 : NULL;
+	struct kvd *k;
+
+	if (!h)
+		return;
+	if (!(k = h->s.k)) {
+		KVD_SYS_FREE((union mem_hdr *)(void *)h - 1);
+		return;
+	}
+	if (h->s.prev != MBED_LINK(NULL))
+		MBED_PTR(h->s.prev)->s.next = h->s.next;
+	else
+		k->mbed = h->s.next;
+	if (h->s.next != MBED_LINK(NULL))
+		MBED_PTR(h->s.next)->s.prev = h->s.prev;
+	kvd_free(k, h);
+}
+
+/* At open: the first kvd in the process takes mbedtls' allocator. */
+static void util_mbed_claim(struct kvd *k)
+{
+	k->mbed = MBED_LINK(NULL);
+	if (util_mbed_owner)
+		return;
+	util_mbed_owner = k;
+	mbedtls_platform_set_calloc_free(util_mbed_calloc, util_mbed_free);
+}
+
+/* At close: what mbedtls still holds becomes the system's, uncharged. */
+static void util_mbed_release(struct kvd *k)
+{
+	union mbed_hdr *h;
+	uintptr_t next;
+
+	for (next = k->mbed; next != MBED_LINK(NULL);) {
+		h = MBED_PTR(next);
+		next = h->s.next;
+		h->s.k = NULL;
+		h->s.prev = h->s.next = MBED_LINK(NULL);
+		k->mem -= ((union mem_hdr *)(void *)h - 1)->n;
+	}
+	k->mbed = MBED_LINK(NULL);
+	if (util_mbed_owner == k)
+		util_mbed_owner = NULL;
+}
+#else
+static void util_mbed_claim(struct kvd *k) { (void)k; }
+static void util_mbed_release(struct kvd *k) { (void)k; }
+#endif
 
 static char *kvd_strdup(struct kvd *k, const char *s)
 {
@@ -13360,6 +13475,15 @@ static int auth_jwt_rng(void *k, unsigned char *p, size_t n)
 	return auth_random(k, p, n) ? -1 : 0;
 }
 
+/* mbedtls 3 also wants the room the signature has (always
+ * MBEDTLS_PK_SIGNATURE_MAX_SIZE here). */
+#if MBEDTLS_VERSION_MAJOR >= 3
+#define auth_pk_sign(pk, md, h, hl, sig, n, rng, ctx) \
+	mbedtls_pk_sign(pk, md, h, hl, sig, MBEDTLS_PK_SIGNATURE_MAX_SIZE, n, rng, ctx)
+#else
+#define auth_pk_sign mbedtls_pk_sign
+#endif
+
 /* Sign or check (verify) the signature sig of data.  Sign: sig has room for
  * MBEDTLS_PK_SIGNATURE_MAX_SIZE bytes, *n is set.  0 or -1. */
 static int auth_jwt_sig(struct kvd *k, struct auth_jwt *j, const uint8_t *data, size_t len, uint8_t *sig,
@@ -13393,7 +13517,7 @@ static int auth_jwt_sig(struct kvd *k, struct auth_jwt *j, const uint8_t *data, 
 			return mbedtls_pk_verify_ext(j->family == 'P' ? MBEDTLS_PK_RSASSA_PSS : MBEDTLS_PK_RSA,
 			                             j->family == 'P' ? &o : NULL, &j->key, j->md, h, hl, sig, *n) ? -1 : 0;
 		}
-		return mbedtls_pk_sign(&j->key, j->md, h, hl, sig, n, auth_jwt_rng, k) ? -1 : 0;
+		return auth_pk_sign(&j->key, j->md, h, hl, sig, n, auth_jwt_rng, k) ? -1 : 0;
 	}
 	/* ECDSA: JOSE's r||s, the pk layer's DER */
 	mbedtls_mpi_init(&r);
@@ -13421,7 +13545,7 @@ static int auth_jwt_sig(struct kvd *k, struct auth_jwt *j, const uint8_t *data, 
 	} else {
 		uint8_t *p = der, *end;
 		size_t seq;
-		if (mbedtls_pk_sign(&j->key, j->md, h, hl, der, &dl, auth_jwt_rng, k))
+		if (auth_pk_sign(&j->key, j->md, h, hl, der, &dl, auth_jwt_rng, k))
 			goto out;
 		end = der + dl;
 		if (mbedtls_asn1_get_tag(&p, end, &seq, MBEDTLS_ASN1_CONSTRUCTED | MBEDTLS_ASN1_SEQUENCE) ||
@@ -21777,11 +21901,14 @@ static void confd_close(struct kvd *k) { (void)k; }
  * session, ~34 KiB in all; kvd adds 160 bytes.
  *
  * What is offered: TLS 1.2, and TLS 1.3 where mbedtls has it (3.x with
- * MBEDTLS_SSL_PROTO_TLS1_3; 2.28 has no TLS 1.3 server), within
- * --tls-min-version and --tls-max-version (tls_check_versions); ECDHE key
- * exchange with AEAD ciphers (AES-GCM, ChaCha20-Poly1305) unless
- * --cipher-suites names others; ALPN h2 and http/1.1 (grpc-go requires h2);
- * no renegotiation, no compression.  With --trusted-ca-file (alone, as
+ * MBEDTLS_SSL_PROTO_TLS1_3, which runs on PSA: psa_crypto_init once per
+ * process; 2.28 has no TLS 1.3 server), within --tls-min-version and
+ * --tls-max-version (tls_check_versions); ECDHE key exchange with AEAD
+ * ciphers (AES-GCM, ChaCha20-Poly1305) unless --cipher-suites names other
+ * TLS 1.2 ones (TLS 1.3's three are always offered, as Go does); ALPN h2
+ * and http/1.1 (grpc-go requires h2); no renegotiation, no compression, no
+ * session tickets (no ticket callbacks are set: no resumption state
+ * outlives a certificate reload).  With --trusted-ca-file (alone, as
  * etcd reads it, or with --client-cert-auth) a client must present a
  * certificate that CA signed (and --client-crl-file has not revoked) or the
  * handshake fails; with --client-cert-allowed-hostname its SAN (or CN) must
@@ -21869,7 +21996,7 @@ struct tls_cfg {
 	mbedtls_x509_crt cert, ca;
 	mbedtls_x509_crl crl;
 	mbedtls_pk_context key;
-	int suites[TLS_MAX_SUITES + 1];
+	int suites[TLS_MAX_SUITES + 4]; /* --cipher-suites' or the defaults, TLS 1.3's, 0 */
 	const char *alpn[3];            /* h2, http/1.1 (mbedtls keeps the pointer) */
 	mbedtls_ecp_group_id curves[4]; /* key exchange groups, fastest first */
 	char allowed[256];              /* --client-cert-allowed-hostname, "" if none */
@@ -21899,6 +22026,12 @@ static const char *const tls_default_suites[] = {
 	"TLS-ECDHE-ECDSA-WITH-AES-256-GCM-SHA384", "TLS-ECDHE-RSA-WITH-AES-256-GCM-SHA384",
 	"TLS-ECDHE-ECDSA-WITH-CHACHA20-POLY1305-SHA256", "TLS-ECDHE-RSA-WITH-CHACHA20-POLY1305-SHA256", NULL,
 };
+
+#if defined(MBEDTLS_SSL_PROTO_TLS1_3)
+static const char *const tls13_suites[] = {
+	"TLS1-3-AES-128-GCM-SHA256", "TLS1-3-AES-256-GCM-SHA384", "TLS1-3-CHACHA20-POLY1305-SHA256", NULL,
+};
+#endif
 
 static void tls_cfg_unref(struct kvd *k, struct tls_cfg *t)
 {
@@ -22011,6 +22144,9 @@ static int tls_cfg_load(struct kvd *k, struct tls_cfg **out, char *err, size_t e
 	const struct kvd_config *cfg = &k->cfg;
 	struct tls_cfg *t = kvd_calloc(k, sizeof *t);
 	int r, n = 0, vmin = 2, vmax = 2;
+#if defined(MBEDTLS_SSL_PROTO_TLS1_3)
+	int i;
+#endif
 
 	*out = NULL;
 	if (!t) {
@@ -22094,8 +22230,13 @@ static int tls_cfg_load(struct kvd *k, struct tls_cfg **out, char *err, size_t e
 	if (tls_check_versions(cfg, &vmin, &vmax, err, errlen))
 		goto fail;
 	/* TLS 1.2 at least, as etcd 3.7 (its --tls-min-version default) */
-	mbedtls_ssl_conf_min_version(&t->conf, MBEDTLS_SSL_MAJOR_VERSION_3, vmin == 3 ? 4 : MBEDTLS_SSL_MINOR_VERSION_3);
-	mbedtls_ssl_conf_max_version(&t->conf, MBEDTLS_SSL_MAJOR_VERSION_3, vmax == 3 ? 4 : MBEDTLS_SSL_MINOR_VERSION_3);
+#if MBEDTLS_VERSION_MAJOR >= 3
+	mbedtls_ssl_conf_min_tls_version(&t->conf, vmin == 3 ? MBEDTLS_SSL_VERSION_TLS1_3 : MBEDTLS_SSL_VERSION_TLS1_2);
+	mbedtls_ssl_conf_max_tls_version(&t->conf, vmax == 3 ? MBEDTLS_SSL_VERSION_TLS1_3 : MBEDTLS_SSL_VERSION_TLS1_2);
+#else
+	mbedtls_ssl_conf_min_version(&t->conf, MBEDTLS_SSL_MAJOR_VERSION_3, MBEDTLS_SSL_MINOR_VERSION_3);
+	mbedtls_ssl_conf_max_version(&t->conf, MBEDTLS_SSL_MAJOR_VERSION_3, MBEDTLS_SSL_MINOR_VERSION_3);
+#endif
 #ifdef MBEDTLS_SSL_RENEGOTIATION /* a small mbedtls has none to turn off */
 	mbedtls_ssl_conf_renegotiation(&t->conf, MBEDTLS_SSL_RENEGOTIATION_DISABLED);
 #endif
@@ -22120,6 +22261,13 @@ static int tls_cfg_load(struct kvd *k, struct tls_cfg **out, char *err, size_t e
 		for (; tls_default_suites[n]; n++)
 			t->suites[n] = mbedtls_ssl_get_ciphersuite_id(tls_default_suites[n]);
 	}
+#if defined(MBEDTLS_SSL_PROTO_TLS1_3)
+	/* TLS 1.3's three AEAD suites are always offered: --cipher-suites names
+	 * TLS 1.2 ones only (Go's crypto/tls does not let 1.3's be chosen) */
+	for (i = 0; vmax == 3 && tls13_suites[i] && n < TLS_MAX_SUITES + 3; i++)
+		if ((t->suites[n] = mbedtls_ssl_get_ciphersuite_id(tls13_suites[i])))
+			n++;
+#endif
 	t->suites[n] = 0;
 	mbedtls_ssl_conf_ciphersuites(&t->conf, t->suites);
 	snprintf(t->allowed, sizeof t->allowed, "%s",
@@ -22162,6 +22310,13 @@ static int tls_init(struct kvd *k, int wanted, char *err, size_t errlen)
 		tls_why(r, "TLS", "random generator", err, errlen);
 		return KVD_EIO;
 	}
+#if defined(MBEDTLS_SSL_PROTO_TLS1_3)
+	/* once per process, and never stopped: another kvd in it may use it */
+	if (psa_crypto_init() != PSA_SUCCESS) {
+		snprintf(err, errlen, "TLS: PSA crypto did not start");
+		return KVD_EIO;
+	}
+#endif
 	return tls_cfg_load(k, &k->tls->cfg, err, errlen);
 }
 
@@ -22232,7 +22387,12 @@ static int tls_names(const mbedtls_x509_crt *crt, const char *host)
 	const mbedtls_x509_name *nm;
 	int have_san = 0;
 
-	for (san = crt->ext_types & MBEDTLS_X509_EXT_SUBJECT_ALT_NAME ? &crt->subject_alt_names : NULL; san && san->buf.p;
+#if MBEDTLS_VERSION_MAJOR >= 3
+	san = mbedtls_x509_crt_has_ext_type(crt, MBEDTLS_X509_EXT_SUBJECT_ALT_NAME) ? &crt->subject_alt_names : NULL;
+#else
+	san = crt->ext_types & MBEDTLS_X509_EXT_SUBJECT_ALT_NAME ? &crt->subject_alt_names : NULL;
+#endif
+	for (; san && san->buf.p;
 	     san = san->next) {
 		have_san = 1;
 		if ((san->buf.tag & MBEDTLS_ASN1_TAG_VALUE_MASK) == 2 && san->buf.len == strlen(host) &&
@@ -26160,6 +26320,9 @@ KVD_API const char *kvd_build_options(void)
 	       " tls=no"
 #else
 	       " tls=mbedtls-" MBEDTLS_VERSION_STRING
+#if defined(MBEDTLS_SSL_PROTO_TLS1_3)
+	       "+tls1.3"
+#endif
 #endif
 #ifdef KVD_TEST_SERVICES
 	       " test-services"
@@ -26429,6 +26592,7 @@ static int kvd_init(const struct kvd_config *cfg, struct kvd **out, char *err, s
 	                                   * fresh pages untouched until used */
 	if (!k)
 		return KVD_ENOMEM;
+	util_mbed_claim(k);
 	k->pba.alloc = pb_alloc;
 	k->pba.free = pb_release;
 	k->st.start_wall = (int64_t)time(NULL);
@@ -26632,6 +26796,7 @@ KVD_API void kvd_close(struct kvd *k)
 	if (k->sd_fd >= 0)
 		close(k->sd_fd);
 	cfg_disown(k, &k->cfg);
+	util_mbed_release(k);
 	if (k->mem)
 		kvd_log(k, KVD_LOG_WARN, "%zu bytes still allocated at close", k->mem);
 	util_log_close(k);

@@ -6,6 +6,8 @@ kvd/etcd ratios (the README records them).
   test/bench.py [--n N] [--keys K] [--only transport|watch|lease|confd|kv]
   test/bench.py --only k8s [--scale S]       a control plane (kube-apiserver 1.37) on etcd 3.7.3, kine and kvd
   test/bench.py --only kv3                   Put, Range, 200k keys' RSS: etcd 3.7.3, 3.4.23 and kvd
+  test/bench.py --only scale [--keys K]      K (1M) keys x 100 B: load, RSS, restart, Range, RangeStream,
+                                             Snapshot, Defragment under load, HashKV; then in a 128 MiB cgroup
   test/bench.py --only rewrite [--mb 100]    Put latency during Defragment, kvd and etcd
   test/bench.py --only life                  disk writes per byte put over a simulated life
   test/bench.py --only snapshot [--keys K]   snapshot save (time, server RSS) and import of K keys x 100 B
@@ -37,12 +39,12 @@ CONFDBENCH = os.path.join(ROOT, "test", "confdbench")
 class EtcdDisk:
     """etcd with its data on the same disk as kvd's (durability costs the same)."""
 
-    def __init__(self, d=None, port=None, args=(), binary="etcd"):
+    def __init__(self, d=None, port=None, args=(), binary="etcd", wrap=()):
         self.port = port or free_port()
         self.dir = d or tempfile.mkdtemp(prefix="etcd-bench-", dir=DISK)
         self.url = "http://127.0.0.1:%d" % self.port
         self.t0 = time.time()
-        self.p = subprocess.Popen([binary, "--name", "bench", "--data-dir", self.dir, "--listen-client-urls", self.url,
+        self.p = subprocess.Popen(list(wrap) + [binary, "--name", "bench", "--data-dir", self.dir, "--listen-client-urls", self.url,
                                    "--advertise-client-urls", self.url,
                                    "--listen-peer-urls", "http://127.0.0.1:%d" % free_port(), "--log-level", "error"]
                                   + list(args),
@@ -602,6 +604,175 @@ def kv3_rows(n, nkeys):
     load_rows(row3, servers, nkeys)
 
 
+def cgroup_wrap(name, limit_mb):
+    """A command prefix that runs the command inside a new cgroup (v1 memory
+    controller, or v2) limited to limit_mb MiB: (prefix, the cgroup's dir)."""
+    for root, limit in (("/sys/fs/cgroup/memory", "memory.limit_in_bytes"), ("/sys/fs/cgroup/unified", "memory.max"),
+                        ("/sys/fs/cgroup", "memory.max")):
+        if os.path.exists(os.path.join(root, "cgroup.procs")):
+            d = os.path.join(root, "kvd-bench-%s-%d" % (name, os.getpid()))
+            try:
+                os.makedirs(d, exist_ok=True)
+                with open(os.path.join(d, limit), "w") as f:
+                    f.write(str(limit_mb << 20))
+            except OSError:
+                continue
+            return ["sh", "-c", 'echo $$ > %s/cgroup.procs && exec "$@"' % d, "sh"], d
+    return None, None
+
+
+def scale_rows(nkeys=1000000):
+    """A million keys (nkeys) x 100 B beside etcd 3.7.3 and 3.4.23, one run:
+    the load in txns of 128, RSS and what a key costs beyond its value,
+    Range of a 10k-key interval, a full-keyspace RangeStream (3.7's), a
+    Snapshot of the whole store, Defragment while a client keeps putting,
+    HashKV, restart to first answer; then kvd and etcd 3.7.3 again, each in a
+    128 MiB cgroup: does it load them all, and serve after."""
+    import grpc
+    from kvdtest import go_peer
+    e37 = go_peer("etcd")
+    if not e37:
+        print("SKIPPED: needs the etcd 3.7.3 peer (test/lib/deps.sh test)")
+        return
+    print("%d keys x 100 B, %d CPUs, data on %s" % (nkeys, os.cpu_count(), DISK))
+    print("%-44s %13s %13s %13s %9s %9s" % ("", "etcd 3.7.3", "etcd 3.4.23", "kvd", "kvd/3.7", "kvd/3.4"))
+
+    def row3(name, vals, unit="req/s", higher=True):
+        def fmt(v):
+            return "-" if v is None else ("%.2f %s" if 0 <= v < 10 and v != int(v) else "%.0f %s") % (v, unit)
+        ratios = [(vals[2] / v if higher else v / vals[2]) if v and vals[2] else float("nan") for v in vals[:2]]
+        print("%-44s %13s %13s %13s %9s %9s" % ((name,) + tuple(fmt(v) for v in vals) +
+                                                tuple("%.1fx" % r for r in ratios)), flush=True)
+
+    def start(kind, d=None, port=None, wrap=(), wait=True):
+        if kind == "kvd":
+            return Kvd(KVD, ["--name", "bench"], data_dir=d or tempfile.mkdtemp(prefix="kvd-bench-", dir=DISK),
+                       port=port, wait=wait, wrap=wrap)
+        return EtcdDisk(d, port, binary=e37 if kind == "etcd 3.7.3" else "etcd", wrap=wrap,
+                        args=["--quota-backend-bytes", str(8 << 30)])
+
+    def timed(f):
+        t0 = time.time()
+        r = f()
+        return time.time() - t0, r
+
+    def channel(srv):
+        return grpc.insecure_channel(srv.endpoint(), options=[("grpc.max_receive_message_length", -1)])
+
+    def unary(ch, path, req, resp):
+        return ch.unary_unary(path, request_serializer=lambda m: m.SerializeToString(),
+                              response_deserializer=getattr(R, resp).FromString)(req, timeout=600)
+
+    kinds = ["etcd 3.7.3", "etcd 3.4.23", "kvd"]
+    servers = [start(k) for k in kinds]
+    for srv in servers:
+        wait_for(lambda: Client(srv.endpoint()).call("Range", R.RangeRequest(key=b"x"))[0] == "ok", 60)
+    idle = [proc(srv.p.pid, "VmRSS") for srv in servers]
+    row3("idle RSS", idle, "KiB", higher=False)
+    rates = []
+    for srv in servers:
+        secs, _ = timed(lambda: load(srv.endpoint(), nkeys))
+        rates.append(nkeys / secs)
+    row3("load %d keys x 100 B (txns of 128)" % nkeys, rates, "keys/s")
+    time.sleep(1)
+    rss = [proc(srv.p.pid, "VmRSS") for srv in servers]
+    row3("RSS with %d keys" % nkeys, rss, "KiB", higher=False)
+    row3("  RSS per key beyond the idle process", [(r - i) * 1024.0 / nkeys for r, i in zip(rss, idle)], "B",
+         higher=False)
+    chans = [channel(srv) for srv in servers]
+    ten = R.RangeRequest(key=b"key-0500000", range_end=b"key-0510000")
+    vals = []
+    for ch in chans:
+        secs, r = timed(lambda: [unary(ch, "/etcdserverpb.KV/Range", ten, "RangeResponse") for _ in range(20)])
+        vals.append(20 / secs if len(r[-1].kvs) == 10000 else None)
+    row3("Range of 10k keys (1 MiB answer)", vals, "req/s")
+    vals = []
+    for kind, ch in zip(kinds, chans):
+        if kind == "etcd 3.4.23":
+            vals.append(None)
+            continue
+        stream = ch.unary_stream("/etcdserverpb.KV/RangeStream", request_serializer=lambda m: m.SerializeToString(),
+                                 response_deserializer=R.RangeStreamResponse.FromString)
+        secs, n = timed(lambda: sum(len(m.range_response.kvs) for m in stream(R.RangeRequest(key=b"\0", range_end=b"\0"),
+                                                                                timeout=600)))
+        vals.append(secs * 1000 if n == nkeys else None)
+    row3("RangeStream of the whole keyspace", vals, "ms", higher=False)
+    vals, sizes = [], []
+    for ch in chans:
+        stream = ch.unary_stream("/etcdserverpb.Maintenance/Snapshot", request_serializer=lambda m: m.SerializeToString(),
+                                 response_deserializer=R.SnapshotResponse.FromString)
+        secs, n = timed(lambda: sum(len(m.blob) for m in stream(R.SnapshotRequest(), timeout=600)))
+        vals.append(secs * 1000)
+        sizes.append(n)
+    row3("Snapshot of the whole store", vals, "ms", higher=False)
+    row3("  its size", sizes, "B", higher=False)
+    vals, lats = [], []
+    for srv, ch in zip(servers, chans):
+        stop = threading.Event()
+        lat = []
+        th = threading.Thread(target=lambda: lat.extend(serial_puts(srv.endpoint(), stop.is_set, b"key-0000007")))
+        th.start()
+        time.sleep(0.5)
+        secs, _ = timed(lambda: unary(ch, "/etcdserverpb.Maintenance/Defragment", R.DefragmentRequest(),
+                                      "DefragmentResponse"))
+        stop.set()
+        th.join()
+        vals.append(secs * 1000)
+        lats.append(pcts(lat)[2])
+    row3("Defragment with %d live keys, a client putting" % nkeys, vals, "ms", higher=False)
+    row3("  the slowest Put meanwhile", lats, "ms", higher=False)
+    vals = []
+    for ch in chans:
+        secs, _ = timed(lambda: unary(ch, "/etcdserverpb.Maintenance/HashKV", R.HashKVRequest(), "HashKVResponse"))
+        vals.append(secs * 1000)
+    row3("HashKV", vals, "ms", higher=False)
+    for ch in chans:
+        ch.close()
+    vals, rss = [], []
+    for i, (kind, srv) in enumerate(zip(kinds, servers)):
+        srv.stop()
+        secs, p = first_answer(lambda: start(kind, srv.dir, srv.port, wait=False), srv.endpoint())
+        vals.append(secs * 1000)
+        wait_for(lambda: proc(p.p.pid, "VmRSS") > 0, 10)
+        rss.append(proc(p.p.pid, "VmRSS"))
+        servers[i] = p
+    row3("restart to first answer", vals, "ms", higher=False)
+    row3("RSS after restart", rss, "KiB", higher=False)
+    for srv in servers:
+        srv.stop()
+        os.system("rm -rf %s" % srv.dir)
+    # again, each alone in 128 MiB
+    for kind in ("etcd 3.7.3", "kvd"):
+        wrap, cg = cgroup_wrap(kind.split()[0], 128)
+        if not wrap:
+            print("in a 128 MiB cgroup: SKIPPED (no memory cgroup here)")
+            break
+        srv = start(kind, wrap=wrap)
+        wait_for(lambda: Client(srv.endpoint()).call("Range", R.RangeRequest(key=b"x"))[0] == "ok", 60)
+        try:
+            secs, _ = timed(lambda: load(srv.endpoint(), nkeys))
+            c = Client(srv.endpoint())
+            a = c.call("Range", R.RangeRequest(key=b"key-", range_end=b"key.", count_only=True), timeout=120)
+            c.close()
+            got = "%d keys at %.0f keys/s, then counted %s" % (nkeys, nkeys / secs, a[1].count if a[0] == "ok" else a)
+        except Exception as ex:  # noqa: the point is to see it fail, if it does
+            got = "failed: %s" % str(ex)[:120]
+        peak = ""
+        for f in ("memory.max_usage_in_bytes", "memory.peak"):
+            if os.path.exists(os.path.join(cg, f)):
+                peak = ", cgroup peak %d MiB" % (int(open(os.path.join(cg, f)).read()) >> 20)
+        alive = srv.p.poll() is None
+        print("in a 128 MiB cgroup, %-11s %s; %s%s" % (kind + ":", got, "alive" if alive else "killed (OOM)", peak),
+              flush=True)
+        if alive:
+            srv.stop()
+        os.system("rm -rf %s" % srv.dir)
+        try:
+            os.rmdir(cg)
+        except OSError:
+            pass
+
+
 def before_rows(n, nkeys, before):
     """A change's cost in one run: etcd 3.7.3 (test/peers), kvd as built
     before the change (--before PATH) and kvd now, the same calls, data on
@@ -863,6 +1034,9 @@ def main(argv):
         return 0
     if only == "kv3":
         kv3_rows(n, nkeys)
+        return 0
+    if only == "scale":
+        scale_rows(int(argv[argv.index("--keys") + 1]) if "--keys" in argv else 1000000)
         return 0
     if "--before" in argv:
         before_rows(n, nkeys, argv[argv.index("--before") + 1])

@@ -1,7 +1,8 @@
 #!/bin/sh
 # test/cross.sh TARGET... - kvd on the CPUs routers and boards use, under
-# qemu-user (make cross, make cross-all).  For each target: mbedtls and
-# protobuf-c built from Debian's source (test/lib/xlibs.sh), the unit tests and
+# qemu-user (make cross, make cross-all).  For each target: mbedtls 3.6 (as
+# OpenWrt 24.10 ships it) and protobuf-c built from Debian's source
+# (test/lib/xlibs.sh), the unit tests (a sampled TLS allocation sweep among them) and
 # the daemon linked static, the unit tests run, then the daemon through the
 # differential test against etcd (and, on mips, mutual TLS and auth).
 # Targets: mips (32-bit big-endian), mipsel, armhf, arm64.
@@ -22,8 +23,9 @@ for t in "$@"; do
 		echo "cross $t: SKIPPED ($cc or $q missing; test/lib/deps.sh test installs them)"
 		continue
 	fi
-	./test/lib/xlibs.sh $t $cc -O2
-	X=/var/cache/kvd-test/$t
+	# mbedtls 3.6, as OpenWrt 24.10 builds kvd's targets
+	./test/lib/xlibs.sh $t-mbedtls3.6 $cc -O2 debian 3.6
+	X=/var/cache/kvd-test/$t-mbedtls3.6
 	echo "== cross $t: unit tests ($q)"
 	$cc -O1 -g -Werror $CF -I$X/include -o test/test-$t test/test.c -L$X/lib $LIBS -static
 	T_LIFE_PUTS=300000 $q test/test-$t | tail -1 | tee test/cross-$t.log

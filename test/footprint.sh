@@ -1,8 +1,8 @@
 #!/bin/sh
 # test/footprint.sh - the README's footprint table: kvd static on musl for
 # x86_64, mips and armhf, TLS on and off, confd on and off, stripped, with
-# mbedtls configured small (test/lib/xlibs.sh) and, for x86_64, with Debian's
-# configuration too; and the idle RSS of the x86_64 one.  musl for mips and armhf is built from Debian's
+# mbedtls 3.6 configured small (test/lib/xlibs.sh) and, for x86_64, 2.28 small and
+# with Debian's configuration too; and the idle RSS of the x86_64 one.  musl for mips and armhf is built from Debian's
 # source with the cross compilers (once, in /var/cache/kvd-test); each binary
 # is run once (qemu-user for the others) to show it starts.
 set -eu
@@ -29,27 +29,29 @@ command -v musl-gcc >/dev/null || ./test/lib/deps.sh test
 musl_for mips mips-linux-gnu-gcc
 musl_for armhf arm-linux-gnueabihf-gcc
 printf '| target | mbedtls | TLS | confd | stripped bytes |\n|---|---|---|---|---|\n' > "$out/table.md"
+# mips and armhf with mbedtls 3.6 (OpenWrt 24.10's); x86_64 with 3.6 and 2.28
 for t in x86_64 mips armhf; do
 	case $t in
-	x86_64) mcc=musl-gcc run="" ;;
-	mips) mcc=$top/muslcc-mips/bin/musl-gcc run=qemu-mips ;;
-	armhf) mcc=$top/muslcc-armhf/bin/musl-gcc run=qemu-arm ;;
+	x86_64) mcc=musl-gcc run="" vers="3.6 2.28" ;;
+	mips) mcc=$top/muslcc-mips/bin/musl-gcc run=qemu-mips vers=3.6 ;;
+	armhf) mcc=$top/muslcc-armhf/bin/musl-gcc run=qemu-arm vers=3.6 ;;
 	esac
-	for prof in small debian; do
-		[ $prof = debian ] && [ $t != x86_64 ] && continue
+	for ver in $vers; do for prof in small debian; do
+		[ $prof = debian ] && { [ $t != x86_64 ] || [ $ver != 2.28 ]; } && continue
 		for tls in 1 0; do for confd in 1 0; do
-			make -s -B kvd-static MUSL_CC=$mcc MBEDTLS_PROFILE=$prof TLS=$tls CONFD=$confd >/dev/null
-			f=$out/kvd-$t-$prof-tls$tls-confd$confd
+			[ $tls = 0 ] && [ $ver != ${vers%% *} ] && continue # no TLS: the mbedtls version hardly matters
+			make -s -B kvd-static MUSL_CC=$mcc MBEDTLS_PROFILE=$prof MBEDTLS_VERSION=$ver TLS=$tls CONFD=$confd >/dev/null
+			f=$out/kvd-$t-$ver-$prof-tls$tls-confd$confd
 			mv kvd-static "$f"
 			$run "$f" --version | grep -q "etcd API" # it starts
-			printf '| %s | %s | %s | %s | %s |\n' $t $prof "$([ $tls = 1 ] && echo on || echo off)" \
+			printf '| %s | %s %s | %s | %s | %s |\n' $t $ver $prof "$([ $tls = 1 ] && echo on || echo off)" \
 				"$([ $confd = 1 ] && echo on || echo off)" "$(wc -c < "$f")" >> "$out/table.md"
 		done; done
-	done
+	done; done
 done
 # idle RSS: the x86_64 binary with everything, serving, nothing asked yet
 d=$(mktemp -d)
-"$out/kvd-x86_64-small-tls1-confd1" --data-dir "$d/data" --listen-client-urls http://127.0.0.1:0 2> "$d/log" &
+"$out/kvd-x86_64-3.6-small-tls1-confd1" --data-dir "$d/data" --listen-client-urls http://127.0.0.1:0 2> "$d/log" &
 pid=$!
 n=0
 until grep -q "serving client requests" "$d/log"; do n=$((n + 1)); [ $n -lt 600 ] || break; sleep 0.1; done

@@ -32,7 +32,8 @@ import threading
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib"))  # test/lib: kvdtest, helpers
-from kvdtest import (ROOT, Kvd, check, free_port, main_guard, pb, spawn, test, wait_for)
+from kvdtest import (ROOT, Kvd, check, free_port, go_peer, go_peers_or_skip, main_guard, pb, spawn, test,
+                     wait_for)
 
 R = pb()["rpc"]
 D = tempfile.mkdtemp(prefix="kvd-tls-")
@@ -95,11 +96,11 @@ def p(name):
 class EtcdTLS:
     """Debian's etcd serving https:// with the given flags."""
 
-    def __init__(self, args):
+    def __init__(self, args, binary="etcd"):
         self.port = free_port()
         self.dir = tempfile.mkdtemp(prefix="etcd-tls-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
         url = "https://127.0.0.1:%d" % self.port
-        self.p = spawn(["etcd", "--name", "ref", "--data-dir", self.dir, "--listen-client-urls", url,
+        self.p = spawn([binary, "--name", "ref", "--data-dir", self.dir, "--listen-client-urls", url,
                         "--advertise-client-urls", url, "--listen-peer-urls", "http://127.0.0.1:%d" % free_port(),
                         "--log-level", "error"] + list(args), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         # up when it answers anyone it accepts (bob passes every configuration here)
@@ -469,6 +470,163 @@ def bad_tls_settings_refused_before_the_data_dir():
               not os.path.exists(d), "%s: one line, exit 2, no data dir: %r" % (text, r.stderr))
 
 
+def kvd_has_tls13():
+    """Does this kvd's mbedtls have a TLS 1.3 server (--version says)?"""
+    r = subprocess.run([os.environ.get("KVD", os.path.join(ROOT, "kvd")), "--version"], capture_output=True,
+                       text=True, timeout=30)
+    return "+tls1.3" in r.stdout
+
+
+def s_client(port, *args):
+    """openssl s_client to port with args (it stays a second to see a
+    session ticket arrive): the protocol and cipher it negotiated (None, None
+    when refused), the key exchange group, and whether a ticket came."""
+    r = subprocess.run(["openssl", "s_client", "-connect", "127.0.0.1:%d" % port, "-CAfile", p("ca.pem"),
+                        "-servername", "localhost"] + list(args), input="", capture_output=True, text=True,
+                       timeout=30)
+    import re
+    m = re.search(r"^New, (TLSv1\.[23]), Cipher is (\S+)", r.stdout, re.M)
+    g = re.search(r"^(?:Server|Peer) Temp Key: ([^,]+)", r.stdout, re.M)
+    return (m.group(1) if m else None, m.group(2) if m else None, g.group(1) if g else None,
+            "New Session Ticket arrived" in r.stdout)
+
+
+@test
+def tls_versions_like_etcd37():
+    """--tls-min-version / --tls-max-version side by side with etcd 3.7.3,
+    which offers TLS 1.3: openssl s_client asking for 1.2 only and 1.3 only
+    gets the same answer from both (the version, or a refusal).  A kvd built
+    with mbedtls 3.6 negotiates TLS 1.3 with each of its three suites and
+    X25519, P-256 and P-384 as etcd does, and sends no session ticket (etcd
+    sends one: the check can see it).  A kvd on mbedtls 2.28 has no TLS 1.3:
+    it refuses --tls-min-version TLS1.3 at start, and serves 1.2 where etcd
+    would serve 1.3."""
+    if not go_peers_or_skip("TLS versions beside etcd 3.7.3"):
+        return
+    has13 = kvd_has_tls13()
+    print("    this kvd: TLS 1.2%s" % (" and 1.3" if has13 else " only (mbedtls without TLS 1.3)"), flush=True)
+    for flags in ([], ["--tls-min-version", "TLS1.3"], ["--tls-max-version", "TLS1.2"],
+                  ["--tls-min-version", "TLS1.2", "--tls-max-version", "TLS1.3"]):
+        e = EtcdTLS(server_args(extra=flags), binary=go_peer("etcd"))
+        if not has13 and flags[:2] == ["--tls-min-version", "TLS1.3"]:
+            d = os.path.join(tempfile.mkdtemp(prefix="kvd-tls13-"), "data")
+            r = subprocess.run([os.environ.get("KVD", os.path.join(ROOT, "kvd")), "--data-dir", d,
+                                "--listen-client-urls", "https://127.0.0.1:%d" % free_port()] + server_args(extra=flags),
+                               capture_output=True, text=True, timeout=30)
+            check(r.returncode == 2 and "has no TLS 1.3" in r.stderr, "no TLS 1.3 here: %s refused at start: %r" %
+                  (flags, r.stderr))
+            e.stop()
+            continue
+        k = kvd_tls(server_args(extra=flags))
+        for v in ("-tls1_2", "-tls1_3"):
+            x, y = s_client(e.port, v)[0], s_client(k.tport, v)[0]
+            want = x if has13 or x != "TLSv1.3" else ("TLSv1.2" if v == "-tls1_2" else None)
+            print("    %s, client %s: etcd %s, kvd %s" % (" ".join(flags) or "defaults", v, x, y), flush=True)
+            check(y == want, "%s, client %s: etcd %s, kvd %s (want %s)" % (flags, v, x, y, want))
+        if not flags:
+            x, y = s_client(e.port)[0], s_client(k.tport)[0]
+            check(x == "TLSv1.3" and y == ("TLSv1.3" if has13 else "TLSv1.2"),
+                  "a client that offers both gets the newest: etcd %s, kvd %s" % (x, y))
+            if has13:
+                for suite in ("TLS_AES_128_GCM_SHA256", "TLS_AES_256_GCM_SHA384", "TLS_CHACHA20_POLY1305_SHA256"):
+                    x, y = s_client(e.port, "-tls1_3", "-ciphersuites", suite), s_client(k.tport, "-tls1_3",
+                                                                                         "-ciphersuites", suite)
+                    check(x[:2] == y[:2] == ("TLSv1.3", suite), "TLS 1.3 with %s on both: %s / %s" % (suite, x, y))
+                for group, shown in (("X25519", "X25519"), ("P-256", "ECDH"), ("P-384", "ECDH")):
+                    x, y = s_client(e.port, "-tls1_3", "-groups", group), s_client(k.tport, "-tls1_3", "-groups", group)
+                    check(x[0] == y[0] == "TLSv1.3" and x[2] == y[2] == shown,
+                          "TLS 1.3 key exchange over %s on both: %s / %s" % (group, x, y))
+                x, y = s_client(e.port, "-tls1_3"), s_client(k.tport, "-tls1_3")
+                check(x[3] and not y[3], "session tickets: etcd sends one (%s), kvd none (%s)" % (x[3], y[3]))
+        e.stop()
+        k.stop()
+    # etcd's words for a contradiction, at start
+    for flags, text in ((["--tls-min-version", "TLS1.3", "--tls-max-version", "TLS1.2"],
+                         "min version (TLS1.3) is greater than max version (TLS1.2)"),
+                        (["--tls-min-version", "TLS1.3", "--cipher-suites", "TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256"],
+                         "cipher suites cannot be configured when only TLS1.3 is enabled"),
+                        (["--tls-max-version", "TLS1.4"], "unexpected TLS version")):
+        d = os.path.join(tempfile.mkdtemp(prefix="kvd-tlsv-"), "data")
+        r = subprocess.run([os.environ.get("KVD", os.path.join(ROOT, "kvd")), "--data-dir", d,
+                            "--listen-client-urls", "https://127.0.0.1:%d" % free_port()] + server_args(extra=flags),
+                           capture_output=True, text=True, timeout=30)
+        check(r.returncode == 2 and text in r.stderr and not os.path.exists(d), "%s: refused: %r" % (flags, r.stderr))
+
+
+@test
+def hostile_client_hellos():
+    """A real ClientHello (Python's: it offers TLS 1.3 with an X25519 key
+    share, and 1.2), mutated 300 ways -- a byte flipped, cut short, a length
+    made huge, the key share garbled -- each on its own connection while an
+    honest client calls: kvd answers each with an alert or a close, and the
+    honest client and a TLS 1.3 (or 1.2) handshake still work after."""
+    import random
+    k = kvd_tls(server_args(extra=["--max-connections-per-ip", "0"]), plain=True)
+    ch = grpc_channel(k.tport)
+    hello = client_hello()
+    rnd = random.Random(int(os.environ.get("KVD_SEED", "1307")))
+    mem0 = kvd_mem(k)
+    share = hello.find(bytes([0x00, 0x33]))  # the key_share extension's type
+    closed = 0
+    for batch in range(3):  # 100 at a time: within --max-connections, past the 64 handshake slots
+        socks = []
+        for i in range(100):
+            h = bytearray(hello)
+            kind = i % 5
+            if kind == 0:
+                h[rnd.randrange(len(h))] ^= 1 << rnd.randrange(8)
+            elif kind == 1:
+                h = h[:rnd.randrange(5, len(h))]
+            elif kind == 2:
+                j = rnd.randrange(5, len(h) - 2)
+                h[j], h[j + 1] = 0xff, 0xff
+            elif kind == 3 and share > 0:
+                for j in range(share + 4, min(len(h), share + 4 + 40)):
+                    h[j] = rnd.randrange(256)
+            else:
+                h[rnd.randrange(len(h))] = rnd.randrange(256)
+            s = socket.create_connection(("127.0.0.1", k.tport), timeout=30)
+            s.sendall(bytes(h))
+            s.setblocking(False)
+            socks.append(s)
+        # each is answered (an alert, a close) or, if a length now asks for
+        # more than came, closed by the first-bytes timeout (10 s)
+        import selectors
+        sel = selectors.DefaultSelector()
+        for s in socks:
+            sel.register(s, selectors.EVENT_READ)
+        deadline = time.time() + 40
+        while sel.get_map() and time.time() < deadline:
+            for key, _ in sel.select(1):
+                try:
+                    if key.fileobj.recv(4096):
+                        continue
+                except BlockingIOError:
+                    continue
+                except OSError:
+                    pass
+                sel.unregister(key.fileobj)
+                closed += 1
+        for s in socks:
+            s.close()
+    check(closed == 300, "every mutated ClientHello answered with an alert or a close: %d/300" % closed)
+    call(ch, "Put", R.PutRequest(key=b"after", value=b"1"), "PutResponse")
+    check(k.alive() and peer_cert_cn(k.tport)[0] == "kvd-server", "kvd serves TLS after them")
+    v = s_client(k.tport)[0]
+    check(v == ("TLSv1.3" if kvd_has_tls13() else "TLSv1.2"), "and negotiates its newest version: %s" % v)
+    check(wait_for(lambda: kvd_mem(k) - mem0 < 256 * 1024, 30),
+          "kvd's memory back after them: %d -> %d bytes" % (mem0, kvd_mem(k)))
+    ch.close()
+    k.stop()
+
+
+def kvd_mem(k):
+    """kvd_memory_bytes from /metrics on k's plain URL."""
+    import urllib.request
+    t = urllib.request.urlopen(k.plain_url + "/metrics", timeout=10).read().decode()
+    return int(float([x for x in t.splitlines() if x.startswith("kvd_memory_bytes ")][0].split()[1]))
+
+
 def client_hello():
     """The first flight of a real TLS client (Python's ssl), as bytes."""
     ctx = ssl.create_default_context()
@@ -506,7 +664,7 @@ def hostile_input_on_the_tls_port():
     th = threading.Thread(target=honest, daemon=True)
     th.start()
     hello = client_hello()
-    rss0 = k.rss_kb()
+    rss0, mem0 = k.rss_kb(), kvd_mem(k)
     socks = []
     # garbage instead of a ClientHello, a truncated record, half a handshake then silence
     for data in (b"GARBAGE" * 100, hello[:20], hello):
@@ -558,6 +716,10 @@ def hostile_input_on_the_tls_port():
     th.join(20)
     check(not failed, "no honest call failed: %s" % failed[:3])
     check(k.alive() and peer_cert_cn(k.tport)[0] == "kvd-server", "kvd serves TLS after it")
+    # kvd's own count (mbedtls' blocks in it too where mbedtls allocates
+    # through kvd): back near where it was once the flood is gone
+    check(wait_for(lambda: kvd_mem(k) - mem0 < 256 * 1024, 30),
+          "kvd's memory back after the flood: %d -> %d bytes" % (mem0, kvd_mem(k)))
     ch.close()
     k.stop()
     import re
@@ -604,6 +766,20 @@ def paced_handshake(port, latency, source="127.0.0.1"):
                 pass
             s.settimeout(30)
             inc.write(d)
+        # a TLS 1.3 client is done before kvd has read its Finished: only an
+        # answer shows that kvd finished the handshake too (and kept the slot)
+        obj.write(b"GET /health HTTP/1.1\r\nHost: kvd\r\n\r\n")
+        s.sendall(out.read())
+        while True:
+            d = s.recv(65536)
+            if not d:
+                raise ConnectionError("kvd closed the connection before it answered")
+            inc.write(d)
+            try:
+                if obj.read(65536):
+                    break
+            except ssl.SSLWantReadError:
+                pass
         return dict(x[0] for x in obj.getpeercert()["subject"])["commonName"]
 
 

@@ -1,19 +1,26 @@
 #!/bin/sh
-# test/lib/xlibs.sh NAME CC [CFLAGS [small]] - mbedtls and protobuf-c, built as
-# static libraries with compiler CC from Debian's own source packages, for a
-# target Debian has no -dev packages for (mips big-endian) or another libc
-# (musl).  "small": mbedtls configured (with its own scripts/config.py) down
-# to what kvd uses, as firmware trees build it: a TLS 1.2 server with ECDHE
-# and AES-GCM or ChaCha20-Poly1305, X.509 and CRLs, RSA/ECDSA for JWTs and
-# --auto-tls, P-256/384/521 and X25519; no DTLS, client, PSK, DHE, CBC, DES,
-# Camellia, ARIA, PSA, renegotiation, tickets.
+# test/lib/xlibs.sh NAME CC [CFLAGS [PROFILE [MBEDTLS]]] - mbedtls and
+# protobuf-c, built as static libraries with compiler CC from Debian's own
+# source packages, for a target Debian has no -dev packages for (mips
+# big-endian), another libc (musl), or another mbedtls.  MBEDTLS: 2.28
+# (Debian 12's, the default) or 3.6 (Debian 13's 3.6.6, as OpenWrt 24.10
+# ships; its three source files pinned by SHA-256 below).  PROFILE "small":
+# mbedtls configured (with its own scripts/config.py) down to what kvd uses,
+# as firmware trees build it: a TLS 1.2 server (and with 3.6 a TLS 1.3 one)
+# with ECDHE and AES-GCM or ChaCha20-Poly1305, X.509 and CRLs, RSA/ECDSA for
+# JWTs and --auto-tls, P-256/384/521 and X25519; no DTLS, client, PSK, DHE,
+# CBC, DES, Camellia, ARIA, renegotiation, tickets (3.6 keeps the PSA core
+# TLS 1.3 runs on).  Every profile has MBEDTLS_PLATFORM_MEMORY, so kvd's
+# allocator serves mbedtls too.
 # Result: /var/cache/kvd-test/NAME/{include,lib}; done once, then reused.
-# Needs deb-src (added here), dpkg-dev; nothing lands in the source tree.
+# Needs deb-src (added here) or deb.debian.org's pool, dpkg-dev; nothing
+# lands in the source tree.
 set -eu
-name=$1 cc=$2 cflags=${3:--Os} profile=${4:-debian}
+name=$1 cc=$2 cflags=${3:--Os} profile=${4:-debian} ver=${5:-2.28}
 top=/var/cache/kvd-test
 out=$top/$name
-[ -f "$out/.done" ] && grep -qx "$cc $cflags $profile" "$out/.done" && exit 0
+stamp="$cc $cflags $profile $ver memory noerr smaller"
+[ -f "$out/.done" ] && grep -qx "$stamp" "$out/.done" && exit 0
 SMALL="MBEDTLS_DES_C MBEDTLS_CAMELLIA_C MBEDTLS_ARIA_C MBEDTLS_ARC4_C MBEDTLS_BLOWFISH_C MBEDTLS_XTEA_C
 MBEDTLS_RIPEMD160_C MBEDTLS_MD5_C MBEDTLS_CCM_C MBEDTLS_CMAC_C MBEDTLS_NIST_KW_C MBEDTLS_PSA_CRYPTO_C
 MBEDTLS_PSA_CRYPTO_STORAGE_C MBEDTLS_PSA_ITS_FILE_C MBEDTLS_DHM_C MBEDTLS_ECJPAKE_C MBEDTLS_GENPRIME
@@ -32,9 +39,17 @@ MBEDTLS_X509_CSR_PARSE_C MBEDTLS_X509_CSR_WRITE_C MBEDTLS_PKCS12_C MBEDTLS_PKCS5
 MBEDTLS_VERSION_FEATURES MBEDTLS_SELF_TEST MBEDTLS_TIMING_C MBEDTLS_NET_C MBEDTLS_PADLOCK_C
 MBEDTLS_CIPHER_MODE_CBC MBEDTLS_CIPHER_MODE_CFB MBEDTLS_CIPHER_MODE_CTR MBEDTLS_CIPHER_MODE_OFB
 MBEDTLS_CIPHER_MODE_XTS MBEDTLS_CIPHER_PADDING_PKCS7 MBEDTLS_CIPHER_PADDING_ONE_AND_ZEROS
-MBEDTLS_CIPHER_PADDING_ZEROS_AND_LEN MBEDTLS_CIPHER_PADDING_ZEROS MBEDTLS_PK_PARSE_EC_EXTENDED"
+MBEDTLS_CIPHER_PADDING_ZEROS_AND_LEN MBEDTLS_CIPHER_PADDING_ZEROS MBEDTLS_PK_PARSE_EC_EXTENDED
+MBEDTLS_LMS_C MBEDTLS_PKCS7_C MBEDTLS_SHA3_C MBEDTLS_SSL_KEYING_MATERIAL_EXPORT MBEDTLS_PK_PARSE_EC_COMPRESSED
+MBEDTLS_SSL_TLS1_3_KEY_EXCHANGE_MODE_PSK_ENABLED MBEDTLS_SSL_TLS1_3_KEY_EXCHANGE_MODE_PSK_EPHEMERAL_ENABLED"
+# TLS 1.3 on 3.6 needs the PSA core (not its key store)
+[ "$ver" = 3.6 ] && SMALL=$(echo "$SMALL" | sed -E 's/(^| )MBEDTLS_PSA_CRYPTO_C( |$)/\1\2/')
+M36=mbedtls_3.6.6
+M36_FILES="eb9ed1adbbddcb0d00276fac6fcee0056c64ce01481c2522a16dca75792eb5eb $M36-0.1~deb13u1.dsc
+8fb65fae8dcae5840f793c0a334860a411f884cc537ea290ce1c52bb64ca007a $M36.orig.tar.bz2
+210466c522eeebc85cf2f76bd5aef935b4ebac465559cc0a84f9e73a8ed6601c $M36-0.1~deb13u1.debian.tar.xz"
 src=$top/src
-if ! ls -d $src/mbedtls-*/library >/dev/null 2>&1 || ! ls -d $src/protobuf-c-*/protobuf-c >/dev/null 2>&1; then
+if ! ls -d $src/mbedtls-2.*/library >/dev/null 2>&1 || ! ls -d $src/protobuf-c-*/protobuf-c >/dev/null 2>&1; then
 	if ! apt-cache showsrc mbedtls >/dev/null 2>&1 || [ -z "$(apt-cache showsrc mbedtls 2>/dev/null)" ]; then
 		printf 'Types: deb-src\nURIs: http://deb.debian.org/debian\nSuites: bookworm\nComponents: main\nSigned-By: /usr/share/keyrings/debian-archive-keyring.gpg\n' \
 			> /etc/apt/sources.list.d/kvd-src.sources
@@ -43,17 +58,43 @@ if ! ls -d $src/mbedtls-*/library >/dev/null 2>&1 || ! ls -d $src/protobuf-c-*/p
 	command -v dpkg-source >/dev/null || apt-get install -y -qq --no-install-recommends dpkg-dev >/dev/null
 	mkdir -p $src && (cd $src && apt-get source -qq mbedtls protobuf-c >/dev/null 2>&1)
 fi
+msrc=$(ls -d $src/mbedtls-2.*/ | head -1) conf=include/mbedtls/config.h
+if [ "$ver" = 3.6 ]; then
+	msrc=$src/mbedtls-3.6.6/ conf=include/mbedtls/mbedtls_config.h
+	if [ ! -d $msrc/library ]; then
+		command -v dpkg-source >/dev/null || apt-get install -y -qq --no-install-recommends dpkg-dev >/dev/null
+		d=$src/dl-$M36 && mkdir -p $d
+		echo "$M36_FILES" | while read -r sum f; do
+			[ -f "$d/$f" ] || curl -sSf -o "$d/$f" "http://deb.debian.org/debian/pool/main/m/mbedtls/$f"
+			echo "$sum  $d/$f" | sha256sum -c --quiet - || { rm -f "$d/$f"; exit 1; }
+		done
+		(cd $d && dpkg-source -q -x $M36-0.1~deb13u1.dsc $msrc >/dev/null 2>&1)
+		[ -d $msrc/library ] || { echo "xlibs: cannot unpack mbedtls 3.6.6"; exit 1; }
+	fi
+fi
 ar=$(echo "$cc" | sed -E 's/(gcc|cc)$/ar/')
 command -v "$ar" >/dev/null || ar=ar
 b=$(mktemp -d)
 trap 'rm -rf "$b"' EXIT
-cp -r $src/mbedtls-*/ "$b/mbedtls"
+cp -r $msrc "$b/mbedtls"
+cfg() { python3 "$b/mbedtls/scripts/config.py" -f "$b/mbedtls/$conf" "$@"; }
 if [ "$profile" = small ]; then
-	for o in $SMALL; do python3 "$b/mbedtls/scripts/config.py" -f "$b/mbedtls/include/mbedtls/config.h" unset $o; done
-	python3 "$b/mbedtls/scripts/config.py" -f "$b/mbedtls/include/mbedtls/config.h" set MBEDTLS_AES_FEWER_TABLES
+	for o in $SMALL; do cfg unset $o; done
+	cfg set MBEDTLS_AES_FEWER_TABLES
+	cfg set MBEDTLS_SHA256_SMALLER
+	cfg set MBEDTLS_SHA512_SMALLER
+	# mbedtls' error strings (~20 KB) give way to "UNKNOWN ERROR CODE (xxxx)"
+	cfg unset MBEDTLS_ERROR_C
+	cfg set MBEDTLS_ERROR_STRERROR_DUMMY
+	if [ "$ver" = 3.6 ]; then
+		cfg set MBEDTLS_BLOCK_CIPHER_NO_DECRYPT # GCM and CTR_DRBG encrypt only
+	fi
 fi
-echo "xlibs: mbedtls for $name ($cc $cflags, $profile configuration)"
-make -s -C "$b/mbedtls/library" -j2 CC="$cc" AR="$ar" CFLAGS="$cflags -I../include" static >/dev/null
+cfg set MBEDTLS_PLATFORM_MEMORY
+echo "xlibs: mbedtls $ver for $name ($cc $cflags, $profile configuration)"
+# -w: mbedtls' own warnings are not kvd's to fix
+make -s -C "$b/mbedtls/library" -j2 CC="$cc" AR="$ar" CFLAGS="$cflags -w -I../include" static >/dev/null
+rm -rf "$out"
 mkdir -p "$out/lib" "$out/include/protobuf-c"
 cp "$b"/mbedtls/library/lib*.a "$out/lib/"
 cp -r "$b/mbedtls/include/mbedtls" "$out/include/"
@@ -64,4 +105,4 @@ $cc $cflags -I"$p/.." -c "$p/protobuf-c.c" -o "$b/protobuf-c.o"
 rm -f "$out/lib/libprotobuf-c.a"
 "$ar" rcs "$out/lib/libprotobuf-c.a" "$b/protobuf-c.o"
 cp "$p/protobuf-c.h" "$out/include/protobuf-c/"
-echo "$cc $cflags $profile" > "$out/.done"
+echo "$stamp" > "$out/.done"
