@@ -653,21 +653,45 @@ STORAGE_ONLY_ETCD_FAILS = {
 }
 
 
-def storage_suite(store, **env):
+def storage_suite(store, only=None, **env):
     """test/k8s/storage_test.go (k8s.io/apiserver's storage conformance
-    functions) run on one store: {test name: PASS|FAIL|SKIP}, subtests included."""
+    functions) run on one store: {test name: PASS|FAIL|SKIP}, subtests
+    included; only: just these functions."""
     e = dict(os.environ, K8S_STORE=store, **env)
-    r = subprocess.run([k8s_bin("storage.test"), "-test.v", "-test.timeout", "30m", "-test.count", "1"],
+    run = ["-test.run", "^TestStorageConformance/(%s)$" % "|".join(only)] if only else []
+    r = subprocess.run([k8s_bin("storage.test"), "-test.v", "-test.timeout", "30m", "-test.count", "1"] + run,
                        env=e, capture_output=True, timeout=2400, cwd=tempfile.mkdtemp(prefix="k8s-storage-"))
     out = r.stdout.decode("utf-8", "replace") + r.stderr.decode("utf-8", "replace")
     res = dict((m.group(2), m.group(1)) for m in re.finditer(r"^\s*--- (PASS|FAIL|SKIP): TestStorageConformance/(\S+)", out, re.M))
     return res, out
 
 
+def storage_retry(store, res, out, **env):
+    """Some functions wait fixed times (a bookmark within a second, say) and
+    fail now and then on a busy machine -- etcd 3.7.3 itself failed
+    RunTestWatchDispatchBookmarkEvents once in CI.  A function that failed
+    (but the known) is run again alone, up to twice, on the same store; a
+    pass then counts, and the retry is said.  One that fails every time
+    still fails."""
+    for _ in range(2):
+        again = sorted(k for k, v in res.items() if "/" not in k and v == "FAIL" and k not in STORAGE_ONLY_ETCD_FAILS)
+        if not again:
+            break
+        r, o = storage_suite(store, only=again, **env)
+        passed = [k for k in again if r.get(k) == "PASS"]
+        print("    %s: %s failed, run again: %s passed" % (store, again, passed or "none"), flush=True)
+        for k in passed:
+            for sub in [x for x in res if x == k or x.startswith(k + "/")]:
+                res[sub] = r.get(sub, res[sub])
+        out += o
+    return res, out
+
+
 @test
 def storage_conformance():
-    a, out_a = storage_suite("etcd", ETCD=etcd37())
-    b, out_b = storage_suite("kvd", KVD=os.path.abspath(os.environ.get("KVD", os.path.join(ROOT, "kvd"))))
+    a, out_a = storage_retry("etcd", *storage_suite("etcd", ETCD=etcd37()), ETCD=etcd37())
+    kvd = os.path.abspath(os.environ.get("KVD", os.path.join(ROOT, "kvd")))
+    b, out_b = storage_retry("kvd", *storage_suite("kvd", KVD=kvd), KVD=kvd)
     top = lambda res: dict((k, v) for k, v in res.items() if "/" not in k)
     ta, tb = top(a), top(b)
     check(len(ta) >= 60, "every storage conformance function ran on etcd 3.7.3 (%d)" % len(ta))
