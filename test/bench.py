@@ -235,10 +235,11 @@ def first_answer(start, endpoint):
     return time.time() - t0, p
 
 
-def serial_puts(endpoint, until, key=b"lat"):
-    """Put latencies (s) of one client putting one key after another until until() says stop."""
+def serial_puts(endpoint, until, key=b"lat", lat=None):
+    """Put latencies (s) of one client putting one key after another until
+    until() says stop (appended to lat as they come, if given)."""
     c = Client(endpoint)
-    lat = []
+    lat = [] if lat is None else lat
     while not until() or not lat:
         t0 = time.time()
         c.call("Put", R.PutRequest(key=key, value=b"x" * 100), timeout=60)
@@ -674,7 +675,6 @@ def scale_rows(nkeys=1000000):
         secs, _ = timed(lambda: load(srv.endpoint(), nkeys))
         rates.append(nkeys / secs)
     row3("load %d keys x 100 B (txns of 128)" % nkeys, rates, "keys/s")
-    time.sleep(1)
     rss = [proc(srv.p.pid, "VmRSS") for srv in servers]
     row3("RSS with %d keys" % nkeys, rss, "KiB", higher=False)
     row3("  RSS per key beyond the idle process", [(r - i) * 1024.0 / nkeys for r, i in zip(rss, idle)], "B",
@@ -710,9 +710,9 @@ def scale_rows(nkeys=1000000):
     for srv, ch in zip(servers, chans):
         stop = threading.Event()
         lat = []
-        th = threading.Thread(target=lambda: lat.extend(serial_puts(srv.endpoint(), stop.is_set, b"key-0000007")))
+        th = threading.Thread(target=serial_puts, args=(srv.endpoint(), stop.is_set, b"key-0000007", lat))
         th.start()
-        time.sleep(0.5)
+        wait_for(lambda: len(lat) > 0 or not th.is_alive(), 30, 0.01)  # the writer is putting
         secs, _ = timed(lambda: unary(ch, "/etcdserverpb.Maintenance/Defragment", R.DefragmentRequest(),
                                       "DefragmentResponse"))
         stop.set()
