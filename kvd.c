@@ -654,8 +654,21 @@ struct life {
 	size_t nrevs, maxrevs;
 };
 
+/* Key records come from slabs, one list per size class (section 10,
+ * mvcc_slab_*): no allocator header or rounding per key. */
+#define MVCC_SLAB_MAX 512          /* records up to this size; bigger ones from kvd_nalloc */
+#define MVCC_SLAB_CLASSES (MVCC_SLAB_MAX / 8)
+struct mvcc_chunk;
+struct mvcc_slab {
+	struct mvcc_chunk **v;         /* every chunk, sorted by address */
+	size_t n, cap;
+	struct mvcc_chunk *room[MVCC_SLAB_CLASSES]; /* chunks with a free slot, per class */
+	uint16_t nchunks[MVCC_SLAB_CLASSES];
+};
+
 struct mvcc {
 	int fd;
+	struct mvcc_slab slab;         /* the key records */
 	uint64_t size;                 /* durable log bytes */
 	struct kvd_buf w;              /* the batch: records not yet written */
 	int64_t rev, rev_durable;      /* current revision (batch included), durable one */
@@ -1107,7 +1120,8 @@ static void kvd_free(struct kvd *k, void *p)
 
 /*
  * Sized allocations: no header, the caller passes the size back to free.
- * For the store's many small key records, where 16 bytes each add up.
+ * For the store's key records and the slabs they come from (section 10),
+ * where a header each would add up.
  */
 static void *kvd_nalloc(struct kvd *k, size_t n)
 {
@@ -5727,9 +5741,190 @@ static struct mvcc_it mvcc_remove(struct kvd *k, struct mvcc *m, struct mvcc_it 
 	return it;
 }
 
+/* ---- key records: slabs by size class ------------------------------------
+ *
+ * A million keys are a million small records that never move (leaves,
+ * lease key sets and undo entries point at them).  malloc would add its
+ * header and round each one up to 16 bytes -- 80 bytes for a 59-byte
+ * record -- so records of up to MVCC_SLAB_MAX bytes come from chunks
+ * carved into slots of one size class (a multiple of 8: the record's
+ * alignment).  A chunk is one kvd_nalloc block, its descriptor first; a
+ * class's first chunks are small (1 KiB, doubling to 64 KiB), so that a
+ * store of a few keys pays for what it holds.  A freed slot goes on its
+ * chunk's free list; a chunk left empty goes back to the system, unless it
+ * is its class's only one.  Freeing finds the chunk by binary search in
+ * the address-sorted array, which costs log2(chunks) compares.
+ *
+ * Invariants:
+ *   1. A chunk is on its class's room list exactly when it has a free slot
+ *      (on its free list or past its bump mark).
+ *   2. slab.v is sorted by address and holds every chunk once; the bytes
+ *      charged to k->mem are the chunks', whole.
+ *   3. Under AddressSanitizer a slot not handed out is poisoned, so a use
+ *      after free of a key record is caught as with malloc.
+ */
+struct mvcc_chunk {
+	struct mvcc_chunk *next, *prev; /* the class's room list */
+	uint32_t bytes;                /* the block, descriptor included */
+	uint32_t end, bump;            /* slot area [sizeof desc, end); never-used slots from bump */
+	uint32_t free;                 /* free list head: slot offset, 0 = none */
+	uint32_t live;
+	uint16_t cls;
+};
+#define MVCC_CHUNK_HDR ((sizeof(struct mvcc_chunk) + 15) & ~(size_t)15)
+
+#if defined(__has_feature)
+#if __has_feature(address_sanitizer) && !defined(__SANITIZE_ADDRESS__)
+#define __SANITIZE_ADDRESS__ 1
+#endif
+#endif
+#ifdef __SANITIZE_ADDRESS__
+void __asan_poison_memory_region(void const volatile *addr, size_t size);
+void __asan_unpoison_memory_region(void const volatile *addr, size_t size);
+#define MVCC_POISON(p, n) __asan_poison_memory_region((p), (n))
+#define MVCC_UNPOISON(p, n) __asan_unpoison_memory_region((p), (n))
+#else
+#define MVCC_POISON(p, n) ((void)(p), (void)(n))
+#define MVCC_UNPOISON(p, n) ((void)(p), (void)(n))
+#endif
+
+static void mvcc_room_add(struct mvcc_slab *s, struct mvcc_chunk *c)
+{
+	c->prev = NULL;
+	if ((c->next = s->room[c->cls]))
+		c->next->prev = c;
+	s->room[c->cls] = c;
+}
+
+static void mvcc_room_del(struct mvcc_slab *s, struct mvcc_chunk *c)
+{
+	if (c->prev)
+		c->prev->next = c->next;
+	else
+		s->room[c->cls] = c->next;
+	if (c->next)
+		c->next->prev = c->prev;
+	c->next = c->prev = NULL;
+}
+
+/* Index of the last chunk at or below p in slab.v (s->n when none). */
+static size_t mvcc_chunk_find(const struct mvcc_slab *s, const void *p)
+{
+	size_t lo = 0, hi = s->n, mid;
+
+	while (lo < hi) {
+		mid = lo + (hi - lo) / 2;
+		if ((uintptr_t)s->v[mid] <= (uintptr_t)p)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return lo ? lo - 1 : s->n;
+}
+
+static struct mvcc_chunk *mvcc_chunk_new(struct kvd *k, struct mvcc_slab *s, unsigned cls)
+{
+	size_t slot = ((size_t)cls + 1) * 8, bytes = (size_t)1024 << KVD_MIN(s->nchunks[cls], 6), at;
+	struct mvcc_chunk *c;
+
+	while (bytes - MVCC_CHUNK_HDR < 4 * slot)
+		bytes *= 2;
+	if (UTIL_GROW(k, s->v, s->cap, s->n + 1, 64) || !(c = kvd_nalloc(k, bytes)))
+		return NULL;
+	memset(c, 0, sizeof *c);
+	c->bytes = (uint32_t)bytes;
+	c->cls = (uint16_t)cls;
+	c->bump = (uint32_t)MVCC_CHUNK_HDR;
+	c->end = (uint32_t)(MVCC_CHUNK_HDR + (bytes - MVCC_CHUNK_HDR) / slot * slot);
+	MVCC_POISON((uint8_t *)c + MVCC_CHUNK_HDR, bytes - MVCC_CHUNK_HDR);
+	at = s->n ? mvcc_chunk_find(s, c) : s->n;
+	at = at == s->n ? 0 : at + 1; /* after the last chunk below it */
+	memmove(s->v + at + 1, s->v + at, (s->n - at) * sizeof *s->v);
+	s->v[at] = c;
+	s->n++;
+	s->nchunks[cls]++;
+	mvcc_room_add(s, c);
+	return c;
+}
+
+static void *mvcc_slab_alloc(struct kvd *k, size_t n)
+{
+	struct mvcc_slab *s = &k->db.slab;
+	unsigned cls;
+	size_t slot;
+	struct mvcc_chunk *c;
+	uint8_t *p;
+
+	if (n > MVCC_SLAB_MAX)
+		return kvd_nalloc(k, n);
+	cls = (unsigned)((n + 7) / 8 - 1);
+	slot = ((size_t)cls + 1) * 8;
+	if (!(c = s->room[cls]) && !(c = mvcc_chunk_new(k, s, cls)))
+		return NULL;
+	if (c->free) {
+		p = (uint8_t *)c + c->free;
+		MVCC_UNPOISON(p, slot);
+		memcpy(&c->free, p, sizeof c->free);
+	} else {
+		p = (uint8_t *)c + c->bump;
+		MVCC_UNPOISON(p, slot);
+		c->bump += (uint32_t)slot;
+	}
+	c->live++;
+	if (!c->free && c->bump == c->end)
+		mvcc_room_del(s, c);
+	return p;
+}
+
+static void mvcc_slab_free(struct kvd *k, void *p, size_t n)
+{
+	struct mvcc_slab *s = &k->db.slab;
+	struct mvcc_chunk *c;
+	size_t at, slot;
+	uint32_t off;
+
+	if (n > MVCC_SLAB_MAX) {
+		kvd_nfree(k, p, n);
+		return;
+	}
+	if (KVD_NEVER((at = mvcc_chunk_find(s, p)) == s->n))
+		return;
+	c = s->v[at];
+	slot = ((size_t)c->cls + 1) * 8;
+	off = (uint32_t)((uint8_t *)p - (uint8_t *)c);
+	if (KVD_NEVER(off < MVCC_CHUNK_HDR || off >= c->end || (off - MVCC_CHUNK_HDR) % slot))
+		return; /* not a slot: leaked, rather than a free list gone wrong */
+	if (!c->free && c->bump == c->end)
+		mvcc_room_add(s, c);
+	memcpy(p, &c->free, sizeof c->free);
+	MVCC_POISON(p, slot);
+	c->free = off;
+	if (--c->live || s->nchunks[c->cls] == 1)
+		return;
+	mvcc_room_del(s, c);
+	memmove(s->v + at, s->v + at + 1, (s->n - at - 1) * sizeof *s->v);
+	s->n--;
+	s->nchunks[c->cls]--;
+	kvd_nfree(k, c, c->bytes);
+}
+
+/* At close: the chunks left (each class's last, kept empty). */
+static void mvcc_slab_close(struct kvd *k)
+{
+	struct mvcc_slab *s = &k->db.slab;
+	size_t i;
+
+	for (i = 0; i < s->n; i++) {
+		KVD_NEVER(s->v[i]->live);
+		kvd_nfree(k, s->v[i], s->v[i]->bytes);
+	}
+	kvd_free(k, s->v);
+	memset(s, 0, sizeof *s);
+}
+
 static struct mvcc_key *mvcc_new_key(struct kvd *k, const uint8_t *key, size_t klen)
 {
-	struct mvcc_key *r = kvd_nalloc(k, sizeof *r + klen);
+	struct mvcc_key *r = mvcc_slab_alloc(k, sizeof *r + klen);
 
 	if (r) {
 		memset(r, 0, sizeof *r);
@@ -5742,7 +5937,7 @@ static struct mvcc_key *mvcc_new_key(struct kvd *k, const uint8_t *key, size_t k
 static void mvcc_free_key(struct kvd *k, struct mvcc_key *r)
 {
 	if (r)
-		kvd_nfree(k, r, sizeof *r + r->klen);
+		mvcc_slab_free(k, r, sizeof *r + r->klen);
 }
 
 /* ---- writing ------------------------------------------------------------ */
@@ -6907,6 +7102,7 @@ static void mvcc_close(struct kvd *k)
 	kvd_free(k, m->undo);
 	kvd_free(k, m->dead);
 	kvd_free(k, m->marks.v);
+	mvcc_slab_close(k);
 	buf_free(k, &m->w);
 	if (m->fd >= 0)
 		close(m->fd);
@@ -9489,8 +9685,11 @@ static const char *const snap_bucket_names[SNAP_NBUCKETS] = {
  */
 
 /* The op each index key had at rev, when it was live then (or, with tombs,
- * deleted at exactly rev), into h. */
-static int snap_ops_at(struct kvd *k, int64_t rev, struct life_map *h, int tombs)
+ * deleted at exactly rev), into h -- only those at or below upto, the
+ * compaction point (the selection is asked of no other op); *live, if
+ * asked, counts the keys live at rev.  A key unchanged since rev needs no
+ * read: its op is the index's. */
+static int snap_ops_at(struct kvd *k, int64_t rev, int64_t upto, struct life_map *h, int tombs, size_t *live)
 {
 	struct mvcc *m = &k->db;
 	struct mvcc_it it = {0, 0};
@@ -9498,10 +9697,21 @@ static int snap_ops_at(struct kvd *k, int64_t rev, struct life_map *h, int tombs
 	struct mvcc_op op;
 	int e;
 
+	if (live)
+		*live = 0;
 	for (; (r = mvcc_at(m, it)); mvcc_next(m, &it)) {
-		if ((e = mvcc_op_at(m, r->op, rev, &op)) < 0)
+		if (r->mod <= rev) {
+			op.kind = r->create ? MVCC_OP_PUT : MVCC_OP_DEL;
+			op.rev = r->mod;
+			op.off = r->op;
+			e = 1;
+		} else if ((e = mvcc_op_at(m, r->op, rev, &op)) < 0)
 			return e;
-		if (e && (op.kind == MVCC_OP_PUT || (tombs && op.rev == rev)) && life_map_put(k, h, op.off + 1, 1))
+		if (!e || (op.kind != MVCC_OP_PUT && !(tombs && op.rev == rev)))
+			continue;
+		if (live && op.kind == MVCC_OP_PUT)
+			(*live)++;
+		if (op.rev <= upto && life_map_put(k, h, op.off + 1, 1))
 			return KVD_ENOMEM;
 	}
 	return 0;
@@ -9628,12 +9838,16 @@ static int snap_hashkv_real(struct kvd *k, int64_t rev, uint32_t *hash)
 	struct snap_keys it;
 	int64_t c = m->compacted;
 	uint32_t crc = mvcc_crc32c(0, "key", 3);
+	size_t live = 0;
 	int e;
 
 	snap_keys_init(&it, m->size + m->w.len, rev, c, NULL);
-	if ((e = snap_ops_at(k, rev, &atrev, 0)) || (c >= 1 && (e = snap_ops_at(k, c, &atc, 0))))
-		goto out;
-	it.sel = atrev.n ? &atrev : &atc;
+	if (c >= 1) { /* the selection is asked only of records at or below C */
+		if ((e = snap_ops_at(k, rev, c, &atrev, 0, &live)) ||
+		    (!live && (e = snap_ops_at(k, c, c, &atc, 0, NULL))))
+			goto out;
+		it.sel = live ? &atrev : &atc;
+	}
 	e = snap_keys_crc(k, &it, &crc);
 	*hash = crc;
 out:
@@ -10032,7 +10246,7 @@ static int snap_plan(struct kvd *k, struct snap *s)
 
 	if ((e = snap_content(k, s)))
 		return e;
-	if (s->c >= 1 && (e = snap_ops_at(k, s->c, &s->sel, 1)))
+	if (s->c >= 1 && (e = snap_ops_at(k, s->c, s->c, &s->sel, 1, NULL)))
 		return e;
 	snap_keys_init(&it, s->end, s->rev, s->c, &s->sel);
 	while ((e = snap_keys_next(k, &it, &op, rk, &kn)) == 1) {
@@ -10399,7 +10613,7 @@ static int snap_hash(struct kvd *k, uint32_t *hash)
 	if (!s)
 		return KVD_ENOMEM;
 	snap_keys_init(&it, 0, 0, 0, NULL);
-	if ((e = snap_content(k, s)) || (s->c >= 1 && (e = snap_ops_at(k, s->c, &s->sel, 1))))
+	if ((e = snap_content(k, s)) || (s->c >= 1 && (e = snap_ops_at(k, s->c, s->c, &s->sel, 1, NULL))))
 		goto out;
 	for (b = 0; b < SNAP_NBUCKETS; b++) {
 		crc = mvcc_crc32c(crc, snap_bucket_names[b], strlen(snap_bucket_names[b]));
