@@ -31,6 +31,7 @@
  *          - reading
  *          - the log's grammar: the one decoder every reader uses
  *   10. MVCC store: the index, writing, group commit, recovery (mvcc_)
+ *          - key records: slabs by size class
  *          - writing
  *          - recovery
  *   11. Leases (lease_)
@@ -5741,8 +5742,9 @@ static struct mvcc_it mvcc_remove(struct kvd *k, struct mvcc *m, struct mvcc_it 
 	return it;
 }
 
-/* ---- key records: slabs by size class ------------------------------------
- *
+/* ---- key records: slabs by size class ---------------------------------- */
+
+/*
  * A million keys are a million small records that never move (leaves,
  * lease key sets and undo entries point at them).  malloc would add its
  * header and round each one up to 16 bytes -- 80 bytes for a 59-byte
