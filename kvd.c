@@ -32,6 +32,7 @@
  *          - the log's grammar: the one decoder every reader uses
  *   10. MVCC store: the index, writing, group commit, recovery (mvcc_)
  *          - key records: slabs by size class
+ *          - key records: their numbers, the side table
  *          - writing
  *          - recovery
  *   11. Leases (lease_)
@@ -553,12 +554,25 @@ struct kvd;
 struct h2_conn;
 struct h2_stream;
 
-/* The store (sections 9 and 10).  Per key, RAM holds only the latest revision. */
+/* The store (sections 9 and 10).  Per key, RAM holds only the latest
+ * revision, in 33 bytes before the key: its create revision and version as
+ * 32-bit numbers, no lease.  A key whose numbers do not fit so, or that has
+ * a lease, has them whole in the store's side table (m->ext, MVCC_EXT);
+ * read them through mvcc_k_create, mvcc_k_ver and mvcc_k_lease. */
+#define MVCC_LIVE 1u                     /* its latest op is a put, not a delete */
+#define MVCC_EXT 2u                      /* create, version and lease are in m->ext */
 struct mvcc_key {
-	int64_t mod, create, ver, lease; /* latest op; create == 0: it was a delete */
+	int64_t mod;                     /* the latest op's revision */
 	uint64_t op;                     /* log offset of that op */
+	uint32_t cdelta, ver;            /* live and not MVCC_EXT: mod - create, version */
 	uint32_t vlen, klen;
+	uint8_t flags;                   /* MVCC_LIVE, MVCC_EXT */
 	uint8_t key[];
+};
+#define MVCC_KEY_SIZE(klen) (offsetof(struct mvcc_key, key) + (size_t)(klen))
+struct mvcc_ext {                        /* a key's numbers, whole */
+	const struct mvcc_key *r;        /* NULL: a free slot */
+	int64_t create, ver, lease;
 };
 #define MVCC_LEAF 64 /* keys per index leaf */
 struct mvcc_leaf {
@@ -670,6 +684,8 @@ struct mvcc_slab {
 struct mvcc {
 	int fd;
 	struct mvcc_slab slab;         /* the key records */
+	struct mvcc_ext *ext;          /* keys' numbers that do not fit their record: mask + 1 slots */
+	size_t extmask, next;
 	uint64_t size;                 /* durable log bytes */
 	struct kvd_buf w;              /* the batch: records not yet written */
 	int64_t rev, rev_durable;      /* current revision (batch included), durable one */
@@ -986,6 +1002,9 @@ static void cfg_show_ms(uint32_t ms, char *out, size_t cap);
 /* The store keeps leases' key sets in step with its keys (section 11). */
 static struct lease *lease_find(struct kvd *k, int64_t id);
 static void lease_rebind(struct kvd *k, struct mvcc_key *r, int64_t from, int64_t to);
+static int64_t mvcc_k_create(const struct mvcc *m, const struct mvcc_key *r);
+static int64_t mvcc_k_ver(const struct mvcc *m, const struct mvcc_key *r);
+static int64_t mvcc_k_lease(const struct mvcc *m, const struct mvcc_key *r);
 static int lease_reserve(struct kvd *k, int64_t id);
 static void lease_undo(struct kvd *k, struct lease *l, unsigned kind);
 static void lease_free(struct kvd *k, struct lease *l);
@@ -5073,15 +5092,17 @@ static size_t mvcc_op_hdr(int64_t rev, int64_t create, int64_t ver, int64_t leas
 	       varint_len(mvcc_zigzag(lease)) + varint_len(klen) + varint_len(vlen);
 }
 
-static size_t mvcc_key_opsize(const struct mvcc_key *r)
+static size_t mvcc_key_opsize(const struct mvcc *m, const struct mvcc_key *r)
 {
-	return mvcc_op_hdr(r->mod, r->create, r->ver, r->lease, r->klen, r->vlen) + r->klen + r->vlen;
+	return mvcc_op_hdr(r->mod, mvcc_k_create(m, r), mvcc_k_ver(m, r), mvcc_k_lease(m, r), r->klen, r->vlen) +
+	       r->klen + r->vlen;
 }
 
 /* Where the latest value of r sits in the log. */
-static uint64_t mvcc_voff(const struct mvcc_key *r)
+static uint64_t mvcc_voff(const struct mvcc *m, const struct mvcc_key *r)
 {
-	return r->op + mvcc_op_hdr(r->mod, r->create, r->ver, r->lease, r->klen, r->vlen) + r->klen;
+	return r->op + mvcc_op_hdr(r->mod, mvcc_k_create(m, r), mvcc_k_ver(m, r), mvcc_k_lease(m, r), r->klen, r->vlen) +
+	       r->klen;
 }
 
 static int mvcc_cmp(const uint8_t *a, size_t an, const uint8_t *b, size_t bn)
@@ -5535,14 +5556,14 @@ static int mvcc_visible(struct mvcc *m, const struct mvcc_key *r, int64_t rev, s
 	int e;
 
 	if (!rev || r->mod <= rev) {
-		if (!r->create)
+		if (!(r->flags & MVCC_LIVE))
 			return 0;
 		kv->r = r;
 		kv->mod = r->mod;
-		kv->create = r->create;
-		kv->ver = r->ver;
-		kv->lease = r->lease;
-		kv->voff = mvcc_voff(r);
+		kv->create = mvcc_k_create(m, r);
+		kv->ver = mvcc_k_ver(m, r);
+		kv->lease = mvcc_k_lease(m, r);
+		kv->voff = mvcc_voff(m, r);
 		kv->vlen = r->vlen;
 		return 1;
 	}
@@ -5924,12 +5945,169 @@ static void mvcc_slab_close(struct kvd *k)
 	memset(s, 0, sizeof *s);
 }
 
+/* ---- key records: their numbers, the side table --------------------------- */
+
+/*
+ * A record keeps create as mod - create and the version in 32 bits each,
+ * and no lease: most keys have none, and a key's numbers stay far below
+ * 2^32 unless the store's revision does not.  The keys that need more --
+ * a lease, a version or a create distance past 32 bits (a store imported
+ * at revision 2^40, or one that ran long) -- have them whole in m->ext, an
+ * open-addressing table by record address (linear probing, deletion by
+ * backward shift, at most 3/4 full).
+ *
+ * Invariants:
+ *   1. A record is MVCC_EXT exactly when it has an m->ext slot; then the
+ *      slot's numbers are its numbers, and its own cdelta/ver mean nothing.
+ *   2. A slot, once made, stays until its record is freed (mvcc_free_key),
+ *      even when the numbers would fit again: an undo that puts back a
+ *      lease never needs memory.  A put reserves its slot first
+ *      (mvcc_ext_reserve), so mvcc_k_set cannot fail.
+ *   3. A dead record (no MVCC_LIVE) reads as create, version and lease 0.
+ */
+
+static size_t mvcc_ext_hash(const struct mvcc_key *r)
+{
+	uint64_t x = (uint64_t)(uintptr_t)r >> 3;
+
+	x ^= x >> 31;
+	x *= 0x9e3779b97f4a7c15ull;
+	return (size_t)(x ^ (x >> 29));
+}
+
+static struct mvcc_ext *mvcc_ext_find(const struct mvcc *m, const struct mvcc_key *r)
+{
+	size_t i;
+
+	if (!m->ext)
+		return NULL;
+	for (i = mvcc_ext_hash(r) & m->extmask; m->ext[i].r; i = (i + 1) & m->extmask)
+		if (m->ext[i].r == r)
+			return &m->ext[i];
+	return NULL;
+}
+
+static void mvcc_ext_place(struct mvcc_ext *v, size_t mask, const struct mvcc_ext *e)
+{
+	size_t i;
+
+	for (i = mvcc_ext_hash(e->r) & mask; v[i].r; i = (i + 1) & mask)
+		;
+	v[i] = *e;
+}
+
+/* Room for one more slot: mvcc_k_set can then give any record one. */
+static int mvcc_ext_reserve(struct kvd *k, struct mvcc *m)
+{
+	size_t cap = m->ext ? m->extmask + 1 : 0, ncap, i;
+	struct mvcc_ext *v;
+
+	if ((m->next + 1) * 4 <= cap * 3)
+		return 0;
+	ncap = cap ? cap * 2 : 16;
+	if (ncap > SIZE_MAX / 2 / sizeof *v || !(v = kvd_calloc(k, ncap * sizeof *v)))
+		return KVD_ENOMEM;
+	for (i = 0; i < cap; i++)
+		if (m->ext[i].r)
+			mvcc_ext_place(v, ncap - 1, &m->ext[i]);
+	kvd_free(k, m->ext);
+	m->ext = v;
+	m->extmask = ncap - 1;
+	return 0;
+}
+
+static void mvcc_ext_del(struct mvcc *m, const struct mvcc_key *r)
+{
+	struct mvcc_ext *e = mvcc_ext_find(m, r);
+	size_t i, j, h;
+
+	if (KVD_NEVER(!e))
+		return;
+	i = (size_t)(e - m->ext);
+	m->ext[i].r = NULL;
+	m->next--;
+	for (j = (i + 1) & m->extmask; m->ext[j].r; j = (j + 1) & m->extmask) {
+		h = mvcc_ext_hash(m->ext[j].r) & m->extmask;
+		if (((j - h) & m->extmask) >= ((j - i) & m->extmask)) { /* its home is not in (i, j] */
+			m->ext[i] = m->ext[j];
+			m->ext[j].r = NULL;
+			i = j;
+		}
+	}
+}
+
+static const struct mvcc_ext *mvcc_k_ext(const struct mvcc *m, const struct mvcc_key *r)
+{
+	static const struct mvcc_ext none = {NULL, 0, 0, 0};
+	const struct mvcc_ext *e = mvcc_ext_find(m, r);
+
+	return KVD_NEVER(!e) ? &none : e;
+}
+
+static int64_t mvcc_k_create(const struct mvcc *m, const struct mvcc_key *r)
+{
+	if (!(r->flags & MVCC_LIVE))
+		return 0;
+	return r->flags & MVCC_EXT ? mvcc_k_ext(m, r)->create : r->mod - (int64_t)r->cdelta;
+}
+
+static int64_t mvcc_k_ver(const struct mvcc *m, const struct mvcc_key *r)
+{
+	if (!(r->flags & MVCC_LIVE))
+		return 0;
+	return r->flags & MVCC_EXT ? mvcc_k_ext(m, r)->ver : (int64_t)r->ver;
+}
+
+static int64_t mvcc_k_lease(const struct mvcc *m, const struct mvcc_key *r)
+{
+	return (r->flags & (MVCC_LIVE | MVCC_EXT)) == (MVCC_LIVE | MVCC_EXT) ? mvcc_k_ext(m, r)->lease : 0;
+}
+
+/* Whether these numbers need a side-table slot (create 0: a delete). */
+static int mvcc_k_wide(int64_t mod, int64_t create, int64_t ver, int64_t lease)
+{
+	if (!create)
+		return 0;
+	return lease || create < 0 || create > mod || mod - create > 0xffffffffll || ver < 0 || ver > 0xffffffffll;
+}
+
+/* Set r's numbers.  A record that needs a slot and has none must have
+ * had mvcc_ext_reserve succeed since the last slot was made. */
+static void mvcc_k_set(struct mvcc *m, struct mvcc_key *r, int64_t mod, int64_t create, int64_t ver, int64_t lease)
+{
+	struct mvcc_ext *e, ne;
+
+	r->mod = mod;
+	r->flags = (uint8_t)((r->flags & MVCC_EXT) | (create ? MVCC_LIVE : 0));
+	if (!(r->flags & MVCC_EXT) && mvcc_k_wide(mod, create, ver, lease)) {
+		ne.r = r;
+		ne.create = ne.ver = ne.lease = 0;
+		if (KVD_NEVER((m->next + 1) * 4 > (m->ext ? m->extmask + 1 : 0) * 3))
+			create = ver = lease = 0; /* no room: cannot happen after a reserve */
+		else {
+			mvcc_ext_place(m->ext, m->extmask, &ne);
+			m->next++;
+			r->flags |= MVCC_EXT;
+		}
+	}
+	if (r->flags & MVCC_EXT) {
+		e = mvcc_ext_find(m, r);
+		e->create = create;
+		e->ver = create ? ver : 0;
+		e->lease = create ? lease : 0;
+		r->cdelta = r->ver = 0;
+	} else {
+		r->cdelta = create ? (uint32_t)(mod - create) : 0;
+		r->ver = create ? (uint32_t)ver : 0;
+	}
+}
+
 static struct mvcc_key *mvcc_new_key(struct kvd *k, const uint8_t *key, size_t klen)
 {
-	struct mvcc_key *r = mvcc_slab_alloc(k, sizeof *r + klen);
+	struct mvcc_key *r = mvcc_slab_alloc(k, MVCC_KEY_SIZE(klen));
 
 	if (r) {
-		memset(r, 0, sizeof *r);
+		memset(r, 0, offsetof(struct mvcc_key, key));
 		r->klen = (uint32_t)klen;
 		memcpy(r->key, key, klen);
 	}
@@ -5938,29 +6116,31 @@ static struct mvcc_key *mvcc_new_key(struct kvd *k, const uint8_t *key, size_t k
 
 static void mvcc_free_key(struct kvd *k, struct mvcc_key *r)
 {
-	if (r)
-		mvcc_slab_free(k, r, sizeof *r + r->klen);
+	if (!r)
+		return;
+	if (r->flags & MVCC_EXT)
+		mvcc_ext_del(&k->db, r);
+	mvcc_slab_free(k, r, MVCC_KEY_SIZE(r->klen));
 }
 
 /* ---- writing ------------------------------------------------------------ */
 
-static void mvcc_save(struct mvcc_was *w, const struct mvcc_key *r)
+static void mvcc_save(const struct mvcc *m, struct mvcc_was *w, const struct mvcc_key *r)
 {
 	w->mod = r->mod;
-	w->create = r->create;
-	w->ver = r->ver;
-	w->lease = r->lease;
+	w->create = mvcc_k_create(m, r);
+	w->ver = mvcc_k_ver(m, r);
+	w->lease = mvcc_k_lease(m, r);
 	w->op = r->op;
 	w->vlen = r->vlen;
 }
 
+/* Put back what mvcc_save kept: the record had those numbers then, so it
+ * has the slot they need (invariant 2 of the side table). */
 static void mvcc_restore(struct kvd *k, struct mvcc_key *r, const struct mvcc_was *w)
 {
-	lease_rebind(k, r, r->lease, w->lease);
-	r->mod = w->mod;
-	r->create = w->create;
-	r->ver = w->ver;
-	r->lease = w->lease;
+	lease_rebind(k, r, mvcc_k_lease(&k->db, r), w->lease);
+	mvcc_k_set(&k->db, r, w->mod, w->create, w->ver, w->lease);
 	r->op = w->op;
 	r->vlen = w->vlen;
 }
@@ -5973,7 +6153,7 @@ static int mvcc_undo_push(struct kvd *k, struct mvcc *m, struct mvcc_key *r, uns
 	m->undo[m->nundo].r = r;
 	m->undo[m->nundo].kind = kind;
 	if (kind == MVCC_UNDO_CHANGED)
-		mvcc_save(&m->undo[m->nundo].was, r);
+		mvcc_save(m, &m->undo[m->nundo].was, r);
 	m->nundo++;
 	return 0;
 }
@@ -6265,13 +6445,15 @@ static int mvcc_put(struct kvd *k, struct mvcc_txn *t, const uint8_t *key, size_
 		return KVD_ELIMIT;
 	it = mvcc_seek(m, key, klen, &eq);
 	r = eq ? mvcc_at(m, it) : NULL;
-	live = r && r->create;
-	if (live && r->ver >= INT64_MAX) /* a version past int64 could not be replayed */
+	live = r && (r->flags & MVCC_LIVE);
+	if (live && mvcc_k_ver(m, r) >= INT64_MAX) /* a version past int64 could not be replayed */
 		return KVD_ERANGE;
+	create = live ? mvcc_k_create(m, r) : t->rev;
+	ver = live ? mvcc_k_ver(m, r) + 1 : 1;
 	if (lease_reserve(k, lease)) /* attaching the key cannot fail later */
 		return KVD_ENOMEM;
-	create = live ? r->create : t->rev;
-	ver = live ? r->ver + 1 : 1;
+	if (!(r && (r->flags & MVCC_EXT)) && mvcc_k_wide(t->rev, create, ver, lease) && mvcc_ext_reserve(k, m))
+		return KVD_ENOMEM; /* nor can giving it a side-table slot */
 	if (!r) {
 		if (!(r = mvcc_new_key(k, key, klen)))
 			return KVD_ENOMEM;
@@ -6298,12 +6480,9 @@ static int mvcc_put(struct kvd *k, struct mvcc_txn *t, const uint8_t *key, size_
 		return KVD_ENOMEM;
 	}
 	if (eq)
-		mvcc_dead(k, m, t->rev, mvcc_key_opsize(r));
-	lease_rebind(k, r, r->lease, lease);
-	r->mod = t->rev;
-	r->create = create;
-	r->ver = ver;
-	r->lease = lease;
+		mvcc_dead(k, m, t->rev, mvcc_key_opsize(m, r));
+	lease_rebind(k, r, mvcc_k_lease(m, r), lease);
+	mvcc_k_set(m, r, t->rev, create, ver, lease);
 	r->op = off;
 	r->vlen = (uint32_t)vlen;
 	return 0;
@@ -6321,10 +6500,9 @@ static int mvcc_del(struct kvd *k, struct mvcc_txn *t, struct mvcc_key *r)
 		m->nundo--;
 		return KVD_ENOMEM;
 	}
-	mvcc_dead(k, m, t->rev, mvcc_key_opsize(r));
-	lease_rebind(k, r, r->lease, 0);
-	r->mod = t->rev;
-	r->create = r->ver = r->lease = 0;
+	mvcc_dead(k, m, t->rev, mvcc_key_opsize(m, r));
+	lease_rebind(k, r, mvcc_k_lease(m, r), 0);
+	mvcc_k_set(m, r, t->rev, 0, 0, 0);
 	r->vlen = 0;
 	r->op = off;
 	return 0;
@@ -6341,10 +6519,10 @@ static int mvcc_compact_index(struct kvd *k, struct mvcc *m, int64_t rev, int wi
 	struct mvcc_key *r;
 
 	while ((r = mvcc_at(m, it))) {
-		if (!r->create && r->mod < rev) {
+		if (!(r->flags & MVCC_LIVE) && r->mod < rev) {
 			if (with_undo && mvcc_undo_push(k, m, r, MVCC_UNDO_REMOVED))
 				return KVD_ENOMEM;
-			m->reclaimable += mvcc_key_opsize(r);
+			m->reclaimable += mvcc_key_opsize(m, r);
 			it = mvcc_remove(k, m, it);
 			if (!with_undo)
 				mvcc_free_key(k, r);
@@ -6427,11 +6605,11 @@ static void mvcc_undo_to(struct kvd *k, struct mvcc *m, size_t mark)
 		if (u->kind == MVCC_UNDO_GRANTED || u->kind == MVCC_UNDO_REVOKED) {
 			lease_undo(k, u->l, u->kind);
 		} else if (u->kind == MVCC_UNDO_CREATED) {
-			lease_rebind(k, u->r, u->r->lease, 0);
+			lease_rebind(k, u->r, mvcc_k_lease(m, u->r), 0);
 			mvcc_remove(k, m, mvcc_seek(m, u->r->key, u->r->klen, &eq));
 			mvcc_free_key(k, u->r);
 		} else if (u->kind == MVCC_UNDO_REMOVED) {
-			m->reclaimable -= mvcc_key_opsize(u->r);
+			m->reclaimable -= mvcc_key_opsize(m, u->r);
 			if (mvcc_insert(k, m, mvcc_seek(m, u->r->key, u->r->klen, &eq), u->r)) {
 				kvd_log(k, KVD_LOG_ERROR, "out of memory undoing a compaction: key dropped from the index");
 				mvcc_free_key(k, u->r);
@@ -6785,13 +6963,17 @@ static int mvcc_replay_op(struct kvd *k, struct mvcc *m, int64_t rev, const stru
 		*why = "op chain does not match the index";
 		return KVD_ECORRUPT;
 	}
-	if (op->kind == MVCC_OP_DEL && (!r || !r->create)) {
+	if (op->kind == MVCC_OP_DEL && (!r || !(r->flags & MVCC_LIVE))) {
 		*why = "delete of a missing key";
 		return KVD_ECORRUPT;
 	}
 	if (op->kind == MVCC_OP_PUT && op->lease && !lease_find(k, op->lease)) {
 		*why = "put with a lease that does not exist";
 		return KVD_ECORRUPT;
+	}
+	if (op->kind == MVCC_OP_PUT && mvcc_k_wide(rev, op->create, op->ver, op->lease) && mvcc_ext_reserve(k, m)) {
+		*why = "out of memory";
+		return KVD_ENOMEM;
 	}
 	if (!r) {
 		if (!(r = mvcc_new_key(k, op->key, op->klen)) || mvcc_insert(k, m, it, r)) {
@@ -6800,13 +6982,13 @@ static int mvcc_replay_op(struct kvd *k, struct mvcc *m, int64_t rev, const stru
 			return KVD_ENOMEM;
 		}
 	} else {
-		mvcc_dead(k, m, rev, mvcc_key_opsize(r));
+		mvcc_dead(k, m, rev, mvcc_key_opsize(m, r));
 	}
-	r->mod = rev;
-	r->create = op->kind == MVCC_OP_PUT ? op->create : 0;
-	r->ver = op->kind == MVCC_OP_PUT ? op->ver : 0;
-	lease_rebind(k, r, r->lease, op->kind == MVCC_OP_PUT ? op->lease : 0);
-	r->lease = op->kind == MVCC_OP_PUT ? op->lease : 0;
+	lease_rebind(k, r, mvcc_k_lease(m, r), op->kind == MVCC_OP_PUT ? op->lease : 0);
+	if (op->kind == MVCC_OP_PUT)
+		mvcc_k_set(m, r, rev, op->create, op->ver, op->lease);
+	else
+		mvcc_k_set(m, r, rev, 0, 0, 0);
 	r->vlen = (uint32_t)op->vlen;
 	r->op = op->off;
 	return 0;
@@ -6816,7 +6998,7 @@ static int mvcc_replay_op(struct kvd *k, struct mvcc *m, int64_t rev, const stru
  * history before it.  Returns 0, KVD_ECORRUPT (why) or KVD_ENOMEM. */
 static int mvcc_replay_base_op(struct kvd *k, struct mvcc *m, int64_t rev, const struct mvcc_op *op, const char **why)
 {
-	struct mvcc_key *r;
+	struct mvcc_key *r = NULL;
 	struct mvcc_it it;
 	int eq, e;
 
@@ -6839,16 +7021,14 @@ static int mvcc_replay_base_op(struct kvd *k, struct mvcc *m, int64_t rev, const
 		*why = "put with a lease that does not exist";
 		return KVD_ECORRUPT;
 	}
-	if (!(r = mvcc_new_key(k, op->key, op->klen)) || mvcc_insert(k, m, it, r)) {
+	if ((mvcc_k_wide(op->rev, op->create, op->ver, op->lease) && mvcc_ext_reserve(k, m)) ||
+	    !(r = mvcc_new_key(k, op->key, op->klen)) || mvcc_insert(k, m, it, r)) {
 		mvcc_free_key(k, r);
 		*why = "out of memory";
 		return KVD_ENOMEM;
 	}
-	r->mod = op->rev;
-	r->create = op->create;
-	r->ver = op->ver;
 	lease_rebind(k, r, 0, op->lease);
-	r->lease = op->lease;
+	mvcc_k_set(m, r, op->rev, op->create, op->ver, op->lease);
 	r->vlen = (uint32_t)op->vlen;
 	r->op = op->off;
 	return 0;
@@ -7104,6 +7284,7 @@ static void mvcc_close(struct kvd *k)
 	kvd_free(k, m->undo);
 	kvd_free(k, m->dead);
 	kvd_free(k, m->marks.v);
+	kvd_free(k, m->ext);
 	mvcc_slab_close(k);
 	buf_free(k, &m->w);
 	if (m->fd >= 0)
@@ -7142,8 +7323,8 @@ static void mvcc_init(struct mvcc *m)
  * index, and keys without a lease cost nothing.
  *
  * Invariants:
- *   1. A lease's key set is exactly the keys whose r->lease is its id:
- *      every change of r->lease goes through lease_rebind (puts, deletes,
+ *   1. A lease's key set is exactly the keys whose lease (mvcc_k_lease)
+ *      is its id: every change of it goes through lease_rebind (puts, deletes,
  *      undo, replay), and a put cannot fail to attach its key, because
  *      lease_reserve made room first (only an undo can find no memory, and
  *      lease_rebind logs it).
@@ -9703,7 +9884,7 @@ static int snap_ops_at(struct kvd *k, int64_t rev, int64_t upto, struct life_map
 		*live = 0;
 	for (; (r = mvcc_at(m, it)); mvcc_next(m, &it)) {
 		if (r->mod <= rev) {
-			op.kind = r->create ? MVCC_OP_PUT : MVCC_OP_DEL;
+			op.kind = (r->flags & MVCC_LIVE) ? MVCC_OP_PUT : MVCC_OP_DEL;
 			op.rev = r->mod;
 			op.off = r->op;
 			e = 1;
@@ -15410,17 +15591,17 @@ static struct mvcc_key *svc_live(struct kvd *k, const ProtobufCBinaryData *key)
 {
 	struct mvcc_key *r = mvcc_find(&k->db, key->data, key->len);
 
-	return r && r->create ? r : NULL;
+	return r && (r->flags & MVCC_LIVE) ? r : NULL;
 }
 
-static void svc_kv_of(const struct mvcc_key *r, struct mvcc_kv *kv)
+static void svc_kv_of(const struct mvcc *m, const struct mvcc_key *r, struct mvcc_kv *kv)
 {
 	kv->r = r;
 	kv->mod = r->mod;
-	kv->create = r->create;
-	kv->ver = r->ver;
-	kv->lease = r->lease;
-	kv->voff = mvcc_voff(r);
+	kv->create = mvcc_k_create(m, r);
+	kv->ver = mvcc_k_ver(m, r);
+	kv->lease = mvcc_k_lease(m, r);
+	kv->voff = mvcc_voff(m, r);
 	kv->vlen = r->vlen;
 }
 
@@ -15445,21 +15626,21 @@ static int svc_put_op(struct kvd *k, struct svc_pool *pl, struct mvcc_txn *t,
 		return svc_fail(e, GRPC_INVALID_ARGUMENT, E_KEY_NOT_FOUND);
 	if (rq->prev_kv && r) {
 		Mvccpb__KeyValue **pp;
-		svc_kv_of(r, &kv);
+		svc_kv_of(&k->db, r, &kv);
 		if (svc_kvs(k, pl, &kv, 1, 0, &pp))
 			return svc_fail(e, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
 		rs->prev_kv = pp[0];
 	}
 	if (rq->ignore_value) { /* the old value, copied: the batch may move */
 		vlen = r->vlen;
-		if (!(copy = kvd_malloc(k, vlen + 1)) || mvcc_pread(&k->db, copy, vlen, mvcc_voff(r))) {
+		if (!(copy = kvd_malloc(k, vlen + 1)) || mvcc_pread(&k->db, copy, vlen, mvcc_voff(&k->db, r))) {
 			kvd_free(k, copy);
 			return svc_fail(e, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
 		}
 		val = copy;
 	}
 	if (rq->ignore_lease)
-		lease = r->lease;
+		lease = mvcc_k_lease(&k->db, r);
 	err = mvcc_put(k, t, rq->key.data, rq->key.len, val, vlen, lease);
 	kvd_free(k, copy);
 	if (err == KVD_ERANGE)
@@ -15492,8 +15673,8 @@ static int svc_delete_op(struct kvd *k, struct svc_pool *pl, struct mvcc_txn *t,
 	for (; (r = mvcc_at(m, it)); mvcc_next(m, &it)) {
 		if (rq->range_end.len && !svc_in_range(r->key, r->klen, &rq->range_end))
 			break;
-		if (r->create) {
-			svc_kv_of(r, &kv);
+		if (r->flags & MVCC_LIVE) {
+			svc_kv_of(&k->db, r, &kv);
 			if (svc_range_push(k, &rr, &kv)) {
 				err = svc_fail(e, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
 				goto out;
@@ -15783,9 +15964,9 @@ static int svc_compare(struct kvd *k, const Etcdserverpb__Compare *c, int *res)
 	for (; ok && (r = mvcc_at(m, it)); mvcc_next(m, &it)) {
 		if (c->range_end.len && !svc_in_range(r->key, r->klen, &c->range_end))
 			break;
-		if (r->create) {
+		if (r->flags & MVCC_LIVE) {
 			any = 1;
-			svc_kv_of(r, &kv);
+			svc_kv_of(&k->db, r, &kv);
 			if (by_value) {
 				int have_value = c->target_union_case == ETCDSERVERPB__COMPARE__TARGET_UNION_VALUE;
 				if (!(v = kvd_malloc(k, kv.vlen + 1)) || mvcc_pread(m, v, kv.vlen, kv.voff)) {
@@ -18442,7 +18623,7 @@ static void lock_check(struct kvd *k, struct lock_wait *w)
 	const struct mvcc_key *r = svc_live(k, &key);
 	int b;
 
-	if (!r || r->create != w->rev) { /* its lease is gone, or someone deleted it */
+	if (!r || mvcc_k_create(&k->db, r) != w->rev) { /* its lease is gone, or someone deleted it */
 		e.code = GRPC_UNKNOWN;
 		e.msg = "session expired";
 		lock_fail(k, w, &e);
@@ -20522,7 +20703,7 @@ static void confd_put_value(struct kvd *k, struct kvd_buf *b, const struct mvcc_
 	uint8_t *v = kvd_malloc(k, r->vlen + 1);
 	size_t i, l;
 
-	if (!v || mvcc_pread(&k->db, v, r->vlen, mvcc_voff(r))) {
+	if (!v || mvcc_pread(&k->db, v, r->vlen, mvcc_voff(&k->db, r))) {
 		b->err = 1; /* no answer rather than a wrong one */
 		goto out;
 	}
@@ -20609,7 +20790,7 @@ static void confd_keyspace(struct kvd *k, const struct confd_req *rq)
 	klen = key->len;
 	if (key->p[klen - 1] != '/') {
 		r = mvcc_find(m, key->p, klen);
-		if (!r || !r->create || !confd_may_read(k, key->p, klen, NULL, 0)) { /* unreadable: as absent */
+		if (!r || !(r->flags & MVCC_LIVE) || !confd_may_read(k, key->p, klen, NULL, 0)) { /* unreadable: as absent */
 			confd_msg_int(k, CONFD_ERROR, CONFD_E_UNKNOWN, 0);
 			return;
 		}
@@ -20637,7 +20818,7 @@ static void confd_keyspace(struct kvd *k, const struct confd_req *rq)
 			cd->too_big++;
 			return;
 		}
-		if (!r->create || (!all && !confd_may_read(k, r->key, r->klen, NULL, 0)))
+		if (!(r->flags & MVCC_LIVE) || (!all && !confd_may_read(k, r->key, r->klen, NULL, 0)))
 			continue;
 		if (!first)
 			json_put_raw(k, &cd->msg, ",");
@@ -20883,7 +21064,7 @@ static int confd_ganeti_load(struct kvd *k)
 	uint8_t *v;
 	char why[160];
 
-	if (!r || !r->create) {
+	if (!r || !(r->flags & MVCC_LIVE)) {
 		json_free(&cd->cfg);
 		cd->cfg_mod = 0;
 		snprintf(cd->cfg_err, sizeof cd->cfg_err, "kvd: no Ganeti configuration (key %s is empty)", key);
@@ -20893,7 +21074,7 @@ static int confd_ganeti_load(struct kvd *k)
 		return cd->cfg.root ? 0 : -1;
 	json_free(&cd->cfg);
 	cd->cfg_mod = r->mod;
-	if (!(v = kvd_malloc(k, r->vlen + 1)) || mvcc_pread(&k->db, v, r->vlen, mvcc_voff(r))) {
+	if (!(v = kvd_malloc(k, r->vlen + 1)) || mvcc_pread(&k->db, v, r->vlen, mvcc_voff(&k->db, r))) {
 		kvd_free(k, v);
 		cd->cfg_mod = 0; /* try again next time */
 		snprintf(cd->cfg_err, sizeof cd->cfg_err, "kvd: cannot read the Ganeti configuration");

@@ -67,7 +67,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		while ((r = mvcc_at(&k->db, it))) { /* sorted, counted, revisions sane */
 			if (prev && mvcc_cmp(prev->key, prev->klen, r->key, r->klen) >= 0)
 				abort();
-			if (r->mod > k->db.rev || (r->create && r->create > r->mod))
+			if (r->mod > k->db.rev || mvcc_k_create(&k->db, r) > r->mod || (mvcc_k_create(&k->db, r) != 0) != !!(r->flags & MVCC_LIVE))
 				abort();
 			prev = r;
 			n++;
@@ -76,9 +76,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		if (n != k->db.nkeys)
 			abort();
 		for (it.li = 0, it.ki = 0, n = 0; (r = mvcc_at(&k->db, it)); mvcc_next(&k->db, &it)) {
-			struct lease *l = r->create && r->lease ? lease_find(k, r->lease) : NULL;
+			int64_t id = mvcc_k_lease(&k->db, r);
+			struct lease *l = id ? lease_find(k, id) : NULL;
 			size_t at;
-			if (!r->create || !r->lease)
+			if (!id)
 				continue;
 			if (!l || !l->keys) /* replay refuses a put naming a missing lease */
 				abort();

@@ -90,7 +90,9 @@ def harness():
 def robust(kvd, *args, timeout=900):
     cmd = [harness(), "-kvd", kvd] + list(args)
     print("  $ %s" % " ".join(cmd), flush=True)
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    # errors="replace": go-cmp's diffs put random non-breaking spaces in, which the
+    # harness's truncation can cut in half
+    r = subprocess.run(cmd, capture_output=True, text=True, errors="replace", timeout=timeout)
     for line in r.stdout.splitlines():
         if not line.startswith("ok "):
             print("    " + line, flush=True)

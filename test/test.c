@@ -1791,7 +1791,7 @@ static void test_mvcc_slab(void)
 	/* a record of a 59-byte size costs 64 bytes, not malloc's 80 */
 	mem0 = k->mem;
 	for (i = 0; i < 2000; i++)
-		ok &= (r[i] = mvcc_new_key(k, key, 59 - sizeof(struct mvcc_key))) != NULL;
+		ok &= (r[i] = mvcc_new_key(k, key, 59 - MVCC_KEY_SIZE(0))) != NULL;
 	CHECK(ok);
 	printf("  slab: 2000 records of 59 bytes take %zu bytes (%.1f each)\n", k->mem - mem0,
 	       (double)(k->mem - mem0) / 2000);
@@ -1808,6 +1808,72 @@ static void test_mvcc_slab(void)
 			mvcc_free_key(k, r[i]);
 	}
 	CHECK(ok && t_slab_ok(k));
+	kvd_close(k);
+}
+
+/* A key record's numbers, narrow or in the side table (kvd.c section 10):
+ * whatever is set reads back exactly, through sets, frees and growth. */
+static void test_mvcc_key_numbers(void)
+{
+	struct kvd *k = t_kvd();
+	struct mvcc *m = &k->db;
+	enum { N = 3000 };
+	static struct mvcc_key *r[N];
+	static int64_t want[N][4];
+	uint64_t rnd = 7;
+	size_t i, n, next;
+	int ok = 1;
+	char key[16];
+
+	for (i = 0; i < N; i++) {
+		snprintf(key, sizeof key, "n%zu", i);
+		ok &= (r[i] = mvcc_new_key(k, (const uint8_t *)key, strlen(key))) != NULL;
+	}
+	CHECK(ok && !m->ext);
+	for (n = 0; n < 5 * N; n++) {
+		int64_t mod, create, ver, lease;
+		rnd = rnd * 6364136223846793005ull + 1442695040888963407ull;
+		i = (size_t)(rnd >> 33) % N;
+		switch ((rnd >> 20) & 7) {
+		case 0: mod = (int64_t)(rnd >> 40) + 1; create = 0; ver = 0; lease = 0; break; /* a delete */
+		case 1: mod = (int64_t)1 << 40; create = 1; ver = 2; lease = 0; break;       /* far apart */
+		case 2: mod = INT64_MAX; create = INT64_MAX; ver = (int64_t)1 << 33; lease = 0; break;
+		case 3: mod = 100; create = 50; ver = 3; lease = (int64_t)(rnd | 1); break;  /* a lease */
+		case 4: mod = 0xffffffffll + 7; create = 7; ver = 0xffffffffll; lease = 0; break; /* just fits */
+		default: mod = (int64_t)(rnd >> 44) + 10; create = mod - (int64_t)((rnd >> 8) & 7); ver = 1; lease = 0;
+		}
+		ok &= mvcc_ext_reserve(k, m) == 0;
+		mvcc_k_set(m, r[i], mod, create, ver, lease);
+		want[i][0] = mod, want[i][1] = create, want[i][2] = create ? ver : 0, want[i][3] = create ? lease : 0;
+	}
+	CHECK(ok);
+	for (i = 0, next = 0; i < N; i++) {
+		ok &= r[i]->mod == want[i][0] && mvcc_k_create(m, r[i]) == want[i][1] &&
+		      mvcc_k_ver(m, r[i]) == want[i][2] && mvcc_k_lease(m, r[i]) == want[i][3] &&
+		      !!(r[i]->flags & MVCC_LIVE) == !!want[i][1];
+		ok &= !(r[i]->flags & MVCC_EXT) == !mvcc_ext_find(m, r[i]);
+		next += !!(r[i]->flags & MVCC_EXT);
+	}
+	CHECK(ok && next == m->next && next > N / 4);
+	/* the narrow form holds what fits: 32-bit distance and version */
+	mvcc_k_set(m, r[0], 0xffffffffll + 7, 7, 0xffffffffll, 0);
+	CHECK(mvcc_k_create(m, r[0]) == 7 && mvcc_k_ver(m, r[0]) == 0xffffffffll);
+	/* frees take their slots, and the rest are still found (backward shift) */
+	for (i = 0; i < N; i += 2) {
+		mvcc_free_key(k, r[i]);
+		r[i] = NULL;
+	}
+	for (i = 1, next = 0; i < N; i += 2) {
+		ok &= mvcc_k_create(m, r[i]) == want[i][1] && mvcc_k_ver(m, r[i]) == want[i][2] &&
+		      mvcc_k_lease(m, r[i]) == want[i][3] && !(r[i]->flags & MVCC_EXT) == !mvcc_ext_find(m, r[i]);
+		next += !!(r[i]->flags & MVCC_EXT);
+	}
+	CHECK(ok && next == m->next);
+	for (i = 1; i < N; i += 2)
+		mvcc_free_key(k, r[i]);
+	CHECK(m->next == 0);
+	/* a record is 33 bytes and its key: a 11-byte key takes a 48-byte slot */
+	CHECK(MVCC_KEY_SIZE(11) <= 48);
 	kvd_close(k);
 }
 
@@ -2062,7 +2128,7 @@ static int t_del(struct kvd *k, const char *key)
 	struct mvcc_key *r = mvcc_find(&k->db, (const uint8_t *)key, strlen(key));
 	int e = mvcc_txn_begin(k, &t);
 
-	if (!e && r && r->create)
+	if (!e && r && (r->flags & MVCC_LIVE))
 		e = mvcc_del(k, &t, r);
 	mvcc_txn_end(k, &t);
 	return e;
@@ -2111,8 +2177,8 @@ static void test_mvcc_history_and_replay(void)
 	CHECK(t_del(k, "zz") == 0 && k->db.rev == 5);              /* a no-op: no revision */
 	CHECK(t_put(k, "a", "3") == 0);                             /* rev 6: a new generation */
 	CHECK(mvcc_flush(k) == 0);
-	CHECK(!strcmp(t_get(k, "a", 0, NULL), "3") && mvcc_find(&k->db, (const uint8_t *)"a", 1)->create == 6 &&
-	      mvcc_find(&k->db, (const uint8_t *)"a", 1)->ver == 1);
+	CHECK(!strcmp(t_get(k, "a", 0, NULL), "3") && mvcc_find(&k->db, (const uint8_t *)"a", 1) && mvcc_k_create(&k->db, mvcc_find(&k->db, (const uint8_t *)"a", 1)) == 6 &&
+	      mvcc_k_ver(&k->db, mvcc_find(&k->db, (const uint8_t *)"a", 1)) == 1);
 	CHECK(!strcmp(t_get(k, "a", 5, NULL), ""));
 	CHECK(!strcmp(t_get(k, "a", 4, NULL), "2"));
 	CHECK(!strcmp(t_get(k, "a", 1, NULL), ""));
@@ -2531,7 +2597,7 @@ static int t_live(struct kvd *k, const char *key)
 {
 	struct mvcc_key *r = mvcc_find(&k->db, (const uint8_t *)key, strlen(key));
 
-	return r && r->create;
+	return r && (r->flags & MVCC_LIVE);
 }
 
 #define T_LEASES 300
@@ -2668,7 +2734,7 @@ static void test_lease_keys_and_undo(void)
 			size_t h = lease_kslot(l, l->keys[i]), at = h;
 			while (l->keys[at] != l->keys[i] && l->keys[at])
 				at = (at + 1) & l->kmask;
-			ok &= l->keys[at] == l->keys[i] && l->keys[i]->lease == 7;
+			ok &= l->keys[at] == l->keys[i] && mvcc_k_lease(&k->db, l->keys[i]) == 7;
 		}
 	CHECK(ok);
 	CHECK(mvcc_flush(k) == 0 && (mvcc_batch_done(k), 1));
@@ -2685,7 +2751,7 @@ static void test_lease_keys_and_undo(void)
 	k->db.broken = 0;
 	l = lease_find(k, 7);
 	CHECK(l && (int)l->nkeys == j && k->db.rev == rev && !lease_find(k, 8) && !t_live(k, "x8"));
-	CHECK(t_live(k, "k0003") && mvcc_find(&k->db, (const uint8_t *)"k0003", 5)->lease == 7);
+	CHECK(t_live(k, "k0003") && mvcc_k_lease(&k->db, mvcc_find(&k->db, (const uint8_t *)"k0003", 5)) == 7);
 	/* now for real: one revision, keys in order */
 	CHECK(t_revoke(k, 7) == 0 && k->db.rev == rev + 1 && mvcc_flush(k) == 0);
 	CHECK(!t_live(k, "k0003") && !t_live(k, "k1999") && t_live(k, "k0000"));
@@ -4402,6 +4468,7 @@ static const struct {
 	{"pb_wire", test_pb_wire},
 	{"mvcc_index", test_mvcc_index},
 	{"mvcc_slab", test_mvcc_slab},
+	{"mvcc_key_numbers", test_mvcc_key_numbers},
 	{"mvcc_history_and_replay", test_mvcc_history_and_replay},
 	{"mvcc_rollback", test_mvcc_rollback},
 	{"mvcc_torn_tail", test_mvcc_torn_tail},
