@@ -28,6 +28,10 @@ endif
 ifeq ($(CONFD),0)
 KVD_CFLAGS += -DKVD_NO_CONFD
 endif
+# make RECIPES=0: no Lock and Election services (KVD_NO_RECIPES)
+ifeq ($(RECIPES),0)
+KVD_CFLAGS += -DKVD_NO_RECIPES
+endif
 
 SAN = -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
 TEST_CFLAGS = -O1 -g -Werror
@@ -154,6 +158,15 @@ test/kvd-notls: $(SRC)
 	./test/kvd-notls --version | grep -q 'tls=no'
 	! ./test/kvd-notls --listen-client-urls https://127.0.0.1:1 --data-dir /nonexistent/x 2>&1 | grep -v 'built without TLS'
 
+# The build without Lock and Election (KVD_NO_RECIPES, make RECIPES=0): it
+# builds, says so, and answers them Unimplemented (and 404 on the gateway)
+# while the rest serves (test/lock.py left_out).
+norecipes: test/kvd-norecipes
+	./test/kvd-norecipes --version | grep -q 'recipes=no'
+	KVD=./test/kvd-norecipes KVD_TEST=./test/kvd-norecipes KVD_NORECIPES=1 $(PYTHON) test/lock.py left_out
+test/kvd-norecipes: $(SRC)
+	$(CC) $(CPPFLAGS) $(TEST_CFLAGS) $(KVD_CFLAGS) -DKVD_NO_RECIPES -o $@ kvd.c $(LDFLAGS) $(LDLIBS) $(KVD_LIBS)
+
 # Fuzz targets replayed over their corpus without libFuzzer (any compiler).
 FUZZERS = h2 hpack log json confd pb bolt auth http1 config
 test/replay-%: test/fuzz_%.c test/lib/fuzz_replay.c test/lib/fuzz.h $(SRC)
@@ -183,7 +196,7 @@ test:
 	./test/lib/deps.sh test
 	$(MAKE) check
 
-check: kvd test/test test/kvd-test $(BUGS:%=test/kvd-bug%) notls mbedtls36 asan fuzz-smoke cross static-check proto-check symcheck toc buildline
+check: kvd test/test test/kvd-test $(BUGS:%=test/kvd-bug%) notls norecipes mbedtls36 asan fuzz-smoke cross static-check proto-check symcheck toc buildline
 	./test/test
 	./test/run.sh
 

@@ -1932,8 +1932,10 @@ static void buf_trim(struct kvd *k, struct kvd_buf *b, size_t keep)
 #include "proto/kv.pb-c.c"
 #include "proto/auth.pb-c.c"
 #include "proto/rpc.pb-c.c"
+#ifndef KVD_NO_RECIPES
 #include "proto/v3lock.pb-c.c"
 #include "proto/v3election.pb-c.c"
+#endif
 #include "proto/health.pb-c.c"
 #if defined(__GNUC__)
 #pragma GCC diagnostic pop
@@ -18362,6 +18364,7 @@ static void svc_test_stream(struct kvd *k, struct call *s)
  *      the stack that borrows the request's LeaderKey (lock_resume).
  */
 
+#ifndef KVD_NO_RECIPES /* @@ KVD_NO_RECIPES: no Lock and Election (make RECIPES=0): they answer Unimplemented */
 #define LOCK_SESSION_TTL 60 /* seconds: concurrency.NewSession's default */
 
 enum { LOCK_LOCK, LOCK_CAMPAIGN, LOCK_OBSERVE };
@@ -18904,6 +18907,7 @@ static void lock_observe_rpc(struct kvd *k, struct call *c)
 	if (!k->db.w.len) /* else what the open batch shows is not durable yet: after its flush */
 		lock_observe(k, w); /* the leader now, if any; then after each batch */
 }
+#endif /* KVD_NO_RECIPES */
 
 /* ===== 27. Watch (watch_) ================================================ */
 
@@ -20098,6 +20102,7 @@ static const struct grpc_method svc_auth[] = {
 	{"/etcdserverpb.Auth/RoleGrantPermission", GRPC_UNARY, PB(etcdserverpb__auth_role_grant_permission_request), PB(etcdserverpb__auth_role_grant_permission_response), svc_auth_role_grant, NULL, NULL, NULL, NULL},
 	{"/etcdserverpb.Auth/RoleRevokePermission", GRPC_UNARY, PB(etcdserverpb__auth_role_revoke_permission_request), PB(etcdserverpb__auth_role_revoke_permission_response), svc_auth_role_revoke, NULL, NULL, NULL, NULL},
 };
+#ifndef KVD_NO_RECIPES
 static const struct grpc_method svc_lock[] = {
 	{"/v3lockpb.Lock/Lock", GRPC_UNARY, PB(v3lockpb__lock_request), PB(v3lockpb__lock_response), lock_lock_rpc, NULL, lock_close, NULL, lock_shutdown},
 	{"/v3lockpb.Lock/Unlock", GRPC_UNARY, PB(v3lockpb__unlock_request), PB(v3lockpb__unlock_response), lock_unlock_rpc, NULL, NULL, NULL, NULL},
@@ -20109,6 +20114,7 @@ static const struct grpc_method svc_election[] = {
 	{"/v3electionpb.Election/Observe", GRPC_SERVER_STREAM, PB(v3electionpb__leader_request), PB(v3electionpb__leader_response), lock_observe_rpc, NULL, lock_close, NULL, NULL},
 	{"/v3electionpb.Election/Resign", GRPC_UNARY, PB(v3electionpb__resign_request), PB(v3electionpb__resign_response), lock_resign_rpc, NULL, NULL, NULL, NULL},
 };
+#endif
 static const struct grpc_method svc_health[] = {
 	{"/grpc.health.v1.Health/Check", GRPC_UNARY, PB(grpc__health__v1__health_check_request), PB(grpc__health__v1__health_check_response), svc_health_check, NULL, NULL, NULL, NULL},
 	{"/grpc.health.v1.Health/Watch", GRPC_SERVER_STREAM, PB(grpc__health__v1__health_check_request), PB(grpc__health__v1__health_check_response), svc_health_watch, NULL, NULL, NULL,
@@ -20175,8 +20181,10 @@ static const struct {
 	{"etcdserverpb.Cluster", svc_cluster, KVD_COUNT(svc_cluster)},
 	{"etcdserverpb.Maintenance", svc_maintenance, KVD_COUNT(svc_maintenance)},
 	{"etcdserverpb.Auth", svc_auth, KVD_COUNT(svc_auth)},
+#ifndef KVD_NO_RECIPES /* left out, their names are unknown services, as to grpc-go */
 	{"v3lockpb.Lock", svc_lock, KVD_COUNT(svc_lock)},
 	{"v3electionpb.Election", svc_election, KVD_COUNT(svc_election)},
+#endif
 	{"grpc.health.v1.Health", svc_health, KVD_COUNT(svc_health)},
 #ifdef KVD_TEST_SERVICES
 	{"kvd.test.Test", svc_test, KVD_COUNT(svc_test)},
@@ -23474,6 +23482,7 @@ static const struct {
 	{"auth/role/delete", "/etcdserverpb.Auth/RoleDelete"},
 	{"auth/role/grant", "/etcdserverpb.Auth/RoleGrantPermission"},
 	{"auth/role/revoke", "/etcdserverpb.Auth/RoleRevokePermission"},
+#ifndef KVD_NO_RECIPES
 	{"lock/lock", "/v3lockpb.Lock/Lock"},
 	{"lock/unlock", "/v3lockpb.Lock/Unlock"},
 	{"election/campaign", "/v3electionpb.Election/Campaign"},
@@ -23481,6 +23490,7 @@ static const struct {
 	{"election/leader", "/v3electionpb.Election/Leader"},
 	{"election/observe", "/v3electionpb.Election/Observe"},
 	{"election/resign", "/v3electionpb.Election/Resign"},
+#endif
 };
 
 /* grpc-gateway v2's HTTPStatusFromCode (v1 said 408 to Canceled, 412 to
@@ -25730,8 +25740,10 @@ static void loop_log_flush(struct kvd *k)
 	if (!err && k->db.flushed) { /* durable now: its events may go out */
 		watch_batch(k, k->db.w.p, k->db.flushed, k->db.size - k->db.flushed);
 		mvcc_batch_done(k);
+#ifndef KVD_NO_RECIPES
 		if (k->locks)
 			lock_batch(k); /* waiters look again; observers see the new leader */
+#endif
 	}
 
 	for (i = 0; i < k->nheld; i++) {
@@ -26712,6 +26724,9 @@ KVD_API const char *kvd_build_options(void)
 	       " etcd-api=" KVD_ETCD_VERSION
 #ifdef KVD_NO_CONFD
 	       " confd=no"
+#endif
+#ifdef KVD_NO_RECIPES
+	       " recipes=no"
 #endif
 #ifdef KVD_NO_TLS
 	       " tls=no"
