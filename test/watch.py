@@ -109,7 +109,9 @@ def etcdctl_watch_side_by_side():
             c.close()
         for argv, stdin, last, marker in ((["--prefix", "/a"], None, b"/a/9", "END"),
                                           (["--prefix", "/a", "--prev-kv"], None, b"/a/9", "END"),
-                                          (["--rev", "2", "--prefix", "/"], None, b"/z", "END"),
+                                          # from revision 2 the earlier sessions' END comes first:
+                                          # wait for this session's own last event
+                                          (["--rev", "2", "--prefix", "/"], None, b"/z", "/z\nEND"),
                                           (["foo"], None, b"foo", "END"),
                                           (["/a/1", "/a/3"], None, b"/a/2", "END"),
                                           (["-i"], "watch --prefix /a\n", b"/a/9", "END"),
