@@ -1005,6 +1005,7 @@ static void lease_rebind(struct kvd *k, struct mvcc_key *r, int64_t from, int64_
 static int64_t mvcc_k_create(const struct mvcc *m, const struct mvcc_key *r);
 static int64_t mvcc_k_ver(const struct mvcc *m, const struct mvcc_key *r);
 static int64_t mvcc_k_lease(const struct mvcc *m, const struct mvcc_key *r);
+static void mvcc_k_nums(const struct mvcc *m, const struct mvcc_key *r, int64_t *create, int64_t *ver, int64_t *lease);
 static int lease_reserve(struct kvd *k, int64_t id);
 static void lease_undo(struct kvd *k, struct lease *l, unsigned kind);
 static void lease_free(struct kvd *k, struct lease *l);
@@ -5094,17 +5095,24 @@ static size_t mvcc_op_hdr(int64_t rev, int64_t create, int64_t ver, int64_t leas
 	       varint_len(mvcc_zigzag(lease)) + varint_len(klen) + varint_len(vlen);
 }
 
+/* Bytes of the header of r's latest op. */
+static size_t mvcc_key_hdr(const struct mvcc *m, const struct mvcc_key *r)
+{
+	int64_t create, ver, lease;
+
+	mvcc_k_nums(m, r, &create, &ver, &lease);
+	return mvcc_op_hdr(r->mod, create, ver, lease, r->klen, r->vlen);
+}
+
 static size_t mvcc_key_opsize(const struct mvcc *m, const struct mvcc_key *r)
 {
-	return mvcc_op_hdr(r->mod, mvcc_k_create(m, r), mvcc_k_ver(m, r), mvcc_k_lease(m, r), r->klen, r->vlen) +
-	       r->klen + r->vlen;
+	return mvcc_key_hdr(m, r) + r->klen + r->vlen;
 }
 
 /* Where the latest value of r sits in the log. */
 static uint64_t mvcc_voff(const struct mvcc *m, const struct mvcc_key *r)
 {
-	return r->op + mvcc_op_hdr(r->mod, mvcc_k_create(m, r), mvcc_k_ver(m, r), mvcc_k_lease(m, r), r->klen, r->vlen) +
-	       r->klen;
+	return r->op + mvcc_key_hdr(m, r) + r->klen;
 }
 
 static int mvcc_cmp(const uint8_t *a, size_t an, const uint8_t *b, size_t bn)
@@ -5562,11 +5570,9 @@ static int mvcc_visible(struct mvcc *m, const struct mvcc_key *r, int64_t rev, s
 			return 0;
 		kv->r = r;
 		kv->mod = r->mod;
-		kv->create = mvcc_k_create(m, r);
-		kv->ver = mvcc_k_ver(m, r);
-		kv->lease = mvcc_k_lease(m, r);
-		kv->voff = mvcc_voff(m, r);
+		mvcc_k_nums(m, r, &kv->create, &kv->ver, &kv->lease); /* one side-table look, if any */
 		kv->vlen = r->vlen;
+		kv->voff = r->op + mvcc_op_hdr(r->mod, kv->create, kv->ver, kv->lease, r->klen, r->vlen) + r->klen;
 		return 1;
 	}
 	if ((e = mvcc_op_at(m, r->op, rev, &op)) <= 0 || op.kind != MVCC_OP_PUT)
@@ -5862,7 +5868,7 @@ static struct mvcc_chunk *mvcc_chunk_new(struct kvd *k, struct mvcc_slab *s, uns
 	c->bump = (uint32_t)MVCC_CHUNK_HDR;
 	c->end = (uint32_t)(MVCC_CHUNK_HDR + (bytes - MVCC_CHUNK_HDR) / slot * slot);
 	MVCC_POISON((uint8_t *)c + MVCC_CHUNK_HDR, bytes - MVCC_CHUNK_HDR);
-	at = s->n ? mvcc_chunk_find(s, c) : s->n;
+	at = mvcc_chunk_find(s, c);
 	at = at == s->n ? 0 : at + 1; /* after the last chunk below it */
 	memmove(s->v + at + 1, s->v + at, (s->n - at) * sizeof *s->v);
 	s->v[at] = c;
@@ -6063,6 +6069,25 @@ static int64_t mvcc_k_ver(const struct mvcc *m, const struct mvcc_key *r)
 static int64_t mvcc_k_lease(const struct mvcc *m, const struct mvcc_key *r)
 {
 	return (r->flags & (MVCC_LIVE | MVCC_EXT)) == (MVCC_LIVE | MVCC_EXT) ? mvcc_k_ext(m, r)->lease : 0;
+}
+
+/* All three at once: one look in the side table at most. */
+static void mvcc_k_nums(const struct mvcc *m, const struct mvcc_key *r, int64_t *create, int64_t *ver, int64_t *lease)
+{
+	const struct mvcc_ext *e;
+
+	if (!(r->flags & MVCC_LIVE)) {
+		*create = *ver = *lease = 0;
+	} else if (r->flags & MVCC_EXT) {
+		e = mvcc_k_ext(m, r);
+		*create = e->create;
+		*ver = e->ver;
+		*lease = e->lease;
+	} else {
+		*create = r->mod - (int64_t)r->cdelta;
+		*ver = (int64_t)r->ver;
+		*lease = 0;
+	}
 }
 
 /* Whether these numbers need a side-table slot (create 0: a delete). */
@@ -15596,15 +15621,10 @@ static struct mvcc_key *svc_live(struct kvd *k, const ProtobufCBinaryData *key)
 	return r && (r->flags & MVCC_LIVE) ? r : NULL;
 }
 
-static void svc_kv_of(const struct mvcc *m, const struct mvcc_key *r, struct mvcc_kv *kv)
+/* The latest kv of live key r. */
+static void svc_kv_of(struct mvcc *m, const struct mvcc_key *r, struct mvcc_kv *kv)
 {
-	kv->r = r;
-	kv->mod = r->mod;
-	kv->create = mvcc_k_create(m, r);
-	kv->ver = mvcc_k_ver(m, r);
-	kv->lease = mvcc_k_lease(m, r);
-	kv->voff = mvcc_voff(m, r);
-	kv->vlen = r->vlen;
+	KVD_ALWAYS(mvcc_visible(m, r, 0, kv) == 1);
 }
 
 static int svc_lease_exists(struct kvd *k, int64_t id)
