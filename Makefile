@@ -24,14 +24,16 @@ ifeq ($(TLS),0)
 KVD_CFLAGS += -DKVD_NO_TLS
 KVD_LIBS = -lprotobuf-c -lmbedcrypto
 endif
-# make CONFD=0: no Ganeti confd responder (KVD_NO_CONFD)
-ifeq ($(CONFD),0)
-KVD_CFLAGS += -DKVD_NO_CONFD
-endif
-# make RECIPES=0: no Lock and Election services (KVD_NO_RECIPES)
-ifeq ($(RECIPES),0)
-KVD_CFLAGS += -DKVD_NO_RECIPES
-endif
+# Parts a firmware may leave out, make X=0 for -DKVD_NO_X (README: Build):
+#   CONFD     the Ganeti confd responder
+#   RECIPES   Lock and Election (unknown services, as to grpc-go)
+#   JWT       JWT tokens; without TLS, mbedtls' RSA, ECDSA, key parsing too
+#   SNAPSHOT  snapshot files: Snapshot is Unimplemented, --restore-snapshot
+#             and --snapshot-save refused (Hash and HashKV serve)
+#   HTTP      HTTP/1.1: the JSON gateway, /health, /version, /metrics (a
+#             request gets a 404 saying so)
+KNOBS = CONFD RECIPES JWT SNAPSHOT HTTP
+KVD_CFLAGS += $(foreach x,$(KNOBS),$(if $(filter 0,$($(x))),-DKVD_NO_$(x)))
 
 SAN = -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
 TEST_CFLAGS = -O1 -g -Werror
@@ -39,7 +41,7 @@ TEST_CFLAGS = -O1 -g -Werror
 SRC = kvd.c kvd.h $(wildcard proto/*.pb-c.[ch]) Makefile
 PROTOS = kv auth rpc v3lock v3election health
 
-.PHONY: all test k8s robustness unit check notls mbedtls36 asan cross cross-all footprint static-check fuzz fuzz-smoke run static install clean proto proto-check symcheck toc toc-write size buildline
+.PHONY: all test k8s robustness unit check notls lean mbedtls36 asan cross cross-all footprint static-check fuzz fuzz-smoke run static install clean proto proto-check symcheck toc toc-write size buildline
 
 all: kvd
 
@@ -158,14 +160,23 @@ test/kvd-notls: $(SRC)
 	./test/kvd-notls --version | grep -q 'tls=no'
 	! ./test/kvd-notls --listen-client-urls https://127.0.0.1:1 --data-dir /nonexistent/x 2>&1 | grep -v 'built without TLS'
 
-# The build without Lock and Election (KVD_NO_RECIPES, make RECIPES=0): it
-# builds, says so, and answers them Unimplemented (and 404 on the gateway)
-# while the rest serves (test/lock.py left_out).
-norecipes: test/kvd-norecipes
-	./test/kvd-norecipes --version | grep -q 'recipes=no'
-	KVD=./test/kvd-norecipes KVD_TEST=./test/kvd-norecipes KVD_NORECIPES=1 $(PYTHON) test/lock.py left_out
-test/kvd-norecipes: $(SRC)
-	$(CC) $(CPPFLAGS) $(TEST_CFLAGS) $(KVD_CFLAGS) -DKVD_NO_RECIPES -o $@ kvd.c $(LDFLAGS) $(LDLIBS) $(KVD_LIBS)
+# The knobs that leave a part out for a small image (RECIPES=0, JWT=0,
+# SNAPSHOT=0, HTTP=0): each alone compiles warning-free, and all four in one
+# build say so, answer what they left out with a clear Unimplemented, 404 or
+# refusal while the rest serves (each suite's left_out, the full build its
+# control), and pass the differential test against etcd.
+LEAN = -DKVD_NO_RECIPES -DKVD_NO_JWT -DKVD_NO_SNAPSHOT -DKVD_NO_HTTP
+lean: test/kvd-lean
+	for d in $(LEAN); do $(CC) $(CPPFLAGS) -O0 -Werror $(KVD_CFLAGS) $$d -c -o /dev/null kvd.c || exit 1; done
+	$(CC) $(CPPFLAGS) -O0 -Werror $(KVD_CFLAGS) $(LEAN) -DKVD_NO_TLS -DKVD_NO_CONFD -c -o /dev/null kvd.c
+	./test/kvd-lean --version | grep -q 'recipes=no jwt=no snapshot=no http=no'
+	KVD=./test/kvd-lean KVD_TEST=./test/kvd-lean KVD_NORECIPES=1 $(PYTHON) test/lock.py left_out
+	KVD=./test/kvd-lean KVD_TEST=./test/kvd-lean KVD_NOJWT=1 $(PYTHON) test/auth.py jwt_left_out
+	KVD=./test/kvd-lean KVD_NOSNAPSHOT=1 $(PYTHON) test/snapshot.py left_out
+	KVD=./test/kvd-lean KVD_NOHTTP=1 $(PYTHON) test/http1.py left_out
+	KVD=./test/kvd-lean KVD_DIFF_OPS=1000 KVD_DIFF_SEEDS=3 $(PYTHON) test/diff.py
+test/kvd-lean: $(SRC)
+	$(CC) $(CPPFLAGS) $(TEST_CFLAGS) $(KVD_CFLAGS) $(LEAN) -o $@ kvd.c $(LDFLAGS) $(LDLIBS) $(KVD_LIBS)
 
 # Fuzz targets replayed over their corpus without libFuzzer (any compiler).
 FUZZERS = h2 hpack log json confd pb bolt auth http1 config
@@ -196,7 +207,7 @@ test:
 	./test/lib/deps.sh test
 	$(MAKE) check
 
-check: kvd test/test test/kvd-test $(BUGS:%=test/kvd-bug%) notls norecipes mbedtls36 asan fuzz-smoke cross static-check proto-check symcheck toc buildline
+check: kvd test/test test/kvd-test $(BUGS:%=test/kvd-bug%) notls lean mbedtls36 asan fuzz-smoke cross static-check proto-check symcheck toc buildline
 	./test/test
 	./test/run.sh
 

@@ -1457,8 +1457,9 @@ static int util_open_regular(const char *path, int flags, struct stat *st)
 }
 
 /* Before a library opens path itself (mbedtls' *_parse_file, fopen): it is a
- * readable regular file, or err says why ("what path: ..."). */
-static int util_check_regular(const char *path, const char *what, char *err, size_t errlen)
+ * readable regular file, or err says why ("what path: ...").  Unused when
+ * TLS, JWT, confd and snapshots are all left out. */
+static KVD_UNUSED int util_check_regular(const char *path, const char *what, char *err, size_t errlen)
 {
 	struct stat st;
 	int fd = util_open_regular(path, 0, &st);
@@ -1555,8 +1556,9 @@ static void put_be64(uint8_t *p, uint64_t v)
 	put_be32(p, (uint32_t)(v >> 32));
 	put_be32(p + 4, (uint32_t)v);
 }
-/* bbolt's pages are little-endian (section 14), whatever the host. */
-static void put_le16(uint8_t *p, uint32_t v) { p[0] = (uint8_t)v; p[1] = (uint8_t)(v >> 8); }
+/* bbolt's pages are little-endian (section 14), whatever the host (some
+ * unused with KVD_NO_SNAPSHOT). */
+static KVD_UNUSED void put_le16(uint8_t *p, uint32_t v) { p[0] = (uint8_t)v; p[1] = (uint8_t)(v >> 8); }
 static void put_le32(uint8_t *p, uint32_t v)
 {
 	p[0] = (uint8_t)v; p[1] = (uint8_t)(v >> 8);
@@ -1567,12 +1569,12 @@ static void put_le64(uint8_t *p, uint64_t v)
 	put_le32(p, (uint32_t)v);
 	put_le32(p + 4, (uint32_t)(v >> 32));
 }
-static uint32_t get_le16(const uint8_t *p) { return (uint32_t)p[0] | (uint32_t)p[1] << 8; }
+static KVD_UNUSED uint32_t get_le16(const uint8_t *p) { return (uint32_t)p[0] | (uint32_t)p[1] << 8; }
 static uint32_t get_le32(const uint8_t *p)
 {
 	return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
 }
-static uint64_t get_le64(const uint8_t *p) { return (uint64_t)get_le32(p) | (uint64_t)get_le32(p + 4) << 32; }
+static KVD_UNUSED uint64_t get_le64(const uint8_t *p) { return (uint64_t)get_le32(p) | (uint64_t)get_le32(p + 4) << 32; }
 
 /* LEB128 varints, the one encoding and the one decoder of them: the log
  * (section 9) and the protobuf wire (section 5) write the same bytes.  The
@@ -2292,15 +2294,16 @@ static size_t pb_lenhdr_size(uint32_t num, uint64_t n)
 	return varint_len((uint64_t)num << 3) + varint_len(n);
 }
 
-/* The same onto a buffer (a failed append sets b->err, as buf_append does). */
-static void pb_buf_uint(struct kvd *k, struct kvd_buf *b, uint32_t num, uint64_t v)
+/* The same onto a buffer (a failed append sets b->err, as buf_append does).
+ * The gateway's decoder (section 7) is their user: unused with KVD_NO_HTTP. */
+static KVD_UNUSED void pb_buf_uint(struct kvd *k, struct kvd_buf *b, uint32_t num, uint64_t v)
 {
 	uint8_t t[PB_HDR_MAX];
 
 	buf_append(k, b, t, (size_t)(pb_put_uint(t, num, v) - t));
 }
 
-static void pb_buf_bytes(struct kvd *k, struct kvd_buf *b, uint32_t num, const void *p, size_t n)
+static KVD_UNUSED void pb_buf_bytes(struct kvd *k, struct kvd_buf *b, uint32_t num, const void *p, size_t n)
 {
 	uint8_t t[PB_HDR_MAX];
 
@@ -2309,7 +2312,7 @@ static void pb_buf_bytes(struct kvd *k, struct kvd_buf *b, uint32_t num, const v
 }
 
 /* fixed32 (bits 32) or fixed64, little-endian as the wire has them. */
-static void pb_buf_fixed(struct kvd *k, struct kvd_buf *b, uint32_t num, int bits, uint64_t v)
+static KVD_UNUSED void pb_buf_fixed(struct kvd *k, struct kvd_buf *b, uint32_t num, int bits, uint64_t v)
 {
 	uint8_t t[5 + 8], *o = pb_put_tag(t, num, bits == 32 ? PB_WT_I32 : PB_WT_I64);
 
@@ -2600,8 +2603,8 @@ static char *json_go_rune(char *o, uint32_t r)
 }
 
 /* Go's %q of the bytes s[0..n) (a byte that is not UTF-8 as \xNN) into
- * out, which has room for 10 * n + 3. */
-static void json_go_quote(const uint8_t *s, size_t n, char *out)
+ * out, which has room for 10 * n + 3.  (The gateway's: unused with KVD_NO_HTTP.) */
+static KVD_UNUSED void json_go_quote(const uint8_t *s, size_t n, char *out)
 {
 	const uint8_t *p = s, *end = s + n;
 	char *o = out;
@@ -2849,8 +2852,10 @@ static int json_value(struct json_parser *ps, struct json *v)
 /*
  * Parse p[0..n) into d (whose memory is the caller's to json_free).  Only
  * whitespace may follow the value.  Returns 0, or KVD_EINVAL with *err set.
+ * Its readers are JWT claims and confd (the gateway's decoders are section
+ * 7's): with both left out, it and json_get, json_is_str are unused.
  */
-static int json_parse(struct kvd *k, struct json_doc *d, const void *p, size_t n, const char **err)
+static KVD_UNUSED int json_parse(struct kvd *k, struct json_doc *d, const void *p, size_t n, const char **err)
 {
 	struct json_parser ps;
 	struct json *root;
@@ -2885,7 +2890,7 @@ static int json_parse(struct kvd *k, struct json_doc *d, const void *p, size_t n
 }
 
 /* The member named key of object o, or NULL (the first one if repeated). */
-static const struct json *json_get(const struct json *o, const char *key)
+static KVD_UNUSED const struct json *json_get(const struct json *o, const char *key)
 {
 	size_t l = strlen(key);
 	uint32_t i;
@@ -2898,7 +2903,7 @@ static const struct json *json_get(const struct json *o, const char *key)
 	return NULL;
 }
 
-static int json_is_str(const struct json *v)
+static KVD_UNUSED int json_is_str(const struct json *v)
 {
 	return v && v->type == JSON_STR;
 }
@@ -3052,6 +3057,8 @@ static KVD_UNUSED void json_write(struct kvd *k, struct kvd_buf *b, const struct
 }
 
 /* ===== 7. JSON <-> protobuf, as etcd's gateway maps them (json_) ========= */
+
+#ifndef KVD_NO_HTTP /* @@ KVD_NO_HTTP: no HTTP/1.1 (make HTTP=0): no JSON gateway, /health, /version, /metrics; an HTTP/1.1 request gets a 404 saying so */
 
 /*
  * etcd's gateway (grpc-gateway) maps each protobuf message to JSON and
@@ -4346,6 +4353,8 @@ static int json_pj_decode(struct kvd *k, struct kvd_buf *b, const ProtobufCMessa
 	buf_free(k, &d.str);
 	return r ? r : b->err ? KVD_ENOMEM : 0;
 }
+
+#endif /* KVD_NO_HTTP */
 
 /* ===== 8. Calls: one RPC, whatever carries it (call_, svc_fail) ==================== */
 
@@ -8841,7 +8850,7 @@ static void life_path(struct kvd *k, char *out, size_t cap, const char *name)
 /* Make <data-dir>/kvd.reserve hold --reserve-bytes (best effort). */
 static void life_reserve_make(struct kvd *k)
 {
-	static const uint8_t zero[4096];
+	uint8_t zero[4096]; /* on the stack: a static const one is 4 KB of the image */
 	char path[PATH_MAX];
 	uint64_t left = k->cfg.reserve_bytes;
 	int fd;
@@ -8851,6 +8860,7 @@ static void life_reserve_make(struct kvd *k)
 	life_path(k, path, sizeof path, "kvd.reserve");
 	if ((fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600)) < 0)
 		return;
+	memset(zero, 0, sizeof zero);
 	while (left) {
 		size_t n = (size_t)KVD_MIN(left, (uint64_t)sizeof zero);
 		ssize_t w = write(fd, zero, n);
@@ -10016,7 +10026,7 @@ static int snap_keys_crc(struct kvd *k, struct snap_keys *it, uint32_t *crc)
 	struct mvcc_op op;
 	Mvccpb__KeyValue kv;
 	uint8_t rk[18];
-	size_t n, kn;
+	size_t n, kn = 0; /* set by snap_keys_next; gcc -O1 cannot see it */
 	int e;
 
 	while ((e = snap_keys_next(k, it, &op, rk, &kn)) == 1) {
@@ -10103,6 +10113,8 @@ static void snap_keep_hash(struct kvd *k, int64_t rev)
 
 /* ---- bbolt pages -------------------------------------------------------- */
 
+#ifndef KVD_NO_SNAPSHOT /* @@ KVD_NO_SNAPSHOT: no snapshot files (make SNAPSHOT=0): Snapshot answers Unimplemented, --restore-snapshot and --snapshot-save are refused; Hash and HashKV serve */
+
 /* FNV-1a 64, bbolt's meta checksum. */
 static uint64_t snap_fnv64(const uint8_t *p, size_t n)
 {
@@ -10153,6 +10165,8 @@ static uint8_t *snap_leaf_elem(uint8_t *pg, unsigned i, uint8_t **d, unsigned fl
 	*d = v + vn;
 	return v;
 }
+
+#endif /* KVD_NO_SNAPSHOT: bbolt pages */
 
 /* ---- the plan: buckets, leaves, branch levels ---------------------------- */
 
@@ -10366,6 +10380,7 @@ static int snap_content(struct kvd *k, struct snap *s)
 	return 0;
 }
 
+#ifndef KVD_NO_SNAPSHOT /* the file's plan; Hash needs only the content */
 /* Plan one record of kn + vn bytes into tree t. */
 static int snap_tree_add(struct kvd *k, struct snap_tree *t, const uint8_t *key, size_t kn, size_t vn)
 {
@@ -10485,6 +10500,7 @@ static int snap_plan(struct kvd *k, struct snap *s)
 	        snap_records(&s->t[0]), s->t[0].nleaf, s->nlease, (long long)(util_now_ms() - t0));
 	return 0;
 }
+#endif
 
 static void snap_free(struct kvd *k, struct snap *s)
 {
@@ -10503,6 +10519,8 @@ static void snap_free(struct kvd *k, struct snap *s)
 }
 
 /* ---- page images ------------------------------------------------------------ */
+
+#ifndef KVD_NO_SNAPSHOT
 
 /* Room for a node of size bytes, whole pages, zeroed. */
 static uint8_t *snap_node(struct kvd *k, struct snap *s, size_t size)
@@ -10801,6 +10819,8 @@ out:
 	return e;
 }
 
+#endif /* KVD_NO_SNAPSHOT: page images, the stream */
+
 /* etcd 3.7's DefaultIgnores: meta keys that change without a client. */
 static int snap_hash_ignores(const uint8_t *key, size_t n)
 {
@@ -10855,6 +10875,8 @@ out:
 }
 
 /* ===== 15. etcd's backend: snapshots read and imported (snap_) =========== */
+
+#ifndef KVD_NO_SNAPSHOT
 
 /*
  * A snapshot import, end to end: kvd_open (section 37) -> snap_restore
@@ -11715,6 +11737,31 @@ out:
 	kvd_close(k);
 	return e;
 }
+
+/* --restore-snapshot FILE: a regular file, before anything is made. */
+static int snap_restore_check(const char *file, char *err, size_t errlen)
+{
+	return util_check_regular(file, "--restore-snapshot", err, errlen);
+}
+
+#else /* KVD_NO_SNAPSHOT: no snapshot file is read or written; asking for one is a configuration error */
+static int snap_restore_check(const char *file, char *err, size_t errlen)
+{
+	(void)file;
+	snprintf(err, errlen, "--restore-snapshot: this kvd is built without snapshots (KVD_NO_SNAPSHOT)");
+	return KVD_EINVAL;
+}
+static int snap_restore(struct kvd *k, char *err, size_t errlen)
+{
+	return snap_restore_check(k->cfg.restore_snapshot, err, errlen);
+}
+static int snap_save_offline(const struct kvd_config *cfg, char *err, size_t errlen)
+{
+	(void)cfg;
+	snprintf(err, errlen, "--snapshot-save: this kvd is built without snapshots (KVD_NO_SNAPSHOT)");
+	return KVD_EINVAL;
+}
+#endif /* KVD_NO_SNAPSHOT */
 
 /* ===== 16. HPACK (hp_) =================================================== */
 
@@ -13847,6 +13894,7 @@ static int auth_tok_new(struct kvd *k, const char *user, char *out, size_t cap)
  * token is not kept anywhere: deleting its user or disabling auth does not
  * revoke it, its expiry does (as etcd).
  */
+#ifndef KVD_NO_JWT /* @@ KVD_NO_JWT: no JWT tokens (make JWT=0): --auth-token jwt,... refused at start; simple tokens serve */
 struct auth_jwt {
 	mbedtls_pk_context key;      /* private (can issue) or public (verify only) */
 	uint8_t *secret;             /* HS*: the key file's bytes */
@@ -14084,19 +14132,25 @@ static int auth_jwt_check(struct kvd *k, const char *tok, uint64_t *rev)
 
 /* --auth-token: "simple", or "jwt,sign-method=...,pub-key=...,priv-key=...,ttl=...".
  * Keys are read here, before the data dir is touched.  0 or KVD_EINVAL. */
+#endif /* KVD_NO_JWT */
+
+/* --auth-token: simple, or jwt,... whose keys are read here. */
 static int auth_open(struct kvd *k, char *err, size_t errlen)
 {
+#ifndef KVD_NO_JWT
 	static const struct { const char *alg; char family; mbedtls_md_type_t md; size_t half; } algs[] = {
 		{"RS256", 'R', MBEDTLS_MD_SHA256, 0}, {"RS384", 'R', MBEDTLS_MD_SHA384, 0}, {"RS512", 'R', MBEDTLS_MD_SHA512, 0},
 		{"PS256", 'P', MBEDTLS_MD_SHA256, 0}, {"PS384", 'P', MBEDTLS_MD_SHA384, 0}, {"PS512", 'P', MBEDTLS_MD_SHA512, 0},
 		{"ES256", 'E', MBEDTLS_MD_SHA256, 32}, {"ES384", 'E', MBEDTLS_MD_SHA384, 48}, {"ES512", 'E', MBEDTLS_MD_SHA512, 66},
 		{"HS256", 'H', MBEDTLS_MD_SHA256, 0}, {"HS384", 'H', MBEDTLS_MD_SHA384, 0}, {"HS512", 'H', MBEDTLS_MD_SHA512, 0},
 	};
-	const char *spec = k->cfg.auth_token ? k->cfg.auth_token : "simple";
-	char opts[1024], *o, *save, *method = NULL, *pub = NULL, *priv = NULL, *ttl = NULL;
+	char *o, *save, *method = NULL, *pub = NULL, *priv = NULL, *ttl = NULL;
 	struct auth_jwt *j;
 	size_t i;
 	int r;
+#endif
+	const char *spec = k->cfg.auth_token ? k->cfg.auth_token : "simple";
+	char opts[1024];
 
 	if (!strcmp(spec, "simple"))
 		return 0;
@@ -14104,6 +14158,10 @@ static int auth_open(struct kvd *k, char *err, size_t errlen)
 		snprintf(err, errlen, "--auth-token %s: unknown token type (want simple or jwt,...)", spec);
 		return KVD_EINVAL;
 	}
+#ifdef KVD_NO_JWT
+	snprintf(err, errlen, "--auth-token %s: this kvd is built without JWT tokens (KVD_NO_JWT); use simple", spec);
+	return KVD_EINVAL;
+#else
 	snprintf(opts, sizeof opts, "%s", spec + 4);
 	for (o = strtok_r(opts, ",", &save); o; o = strtok_r(NULL, ",", &save)) {
 		char *v = strchr(o, '=');
@@ -14185,8 +14243,10 @@ static int auth_open(struct kvd *k, char *err, size_t errlen)
 		return KVD_EINVAL;
 	}
 	return 0;
+#endif
 }
 
+#ifndef KVD_NO_JWT
 static void auth_jwt_free(struct kvd *k)
 {
 	struct auth_jwt *j = k->auth.jwt;
@@ -14200,6 +14260,7 @@ static void auth_jwt_free(struct kvd *k)
 	kvd_free(k, j);
 	k->auth.jwt = NULL;
 }
+#endif
 
 /* ---- who is calling, and may they ------------------------------------------- */
 
@@ -14222,6 +14283,7 @@ static int auth_who(struct kvd *k, struct call *c, struct auth_who *w, struct sv
 		t = NULL;
 	if (t && !strncmp(t, "Bearer ", 7)) /* etcd 3.7 strips it */
 		t += 7;
+#ifndef KVD_NO_JWT
 	if (t && k->auth.jwt) {
 		if (auth_jwt_check(k, t, &w->rev))
 			return svc_fail(e, GRPC_UNAUTHENTICATED, E_INVALID_TOKEN);
@@ -14229,6 +14291,7 @@ static int auth_who(struct kvd *k, struct call *c, struct auth_who *w, struct sv
 		w->nlen = strlen(w->name);
 		return 0;
 	}
+#endif
 	if (t) {
 		if (!(tk = auth_tok_find(k, t)))
 			return svc_fail(e, GRPC_UNAUTHENTICATED, E_INVALID_TOKEN);
@@ -16985,10 +17048,14 @@ static void svc_auth_authenticate(struct kvd *k, struct call *s)
 	} else {
 		if (auth_ct_diff(hash + 29, u->password.data + 29, 31)) /* the 31 hash characters */
 			svc_fail(&e, GRPC_INVALID_ARGUMENT, E_AUTH_FAILED);
+#ifndef KVD_NO_JWT
 		else if (k->auth.jwt && !k->auth.jwt->priv)
 			svc_fail(&e, GRPC_UNKNOWN, "auth: token signing attempted with verify-only key");
 		else if ((r = k->auth.jwt ? auth_jwt_issue(k, rq->name, tok, sizeof tok)
 		                          : auth_tok_new(k, rq->name, tok, sizeof tok)))
+#else
+		else if ((r = auth_tok_new(k, rq->name, tok, sizeof tok)))
+#endif
 			svc_fail(&e, r == KVD_ELIMIT ? GRPC_RESOURCE_EXHAUSTED : GRPC_UNAVAILABLE,
 			         r == KVD_ELIMIT ? E_TOO_MANY_REQUESTS : "kvd: cannot make a token");
 		else
@@ -17464,7 +17531,9 @@ static void auth_free(struct kvd *k)
 
 	auth_commit(k);
 	auth_tok_drop(k, NULL);
+#ifndef KVD_NO_JWT
 	auth_jwt_free(k);
+#endif
 	kvd_free(k, a->tok);
 	auth_tab_clear(k, &a->users);
 	auth_tab_clear(k, &a->roles);
@@ -17739,6 +17808,7 @@ static void svc_hash(struct kvd *k, struct call *s)
 	svc_end(k, s, &rs.base, &e);
 }
 
+#ifndef KVD_NO_SNAPSHOT
 /* Maintenance/Snapshot: etcd's backend file, made as the window opens
  * (section 14); planned on the first chance to send, after a group commit. */
 static void svc_snapshot_rpc(struct kvd *k, struct call *s)
@@ -17780,6 +17850,15 @@ static void svc_snapshot_close(struct kvd *k, struct call *s)
 	k->life.snapshots--;
 	util_wake_by(k, k->now); /* a rewrite may go on */
 }
+#else
+/* Maintenance/Snapshot, left out (KVD_NO_SNAPSHOT): a clear Unimplemented. */
+static void svc_snapshot_rpc(struct kvd *k, struct call *s)
+{
+	call_finish(k, s, GRPC_UNIMPLEMENTED, "%s", "kvd: built without snapshots (KVD_NO_SNAPSHOT)");
+}
+#define svc_snapshot_close NULL
+#define svc_snapshot_produce NULL
+#endif
 
 /* Maintenance/Alarm: GET (all, or one type), ACTIVATE, DEACTIVATE, as
  * etcd's applier: the answer lists the alarm changed (or found). */
@@ -22200,8 +22279,9 @@ static const char *const confd_drop_names[CONFD_D_N] = {"truncated", "rate", "so
                                                         "hmac", "skew", "replay", "request"};
 
 /* confd's counters for /metrics: received, answered, then each drop reason
- * (names in *names, *n of them).  -1 when confd is off. */
-static int confd_counters(const struct kvd *k, uint64_t *v, const char *const **names, unsigned *n)
+ * (names in *names, *n of them).  -1 when confd is off.  Unused with
+ * KVD_NO_HTTP. */
+static KVD_UNUSED int confd_counters(const struct kvd *k, uint64_t *v, const char *const **names, unsigned *n)
 {
 	const struct confd *cd = k->confd;
 	unsigned i;
@@ -22283,7 +22363,7 @@ static int confd_open(struct kvd *k, char *err, size_t errlen)
 }
 static int confd_bind(struct kvd *k, char *err, size_t errlen) { (void)k, (void)err, (void)errlen; return 0; }
 static void confd_read(struct kvd *k, int fd) { (void)k, (void)fd; }
-static int confd_counters(const struct kvd *k, uint64_t *v, const char *const **names, unsigned *n)
+static KVD_UNUSED int confd_counters(const struct kvd *k, uint64_t *v, const char *const **names, unsigned *n)
 {
 	(void)k, (void)v, (void)names, (void)n;
 	return -1;
@@ -23042,6 +23122,8 @@ static const char *tls_peer_cn(const struct conn *c, size_t *n)
 
 /* ===== 32. HTTP/1.1 on the client port: requests and answers (http1_) ==== */
 
+#ifndef KVD_NO_HTTP /* sections 32 to 34 */
+
 /*
  * etcd serves HTTP/1.1 on its client port beside gRPC: /health for
  * supervisors and load balancers, /version, /metrics and the JSON gateway.
@@ -23084,7 +23166,7 @@ static const char *tls_peer_cn(const struct conn *c, size_t *n)
  *      answered, then the connection closes (http1_fail).
  *   4. An Origin is echoed only when --cors lists it, and never one that
  *      holds a ',' or does not fit (http1_cors); the list was checked at
- *      start (http1_check_cors).
+ *      start (http1_check_flags).
  */
 
 #define HTTP1_MAX_HEAD 8192
@@ -23293,7 +23375,7 @@ static const char *http1_reason(int status)
 }
 
 /* --cors as etcd checks it: "*" or URLs with a port, else its words. */
-static int http1_check_cors(const struct kvd *k, char *err, size_t errlen)
+static int http1_check_flags(const struct kvd *k, char *err, size_t errlen)
 {
 	const char *p = k->cfg.cors ? k->cfg.cors : "*", *e, *host, *colon;
 
@@ -24752,6 +24834,21 @@ static const struct net_proto http1_proto = {
 	http1_busy, gw_shed, http1_free,
 };
 
+#else /* KVD_NO_HTTP: no HTTP/1.1 is served; a request gets this, then the connection closes */
+static const char http1_left_out[] = "HTTP/1.1 404 Not Found\r\nContent-Type: text/plain; charset=utf-8\r\n"
+                                     "Connection: close\r\nContent-Length: 42\r\n\r\n"
+                                     "kvd: built without HTTP/1.1 (KVD_NO_HTTP)\n";
+
+/* A metrics listener has nothing to serve; --cors is accepted and unused. */
+static int http1_check_flags(const struct kvd *k, char *err, size_t errlen)
+{
+	if (!k->cfg.listen_metrics_urls || !*k->cfg.listen_metrics_urls)
+		return 0;
+	snprintf(err, errlen, "--listen-metrics-urls: this kvd is built without HTTP/1.1 (KVD_NO_HTTP)");
+	return KVD_EINVAL;
+}
+#endif /* KVD_NO_HTTP */
+
 /* ===== 35. Sockets and the poll loop (net_, loop_) ======================= */
 
 /*
@@ -25235,12 +25332,18 @@ static void net_input(struct kvd *k, struct conn *c)
 		switch (net_sniff(BUF_DATA(&c->in), BUF_LEN(&c->in))) {
 		case NET_SNIFF_MORE: return;
 		case NET_SNIFF_HTTP1:
+#ifndef KVD_NO_HTTP
 			if (!(c->ps = kvd_calloc(k, sizeof(struct http1_conn)))) {
 				c->dead = 1;
 				return;
 			}
 			c->proto = &http1_proto;
 			c->proto->input(k, c);
+#else
+			buf_append(k, &c->out, http1_left_out, sizeof http1_left_out - 1);
+			buf_consume(&c->in, BUF_LEN(&c->in));
+			c->is_closing = 1;
+#endif
 			return;
 		case NET_SNIFF_TLS: net_tls_answer(k, c); return;
 		case NET_SNIFF_BAD: h2_bad_preface(k, c); return;
@@ -26748,6 +26851,15 @@ KVD_API const char *kvd_build_options(void)
 #ifdef KVD_NO_RECIPES
 	       " recipes=no"
 #endif
+#ifdef KVD_NO_JWT
+	       " jwt=no"
+#endif
+#ifdef KVD_NO_SNAPSHOT
+	       " snapshot=no"
+#endif
+#ifdef KVD_NO_HTTP
+	       " http=no"
+#endif
 #ifdef KVD_NO_TLS
 	       " tls=no"
 #else
@@ -27087,7 +27199,7 @@ KVD_API int kvd_open(const struct kvd_config *cfg, struct kvd **out, char *err, 
 	if (!r)
 		r = net_check_urls(k, &tls, err, errlen);
 	if (!r)
-		r = http1_check_cors(k, err, errlen);
+		r = http1_check_flags(k, err, errlen);
 	if (!r)
 		r = tls_check_versions(&k->cfg, NULL, NULL, err, errlen);
 	if (!r)
@@ -27102,7 +27214,7 @@ KVD_API int kvd_open(const struct kvd_config *cfg, struct kvd **out, char *err, 
 		r = confd_open(k, err, errlen); /* the key, the addresses */
 	if (!r)
 		r = k->cfg.restore_snapshot && k->cfg.restore_snapshot[0] ?
-		    util_check_regular(k->cfg.restore_snapshot, "--restore-snapshot", err, errlen) : 0;
+		    snap_restore_check(k->cfg.restore_snapshot, err, errlen) : 0;
 	if (r) {
 		r = r == KVD_ENOMEM ? r : KVD_EINVAL;
 		goto fail;

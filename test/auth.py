@@ -1023,6 +1023,40 @@ def jwt_tokens_as_etcd_makes_them():
 
 
 @test
+def jwt_left_out():
+    """Built with KVD_NO_JWT (make JWT=0; make lean, KVD_NOJWT=1): kvd refuses
+    to start with --auth-token jwt,... and says why; simple tokens serve.  In
+    the full build the same flags start it and its tokens are JWTs: the
+    control that shows these checks can fail."""
+    gone = os.environ.get("KVD_NOJWT") == "1"
+    binary = SAN or os.environ.get("KVD", os.path.join(ROOT, "kvd"))
+    d = jwt_keys()
+    spec = "jwt,pub-key=%s/hmac.key,priv-key=%s/hmac.key,sign-method=HS256" % (d, d)
+    ver = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=30).stdout
+    check(("jwt=no" in ver) == gone, "--version: %r" % ver)
+    if gone:
+        dd = tempfile.mkdtemp(prefix="kvd-nojwt-")
+        r = subprocess.run([binary, "--data-dir", dd + "/data", "--listen-client-urls", "http://127.0.0.1:%d" % free_port(),
+                            "--auth-token", spec], capture_output=True, text=True, timeout=60)
+        subprocess.run(["rm", "-rf", dd])
+        print("  left out: exit %d, %s" % (r.returncode, r.stderr.strip().splitlines()[-1:]))
+        check(r.returncode != 0 and "built without JWT tokens (KVD_NO_JWT)" in r.stderr, "refused: %r" % (r.stderr,))
+        k = Kvd(binary=SAN, args=COST)
+    else:
+        k = Kvd(binary=SAN, args=COST + ["--auth-token", spec])
+    p = Peer(k.endpoint())
+    setup_alice(p)
+    tok = p.tok["alice"]
+    a = p.call("Range", R.RangeRequest(key=b"k1"), tok)
+    print("  %s: alice's token %r, Range %s" % ("left out" if gone else "built in", tok[:24], a[0]))
+    check(a[0] == "ok", "a token works: %r" % (a,))
+    check(bool(TOKEN.match(tok)) == gone and (tok.count(".") == 2) != gone, "simple or JWT token: %r" % tok)
+    p.close()
+    k.stop()
+    subprocess.run(["rm", "-rf", d])
+
+
+@test
 def a_watcher_keeps_its_stream_after_a_revoke():
     """As etcd 3.4: permission is checked when a watch is created; a revoke
     later does not cancel it (its events keep coming)."""

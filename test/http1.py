@@ -342,5 +342,58 @@ def metrics():
     k.stop()
 
 
+@test
+def left_out():
+    """Built with KVD_NO_HTTP (make HTTP=0; make lean, KVD_NOHTTP=1): every
+    HTTP/1.1 request -- /health, the gateway, over TLS too -- gets a 404
+    that says why, and the connection closes; --listen-metrics-urls is
+    refused; gRPC serves on the same port.  In the full build the same
+    requests are served: the control that shows these checks can fail."""
+    from kvdtest import free_port
+    gone = os.environ.get("KVD_NOHTTP") == "1"
+    why = b"kvd: built without HTTP/1.1 (KVD_NO_HTTP)\n"
+    d = tempfile.mkdtemp(prefix="kvd-nohttp-")
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+                    "-keyout", d + "/k.pem", "-out", d + "/c.pem", "-days", "3", "-subj", "/CN=t",
+                    "-addext", "subjectAltName=IP:127.0.0.1"], check=True, capture_output=True)
+    port, tport = free_port(), free_port()
+    k = Kvd(port=port, args=["--listen-client-urls", "http://127.0.0.1:%d,https://127.0.0.1:%d" % (port, tport),
+                             "--cert-file", d + "/c.pem", "--key-file", d + "/k.pem"])
+    health = answers(raw(port, b"GET /health HTTP/1.1\r\nHost: x\r\n\r\nGET /version HTTP/1.1\r\nHost: x\r\n\r\n",
+                         until_close=gone, timeout=10))
+    gw = subprocess.run(["curl", "-s", "-w", " %{http_code}", "-X", "POST", "http://127.0.0.1:%d/v3/kv/put" % port,
+                         "-d", '{"key":"aw==","value":"dg=="}'], capture_output=True, timeout=30).stdout
+    tls = subprocess.run(["curl", "-s", "--http1.1", "--cacert", d + "/c.pem", "-w", " %{http_code}",
+                          "https://127.0.0.1:%d/health" % tport], capture_output=True, timeout=30).stdout
+    c = Client(k.endpoint())
+    put = c.call("Put", R.PutRequest(key=b"g", value=b"1"))
+    got = c.call("Range", R.RangeRequest(key=b"k"))
+    c.close()
+    k.stop()
+    mport = free_port()
+    m = Kvd(args=["--listen-metrics-urls", "http://127.0.0.1:%d" % mport], wait=False)
+    wait_for(lambda: not m.alive() or "serving client requests" in m.logtext(), 60, 0.01)
+    served = m.alive() and b"etcd_server_has_leader" in raw(mport, b"GET /metrics HTTP/1.1\r\nHost: x\r\n"
+                                                                     b"Connection: close\r\n\r\n")
+    rc = m.stop()
+    subprocess.run(["rm", "-rf", d])
+    print("  %s: /health %r; gateway put %r; over TLS %r; gRPC %s; --listen-metrics-urls %s" %
+          ("left out" if gone else "built in", [h[0] for h in health], gw[-3:], tls[-3:], put[0],
+           "served" if served else "exit %r: %s" % (rc, m.logtext().strip().splitlines()[-1:])))
+    check(put[0] == "ok", "gRPC: %r" % (put,))
+    if gone:
+        check(len(health) == 1 and health[0][0] == "HTTP/1.1 404 Not Found" and health[0][2] == why and
+              health[0][1].get("connection") == "close", "/health, then closed: %r" % (health,))
+        check(gw == why + b" 404" and tls == why + b" 404", "gateway %r, TLS %r" % (gw, tls))
+        check(not served and rc != 0 and "--listen-metrics-urls: this kvd is built without HTTP/1.1" in m.logtext(),
+              "--listen-metrics-urls: %r" % m.logtext()[-300:])
+        check(got[0] == "ok" and not got[1].kvs, "the gateway's put never happened: %r" % (got,))
+    else:
+        check([h[0] for h in health] == ["HTTP/1.1 200 OK"] * 2 and health[0][2].startswith(b'{"health":"true"'),
+              "/health and /version: %r" % (health,))
+        check(gw.endswith(b" 200") and tls.endswith(b" 200") and served, "gateway %r, TLS %r" % (gw, tls))
+        check(got[0] == "ok" and [x.value for x in got[1].kvs] == [b"v"], "the gateway's put: %r" % (got,))
+
+
 if __name__ == "__main__":
     main_guard(sys.argv)

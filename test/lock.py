@@ -321,7 +321,7 @@ def gateway():
 
 @test
 def left_out():
-    """Built with KVD_NO_RECIPES (make norecipes, KVD_NORECIPES=1): Lock and
+    """Built with KVD_NO_RECIPES (make RECIPES=0; make lean, KVD_NORECIPES=1): Lock and
     Election are unknown services to a gRPC client, as grpc-go says of a
     service not registered, and the gateway has no route for them (404);
     KV serves.  In the full build the same calls are served: the control
