@@ -28,7 +28,8 @@ musl_for() { # $1 = target, $2 = cross gcc: a musl-gcc wrapper around it
 command -v musl-gcc >/dev/null || ./test/lib/deps.sh test
 musl_for mips mips-linux-gnu-gcc
 musl_for armhf arm-linux-gnueabihf-gcc
-printf '| target | mbedtls | TLS | confd | stripped bytes |\n|---|---|---|---|---|\n' > "$out/table.md"
+printf '| target | mbedtls | TLS | confd | left out | stripped bytes |\n|---|---|---|---|---|---|\n' > "$out/table.md"
+LEAN="RECIPES=0 JWT=0 SNAPSHOT=0 HTTP=0" # every part a firmware may leave out
 # mips and armhf with mbedtls 3.6 (OpenWrt 24.10's); x86_64 with 3.6 and 2.28
 for t in x86_64 mips armhf; do
 	case $t in
@@ -38,25 +39,33 @@ for t in x86_64 mips armhf; do
 	esac
 	for ver in $vers; do for prof in small debian; do
 		[ $prof = debian ] && { [ $t != x86_64 ] || [ $ver != 2.28 ]; } && continue
-		for tls in 1 0; do for confd in 1 0; do
+		for tls in 1 0; do for confd in 1 0; do for lean in 0 1; do
 			[ $tls = 0 ] && [ $ver != ${vers%% *} ] && continue # no TLS: the mbedtls version hardly matters
-			make -s -B kvd-static MUSL_CC=$mcc MBEDTLS_PROFILE=$prof MBEDTLS_VERSION=$ver TLS=$tls CONFD=$confd >/dev/null
-			f=$out/kvd-$t-$ver-$prof-tls$tls-confd$confd
+			# the knobs: with everything else, and with nothing else
+			[ $lean = 1 ] && { [ $prof != small ] || [ $ver != ${vers%% *} ] || [ $tls != $confd ]; } && continue
+			knobs="" sfx=""
+			if [ $lean = 1 ]; then knobs=$LEAN sfx=-lean; fi
+			make -s -B kvd-static MUSL_CC=$mcc MBEDTLS_PROFILE=$prof MBEDTLS_VERSION=$ver TLS=$tls CONFD=$confd \
+				$knobs >/dev/null
+			f=$out/kvd-$t-$ver-$prof-tls$tls-confd$confd$sfx
 			mv kvd-static "$f"
 			$run "$f" --version | grep -q "etcd API" # it starts
-			printf '| %s | %s %s | %s | %s | %s |\n' $t $ver $prof "$([ $tls = 1 ] && echo on || echo off)" \
-				"$([ $confd = 1 ] && echo on || echo off)" "$(wc -c < "$f")" >> "$out/table.md"
-		done; done
+			printf '| %s | %s %s | %s | %s | %s | %s |\n' $t $ver $prof "$([ $tls = 1 ] && echo on || echo off)" \
+				"$([ $confd = 1 ] && echo on || echo off)" "${knobs:--}" \
+				"$(wc -c < "$f")" >> "$out/table.md"
+		done; done; done
 	done; done
 done
-# idle RSS: the x86_64 binary with everything, serving, nothing asked yet
-d=$(mktemp -d)
-"$out/kvd-x86_64-3.6-small-tls1-confd1" --data-dir "$d/data" --listen-client-urls http://127.0.0.1:0 2> "$d/log" &
-pid=$!
-n=0
-until grep -q "serving client requests" "$d/log"; do n=$((n + 1)); [ $n -lt 600 ] || break; sleep 0.1; done
-rss=$(awk '/^VmRSS/ {print $2}' /proc/$pid/status)
-kill $pid; wait $pid || true
-rm -rf "$d"
-echo "idle RSS (x86_64, TLS and confd on, static): $rss KiB" >> "$out/table.md"
+# idle RSS: the x86_64 binary with everything, and with every knob, serving, nothing asked yet
+for v in tls1-confd1 tls0-confd0-lean; do
+	d=$(mktemp -d)
+	"$out/kvd-x86_64-3.6-small-$v" --data-dir "$d/data" --listen-client-urls http://127.0.0.1:0 2> "$d/log" &
+	pid=$!
+	n=0
+	until grep -q "serving client requests" "$d/log"; do n=$((n + 1)); [ $n -lt 600 ] || break; sleep 0.1; done
+	rss=$(awk '/^VmRSS/ {print $2}' /proc/$pid/status)
+	kill $pid; wait $pid || true
+	rm -rf "$d"
+	echo "idle RSS (x86_64 static, $v): $rss KiB" >> "$out/table.md"
+done
 cat "$out/table.md"
