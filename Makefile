@@ -70,9 +70,16 @@ MUSL_CC ?= musl-gcc
 MUSL_CFLAGS ?= -Os -fno-asynchronous-unwind-tables -fno-unwind-tables -ffunction-sections -fdata-sections \
   -fmerge-all-constants -fno-pie
 MUSL_LDFLAGS ?= -no-pie -Wl,-z,noseparate-code -Wl,--build-id=none
+# MIPS16=1 (with a mips MUSL_CC): kvd, mbedtls and protobuf-c in the MIPS16e
+# compressed ISA, as OpenWrt builds its packages for the 24Kc/74Kc/1004Kc
+# cores of most MIPS routers (CONFIG_USE_MIPS16), interlinked with musl's
+# standard-ISA libc: 709 -> 536 KB with TLS.  mbedtls' MIPS assembly is
+# standard-ISA only, so its C bignum code serves (test/lib/xlibs.sh).
+MIPS16 ?=
+MUSL_CFLAGS += $(if $(filter 1,$(MIPS16)),-mips16 -minterlink-compressed)
 MBEDTLS_PROFILE ?= small
 MBEDTLS_VERSION ?= 3.6
-MUSL_NAME = musl-$(shell $(MUSL_CC) -dumpmachine 2>/dev/null)-$(MBEDTLS_PROFILE)-mbedtls$(MBEDTLS_VERSION)
+MUSL_NAME = musl-$(shell $(MUSL_CC) -dumpmachine 2>/dev/null)$(if $(filter 1,$(MIPS16)),-mips16)-$(MBEDTLS_PROFILE)-mbedtls$(MBEDTLS_VERSION)
 MUSL_DIR = /var/cache/kvd-test/$(MUSL_NAME)
 static: kvd-static
 kvd-static: $(SRC)
@@ -222,7 +229,7 @@ k8s: kvd test/kvd-test
 
 # The CPUs routers and boards use, other word sizes and byte orders, under
 # qemu-user: the unit tests built for i386 (Debian multiarch), then mips
-# (32-bit big-endian) and armhf through test/cross.sh: mbedtls and
+# (32-bit big-endian, all in MIPS16e) and armhf through test/cross.sh: mbedtls and
 # protobuf-c built from Debian's source, the unit tests and the daemon static,
 # the daemon through the differential test against etcd.  cross-all adds
 # mipsel, arm64 and s390x (slower; not in make test).

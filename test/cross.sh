@@ -5,15 +5,18 @@
 # (test/lib/xlibs.sh), the unit tests (a sampled TLS allocation sweep among them) and
 # the daemon linked static, the unit tests run, then the daemon through the
 # differential test against etcd (and, on mips, mutual TLS and auth).
-# Targets: mips (32-bit big-endian), mipsel, armhf, arm64.
+# Targets: mips (32-bit big-endian; everything in the MIPS16e compressed ISA,
+# as OpenWrt builds for MIPS routers and as make footprint measures it),
+# mipsel (the standard ISA), armhf, arm64.
 set -eu
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-/usr/bin/python3}
 CF="-std=c99 -Wall -Wextra -Wshadow -Wundef -Wstrict-prototypes -Wmissing-prototypes -Wpointer-arith -Wwrite-strings -Wformat=2 -ffunction-sections -fdata-sections"
 LIBS="-lprotobuf-c -lmbedtls -lmbedx509 -lmbedcrypto"
 for t in "$@"; do
+	isa=""
 	case $t in
-	mips) cc=mips-linux-gnu-gcc q=qemu-mips ;;
+	mips) cc=mips-linux-gnu-gcc q=qemu-mips isa="-mips16 -minterlink-compressed" ;;
 	mipsel) cc=mipsel-linux-gnu-gcc q=qemu-mipsel ;;
 	armhf) cc=arm-linux-gnueabihf-gcc q=qemu-arm ;;
 	arm64) cc=aarch64-linux-gnu-gcc q=qemu-aarch64 ;;
@@ -24,14 +27,15 @@ for t in "$@"; do
 		continue
 	fi
 	# mbedtls 3.6, as OpenWrt 24.10 builds kvd's targets
-	./test/lib/xlibs.sh $t-mbedtls3.6 $cc -O2 debian 3.6
-	X=/var/cache/kvd-test/$t-mbedtls3.6
+	X=$t${isa:+-mips16}-mbedtls3.6
+	./test/lib/xlibs.sh $X $cc "-O2 $isa" debian 3.6
+	X=/var/cache/kvd-test/$X
 	echo "== cross $t: unit tests ($q)"
-	$cc -O1 -g -Werror $CF -I$X/include -o test/test-$t test/test.c -L$X/lib $LIBS -static
+	$cc -O1 -g -Werror $CF $isa -I$X/include -o test/test-$t test/test.c -L$X/lib $LIBS -static
 	T_LIFE_PUTS=300000 $q test/test-$t | tail -1 | tee test/cross-$t.log
 	grep -q ' 0 failed$' test/cross-$t.log
 	echo "== cross $t: the daemon against etcd"
-	$cc -O2 $CF -I$X/include -o test/kvd-$t kvd.c -L$X/lib -Wl,--gc-sections $LIBS -static
+	$cc -O2 $CF $isa -I$X/include -o test/kvd-$t kvd.c -L$X/lib -Wl,--gc-sections $LIBS -static
 	KVD=test/lib/kvd-x.sh KVD_X=$t KVD_DIFF_OPS=2000 KVD_DIFF_SEEDS=77 $PY test/diff.py
 	if [ $t = mips ]; then
 		KVD=test/lib/kvd-x.sh KVD_X=$t $PY test/tls.py grpcio

@@ -1,6 +1,6 @@
 #!/bin/sh
 # test/footprint.sh - the README's footprint table: kvd static on musl for
-# x86_64, mips and armhf, TLS on and off, confd on and off, stripped, with
+# x86_64, mips (the standard ISA and MIPS16e) and armhf, TLS on and off, confd on and off, stripped, with
 # mbedtls 3.6 configured small (test/lib/xlibs.sh) and, for x86_64, 2.28 small and
 # with Debian's configuration too; and the idle RSS of the x86_64 one.  musl for mips and armhf is built from Debian's
 # source with the cross compilers (once, in /var/cache/kvd-test); each binary
@@ -31,10 +31,12 @@ musl_for armhf arm-linux-gnueabihf-gcc
 printf '| target | mbedtls | TLS | confd | left out | stripped bytes |\n|---|---|---|---|---|---|\n' > "$out/table.md"
 LEAN="RECIPES=0 JWT=0 SNAPSHOT=0 HTTP=0" # every part a firmware may leave out
 # mips and armhf with mbedtls 3.6 (OpenWrt 24.10's); x86_64 with 3.6 and 2.28
-for t in x86_64 mips armhf; do
+for t in x86_64 mips mips16 armhf; do
+	isa=""
 	case $t in
 	x86_64) mcc=musl-gcc run="" vers="3.6 2.28" ;;
 	mips) mcc=$top/muslcc-mips/bin/musl-gcc run=qemu-mips vers=3.6 ;;
+	mips16) mcc=$top/muslcc-mips/bin/musl-gcc run=qemu-mips vers=3.6 isa=MIPS16=1 ;;
 	armhf) mcc=$top/muslcc-armhf/bin/musl-gcc run=qemu-arm vers=3.6 ;;
 	esac
 	for ver in $vers; do for prof in small debian; do
@@ -45,7 +47,7 @@ for t in x86_64 mips armhf; do
 			[ $lean = 1 ] && { [ $prof != small ] || [ $ver != ${vers%% *} ] || [ $tls != $confd ]; } && continue
 			knobs="" sfx=""
 			if [ $lean = 1 ]; then knobs=$LEAN sfx=-lean; fi
-			make -s -B kvd-static MUSL_CC=$mcc MBEDTLS_PROFILE=$prof MBEDTLS_VERSION=$ver TLS=$tls CONFD=$confd \
+			make -s -B kvd-static MUSL_CC=$mcc $isa MBEDTLS_PROFILE=$prof MBEDTLS_VERSION=$ver TLS=$tls CONFD=$confd \
 				$knobs >/dev/null
 			f=$out/kvd-$t-$ver-$prof-tls$tls-confd$confd$sfx
 			mv kvd-static "$f"

@@ -775,9 +775,9 @@ INSTALL_DIR := install -d -m0755
 INSTALL_BIN := install -m0755
 INSTALL_CONF := install -m0600
 TARGET_CC := mips-linux-gnu-gcc
-TARGET_CFLAGS := -Os -pipe
-TARGET_CPPFLAGS := -I/var/cache/kvd-test/mips-mbedtls3.6/include
-TARGET_LDFLAGS := -L/var/cache/kvd-test/mips-mbedtls3.6/lib -static
+TARGET_CFLAGS := -Os -pipe -mips16 -minterlink-mips16
+TARGET_CPPFLAGS := -I/var/cache/kvd-test/mips-mips16-mbedtls3.6/include
+TARGET_LDFLAGS := -L/var/cache/kvd-test/mips-mips16-mbedtls3.6/lib -static
 """
 PACKAGE_MK = """PKG_BUILD_DIR := $(BUILD_DIR)/$(PKG_NAME)-$(PKG_VERSION)
 IPKG_DIR := $(BUILD_DIR)/ipkg-$(PKG_NAME)
@@ -796,8 +796,10 @@ def readme_openwrt_package_makefile():
     if not shutil.which("mips-linux-gnu-gcc") or not shutil.which("qemu-mips"):
         check(False, "mips-linux-gnu-gcc and qemu-mips are needed (test/lib/deps.sh test installs them)")
         return
-    r = subprocess.run([os.path.join(ROOT, "test", "lib", "xlibs.sh"), "mips-mbedtls3.6", "mips-linux-gnu-gcc", "-O2",
-                        "debian", "3.6"],  # as OpenWrt 24.10: mbedtls 3.6
+    # as OpenWrt 24.10 builds for MIPS routers: mbedtls 3.6, MIPS16e (the
+    # libraries test/cross.sh builds, the same stamp)
+    r = subprocess.run([os.path.join(ROOT, "test", "lib", "xlibs.sh"), "mips-mips16-mbedtls3.6", "mips-linux-gnu-gcc",
+                        "-O2 -mips16 -minterlink-compressed", "debian", "3.6"],
                        capture_output=True, text=True)
     check(r.returncode == 0, "mbedtls and protobuf-c for mips: %s" % r.stderr[-300:])
     top = tempfile.mkdtemp(prefix="kvd-sdk-")

@@ -91,6 +91,8 @@ if [ "$profile" = small ]; then
 	fi
 fi
 cfg set MBEDTLS_PLATFORM_MEMORY
+# bn_mul.h's MIPS assembly is standard-ISA only: for MIPS16e code the C one
+case "$cflags" in *-mips16*) cfg unset MBEDTLS_HAVE_ASM ;; esac
 echo "xlibs: mbedtls $ver for $name ($cc $cflags, $profile configuration)"
 # -w: mbedtls' own warnings are not kvd's to fix
 make -s -C "$b/mbedtls/library" -j2 CC="$cc" AR="$ar" CFLAGS="$cflags -w -I../include" static >/dev/null
