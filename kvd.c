@@ -370,8 +370,9 @@
 #endif
 
 /* KVD_RESIDENT marks the code a start (open, replay) and an idle turn of the
- * loop run, so that it lies together in .text.hot.kvd, which GNU ld and lld
- * place ahead of the rest of .text.  The kernel maps a binary's text around
+ * loop run, so that it lies together in .text.hot.kvd, which GNU ld's
+ * default script places ahead of the rest of .text (elsewhere it is only a
+ * section name).  The kernel maps a binary's text around
  * each page first touched, 64 KB at a time (fault-around), so an idle kvd's
  * RSS follows how many 64 KB windows that code spans, not its bytes: spread
  * through the static x86_64 binary it touched every one, about 560 KiB fresh
