@@ -29,6 +29,7 @@ static struct kvd *fz_open(const char *dir, int *rc)
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
 	static char dir[64];
+	static uint32_t crc[8][256]; /* CRC-32C's tables, for the header written below */
 	char path[128];
 	uint8_t hdr[MVCC_HEADER_REC];
 	struct kvd *k;
@@ -44,6 +45,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	if (!size)
 		return 0;
 	if (!dir[0]) {
+		mvcc_crc_init(crc);
 		snprintf(dir, sizeof dir, "/tmp/kvd-fuzz-log-XXXXXX");
 		if (!mkdtemp(dir))
 			abort();
@@ -53,7 +55,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	if (fd < 0)
 		abort();
 	if (data[0] & 1) {
-		mvcc_header_encode(hdr);
+		mvcc_header_encode(crc, hdr);
 		if (write(fd, hdr, sizeof hdr) != (ssize_t)sizeof hdr)
 			abort();
 	}

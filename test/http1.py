@@ -16,6 +16,8 @@ head that never ends: closed) on kvd alone; /health over TLS through ALPN
 http/1.1.
 Last line: "N passed, N failed".
 """
+import datetime
+import email.utils
 import http.client
 import os
 import re
@@ -196,6 +198,16 @@ def keep_alive_and_pipelining():
         r = conn.getresponse()
         bodies.append((r.status, r.read()))
     check([s for s, _ in bodies] == [200, 200, 404, 200], "four requests on one connection: %s" % bodies)
+    # Date: RFC 7231's IMF-fixdate, in UTC, now
+    conn.request("GET", "/health")
+    r = conn.getresponse()
+    r.read()
+    date = r.getheader("Date") or ""
+    m = re.match(r"(Mon|Tue|Wed|Thu|Fri|Sat|Sun), \d\d (Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec) \d{4} "
+                 r"\d\d:\d\d:\d\d GMT$", date)
+    when = email.utils.parsedate_to_datetime(date) if m else None
+    check(when is not None and when.strftime("%a, %d %b %Y %H:%M:%S GMT") == date and
+          abs((when - datetime.datetime.now(datetime.timezone.utc)).total_seconds()) < 3600, "Date: %r" % date)
     conn.close()
     data = raw(k.port, b"GET /health HTTP/1.1\r\nHost: x\r\n\r\nGET /version HTTP/1.1\r\nHost: x\r\n\r\n"
                        b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")

@@ -18,6 +18,7 @@
 
 static int t_pass, t_fail;
 static const char *t_name;
+static uint32_t t_crc[8][256]; /* CRC-32C's tables (mvcc_crc_init) for tests without a kvd */
 
 #define CHECK(e)                                                                   \
 	do {                                                                       \
@@ -1585,8 +1586,24 @@ static void test_crc32c_varint(void)
 	int64_t vals[] = {0, 1, -1, 127, 128, -64, 300, INT64_MAX, INT64_MIN, 1234567890123LL};
 	size_t i;
 
-	CHECK(mvcc_crc32c(0, "123456789", 9) == 0xe3069283u); /* the CRC-32C check value */
-	CHECK(mvcc_crc32c(mvcc_crc32c(0, "1234", 4), "56789", 5) == 0xe3069283u);
+	uint8_t big[1000];
+	uint32_t ref, c;
+	int j;
+
+	CHECK(mvcc_crc32c(t_crc, 0, "123456789", 9) == 0xe3069283u); /* the CRC-32C check value */
+	CHECK(mvcc_crc32c(t_crc, mvcc_crc32c(t_crc, 0, "1234", 4), "56789", 5) == 0xe3069283u);
+	/* every length and alignment the 8-byte steps meet, against the bit-at-a-time definition */
+	for (i = 0; i < sizeof big; i++)
+		big[i] = (uint8_t)(i * 131 + 7);
+	for (i = 0, ref = ~0u; i < sizeof big; i++) {
+		for (ref ^= big[i], j = 0; j < 8; j++)
+			ref = ref >> 1 ^ (0x82f63b78u & (0u - (ref & 1)));
+		if (i % 37 == 0 || i == sizeof big - 1) {
+			c = mvcc_crc32c(t_crc, 0, big, i + 1);
+			CHECK(c == ~ref);
+			CHECK(mvcc_crc32c(t_crc, mvcc_crc32c(t_crc, 0, big, i / 3), big + i / 3, i + 1 - i / 3) == ~ref);
+		}
+	}
 	for (i = 0; i < KVD_COUNT(vals); i++) {
 		uint8_t *e = put_varint(b, mvcc_zigzag(vals[i]));
 		p = b;
@@ -1605,6 +1622,33 @@ static void test_crc32c_varint(void)
 	b[9] = 0x02; /* the 10th above 1 overflows: corrupt, as protowire says */
 	p = b;
 	CHECK(get_varint(&p, b + 10, &v) == KVD_ECORRUPT);
+}
+
+/* util_utc against libc's gmtime_r: the epoch, leap days, century years,
+ * before 1970, past 2038 and 2100, and a stride through four centuries. */
+static void test_utc(void)
+{
+	static const int64_t at[] = {0, -1, 86399, 86400, 951782400, 951868800, 4107542400LL, 4107456000LL,
+	                             2147483647, 2147483648LL, -2208988800LL, 253402300799LL, 1733356800};
+	struct util_tm u;
+	struct tm g;
+	time_t tt;
+	int64_t t;
+	size_t i;
+	int bad = 0;
+
+	for (i = 0; i < KVD_COUNT(at) + 30000; i++) {
+		t = i < KVD_COUNT(at) ? at[i] : -6000000000LL + (int64_t)(i - KVD_COUNT(at)) * 421337; /* ~1780..2180 */
+		tt = (time_t)t;
+		if ((int64_t)tt != t || !gmtime_r(&tt, &g))
+			continue; /* a 32-bit time_t */
+		util_utc(t, &u);
+		bad += u.year != g.tm_year + 1900 || u.mon != g.tm_mon + 1 || u.mday != g.tm_mday || u.hour != g.tm_hour ||
+		       u.min != g.tm_min || u.sec != g.tm_sec || u.wday != g.tm_wday;
+	}
+	CHECK(bad == 0);
+	util_utc(951782400, &u); /* 2000-02-29, a Tuesday */
+	CHECK(u.year == 2000 && u.mon == 2 && u.mday == 29 && u.wday == 2 && u.hour == 0);
 }
 
 /* The hand-written wire (section 5) against protobuf-c: what pb_put_* and
@@ -2759,7 +2803,7 @@ static void test_lease_keys_and_undo(void)
 		struct mvcc_rec rec;
 		const char *why;
 		CHECK(k->db.flushed &&
-		      mvcc_frame(k->db.w.p, k->db.flushed, k->db.size - k->db.flushed, k->db.size, 1, &rec, &why) > 0 &&
+		      mvcc_frame(k->db.w.p, k->db.flushed, k->db.size - k->db.flushed, k->db.size, k->crc, &rec, &why) > 0 &&
 		      mvcc_rec_decode(&rec, &why) == 0 && watch_decode(k, &rec) == 0 && rec.rev == rev + 1);
 		for (i = 1, ok = 1; i < (int)k->watch.nevs; i++)
 			ok &= mvcc_cmp(k->watch.evs[i - 1].key, k->watch.evs[i - 1].klen, k->watch.evs[i].key,
@@ -3836,10 +3880,10 @@ static uint32_t t_seen(struct kvd *k)
 			t[3] = vis > 0 ? kv.ver : 0;
 			t[4] = vis > 0 ? kv.lease : 0;
 			t[5] = vis > 0 ? kv.vlen : 0;
-			crc = mvcc_crc32c(crc, r->key, r->klen);
-			crc = mvcc_crc32c(crc, t, sizeof t);
+			crc = mvcc_crc32c(k->crc, crc, r->key, r->klen);
+			crc = mvcc_crc32c(k->crc, crc, t, sizeof t);
 			if (vis > 0 && kv.vlen <= sizeof v && !mvcc_pread(m, v, kv.vlen, kv.voff))
-				crc = mvcc_crc32c(crc, v, kv.vlen);
+				crc = mvcc_crc32c(k->crc, crc, v, kv.vlen);
 		}
 	}
 	for (i = 0; k->lease.tab && i <= k->lease.mask; i++)
@@ -3847,13 +3891,13 @@ static uint32_t t_seen(struct kvd *k)
 			t[0] = l->id;
 			t[1] = l->ttl;
 			t[2] = l->nkeys;
-			crc ^= mvcc_crc32c(0, t, 3 * sizeof *t); /* in any order */
+			crc ^= mvcc_crc32c(k->crc, 0, t, 3 * sizeof *t); /* in any order */
 		}
 	t[0] = m->rev;
 	t[1] = m->compacted;
 	t[2] = m->nalarms;
 	t[3] = (int64_t)m->nkeys;
-	return mvcc_crc32c(crc, t, 4 * sizeof *t);
+	return mvcc_crc32c(k->crc, crc, t, 4 * sizeof *t);
 }
 
 /* The log rewrite against what readers see: random puts (some with leases),
@@ -3976,7 +4020,7 @@ static void test_rewrite_sub(void)
 	for (i = 0; i < 100 && (k->life.want || k->life.rw); i++)
 		life_step(k);
 	CHECK(ok && k->life.rewrites == 1 && k->db.base_end > MVCC_HEADER_REC);
-	mvcc_reader_init(&rd, &win, MVCC_HEADER_REC, k->db.base_end, 4096, 1);
+	mvcc_reader_init(&rd, &win, MVCC_HEADER_REC, k->db.base_end, 4096, k->crc);
 	while (mvcc_read_rec(k, &rd, &rec, &why) == 1 && !mvcc_rec_decode(&rec, &why) && rec.type == MVCC_REC_BASE)
 		while (mvcc_rec_op(&rec, &op, &why) == 1)
 			if (op.kind == MVCC_OP_PUT && op.rev == 2 && op.klen == 1 && n++ < 3)
@@ -4178,16 +4222,16 @@ static size_t t_base_log(uint8_t *out, int64_t rev, const char *const *keys, con
 	uint8_t *q;
 	int i;
 
-	mvcc_header_encode(out);
+	mvcc_header_encode(t_crc, out);
 	nops_at = mvcc_rec_open(&b, rev);
 	q = out + b.len;
 	for (i = 0; i < nkeys; i++)
 		q = mvcc_op_encode(q, MVCC_OP_PUT, (uint64_t)i, rev, create, ver[i], 0, (const uint8_t *)keys[i],
 		                   strlen(keys[i]), (const uint8_t *)"v", 1);
 	put_be32(out + nops_at, (uint32_t)nkeys);
-	mvcc_seal(out + MVCC_HEADER_REC, (size_t)(q - out) - MVCC_HEADER_REC - MVCC_REC_HDR, MVCC_REC_BASE);
+	mvcc_seal(t_crc, out + MVCC_HEADER_REC, (size_t)(q - out) - MVCC_HEADER_REC - MVCC_REC_HDR, MVCC_REC_BASE);
 	b.len = (size_t)(q - out); /* the compaction that made the BASE */
-	mvcc_compact_encode(&b, rev);
+	mvcc_compact_encode(t_crc, &b, rev);
 	q = out + b.len;
 	if (nextra)
 		memcpy(q, extra, nextra);
@@ -4294,7 +4338,7 @@ static void test_number_bounds(void)
 			q = mvcc_op_encode(rec + b.len, MVCC_OP_PUT, 0, bad[i].rev, bad[i].create, bad[i].ver, 0,
 			                   (const uint8_t *)"z", 1, (const uint8_t *)"1", 1);
 			put_be32(rec + b.len - 4, 1);
-			mvcc_seal(rec, (size_t)(q - rec) - MVCC_REC_HDR, MVCC_REC_TXN);
+			mvcc_seal(t_crc, rec, (size_t)(q - rec) - MVCC_REC_HDR, MVCC_REC_TXN);
 			r = (size_t)(q - rec);
 			if (bad[i].rev == INT64_MAX) /* a TXN after a BASE at the last revision */
 				n = t_base_log(log, base, keys, vers, 1, 5, rec, r);
@@ -4465,6 +4509,7 @@ static const struct {
 	{"h2_closed_streams", test_h2_closed_streams},
 	{"h2_idle_progress", test_h2_idle_progress},
 	{"crc32c_varint", test_crc32c_varint},
+	{"utc", test_utc},
 	{"pb_wire", test_pb_wire},
 	{"mvcc_index", test_mvcc_index},
 	{"mvcc_slab", test_mvcc_slab},
@@ -4497,6 +4542,7 @@ int main(int argc, char **argv)
 {
 	size_t i;
 
+	mvcc_crc_init(t_crc);
 	for (i = 0; i < KVD_COUNT(tests); i++) {
 		if (argc > 1 && !strstr(tests[i].name, argv[1]))
 			continue;

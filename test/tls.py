@@ -19,6 +19,7 @@ handshake from a fifth (150 ms each way): the address holding the most
 handshakes yields its slot.
 Last line: "N passed, N failed".
 """
+import datetime
 import json
 import os
 import shutil
@@ -277,8 +278,28 @@ def auto_tls_like_etcd():
     check(x[0] != 0 and y[0] != 0, "verifying against a CA: refused by both")
     cn = peer_cert_cn_noverify(k.tport)
     check(cn == "kvd", "kvd's self-signed certificate: %s" % cn)
+    # valid from now for 365 days, as etcd's
+    ed, kd = peer_cert_dates(e.port), peer_cert_dates(k.tport)
+    now = datetime.datetime.now(datetime.timezone.utc)
+    check(ed[1] - ed[0] == datetime.timedelta(days=365) and kd[1] - kd[0] == ed[1] - ed[0],
+          "365 days of validity on both: etcd %s, kvd %s" % (ed, kd))
+    check(abs((kd[0] - now).total_seconds()) < 3600, "kvd's begins now (UTC): %s, now %s" % (kd[0], now))
     e.stop()
     k.stop()
+
+
+def peer_cert_dates(port):
+    """The server certificate's notBefore and notAfter (UTC datetimes)."""
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+        with ctx.wrap_socket(s) as t:
+            der = t.getpeercert(binary_form=True)
+    r = subprocess.run(["openssl", "x509", "-inform", "DER", "-noout", "-dates"], input=der, capture_output=True)
+    d = dict(l.split("=", 1) for l in r.stdout.decode().splitlines() if "=" in l)
+    f = lambda v: datetime.datetime.strptime(v, "%b %d %H:%M:%S %Y GMT").replace(tzinfo=datetime.timezone.utc)
+    return f(d["notBefore"]), f(d["notAfter"])
 
 
 def peer_cert_cn_noverify(port):
