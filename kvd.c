@@ -85,7 +85,7 @@
  *          - the Watch RPC
  *   28. The method table: every RPC, routed by :path (svc_)
  *   29. confd: Ganeti's UDP query protocol, keyspace mode (confd_)
- *          - HMAC-SHA1 (RFC 2104) on mbedtls' SHA-1, keyed once
+ *          - HMAC-SHA1 (RFC 2104), keyed once
  *          - the key file
  *          - abuse controls
  *          - request parsing (strict, as Ganeti's)
@@ -279,8 +279,9 @@
 /* ===== 1. Includes and portability ======================================= */
 
 /*
- * What kvd is built on: POSIX.1-2008 and flock(), mbedtls (hashes, HMAC
- * and public keys always; TLS unless KVD_NO_TLS) and protobuf-c; then the
+ * What kvd is built on: POSIX.1-2008 and flock(), mbedtls (TLS unless
+ * KVD_NO_TLS; SHA-2, HMAC and public keys for snapshots and JWTs -- SHA-1
+ * is kvd's own, section 3) and protobuf-c; then the
  * macros every section uses -- KVD_ALWAYS and KVD_NEVER, the invariants
  * that run, and KVD_MIN, KVD_MAX, KVD_COUNT.
  *
@@ -331,7 +332,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#include <mbedtls/sha1.h>
 #include <mbedtls/sha256.h>
 #include <mbedtls/asn1.h>
 #include <mbedtls/asn1write.h>
@@ -1724,14 +1724,123 @@ static void util_wake_by(struct kvd *k, int64_t when)
 		k->next_timer = when;
 }
 
-/* SHA-1 of one buffer (member ids are derived as etcd derives them). */
-static void util_sha1(const void *p, size_t n, uint8_t out[20])
+/*
+ * SHA-1 (FIPS 180-4), for etcd's member ids and confd's HMAC-SHA1: kvd's
+ * own rather than mbedtls', whose rounds are unrolled (5-6 KB, kvd's whole
+ * use of mbedtls without TLS, JWT or snapshots) and which a small mbedtls
+ * leaves out (TLS has no use for it: mbedtls' default profile refuses
+ * certificates signed with SHA-1, as etcd 3.7 does).  One round a loop
+ * turn, the schedule in a ring of 16 words: ~400 bytes.  A context is
+ * copied by assignment (confd keeps its keyed states so).
+ */
+struct util_sha1 {
+	uint32_t h[5];
+	uint64_t len;   /* bytes hashed */
+	uint8_t buf[64]; /* len % 64 of them wait here */
+};
+
+/* Zero what held a secret (a key, a password, a keyed hash state): stores
+ * that are written, whatever the compiler knows of the memory's fate. */
+KVD_UNUSED static void util_wipe(void *p, size_t n)
 {
-#if MBEDTLS_VERSION_MAJOR >= 3
-	mbedtls_sha1(p, n, out);
-#else
-	mbedtls_sha1_ret(p, n, out);
-#endif
+	volatile uint8_t *v = p;
+
+	while (n--)
+		*v++ = 0;
+}
+
+static uint32_t util_rol32(uint32_t x, unsigned n)
+{
+	return x << n | x >> (32 - n);
+}
+
+KVD_RESIDENT static void util_sha1_block(uint32_t h[5], const uint8_t *p)
+{
+	uint32_t w[16], a = h[0], b = h[1], c = h[2], d = h[3], e = h[4], f, t;
+	unsigned i;
+
+	for (i = 0; i < 80; i++) {
+		if (i < 16)
+			w[i] = get_be32(p + 4 * i);
+		else /* w[i-3] ^ w[i-8] ^ w[i-14] ^ w[i-16], rotated */
+			w[i & 15] = util_rol32(w[(i + 13) & 15] ^ w[(i + 8) & 15] ^ w[(i + 2) & 15] ^ w[i & 15], 1);
+		if (i < 20)
+			f = (b & c) | (~b & d), t = 0x5a827999;
+		else if (i < 40)
+			f = b ^ c ^ d, t = 0x6ed9eba1;
+		else if (i < 60)
+			f = (b & c) | (b & d) | (c & d), t = 0x8f1bbcdc;
+		else
+			f = b ^ c ^ d, t = 0xca62c1d6;
+		t += util_rol32(a, 5) + f + e + w[i & 15];
+		e = d;
+		d = c;
+		c = util_rol32(b, 30);
+		b = a;
+		a = t;
+	}
+	h[0] += a;
+	h[1] += b;
+	h[2] += c;
+	h[3] += d;
+	h[4] += e;
+}
+
+KVD_RESIDENT static void util_sha1_init(struct util_sha1 *c)
+{
+	static const uint32_t iv[5] = {0x67452301, 0xefcdab89, 0x98badcfe, 0x10325476, 0xc3d2e1f0};
+
+	memcpy(c->h, iv, sizeof iv);
+	c->len = 0;
+}
+
+KVD_RESIDENT static void util_sha1_update(struct util_sha1 *c, const void *data, size_t n)
+{
+	const uint8_t *p = data;
+	size_t have = (size_t)(c->len % 64), m;
+
+	c->len += n;
+	if (have) {
+		m = KVD_MIN(n, 64 - have);
+		memcpy(c->buf + have, p, m);
+		p += m;
+		n -= m;
+		if (have + m < 64)
+			return;
+		util_sha1_block(c->h, c->buf);
+	}
+	for (; n >= 64; p += 64, n -= 64)
+		util_sha1_block(c->h, p);
+	memcpy(c->buf, p, n);
+}
+
+KVD_RESIDENT static void util_sha1_final(struct util_sha1 *c, uint8_t out[20])
+{
+	uint64_t bits = c->len * 8;
+	size_t have = (size_t)(c->len % 64);
+	unsigned i;
+
+	c->buf[have++] = 0x80;
+	if (have > 56) {
+		memset(c->buf + have, 0, 64 - have);
+		util_sha1_block(c->h, c->buf);
+		have = 0;
+	}
+	memset(c->buf + have, 0, 56 - have);
+	put_be64(c->buf + 56, bits);
+	util_sha1_block(c->h, c->buf);
+	for (i = 0; i < 5; i++)
+		put_be32(out + 4 * i, c->h[i]);
+}
+
+/* SHA-1 of one buffer. */
+KVD_RESIDENT static void util_sha1(const void *p, size_t n, uint8_t out[20])
+{
+	struct util_sha1 c;
+
+	util_sha1_init(&c);
+	util_sha1_update(&c, p, n);
+	util_sha1_final(&c, out);
 }
 
 /* Token bucket: rate tokens per second, burst tokens at most; 1 = taken. */
@@ -8418,15 +8527,6 @@ static int auth_encode_whole(struct kvd *k, struct kvd_buf *b)
 	return 0;
 }
 
-/* Zero what held a secret. */
-static void auth_wipe(void *p, size_t n)
-{
-	volatile uint8_t *v = p;
-
-	while (n--)
-		*v++ = 0;
-}
-
 /* Differs, in time that does not depend on where. */
 static unsigned auth_ct_diff(const void *a, const void *b, size_t n)
 {
@@ -14078,7 +14178,7 @@ static void auth_jwt_free(struct kvd *k)
 		return;
 	mbedtls_pk_free(&j->key);
 	if (j->secret)
-		auth_wipe(j->secret, j->nsecret);
+		util_wipe(j->secret, j->nsecret);
 	kvd_free(k, j->secret);
 	kvd_free(k, j);
 	k->auth.jwt = NULL;
@@ -14805,7 +14905,7 @@ static void auth_job_close(struct kvd *k, struct call *c)
 	if (j->queued)
 		auth_job_unqueue(k, j);
 	pb_free(k, j->rq);
-	auth_wipe(j, sizeof *j); /* the password's key schedule */
+	util_wipe(j, sizeof *j); /* the password's key schedule */
 	kvd_free(k, j);
 	c->svc = NULL;
 }
@@ -20232,7 +20332,7 @@ struct confd_seen {                /* an authenticated datagram, until its salt 
 struct confd {
 	int fds[8];
 	unsigned nfd;
-	mbedtls_sha1_context hmac_in, hmac_out; /* HMAC-SHA1, keyed */
+	struct util_sha1 hmac_in, hmac_out; /* HMAC-SHA1, keyed */
 	size_t keylen;
 	struct bucket global;
 	struct confd_src *src;
@@ -20278,17 +20378,7 @@ struct confd_req {
 	const struct json *link, *ip, *iplist, *fields; /* dict query: "0" "1" "2" "3", NULL if absent or null */
 };
 
-/* ---- HMAC-SHA1 (RFC 2104) on mbedtls' SHA-1, keyed once ------------------- */
-
-#if MBEDTLS_VERSION_MAJOR >= 3
-#define confd_sha1_starts mbedtls_sha1_starts
-#define confd_sha1_update mbedtls_sha1_update
-#define confd_sha1_finish mbedtls_sha1_finish
-#else
-#define confd_sha1_starts mbedtls_sha1_starts_ret
-#define confd_sha1_update mbedtls_sha1_update_ret
-#define confd_sha1_finish mbedtls_sha1_finish_ret
-#endif
+/* ---- HMAC-SHA1 (RFC 2104), keyed once ------------------------------------- */
 
 /* The inner and outer contexts after the padded key: each message costs
  * two SHA-1 finishes, not four. */
@@ -20304,30 +20394,28 @@ static void confd_hmac_key(struct confd *cd, const uint8_t *key, size_t n)
 		memcpy(k0, key, n);
 	for (i = 0; i < 2; i++) {
 		size_t j;
-		mbedtls_sha1_context *c = i ? &cd->hmac_out : &cd->hmac_in;
+		struct util_sha1 *c = i ? &cd->hmac_out : &cd->hmac_in;
 		for (j = 0; j < 64; j++)
 			pad[j] = (uint8_t)(k0[j] ^ (i ? 0x5c : 0x36));
-		mbedtls_sha1_init(c);
-		confd_sha1_starts(c);
-		confd_sha1_update(c, pad, 64);
+		util_sha1_init(c);
+		util_sha1_update(c, pad, 64);
 	}
-	memset(k0, 0, sizeof k0);
-	memset(pad, 0, sizeof pad);
+	util_wipe(k0, sizeof k0);
+	util_wipe(pad, sizeof pad);
 }
 
 static void confd_hmac(const struct confd *cd, const void *a, size_t an, const void *b, size_t bn, uint8_t out[20])
 {
-	mbedtls_sha1_context c;
+	struct util_sha1 c = cd->hmac_in;
 	uint8_t inner[20];
 
-	mbedtls_sha1_clone(&c, &cd->hmac_in);
-	confd_sha1_update(&c, a, an);
-	confd_sha1_update(&c, b, bn);
-	confd_sha1_finish(&c, inner);
-	mbedtls_sha1_clone(&c, &cd->hmac_out);
-	confd_sha1_update(&c, inner, 20);
-	confd_sha1_finish(&c, out);
-	mbedtls_sha1_free(&c);
+	util_sha1_update(&c, a, an);
+	util_sha1_update(&c, b, bn);
+	util_sha1_final(&c, inner);
+	c = cd->hmac_out;
+	util_sha1_update(&c, inner, 20);
+	util_sha1_final(&c, out);
+	util_wipe(&c, sizeof c);
 }
 
 /* 40 hex digits (either case) to 20 bytes; -1 if not exactly that. */
@@ -22162,10 +22250,8 @@ static void confd_close(struct kvd *k)
 		return;
 	for (i = 0; i < cd->nfd; i++)
 		close(cd->fds[i]);
-	mbedtls_sha1_free(&cd->hmac_in);
-	mbedtls_sha1_free(&cd->hmac_out);
-	memset(&cd->hmac_in, 0, sizeof cd->hmac_in);
-	memset(&cd->hmac_out, 0, sizeof cd->hmac_out);
+	util_wipe(&cd->hmac_in, sizeof cd->hmac_in);
+	util_wipe(&cd->hmac_out, sizeof cd->hmac_out);
 	json_free(&cd->cfg);
 	buf_free(k, &cd->out);
 	buf_free(k, &cd->msg);

@@ -13,11 +13,8 @@ mkdir -p "$out"
 musl_for() { # $1 = target, $2 = cross gcc: a musl-gcc wrapper around it
 	t=$1 cc=$2 p=$top/muslcc-$1
 	[ -x "$p/bin/musl-gcc" ] && return 0
-	src=$(ls -d $top/src/musl-*/ 2>/dev/null | head -1)
-	if [ -z "$src" ]; then
-		mkdir -p $top/src && (cd $top/src && apt-get source -qq musl >/dev/null 2>&1)
-		src=$(ls -d $top/src/musl-*/ | head -1)
-	fi
+	./test/lib/xlibs.sh --sources # Debian's source packages, musl's among them
+	src=$(ls -d $top/src/musl-*/ | head -1)
 	b=$(mktemp -d)
 	cp -r "$src" "$b/musl"
 	echo "footprint: musl for $t"

@@ -11,6 +11,7 @@
 #include "../kvd.c"
 
 #include <sys/mman.h>
+#include <mbedtls/sha1.h>
 #if defined(__SANITIZE_ADDRESS__)
 #include <sanitizer/lsan_interface.h>
 #endif
@@ -1622,6 +1623,63 @@ static void test_crc32c_varint(void)
 	b[9] = 0x02; /* the 10th above 1 overflows: corrupt, as protowire says */
 	p = b;
 	CHECK(get_varint(&p, b + 10, &v) == KVD_ECORRUPT);
+}
+
+/* kvd's SHA-1: FIPS 180's examples (the million a's fed in uneven pieces),
+ * then every length to 300 bytes, fed whole and in two parts, against
+ * mbedtls' where it has one. */
+static void t_hex20(const uint8_t d[20], char out[41])
+{
+	int i;
+
+	for (i = 0; i < 20; i++)
+		snprintf(out + 2 * i, 3, "%02x", d[i]);
+}
+
+static void test_sha1(void)
+{
+	static const char *const msg[] = {"", "abc", "abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq"};
+	static const char *const want[] = {"da39a3ee5e6b4b0d3255bfef95601890afd80709",
+	                                   "a9993e364706816aba3e25717850c26c9cd0d89d",
+	                                   "84983e441c3bd26ebaae4aa1f95129e5e54670f1"};
+	uint8_t d[20], e[20], big[300];
+	char hex[41];
+	struct util_sha1 c;
+	size_t i, n, cut;
+	int bad = 0;
+
+	for (i = 0; i < KVD_COUNT(msg); i++) {
+		util_sha1(msg[i], strlen(msg[i]), d);
+		t_hex20(d, hex);
+		CHECK(!strcmp(hex, want[i]));
+	}
+	memset(big, 'a', sizeof big);
+	util_sha1_init(&c);
+	for (n = 0, i = 1; n < 1000000; n += i, i = i % 131 + 7)
+		util_sha1_update(&c, big, KVD_MIN(i, 1000000 - n));
+	util_sha1_final(&c, d);
+	t_hex20(d, hex);
+	CHECK(!strcmp(hex, "34aa973cd4c4daa4f61eeb2bdbad27316534016f"));
+	for (i = 0; i < sizeof big; i++)
+		big[i] = (uint8_t)(i * 193 + 11);
+	for (n = 0; n <= sizeof big; n++) {
+		util_sha1(big, n, d);
+		cut = n * 7 / 11;
+		util_sha1_init(&c);
+		util_sha1_update(&c, big, cut);
+		util_sha1_update(&c, big + cut, n - cut);
+		util_sha1_final(&c, e);
+		bad += memcmp(d, e, 20) != 0;
+#if defined(MBEDTLS_SHA1_C)
+#if MBEDTLS_VERSION_MAJOR >= 3
+		mbedtls_sha1(big, n, e);
+#else
+		mbedtls_sha1_ret(big, n, e);
+#endif
+		bad += memcmp(d, e, 20) != 0;
+#endif
+	}
+	CHECK(bad == 0);
 }
 
 /* util_utc against libc's gmtime_r: the epoch, leap days, century years,
@@ -4510,6 +4568,7 @@ static const struct {
 	{"h2_idle_progress", test_h2_idle_progress},
 	{"crc32c_varint", test_crc32c_varint},
 	{"utc", test_utc},
+	{"sha1", test_sha1},
 	{"pb_wire", test_pb_wire},
 	{"mvcc_index", test_mvcc_index},
 	{"mvcc_slab", test_mvcc_slab},

@@ -9,17 +9,21 @@
 # as firmware trees build it: a TLS 1.2 server (and with 3.6 a TLS 1.3 one)
 # with ECDHE and AES-GCM or ChaCha20-Poly1305, X.509 and CRLs, RSA/ECDSA for
 # JWTs and --auto-tls, P-256/384/521 and X25519; no DTLS, client, PSK, DHE,
-# CBC, DES, Camellia, ARIA, renegotiation, tickets (3.6 keeps the PSA core
-# TLS 1.3 runs on).  Every profile has MBEDTLS_PLATFORM_MEMORY, so kvd's
+# CBC, DES, Camellia, ARIA, renegotiation, tickets, SHA-1 (kvd has its own;
+# mbedtls' default profile refuses certificates signed with it, as etcd 3.7
+# does, so TLS had no use for it), the
+# curves' precomputed tables (3.6 keeps the PSA core TLS 1.3 runs on).  Every profile has MBEDTLS_PLATFORM_MEMORY, so kvd's
 # allocator serves mbedtls too.
 # Result: /var/cache/kvd-test/NAME/{include,lib}; done once, then reused.
 # Needs deb-src (added here) or deb.debian.org's pool, dpkg-dev; nothing
 # lands in the source tree.
 set -eu
-name=$1 cc=$2 cflags=${3:--Os} profile=${4:-debian} ver=${5:-2.28}
+# xlibs.sh --sources: only fetch the source packages (musl's too, which
+# test/footprint.sh builds for the cross compilers) into /var/cache/kvd-test/src
+name=$1 cc=${2:-} cflags=${3:--Os} profile=${4:-debian} ver=${5:-2.28}
 top=/var/cache/kvd-test
 out=$top/$name
-stamp="$cc $cflags $profile $ver memory noerr smaller"
+stamp="$cc $cflags $profile $ver memory noerr smaller nofpo nosha1 pbc"
 [ -f "$out/.done" ] && grep -qx "$stamp" "$out/.done" && exit 0
 SMALL="MBEDTLS_DES_C MBEDTLS_CAMELLIA_C MBEDTLS_ARIA_C MBEDTLS_ARC4_C MBEDTLS_BLOWFISH_C MBEDTLS_XTEA_C
 MBEDTLS_RIPEMD160_C MBEDTLS_MD5_C MBEDTLS_CCM_C MBEDTLS_CMAC_C MBEDTLS_NIST_KW_C MBEDTLS_PSA_CRYPTO_C
@@ -41,7 +45,8 @@ MBEDTLS_CIPHER_MODE_CBC MBEDTLS_CIPHER_MODE_CFB MBEDTLS_CIPHER_MODE_CTR MBEDTLS_
 MBEDTLS_CIPHER_MODE_XTS MBEDTLS_CIPHER_PADDING_PKCS7 MBEDTLS_CIPHER_PADDING_ONE_AND_ZEROS
 MBEDTLS_CIPHER_PADDING_ZEROS_AND_LEN MBEDTLS_CIPHER_PADDING_ZEROS MBEDTLS_PK_PARSE_EC_EXTENDED
 MBEDTLS_LMS_C MBEDTLS_PKCS7_C MBEDTLS_SHA3_C MBEDTLS_SSL_KEYING_MATERIAL_EXPORT MBEDTLS_PK_PARSE_EC_COMPRESSED
-MBEDTLS_SSL_TLS1_3_KEY_EXCHANGE_MODE_PSK_ENABLED MBEDTLS_SSL_TLS1_3_KEY_EXCHANGE_MODE_PSK_EPHEMERAL_ENABLED"
+MBEDTLS_SSL_TLS1_3_KEY_EXCHANGE_MODE_PSK_ENABLED MBEDTLS_SSL_TLS1_3_KEY_EXCHANGE_MODE_PSK_EPHEMERAL_ENABLED
+MBEDTLS_PK_RSA_ALT_SUPPORT MBEDTLS_SSL_DTLS_CONNECTION_ID_COMPAT MBEDTLS_SSL_MAX_FRAGMENT_LENGTH MBEDTLS_SHA1_C"
 # TLS 1.3 on 3.6 needs the PSA core (not its key store)
 [ "$ver" = 3.6 ] && SMALL=$(echo "$SMALL" | sed -E 's/(^| )MBEDTLS_PSA_CRYPTO_C( |$)/\1\2/')
 M36=mbedtls_3.6.6
@@ -49,15 +54,17 @@ M36_FILES="eb9ed1adbbddcb0d00276fac6fcee0056c64ce01481c2522a16dca75792eb5eb $M36
 8fb65fae8dcae5840f793c0a334860a411f884cc537ea290ce1c52bb64ca007a $M36.orig.tar.bz2
 210466c522eeebc85cf2f76bd5aef935b4ebac465559cc0a84f9e73a8ed6601c $M36-0.1~deb13u1.debian.tar.xz"
 src=$top/src
-if ! ls -d $src/mbedtls-2.*/library >/dev/null 2>&1 || ! ls -d $src/protobuf-c-*/protobuf-c >/dev/null 2>&1; then
+if ! ls -d $src/mbedtls-2.*/library >/dev/null 2>&1 || ! ls -d $src/protobuf-c-*/protobuf-c >/dev/null 2>&1 ||
+	! ls -d $src/musl-*/src >/dev/null 2>&1; then
 	if ! apt-cache showsrc mbedtls >/dev/null 2>&1 || [ -z "$(apt-cache showsrc mbedtls 2>/dev/null)" ]; then
 		printf 'Types: deb-src\nURIs: http://deb.debian.org/debian\nSuites: bookworm\nComponents: main\nSigned-By: /usr/share/keyrings/debian-archive-keyring.gpg\n' \
 			> /etc/apt/sources.list.d/kvd-src.sources
 		apt-get update -qq >/dev/null 2>&1 || true
 	fi
 	command -v dpkg-source >/dev/null || apt-get install -y -qq --no-install-recommends dpkg-dev >/dev/null
-	mkdir -p $src && (cd $src && apt-get source -qq mbedtls protobuf-c >/dev/null 2>&1)
+	mkdir -p $src && (cd $src && apt-get source -qq mbedtls protobuf-c musl >/dev/null 2>&1)
 fi
+[ "$name" = --sources ] && exit 0
 msrc=$(ls -d $src/mbedtls-2.*/ | head -1) conf=include/mbedtls/config.h
 if [ "$ver" = 3.6 ]; then
 	msrc=$src/mbedtls-3.6.6/ conf=include/mbedtls/mbedtls_config.h
@@ -72,7 +79,9 @@ if [ "$ver" = 3.6 ]; then
 		[ -d $msrc/library ] || { echo "xlibs: cannot unpack mbedtls 3.6.6"; exit 1; }
 	fi
 fi
-ar=$(echo "$cc" | sed -E 's/(gcc|cc)$/ar/')
+# gcc-ar for CC's target (it indexes LTO objects too), else CC's own ar
+ar=$($cc -dumpmachine 2>/dev/null)-gcc-ar
+command -v "$ar" >/dev/null || ar=$(echo "$cc" | sed -E 's/(gcc|cc)$/ar/')
 command -v "$ar" >/dev/null || ar=ar
 b=$(mktemp -d)
 trap 'rm -rf "$b"' EXIT
@@ -89,6 +98,11 @@ if [ "$profile" = small ]; then
 	if [ "$ver" = 3.6 ]; then
 		cfg set MBEDTLS_BLOCK_CIPHER_NO_DECRYPT # GCM and CTR_DRBG encrypt only
 	fi
+	# no precomputed multiples of each curve's generator in ROM (3.6: 15 KB
+	# of tables on x86_64): key generation and ECDSA signing compute them,
+	# once per handshake (README: Build).  The NIST curves' fast reductions
+	# stay: 3 KB, and handshakes 2.7 times slower without them
+	cfg set MBEDTLS_ECP_FIXED_POINT_OPTIM 0
 fi
 cfg set MBEDTLS_PLATFORM_MEMORY
 # bn_mul.h's MIPS assembly is standard-ISA only: for MIPS16e code the C one
@@ -96,6 +110,13 @@ case "$cflags" in *-mips16*) cfg unset MBEDTLS_HAVE_ASM ;; esac
 echo "xlibs: mbedtls $ver for $name ($cc $cflags, $profile configuration)"
 # -w: mbedtls' own warnings are not kvd's to fix
 make -s -C "$b/mbedtls/library" -j2 CC="$cc" AR="$ar" CFLAGS="$cflags -w -I../include" static >/dev/null
+# CFLAGS without -flto...: aesni.c's inline assembly (its local labels) breaks
+# in an LTO partition; protobuf-c stays an object of its own, linked last,
+# beside libc (a replay runs both: kvd.c's KVD_RESIDENT)
+nolto=$(echo "$cflags" | sed 's/-flto[^ ]*//g')
+case "$cflags" in *-flto*)
+	(cd "$b/mbedtls/library" && $cc $nolto -w -I../include -c aesni.c -o aesni.o && "$ar" rcs libmbedcrypto.a aesni.o) ;;
+esac
 rm -rf "$out"
 mkdir -p "$out/lib" "$out/include/protobuf-c"
 cp "$b"/mbedtls/library/lib*.a "$out/lib/"
@@ -103,7 +124,7 @@ cp -r "$b/mbedtls/include/mbedtls" "$out/include/"
 [ -d "$b/mbedtls/include/psa" ] && cp -r "$b/mbedtls/include/psa" "$out/include/"
 echo "xlibs: protobuf-c for $name"
 p=$(ls -d $src/protobuf-c-*/protobuf-c)
-$cc $cflags -I"$p/.." -c "$p/protobuf-c.c" -o "$b/protobuf-c.o"
+$cc $nolto -I"$p/.." -c "$p/protobuf-c.c" -o "$b/protobuf-c.o"
 rm -f "$out/lib/libprotobuf-c.a"
 "$ar" rcs "$out/lib/libprotobuf-c.a" "$b/protobuf-c.o"
 cp "$p/protobuf-c.h" "$out/include/protobuf-c/"
