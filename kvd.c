@@ -185,6 +185,10 @@
 #include KVD_CONFIG_FILE /* @@ a firmware tree can pin knobs here */
 #endif
 
+#if defined(KVD_NO_AUTH) && !defined(KVD_NO_JWT)
+#define KVD_NO_JWT /* no auth, no tokens of either kind */
+#endif
+
 #ifndef KVD_TEST_BUG /* @@ a planted bug (1-6) the robustness checker must catch: test builds only */
 #define KVD_TEST_BUG 0
 #endif
@@ -1411,8 +1415,8 @@ KVD_RESIDENT static void util_utc(int64_t t, struct util_tm *tm)
 /* Base64 of p[0..n) into out with alphabet a (64 characters), '=' padding
  * when pad: (n + 2) / 3 * 4 bytes at most, not NUL-ended.  Its length.
  * One encoder for confd's values (standard), bcrypt's ("./A-Za-z0-9") and
- * JWT's (base64url). */
-static size_t util_b64(const char *a, int pad, const uint8_t *p, size_t n, char *out)
+ * JWT's (base64url): unused when all three are left out. */
+KVD_UNUSED static size_t util_b64(const char *a, int pad, const uint8_t *p, size_t n, char *out)
 {
 	char *o = out;
 	size_t i;
@@ -5309,8 +5313,9 @@ KVD_RESIDENT static int mvcc_rec_op(struct mvcc_rec *r, struct mvcc_op *op, cons
 }
 
 /* The next op of a decoded AUTH record: 1 with its kind and bytes, 0 after
- * the last (which must end the record), or KVD_ECORRUPT (why). */
-static int mvcc_rec_auth_op(struct mvcc_rec *r, unsigned *kind, const uint8_t **p, size_t *n, const char **why)
+ * the last (which must end the record), or KVD_ECORRUPT (why).  Read by
+ * auth_replay alone, so unused with KVD_NO_AUTH. */
+KVD_UNUSED static int mvcc_rec_auth_op(struct mvcc_rec *r, unsigned *kind, const uint8_t **p, size_t *n, const char **why)
 {
 	uint32_t len;
 
@@ -6294,8 +6299,9 @@ static void mvcc_alarms_encode(const uint32_t (*t)[256], struct kvd_buf *b, cons
 	mvcc_seal(t, b->p + at, b->len - at - MVCC_REC_HDR, MVCC_REC_ALARM);
 }
 
-/* Open an AUTH record at the end of b (*at: where it starts).  0 or KVD_ENOMEM. */
-static int mvcc_auth_open(struct kvd *k, struct kvd_buf *b, size_t *at)
+/* Open an AUTH record at the end of b (*at: where it starts).  0 or KVD_ENOMEM.
+ * (These three serve auth and snapshot imports: unused without both.) */
+KVD_UNUSED static int mvcc_auth_open(struct kvd *k, struct kvd_buf *b, size_t *at)
 {
 	if (buf_reserve(k, b, MVCC_REC_HDR + MVCC_AUTH_FIXED))
 		return KVD_ENOMEM;
@@ -6306,7 +6312,7 @@ static int mvcc_auth_open(struct kvd *k, struct kvd_buf *b, size_t *at)
 
 /* Append an op: message m packed, or raw[0..n).  Its bytes (valid until b
  * grows) and their length, or NULL on no memory. */
-static const uint8_t *mvcc_auth_op(struct kvd *k, struct kvd_buf *b, unsigned kind, const ProtobufCMessage *m,
+KVD_UNUSED static const uint8_t *mvcc_auth_op(struct kvd *k, struct kvd_buf *b, unsigned kind, const ProtobufCMessage *m,
                                    const void *raw, size_t *n)
 {
 	uint8_t *p;
@@ -6327,7 +6333,7 @@ static const uint8_t *mvcc_auth_op(struct kvd *k, struct kvd_buf *b, unsigned ki
 }
 
 /* Seal the AUTH record opened at at. */
-static void mvcc_auth_seal(const uint32_t (*t)[256], struct kvd_buf *b, size_t at, unsigned flags, uint64_t rev,
+KVD_UNUSED static void mvcc_auth_seal(const uint32_t (*t)[256], struct kvd_buf *b, size_t at, unsigned flags, uint64_t rev,
                            uint32_t nops)
 {
 	uint8_t *p = b->p + at + MVCC_REC_HDR;
@@ -7855,10 +7861,18 @@ static void lease_fini(struct kvd *k)
  *      (auth_bcrypt_step, from auth_step), KVD_AUTH_SLICE_US per loop
  *      iteration, KVD_AUTH_MAX_JOBS jobs queued at most.
  *   5. Secrets neither linger nor leak through timing: a job's key
- *      schedule and an HMAC key are wiped when they go (auth_wipe), and
+ *      schedule and an HMAC key are wiped when they go (util_wipe), and
  *      hashes and MACs are compared with auth_ct_diff.
+ *
+ * Left out (KVD_NO_AUTH, make AUTH=0): no users, roles, tokens or bcrypt;
+ * every call is served as with auth off (section 19's checks pass), the
+ * Auth service is unknown (section 28) and so are the gateway's auth paths.
+ * A log or snapshot that holds auth state -- any AUTH record: users, roles,
+ * auth enabled once -- is refused at replay (auth_replay), never served
+ * without the rights it states nor rewritten without them.
  */
 
+#ifndef KVD_NO_AUTH /* @@ KVD_NO_AUTH: no auth (make AUTH=0): the Auth service is unknown, a store or snapshot holding auth state is refused */
 #define AUTH_ROOT "root"
 #define AUTH_BUCKETS 1024          /* token hash table */
 #ifndef KVD_AUTH_MAX_TOKENS        /* @@ live simple tokens */
@@ -8537,6 +8551,45 @@ static unsigned auth_ct_diff(const void *a, const void *b, size_t n)
 		d |= (unsigned)(*x++ ^ *y++);
 	return d;
 }
+
+#else /* KVD_NO_AUTH: the store's side -- nothing to hold, and a record that states auth refused */
+
+static ProtobufCBinaryData *auth_name(ProtobufCMessage *m)
+{
+	return &((Authpb__Role *)m)->name; /* never called: no table has an entry */
+}
+
+static int auth_replay(struct kvd *k, const struct mvcc_rec *rec, const char **why)
+{
+	(void)k;
+	(void)rec;
+	*why = "an auth record (users, roles, or auth enabled once), and this kvd is built without auth (KVD_NO_AUTH)";
+	return KVD_EINVAL;
+}
+
+static void auth_commit(struct kvd *k)
+{
+	(void)k;
+}
+
+static void auth_rollback(struct kvd *k)
+{
+	(void)k;
+}
+
+static int auth_any(const struct kvd *k)
+{
+	(void)k;
+	return 0;
+}
+
+static int auth_encode_whole(struct kvd *k, struct kvd_buf *b)
+{
+	(void)k;
+	(void)b;
+	return 0;
+}
+#endif /* KVD_NO_AUTH */
 
 /* ===== 13. Store lifecycle: rewrite, compaction, quota, alarms (life_) === */
 
@@ -13675,8 +13728,13 @@ static void grpc_on_remote_close(struct kvd *k, struct h2_stream *s)
  *      auth is disabled (auth_tok_drop).
  *   3. A JWT's claims are read only once its signature checks
  *      (auth_jwt_check).
+ *
+ * Left out (KVD_NO_AUTH): nobody is anybody -- auth_who names no user, no
+ * token is read -- and every check passes, as etcd's with auth off;
+ * --auth-token other than simple is refused at start.
  */
 
+#ifndef KVD_NO_AUTH
 struct auth_token {
 	struct auth_token *next;
 	int64_t expires;           /* monotonic ms */
@@ -14967,6 +15025,92 @@ more:
 	util_wake_by(k, k->now); /* another slice, or the answers out, at once */
 }
 
+#else /* KVD_NO_AUTH: nobody to be, and everything allowed */
+
+KVD_RESIDENT static int auth_open(struct kvd *k, char *err, size_t errlen)
+{
+	const char *spec = k->cfg.auth_token ? k->cfg.auth_token : "simple";
+
+	if (!strcmp(spec, "simple"))
+		return 0;
+	snprintf(err, errlen, "--auth-token %s: this kvd is built without auth (KVD_NO_AUTH)", spec);
+	return KVD_EINVAL;
+}
+
+static int auth_who(struct kvd *k, struct call *c, struct auth_who *w, struct svc_err *e)
+{
+	(void)k;
+	(void)c;
+	(void)e;
+	w->name = NULL;
+	w->nlen = 0;
+	w->rev = 0;
+	return 0;
+}
+
+static int auth_admin(struct kvd *k, const struct auth_who *w, struct svc_err *e)
+{
+	(void)k;
+	(void)w;
+	(void)e;
+	return 0;
+}
+
+static int auth_root(struct kvd *k, struct call *c, struct svc_err *e)
+{
+	(void)k;
+	(void)c;
+	(void)e;
+	return 0;
+}
+
+static int auth_need_user(struct kvd *k, struct call *c, struct auth_who *who, struct svc_err *e)
+{
+	return auth_who(k, c, who, e);
+}
+
+static const char *auth_watch_reason(const struct svc_err *e)
+{
+	return e->msg; /* no check fails */
+}
+
+static int auth_may(struct kvd *k, const struct auth_who *w, const ProtobufCBinaryData *key,
+                    const ProtobufCBinaryData *end, int type, struct svc_err *e)
+{
+	(void)k;
+	(void)w;
+	(void)key;
+	(void)end;
+	(void)type;
+	(void)e;
+	return 0;
+}
+
+static int auth_txn(struct kvd *k, const struct auth_who *who, const Etcdserverpb__TxnRequest *rq, struct svc_err *e)
+{
+	(void)k;
+	(void)who;
+	(void)rq;
+	(void)e;
+	return 0;
+}
+
+static int auth_lease_keys(struct kvd *k, const struct auth_who *who, int64_t id, int type, struct svc_err *e)
+{
+	(void)k;
+	(void)who;
+	(void)id;
+	(void)type;
+	(void)e;
+	return 0;
+}
+
+static void auth_step(struct kvd *k)
+{
+	(void)k;
+}
+#endif /* KVD_NO_AUTH */
+
 /* ===== 20. Go's sort.Sort, as etcd sorts ranges (svc_gosort_) ============ */
 
 /*
@@ -15308,8 +15452,8 @@ static void svc_gosort_pdq(struct gosort *g, size_t a, size_t b, unsigned limit)
 	}
 }
 
-/* sort.Sort over n pointers with Less (auth's permSlice). */
-static void svc_gosort_ptrs(void **v, size_t n, int (*less)(const void *, const void *))
+/* sort.Sort over n pointers with Less (auth's permSlice; unused with KVD_NO_AUTH). */
+KVD_UNUSED static void svc_gosort_ptrs(void **v, size_t n, int (*less)(const void *, const void *))
 {
 	struct gosort g;
 
@@ -16851,8 +16995,13 @@ static void svc_lease_leases_rpc(struct kvd *k, struct call *s)
  *      (svc_gosort_ptrs, auth_perm_less).  While auth is on, neither the
  *      root user nor the root role can be deleted, nor root's role revoked
  *      (E_INVALID_AUTH_MGMT).
+ *
+ * Left out (KVD_NO_AUTH): no handler here; the service is unknown
+ * (section 28), and the state is only what a store without auth reports
+ * (auth revision 1, off).
  */
 
+#ifndef KVD_NO_AUTH
 /* One change as one AUTH record: begun, ops added, sealed with the
  * revision bumped (bump) or not.  Each returns 0 or fills *e. */
 static int auth_begin(struct kvd *k, struct call *s, struct auth_rec *r, struct svc_err *e)
@@ -17468,6 +17617,19 @@ static void auth_free(struct kvd *k)
 	memset(a, 0, sizeof *a);
 	a->rnd_fd = -1;
 }
+
+#else /* KVD_NO_AUTH */
+static void auth_init(struct kvd *k)
+{
+	k->auth.rev = 1;
+	k->auth.rnd_fd = -1;
+}
+
+static void auth_free(struct kvd *k)
+{
+	(void)k;
+}
+#endif /* KVD_NO_AUTH */
 
 /* ===== 24. Services: Maintenance, Health (svc_) ========================== */
 
@@ -20105,6 +20267,7 @@ static const struct grpc_method svc_maintenance[] = {
 	{"/etcdserverpb.Maintenance/MoveLeader", GRPC_UNARY, PB(etcdserverpb__move_leader_request), PB(etcdserverpb__move_leader_response), svc_move_leader, NULL, NULL, NULL, NULL},
 	{"/etcdserverpb.Maintenance/Downgrade", GRPC_UNARY, PB(etcdserverpb__downgrade_request), PB(etcdserverpb__downgrade_response), svc_downgrade, NULL, NULL, NULL, NULL},
 };
+#ifndef KVD_NO_AUTH
 static const struct grpc_method svc_auth[] = {
 	{"/etcdserverpb.Auth/AuthEnable", GRPC_UNARY, PB(etcdserverpb__auth_enable_request), PB(etcdserverpb__auth_enable_response), svc_auth_enable, NULL, NULL, NULL, NULL},
 	{"/etcdserverpb.Auth/AuthDisable", GRPC_UNARY, PB(etcdserverpb__auth_disable_request), PB(etcdserverpb__auth_disable_response), svc_auth_disable, NULL, NULL, NULL, NULL},
@@ -20124,6 +20287,7 @@ static const struct grpc_method svc_auth[] = {
 	{"/etcdserverpb.Auth/RoleGrantPermission", GRPC_UNARY, PB(etcdserverpb__auth_role_grant_permission_request), PB(etcdserverpb__auth_role_grant_permission_response), svc_auth_role_grant, NULL, NULL, NULL, NULL},
 	{"/etcdserverpb.Auth/RoleRevokePermission", GRPC_UNARY, PB(etcdserverpb__auth_role_revoke_permission_request), PB(etcdserverpb__auth_role_revoke_permission_response), svc_auth_role_revoke, NULL, NULL, NULL, NULL},
 };
+#endif
 #ifndef KVD_NO_RECIPES
 static const struct grpc_method svc_lock[] = {
 	{"/v3lockpb.Lock/Lock", GRPC_UNARY, PB(v3lockpb__lock_request), PB(v3lockpb__lock_response), lock_lock_rpc, NULL, lock_close, NULL, lock_shutdown},
@@ -20202,7 +20366,9 @@ static const struct {
 	{"etcdserverpb.Lease", svc_lease, KVD_COUNT(svc_lease)},
 	{"etcdserverpb.Cluster", svc_cluster, KVD_COUNT(svc_cluster)},
 	{"etcdserverpb.Maintenance", svc_maintenance, KVD_COUNT(svc_maintenance)},
+#ifndef KVD_NO_AUTH /* left out, like the recipes below, an unknown service, as to grpc-go */
 	{"etcdserverpb.Auth", svc_auth, KVD_COUNT(svc_auth)},
+#endif
 #ifndef KVD_NO_RECIPES /* left out, their names are unknown services, as to grpc-go */
 	{"v3lockpb.Lock", svc_lock, KVD_COUNT(svc_lock)},
 	{"v3electionpb.Election", svc_election, KVD_COUNT(svc_election)},
@@ -23012,7 +23178,7 @@ static int tls_accept(struct kvd *k, struct conn *c)
 /* The verified client certificate's CN: who a call without a token is, with
  * --client-cert-auth (section 19).  NULL if none or empty; *n its length
  * (it may hold NULs: compare it by length, never as a C string). */
-static const char *tls_peer_cn(const struct conn *c, size_t *n)
+KVD_UNUSED static const char *tls_peer_cn(const struct conn *c, size_t *n) /* unused: KVD_NO_AUTH and _HTTP */
 {
 	const struct tls_conn *t = c->tr == &tls_transport ? c->ts : NULL;
 
@@ -23021,7 +23187,7 @@ static const char *tls_peer_cn(const struct conn *c, size_t *n)
 }
 
 #else
-static const char *tls_peer_cn(const struct conn *c, size_t *n)
+KVD_UNUSED static const char *tls_peer_cn(const struct conn *c, size_t *n)
 {
 	(void)c;
 	*n = 0;
@@ -23477,6 +23643,7 @@ static const struct {
 	{"maintenance/snapshot", "/etcdserverpb.Maintenance/Snapshot"},
 	{"maintenance/transfer-leadership", "/etcdserverpb.Maintenance/MoveLeader"},
 	{"maintenance/downgrade", "/etcdserverpb.Maintenance/Downgrade"},
+#ifndef KVD_NO_AUTH
 	{"auth/enable", "/etcdserverpb.Auth/AuthEnable"},
 	{"auth/disable", "/etcdserverpb.Auth/AuthDisable"},
 	{"auth/status", "/etcdserverpb.Auth/AuthStatus"},
@@ -23494,6 +23661,7 @@ static const struct {
 	{"auth/role/delete", "/etcdserverpb.Auth/RoleDelete"},
 	{"auth/role/grant", "/etcdserverpb.Auth/RoleGrantPermission"},
 	{"auth/role/revoke", "/etcdserverpb.Auth/RoleRevokePermission"},
+#endif
 #ifndef KVD_NO_RECIPES
 	{"lock/lock", "/v3lockpb.Lock/Lock"},
 	{"lock/unlock", "/v3lockpb.Lock/Unlock"},
@@ -26760,6 +26928,9 @@ KVD_API const char *kvd_build_options(void)
 #endif
 #ifdef KVD_NO_RECIPES
 	       " recipes=no"
+#endif
+#ifdef KVD_NO_AUTH
+	       " auth=no"
 #endif
 #ifdef KVD_NO_JWT
 	       " jwt=no"

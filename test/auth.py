@@ -1057,6 +1057,107 @@ def jwt_left_out():
 
 
 @test
+def auth_left_out():
+    """Built with KVD_NO_AUTH (make AUTH=0; make lean, KVD_NOAUTH=1): the Auth
+    service is unknown (UNIMPLEMENTED, as grpc-go says of a service it does
+    not serve), and so are the gateway's /v3/auth/ paths (404); keys serve as
+    with auth off, a token sent is not looked at; --auth-token jwt,... is
+    refused at start; a store that holds a user (made by the full build) is
+    refused, saying why, its log left as it was, and so is a snapshot that
+    holds one, while a store and a snapshot without auth serve.  In the full
+    build the same steps succeed: the control that shows these checks can
+    fail."""
+    import http.client
+    gone = os.environ.get("KVD_NOAUTH") == "1"
+    binary = os.environ.get("KVD", os.path.join(ROOT, "kvd"))
+    full = os.path.join(ROOT, "kvd")  # makes the stores and the snapshot that hold auth
+    why = "built without auth (KVD_NO_AUTH)"
+    ver = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=30).stdout
+    check(("auth=no" in ver) == gone, "--version: %r" % ver)
+    tmp = tempfile.mkdtemp(prefix="kvd-noauth-")
+    # the service, the keys, a token nobody gave
+    k = Kvd(binary=binary, args=COST)
+    p = Peer(k.endpoint())
+    add = p.call("UserAdd", R.AuthUserAddRequest(name="root", password="pw"))
+    put = p.call("Put", R.PutRequest(key=b"k", value=b"v"), token="madeupmadeupmade.1")
+    got = p.call("Range", R.RangeRequest(key=b"k"), token="madeupmadeupmade.1")
+    print("  %s: UserAdd %r; Put and Range with a made-up token: %s %s" % (
+        "left out" if gone else "built in", add[:3] if add[0] == "err" else add[:1], put[0], got[0]))
+    check(put[0] == "ok" and got[0] == "ok" and got[1].kvs[0].value == b"v", "keys serve: %r %r" % (put, got))
+    if gone:
+        check(add == ("err", "UNIMPLEMENTED", "unknown service etcdserverpb.Auth"), "UserAdd: %r" % (add,))
+    else:
+        check(add[0] == "ok", "UserAdd: %r" % (add,))
+    if "http=no" not in ver:
+        h = http.client.HTTPConnection("127.0.0.1", k.port, timeout=30)
+        h.request("POST", "/v3/auth/status", body=b"{}", headers={"Content-Type": "application/json"})
+        r = h.getresponse()
+        body = r.read()
+        h.close()
+        check(r.status == (404 if gone else 200), "POST /v3/auth/status: %d %r" % (r.status, body[:200]))
+    p.close()
+    k.stop()
+    # --auth-token jwt,...
+    keys = jwt_keys()
+    spec = "jwt,pub-key=%s/hmac.key,priv-key=%s/hmac.key,sign-method=HS256" % (keys, keys)
+    if gone:
+        r = subprocess.run([binary, "--data-dir", tmp + "/jwt", "--listen-client-urls",
+                            "http://127.0.0.1:%d" % free_port(), "--auth-token", spec],
+                           capture_output=True, text=True, timeout=60)
+        check(r.returncode == 2 and "--auth-token jwt," in r.stderr and why in r.stderr and
+              not os.path.exists(tmp + "/jwt"), "--auth-token jwt refused: %d %r" % (r.returncode, r.stderr))
+    else:
+        k = Kvd(binary=binary, args=COST + ["--auth-token", spec])
+        k.stop()
+    subprocess.run(["rm", "-rf", keys])
+    # a store with a user in it (the full build's), and one without
+    for with_user in (True, False):
+        d = os.path.join(tmp, "user" if with_user else "plain")
+        k = Kvd(binary=full, args=COST, data_dir=d)
+        p = Peer(k.endpoint())
+        check(p.call("Put", R.PutRequest(key=b"x", value=b"1"))[0] == "ok", "a key")
+        if with_user:
+            check(p.call("UserAdd", R.AuthUserAddRequest(name="u", password="pw"))[0] == "ok", "a user")
+        p.close()
+        k.stop()
+        before = open(os.path.join(d, "kvd.log"), "rb").read()
+        if gone and with_user:
+            r = subprocess.run([binary, "--data-dir", d, "--listen-client-urls", "http://127.0.0.1:%d" % free_port()],
+                               capture_output=True, text=True, timeout=60)
+            print("  a store with a user: exit %d, %s" % (r.returncode, r.stderr.strip().splitlines()[-1:]))
+            check(r.returncode == 2 and why in r.stderr, "refused: %d %r" % (r.returncode, r.stderr[-300:]))
+            check(open(os.path.join(d, "kvd.log"), "rb").read() == before, "the log as it was")
+        else:
+            k = Kvd(binary=binary, args=COST, data_dir=d)
+            p = Peer(k.endpoint())
+            a = p.call("Range", R.RangeRequest(key=b"x"))
+            check(a[0] == "ok" and a[1].kvs[0].value == b"1", "served: %r" % (a,))
+            if with_user:
+                check(p.call("UserGet", R.AuthUserGetRequest(name="u"))[0] == "ok", "the user kept")
+            p.close()
+            k.stop()
+    # snapshots (etcdctl snapshot save from the full build), with a user and without
+    if "snapshot=no" not in ver:
+        for with_user in (True, False):
+            k = Kvd(binary=full, args=COST)
+            p = Peer(k.endpoint())
+            check(p.call("Put", R.PutRequest(key=b"y", value=b"2"))[0] == "ok", "a key")
+            if with_user:
+                check(p.call("UserAdd", R.AuthUserAddRequest(name="u", password="pw"))[0] == "ok", "a user")
+            path = os.path.join(tmp, "%s.db" % with_user)
+            rc, err = snapshot.snapshot_save(k.endpoint(), path)
+            check(rc == 0, "etcdctl snapshot save: %r" % err[-300:])
+            p.close()
+            k.stop()
+            rc, log = snapshot.refused(os.path.join(tmp, "restored-%s" % with_user), path)
+            if gone and with_user:
+                check(rc is not None and rc != 0 and why in log, "--restore-snapshot refused: %r %r" % (rc, log[-400:]))
+            else:
+                check(rc is None, "--restore-snapshot served: %r" % log[-400:])
+    subprocess.run(["rm", "-rf", tmp])
+
+
+@test
 def a_watcher_keeps_its_stream_after_a_revoke():
     """As etcd 3.4: permission is checked when a watch is created; a revoke
     later does not cancel it (its events keep coming)."""

@@ -29,7 +29,7 @@ for t in "$@"; do
 	# mbedtls 3.6, as OpenWrt 24.10 builds kvd's targets
 	X=$t${isa:+-mips16}-mbedtls3.6
 	./test/lib/xlibs.sh $X $cc "-O2 $isa" debian 3.6
-	X=/var/cache/kvd-test/$X
+	X=${KVD_CACHE:-/var/cache/kvd-test}/$X
 	echo "== cross $t: unit tests ($q)"
 	$cc -O1 -g -Werror $CF $isa -I$X/include -o test/test-$t test/test.c -L$X/lib $LIBS -static
 	T_LIFE_PUTS=300000 $q test/test-$t | tail -1 | tee test/cross-$t.log

@@ -3,11 +3,11 @@
 # x86_64, mips (the standard ISA and MIPS16e) and armhf, TLS on and off, confd on and off, stripped, with
 # mbedtls 3.6 configured small (test/lib/xlibs.sh) and, for x86_64, 2.28 small and
 # with Debian's configuration too; and the idle RSS of the x86_64 one.  musl for mips and armhf is built from Debian's
-# source with the cross compilers (once, in /var/cache/kvd-test); each binary
+# source with the cross compilers (once, in $KVD_CACHE, /var/cache/kvd-test); each binary
 # is run once (qemu-user for the others) to show it starts.
 set -eu
 cd "$(dirname "$0")/.."
-top=/var/cache/kvd-test
+top=${KVD_CACHE:-/var/cache/kvd-test}
 out=${FOOTPRINT_DIR:-/tmp/kvd-footprint}
 mkdir -p "$out"
 musl_for() { # $1 = target, $2 = cross gcc: a musl-gcc wrapper around it
@@ -26,7 +26,7 @@ command -v musl-gcc >/dev/null || ./test/lib/deps.sh test
 musl_for mips mips-linux-gnu-gcc
 musl_for armhf arm-linux-gnueabihf-gcc
 printf '| target | mbedtls | TLS | confd | left out | stripped bytes |\n|---|---|---|---|---|---|\n' > "$out/table.md"
-LEAN="RECIPES=0 JWT=0 SNAPSHOT=0 HTTP=0" # every part a firmware may leave out
+LEAN="RECIPES=0 AUTH=0 JWT=0 SNAPSHOT=0 HTTP=0" # every part a firmware may leave out
 # mips and armhf with mbedtls 3.6 (OpenWrt 24.10's); x86_64 with 3.6 and 2.28
 for t in x86_64 mips mips16 armhf; do
 	isa=""

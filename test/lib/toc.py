@@ -14,7 +14,7 @@ import re, sys
 
 BAN = re.compile(r'^/\* ===== (\d+)\. (.*?) =+ ?(?:\*/)?\s*$')
 SUB = re.compile(r'^/\* ---- (.*?)(?: -+)?(?: ?\*/)?\s*$')
-DEF = re.compile(r'^(?:KVD_RESIDENT )?(?:static |KVD_API )?(?:inline )?(?:const )?(?:unsigned |signed |struct |enum )?\w+[ \t*]+\**(\w+)\((?!\*)')
+DEF = re.compile(r'^(?:KVD_RESIDENT |KVD_UNUSED )?(?:static |KVD_API )?(?:inline )?(?:const )?(?:unsigned |signed |struct |enum )?\w+[ \t*]+\**(\w+)\((?!\*)')
 MAP_LINE = re.compile(r'^ \*   (\S.*?):\s+(.*)$')
 HOP = re.compile(r'(\w+) §(\d+)')
 # functions that are not named by their section's prefix, on purpose

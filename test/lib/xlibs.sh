@@ -11,19 +11,20 @@
 # JWTs and --auto-tls, P-256/384/521 and X25519; no DTLS, client, PSK, DHE,
 # CBC, DES, Camellia, ARIA, renegotiation, tickets, SHA-1 (kvd has its own;
 # mbedtls' default profile refuses certificates signed with it, as etcd 3.7
-# does, so TLS had no use for it), the
+# does, so TLS had no use for it), SHA-224 (nothing kvd or TLS 1.2/1.3 takes
+# uses it), SNI (kvd serves one certificate, as etcd does), the
 # curves' precomputed tables (3.6 keeps the PSA core TLS 1.3 runs on).  Every profile has MBEDTLS_PLATFORM_MEMORY, so kvd's
 # allocator serves mbedtls too.
-# Result: /var/cache/kvd-test/NAME/{include,lib}; done once, then reused.
+# Result: $KVD_CACHE/NAME/{include,lib} (/var/cache/kvd-test/...); done once, then reused.
 # Needs deb-src (added here) or deb.debian.org's pool, dpkg-dev; nothing
 # lands in the source tree.
 set -eu
 # xlibs.sh --sources: only fetch the source packages (musl's too, which
-# test/footprint.sh builds for the cross compilers) into /var/cache/kvd-test/src
+# test/footprint.sh builds for the cross compilers) into $KVD_CACHE/src
 name=$1 cc=${2:-} cflags=${3:--Os} profile=${4:-debian} ver=${5:-2.28}
-top=/var/cache/kvd-test
+top=${KVD_CACHE:-/var/cache/kvd-test}
 out=$top/$name
-stamp="$cc $cflags $profile $ver memory noerr smaller nofpo nosha1 pbc"
+stamp="$cc $cflags $profile $ver memory noerr smaller nofpo nosha1 pbc nosha224"
 [ -f "$out/.done" ] && grep -qx "$stamp" "$out/.done" && exit 0
 SMALL="MBEDTLS_DES_C MBEDTLS_CAMELLIA_C MBEDTLS_ARIA_C MBEDTLS_ARC4_C MBEDTLS_BLOWFISH_C MBEDTLS_XTEA_C
 MBEDTLS_RIPEMD160_C MBEDTLS_MD5_C MBEDTLS_CCM_C MBEDTLS_CMAC_C MBEDTLS_NIST_KW_C MBEDTLS_PSA_CRYPTO_C
@@ -46,7 +47,8 @@ MBEDTLS_CIPHER_MODE_XTS MBEDTLS_CIPHER_PADDING_PKCS7 MBEDTLS_CIPHER_PADDING_ONE_
 MBEDTLS_CIPHER_PADDING_ZEROS_AND_LEN MBEDTLS_CIPHER_PADDING_ZEROS MBEDTLS_PK_PARSE_EC_EXTENDED
 MBEDTLS_LMS_C MBEDTLS_PKCS7_C MBEDTLS_SHA3_C MBEDTLS_SSL_KEYING_MATERIAL_EXPORT MBEDTLS_PK_PARSE_EC_COMPRESSED
 MBEDTLS_SSL_TLS1_3_KEY_EXCHANGE_MODE_PSK_ENABLED MBEDTLS_SSL_TLS1_3_KEY_EXCHANGE_MODE_PSK_EPHEMERAL_ENABLED
-MBEDTLS_PK_RSA_ALT_SUPPORT MBEDTLS_SSL_DTLS_CONNECTION_ID_COMPAT MBEDTLS_SSL_MAX_FRAGMENT_LENGTH MBEDTLS_SHA1_C"
+MBEDTLS_PK_RSA_ALT_SUPPORT MBEDTLS_SSL_DTLS_CONNECTION_ID_COMPAT MBEDTLS_SSL_MAX_FRAGMENT_LENGTH MBEDTLS_SHA1_C
+MBEDTLS_SHA224_C MBEDTLS_SSL_SERVER_NAME_INDICATION"
 # TLS 1.3 on 3.6 needs the PSA core (not its key store)
 [ "$ver" = 3.6 ] && SMALL=$(echo "$SMALL" | sed -E 's/(^| )MBEDTLS_PSA_CRYPTO_C( |$)/\1\2/')
 M36=mbedtls_3.6.6
