@@ -74,10 +74,11 @@ MUSL_CC ?= musl-gcc
 # mbedtls too, no page-aligned code segment: 760 -> 590 KB with TLS.  -fno-pie:
 # a -static link is loaded at a fixed address anyway, so Debian's default PIE
 # code only cost size (mips, where it means GOT calls: 757 -> 709 KB).
-# MUSL_LTO: mbedtls and protobuf-c compiled for link-time optimisation, done
-# in one partition (x86_64 -9 KB, MIPS16e -16 KB); kvd.c is not: its gain was
-# 2 KB (none on MIPS16e), and LTO's order of functions spread the code an idle
-# kvd runs (KVD_RESIDENT) again: 388 -> 452 KiB of RSS.  No RELRO (nothing
+# MUSL_LTO: mbedtls compiled for link-time optimisation, done in one
+# partition when kvd links (x86_64 -9 KB, MIPS16e -16 KB); kvd.c is not (its
+# gain was 2 KB, none on MIPS16e, and LTO's order of functions spread the code
+# an idle kvd runs, KVD_RESIDENT, again: 388 -> 452 KiB of RSS), nor
+# protobuf-c (test/lib/xlibs.sh keeps it beside libc).  No RELRO (nothing
 # applies it in a static musl binary) and a 64-byte common page: the data
 # segment follows the code in the file rather than at the next 4 KiB, so a
 # byte saved is a byte in the file.

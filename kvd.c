@@ -4984,7 +4984,7 @@ enum { AUTH_F_ENABLED = 1, AUTH_F_WHOLE = 2 };                               /* 
  * struct kvd): t[0] is the classic byte table of the reflected polynomial
  * 0x82F63B78, t[j] advances a byte j positions further.  8 KB of RAM rather
  * than of flash, where a router has less room. */
-static void mvcc_crc_init(uint32_t (*t)[256])
+KVD_RESIDENT static void mvcc_crc_init(uint32_t (*t)[256])
 {
 	uint32_t c;
 	unsigned i, j;

@@ -288,30 +288,28 @@ def auto_tls_like_etcd():
     k.stop()
 
 
-def peer_cert_dates(port):
-    """The server certificate's notBefore and notAfter (UTC datetimes)."""
+def peer_cert_openssl(port, *args):
+    """What `openssl x509 ARGS` prints of the server's certificate, taken
+    without verifying it."""
     ctx = ssl.create_default_context()
     ctx.check_hostname = False
     ctx.verify_mode = ssl.CERT_NONE
     with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
         with ctx.wrap_socket(s) as t:
             der = t.getpeercert(binary_form=True)
-    r = subprocess.run(["openssl", "x509", "-inform", "DER", "-noout", "-dates"], input=der, capture_output=True)
-    d = dict(l.split("=", 1) for l in r.stdout.decode().splitlines() if "=" in l)
+    r = subprocess.run(["openssl", "x509", "-inform", "DER", "-noout"] + list(args), input=der, capture_output=True)
+    return r.stdout.decode().splitlines()
+
+
+def peer_cert_dates(port):
+    """The server certificate's notBefore and notAfter (UTC datetimes)."""
+    d = dict(l.split("=", 1) for l in peer_cert_openssl(port, "-dates") if "=" in l)
     f = lambda v: datetime.datetime.strptime(v, "%b %d %H:%M:%S %Y GMT").replace(tzinfo=datetime.timezone.utc)
     return f(d["notBefore"]), f(d["notAfter"])
 
 
 def peer_cert_cn_noverify(port):
-    ctx = ssl.create_default_context()
-    ctx.check_hostname = False
-    ctx.verify_mode = ssl.CERT_NONE
-    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
-        with ctx.wrap_socket(s) as t:
-            der = t.getpeercert(binary_form=True)
-    r = subprocess.run(["openssl", "x509", "-inform", "DER", "-noout", "-subject", "-nameopt", "multiline"],
-                       input=der, capture_output=True)
-    for line in r.stdout.decode().splitlines():
+    for line in peer_cert_openssl(port, "-subject", "-nameopt", "multiline"):
         if "commonName" in line:
             return line.split("=", 1)[1].strip()
     return None

@@ -12,7 +12,7 @@
 # CBC, DES, Camellia, ARIA, renegotiation, tickets, SHA-1 (kvd has its own;
 # mbedtls' default profile refuses certificates signed with it, as etcd 3.7
 # does, so TLS had no use for it), SHA-224 (nothing kvd or TLS 1.2/1.3 takes
-# uses it), SNI (kvd serves one certificate, as etcd does), the
+# uses it), SNI (kvd serves one certificate whatever name is asked), the
 # curves' precomputed tables (3.6 keeps the PSA core TLS 1.3 runs on).  Every profile has MBEDTLS_PLATFORM_MEMORY, so kvd's
 # allocator serves mbedtls too.
 # Result: $KVD_CACHE/NAME/{include,lib} (/var/cache/kvd-test/...); done once, then reused.
