@@ -240,6 +240,9 @@
 #ifndef KVD_RST_RATE /* @@ client RST_STREAMs per second (Rapid Reset), burst x2 */
 #define KVD_RST_RATE 100
 #endif
+#ifndef KVD_RST_YOUNG_MS /* @@ only resets of streams younger than this count toward KVD_RST_RATE */
+#define KVD_RST_YOUNG_MS 100
+#endif
 #ifndef KVD_GLITCH_RATE /* @@ protocol glitches per second before GOAWAY, burst x10 */
 #define KVD_GLITCH_RATE 100
 #endif
@@ -500,6 +503,7 @@ enum grpc_code {
 #define E_LEASE_TTL "etcdserver: too large lease TTL"
 #define E_USER_EMPTY "etcdserver: user name is empty"
 #define E_ROLE_EMPTY "etcdserver: role name is empty"
+#define E_NAME_NUL "kvd: a user or role name holding a NUL byte is not supported"
 #define E_AUTH_FAILED "etcdserver: authentication failed, invalid user ID or password"
 #define E_PERM_NOT_GIVEN "etcdserver: permission not given"
 #define E_INVALID_AUTH_MGMT "etcdserver: invalid auth management"
@@ -759,6 +763,7 @@ struct auth_jwt;
 struct auth_who {
 	const char *name;              /* NUL-terminated, but nlen says its length: a CN may hold NULs */
 	size_t nlen;
+	unsigned named : 1;            /* a token or a certificate named someone, "" too (etcd: Revision != 0) */
 	uint64_t rev;
 };
 struct auth {
@@ -2187,6 +2192,12 @@ static void buf_trim(struct kvd *k, struct kvd_buf *b, size_t keep)
  *   4. What kvd assembles from pieces is written with pb_put_* and
  *      pb_buf_* only; an unpacked message is allocated through k->pba
  *      (pb_alloc, counted as any other) and freed with pb_free.
+ *   5. A string a request carries is taken whole: a handler reads a
+ *      name, a password, a URL or a version through pb_str (its wire
+ *      length), never with strlen or strcmp, so "root\0x" is never
+ *      "root".  Names kvd stores as C strings (a user's roles) never hold
+ *      a NUL: creating one is refused (pb_str_nul), and a snapshot that
+ *      holds one too (auth_apply).
  */
 #ifndef KVD_MAX_TXN_NEST /* @@ txns nested inside a txn, below the top one (etcd: --max-txn-ops) */
 #define KVD_MAX_TXN_NEST 32
@@ -2275,10 +2286,11 @@ static const ProtobufCFieldDescriptor *pb_field(const ProtobufCMessageDescriptor
 static int pb_check(const ProtobufCMessageDescriptor *d, const uint8_t *p, size_t n, unsigned max_depth,
                     char *why, size_t whylen, unsigned *flags)
 {
-	struct { const ProtobufCMessageDescriptor *d; const uint8_t *end; } st[PB_MAX_DEPTH];
+	struct { const ProtobufCMessageDescriptor *d; const uint8_t *end; uint64_t seen; } st[PB_MAX_DEPTH];
 	const ProtobufCFieldDescriptor *f;
 	const uint8_t *body, *at;
 	const char *e = PB_E_WIRE;
+	size_t fi;
 	unsigned depth = 0, wt, unit;
 	uint64_t tag, v;
 	int r;
@@ -2288,6 +2300,7 @@ static int pb_check(const ProtobufCMessageDescriptor *d, const uint8_t *p, size_
 		max_depth = PB_MAX_DEPTH;
 	st[0].d = d;
 	st[0].end = n ? p + n : p; /* an empty message may come as NULL */
+	st[0].seen = 0;
 	for (;;) {
 		while (p == st[depth].end) {
 			if (!depth)
@@ -2330,9 +2343,15 @@ static int pb_check(const ProtobufCMessageDescriptor *d, const uint8_t *p, size_
 		if (f->type == PROTOBUF_C_TYPE_MESSAGE) {
 			if (depth + 1 >= max_depth)
 				return KVD_ELIMIT;
+			if (f->label != PROTOBUF_C_LABEL_REPEATED) { /* twice: merged (pb_strip), as etcd's decoder does */
+				fi = (size_t)(f - st[depth].d->fields);
+				*flags |= fi >= 64 || (st[depth].seen >> fi & 1) ? PB_F_STRIP : 0;
+				st[depth].seen |= fi < 64 ? (uint64_t)1 << fi : 0;
+			}
 			depth++;
 			st[depth].d = f->descriptor;
 			st[depth].end = body;
+			st[depth].seen = 0;
 			continue;
 		}
 		if ((unit = pb_wire_type(f)) != 2) { /* a packed run: whole values up to its end */
@@ -2366,22 +2385,113 @@ static uint8_t *pb_put_padded(uint8_t *o, uint64_t v, unsigned w)
 	return o;
 }
 
+/* [p, p + x) and the y bytes after it swapped, by three reversals. */
+static void pb_rotate(uint8_t *p, size_t x, size_t y)
+{
+	uint8_t *a, *b, t;
+	size_t i;
+
+	for (i = 0; i < 3; i++)
+		for (a = p + (i == 1 ? x : 0), b = p + (i == 0 ? x : x + y); a < b && a < --b; a++) {
+			t = *a;
+			*a = *b;
+			*b = t;
+		}
+}
+
+/* Which field of a oneof the merge table tracks: its singular message
+ * fields by index, below PB_MERGE_FIELDS (test/test.c pb_merge_fields
+ * holds every request message to that). */
+#define PB_MERGE_FIELDS 16
+static int pb_merge_index(const ProtobufCMessageDescriptor *d, const ProtobufCFieldDescriptor *f)
+{
+	size_t i = (size_t)(f - d->fields);
+
+	return f->type == PROTOBUF_C_TYPE_MESSAGE && f->label != PROTOBUF_C_LABEL_REPEATED &&
+	       KVD_ALWAYS(i < PB_MERGE_FIELDS) ? (int)i : -1;
+}
+
+/* A member of a oneof was set: the others' earlier copies merge no more
+ * (protobuf-go starts a new message when the oneof comes back to them). */
+static void pb_merge_switch(const ProtobufCMessageDescriptor *d, const ProtobufCFieldDescriptor *f, uint32_t *last)
+{
+	size_t i;
+
+	if (!(f->flags & PROTOBUF_C_FIELD_FLAG_ONEOF))
+		return;
+	for (i = 0; i < d->n_fields && i < PB_MERGE_FIELDS; i++)
+		if (&d->fields[i] != f && (d->fields[i].flags & PROTOBUF_C_FIELD_FLAG_ONEOF) &&
+		    d->fields[i].quantifier_offset == f->quantifier_offset)
+			last[i] = 0;
+}
+
+/* The merge table of a message pb_strip wrote at out[from, to): where
+ * each singular message field last begins (+ 1), as the message stands. */
+static void pb_merge_scan(const ProtobufCMessageDescriptor *d, const uint8_t *out, size_t from, size_t to,
+                          uint32_t *last)
+{
+	const uint8_t *p = out + from, *end = out + to, *at, *body;
+	const ProtobufCFieldDescriptor *f;
+	uint64_t tag, v;
+	int i;
+
+	memset(last, 0, PB_MERGE_FIELDS * sizeof *last);
+	while (p < end) {
+		at = p;
+		if (get_varint(&p, end, &tag) || !(f = pb_field(d, tag)))
+			return; /* cannot happen: pb_strip wrote only known fields */
+		pb_merge_switch(d, f, last);
+		switch (tag & 7) {
+		case 0: if (get_varint(&p, end, &v)) return; break;
+		case 1: p += 8; break;
+		case 5: p += 4; break;
+		default:
+			if (pb_len(&p, end, &body))
+				return;
+			if ((i = pb_merge_index(d, f)) >= 0)
+				last[i] = (uint32_t)(at - out) + 1;
+			p = body;
+		}
+	}
+}
+
 /*
  * A message pb_check accepted, rewritten at every depth with only what
  * protobuf-c takes (known fields of their wire type), into out (n bytes at
- * most).  Returns its length.
+ * most).  Returns its length, or (size_t)-1 when merging would take more
+ * than kvd gives it.
+ *
+ * A singular message field that comes again is merged into its first copy
+ * (protobuf's rule, and etcd's decoder's: the copies' fields together, the
+ * later ones' scalars winning), where protobuf-c keeps only the last copy
+ * of a oneof member: `request_put{key:k}` then `request_put{value:v}` is
+ * one put of k=v.  The earlier copy, already written, is moved to the end
+ * of what its message has so far (a rotation of the output) and opened
+ * again, its length widened if it must be; the new copy's fields then
+ * follow its own.  A oneof member set in between starts the copies afresh.
+ * Rotations move at most 4n + 64 KiB bytes in all: a message built to
+ * make them quadratic is refused instead (honest senders repeat a field
+ * only when they concatenate a few messages).
  */
 static size_t pb_strip(const ProtobufCMessageDescriptor *d, const uint8_t *p, size_t n, uint8_t *out)
 {
-	struct { const ProtobufCMessageDescriptor *d; const uint8_t *end; size_t lenat; unsigned w; } st[PB_MAX_DEPTH];
+	struct {
+		const ProtobufCMessageDescriptor *d;
+		const uint8_t *end;
+		size_t lenat;
+		unsigned w;
+		uint32_t last[PB_MERGE_FIELDS]; /* merge table: offset + 1 of a field's latest copy */
+	} st[PB_MAX_DEPTH];
 	const ProtobufCFieldDescriptor *f;
-	const uint8_t *val, *body;
-	unsigned depth = 0, wt;
-	uint64_t tag, v;
-	size_t o = 0;
+	const uint8_t *val, *body, *q;
+	unsigned depth = 0, wt, tw, w0, w;
+	uint64_t tag, v, len;
+	size_t o = 0, a, e, moved = 0, budget = 4 * n + 65536;
+	int mi;
 
 	st[0].d = d;
 	st[0].end = p + n;
+	memset(st[0].last, 0, sizeof st[0].last);
 	for (;;) {
 		while (p == st[depth].end) {
 			if (!depth)
@@ -2397,9 +2507,10 @@ static size_t pb_strip(const ProtobufCMessageDescriptor *d, const uint8_t *p, si
 				return o;
 			continue;
 		}
-		o = (size_t)(pb_put_padded(out + o, tag, (unsigned)varint_len(tag)) - out);
+		pb_merge_switch(st[depth].d, f, st[depth].last);
 		val = p;
 		if (wt != 2) {
+			o = (size_t)(pb_put_padded(out + o, tag, (unsigned)varint_len(tag)) - out);
 			if (wt == 0 ? get_varint(&p, st[depth].end, &v) : (p += wt == 1 ? 8 : 4, 0))
 				return o;
 			memcpy(out + o, val, (size_t)(p - val));
@@ -2408,12 +2519,51 @@ static size_t pb_strip(const ProtobufCMessageDescriptor *d, const uint8_t *p, si
 		}
 		if (pb_len(&p, st[depth].end, &body))
 			return o;
+		mi = pb_merge_index(st[depth].d, f);
+		if (f->type == PROTOBUF_C_TYPE_MESSAGE && depth + 1 < PB_MAX_DEPTH && mi >= 0 && st[depth].last[mi]) {
+			/* a copy of it was written at a: move it to the end, open it again */
+			a = st[depth].last[mi] - 1;
+			tw = (unsigned)varint_len(tag);
+			q = out + a + tw;
+			if (get_varint(&q, out + o, &len))
+				return o; /* cannot happen: pb_strip wrote it */
+			w0 = (unsigned)(q - (out + a + tw));
+			e = (size_t)(q - out) + (size_t)len;
+			if ((moved += o - a) > budget)
+				return (size_t)-1;
+			pb_rotate(out + a, e - a, o - e);
+			for (mi = 0; mi < PB_MERGE_FIELDS; mi++)
+				if (st[depth].last[mi] > e)
+					st[depth].last[mi] -= (uint32_t)(e - a);
+			a = o - (e - a);
+			st[depth].last[pb_merge_index(st[depth].d, f)] = (uint32_t)a + 1;
+			/* its length must hold the new copy too: widened where needed (the
+			 * new copy's tag and length, dropped, leave the room) */
+			w = (unsigned)varint_len(len + (uint64_t)(body - p));
+			if (w > w0) {
+				memmove(out + a + tw + w, out + a + tw + w0, (size_t)len);
+				o += w - w0;
+			} else {
+				w = w0;
+			}
+			depth++;
+			st[depth].d = f->descriptor;
+			st[depth].end = body;
+			st[depth].lenat = a + tw;
+			st[depth].w = w;
+			pb_merge_scan(f->descriptor, out, a + tw + w, o, st[depth].last);
+			continue;
+		}
+		if (mi >= 0)
+			st[depth].last[mi] = (uint32_t)o + 1;
+		o = (size_t)(pb_put_padded(out + o, tag, (unsigned)varint_len(tag)) - out);
 		if (f->type == PROTOBUF_C_TYPE_MESSAGE && depth + 1 < PB_MAX_DEPTH) {
 			depth++;
 			st[depth].d = f->descriptor;
 			st[depth].end = body;
 			st[depth].lenat = o;
 			st[depth].w = (unsigned)varint_len((uint64_t)(body - p));
+			memset(st[depth].last, 0, sizeof st[depth].last);
 			o += st[depth].w;
 			continue;
 		}
@@ -2451,6 +2601,37 @@ KVD_RESIDENT static void pb_free(struct kvd *k, void *m)
 {
 	if (m)
 		protobuf_c_message_free_unpacked(m, &k->pba);
+}
+
+/*
+ * A string field of an unpacked message, whole.  proto3 strings may hold
+ * U+0000 (gRPC sends it as is, the gateway as \u0000), but protobuf-c hands
+ * a string over NUL-ended, so strlen would cut "root\0x" to "root".  It
+ * allocates exactly length + 1 bytes for each string it unpacks, through
+ * k->pba -- kvd_malloc, whose header holds the size -- so the length is
+ * that size less one; an absent proto3 string is protobuf-c's shared
+ * empty string (no header).  Invariant 5 below; test/test.c pb_str_whole
+ * holds the linked protobuf-c to it.
+ */
+static struct kvd_slice pb_str(const char *s)
+{
+	struct kvd_slice r;
+	size_t n;
+
+	r.p = (const uint8_t *)(s ? s : "");
+	r.n = 0;
+	if (!s || s == protobuf_c_empty_string)
+		return r;
+	n = ((const union mem_hdr *)(const void *)s - 1)->n;
+	r.n = KVD_ALWAYS(n && !s[n - 1] && strlen(s) <= n - 1) ? n - 1 : strlen(s);
+	return r;
+}
+
+/* Does string field s hold a NUL before its end (a name kvd keeps as a C
+ * string could then be another's)? */
+static int pb_str_nul(const char *s)
+{
+	return s && pb_str(s).n != strlen(s);
 }
 
 /* ---- the wire, written by hand -----------------------------------------
@@ -3093,6 +3274,21 @@ static KVD_UNUSED const struct json *json_get(const struct json *o, const char *
 	if (!o || o->type != JSON_OBJ)
 		return NULL;
 	for (i = 0; i < o->n; i++)
+		if (o->kids[i].klen == l && !memcmp(o->kids[i].key, key, l))
+			return &o->kids[i];
+	return NULL;
+}
+
+/* The same, the last one if repeated: as Go's encoding/json fills a map
+ * (a JWT's claims are one, so two readers must not see two users). */
+static KVD_UNUSED const struct json *json_get_last(const struct json *o, const char *key)
+{
+	size_t l = strlen(key);
+	uint32_t i;
+
+	if (!o || o->type != JSON_OBJ)
+		return NULL;
+	for (i = o->n; i-- > 0;)
 		if (o->kids[i].klen == l && !memcmp(o->kids[i].key, key, l))
 			return &o->kids[i];
 	return NULL;
@@ -4794,7 +4990,13 @@ static int call_decode(struct kvd *k, struct call *c, const uint8_t *p, size_t n
 			call_finish(k, c, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
 			return KVD_ENOMEM;
 		}
-		c->rq = pb_unpack(k, d, copy, pb_strip(d, p, n, copy), &oom);
+		size_t m = pb_strip(d, p, n, copy);
+		if (m == (size_t)-1) {
+			kvd_free(k, copy);
+			call_finish(k, c, GRPC_INVALID_ARGUMENT, "kvd: a message repeats its fields too often to be merged");
+			return KVD_ELIMIT;
+		}
+		c->rq = pb_unpack(k, d, copy, m, &oom);
 		kvd_free(k, copy);
 	} else {
 		c->rq = pb_unpack(k, d, p, n, &oom);
@@ -8287,22 +8489,40 @@ static Authpb__User *auth_user(struct kvd *k, const char *name)
 	return auth_user_n(k, name, strlen(name));
 }
 
-static Authpb__Role *auth_role(struct kvd *k, const char *name)
+static Authpb__Role *auth_role_n(struct kvd *k, const void *name, size_t n)
 {
 	int eq;
-	size_t i = auth_find(&k->auth.roles, name, strlen(name), &eq);
+	size_t i = auth_find(&k->auth.roles, name, n, &eq);
 
 	return eq ? (Authpb__Role *)k->auth.roles.v[i] : NULL;
 }
 
-static int auth_has_role(const Authpb__User *u, const char *role)
+static Authpb__Role *auth_role(struct kvd *k, const char *name)
+{
+	return auth_role_n(k, name, strlen(name));
+}
+
+/* Has u the role named role[0..n)?  A stored role name holds no NUL
+ * (section 5's invariant 5), so its strlen is its length. */
+static int auth_has_role_n(const Authpb__User *u, const void *role, size_t n)
 {
 	size_t i;
 
 	for (i = 0; u && i < u->n_roles; i++)
-		if (!strcmp(u->roles[i], role))
+		if (strlen(u->roles[i]) == n && !memcmp(u->roles[i], role, n))
 			return 1;
 	return 0;
+}
+
+static int auth_has_role(const Authpb__User *u, const char *role)
+{
+	return auth_has_role_n(u, role, strlen(role));
+}
+
+/* Is a request's name (taken whole, pb_str) "root"? */
+static int auth_is_root(struct kvd_slice nm)
+{
+	return nm.n == 4 && !memcmp(nm.p, AUTH_ROOT, 4);
 }
 
 /*
@@ -8353,6 +8573,21 @@ oom:
 	return KVD_ENOMEM;
 }
 
+/* Does a user or role message name anything with a NUL inside? */
+static int auth_name_nul(ProtobufCMessage *m)
+{
+	const ProtobufCBinaryData *nm = auth_name(m);
+	const Authpb__User *u = (const Authpb__User *)m;
+	size_t i;
+
+	if (memchr(nm->data, 0, nm->len))
+		return 1;
+	for (i = 0; m->descriptor == &authpb__user__descriptor && i < u->n_roles; i++)
+		if (pb_str_nul(u->roles[i]))
+			return 1;
+	return 0;
+}
+
 /* One op of an AUTH record (bytes p[0..n)), live (undo) or in replay. */
 KVD_RESIDENT static int auth_apply(struct kvd *k, unsigned kind, const uint8_t *p, size_t n, int undo, const char **why)
 {
@@ -8376,6 +8611,11 @@ KVD_RESIDENT static int auth_apply(struct kvd *k, unsigned kind, const uint8_t *
 		pb_free(k, m);
 		*why = "auth op without a name";
 		return KVD_ECORRUPT;
+	}
+	if (auth_name_nul(m)) { /* etcd takes such names; kvd keeps a user's roles as C strings */
+		pb_free(k, m);
+		*why = "a user or role name holding a NUL byte, which kvd does not support";
+		return KVD_EINVAL;
 	}
 	return auth_tab_set(k, role, nm->data, nm->len, m, undo) ? (*why = "out of memory", KVD_ENOMEM) : 0;
 }
@@ -12239,6 +12479,7 @@ struct h2_stream {
 	uint64_t charge;            /* request bytes it counts toward --max-request-buffer */
 	uint64_t content_length, data_seen;
 	int64_t stalled_since;      /* output blocked by a zero window since */
+	int64_t opened;             /* monotonic ms: its HEADERS came (h2_on_rst) */
 	struct kvd_buf in;          /* request bytes (gRPC-framed) */
 	int http_status;            /* 200 unless an early HTTP-level refusal */
 };
@@ -12405,6 +12646,7 @@ static struct h2_stream *h2_stream_new(struct h2_conn *c, uint32_t sid)
 	s->send_window = c->peer_init_window;
 	s->recv_window = KVD_STREAM_WINDOW;
 	s->http_status = 200;
+	s->opened = k->now;
 	c->st[c->nst++] = s;
 	return s;
 }
@@ -12948,12 +13190,19 @@ static void h2_on_rst(struct h2_conn *c, uint32_t sid, size_t n)
 		h2_fail(c, H2_PROTOCOL_ERROR, "RST_STREAM on idle stream");
 		return;
 	}
-	/* Rapid Reset (CVE-2023-44487): the stream limit never bites, the rate does */
-	if (!bucket_take(&c->rst, c->k->now, KVD_RST_RATE, KVD_RST_RATE * 2)) {
+	/* Rapid Reset (CVE-2023-44487) opens streams and resets them at once,
+	 * so the stream limit never bites: the rate of such resets does.  A
+	 * stream the client waited on (older than KVD_RST_YOUNG_MS: a deadline
+	 * that expired, a watch it closed) is an honest cancel, and one kvd has
+	 * closed already cost nothing: neither counts, so a storm of expiring
+	 * deadlines never takes the connection's other calls with it. */
+	s = h2_stream_find(c, sid);
+	if (s && c->k->now - s->opened < KVD_RST_YOUNG_MS &&
+	    !bucket_take(&c->rst, c->k->now, KVD_RST_RATE, KVD_RST_RATE * 2)) {
 		h2_fail(c, H2_ENHANCE_YOUR_CALM, "too_many_resets");
 		return;
 	}
-	if ((s = h2_stream_find(c, sid)))
+	if (s)
 		h2_stream_close(c, s);
 }
 
@@ -13887,6 +14136,7 @@ struct auth_jwt {
 	size_t half;                 /* ECDSA: bytes of r, and of s */
 	uint32_t ttl_ms;
 	char name[256];              /* the user the last verified token named */
+	size_t nlen;                 /* its length: every byte, a NUL too */
 };
 
 static const char auth_b64url[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
@@ -14063,6 +14313,31 @@ out:
 	return r;
 }
 
+/*
+ * exp (is_exp) or nbf, as jwt/v5 checks them for etcd: absent or 0 means
+ * none; anything but a number is refused; seconds are whole (the fraction
+ * dropped); exp must be later than now, nbf not after it.  A number past
+ * what Go's time.Unix can hold (|t| >= 2^63 - 62135596800 s) wraps, in
+ * etcd, to a date in the far past: an exp of 1e300 is expired, an nbf of
+ * 1e300 long reached.
+ */
+static int auth_jwt_time(const struct json *t, int64_t now, int is_exp)
+{
+	const double lim = 9223372036854775807.0 - 62135596800.0;
+	int64_t sec;
+
+	if (!t)
+		return 1;
+	if (t->type != JSON_NUM)
+		return 0;
+	if (t->d == 0)
+		return 1;
+	if (!(t->d > -lim && t->d < lim)) /* wraps into the far past (NaN cannot come from JSON) */
+		return !is_exp;
+	sec = (int64_t)t->d; /* toward zero, as math.Modf: |d| < 2^63 here */
+	return is_exp ? sec > now : sec <= now;
+}
+
 /* A token another call sent: its user (into j->name) and revision, or -1
  * when it is not a token this key signed, or has expired. */
 static int auth_jwt_check(struct kvd *k, const char *tok, uint64_t *rev)
@@ -14070,7 +14345,7 @@ static int auth_jwt_check(struct kvd *k, const char *tok, uint64_t *rev)
 	struct auth_jwt *j = k->auth.jwt;
 	const char *d1 = strchr(tok, '.'), *d2 = d1 ? strchr(d1 + 1, '.') : NULL;
 	uint8_t buf[1024], sig[MBEDTLS_PK_SIGNATURE_MAX_SIZE];
-	const struct json *alg, *u, *rv, *exp;
+	const struct json *alg, *u, *rv;
 	struct json_doc doc;
 	struct timespec ts;
 	const char *why;
@@ -14090,20 +14365,21 @@ static int auth_jwt_check(struct kvd *k, const char *tok, uint64_t *rev)
 	if ((l = auth_b64url_get(tok, (size_t)(d1 - tok), buf, sizeof buf)) < 0 ||
 	    json_parse(k, &doc, buf, (size_t)l, &why))
 		return -1;
-	alg = json_get(doc.root, "alg");
+	alg = json_get_last(doc.root, "alg");
 	r = json_is_str(alg) && !strcmp(alg->s, j->alg) ? 0 : -1;
 	json_free(&doc);
 	if (r || (l = auth_b64url_get(d1 + 1, (size_t)(d2 - d1 - 1), buf, sizeof buf)) < 0 ||
 	    json_parse(k, &doc, buf, (size_t)l, &why))
 		return -1;
-	u = json_get(doc.root, "username");
-	rv = json_get(doc.root, "revision");
-	exp = json_get(doc.root, "exp");
+	u = json_get_last(doc.root, "username");
+	rv = json_get_last(doc.root, "revision");
 	clock_gettime(CLOCK_REALTIME, &ts);
 	r = -1;
-	if (json_is_str(u) && u->n < sizeof j->name && !memchr(u->s, 0, u->n) && rv && rv->type == JSON_NUM &&
-	    rv->d >= 0 && (!exp || (exp->type == JSON_NUM && exp->d > (double)ts.tv_sec))) {
-		memcpy(j->name, u->s, u->n + 1);
+	if (json_is_str(u) && u->n < sizeof j->name && rv && rv->type == JSON_NUM && rv->d >= 0 &&
+	    auth_jwt_time(json_get_last(doc.root, "exp"), (int64_t)ts.tv_sec, 1) &&
+	    auth_jwt_time(json_get_last(doc.root, "nbf"), (int64_t)ts.tv_sec, 0)) {
+		memcpy(j->name, u->s, u->n + 1); /* a name holding a NUL is nobody's, as etcd finds */
+		j->nlen = u->n;
 		*rev = rv->d > 0 ? (uint64_t)rv->d : 1;
 		r = 0;
 	}
@@ -14258,6 +14534,7 @@ static int auth_who(struct kvd *k, struct call *c, struct auth_who *w, struct sv
 	w->name = NULL;
 	w->nlen = 0;
 	w->rev = 0;
+	w->named = 0;
 	if (!t)
 		t = call_meta(c, "authorization");
 	if (!k->auth.enabled)
@@ -14269,7 +14546,8 @@ static int auth_who(struct kvd *k, struct call *c, struct auth_who *w, struct sv
 		if (auth_jwt_check(k, t, &w->rev))
 			return svc_fail(e, GRPC_UNAUTHENTICATED, E_INVALID_TOKEN);
 		w->name = k->auth.jwt->name; /* valid until the next call's check */
-		w->nlen = strlen(w->name);
+		w->nlen = k->auth.jwt->nlen;
+		w->named = 1;
 		return 0;
 	}
 #endif
@@ -14278,11 +14556,13 @@ static int auth_who(struct kvd *k, struct call *c, struct auth_who *w, struct sv
 			return svc_fail(e, GRPC_UNAUTHENTICATED, E_INVALID_TOKEN);
 		w->name = tk->user;
 		w->nlen = strlen(w->name);
+		w->named = 1;
 		return 0;
 	}
 	if (k->cfg.client_cert_auth && c->conn && (cn = tls_peer_cn(c->conn, &cnlen))) {
-		w->name = cn; /* its exact bytes: "root\0.x" is not root */
+		w->name = cn; /* its exact bytes: "root\0.x" is not root; "" is nobody (permission denied) */
 		w->nlen = cnlen;
+		w->named = 1;
 	}
 	return 0;
 }
@@ -14723,7 +15003,7 @@ static int auth_may(struct kvd *k, const struct auth_who *w, const ProtobufCBina
 
 	if (!k->auth.enabled)
 		return 0;
-	if (!w->nlen)
+	if (!w->named) /* nobody at all; a certificate naming "" is a user nobody is (below) */
 		return svc_fail(e, GRPC_INVALID_ARGUMENT, E_USER_EMPTY);
 	if (w->rev && w->rev < k->auth.rev) /* a JWT from before an auth change */
 		return svc_fail(e, GRPC_INVALID_ARGUMENT, E_AUTH_OLD_REV);
@@ -14919,7 +15199,7 @@ static int auth_job_make_room(struct kvd *k, struct call *c)
 
 /* Queue a bcrypt of pw for c (salt NULL: a fresh one, for a new hash); the
  * loop calls c's handler again when it is ready.  0, or the error in *e. */
-static int auth_hash_start(struct kvd *k, struct call *c, const char *pw, const uint8_t *salt, unsigned cost,
+static int auth_hash_start(struct kvd *k, struct call *c, struct kvd_slice pw, const uint8_t *salt, unsigned cost,
                            struct svc_err *e)
 {
 	struct auth *a = &k->auth;
@@ -14938,7 +15218,7 @@ static int auth_hash_start(struct kvd *k, struct call *c, const char *pw, const 
 		c->rq = NULL;
 		c->svc = j;
 	}
-	auth_bcrypt_begin(&j->h, (const uint8_t *)pw, strlen(pw), salt ? salt : fresh, cost);
+	auth_bcrypt_begin(&j->h, pw.p, pw.n, salt ? salt : fresh, cost); /* every byte, as Go's bcrypt */
 	j->rev = a->rev;
 	j->done = 0;
 	j->queued = 1;
@@ -15045,6 +15325,7 @@ static int auth_who(struct kvd *k, struct call *c, struct auth_who *w, struct sv
 	w->name = NULL;
 	w->nlen = 0;
 	w->rev = 0;
+	w->named = 0;
 	return 0;
 }
 
@@ -17101,6 +17382,7 @@ static void svc_auth_authenticate(struct kvd *k, struct call *s)
 	const struct auth_job *j = s->svc;
 	const Authpb__User *u;
 	const char *hash = auth_hashed(s);
+	struct kvd_slice nm = pb_str(rq->name);
 	char tok[2048];
 	uint8_t salt[16];
 	unsigned cost;
@@ -17108,14 +17390,14 @@ static void svc_auth_authenticate(struct kvd *k, struct call *s)
 
 	if (!k->auth.enabled)
 		svc_fail(&e, GRPC_FAILED_PRECONDITION, E_AUTH_NOT_ENABLED);
-	else if (!(u = auth_user(k, rq->name)))
+	else if (!(u = auth_user_n(k, (const char *)nm.p, nm.n))) /* whole: "root\0x" is nobody */
 		svc_fail(&e, GRPC_INVALID_ARGUMENT, E_AUTH_FAILED);
 	else if (u->options && u->options->no_password) /* the auth package's error, unconverted (etcd) */
 		svc_fail(&e, GRPC_UNKNOWN, "auth: authentication failed, password was given for no password user");
 	else if (auth_bcrypt_parse(u->password.data, u->password.len, &cost, salt))
 		svc_fail(&e, GRPC_INVALID_ARGUMENT, E_AUTH_FAILED);
 	else if (!hash || j->rev != k->auth.rev) { /* not hashed yet, or the users changed meanwhile */
-		if (!auth_hash_start(k, s, rq->password, salt, cost, &e))
+		if (!auth_hash_start(k, s, pb_str(rq->password), salt, cost, &e))
 			return;
 	} else {
 		if (auth_ct_diff(hash + 29, u->password.data + 29, 31)) /* the 31 hash characters */
@@ -17174,12 +17456,14 @@ static void svc_auth_user_add(struct kvd *k, struct call *s)
 
 	if (auth_who(k, s, &who, &e) || auth_admin(k, &who, &e))
 		;
-	else if (!rq->name[0])
+	else if (!pb_str(rq->name).n)
 		svc_fail(&e, GRPC_INVALID_ARGUMENT, E_USER_EMPTY);
+	else if (pb_str_nul(rq->name)) /* etcd takes it; kvd keeps no such name (section 5, invariant 5) */
+		svc_fail(&e, GRPC_INVALID_ARGUMENT, E_NAME_NUL);
 	else if (auth_user(k, rq->name))
 		svc_fail(&e, GRPC_FAILED_PRECONDITION, E_USER_EXISTS);
 	else if (!nopw && !hash) {
-		if (!auth_hash_start(k, s, rq->password, NULL, k->cfg.bcrypt_cost, &e))
+		if (!auth_hash_start(k, s, pb_str(rq->password), NULL, k->cfg.bcrypt_cost, &e))
 			return;
 	} else if (!auth_begin(k, s, &r, &e)) {
 		auth_user_msg(&nu, &opt, NULL, rq->name, nopw ? NULL : hash, NULL, 0);
@@ -17197,13 +17481,13 @@ static void svc_auth_user_get(struct kvd *k, struct call *s)
 	struct svc_err e = {0, NULL};
 	const Authpb__User *u;
 	struct auth_who who;
+	struct kvd_slice nm = pb_str(rq->name);
 
 	if (auth_who(k, s, &who, &e))
 		;
-	else if (!(who.nlen == strlen(rq->name) && !memcmp(who.name ? who.name : "", rq->name, who.nlen)) &&
-	         auth_admin(k, &who, &e))
+	else if (!(who.nlen == nm.n && !memcmp(who.name ? who.name : "", nm.p, nm.n)) && auth_admin(k, &who, &e))
 		; /* oneself (even "", as etcd), or root */
-	else if (!(u = auth_user(k, rq->name)))
+	else if (!(u = auth_user_n(k, (const char *)nm.p, nm.n)))
 		svc_fail(&e, GRPC_FAILED_PRECONDITION, E_USER_NOT_FOUND);
 	else {
 		rs.roles = u->roles;
@@ -17257,12 +17541,13 @@ static void svc_auth_user_delete(struct kvd *k, struct call *s)
 	struct svc_err e = {0, NULL};
 	struct auth_rec r;
 	struct auth_who who;
+	struct kvd_slice nm = pb_str(rq->name);
 
 	if (auth_who(k, s, &who, &e) || auth_admin(k, &who, &e))
 		;
-	else if (k->auth.enabled && !strcmp(rq->name, AUTH_ROOT))
+	else if (k->auth.enabled && auth_is_root(nm))
 		svc_fail(&e, GRPC_INVALID_ARGUMENT, E_INVALID_AUTH_MGMT);
-	else if (!auth_user(k, rq->name))
+	else if (!auth_user_n(k, (const char *)nm.p, nm.n)) /* found: rq->name holds no NUL */
 		svc_fail(&e, GRPC_FAILED_PRECONDITION, E_USER_NOT_FOUND);
 	else if (!auth_begin(k, s, &r, &e) &&
 	         !auth_end(k, &r, auth_rec_op(k, &r, AUTH_OP_USER_DEL, NULL, rq->name), 1, &e))
@@ -17284,10 +17569,10 @@ static void svc_auth_user_passwd(struct kvd *k, struct call *s)
 
 	if (auth_who(k, s, &who, &e) || auth_admin(k, &who, &e))
 		;
-	else if (!(u = auth_user(k, rq->name)))
+	else if (!(u = auth_user_n(k, rq->name, pb_str(rq->name).n))) /* found: rq->name holds no NUL */
 		svc_fail(&e, GRPC_FAILED_PRECONDITION, E_USER_NOT_FOUND);
 	else if (!hash) {
-		if (!auth_hash_start(k, s, rq->password, NULL, k->cfg.bcrypt_cost, &e))
+		if (!auth_hash_start(k, s, pb_str(rq->password), NULL, k->cfg.bcrypt_cost, &e))
 			return;
 	} else if (!auth_begin(k, s, &r, &e)) {
 		auth_user_msg(&nu, &opt, u, rq->name, hash, u->roles, u->n_roles);
@@ -17351,11 +17636,11 @@ static void svc_auth_user_grant(struct kvd *k, struct call *s)
 
 	if (auth_who(k, s, &who, &e) || auth_admin(k, &who, &e))
 		;
-	else if (!(u = auth_user(k, rq->user)))
+	else if (!(u = auth_user_n(k, rq->user, pb_str(rq->user).n))) /* names whole (section 5) */
 		svc_fail(&e, GRPC_FAILED_PRECONDITION, E_USER_NOT_FOUND);
-	else if (strcmp(rq->role, AUTH_ROOT) && !auth_role(k, rq->role))
+	else if (!auth_is_root(pb_str(rq->role)) && !auth_role_n(k, rq->role, pb_str(rq->role).n))
 		svc_fail(&e, GRPC_FAILED_PRECONDITION, E_ROLE_NOT_FOUND);
-	else if (!auth_has_role(u, rq->role)) /* granted already: nothing, as etcd */
+	else if (!auth_has_role(u, rq->role)) /* granted already: nothing, as etcd (found: no NUL) */
 		auth_user_set_role(k, s, u, rq->user, rq->role, 1, &e);
 	auth_answer(k, s, &rs.base, &rs.header, &e);
 }
@@ -17370,11 +17655,11 @@ static void svc_auth_user_revoke(struct kvd *k, struct call *s)
 
 	if (auth_who(k, s, &who, &e) || auth_admin(k, &who, &e))
 		;
-	else if (k->auth.enabled && !strcmp(rq->name, AUTH_ROOT) && !strcmp(rq->role, AUTH_ROOT))
+	else if (k->auth.enabled && auth_is_root(pb_str(rq->name)) && auth_is_root(pb_str(rq->role)))
 		svc_fail(&e, GRPC_INVALID_ARGUMENT, E_INVALID_AUTH_MGMT);
-	else if (!(u = auth_user(k, rq->name)))
+	else if (!(u = auth_user_n(k, rq->name, pb_str(rq->name).n))) /* names whole (section 5) */
 		svc_fail(&e, GRPC_FAILED_PRECONDITION, E_USER_NOT_FOUND);
-	else if (!auth_has_role(u, rq->role))
+	else if (!auth_has_role_n(u, rq->role, pb_str(rq->role).n))
 		svc_fail(&e, GRPC_FAILED_PRECONDITION, E_ROLE_NOT_GRANTED);
 	else
 		auth_user_set_role(k, s, u, rq->name, rq->role, 0, &e);
@@ -17392,8 +17677,10 @@ static void svc_auth_role_add(struct kvd *k, struct call *s)
 
 	if (auth_who(k, s, &who, &e) || auth_admin(k, &who, &e))
 		;
-	else if (!rq->name[0])
+	else if (!pb_str(rq->name).n)
 		svc_fail(&e, GRPC_INVALID_ARGUMENT, E_ROLE_EMPTY);
+	else if (pb_str_nul(rq->name)) /* etcd takes it; kvd keeps no such name (section 5, invariant 5) */
+		svc_fail(&e, GRPC_INVALID_ARGUMENT, E_NAME_NUL);
 	else if (auth_role(k, rq->name))
 		svc_fail(&e, GRPC_FAILED_PRECONDITION, E_ROLE_EXISTS);
 	else if (!auth_begin(k, s, &r, &e)) {
@@ -17416,11 +17703,12 @@ static void svc_auth_role_get(struct kvd *k, struct call *s)
 
 	if (auth_who(k, s, &who, &e))
 		;
-	else if (!(who.name && auth_has_role(auth_user_n(k, who.name, who.nlen), rq->role)) && auth_admin(k, &who, &e))
+	else if (!(who.name && auth_has_role_n(auth_user_n(k, who.name, who.nlen), rq->role, pb_str(rq->role).n)) &&
+	         auth_admin(k, &who, &e))
 		; /* one's own role, or root */
-	else if (!(r = auth_role(k, rq->role)))
+	else if (!(r = auth_role_n(k, rq->role, pb_str(rq->role).n)))
 		svc_fail(&e, GRPC_FAILED_PRECONDITION, E_ROLE_NOT_FOUND);
-	else if (!strcmp(rq->role, AUTH_ROOT)) { /* etcd 3.5+: root shows what it may, every key */
+	else if (auth_is_root(pb_str(rq->role))) { /* etcd 3.5+: root shows what it may, every key */
 		all.permtype = AUTHPB__PERMISSION__TYPE__READWRITE;
 		all.range_end.data = (uint8_t *)&nul;
 		all.range_end.len = 1;
@@ -17448,9 +17736,9 @@ static void svc_auth_role_delete(struct kvd *k, struct call *s)
 
 	if (auth_who(k, s, &who, &e) || auth_admin(k, &who, &e))
 		;
-	else if (k->auth.enabled && !strcmp(rq->role, AUTH_ROOT))
+	else if (k->auth.enabled && auth_is_root(pb_str(rq->role)))
 		svc_fail(&e, GRPC_INVALID_ARGUMENT, E_INVALID_AUTH_MGMT);
-	else if (!auth_role(k, rq->role))
+	else if (!auth_role_n(k, rq->role, pb_str(rq->role).n)) /* found: rq->role holds no NUL */
 		svc_fail(&e, GRPC_FAILED_PRECONDITION, E_ROLE_NOT_FOUND);
 	else if (!auth_begin(k, s, &r, &e)) {
 		fail = auth_rec_op(k, &r, AUTH_OP_ROLE_DEL, NULL, rq->role);
@@ -17517,7 +17805,7 @@ static void svc_auth_role_grant(struct kvd *k, struct call *s)
 		svc_fail(&e, GRPC_INVALID_ARGUMENT, E_PERM_NOT_GIVEN);
 	else if (!auth_perm_valid(rq->perm)) /* etcd 3.5.8+: stored ranges are never inverted */
 		svc_fail(&e, GRPC_INVALID_ARGUMENT, E_INVALID_AUTH_MGMT);
-	else if (!(role = auth_role(k, rq->name)))
+	else if (!(role = auth_role_n(k, rq->name, pb_str(rq->name).n)))
 		svc_fail(&e, GRPC_FAILED_PRECONDITION, E_ROLE_NOT_FOUND);
 	else if (!(v = kvd_malloc(k, (role->n_keypermission + 1) * sizeof *v)))
 		svc_fail(&e, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
@@ -17566,7 +17854,7 @@ static void svc_auth_role_revoke(struct kvd *k, struct call *s)
 
 	if (auth_who(k, s, &who, &e) || auth_admin(k, &who, &e))
 		;
-	else if (!(role = auth_role(k, rq->role)))
+	else if (!(role = auth_role_n(k, rq->role, pb_str(rq->role).n)))
 		svc_fail(&e, GRPC_FAILED_PRECONDITION, E_ROLE_NOT_FOUND);
 	else if (!(v = kvd_malloc(k, (role->n_keypermission + 1) * sizeof *v)))
 		svc_fail(&e, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
@@ -17669,7 +17957,7 @@ static void svc_health_check(struct kvd *k, struct call *s)
 	const Grpc__Health__V1__HealthCheckRequest *rq = (const void *)s->rq;
 	Grpc__Health__V1__HealthCheckResponse rs = GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__INIT;
 
-	if (rq->service && rq->service[0]) {
+	if (pb_str(rq->service).n) { /* whole: "\0x" is not "" */
 		call_finish(k, s, GRPC_NOT_FOUND, "unknown service");
 	} else {
 		rs.status = k->stopping ? GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__NOT_SERVING
@@ -17685,12 +17973,12 @@ static void svc_health_watch(struct kvd *k, struct call *s)
 	const Grpc__Health__V1__HealthCheckRequest *rq = (const void *)s->rq;
 	Grpc__Health__V1__HealthCheckResponse rs = GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__INIT;
 
-	if (rq->service && rq->service[0])
+	if (pb_str(rq->service).n)
 		rs.status = GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVICE_UNKNOWN;
 	else
 		rs.status = k->stopping ? GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__NOT_SERVING
 		                        : GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING;
-	s->svc = rq->service && rq->service[0] ? NULL : (void *)s; /* marks a watcher of "" */
+	s->svc = pb_str(rq->service).n ? NULL : (void *)s; /* marks a watcher of "" */
 	call_send(k, s, &rs.base);
 }
 
@@ -17769,7 +18057,7 @@ static void svc_downgrade(struct kvd *k, struct call *s)
 	else if (act != ETCDSERVERPB__DOWNGRADE_REQUEST__DOWNGRADE_ACTION__VALIDATE &&
 	         act != ETCDSERVERPB__DOWNGRADE_REQUEST__DOWNGRADE_ACTION__ENABLE)
 		svc_fail(&e, GRPC_UNKNOWN, "etcdserver: unknown method");
-	else if (svc_semver_mm(rq->version ? rq->version : "", &maj, &min))
+	else if (pb_str_nul(rq->version) || svc_semver_mm(rq->version ? rq->version : "", &maj, &min))
 		svc_fail(&e, GRPC_INVALID_ARGUMENT, "etcdserver: wrong downgrade target version format");
 	else if (maj != cmaj || min != cmin - 1)
 		svc_fail(&e, GRPC_INVALID_ARGUMENT, "etcdserver: invalid downgrade target version");
@@ -18165,6 +18453,12 @@ static int svc_urls_ok(char **u, size_t n)
 		return 0;
 	for (i = 0; i < n; i++) {
 		const char *p = u[i], *h, *colon;
+		const char *q;
+		if (pb_str_nul(p)) /* a control character: Go's url.Parse refuses it */
+			return 0;
+		for (q = p; *q; q++)
+			if ((unsigned char)*q < 0x20 || *q == 0x7f)
+				return 0;
 		if (!strncmp(p, "http://", 7))
 			h = p + 7;
 		else if (!strncmp(p, "https://", 8))
@@ -22491,8 +22785,10 @@ static void confd_close(struct kvd *k) { (void)k; }
  * outlives a certificate reload).  With --trusted-ca-file (alone, as
  * etcd reads it, or with --client-cert-auth) a client must present a
  * certificate that CA signed (and --client-crl-file has not revoked) or the
- * handshake fails; with --client-cert-allowed-hostname its SAN (or CN) must
- * also name that host.  The client certificate's last CN stays with the
+ * handshake fails; with --client-cert-allowed-hostname a SAN of its leaf
+ * must also name one of those hosts, as Go's VerifyHostname matches them
+ * (tls_names: the CN is never looked at), and no certificate it sends may
+ * have a serial --client-crl-file lists (tls_revoked).  The client certificate's last CN stays with the
  * connection, every byte of it (with --client-cert-auth etcd takes it as the
  * user name when auth is on and no token is sent: "root\0.x" is no user).
  *
@@ -22574,16 +22870,24 @@ struct tls_cfg {
 	unsigned refs;                  /* kvd's current one, and each connection made with it */
 	mbedtls_ssl_config conf;
 	mbedtls_x509_crt cert, ca;
-	mbedtls_x509_crl crl;
 	mbedtls_pk_context key;
 	int suites[TLS_MAX_SUITES + 4]; /* --cipher-suites' or the defaults, TLS 1.3's, 0 */
 	const char *alpn[3];            /* h2, http/1.1 (mbedtls keeps the pointer) */
 	mbedtls_ecp_group_id curves[4]; /* key exchange groups, fastest first */
-	char allowed[256];              /* --client-cert-allowed-hostname, "" if none */
+	char *allowed;                  /* --client-cert-allowed-hostname (a comma list), NULL if not given */
+};
+
+/* --client-crl-file, read again whenever the file changes (tls_crl_fresh). */
+struct tls_crl {
+	mbedtls_x509_crl crl;
+	unsigned loaded : 1;            /* crl holds the file as it was at st */
+	unsigned bad : 1;               /* the file changed into something unreadable: refuse every certificate */
+	struct stat st;                 /* the file when last read */
 };
 
 struct tls_state {
 	struct tls_cfg *cfg;            /* new connections use this one */
+	struct tls_crl crl;             /* --client-crl-file's revoked serials */
 	mbedtls_entropy_context entropy;
 	mbedtls_ctr_drbg_context drbg;
 	unsigned handshaking;           /* connections in a handshake */
@@ -22596,6 +22900,7 @@ struct tls_conn {
 	struct tls_cfg *cfg;
 	size_t pending;                 /* bytes offered to a write that said WANT_WRITE */
 	unsigned done : 1;              /* the handshake is over */
+	unsigned cert : 1;              /* the client sent a certificate (verified) */
 	char *cn;                       /* the client certificate's CN, its exact bytes (NUL added); NULL if none */
 	size_t cnlen;
 };
@@ -22620,8 +22925,8 @@ static void tls_cfg_unref(struct kvd *k, struct tls_cfg *t)
 	mbedtls_ssl_config_free(&t->conf);
 	mbedtls_x509_crt_free(&t->cert);
 	mbedtls_x509_crt_free(&t->ca);
-	mbedtls_x509_crl_free(&t->crl);
 	mbedtls_pk_free(&t->key);
+	kvd_free(k, t->allowed);
 	kvd_free(k, t);
 }
 
@@ -22718,6 +23023,110 @@ static int tls_auto(const struct kvd_config *cfg)
 	return cfg->auto_tls && (!cfg->cert_file || !cfg->cert_file[0]);
 }
 
+/*
+ * --client-crl-file, as etcd checks it: the serial numbers it lists refuse
+ * any certificate the client sends with one (the leaf or any other in its
+ * chain), by serial alone -- whoever signed the CRL, and however old or
+ * young it is: a CRL past its nextUpdate, dated ahead of a board's wrong
+ * clock, or issued by another CA still revokes what it lists and refuses
+ * nobody else.  (mbedtls' own check, which kvd used before, refused every
+ * certificate in those three cases.)  PEM or DER, several CRLs in one
+ * file.  etcd reads the file at every connection; kvd reads it at start,
+ * on SIGHUP, and at a handshake when it changed (its size, time or inode):
+ * an update takes effect at once.  A file that changed into something
+ * unreadable refuses every client certificate until it is fixed, as
+ * etcd's does, and says so in the log.
+ */
+static int tls_crl_read(struct kvd *k, struct tls_crl *c, char *err, size_t errlen)
+{
+	const char *path = k->cfg.client_crl_file;
+	mbedtls_x509_crl n;
+	struct stat st;
+	int r;
+
+	if (stat(path, &st)) {
+		snprintf(err, errlen, "--client-crl-file %.200s: %s", path, strerror(errno));
+		return KVD_EINVAL;
+	}
+	mbedtls_x509_crl_init(&n);
+	if ((r = mbedtls_x509_crl_parse_file(&n, path))) {
+		mbedtls_x509_crl_free(&n);
+		tls_why(r, "--client-crl-file", path, err, errlen);
+		return KVD_EINVAL;
+	}
+	if (c->loaded)
+		mbedtls_x509_crl_free(&c->crl);
+	c->crl = n;
+	c->loaded = 1;
+	c->bad = 0;
+	c->st = st;
+	return 0;
+}
+
+/* The CRL as the file is now: read again when it changed.  0, or -1 when
+ * it cannot be read (every certificate is then refused). */
+static int tls_crl_fresh(struct kvd *k, struct tls_crl *c)
+{
+	char err[KVD_ERRLEN];
+	struct stat st;
+	int was_bad = c->bad;
+
+	if (!stat(k->cfg.client_crl_file, &st) && c->loaded && st.st_size == c->st.st_size &&
+	    st.st_ino == c->st.st_ino && st.st_mtime == c->st.st_mtime && !c->bad)
+		return 0;
+	if (!tls_crl_read(k, c, err, sizeof err)) {
+		kvd_log(k, KVD_LOG_INFO, "--client-crl-file %s changed: read again", k->cfg.client_crl_file);
+		return 0;
+	}
+	c->bad = 1;
+	if (!was_bad)
+		kvd_log(k, KVD_LOG_ERROR, "%s: every client certificate is refused until it can be read", err);
+	return -1;
+}
+
+/* Does a serial number the CRL lists match crt's?  As Go compares them:
+ * the magnitude's bytes, leading zeros dropped. */
+static int tls_serial_eq(const uint8_t *a, size_t an, const uint8_t *b, size_t bn)
+{
+	while (an && !*a) {
+		a++;
+		an--;
+	}
+	while (bn && !*b) {
+		b++;
+		bn--;
+	}
+	return an == bn && !memcmp(a, b, an);
+}
+
+/* Is any certificate the client sent revoked?  1, with the serial logged. */
+static int tls_revoked(struct kvd *k, const mbedtls_x509_crt *sent, const char *peer)
+{
+	const mbedtls_x509_crl *crl;
+	const mbedtls_x509_crl_entry *e;
+	const mbedtls_x509_crt *c;
+	char hex[2 * 20 + 1];
+	size_t i;
+
+	if (!k->cfg.client_crl_file || !k->cfg.client_crl_file[0])
+		return 0;
+	if (tls_crl_fresh(k, &k->tls->crl)) {
+		kvd_log(k, KVD_LOG_WARN, "%s: client certificate refused: --client-crl-file cannot be read", peer);
+		return 1;
+	}
+	for (c = sent; c && c->raw.p; c = c->next)
+		for (crl = &k->tls->crl.crl; crl && crl->raw.p; crl = crl->next)
+			for (e = &crl->entry; e && e->raw.p; e = e->next)
+				if (tls_serial_eq(e->serial.p, e->serial.len, c->serial.p, c->serial.len)) {
+					for (i = 0; i < c->serial.len && i < 20; i++)
+						snprintf(hex + 2 * i, 3, "%02x", c->serial.p[i]);
+					hex[2 * i] = 0;
+					kvd_log(k, KVD_LOG_WARN, "%s: rejected connection: certificate serial %s revoked", peer, hex);
+					return 1;
+				}
+	return 0;
+}
+
 /* Read one generation of certificates from the flags. */
 static int tls_cfg_load(struct kvd *k, struct tls_cfg **out, char *err, size_t errlen)
 {
@@ -22737,7 +23146,6 @@ static int tls_cfg_load(struct kvd *k, struct tls_cfg **out, char *err, size_t e
 	mbedtls_ssl_config_init(&t->conf);
 	mbedtls_x509_crt_init(&t->cert);
 	mbedtls_x509_crt_init(&t->ca);
-	mbedtls_x509_crl_init(&t->crl);
 	mbedtls_pk_init(&t->key);
 	if (!tls_auto(cfg) && (util_check_regular(cfg->cert_file, "--cert-file", err, errlen) ||
 	                       util_check_regular(cfg->key_file, "--key-file", err, errlen)))
@@ -22779,11 +23187,8 @@ static int tls_cfg_load(struct kvd *k, struct tls_cfg **out, char *err, size_t e
 		tls_why(r, "--trusted-ca-file", cfg->trusted_ca_file, err, errlen);
 		goto fail;
 	}
-	if (cfg->client_crl_file && cfg->client_crl_file[0] &&
-	    (r = mbedtls_x509_crl_parse_file(&t->crl, cfg->client_crl_file))) {
-		tls_why(r, "--client-crl-file", cfg->client_crl_file, err, errlen);
+	if (cfg->client_crl_file && cfg->client_crl_file[0] && tls_crl_read(k, &k->tls->crl, err, errlen))
 		goto fail;
-	}
 	t->alpn[0] = "h2";
 	t->alpn[1] = "http/1.1";
 	if ((r = mbedtls_ssl_config_defaults(&t->conf, MBEDTLS_SSL_IS_SERVER, MBEDTLS_SSL_TRANSPORT_STREAM,
@@ -22820,8 +23225,8 @@ static int tls_cfg_load(struct kvd *k, struct tls_cfg **out, char *err, size_t e
 #ifdef MBEDTLS_SSL_RENEGOTIATION /* a small mbedtls has none to turn off */
 	mbedtls_ssl_conf_renegotiation(&t->conf, MBEDTLS_SSL_RENEGOTIATION_DISABLED);
 #endif
-	if (cfg->trusted_ca_file && cfg->trusted_ca_file[0])
-		mbedtls_ssl_conf_ca_chain(&t->conf, &t->ca, cfg->client_crl_file && cfg->client_crl_file[0] ? &t->crl : NULL);
+	if (cfg->trusted_ca_file && cfg->trusted_ca_file[0]) /* the CRL is kvd's to check, as etcd's (tls_revoked) */
+		mbedtls_ssl_conf_ca_chain(&t->conf, &t->ca, NULL);
 	/* as etcd's TLSInfo: a trusted CA alone already means "require and verify a
 	 * client certificate"; --client-cert-auth adds only the CN as the user */
 	mbedtls_ssl_conf_authmode(&t->conf, cfg->client_cert_auth || (cfg->trusted_ca_file && cfg->trusted_ca_file[0])
@@ -22850,8 +23255,11 @@ static int tls_cfg_load(struct kvd *k, struct tls_cfg **out, char *err, size_t e
 #endif
 	t->suites[n] = 0;
 	mbedtls_ssl_conf_ciphersuites(&t->conf, t->suites);
-	snprintf(t->allowed, sizeof t->allowed, "%s",
-	         cfg->client_cert_allowed_hostname ? cfg->client_cert_allowed_hostname : "");
+	if (cfg->client_cert_allowed_hostname && cfg->client_cert_allowed_hostname[0] && /* "": none (etcd: nobody) */
+	    !(t->allowed = kvd_strdup(k, cfg->client_cert_allowed_hostname))) {
+		snprintf(err, errlen, "out of memory");
+		goto fail;
+	}
 	*out = t;
 	return 0;
 fail:
@@ -22926,6 +23334,8 @@ static void tls_fini(struct kvd *k)
 		        (unsigned long long)k->tls->handshakes, (unsigned long long)k->tls->failures,
 		        (unsigned long long)k->tls->displaced);
 	tls_cfg_unref(k, k->tls->cfg);
+	if (k->tls->crl.loaded)
+		mbedtls_x509_crl_free(&k->tls->crl.crl);
 	mbedtls_ctr_drbg_free(&k->tls->drbg);
 	mbedtls_entropy_free(&k->tls->entropy);
 	kvd_free(k, k->tls);
@@ -22960,32 +23370,148 @@ static int tls_bio_recv(void *ctx, unsigned char *p, size_t n)
 	return MBEDTLS_ERR_NET_RECV_FAILED;
 }
 
-/* Does the certificate name host (a SAN dNSName or IP, else its CN)? */
-static int tls_names(const mbedtls_x509_crt *crt, const char *host)
+/*
+ * --client-cert-allowed-hostname, as etcd checks it: Go's
+ * x509.Certificate.VerifyHostname against the leaf, SANs only (the CN is
+ * never looked at).  An IP (brackets allowed) matches only an IP SAN,
+ * ::ffff:a.b.c.d and a.b.c.d alike; a name matches a dNSName SAN without
+ * regard to ASCII case, one trailing dot of the name ignored, and a SAN
+ * "*.x.y" matches exactly one label in place of its "*" (never "x.y", nor
+ * "a.b.x.y"); a SAN that is no valid pattern only matches itself.
+ */
+static int tls_lower(int c)
+{
+	return c >= 'A' && c <= 'Z' ? c + 32 : c;
+}
+
+/* Go's validHostname (its label characters; '*' alone as a pattern's first). */
+static int tls_valid_host(const char *h, size_t n, int pattern)
+{
+	size_t i, start = 0;
+
+	if (!pattern && n && h[n - 1] == '.')
+		n--;
+	if (!n || (n == 1 && h[0] == '*'))
+		return 0;
+	for (i = 0; i <= n; i++) {
+		if (i < n && h[i] != '.')
+			continue;
+		if (i == start)
+			return 0; /* an empty label */
+		if (!(pattern && start == 0 && i == 1 && h[0] == '*')) {
+			size_t j;
+			for (j = start; j < i; j++) {
+				char c = h[j];
+				if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
+				      (c == '-' && j != start)))
+					return 0;
+			}
+		}
+		start = i + 1;
+	}
+	return 1;
+}
+
+/* Go's matchHostnames: pattern p (a valid one) against host h, by labels. */
+static int tls_match_pattern(const char *p, size_t pn, const char *h, size_t hn)
+{
+	size_t i = 0, j = 0;
+	int first = 1;
+
+	if (hn && h[hn - 1] == '.')
+		hn--;
+	if (!pn || !hn)
+		return 0;
+	for (;;) {
+		size_t pe = i, he = j;
+		while (pe < pn && p[pe] != '.')
+			pe++;
+		while (he < hn && h[he] != '.')
+			he++;
+		if (!(first && pe - i == 1 && p[i] == '*')) {
+			size_t m;
+			if (pe - i != he - j)
+				return 0;
+			for (m = 0; m < pe - i; m++)
+				if (tls_lower((unsigned char)p[i + m]) != tls_lower((unsigned char)h[j + m]))
+					return 0;
+		}
+		first = 0;
+		if (pe == pn || he == hn)
+			return pe == pn && he == hn;
+		i = pe + 1;
+		j = he + 1;
+	}
+}
+
+/* Does the certificate's leaf name host h[0..n) (VerifyHostname)? */
+static int tls_names(const mbedtls_x509_crt *crt, const char *h, size_t n)
 {
 	const mbedtls_x509_sequence *san;
-	const mbedtls_x509_name *nm;
-	int have_san = 0;
+	uint8_t ip[16];
+	char t[64];
+	size_t ipn = 0, i;
+	int valid;
 
+	if (n >= 3 && h[0] == '[' && h[n - 1] == ']' && n - 2 < sizeof t) {
+		memcpy(t, h + 1, n - 2);
+		t[n - 2] = 0;
+	} else if (n < sizeof t) {
+		memcpy(t, h, n);
+		t[n] = 0;
+	} else {
+		t[0] = 0;
+	}
+	if (t[0] && inet_pton(AF_INET, t, ip) == 1)
+		ipn = 4;
+	else if (t[0] && inet_pton(AF_INET6, t, ip) == 1)
+		ipn = 16;
 #if MBEDTLS_VERSION_MAJOR >= 3
 	san = mbedtls_x509_crt_has_ext_type(crt, MBEDTLS_X509_EXT_SUBJECT_ALT_NAME) ? &crt->subject_alt_names : NULL;
 #else
 	san = crt->ext_types & MBEDTLS_X509_EXT_SUBJECT_ALT_NAME ? &crt->subject_alt_names : NULL;
 #endif
-	for (; san && san->buf.p;
-	     san = san->next) {
-		have_san = 1;
-		if ((san->buf.tag & MBEDTLS_ASN1_TAG_VALUE_MASK) == 2 && san->buf.len == strlen(host) &&
-		    !strncasecmp((const char *)san->buf.p, host, san->buf.len))
-			return 1;
+	valid = tls_valid_host(h, n, 0);
+	for (; san && san->buf.p; san = san->next) {
+		unsigned tag = san->buf.tag & MBEDTLS_ASN1_TAG_VALUE_MASK;
+		const char *m = (const char *)san->buf.p;
+		size_t mn = san->buf.len;
+		if (ipn && tag == 7) { /* iPAddress: 4 or 16 bytes, a v4 equal to its v4-mapped v6 */
+			static const uint8_t mapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+			if ((mn == ipn && !memcmp(m, ip, ipn)) ||
+			    (mn == 16 && ipn == 4 && !memcmp(m, mapped, 12) && !memcmp(m + 12, ip, 4)) ||
+			    (mn == 4 && ipn == 16 && !memcmp(ip, mapped, 12) && !memcmp(ip + 12, m, 4)))
+				return 1;
+			continue;
+		}
+		if (ipn || tag != 2)
+			continue; /* an IP never matches a name */
+		if (valid && tls_valid_host(m, mn, 1)) {
+			if (tls_match_pattern(m, mn, h, n))
+				return 1;
+		} else if (mn == n && n && !(n == 1 && h[0] == '.') && !(mn == 1 && m[0] == '.')) {
+			for (i = 0; i < n && tls_lower((unsigned char)m[i]) == tls_lower((unsigned char)h[i]); i++)
+				;
+			if (i == n)
+				return 1;
+		}
 	}
-	if (have_san)
-		return 0;
-	for (nm = &crt->subject; nm; nm = nm->next)
-		if (!MBEDTLS_OID_CMP(MBEDTLS_OID_AT_CN, &nm->oid) && nm->val.len == strlen(host) &&
-		    !strncasecmp((const char *)nm->val.p, host, nm->val.len))
-			return 1;
 	return 0;
+}
+
+/* Does the leaf name any host of the comma list (not trimmed: " b" is
+ * not "b", and an empty entry names nothing), as etcd splits it? */
+static int tls_names_any(const mbedtls_x509_crt *crt, const char *list)
+{
+	const char *p = list, *e;
+
+	for (;; p = e + 1) {
+		e = p + strcspn(p, ",");
+		if (tls_names(crt, p, (size_t)(e - p)))
+			return 1;
+		if (!*e)
+			return 0;
+	}
 }
 
 /* A handshake is no longer in progress (done, or its connection gone). */
@@ -23005,7 +23531,7 @@ static int tls_step(struct conn *c)
 	const mbedtls_x509_crt *peer;
 	const mbedtls_x509_name *nm;
 	char why[128];
-	int r;
+	int r, named;
 
 	if (t->done)
 		return 0;
@@ -23028,6 +23554,7 @@ static int tls_step(struct conn *c)
 	k->tls->handshakes++;
 	if ((peer = mbedtls_ssl_get_peer_cert(&t->ssl))) {
 		const mbedtls_x509_name *last = NULL;
+		t->cert = 1;
 		for (nm = &peer->subject; nm; nm = nm->next) /* the last CN, as Go's pkix.Name keeps it */
 			if (nm->oid.p && !MBEDTLS_OID_CMP(MBEDTLS_OID_AT_CN, &nm->oid))
 				last = nm;
@@ -23041,9 +23568,10 @@ static int tls_step(struct conn *c)
 			t->cn[last->val.len] = 0;
 			t->cnlen = last->val.len;
 		}
-		if (t->cfg->allowed[0] && !tls_names(peer, t->cfg->allowed)) {
-			kvd_log(k, KVD_LOG_INFO, "%s: client certificate does not name %s: refused", c->peer,
-			        t->cfg->allowed);
+		named = !t->cfg->allowed || tls_names_any(peer, t->cfg->allowed);
+		if (!named)
+			kvd_log(k, KVD_LOG_INFO, "%s: client certificate does not name %s: refused", c->peer, t->cfg->allowed);
+		if (!named || tls_revoked(k, peer, c->peer)) {
 			mbedtls_ssl_send_alert_message(&t->ssl, MBEDTLS_SSL_ALERT_LEVEL_FATAL,
 			                               MBEDTLS_SSL_ALERT_MSG_BAD_CERT);
 			return KVD_EIO;
@@ -23176,14 +23704,16 @@ static int tls_accept(struct kvd *k, struct conn *c)
 }
 
 /* The verified client certificate's CN: who a call without a token is, with
- * --client-cert-auth (section 19).  NULL if none or empty; *n its length
- * (it may hold NULs: compare it by length, never as a C string). */
+ * --client-cert-auth (section 19).  NULL if the client sent no certificate,
+ * "" if its certificate has no CN or an empty one (etcd: that user "", who
+ * does not exist); *n its length (it may hold NULs: compare it by length,
+ * never as a C string). */
 KVD_UNUSED static const char *tls_peer_cn(const struct conn *c, size_t *n) /* unused: KVD_NO_AUTH and _HTTP */
 {
 	const struct tls_conn *t = c->tr == &tls_transport ? c->ts : NULL;
 
 	*n = t && t->done && t->cn ? t->cnlen : 0;
-	return *n ? t->cn : NULL;
+	return t && t->done && t->cert ? (t->cn ? t->cn : "") : NULL;
 }
 
 #else
@@ -23250,6 +23780,7 @@ KVD_UNUSED static const char *tls_peer_cn(const struct conn *c, size_t *n)
 #define HTTP1_GO_BUFFER 2048 /* net/http's bufferBeforeChunkingSize */
 
 struct http1_req {
+	const char *why;            /* a refusal's body, Go's words (NULL: the status's own) */
 	const char *method, *target;
 	size_t mlen, tlen;
 	int minor;                  /* HTTP/1.<minor> */
@@ -23317,7 +23848,7 @@ static long http1_parse(const uint8_t *p, size_t n, struct http1_req *r, int *st
 	const uint8_t *end, *q, *eol, *colon;
 	size_t lim = KVD_MIN(n, (size_t)HTTP1_MAX_HEAD), i;
 	uint64_t v;
-	int have_len = 0;
+	int have_len = 0, have_te = 0, hosts = 0;
 
 	memset(r, 0, offsetof(struct http1_req, h));
 	r->nh = 0;
@@ -23393,11 +23924,13 @@ static long http1_parse(const uint8_t *p, size_t n, struct http1_req *r, int *st
 			r->clen = v;
 			have_len = 1;
 		} else if (http1_ieq(name, nl, "transfer-encoding")) {
-			if (!http1_ieq(val, vl, "chunked")) {
+			if (!http1_ieq(val, vl, "chunked") || have_te++) { /* "chunked, chunked" or twice: as Go, 501 */
 				*status = 501; /* a coding HTTP/1.1 need not know */
 				return KVD_EINVAL;
 			}
 			r->chunked = 1;
+		} else if (http1_ieq(name, nl, "host")) {
+			hosts++;
 		} else if (http1_ieq(name, nl, "connection")) {
 			if (http1_has_token(val, vl, "close"))
 				r->close = 1;
@@ -23410,6 +23943,14 @@ static long http1_parse(const uint8_t *p, size_t n, struct http1_req *r, int *st
 			}
 			r->expect = 1;
 		}
+	}
+	if (hosts > 1 || (!hosts && r->minor == 1)) { /* as Go: one Host, and HTTP/1.1 must send it */
+		r->why = hosts ? "400 Bad Request\n" : "400 Bad Request: missing required Host header";
+		return KVD_EINVAL;
+	}
+	if (r->chunked && r->minor == 0) { /* Go ignores it and reads no body: the chunks would be a request */
+		r->why = "400 Bad Request: chunked transfer coding on HTTP/1.0";
+		return KVD_EINVAL;
 	}
 	if (r->chunked && have_len) { /* RFC 9112 6.3: chunked wins, and the connection ends after */
 		r->clen = 0;
@@ -23870,26 +24411,32 @@ static int gw_body(struct kvd *k, struct conn *c)
 			return 0;
 		}
 		take = (size_t)(e - p) + 1;
-		if (h->chunk_st == 2) { /* CRLF after the data */
-			if (take > 2 || (take == 2 && p[0] != '\r'))
-				return http1_fail(k, c, 400, "400 Bad Request\n");
+		if (h->chunk_st == 2) { /* CRLF after the data: exactly that (Go) */
+			if (take != 2 || p[0] != '\r')
+				return http1_fail(k, c, 400, "malformed chunked encoding");
 			h->chunk_st = 0;
 		} else if (h->chunk_st == 3) { /* trailers until an empty line */
 			if (take <= 2)
 				h->body_done = 1;
-		} else {
+		} else { /* a chunk-size line as Go reads one: CRLF, at most 16 hex digits, ";ext" */
 			uint64_t v = 0;
-			size_t i, nd = 0;
-			for (i = 0; i < take; i++, nd++) {
+			size_t i, nd = 0, eol = take - 1;
+			if (take < 2 || p[take - 2] != '\r')
+				return http1_fail(k, c, 400, "chunked line ends with bare LF");
+			if (memchr(p, '\r', take - 2))
+				return http1_fail(k, c, 400, "invalid CR in chunked line");
+			for (eol = take - 2; eol && (p[eol - 1] == ' ' || p[eol - 1] == '\t'); eol--)
+				;
+			for (i = 0; i < eol && p[i] != ';'; i++, nd++) {
 				int x = p[i] >= '0' && p[i] <= '9' ? p[i] - '0' : (p[i] | 0x20) >= 'a' && (p[i] | 0x20) <= 'f' ? (p[i] | 0x20) - 'a' + 10 : -1;
 				if (x < 0)
-					break;
-				if (v > (UINT64_MAX >> 4))
-					return http1_fail(k, c, 400, "400 Bad Request\n");
+					return http1_fail(k, c, 400, "invalid byte in chunk length");
+				if (nd == 16) /* even zeros: Go counts digits, not value */
+					return http1_fail(k, c, 400, "http chunk length too large");
 				v = v << 4 | (uint64_t)x;
 			}
-			if (!nd || (p[i] != '\r' && p[i] != '\n' && p[i] != ';'))
-				return http1_fail(k, c, 400, "400 Bad Request\n");
+			if (!nd)
+				return http1_fail(k, c, 400, "empty hex number for chunk length");
 			if (v > gw_max_body(k))
 				return http1_fail(k, c, 413, "413 Request Entity Too Large\n");
 			h->chunk_left = v;
@@ -24743,7 +25290,7 @@ static int http1_route(struct kvd *k, struct conn *c, const struct http1_req *r)
 			return 0;
 		}
 		/* etcd: a client certificate's CN is not the gateway's user -- refused */
-		if (k->cfg.client_cert_auth && k->auth.enabled && tls_peer_cn(c, &cnlen)) {
+		if (k->cfg.client_cert_auth && k->auth.enabled && tls_peer_cn(c, &cnlen) && cnlen) {
 			http1_answer(k, c, r->minor, 400, HTTP1_NOSNIFF, "CommonName of client sending a request against "
 			             "gateway will be ignored and not used as expected\n", r->close);
 			return 0;
@@ -24808,7 +25355,7 @@ static void http1_input_step(struct kvd *k, struct conn *c)
 		c->t_active = k->now;
 		k->st.http_requests++;
 		if (n < 0) {
-			http1_fail(k, c, status, status == 431 ? "431 Request Header Fields Too Large\n"
+			http1_fail(k, c, status, r.why ? r.why : status == 431 ? "431 Request Header Fields Too Large\n"
 			                         : status == 501 ? "Unsupported transfer encoding" /* Go's words */
 			                         : status == 417 ? "" : "400 Bad Request\n");
 			return;
@@ -26606,12 +27153,15 @@ static int cfg_yaml_set(struct kvd_config *cfg, struct cfg_yaml *y, const char *
 		return cfg_yaml_bad(y, f ? "a config file cannot name another" : "unknown key", name);
 	if (!v)
 		return 0; /* null: the default stays */
-	if (f->type == CFG_BOOL) { /* YAML 1.1's spellings, as Go's yaml reads them */
-		if (!strcmp(v, "yes") || !strcmp(v, "Yes") || !strcmp(v, "on") || !strcmp(v, "On") || !strcmp(v, "True"))
-			v = "true";
-		else if (!strcmp(v, "no") || !strcmp(v, "No") || !strcmp(v, "off") || !strcmp(v, "Off") ||
-		         !strcmp(v, "False"))
-			v = "false";
+	if (f->type == CFG_BOOL) { /* YAML 1.1's spellings, as go-yaml v2 resolves a plain scalar */
+		static const char *const yes[] = {"y", "Y", "yes", "Yes", "YES", "on", "On", "ON", "True", "TRUE"};
+		static const char *const no[] = {"n", "N", "no", "No", "NO", "off", "Off", "OFF", "False", "FALSE"};
+		for (i = 0; i < KVD_COUNT(yes); i++)
+			if (!strcmp(v, yes[i]))
+				v = "true";
+		for (i = 0; i < KVD_COUNT(no); i++)
+			if (!strcmp(v, no[i]))
+				v = "false";
 	} else if (f->type == CFG_MS && v[0] && strspn(v, "0123456789") == strlen(v)) {
 		unsigned long long ns = strtoull(v, NULL, 10); /* etcd: a bare number is nanoseconds */
 		if (strlen(v) > 19 || ns / 1000000 + (ns % 1000000 != 0) > 0xffffffffull)
@@ -27060,6 +27610,8 @@ KVD_RESIDENT KVD_API int kvd_config_parse(struct kvd_config *cfg, int argc, char
 			         "corresponding command-line flag (either unset environment variable or disable flag)", env);
 			return KVD_EINVAL;
 		}
+		if (!*v)
+			continue; /* as etcd: an empty variable sets nothing (ETCD_CLIENT_CERT_AUTH= is false) */
 		if ((r = cfg_set(cfg, &cfg_flags[i], v, err, errlen)))
 			return r;
 	}

@@ -101,6 +101,15 @@ class Peer:
         except self.c.grpc.RpcError as e:
             return ("err", e.code().name, e.details())
 
+    def call_raw(self, path, req, token=None):
+        """Any unary method by path: ('ok', bytes) or ('err', code, text)."""
+        f = self.c.ch.unary_unary(path, request_serializer=lambda m: m.SerializeToString(),
+                                  response_deserializer=lambda b: b)
+        try:
+            return ("ok", f(req, timeout=30, metadata=[("token", token)] if token else None))
+        except self.c.grpc.RpcError as e:
+            return ("err", e.code().name, e.details())
+
     def watch(self, creq, token=None):
         """The first answer to one watch create, then the stream goes."""
         f = self.c.ch.stream_stream("/etcdserverpb.Watch/Watch", request_serializer=lambda m: m.SerializeToString(),
@@ -1023,6 +1032,64 @@ def jwt_tokens_as_etcd_makes_them():
 
 
 @test
+def jwt_claims_as_etcd_reads_them():
+    """Hand-signed HS256 tokens with odd claims, beside etcd 3.7.3: an nbf in
+    the future and an exp past what Go's time can hold (1e300) are refused;
+    a claim given twice is the last one (Go fills a map), so both servers
+    read one signed token as the same user; exp 0 means none; an iat in the
+    future is not looked at; a username holding a NUL is nobody."""
+    import base64
+    import hashlib
+    import hmac
+    d = jwt_keys()
+    key = open(d + "/hmac.key", "rb").read()
+    spec = "jwt,pub-key=%s/hmac.key,priv-key=%s/hmac.key,sign-method=HS256,ttl=10m" % (d, d)
+    b64 = lambda b: base64.urlsafe_b64encode(b).rstrip(b"=").decode()
+    now = int(time.time())
+
+    def sign(claims):
+        head = b64(b'{"alg":"HS256","typ":"JWT"}') + "." + b64(claims.encode())
+        return head + "." + b64(hmac.new(key, head.encode(), hashlib.sha256).digest())
+    out = {}
+    for name, srv in (("etcd", Etcd(COST + ["--auth-token", spec])),
+                      ("kvd", Kvd(binary=SAN, args=COST + ["--auth-token", spec]))):
+        p = Peer(srv.endpoint())
+        setup_alice(p)
+        rev = jwt_claims(p.tok["alice"])[1]["revision"]
+        cases = [
+            '{"username":"alice","revision":%d,"exp":%d}' % (rev, now + 600),
+            '{"username":"alice","revision":%d,"exp":%d,"nbf":%d}' % (rev, now + 600, now + 300),
+            '{"username":"alice","revision":%d,"exp":%d,"nbf":%d}' % (rev, now + 600, now - 300),
+            '{"username":"alice","revision":%d,"exp":1e300}' % rev,
+            '{"username":"alice","revision":%d,"exp":1e19}' % rev,
+            '{"username":"alice","revision":%d,"exp":-5}' % rev,
+            '{"username":"alice","revision":%d,"exp":0}' % rev,
+            '{"username":"alice","revision":%d,"exp":"%d"}' % (rev, now + 600),
+            '{"username":"alice","revision":%d,"exp":null}' % rev,
+            '{"username":"alice","revision":%d,"exp":%d,"iat":%d}' % (rev, now + 600, now + 9999),
+            '{"username":"alice","username":"root","revision":%d,"exp":%d}' % (rev, now + 600),
+            '{"username":"root","username":"alice","revision":%d,"exp":%d}' % (rev, now + 600),
+            '{"username":"alice","revision":%d,"exp":%d,"exp":%d}' % (rev, now + 600, now - 600),
+            '{"username":"root\\u0000","revision":%d,"exp":%d}' % (rev, now + 600),
+        ]
+        got = out[name] = []
+        for c in cases:
+            t = sign(c)
+            got.append((p.call("Range", R.RangeRequest(key=b"k1"), t)[:3],
+                        p.call("Put", R.PutRequest(key=b"/elsewhere", value=b"1"), t)[:3]))
+        p.close()
+        srv.stop()
+    strip = lambda a: [tuple(x if x[0] == "err" else ("ok",) for x in pair) for pair in a]
+    e, k = strip(out["etcd"]), strip(out["kvd"])
+    for i, (x, y) in enumerate(zip(e, k)):
+        check(x == y, "claims case %d as etcd 3.7.3 reads it: etcd %s, kvd %s" % (i, x, y))
+    check(e[1][0][:2] == ("err", "UNAUTHENTICATED") and e[3][0][:2] == ("err", "UNAUTHENTICATED"),
+          "etcd refuses a future nbf and exp 1e300: %s" % ((e[1], e[3]),))
+    check(e[10][1] == ("ok",) and e[11][1][:2] == ("err", "PERMISSION_DENIED"), "the last username wins: %s" % ((e[10], e[11]),))
+    subprocess.run(["rm", "-rf", d])
+
+
+@test
 def jwt_left_out():
     """Built with KVD_NO_JWT (make JWT=0; make lean, KVD_NOJWT=1): kvd refuses
     to start with --auth-token jwt,... and says why; simple tokens serve.  In
@@ -1233,6 +1300,89 @@ def hostile_tokens_are_refused():
     p.close()
     check(k.stop() == 0, "kvd stopped cleanly (no sanitizer report)")
     subprocess.run(["rm", "-rf", d])
+
+
+def gw_post(port, path, body, token=None):
+    """One gateway POST (JSON text in, (status, JSON object) out)."""
+    import http.client
+    import json
+    h = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    hdr = {"Content-Type": "application/json"}
+    if token:
+        hdr["Authorization"] = token
+    h.request("POST", path, body=body, headers=hdr)
+    r = h.getresponse()
+    d = r.read()
+    h.close()
+    try:
+        return r.status, json.loads(d)
+    except ValueError:
+        return r.status, d
+
+
+@test
+def names_are_whole_with_a_nul():
+    """proto3 strings may hold U+0000: a name is taken with its wire length,
+    as etcd 3.7.3 takes it ("root\0x" is nobody, "root\0" is no role), by
+    gRPC and through the gateway's \u0000 alike.  Creating a user or role
+    whose name holds a NUL is kvd's one deliberate difference: etcd stores
+    it, kvd refuses it (README: security notes)."""
+    srv = {"etcd": Etcd(args=COST), "kvd": Kvd(binary=SAN, args=COST)}
+    got = {}
+    for name, s in srv.items():
+        p = Peer(s.endpoint())
+        setup_alice(p)
+        root = p.tok["root"]
+        a = got[name] = []
+        a.append(p.call("Authenticate", R.AuthenticateRequest(name="root\0x", password="rootpw")))
+        a.append(p.call("Authenticate", R.AuthenticateRequest(name="root\0", password="rootpw")))
+        a.append(p.call("UserGrantRole", R.AuthUserGrantRoleRequest(user="alice", role="root\0"), root))
+        a.append(p.call("UserGrantRole", R.AuthUserGrantRoleRequest(user="alice\0", role="r1"), root))
+        a.append(p.call("UserGet", R.AuthUserGetRequest(name="alice\0x"), root))
+        a.append(p.call("UserGet", R.AuthUserGetRequest(name="alice\0"), p.tok["alice"]))  # not oneself
+        a.append(p.call("RoleGet", R.AuthRoleGetRequest(role="r1\0root"), root))
+        a.append(p.call("RoleGet", R.AuthRoleGetRequest(role="root\0"), root))
+        a.append(p.call("UserDelete", R.AuthUserDeleteRequest(name="alice\0"), root))
+        a.append(p.call("UserDelete", R.AuthUserDeleteRequest(name="root\0"), root))
+        a.append(p.call("UserChangePassword", R.AuthUserChangePasswordRequest(name="alice\0", password="x"), root))
+        a.append(p.call("UserRevokeRole", R.AuthUserRevokeRoleRequest(name="alice", role="r1\0"), root))
+        a.append(p.call("UserRevokeRole", R.AuthUserRevokeRoleRequest(name="root\0", role="root"), root))
+        a.append(p.call("RoleDelete", R.AuthRoleDeleteRequest(role="r1\0"), root))
+        a.append(p.call("RoleGrantPermission", R.AuthRoleGrantPermissionRequest(
+            name="r1\0", perm=AUTHPB.Permission(permType=0, key=b"k")), root))
+        a.append(p.call("RoleRevokePermission", R.AuthRoleRevokePermissionRequest(role="r1\0", key=b"k1"), root))
+        # a password is every byte of it: "pw" is not "pw\0z"
+        a.append(p.call("UserAdd", R.AuthUserAddRequest(name="nulpw", password="pw\0z"), root)[0])
+        a.append(p.call("Authenticate", R.AuthenticateRequest(name="nulpw", password="pw"))[:2])
+        a.append(p.call("Authenticate", R.AuthenticateRequest(name="nulpw", password="pw\0z"))[0])
+        a.append(p.call("UserChangePassword", R.AuthUserChangePasswordRequest(name="nulpw", password="q\0"), root)[0])
+        a.append(p.call("Authenticate", R.AuthenticateRequest(name="nulpw", password="q"))[:2])
+        a.append(p.call("Authenticate", R.AuthenticateRequest(name="nulpw", password="q\0"))[0])
+        # the gateway: \u0000 in JSON
+        st, js = gw_post(s.port, "/v3/auth/authenticate", '{"name":"root\\u0000x","password":"rootpw"}')
+        a.append((st, js.get("code") if isinstance(js, dict) else js, "token" in js if isinstance(js, dict) else None))
+        # other strings: the health service's name, peer URLs
+        a.append(p.call_raw("/grpc.health.v1.Health/Check", pb()["health"].HealthCheckRequest(service="\0x")))
+        a.append(p.call_raw("/etcdserverpb.Cluster/MemberAdd", R.MemberAddRequest(peerURLs=["http://127.0.0.1:2\0"]), root))
+        a.append(p.call_raw("/etcdserverpb.Maintenance/Downgrade", R.DowngradeRequest(action=0, version="3.6\0"), root))
+        a.append(p.call("Status", R.StatusRequest(), root)[0])
+        # kvd's deliberate difference: etcd stores these names, kvd refuses them
+        got[name + "-add"] = (p.call("UserAdd", R.AuthUserAddRequest(name="eve\0root", password="e"), root),
+                              p.call("RoleAdd", R.AuthRoleAddRequest(name="r\0root"), root),
+                              p.call("UserGet", R.AuthUserGetRequest(name="eve"), root)[:2])
+        p.close()
+    for i, (x, y) in enumerate(zip(got["etcd"], got["kvd"])):
+        check(x == y, "answer %d as etcd 3.7.3's: etcd %s, kvd %s" % (i, x, y))
+    check(got["etcd"][0] == ("err", "INVALID_ARGUMENT", "etcdserver: authentication failed, invalid user ID or password"),
+          "etcd: root\\0x is nobody: %s" % (got["etcd"][0],))
+    check(got["etcd"][2][:2] == ("err", "FAILED_PRECONDITION"), "etcd: root\\0 is no role: %s" % (got["etcd"][2],))
+    eadd, kadd = got["etcd-add"], got["kvd-add"]
+    check(eadd[0][0] == "ok" and eadd[1][0] == "ok", "etcd 3.7.3 stores names with a NUL: %s" % (eadd,))
+    nul = ("err", "INVALID_ARGUMENT", "kvd: a user or role name holding a NUL byte is not supported")
+    check(kadd[0] == nul and kadd[1] == nul, "kvd refuses them, saying why: %s" % (kadd,))
+    check(kadd[2] == ("err", "FAILED_PRECONDITION"), "and stored no \"eve\": %s" % (kadd[2],))
+    for s in srv.values():
+        s.stop()
 
 
 @test

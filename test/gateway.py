@@ -670,11 +670,11 @@ def limits():
     big = b"x" * 140000
     st = exchange(k.port, post("/v3/kv/put", b'{"key":"YQ==","value":"' + big + b'"}'))
     check(st[0][0].startswith("HTTP/1.1 413"), "a body over 2 x --max-request-bytes + 64 KiB: 413: %r" % (st[0][:1],))
-    st = exchange(k.port, b"POST /v3/kv/put HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\nffffffffffffffffff\r\n")
+    st = exchange(k.port, b"POST /v3/kv/put HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nffffffffffffffffff\r\n")
     check(st[0][0].startswith("HTTP/1.1 400"), "a chunk size past 64 bits: 400: %r" % (st[0][:1],))
-    st = exchange(k.port, b"POST /v3/kv/put HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n100000\r\n")
+    st = exchange(k.port, b"POST /v3/kv/put HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n100000\r\n")
     check(st[0][0].startswith("HTTP/1.1 413"), "a chunk past the limit: 413: %r" % (st[0][:1],))
-    st = exchange(k.port, b"POST /v3/kv/put HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n")
+    st = exchange(k.port, b"POST /v3/kv/put HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n")
     check(st[0][0].startswith("HTTP/1.1 400"), "a bad chunk line: 400: %r" % (st[0][:1],))
     # hostile JSON: deep nesting, a huge number, a flood of members
     for body, want in ((b"[" * 60000, "400"), (b"{" * 60000, "400"), (b'["' + b"\\" * 60000, "400"),

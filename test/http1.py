@@ -216,8 +216,8 @@ def keep_alive_and_pipelining():
     check([x[2] for x in a] == [h, b'{"etcdserver":"3.7.3","etcdcluster":"3.7.0","storage":"3.7.0"}', h],
           "three pipelined requests answered in order: %s" % a)
     # a body nobody takes is read and dropped; the next request is still served
-    data = raw(k.port, b"GET /health HTTP/1.1\r\nContent-Length: 5\r\n\r\nHELLOGET /version HTTP/1.1\r\n"
-                       b"Connection: close\r\n\r\n")
+    data = raw(k.port, b"GET /health HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nHELLOGET /version HTTP/1.1\r\n"
+                       b"Host: x\r\nConnection: close\r\n\r\n")
     check([x[0] for x in answers(data)] == ["HTTP/1.1 200 OK"] * 2, "a body dropped: %s" % data[:200])
     k.stop()
 
@@ -237,6 +237,58 @@ def limits_and_garbage():
     c = Client(k.endpoint())
     check(c.call("Put", R.PutRequest(key=b"k", value=b"v"))[0] == "ok", "gRPC on the same port")
     c.close()
+    k.stop()
+
+
+@test
+def framing_as_etcd37():
+    """Request framing a proxy in front could read another way (request
+    smuggling): each refused as etcd 3.7.3 refuses it -- a chunk-size line
+    ending in a bare LF, Transfer-Encoding twice or "chunked, chunked", a
+    chunk size of more than 16 digits (zeros too), no Host or two on
+    HTTP/1.1 -- and a chunked body on HTTP/1.0 (etcd reads none and would
+    take the chunks for a request) never reaches the store."""
+    body = b'{"key":"YzIxMQ==","value":"eA=="}'
+    chunk = lambda sep=b"\r\n", size=None: (size or (b"%x" % len(body))) + sep + body + b"\r\n0\r\n\r\n"
+    put = b"POST /v3/kv/put HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nConnection: close\r\n"
+    cases = [
+        ("bare LF after the chunk size", put + b"Transfer-Encoding: chunked\r\n\r\n" + chunk(b"\n"), 400),
+        ("Transfer-Encoding twice", put + b"Transfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n" +
+         chunk(), 501),
+        ("chunked, chunked", put + b"Transfer-Encoding: chunked, chunked\r\n\r\n" + chunk(), 501),
+        ("100 leading zeros", put + b"Transfer-Encoding: chunked\r\n\r\n" + chunk(size=b"0" * 100 + b"%x" % len(body)),
+         400),
+        ("17 digits", put + b"Transfer-Encoding: chunked\r\n\r\n" + chunk(size=b"%017x" % len(body)), 400),
+        ("16 digits", put + b"Transfer-Encoding: chunked\r\n\r\n" + chunk(size=b"%016x" % len(body)), 200),
+        ("no Host", b"POST /v3/kv/put HTTP/1.1\r\nConnection: close\r\nContent-Length: %d\r\n\r\n" % len(body) + body,
+         400),
+        ("two Hosts", put + b"Host: y\r\nContent-Length: %d\r\n\r\n" % len(body) + body, 400),
+        ("no Host on HTTP/1.0", b"POST /v3/kv/put HTTP/1.0\r\nContent-Length: %d\r\n\r\n" % len(body) + body, 200),
+        ("Content-Length and chunked", put + b"Content-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n" + chunk(), 200),
+    ]
+    e, k = Etcd(), Kvd()
+    for what, req, want in cases:
+        got = []
+        for srv in (e, k):
+            c = Client(srv.endpoint())
+            c.call("DeleteRange", R.DeleteRangeRequest(key=b"c211"))
+            a = answers(raw(srv.port, req))
+            st = int(a[0][0].split()[1]) if a else None
+            stored = c.call("Range", R.RangeRequest(key=b"c211"))[1].count
+            c.close()
+            got.append((st, stored))
+        check(got[0] == got[1] == [(want, int(want == 200))][0], "%s: etcd %s, kvd %s (want %d)" % (what, got[0], got[1], want))
+    # HTTP/1.0 with chunks: etcd ignores the coding (and the chunks with it); kvd refuses it outright
+    req = b"POST /v3/kv/put HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n" + chunk()
+    got = []
+    for srv in (e, k):
+        Client(srv.endpoint()).call("DeleteRange", R.DeleteRangeRequest(key=b"c211"))
+        a = answers(raw(srv.port, req))
+        got.append((int(a[0][0].split()[1]) if a else None, Client(srv.endpoint()).call(
+            "Range", R.RangeRequest(key=b"c211"))[1].count))
+    check(got[0][0] >= 400 and got[1] == (400, 0) and got[0][1] == 0,
+          "chunked on HTTP/1.0: nothing stored (etcd %s, kvd %s)" % tuple(got))
+    e.stop()
     k.stop()
 
 
@@ -351,6 +403,41 @@ def metrics():
     check(mine == theirs, "names and types as etcd's: kvd %r\n  etcd %r" %
           (sorted(set(mine.items()) - set(theirs.items())), sorted(set(theirs.items()) - set(mine.items()))))
     e.stop()
+    k.stop()
+
+
+@test
+def metrics_name_no_key_or_user():
+    """/metrics (the client port and the metrics listener) says how much and
+    how often, never which: after keys, users, roles, a lease, watches, a
+    failed login and failed calls with distinctive names, none of those
+    names (nor a password, nor a value) appears in either scrape."""
+    from kvdtest import free_port, WatchStream
+    mport = free_port()
+    k = Kvd(args=["--listen-metrics-urls", "http://127.0.0.1:%d" % mport, "--bcrypt-cost", "4"])
+    c = Client(k.endpoint())
+    secret = ["sekrit-key-7f3a", "sekrit-value-c19e", "sekrit-user-42bd", "sekrit-pass-0d77", "sekrit-role-9e21"]
+    c.call("Put", R.PutRequest(key=secret[0].encode(), value=secret[1].encode()))
+    w = WatchStream(k.endpoint())
+    w.create(key=secret[0].encode(), prev_kv=True)
+    w.wait(1)
+    auth = lambda m, req, resp: c.call(m, req, service="etcdserverpb.Auth", resp=resp)
+    auth("UserAdd", R.AuthUserAddRequest(name="root", password="rootpw"), "AuthUserAddResponse")
+    auth("UserGrantRole", R.AuthUserGrantRoleRequest(user="root", role="root"), "AuthUserGrantRoleResponse")
+    auth("UserAdd", R.AuthUserAddRequest(name=secret[2], password=secret[3]), "AuthUserAddResponse")
+    auth("RoleAdd", R.AuthRoleAddRequest(name=secret[4]), "AuthRoleAddResponse")
+    auth("AuthEnable", R.AuthEnableRequest(), "AuthEnableResponse")
+    auth("Authenticate", R.AuthenticateRequest(name=secret[2], password="wrong"), "AuthenticateResponse")
+    c.call("Range", R.RangeRequest(key=secret[0].encode()))  # refused: no token
+    w.close()
+    for port in (k.port, mport):
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        conn.request("GET", "/metrics")
+        body = conn.getresponse().read().decode()
+        conn.close()
+        check(len(body) > 1000 and not [x for x in secret if x in body],
+              "port %d: no name in /metrics (%s)" % (port, [x for x in secret if x in body]))
+    c.close()
     k.stop()
 
 

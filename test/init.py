@@ -389,6 +389,63 @@ def config_file_as_etcd_reads_it():
           "etcd and kvd read the file alike: %r" % answers)
 
 
+def gateway_on(port):
+    """Does the JSON gateway answer at port (a Range through it)?"""
+    import http.client
+    try:
+        h = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        h.request("POST", "/v3/kv/range", body='{"key":"YQ=="}')
+        st = h.getresponse().status
+        h.close()
+        return st == 200
+    except OSError:
+        return None
+
+
+@test
+def booleans_as_etcd_reads_them():
+    """A bool in the config file takes YAML 1.1's words as go-yaml resolves
+    them (y, YES, ON, n, NO, Off, ...), and an empty ETCD_* variable sets
+    nothing (ETCD_CLIENT_CERT_AUTH= is false): beside etcd 3.7.3."""
+    got = {}
+    for word in ("y", "YES", "ON", "On", "True", "n", "NO", "OFF", "Off", "FALSE"):
+        for server in ("etcd", "kvd"):
+            d = tempfile.mkdtemp(prefix="kvd-cfg-")
+            port = free_port()
+            path = os.path.join(d, "conf.yml")
+            with open(path, "w") as f:
+                f.write("name: b\ndata-dir: %s/data\nlisten-client-urls: http://127.0.0.1:%d\n"
+                        "advertise-client-urls: http://127.0.0.1:%d\nlisten-peer-urls: http://127.0.0.1:%d\n"
+                        "initial-advertise-peer-urls: http://127.0.0.1:%d\ninitial-cluster: b=http://127.0.0.1:%d\n"
+                        "enable-grpc-gateway: %s\n" % (d, port, port, free_port(), 2380, 2380, word))
+            cmd = [kvdtest.oracle(), "--config-file", path] if server == "etcd" else [KVD, "--config-file", path]
+            p = spawn(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            up = wait_for(lambda: healthy(port) or p.poll() is not None, 60) and p.poll() is None
+            got[(word, server)] = gateway_on(port) if up else "exit %s" % p.poll()
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+                p.wait(30)
+            shutil.rmtree(d)
+        check(got[(word, "etcd")] == got[(word, "kvd")] and got[(word, "kvd")] == (word in ("y", "YES", "ON", "On", "True")),
+              "enable-grpc-gateway: %s -- etcd %s, kvd %s" % (word, got[(word, "etcd")], got[(word, "kvd")]))
+    for server in ("etcd", "kvd"):
+        d = tempfile.mkdtemp(prefix="kvd-env-")
+        port = free_port()
+        env = dict(os.environ, ETCD_CLIENT_CERT_AUTH="", ETCD_ENABLE_GRPC_GATEWAY="", ETCD_DATA_DIR=d + "/data",
+                   ETCD_LISTEN_CLIENT_URLS="http://127.0.0.1:%d" % port,
+                   ETCD_ADVERTISE_CLIENT_URLS="http://127.0.0.1:%d" % port,
+                   ETCD_LISTEN_PEER_URLS="http://127.0.0.1:%d" % free_port())
+        p = spawn([kvdtest.oracle() if server == "etcd" else KVD], stdout=subprocess.DEVNULL,
+                  stderr=subprocess.PIPE, env=env)
+        up = wait_for(lambda: healthy(port) or p.poll() is not None, 60) and p.poll() is None
+        check(up and gateway_on(port), "%s: empty ETCD_CLIENT_CERT_AUTH= and ETCD_ENABLE_GRPC_GATEWAY= "
+              "set nothing (exit %s)" % (server, p.poll()))
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+            p.wait(30)
+        shutil.rmtree(d)
+
+
 @test
 def config_file_refusals_name_the_line():
     d = tempfile.mkdtemp(prefix="kvd-cfg-")

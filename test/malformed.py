@@ -115,6 +115,116 @@ def decoder_faults():
         check(e == k and e[0] == "0", "stripped below the top level %s: etcd %r, kvd %r" % (body.hex(), e, k))
 
 
+@test
+def repeated_messages_are_merged():
+    """A singular message field sent twice is one message, its copies'
+    fields merged (protobuf's rule; etcd's decoder), not the last copy
+    alone: a put's key from one copy and its value from the other, a
+    watch's key and range end, a permission's key and type.  A oneof set
+    to another member in between starts afresh."""
+    from kvdtest import Client
+    rpc = pb()["rpc"]
+    kv = "/etcdserverpb.KV/"
+    put = lambda **kw: field(2, rpc.PutRequest(**kw).SerializeToString())      # RequestOp.request_put
+    rng = lambda **kw: field(1, rpc.RangeRequest(**kw).SerializeToString())    # RequestOp.request_range
+    cases = [
+        field(2, put(key=b"m1") + put(value=b"mv")),                     # one put: m1=mv
+        field(2, put(key=b"m2", value=b"a") + put(value=b"b") + put(key=b"m3")),  # m3=b
+        field(2, put(key=b"m4", value=b"x") + rng(key=b"m4") + put(value=b"y")),  # switched: put of "" (refused)
+        field(2, put(key=b"m5", value=b"x") + rng(key=b"m5")),           # a range of m5
+        field(2, field(4, field(1, rpc.Compare(key=b"m1", target=3, value=b"mv").SerializeToString())) +
+              field(4, field(2, put(key=b"m6", value=b"t")))),          # txn{compare} txn{success}: m6=t
+    ]
+    for i, body in enumerate(cases):
+        e, k = both(kv + "Txn", body)
+        check(e == k, "case %d %s: etcd %r, kvd %r" % (i, body.hex(), e, k))
+    for key in (b"m1", b"m2", b"m3", b"m4", b"m5", b"m6", b""):
+        r = [Client(x.endpoint()).call("Range", rpc.RangeRequest(key=key)) for x in (E, K)]
+        kvs = [[(kv_.key, kv_.value) for kv_ in a[1].kvs] if a[0] == "ok" else a for a in r]
+        check(kvs[0] == kvs[1], "%r as etcd stores it: etcd %r, kvd %r" % (key, kvs[0], kvs[1]))
+    e = Client(E.endpoint()).call("Range", rpc.RangeRequest(key=b"m1"))
+    check(e[0] == "ok" and [(x.key, x.value) for x in e[1].kvs] == [(b"m1", b"mv")], "etcd merged them: %r" % (e,))
+    # a watch created from two copies of create_request: [w1, w3) from revision 1
+    from kvdtest import grpc_messages
+    creq = lambda **kw: field(1, rpc.WatchCreateRequest(**kw).SerializeToString())
+    seen = []
+    for x in (E, K):
+        c = Client(x.endpoint())
+        first = None
+        for key in (b"w0", b"w2", b"w4"):
+            a = c.call("Put", rpc.PutRequest(key=key, value=b"v"))
+            first = first or a[1].header.revision
+        body = grpc_frame(creq(key=b"w1", start_revision=first) + creq(range_end=b"w3"))
+        evs = lambda r: [e.kv.key for m in grpc_messages(r.data) for e in rpc.WatchResponse.FromString(m).events]
+        r = h2_call(x.port, "/etcdserverpb.Watch/Watch", body, timeout=10, half_close=False,
+                    read_until=lambda r: evs(r))
+        seen.append(evs(r))
+    check(seen[0] == seen[1] == [b"w2"], "the watch covers [w1, w3): etcd %r, kvd %r" % tuple(seen))
+    # a permission from two copies: key from one, READWRITE from the other
+    perm = lambda **kw: field(2, pb()["auth"].Permission(**kw).SerializeToString())
+    for x in (E, K):
+        c = Client(x.endpoint())
+        c.call("RoleAdd", rpc.AuthRoleAddRequest(name="mr"), service="etcdserverpb.Auth", resp="AuthRoleAddResponse")
+    body = pb_string_name(b"mr") + perm(key=b"pk") + perm(permType=2)
+    e, k = both("/etcdserverpb.Auth/RoleGrantPermission", body)
+    check(e == k and e[0] == "0", "RoleGrantPermission: etcd %r, kvd %r" % (e, k))
+    got = []
+    for x in (E, K):
+        a = Client(x.endpoint()).call("RoleGet", rpc.AuthRoleGetRequest(role="mr"), service="etcdserverpb.Auth",
+                                      resp="AuthRoleGetResponse")
+        got.append([(p.key, p.permType) for p in a[1].perm] if a[0] == "ok" else a)
+    check(got[0] == got[1] == [(b"pk", 2)], "the permission as etcd merged it: etcd %r, kvd %r" % tuple(got))
+
+
+def no_revisions(m):
+    """m with its headers and every revision field cleared (two servers'
+    histories differ): what a request did, compared."""
+    for f, v in list(m.ListFields()):
+        if f.name == "header" or f.name.endswith("revision"):
+            m.ClearField(f.name)
+        elif f.type == f.TYPE_MESSAGE:
+            for x in (v if f.label == f.LABEL_REPEATED else [v]):
+                no_revisions(x)
+    return m
+
+
+@test
+def random_repeated_fields_merge_as_etcd():
+    """Seeded random Txns whose ops are each several copies of oneof members
+    (puts, ranges and deletes of three keys, in pieces): kvd's answers and
+    effects as etcd 3.7.3's, revisions aside."""
+    from kvdtest import grpc_messages
+    rpc = pb()["rpc"]
+    keys = [b"rm-a", b"rm-b", b"rm-c"]
+    for seed in SEEDS:
+        rnd = random.Random(seed)
+        for i in range(60):
+            def piece():
+                k, v = rnd.choice(keys), b"v%d" % rnd.randrange(100)
+                return rnd.choice([
+                    field(2, rpc.PutRequest(key=k).SerializeToString()),
+                    field(2, rpc.PutRequest(value=v).SerializeToString()),
+                    field(2, rpc.PutRequest(prev_kv=True).SerializeToString()),
+                    field(2, rpc.PutRequest(key=k, value=v).SerializeToString()),
+                    field(1, rpc.RangeRequest(key=k).SerializeToString()),
+                    field(1, rpc.RangeRequest(range_end=b"rm-z").SerializeToString()),
+                    field(3, rpc.DeleteRangeRequest(key=k, prev_kv=rnd.random() < 0.5).SerializeToString())])
+            ops = [b"".join(piece() for _ in range(rnd.randint(1, 4))) for _ in range(rnd.randint(1, 3))]
+            body = b"".join(field(2, op) for op in ops)
+            got = []
+            for x in (E, K):
+                r = h2_call(x.port, "/etcdserverpb.KV/Txn", grpc_frame(body), timeout=20)
+                msgs = grpc_messages(r.data)
+                got.append((r.status(), r.message(),
+                            no_revisions(rpc.TxnResponse.FromString(msgs[0])) if msgs else None))
+            if not check(got[0] == got[1], "seed %d #%d %s: etcd %s, kvd %s" % (seed, i, body.hex(), got[0], got[1])):
+                return
+
+
+def pb_string_name(b):
+    return field(1, b)
+
+
 def valid_requests(rpc):
     kv = "/etcdserverpb.KV/"
     put = rpc.PutRequest(key=b"k1", value=b"v1", prev_kv=True)

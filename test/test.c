@@ -904,8 +904,8 @@ static void test_h2_conn_errors(void)
 	/* not HTTP/2 at all: HTTP/1.1 answers, no frames; keep-alive, pipelined */
 	{
 		struct conn *cn = net_conn_new(k, -1, &net_plain);
-		static const char two[] = "GET / HTTP/1.1\r\n\r\nGET /health HTTP/1.1\r\nConnection: close\r\n\r\n";
-		t_raw_feed(k, cn, "GET / HTTP/1.1\r\n\r\n", 18);
+		static const char two[] = "GET / HTTP/1.1\r\nHost: x\r\n\r\nGET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+		t_raw_feed(k, cn, "GET / HTTP/1.1\r\nHost: x\r\n\r\n", 27);
 		CHECK(!cn->is_closing && BUF_LEN(&cn->out) > 12 && !memcmp(BUF_DATA(&cn->out), "HTTP/1.1 404", 12));
 		cn->out.rd = cn->out.len = 0;
 		t_raw_feed(k, cn, two, sizeof two - 1);
@@ -3521,6 +3521,156 @@ static void test_pb_check(void)
 	free(b);
 }
 
+/* Strings a request carries are taken whole (kvd.c section 5, invariant
+ * 5): the linked protobuf-c allocates length + 1 bytes for each through
+ * kvd's allocator, so pb_str gives the wire length, NULs and all -- in a
+ * plain field, a repeated one, a nested message, and for an absent one. */
+static void test_pb_str_whole(void)
+{
+	struct kvd *k = t_kvd();
+	uint8_t b[128];
+	size_t n;
+	int oom;
+	Etcdserverpb__AuthenticateRequest *a;
+	Etcdserverpb__MemberAddRequest *m;
+	Etcdserverpb__AuthUserGrantRoleRequest *g;
+
+	t_name = "pb_str_whole";
+	n = t_unhex("0a06 726f6f740078 1205 7077 00 7778", b, sizeof b); /* name "root\0x", password "pw\0wx" */
+	a = (void *)pb_unpack(k, &etcdserverpb__authenticate_request__descriptor, b, n, &oom);
+	CHECK(a && pb_str(a->name).n == 6 && !memcmp(pb_str(a->name).p, "root\0x", 6));
+	CHECK(a && pb_str(a->password).n == 5 && pb_str_nul(a->name) && pb_str_nul(a->password));
+	pb_free(k, a);
+	n = t_unhex("0a03 612062 0a02 0000 1000", b, sizeof b); /* peerURLs: "a b", "\0\0" */
+	m = (void *)pb_unpack(k, &etcdserverpb__member_add_request__descriptor, b, n, &oom);
+	CHECK(m && m->n_peerurls == 2 && pb_str(m->peerurls[0]).n == 3 && pb_str(m->peerurls[1]).n == 2);
+	CHECK(m && m->n_peerurls == 2 && !pb_str_nul(m->peerurls[0]) && pb_str_nul(m->peerurls[1]));
+	pb_free(k, m);
+	n = t_unhex("0a02 7531", b, sizeof b); /* user "u1", role absent */
+	g = (void *)pb_unpack(k, &etcdserverpb__auth_user_grant_role_request__descriptor, b, n, &oom);
+	CHECK(g && pb_str(g->user).n == 2 && pb_str(g->role).n == 0 && !pb_str_nul(g->role));
+	pb_free(k, g);
+	CHECK(pb_str(NULL).n == 0 && !pb_str_nul(NULL));
+	kvd_close(k);
+}
+
+/* Decode hex as call_decode does (check, strip, unpack); NULL if refused. */
+static ProtobufCMessage *t_pbdecode(struct kvd *k, const ProtobufCMessageDescriptor *d, const char *hex)
+{
+	uint8_t in[512], out[512];
+	size_t n = t_unhex(hex, in, sizeof in), m;
+	unsigned flags;
+	char why[160];
+	int oom;
+
+	if (pb_check(d, in, n, PB_MAX_DEPTH, why, sizeof why, &flags))
+		return NULL;
+	if (!(flags & PB_F_STRIP))
+		return pb_unpack(k, d, in, n, &oom);
+	m = pb_strip(d, in, n, out);
+	CHECK(m <= n);
+	return m == (size_t)-1 ? NULL : pb_unpack(k, d, out, m, &oom);
+}
+
+/* A singular message field sent twice is one message, merged (protobuf's
+ * rule, etcd's decoder's), where protobuf-c keeps a oneof member's last
+ * copy: kvd.c pb_strip.  A oneof switched in between starts afresh. */
+static void test_pb_merge(void)
+{
+	struct kvd *k = t_kvd();
+	Etcdserverpb__RequestOp *op;
+	Etcdserverpb__WatchRequest *w;
+	Etcdserverpb__TxnRequest *t;
+	Etcdserverpb__AuthRoleGrantPermissionRequest *g;
+	unsigned flags;
+
+	t_name = "pb_merge";
+	/* request_put{key:m1} request_put{value:mv}: put m1=mv */
+	op = (void *)t_pbdecode(k, &etcdserverpb__request_op__descriptor, "1204 0a026d31 1204 12026d76");
+	CHECK(op && op->request_case == ETCDSERVERPB__REQUEST_OP__REQUEST_REQUEST_PUT &&
+	      op->request_put->key.len == 2 && !memcmp(op->request_put->key.data, "m1", 2) &&
+	      op->request_put->value.len == 2 && !memcmp(op->request_put->value.data, "mv", 2));
+	pb_free(k, op);
+	/* three copies, a later key winning, prev_kv from the middle one */
+	op = (void *)t_pbdecode(k, &etcdserverpb__request_op__descriptor, "1203 0a0161 1202 2001 1205 0a0162 1200");
+	CHECK(op && op->request_put && op->request_put->key.len == 1 && op->request_put->key.data[0] == 'b' &&
+	      op->request_put->prev_kv);
+	pb_free(k, op);
+	/* put, range, put: the oneof switched; the last put alone */
+	op = (void *)t_pbdecode(k, &etcdserverpb__request_op__descriptor, "1203 0a0161 0a03 0a0162 1203 12016d");
+	CHECK(op && op->request_case == ETCDSERVERPB__REQUEST_OP__REQUEST_REQUEST_PUT &&
+	      !op->request_put->key.len && op->request_put->value.len == 1);
+	pb_free(k, op);
+	/* put, range: the range */
+	op = (void *)t_pbdecode(k, &etcdserverpb__request_op__descriptor, "1203 0a0161 0a03 0a0162");
+	CHECK(op && op->request_case == ETCDSERVERPB__REQUEST_OP__REQUEST_REQUEST_RANGE);
+	pb_free(k, op);
+	/* create_request{key:a} create_request{range_end:b}: one watch on [a, b) */
+	w = (void *)t_pbdecode(k, &etcdserverpb__watch_request__descriptor, "0a03 0a0161 0a03 120162");
+	CHECK(w && w->request_union_case == ETCDSERVERPB__WATCH_REQUEST__REQUEST_UNION_CREATE_REQUEST &&
+	      w->create_request->key.len == 1 && w->create_request->range_end.len == 1);
+	pb_free(k, w);
+	/* a txn's op twice, its txn twice, inside: compare from one, success from the other */
+	t = (void *)t_pbdecode(k, &etcdserverpb__txn_request__descriptor,
+	                     "1210 2205 0a03 1a0161 2207 1205 0a03 0a0178 " /* success[0]: txn{compare{a}} txn{success[range x]} */
+	                     "1208 2206 1204 12022001"); /* success[1]: txn{success[put{prev_kv}]} */
+	CHECK(t && t->n_success == 2 && t->success[0]->request_txn && t->success[0]->request_txn->n_compare == 1 &&
+	      t->success[0]->request_txn->n_success == 1 && t->success[1]->request_txn->n_success == 1);
+	pb_free(k, t);
+	/* a plain (not oneof) singular message: perm{key:k} perm{permType:2} */
+	g = (void *)t_pbdecode(k, &etcdserverpb__auth_role_grant_permission_request__descriptor, "0a0172 1203 12016b 1202 0802");
+	CHECK(g && g->perm && g->perm->key.len == 1 && g->perm->permtype == 2);
+	pb_free(k, g);
+	/* the length widened: a 100-byte key, then a 100-byte value */
+	{
+		char hex[1024];
+		size_t i, o = 0;
+		o += (size_t)sprintf(hex + o, "1266 0a64");
+		for (i = 0; i < 100; i++)
+			o += (size_t)sprintf(hex + o, "6b");
+		o += (size_t)sprintf(hex + o, " 1266 1264");
+		for (i = 0; i < 100; i++)
+			o += (size_t)sprintf(hex + o, "76");
+		op = (void *)t_pbdecode(k, &etcdserverpb__request_op__descriptor, hex);
+		CHECK(op && op->request_put && op->request_put->key.len == 100 && op->request_put->value.len == 100);
+		pb_free(k, op);
+	}
+	/* pb_check flags a second copy for pb_strip; one copy needs nothing */
+	t_check(&etcdserverpb__request_op__descriptor, "1204 0a026d31", &flags);
+	CHECK(flags == 0);
+	t_check(&etcdserverpb__request_op__descriptor, "1204 0a026d31 1204 12026d76", &flags);
+	CHECK(flags == PB_F_STRIP);
+	kvd_close(k);
+}
+
+/* Every request message's singular message fields sit where pb_strip's
+ * merge table tracks them (PB_MERGE_FIELDS), at every depth. */
+static void test_pb_merge_fields(void)
+{
+	const ProtobufCMessageDescriptor *todo[256];
+	size_t n = 0, seen = 0, s, m, i, j;
+	int bad = 0;
+
+	t_name = "pb_merge_fields";
+	for (s = 0; s < KVD_COUNT(svc_services); s++)
+		for (m = 0; m < svc_services[s].n; m++)
+			if (svc_services[s].m[m].req && n < KVD_COUNT(todo))
+				todo[n++] = svc_services[s].m[m].req;
+	for (; seen < n; seen++)
+		for (i = 0; i < todo[seen]->n_fields; i++) {
+			const ProtobufCFieldDescriptor *f = &todo[seen]->fields[i];
+			if (f->type != PROTOBUF_C_TYPE_MESSAGE)
+				continue;
+			if (f->label != PROTOBUF_C_LABEL_REPEATED && i >= PB_MERGE_FIELDS)
+				bad++;
+			for (j = 0; j < n && todo[j] != f->descriptor; j++)
+				;
+			if (j == n && n < KVD_COUNT(todo))
+				todo[n++] = f->descriptor;
+		}
+	CHECK(n > 40 && n < KVD_COUNT(todo) && !bad);
+}
+
 /* A Txn through the real handler: decode bounds, then etcd's checks. */
 static const char *t_txn_call(struct kvd *k, const uint8_t *msg, size_t n)
 {
@@ -3681,7 +3831,7 @@ static void test_sniff(void)
 	CHECK(!cn->is_closing && BUF_LEN(&cn->out) == 0);
 	t_raw_feed(k, cn, "\r\n", 2);
 	CHECK(cn->proto == &http1_proto && BUF_LEN(&cn->out) == 0); /* HTTP/1, its head not whole yet */
-	t_raw_feed(k, cn, "\r\n", 2);
+	t_raw_feed(k, cn, "Host: x\r\n\r\n", 11);
 	CHECK(!cn->is_closing && BUF_LEN(&cn->out) > 12 && !memcmp(BUF_DATA(&cn->out), "HTTP/1.1 404", 12));
 	net_conn_free(k, cn);
 	/* a TLS ClientHello on a plain listener: a handshake_failure alert */
@@ -4561,6 +4711,9 @@ static const struct {
 	{"tls_oom_sweep", test_tls_oom_sweep},
 #endif
 	{"pb_check", test_pb_check},
+	{"pb_str_whole", test_pb_str_whole},
+	{"pb_merge", test_pb_merge},
+	{"pb_merge_fields", test_pb_merge_fields},
 	{"txn_nesting", test_txn_nesting},
 	{"decode_oom", test_decode_oom},
 	{"sniff", test_sniff},

@@ -34,7 +34,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib"))  # test/lib: kvdtest, helpers
 from kvdtest import (ROOT, Kvd, check, free_port, go_peer, go_peers_or_skip, main_guard, pb, spawn, test,
-                     wait_for)
+                     read_to_end, wait_for)
 
 R = pb()["rpc"]
 D = tempfile.mkdtemp(prefix="kvd-tls-")
@@ -97,16 +97,20 @@ def p(name):
 class EtcdTLS:
     """Debian's etcd serving https:// with the given flags."""
 
-    def __init__(self, args, binary="etcd"):
+    def __init__(self, args, binary="etcd", probe="bob"):
         self.port = free_port()
         self.dir = tempfile.mkdtemp(prefix="etcd-tls-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
         url = "https://127.0.0.1:%d" % self.port
         self.p = spawn([binary, "--name", "ref", "--data-dir", self.dir, "--listen-client-urls", url,
                         "--advertise-client-urls", url, "--listen-peer-urls", "http://127.0.0.1:%d" % free_port(),
                         "--log-level", "error"] + list(args), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        # up when it answers anyone it accepts (bob passes every configuration here)
-        wait_for(lambda: ctl(self, None, "bob", "--insecure-skip-tls-verify", "endpoint", "health",
-                             fail=True)[0] == 0, 60, 0.1)
+        # up when it answers anyone it accepts (bob passes every configuration here but
+        # the allowed host names that refuse him: then up when it takes connections)
+        if probe:
+            wait_for(lambda: ctl(self, None, probe, "--insecure-skip-tls-verify", "endpoint", "health",
+                                 fail=True)[0] == 0, 60, 0.1)
+        else:
+            wait_for(lambda: admitted(self.port, None) != "ConnectionRefusedError", 60, 0.1)
 
     def stop(self):
         self.p.terminate()
@@ -217,6 +221,99 @@ def mutual_tls_like_etcd():
     check(x[0] != 0 and y[0] != 0, "alice is not, on both: %s" % (y[2][-160:],))
     e.stop()
     k.stop()
+
+
+def admitted(port, client):
+    """Does a server at port serve /health over TLS to this client
+    certificate (as a curl would ask)?  True, or what refused it."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    ctx.set_alpn_protocols(["http/1.1"])
+    if client:
+        ctx.load_cert_chain(p(client + ".pem"), p(client + ".key"))
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as raw:
+            with ctx.wrap_socket(raw) as s:
+                s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+                got = read_to_end(s)
+        return True if got.startswith(b"HTTP/1.1 200") else got[:40]
+    except (ssl.SSLError, OSError) as e:
+        return type(e).__name__
+
+
+def make_crl(ca, name, revoke=(), last=None, nxt=None):
+    """ca's CRL listing the certificates named in revoke, its dates given
+    (openssl's YYYYMMDDHHMMSSZ) or from now."""
+    for r in revoke:
+        subprocess.run(["openssl", "ca", "-config", ca + ".cnf", "-revoke", r + ".pem"], cwd=D, capture_output=True)
+    args = ["openssl", "ca", "-config", ca + ".cnf", "-gencrl", "-out", name + ".tmp"]
+    if last:
+        args += ["-crl_lastupdate", last, "-crl_nextupdate", nxt]
+    sh(*args)
+    sh("openssl", "crl", "-in", name + ".tmp", "-outform", "DER", "-out", name + ".new")  # etcd reads DER only
+    os.rename(p(name + ".new"), p(name))
+
+
+@test
+def crls_and_allowed_hosts_as_etcd37():
+    """--client-crl-file refuses the serials it lists and nobody else,
+    whatever its dates or issuer (a CRL past its nextUpdate, one dated in
+    the future by a board's wrong clock, one from another CA), and a change
+    to the file takes effect without a restart; --client-cert-allowed-hostname
+    matches SANs only (a CN alone names nothing), wildcards as Go does, a
+    comma list untrimmed -- each beside etcd 3.7.3."""
+    if not go_peers_or_skip("crls_and_allowed_hosts_as_etcd37"):
+        return
+    etcd = go_peer("etcd")
+    make_ca("ca3")
+    # ca3 gives the serial the revoked certificate has in ca: a foreign CRL listing it
+    serial = sh("openssl", "x509", "-in", "revoked.pem", "-noout", "-serial").strip().split("=")[1]
+    open(os.path.join(D, "ca3.db", "serial"), "w").write(serial + "\n")
+    make_cert("ca3", "twin", "twin", usage="clientAuth")
+    make_crl("ca3", "crl-foreign.der", revoke=["twin"])
+    make_crl("ca", "crl-stale.der", last="20200101000000Z", nxt="20200201000000Z")
+    make_crl("ca", "crl-future.der", last="20900101000000Z", nxt="20900201000000Z")
+    make_crl("ca", "crl-live.der")
+    for crl in ("crl-stale.der", "crl-future.der", "crl-foreign.der", "crl-live.der"):
+        flags = ["--client-cert-auth", "--trusted-ca-file", p("ca.pem"), "--client-crl-file", p(crl)]
+        e = EtcdTLS(server_args(extra=flags), binary=etcd)
+        k = kvd_tls(server_args(extra=flags))
+        for client in ("alice", "bob", "revoked"):
+            x, y = admitted(e.port, client), admitted(k.tport, client)
+            check((x is True) == (y is True), "%s, %s: etcd %s, kvd %s" % (crl, client, x, y))
+            if client == "alice":
+                check(y is True, "%s: alice is served" % crl)
+            if client == "revoked":
+                check(y is not True, "%s: the revoked serial is refused" % crl)
+        if crl == "crl-live.der":  # the file replaced: no restart, no SIGHUP
+            make_crl("ca", "crl-live.der", revoke=["bob"])
+            for srv, port in ((e, e.port), (k, k.tport)):
+                check(wait_for(lambda: admitted(port, "bob") is not True, 10),
+                      "%s: bob refused once the CRL lists him" % type(srv).__name__)
+                check(admitted(port, "alice") is True, "%s: alice still served" % type(srv).__name__)
+        check(wait_for(lambda: "revoked" in k.logtext(), 10), "kvd says why (%s)" % crl)
+        e.stop()
+        k.stop()
+    # allowed host names: SANs only, Go's wildcards, the list as etcd splits it
+    make_cert("ca", "cnonly", "bob.example", usage="clientAuth")
+    make_cert("ca", "wild", "wild", "DNS:*.example.com", usage="clientAuth")
+    make_cert("ca", "ipsan", "ipsan", "IP:10.1.2.3", usage="clientAuth")
+    for allowed, want in (("bob.example", {"bob": 1, "cnonly": 0, "wild": 0}),
+                          ("BOB.example.", {"bob": 1}),
+                          ("x.example.com", {"wild": 1, "bob": 0}),
+                          ("example.com", {"wild": 0}), ("a.b.example.com", {"wild": 0}),
+                          ("nope,bob.example", {"bob": 1}), ("nope, bob.example", {"bob": 0}),
+                          ("[10.1.2.3]", {"ipsan": 1, "bob": 0}), ("::ffff:10.1.2.3", {"ipsan": 1})):
+        flags = ["--client-cert-auth", "--trusted-ca-file", p("ca.pem"), "--client-cert-allowed-hostname", allowed]
+        e = EtcdTLS(server_args(extra=flags), binary=etcd, probe="bob" if want.get("bob") else None)
+        k = kvd_tls(server_args(extra=flags))
+        for client, ok in want.items():
+            x, y = admitted(e.port, client), admitted(k.tport, client)
+            check((x is True) == bool(ok) and (y is True) == bool(ok),
+                  "allowed %r, %s: want %s, etcd %s, kvd %s" % (allowed, client, bool(ok), x, y))
+        e.stop()
+        k.stop()
 
 
 @test
@@ -372,16 +469,17 @@ def make_cert_cn(ca, name, cn):
     key = ec.generate_private_key(ec.SECP256R1())
     now = datetime.datetime.utcnow()
     cert = (x509.CertificateBuilder()
-            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn, _validate=False)]))
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn, _validate=False)] if cn is not None
+                                    else [x509.NameAttribute(NameOID.ORGANIZATION_NAME, "no CN")]))
             .issuer_name(ca_cert.subject).public_key(key.public_key())
             .serial_number(x509.random_serial_number())
             .not_valid_before(now - datetime.timedelta(hours=1)).not_valid_after(now + datetime.timedelta(days=30))
             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
             .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
             .sign(ca_key, hashes.SHA256()))
-    raw = cn.encode()
+    raw = (cn or "").encode()
     der = cert.public_bytes(serialization.Encoding.DER)
-    assert bytes([0x0C, len(raw)]) + raw in der, "the CN's UTF8String holds every byte"  # len < 128 here
+    assert cn is None or bytes([0x0C, len(raw)]) + raw in der, "the CN's UTF8String holds every byte"  # len < 128
     open(p(name + ".pem"), "wb").write(cert.public_bytes(serialization.Encoding.PEM))
     open(p(name + ".key"), "wb").write(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                                                          serialization.NoEncryption()))
@@ -403,8 +501,10 @@ def certificate_cn_bytes_exactly():
     make_cert_cn("ca", "cn-long", r64 + "123456789")
     make_cert("ca", "cn-root", "root", usage="clientAuth")
     make_cert("ca", "cn-r64", r64, usage="clientAuth")
+    make_cert_cn("ca", "cn-empty", "")
+    make_cert_cn("ca", "cn-none", None)
     flags = ["--client-cert-auth", "--trusted-ca-file", p("ca.pem")]
-    e = EtcdTLS(server_args(extra=flags))
+    e = EtcdTLS(server_args(extra=flags), binary=go_peer("etcd") or "etcd")
     k = kvd_tls(["--bcrypt-cost", "4"] + server_args(extra=flags))
     # alice (her certificate's CN) is a plain user once auth is on; root and r64 have the root role
     for args in (("user", "add", "root:rootpw"), ("user", "grant-role", "root", "root"),
@@ -425,7 +525,9 @@ def certificate_cn_bytes_exactly():
             check(x[0] == y[0] == 0 and x[1] == y[1], "%s is an admin: etcdctl %s on both: %s / %s" %
                   (what, " ".join(args), x, y))
     for cert, what in (("cn-nul", 'a CN "root\\0.tenant42.example"'),
-                       ("cn-long", "a 73-character CN, the admin's name and 9 more")):
+                       ("cn-long", "a 73-character CN, the admin's name and 9 more"),
+                       ("cn-empty", "an empty CN (the user \"\": permission denied)"),
+                       ("cn-none", "no CN at all (the same)")):
         for args in (("put", "x", "1"), ("user", "list"), ("get", "x")):
             x, y = both(e, k, "ca", cert, *args)
             print("    %s, etcdctl %s: etcd %d %s, kvd %d %s" % (cert, " ".join(args), x[0], ctl_error(x), y[0],

@@ -690,6 +690,16 @@ def decode_headers(frames, sid):
     return out
 
 
+def read_to_end(s):
+    """Every byte a socket (or TLS socket) sends until the peer closes."""
+    got = b""
+    while True:
+        d = s.recv(4096)
+        if not d:
+            return got
+        got += d
+
+
 def wait_for(pred, timeout=30.0, step=0.02):
     end = time.time() + timeout
     while time.time() < end:

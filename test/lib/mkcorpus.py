@@ -8,6 +8,7 @@ usage: test/lib/mkcorpus.py KVD_PORT   (h2 and hpack seeds)
        test/lib/mkcorpus.py bolt       (snapshot files from etcd and kvd)
        test/lib/mkcorpus.py auth       (a log with AUTH records; snapshots with users and roles)
        test/lib/mkcorpus.py http1      (gateway requests as curl sends them; JSON for the mapping)
+       test/lib/mkcorpus.py security2  (the second security round's inputs: NUL names, repeated oneofs, JWT claims, framings)
 A relay on a free port records what each client sends to kvd at KVD_PORT:
 etcdctl 3.4 (grpc-go), grpcio, python-h2 with padding/PRIORITY/CONTINUATION.
 Each capture becomes test/corpus/h2/<name> (behind a mode byte, see
@@ -497,7 +498,76 @@ def capture_bytes(kvd_port, fn):
     return b"".join(got)
 
 
+def security2_seeds():
+    """The inputs of the second security round (issue 48), written as seeds
+    of the corpora they reach: names holding a NUL and repeated oneof
+    members (pb), JWT claims doubled or out of time (auth, mode 1), and
+    request framings a proxy could read another way (http1)."""
+    import re
+    sys.path.insert(0, HERE)
+    from kvdtest import pb, pb_string as field
+    src = open(os.path.join(os.path.dirname(HERE), "kvd.c")).read()
+    paths = [x for x in re.findall(r'^\t\{"(/[^"]+)", GRPC_', src, re.M) if not x.startswith("/kvd.test.")]
+    rpc, health = pb()["rpc"], pb()["health"]
+
+    def write(corpus, name, blob):
+        d = os.path.join(HERE, "corpus", corpus)
+        os.makedirs(d, exist_ok=True)
+        with open(os.path.join(d, name), "wb") as f:
+            f.write(blob)
+
+    def pbseed(name, path, *msgs):
+        blob = bytes([paths.index(path)])
+        for m in msgs:
+            b = m if isinstance(m, bytes) else m.SerializeToString()
+            blob += struct.pack(">H", len(b)) + b
+        write("pb", name, blob)
+    a = "/etcdserverpb.Auth/"
+    pbseed("nul-authenticate", a + "Authenticate", rpc.AuthenticateRequest(name="root\0x", password="pw"))
+    pbseed("nul-grant-root", a + "UserGrantRole", rpc.AuthUserGrantRoleRequest(user="u1", role="root\0"))
+    pbseed("nul-user-add", a + "UserAdd", rpc.AuthUserAddRequest(name="eve\0root", password="p\0w"))
+    pbseed("nul-user-get", a + "UserGet", rpc.AuthUserGetRequest(name="u1\0x"))
+    pbseed("nul-role-get", a + "RoleGet", rpc.AuthRoleGetRequest(role="app\0root"))
+    pbseed("nul-role-add", a + "RoleAdd", rpc.AuthRoleAddRequest(name="r\0"))
+    pbseed("nul-member-add", "/etcdserverpb.Cluster/MemberAdd", rpc.MemberAddRequest(peerURLs=["http://a\0:1"]))
+    pbseed("nul-downgrade", "/etcdserverpb.Maintenance/Downgrade", rpc.DowngradeRequest(action=0, version="3.6\0"))
+    pbseed("nul-health", "/grpc.health.v1.Health/Check", health.HealthCheckRequest(service="\0x"))
+    put = lambda **kw: field(2, rpc.PutRequest(**kw).SerializeToString())
+    pbseed("oneof-put-twice", "/etcdserverpb.KV/Txn", field(2, put(key=b"m1") + put(value=b"mv")))
+    pbseed("oneof-switch", "/etcdserverpb.KV/Txn", field(2, put(key=b"m1") + field(1, b"\x0a\x01a") + put(value=b"v")))
+    pbseed("oneof-txn-twice", "/etcdserverpb.KV/Txn",
+           field(2, field(4, field(1, b"\x1a\x01a")) + field(4, field(2, put(key=b"k") + put(value=b"v")))))
+    creq = lambda **kw: field(1, rpc.WatchCreateRequest(**kw).SerializeToString())
+    pbseed("oneof-watch-twice", "/etcdserverpb.Watch/Watch", creq(key=b"w1") + creq(range_end=b"w3"))
+    pbseed("perm-twice", a + "RoleGrantPermission", field(1, b"r") + field(2, b"\x12\x01k") + field(2, b"\x08\x02"))
+    pbseed("merge-quadratic", "/etcdserverpb.KV/Txn",
+           field(2, (field(1, b"\x0a\x01a") + field(2, b"\x0a\x01b") * 2) * 200))
+    for name, claims in (("dup-username", b'{"username":"alice","username":"root","revision":2,"exp":4102444800}'),
+                         ("nbf-future", b'{"username":"u","revision":2,"exp":4102444800,"nbf":4102444000}'),
+                         ("exp-huge", b'{"username":"u","revision":2,"exp":1e300}'),
+                         ("exp-string", b'{"username":"u","revision":2,"exp":"4102444800"}'),
+                         ("name-nul", b'{"username":"root\\u0000","revision":2}')):
+        write("auth", "jwt-" + name, b"\x01" + b'{"alg":"HS256","typ":"JWT"}\0' + claims)
+    body = b'{"key":"YzIxMQ==","value":"eA=="}'
+    head = b"POST /v3/kv/put HTTP/1.1\r\nHost: x\r\n"
+    for name, req in (("bare-lf-chunk", head + b"Transfer-Encoding: chunked\r\n\r\n%x\n" % len(body) + body +
+                       b"\r\n0\r\n\r\n"),
+                      ("te-twice", head + b"Transfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n"),
+                      ("te-list", head + b"Transfer-Encoding: chunked, chunked\r\n\r\n0\r\n\r\n"),
+                      ("zeros", head + b"Transfer-Encoding: chunked\r\n\r\n" + b"0" * 100 + b"%x\r\n" % len(body) +
+                       body + b"\r\n0\r\n\r\n"),
+                      ("no-host", b"POST /v3/kv/put HTTP/1.1\r\nContent-Length: %d\r\n\r\n" % len(body) + body),
+                      ("two-hosts", head + b"Host: y\r\nContent-Length: %d\r\n\r\n" % len(body) + body),
+                      ("chunked-1.0", b"POST /v3/kv/put HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n" %
+                       len(body) + body + b"\r\n0\r\n\r\n")):
+        write("http1", "smuggle-" + name, bytes([0x1c]) + req)
+        write("http1", "smuggle-" + name + "-bytewise", bytes([0x00]) + req)
+
+
 def main():
+    if sys.argv[1:] == ["security2"]:
+        security2_seeds()
+        return 0
     if sys.argv[1:] == ["http1"]:
         http1_seeds()
         return 0
