@@ -21224,6 +21224,7 @@ static int confd_may_read(struct kvd *k, const uint8_t *key, size_t n, const uin
 		return 0;
 	w.name = k->cfg.confd_user;
 	w.nlen = strlen(w.name);
+	w.named = 1; /* every field set: auth_may reads each */
 	w.rev = 0;
 	kb.data = (uint8_t *)(uintptr_t)key;
 	kb.len = n;
