@@ -99,10 +99,11 @@
  *          - setup
  *   31. TLS: a transport under any protocol (tls_)
  *          - the transport
- *   32. HTTP/1.1 on the client port: requests and answers (http1_)
+ *   32. HTTP requests and answers, HTTP/1.x or HTTP/2 (http1_, http_)
  *   33. The JSON gateway: POST /v3/<service>/<method> (gw_)
- *   34. HTTP/1.1 endpoints: /health, /version, /metrics (http1_)
+ *   34. HTTP endpoints: /health, /version, /metrics (http1_, http_)
  *          - the endpoints
+ *          - the same requests on HTTP/2 streams
  *   35. Sockets and the poll loop (net_, loop_)
  *          - transports: how a connection's bytes move
  *          - choosing a protocol from the first bytes
@@ -336,6 +337,7 @@
 #include <sys/un.h>
 #include <sys/stat.h>
 #include <sys/types.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -577,6 +579,7 @@ struct hp_table {
 struct kvd;
 struct h2_conn;
 struct h2_stream;
+struct http_x;
 
 /* The store (sections 9 and 10).  Per key, RAM holds only the latest
  * revision, in 33 bytes before the key: its create revision and version as
@@ -5447,10 +5450,13 @@ KVD_RESIDENT static int mvcc_rec_decode(struct mvcc_rec *r, const char **why)
 
 	switch (r->type) {
 	case MVCC_REC_HEADER:
-		if (r->off != 0 || r->end - p < 12 || memcmp(p, MVCC_MAGIC, 8) || get_be32(p + 8) < 1 ||
-		    get_be32(p + 8) > MVCC_FORMAT) {
+		if (r->off != 0 || r->end - p < 12 || memcmp(p, MVCC_MAGIC, 8) || get_be32(p + 8) < 1) {
 			*why = "bad header record";
 			return KVD_ECORRUPT;
+		}
+		if (get_be32(p + 8) > MVCC_FORMAT) { /* whole and checked: a newer kvd wrote it (mvcc_replay says so) */
+			*why = "a newer log format";
+			return KVD_EINVAL;
 		}
 		return 0;
 	case MVCC_REC_TXN:
@@ -7332,7 +7338,9 @@ static uint64_t mvcc_next_valid(struct kvd *k, struct mvcc *m, uint64_t from, ui
 /*
  * Replay the log into the index.  A bad record with nothing valid after it
  * is a torn tail (a crash mid-write): cut it, say how many bytes and why.  A
- * bad record followed by valid ones is corruption: refuse to start.
+ * bad record followed by valid ones is corruption: refuse to start.  A
+ * header whose format is newer than MVCC_FORMAT is no damage: refused as
+ * configuration (KVD_EINVAL, exit 2), the log untouched.
  */
 static int mvcc_replay(struct kvd *k, struct mvcc *m, uint64_t size, char *err, size_t errlen)
 {
@@ -7349,6 +7357,10 @@ static int mvcc_replay(struct kvd *k, struct mvcc *m, uint64_t size, char *err, 
 		if ((r = mvcc_replay_record(k, m, &rec, &why))) {
 			if (r == KVD_ENOMEM)
 				snprintf(err, errlen, "out of memory replaying the log");
+			else if (r == KVD_EINVAL) /* not damage: kvd_main's exit 2, so no init system retries it */
+				snprintf(err, errlen, "%s/kvd.log: written by a newer kvd (log format %lu; this kvd reads "
+				         "formats 1 to %d): run that kvd, or restore a snapshot it saved (the log is left as it is)",
+				         k->cfg.data_dir, (unsigned long)get_be32(rec.p + 8), MVCC_FORMAT);
 			else
 				snprintf(err, errlen, "%s/kvd.log: %s at offset %llu: refusing to start",
 				         k->cfg.data_dir, why, (unsigned long long)rec.off);
@@ -12482,6 +12494,7 @@ struct h2_stream {
 	int64_t opened;             /* monotonic ms: its HEADERS came (h2_on_rst) */
 	struct kvd_buf in;          /* request bytes (gRPC-framed) */
 	int http_status;            /* 200 unless an early HTTP-level refusal */
+	struct http_x *hx;          /* not gRPC: the HTTP request it carries (section 32), else NULL */
 };
 #define H2_STREAM_OF(cp) ((struct h2_stream *)(void *)(cp)) /* call is the first member */
 
@@ -12531,6 +12544,13 @@ struct h2_req {
 };
 
 static void grpc_on_headers(struct kvd *k, struct h2_stream *s, const struct h2_req *rq);
+#ifndef KVD_NO_HTTP /* an HTTP/2 request that is not gRPC: section 32's */
+static void http_h2_begin(struct kvd *k, struct h2_stream *s, const struct h2_req *rq, const struct hp_field *f,
+                          unsigned nf);
+static void http_h2_data(struct kvd *k, struct h2_stream *s, const uint8_t *p, size_t n);
+static int http_h2_send(struct kvd *k, struct h2_conn *c, struct h2_stream *s);
+static void http_h2_free(struct kvd *k, struct h2_stream *s);
+#endif
 static void grpc_on_data(struct kvd *k, struct h2_stream *s);
 static void grpc_on_remote_close(struct kvd *k, struct h2_stream *s);
 static const struct call_carrier grpc_h2_carrier;
@@ -12668,6 +12688,9 @@ static void h2_stream_close(struct h2_conn *c, struct h2_stream *s)
 			break;
 		}
 	call_fini(k, &s->call);
+#ifndef KVD_NO_HTTP
+	http_h2_free(k, s);
+#endif
 	if (h2_closed_how(c, s->id) != H2_GONE_RESET_BY_KVD)
 		h2_remember_closed(c, s->id, 0);
 	h2_release(s);
@@ -12957,7 +12980,26 @@ static void h2_on_trailers(struct kvd *k, struct h2_conn *c, struct h2_stream *s
 		return;
 	}
 	s->remote_closed = 1;
+#ifndef KVD_NO_HTTP
+	if (s->hx) {
+		http_h2_data(k, s, NULL, 0);
+		return;
+	}
+#endif
 	grpc_on_remote_close(k, s);
+}
+
+/* Is this request gRPC?  As etcd's grpcHandlerFunc decides: its
+ * content-type contains "application/grpc"; the rest is HTTP (section 32:
+ * /health, /metrics, the gateway), as on HTTP/1.1. */
+static int h2_is_grpc(struct kvd_slice ctype)
+{
+	size_t i;
+
+	for (i = 0; i + 16 <= ctype.n; i++)
+		if (!memcmp(ctype.p + i, "application/grpc", 16))
+			return 1;
+	return 0;
 }
 
 /* A complete header block for stream sid. */
@@ -13028,6 +13070,12 @@ static void h2_on_block(struct kvd *k, struct h2_conn *c, uint32_t sid, unsigned
 		h2_stream_error(c, sid, H2_PROTOCOL_ERROR);
 		return;
 	}
+#ifndef KVD_NO_HTTP
+	if (c->conn->metrics_only || !h2_is_grpc(rq.ctype)) { /* a metrics listener serves HTTP only */
+		http_h2_begin(k, s, &rq, o.f, o.nf);
+		return;
+	}
+#endif
 	if (call_keep_meta(k, &s->call, o.f, o.nf)) {
 		call_finish(k, &s->call, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
 		return;
@@ -13162,6 +13210,13 @@ static void h2_on_data(struct kvd *k, struct h2_conn *c, unsigned flags, uint32_
 	}
 	if (flags & H2_F_END_STREAM)
 		s->remote_closed = 1;
+#ifndef KVD_NO_HTTP
+	if (s->hx) {
+		if (n)
+			c->conn->t_active = k->now;
+		http_h2_data(k, s, p, n);
+	} else
+#endif
 	if (s->discard || buf_append(k, &s->in, p, n)) {
 		if (!s->discard)
 			call_finish(k, &s->call, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
@@ -13170,7 +13225,7 @@ static void h2_on_data(struct kvd *k, struct h2_conn *c, unsigned flags, uint32_
 			c->conn->t_active = k->now; /* request data: progress */
 		grpc_on_data(k, s);
 	}
-	if (flags & H2_F_END_STREAM)
+	if ((flags & H2_F_END_STREAM) && !s->hx)
 		grpc_on_remote_close(k, s);
 	h2_recharge(s);
 	if (k->in_held > k->cfg.max_request_buffer)
@@ -13515,6 +13570,34 @@ static size_t h2_pct_encode(const char *msg, char *out, size_t cap)
 	return o;
 }
 
+/* A header block b (HPACK, literal or static fields only, so it may have
+ * been made before) as one HEADERS frame, after the dynamic table size
+ * update the peer's SETTINGS asked for (need_tsu: cleared only once a
+ * block is queued).  0, or KVD_ENOMEM with nothing queued. */
+static int h2_send_block(struct h2_conn *c, uint32_t sid, const struct kvd_buf *b, int end)
+{
+	struct kvd *k = c->k;
+	struct kvd_buf t = {0};
+	unsigned flags = H2_F_END_HEADERS | (end ? H2_F_END_STREAM : 0);
+	int r;
+
+	if (b->err)
+		return KVD_ENOMEM;
+	if (c->need_tsu) {
+		buf_append(k, &t, "\x20", 1);
+		buf_append(k, &t, BUF_DATA(b), BUF_LEN(b));
+		r = t.err ? KVD_ENOMEM : h2_frame(c, H2_HEADERS, flags, sid, BUF_DATA(&t), BUF_LEN(&t));
+		buf_free(k, &t);
+	} else {
+		r = h2_frame(c, H2_HEADERS, flags, sid, BUF_DATA(b), BUF_LEN(b));
+	}
+	if (r)
+		return r;
+	c->need_tsu = 0;
+	c->sent_since_ping = 1;
+	return 0;
+}
+
 /* Response HEADERS (and, for Trailers-Only, the status fields). */
 static int h2_send_headers(struct h2_conn *c, struct h2_stream *s, int with_status, int end)
 {
@@ -13523,8 +13606,6 @@ static int h2_send_headers(struct h2_conn *c, struct h2_stream *s, int with_stat
 	char code[8], msg[1024];
 	int r;
 
-	if (c->need_tsu) /* cleared only once the block is queued */
-		buf_append(k, &b, "\x20", 1);
 	if (!s->hdrs_sent) {
 		hp_put_status(k, &b, s->http_status);
 		if (s->ctype_proto)
@@ -13538,15 +13619,51 @@ static int h2_send_headers(struct h2_conn *c, struct h2_stream *s, int with_stat
 		h2_pct_encode(s->call.status_msg ? s->call.status_msg : "", msg, sizeof msg);
 		hp_put_field(k, &b, 0, "grpc-message", msg, strlen(msg));
 	}
-	r = b.err ? KVD_ENOMEM
-	          : h2_frame(c, H2_HEADERS, H2_F_END_HEADERS | (end ? H2_F_END_STREAM : 0), s->id, BUF_DATA(&b), BUF_LEN(&b));
+	r = h2_send_block(c, s->id, &b, end);
 	buf_free(k, &b);
 	if (r)
 		return r; /* nothing was queued: the same block is made again on the next flush */
-	c->need_tsu = 0;
 	s->hdrs_sent = 1;
-	c->sent_since_ping = 1;
 	return 0;
+}
+
+/*
+ * DATA from b on stream s, within min(connection window, stream window,
+ * peer frame size) and while the connection's output is under
+ * KVD_MAX_OUTPUT; with fin, the frame that empties b carries END_STREAM.
+ * 0 while b waits (for a window: the stall clock runs, h2_timers; or for
+ * room), 1 once b is empty, 2 once it is empty and the stream ended.
+ */
+static int h2_send_data(struct kvd *k, struct h2_conn *c, struct h2_stream *s, struct kvd_buf *b, int fin)
+{
+	int64_t room;
+	size_t n;
+	int last = 0;
+
+	while (BUF_LEN(b) && BUF_LEN(&c->conn->out) < KVD_MAX_OUTPUT) {
+		room = KVD_MIN(c->send_window, s->send_window);
+		if (room <= 0) {
+			if (!s->stalled_since) {
+				s->stalled_since = k->now ? k->now : 1;
+				if (k->cfg.stall_timeout_ms)
+					util_wake_by(k, k->now + k->cfg.stall_timeout_ms);
+			}
+			return 0;
+		}
+		n = KVD_MIN(BUF_LEN(b), (size_t)KVD_MIN(room, (int64_t)c->peer_max_frame));
+		last = fin && n == BUF_LEN(b);
+		if (h2_frame(c, H2_DATA, last ? H2_F_END_STREAM : 0, s->id, BUF_DATA(b), n))
+			return 0;
+		buf_consume(b, n);
+		c->send_window -= (int64_t)n;
+		s->send_window -= (int64_t)n;
+		c->sent_since_ping = 1;
+	}
+	s->stalled_since = 0;
+	if (BUF_LEN(b))
+		return 0; /* the connection's output is full */
+	buf_trim(k, b, 16384);
+	return last ? 2 : 1;
 }
 
 /*
@@ -13558,9 +13675,12 @@ static int h2_send_headers(struct h2_conn *c, struct h2_stream *s, int with_stat
  */
 static int h2_stream_send(struct kvd *k, struct h2_conn *c, struct h2_stream *s)
 {
-	size_t n;
 	int64_t room;
 
+#ifndef KVD_NO_HTTP
+	if (s->hx)
+		return http_h2_send(k, c, s);
+#endif
 	if (KVD_NEVER(s->call.held)) /* the durability contract: see loop_log_flush */
 		return 0;
 	for (;;) {
@@ -13579,28 +13699,8 @@ static int h2_stream_send(struct kvd *k, struct h2_conn *c, struct h2_stream *s)
 			if (!BUF_LEN(&s->call.out) || h2_send_headers(c, s, 0, 0))
 				return 0;
 		}
-		while (BUF_LEN(&s->call.out) && BUF_LEN(&c->conn->out) < KVD_MAX_OUTPUT) {
-			room = KVD_MIN(c->send_window, s->send_window);
-			if (room <= 0) {
-				if (!s->stalled_since) {
-					s->stalled_since = k->now ? k->now : 1;
-					if (k->cfg.stall_timeout_ms)
-						util_wake_by(k, k->now + k->cfg.stall_timeout_ms);
-				}
-				return 0;
-			}
-			n = KVD_MIN(BUF_LEN(&s->call.out), (size_t)KVD_MIN(room, (int64_t)c->peer_max_frame));
-			if (h2_frame(c, H2_DATA, 0, s->id, BUF_DATA(&s->call.out), n))
-				return 0;
-			buf_consume(&s->call.out, n);
-			c->send_window -= (int64_t)n;
-			s->send_window -= (int64_t)n;
-			c->sent_since_ping = 1;
-		}
-		s->stalled_since = 0;
-		if (BUF_LEN(&s->call.out))
-			return 0; /* connection output is full */
-		buf_trim(k, &s->call.out, 16384);
+		if (!h2_send_data(k, c, s, &s->call.out, 0))
+			return 0;
 		if (s->call.finished)
 			break;
 		if (!s->call.produce || BUF_LEN(&c->conn->out) >= KVD_MAX_OUTPUT ||
@@ -23717,6 +23817,12 @@ KVD_UNUSED static const char *tls_peer_cn(const struct conn *c, size_t *n) /* un
 	return t && t->done && t->cert ? (t->cn ? t->cn : "") : NULL;
 }
 
+/* Does c speak TLS (an https:// or unixs:// listener's)? */
+KVD_UNUSED static int tls_is(const struct conn *c) /* unused: KVD_NO_HTTP */
+{
+	return c->tr == &tls_transport;
+}
+
 #else
 KVD_UNUSED static const char *tls_peer_cn(const struct conn *c, size_t *n)
 {
@@ -23724,9 +23830,15 @@ KVD_UNUSED static const char *tls_peer_cn(const struct conn *c, size_t *n)
 	*n = 0;
 	return NULL;
 }
+
+KVD_UNUSED static int tls_is(const struct conn *c)
+{
+	(void)c;
+	return 0;
+}
 #endif /* KVD_NO_TLS */
 
-/* ===== 32. HTTP/1.1 on the client port: requests and answers (http1_) ==== */
+/* ===== 32. HTTP requests and answers, HTTP/1.x or HTTP/2 (http1_, http_) = */
 
 #ifndef KVD_NO_HTTP /* sections 32 to 34 */
 
@@ -23734,11 +23846,15 @@ KVD_UNUSED static const char *tls_peer_cn(const struct conn *c, size_t *n)
  * etcd serves HTTP/1.1 on its client port beside gRPC: /health for
  * supervisors and load balancers, /version, /metrics and the JSON gateway.
  * A connection whose first bytes (decrypted, over TLS: ALPN is only
- * logged) are an HTTP/1.x request line gets this protocol.  It answers
- * /health, /livez, /readyz and /version as etcd 3.7 does, /metrics in
- * Prometheus' text format (section 34), and /v3/... through the gateway
- * (section 33); anything else is Go's 404.  This section is the parser and
- * the writing of answers.
+ * logged) are an HTTP/1.x request line gets this protocol; an HTTP/2
+ * request whose content-type is not gRPC's (curl over TLS, Prometheus,
+ * anything on a metrics listener) is routed the same way on its stream, as
+ * etcd's grpcHandlerFunc does (h2_on_block, then http_h2_begin in section
+ * 34).  Both answer /health, /livez, /readyz and /version as etcd 3.7 does,
+ * /metrics in Prometheus' text format (section 34), and /v3/... through
+ * the gateway (section 33); anything else is Go's 404.  This section is
+ * the parser and the writing of answers (http_head and its kin: bytes of
+ * HTTP/1.x, or an HTTP/2 stream's head, data and trailer blocks).
  *
  * The parser follows picohttpparser's contract: it reads at most
  * HTTP1_MAX_HEAD bytes of request line and headers, allocates nothing (the
@@ -23761,7 +23877,7 @@ KVD_UNUSED static const char *tls_peer_cn(const struct conn *c, size_t *n)
  *
  * Invariants:
  *   1. The parser reads no byte past min(n, HTTP1_MAX_HEAD) and keeps
- *      nothing: a struct http1_req points into c->in, valid until that
+ *      nothing: a struct http_req points into c->in, valid until that
  *      input is consumed (http1_parse).
  *   2. A request has one framing or is refused: Content-Length is digits
  *      only and repeats must agree; a coding other than chunked is 501;
@@ -23780,7 +23896,7 @@ KVD_UNUSED static const char *tls_peer_cn(const struct conn *c, size_t *n)
 #define HTTP1_MAX_BODY (64 * 1024)
 #define HTTP1_GO_BUFFER 2048 /* net/http's bufferBeforeChunkingSize */
 
-struct http1_req {
+struct http_req {
 	const char *why;            /* a refusal's body, Go's words (NULL: the status's own) */
 	const char *method, *target;
 	size_t mlen, tlen;
@@ -23793,22 +23909,42 @@ struct http1_req {
 	unsigned nh;
 };
 
-struct http1_conn {
-	uint64_t body_left;         /* bytes of a request body still to drop */
-	int64_t t_head;             /* ms: a partial head began, 0 if none */
-	int minor;                  /* the current request's HTTP/1.<minor> */
+/*
+ * One HTTP request being answered, whatever carries it: an HTTP/1.x
+ * connection (one request at a time: struct http1_conn embeds it) or an
+ * HTTP/2 stream that is not gRPC (h2_stream.hx, section 17, made by
+ * http_h2_begin).  The endpoints (section 34) and the gateway (section 33)
+ * write through http_head, http_raw, http_chunk, http_last and http_fin and
+ * never learn which it is; on HTTP/1.x those write c->out as Go's net/http
+ * would, on HTTP/2 they fill head, data and trailer, which http_h2_send
+ * moves into frames within the stream's windows.
+ */
+struct http_x {
+	struct conn *c;
+	struct h2_stream *s;        /* HTTP/2: the stream carrying it; NULL: HTTP/1.x on c */
+	int minor;                  /* HTTP/1.<minor>; 1 on HTTP/2 */
 	char origin[128];           /* CORS: the origin to allow, "" none */
-	/* the gateway call being served (one at a time) */
+	unsigned close : 1;         /* HTTP/1.x: the connection closes after this answer */
+	/* the gateway call (section 33), x->call */
 	unsigned in_call : 1;
 	unsigned stream : 1;        /* the answer is a stream of {"result":...} */
 	unsigned bidi : 1;          /* each JSON value of the body is a message */
 	unsigned hdr_sent : 1;
 	unsigned delivered : 1;     /* the request (or the end of a stream's) went to the call */
 	unsigned plain : 1;         /* the JSON could not be read: no call was answered */
-	unsigned close : 1;         /* close after this answer */
-	unsigned body_chunked : 1;
 	unsigned body_done : 1;
 	unsigned trailers : 1;      /* TE: trailers -- grpc-gateway then sends its trailers */
+	unsigned ended : 1;         /* HTTP/2: the answer is whole (http_last, http_fin) */
+	struct call *call;          /* the gateway's call: http1_conn's, or the stream's own */
+	struct kvd_buf *body;       /* body bytes not yet made messages: http1_conn's, or the stream's in */
+	struct kvd_buf head, data, trailer; /* HTTP/2: a header block (HPACK), DATA bytes, a trailer block */
+};
+
+struct http1_conn {
+	struct http_x x;            /* the request being answered */
+	uint64_t body_left;         /* bytes of a request body still to drop */
+	int64_t t_head;             /* ms: a partial head began, 0 if none */
+	unsigned body_chunked : 1;
 	int chunk_st;               /* chunked body: 0 size line, 1 data, 2 its CRLF, 3 trailers */
 	uint64_t body_clen;         /* Content-Length bytes still to come */
 	uint64_t chunk_left;        /* data bytes left in this chunk */
@@ -23844,14 +23980,14 @@ static int http1_has_token(const char *v, size_t n, const char *t)
  * The request head at p[0..n): its length, 0 when more is needed, or
  * KVD_EINVAL with the status to answer in *status.  Bounded, non-allocating.
  */
-static long http1_parse(const uint8_t *p, size_t n, struct http1_req *r, int *status)
+static long http1_parse(const uint8_t *p, size_t n, struct http_req *r, int *status)
 {
 	const uint8_t *end, *q, *eol, *colon;
 	size_t lim = KVD_MIN(n, (size_t)HTTP1_MAX_HEAD), i;
 	uint64_t v;
 	int have_len = 0, have_te = 0, hosts = 0;
 
-	memset(r, 0, offsetof(struct http1_req, h));
+	memset(r, 0, offsetof(struct http_req, h));
 	r->nh = 0;
 	*status = 400;
 	for (i = 0, end = NULL; i + 1 < lim; i++) /* the blank line that ends the head */
@@ -23961,7 +24097,7 @@ static long http1_parse(const uint8_t *p, size_t n, struct http1_req *r, int *st
 }
 
 /* The value of header name in r, NULL if absent (its length in *n). */
-static const char *http1_header(const struct http1_req *r, const char *name, size_t *n)
+static const char *http1_header(const struct http_req *r, const char *name, size_t *n)
 {
 	unsigned i;
 
@@ -24018,86 +24154,182 @@ static int http1_check_flags(const struct kvd *k, char *err, size_t errlen)
 
 /* Which origin this request's answers allow (etcd's --cors): "*", the
  * request's Origin when listed, or none. */
-static void http1_cors(struct kvd *k, struct http1_conn *h, const struct http1_req *r)
+static void http1_cors(struct kvd *k, struct http_x *x, const struct http_req *r)
 {
 	const char *list = k->cfg.cors ? k->cfg.cors : "*", *o;
 	size_t n = 0;
 
-	h->origin[0] = 0;
+	x->origin[0] = 0;
+	if (x->c->metrics_only) /* etcd's metrics listener has no access controller: no CORS */
+		return;
 	if (!*list || http1_has_token(list, strlen(list), "*")) {
-		strcpy(h->origin, "*");
+		strcpy(x->origin, "*");
 		return;
 	}
 	o = http1_header(r, "origin", &n);
-	if (o && n && n < sizeof h->origin && !memchr(o, ',', n)) {
-		char t[sizeof h->origin];
+	if (o && n && n < sizeof x->origin && !memchr(o, ',', n)) {
+		char t[sizeof x->origin];
 		memcpy(t, o, n);
 		t[n] = 0;
 		if (http1_has_token(list, strlen(list), t))
-			memcpy(h->origin, t, n + 1);
+			memcpy(x->origin, t, n + 1);
+	}
+}
+
+/* RFC 7231's IMF-fixdate, now. */
+static void http_date(char *date, size_t cap)
+{
+	static const char day[] = "SunMonTueWedThuFriSat", mon[] = "JanFebMarAprMayJunJulAugSepOctNovDec";
+	struct util_tm tm;
+
+	util_utc((int64_t)time(NULL), &tm);
+	snprintf(date, cap, "%.3s, %02d %.3s %04d %02d:%02d:%02d GMT", day + 3 * tm.wday, tm.mday,
+	         mon + 3 * (tm.mon - 1), tm.year, tm.hour, tm.min, tm.sec);
+}
+
+#define HTTP_CORS_FIELDS "Access-Control-Allow-Headers: accept, content-type, authorization\r\n" \
+                         "Access-Control-Allow-Methods: POST, GET, OPTIONS, PUT, DELETE\r\n"
+
+/* HTTP/2: header lines ("Name: value\r\n"...) into an HPACK block, names
+ * lowercased; HTTP/1.x's connection-specific fields are left out (RFC 9113
+ * 8.2.2), Transfer-Encoding among them. */
+static void http_h2_fields(struct kvd *k, struct kvd_buf *b, const char *f)
+{
+	char name[64];
+	const char *colon, *eol, *v;
+	size_t nl, i;
+
+	while (*f && (eol = strstr(f, "\r\n")) && (colon = memchr(f, ':', (size_t)(eol - f)))) {
+		nl = (size_t)(colon - f);
+		for (v = colon + 1; *v == ' '; v++)
+			;
+		if (nl < sizeof name) {
+			for (i = 0; i < nl; i++)
+				name[i] = (char)(f[i] >= 'A' && f[i] <= 'Z' ? f[i] | 0x20 : f[i]);
+			name[nl] = 0;
+			if (strcmp(name, "connection") && strcmp(name, "transfer-encoding") && strcmp(name, "keep-alive"))
+				hp_put_field(k, b, 0, name, v, (size_t)(eol - v));
+		}
+		f = eol + 2;
 	}
 }
 
 /*
- * A status line and headers as Go's net/http writes them: the CORS headers
- * and `fields` (already in Go's sorted order), Date, then the framing
- * header, and Connection: close when the connection ends after this answer.
+ * The head of an answer: on HTTP/1.x a status line and headers as Go's
+ * net/http writes them -- the CORS headers and `fields` (already in Go's
+ * sorted order), Date, then the framing header, and Connection: close when
+ * the connection ends after this answer; on HTTP/2 the same fields in a
+ * HEADERS block, the framing's Content-Length kept (Go's http2 server
+ * sends one for a body written whole), Transfer-Encoding and Connection not.
  */
-static void http1_head(struct kvd *k, struct conn *c, int minor, int status, const char *fields, const char *framing,
-                       int close)
+static void http_head(struct kvd *k, struct http_x *x, int status, const char *fields, const char *framing,
+                      int close)
 {
-	struct http1_conn *h = c->ps;
-	static const char day[] = "SunMonTueWedThuFriSat", mon[] = "JanFebMarAprMayJunJulAugSepOctNovDec";
+	struct conn *c = x->c;
 	char hdr[2048], date[40];
-	struct util_tm tm;
 	int n, te;
 
-	util_utc((int64_t)time(NULL), &tm); /* RFC 7231's IMF-fixdate */
-	snprintf(date, sizeof date, "%.3s, %02d %.3s %04d %02d:%02d:%02d GMT", day + 3 * tm.wday, tm.mday,
-	         mon + 3 * (tm.mon - 1), tm.year, tm.hour, tm.min, tm.sec);
+	http_date(date, sizeof date);
+	if (x->s) {
+		hp_put_status(k, &x->head, status);
+		if (x->origin[0]) {
+			http_h2_fields(k, &x->head, HTTP_CORS_FIELDS);
+			hp_put_field(k, &x->head, 0, "access-control-allow-origin", x->origin, strlen(x->origin));
+		}
+		http_h2_fields(k, &x->head, fields);
+		http_h2_fields(k, &x->head, framing);
+		hp_put_field(k, &x->head, 0, "date", date, strlen(date));
+		return;
+	}
 	/* Go writes Date, Content-Length, a sniffed Content-Type, Connection, then Transfer-Encoding */
 	te = !strncmp(framing, "Transfer-Encoding", 17);
-	n = snprintf(hdr, sizeof hdr, "HTTP/1.%d %d %s\r\n%s%s%s%sDate: %s\r\n%s%s%s\r\n", minor ? 1 : 0, status,
-	             http1_reason(status),
-	             h->origin[0] ? "Access-Control-Allow-Headers: accept, content-type, authorization\r\n"
-	                            "Access-Control-Allow-Methods: POST, GET, OPTIONS, PUT, DELETE\r\n"
-	                            "Access-Control-Allow-Origin: " : "",
-	             h->origin, h->origin[0] ? "\r\n" : "", fields, date, te ? "" : framing,
-	             close && minor ? "Connection: close\r\n" : "", te ? framing : "");
+	n = snprintf(hdr, sizeof hdr, "HTTP/1.%d %d %s\r\n%s%s%s%sDate: %s\r\n%s%s%s\r\n", x->minor ? 1 : 0, status,
+	             http1_reason(status), x->origin[0] ? HTTP_CORS_FIELDS "Access-Control-Allow-Origin: " : "",
+	             x->origin, x->origin[0] ? "\r\n" : "", fields, date, te ? "" : framing,
+	             close && x->minor ? "Connection: close\r\n" : "", te ? framing : "");
 	buf_append(k, &c->out, hdr, (size_t)KVD_MIN(n, (int)sizeof hdr - 1));
 	if (close)
 		c->is_closing = 1;
 }
 
+/* Bytes of a body whose framing the head gave (Content-Length, or up to the
+ * close on HTTP/1.0). */
+static void http_raw(struct kvd *k, struct http_x *x, const void *p, size_t n)
+{
+	buf_append(k, x->s ? &x->data : &x->c->out, p, n);
+}
+
+/* A piece of a chunked body: chunk framing on HTTP/1.1, raw bytes on
+ * HTTP/1.0 (the close ends it) and in HTTP/2's DATA. */
+static void http_chunk(struct kvd *k, struct http_x *x, const void *p, size_t n)
+{
+	struct kvd_buf *b = x->s ? &x->data : &x->c->out;
+	char t[24];
+
+	if (x->minor && !x->s) {
+		snprintf(t, sizeof t, "%zx\r\n", n);
+		buf_append(k, b, t, strlen(t));
+	}
+	buf_append(k, b, p, n);
+	if (x->minor && !x->s)
+		buf_append(k, b, "\r\n", 2);
+}
+
+/* The end of a chunked body, with trailer lines tr ("" none): the last
+ * chunk on HTTP/1.1, a trailing HEADERS block on HTTP/2. */
+static void http_last(struct kvd *k, struct http_x *x, const char *tr)
+{
+	if (x->s) {
+		http_h2_fields(k, &x->trailer, tr);
+		x->ended = 1;
+	} else if (x->minor) {
+		buf_append(k, &x->c->out, "0\r\n", 3);
+		buf_append(k, &x->c->out, tr, strlen(tr));
+		buf_append(k, &x->c->out, "\r\n", 2);
+	}
+}
+
+/* The end of a body the head framed (nothing to write on HTTP/1.x). */
+static void http_fin(struct http_x *x)
+{
+	x->ended = 1;
+}
+
 /* A whole answer with a Content-Length body. */
-static void http1_answer(struct kvd *k, struct conn *c, int minor, int status, const char *fields, const char *body,
-                         int close)
+static void http_answer(struct kvd *k, struct http_x *x, int status, const char *fields, const char *body)
 {
 	char len[48];
 
 	snprintf(len, sizeof len, "Content-Length: %zu\r\n", strlen(body));
-	http1_head(k, c, minor, status, fields, len, close);
-	buf_append(k, &c->out, body, strlen(body));
+	http_head(k, x, status, fields, len, x->close);
+	http_raw(k, x, body, strlen(body));
+	http_fin(x);
 }
 
 #define HTTP1_TEXT "Content-Type: text/plain; charset=utf-8\r\n"
 
 /* A whole answer whose Content-Type Go sniffed from the body (the handler
  * set none): Go writes it after Content-Length. */
-static void http1_answer_sniffed(struct kvd *k, struct conn *c, int minor, int status, const char *body, int close)
+static void http_answer_sniffed(struct kvd *k, struct http_x *x, int status, const char *body)
 {
 	char fr[96];
 
 	snprintf(fr, sizeof fr, "Content-Length: %zu\r\n" HTTP1_TEXT, strlen(body));
-	http1_head(k, c, minor, status, "", fr, close);
-	buf_append(k, &c->out, body, strlen(body));
+	http_head(k, x, status, "", fr, x->close);
+	http_raw(k, x, body, strlen(body));
+	http_fin(x);
 }
 #define HTTP1_NOSNIFF HTTP1_TEXT "X-Content-Type-Options: nosniff\r\n"
 
-/* A request kvd cannot go on reading: answered, then the connection closes. */
+/* An HTTP/1.x request kvd cannot go on reading: answered, then the
+ * connection closes. */
 static int http1_fail(struct kvd *k, struct conn *c, int status, const char *body)
 {
-	http1_answer(k, c, 1, status, HTTP1_TEXT, body, 1);
+	struct http1_conn *h = c->ps;
+
+	h->x.minor = 1;
+	h->x.close = 1;
+	http_answer(k, &h->x, status, HTTP1_TEXT, body);
 	return KVD_EINVAL;
 }
 
@@ -24241,28 +24473,35 @@ static uint64_t gw_max_body(const struct kvd *k)
 
 static const struct call_carrier gw_carrier = {"gateway", NULL};
 
+/* The gateway's call on HTTP/2 is the stream's own: its carrier drops what
+ * is still buffered once the call is answered, as a gRPC stream's does. */
+static void grpc_finished(struct kvd *k, struct call *c);
+static const struct call_carrier gw_h2_carrier = {"gateway", grpc_finished};
+
 /* Start a gateway call for request r (its method found as rpc). */
-static void gw_begin(struct kvd *k, struct conn *c, const struct http1_req *r, const char *rpc)
+static void gw_begin(struct kvd *k, struct http_x *x, const struct http_req *r, const char *rpc)
 {
-	struct http1_conn *h = c->ps;
-	struct call *cl = &h->call;
+	struct call *cl = x->call;
 	struct hp_field f[HTTP1_MAX_HEADERS];
 	char names[HTTP1_MAX_HEAD];
 	unsigned i, nf = 0;
 	size_t at = 0, j, tl = 0;
 	const char *te = http1_header(r, "te", &tl);
 
-	h->in_call = 1;
-	h->minor = r->minor;
-	h->close = r->close;
-	h->body_chunked = r->chunked;
-	h->body_clen = r->clen;
-	h->body_done = !r->chunked && !r->clen;
-	h->trailers = 0; /* grpc-gateway: strings.Contains(strings.ToLower(TE), "trailers") */
-	for (j = 0; te && j + 8 <= tl && !h->trailers; j++)
-		h->trailers = !strncasecmp(te + j, "trailers", 8);
-	call_init(k, cl, NULL, &gw_carrier);
-	cl->conn = c;
+	x->in_call = 1;
+	x->body_done = !r->chunked && !r->clen && (!x->s || x->s->remote_closed);
+	x->trailers = 0; /* grpc-gateway: strings.Contains(strings.ToLower(TE), "trailers") */
+	for (j = 0; te && j + 8 <= tl && !x->trailers; j++)
+		x->trailers = !strncasecmp(te + j, "trailers", 8);
+	if (x->s) { /* the stream's call, made with the stream */
+		cl->carrier = &gw_h2_carrier;
+	} else { /* the connection's one call; the body's framing (gw_body) */
+		struct http1_conn *h = x->c->ps;
+		h->body_chunked = r->chunked;
+		h->body_clen = r->clen;
+		call_init(k, cl, NULL, &gw_carrier);
+		cl->conn = x->c;
+	}
 	/* grpc-gateway's metadata: Authorization as is, Grpc-Metadata-* stripped */
 	for (i = 0; i < r->nh; i++) {
 		const char *n = r->h[i].name;
@@ -24290,19 +24529,17 @@ static void gw_begin(struct kvd *k, struct conn *c, const struct http1_req *r, c
 	}
 	if (call_route(k, cl, rpc, strlen(rpc)))
 		return;
-	h->bidi = cl->m->kind == GRPC_BIDI;
-	h->stream = cl->m->kind != GRPC_UNARY;
-	if (r->expect && !h->body_done && r->minor) /* Go's server says it when the body is first read */
-		buf_append(k, &c->out, "HTTP/1.1 100 Continue\r\n\r\n", 25);
+	x->bidi = cl->m->kind == GRPC_BIDI;
+	x->stream = cl->m->kind != GRPC_UNARY;
+	if (r->expect && !x->body_done && r->minor && !x->s) /* Go's server says it when the body is first read */
+		buf_append(k, &x->c->out, "HTTP/1.1 100 Continue\r\n\r\n", 25);
 }
 
 /* The request's JSON could not be read: the gateway answers before any call. */
-static void gw_bad_json(struct kvd *k, struct call *cl, int code, const char *why)
+static void gw_bad_json(struct kvd *k, struct http_x *x, int code, const char *why)
 {
-	struct http1_conn *h = cl->conn->ps;
-
-	h->plain = 1;
-	call_finish(k, cl, code, "%s", why);
+	x->plain = 1;
+	call_finish(k, x->call, code, "%s", why);
 }
 
 /* The gateway's CloseSend on a bidi stream.  One that got no message hears
@@ -24317,28 +24554,27 @@ static void gw_close_send(struct kvd *k, struct call *cl)
 }
 
 /*
- * Body bytes in h->body: hand over complete JSON values, as grpc-gateway's
+ * Body bytes in x->body: hand over complete JSON values, as grpc-gateway's
  * json.Decoder finds them (sections 6 and 7: json_scan, then json_pj_decode).  A
  * bidi stream takes each as it completes; the others take the first once
  * the body is whole (grpc-gateway reads one value and ignores what follows;
  * a body of nothing but space is an empty request).
  */
-static void gw_deliver(struct kvd *k, struct conn *c)
+static void gw_deliver(struct kvd *k, struct http_x *x)
 {
-	struct http1_conn *h = c->ps;
-	struct call *cl = &h->call;
+	struct call *cl = x->call;
 	struct kvd_buf pb = {0};
 	char why[JSON_PB_WHY];
 	size_t from, to;
 	int r;
 
-	while (!cl->finished && !h->delivered && (h->bidi || h->body_done)) {
-		r = json_scan(BUF_DATA(&h->body), BUF_LEN(&h->body), h->body_done, &from, &to, why);
+	while (x->in_call && !cl->finished && !x->delivered && (x->bidi || x->body_done)) {
+		r = json_scan(BUF_DATA(x->body), BUF_LEN(x->body), x->body_done, &from, &to, why);
 		if (r == KVD_EAGAIN)
 			return; /* more to come */
 		if (!r && from == to) { /* the body is over, between values */
-			h->delivered = 1;
-			if (!h->bidi) {
+			x->delivered = 1;
+			if (!x->bidi) {
 				call_message(k, cl, (const uint8_t *)"", 0);
 				call_half_close(k, cl, 0);
 			} else { /* v2's send loop ends with CloseSend, whatever it read */
@@ -24347,8 +24583,8 @@ static void gw_deliver(struct kvd *k, struct conn *c)
 			return;
 		}
 		if (!r) {
-			r = json_pj_decode(k, &pb, cl->m->req, BUF_DATA(&h->body) + from, to - from, why);
-			buf_consume(&h->body, to);
+			r = json_pj_decode(k, &pb, cl->m->req, BUF_DATA(x->body) + from, to - from, why);
+			buf_consume(x->body, to);
 		}
 		if (r == KVD_ENOMEM) {
 			buf_free(k, &pb);
@@ -24357,26 +24593,26 @@ static void gw_deliver(struct kvd *k, struct conn *c)
 		}
 		if (r) {
 			buf_free(k, &pb);
-			if (h->bidi) { /* the gateway's send loop just stops: nobody hears why */
-				h->delivered = 1;
+			if (x->bidi) { /* the gateway's send loop just stops: nobody hears why */
+				x->delivered = 1;
 				gw_close_send(k, cl);
 			} else {
-				gw_bad_json(k, cl, GRPC_INVALID_ARGUMENT, why);
+				gw_bad_json(k, x, GRPC_INVALID_ARGUMENT, why);
 			}
 			return;
 		}
 		call_message(k, cl, BUF_DATA(&pb), BUF_LEN(&pb));
 		buf_free(k, &pb);
-		if (!h->bidi) {
-			h->delivered = 1;
+		if (!x->bidi) {
+			x->delivered = 1;
 			call_half_close(k, cl, 0);
 		}
 	}
 }
 
 /*
- * Move request body bytes from c->in to h->body (Content-Length or chunked),
- * bounded.  0, or KVD_EINVAL after answering a bad or too large body.
+ * Move HTTP/1.x request body bytes from c->in to h->body (Content-Length or
+ * chunked), bounded.  0, or KVD_EINVAL after answering a bad or too large body.
  */
 static int gw_body(struct kvd *k, struct conn *c)
 {
@@ -24384,12 +24620,12 @@ static int gw_body(struct kvd *k, struct conn *c)
 	const uint8_t *p, *e;
 	size_t take;
 
-	while (!h->body_done && BUF_LEN(&c->in)) {
+	while (!h->x.body_done && BUF_LEN(&c->in)) {
 		p = BUF_DATA(&c->in);
 		if (!h->body_chunked || h->chunk_st == 1) {
 			uint64_t want = h->body_chunked ? h->chunk_left : h->body_clen;
 			take = (size_t)KVD_MIN((uint64_t)BUF_LEN(&c->in), want);
-			if (h->delivered || !h->in_call || h->call.finished) /* nobody takes it */
+			if (h->x.delivered || !h->x.in_call || h->call.finished) /* nobody takes it */
 				;
 			else if (buf_append(k, &h->body, p, take))
 				return http1_fail(k, c, 500, "kvd: out of memory\n");
@@ -24398,7 +24634,7 @@ static int gw_body(struct kvd *k, struct conn *c)
 				if (!(h->chunk_left -= take))
 					h->chunk_st = 2;
 			} else if (!(h->body_clen -= take)) {
-				h->body_done = 1;
+				h->x.body_done = 1;
 			}
 			if (BUF_LEN(&h->body) > gw_max_body(k))
 				return http1_fail(k, c, 413, "413 Request Entity Too Large\n");
@@ -24418,7 +24654,7 @@ static int gw_body(struct kvd *k, struct conn *c)
 			h->chunk_st = 0;
 		} else if (h->chunk_st == 3) { /* trailers until an empty line */
 			if (take <= 2)
-				h->body_done = 1;
+				h->x.body_done = 1;
 		} else { /* a chunk-size line as Go reads one: CRLF, at most 16 hex digits, ";ext" */
 			uint64_t v = 0;
 			size_t i, nd = 0, eol = take - 1;
@@ -24466,21 +24702,6 @@ static int gw_message_json(struct kvd *k, struct call *cl, struct kvd_buf *b, in
 	json_pb_write(k, b, m, html);
 	pb_free(k, m);
 	return b->err ? KVD_ENOMEM : 0;
-}
-
-/* Chunked framing (HTTP/1.1) or raw bytes (1.0) of one piece of a body. */
-static void gw_chunk(struct kvd *k, struct conn *c, const void *p, size_t n)
-{
-	struct http1_conn *h = c->ps;
-	char t[24];
-
-	if (h->minor) {
-		snprintf(t, sizeof t, "%zx\r\n", n);
-		buf_append(k, &c->out, t, strlen(t));
-	}
-	buf_append(k, &c->out, p, n);
-	if (h->minor)
-		buf_append(k, &c->out, "\r\n", 2);
 }
 
 /* Is s[0..n) UTF-8?  protojson refuses to write a string that is not. */
@@ -24532,7 +24753,7 @@ static int gw_shed(struct kvd *k, struct conn *c)
 {
 	struct http1_conn *h = c->ps;
 
-	if (!h->in_call || !BUF_LEN(&h->body))
+	if (!h->x.in_call || !BUF_LEN(&h->body))
 		return 0;
 	kvd_log(k, KVD_LOG_INFO, "%s: %zu gateway body bytes dropped (--max-request-buffer is full; this address "
 	        "holds the most)", c->peer, BUF_LEN(&h->body));
@@ -24542,24 +24763,30 @@ static int gw_shed(struct kvd *k, struct conn *c)
 	return 1;
 }
 
-/* The call is over and answered: ready for the next request. */
-static void gw_end(struct kvd *k, struct conn *c)
+/* The call is over and answered: on HTTP/1.x, ready for the next request;
+ * on HTTP/2 the stream ends once its answer is sent (its call goes with it). */
+static void gw_end(struct kvd *k, struct http_x *x)
 {
-	struct http1_conn *h = c->ps;
+	struct conn *c = x->c;
+	struct http1_conn *h;
 
+	x->in_call = x->stream = x->bidi = x->hdr_sent = x->delivered = x->plain = 0;
+	if (x->s)
+		return;
+	h = c->ps;
 	call_fini(k, &h->call);
 	buf_free(k, &h->body);
 	gw_recharge(k, c);
-	if (h->close || !h->body_done || !h->minor)
+	if (x->close || !x->body_done || !x->minor)
 		c->is_closing = 1; /* HTTP/1.0, or a body still coming that nobody reads */
-	h->in_call = h->stream = h->bidi = h->hdr_sent = h->delivered = h->plain = 0;
+	x->body_done = 0;
 	h->chunk_st = 0;
 	c->t_active = k->now;
 	if (BUF_LEN(&c->in) && !c->is_closing)
 		util_wake_by(k, k->now); /* a pipelined request waits: read it next round */
 }
 
-static void gw_stream_error(struct kvd *k, struct conn *c);
+static void gw_stream_error(struct kvd *k, struct http_x *x);
 
 /*
  * A whole body as Go's server frames a handler's writes: with a
@@ -24567,51 +24794,48 @@ static void gw_stream_error(struct kvd *k, struct conn *c);
  * did not ask for chunking), else chunked -- or, for HTTP/1.0, up to the
  * close.  tr: the trailer section after the last chunk ("" none).
  */
-static void gw_body_out(struct kvd *k, struct conn *c, int status, const char *fields, const struct kvd_buf *b,
+static void gw_body_out(struct kvd *k, struct http_x *x, int status, const char *fields, const struct kvd_buf *b,
                         int chunk, const char *tr)
 {
-	struct http1_conn *h = c->ps;
 	char len[48];
 
 	chunk = chunk || BUF_LEN(b) > HTTP1_GO_BUFFER;
 	snprintf(len, sizeof len, "Content-Length: %zu\r\n", BUF_LEN(b));
-	http1_head(k, c, h->minor, status, fields, !chunk ? len : h->minor ? "Transfer-Encoding: chunked\r\n" : "", 0);
+	http_head(k, x, status, fields, !chunk ? len : x->minor ? "Transfer-Encoding: chunked\r\n" : "", 0);
 	if (!chunk) {
-		buf_append(k, &c->out, BUF_DATA(b), BUF_LEN(b));
+		http_raw(k, x, BUF_DATA(b), BUF_LEN(b));
+		http_fin(x);
 		return;
 	}
-	gw_chunk(k, c, BUF_DATA(b), BUF_LEN(b));
-	if (!h->minor) {
-		h->close = 1;
-		return;
-	}
-	buf_append(k, &c->out, "0\r\n", 3);
-	buf_append(k, &c->out, tr, strlen(tr));
-	buf_append(k, &c->out, "\r\n", 2);
+	http_chunk(k, x, BUF_DATA(b), BUF_LEN(b));
+	if (!x->minor)
+		x->close = 1;
+	else
+		http_last(k, x, tr);
 }
 
+static const char *gw_meta_fields(const struct kvd *k, const struct http_x *x, int ok);
+
 /* The error answer of a call that sent nothing yet. */
-static void gw_error_answer(struct kvd *k, struct conn *c)
+static void gw_error_answer(struct kvd *k, struct http_x *x)
 {
-	struct http1_conn *h = c->ps;
-	struct call *cl = &h->call;
+	struct call *cl = x->call;
 	struct kvd_buf b = {0};
 	const char *msg = cl->status_msg ? cl->status_msg : "";
-	char fields[400], auth[300];
+	char fields[1024], auth[300];
 	int hs = gw_http_status(cl->status);
 	size_t i;
 
-	if (h->stream && !h->plain) { /* grpc-gateway's stream error, before any message */
-		http1_head(k, c, h->minor, hs, "Content-Type: application/json\r\n",
-		           h->minor ? "Transfer-Encoding: chunked\r\n" : "", 0);
-		gw_stream_error(k, c);
-		if (h->minor)
-			buf_append(k, &c->out, "0\r\n\r\n", 5);
+	if (x->stream && !x->plain) { /* grpc-gateway's stream error, before any message */
+		snprintf(fields, sizeof fields, "Content-Type: application/json\r\n%s", gw_meta_fields(k, x, 0));
+		http_head(k, x, hs, fields, x->minor ? "Transfer-Encoding: chunked\r\n" : "", 0);
+		gw_stream_error(k, x);
+		http_last(k, x, "");
 		return;
 	}
 	if (!gw_utf8(msg, strlen(msg))) { /* protojson cannot write it: DefaultHTTPErrorHandler's fallback */
 		json_put_raw(k, &b, "{\"code\": 13, \"message\": \"failed to marshal error message\"}");
-		gw_body_out(k, c, 500, "Content-Type: application/json\r\n", &b, 0, "");
+		gw_body_out(k, x, 500, "Content-Type: application/json\r\n", &b, 0, "");
 		buf_free(k, &b);
 		return;
 	}
@@ -24623,50 +24847,84 @@ static void gw_error_answer(struct kvd *k, struct conn *c)
 			auth[i] = ' ';
 	/* with TE: trailers an RPC's error is chunked and ends with its trailer;
 	 * JSON that could not be read (no call was made) has no trailer */
-	snprintf(fields, sizeof fields, "Content-Type: application/json\r\n%s%s%s%s",
-	         h->trailers && !h->plain ? "Trailer: Grpc-Trailer-Content-Type\r\n" : "",
+	snprintf(fields, sizeof fields, "Content-Type: application/json\r\n%s%s%s%s%s", x->plain ? "" : gw_meta_fields(k, x, 0),
+	         x->trailers && !x->plain ? "Trailer: Grpc-Trailer-Content-Type\r\n" : "",
 	         cl->status == GRPC_UNAUTHENTICATED ? "Www-Authenticate: " : "",
 	         cl->status == GRPC_UNAUTHENTICATED ? auth : "", cl->status == GRPC_UNAUTHENTICATED ? "\r\n" : "");
-	gw_body_out(k, c, hs, fields, &b, h->trailers,
-	            h->trailers && !h->plain ? "Grpc-Trailer-Content-Type: application/grpc\r\n" : "");
+	gw_body_out(k, x, hs, fields, &b, x->trailers,
+	            x->trailers && !x->plain ? "Grpc-Trailer-Content-Type: application/grpc\r\n" : "");
 	buf_free(k, &b);
 }
 
 /* {"error":{"code":n,"message":m}} and the stream's delimiter: how
  * grpc-gateway v2 ends a stream with an error. */
-static void gw_stream_error(struct kvd *k, struct conn *c)
+static void gw_stream_error(struct kvd *k, struct http_x *x)
 {
-	struct http1_conn *h = c->ps;
 	struct kvd_buf b = {0};
 
 	json_put_raw(k, &b, "{\"error\":");
-	gw_status_json(k, &b, &h->call, 1);
+	gw_status_json(k, &b, x->call, 1);
 	json_put_raw(k, &b, "}\n");
-	gw_chunk(k, c, BUF_DATA(&b), BUF_LEN(&b));
+	http_chunk(k, x, BUF_DATA(&b), BUF_LEN(&b));
 	buf_free(k, &b);
 }
 
-#define GW_OK_FIELDS "Content-Type: application/json\r\nGrpc-Metadata-Content-Type: application/grpc\r\n"
+/*
+ * The header metadata of the RPC's answer, as grpc-gateway forwards it
+ * (Grpc-Metadata-*, after Content-Type in Go's sorted order).  On a plain
+ * port etcd's gateway reaches its gRPC server natively: a success has
+ * content-type, an error is trailers-only and has none.  On a TLS port it
+ * goes through the HTTP handler that also wrote the CORS headers, and
+ * grpc-go's handler transport always sends headers first: every RPC's
+ * answer, errors too, carries those CORS headers (when "*" allows the
+ * gateway's own request, which has no Origin), content-type and the
+ * Trailer it announces.
+ */
+static const char *gw_meta_fields(const struct kvd *k, const struct http_x *x, int ok)
+{
+	const char *list = k->cfg.cors ? k->cfg.cors : "*";
+
+	if (!tls_is(x->c))
+		return ok ? "Grpc-Metadata-Content-Type: application/grpc\r\n" : "";
+	if (!*list || http1_has_token(list, strlen(list), "*"))
+		return "Grpc-Metadata-Access-Control-Allow-Headers: accept, content-type, authorization\r\n"
+		       "Grpc-Metadata-Access-Control-Allow-Methods: POST, GET, OPTIONS, PUT, DELETE\r\n"
+		       "Grpc-Metadata-Access-Control-Allow-Origin: *\r\n"
+		       "Grpc-Metadata-Content-Type: application/grpc\r\nGrpc-Metadata-Trailer: Grpc-Status-Details-Bin\r\n";
+	return "Grpc-Metadata-Content-Type: application/grpc\r\nGrpc-Metadata-Trailer: Grpc-Status-Details-Bin\r\n";
+}
+
+/* Room for more of a stream's answer: the connection's output (HTTP/1.x),
+ * or the stream's own DATA queue (HTTP/2, which its windows drain). */
+static int gw_room(const struct http_x *x)
+{
+	return x->s ? BUF_LEN(&x->data) < 16384 && BUF_LEN(&x->c->out) < KVD_MAX_OUTPUT
+	            : BUF_LEN(&x->c->out) < KVD_MAX_OUTPUT;
+}
 
 /* Answers: what the call has for its client, as the client's HTTP allows
- * (the protocol's flush, after the group commit released held replies). */
-static void gw_flush(struct kvd *k, struct conn *c)
+ * (the protocol's flush, after the group commit released held replies).
+ * On HTTP/1.x a unary answer waits for the whole body, so the connection
+ * stays in step; an HTTP/2 stream has no step to keep. */
+static void gw_flush(struct kvd *k, struct http_x *x)
 {
-	struct http1_conn *h = c->ps;
-	struct call *cl = &h->call;
+	struct call *cl = x->call;
 	struct kvd_buf b = {0};
+	char fields[640];
+	int whole = x->body_done || x->bidi || x->s;
 
-	if (!h->in_call || KVD_NEVER(cl->held)) /* the durability contract: see loop_log_flush */
+	if (!x->in_call || KVD_NEVER(cl->held)) /* the durability contract: see loop_log_flush */
 		return;
-	if (!h->stream || (h->plain && cl->finished)) {
-		if (!cl->finished || (!h->body_done && !h->bidi))
-			return; /* the whole body first: the connection stays in step */
-		if (cl->status == GRPC_OK && !h->stream) {
+	if (!x->stream || (x->plain && cl->finished)) {
+		if (!cl->finished || !whole)
+			return;
+		if (cl->status == GRPC_OK && !x->stream) {
 			if (BUF_LEN(&cl->out) >= 5 && !gw_message_json(k, cl, &b, 0)) {
 				/* TE: trailers makes it chunked, though a success has no trailer to send */
-				gw_body_out(k, c, 200, GW_OK_FIELDS, &b, h->trailers, "");
+				snprintf(fields, sizeof fields, "Content-Type: application/json\r\n%s", gw_meta_fields(k, x, 1));
+				gw_body_out(k, x, 200, fields, &b, x->trailers, "");
 				buf_free(k, &b);
-				gw_end(k, c);
+				gw_end(k, x);
 				return;
 			}
 			buf_free(k, &b); /* out of memory (a message kvd cannot read back would be its bug) */
@@ -24674,18 +24932,19 @@ static void gw_flush(struct kvd *k, struct conn *c)
 			kvd_free(k, cl->status_msg);
 			cl->status_msg = kvd_strdup(k, "kvd: out of memory");
 		}
-		gw_error_answer(k, c);
-		gw_end(k, c);
+		gw_error_answer(k, x);
+		gw_end(k, x);
 		return;
 	}
 	for (;;) { /* a stream: each message a {"result":...} line */
-		if (!BUF_LEN(&cl->out) && cl->produce && !cl->finished && BUF_LEN(&c->out) < KVD_MAX_OUTPUT)
+		if (!BUF_LEN(&cl->out) && cl->produce && !cl->finished && gw_room(x))
 			cl->m->on_produce(k, cl);
-		if (BUF_LEN(&cl->out) < 5 || BUF_LEN(&c->out) >= KVD_MAX_OUTPUT)
+		if (BUF_LEN(&cl->out) < 5 || !gw_room(x))
 			break;
-		if (!h->hdr_sent) {
-			http1_head(k, c, h->minor, 200, GW_OK_FIELDS, h->minor ? "Transfer-Encoding: chunked\r\n" : "", 0);
-			h->hdr_sent = 1;
+		if (!x->hdr_sent) {
+			snprintf(fields, sizeof fields, "Content-Type: application/json\r\n%s", gw_meta_fields(k, x, 1));
+			http_head(k, x, 200, fields, x->minor ? "Transfer-Encoding: chunked\r\n" : "", 0);
+			x->hdr_sent = 1;
 		}
 		b.rd = b.len = 0;
 		json_put_raw(k, &b, "{\"result\":");
@@ -24694,26 +24953,25 @@ static void gw_flush(struct kvd *k, struct conn *c)
 			break;
 		}
 		json_put_raw(k, &b, "}\n");
-		gw_chunk(k, c, BUF_DATA(&b), BUF_LEN(&b));
+		http_chunk(k, x, BUF_DATA(&b), BUF_LEN(&b));
 	}
 	buf_free(k, &b);
-	if (!cl->finished || BUF_LEN(&cl->out) >= 5 || (!h->body_done && !h->bidi))
+	if (!cl->finished || BUF_LEN(&cl->out) >= 5 || !whole)
 		return;
-	if (!h->hdr_sent) {
+	if (!x->hdr_sent) {
 		if (cl->status != GRPC_OK) {
-			gw_error_answer(k, c);
-			gw_end(k, c);
+			gw_error_answer(k, x);
+			gw_end(k, x);
 			return;
 		}
 		/* over without a message: a trailers-only answer, so no header
 		 * metadata, and no Content-Type (no message set one) */
-		http1_head(k, c, h->minor, 200, "", h->minor ? "Transfer-Encoding: chunked\r\n" : "", 0);
+		http_head(k, x, 200, "", x->minor ? "Transfer-Encoding: chunked\r\n" : "", 0);
 	} else if (cl->status != GRPC_OK) {
-		gw_stream_error(k, c);
+		gw_stream_error(k, x);
 	}
-	if (h->minor)
-		buf_append(k, &c->out, "0\r\n\r\n", 5);
-	gw_end(k, c);
+	http_last(k, x, "");
+	gw_end(k, x);
 }
 
 /* Input for the gateway call being served: its body, then its messages.
@@ -24729,35 +24987,37 @@ static int gw_input(struct kvd *k, struct conn *c)
 		return 1;
 	if (BUF_LEN(&c->in) != before)
 		c->t_active = k->now;
-	gw_deliver(k, c);
+	gw_deliver(k, &h->x);
 	gw_recharge(k, c);
 	if (k->in_held > k->cfg.max_request_buffer)
 		net_shed(k);
-	if (h->in_call && h->body_done && BUF_LEN(&c->in) > HTTP1_MAX_HEAD + HTTP1_MAX_BODY) {
+	if (h->x.in_call && h->x.body_done && BUF_LEN(&c->in) > HTTP1_MAX_HEAD + HTTP1_MAX_BODY) {
 		c->is_closing = 1; /* pipelining far ahead of a call: no */
 		return 1;
 	}
-	return h->in_call || !BUF_LEN(&c->in);
+	return h->x.in_call || !BUF_LEN(&c->in);
 }
 
-/* ===== 34. HTTP/1.1 endpoints: /health, /version, /metrics (http1_) ====== */
+/* ===== 34. HTTP endpoints: /health, /version, /metrics (http1_, http_) ==== */
 
 /*
- * What HTTP/1.1 serves beside the gateway: /health, /livez, /readyz,
+ * What HTTP serves beside the gateway: /health, /livez, /readyz,
  * /version and Prometheus' /metrics, answered as etcd 3.7 answers them;
  * http1_route sends a POST to /v3/... to the gateway (section 33).  Then
- * the protocol's hooks for the loop (http1_proto): input, flush, timers,
- * drain, free.
+ * the same requests on HTTP/2 streams (http_h2_*), and HTTP/1.x's hooks
+ * for the loop (http1_proto): input, flush, timers, drain, free.
  *
  * Invariants:
  *   1. A metrics listener (c->metrics_only) serves /metrics, /health,
- *      /livez and /readyz only: anything else is 404, with no CORS and no
- *      preflight answer (http1_route, http1_input_step).
- *   2. Requests are served one at a time, in order: http1_input_step reads
+ *      /livez and /readyz only, over HTTP/1.x or HTTP/2 (never gRPC:
+ *      h2_on_block): anything else is 404, with no CORS and no preflight
+ *      answer (http1_route, http1_cors).
+ *   2. HTTP/1.x requests are served one at a time, in order: http1_input_step reads
  *      no further while a gateway call is in progress (gw_input) or the
  *      output is at KVD_MAX_OUTPUT.
  *   3. No half answer: one that could not be queued whole closes the
- *      connection at once (http1_check_out, after input and after flush).
+ *      connection at once (http1_check_out, after input and after flush);
+ *      on HTTP/2 it resets the stream (http_h2_send).
  *   4. A head must end within KVD_PREFACE_TIMEOUT_MS of its first byte; a
  *      connection making no progress is closed after --max-idle-time,
  *      unless it is serving a call (http1_timers).
@@ -24869,7 +25129,7 @@ static void http1_m_process(struct http1_mb *m)
 
 static void http1_metrics_checks(const struct kvd *k, struct http1_mb *m);
 
-static void http1_metrics(struct kvd *k, struct conn *c, const struct http1_req *r)
+static void http1_metrics(struct kvd *k, struct http_x *x, const struct http_req *r)
 {
 	static const char *const kinds[] = {"unary", "server_stream", "bidi_stream"}; /* enum grpc_kind */
 	static const char *const codes[] = {"OK", "Canceled", "Unknown", "InvalidArgument", "DeadlineExceeded",
@@ -24968,7 +25228,7 @@ static void http1_metrics(struct kvd *k, struct conn *c, const struct http1_req 
 			http1_m_val(&m, "kvd_fair_share_yields_total", lab, (double)k->st.yields[i]);
 		}
 	}
-	http1_m_one(&m, "kvd_http_requests_total", "counter", "HTTP/1.x requests read on client ports.",
+	http1_m_one(&m, "kvd_http_requests_total", "counter", "HTTP requests other than gRPC read (HTTP/1.x, and HTTP/2 streams).",
 	            (double)k->st.http_requests);
 	if (k->confd && !confd_counters(k, confd, &dn, &ndrop)) {
 		http1_m_one(&m, "kvd_confd_received_total", "counter", "confd datagrams received.", (double)confd[0]);
@@ -24981,15 +25241,16 @@ static void http1_metrics(struct kvd *k, struct conn *c, const struct http1_req 
 	}
 	if (m.b.err) {
 		buf_free(k, &m.b);
-		http1_answer(k, c, r->minor, 500, HTTP1_TEXT, "kvd: out of memory\n", r->close);
+		http_answer(k, x, 500, HTTP1_TEXT, "kvd: out of memory\n");
 		return;
 	}
 	snprintf(len, sizeof len, "Content-Length: %zu\r\n", BUF_LEN(&m.b));
 	head = r->mlen == 4 && !memcmp(r->method, "HEAD", 4); /* the head alone, as Go answers HEAD */
-	http1_head(k, c, r->minor, 200, "Content-Type: text/plain; version=0.0.4; charset=utf-8; escaping=underscores\r\n",
-	           head ? "" : len, r->close);
+	http_head(k, x, 200, "Content-Type: text/plain; version=0.0.4; charset=utf-8; escaping=underscores\r\n",
+	          head ? "" : len, x->close);
 	if (!head)
-		buf_append(k, &c->out, BUF_DATA(&m.b), BUF_LEN(&m.b));
+		http_raw(k, x, BUF_DATA(&m.b), BUF_LEN(&m.b));
+	http_fin(x);
 	buf_free(k, &m.b);
 }
 
@@ -25072,13 +25333,13 @@ static int http1_query_has(const char *q, size_t n, const char *name, const char
  * one, so that flag changes nothing here), then a keys-only Range, which kvd
  * cannot fail but while it stops.  The first failure is the reason.
  */
-static void http1_health(struct kvd *k, struct conn *c, const struct http1_req *r, const char *q, size_t qlen)
+static void http1_health(struct kvd *k, struct http_x *x, const struct http_req *r, const char *q, size_t qlen)
 {
 	char reason[64] = "", body[160];
 	size_t i;
 
 	if (!(r->mlen == 3 && !memcmp(r->method, "GET", 3))) {
-		http1_answer(k, c, r->minor, 405, "Allow: GET\r\n" HTTP1_NOSNIFF, "Method Not Allowed\n", r->close);
+		http_answer(k, x, 405, "Allow: GET\r\n" HTTP1_NOSNIFF, "Method Not Allowed\n");
 		return;
 	}
 	for (i = 0; i < k->db.nalarms && !reason[0]; i++) {
@@ -25091,13 +25352,13 @@ static void http1_health(struct kvd *k, struct conn *c, const struct http1_req *
 		snprintf(reason, sizeof reason, "RANGE ERROR:%s", "etcdserver: server stopped");
 	if (!reason[0]) { /* w.Write without a Content-Type: Go sniffs one */
 		k->st.health_ok++;
-		http1_answer_sniffed(k, c, r->minor, 200, "{\"health\":\"true\",\"reason\":\"\"}", r->close);
+		http_answer_sniffed(k, x, 200, "{\"health\":\"true\",\"reason\":\"\"}");
 		return;
 	}
 	k->st.health_failed++;
 	/* http.Error: its headers, and a newline; the reasons need no JSON escape */
 	snprintf(body, sizeof body, "{\"health\":\"false\",\"reason\":\"%s\"}\n", reason);
-	http1_answer(k, c, r->minor, 503, HTTP1_NOSNIFF, body, r->close);
+	http_answer(k, x, 503, HTTP1_NOSNIFF, body);
 }
 
 /* etcd's /livez and /readyz checks (etcdhttp's CheckRegistry).  etcd runs
@@ -25156,7 +25417,7 @@ static const char *http1_check(const struct kvd *k, size_t i)
  * with ?verbose; a failure is 503 with the lines always, through http.Error.
  * Returns 0 when the path is none of these (not answered).
  */
-static int http1_checks_answer(struct kvd *k, struct conn *c, const struct http1_req *r, const char *path,
+static int http1_checks_answer(struct kvd *k, struct http_x *x, const struct http_req *r, const char *path,
                                size_t plen, const char *q, size_t qlen)
 {
 	int readyz = plen >= 7 && !memcmp(path, "/readyz", 7), fail = 0;
@@ -25175,7 +25436,7 @@ static int http1_checks_answer(struct kvd *k, struct conn *c, const struct http1
 			return 0;
 	}
 	if (!(r->mlen == 3 && !memcmp(r->method, "GET", 3))) {
-		http1_answer(k, c, r->minor, 405, "Allow: GET\r\n" HTTP1_NOSNIFF, "Method Not Allowed\n", r->close);
+		http_answer(k, x, 405, "Allow: GET\r\n" HTTP1_NOSNIFF, "Method Not Allowed\n");
 		return 1;
 	}
 	body[0] = 0;
@@ -25192,32 +25453,32 @@ static int http1_checks_answer(struct kvd *k, struct conn *c, const struct http1
 	}
 	if (fail) {
 		snprintf(body + at, sizeof body - at, "\n");
-		http1_answer(k, c, r->minor, 503, HTTP1_NOSNIFF, body, r->close);
+		http_answer(k, x, 503, HTTP1_NOSNIFF, body);
 	} else {
 		snprintf(http1_query_has(q, qlen, "verbose", NULL) ? body + at : body, sizeof body - at, "ok\n");
-		http1_answer(k, c, r->minor, 200, HTTP1_NOSNIFF, body, r->close);
+		http_answer(k, x, 200, HTTP1_NOSNIFF, body);
 	}
 	return 1;
 }
 
 /* /version: the cluster and storage versions follow a downgrade. */
-static void http1_version(struct kvd *k, struct conn *c, const struct http1_req *r)
+static void http1_version(struct kvd *k, struct http_x *x, const struct http_req *r)
 {
 	char body[128];
 
 	if (!(r->mlen == 3 && !memcmp(r->method, "GET", 3))) {
-		http1_answer(k, c, r->minor, 405, "Allow: GET\r\n" HTTP1_NOSNIFF, "Method Not Allowed\n", r->close);
+		http_answer(k, x, 405, "Allow: GET\r\n" HTTP1_NOSNIFF, "Method Not Allowed\n");
 		return;
 	}
 	snprintf(body, sizeof body, "{\"etcdserver\":\"" KVD_ETCD_VERSION "\",\"etcdcluster\":\"%s\",\"storage\":\"%s\"}",
 	         svc_cluster_version(k), svc_cluster_version(k));
-	http1_answer(k, c, r->minor, 200, "Content-Type: application/json\r\n", body, r->close);
+	http_answer(k, x, 200, "Content-Type: application/json\r\n", body);
 }
 
 /* /v3 without its slash: Go's ServeMux redirects to the subtree /v3/ (307
  * keeps the method), the query kept; http.Redirect writes a link (its URL
  * HTML-escaped) only for GET and HEAD.  q[0..qlen): the query, after '?'. */
-static void http1_redirect_v3(struct kvd *k, struct conn *c, const struct http1_req *r, const char *q, size_t qlen)
+static void http1_redirect_v3(struct kvd *k, struct http_x *x, const struct http_req *r, const char *q, size_t qlen)
 {
 	char fields[400], body[1024];
 	int get = (r->mlen == 3 && !memcmp(r->method, "GET", 3)) || (r->mlen == 4 && !memcmp(r->method, "HEAD", 4));
@@ -25239,36 +25500,35 @@ static void http1_redirect_v3(struct kvd *k, struct conn *c, const struct http1_
 		}
 		snprintf(body + at, sizeof body - at, "\">Temporary Redirect</a>.\n\n");
 	}
-	http1_answer(k, c, r->minor, 307, fields, body, r->close);
+	http_answer(k, x, 307, fields, body);
 }
 
 /* Route one request.  Returns 1 when a gateway call began (the head is
  * consumed and the body is the call's), 0 when it was answered here. */
-static int http1_route(struct kvd *k, struct conn *c, const struct http1_req *r)
+static int http1_route(struct kvd *k, struct http_x *x, const struct http_req *r)
 {
-	struct http1_conn *h = c->ps;
+	struct conn *c = x->c;
 	const char *path = r->target, *q = memchr(path, '?', r->tlen), *rpc = NULL;
 	size_t plen = q ? (size_t)(q - path) : r->tlen, qlen = q ? r->tlen - plen - 1 : 0, skip = 0, cnlen;
 
-	h->minor = r->minor;
 	q = q ? q + 1 : ""; /* the query itself */
 	if (r->mlen == 7 && !memcmp(r->method, "OPTIONS", 7) && !c->metrics_only) { /* a CORS preflight: etcd answers it itself */
-		http1_answer(k, c, r->minor, 200, "", "", r->close);
+		http_answer(k, x, 200, "", "");
 		return 0;
 	}
 	/* the health endpoints are on the metrics listener too, as etcd's */
 	if (plen == 7 && !memcmp(path, "/health", 7)) {
-		http1_health(k, c, r, q, qlen);
+		http1_health(k, x, r, q, qlen);
 		return 0;
 	}
-	if (http1_checks_answer(k, c, r, path, plen, q, qlen))
+	if (http1_checks_answer(k, x, r, path, plen, q, qlen))
 		return 0;
 	if (plen == 8 && !memcmp(path, "/version", 8) && !c->metrics_only) {
-		http1_version(k, c, r);
+		http1_version(k, x, r);
 		return 0;
 	}
 	if (c->metrics_only && !(plen == 8 && !memcmp(path, "/metrics", 8))) { /* etcd's metrics listener */
-		http1_answer(k, c, r->minor, 404, HTTP1_NOSNIFF, "404 page not found\n", r->close);
+		http_answer(k, x, 404, HTTP1_NOSNIFF, "404 page not found\n");
 		return 0;
 	}
 	if (plen >= 4 && !memcmp(path, "/v3/", 4))
@@ -25276,34 +25536,34 @@ static int http1_route(struct kvd *k, struct conn *c, const struct http1_req *r)
 	else if (plen >= 8 && !memcmp(path, "/v3beta/", 8)) /* etcd 3.7 still rewrites it to /v3/ */
 		skip = 8;
 	if (plen == 3 && !memcmp(path, "/v3", 3) && k->cfg.enable_grpc_gateway) {
-		http1_redirect_v3(k, c, r, q, qlen);
+		http1_redirect_v3(k, x, r, q, qlen);
 		return 0;
 	}
 	if (skip && k->cfg.enable_grpc_gateway) { /* grpc-gateway v2's routing errors are JSON */
 		if (!(rpc = gw_find(path + skip, plen - skip))) {
-			http1_answer(k, c, r->minor, 404, "Content-Type: application/json\r\n",
-			             "{\"code\":5,\"message\":\"Not Found\"}", r->close);
+			http_answer(k, x, 404, "Content-Type: application/json\r\n",
+			             "{\"code\":5,\"message\":\"Not Found\"}");
 			return 0;
 		}
 		if (!(r->mlen == 4 && !memcmp(r->method, "POST", 4))) {
-			http1_answer(k, c, r->minor, 501, "Content-Type: application/json\r\n",
-			             "{\"code\":12,\"message\":\"Method Not Allowed\"}", r->close);
+			http_answer(k, x, 501, "Content-Type: application/json\r\n",
+			             "{\"code\":12,\"message\":\"Method Not Allowed\"}");
 			return 0;
 		}
 		/* etcd: a client certificate's CN is not the gateway's user -- refused */
 		if (k->cfg.client_cert_auth && k->auth.enabled && tls_peer_cn(c, &cnlen) && cnlen) {
-			http1_answer(k, c, r->minor, 400, HTTP1_NOSNIFF, "CommonName of client sending a request against "
-			             "gateway will be ignored and not used as expected\n", r->close);
+			http_answer(k, x, 400, HTTP1_NOSNIFF, "CommonName of client sending a request against "
+			             "gateway will be ignored and not used as expected\n");
 			return 0;
 		}
-		gw_begin(k, c, r, rpc);
+		gw_begin(k, x, r, rpc);
 		return 1;
 	}
 	if (plen == 8 && !memcmp(path, "/metrics", 8)) { /* promhttp answers any method */
-		http1_metrics(k, c, r);
+		http1_metrics(k, x, r);
 		return 0;
 	}
-	http1_answer(k, c, r->minor, 404, HTTP1_NOSNIFF, "404 page not found\n", r->close);
+	http_answer(k, x, 404, HTTP1_NOSNIFF, "404 page not found\n");
 	return 0;
 }
 
@@ -25328,12 +25588,12 @@ static void http1_input(struct kvd *k, struct conn *c)
 static void http1_input_step(struct kvd *k, struct conn *c)
 {
 	struct http1_conn *h = c->ps;
-	struct http1_req r;
+	struct http_req r;
 	int status;
 	long n;
 
 	while (BUF_LEN(&c->in) && !c->is_closing && BUF_LEN(&c->out) < KVD_MAX_OUTPUT) {
-		if (h->in_call) { /* the body of the gateway request being served */
+		if (h->x.in_call) { /* the body of the gateway request being served */
 			if (gw_input(k, c))
 				return;
 			continue;
@@ -25361,15 +25621,14 @@ static void http1_input_step(struct kvd *k, struct conn *c)
 			                         : status == 417 ? "" : "400 Bad Request\n");
 			return;
 		}
-		if (c->metrics_only) /* etcd's metrics listener has no access controller: no CORS */
-			h->origin[0] = 0;
-		else
-			http1_cors(k, h, &r);
+		h->x.minor = r.minor;
+		h->x.close = r.close;
+		http1_cors(k, &h->x, &r);
 		if (r.clen > gw_max_body(k)) {
 			http1_fail(k, c, 413, "413 Request Entity Too Large\n");
 			return;
 		}
-		if (http1_route(k, c, &r)) {
+		if (http1_route(k, &h->x, &r)) {
 			buf_consume(&c->in, (size_t)n);
 			if (gw_input(k, c))
 				return;
@@ -25390,7 +25649,9 @@ static void http1_input_step(struct kvd *k, struct conn *c)
 
 static void http1_flush(struct kvd *k, struct conn *c)
 {
-	gw_flush(k, c);
+	struct http1_conn *h = c->ps;
+
+	gw_flush(k, &h->x);
 	http1_check_out(k, c);
 }
 
@@ -25407,7 +25668,7 @@ static int64_t http1_timers(struct kvd *k, struct conn *c)
 		}
 		return h->t_head + KVD_PREFACE_TIMEOUT_MS;
 	}
-	if (!k->cfg.idle_timeout_ms || (h->in_call && (h->body_done || h->bidi)))
+	if (!k->cfg.idle_timeout_ms || (h->x.in_call && (h->x.body_done || h->x.bidi)))
 		return INT64_MAX; /* a call being served (a watch may be quiet for days) */
 	if (k->now - c->t_active >= (int64_t)k->cfg.idle_timeout_ms) {
 		c->is_closing = 1;
@@ -25429,8 +25690,8 @@ static void http1_drain(struct kvd *k, struct conn *c)
 {
 	struct http1_conn *h = c->ps;
 
-	if (h->in_call)
-		h->close = 1;
+	if (h->x.in_call)
+		h->x.close = 1;
 	else
 		c->is_closing = 1;
 	(void)k;
@@ -25440,19 +25701,163 @@ static int http1_busy(const struct conn *c)
 {
 	const struct http1_conn *h = c->ps;
 
-	return h->in_call;
+	return h->x.in_call;
 }
 
 static void http1_free(struct kvd *k, struct conn *c)
 {
 	struct http1_conn *h = c->ps;
 
-	if (h->in_call)
+	if (h->x.in_call)
 		call_fini(k, &h->call);
 	buf_free(k, &h->body);
 	gw_recharge(k, c);
 	kvd_free(k, c->ps);
 	c->ps = NULL;
+}
+
+/* ---- the same requests on HTTP/2 streams ------------------------------------ */
+
+/*
+ * curl over TLS, a browser, Go's http.Client: they all speak HTTP/2 when
+ * ALPN offers it, and etcd serves them there as on HTTP/1.1 -- its
+ * grpcHandlerFunc sends a request to gRPC only when the content-type says
+ * so.  h2_on_block does the same and hands the rest here: the stream
+ * carries one http_x, routed by http1_route as an HTTP/1.1 request is; the
+ * gateway's call is the stream's own (gw_begin), its body the stream's
+ * input, its answer the head, data and trailer blocks http_h2_send moves
+ * into frames.  The stream ends with the answer (END_STREAM, then
+ * RST_STREAM(NO_ERROR) if the client was still sending, RFC 9113 8.1).
+ */
+static void http_h2_begin(struct kvd *k, struct h2_stream *s, const struct h2_req *rq, const struct hp_field *f,
+                          unsigned nf)
+{
+	struct http_x *x = kvd_calloc(k, sizeof *x);
+	struct http_req r;
+	unsigned i;
+
+	if (!x) {
+		h2_rst(s->c, s->id, H2_REFUSED_STREAM);
+		h2_stream_close(s->c, s);
+		return;
+	}
+	k->st.http_requests++;
+	s->hx = x;
+	x->c = s->c->conn;
+	x->s = s;
+	x->minor = 1;
+	x->call = &s->call;
+	x->body = &s->in;
+	memset(&r, 0, sizeof r);
+	r.method = (const char *)rq->method.p;
+	r.mlen = rq->method.n;
+	r.target = (const char *)rq->path.p;
+	r.tlen = rq->path.n;
+	r.minor = 1;
+	r.clen = rq->has_cl ? rq->content_length : 0;
+	for (i = 0; i < nf && r.nh < HTTP1_MAX_HEADERS; i++)
+		if (f[i].name[0] != ':')
+			r.h[r.nh++] = f[i];
+	http1_cors(k, x, &r);
+	if (r.clen > gw_max_body(k))
+		http_answer(k, x, 413, HTTP1_TEXT, "413 Request Entity Too Large\n");
+	else if (http1_route(k, x, &r) && x->in_call)
+		gw_deliver(k, x); /* a body that is already whole (none) goes now */
+	if (!x->in_call)
+		s->discard = 1; /* answered: a body is not read */
+}
+
+/* Request bytes p[0..n) of an HTTP stream (n == 0 with END_STREAM too):
+ * the gateway's body, bounded by gw_max_body and credited back to the
+ * client as it is held (the stream window alone would stop a body at 64
+ * KiB, and a unary call waits for all of it). */
+static void http_h2_data(struct kvd *k, struct h2_stream *s, const uint8_t *p, size_t n)
+{
+	struct http_x *x = s->hx;
+
+	if (s->discard || !x->in_call || x->delivered)
+		return;
+	if (buf_append(k, &s->in, p, n)) {
+		call_finish(k, x->call, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+		return;
+	}
+	if (BUF_LEN(&s->in) > gw_max_body(k)) {
+		call_finish(k, x->call, GRPC_RESOURCE_EXHAUSTED, "kvd: request body too large");
+		if (!x->hdr_sent) { /* nothing answered yet: as HTTP/1.1 answers it */
+			gw_end(k, x);
+			http_answer(k, x, 413, HTTP1_TEXT, "413 Request Entity Too Large\n");
+		}
+		return;
+	}
+	h2_consumed(s);
+	x->body_done = s->remote_closed;
+	gw_deliver(k, x);
+}
+
+/* Move what the HTTP answer of s has into frames, within the windows, as
+ * h2_stream_send does for gRPC.  1 when the stream ended and was freed. */
+static int http_h2_send(struct kvd *k, struct h2_conn *c, struct h2_stream *s)
+{
+	struct http_x *x = s->hx;
+	int end;
+
+	for (;;) {
+		if (x->in_call)
+			gw_flush(k, x);
+		if (x->head.err || x->data.err || x->trailer.err) { /* out of memory: no half answer (invariant 3) */
+			h2_rst(c, s->id, H2_INTERNAL_ERROR);
+			h2_stream_close(c, s);
+			return 1;
+		}
+		if (!BUF_LEN(&x->head) && !BUF_LEN(&x->data) && !x->ended)
+			return 0; /* nothing yet: a stream waits for its next message */
+		if (BUF_LEN(&x->head)) {
+			end = x->ended && !BUF_LEN(&x->data) && !BUF_LEN(&x->trailer);
+			if (h2_send_block(c, s->id, &x->head, end))
+				return 0;
+			buf_free(k, &x->head);
+			s->hdrs_sent = 1;
+			if (end)
+				goto ended;
+		}
+		if (!s->hdrs_sent)
+			return 0;
+		if (!(end = h2_send_data(k, c, s, &x->data, x->ended && !BUF_LEN(&x->trailer))))
+			return 0;
+		if (end == 2)
+			goto ended;
+		if (x->ended)
+			break;
+	}
+	if (BUF_LEN(&x->trailer) ? h2_send_block(c, s->id, &x->trailer, 1) : h2_frame(c, H2_DATA, H2_F_END_STREAM, s->id, "", 0))
+		return 0;
+ended:
+	if (!s->remote_closed) /* answered before the request ended */
+		h2_rst(c, s->id, H2_NO_ERROR);
+	h2_stream_close(c, s);
+	return 1;
+}
+
+static void http_h2_free(struct kvd *k, struct h2_stream *s)
+{
+	struct http_x *x = s->hx;
+
+	if (!x)
+		return;
+	buf_free(k, &x->head);
+	buf_free(k, &x->data);
+	buf_free(k, &x->trailer);
+	kvd_free(k, x);
+	s->hx = NULL;
+}
+
+static void http1_conn_init(struct conn *c)
+{
+	struct http1_conn *h = c->ps;
+
+	h->x.c = c;
+	h->x.call = &h->call;
+	h->x.body = &h->body;
 }
 
 static const struct net_proto http1_proto = {
@@ -25963,6 +26368,7 @@ static void net_input(struct kvd *k, struct conn *c)
 				c->dead = 1;
 				return;
 			}
+			http1_conn_init(c);
 			c->proto = &http1_proto;
 			c->proto->input(k, c);
 #else
@@ -25974,11 +26380,7 @@ static void net_input(struct kvd *k, struct conn *c)
 		case NET_SNIFF_TLS: net_tls_answer(k, c); return;
 		case NET_SNIFF_BAD: h2_bad_preface(k, c); return;
 		}
-		if (c->metrics_only) { /* an HTTP/2 preface on a metrics listener: not served */
-			c->dead = 1;
-			return;
-		}
-		if (!(c->ps = h2_conn_new(k, c))) {
+		if (!(c->ps = h2_conn_new(k, c))) { /* a metrics listener's too: its requests are all HTTP (h2_on_block) */
 			c->dead = 1;
 			return;
 		}
@@ -26795,6 +27197,10 @@ static const struct cfg_flag cfg_flags[] = {
 	      "with --restore-snapshot: do not require the file's SHA-256 trailer to match"),
 	CFG_S("snapshot-save", snapshot_save, NULL,
 	      "kvd: write the data dir's store as an etcd snapshot file (as etcdctl snapshot save) and exit"),
+	CFG_N("daemon", CFG_BOOL, daemon, 0, 0,
+	      "kvd: go to the background once serving; a start that fails exits with its status and reason first "
+	      "(sysvinit scripts)"),
+	CFG_S("pid-file", pid_file, NULL, "kvd: write the serving process's pid to this file (removed when kvd stops)"),
 	CFG_N("reserve-bytes", CFG_U64, reserve_bytes, 0, 131072,
 	      "kvd: disk space held back in <data-dir>/kvd.reserve so deletes, compaction and rewrites work on a full disk"),
 	CFG_S("confd-hmac-key-file", confd_hmac_key_file, NULL,
@@ -27374,6 +27780,36 @@ KVD_RESIDENT static int cfg_mkdirs(const char *dir, char *err, size_t errlen)
 	return 0;
 }
 
+/*
+ * An etcd data dir (member/snap/db, member/wal) with no kvd.log: kvd keeps
+ * its own log and would serve it as an empty store, so it is refused before
+ * anything is written there (exit 2), naming the way in -- an import of
+ * etcd's backend file, which is a snapshot without the hash trailer.
+ */
+static int cfg_not_etcd(const char *dir, char *err, size_t errlen)
+{
+	char path[PATH_MAX];
+	struct stat st;
+	int db, wal;
+
+	snprintf(path, sizeof path, "%s/kvd.log", dir);
+	if (!lstat(path, &st))
+		return 0;
+	snprintf(path, sizeof path, "%s/member/snap/db", dir);
+	db = !stat(path, &st) && S_ISREG(st.st_mode);
+	snprintf(path, sizeof path, "%s/member/wal", dir);
+	wal = !stat(path, &st) && S_ISDIR(st.st_mode);
+	if (!db && !wal)
+		return 0;
+	if (db)
+		snprintf(err, errlen, "%s holds etcd's data, not kvd's; with etcd stopped, import it into a new dir: "
+		         "kvd --data-dir NEW --restore-snapshot %s/member/snap/db --skip-hash-check", dir, dir);
+	else
+		snprintf(err, errlen, "%s holds etcd's data (member/wal), not kvd's; start kvd on a new dir with "
+		         "--restore-snapshot FILE, FILE from that etcd's etcdctl snapshot save", dir);
+	return KVD_EINVAL;
+}
+
 /* Exactly one kvd per data dir: an exclusive flock on <dir>/kvd.lock. */
 KVD_RESIDENT static int cfg_lock(struct kvd *k, char *err, size_t errlen)
 {
@@ -27428,6 +27864,20 @@ static int cfg_read_file(struct kvd_config *cfg, char **store, char *err, size_t
 }
 
 /* ===== 37. Public embedding API (kvd_) =================================== */
+
+/* A start that failed: its reason in every log output configured (a file,
+ * syslog, an embedder's kvd_set_log) besides stderr, where kvd_main and an
+ * embedder's caller say it -- so an init system's log holds it too. */
+static void kvd_open_failed(struct kvd *k, const char *err)
+{
+	unsigned to = k->log_to ? k->log_to : LOG_TO_STDERR;
+
+	if (!(to & ~LOG_TO_STDERR) && !k->log_fn)
+		return;
+	k->log_to = to & ~LOG_TO_STDERR;
+	kvd_log(k, KVD_LOG_ERROR, "cannot start: %s", err);
+	k->log_to = to;
+}
 
 /*
  * What an embedder, and kvd_main, call (kvd.h declares them): the
@@ -27850,6 +28300,8 @@ KVD_RESIDENT KVD_API int kvd_open(const struct kvd_config *cfg, struct kvd **out
 	if (!r)
 		r = k->cfg.restore_snapshot && k->cfg.restore_snapshot[0] ?
 		    snap_restore_check(k->cfg.restore_snapshot, err, errlen) : 0;
+	if (!r)
+		r = cfg_not_etcd(k->cfg.data_dir, err, errlen);
 	if (r) {
 		r = r == KVD_ENOMEM ? r : KVD_EINVAL;
 		goto fail;
@@ -27892,8 +28344,10 @@ KVD_RESIDENT KVD_API int kvd_open(const struct kvd_config *cfg, struct kvd **out
 	*out = k;
 	return 0;
 fail:
-	if (k)
+	if (k) {
 		kvd_free(k, list);
+		kvd_open_failed(k, err);
+	}
 	kvd_close(k);
 	*out = NULL;
 	return r;
@@ -28002,6 +28456,77 @@ static void kvd_on_signal(int sig)
 }
 
 
+/*
+ * --daemon: the parent waits until the child says it serves (a byte on a
+ * pipe), then exits 0; if the child ends first -- a failed start, its
+ * reason already on stderr and in its log -- the parent exits with the
+ * child's status, so an init script's start reports it.  Returns the pipe's
+ * write end in the child (it leaves the session), or -1 with err.
+ */
+static int kvd_daemon(char *err, size_t errlen)
+{
+	int p[2], st = 0;
+	pid_t pid;
+	ssize_t n;
+	char b;
+
+	if (pipe(p)) {
+		snprintf(err, errlen, "--daemon: pipe: %s", strerror(errno));
+		return -1;
+	}
+	if ((pid = fork()) < 0) {
+		snprintf(err, errlen, "--daemon: fork: %s", strerror(errno));
+		close(p[0]);
+		close(p[1]);
+		return -1;
+	}
+	if (pid) {
+		close(p[1]);
+		while ((n = read(p[0], &b, 1)) < 0 && errno == EINTR)
+			;
+		if (n == 1)
+			_exit(KVD_EXIT_OK);
+		while (waitpid(pid, &st, 0) < 0 && errno == EINTR)
+			;
+		_exit(WIFEXITED(st) ? WEXITSTATUS(st) : KVD_EXIT_RUNTIME);
+	}
+	close(p[0]);
+	fcntl(p[1], F_SETFD, FD_CLOEXEC);
+	setsid();
+	return p[1];
+}
+
+/* Serving: the pid file written, and --daemon's parent told (its stdio
+ * then /dev/null: log lines go to --log-outputs' files and syslog). */
+static int kvd_serving(struct kvd *k, int ready, char *err, size_t errlen)
+{
+	char line[24];
+	int fd, n = snprintf(line, sizeof line, "%ld\n", (long)getpid());
+
+	if (k->cfg.pid_file && k->cfg.pid_file[0]) {
+		fd = open(k->cfg.pid_file, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
+		if (fd < 0 || write(fd, line, (size_t)n) != n || close(fd)) {
+			snprintf(err, errlen, "--pid-file %s: %s", k->cfg.pid_file, strerror(errno));
+			if (fd >= 0)
+				close(fd);
+			return KVD_EIO;
+		}
+	}
+	if (ready >= 0) {
+		if (!(k->log_to & ~(LOG_TO_STDERR | LOG_TO_STDOUT)) && !k->log_fn)
+			kvd_log(k, KVD_LOG_WARN, "--daemon: --log-outputs has no file or syslog: later lines are lost");
+		if ((fd = open("/dev/null", O_RDWR | O_CLOEXEC)) >= 0) {
+			dup2(fd, 0);
+			dup2(fd, 1);
+			dup2(fd, 2);
+			close(fd);
+		}
+		(void)!write(ready, "R", 1);
+		close(ready);
+	}
+	return 0;
+}
+
 KVD_RESIDENT KVD_API int kvd_main(int argc, char **argv)
 {
 	struct kvd_config cfg;
@@ -28010,7 +28535,7 @@ KVD_RESIDENT KVD_API int kvd_main(int argc, char **argv)
 	struct kvd *k;
 	struct sigaction sa;
 	char err[KVD_ERRLEN];
-	int r;
+	int r, ready = -1;
 
 	kvd_config_init(&cfg);
 	r = kvd_config_parse(&cfg, argc, argv, err, sizeof err);
@@ -28036,8 +28561,17 @@ KVD_RESIDENT KVD_API int kvd_main(int argc, char **argv)
 	sigaddset(&block, SIGINT);
 	sigaddset(&block, SIGHUP);
 	sigprocmask(SIG_BLOCK, &block, &old_mask);
+	if (cfg.daemon && (ready = kvd_daemon(err, sizeof err)) < 0) {
+		fprintf(stderr, "kvd: %s\n", err);
+		KVD_SYS_FREE(yaml);
+		return KVD_EXIT_RUNTIME;
+	}
 	r = kvd_open(&cfg, &k, err, sizeof err);
 	KVD_SYS_FREE(yaml); /* kvd_open copied every string */
+	if (!r && (r = kvd_serving(k, ready, err, sizeof err))) {
+		kvd_open_failed(k, err);
+		kvd_close(k);
+	}
 	if (r) {
 		sigprocmask(SIG_SETMASK, &old_mask, NULL);
 		fprintf(stderr, "kvd: %s\n", err);
@@ -28073,6 +28607,8 @@ KVD_RESIDENT KVD_API int kvd_main(int argc, char **argv)
 	else
 		kvd_log(k, KVD_LOG_ERROR, "stopped on an error: %s", kvd_strerror(r));
 	main_kvd = NULL;
+	if (k->cfg.pid_file && k->cfg.pid_file[0])
+		unlink(k->cfg.pid_file);
 	kvd_close(k);
 	return r == KVD_ESTOPPED ? KVD_EXIT_OK : KVD_EXIT_RUNTIME;
 }

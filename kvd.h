@@ -105,6 +105,8 @@ struct kvd_config {
 	const char *restore_snapshot;            /* --restore-snapshot: an etcd snapshot to start from (NULL) */
 	int skip_hash_check;                     /* --skip-hash-check: with it, no SHA-256 trailer needed (0) */
 	const char *snapshot_save;               /* --snapshot-save: kvd_main writes one and exits (NULL) */
+	int daemon;                              /* --daemon: kvd_main goes to the background once serving (0) */
+	const char *pid_file;                    /* --pid-file: kvd_main writes its pid there once serving (NULL) */
 	const char *cert_file;                   /* --cert-file: TLS certificate for https:// listeners */
 	const char *key_file;                    /* --key-file */
 	const char *trusted_ca_file;             /* --trusted-ca-file: CA for client certificates */

@@ -13,7 +13,9 @@ removed names absent; --listen-metrics-urls beside etcd's (/metrics and the
 health endpoints, nothing else; the gateway has test/gateway.py); limits (a
 9 KiB head: 431; garbage: 400; a transfer coding other than chunked: 501; a
 head that never ends: closed) on kvd alone; /health over TLS through ALPN
-http/1.1.
+http/1.1; and what curl over TLS (ALPN h2) gets -- the endpoints, the
+gateway (its TLS-only metadata headers too) and a watch stream, on the
+client port and a TLS metrics listener -- beside etcd 3.7.3.
 Last line: "N passed, N failed".
 """
 import datetime
@@ -306,6 +308,109 @@ def health_over_tls_alpn_http11():
                         "https://127.0.0.1:%d/health" % port], capture_output=True, text=True, timeout=30)
     check(r.stdout == '{"health":"true","reason":""} 200 1.1', "curl --http1.1 over TLS: %r %r" % (r.stdout, r.stderr))
     k.stop()
+    subprocess.run(["rm", "-rf", d])
+
+
+def tls_pair_dir():
+    d = tempfile.mkdtemp(prefix="kvd-http2-tls-")
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+                    "-keyout", d + "/k.pem", "-out", d + "/c.pem", "-days", "3", "-subj", "/CN=t",
+                    "-addext", "subjectAltName=IP:127.0.0.1"], check=True, capture_output=True)
+    return d
+
+
+def curl(url, ca, method="GET", data=None, extra=()):
+    """curl as a user runs it over TLS (ALPN offers h2 first): exit code,
+    status line, headers but Date, body -- /livez's checks sorted, a
+    gateway answer's header (ids differ) blanked."""
+    cmd = ["curl", "-s", "-i", "--cacert", ca, "-X", method] + list(extra) + [url]
+    if data is not None:
+        cmd += ["--data-binary", data]
+    r = subprocess.run(cmd, capture_output=True, timeout=60)
+    head, _, body = r.stdout.partition(b"\r\n\r\n")
+    lines = head.decode(errors="replace").split("\r\n")
+    hd = {}
+    for line in lines[1:]:
+        n, _, v = line.partition(":")
+        hd[n.strip().lower()] = v.strip()
+    hd.pop("date", None)
+    body = re.sub(rb'"header":\{[^}]*\}', b'"header":{}', body)
+    bl = body.split(b"\n")
+    checks = sorted(x for x in bl if x[:3] in (b"[+]", b"[-]"))
+    if checks:
+        body = b"\n".join(checks + [x for x in bl if x[:3] not in (b"[+]", b"[-]")])
+    return r.returncode, lines[0].strip(), hd, body
+
+
+H2_CASES = [("GET", "/health", None), ("GET", "/health?exclude=NOSPACE", None), ("GET", "/livez", None),
+            ("GET", "/readyz?verbose", None), ("GET", "/version", None), ("GET", "/nope", None),
+            ("POST", "/health", None), ("GET", "/v3", None), ("OPTIONS", "/v3/kv/range", None),
+            ("POST", "/v3/kv/put", '{"key":"aDI=","value":"dg=="}'), ("POST", "/v3/kv/range", '{"key":"aDI="}'),
+            ("POST", "/v3/kv/range", '{"key":'), ("POST", "/v3/kv/range", '{"nokey":1}'),
+            ("POST", "/v3/nope", "{}"), ("GET", "/v3/kv/range", None),
+            ("POST", "/v3/kv/deleterange", '{"key":"aDI="}'), ("POST", "/v3/maintenance/alarm", "{}"),
+            ("POST", "/v3/kv/put", '{"key":"aDI=","lease":"12345"}')]
+
+
+@test
+def http2_clients_like_etcd():
+    """curl over TLS negotiates h2 (ALPN) and gets what etcd 3.7.3 answers:
+    /health, /livez, /readyz, /version, the gateway (unary and a watch
+    stream), errors -- status, headers but Date, body; a TLS metrics
+    listener serves /metrics and /health to h2 clients too."""
+    from kvdtest import free_port
+    d = tls_pair_dir()
+    ca = d + "/c.pem"
+    tls = ["--cert-file", d + "/c.pem", "--key-file", d + "/k.pem"]
+    srv = []
+    for kind in ("etcd", "kvd"):
+        p, mp = free_port(), free_port()
+        # TLS alone: etcd with a plain listener beside it may send its
+        # gateway's calls through either (Go's map order)
+        urls = ["--listen-client-urls", "https://127.0.0.1:%d" % p, "--advertise-client-urls", "https://127.0.0.1:%d" % p,
+                "--listen-metrics-urls", "https://127.0.0.1:%d" % mp] + tls
+        if kind == "etcd":
+            s = Etcd(args=urls, port=p, ready=lambda: curl("https://127.0.0.1:%d/health" % p, ca)[1] == "HTTP/2 200")
+        else:
+            s = Kvd(args=urls, port=p)
+        s.tls_port, s.metrics_port = p, mp
+        srv.append(s)
+    e, k = srv
+    for m, path, body in H2_CASES:
+        a, b = [curl("https://127.0.0.1:%d%s" % (s.tls_port, path), ca, m, body) for s in srv]
+        check(a == b and a[1].startswith("HTTP/2 "), "%s %s over h2: etcd %r / kvd %r" % (m, path, a, b))
+    for m, path, body in H2_CASES[9:]:  # the gateway over TLS on HTTP/1.1: the same metadata as on h2
+        a, b = [curl("https://127.0.0.1:%d%s" % (s.tls_port, path), ca, m, body, ["--http1.1"]) for s in srv]
+        check(a == b and a[1].startswith("HTTP/1.1 "), "%s %s over TLS, HTTP/1.1: etcd %r / kvd %r" % (m, path, a, b))
+    a = curl("https://127.0.0.1:%d/health" % k.tls_port, ca)
+    check(a[0] == 0 and a[1] == "HTTP/2 200" and a[3] == b'{"health":"true","reason":""}',
+          "curl https://.../health: 200 over HTTP/2 with the JSON: %r" % (a,))
+    # Prometheus and curl on the metrics listener over TLS
+    for s in srv:
+        for path, want in (("/metrics", "HTTP/2 200"), ("/health", "HTTP/2 200"), ("/version", "HTTP/2 404"),
+                           ("/v3/kv/range", "HTTP/2 404")):
+            r = curl("https://127.0.0.1:%d%s" % (s.metrics_port, path), ca)
+            check(r[0] == 0 and r[1] == want, "metrics listener over TLS (%s), GET %s: %r" % (type(s).__name__, path, r[:3]))
+        r = curl("https://127.0.0.1:%d/metrics" % s.tls_port, ca)
+        check(r[0] == 0 and r[1] == "HTTP/2 200" and b"\netcd_server_has_leader 1\n" in r[3] and
+              r[2].get("content-type", "").startswith("text/plain; version=0.0.4"),
+              "/metrics on the client port over h2 (%s): %r" % (type(s).__name__, r[:3]))
+    # a watch stream over h2: the created line, then an event as it happens
+    lines = []
+    for s in srv:
+        w = subprocess.Popen(["curl", "-s", "-N", "--cacert", ca, "-X", "POST", "--data-binary",
+                              '{"create_request":{"key":"dw=="}}', "https://127.0.0.1:%d/v3/watch" % s.tls_port],
+                             stdout=subprocess.PIPE)
+        got = [w.stdout.readline()]
+        curl("https://127.0.0.1:%d/v3/kv/put" % s.tls_port, ca, "POST", '{"key":"dw==","value":"MQ=="}')
+        got.append(w.stdout.readline())
+        w.kill()
+        w.wait()
+        lines.append([re.sub(rb'"header":\{[^}]*\}', b"{}", x) for x in got])
+    check(lines[0] == lines[1] and b'"created":true' in lines[1][0] and b'"value":"MQ=="' in lines[1][1],
+          "a watch over h2: etcd %r / kvd %r" % tuple(lines))
+    for s in srv:
+        s.stop()
     subprocess.run(["rm", "-rf", d])
 
 

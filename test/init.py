@@ -14,11 +14,12 @@ import signal
 import socket
 import subprocess
 import sys
+import struct
 import tempfile
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib"))  # test/lib: kvdtest, helpers
 import kvdtest  # noqa: E402
-from kvdtest import ROOT, Kvd, check, etcdctl, free_port, run_tests, spawn, test  # noqa: E402
+from kvdtest import ROOT, Client, Kvd, check, etcdctl, free_port, pb, run_tests, spawn, test  # noqa: E402
 
 KVD = os.path.abspath(os.environ.get("KVD", os.path.join(ROOT, "kvd")))
 
@@ -255,6 +256,52 @@ def runtime_failures_exit_1_and_a_clean_stop_0():
     shutil.rmtree(d)
 
 
+def _crc32c(crc, data):
+    crc ^= 0xFFFFFFFF
+    for b in data:
+        crc ^= b
+        for _ in range(8):
+            crc = (crc >> 1) ^ (0x82F63B78 & -(crc & 1))
+    return crc ^ 0xFFFFFFFF
+
+
+@test
+def log_of_a_newer_kvd_exit_2_untouched():
+    """A log whose header says a format newer than this build reads (a
+    downgraded firmware): exit 2 -- configuration, no init system retries
+    it -- naming both formats, the log byte for byte as it was; a header
+    damaged in a way no kvd writes stays corruption (exit 1)."""
+    k = Kvd(KVD)
+    c = Client(k.endpoint())
+    c.call("Put", pb()["rpc"].PutRequest(key=b"a", value=b"1"))
+    c.close()
+    check(k.stop() == 0, "stopped")
+    log = os.path.join(k.dir, "kvd.log")
+    with open(log, "rb") as f:
+        orig = f.read()
+    n = struct.unpack(">I", orig[:4])[0]
+    check(_crc32c(_crc32c(0, orig[:4]), orig[8:9 + n]) == struct.unpack(">I", orig[4:8])[0],
+          "the header's CRC-32C recomputed here matches kvd's")
+    for fmt, want, words in ((4, 2, "written by a newer kvd (log format 4; this kvd reads formats 1 to 3)"),
+                             (0, 1, "bad header record")):
+        hdr = bytearray(orig[:9 + n])
+        struct.pack_into(">I", hdr, 9 + 8, fmt)
+        struct.pack_into(">I", hdr, 4, _crc32c(_crc32c(0, hdr[:4]), hdr[8:9 + n]))
+        data = bytes(hdr) + orig[9 + n:]
+        with open(log, "wb") as f:
+            f.write(data)
+        r = run(["--data-dir", k.dir, "--listen-client-urls", "http://127.0.0.1:%d" % free_port()])
+        with open(log, "rb") as f:
+            after = f.read()
+        check(r.returncode == want and words in r.stderr and after == data,
+              "log format %d: exit %s %r, log untouched: %s" % (fmt, r.returncode, r.stderr[-300:], after == data))
+    with open(log, "wb") as f:
+        f.write(orig)
+    k = Kvd(KVD, data_dir=k.dir)
+    check(k.alive(), "the original log serves again")
+    k.stop()
+
+
 # ------------------------------------------------------------------ logs
 @test
 def log_outputs_stdout_file_and_syslog():
@@ -296,6 +343,28 @@ def log_outputs_stdout_file_and_syslog():
           "daemon.info, ident kvd[pid]: %r" % info)
     check(any(l.startswith("<28>") for l in lines), "a warning is daemon.warning: %r" % lines[:4])
     check(not any(" I | " in l for l in lines), "no timestamp of kvd's in syslog lines")
+    # a start that fails reaches every output, not stderr alone: a locked data
+    # dir (a kvd serves it), a corrupt log -- in the file and in syslog
+    k = Kvd(KVD, data_dir=d + "/a")
+    p = spawn(sl.wrap([KVD, "--data-dir", d + "/a", "--listen-client-urls", "http://127.0.0.1:%d" % free_port(),
+                       "--log-outputs", "syslog," + d + "/fail.log"]), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    out, err = p.communicate(timeout=60)
+    for i in range(20):
+        etcdctl(k, "put", "k%d" % i, "v" * 50)
+    k.stop()
+    text = open(d + "/fail.log").read()
+    check(p.returncode == 1 and "is in use by another kvd" in err.decode() and
+          " E | kvd: cannot start: data dir %s/a is in use by another kvd" % d in text and
+          sl.saw("cannot start: data dir %s/a is in use" % d),
+          "a locked data dir: stderr, the file and syslog: %d %r %r" % (p.returncode, err[-200:], text[-300:]))
+    with open(d + "/a/kvd.log", "r+b") as f:  # valid records follow the damage: corruption, not a torn tail
+        f.seek(os.path.getsize(d + "/a/kvd.log") // 2)
+        f.write(b"\xff\xff")
+    r = subprocess.run([KVD, "--data-dir", d + "/a", "--listen-client-urls", "http://127.0.0.1:%d" % free_port(),
+                        "--log-outputs", d + "/fail.log"], capture_output=True, text=True, timeout=60)
+    text = open(d + "/fail.log").read()
+    check(r.returncode == 1 and "cannot start: %s/a/kvd.log: " % d in text and "refusing to start" in text.splitlines()[-1],
+          "a damaged log: in the file too: %d %r" % (r.returncode, text[-300:]))
     sl.close()
     shutil.rmtree(d)
 
@@ -756,6 +825,18 @@ def readme_sysvinit_script():
     check(out.strip() == "v", "the write survived")
     check(svc("stop").returncode == 0, "stop")
     check(svc("bogus").returncode == 2, "usage: 2")
+    # a start that fails (its port taken): start says so, non-zero; the
+    # reason is in syslog; status: not running
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", port))
+    busy.listen(1)
+    r = svc("start", wrap=True)
+    check(r.returncode != 0 and "address already in use" in r.stderr and "did not start" in r.stdout,
+          "a failed start: exit %d %r %r" % (r.returncode, r.stdout, r.stderr))
+    check(sl.saw("cannot start: listen tcp 127.0.0.1:%d: bind: address already in use" % port),
+          "the reason in syslog")
+    check(svc("status").returncode == 3 and not os.path.exists(d + "/kvd.pid"), "status after it: 3, no pid file")
+    busy.close()
     sl.close()
     shutil.rmtree(d)
 

@@ -642,6 +642,49 @@ def offline_snapshot_save():
 
 
 @test
+def etcd_data_dir_refused_then_imported():
+    """--data-dir pointing at a stopped etcd 3.7.3's data dir: refused, exit
+    2, nothing written there, naming the import; the command it names (NEW
+    filled in) serves etcd's keys at etcd's revision.  A dir with only
+    member/wal is refused too, naming etcdctl snapshot save."""
+    from kvdtest import Etcd
+    e = Etcd()
+    c = Client(e.endpoint())
+    for i in range(5):
+        c.call("Put", R.PutRequest(key=b"k%d" % i, value=b"v%d" % i))
+    c.call("DeleteRange", R.DeleteRangeRequest(key=b"k4"))
+    want = c.call("Range", R.RangeRequest(key=b"k", range_end=b"l"))[1]
+    c.close()
+    e.p.terminate()  # etcd's data stays (Etcd.stop would remove it)
+    e.p.wait(60)
+    before = sorted(os.listdir(e.dir))
+    binary = os.environ.get("KVD", os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "kvd"))
+    r = subprocess.run([binary, "--data-dir", e.dir, "--listen-client-urls", "http://127.0.0.1:%d" % free_port()],
+                       capture_output=True, text=True, timeout=60)
+    hint = "--restore-snapshot %s/member/snap/db --skip-hash-check" % e.dir
+    check(r.returncode == 2 and "holds etcd's data" in r.stderr and hint in r.stderr and
+          sorted(os.listdir(e.dir)) == before, "kvd on etcd's data dir: exit %d %r, dir %r" %
+          (r.returncode, r.stderr[-400:], sorted(os.listdir(e.dir))))
+    new = tempfile.mkdtemp(prefix="kvd-from-etcd-") + "/new"
+    cmd = r.stderr.strip().split(": kvd ", 1)[-1].replace("NEW", new).split()
+    k = Kvd(args=cmd[2:], data_dir=new)
+    c = Client(k.endpoint())
+    got = c.call("Range", R.RangeRequest(key=b"k", range_end=b"l"))[1]
+    c.close()
+    k.stop()
+    check([(x.key, x.value, x.mod_revision) for x in got.kvs] == [(x.key, x.value, x.mod_revision) for x in want.kvs]
+          and got.header.revision == want.header.revision and len(got.kvs) == 4,
+          "the command it names serves etcd's keys: %r / %r" % (got, want))
+    shutil.rmtree(os.path.join(e.dir, "member", "snap"))
+    r = subprocess.run([binary, "--data-dir", e.dir, "--listen-client-urls", "http://127.0.0.1:%d" % free_port()],
+                       capture_output=True, text=True, timeout=60)
+    check(r.returncode == 2 and "member/wal" in r.stderr and "etcdctl snapshot save" in r.stderr,
+          "member/wal alone: exit %d %r" % (r.returncode, r.stderr[-300:]))
+    shutil.rmtree(e.dir, ignore_errors=True)
+    shutil.rmtree(os.path.dirname(new), ignore_errors=True)
+
+
+@test
 def left_out():
     """Built with KVD_NO_SNAPSHOT (make SNAPSHOT=0; make lean, KVD_NOSNAPSHOT=1):
     Snapshot answers UNIMPLEMENTED and says why, etcdctl's snapshot save

@@ -303,9 +303,11 @@ class Etcd:
     differential tests compare semantics, not durability): the 3.7.3
     oracle(), or binary= ("etcd" is Debian's 3.4.23)."""
 
-    def __init__(self, args=(), binary=None):
+    def __init__(self, args=(), binary=None, port=None, ready=None):
+        """ready: a predicate saying etcd serves (args may move its client
+        port off plain HTTP); by default etcdctl endpoint health on .url."""
         binary = binary or oracle()
-        self.port = free_port()
+        self.port = port or free_port()
         base = "/dev/shm" if os.path.isdir("/dev/shm") else None
         self.dir = tempfile.mkdtemp(prefix="etcd-test-", dir=base)
         self.url = "http://127.0.0.1:%d" % self.port
@@ -315,7 +317,7 @@ class Etcd:
                         "--listen-peer-urls", "http://127.0.0.1:%d" % free_port(),
                         "--log-level", "error"] + list(args),
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        if not wait_for(lambda: etcdctl(self, "endpoint", "health", timeout=10)[0] == 0, 60, 0.1):
+        if not wait_for(ready or (lambda: etcdctl(self, "endpoint", "health", timeout=10)[0] == 0), 60, 0.1):
             raise RuntimeError("etcd did not start")
 
     def endpoint(self):
