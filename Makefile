@@ -48,7 +48,7 @@ TEST_CFLAGS = -O1 -g -Werror
 SRC = kvd.c kvd.h $(wildcard proto/*.pb-c.[ch]) Makefile
 PROTOS = kv auth rpc v3lock v3election health
 
-.PHONY: all test k8s robustness unit check notls lean mbedtls36 asan cross cross-all footprint static-check fuzz fuzz-smoke run static install clean proto proto-gen proto-check symcheck toc toc-write size buildline
+.PHONY: FORCE all test k8s robustness unit check notls lean mbedtls36 asan cross cross-all footprint static-check fuzz fuzz-smoke run static install clean proto proto-gen proto-check symcheck toc toc-write size buildline
 
 all: kvd
 
@@ -59,7 +59,17 @@ run:
 	$(MAKE) kvd
 	./kvd $(ARGS)
 
-kvd: $(SRC)
+# The compiler and flags of the last build of ./kvd, in .kvd-build: when a
+# firmware tree changes CC, CROSS_COMPILE, CFLAGS, a knob or the libraries,
+# kvd is built again rather than kept as "up to date" (and installed stale).
+KVD_BUILD = $(CC) $(shell $(CC) -dumpmachine 2>/dev/null) | $(CPPFLAGS) $(CFLAGS) $(KVD_CFLAGS) | \
+            $(LDFLAGS) $(KVD_LDFLAGS) $(LDLIBS) $(KVD_LIBS)
+.kvd-build: FORCE
+	@printf '%s\n' '$(subst ','\'',$(KVD_BUILD))' | cmp -s - $@ || \
+	  printf '%s\n' '$(subst ','\'',$(KVD_BUILD))' > $@
+FORCE:
+
+kvd: $(SRC) .kvd-build
 	$(CC) $(CPPFLAGS) $(CFLAGS) $(KVD_CFLAGS) -o $@ kvd.c $(LDFLAGS) $(KVD_LDFLAGS) $(LDLIBS) $(KVD_LIBS)
 
 # One self-contained executable for any Linux of this CPU: musl, static,
@@ -357,4 +367,4 @@ install: kvd
 	install -m 644 kvd.h $(DESTDIR)$(PREFIX)/include/kvd.h
 
 clean:
-	rm -f kvd kvd-static test/test test/test-asan test/test-i386 test/test-s390x test/kvd-s390x test/test-mips* test/kvd-mips* test/test-arm* test/kvd-arm* test/cross-*.log test/kvd-test test/kvd-bug* test/kvd-mbedtls36 test/test-mbedtls36 test/mbedtls36.log test/kvd-lean test/kvd-noauth test/kvd-nojwt test/watchbench test/confdbench test/replay-* $(FUZZERS:%=test/fuzz-%) test/*.log .toc.*
+	rm -f kvd .kvd-build kvd-static test/test test/test-asan test/test-i386 test/test-s390x test/kvd-s390x test/test-mips* test/kvd-mips* test/test-arm* test/kvd-arm* test/cross-*.log test/kvd-test test/kvd-bug* test/kvd-mbedtls36 test/test-mbedtls36 test/mbedtls36.log test/kvd-lean test/kvd-noauth test/kvd-nojwt test/watchbench test/confdbench test/replay-* $(FUZZERS:%=test/fuzz-%) test/*.log .toc.*

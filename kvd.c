@@ -227,13 +227,13 @@
 #define KVD_MAX_CONTINUATIONS 16
 #endif
 #ifndef KVD_MAX_OUTPUT /* @@ queued output per connection before kvd stops reading */
-#define KVD_MAX_OUTPUT (256 * 1024)
+#define KVD_MAX_OUTPUT 262144 /* 256 KiB; plain numbers: --version prints them as written */
 #endif
 #ifndef KVD_MAX_CONN_INPUT /* @@ request bytes granted to large messages per connection */
 #define KVD_MAX_CONN_INPUT (4 * 1024 * 1024)
 #endif
 #ifndef KVD_CONN_WINDOW /* @@ connection receive window granted to clients */
-#define KVD_CONN_WINDOW (1024 * 1024)
+#define KVD_CONN_WINDOW 1048576 /* 1 MiB */
 #endif
 #ifndef KVD_STREAM_WINDOW /* @@ initial stream receive window (65535 = nothing sent) */
 #define KVD_STREAM_WINDOW 65535
@@ -19575,7 +19575,7 @@ static size_t watch_unsynced(const struct kvd *k)
 #endif
 
 #ifndef KVD_MAX_WATCH_QUEUE /* @@ queued bytes on a watch stream before its watchers pause */
-#define KVD_MAX_WATCH_QUEUE (256 * 1024)
+#define KVD_MAX_WATCH_QUEUE 262144 /* 256 KiB */
 #endif
 #ifndef KVD_MAX_WATCHERS /* @@ watchers in all (--max-watchers default) */
 #define KVD_MAX_WATCHERS 100000
@@ -27118,6 +27118,8 @@ static const struct cfg_flag cfg_flags[] = {
 	CFG_S("initial-advertise-peer-urls", initial_advertise_peer_urls, "http://localhost:2380",
 	      "peer URLs reported by MemberList; with the token they fix the member id"),
 	CFG_S("initial-cluster-token", initial_cluster_token, "etcd-cluster", "cluster token, part of the member id as in etcd"),
+	CFG_S("initial-cluster", initial_cluster, "",
+	      "as etcd's, for kubeadm-style command lines: this member alone (name=peer-urls); several are refused"),
 	CFG_N("max-request-bytes", CFG_U32, max_request_bytes, 1, KVD_DEFAULT_MAX_REQUEST,
 	      "largest request the server accepts"),
 	CFG_N("max-concurrent-streams", CFG_U32, max_concurrent_streams, 1, KVD_DEFAULT_MAX_STREAMS,
@@ -27394,7 +27396,7 @@ static int cfg_check_gates(const char *list, char *err, size_t errlen)
 
 static const char *const cfg_yaml_ignored[] = {
     "wal-dir", "snapshot-count", "listen-peer-urls", "max-snapshots", "max-wals", "discovery",
-    "discovery-fallback", "discovery-proxy", "discovery-srv", "initial-cluster", "initial-cluster-state",
+    "discovery-fallback", "discovery-proxy", "discovery-srv", "initial-cluster-state",
     "strict-reconfig-check", "enable-v2", "enable-pprof", "proxy", "proxy-failure-wait", "proxy-refresh-interval",
     "proxy-dial-timeout", "proxy-write-timeout", "proxy-read-timeout", "force-new-cluster", "peer-transport-security",
     "metrics", "log-package-levels", "pre-vote", "initial-corrupt-check", "debug", "log-output",
@@ -27402,6 +27404,75 @@ static const char *const cfg_yaml_ignored[] = {
     "compact-hash-check-time", "compaction-batch-limit", "compaction-sleep-interval", "downgrade-check-time",
     "warning-apply-duration", "warning-unary-request-duration", "memory-mlock", "backend-bbolt-freelist-type",
     "bootstrap-defrag-threshold-megabytes", "log-format"};
+
+/*
+ * etcd's flags that mean nothing to a one-member kvd with no peers, WAL or
+ * raft, taken from kubeadm-style command lines, ETCD_* variables and the
+ * config file alike, and ignored with one warning each (kvd_open, from
+ * cfg->etcd_ignored; at most 64).  --initial-cluster is not among them: it
+ * is read, and a cluster of several members refused (cfg_check_cluster).
+ */
+static const struct {
+	const char *name;
+	unsigned is_bool : 1; /* a bare --flag is true */
+} cfg_etcd_only[] = {
+    {"listen-peer-urls", 0}, {"initial-cluster-state", 0}, {"snapshot-count", 0}, {"wal-dir", 0},
+    {"max-snapshots", 0}, {"max-wals", 0}, {"peer-cert-file", 0}, {"peer-key-file", 0},
+    {"peer-trusted-ca-file", 0}, {"peer-client-cert-auth", 1}, {"peer-auto-tls", 1}, {"peer-crl-file", 0},
+    {"peer-cert-allowed-cn", 0}, {"peer-cert-allowed-hostname", 0}, {"strict-reconfig-check", 1},
+    {"pre-vote", 1}, {"initial-corrupt-check", 1}, {"enable-pprof", 1}, {"force-new-cluster", 1},
+    {"discovery", 0}, {"discovery-srv", 0}, {"discovery-fallback", 0}, {"discovery-proxy", 0},
+    {"max-learners", 0}, {"snapshot-catchup-entries", 0}, {"corrupt-check-time", 0},
+    {"compact-hash-check-time", 0}, {"compaction-batch-limit", 0}, {"compaction-sleep-interval", 0},
+    {"downgrade-check-time", 0}, {"warning-apply-duration", 0}, {"warning-unary-request-duration", 0},
+    {"memory-mlock", 1}, {"backend-bbolt-freelist-type", 0}, {"bootstrap-defrag-threshold-megabytes", 0},
+    {"v2-deprecation", 0}, {"enable-v2", 1}, {"proxy", 0},
+};
+
+static int cfg_etcd_only_find(const char *name, size_t n)
+{
+	size_t i;
+
+	for (i = 0; i < KVD_COUNT(cfg_etcd_only); i++)
+		if (strlen(cfg_etcd_only[i].name) == n && !memcmp(cfg_etcd_only[i].name, name, n))
+			return (int)i;
+	return -1;
+}
+
+/* --initial-cluster as etcd reads it for one member: name=url[,name=url...]
+ * naming --name alone (its peer URLs may be several); empty: not given. */
+static int cfg_check_cluster(const struct kvd_config *cfg, char *err, size_t errlen)
+{
+	const char *p = cfg->initial_cluster, *e, *eq;
+	size_t nl = strlen(cfg->name);
+	unsigned others = 0, mine = 0;
+
+	if (!p || !*p)
+		return 0;
+	for (; *p; p = *e ? e + 1 : e) {
+		e = strchr(p, ',');
+		e = e ? e : p + strlen(p);
+		eq = memchr(p, '=', (size_t)(e - p));
+		if (!eq || eq == p || eq + 1 == e) {
+			snprintf(err, errlen, "--initial-cluster %.100s: want name=peer-url,...", cfg->initial_cluster);
+			return KVD_EINVAL;
+		}
+		if ((size_t)(eq - p) == nl && !memcmp(p, cfg->name, nl))
+			mine++;
+		else
+			others++;
+	}
+	if (others) {
+		snprintf(err, errlen, "--initial-cluster names %u member(s) besides --name %s: kvd is a one-member etcd "
+		         "and cannot join or form a cluster of several", others, cfg->name);
+		return KVD_EINVAL;
+	}
+	if (!mine) { /* cannot happen past the loop: a list of others only was refused */
+		snprintf(err, errlen, "couldn't find local name \"%s\" in the initial cluster configuration", cfg->name);
+		return KVD_EINVAL;
+	}
+	return 0;
+}
 
 struct cfg_yaml {
 	const char *p, *end;   /* text still to read */
@@ -27549,8 +27620,12 @@ static int cfg_yaml_set(struct kvd_config *cfg, struct cfg_yaml *y, const char *
 	memcpy(name, key, kl);
 	name[kl] = 0;
 	for (i = 0; i < KVD_COUNT(cfg_yaml_ignored); i++)
-		if (!strcmp(name, cfg_yaml_ignored[i]))
-			return 0; /* etcd's, meaningless for one kvd */
+		if (!strcmp(name, cfg_yaml_ignored[i])) { /* etcd's, meaningless for one kvd */
+			int e = v && *v ? cfg_etcd_only_find(name, kl) : -1; /* given a value: warned about */
+			if (e >= 0)
+				cfg->etcd_ignored |= (uint64_t)1 << e;
+			return 0;
+		}
 	if (!strncmp(name, "experimental-", 13))
 		return 0; /* etcd 3.7 removed them; its YAML decoding is not strict, so they are ignored */
 	for (i = 0; i < KVD_COUNT(cfg_flags); i++)
@@ -27586,12 +27661,12 @@ static int cfg_yaml_set(struct kvd_config *cfg, struct cfg_yaml *y, const char *
 	return 0;
 }
 
-static void cfg_env_name(const struct cfg_flag *f, char *out, size_t cap)
+static void cfg_env_name(const char *name, char *out, size_t cap)
 {
 	size_t i, o = (size_t)snprintf(out, cap, "ETCD_");
 
-	for (i = 0; f->name[i] && o + 1 < cap; i++)
-		out[o++] = f->name[i] == '-' ? '_' : (char)(f->name[i] - 'a' + 'A');
+	for (i = 0; name[i] && o + 1 < cap; i++)
+		out[o++] = name[i] == '-' ? '_' : (char)(name[i] - 'a' + 'A');
 	out[o] = 0;
 }
 
@@ -27610,29 +27685,76 @@ static void cfg_show_ms(uint32_t ms, char *out, size_t cap)
 		snprintf(out, cap, "%us", (unsigned)s);
 }
 
+/* --help's groups, as etcd's help groups its flags; a flag no group names
+ * is listed under "Other" (none should be: init.py checks). */
+static const struct {
+	const char *title, *names; /* names: space-separated, each followed by a space */
+} cfg_groups[] = {
+    {"Member", "name data-dir listen-client-urls advertise-client-urls listen-metrics-urls config-file "
+               "max-request-bytes max-txn-ops max-concurrent-streams grpc-keepalive-min-time heartbeat-interval "
+               "election-timeout quota-backend-bytes watch-progress-notify-interval max-watchers unsafe-no-fsync "
+               "feature-gates enable-grpc-gateway "},
+    {"Clustering (one member: etcd's peer, WAL and raft flags are taken and ignored)",
+     "initial-advertise-peer-urls initial-cluster-token initial-cluster auto-compaction-mode "
+     "auto-compaction-retention auto-compaction-check-interval "},
+    {"Security", "cert-file key-file trusted-ca-file client-cert-auth client-crl-file client-cert-allowed-hostname "
+                 "auto-tls tls-min-version tls-max-version cipher-suites cors "},
+    {"Auth", "auth-token auth-token-ttl bcrypt-cost "},
+    {"Logging", "log-level log-outputs logger "},
+    {"kvd: limits", "max-connections max-connections-per-ip max-request-buffer max-idle-time stall-timeout "
+                    "shutdown-grace "},
+    {"kvd: storage and snapshots", "auto-rewrite auto-rewrite-percent auto-rewrite-min-bytes reserve-bytes "
+                                   "restore-snapshot skip-hash-check snapshot-save "},
+    {"kvd: process", "daemon pid-file "},
+    {"kvd: confd (Ganeti's UDP protocol)", "confd-hmac-key-file confd-listen confd-ganeti-config-key "
+                                           "confd-keyspace-prefix confd-user confd-max-clock-skew confd-rate-limit "
+                                           "confd-global-rate-limit confd-replay-cache "},
+};
+
+/* The group a flag is listed under, KVD_COUNT(cfg_groups) for "Other". */
+static size_t cfg_group_of(const char *name)
+{
+	size_t i, n = strlen(name);
+	const char *p;
+
+	for (i = 0; i < KVD_COUNT(cfg_groups); i++)
+		for (p = cfg_groups[i].names; (p = strstr(p, name)); p += n)
+			if ((p == cfg_groups[i].names || p[-1] == ' ') && p[n] == ' ')
+				return i;
+	return KVD_COUNT(cfg_groups);
+}
+
 static void cfg_usage(void)
 {
 	static const char *const levels[] = {"debug", "info", "warn", "error"};
+	static const char *const types[] = {"string", "uint", "uint", "duration", "level", "bool"}; /* cfg_type's order */
 	char def[64];
-	size_t i;
+	size_t g, i;
 
-	printf("usage: kvd [flags]\n\nkvd %s: an etcd v3 API server (single member) in one C file.\n\n",
+	printf("usage: kvd [flags]\n\nkvd %s: an etcd v3 API server (single member) in one C file.\n",
 	       KVD_VERSION);
-	for (i = 0; i < KVD_COUNT(cfg_flags); i++) {
-		const struct cfg_flag *f = &cfg_flags[i];
-		switch (f->type) {
-		case CFG_STR: snprintf(def, sizeof def, "\"%s\"", f->defs ? f->defs : ""); break;
-		case CFG_MS: cfg_show_ms(f->def, def, sizeof def); break;
-		case CFG_BOOL: snprintf(def, sizeof def, "%s", f->def ? "true" : "false"); break;
-		case CFG_LEVEL: snprintf(def, sizeof def, "%s", levels[f->def & 3]); break;
-		default: snprintf(def, sizeof def, "%u", (unsigned)f->def); break;
+	for (g = 0; g <= KVD_COUNT(cfg_groups); g++) {
+		int head = 0;
+		for (i = 0; i < KVD_COUNT(cfg_flags); i++) {
+			const struct cfg_flag *f = &cfg_flags[i];
+			if (cfg_group_of(f->name) != g)
+				continue;
+			if (!head++)
+				printf("\n%s:\n", g < KVD_COUNT(cfg_groups) ? cfg_groups[g].title : "Other");
+			switch (f->type) {
+			case CFG_STR: snprintf(def, sizeof def, "\"%s\"", f->defs ? f->defs : ""); break;
+			case CFG_MS: cfg_show_ms(f->def, def, sizeof def); break;
+			case CFG_BOOL: snprintf(def, sizeof def, "%s", f->def ? "true" : "false"); break;
+			case CFG_LEVEL: snprintf(def, sizeof def, "%s", levels[f->def & 3]); break;
+			default: snprintf(def, sizeof def, "%llu", (unsigned long long)f->def); break;
+			}
+			if (f->type == CFG_STR && !f->defs)
+				printf("  --%s %s\n\t%s\n", f->name, types[f->type], f->help);
+			else
+				printf("  --%s %s\n\t%s (default %s)\n", f->name, types[f->type], f->help, def);
 		}
-		if (f->type == CFG_STR && !f->defs)
-			printf("  --%s\n\t%s\n", f->name, f->help);
-		else
-			printf("  --%s\n\t%s (default %s)\n", f->name, f->help, def);
 	}
-	printf("  --version\n\tprint the version and build options\n"
+	printf("\n  --version\n\tprint the version and build options\n"
 	       "  --help\n\tthis text\n\n"
 	       "Every flag may also be set as ETCD_<FLAG> (e.g. ETCD_DATA_DIR).\n");
 }
@@ -28022,6 +28144,14 @@ KVD_RESIDENT KVD_API int kvd_config_parse(struct kvd_config *cfg, int argc, char
 		for (i = 0; i < KVD_COUNT(cfg_flags); i++)
 			if (strlen(cfg_flags[i].name) == nl && !strncmp(cfg_flags[i].name, a, nl))
 				break;
+		if (i == KVD_COUNT(cfg_flags) && (r = cfg_etcd_only_find(a, nl)) >= 0) { /* taken, warned about */
+			if (!eq && !cfg_etcd_only[r].is_bool && ++ai >= argc) {
+				snprintf(err, errlen, "flag needs an argument: --%s", cfg_etcd_only[r].name);
+				return KVD_EINVAL;
+			}
+			cfg->etcd_ignored |= (uint64_t)1 << r;
+			continue;
+		}
 		if (i == KVD_COUNT(cfg_flags)) { /* etcd 3.7 removed every --experimental-*: exit 2 as it does */
 			if (nl > 13 && !strncmp(a, "experimental-", 13))
 				snprintf(err, errlen, "flag provided but not defined: -%.*s (etcd 3.7 removed the experimental "
@@ -28053,7 +28183,7 @@ KVD_RESIDENT KVD_API int kvd_config_parse(struct kvd_config *cfg, int argc, char
 	if (cfg->config_file && *cfg->config_file)
 		return 0; /* as etcd: the file is the whole configuration, the variables are not read */
 	for (i = 0; i < KVD_COUNT(cfg_flags); i++) {
-		cfg_env_name(&cfg_flags[i], env, sizeof env);
+		cfg_env_name(cfg_flags[i].name, env, sizeof env);
 		if (!(v = getenv(env)))
 			continue;
 		if (seen[i]) {
@@ -28065,6 +28195,11 @@ KVD_RESIDENT KVD_API int kvd_config_parse(struct kvd_config *cfg, int argc, char
 			continue; /* as etcd: an empty variable sets nothing (ETCD_CLIENT_CERT_AUTH= is false) */
 		if ((r = cfg_set(cfg, &cfg_flags[i], v, err, errlen)))
 			return r;
+	}
+	for (i = 0; i < KVD_COUNT(cfg_etcd_only); i++) { /* etcd's, ignored: warned about */
+		cfg_env_name(cfg_etcd_only[i].name, env, sizeof env);
+		if ((v = getenv(env)) && *v)
+			cfg->etcd_ignored |= (uint64_t)1 << i;
 	}
 	return 0;
 }
@@ -28302,10 +28437,16 @@ KVD_RESIDENT KVD_API int kvd_open(const struct kvd_config *cfg, struct kvd **out
 		    snap_restore_check(k->cfg.restore_snapshot, err, errlen) : 0;
 	if (!r)
 		r = cfg_not_etcd(k->cfg.data_dir, err, errlen);
+	if (!r)
+		r = cfg_check_cluster(&k->cfg, err, errlen);
 	if (r) {
 		r = r == KVD_ENOMEM ? r : KVD_EINVAL;
 		goto fail;
 	}
+	for (i = 0; i < KVD_COUNT(cfg_etcd_only); i++)
+		if (k->cfg.etcd_ignored >> i & 1)
+			kvd_log(k, KVD_LOG_WARN, "--%s is etcd's and is ignored: kvd is one member, with no peers, WAL or "
+			        "raft", cfg_etcd_only[i].name);
 	if ((r = cfg_mkdirs(k->cfg.data_dir, err, errlen)) || (r = cfg_lock(k, err, errlen)) ||
 	    (k->cfg.restore_snapshot && k->cfg.restore_snapshot[0] && (r = snap_restore(k, err, errlen))) ||
 	    (r = mvcc_open(k, err, errlen)) || (r = life_init(k, err, errlen)) || (r = confd_bind(k, err, errlen)))

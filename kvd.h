@@ -75,6 +75,9 @@ struct kvd_config {
 	const char *advertise_client_urls;       /* --advertise-client-urls */
 	const char *initial_advertise_peer_urls; /* --initial-advertise-peer-urls */
 	const char *initial_cluster_token;       /* --initial-cluster-token */
+	const char *initial_cluster;             /* --initial-cluster: this member alone, or refused ("") */
+	uint64_t etcd_ignored;                   /* etcd's flags taken and ignored (kvd_config_parse): bits of
+	                                            kvd.c's cfg_etcd_only, each warned about at kvd_open */
 	uint32_t max_request_bytes;              /* --max-request-bytes (1572864) */
 	uint32_t max_concurrent_streams;         /* --max-concurrent-streams (256) */
 	uint32_t max_connections;                /* --max-connections (256) */

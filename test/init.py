@@ -85,6 +85,55 @@ def run(args, env=None, timeout=30):
 
 # ------------------------------------------------------------------ exit codes
 @test
+def etcd_cluster_flags_as_kubeadm_passes_them():
+    """kubeadm's etcd command line (peers, WAL, snapshots), ETCD_* variables
+    and config file keys: taken, each warned about once, and kvd serves; a
+    cluster of several members is refused, exit 2, before the data dir."""
+    d = tempfile.mkdtemp(prefix="kvd-cluster-")
+    port = free_port()
+    kubeadm = ["--name", "cp1", "--data-dir", d + "/a", "--listen-client-urls", "http://127.0.0.1:%d" % port,
+               "--advertise-client-urls", "http://127.0.0.1:%d" % port,
+               "--initial-advertise-peer-urls", "https://127.0.0.1:2380",
+               "--initial-cluster", "cp1=https://127.0.0.1:2380", "--initial-cluster-state", "new",
+               "--listen-peer-urls", "https://127.0.0.1:2380", "--peer-cert-file", "/etc/kubernetes/pki/etcd/peer.crt",
+               "--peer-key-file", "/etc/kubernetes/pki/etcd/peer.key", "--peer-client-cert-auth=true",
+               "--peer-trusted-ca-file", "/etc/kubernetes/pki/etcd/ca.crt", "--snapshot-count=10000",
+               "--feature-gates=InitialCorruptCheck=true", "--watch-progress-notify-interval=5s"]
+    p = spawn([KVD] + kubeadm, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    check(wait_for(lambda: healthy(port), 60), "kubeadm's etcd flags: serving")
+    p.terminate()
+    out = p.communicate(timeout=60)[0].decode()
+    for f in ("listen-peer-urls", "initial-cluster-state", "peer-cert-file", "peer-key-file", "peer-client-cert-auth",
+              "peer-trusted-ca-file", "snapshot-count"):
+        check(out.count("W | kvd: --%s is etcd's and is ignored" % f) == 1, "--%s: one warning: %r" % (f, out[-600:]))
+    r = run(["--name", "cp1", "--data-dir", d + "/m3", "--listen-client-urls", "http://127.0.0.1:%d" % free_port(),
+             "--initial-cluster", "cp1=https://10.0.0.1:2380,cp2=https://10.0.0.2:2380,cp3=https://10.0.0.3:2380"])
+    check(r.returncode == 2 and "names 2 member(s) besides --name cp1" in r.stderr and not os.path.exists(d + "/m3"),
+          "three members: exit 2 before the data dir: %d %r" % (r.returncode, r.stderr))
+    r = run(["--data-dir", d + "/b", "--listen-client-urls", "http://127.0.0.1:%d" % free_port()],
+            env={"ETCD_INITIAL_CLUSTER": "default=http://a:2380,other=http://b:2380"})
+    check(r.returncode == 2 and "besides --name default" in r.stderr and not os.path.exists(d + "/b"),
+          "ETCD_INITIAL_CLUSTER with two: exit 2: %r" % r.stderr)
+    with open(d + "/c.yml", "w") as f:
+        f.write("data-dir: %s/c\nlisten-client-urls: http://127.0.0.1:%d\ninitial-cluster: default=http://a:2380,"
+                "x=http://b:2380\n" % (d, free_port()))
+    r = run(["--config-file", d + "/c.yml"])
+    check(r.returncode == 2 and "besides --name default" in r.stderr, "the config file's: exit 2: %r" % r.stderr)
+    port = free_port()
+    p = spawn([KVD, "--data-dir", d + "/e", "--listen-client-urls", "http://127.0.0.1:%d" % port],
+              env=dict(os.environ, ETCD_SNAPSHOT_COUNT="5000", ETCD_LISTEN_PEER_URLS="http://127.0.0.1:2380"),
+              stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    check(wait_for(lambda: healthy(port), 60), "ETCD_* of etcd's flags: serving")
+    p.terminate()
+    out = p.communicate(timeout=60)[0].decode()
+    check("--snapshot-count is etcd's and is ignored" in out and "--listen-peer-urls is etcd's" in out,
+          "their warnings: %r" % out[-400:])
+    r = run(["--data-dir", d + "/f", "--peer-cert-file"])
+    check(r.returncode == 2 and "flag needs an argument: --peer-cert-file" in r.stderr, "a value still needed: %r" % r.stderr)
+    shutil.rmtree(d)
+
+
+@test
 def configuration_errors_exit_2_before_the_data_dir():
     d = tempfile.mkdtemp(prefix="kvd-init-")
     dd = os.path.join(d, "data")
@@ -126,6 +175,15 @@ def configuration_errors_exit_2_before_the_data_dir():
     for args in (["--help"], ["--version"]):
         r = run(args)
         check(r.returncode == 0 and r.stdout, "%s: exit 0" % args)
+    # --help groups every flag as etcd's does, each with its value's type;
+    # --version's build options are plain name=value words
+    h = run(["--help"]).stdout
+    flags = re.findall(r"^  --([a-z0-9-]+) (string|uint|duration|level|bool)$", h, re.M)
+    check("\nOther:" not in h and all(g in h for g in ("\nMember:\n", "\nSecurity:\n", "\nLogging:\n")) and
+          len(flags) > 60, "--help: grouped, %d flags typed: %r" % (len(flags), h[:300]))
+    opts = run(["--version"]).stdout.split("Build options: ")[1].split()
+    check(all(re.match(r"^[a-z0-9-]+=[A-Za-z0-9.\-]+$", o) for o in opts) and "max-output=262144" in opts,
+          "--version: plain numbers: %r" % opts)
     shutil.rmtree(d)
 
 
@@ -838,6 +896,27 @@ def readme_sysvinit_script():
     check(svc("status").returncode == 3 and not os.path.exists(d + "/kvd.pid"), "status after it: 3, no pid file")
     busy.close()
     sl.close()
+    shutil.rmtree(d)
+
+
+@test
+def makefile_rebuilds_when_flags_change():
+    """A firmware tree that changes CFLAGS (or CC, CROSS_COMPILE, a knob)
+    gets a new kvd, not "up to date"; the same flags again rebuild nothing."""
+    d = tempfile.mkdtemp(prefix="kvd-make-")
+    for f in ("kvd.c", "kvd.h", "Makefile"):
+        shutil.copy(os.path.join(ROOT, f), d)
+    shutil.copytree(os.path.join(ROOT, "proto"), os.path.join(d, "proto"))
+
+    def make(*args):
+        r = subprocess.run(["make", "-C", d, "kvd"] + list(args), capture_output=True, text=True, timeout=600)
+        return r.returncode, " -o kvd kvd.c" in r.stdout
+
+    check(make("CFLAGS=-O0") == (0, True), "a first build")
+    check(make("CFLAGS=-O0") == (0, False), "the same flags: nothing to do")
+    check(make("CFLAGS=-O0 -DKVD_FLAGS_CHANGED") == (0, True), "other CFLAGS: built again")
+    check(make("CFLAGS=-O0 -DKVD_FLAGS_CHANGED", "HTTP=0") == (0, True), "a knob: built again")
+    check(make("CFLAGS=-O0 -DKVD_FLAGS_CHANGED", "HTTP=0") == (0, False), "then nothing to do")
     shutil.rmtree(d)
 
 
