@@ -6348,8 +6348,10 @@ KVD_RESIDENT static void mvcc_dead(struct kvd *k, struct mvcc *m, int64_t rev, u
 {
 	size_t i;
 
-	if (m->ndead && rev <= m->dead[m->ndead - 1].hi) {
-		m->dead[m->ndead - 1].bytes += bytes;
+	if (m->ndead && rev <= m->dead[m->ndead - 1].hi) { /* the earliest range that ends at or past rev */
+		for (i = m->ndead - 1; i && m->dead[i - 1].hi >= rev; i--)
+			;
+		m->dead[i].bytes += bytes;
 		return;
 	}
 	if (m->ndead == MVCC_DEAD_MAX) {
@@ -6371,6 +6373,22 @@ KVD_RESIDENT static void mvcc_dead(struct kvd *k, struct mvcc *m, int64_t rev, u
 	m->dead[m->ndead].lo = m->dead[m->ndead].hi = rev;
 	m->dead[m->ndead].bytes = bytes;
 	m->ndead++;
+}
+
+/* Key r's latest op is superseded at rev by an op of kind: its bytes go
+ * once compaction passes rev -- but a delete's superseded value goes with
+ * a compaction at rev itself (the rewrite bases that op without it,
+ * life_rw_deleted_at_c), so it is counted as superseded at rev - 1. */
+KVD_RESIDENT static void mvcc_superseded(struct kvd *k, struct mvcc *m, int64_t rev, const struct mvcc_key *r,
+                                         unsigned kind)
+{
+	size_t all = mvcc_key_opsize(m, r);
+
+	if (kind == MVCC_OP_DEL && r->vlen) {
+		mvcc_dead(k, m, rev - 1, r->vlen);
+		all -= r->vlen;
+	}
+	mvcc_dead(k, m, rev, all);
 }
 
 /* A rev -> record offset mark, every MVCC_MARK_EVERY revisions. */
@@ -6662,7 +6680,7 @@ static int mvcc_put(struct kvd *k, struct mvcc_txn *t, const uint8_t *key, size_
 		return KVD_ENOMEM;
 	}
 	if (eq)
-		mvcc_dead(k, m, t->rev, mvcc_key_opsize(m, r));
+		mvcc_superseded(k, m, t->rev, r, MVCC_OP_PUT);
 	lease_rebind(k, r, mvcc_k_lease(m, r), lease);
 	mvcc_k_set(m, r, t->rev, create, ver, lease);
 	r->op = off;
@@ -6682,7 +6700,7 @@ static int mvcc_del(struct kvd *k, struct mvcc_txn *t, struct mvcc_key *r)
 		m->nundo--;
 		return KVD_ENOMEM;
 	}
-	mvcc_dead(k, m, t->rev, mvcc_key_opsize(m, r));
+	mvcc_superseded(k, m, t->rev, r, MVCC_OP_DEL);
 	lease_rebind(k, r, mvcc_k_lease(m, r), 0);
 	mvcc_k_set(m, r, t->rev, 0, 0, 0);
 	r->vlen = 0;
@@ -7164,7 +7182,7 @@ static int mvcc_replay_op(struct kvd *k, struct mvcc *m, int64_t rev, const stru
 			return KVD_ENOMEM;
 		}
 	} else {
-		mvcc_dead(k, m, rev, mvcc_key_opsize(m, r));
+		mvcc_superseded(k, m, rev, r, (unsigned)op->kind);
 	}
 	lease_rebind(k, r, mvcc_k_lease(m, r), op->kind == MVCC_OP_PUT ? op->lease : 0);
 	if (op->kind == MVCC_OP_PUT)
@@ -8860,11 +8878,16 @@ static int auth_encode_whole(struct kvd *k, struct kvd_buf *b)
  * BASE holds the leases alive where the copy starts and, for every key,
  * the op it had at B (a put; a key deleted at B has none).  B is C - 1 rather than C so that a
  * watcher starting at the compacted revision still gets that revision's
- * events from its TXN record.  Copied TXN records keep their bytes except
+ * events from its TXN record.  A put that a delete at C supersedes is based
+ * without its value: the delete needs the key there to replay, and nothing
+ * reads the value (life_rw_deleted_at_c), so etcd's NOSPACE runbook --
+ * delete, compact at the current revision, defrag -- frees what it frees in
+ * etcd.  Copied TXN records keep their bytes except
  * each key op's prev, which is re-pointed to the key's previous op in the
  * new file (a map from old op offsets to new ones; it holds one entry per
- * key, as each op is the prev of at most one later op).  Ops keep their
- * sizes, so the superseded-bytes statistics stay true.  COMPACT records stay
+ * key, as each op is the prev of at most one later op).  Copied ops keep
+ * their sizes, and a value-less base op is counted so (mvcc_superseded), so
+ * the superseded-bytes statistics stay true.  COMPACT records stay
  * where they were among the TXNs: replay then drops exactly the keys the
  * compaction dropped, and a key put again after that starts a new chain.
  *
@@ -9050,6 +9073,7 @@ struct life_rw {
 	size_t nleases;
 	struct life_map offs;          /* old op offset + 1 -> new op offset (LIFE_UNSET: a base op not yet written) */
 	struct life_map ids;           /* lease id -> kind of its first op in the copied history */
+	struct life_map stubs;         /* old op offset + 1 of the ops a delete at C supersedes: based without value */
 	uint64_t base_end;             /* new file: where the BASE records end */
 	size_t found;                  /* SCAN: base ops written */
 	struct kvd_buf out;            /* new-file bytes not written yet */
@@ -9236,6 +9260,7 @@ static void life_rw_free(struct kvd *k, struct life_rw *rw)
 	kvd_free(k, rw->leases);
 	kvd_free(k, rw->offs.v);
 	kvd_free(k, rw->ids.v);
+	kvd_free(k, rw->stubs.v);
 	buf_free(k, &rw->out);
 	buf_free(k, &rw->win);
 	kvd_free(k, rw->marks.v);
@@ -9310,10 +9335,17 @@ static int life_rw_write(struct kvd *k, struct life_rw *rw, int sync)
 }
 
 /*
- * Keys deleted at C itself left the index with that compaction (a put since
- * starts a new chain), yet TXN C is copied whole (watchers from C see it):
- * their ops at B must be in the base too.  Appends to rw->snap the op
- * before each delete at C that no key's chain in the index reaches.
+ * TXN C is copied whole (watchers from C see its deletes, as etcd 3.7's
+ * keep the tombstone at C), so each key it deletes needs its op at B in the
+ * base, for the delete to replay.  That op's value is read by nobody any
+ * more -- a read at C sees the delete, one below C is compacted, a watch
+ * event at C has no prev_kv (etcd's Range at C - 1 is compacted), HashKV
+ * and snapshots take the tombstone -- so it is based without its value
+ * (rw->stubs, life_rw_scan): a deleted value leaves the log with the
+ * compaction at its delete, as it leaves etcd's backend (mvcc_superseded
+ * counts it so).  Keys deleted at C whose chain in the index no longer
+ * reaches the delete (put again since: a new chain) are appended to
+ * rw->snap, so their op at B is based too.
  */
 static int life_rw_deleted_at_c(struct kvd *k, struct life_rw *rw)
 {
@@ -9347,6 +9379,8 @@ static int life_rw_deleted_at_c(struct kvd *k, struct life_rw *rw)
 	while ((r = mvcc_rec_op(&rec, &op, &why)) == 1) {
 		if (op.kind != MVCC_OP_DEL || !op.prev)
 			continue;
+		if (life_map_put(k, &rw->stubs, op.prev, 1))
+			return KVD_ENOMEM;
 		if ((key = mvcc_find(m, op.key, (size_t)op.klen))) { /* does its chain reach this delete? */
 			struct mvcc_op h;
 			if ((e = mvcc_op_at(m, key->op, rw->compact, &h)) < 0)
@@ -9575,13 +9609,14 @@ static int life_rw_scan(struct kvd *k, struct life_rw *rw, const char **why)
 				sub = op.prev; /* a base op keeps its sub-revision there */
 			sl = life_map_slot(&rw->offs, op.off + 1);
 			if (sl != SIZE_MAX && rw->offs.v[2 * sl + 1] == LIFE_UNSET) {
-				if (life_rw_base_room(k, rw, MVCC_OP_MAX_HDR + (size_t)op.klen + (size_t)op.vlen))
+				size_t vlen = life_map_slot(&rw->stubs, op.off + 1) != SIZE_MAX ? 0 : (size_t)op.vlen;
+				if (life_rw_base_room(k, rw, MVCC_OP_MAX_HDR + (size_t)op.klen + vlen))
 					return KVD_ENOMEM;
 				rw->offs.v[2 * sl + 1] = rw->size + rw->out.len;
 				rw->found++;
 				rw->out.len = (size_t)(mvcc_op_encode(rw->out.p + rw->out.len, MVCC_OP_PUT, sub, op.rev, op.create,
 				                                      op.ver, op.lease, op.key, (size_t)op.klen, op.val,
-				                                      (size_t)op.vlen) - rw->out.p);
+				                                      vlen) - rw->out.p);
 				rw->nops++;
 			}
 			sub++;
