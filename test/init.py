@@ -965,11 +965,24 @@ def readme_openwrt_procd_script_and_uci():
     check("respawn 3600 5 5" in params and "reload_signal HUP" in params and "file /etc/config/kvd" in params and
           "reload_trigger kvd" in params, "respawn, reload signal, config file, trigger: %r" % params)
     check(argv[1:] == ["--data-dir", d + "/srv", "--listen-client-urls", "http://127.0.0.1:%d" % port,
-                       "--log-level", "warn", "--log-outputs", "syslog"], "uci mapped to flags: %r" % argv)
+                       "--log-level", "warn", "--log-outputs", "syslog", "--auto-compaction-mode", "revision",
+                       "--auto-compaction-retention", "1000", "--quota-backend-bytes", "8388608"],
+          "uci mapped to flags: %r" % argv)
     sl = Syslog()
-    p = spawn(sl.wrap([KVD] + argv[1:]), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    # revision mode's check every 1 s here (etcd's 5 minutes in the field)
+    p = spawn(sl.wrap([KVD] + argv[1:]), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+              env=dict(os.environ, ETCD_AUTO_COMPACTION_CHECK_INTERVAL="1s"))
     check(wait_for(lambda: healthy(port), 60), "the declared command serves")
     check(os.path.exists(d + "/srv/kvd.log"), "in the uci data_dir")
+    # the board settings keep the flash bounded: 4000 overwrites of a 1 KB key
+    # (4 MB written) leave the log under 2 MB once compaction and rewrite ran
+    c = Client("127.0.0.1:%d" % port)
+    for i in range(4000):
+        c.call("Put", pb()["rpc"].PutRequest(key=b"status", value=b"%04d" % i * 256))
+    c.close()
+    logf = d + "/srv/kvd.log"
+    check(wait_for(lambda: os.path.getsize(logf) < 2000000, 120),
+          "4 MB written, the log bounded by the uci settings: %d bytes" % os.path.getsize(logf))
     p.send_signal(signal.SIGHUP)  # reload_signal
     p.send_signal(signal.SIGTERM)
     check(p.wait(30) == 0, "procd's stop (SIGTERM): exit 0")
