@@ -9099,12 +9099,18 @@ static void life_path(struct kvd *k, char *out, size_t cap, const char *name)
 
 /* ---- the reserve ---------------------------------------------------------- */
 
-/* Make <data-dir>/kvd.reserve hold --reserve-bytes (best effort). */
+/*
+ * Make <data-dir>/kvd.reserve hold --reserve-bytes (best effort).  Its
+ * bytes are pseudo-random, a new 4 KiB each time: OpenWrt's overlays
+ * (jffs2, ubifs) and btrfs compress what they store, and a file of zeros
+ * would hold back almost nothing there.
+ */
 KVD_RESIDENT static void life_reserve_make(struct kvd *k)
 {
-	uint8_t zero[4096]; /* on the stack: a static const one is 4 KB of the image */
+	uint8_t fill[4096]; /* on the stack: a static one is 4 KB of the image */
 	char path[PATH_MAX];
-	uint64_t left = k->cfg.reserve_bytes;
+	uint64_t left = k->cfg.reserve_bytes, x = ((uint64_t)util_now_us() * 2654435761u ^ (uint64_t)getpid() << 32) | 1;
+	size_t i;
 	int fd;
 
 	if (k->life.reserve_held || !left)
@@ -9112,10 +9118,16 @@ KVD_RESIDENT static void life_reserve_make(struct kvd *k)
 	life_path(k, path, sizeof path, "kvd.reserve");
 	if ((fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600)) < 0)
 		return;
-	memset(zero, 0, sizeof zero);
 	while (left) {
-		size_t n = (size_t)KVD_MIN(left, (uint64_t)sizeof zero);
-		ssize_t w = write(fd, zero, n);
+		size_t n = (size_t)KVD_MIN(left, (uint64_t)sizeof fill);
+		ssize_t w;
+		for (i = 0; i + 8 <= sizeof fill; i += 8) { /* xorshift64*: incompressible, not secret */
+			x ^= x >> 12;
+			x ^= x << 25;
+			x ^= x >> 27;
+			put_le64(fill + i, x * 0x2545F4914F6CDD1Dull);
+		}
+		w = write(fd, fill, n);
 		if (w < 0 && errno == EINTR)
 			continue;
 		if (w <= 0)
