@@ -12597,6 +12597,7 @@ static void http_h2_begin(struct kvd *k, struct h2_stream *s, const struct h2_re
 static void http_h2_data(struct kvd *k, struct h2_stream *s, const uint8_t *p, size_t n);
 static int http_h2_send(struct kvd *k, struct h2_conn *c, struct h2_stream *s);
 static void http_h2_free(struct kvd *k, struct h2_stream *s);
+static int http_h2_done(const struct h2_stream *s);
 #endif
 static void grpc_on_data(struct kvd *k, struct h2_stream *s);
 static void grpc_on_remote_close(struct kvd *k, struct h2_stream *s);
@@ -13030,6 +13031,8 @@ static void h2_on_trailers(struct kvd *k, struct h2_conn *c, struct h2_stream *s
 #ifndef KVD_NO_HTTP
 	if (s->hx) {
 		http_h2_data(k, s, NULL, 0);
+		if (http_h2_done(s))
+			h2_stream_close(c, s);
 		return;
 	}
 #endif
@@ -13262,6 +13265,11 @@ static void h2_on_data(struct kvd *k, struct h2_conn *c, unsigned flags, uint32_
 		if (n)
 			c->conn->t_active = k->now;
 		http_h2_data(k, s, p, n);
+		if (http_h2_done(s)) { /* answered, and now the body is in */
+			h2_stream_close(c, s);
+			h2_credit(c);
+			return;
+		}
 	} else
 #endif
 	if (s->discard || buf_append(k, &s->in, p, n)) {
@@ -23048,6 +23056,7 @@ struct tls_conn {
 	struct tls_cfg *cfg;
 	size_t pending;                 /* bytes offered to a write that said WANT_WRITE */
 	unsigned done : 1;              /* the handshake is over */
+	unsigned looked : 1;            /* its first bytes were looked at (tls_not_tls) */
 	unsigned cert : 1;              /* the client sent a certificate (verified) */
 	char *cn;                       /* the client certificate's CN, its exact bytes (NUL added); NULL if none */
 	size_t cnlen;
@@ -23671,6 +23680,38 @@ static void tls_hs_end(struct conn *c)
 		c->share->n[SHARE_HANDSHAKES]--;
 }
 
+/*
+ * A client that does not speak TLS to a TLS port, said in plain words
+ * rather than mbedtls' "Processing of the ClientHello handshake message
+ * failed": an HTTP request (curl http:// to an https:// port, Go's list of
+ * what looks like one) or anything else.  The connection closes without a
+ * byte, as etcd's TLS listener closes it ("first record does not look like
+ * a TLS handshake").  1 when it is to close, 0 to go on with the handshake.
+ */
+static int tls_not_tls(struct conn *c, struct tls_conn *t)
+{
+	static const char *const heads[] = {"GET /", "HEAD ", "POST ", "PUT /", "OPTIO", "PRI *"};
+	uint8_t b[512];
+	ssize_t n = recv(c->fd, b, 5, MSG_PEEK | MSG_DONTWAIT);
+	size_t i;
+
+	if (n <= 0)
+		return 0; /* nothing yet (or an error the handshake will meet) */
+	t->looked = 1;
+	if (b[0] == 0x16) /* a TLS handshake record */
+		return 0;
+	for (i = 0; i < 16 && recv(c->fd, b + 8, sizeof b - 8, MSG_DONTWAIT) > 0; i++)
+		; /* what it sent is read, so the close is a FIN, not a reset (as etcd's) */
+	for (i = 0; i < KVD_COUNT(heads); i++)
+		if (n == 5 && !memcmp(b, heads[i], 5)) {
+			kvd_log(c->k, KVD_LOG_INFO, "%s: a plain HTTP request on a TLS port (the client said http://, not "
+			        "https://): closed", c->peer);
+			return 1;
+		}
+	kvd_log(c->k, KVD_LOG_INFO, "%s: not TLS on a TLS port (first byte 0x%02x): closed", c->peer, b[0]);
+	return 1;
+}
+
 /* The handshake's next step: 0 once it is over, KVD_EAGAIN, or KVD_EIO. */
 static int tls_step(struct conn *c)
 {
@@ -23688,6 +23729,10 @@ static int tls_step(struct conn *c)
 		return KVD_EAGAIN;
 	}
 	k->tls->steps++;
+	if (!t->looked && tls_not_tls(c, t)) {
+		k->tls->failures++;
+		return KVD_EIO;
+	}
 	r = mbedtls_ssl_handshake(&t->ssl);
 	if (r == MBEDTLS_ERR_SSL_WANT_READ || r == MBEDTLS_ERR_SSL_WANT_WRITE)
 		return KVD_EAGAIN;
@@ -23982,6 +24027,7 @@ struct http_x {
 	unsigned body_done : 1;
 	unsigned trailers : 1;      /* TE: trailers -- grpc-gateway then sends its trailers */
 	unsigned ended : 1;         /* HTTP/2: the answer is whole (http_last, http_fin) */
+	unsigned sent : 1;          /* HTTP/2: ...and sent, the request's body still coming (http_h2_send) */
 	struct call *call;          /* the gateway's call: http1_conn's, or the stream's own */
 	struct kvd_buf *body;       /* body bytes not yet made messages: http1_conn's, or the stream's in */
 	struct kvd_buf head, data, trailer; /* HTTP/2: a header block (HPACK), DATA bytes, a trailer block */
@@ -25848,6 +25894,8 @@ static int http_h2_send(struct kvd *k, struct h2_conn *c, struct h2_stream *s)
 	struct http_x *x = s->hx;
 	int end;
 
+	if (x->sent)
+		return 0; /* answered: waiting for the rest of the body (http_h2_done) */
 	for (;;) {
 		if (x->in_call)
 			gw_flush(k, x);
@@ -25879,10 +25927,26 @@ static int http_h2_send(struct kvd *k, struct h2_conn *c, struct h2_stream *s)
 	if (BUF_LEN(&x->trailer) ? h2_send_block(c, s->id, &x->trailer, 1) : h2_frame(c, H2_DATA, H2_F_END_STREAM, s->id, "", 0))
 		return 0;
 ended:
-	if (!s->remote_closed) /* answered before the request ended */
+	/* answered before the request ended: a body that is declared and that the
+	 * stream's window lets in whole is read and dropped, and the stream
+	 * closes with it (as Go's server, whose handler seldom answers before a
+	 * small body is in, most often ends it: curl fails on a reset after a
+	 * whole answer); else RST_STREAM(NO_ERROR) asks the client to stop, as
+	 * RFC 9113 8.1 allows */
+	if (!s->remote_closed && s->has_cl && s->content_length - s->data_seen <= (uint64_t)KVD_MAX(s->recv_window, 0)) {
+		x->sent = 1;
+		return 0;
+	}
+	if (!s->remote_closed)
 		h2_rst(c, s->id, H2_NO_ERROR);
 	h2_stream_close(c, s);
 	return 1;
+}
+
+/* Answered and the request whole: the stream is over. */
+static int http_h2_done(const struct h2_stream *s)
+{
+	return s->hx && s->hx->sent && s->remote_closed;
 }
 
 static void http_h2_free(struct kvd *k, struct h2_stream *s)

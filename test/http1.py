@@ -382,6 +382,13 @@ def http2_clients_like_etcd():
     for m, path, body in H2_CASES[9:]:  # the gateway over TLS on HTTP/1.1: the same metadata as on h2
         a, b = [curl("https://127.0.0.1:%d%s" % (s.tls_port, path), ca, m, body, ["--http1.1"]) for s in srv]
         check(a == b and a[1].startswith("HTTP/1.1 "), "%s %s over TLS, HTTP/1.1: etcd %r / kvd %r" % (m, path, a, b))
+    # http:// to the https:// port: closed without a byte on both; kvd's log
+    # says so in plain words
+    got = [subprocess.run(["curl", "-s", "-i", "http://127.0.0.1:%d/health" % s.tls_port], capture_output=True,
+                          timeout=60) for s in srv]
+    check([(r.returncode, r.stdout) for r in got] == [(52, b"")] * 2, "http:// on a TLS port: %r" % got)
+    check(wait_for(lambda: "a plain HTTP request on a TLS port (the client said http://, not https://)" in
+                   k.logtext()), "kvd's log says what happened")
     a = curl("https://127.0.0.1:%d/health" % k.tls_port, ca)
     check(a[0] == 0 and a[1] == "HTTP/2 200" and a[3] == b'{"health":"true","reason":""}',
           "curl https://.../health: 200 over HTTP/2 with the JSON: %r" % (a,))
