@@ -13039,6 +13039,7 @@ static void h2_on_trailers(struct kvd *k, struct h2_conn *c, struct h2_stream *s
 	grpc_on_remote_close(k, s);
 }
 
+#ifndef KVD_NO_HTTP
 /* Is this request gRPC?  As etcd's grpcHandlerFunc decides: its
  * content-type contains "application/grpc"; the rest is HTTP (section 32:
  * /health, /metrics, the gateway), as on HTTP/1.1. */
@@ -13051,6 +13052,7 @@ static int h2_is_grpc(struct kvd_slice ctype)
 			return 1;
 	return 0;
 }
+#endif
 
 /* A complete header block for stream sid. */
 static void h2_on_block(struct kvd *k, struct h2_conn *c, uint32_t sid, unsigned flags,
