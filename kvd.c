@@ -7353,6 +7353,9 @@ static uint64_t mvcc_next_valid(struct kvd *k, struct mvcc *m, uint64_t from, ui
 	return 0;
 }
 
+#define MVCC_REPLAY_SAY (4u << 20)    /* a log this large: its replay says it begins */
+#define MVCC_REPLAY_EVERY_MS 5000     /* ...and how far it is, this often */
+
 /*
  * Replay the log into the index.  A bad record with nothing valid after it
  * is a torn tail (a crash mid-write): cut it, say how many bytes and why.  A
@@ -7365,13 +7368,22 @@ static int mvcc_replay(struct kvd *k, struct mvcc *m, uint64_t size, char *err, 
 	struct kvd_buf win = {0};
 	struct mvcc_reader rd;
 	struct mvcc_rec rec;
-	uint64_t scan;
+	uint64_t scan, nrec = 0;
+	int64_t said = util_now_ms();
 	const char *why = NULL;
 	int r;
 
 	m->size = size; /* mvcc_pread reads the file up to here */
+	if (size >= MVCC_REPLAY_SAY)
+		kvd_log(k, KVD_LOG_INFO, "replaying the log: %llu bytes", (unsigned long long)size);
 	mvcc_reader_init(&rd, &win, 0, size, 1 << 20, k->crc);
 	while ((r = mvcc_read_rec(k, &rd, &rec, &why)) == 1) {
+		if (!(++nrec & 1023) && util_now_ms() - said >= MVCC_REPLAY_EVERY_MS) { /* a slow board: it works */
+			said = util_now_ms();
+			kvd_log(k, KVD_LOG_INFO, "replaying the log: %llu of %llu bytes (%u%%), revision %lld",
+			        (unsigned long long)rec.off, (unsigned long long)size, (unsigned)(rec.off * 100 / size),
+			        (long long)m->rev);
+		}
 		if ((r = mvcc_replay_record(k, m, &rec, &why))) {
 			if (r == KVD_ENOMEM)
 				snprintf(err, errlen, "out of memory replaying the log");
@@ -11975,6 +11987,7 @@ static int snap_restore(struct kvd *k0, char *err, size_t errlen)
 		goto out;
 	k->log_fn = k0->log_fn;
 	k->log_arg = k0->log_arg;
+	kvd_log(k0, KVD_LOG_INFO, "importing %s (%llu bytes) into %s", file, (unsigned long long)st.st_size, dir);
 	if ((out = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600)) < 0) {
 		snprintf(err, errlen, "cannot create %s: %s", tmp, strerror(errno));
 		e = KVD_EIO;
@@ -23089,12 +23102,22 @@ static void tls_cfg_unref(struct kvd *k, struct tls_cfg *t)
 	kvd_free(k, t);
 }
 
+/* A TLS file refused: what it is not, in plain words, then mbedtls' own. */
 static void tls_why(int r, const char *what, const char *file, char *err, size_t errlen)
 {
 	char m[128];
+	const char *plain = r == MBEDTLS_ERR_PK_FILE_IO_ERROR || r == MBEDTLS_ERR_X509_FILE_IO_ERROR ?
+	                    "cannot be read (missing, or no permission)" :
+	                    !strcmp(what, "--key-file") ? "not a private key kvd can read (PEM or DER: PKCS#8, RSA or EC; "
+	                                                  "no password-protected key)" :
+	                    !strcmp(what, "--cert-file") || !strcmp(what, "--trusted-ca-file") ?
+	                    "not a certificate kvd can read (PEM or DER X.509)" : NULL;
 
 	mbedtls_strerror(r, m, sizeof m);
-	snprintf(err, errlen, "%s %.200s: %s", what, file, m);
+	if (plain)
+		snprintf(err, errlen, "%s %.150s: %s (mbedtls: %.60s)", what, file, plain, m);
+	else
+		snprintf(err, errlen, "%s %.200s: %s", what, file, m);
 }
 
 /* A Go cipher suite name (etcd's --cipher-suites) as mbedtls knows it. */
@@ -23433,10 +23456,18 @@ fail:
 static int tls_init(struct kvd *k, int wanted, char *err, size_t errlen)
 {
 	const struct kvd_config *cfg = &k->cfg;
+	static const char *const flags[] = {"--cert-file", "--key-file", "--trusted-ca-file", "--client-crl-file"};
+	const char *given[] = {cfg->cert_file, cfg->key_file, cfg->trusted_ca_file, cfg->client_crl_file};
+	size_t i;
 	int r;
 
-	if (!wanted)
+	if (!wanted) { /* as etcd, not an error: said, so a forgotten https:// is found */
+		for (i = 0; i < KVD_COUNT(flags); i++)
+			if (given[i] && given[i][0])
+				kvd_log(k, KVD_LOG_WARN, "%s is set, but no listener is https:// or unixs://: it is not used",
+				        flags[i]);
 		return 0;
+	}
 	if (!tls_auto(cfg) && (!cfg->cert_file || !cfg->cert_file[0] || !cfg->key_file || !cfg->key_file[0])) {
 		snprintf(err, errlen, "TLS key/cert (--cert-file, --key-file) must be provided for client URLs with the "
 		         "https scheme");

@@ -153,6 +153,9 @@ def configuration_errors_exit_2_before_the_data_dir():
         (["--listen-metrics-urls", "ftp://127.0.0.1:1"], {}, ""),
         (["--cert-file", d + "/none.pem", "--key-file", d + "/none.key", "--listen-client-urls",
           "https://127.0.0.1:%d" % free_port()], {}, "none.pem"),
+        # a file that is not what the flag wants: plain words before mbedtls' own
+        (["--cert-file", bad_yaml, "--key-file", key, "--listen-client-urls", "https://127.0.0.1:%d" % free_port()],
+         {}, "not a certificate kvd can read (PEM or DER X.509)"),
         (["--confd-hmac-key-file", d + "/nokey"], {}, "No such file"),
         (["--confd-hmac-key-file", key, "--confd-listen", "nonsense"], {}, "bad address"),
         (["--restore-snapshot", d + "/nosnap"], {}, "--restore-snapshot"),
@@ -361,6 +364,53 @@ def log_of_a_newer_kvd_exit_2_untouched():
 
 
 # ------------------------------------------------------------------ logs
+@test
+def unused_tls_flags_are_said():
+    """--cert-file/--key-file with no https:// listener: served (as etcd),
+    with a warning for each, so a forgotten https:// is found."""
+    d = tempfile.mkdtemp(prefix="kvd-tls-unused-")
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+                    "-keyout", d + "/k.pem", "-out", d + "/c.pem", "-days", "3", "-subj", "/CN=t"],
+                   check=True, capture_output=True)
+    k = Kvd(KVD, data_dir=d + "/data", args=["--cert-file", d + "/c.pem", "--key-file", d + "/k.pem"])
+    k.stop()
+    t = k.logtext()
+    check("W | kvd: --cert-file is set, but no listener is https:// or unixs://: it is not used" in t and
+          "--key-file is set, but no listener" in t and "serving client requests" in t, "warned: %r" % t[:500])
+    shutil.rmtree(d)
+
+
+@test
+def long_work_says_it_begins():
+    """A replay of a large log and an import say they begin (a slow board's
+    operator sees kvd working, not a silent process), then what they did."""
+    k = Kvd(KVD)
+    c = Client(k.endpoint())
+    R = pb()["rpc"]
+    for i in range(600):  # a 4.8 MiB log
+        c.call("Put", R.PutRequest(key=b"k%03d" % (i % 50), value=b"v" * 8000))
+    snap = os.path.join(k.dir, "..", os.path.basename(k.dir) + ".db")
+    c.close()
+    check(k.stop() == 0, "stopped")
+    r = run(["--data-dir", k.dir, "--snapshot-save", snap])
+    check(r.returncode == 0, "a snapshot saved: %r" % r.stderr)
+    k = Kvd(KVD, data_dir=k.dir)
+    k.stop()
+    lines = k.logtext().splitlines()
+    i = [n for n, l in enumerate(lines) if "replaying the log: " in l]
+    j = [n for n, l in enumerate(lines) if "log replayed: " in l]
+    check(i and j and i[0] < j[0] and re.search(r"replaying the log: \d{7,} bytes$", lines[i[0]]),
+          "the replay says it begins: %r" % lines[:3])
+    d = tempfile.mkdtemp(prefix="kvd-import-")
+    k = Kvd(KVD, data_dir=d + "/new", args=["--restore-snapshot", snap])
+    k.stop()
+    t = k.logtext()
+    check(re.search(r"importing \S+\.db \(\d+ bytes\) into %s/new\n" % re.escape(d), t) and
+          t.index("importing ") < t.index("imported "), "the import says it begins: %r" % t[:400])
+    shutil.rmtree(d)
+    os.unlink(snap)
+
+
 @test
 def log_outputs_stdout_file_and_syslog():
     d = tempfile.mkdtemp(prefix="kvd-init-")
