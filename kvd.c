@@ -970,6 +970,7 @@ struct kvd {
 	kvd_log_fn *log_fn;
 	void *log_arg;
 	unsigned log_to;             /* LOG_TO_* (section 3); 0: stderr */
+	unsigned log_fmt;            /* LOG_FMT_* (section 3): --log-format */
 	int log_fd;                  /* a --log-outputs file, -1 if none */
 	int syslog_fd;               /* --log-outputs syslog: a datagram socket for /dev/log, -1 if none */
 	long syslog_pid;
@@ -1461,15 +1462,55 @@ KVD_UNUSED static size_t util_b64(const char *a, int pad, const uint8_t *p, size
 #define LOG_TO_STDOUT 2u
 #define LOG_TO_SYSLOG 4u
 #define LOG_TO_FILE 8u
+enum { LOG_FMT_TEXT, LOG_FMT_JSON, LOG_FMT_CONSOLE }; /* --log-format: "", json, console */
+
+/* A line's head in its --log-format: etcd 3.4's "date time L | kvd: ", or
+ * zap's console fields, or its JSON object up to the message's string. */
+static int util_log_head(const struct kvd *k, char *line, size_t cap, int li, const struct timespec *ts)
+{
+	static const char lv[] = "DIWE";
+	static const char *const zl[] = {"debug", "info", "warn", "error"};
+	struct util_tm tm;
+
+	util_utc(ts->tv_sec, &tm);
+	if (k->log_fmt == LOG_FMT_JSON)
+		return snprintf(line, cap, "{\"level\":\"%s\",\"ts\":\"%04d-%02d-%02dT%02d:%02d:%02d.%06ldZ\","
+		                "\"caller\":\"kvd\",\"msg\":\"", zl[li], tm.year, tm.mon, tm.mday, tm.hour, tm.min, tm.sec,
+		                (long)(ts->tv_nsec / 1000));
+	if (k->log_fmt == LOG_FMT_CONSOLE)
+		return snprintf(line, cap, "%04d-%02d-%02dT%02d:%02d:%02d.%06ldZ\t%s\tkvd\t", tm.year, tm.mon, tm.mday,
+		                tm.hour, tm.min, tm.sec, (long)(ts->tv_nsec / 1000), zl[li]);
+	return snprintf(line, cap, "%04d-%02d-%02d %02d:%02d:%02d.%06ld %c | kvd: ", tm.year, tm.mon, tm.mday, tm.hour,
+	                tm.min, tm.sec, (long)(ts->tv_nsec / 1000), lv[li]);
+}
+
+/* The message m as the rest of a JSON line: escaped, then "}", in place
+ * at out (room cap); bytes that are not printable ASCII become \u00XX. */
+static void util_log_json_tail(char *out, size_t cap, const char *m)
+{
+	static const char hex[] = "0123456789abcdef";
+	size_t o = 0;
+
+	for (; *m && o + 8 < cap; m++) {
+		unsigned char ch = (unsigned char)*m;
+		if (ch == '"' || ch == '\\') {
+			out[o++] = '\\';
+			out[o++] = (char)ch;
+		} else if (ch < 0x20 || ch >= 0x7f) {
+			o += (size_t)snprintf(out + o, cap - o, "\\u00%c%c", hex[ch >> 4], hex[ch & 15]);
+		} else {
+			out[o++] = (char)ch;
+		}
+	}
+	snprintf(out + o, cap - o, "\"}");
+}
 
 static void kvd_log(struct kvd *k, int level, const char *fmt, ...) KVD_PRINTF(3, 4);
 KVD_RESIDENT static void kvd_log(struct kvd *k, int level, const char *fmt, ...)
 {
-	static const char lv[] = "DIWE";
 	static const unsigned char prio[] = {7, 6, 4, 3}; /* syslog's debug, info, warning, err */
-	char line[512], sl[560];
+	char line[1024], sl[560], msg[512];
 	struct timespec ts;
-	struct util_tm tm;
 	va_list ap;
 	unsigned to = k->log_to ? k->log_to : LOG_TO_STDERR;
 	int n, li = level < 0 ? 0 : level > 3 ? 3 : level;
@@ -1478,19 +1519,21 @@ KVD_RESIDENT static void kvd_log(struct kvd *k, int level, const char *fmt, ...)
 	if (level < k->cfg.log_level)
 		return;
 	clock_gettime(CLOCK_REALTIME, &ts); /* for humans only */
-	util_utc(ts.tv_sec, &tm);
-	n = snprintf(line, sizeof line, "%04d-%02d-%02d %02d:%02d:%02d.%06ld %c | kvd: ", tm.year, tm.mon, tm.mday,
-	             tm.hour, tm.min, tm.sec, (long)(ts.tv_nsec / 1000), lv[li]);
 	va_start(ap, fmt);
-	vsnprintf(line + n, sizeof line - (size_t)n, fmt, ap);
+	vsnprintf(msg, sizeof msg, fmt, ap);
 	va_end(ap);
+	n = util_log_head(k, line, sizeof line, li, &ts);
+	if (k->log_fmt == LOG_FMT_JSON)
+		util_log_json_tail(line + n, sizeof line - (size_t)n, msg);
+	else
+		snprintf(line + n, sizeof line - (size_t)n, "%s", msg);
 	if (k->log_fn) {
 		k->log_fn(k->log_arg, level, line);
 		return;
 	}
 	if ((to & LOG_TO_SYSLOG) && k->syslog_fd >= 0) {
 		struct sockaddr_un a = {.sun_family = AF_UNIX, .sun_path = "/dev/log"};
-		int m = snprintf(sl, sizeof sl, "<%d>kvd[%ld]: %s", 24 + prio[li], /* facility daemon */ k->syslog_pid, line + n);
+		int m = snprintf(sl, sizeof sl, "<%d>kvd[%ld]: %s", 24 + prio[li], /* facility daemon */ k->syslog_pid, msg);
 
 		sendto(k->syslog_fd, sl, (size_t)m < sizeof sl ? (size_t)m : sizeof sl - 1, MSG_NOSIGNAL | MSG_DONTWAIT,
 		       (struct sockaddr *)&a, sizeof a);
@@ -1562,6 +1605,16 @@ KVD_RESIDENT static int util_log_open(struct kvd *k, char *err, size_t errlen)
 	}
 	if (k->cfg.logger[0] && strcmp(k->cfg.logger, "zap")) {
 		snprintf(err, errlen, "unknown logger option \"%.64s\"", k->cfg.logger);
+		return KVD_EINVAL;
+	}
+	if (!k->cfg.log_format[0])
+		k->log_fmt = LOG_FMT_TEXT;
+	else if (!strcmp(k->cfg.log_format, "json"))
+		k->log_fmt = LOG_FMT_JSON;
+	else if (!strcmp(k->cfg.log_format, "console"))
+		k->log_fmt = LOG_FMT_CONSOLE;
+	else { /* etcd 3.7's words */
+		snprintf(err, errlen, "unknown log format: %.64s, supported values json, console", k->cfg.log_format);
 		return KVD_EINVAL;
 	}
 	for (e = o; *e; o = e + 1) { /* every name, the empty ones too ("stderr," is refused) */
@@ -7387,7 +7440,7 @@ static int mvcc_replay(struct kvd *k, struct mvcc *m, uint64_t size, char *err, 
 		if ((r = mvcc_replay_record(k, m, &rec, &why))) {
 			if (r == KVD_ENOMEM)
 				snprintf(err, errlen, "out of memory replaying the log");
-			else if (r == KVD_EINVAL) /* not damage: kvd_main's exit 2, so no init system retries it */
+			else if (r == KVD_EINVAL && rec.type == MVCC_REC_HEADER) /* newer: exit 2, not retried */
 				snprintf(err, errlen, "%s/kvd.log: written by a newer kvd (log format %lu; this kvd reads "
 				         "formats 1 to %d): run that kvd, or restore a snapshot it saved (the log is left as it is)",
 				         k->cfg.data_dir, (unsigned long)get_be32(rec.p + 8), MVCC_FORMAT);
@@ -27289,7 +27342,9 @@ static const struct cfg_flag cfg_flags[] = {
 	      "etcd's YAML configuration file; other flags and ETCD_* variables are then ignored, as etcd"),
 	CFG_S("log-outputs", log_outputs, "default",
 	      "comma list: default (stderr), stderr, stdout, syslog (or systemd/journal), a file path"),
-	CFG_S("logger", logger, "zap", "zap, the only one etcd 3.7 takes (kvd writes one format)"),
+	CFG_S("logger", logger, "zap", "zap, the only one etcd 3.7 takes"),
+	CFG_S("log-format", log_format, "",
+	      "json or console: etcd 3.5+'s zap lines (level, ts, caller, msg); empty: etcd 3.4's text lines"),
 	CFG_N("max-txn-ops", CFG_U32, max_txn_ops, 0, 128, "operations per txn request"),
 	CFG_N("heartbeat-interval", CFG_U32, heartbeat_interval_ms, 1, 100,
 	      "ms; with --election-timeout, sets the minimum lease TTL as etcd"),
@@ -27547,7 +27602,7 @@ static const char *const cfg_yaml_ignored[] = {
     "max-learners", "snapshot-catchup-entries", "v2-deprecation", "corrupt-check-time",
     "compact-hash-check-time", "compaction-batch-limit", "compaction-sleep-interval", "downgrade-check-time",
     "warning-apply-duration", "warning-unary-request-duration", "memory-mlock", "backend-bbolt-freelist-type",
-    "bootstrap-defrag-threshold-megabytes", "log-format"};
+    "bootstrap-defrag-threshold-megabytes"};
 
 /*
  * etcd's flags that mean nothing to a one-member kvd with no peers, WAL or

@@ -90,6 +90,7 @@ struct kvd_config {
 	int log_level;                           /* --log-level (KVD_LOG_INFO) */
 	const char *log_outputs;                 /* --log-outputs ("default": stderr; stdout, syslog, a file) */
 	const char *logger;                      /* --logger ("capnslog" or "zap", as etcd 3.4) */
+	const char *log_format;                  /* --log-format: "" kvd's text, "json" or "console" (zap's, etcd 3.5+) */
 	const char *config_file;                 /* --config-file: kvd_main reads it (kvd_config_yaml) */
 	uint32_t max_txn_ops;                    /* --max-txn-ops (128) */
 	uint32_t heartbeat_interval_ms;          /* --heartbeat-interval (100) */

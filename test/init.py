@@ -365,6 +365,39 @@ def log_of_a_newer_kvd_exit_2_untouched():
 
 # ------------------------------------------------------------------ logs
 @test
+def log_format_json_and_console_as_etcd():
+    """--log-format json: one JSON object a line with etcd 3.7.3's level, ts
+    (the same shape), caller and msg; console: zap's tab-separated fields;
+    from the config file too; a bad value refused with etcd's words."""
+    from kvdtest import oracle
+    e = subprocess.Popen([oracle(), "--data-dir", tempfile.mkdtemp(prefix="etcd-logfmt-"), "--listen-client-urls",
+                          "http://127.0.0.1:%d" % free_port(), "--advertise-client-urls", "http://127.0.0.1:1",
+                          "--listen-peer-urls", "http://127.0.0.1:%d" % free_port(), "--log-format", "json"],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    eline = json.loads(e.stderr.readline())
+    e.kill()
+    e.wait()
+    k = Kvd(KVD, args=["--log-format", "json"])
+    k.stop()
+    lines = [json.loads(l) for l in k.logtext().splitlines()]
+    tsre = r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z$"
+    check(all({"level", "ts", "caller", "msg"} <= set(x) and re.match(tsre, x["ts"]) for x in lines + [eline]) and
+          any(x["msg"].startswith("serving client requests on") and x["level"] == "info" for x in lines),
+          "json lines with etcd's keys and ts: kvd %r, etcd %r" % (lines[:2], eline))
+    d = tempfile.mkdtemp(prefix="kvd-logfmt-")
+    with open(d + "/c.yml", "w") as f:
+        f.write("data-dir: %s/data\nlisten-client-urls: http://127.0.0.1:%d\nlog-format: console\n" % (d, free_port()))
+    k = Kvd(KVD, args=["--config-file", d + "/c.yml"])
+    k.stop()
+    check(any(re.match(r"^\d{4}-\d\d-\d\dT[\d:.]+Z\tinfo\tkvd\tserving client requests on", l)
+              for l in k.logtext().splitlines()), "console from the config file: %r" % k.logtext()[:300])
+    r = run(["--log-format", "xml", "--data-dir", d + "/x"])
+    check(r.returncode == 2 and "unknown log format: xml, supported values json, console" in r.stderr and
+          not os.path.exists(d + "/x"), "a bad format: %r" % r.stderr)
+    shutil.rmtree(d)
+
+
+@test
 def unused_tls_flags_are_said():
     """--cert-file/--key-file with no https:// listener: served (as etcd),
     with a warning for each, so a forgotten https:// is found."""
