@@ -736,6 +736,7 @@ struct mvcc {
 	int last_errno;                /* why the last flush failed */
 	unsigned broken : 1;           /* a failed write could not be cut back */
 	unsigned no_fsync : 1;         /* --unsafe-no-fsync */
+	unsigned read_only : 1;        /* --snapshot-save on a read-only mount: the log is read, never written */
 	char why[96];
 #ifdef KVD_TEST_SERVICES
 	uint64_t synced;               /* the log's end at its last fdatasync (a power cut keeps that) */
@@ -7467,9 +7468,10 @@ static int mvcc_replay(struct kvd *k, struct mvcc *m, uint64_t size, char *err, 
 			         k->cfg.data_dir, why, (unsigned long long)rd.off, (unsigned long long)scan);
 			goto out;
 		}
-		kvd_log(k, KVD_LOG_WARN, "log: cutting a torn tail of %llu bytes at offset %llu (%s)",
-		        (unsigned long long)(size - rd.off), (unsigned long long)rd.off, why);
-		if (ftruncate(m->fd, (off_t)rd.off) || fdatasync(m->fd)) {
+		kvd_log(k, KVD_LOG_WARN, "log: %s a torn tail of %llu bytes at offset %llu (%s)",
+		        m->read_only ? "leaving out" : "cutting", (unsigned long long)(size - rd.off),
+		        (unsigned long long)rd.off, why);
+		if (!m->read_only && (ftruncate(m->fd, (off_t)rd.off) || fdatasync(m->fd))) {
 			snprintf(err, errlen, "cannot cut the log's torn tail: %s", strerror(errno));
 			r = KVD_EIO;
 			goto out;
@@ -7499,7 +7501,7 @@ KVD_RESIDENT static int mvcc_open(struct kvd *k, char *err, size_t errlen)
 	int r;
 
 	snprintf(path, sizeof path, "%s/kvd.log.new", k->cfg.data_dir);
-	if (!lstat(path, &st)) { /* a rewrite that never switched: the log is whole without it */
+	if (!m->read_only && !lstat(path, &st)) { /* a rewrite that never switched: the log is whole without it */
 		if (unlink(path)) {
 			snprintf(err, errlen, "cannot remove %s: %s", path, strerror(errno));
 			return KVD_EIO;
@@ -7508,13 +7510,17 @@ KVD_RESIDENT static int mvcc_open(struct kvd *k, char *err, size_t errlen)
 		        (unsigned long long)st.st_size);
 	}
 	snprintf(path, sizeof path, "%s/kvd.log", k->cfg.data_dir);
-	m->fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+	m->fd = m->read_only ? open(path, O_RDONLY | O_CLOEXEC) : open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
 	if (m->fd < 0 || fstat(m->fd, &st)) {
 		snprintf(err, errlen, "cannot open %s: %s", path, strerror(errno));
 		return KVD_EIO;
 	}
 	if (st.st_size > 0 && (r = mvcc_replay(k, m, (uint64_t)st.st_size, err, errlen)))
 		return r;
+	if (!m->size && m->read_only) {
+		snprintf(err, errlen, "%s holds no store", path);
+		return KVD_EINVAL;
+	}
 	if (!m->size) { /* new store (or a header torn at creation): the header record, durable with its entry */
 		mvcc_header_encode(k->crc, rec);
 		if (pwrite(m->fd, rec, sizeof rec, 0) != (ssize_t)sizeof rec || fsync(m->fd)) {
@@ -11124,7 +11130,10 @@ out:
 /*
  * --snapshot-save FILE: the data dir's store as an etcd snapshot file (what
  * `etcdctl snapshot save` would get), without serving: a board's backup.
- * The data dir lock keeps a running kvd off it meanwhile.
+ * The data dir lock keeps a running kvd off it meanwhile.  On a read-only
+ * mount (a squashfs image, a flash mounted ro for a backup) no kvd can be
+ * writing it and no lock can be made: the log is read as it is, never
+ * written (a torn tail is left out, not cut).
  */
 static int snap_save_offline(const struct kvd_config *cfg, char *err, size_t errlen)
 {
@@ -11133,7 +11142,15 @@ static int snap_save_offline(const struct kvd_config *cfg, char *err, size_t err
 	int fd = -1, e;
 
 	snprintf(tmp, sizeof tmp, "%s.part", cfg->snapshot_save);
-	if ((e = kvd_init(cfg, &k, err, errlen)) || (e = cfg_lock(k, err, errlen)) || (e = mvcc_open(k, err, errlen)))
+	if ((e = kvd_init(cfg, &k, err, errlen)))
+		goto out;
+	if ((e = cfg_lock(k, err, errlen))) {
+		if (errno != EROFS)
+			goto out;
+		k->db.read_only = 1;
+		kvd_log(k, KVD_LOG_INFO, "%s is on a read-only filesystem: its log is read as it is", cfg->data_dir);
+	}
+	if ((e = mvcc_open(k, err, errlen)))
 		goto out;
 	if ((fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600)) < 0) {
 		snprintf(err, errlen, "cannot create %.200s: %s", tmp, strerror(errno));
