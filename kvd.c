@@ -27916,7 +27916,7 @@ static const struct {
     {"Security", "cert-file key-file trusted-ca-file client-cert-auth client-crl-file client-cert-allowed-hostname "
                  "auto-tls tls-min-version tls-max-version cipher-suites cors "},
     {"Auth", "auth-token auth-token-ttl bcrypt-cost "},
-    {"Logging", "log-level log-outputs logger "},
+    {"Logging", "log-level log-outputs logger log-format "},
     {"kvd: limits", "max-connections max-connections-per-ip max-request-buffer max-idle-time stall-timeout "
                     "shutdown-grace "},
     {"kvd: storage and snapshots", "auto-rewrite auto-rewrite-percent auto-rewrite-min-bytes reserve-bytes "
@@ -28235,7 +28235,9 @@ static void kvd_open_failed(struct kvd *k, const char *err)
  *      before a socket is bound, and returns KVD_EINVAL for it -- exit 2
  *      from kvd_main, against 1 for a runtime failure (KVD_EXIT_*).  The
  *      one check that needs the store (confd_bind: keyspace mode, auth on,
- *      no --confd-user) comes after the data dir, still KVD_EINVAL.
+ *      no --confd-user) comes after the data dir, still KVD_EINVAL.  The
+ *      client and metrics sockets are bound before the data dir is made or
+ *      locked (as etcd), so a port in use changes nothing on disk either.
  *   3. kvd_open copies what it keeps (cfg_own, in kvd_init): the caller's
  *      struct kvd_config and its strings may go once it returns; kvd_init
  *      touches no file, socket or pipe (tests and fuzzers use it alone).
@@ -28663,10 +28665,8 @@ KVD_RESIDENT KVD_API int kvd_open(const struct kvd_config *cfg, struct kvd **out
 		if (k->cfg.etcd_ignored >> i & 1)
 			kvd_log(k, KVD_LOG_WARN, "--%s is etcd's and is ignored: kvd is one member, with no peers, WAL or "
 			        "raft", cfg_etcd_only[i].name);
-	if ((r = cfg_mkdirs(k->cfg.data_dir, err, errlen)) || (r = cfg_lock(k, err, errlen)) ||
-	    (k->cfg.restore_snapshot && k->cfg.restore_snapshot[0] && (r = snap_restore(k, err, errlen))) ||
-	    (r = mvcc_open(k, err, errlen)) || (r = life_init(k, err, errlen)) || (r = confd_bind(k, err, errlen)))
-		goto fail; /* confd first: "serving client requests" means everything serves */
+	/* the sockets first, as etcd binds them before its data dir: a port in
+	 * use changes nothing on disk; clients wait in the backlog meanwhile */
 	if (!(list = kvd_strdup(k, k->cfg.listen_client_urls))) {
 		r = KVD_ENOMEM;
 		goto fail;
@@ -28690,6 +28690,12 @@ KVD_RESIDENT KVD_API int kvd_open(const struct kvd_config *cfg, struct kvd **out
 			if ((r = net_listen(k, url, 1, err, errlen)))
 				goto fail;
 	}
+	kvd_free(k, list);
+	list = NULL;
+	if ((r = cfg_mkdirs(k->cfg.data_dir, err, errlen)) || (r = cfg_lock(k, err, errlen)) ||
+	    (k->cfg.restore_snapshot && k->cfg.restore_snapshot[0] && (r = snap_restore(k, err, errlen))) ||
+	    (r = mvcc_open(k, err, errlen)) || (r = life_init(k, err, errlen)) || (r = confd_bind(k, err, errlen)))
+		goto fail; /* confd first: "serving client requests" means everything serves */
 	for (i = 0; i < k->nls; i++) /* once every listener listens: "serving" means ready */
 		kvd_log(k, KVD_LOG_INFO, "serving %s on %s (%s)", k->ls[i].metrics ? "/metrics and /health" : "client requests",
 		        k->ls[i].name, k->ls[i].metrics ? (k->ls[i].tls ? "HTTPS" : "HTTP") : k->ls[i].tls ? "gRPC over TLS" : "gRPC over h2c");

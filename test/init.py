@@ -306,6 +306,7 @@ def runtime_failures_exit_1_and_a_clean_stop_0():
     d = tempfile.mkdtemp(prefix="kvd-init-")
     r = run(["--data-dir", d + "/data", "--listen-client-urls", k.url])
     check(r.returncode == 1 and "address already in use" in r.stderr, "busy port: %d %r" % (r.returncode, r.stderr))
+    check(not os.path.exists(d + "/data"), "the sockets are bound before the data dir is made (as etcd)")
     check(k.stop(signal.SIGTERM) == 0, "SIGTERM: exit 0")
     k = Kvd(KVD, data_dir=k.dir)
     check(k.stop(signal.SIGINT) == 0 and "stopped" in k.logtext(), "SIGINT: exit 0")
