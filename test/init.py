@@ -399,6 +399,24 @@ def log_format_json_and_console_as_etcd():
 
 
 @test
+def slow_fdatasync_is_warned_about():
+    """An fdatasync over 1 s (a worn SD card; here the test build's injected
+    delay) is logged as etcd logs it: "slow fdatasync", took, expected 1s."""
+    kt = os.path.abspath(os.environ.get("KVD_TEST", os.path.join(ROOT, "test", "kvd-test")))
+    os.environ["KVD_TEST_FSYNC_DELAY_MS"] = "1100"
+    try:
+        k = Kvd(kt)
+    finally:
+        del os.environ["KVD_TEST_FSYNC_DELAY_MS"]
+    c = Client(k.endpoint())
+    c.call("Put", pb()["rpc"].PutRequest(key=b"a", value=b"1"), timeout=30)
+    c.close()
+    k.stop()
+    check(re.search(r"W \| kvd: slow fdatasync: took 1\.\d{3}s, expected-duration 1s", k.logtext()),
+          "the warning: %r" % k.logtext()[-400:])
+
+
+@test
 def unused_tls_flags_are_said():
     """--cert-file/--key-file with no https:// listener: served (as etcd),
     with a warning for each, so a forgotten https:// is found."""
