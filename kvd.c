@@ -858,6 +858,7 @@ struct call {
 	struct call *prev, *next;   /* k->calls: every live call */
 	unsigned finished : 1;      /* the service set a final status */
 	unsigned got_msg : 1;       /* a unary call has its request */
+	int64_t t_routed;           /* monotonic us: routed to its method (grpc_server_handling_seconds) */
 	unsigned wrote : 1;         /* the call wrote to the store */
 	unsigned held : 1;          /* its reply waits for the log flush (k->held) */
 	unsigned produce : 1;       /* the method's on_produce makes more output */
@@ -943,6 +944,7 @@ struct net_listener {
 #define KVD_METRIC_METHODS 64 /* gRPC methods counted by /metrics (kvd routes ~55) */
 #define KVD_FSYNC_BUCKETS 14  /* 1 ms .. 8.192 s, doubling: etcd's wal_fsync buckets */
 #define KVD_COMMIT_BUCKETS 12 /* 1 .. 2048 replies released by one group commit */
+#define KVD_HANDLING_BUCKETS 12 /* grpc-prometheus' 5 ms .. 10 s, and past them */
 enum { YIELD_CONNS, YIELD_HANDSHAKES, YIELD_HASHES, YIELD_WATCHERS, YIELD_BYTES, YIELD_N }; /* fair shares given up */
 struct kvd_stats {
 	uint64_t conns_accepted, conns_refused, conns_refused_ip, conns_evicted, goaway_sent, rst_sent, calls;
@@ -950,6 +952,10 @@ struct kvd_stats {
 	uint64_t grpc_started[KVD_METRIC_METHODS], grpc_handled[KVD_METRIC_METHODS][17];
 	uint64_t fsync_b[KVD_FSYNC_BUCKETS], fsync_n, commit_b[KVD_COMMIT_BUCKETS], commit_n, commit_sum;
 	uint64_t http_requests;
+	uint64_t grpc_rx, grpc_tx;   /* gRPC message bytes from and to clients (etcd_network_client_grpc_*) */
+	uint64_t proposals_failed;   /* writes a failed log flush undid (etcd_server_proposals_failed_total) */
+	uint32_t handling[KVD_METRIC_METHODS][KVD_HANDLING_BUCKETS]; /* grpc_server_handling_seconds, by method */
+	double handling_sum[KVD_METRIC_METHODS];
 	uint64_t health_ok, health_failed; /* /health answers (etcd_server_health_*) */
 	uint64_t checks[2][4][2];    /* /livez, /readyz: each check run, by success / error */
 	uint8_t check_last[2][4];    /* 1 + its last result (1 error, 2 success); 0: never run */
@@ -4868,8 +4874,16 @@ static void call_fini(struct kvd *k, struct call *c)
 	size_t i;
 	int mi = c->m ? svc_method_index(c->m) : -1;
 
-	if (mi >= 0) /* grpc_server_handled_total: a call that never ended was cancelled */
+	if (mi >= 0) { /* grpc_server_handled_total: a call that never ended was cancelled */
+		static const int32_t le_ms[KVD_HANDLING_BUCKETS - 1] = {5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000};
+		int64_t us = util_now_us() - c->t_routed;
+		size_t b;
 		k->st.grpc_handled[mi][c->finished && c->status >= 0 && c->status < 17 ? c->status : GRPC_CANCELLED]++;
+		for (b = 0; b < KVD_HANDLING_BUCKETS - 1 && us > (int64_t)le_ms[b] * 1000; b++)
+			;
+		k->st.handling[mi][b]++;
+		k->st.handling_sum[mi] += (double)us / 1e6;
+	}
 	if (c->m && c->m->on_close)
 		c->m->on_close(k, c);
 	if (c->held) /* its reply was waiting for the log flush */
@@ -4956,9 +4970,12 @@ static int call_send(struct kvd *k, struct call *c, const ProtobufCMessage *m)
 
 	if (c->finished)
 		return KVD_EINVAL;
-	if (!(p = call_msg(k, c, protobuf_c_message_get_packed_size(m))))
+	size_t n = protobuf_c_message_get_packed_size(m);
+
+	if (!(p = call_msg(k, c, n)))
 		return KVD_ENOMEM;
 	protobuf_c_message_pack(m, p);
+	k->st.grpc_tx += n;
 	return 0;
 }
 
@@ -5074,6 +5091,7 @@ static void call_message(struct kvd *k, struct call *c, const uint8_t *p, size_t
 {
 	if (!p) /* an empty buffer's data: decoders may not do arithmetic on NULL */
 		p = (const uint8_t *)"";
+	k->st.grpc_rx += n;
 	if (c->m->kind != GRPC_BIDI && c->got_msg)
 		return;
 	c->got_msg = 1;
@@ -5141,6 +5159,7 @@ static int call_route(struct kvd *k, struct call *c, const char *path, size_t pl
 	}
 	if ((known = svc_method_index(c->m)) >= 0)
 		k->st.grpc_started[known]++;
+	c->t_routed = util_now_us();
 	return 0;
 }
 
@@ -25288,6 +25307,40 @@ static void http1_m_hist(struct http1_mb *m, const char *name, const char *help,
 	http1_m_val(m, bn, NULL, (double)count);
 }
 
+/* grpc_server_handling_seconds, as go-grpc-prometheus' handling-time
+ * histogram labels and buckets it (etcd: --metrics=extensive), for every
+ * method that ended at least once: from routing to the call's end. */
+static void http1_m_handling(struct http1_mb *m, const struct kvd *k)
+{
+	static const char *const le[KVD_HANDLING_BUCKETS - 1] = {"0.005", "0.01", "0.025", "0.05", "0.1", "0.25", "0.5",
+	                                                         "1", "2.5", "5", "10"};
+	static const char *const kinds[] = {"unary", "server_stream", "bidi_stream"};
+	const char *nm = "grpc_server_handling_seconds";
+	char lab[320], base_lab[240];
+	size_t i, j, b, base;
+	uint64_t acc;
+
+	http1_m_head(m, nm, "histogram", "Histogram of response latency (seconds) of gRPC that had been application-level "
+	             "handled by the server.");
+	for (i = base = 0; i < KVD_COUNT(svc_services); base += svc_services[i].n, i++)
+		for (j = 0; j < svc_services[i].n && base + j < KVD_METRIC_METHODS; j++) {
+			const struct grpc_method *me = &svc_services[i].m[j];
+			for (b = 0, acc = 0; b < KVD_HANDLING_BUCKETS; b++)
+				acc += k->st.handling[base + j][b];
+			if (!acc)
+				continue;
+			snprintf(base_lab, sizeof base_lab, "grpc_method=\"%s\",grpc_service=\"%s\",grpc_type=\"%s\"",
+			         me->path + strlen(svc_services[i].name) + 2, svc_services[i].name, kinds[me->kind]);
+			for (b = 0, acc = 0; b < KVD_HANDLING_BUCKETS; b++) {
+				acc += k->st.handling[base + j][b];
+				snprintf(lab, sizeof lab, "%s,le=\"%s\"", base_lab, b < KVD_HANDLING_BUCKETS - 1 ? le[b] : "+Inf");
+				http1_m_val(m, "grpc_server_handling_seconds_bucket", lab, (double)acc);
+			}
+			http1_m_val(m, "grpc_server_handling_seconds_sum", base_lab, k->st.handling_sum[base + j]);
+			http1_m_val(m, "grpc_server_handling_seconds_count", base_lab, (double)acc);
+		}
+}
+
 /* The process, as Prometheus' Go client reports it (Linux /proc). */
 static void http1_m_process(struct http1_mb *m)
 {
@@ -25376,6 +25429,15 @@ static void http1_metrics(struct kvd *k, struct http_x *x, const struct http_req
 	            (double)(k->cfg.quota_backend_bytes ? k->cfg.quota_backend_bytes : 2147483648ull));
 	http1_m_hist(&m, "etcd_disk_wal_fsync_duration_seconds", "The latency distributions of fsync called by WAL.",
 	             k->st.fsync_b, KVD_FSYNC_BUCKETS, 0.001, k->st.fsync_n, k->st.fsync_sum);
+	/* kvd has one log: its write and fdatasync is WAL fsync and backend commit at once */
+	http1_m_hist(&m, "etcd_disk_backend_commit_duration_seconds", "The latency distributions of commit called by "
+	             "backend.", k->st.fsync_b, KVD_FSYNC_BUCKETS, 0.001, k->st.fsync_n, k->st.fsync_sum);
+	http1_m_one(&m, "etcd_network_client_grpc_received_bytes_total", "counter",
+	            "The total number of bytes received from grpc clients.", (double)k->st.grpc_rx);
+	http1_m_one(&m, "etcd_network_client_grpc_sent_bytes_total", "counter",
+	            "The total number of bytes sent to grpc clients.", (double)k->st.grpc_tx);
+	http1_m_one(&m, "etcd_server_proposals_failed_total", "counter", "The total number of failed proposals seen.",
+	            (double)k->st.proposals_failed);
 	/* gRPC, as go-grpc-prometheus labels it: every method, every code seen */
 	http1_m_head(&m, "grpc_server_started_total", "counter", "Total number of RPCs started on the server.");
 	for (i = base = 0; i < KVD_COUNT(svc_services); base += svc_services[i].n, i++)
@@ -25400,6 +25462,7 @@ static void http1_metrics(struct kvd *k, struct http_x *x, const struct http_req
 				         kinds[me->kind]);
 				http1_m_val(&m, "grpc_server_handled_total", lab, (double)k->st.grpc_handled[base + j][code]);
 			}
+	http1_m_handling(&m, k);
 	http1_m_process(&m);
 	/* kvd's own */
 	http1_m_hist(&m, "kvd_group_commit_replies", "Replies released by one group commit (one write and fsync).",
@@ -27124,6 +27187,7 @@ KVD_RESIDENT static void loop_log_flush(struct kvd *k)
 		kvd_free(k, s->status_msg);
 		s->status_msg = NULL;
 		s->finished = 0;
+		k->st.proposals_failed += s->wrote;
 		if (s->wrote && (k->db.last_errno == ENOSPC || k->db.last_errno == EDQUOT))
 			call_finish(k, s, GRPC_RESOURCE_EXHAUSTED, "%s", E_NO_SPACE);
 		else
