@@ -7433,6 +7433,65 @@ static uint64_t mvcc_next_valid(struct kvd *k, struct mvcc *m, uint64_t from, ui
 #define MVCC_REPLAY_EVERY_MS 5000     /* ...and how far it is, this often */
 
 /*
+ * --salvage-log: the log is damaged at keep, yet valid records follow at
+ * scan.  What precedes the damage is provably whole (each record checked,
+ * in order); what follows may lean on what was lost (a put's chain, a
+ * lease).  So the whole file is first copied to kvd.log.damaged (fsynced:
+ * nothing is lost by this), then the log is cut at the damage, and the log
+ * says what went: the bytes, and the newest revision found past it.
+ */
+static int mvcc_salvage(struct kvd *k, struct mvcc *m, uint64_t keep, uint64_t scan, uint64_t size, const char *why,
+                        char *err, size_t errlen)
+{
+	struct kvd_buf win = {0};
+	struct mvcc_reader rd;
+	struct mvcc_rec rec;
+	const char *w2;
+	char path[PATH_MAX];
+	uint8_t buf[16384];
+	uint64_t off = 0;
+	int64_t last = 0;
+	ssize_t n;
+	int fd, r = 0;
+
+	snprintf(path, sizeof path, "%s/kvd.log.damaged", k->cfg.data_dir);
+	if ((fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600)) < 0) {
+		snprintf(err, errlen, "--salvage-log: cannot create %s: %s%s", path, strerror(errno),
+		         errno == EEXIST ? " (an earlier salvage's: move it away)" : "");
+		return KVD_EIO;
+	}
+	while (off < size && (n = pread(m->fd, buf, (size_t)KVD_MIN(size - off, (uint64_t)sizeof buf), (off_t)off)) > 0)
+		if (write(fd, buf, (size_t)n) == n)
+			off += (uint64_t)n;
+		else
+			break;
+	if (off < size || fsync(fd) || close(fd)) {
+		snprintf(err, errlen, "--salvage-log: cannot copy the log to %s: %s", path, strerror(errno));
+		if (off < size)
+			close(fd);
+		unlink(path);
+		return KVD_EIO;
+	}
+	mvcc_reader_init(&rd, &win, scan, size, 1 << 16, k->crc); /* the newest revision past the damage */
+	while (mvcc_read_rec(k, &rd, &rec, &w2) == 1)
+		if (rec.type == MVCC_REC_TXN && !mvcc_rec_decode(&rec, &w2))
+			last = KVD_MAX(last, rec.rev);
+	buf_free(k, &win);
+	kvd_log(k, KVD_LOG_WARN, "--salvage-log: kvd.log damaged at offset %llu (%s), valid records follow at %llu: "
+	        "the whole log is saved as %s; kept the %llu bytes before the damage (revision %lld), dropped %llu "
+	        "bytes", (unsigned long long)keep, why, (unsigned long long)scan, path, (unsigned long long)keep,
+	        (long long)m->rev, (unsigned long long)(size - keep));
+	if (last > m->rev)
+		kvd_log(k, KVD_LOG_WARN, "--salvage-log: revisions %lld to %lld are lost (acknowledged writes among them)",
+		        (long long)m->rev + 1, (long long)last);
+	if (ftruncate(m->fd, (off_t)keep) || fdatasync(m->fd)) {
+		snprintf(err, errlen, "--salvage-log: cannot cut the log: %s", strerror(errno));
+		r = KVD_EIO;
+	}
+	return r;
+}
+
+/*
  * Replay the log into the index.  A bad record with nothing valid after it
  * is a torn tail (a crash mid-write): cut it, say how many bytes and why.  A
  * bad record followed by valid ones is corruption: refuse to start.  A
@@ -7484,19 +7543,25 @@ static int mvcc_replay(struct kvd *k, struct mvcc *m, uint64_t size, char *err, 
 			snprintf(err, errlen, "out of memory reading the log");
 			goto out;
 		}
-		if ((scan = mvcc_next_valid(k, m, rd.off, size, win.p, win.cap))) {
+		if ((scan = mvcc_next_valid(k, m, rd.off, size, win.p, win.cap)) &&
+		    (m->read_only || !k->cfg.salvage_log)) {
 			snprintf(err, errlen, "%s/kvd.log: %s at offset %llu, but valid records follow at %llu: "
-			         "corruption, refusing to start (acknowledged data would be lost)",
+			         "corruption, refusing to start (--salvage-log keeps what precedes it, the log saved first)",
 			         k->cfg.data_dir, why, (unsigned long long)rd.off, (unsigned long long)scan);
 			goto out;
 		}
-		kvd_log(k, KVD_LOG_WARN, "log: %s a torn tail of %llu bytes at offset %llu (%s)",
-		        m->read_only ? "leaving out" : "cutting", (unsigned long long)(size - rd.off),
-		        (unsigned long long)rd.off, why);
-		if (!m->read_only && (ftruncate(m->fd, (off_t)rd.off) || fdatasync(m->fd))) {
-			snprintf(err, errlen, "cannot cut the log's torn tail: %s", strerror(errno));
-			r = KVD_EIO;
-			goto out;
+		if (scan) {
+			if ((r = mvcc_salvage(k, m, rd.off, scan, size, why, err, errlen)))
+				goto out;
+		} else {
+			kvd_log(k, KVD_LOG_WARN, "log: %s a torn tail of %llu bytes at offset %llu (%s)",
+			        m->read_only ? "leaving out" : "cutting", (unsigned long long)(size - rd.off),
+			        (unsigned long long)rd.off, why);
+			if (!m->read_only && (ftruncate(m->fd, (off_t)rd.off) || fdatasync(m->fd))) {
+				snprintf(err, errlen, "cannot cut the log's torn tail: %s", strerror(errno));
+				r = KVD_EIO;
+				goto out;
+			}
 		}
 		r = 0;
 	}
@@ -27482,6 +27547,9 @@ static const struct cfg_flag cfg_flags[] = {
 	      "with --restore-snapshot: do not require the file's SHA-256 trailer to match"),
 	CFG_S("snapshot-save", snapshot_save, NULL,
 	      "kvd: write the data dir's store as an etcd snapshot file (as etcdctl snapshot save) and exit"),
+	CFG_N("salvage-log", CFG_BOOL, salvage_log, 0, 0,
+	      "kvd: a log damaged mid-file is saved whole as kvd.log.damaged, then kept up to the damage (what "
+	      "follows it is dropped, and said)"),
 	CFG_N("daemon", CFG_BOOL, daemon, 0, 0,
 	      "kvd: go to the background once serving; a start that fails exits with its status and reason first "
 	      "(sysvinit scripts)"),
@@ -27987,7 +28055,7 @@ static const struct {
     {"kvd: limits", "max-connections max-connections-per-ip max-request-buffer max-idle-time stall-timeout "
                     "shutdown-grace "},
     {"kvd: storage and snapshots", "auto-rewrite auto-rewrite-percent auto-rewrite-min-bytes reserve-bytes "
-                                   "restore-snapshot skip-hash-check snapshot-save "},
+                                   "restore-snapshot skip-hash-check snapshot-save salvage-log "},
     {"kvd: process", "daemon pid-file "},
     {"kvd: confd (Ganeti's UDP protocol)", "confd-hmac-key-file confd-listen confd-ganeti-config-key "
                                            "confd-keyspace-prefix confd-user confd-max-clock-skew confd-rate-limit "

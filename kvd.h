@@ -108,6 +108,7 @@ struct kvd_config {
 	uint64_t reserve_bytes;                  /* --reserve-bytes, kept for a full disk (128 KiB) */
 	const char *restore_snapshot;            /* --restore-snapshot: an etcd snapshot to start from (NULL) */
 	int skip_hash_check;                     /* --skip-hash-check: with it, no SHA-256 trailer needed (0) */
+	int salvage_log;                         /* --salvage-log: a log damaged mid-file keeps what precedes it (0) */
 	const char *snapshot_save;               /* --snapshot-save: kvd_main writes one and exits (NULL) */
 	int daemon;                              /* --daemon: kvd_main goes to the background once serving (0) */
 	const char *pid_file;                    /* --pid-file: kvd_main writes its pid there once serving (NULL) */
