@@ -1379,7 +1379,7 @@ KVD_RESIDENT static int util_grow(struct kvd *k, void *arrp, size_t *cap, size_t
 /* ---- clocks, base64 ------------------------------------------------------- */
 
 /* Monotonic milliseconds: boards have no RTC, wall time may jump at boot. */
-static int64_t util_now_us(void)
+KVD_RESIDENT static int64_t util_now_us(void)
 {
 	struct timespec ts;
 
@@ -1473,7 +1473,7 @@ enum { LOG_FMT_TEXT, LOG_FMT_JSON, LOG_FMT_CONSOLE }; /* --log-format: "", json,
 
 /* A line's head in its --log-format: etcd 3.4's "date time L | kvd: ", or
  * zap's console fields, or its JSON object up to the message's string. */
-static int util_log_head(const struct kvd *k, char *line, size_t cap, int li, const struct timespec *ts)
+KVD_RESIDENT static int util_log_head(const struct kvd *k, char *line, size_t cap, int li, const struct timespec *ts)
 {
 	static const char lv[] = "DIWE";
 	static const char *const zl[] = {"debug", "info", "warn", "error"};
@@ -1702,7 +1702,7 @@ static void put_le32(uint8_t *p, uint32_t v)
 	p[0] = (uint8_t)v; p[1] = (uint8_t)(v >> 8);
 	p[2] = (uint8_t)(v >> 16); p[3] = (uint8_t)(v >> 24);
 }
-static void put_le64(uint8_t *p, uint64_t v)
+KVD_RESIDENT static void put_le64(uint8_t *p, uint64_t v)
 {
 	put_le32(p, (uint32_t)v);
 	put_le32(p + 4, (uint32_t)(v >> 32));
@@ -6565,7 +6565,7 @@ static void mvcc_seal(const uint32_t (*t)[256], uint8_t *rec, size_t payload, un
 #define MVCC_ALARM_REC_MAX (MVCC_REC_HDR + 4 + MVCC_MAX_ALARMS * 11)
 
 /* The HEADER record at p (MVCC_HEADER_REC bytes). */
-static void mvcc_header_encode(const uint32_t (*t)[256], uint8_t *p)
+KVD_RESIDENT static void mvcc_header_encode(const uint32_t (*t)[256], uint8_t *p)
 {
 	memcpy(p + MVCC_REC_HDR, MVCC_MAGIC, 8);
 	put_be32(p + MVCC_REC_HDR + 8, MVCC_FORMAT);
@@ -7448,23 +7448,30 @@ static int mvcc_salvage(struct kvd *k, struct mvcc *m, uint64_t keep, uint64_t s
 	struct mvcc_rec rec;
 	const char *w2;
 	char path[PATH_MAX];
-	uint8_t buf[16384];
+	uint8_t *buf;
 	uint64_t off = 0;
 	int64_t last = 0;
 	ssize_t n;
 	int fd, r = 0;
 
 	snprintf(path, sizeof path, "%s/kvd.log.damaged", k->cfg.data_dir);
+	if (!(buf = kvd_malloc(k, 65536))) { /* not on the stack: replay's frame stays small */
+		snprintf(err, errlen, "out of memory");
+		return KVD_ENOMEM;
+	}
 	if ((fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600)) < 0) {
-		snprintf(err, errlen, "--salvage-log: cannot create %s: %s%s", path, strerror(errno),
-		         errno == EEXIST ? " (an earlier salvage's: move it away)" : "");
+		int e = errno;
+		kvd_free(k, buf);
+		snprintf(err, errlen, "--salvage-log: cannot create %s: %s%s", path, strerror(e),
+		         e == EEXIST ? " (an earlier salvage's: move it away)" : "");
 		return KVD_EIO;
 	}
-	while (off < size && (n = pread(m->fd, buf, (size_t)KVD_MIN(size - off, (uint64_t)sizeof buf), (off_t)off)) > 0)
+	while (off < size && (n = pread(m->fd, buf, (size_t)KVD_MIN(size - off, (uint64_t)65536), (off_t)off)) > 0)
 		if (write(fd, buf, (size_t)n) == n)
 			off += (uint64_t)n;
 		else
 			break;
+	kvd_free(k, buf);
 	if (off < size || fsync(fd) || close(fd)) {
 		snprintf(err, errlen, "--salvage-log: cannot copy the log to %s: %s", path, strerror(errno));
 		if (off < size)
@@ -27792,7 +27799,7 @@ static int cfg_etcd_only_find(const char *name, size_t n)
 
 /* --initial-cluster as etcd reads it for one member: name=url[,name=url...]
  * naming --name alone (its peer URLs may be several); empty: not given. */
-static int cfg_check_cluster(const struct kvd_config *cfg, char *err, size_t errlen)
+KVD_RESIDENT static int cfg_check_cluster(const struct kvd_config *cfg, char *err, size_t errlen)
 {
 	const char *p = cfg->initial_cluster, *e, *eq;
 	size_t nl = strlen(cfg->name);
@@ -28012,7 +28019,7 @@ static int cfg_yaml_set(struct kvd_config *cfg, struct cfg_yaml *y, const char *
 	return 0;
 }
 
-static void cfg_env_name(const char *name, char *out, size_t cap)
+KVD_RESIDENT static void cfg_env_name(const char *name, char *out, size_t cap)
 {
 	size_t i, o = (size_t)snprintf(out, cap, "ETCD_");
 
@@ -28259,7 +28266,7 @@ KVD_RESIDENT static int cfg_mkdirs(const char *dir, char *err, size_t errlen)
  * anything is written there (exit 2), naming the way in -- an import of
  * etcd's backend file, which is a snapshot without the hash trailer.
  */
-static int cfg_not_etcd(const char *dir, char *err, size_t errlen)
+KVD_RESIDENT static int cfg_not_etcd(const char *dir, char *err, size_t errlen)
 {
 	char path[PATH_MAX];
 	struct stat st;
@@ -28996,7 +29003,7 @@ static int kvd_daemon(char *err, size_t errlen)
 
 /* Serving: the pid file written, and --daemon's parent told (its stdio
  * then /dev/null: log lines go to --log-outputs' files and syslog). */
-static int kvd_serving(struct kvd *k, int ready, char *err, size_t errlen)
+KVD_RESIDENT static int kvd_serving(struct kvd *k, int ready, char *err, size_t errlen)
 {
 	char line[24];
 	int fd, n = snprintf(line, sizeof line, "%ld\n", (long)getpid());
