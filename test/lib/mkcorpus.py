@@ -564,7 +564,58 @@ def security2_seeds():
         write("http1", "smuggle-" + name + "-bytewise", bytes([0x00]) + req)
 
 
+def h2http_seeds():
+    """HTTP requests on HTTP/2 streams (issue 49: what curl sends over TLS
+    with ALPN h2): the endpoints, the gateway with a body whole, in pieces,
+    over its declared length and never finished, a watch stream, a request
+    answered before its body ends.  Written as a client's bytes, behind
+    test/fuzz_h2.c's mode byte (all at once with output drained; bytewise)."""
+    c = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+    c.initiate_connection()
+
+    def req(sid, method, path, body=None, extra=(), end=True, chunks=1, cl=True):
+        hdrs = [(":method", method), (":scheme", "https"), (":path", path), (":authority", "127.0.0.1"),
+                ("user-agent", "curl/7.88.1"), ("accept", "*/*")] + list(extra)
+        if body is not None:
+            hdrs.append(("content-type", "application/json"))
+            if cl:
+                hdrs.append(("content-length", str(len(body))))
+        c.send_headers(sid, hdrs, end_stream=body is None)
+        if body is not None:
+            n = max(1, len(body) // chunks)
+            for i in range(0, len(body), n):
+                c.send_data(sid, body[i:i + n], end_stream=end and i + n >= len(body))
+    req(1, "GET", "/health")
+    req(3, "GET", "/readyz?verbose")
+    req(5, "GET", "/metrics")
+    req(7, "OPTIONS", "/v3/kv/range", extra=[("origin", "http://x")])
+    req(9, "POST", "/v3/kv/put", b'{"key":"aDI=","value":"dg=="}', chunks=3)
+    req(11, "POST", "/v3/kv/range", b'{"key":"aDI=","range_end":"AA=="}', cl=False)
+    req(13, "POST", "/v3/watch", b'{"create_request":{"key":"dw=="}}{"progress_request":{}}', end=False)
+    req(15, "POST", "/v3/nope", b"{}")
+    req(17, "POST", "/v3/kv/range", b'{"key":', chunks=7)
+    req(19, "POST", "/v3/lease/keepalive", b'{"ID":"1"}', end=False)
+    data = c.data_to_send()
+    for mode, suffix in ((0x1E, ""), (0x10, "-bytewise")):
+        with open(os.path.join(HERE, "corpus", "h2", "http-over-h2" + suffix), "wb") as f:
+            f.write(bytes([mode]) + data)
+    # a body longer than its content-length, and a stream reset mid-body
+    c2 = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True, validate_outbound_headers=False))
+    c2.initiate_connection()
+    c2.send_headers(1, [(":method", "POST"), (":scheme", "https"), (":path", "/v3/kv/put"), (":authority", "x"),
+                        ("content-type", "text/plain"), ("content-length", "4")])
+    c2.send_data(1, b"{}{}{}", end_stream=True)
+    c2.send_headers(3, [(":method", "POST"), (":scheme", "https"), (":path", "/v3/watch"), (":authority", "x")])
+    c2.send_data(3, b'{"create_request":')
+    c2.reset_stream(3)
+    with open(os.path.join(HERE, "corpus", "h2", "http-over-h2-odd"), "wb") as f:
+        f.write(bytes([0x1E]) + c2.data_to_send())
+
+
 def main():
+    if sys.argv[1:] == ["h2http"]:
+        h2http_seeds()
+        return 0
     if sys.argv[1:] == ["security2"]:
         security2_seeds()
         return 0
