@@ -113,7 +113,7 @@ MUSL_NAME = musl-$(shell $(MUSL_CC) -dumpmachine 2>/dev/null)$(if $(filter 1,$(M
 MUSL_DIR = $(KVD_CACHE)/$(MUSL_NAME)
 static: kvd-static
 kvd-static: $(SRC)
-	@command -v $(MUSL_CC) >/dev/null || ./test/lib/deps.sh test
+	@command -v $(MUSL_CC) >/dev/null || { echo "make static needs $(MUSL_CC): apt-get install musl-tools, or MUSL_CC=<a musl gcc>"; exit 1; }
 	./test/lib/xlibs.sh $(MUSL_NAME) $(MUSL_CC) "$(MUSL_CFLAGS) $(MUSL_LTO)" $(MBEDTLS_PROFILE) $(MBEDTLS_VERSION)
 	$(MUSL_CC) $(MUSL_CFLAGS) $(MUSL_KVD_OPT) $(KVD_CFLAGS) -I$(MUSL_DIR)/include -c -o $@.o kvd.c
 	@# -w: mbedtls is compiled at this link, and its warnings are not kvd's

@@ -14,7 +14,7 @@ musl_for() { # $1 = target, $2 = cross gcc: a musl-gcc wrapper around it
 	t=$1 cc=$2 p=$top/muslcc-$1
 	[ -x "$p/bin/musl-gcc" ] && return 0
 	./test/lib/xlibs.sh --sources # Debian's source packages, musl's among them
-	src=$(ls -d $top/src/musl-*/ | head -1)
+	src=${MUSL_SRC:-$top/src/musl-1.2.3}/
 	b=$(mktemp -d)
 	cp -r "$src" "$b/musl"
 	echo "footprint: musl for $t"

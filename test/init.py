@@ -1060,6 +1060,58 @@ def makefile_rebuilds_when_flags_change():
     shutil.rmtree(d)
 
 
+@test
+def library_sources_from_variables_and_a_pool_not_apt():
+    """make static's library sources (test/lib/xlibs.sh): a tree named by
+    MBEDTLS_SRC/PROTOBUF_C_SRC/MUSL_SRC is used as is; what is missing comes
+    from DEBIAN_POOL (here a file:// copy of the pool's layout), checked
+    against the pinned SHA-256; a tampered file is refused and named; the
+    host's apt sources are never touched."""
+    cache = os.environ.get("KVD_CACHE", "/var/cache/kvd-test")
+    xlibs = os.path.join(ROOT, "test", "lib", "xlibs.sh")
+    real = os.path.join(cache, "src")
+    if not os.path.isdir(os.path.join(real, "mbedtls-3.6.6")):
+        check(subprocess.run([xlibs, "--sources"], capture_output=True).returncode == 0, "the real cache's sources")
+    d = tempfile.mkdtemp(prefix="kvd-xlibs-")
+    pool = os.path.join(d, "pool", "p", "protobuf-c")
+    os.makedirs(pool)
+    for f in ("protobuf-c_1.4.1.orig.tar.gz", "protobuf-c_1.4.1-1.debian.tar.xz"):
+        have = [p for p in (os.path.join(real, "dl", f), os.path.join(real, f)) if os.path.exists(p)]
+        if have:
+            shutil.copy(have[0], pool)
+        else:
+            subprocess.run(["curl", "-sSfL", "-o", os.path.join(pool, f),
+                            "http://deb.debian.org/debian/pool/main/p/protobuf-c/" + f], check=True)
+
+    def apt_state():
+        return sorted(os.listdir("/etc/apt/sources.list.d")) if os.path.isdir("/etc/apt/sources.list.d") else []
+
+    before = apt_state()
+    env = dict(os.environ, KVD_CACHE=os.path.join(d, "cache"), DEBIAN_POOL="file://" + os.path.join(d, "pool"),
+               MBEDTLS_SRC=os.path.join(real, "mbedtls-3.6.6"), MUSL_SRC=os.path.join(real, "musl-1.2.3"))
+    r = subprocess.run([xlibs, "--sources"], capture_output=True, text=True, env=env)
+    got = os.path.join(d, "cache", "src", "protobuf-c-1.4.1", "protobuf-c", "protobuf-c.c")
+    check(r.returncode == 0 and os.path.exists(got), "protobuf-c from the pool: " + r.stdout + r.stderr)
+    check(os.path.exists(got) and open(got, "rb").read() ==
+          open(os.path.join(real, "protobuf-c-1.4.1", "protobuf-c", "protobuf-c.c"), "rb").read(), "the same source")
+    check(not os.path.exists(os.path.join(d, "cache", "src", "mbedtls-3.6.6")), "MBEDTLS_SRC: nothing fetched")
+    # a tampered pool: refused, the file named, nothing unpacked
+    shutil.rmtree(os.path.join(d, "cache"))
+    with open(os.path.join(pool, "protobuf-c_1.4.1-1.debian.tar.xz"), "ab") as f:
+        f.write(b"x")
+    r = subprocess.run([xlibs, "--sources"], capture_output=True, text=True, env=env)
+    check(r.returncode != 0 and "protobuf-c_1.4.1-1.debian.tar.xz" in r.stdout and "PROTOBUF_C_SRC" in r.stdout,
+          "a tampered file refused: " + r.stdout + r.stderr)
+    check(not os.path.exists(os.path.join(d, "cache", "src", "protobuf-c-1.4.1")), "nothing unpacked")
+    # a tree of the wrong version is said so before anything is built
+    env["MBEDTLS_SRC"] = os.path.join(d, "cache")
+    env["PROTOBUF_C_SRC"] = os.path.join(real, "protobuf-c-1.4.1")
+    r = subprocess.run([xlibs, "x", "cc", "-Os", "small", "3.6"], capture_output=True, text=True, env=env)
+    check(r.returncode != 0 and "not an mbedtls 3.6 source tree" in r.stdout, "a wrong MBEDTLS_SRC: " + r.stdout)
+    check(apt_state() == before, "apt sources untouched: %s -> %s" % (before, apt_state()))
+    shutil.rmtree(d)
+
+
 PROCD_SHIM = r'''
 # rc.common and procd, as far as the README's script uses them: the uci file
 # is read for real; the instance is recorded (one argument per line).

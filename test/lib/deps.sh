@@ -15,9 +15,9 @@ python3-prometheus-client faketime btrfs-progs busybox"
 # it would pull in openssh-server, lvm2 and 20 more packages it does not need)
 GANETI_LIB=/var/cache/kvd-test/ganeti-3.0
 # make cross: i386 on Debian's multiarch libraries; mips and armhf static on
-# mbedtls and protobuf-c built from Debian's source (test/lib/xlibs.sh: dpkg-dev);
+# mbedtls and protobuf-c built from Debian's source (test/lib/xlibs.sh: curl, patch);
 # musl-tools for make static.  make cross-all adds the rest (CROSS_ALL).
-CROSS="gcc-i686-linux-gnu libc6-dev-i386-cross libprotobuf-c-dev:i386 libmbedtls-dev:i386 qemu-user dpkg-dev \
+CROSS="gcc-i686-linux-gnu libc6-dev-i386-cross libprotobuf-c-dev:i386 libmbedtls-dev:i386 qemu-user curl patch \
 gcc-mips-linux-gnu libc6-dev-mips-cross gcc-arm-linux-gnueabihf libc6-dev-armhf-cross musl-tools"
 CROSS_ALL="gcc-mipsel-linux-gnu libc6-dev-mipsel-cross gcc-aarch64-linux-gnu libc6-dev-arm64-cross \
 gcc-s390x-linux-gnu libc6-dev-s390x-cross libprotobuf-c-dev:s390x libmbedtls-dev:s390x"

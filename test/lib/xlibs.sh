@@ -16,8 +16,13 @@
 # curves' precomputed tables (3.6 keeps the PSA core TLS 1.3 runs on).  Every profile has MBEDTLS_PLATFORM_MEMORY, so kvd's
 # allocator serves mbedtls too.
 # Result: $KVD_CACHE/NAME/{include,lib} (/var/cache/kvd-test/...); done once, then reused.
-# Needs deb-src (added here) or deb.debian.org's pool, dpkg-dev; nothing
-# lands in the source tree.
+# Sources, first found: MBEDTLS_SRC, PROTOBUF_C_SRC, MUSL_SRC (unpacked
+# source trees you already have: a firmware tree's dl/ or build dir); else
+# $KVD_CACHE/src; else Debian's source packages fetched from its pool
+# (DEBIAN_POOL, deb.debian.org by default) into $KVD_CACHE/src, each file
+# checked against the SHA-256 pinned here, unpacked with tar and Debian's
+# patches applied with patch(1).  The host is left alone: no apt source is
+# added and nothing installed.  Nothing lands in the source tree.
 set -eu
 # xlibs.sh --sources: only fetch the source packages (musl's too, which
 # test/footprint.sh builds for the cross compilers) into $KVD_CACHE/src
@@ -51,36 +56,56 @@ MBEDTLS_PK_RSA_ALT_SUPPORT MBEDTLS_SSL_DTLS_CONNECTION_ID_COMPAT MBEDTLS_SSL_MAX
 MBEDTLS_SHA224_C MBEDTLS_SSL_SERVER_NAME_INDICATION"
 # TLS 1.3 on 3.6 needs the PSA core (not its key store)
 [ "$ver" = 3.6 ] && SMALL=$(echo "$SMALL" | sed -E 's/(^| )MBEDTLS_PSA_CRYPTO_C( |$)/\1\2/')
-M36=mbedtls_3.6.6
-M36_FILES="eb9ed1adbbddcb0d00276fac6fcee0056c64ce01481c2522a16dca75792eb5eb $M36-0.1~deb13u1.dsc
-8fb65fae8dcae5840f793c0a334860a411f884cc537ea290ce1c52bb64ca007a $M36.orig.tar.bz2
-210466c522eeebc85cf2f76bd5aef935b4ebac465559cc0a84f9e73a8ed6601c $M36-0.1~deb13u1.debian.tar.xz"
 src=$top/src
-if ! ls -d $src/mbedtls-2.*/library >/dev/null 2>&1 || ! ls -d $src/protobuf-c-*/protobuf-c >/dev/null 2>&1 ||
-	! ls -d $src/musl-*/src >/dev/null 2>&1; then
-	if ! apt-cache showsrc mbedtls >/dev/null 2>&1 || [ -z "$(apt-cache showsrc mbedtls 2>/dev/null)" ]; then
-		printf 'Types: deb-src\nURIs: http://deb.debian.org/debian\nSuites: bookworm\nComponents: main\nSigned-By: /usr/share/keyrings/debian-archive-keyring.gpg\n' \
-			> /etc/apt/sources.list.d/kvd-src.sources
-		apt-get update -qq >/dev/null 2>&1 || true
-	fi
-	command -v dpkg-source >/dev/null || apt-get install -y -qq --no-install-recommends dpkg-dev >/dev/null
-	mkdir -p $src && (cd $src && apt-get source -qq mbedtls protobuf-c musl >/dev/null 2>&1)
-fi
-[ "$name" = --sources ] && exit 0
-msrc=$(ls -d $src/mbedtls-2.*/ | head -1) conf=include/mbedtls/config.h
-if [ "$ver" = 3.6 ]; then
-	msrc=$src/mbedtls-3.6.6/ conf=include/mbedtls/mbedtls_config.h
-	if [ ! -d $msrc/library ]; then
-		command -v dpkg-source >/dev/null || apt-get install -y -qq --no-install-recommends dpkg-dev >/dev/null
-		d=$src/dl-$M36 && mkdir -p $d
-		echo "$M36_FILES" | while read -r sum f; do
-			[ -f "$d/$f" ] || curl -sSf -o "$d/$f" "http://deb.debian.org/debian/pool/main/m/mbedtls/$f"
-			echo "$sum  $d/$f" | sha256sum -c --quiet - || { rm -f "$d/$f"; exit 1; }
+POOL=${DEBIAN_POOL:-http://deb.debian.org/debian/pool/main}
+# Debian 12's source packages (and Debian 13's mbedtls 3.6), pinned
+PKGS="mbedtls 2.28.3-1 3b4953aa55a681e084d31892d9904cc5328d6b4958ea57b90ae4b4f94ae69a8d 3e03c61f63c7bbcd0bf695b53e6663ab448cc2e15429cd67d0e4f32e699645a9 gz
+protobuf-c 1.4.1-1 4cc4facd508172f3e0a4d3a8736225d472418aee35b4ad053384b137b220339f 7b303d1f1fb995fd242681db40f1415f368d14fe877b3c832ad1ca67b7db8096 gz
+musl 1.2.3-1 7d5b0b6062521e4627e099e4c9dc8248d32a30285e959b7eecaa780cf8cfd4a4 8f12cc808dbec030179a25ce2645a4c0b622ee8011c2afcec53b87ec5867a8cc gz
+mbedtls 3.6.6-0.1~deb13u1 8fb65fae8dcae5840f793c0a334860a411f884cc537ea290ce1c52bb64ca007a 210466c522eeebc85cf2f76bd5aef935b4ebac465559cc0a84f9e73a8ed6601c bz2"
+# debsrc NAME VERSION: $src/NAME-UPSTREAM, unpacked once from the pinned files
+debsrc() {
+	echo "$PKGS" | while read -r n v osum dsum z; do
+		[ "$n $v" = "$1 $2" ] || continue
+		up=${v%-*} dir=$src/$n-${v%-*}
+		[ -d "$dir" ] && exit 0
+		d=$src/dl && mkdir -p "$d"
+		for f in "${n}_$up.orig.tar.$z $osum" "${n}_$v.debian.tar.xz $dsum"; do
+			set -- $f
+			ok() { echo "$2  $d/$1" | sha256sum -c --quiet - >/dev/null 2>&1; }
+			if ! ok "$@"; then
+				echo "xlibs: fetching $POOL/$(echo "$n" | cut -c1)/$n/$1"
+				curl -sSfL -o "$d/$1.part" "$POOL/$(echo "$n" | cut -c1)/$n/$1" && mv -f "$d/$1.part" "$d/$1" || rm -f "$d/$1.part"
+			fi
+			ok "$@" || {
+				rm -f "$d/$1"
+				echo "xlibs: no $1 with the pinned SHA-256 from $POOL: set $(echo "$n" | tr a-z- A-Z_)_SRC to a source tree you have"
+				exit 1
+			}
 		done
-		(cd $d && dpkg-source -q -x $M36-0.1~deb13u1.dsc $msrc >/dev/null 2>&1)
-		[ -d $msrc/library ] || { echo "xlibs: cannot unpack mbedtls 3.6.6"; exit 1; }
-	fi
+		t=$(mktemp -d "$src/.unpack.XXXXXX")
+		tar -xf "$d/${n}_$up.orig.tar.$z" -C "$t"
+		top1=$(ls "$t") && mv "$t/$top1" "$t/s" && tar -xJf "$d/${n}_$v.debian.tar.xz" -C "$t/s"
+		if [ -s "$t/s/debian/patches/series" ]; then
+			command -v patch >/dev/null || { echo "xlibs: $n needs patch(1) to apply Debian's patches"; rm -rf "$t"; exit 1; }
+			grep -v '^#' "$t/s/debian/patches/series" | while read -r p _; do
+				[ -n "$p" ] && patch -s -p1 -d "$t/s" < "$t/s/debian/patches/$p"
+			done
+		fi
+		mv "$t/s" "$dir" && rmdir "$t"
+	done
+}
+mkdir -p "$src"
+v2=$src/mbedtls-2.28.3 v36=$src/mbedtls-3.6.6
+if [ -z "${MBEDTLS_SRC:-}" ]; then
+	if [ "$ver" = 3.6 ]; then debsrc mbedtls 3.6.6-0.1~deb13u1; else debsrc mbedtls 2.28.3-1; fi
 fi
+[ -n "${PROTOBUF_C_SRC:-}" ] || debsrc protobuf-c 1.4.1-1
+[ -n "${MUSL_SRC:-}" ] || [ "$name" != --sources ] || debsrc musl 1.2.3-1
+[ "$name" = --sources ] && exit 0
+msrc=${MBEDTLS_SRC:-$v2}/ conf=include/mbedtls/config.h
+[ "$ver" = 3.6 ] && msrc=${MBEDTLS_SRC:-$v36}/ conf=include/mbedtls/mbedtls_config.h
+[ -f "$msrc/$conf" ] || { echo "xlibs: $msrc is not an mbedtls $ver source tree (no $conf)"; exit 1; }
 # gcc-ar for CC's target (it indexes LTO objects too), else CC's own ar
 ar=$($cc -dumpmachine 2>/dev/null)-gcc-ar
 command -v "$ar" >/dev/null || ar=$(echo "$cc" | sed -E 's/(gcc|cc)$/ar/')
@@ -125,7 +150,8 @@ cp "$b"/mbedtls/library/lib*.a "$out/lib/"
 cp -r "$b/mbedtls/include/mbedtls" "$out/include/"
 [ -d "$b/mbedtls/include/psa" ] && cp -r "$b/mbedtls/include/psa" "$out/include/"
 echo "xlibs: protobuf-c for $name"
-p=$(ls -d $src/protobuf-c-*/protobuf-c)
+p=${PROTOBUF_C_SRC:-$src/protobuf-c-1.4.1}/protobuf-c
+[ -f "$p/protobuf-c.c" ] || { echo "xlibs: no protobuf-c.c in $p"; exit 1; }
 $cc $nolto -I"$p/.." -c "$p/protobuf-c.c" -o "$b/protobuf-c.o"
 rm -f "$out/lib/libprotobuf-c.a"
 "$ar" rcs "$out/lib/libprotobuf-c.a" "$b/protobuf-c.o"
