@@ -485,6 +485,10 @@ enum grpc_code {
 	GRPC_ABORTED, GRPC_OUT_OF_RANGE, GRPC_UNIMPLEMENTED, GRPC_INTERNAL,
 	GRPC_UNAVAILABLE, GRPC_DATA_LOSS, GRPC_UNAUTHENTICATED
 };
+/* their names as grpc-go's codes.Code.String() spells them (metrics, logs) */
+static const char *const grpc_code_names[] = {"OK", "Canceled", "Unknown", "InvalidArgument", "DeadlineExceeded",
+	"NotFound", "AlreadyExists", "PermissionDenied", "ResourceExhausted", "FailedPrecondition", "Aborted",
+	"OutOfRange", "Unimplemented", "Internal", "Unavailable", "DataLoss", "Unauthenticated"};
 
 #define LEASE_MAX_TTL 9000000000ll /* etcd's MaxLeaseTTL, seconds: bounds every TTL, requested or replayed */
 
@@ -507,6 +511,7 @@ enum grpc_code {
 #define E_ROLE_EMPTY "etcdserver: role name is empty"
 #define E_NAME_NUL "kvd: a user or role name holding a NUL byte is not supported"
 #define E_AUTH_FAILED "etcdserver: authentication failed, invalid user ID or password"
+#define E_AUTH_NO_PASSWORD "auth: authentication failed, password was given for no password user"
 #define E_PERM_NOT_GIVEN "etcdserver: permission not given"
 #define E_INVALID_AUTH_MGMT "etcdserver: invalid auth management"
 #define E_ROOT_NOT_EXIST "etcdserver: root user does not exist"
@@ -859,6 +864,7 @@ struct call {
 	unsigned finished : 1;      /* the service set a final status */
 	unsigned got_msg : 1;       /* a unary call has its request */
 	int64_t t_routed;           /* monotonic us: routed to its method (grpc_server_handling_seconds) */
+	uint32_t rq_bytes, rs_bytes; /* message bytes in and out ("request stats", call_fini) */
 	unsigned wrote : 1;         /* the call wrote to the store */
 	unsigned held : 1;          /* its reply waits for the log flush (k->held) */
 	unsigned produce : 1;       /* the method's on_produce makes more output */
@@ -4883,6 +4889,15 @@ static void call_fini(struct kvd *k, struct call *c)
 			;
 		k->st.handling[mi][b]++;
 		k->st.handling_sum[mi] += (double)us / 1e6;
+		/* etcd's "request stats": every unary call at debug level, a slow
+		 * one as a warning (its interceptor's logUnaryRequestStats) */
+		int64_t slow = (int64_t)(k->cfg.warn_unary_ms ? k->cfg.warn_unary_ms : 300) * 1000; /* 0: etcd's default */
+		if (c->m->kind == GRPC_UNARY && (k->cfg.log_level <= KVD_LOG_DEBUG || us > slow))
+			kvd_log(k, us > slow ? KVD_LOG_WARN : KVD_LOG_DEBUG,
+			        "request stats: method %s, remote %s, time spent %lld.%03lldms, status %s, request size %lu, "
+			        "response size %lu", c->m->path, c->conn ? c->conn->peer : "in-process", (long long)(us / 1000),
+			        (long long)(us % 1000), grpc_code_names[c->finished && c->status >= 0 && c->status < 17 ? c->status : GRPC_CANCELLED],
+			        (unsigned long)c->rq_bytes, (unsigned long)c->rs_bytes);
 	}
 	if (c->m && c->m->on_close)
 		c->m->on_close(k, c);
@@ -4976,6 +4991,7 @@ static int call_send(struct kvd *k, struct call *c, const ProtobufCMessage *m)
 		return KVD_ENOMEM;
 	protobuf_c_message_pack(m, p);
 	k->st.grpc_tx += n;
+	c->rs_bytes += (uint32_t)KVD_MIN(n, UINT32_MAX - c->rs_bytes);
 	return 0;
 }
 
@@ -5092,6 +5108,7 @@ static void call_message(struct kvd *k, struct call *c, const uint8_t *p, size_t
 	if (!p) /* an empty buffer's data: decoders may not do arithmetic on NULL */
 		p = (const uint8_t *)"";
 	k->st.grpc_rx += n;
+	c->rq_bytes += (uint32_t)KVD_MIN(n, UINT32_MAX - c->rq_bytes);
 	if (c->m->kind != GRPC_BIDI && c->got_msg)
 		return;
 	c->got_msg = 1;
@@ -6955,7 +6972,8 @@ static void mvcc_commit(struct kvd *k, struct mvcc *m)
  * file that end past what replay found.  A revoke's deletes are its R line.
  *
  * KVD_TEST_FSYNC_DELAY_MS=<n>: every log fdatasync takes n ms longer (slow
- * flash).  KVD_TEST_FLUSH_CRASH=before-sync:N|after-sync:N dies (SIGKILL) at
+ * flash).  KVD_TEST_SLOW_MS=<n>: a slow board's CPU: a replay sleeps n ms
+ * every 1024 records, a rewrite n ms every slice (their progress lines).  KVD_TEST_FLUSH_CRASH=before-sync:N|after-sync:N dies (SIGKILL) at
  * the Nth flush, around its fdatasync.  SIGUSR2 is a power cut: the log is
  * cut back to its last fdatasync and the process exits at once.
  */
@@ -7119,7 +7137,21 @@ static void mvcc_test_sync_hook(struct kvd *k, const char *point)
 	if (want && !strncmp(want, point, pl) && want[pl] == ':' && k->db.flushes == (unsigned)atoi(want + pl + 1))
 		raise(SIGKILL);
 }
+
+static void mvcc_test_slow(void)
+{
+	const char *d = getenv("KVD_TEST_SLOW_MS");
+	struct timespec ts;
+
+	if (!d || atoi(d) <= 0)
+		return;
+	ts.tv_sec = atoi(d) / 1000;
+	ts.tv_nsec = (long)(atoi(d) % 1000) * 1000000L;
+	while (nanosleep(&ts, &ts) && errno == EINTR)
+		;
+}
 #else
+#define mvcc_test_slow() ((void)0)
 #define mvcc_test_history(k, p, n, base) ((void)0)
 #define mvcc_test_history_open(k) ((void)0)
 #define mvcc_test_history_undo(k) ((void)0)
@@ -7520,7 +7552,9 @@ static int mvcc_replay(struct kvd *k, struct mvcc *m, uint64_t size, char *err, 
 		kvd_log(k, KVD_LOG_INFO, "replaying the log: %llu bytes", (unsigned long long)size);
 	mvcc_reader_init(&rd, &win, 0, size, 1 << 20, k->crc);
 	while ((r = mvcc_read_rec(k, &rd, &rec, &why)) == 1) {
-		if (!(++nrec & 1023) && util_now_ms() - said >= MVCC_REPLAY_EVERY_MS) { /* a slow board: it works */
+		if (!(++nrec & 1023))
+			mvcc_test_slow();
+		if (!(nrec & 1023) && util_now_ms() - said >= MVCC_REPLAY_EVERY_MS) { /* a slow board: it works */
 			said = util_now_ms();
 			kvd_log(k, KVD_LOG_INFO, "replaying the log: %llu of %llu bytes (%u%%), revision %lld",
 			        (unsigned long long)rec.off, (unsigned long long)size, (unsigned)(rec.off * 100 / size),
@@ -9250,7 +9284,7 @@ struct life_rw {
 	int64_t compact_last;          /* the newest COMPACT in the new file, -1 none */
 	unsigned alarms_copied : 1;
 	unsigned automatic : 1;
-	int64_t t0;
+	int64_t t0, said;              /* monotonic ms: started, last progress line */
 	uint64_t old_size, recl0;
 	unsigned steps;
 	int werr;                      /* errno of a failed write to the new file */
@@ -9590,7 +9624,7 @@ static int life_rw_start(struct kvd *k, int automatic)
 	rw->fd = -1;
 	rw->rec_at = SIZE_MAX;
 	rw->automatic = automatic ? 1 : 0;
-	rw->t0 = k->now;
+	rw->t0 = rw->said = k->now;
 	rw->old_size = rw->end0 = m->size;
 	rw->recl0 = m->reclaimable;
 	rw->compact = m->compacted;
@@ -9980,6 +10014,19 @@ static void life_rw_step(struct kvd *k)
 		return;
 	}
 	rw->steps++;
+	mvcc_test_slow();
+	if (k->now - rw->said >= MVCC_REPLAY_EVERY_MS) { /* a long one on a slow board: how far it is */
+		static const char *const ph[] = {"starting", "leases", "writing the live keys", "finding their ops",
+		                                 "copying the history"};
+		rw->said = k->now;
+		if (rw->phase == LIFE_BASE)
+			kvd_log(k, KVD_LOG_INFO, "log rewrite: %s, %zu of %zu keys, %llu bytes written", ph[rw->phase],
+			        rw->si, rw->nsnap, (unsigned long long)rw->size);
+		else
+			kvd_log(k, KVD_LOG_INFO, "log rewrite: %s, %llu of %llu bytes read (%u%%), %llu bytes written",
+			        ph[rw->phase], (unsigned long long)rw->at, (unsigned long long)KVD_MAX(k->db.size, 1),
+			        (unsigned)(rw->at * 100 / KVD_MAX(k->db.size, 1)), (unsigned long long)rw->size);
+	}
 	if (rw->phase == LIFE_LEASES)
 		r = life_rw_leases(k, rw, &why);
 	else if (rw->phase == LIFE_BASE)
@@ -14855,6 +14902,48 @@ static void auth_jwt_free(struct kvd *k)
 
 /* ---- who is calling, and may they ------------------------------------------- */
 
+/* A client's name (n bytes) as a log line may show it, into out[80]:
+ * printable ASCII as is, other bytes as \xHH (a NUL or newline in a name
+ * never cuts or splits the line), cut at 64 bytes with "...". */
+static const char *auth_log_name(char *out, const void *name, size_t n)
+{
+	const unsigned char *p = name;
+	size_t i, o = 0;
+
+	for (i = 0; i < n && o < 64; i++)
+		if (p[i] >= 0x20 && p[i] < 0x7f && p[i] != '"' && p[i] != '\\')
+			out[o++] = (char)p[i];
+		else
+			o += (size_t)snprintf(out + o, 80 - o, "\\x%02x", p[i]);
+	snprintf(out + o, 80 - o, "%s", i < n ? "..." : "");
+	return out;
+}
+
+/* A token that is not live, as etcd logs it: "invalid auth token" with the
+ * token's fingerprint (the first 12 hex digits of its SHA-256), never the
+ * token itself. */
+static void auth_log_bad_token(struct kvd *k, const char *t)
+{
+	static const char hex[] = "0123456789abcdef";
+	unsigned char sum[32];
+	char fp[13];
+	int i;
+
+	if (k->cfg.log_level > KVD_LOG_WARN)
+		return;
+#if MBEDTLS_VERSION_MAJOR >= 3
+	mbedtls_sha256((const unsigned char *)t, strlen(t), sum, 0);
+#else
+	mbedtls_sha256_ret((const unsigned char *)t, strlen(t), sum, 0);
+#endif
+	for (i = 0; i < 6; i++) {
+		fp[2 * i] = hex[sum[i] >> 4];
+		fp[2 * i + 1] = hex[sum[i] & 15];
+	}
+	fp[12] = 0;
+	kvd_log(k, KVD_LOG_WARN, "invalid auth token: token-fingerprint %s", fp);
+}
+
 /* What etcd's AuthInfoFromCtx finds: with auth on, the user a token names
  * (a token that is not live is an error); else (with --client-cert-auth)
  * the client certificate's CN; else nobody (*who NULL).  Auth off, etcd 3.7
@@ -14877,8 +14966,10 @@ static int auth_who(struct kvd *k, struct call *c, struct auth_who *w, struct sv
 		t += 7;
 #ifndef KVD_NO_JWT
 	if (t && k->auth.jwt) {
-		if (auth_jwt_check(k, t, &w->rev))
+		if (auth_jwt_check(k, t, &w->rev)) {
+			auth_log_bad_token(k, t);
 			return svc_fail(e, GRPC_UNAUTHENTICATED, E_INVALID_TOKEN);
+		}
 		w->name = k->auth.jwt->name; /* valid until the next call's check */
 		w->nlen = k->auth.jwt->nlen;
 		w->named = 1;
@@ -14886,8 +14977,10 @@ static int auth_who(struct kvd *k, struct call *c, struct auth_who *w, struct sv
 	}
 #endif
 	if (t) {
-		if (!(tk = auth_tok_find(k, t)))
+		if (!(tk = auth_tok_find(k, t))) {
+			auth_log_bad_token(k, t);
 			return svc_fail(e, GRPC_UNAUTHENTICATED, E_INVALID_TOKEN);
+		}
 		w->name = tk->user;
 		w->nlen = strlen(w->name);
 		w->named = 1;
@@ -17717,7 +17810,7 @@ static void svc_auth_authenticate(struct kvd *k, struct call *s)
 	const Authpb__User *u;
 	const char *hash = auth_hashed(s);
 	struct kvd_slice nm = pb_str(rq->name);
-	char tok[2048];
+	char tok[2048], nb[80];
 	uint8_t salt[16];
 	unsigned cost;
 	int r;
@@ -17727,15 +17820,17 @@ static void svc_auth_authenticate(struct kvd *k, struct call *s)
 	else if (!(u = auth_user_n(k, (const char *)nm.p, nm.n))) /* whole: "root\0x" is nobody */
 		svc_fail(&e, GRPC_INVALID_ARGUMENT, E_AUTH_FAILED);
 	else if (u->options && u->options->no_password) /* the auth package's error, unconverted (etcd) */
-		svc_fail(&e, GRPC_UNKNOWN, "auth: authentication failed, password was given for no password user");
+		svc_fail(&e, GRPC_UNKNOWN, E_AUTH_NO_PASSWORD);
 	else if (auth_bcrypt_parse(u->password.data, u->password.len, &cost, salt))
 		svc_fail(&e, GRPC_INVALID_ARGUMENT, E_AUTH_FAILED);
 	else if (!hash || j->rev != k->auth.rev) { /* not hashed yet, or the users changed meanwhile */
 		if (!auth_hash_start(k, s, pb_str(rq->password), salt, cost, &e))
 			return;
 	} else {
-		if (auth_ct_diff(hash + 29, u->password.data + 29, 31)) /* the 31 hash characters */
+		if (auth_ct_diff(hash + 29, u->password.data + 29, 31)) { /* the 31 hash characters */
+			kvd_log(k, KVD_LOG_INFO, "invalid password: user-name \"%s\"", auth_log_name(nb, nm.p, nm.n));
 			svc_fail(&e, GRPC_INVALID_ARGUMENT, E_AUTH_FAILED);
+		}
 #ifndef KVD_NO_JWT
 		else if (k->auth.jwt && !k->auth.jwt->priv)
 			svc_fail(&e, GRPC_UNKNOWN, "auth: token signing attempted with verify-only key");
@@ -17751,6 +17846,12 @@ static void svc_auth_authenticate(struct kvd *k, struct call *s)
 	}
 	if (e.msg)
 		k->auth.failures++;
+	/* etcd's words for what its CheckPassword refused, which operators grep
+	 * for: "invalid authentication was requested", the user, the error */
+	if (e.msg && (!strcmp(e.msg, E_AUTH_FAILED) || !strcmp(e.msg, E_AUTH_NO_PASSWORD)))
+		kvd_log(k, KVD_LOG_WARN, "invalid authentication was requested: user \"%s\": %s",
+		        auth_log_name(nb, nm.p, nm.n),
+		        e.msg[0] == 'a' ? e.msg : "auth: authentication failed, invalid user ID or password");
 	auth_answer(k, s, &rs.base, &rs.header, &e);
 }
 
@@ -25456,9 +25557,6 @@ static void http1_metrics_checks(const struct kvd *k, struct http1_mb *m);
 static void http1_metrics(struct kvd *k, struct http_x *x, const struct http_req *r)
 {
 	static const char *const kinds[] = {"unary", "server_stream", "bidi_stream"}; /* enum grpc_kind */
-	static const char *const codes[] = {"OK", "Canceled", "Unknown", "InvalidArgument", "DeadlineExceeded",
-		"NotFound", "AlreadyExists", "PermissionDenied", "ResourceExhausted", "FailedPrecondition", "Aborted",
-		"OutOfRange", "Unimplemented", "Internal", "Unavailable", "DataLoss", "Unauthenticated"};
 	struct http1_mb m = {k, {0}};
 	char lab[256], len[48], svc[64];
 	size_t i, j, base;
@@ -25530,7 +25628,7 @@ static void http1_metrics(struct kvd *k, struct http_x *x, const struct http_req
 				if (!k->st.grpc_handled[base + j][code])
 					continue;
 				snprintf(lab, sizeof lab, "grpc_code=\"%s\",grpc_method=\"%s\",grpc_service=\"%s\",grpc_type=\"%s\"",
-				         codes[code], me->path + strlen(svc_services[i].name) + 2, svc_services[i].name,
+				         grpc_code_names[code], me->path + strlen(svc_services[i].name) + 2, svc_services[i].name,
 				         kinds[me->kind]);
 				http1_m_val(&m, "grpc_server_handled_total", lab, (double)k->st.grpc_handled[base + j][code]);
 			}
@@ -27493,7 +27591,10 @@ static const struct cfg_flag cfg_flags[] = {
 	      "kvd: reset a stream whose output waits on a zero window this long, 0 = never"),
 	CFG_N("shutdown-grace", CFG_MS, drain_timeout_ms, 0, KVD_DEFAULT_DRAIN_MS,
 	      "kvd: on SIGTERM/SIGINT, time calls get to finish"),
-	CFG_N("log-level", CFG_LEVEL, log_level, 0, KVD_LOG_INFO, "debug, info, warn or error"),
+	CFG_N("log-level", CFG_LEVEL, log_level, 0, KVD_LOG_INFO,
+	      "debug (adds a \"request stats\" line per unary call, as etcd), info, warn or error"),
+	CFG_N("warning-unary-request-duration", CFG_MS, warn_unary_ms, 0, 300,
+	      "a unary call slower than this is logged as a \"request stats\" warning (0: 300ms, as etcd)"),
 	CFG_S("config-file", config_file, NULL,
 	      "etcd's YAML configuration file; other flags and ETCD_* variables are then ignored, as etcd"),
 	CFG_S("log-outputs", log_outputs, "default",
@@ -27760,7 +27861,7 @@ static const char *const cfg_yaml_ignored[] = {
     "metrics", "log-package-levels", "pre-vote", "initial-corrupt-check", "debug", "log-output",
     "max-learners", "snapshot-catchup-entries", "v2-deprecation", "corrupt-check-time",
     "compact-hash-check-time", "compaction-batch-limit", "compaction-sleep-interval", "downgrade-check-time",
-    "warning-apply-duration", "warning-unary-request-duration", "memory-mlock", "backend-bbolt-freelist-type",
+    "warning-apply-duration", "memory-mlock", "backend-bbolt-freelist-type",
     "bootstrap-defrag-threshold-megabytes"};
 
 /*
@@ -27782,7 +27883,7 @@ static const struct {
     {"discovery", 0}, {"discovery-srv", 0}, {"discovery-fallback", 0}, {"discovery-proxy", 0},
     {"max-learners", 0}, {"snapshot-catchup-entries", 0}, {"corrupt-check-time", 0},
     {"compact-hash-check-time", 0}, {"compaction-batch-limit", 0}, {"compaction-sleep-interval", 0},
-    {"downgrade-check-time", 0}, {"warning-apply-duration", 0}, {"warning-unary-request-duration", 0},
+    {"downgrade-check-time", 0}, {"warning-apply-duration", 0},
     {"memory-mlock", 1}, {"backend-bbolt-freelist-type", 0}, {"bootstrap-defrag-threshold-megabytes", 0},
     {"v2-deprecation", 0}, {"enable-v2", 1}, {"proxy", 0},
 };
@@ -28058,7 +28159,7 @@ static const struct {
     {"Security", "cert-file key-file trusted-ca-file client-cert-auth client-crl-file client-cert-allowed-hostname "
                  "auto-tls tls-min-version tls-max-version cipher-suites cors "},
     {"Auth", "auth-token auth-token-ttl bcrypt-cost "},
-    {"Logging", "log-level log-outputs logger log-format "},
+    {"Logging", "log-level log-outputs logger log-format warning-unary-request-duration "},
     {"kvd: limits", "max-connections max-connections-per-ip max-request-buffer max-idle-time stall-timeout "
                     "shutdown-grace "},
     {"kvd: storage and snapshots", "auto-rewrite auto-rewrite-percent auto-rewrite-min-bytes reserve-bytes "

@@ -87,6 +87,8 @@ struct kvd_config {
 	uint32_t idle_timeout_ms;                /* --max-idle-time, 0 = never (300 s) */
 	uint32_t stall_timeout_ms;               /* --stall-timeout, 0 = never (60 s) */
 	uint32_t drain_timeout_ms;               /* --shutdown-grace (5 s) */
+	uint32_t warn_unary_ms;                  /* --warning-unary-request-duration: slower unary calls are
+	                                            logged as etcd's "request stats" warning (300 ms) */
 	int log_level;                           /* --log-level (KVD_LOG_INFO) */
 	const char *log_outputs;                 /* --log-outputs ("default": stderr; stdout, syslog, a file) */
 	const char *logger;                      /* --logger ("capnslog" or "zap", as etcd 3.4) */

@@ -432,6 +432,111 @@ def unused_tls_flags_are_said():
     shutil.rmtree(d)
 
 
+def _auth_probe(endpoint):
+    """root with password rootpw, auth on; then a wrong password, a user
+    nobody added (a newline in the name), a token nobody issued."""
+    R = pb()["rpc"]
+    c = Client(endpoint)
+
+    def call(method, req, resp, token=None, svc="Auth"):
+        f = c.ch.unary_unary("/etcdserverpb.%s/%s" % (svc, method), request_serializer=lambda m: m.SerializeToString(),
+                             response_deserializer=getattr(R, resp).FromString)
+        try:
+            return ("ok", f(req, timeout=60, metadata=[("token", token)] if token else None))
+        except c.grpc.RpcError as e:
+            return ("err", e.code().name)
+
+    call("UserAdd", R.AuthUserAddRequest(name="root", password="rootpw"), "AuthUserAddResponse")
+    call("RoleAdd", R.AuthRoleAddRequest(name="root"), "AuthRoleAddResponse")
+    call("UserGrantRole", R.AuthUserGrantRoleRequest(user="root", role="root"), "AuthUserGrantRoleResponse")
+    got = [call("AuthEnable", R.AuthEnableRequest(), "AuthEnableResponse")[0],
+           call("Authenticate", R.AuthenticateRequest(name="root", password="wrong"), "AuthenticateResponse"),
+           call("Authenticate", R.AuthenticateRequest(name="no\nbody", password="x"), "AuthenticateResponse"),
+           call("Range", R.RangeRequest(key=b"a"), "RangeResponse", token="not-a-token", svc="KV")]
+    c.close()
+    return got
+
+
+@test
+def failed_authentication_is_logged_as_etcd():
+    """What operators grep etcd's log for, side by side with etcd 3.7.3 (its
+    JSON lines): a wrong password is "invalid password" (info, user-name),
+    every refused Authenticate "invalid authentication was requested" (warn,
+    user, the auth error), a token nobody issued "invalid auth token" with
+    the same token-fingerprint etcd computes, never the token; a name's
+    newline cannot split kvd's line."""
+    from kvdtest import oracle
+    d = tempfile.mkdtemp(prefix="kvd-authlog-")
+    port = free_port()
+    with open(d + "/etcd.log", "wb") as elog:
+        e = subprocess.Popen([oracle(), "--data-dir", d + "/etcd", "--listen-client-urls", "http://127.0.0.1:%d" % port,
+                              "--advertise-client-urls", "http://127.0.0.1:%d" % port, "--listen-peer-urls",
+                              "http://127.0.0.1:%d" % free_port(), "--log-format", "json", "--bcrypt-cost", "4"],
+                             stdout=subprocess.DEVNULL, stderr=elog)
+        try:
+            check(wait_for(lambda: healthy(port), 60), "etcd serves")
+            eans = _auth_probe("127.0.0.1:%d" % port)
+        finally:
+            e.terminate()
+            e.wait()
+    ej = [json.loads(l) for l in open(d + "/etcd.log") if l.startswith("{")]
+    k = Kvd(KVD, args=["--bcrypt-cost", "4"])
+    kans = _auth_probe(k.endpoint())
+    k.stop()
+    check(eans == kans, "the same answers: etcd %r, kvd %r" % (eans, kans))
+    t = k.logtext()
+    pw = [x for x in ej if x["msg"] == "invalid password"]
+    check(pw and pw[0]["level"] == "info" and pw[0]["user-name"] == "root", "etcd: %r" % pw)
+    check(re.search(r' I \| kvd: invalid password: user-name "root"\n', t), "kvd's invalid password: %r" % t[-900:])
+    req = [x for x in ej if x["msg"] == "invalid authentication was requested"]
+    check([(x["level"], x["user"], x["error"]) for x in req] ==
+          [("warn", "root", "auth: authentication failed, invalid user ID or password"),
+           ("warn", "no\nbody", "auth: authentication failed, invalid user ID or password")], "etcd: %r" % req)
+    for who in ("root", "no\\x0abody"):
+        check(' W | kvd: invalid authentication was requested: user "%s": auth: authentication failed, invalid user '
+              'ID or password\n' % who in t, "kvd's warning for %s: %r" % (who, t[-900:]))
+    tok = [x for x in ej if x["msg"] == "invalid auth token"]
+    check(len(tok) == 1 and tok[0]["level"] == "warn", "etcd: %r" % tok)
+    check(tok and ' W | kvd: invalid auth token: token-fingerprint %s\n' % tok[0]["token-fingerprint"] in t,
+          "kvd's, with etcd's fingerprint: %r" % t[-900:])
+    check("not-a-token" not in t and "not-a-token" not in open(d + "/etcd.log").read(), "never the token")
+    shutil.rmtree(d)
+
+
+@test
+def debug_level_request_stats_and_slow_calls_as_etcd():
+    """--log-level debug adds etcd's "request stats" line for each unary call
+    (method, remote, time spent, status, sizes); at info a call slower than
+    --warning-unary-request-duration (300 ms) is the same line as a warning
+    (the test build's injected fdatasync delay makes a Put slow)."""
+    R = pb()["rpc"]
+    k = Kvd(KVD, args=["--log-level", "debug"])
+    c = Client(k.endpoint())
+    c.call("Put", R.PutRequest(key=b"a", value=b"1"))
+    check(c.call("Range", R.RangeRequest(key=b"zz"))[0] == "ok", "a range")
+    c.close()
+    k.stop()
+    t = k.logtext()
+    check(re.search(r" D \| kvd: request stats: method /etcdserverpb\.KV/Put, remote 127\.0\.0\.1:\d+, time spent "
+                    r"\d+\.\d{3}ms, status OK, request size 6, response size \d+\n", t) and
+          re.search(r" D \| kvd: request stats: method /etcdserverpb\.KV/Range, .*, status OK, request size 4, ", t),
+          "debug lines: %r" % t[-900:])
+    kt = os.path.abspath(os.environ.get("KVD_TEST", os.path.join(ROOT, "test", "kvd-test")))
+    os.environ["KVD_TEST_FSYNC_DELAY_MS"] = "60"
+    try:
+        k = Kvd(kt, args=["--warning-unary-request-duration", "50ms"])
+    finally:
+        del os.environ["KVD_TEST_FSYNC_DELAY_MS"]
+    c = Client(k.endpoint())
+    c.call("Put", R.PutRequest(key=b"a", value=b"1"), timeout=30)
+    c.call("Range", R.RangeRequest(key=b"a"))
+    c.close()
+    k.stop()
+    t = k.logtext()
+    check(re.search(r" W \| kvd: request stats: method /etcdserverpb\.KV/Put, .*time spent \d+\.\d{3}ms, status OK", t)
+          and "KV/Range" not in t and " D | " not in t, "one warning, for the slow Put: %r" % t[-900:])
+
+
 @test
 def salvage_a_log_damaged_mid_file():
     """A byte flipped mid-log: kvd refuses (exit 1) naming --salvage-log;
@@ -499,6 +604,42 @@ def long_work_says_it_begins():
           t.index("importing ") < t.index("imported "), "the import says it begins: %r" % t[:400])
     shutil.rmtree(d)
     os.unlink(snap)
+
+
+@test
+def long_work_says_how_far_it_is():
+    """On a slow board (the test build's KVD_TEST_SLOW_MS: a replay sleeps
+    every 1024 records, a rewrite every slice) a replay and a rewrite that
+    run past 5 s log how far they are, every 5 s, between their first and
+    last lines."""
+    kt = os.path.abspath(os.environ.get("KVD_TEST", os.path.join(ROOT, "test", "kvd-test")))
+    R = pb()["rpc"]
+    k = Kvd(kt, args=["--unsafe-no-fsync"])
+    c = Client(k.endpoint())
+    for i in range(4200):
+        c.call("Put", R.PutRequest(key=b"k%04d" % (i % 500), value=b"v" * 100))
+    c.close()
+    check(k.stop() == 0, "stopped")
+    os.environ["KVD_TEST_SLOW_MS"] = "1300"
+    try:
+        k = Kvd(kt, data_dir=k.dir, args=["--auto-rewrite=false"])
+    finally:
+        del os.environ["KVD_TEST_SLOW_MS"]
+    c = Client(k.endpoint())
+    check(c.call("Defragment", R.DefragmentRequest(), service="etcdserverpb.Maintenance",
+                 resp="DefragmentResponse", timeout=120)[0] == "ok", "defragmented")
+    c.close()
+    k.stop()
+    lines = k.logtext().splitlines()
+
+    def at(pat):
+        return [n for n, l in enumerate(lines) if re.search(pat, l)]
+    prog = at(r"replaying the log: \d+ of \d+ bytes \(\d+%\), revision \d+$")
+    done = at(r"log replayed: ")
+    check(prog and done and prog[0] < done[0], "the replay's progress: %r" % lines[:6])
+    start, end = at(r"log rewrite started \(Defragment\)"), at(r"log rewritten: ")
+    prog = at(r"log rewrite: [a-z ]+, \d+ of \d+ (bytes read \(\d+%\)|keys), \d+ bytes written$")
+    check(start and end and prog and start[0] < prog[0] < end[0], "the rewrite's progress: %r" % lines[-8:])
 
 
 @test
