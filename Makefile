@@ -366,5 +366,89 @@ install: kvd
 	install -m 755 kvd $(DESTDIR)$(PREFIX)/bin/kvd
 	install -m 644 kvd.h $(DESTDIR)$(PREFIX)/include/kvd.h
 
+# --- the source tarball and the package directories (README: Packages) -------
+# make dist: PKG_OUT/kvd-$(VERSION).tar.gz from the working tree's files (no
+# git needed), the same bytes each time: names sorted, times 0, owner 0,
+# modes 644, gzip without a name or time.  make packages (or one of
+# package-openwrt, -buildroot, -yocto, -systemd, -sysvinit): the package
+# directories in PKG_OUT, their text README.md's blocks with @VERSION@,
+# @URL@ (KVD_SOURCE_URL: the directory the tarball is fetched from; by
+# default PKG_OUT itself, file://), @SHA256@ (the tarball's), @LICENSE_MD5@
+# and @LICENSE_SHA256@ filled in.  awk, sed, tar, gzip, sha256sum, md5sum only.
+VERSION := $(shell sed -n 's/^.define KVD_VERSION "\(.*\)"/\1/p' kvd.h)
+PKG_OUT ?= pkg
+KVD_SOURCE_URL ?= file://$(abspath $(PKG_OUT))
+DIST = kvd-$(VERSION)
+DIST_TAR = $(PKG_OUT)/$(DIST).tar.gz
+DIST_FILES = kvd.c kvd.h Makefile LICENSE README.md $(sort $(wildcard proto/*.proto proto/*.pb-c.[ch]))
+PKG_TARGETS = openwrt buildroot yocto systemd sysvinit
+PKG_URL = $(patsubst %/,%,$(subst &,\&,$(KVD_SOURCE_URL)))
+PKG_BR = $(PKG_OUT)/buildroot/package/kvd
+PKG_YOCTO = $(PKG_OUT)/yocto/recipes-support/kvd
+# the packages install /usr/bin/kvd; systemd/ and sysvinit/ name make install's
+PKG_USR_BIN = -e 's|/usr/local/bin/kvd|/usr/bin/kvd|g'
+PKG_PREFIX_BIN = -e 's|/usr/local/bin/kvd|$(PREFIX)/bin/kvd|g'
+.PHONY: dist packages $(PKG_TARGETS:%=package-%)
+
+dist: $(DIST_TAR)
+$(DIST_TAR): $(DIST_FILES)
+	@test -n "$(VERSION)" || { echo "dist: no KVD_VERSION in kvd.h"; exit 1; }
+	@mkdir -p $(PKG_OUT)
+	LC_ALL=C tar --sort=name --mtime=@0 --owner=0 --group=0 --numeric-owner --format=gnu --mode=a=rX,u+w \
+	  --transform 's,^,$(DIST)/,' -cf $(PKG_OUT)/.dist.tar $(DIST_FILES)
+	gzip -n9 < $(PKG_OUT)/.dist.tar > $@.tmp && rm -f $(PKG_OUT)/.dist.tar && mv $@.tmp $@
+	@sha256sum $@
+
+# the shell variables $(call pkg_block) fills the sums in from
+pkg_sums = sha=$$(sha256sum < $(DIST_TAR) | cut -d' ' -f1) && lsha=$$(sha256sum < LICENSE | cut -d' ' -f1) && \
+  lmd5=$$(md5sum < LICENSE | cut -d' ' -f1)
+# $(call pkg_block,NAME,FILE[,MODE[,SED]]): README.md's block NAME, filled in
+# (and SED's expressions applied), to FILE; a block missing or a placeholder
+# left is an error
+pkg_block = mkdir -p $(dir $(2)) && \
+  awk -v b='<!-- block: $(1) -->' 'f == 2 && /^```$$/ { f = 3; exit } f == 2 { print } f == 1 { f = 2 } \
+    $$0 == b { f = 1 } END { if (f != 3) { print "README.md has no block $(1)" > "/dev/stderr"; exit 1 } }' \
+    README.md > $(2).tmp && \
+  sed -e 's|@VERSION@|$(VERSION)|g' -e 's|@URL@|$(PKG_URL)|g' -e "s|@SHA256@|$$sha|g" -e "s|@LICENSE_MD5@|$$lmd5|g" \
+    -e "s|@LICENSE_SHA256@|$$lsha|g" $(4) $(2).tmp > $(2) && rm -f $(2).tmp && chmod $(or $(3),644) $(2) && \
+  { if grep -n '@[A-Z0-9_]*@' $(2); then echo "$(2): a placeholder is left"; exit 1; fi; }
+
+packages: $(PKG_TARGETS:%=package-%)
+
+package-openwrt: $(DIST_TAR)
+	@$(pkg_sums) && \
+	$(call pkg_block,openwrt-makefile,$(PKG_OUT)/openwrt/kvd/Makefile) && \
+	$(call pkg_block,procd-init,$(PKG_OUT)/openwrt/kvd/files/kvd.init,755) && \
+	$(call pkg_block,uci-config,$(PKG_OUT)/openwrt/kvd/files/kvd.config)
+	@echo "$(PKG_OUT)/openwrt: a feed (src-link) with the package kvd"
+
+package-buildroot: $(DIST_TAR)
+	@$(pkg_sums) && \
+	$(call pkg_block,buildroot-external-desc,$(PKG_OUT)/buildroot/external.desc) && \
+	$(call pkg_block,buildroot-external-config-in,$(PKG_OUT)/buildroot/Config.in) && \
+	$(call pkg_block,buildroot-external-mk,$(PKG_OUT)/buildroot/external.mk) && \
+	$(call pkg_block,buildroot-config-in,$(PKG_BR)/Config.in) && \
+	$(call pkg_block,buildroot-mk,$(PKG_BR)/kvd.mk) && \
+	$(call pkg_block,buildroot-hash,$(PKG_BR)/kvd.hash) && \
+	$(call pkg_block,sysvinit,$(PKG_BR)/S95kvd,755,$(PKG_USR_BIN)) && \
+	$(call pkg_block,systemd-unit,$(PKG_BR)/kvd.service,644,$(PKG_USR_BIN))
+	@echo "$(PKG_OUT)/buildroot: a BR2_EXTERNAL tree with the package kvd"
+
+package-yocto: $(DIST_TAR)
+	@rm -f $(PKG_YOCTO)/kvd_*.bb && $(pkg_sums) && \
+	$(call pkg_block,yocto-layer-conf,$(PKG_OUT)/yocto/conf/layer.conf) && \
+	$(call pkg_block,yocto-recipe,$(PKG_YOCTO)/kvd_$(VERSION).bb) && \
+	$(call pkg_block,systemd-unit,$(PKG_YOCTO)/files/kvd.service,644,$(PKG_USR_BIN)) && \
+	$(call pkg_block,sysvinit,$(PKG_YOCTO)/files/kvd.init,755,$(PKG_USR_BIN))
+	@echo "$(PKG_OUT)/yocto: a layer (bitbake-layers add-layer) with the recipe kvd_$(VERSION).bb"
+
+package-systemd: $(DIST_TAR)
+	@$(pkg_sums) && $(call pkg_block,systemd-unit,$(PKG_OUT)/systemd/kvd.service,644,$(PKG_PREFIX_BIN))
+	@echo "$(PKG_OUT)/systemd/kvd.service: for $(PREFIX)/bin/kvd"
+
+package-sysvinit: $(DIST_TAR)
+	@$(pkg_sums) && $(call pkg_block,sysvinit,$(PKG_OUT)/sysvinit/kvd,755,$(PKG_PREFIX_BIN))
+	@echo "$(PKG_OUT)/sysvinit/kvd: for $(PREFIX)/bin/kvd"
+
 clean:
 	rm -f kvd .kvd-build kvd-static test/test test/test-asan test/test-i386 test/test-s390x test/kvd-s390x test/test-mips* test/kvd-mips* test/test-arm* test/kvd-arm* test/cross-*.log test/kvd-test test/kvd-bug* test/kvd-mbedtls36 test/test-mbedtls36 test/mbedtls36.log test/kvd-lean test/kvd-noauth test/kvd-nojwt test/watchbench test/confdbench test/replay-* $(FUZZERS:%=test/fuzz-%) test/*.log .toc.*

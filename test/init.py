@@ -1,9 +1,10 @@
 """kvd under init systems: exit codes and the checks made before the data dir
 is touched (a FIFO where a file belongs is refused, never waited on), --log-outputs (stdout, a file, syslog through a /dev/log the test
 binds), --config-file (etcd's sample file, side by side with etcd), and the
-README's blocks run as written: the quick start, the systemd unit, the
-sysvinit script, the OpenWrt procd script, uci file and package Makefile.
-Run with /usr/bin/python3."""
+README's blocks run as make packages writes them: the quick start, the
+systemd unit, the sysvinit script, the OpenWrt procd script, uci file and
+feed package Makefile; make dist's tarball; the Buildroot package and the
+Yocto recipe through stand-ins.  Run with /usr/bin/python3."""
 import configparser
 import json
 import os
@@ -28,12 +29,62 @@ def wait_for(cond, timeout=60.0):
     return kvdtest.wait_for(cond, timeout)
 
 
-def readme_block(name):
-    """The fenced block after '<!-- block: name -->' in the README."""
-    text = open(os.path.join(ROOT, "README.md")).read()
+def readme_block(name, text=None):
+    """The fenced block after '<!-- block: name -->' in the README (or text)."""
+    text = text or open(os.path.join(ROOT, "README.md")).read()
     m = re.search(r"<!-- block: %s -->\n```[a-z]*\n(.*?)\n```\n" % re.escape(name), text, re.S)
     check(m is not None, "the README has the %s block" % name)
     return m.group(1) + "\n" if m else ""
+
+
+_PACKAGES = {}
+
+
+def packages():
+    """make packages, once per run, into a directory of the test's own (the
+    tree's Makefile and README.md, as a user runs it): that directory, or None."""
+    if "dir" not in _PACKAGES:
+        d = tempfile.mkdtemp(prefix="kvd-pkg-")
+        import atexit
+        atexit.register(shutil.rmtree, d, True)
+        _PACKAGES["readme"] = open(os.path.join(ROOT, "README.md")).read()  # what make reads, in a tree being edited
+        r = subprocess.run(["make", "-s", "-C", ROOT, "packages", "PKG_OUT=" + d, "PREFIX=/usr/local"],
+                           capture_output=True, text=True, timeout=300)
+        check(r.returncode == 0, "make packages: %s" % (r.stdout + r.stderr)[-1500:])
+        _PACKAGES["dir"] = d if r.returncode == 0 else None
+    return _PACKAGES["dir"]
+
+
+def kvd_version():
+    m = re.search(r'^#define KVD_VERSION "([^"]+)"', open(os.path.join(ROOT, "kvd.h")).read(), re.M)
+    return m.group(1)
+
+
+def sha256(path, algo="sha256"):
+    import hashlib
+    with open(path, "rb") as f:
+        return hashlib.new(algo, f.read()).hexdigest()
+
+
+def filled_block(name, out, usr_bin=False):
+    """README block name with the placeholders as make packages into out fills them."""
+    v = kvd_version()
+    lic = os.path.join(ROOT, "LICENSE")
+    text = (readme_block(name, _PACKAGES.get("readme")).replace("@VERSION@", v).replace("@URL@", "file://" + out)
+            .replace("@SHA256@", sha256(os.path.join(out, "kvd-%s.tar.gz" % v)))
+            .replace("@LICENSE_MD5@", sha256(lic, "md5")).replace("@LICENSE_SHA256@", sha256(lic)))
+    return text.replace("/usr/local/bin/kvd", "/usr/bin/kvd") if usr_bin else text
+
+
+def written(out, rel, block, usr_bin=False, mode=0o644):
+    """The file make packages wrote at out/rel, checked to be README's block
+    (filled in) with its mode: its text."""
+    path = os.path.join(out, rel)
+    text = open(path).read() if os.path.exists(path) else ""
+    check(text == filled_block(block, out, usr_bin), "%s is README's %s block%s" %
+          (rel, block, " (with /usr/bin/kvd)" if usr_bin else ""))
+    check(os.path.exists(path) and os.stat(path).st_mode & 0o777 == mode, "%s: mode %o" % (rel, mode))
+    return text
 
 
 def healthy(port):
@@ -398,40 +449,6 @@ def log_format_json_and_console_as_etcd():
     shutil.rmtree(d)
 
 
-@test
-def slow_fdatasync_is_warned_about():
-    """An fdatasync over 1 s (a worn SD card; here the test build's injected
-    delay) is logged as etcd logs it: "slow fdatasync", took, expected 1s."""
-    kt = os.path.abspath(os.environ.get("KVD_TEST", os.path.join(ROOT, "test", "kvd-test")))
-    os.environ["KVD_TEST_FSYNC_DELAY_MS"] = "1100"
-    try:
-        k = Kvd(kt)
-    finally:
-        del os.environ["KVD_TEST_FSYNC_DELAY_MS"]
-    c = Client(k.endpoint())
-    c.call("Put", pb()["rpc"].PutRequest(key=b"a", value=b"1"), timeout=30)
-    c.close()
-    k.stop()
-    check(re.search(r"W \| kvd: slow fdatasync: took \d+\.\d{3}s, expected-duration 1s", k.logtext()),
-          "the warning: %r" % k.logtext()[-400:])
-
-
-@test
-def unused_tls_flags_are_said():
-    """--cert-file/--key-file with no https:// listener: served (as etcd),
-    with a warning for each, so a forgotten https:// is found."""
-    d = tempfile.mkdtemp(prefix="kvd-tls-unused-")
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
-                    "-keyout", d + "/k.pem", "-out", d + "/c.pem", "-days", "3", "-subj", "/CN=t"],
-                   check=True, capture_output=True)
-    k = Kvd(KVD, data_dir=d + "/data", args=["--cert-file", d + "/c.pem", "--key-file", d + "/k.pem"])
-    k.stop()
-    t = k.logtext()
-    check("W | kvd: --cert-file is set, but no listener is https:// or unixs://: it is not used" in t and
-          "--key-file is set, but no listener" in t and "serving client requests" in t, "warned: %r" % t[:500])
-    shutil.rmtree(d)
-
-
 def _auth_probe(endpoint):
     """root with password rootpw, auth on; then a wrong password, a user
     nobody added (a newline in the name), a token nobody issued."""
@@ -535,6 +552,40 @@ def debug_level_request_stats_and_slow_calls_as_etcd():
     t = k.logtext()
     check(re.search(r" W \| kvd: request stats: method /etcdserverpb\.KV/Put, .*time spent \d+\.\d{3}ms, status OK", t)
           and "KV/Range" not in t and " D | " not in t, "one warning, for the slow Put: %r" % t[-900:])
+
+
+@test
+def slow_fdatasync_is_warned_about():
+    """An fdatasync over 1 s (a worn SD card; here the test build's injected
+    delay) is logged as etcd logs it: "slow fdatasync", took, expected 1s."""
+    kt = os.path.abspath(os.environ.get("KVD_TEST", os.path.join(ROOT, "test", "kvd-test")))
+    os.environ["KVD_TEST_FSYNC_DELAY_MS"] = "1100"
+    try:
+        k = Kvd(kt)
+    finally:
+        del os.environ["KVD_TEST_FSYNC_DELAY_MS"]
+    c = Client(k.endpoint())
+    c.call("Put", pb()["rpc"].PutRequest(key=b"a", value=b"1"), timeout=30)
+    c.close()
+    k.stop()
+    check(re.search(r"W \| kvd: slow fdatasync: took \d+\.\d{3}s, expected-duration 1s", k.logtext()),
+          "the warning: %r" % k.logtext()[-400:])
+
+
+@test
+def unused_tls_flags_are_said():
+    """--cert-file/--key-file with no https:// listener: served (as etcd),
+    with a warning for each, so a forgotten https:// is found."""
+    d = tempfile.mkdtemp(prefix="kvd-tls-unused-")
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+                    "-keyout", d + "/k.pem", "-out", d + "/c.pem", "-days", "3", "-subj", "/CN=t"],
+                   check=True, capture_output=True)
+    k = Kvd(KVD, data_dir=d + "/data", args=["--cert-file", d + "/c.pem", "--key-file", d + "/k.pem"])
+    k.stop()
+    t = k.logtext()
+    check("W | kvd: --cert-file is set, but no listener is https:// or unixs://: it is not used" in t and
+          "--key-file is set, but no listener" in t and "serving client requests" in t, "warned: %r" % t[:500])
+    shutil.rmtree(d)
 
 
 @test
@@ -1076,7 +1127,10 @@ def notify_socket(d):
 
 @test
 def readme_systemd_unit():
-    unit = readme_block("systemd-unit")
+    out = packages()
+    if not out:
+        return
+    unit = written(out, "systemd/kvd.service", "systemd-unit")  # make install's /usr/local/bin/kvd
     cp = configparser.ConfigParser(interpolation=None, strict=False)
     cp.optionxform = str
     cp.read_string(unit)
@@ -1124,20 +1178,45 @@ def readme_systemd_unit():
 
 @test
 def readme_sysvinit_script():
+    """The script make packages writes (README's block), run with Debian's
+    start-stop-daemon under /bin/sh, and with busybox's start-stop-daemon
+    and sleep under busybox sh, as on a Buildroot or busybox-init board."""
+    out = packages()
+    if not out:
+        return
+    text = written(out, "sysvinit/kvd", "sysvinit", mode=0o755)
     if not shutil.which("start-stop-daemon"):
         check(False, "start-stop-daemon missing")
+    else:
+        sysvinit_script_runs(text, [])
+    if not shutil.which("busybox"):
+        check(False, "busybox missing (busybox-init boards' start-stop-daemon)")
         return
+    bb = tempfile.mkdtemp(prefix="kvd-busybox-")
+    for applet in ("start-stop-daemon", "sleep"):
+        os.symlink(shutil.which("busybox"), os.path.join(bb, applet))
+    sysvinit_script_runs(text, ["busybox", "sh"], path=bb)
+    shutil.rmtree(bb)
+
+
+def sysvinit_script_runs(text, shell, path=None):
     d = tempfile.mkdtemp(prefix="kvd-sysv-")
     script = os.path.join(d, "kvd.init")
     with open(script, "w") as f:
-        f.write(readme_block("sysvinit").replace("/var/lib/kvd", d + "/state"))
+        f.write(text.replace("/var/lib/kvd", d + "/state"))
     os.chmod(script, 0o755)
     port = free_port()
     env = dict(os.environ, DAEMON=KVD, PIDFILE=d + "/kvd.pid", ETCD_LISTEN_CLIENT_URLS="http://127.0.0.1:%d" % port)
+    if path:
+        env["PATH"] = path + ":" + env["PATH"]
     sl = Syslog()
+    what = " ".join(shell) or "sh"
+
+    def check(cond, msg=""):
+        return kvdtest.check(cond, "%s: %s" % (what, msg))
 
     def svc(action, wrap=False):
-        cmd = [script, action]
+        cmd = shell + [script, action]
         return subprocess.run(sl.wrap(cmd) if wrap else cmd, env=env, capture_output=True, text=True, timeout=60)
 
     check(svc("status").returncode == 3, "status before start: 3 (LSB: not running)")
@@ -1278,11 +1357,16 @@ procd_add_reload_trigger() { echo "reload_trigger $*" >> "$OUT.params"; }
 
 @test
 def readme_openwrt_procd_script_and_uci():
+    """The feed's files/kvd.init and files/kvd.config (README's blocks) under
+    the procd stand-in."""
+    out = packages()
+    if not out:
+        return
     d = tempfile.mkdtemp(prefix="kvd-procd-")
-    init = readme_block("procd-init")
+    init = written(out, "openwrt/kvd/files/kvd.init", "procd-init", mode=0o755)
     check(init.startswith("#!/bin/sh /etc/rc.common\n") and "USE_PROCD=1" in init, "a procd script")
     port = free_port()
-    uci = readme_block("uci-config").replace("/srv/kvd", d + "/srv").replace(
+    uci = written(out, "openwrt/kvd/files/kvd.config", "uci-config").replace("/srv/kvd", d + "/srv").replace(
         "http://127.0.0.1:2379", "http://127.0.0.1:%d" % port).replace("'info'", "'warn'")
     for name, text in (("kvd.init", init), ("kvd.config", uci), ("shim.sh", PROCD_SHIM)):
         with open(os.path.join(d, name), "w") as f:
@@ -1343,8 +1427,30 @@ TARGET_CFLAGS := -Os -pipe -mips16 -minterlink-mips16
 TARGET_CPPFLAGS := -I/var/cache/kvd-test/mips-mips16-mbedtls3.6/include
 TARGET_LDFLAGS := -L/var/cache/kvd-test/mips-mips16-mbedtls3.6/lib -static
 """
-PACKAGE_MK = """PKG_BUILD_DIR := $(BUILD_DIR)/$(PKG_NAME)-$(PKG_VERSION)
+# OpenWrt's default Build/Prepare: PKG_SOURCE into DL_DIR as scripts/download.pl
+# fetches from a file:// PKG_SOURCE_URL (the one file of that name found in
+# the directory, copied, refused unless its sha256 is PKG_HASH), then
+# unpacked into PKG_BUILD_DIR's parent as OpenWrt's unpack does
+PACKAGE_MK = r"""PKG_BUILD_DIR := $(BUILD_DIR)/$(PKG_NAME)-$(PKG_VERSION)
 IPKG_DIR := $(BUILD_DIR)/ipkg-$(PKG_NAME)
+DL_DIR := $(TOPDIR)/dl
+define Download/file
+	case '$(PKG_SOURCE_URL)' in file://*) ;; *) echo "the stand-in fetches file:// only"; exit 1;; esac
+	mkdir -p $(DL_DIR)
+	f=$$(find '$(patsubst file://%,%,$(PKG_SOURCE_URL))' -follow -name '$(PKG_SOURCE)'); \
+	[ -n "$$f" ] && [ $$(echo "$$f" | wc -l) = 1 ] || { echo "not one $(PKG_SOURCE) in $(PKG_SOURCE_URL)"; exit 1; }; \
+	cp "$$f" $(DL_DIR)/$(PKG_SOURCE).dl; \
+	h=$$(sha256sum < $(DL_DIR)/$(PKG_SOURCE).dl | cut -d' ' -f1); \
+	[ "$$h" = '$(PKG_HASH)' ] || { echo "Hash of the downloaded file does not match (file: $$h, requested: $(PKG_HASH))"; \
+	  rm -f $(DL_DIR)/$(PKG_SOURCE).dl; exit 1; }; \
+	mv $(DL_DIR)/$(PKG_SOURCE).dl $(DL_DIR)/$(PKG_SOURCE)
+endef
+define Build/Prepare/Default
+	$(Download/file)
+	mkdir -p $(PKG_BUILD_DIR)
+	gzip -dc $(DL_DIR)/$(PKG_SOURCE) | tar -C $(PKG_BUILD_DIR)/.. -xf -
+endef
+Build/Prepare = $(Build/Prepare/Default)
 define BuildPackage
 compile:
 	$$(Build/Prepare)
@@ -1357,6 +1463,21 @@ endef
 
 @test
 def readme_openwrt_package_makefile():
+    """The feed make packages writes, openwrt/kvd: its Makefile (README's block,
+    filled in) under the SDK stand-in, which fetches the tarball from its
+    file:// PKG_SOURCE_URL, checks PKG_HASH, unpacks it, and builds and
+    installs kvd for MIPS16e; a wrong PKG_HASH is refused before anything is
+    unpacked."""
+    out = packages()
+    if not out:
+        return
+    mk = written(out, "openwrt/kvd/Makefile", "openwrt-makefile")
+    v = kvd_version()
+    tarball = os.path.join(out, "kvd-%s.tar.gz" % v)
+    check("PKG_SOURCE:=$(PKG_NAME)-$(PKG_VERSION).tar.gz\n" in mk and "PKG_VERSION:=%s\n" % v in mk and
+          "PKG_SOURCE_URL:=file://%s\n" % out in mk and "PKG_HASH:=%s\n" % sha256(tarball) in mk and
+          "DEPENDS:=+libmbedtls +libprotobuf-c\n" in mk and "Build/Prepare" not in mk and
+          "define Package/kvd/conffiles\n/etc/config/kvd\nendef" in mk, "a feed package: source, hash, depends")
     if not shutil.which("mips-linux-gnu-gcc") or not shutil.which("qemu-mips"):
         check(False, "mips-linux-gnu-gcc and qemu-mips are needed (test/lib/deps.sh test installs them)")
         return
@@ -1367,22 +1488,26 @@ def readme_openwrt_package_makefile():
                        capture_output=True, text=True)
     check(r.returncode == 0, "mbedtls and protobuf-c for mips: %s" % r.stderr[-300:])
     top = tempfile.mkdtemp(prefix="kvd-sdk-")
-    pkg = os.path.join(top, "package", "kvd")
-    os.makedirs(pkg + "/files")
     os.makedirs(top + "/include")
     with open(top + "/rules.mk", "w") as f:
         f.write(RULES_MK)
     with open(top + "/include/package.mk", "w") as f:
         f.write(PACKAGE_MK)
+    # the feed as src-link uses it: the package directory in place
+    pkg = os.path.join(top, "bad")
+    shutil.copytree(os.path.join(out, "openwrt", "kvd"), pkg)
     with open(pkg + "/Makefile", "w") as f:
-        f.write(readme_block("openwrt-makefile"))
-    with open(pkg + "/files/kvd.init", "w") as f:
-        f.write(readme_block("procd-init"))
-    with open(pkg + "/files/kvd.config", "w") as f:
-        f.write(readme_block("uci-config"))
-    r = subprocess.run(["make", "-C", pkg, "TOPDIR=" + top, "KVD_SRC=" + ROOT, "install"],
+        f.write(mk.replace(sha256(tarball), "0" * 64))
+    r = subprocess.run(["make", "-C", pkg, "TOPDIR=" + top, "compile"], capture_output=True, text=True, timeout=600)
+    check(r.returncode != 0 and "Hash of the downloaded file does not match" in r.stdout and
+          not os.path.exists(os.path.join(top, "build_dir")) and not os.path.exists(top + "/dl/kvd-%s.tar.gz" % v),
+          "a wrong PKG_HASH: refused, nothing unpacked: %s" % (r.stdout + r.stderr)[-600:])
+    pkg = os.path.join(out, "openwrt", "kvd")
+    r = subprocess.run(["make", "-C", pkg, "TOPDIR=" + top, "install"],
                        capture_output=True, text=True, timeout=600)
     check(r.returncode == 0, "the package builds and installs: %s" % (r.stdout + r.stderr)[-1500:])
+    got = top + "/dl/kvd-%s.tar.gz" % v
+    check(os.path.exists(got) and sha256(got) == sha256(tarball), "the tarball fetched into dl/")
     ipkg = os.path.join(top, "build_dir", "ipkg-kvd")
     kvd = ipkg + "/usr/bin/kvd"
     if not os.path.exists(kvd):
@@ -1398,6 +1523,285 @@ def readme_openwrt_package_makefile():
           "conffile 0600, init script executable")
     shutil.rmtree(top)
 
+
+
+@test
+def make_dist_is_reproducible_and_builds():
+    """make dist: the same bytes from a copy of the files with other times and
+    modes, exactly the files it should hold under kvd-VERSION/; unpacked (no
+    git), it builds kvd and makes the same tarball again."""
+    out = packages()
+    if not out:
+        return
+    v = kvd_version()
+    tarball = os.path.join(out, "kvd-%s.tar.gz" % v)
+    import tarfile
+    with tarfile.open(tarball) as tf:
+        members = tf.getmembers()
+    protos = sorted(f for f in os.listdir(os.path.join(ROOT, "proto")) if f.endswith((".proto", ".pb-c.c", ".pb-c.h")))
+    want = ["kvd.c", "kvd.h", "Makefile", "LICENSE", "README.md"] + ["proto/" + f for f in protos]
+    check([m.name for m in members] == ["kvd-%s/%s" % (v, f) for f in want], "its files: %r" % [m.name for m in members])
+    check(all(m.mtime == 0 and m.uid == 0 and m.gid == 0 and m.mode == 0o644 and m.isfile() for m in members),
+          "times 0, owner 0, mode 644")
+    # unpacked (no .git), and a copy of that touched now, group-writable
+    # (the tree's own files may have changed since): the same bytes
+    d = tempfile.mkdtemp(prefix="kvd-dist-")
+    with tarfile.open(tarball) as tf:
+        tf.extractall(d + "/x")
+    x = os.path.join(d, "x", "kvd-" + v)
+    src = os.path.join(d, "src")
+    shutil.copytree(x, src)
+    for f in want:
+        os.utime(os.path.join(src, f))
+        os.chmod(os.path.join(src, f), 0o664)
+    r = subprocess.run(["make", "-s", "-C", src, "dist", "PKG_OUT=" + d + "/again"], capture_output=True, text=True)
+    again = os.path.join(d, "again", "kvd-%s.tar.gz" % v)
+    check(r.returncode == 0 and os.path.exists(again) and sha256(again) == sha256(tarball),
+          "a copy made now, other modes: the same sha256: %s" % r.stderr[-300:])
+    r = subprocess.run(["make", "-C", x, "kvd", "CFLAGS=-O1"], capture_output=True, text=True, timeout=600)
+    check(r.returncode == 0, "make kvd in the unpacked tarball: %s" % (r.stdout + r.stderr)[-800:])
+    if r.returncode == 0:
+        r = subprocess.run([x + "/kvd", "--version"], capture_output=True, text=True)
+        check(r.returncode == 0 and "kvd Version: %s" % v in r.stdout, "it runs: %r" % r.stdout[:200])
+    r = subprocess.run(["make", "-s", "-C", x, "dist", "packages", "PKG_OUT=" + d + "/x-pkg"],
+                       capture_output=True, text=True)
+    check(r.returncode == 0 and sha256(d + "/x-pkg/kvd-%s.tar.gz" % v) == sha256(tarball),
+          "make dist and packages in the unpacked tree: the same tarball: %s" % r.stderr[-300:])
+    shutil.rmtree(d)
+
+
+# Buildroot's side of a generic package, as far as kvd.mk uses it: the
+# BR2_EXTERNAL tree's external.mk includes kvd.mk, generic-package is nothing;
+# the download (file method: a copy from KVD_SITE) checked against kvd.hash as
+# support/download/check-hash does, unpacked into $(@D) without its top
+# directory, the license file checked, the build and install commands run with
+# TARGET_CONFIGURE_OPTS and TARGET_MAKE_ENV (the host's compiler here)
+BUILDROOT_MK = r"""BUILD_DIR := $(BR)/build
+TARGET_DIR := $(BR)/target
+DL_DIR := $(BR)/dl
+INSTALL := install
+TARGET_MAKE_ENV := PATH="$(PATH)"
+TARGET_CONFIGURE_OPTS := PATH="$(PATH)" AR="ar" CC="gcc" CPP="cpp" LD="ld" CPPFLAGS="-D_LARGEFILE_SOURCE" \
+	CFLAGS="-O1 -g0" LDFLAGS="" STRIP="strip"
+generic-package :=
+include $(BR2_EXTERNAL_KVD_PATH)/external.mk
+KVD_PKGDIR := $(BR2_EXTERNAL_KVD_PATH)/package/kvd/
+HASH = awk '$$1 == "sha256" && $$3 == "$(2)" { print $$2 }' $(KVD_PKGDIR)kvd.hash
+check_hash = h=$$($(HASH)); [ -n "$$h" ] && [ "$$h" = "$$(sha256sum < $(1) | cut -d' ' -f1)" ] || \
+	{ echo "ERROR: $(2) has wrong sha256 hash (kvd.hash: $$h)"; exit 1; }
+KVD_DIR := $(BUILD_DIR)/kvd-$(KVD_VERSION)
+
+download: $(DL_DIR)/$(KVD_SOURCE)
+$(DL_DIR)/$(KVD_SOURCE):
+	case '$(KVD_SITE)' in file://*) ;; *) echo "the stand-in fetches file:// only"; exit 1;; esac
+	mkdir -p $(DL_DIR)
+	cp '$(patsubst file://%,%,$(KVD_SITE))/$(KVD_SOURCE)' $@.tmp
+	$(call check_hash,$@.tmp,$(KVD_SOURCE)) || { rm -f $@.tmp; exit 1; }
+	mv $@.tmp $@
+$(KVD_DIR)/.stamp_extracted: $(DL_DIR)/$(KVD_SOURCE)
+	mkdir -p $(@D)
+	gzip -dc $< | tar --strip-components=1 -C $(@D) -xf -
+	$(foreach f,$(KVD_LICENSE_FILES),$(call check_hash,$(@D)/$(f),$(f)) &&) touch $@
+$(KVD_DIR)/.stamp_built: $(KVD_DIR)/.stamp_extracted
+	$(KVD_BUILD_CMDS)
+	touch $@
+install: $(KVD_DIR)/.stamp_built
+	$(KVD_INSTALL_TARGET_CMDS)
+	$(KVD_INSTALL_INIT_SYSV)
+	$(KVD_INSTALL_INIT_SYSTEMD)
+show:
+	@echo 'KVD_DEPENDENCIES=$(KVD_DEPENDENCIES)'
+	@echo 'KVD_LICENSE=$(KVD_LICENSE)'
+	@echo 'KVD_LICENSE_FILES=$(KVD_LICENSE_FILES)'
+"""
+
+
+@test
+def buildroot_package():
+    """The BR2_EXTERNAL tree make packages writes: its files are README's
+    blocks; Config.in's form; kvd.mk under the Buildroot stand-in fetches the
+    tarball, checks kvd.hash, builds kvd and installs it with the sysvinit
+    script and the unit (/usr/bin/kvd); a wrong hash in kvd.hash is refused."""
+    out = packages()
+    if not out:
+        return
+    v = kvd_version()
+    br = os.path.join(out, "buildroot")
+    written(out, "buildroot/external.desc", "buildroot-external-desc")
+    top_config = written(out, "buildroot/Config.in", "buildroot-external-config-in")
+    written(out, "buildroot/external.mk", "buildroot-external-mk")
+    config = written(out, "buildroot/package/kvd/Config.in", "buildroot-config-in")
+    written(out, "buildroot/package/kvd/kvd.mk", "buildroot-mk")
+    hashes = written(out, "buildroot/package/kvd/kvd.hash", "buildroot-hash")
+    written(out, "buildroot/package/kvd/S95kvd", "sysvinit", usr_bin=True, mode=0o755)
+    written(out, "buildroot/package/kvd/kvd.service", "systemd-unit", usr_bin=True)
+    desc = open(br + "/external.desc").read()
+    check(re.search(r"^name: KVD$", desc, re.M) is not None, "external.desc names KVD: %r" % desc)
+    srcs = re.findall(r'^source "\$BR2_EXTERNAL_KVD_PATH/([^"]+)"$', top_config, re.M)
+    check(srcs and all(os.path.exists(os.path.join(br, s)) for s in srcs), "the tree's Config.in sources %r" % srcs)
+    check(re.search(r'^config BR2_PACKAGE_KVD\n\tbool "kvd"\n', config) is not None and
+          re.search(r"^\tselect BR2_PACKAGE_MBEDTLS$", config, re.M) is not None and
+          re.search(r"^\tselect BR2_PACKAGE_PROTOBUF_C$", config, re.M) is not None and
+          re.search(r"^\thelp\n\t  \S", config, re.M) is not None, "Config.in: config, bool, selects, help")
+    # every dependency protobuf-c has, kvd has too (a select does not bring them)
+    check(all("depends on %s" % dep in config for dep in ("BR2_INSTALL_LIBSTDCPP", "BR2_TOOLCHAIN_HAS_THREADS",
+                                                          "BR2_PACKAGE_HOST_PROTOBUF_ARCH_SUPPORTS")),
+          "Config.in: protobuf-c's dependencies")
+    check("sha256  %s  kvd-%s.tar.gz" % (sha256(os.path.join(out, "kvd-%s.tar.gz" % v)), v) in hashes and
+          "sha256  %s  LICENSE" % sha256(os.path.join(ROOT, "LICENSE")) in hashes, "kvd.hash: the tarball, LICENSE")
+    d = tempfile.mkdtemp(prefix="kvd-br-")
+    with open(d + "/standin.mk", "w") as f:
+        f.write(BUILDROOT_MK)
+
+    def br_make(ext, work, *targets):
+        return subprocess.run(["make", "-f", d + "/standin.mk", "BR=" + work, "BR2_EXTERNAL_KVD_PATH=" + ext] +
+                              list(targets), capture_output=True, text=True, timeout=600)
+    r = br_make(br, d + "/o", "show")
+    check("KVD_DEPENDENCIES=mbedtls protobuf-c\n" in r.stdout and "KVD_LICENSE=BSD-2-Clause\n" in r.stdout and
+          "KVD_LICENSE_FILES=LICENSE\n" in r.stdout, "dependencies, license: %r" % (r.stdout + r.stderr)[-400:])
+    # a planted fault: the tarball's hash wrong in kvd.hash
+    shutil.copytree(br, d + "/bad")
+    with open(d + "/bad/package/kvd/kvd.hash", "w") as f:
+        f.write(hashes.replace(sha256(os.path.join(out, "kvd-%s.tar.gz" % v)), "1" * 64))
+    r = br_make(d + "/bad", d + "/b", "install")
+    check(r.returncode != 0 and "kvd-%s.tar.gz has wrong sha256 hash" % v in r.stdout and
+          not os.path.exists(d + "/b/build") and not os.path.exists(d + "/b/dl/kvd-%s.tar.gz" % v),
+          "a wrong hash in kvd.hash: refused, nothing unpacked: %s" % (r.stdout + r.stderr)[-500:])
+    r = br_make(br, d + "/o", "install")
+    check(r.returncode == 0, "kvd.mk: fetched, built, installed: %s" % (r.stdout + r.stderr)[-1500:])
+    installed_as_packaged(d + "/o/target", v, (("etc/init.d/S95kvd", 0o755, br + "/package/kvd/S95kvd"),
+                                                ("usr/lib/systemd/system/kvd.service", 0o644,
+                                                 br + "/package/kvd/kvd.service")))
+    shutil.rmtree(d)
+
+
+def installed_as_packaged(root, v, files):
+    """A package's install step under root: /usr/bin/kvd (0755, runs, says
+    version v) and each (path, mode, the packaged file it must equal)."""
+    for path, mode, same in (("usr/bin/kvd", 0o755, None),) + tuple(files):
+        p = os.path.join(root, path)
+        check(os.path.exists(p) and os.stat(p).st_mode & 0o777 == mode and
+              (same is None or open(p).read() == open(same).read()), "installed: /%s, mode %o" % (path, mode))
+    if os.path.exists(root + "/usr/bin/kvd"):
+        r = subprocess.run([root + "/usr/bin/kvd", "--version"], capture_output=True, text=True)
+        check(r.returncode == 0 and "kvd Version: %s" % v in r.stdout, "the kvd installed runs: %r" % r.stdout[:200])
+
+
+def bb_parse(text):
+    """A .bb as far as the recipe uses it: VAR = "value" (+=, .= ...; continued lines),
+    VAR[flag] = "value", inherit, and shell functions name() { ... }."""
+    vars_, funcs, inherits = {}, {}, []
+    lines = text.split("\n")
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        m = re.match(r"^([a-z_]+)\(\) \{$", line)
+        if m:
+            j = lines.index("}", i)
+            funcs[m.group(1)] = "\n".join(lines[i + 1:j]) + "\n"
+            i = j + 1
+            continue
+        while line.endswith("\\"):
+            i += 1
+            line = line[:-1] + lines[i]
+        m = re.match(r'^([A-Za-z0-9_:${}\[\]]+) (\?\?=|\?=|\+=|\.=|:=|=) "(.*)"$', line)
+        if m:
+            vars_[m.group(1)] = ((vars_.get(m.group(1), "") if m.group(2) == "+=" else "") + " " + m.group(3)).strip()
+        elif line.startswith("inherit "):
+            inherits += line.split()[1:]
+        elif line.strip() and not line.startswith("#"):
+            vars_.setdefault("?unparsed", []).append(line)
+        i += 1
+    return vars_, funcs, inherits
+
+
+# bitbake's variables the recipe's functions may use, as OE sets them
+# (usrmerge's systemd_system_unitdir); the host's compiler
+YOCTO_VARS = {"bindir": "/usr/bin", "sysconfdir": "/etc", "systemd_system_unitdir": "/usr/lib/systemd/system",
+              "CC": "gcc", "CFLAGS": "-O1 -pipe", "CPPFLAGS": "", "LDFLAGS": "-Wl,-O1 -Wl,--as-needed"}
+
+
+def yocto_fetch_checks(recipe_dir, recipe, v, unpackdir):
+    """What bitbake's fetch and license QA check of the recipe, done here:
+    SRC_URI's files (the tarball against SRC_URI[sha256sum]) unpacked into
+    unpackdir, LIC_FILES_CHKSUM's md5 against S's file.  Problems, or []."""
+    vars_, funcs, inherits = bb_parse(recipe)
+    bad = []
+    uris = vars_.get("SRC_URI", "").replace("${PV}", v).split()
+    if not uris or not re.match(r"^file:///.*/kvd-%s\.tar\.gz$" % re.escape(v), uris[0]):
+        return ["SRC_URI's first is not the tarball: %r" % uris]
+    tarball = uris[0][len("file://"):]
+    if not os.path.exists(tarball) or sha256(tarball) != vars_.get("SRC_URI[sha256sum]"):
+        bad.append("SRC_URI[sha256sum] is not the tarball's")
+    os.makedirs(unpackdir, exist_ok=True)
+    if os.path.exists(tarball):
+        subprocess.run(["tar", "-C", unpackdir, "-xzf", tarball], check=True)
+    for u in uris[1:]:
+        f = os.path.join(recipe_dir, "files", u[len("file://"):])
+        if not u.startswith("file://") or not os.path.exists(f):
+            bad.append("%s: not in files/" % u)
+        else:
+            shutil.copy(f, unpackdir)
+    s = os.path.join(unpackdir, "kvd-" + v)  # the default S, ${UNPACKDIR}/${BP}
+    m = re.match(r"^file://([^;]+);md5=([0-9a-f]{32})$", vars_.get("LIC_FILES_CHKSUM", ""))
+    if not m or not os.path.exists(os.path.join(s, m.group(1))) or sha256(os.path.join(s, m.group(1)), "md5") != m.group(2):
+        bad.append("LIC_FILES_CHKSUM %r is not the md5 of S's file" % vars_.get("LIC_FILES_CHKSUM"))
+    return bad
+
+
+@test
+def yocto_recipe():
+    """The layer make packages writes: layer.conf and the recipe are README's
+    blocks, the layer finds the recipe; the recipe's SRC_URI sha256 and
+    LIC_FILES_CHKSUM md5 match the files (a planted wrong one of each is
+    caught); do_compile and do_install run under sh with bitbake's variables
+    and oe_runmake, and install kvd, the unit and the init script."""
+    out = packages()
+    if not out:
+        return
+    v = kvd_version()
+    layer = os.path.join(out, "yocto")
+    rdir = os.path.join(layer, "recipes-support", "kvd")
+    conf = written(out, "yocto/conf/layer.conf", "yocto-layer-conf")
+    recipe = written(out, "yocto/recipes-support/kvd/kvd_%s.bb" % v, "yocto-recipe")
+    written(out, "yocto/recipes-support/kvd/files/kvd.service", "systemd-unit", usr_bin=True)
+    written(out, "yocto/recipes-support/kvd/files/kvd.init", "sysvinit", usr_bin=True, mode=0o755)
+    cvars, _, _ = bb_parse(conf)
+    import glob
+    pattern = cvars.get("BBFILES", "").strip().replace("${LAYERDIR}", layer)
+    check(glob.glob(pattern) == [os.path.join(rdir, "kvd_%s.bb" % v)] and cvars.get("BBFILE_COLLECTIONS") == "kvd" and
+          "scarthgap" in cvars.get("LAYERSERIES_COMPAT_kvd", ""), "layer.conf: BBFILES finds the recipe: %r" % pattern)
+    vars_, funcs, inherits = bb_parse(recipe)
+    check("?unparsed" not in vars_, "every line of the recipe understood: %r" % vars_.get("?unparsed"))
+    check(vars_.get("LICENSE") == "BSD-2-Clause" and vars_.get("DEPENDS", "").split() == ["mbedtls", "protobuf-c"] and
+          inherits == ["systemd", "update-rc.d"] and vars_.get("SYSTEMD_SERVICE:${PN}") == "kvd.service" and
+          vars_.get("INITSCRIPT_NAME") == "kvd" and set(funcs) == {"do_compile", "do_install"},
+          "license, depends, classes, service, init script, functions")
+    d = tempfile.mkdtemp(prefix="kvd-yocto-")
+    # planted faults: a wrong sha256, a wrong md5
+    tar_sha = sha256(os.path.join(out, "kvd-%s.tar.gz" % v))
+    lic_md5 = sha256(os.path.join(ROOT, "LICENSE"), "md5")
+    check(any("sha256sum" in b for b in yocto_fetch_checks(rdir, recipe.replace(tar_sha, "2" * 64), v, d + "/f1")),
+          "a wrong SRC_URI[sha256sum] is caught")
+    check(any("LIC_FILES_CHKSUM" in b for b in yocto_fetch_checks(rdir, recipe.replace(lic_md5, "3" * 32), v, d + "/f2")),
+          "a wrong LIC_FILES_CHKSUM md5 is caught")
+    work = d + "/work"
+    unpackdir = work + "/sources"
+    bad = yocto_fetch_checks(rdir, recipe, v, unpackdir)
+    check(bad == [], "fetch and license checks: %r" % bad)
+    s = os.path.join(unpackdir, "kvd-" + v)
+    env = dict(os.environ, WORKDIR=work, UNPACKDIR=unpackdir, S=s, B=s, D=work + "/image", PN="kvd", PV=v, **YOCTO_VARS)
+    used = set(re.findall(r"\$\{([A-Za-z_]+)\}", funcs.get("do_compile", "") + funcs.get("do_install", "")))
+    known = set(YOCTO_VARS) | {"WORKDIR", "UNPACKDIR", "S", "B", "D", "PN", "PV"}
+    check(used <= known, "the functions use bitbake's variables only: %r" % (used - known))
+    for fn in ("do_compile", "do_install"):
+        r = subprocess.run(["sh", "-e", "-c", 'oe_runmake() { make "$@"; }\n' + funcs.get(fn, "false")],
+                           cwd=s, env=env, capture_output=True, text=True, timeout=600)
+        check(r.returncode == 0, "%s: %s" % (fn, (r.stdout + r.stderr)[-1500:]))
+    installed_as_packaged(work + "/image", v, (("etc/init.d/kvd", 0o755, rdir + "/files/kvd.init"),
+                                               ("usr/lib/systemd/system/kvd.service", 0o644,
+                                                rdir + "/files/kvd.service")))
+    shutil.rmtree(d)
 
 
 @test
