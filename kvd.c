@@ -6530,7 +6530,8 @@ static uint8_t *mvcc_lease_encode(uint8_t *p, int kind, int64_t id, int64_t ttl)
 }
 
 /* Open a record of a type with a revision and an op count (TXN, BASE) at
- * the end of b: returns where its count goes (filled at mvcc_rec_close). */
+ * the end of b: returns where its count goes (the writer puts it there and
+ * seals the record: mvcc_txn_end, life_rw_base_close, snap_imp_write). */
 static size_t mvcc_rec_open(struct kvd_buf *b, int64_t rev)
 {
 	uint8_t *p = put_varint(b->p + b->len + MVCC_REC_HDR, (uint64_t)rev);
@@ -16287,7 +16288,7 @@ static int svc_in_range(const uint8_t *key, size_t n, const ProtobufCBinaryData 
 /*
  * etcd's mvcc Range + apply.go filtering, sorting and limit.  cur is the
  * revision reads see (inside a write txn: the txn's own, once it changed
- * something).  Values are not read here (svc_kv_values does it).
+ * something).  Values are not read here (svc_kvs does it).
  */
 static int svc_range(struct kvd *k, const Etcdserverpb__RangeRequest *rq, int64_t cur, struct svc_range *rr,
                      struct svc_err *e)
@@ -24274,7 +24275,7 @@ KVD_UNUSED static int tls_is(const struct conn *c)
  *      chunked beside a Content-Length is chunked, and the connection closes
  *      after it (http1_parse).  No body is read two ways.
  *   3. Answers are written as Go's net/http writes them, header order
- *      included (http1_head); a request kvd cannot read on from is
+ *      included (http_head); a request kvd cannot read on from is
  *      answered, then the connection closes (http1_fail).
  *   4. An Origin is echoed only when --cors lists it, and never one that
  *      holds a ',' or does not fit (http1_cors); the list was checked at

@@ -1809,7 +1809,8 @@ def toc_catches_planted_faults():
     """make toc's checker (test/lib/toc.py) passes kvd.c as it is and fails
     each planted fault: a sub-banner the index does not list, a WHERE IS hop
     naming the wrong section, a hop naming no function, a function whose
-    prefix its section's banner does not name."""
+    prefix its section's banner does not name, a comment naming a function
+    that is not there."""
     src = open(os.path.join(ROOT, "kvd.c")).read()
     tool = os.path.join(ROOT, "test", "lib", "toc.py")
     d = tempfile.mkdtemp(prefix="kvd-toc-")
@@ -1832,6 +1833,7 @@ def toc_catches_planted_faults():
         "a hop naming no function": src.replace(hop, "mvcc_no_such_fn §%s" % m.group(1), 1),
         "a function outside its prefix": src.replace("static void buf_free(", "static void planted_free(", 1)
                                              .replace("buf_free(", "planted_free("),
+        "a comment naming a function gone": src[:at] + "/* what mvcc_planted_gone does */\n" + src[at:],
     }
     for what, text in faults.items():
         rc, out = run(text)

@@ -5,12 +5,16 @@
                          it, every sub-banner, in file order; every name in
                          the "WHERE IS" map is a function defined in the
                          section its "§N" says; every function sits in a
-                         section whose banner names its prefix.
+                         section whose banner names its prefix; a comment
+                         names no function, macro or field that is not
+                         there (a name with a section's prefix must be in
+                         the code, or a test of test/test.c): stale
+                         comments are bugs.
   toc.py --write kvd.c   rewrite the TOC's list (and the §N of the map) from
                          the file, then check.
 Prints "toc: ok" or what differs; exits 1 on a difference.
 """
-import re, sys
+import os, re, sys
 
 BAN = re.compile(r'^/\* ===== (\d+)\. (.*?) =+ ?(?:\*/)?\s*$')
 SUB = re.compile(r'^/\* ---- (.*?)(?: -+)?(?: ?\*/)?\s*$')
@@ -48,6 +52,30 @@ def parse(lines):
                 fdefs[m.group(1)] = i
                 fsec[m.group(1)] = cur
     return secs, subs, fdefs, fsec
+
+
+# words of other formats that look like kvd's names (protobuf's json_name)
+NOT_NAMES = {'json_name'}
+TOKEN = re.compile(r'/\*.*?\*/|//[^\n]*|"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\'|[^/"\']+|.', re.S)
+
+
+def ghosts(text, prefixes):
+    """Names in comments that carry a section's prefix but are not in the
+    code (nor tests of test/test.c), with the line of their first mention."""
+    code, where = [], {}
+    name = re.compile(r'\b((?:%s)_?[a-z0-9_]*[a-z0-9])\b' % '|'.join(sorted(prefixes, key=len, reverse=True)))
+    for m in TOKEN.finditer(text):
+        t = m.group(0)
+        if t.startswith(('/*', '//')):
+            for n in name.finditer(t):
+                where.setdefault(n.group(1), text.count('\n', 0, m.start() + n.start()) + 1)
+        else:
+            code.append(t)
+    known = set(re.findall(r'\b\w+\b', ''.join(code))) | NOT_NAMES
+    tests = os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', 'test.c')
+    if os.path.exists(tests):
+        known |= set(re.findall(r'\btest_(\w+)\(', open(tests).read()))  # a test named test_X is X
+    return sorted((line, n) for n, line in where.items() if n not in known and '_' in n)
 
 
 def toc_lines(secs, subs, old_notes):
@@ -120,6 +148,9 @@ def main():
     for f, n in sorted(fsec.items(), key=lambda x: fdefs[x[0]]):
         if n in pre and not f.startswith(tuple(pre[n])) and not f.startswith(EXEMPT_PREFIX):
             errors.append('%s (line %d) sits in section %d, whose banner names %s' % (f, fdefs[f] + 1, n, ', '.join(pre[n])))
+    allpre = {p.rstrip('_') for v in pre.values() for p in v} | {'kvd'}
+    for line, n in ghosts('\n'.join(lines), allpre):
+        errors.append('a comment at line %d names %s, which is not in the code' % (line, n))
     if write:
         open(path, 'w').write('\n'.join(lines))
     if errors:
