@@ -6974,7 +6974,8 @@ static void mvcc_commit(struct kvd *k, struct mvcc *m)
  *
  * KVD_TEST_FSYNC_DELAY_MS=<n>: every log fdatasync takes n ms longer (slow
  * flash).  KVD_TEST_SLOW_MS=<n>: a slow board's CPU: a replay sleeps n ms
- * every 1024 records, a rewrite n ms every slice (their progress lines).  KVD_TEST_FLUSH_CRASH=before-sync:N|after-sync:N dies (SIGKILL) at
+ * every 1024 records, a rewrite every slice, a snapshot every chunk (their
+ * progress lines).  KVD_TEST_FLUSH_CRASH=before-sync:N|after-sync:N dies (SIGKILL) at
  * the Nth flush, around its fdatasync.  SIGUSR2 is a power cut: the log is
  * cut back to its last fdatasync and the process exits at once.
  */
@@ -10704,6 +10705,7 @@ struct snap {
 	struct kvd_buf node;              /* the page image being sent */
 	struct kvd_buf chunk;             /* the blob being made */
 	uint64_t sent;
+	int64_t said;                     /* monotonic ms: planned, or the last progress line */
 	mbedtls_sha256_context sha;
 	unsigned planned : 1, sha_on : 1;
 };
@@ -11189,6 +11191,14 @@ static int snap_chunk(struct kvd *k, struct snap *s, const uint8_t **p, size_t *
 		mbedtls_sha256_init(&s->sha);
 		s->sha_on = 1;
 		snap_sha256_starts(&s->sha, 0);
+		s->said = util_now_ms();
+	}
+	mvcc_test_slow();
+	if (util_now_ms() - s->said >= MVCC_REPLAY_EVERY_MS) { /* a long one on a slow board: how far it is */
+		s->said = util_now_ms();
+		kvd_log(k, KVD_LOG_INFO, "snapshot at revision %lld: %llu of %llu bytes (%u%%)", (long long)s->rev,
+		        (unsigned long long)s->sent, (unsigned long long)s->pgid * SNAP_PAGE,
+		        (unsigned)(s->sent * 100 / (s->pgid * SNAP_PAGE)));
 	}
 	s->chunk.rd = s->chunk.len = 0;
 	if (buf_reserve(k, &s->chunk, SNAP_CHUNK))

@@ -660,15 +660,15 @@ def long_work_says_it_begins():
 @test
 def long_work_says_how_far_it_is():
     """On a slow board (the test build's KVD_TEST_SLOW_MS: a replay sleeps
-    every 1024 records, a rewrite every slice) a replay and a rewrite that
-    run past 5 s log how far they are, every 5 s, between their first and
-    last lines."""
+    every 1024 records, a rewrite every slice, a snapshot every chunk) a
+    replay, a rewrite and a snapshot that run past 5 s log how far they are,
+    every 5 s, between their first and last lines."""
     kt = os.path.abspath(os.environ.get("KVD_TEST", os.path.join(ROOT, "test", "kvd-test")))
     R = pb()["rpc"]
     k = Kvd(kt, args=["--unsafe-no-fsync"])
     c = Client(k.endpoint())
     for i in range(4200):
-        c.call("Put", R.PutRequest(key=b"k%04d" % (i % 500), value=b"v" * 100))
+        c.call("Put", R.PutRequest(key=b"k%04d" % (i % 800), value=b"v" * 100))
     c.close()
     check(k.stop() == 0, "stopped")
     os.environ["KVD_TEST_SLOW_MS"] = "1300"
@@ -679,6 +679,11 @@ def long_work_says_how_far_it_is():
     c = Client(k.endpoint())
     check(c.call("Defragment", R.DefragmentRequest(), service="etcdserverpb.Maintenance",
                  resp="DefragmentResponse", timeout=120)[0] == "ok", "defragmented")
+    rev = c.call("Range", R.RangeRequest(key=b"k"))[1].header.revision
+    check(c.call("Compact", R.CompactionRequest(revision=rev, physical=True))[0] == "ok", "compacted")
+    snap = c.stream("Snapshot", R.SnapshotRequest(), "SnapshotResponse", service="etcdserverpb.Maintenance",
+                    timeout=120)
+    check(snap[0] == "ok" and len(snap[1]) >= 6, "a snapshot of 6 chunks or more: %r" % (snap[:1] + (len(snap[1]),),))
     c.close()
     k.stop()
     lines = k.logtext().splitlines()
@@ -691,6 +696,9 @@ def long_work_says_how_far_it_is():
     start, end = at(r"log rewrite started \(Defragment\)"), at(r"log rewritten: ")
     prog = at(r"log rewrite: [a-z ]+, \d+ of \d+ (bytes read \(\d+%\)|keys), \d+ bytes written$")
     check(start and end and prog and start[0] < prog[0] < end[0], "the rewrite's progress: %r" % lines[-8:])
+    start, end = at(r"snapshot at revision %d: \d+ bytes, " % rev), at(r"snapshot at revision %d sent" % rev)
+    prog = at(r"snapshot at revision %d: \d+ of \d+ bytes \(\d+%%\)$" % rev)
+    check(start and end and prog and start[0] < prog[0] < end[0], "the snapshot's progress: %r" % lines[-8:])
 
 
 @test
