@@ -6973,9 +6973,9 @@ static void mvcc_commit(struct kvd *k, struct mvcc *m)
  * file that end past what replay found.  A revoke's deletes are its R line.
  *
  * KVD_TEST_FSYNC_DELAY_MS=<n>: every log fdatasync takes n ms longer (slow
- * flash).  KVD_TEST_SLOW_MS=<n>: a slow board's CPU: a replay sleeps n ms
- * every 1024 records, a rewrite every slice, a snapshot every chunk (their
- * progress lines).  KVD_TEST_FLUSH_CRASH=before-sync:N|after-sync:N dies (SIGKILL) at
+ * flash).  KVD_TEST_SLOW_MS=<n>: a slow board's CPU: a replay and an import
+ * sleep n ms every 1024 records, a rewrite every slice, a snapshot every
+ * chunk (their progress lines).  KVD_TEST_FLUSH_CRASH=before-sync:N|after-sync:N dies (SIGKILL) at
  * the Nth flush, around its fdatasync.  SIGUSR2 is a power cut: the log is
  * cut back to its last fdatasync and the process exits at once.
  */
@@ -11670,6 +11670,7 @@ struct snap_imp {
 	int64_t rec_rev;
 	uint64_t sub;               /* the next sub-revision in the open TXN */
 	uint64_t records, tombs;
+	int64_t said;               /* monotonic ms: begun, or the last progress line */
 	uint64_t auth_rev;          /* the auth bucket's */
 	uint32_t auth_ops;
 	int auth_on;
@@ -11850,7 +11851,14 @@ static int snap_imp_key(struct kvd *k, void *arg, const uint8_t *key, size_t kn,
 	}
 	if (!tomb)
 		lease = kv->lease;
-	im->records++;
+	if (!(++im->records & 1023)) {
+		mvcc_test_slow();
+		if (util_now_ms() - im->said >= MVCC_REPLAY_EVERY_MS) { /* a long one on a slow board: how far it is */
+			im->said = util_now_ms();
+			kvd_log(k, KVD_LOG_INFO, "importing: %llu key records so far, revision %lld, %llu bytes written",
+			        (unsigned long long)im->records, (long long)main_rev, (unsigned long long)im->size);
+		}
+	}
 	if (main_rev <= im->c) { /* what compaction left: the key's state at C */
 		if (tomb) {
 			im->tombs++;
@@ -12050,6 +12058,7 @@ static int snap_import_mem(struct kvd *k, const uint8_t *p, uint64_t n, int skip
 	if (!im)
 		return KVD_ENOMEM;
 	im->fd = fd;
+	im->said = util_now_ms();
 	if (n % 512 == 32) {
 		mbedtls_sha256_context sha;
 		mbedtls_sha256_init(&sha);

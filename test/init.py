@@ -660,9 +660,10 @@ def long_work_says_it_begins():
 @test
 def long_work_says_how_far_it_is():
     """On a slow board (the test build's KVD_TEST_SLOW_MS: a replay sleeps
-    every 1024 records, a rewrite every slice, a snapshot every chunk) a
-    replay, a rewrite and a snapshot that run past 5 s log how far they are,
-    every 5 s, between their first and last lines."""
+    every 1024 records, an import too, a rewrite every slice, a snapshot
+    every chunk) an import, a replay, a rewrite and a snapshot that run past
+    5 s log how far they are, every 5 s, between their first and last
+    lines."""
     kt = os.path.abspath(os.environ.get("KVD_TEST", os.path.join(ROOT, "test", "kvd-test")))
     R = pb()["rpc"]
     k = Kvd(kt, args=["--unsafe-no-fsync"])
@@ -671,6 +672,19 @@ def long_work_says_how_far_it_is():
         c.call("Put", R.PutRequest(key=b"k%04d" % (i % 800), value=b"v" * 100))
     c.close()
     check(k.stop() == 0, "stopped")
+    snap = k.dir + ".db"
+    r = run(["--data-dir", k.dir, "--snapshot-save", snap])
+    check(r.returncode == 0, "saved: %r" % r.stderr)
+    os.environ["KVD_TEST_SLOW_MS"] = "1300"
+    try:
+        imp = Kvd(kt, data_dir=k.dir + ".imported", args=["--restore-snapshot", snap])
+    finally:
+        del os.environ["KVD_TEST_SLOW_MS"]
+    imp.stop()
+    t = imp.logtext()
+    check(re.search(r"importing \S+ \(\d+ bytes\) into .*\n(.*\n)*.*importing: \d+ key records so far, revision \d+, "
+                    r"\d+ bytes written\n(.*\n)*.*imported \d+ key records", t), "the import's progress: %r" % t[-900:])
+    os.unlink(snap)
     os.environ["KVD_TEST_SLOW_MS"] = "1300"
     try:
         k = Kvd(kt, data_dir=k.dir, args=["--auto-rewrite=false"])
