@@ -828,19 +828,19 @@ struct grpc_method {
 	enum grpc_kind kind;
 	/* request and response messages (NULL req: raw bytes, test methods only) */
 	const ProtobufCMessageDescriptor *req, *resp;
-	/* one request message, in c->rq (decoded) and c->raw (as it came);
-	 * every method has one.  The handler may keep c->rq by taking it
-	 * (c->rq = NULL); otherwise it is freed when the handler returns. */
-	void (*on_msg)(struct kvd *k, struct call *c);
+	/* one request message, in call->rq (decoded) and call->raw (as it came);
+	 * every method has one.  The handler may keep call->rq by taking it
+	 * (call->rq = NULL); otherwise it is freed when the handler returns. */
+	void (*on_msg)(struct kvd *k, struct call *call);
 	/* the client half-closed a streaming call (optional) */
-	void (*on_half_close)(struct kvd *k, struct call *c);
+	void (*on_half_close)(struct kvd *k, struct call *call);
 	/* the call goes away (finished or cancelled): free service state (optional) */
-	void (*on_close)(struct kvd *k, struct call *c);
+	void (*on_close)(struct kvd *k, struct call *call);
 	/* the carrier can take more and the call's queue is empty (optional) */
-	void (*on_produce)(struct kvd *k, struct call *c);
+	void (*on_produce)(struct kvd *k, struct call *call);
 	/* kvd begins to shut down (optional): Health watchers say NOT_SERVING,
 	 * waiters end; streams end after it (svc_stop_call) */
-	void (*on_shutdown)(struct kvd *k, struct call *c);
+	void (*on_shutdown)(struct kvd *k, struct call *call);
 };
 
 /*
@@ -855,7 +855,7 @@ struct grpc_method {
 struct call_carrier {
 	const char *name;
 	/* the call finished: request bytes still buffered can go (optional) */
-	void (*finished)(struct kvd *k, struct call *c);
+	void (*finished)(struct kvd *k, struct call *call);
 };
 struct call {
 	const struct grpc_method *m;
@@ -1040,8 +1040,8 @@ struct kvd {
 	struct kvd_stats st;
 };
 
-static void call_finish(struct kvd *k, struct call *c, int code, const char *fmt, ...) KVD_PRINTF(4, 5);
-static int call_send(struct kvd *k, struct call *c, const ProtobufCMessage *m);
+static void call_finish(struct kvd *k, struct call *call, int code, const char *fmt, ...) KVD_PRINTF(4, 5);
+static int call_send(struct kvd *k, struct call *call, const ProtobufCMessage *m);
 static int cfg_duration(const char *s, uint32_t *out);
 static void cfg_show_ms(uint32_t ms, char *out, size_t cap);
 /* The store keeps leases' key sets in step with its keys (section 11). */
@@ -2774,7 +2774,7 @@ struct mvcc_rec;
 static int auth_replay(struct kvd *k, const struct mvcc_rec *rec, const char **why);
 static void auth_commit(struct kvd *k);
 static void auth_rollback(struct kvd *k);
-static int auth_who(struct kvd *k, struct call *c, struct auth_who *w, struct svc_err *e);
+static int auth_who(struct kvd *k, struct call *call, struct auth_who *w, struct svc_err *e);
 static int auth_may(struct kvd *k, const struct auth_who *w, const ProtobufCBinaryData *key,
                     const ProtobufCBinaryData *end, int type, struct svc_err *e);
 static int auth_txn(struct kvd *k, const struct auth_who *w, const Etcdserverpb__TxnRequest *rq, struct svc_err *e);
@@ -4820,10 +4820,10 @@ static int json_pj_decode(struct kvd *k, struct kvd_buf *b, const ProtobufCMessa
 
 /*
  * A call is one RPC being served, apart from what carries it.  A service
- * sees only its call: the decoded request (c->rq), its metadata (the auth
+ * sees only its call: the decoded request (call->rq), its metadata (the auth
  * token among it), and where its answer goes -- response messages queued
- * on c->out, a final status, and whether that answer must wait for the
- * group commit (c->held).  Carriers move the bytes: gRPC over HTTP/2 (an
+ * on call->out, a final status, and whether that answer must wait for the
+ * group commit (call->held).  Carriers move the bytes: gRPC over HTTP/2 (an
  * h2 stream embeds its call; section 18 cuts its DATA into messages),
  * in-process calls (tests, fuzzers), and the JSON gateway over HTTP/1.1
  * (section 33) -- all through the same svc_* handlers.  Every live call is
@@ -4844,7 +4844,7 @@ static int json_pj_decode(struct kvd *k, struct kvd_buf *b, const ProtobufCMessa
  *   2. A call's final status is set once: call_finish ignores later calls,
  *      and call_send queues nothing after it.
  *   3. A reply finished while the log batch is open is held (call_hold,
- *      c->held) until loop_log_flush releases it or turns it into the
+ *      call->held) until loop_log_flush releases it or turns it into the
  *      error; call_fini clears a held call's slot in k->held, so the flush
  *      never touches a freed call.  Should k->held fail to grow, the reply
  *      still leaves only after the flush: the loop flushes the log before
@@ -4852,39 +4852,39 @@ static int json_pj_decode(struct kvd *k, struct kvd_buf *b, const ProtobufCMessa
  *   4. call_msg is the one writer of the gRPC prefix: flag 0 (kvd never
  *      compresses), a length of at most 2^32-1.
  *   5. A request lives as long as its handler: call_message decodes it
- *      into c->rq, points c->raw at its bytes, and after on_msg frees
- *      c->rq (unless the handler took it: c->rq = NULL) and clears c->raw.
+ *      into call->rq, points call->raw at its bytes, and after on_msg frees
+ *      call->rq (unless the handler took it: call->rq = NULL) and clears call->raw.
  *      A call that is not bidi takes only its first message.
  */
 
 static const struct grpc_method *svc_route(const char *svc, size_t slen, const char *meth,
                                            size_t mlen, int *known_service);
 static int svc_method_index(const struct grpc_method *m);
-static void svc_stop_call(struct kvd *k, struct call *c);
+static void svc_stop_call(struct kvd *k, struct call *call);
 
 /* A new call of method m (NULL until routed) on carrier car: on k->calls. */
-static void call_init(struct kvd *k, struct call *c, const struct grpc_method *m, const struct call_carrier *car)
+static void call_init(struct kvd *k, struct call *call, const struct grpc_method *m, const struct call_carrier *car)
 {
-	memset(c, 0, sizeof *c);
-	c->m = m;
-	c->carrier = car;
-	c->next = k->calls;
+	memset(call, 0, sizeof *call);
+	call->m = m;
+	call->carrier = car;
+	call->next = k->calls;
 	if (k->calls)
-		k->calls->prev = c;
-	k->calls = c;
+		k->calls->prev = call;
+	k->calls = call;
 }
 
 /* The call goes away: its service state, a held reply, its memory (not c). */
-static void call_fini(struct kvd *k, struct call *c)
+static void call_fini(struct kvd *k, struct call *call)
 {
 	size_t i;
-	int mi = c->m ? svc_method_index(c->m) : -1;
+	int mi = call->m ? svc_method_index(call->m) : -1;
 
 	if (mi >= 0) { /* grpc_server_handled_total: a call that never ended was cancelled */
 		static const int32_t le_ms[KVD_HANDLING_BUCKETS - 1] = {5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000};
-		int64_t us = util_now_us() - c->t_routed;
+		int64_t us = util_now_us() - call->t_routed;
 		size_t b;
-		k->st.grpc_handled[mi][c->finished && c->status >= 0 && c->status < 17 ? c->status : GRPC_CANCELLED]++;
+		k->st.grpc_handled[mi][call->finished && call->status >= 0 && call->status < 17 ? call->status : GRPC_CANCELLED]++;
 		for (b = 0; b < KVD_HANDLING_BUCKETS - 1 && us > (int64_t)le_ms[b] * 1000; b++)
 			;
 		k->st.handling[mi][b]++;
@@ -4892,29 +4892,29 @@ static void call_fini(struct kvd *k, struct call *c)
 		/* etcd's "request stats": every unary call at debug level, a slow
 		 * one as a warning (its interceptor's logUnaryRequestStats) */
 		int64_t slow = (int64_t)(k->cfg.warn_unary_ms ? k->cfg.warn_unary_ms : 300) * 1000; /* 0: etcd's default */
-		if (c->m->kind == GRPC_UNARY && (k->cfg.log_level <= KVD_LOG_DEBUG || us > slow))
+		if (call->m->kind == GRPC_UNARY && (k->cfg.log_level <= KVD_LOG_DEBUG || us > slow))
 			kvd_log(k, us > slow ? KVD_LOG_WARN : KVD_LOG_DEBUG,
 			        "request stats: method %s, remote %s, time spent %lld.%03lldms, status %s, request size %lu, "
-			        "response size %lu", c->m->path, c->conn ? c->conn->peer : "in-process", (long long)(us / 1000),
-			        (long long)(us % 1000), grpc_code_names[c->finished && c->status >= 0 && c->status < 17 ? c->status : GRPC_CANCELLED],
-			        (unsigned long)c->rq_bytes, (unsigned long)c->rs_bytes);
+			        "response size %lu", call->m->path, call->conn ? call->conn->peer : "in-process", (long long)(us / 1000),
+			        (long long)(us % 1000), grpc_code_names[call->finished && call->status >= 0 && call->status < 17 ? call->status : GRPC_CANCELLED],
+			        (unsigned long)call->rq_bytes, (unsigned long)call->rs_bytes);
 	}
-	if (c->m && c->m->on_close)
-		c->m->on_close(k, c);
-	if (c->held) /* its reply was waiting for the log flush */
+	if (call->m && call->m->on_close)
+		call->m->on_close(k, call);
+	if (call->held) /* its reply was waiting for the log flush */
 		for (i = 0; i < k->nheld; i++)
-			if (k->held[i] == c)
+			if (k->held[i] == call)
 				k->held[i] = NULL;
-	if (c->prev)
-		c->prev->next = c->next;
+	if (call->prev)
+		call->prev->next = call->next;
 	else
-		k->calls = c->next;
-	if (c->next)
-		c->next->prev = c->prev;
-	pb_free(k, c->rq);
-	buf_free(k, &c->out);
-	kvd_free(k, c->meta);
-	kvd_free(k, c->status_msg);
+		k->calls = call->next;
+	if (call->next)
+		call->next->prev = call->prev;
+	pb_free(k, call->rq);
+	buf_free(k, &call->out);
+	kvd_free(k, call->meta);
+	kvd_free(k, call->status_msg);
 }
 
 /*
@@ -4922,12 +4922,12 @@ static void call_fini(struct kvd *k, struct call *c)
  * flush takes back: it waits in k->held, and the flush either releases it or
  * replaces it with the error (loop_log_flush).
  */
-static void call_hold(struct kvd *k, struct call *c)
+static void call_hold(struct kvd *k, struct call *call)
 {
 	if (UTIL_GROW(k, k->held, k->heldcap, k->nheld + 1, 64))
 		return; /* cannot track it: it leaves after the flush all the same */
-	k->held[k->nheld++] = c;
-	c->held = 1;
+	k->held[k->nheld++] = call;
+	call->held = 1;
 }
 
 /* A service's error (struct svc_err, section 2): its gRPC code and etcd's
@@ -4940,71 +4940,71 @@ static int svc_fail(struct svc_err *e, int code, const char *msg)
 }
 
 /* Final status for c.  The message is copied; later calls are ignored. */
-static void call_finish(struct kvd *k, struct call *c, int code, const char *fmt, ...)
+static void call_finish(struct kvd *k, struct call *call, int code, const char *fmt, ...)
 {
 	char msg[512];
 	va_list ap;
 
-	if (c->finished)
+	if (call->finished)
 		return;
 	va_start(ap, fmt);
 	vsnprintf(msg, sizeof msg, fmt, ap);
 	va_end(ap);
-	c->status = code;
-	c->status_msg = msg[0] ? kvd_strdup(k, msg) : NULL;
-	c->finished = 1;
-	if (k->db.w.len && !c->held)
-		call_hold(k, c);
-	if (c->carrier->finished)
-		c->carrier->finished(k, c);
+	call->status = code;
+	call->status_msg = msg[0] ? kvd_strdup(k, msg) : NULL;
+	call->finished = 1;
+	if (k->db.w.len && !call->held)
+		call_hold(k, call);
+	if (call->carrier->finished)
+		call->carrier->finished(k, call);
 }
 
 /* Room for one response message of n bytes on c's output: the gRPC prefix
  * (uncompressed, length) written, the n bytes counted in, where they go
  * returned -- the one writer of that prefix.  NULL: the call ended
  * RESOURCE_EXHAUSTED. */
-static uint8_t *call_msg(struct kvd *k, struct call *c, size_t n)
+static uint8_t *call_msg(struct kvd *k, struct call *call, size_t n)
 {
 	uint8_t *p;
 
-	if (n > 0xffffffffu || buf_reserve(k, &c->out, 5 + n)) {
-		call_finish(k, c, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+	if (n > 0xffffffffu || buf_reserve(k, &call->out, 5 + n)) {
+		call_finish(k, call, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
 		return NULL;
 	}
-	p = c->out.p + c->out.len;
+	p = call->out.p + call->out.len;
 	p[0] = 0;
 	put_be32(p + 1, (uint32_t)n);
-	c->out.len += 5 + n;
+	call->out.len += 5 + n;
 	return p + 5;
 }
 
 /* Queue one response message.  On failure the call ends RESOURCE_EXHAUSTED. */
-static int call_send(struct kvd *k, struct call *c, const ProtobufCMessage *m)
+static int call_send(struct kvd *k, struct call *call, const ProtobufCMessage *m)
 {
 	uint8_t *p;
 
-	if (c->finished)
+	if (call->finished)
 		return KVD_EINVAL;
 	size_t n = protobuf_c_message_get_packed_size(m);
 
-	if (!(p = call_msg(k, c, n)))
+	if (!(p = call_msg(k, call, n)))
 		return KVD_ENOMEM;
 	protobuf_c_message_pack(m, p);
 	k->st.grpc_tx += n;
-	c->rs_bytes += (uint32_t)KVD_MIN(n, UINT32_MAX - c->rs_bytes);
+	call->rs_bytes += (uint32_t)KVD_MIN(n, UINT32_MAX - call->rs_bytes);
 	return 0;
 }
 
 /* A unary answer: one message, then status OK. */
-static void call_reply(struct kvd *k, struct call *c, const ProtobufCMessage *m)
+static void call_reply(struct kvd *k, struct call *call, const ProtobufCMessage *m)
 {
-	if (!call_send(k, c, m))
-		call_finish(k, c, GRPC_OK, "%s", "");
+	if (!call_send(k, call, m))
+		call_finish(k, call, GRPC_OK, "%s", "");
 }
 
 /* Keep a call's metadata (regular fields: names not starting with ':'), in
  * one allocation.  Each carrier hands over what its protocol calls them. */
-static int call_keep_meta(struct kvd *k, struct call *s, const struct hp_field *f, unsigned nf)
+static int call_keep_meta(struct kvd *k, struct call *call, const struct hp_field *f, unsigned nf)
 {
 	size_t bytes = 0;
 	unsigned i, n = 0;
@@ -5017,48 +5017,48 @@ static int call_keep_meta(struct kvd *k, struct call *s, const struct hp_field *
 		}
 	if (!n)
 		return 0;
-	s->meta = kvd_malloc(k, n * sizeof *s->meta + bytes);
-	if (!s->meta)
+	call->meta = kvd_malloc(k, n * sizeof *call->meta + bytes);
+	if (!call->meta)
 		return KVD_ENOMEM;
-	p = (char *)(s->meta + n);
+	p = (char *)(call->meta + n);
 	for (i = 0; i < nf; i++) {
 		if (f[i].name[0] == ':')
 			continue;
 		memcpy(p, f[i].name, f[i].nlen);
 		p[f[i].nlen] = 0;
-		s->meta[s->nmeta].name = p;
-		s->meta[s->nmeta].nlen = f[i].nlen;
+		call->meta[call->nmeta].name = p;
+		call->meta[call->nmeta].nlen = f[i].nlen;
 		p += f[i].nlen + 1;
 		memcpy(p, f[i].value, f[i].vlen);
 		p[f[i].vlen] = 0;
-		s->meta[s->nmeta].value = p;
-		s->meta[s->nmeta].vlen = f[i].vlen;
+		call->meta[call->nmeta].value = p;
+		call->meta[call->nmeta].vlen = f[i].vlen;
 		p += f[i].vlen + 1;
-		s->nmeta++;
+		call->nmeta++;
 	}
 	return 0;
 }
 
 /* Request metadata by (lowercase) name, NUL-terminated; NULL if absent. */
-static const char *call_meta(const struct call *c, const char *name)
+static const char *call_meta(const struct call *call, const char *name)
 {
 	unsigned i;
 
-	for (i = 0; i < c->nmeta; i++)
-		if (!strcmp(c->meta[i].name, name))
-			return c->meta[i].value;
+	for (i = 0; i < call->nmeta; i++)
+		if (!strcmp(call->meta[i].name, name))
+			return call->meta[i].value;
 	return NULL;
 }
 
 /*
- * Decode a request message for c's method into c->rq, or end the call as
+ * Decode a request message for the call's method into call->rq, or end the call as
  * etcd does: its decoder's text for malformed bytes (pb_check), its txn
  * limit for nesting beyond what kvd decodes, and kvd's own words only for
  * what is kvd's (memory, groups).  Returns 0 or a negative KVD_E*.
  */
-static int call_decode(struct kvd *k, struct call *c, const uint8_t *p, size_t n)
+static int call_decode(struct kvd *k, struct call *call, const uint8_t *p, size_t n)
 {
-	const ProtobufCMessageDescriptor *d = c->m->req;
+	const ProtobufCMessageDescriptor *d = call->m->req;
 	char why[160];
 	unsigned flags;
 	int oom, r;
@@ -5067,85 +5067,85 @@ static int call_decode(struct kvd *k, struct call *c, const uint8_t *p, size_t n
 		return 0; /* raw bytes (test methods) */
 	r = pb_check(d, p, n, PB_MAX_DEPTH, why, sizeof why, &flags);
 	if (r == KVD_ELIMIT) { /* only a Txn nests: etcd's answer for deep ones */
-		call_finish(k, c, GRPC_INVALID_ARGUMENT, "%s", E_TOO_MANY_OPS);
+		call_finish(k, call, GRPC_INVALID_ARGUMENT, "%s", E_TOO_MANY_OPS);
 		return r;
 	}
 	if (r) {
-		call_finish(k, c, GRPC_INTERNAL, "grpc: error unmarshalling request: %s", why);
+		call_finish(k, call, GRPC_INTERNAL, "grpc: error unmarshalling request: %s", why);
 		return r;
 	}
 	if (flags & PB_F_STRIP) { /* what etcd skips, protobuf-c would refuse */
 		uint8_t *copy = kvd_malloc(k, n ? n : 1);
 		if (!copy) {
-			call_finish(k, c, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+			call_finish(k, call, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
 			return KVD_ENOMEM;
 		}
 		size_t m = pb_strip(d, p, n, copy);
 		if (m == (size_t)-1) {
 			kvd_free(k, copy);
-			call_finish(k, c, GRPC_INVALID_ARGUMENT, "kvd: a message repeats its fields too often to be merged");
+			call_finish(k, call, GRPC_INVALID_ARGUMENT, "kvd: a message repeats its fields too often to be merged");
 			return KVD_ELIMIT;
 		}
-		c->rq = pb_unpack(k, d, copy, m, &oom);
+		call->rq = pb_unpack(k, d, copy, m, &oom);
 		kvd_free(k, copy);
 	} else {
-		c->rq = pb_unpack(k, d, p, n, &oom);
+		call->rq = pb_unpack(k, d, p, n, &oom);
 	}
-	if (c->rq)
+	if (call->rq)
 		return 0;
 	if (oom) {
-		call_finish(k, c, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+		call_finish(k, call, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
 		return KVD_ENOMEM;
 	}
-	call_finish(k, c, GRPC_INTERNAL, "grpc: error unmarshalling request: kvd: malformed protobuf");
+	call_finish(k, call, GRPC_INTERNAL, "grpc: error unmarshalling request: kvd: malformed protobuf");
 	return KVD_EPROTO;
 }
 
 /* One request message for c: decoded, then handed to the method (a unary
  * call takes only its first).  The handler may finish c, never frees it. */
-static void call_message(struct kvd *k, struct call *c, const uint8_t *p, size_t n)
+static void call_message(struct kvd *k, struct call *call, const uint8_t *p, size_t n)
 {
 	if (!p) /* an empty buffer's data: decoders may not do arithmetic on NULL */
 		p = (const uint8_t *)"";
 	k->st.grpc_rx += n;
-	c->rq_bytes += (uint32_t)KVD_MIN(n, UINT32_MAX - c->rq_bytes);
-	if (c->m->kind != GRPC_BIDI && c->got_msg)
+	call->rq_bytes += (uint32_t)KVD_MIN(n, UINT32_MAX - call->rq_bytes);
+	if (call->m->kind != GRPC_BIDI && call->got_msg)
 		return;
-	c->got_msg = 1;
-	c->out_mark = c->out.len;
-	if (call_decode(k, c, p, n))
+	call->got_msg = 1;
+	call->out_mark = call->out.len;
+	if (call_decode(k, call, p, n))
 		return;
-	c->raw.p = p;
-	c->raw.n = n;
-	c->m->on_msg(k, c);
+	call->raw.p = p;
+	call->raw.n = n;
+	call->m->on_msg(k, call);
 	if (k->stopping) /* begun while kvd stops: a stream ends at once */
-		svc_stop_call(k, c);
-	pb_free(k, c->rq);
-	c->rq = NULL;
-	c->raw.n = 0;
+		svc_stop_call(k, call);
+	pb_free(k, call->rq);
+	call->rq = NULL;
+	call->raw.n = 0;
 }
 
 /* The client will send nothing more (gRPC: io.EOF / io.ErrUnexpectedEOF
  * when the request never came, as grpc-go answers). */
-static void call_half_close(struct kvd *k, struct call *c, int partial)
+static void call_half_close(struct kvd *k, struct call *call, int partial)
 {
-	if (c->finished)
+	if (call->finished)
 		return;
-	if (!c->got_msg) {
-		call_finish(k, c, GRPC_UNKNOWN, partial ? "unexpected EOF" : "EOF");
-		return;
-	}
-	if (partial && c->m->kind == GRPC_BIDI) {
-		call_finish(k, c, GRPC_INTERNAL, "unexpected EOF");
+	if (!call->got_msg) {
+		call_finish(k, call, GRPC_UNKNOWN, partial ? "unexpected EOF" : "EOF");
 		return;
 	}
-	if (c->m->on_half_close)
-		c->m->on_half_close(k, c);
+	if (partial && call->m->kind == GRPC_BIDI) {
+		call_finish(k, call, GRPC_INTERNAL, "unexpected EOF");
+		return;
+	}
+	if (call->m->on_half_close)
+		call->m->on_half_close(k, call);
 }
 
 /* Route a path as grpc-go does (strip one leading '/', split at the last
  * '/'); 0, or the call finished with grpc-go's text. */
-static int call_route(struct kvd *k, struct call *c, const char *path, size_t plen)
+static int call_route(struct kvd *k, struct call *call, const char *path, size_t plen)
 {
 	const char *svc = path, *slash = NULL, *orig = path;
 	size_t i, olen = plen;
@@ -5161,22 +5161,22 @@ static int call_route(struct kvd *k, struct call *c, const char *path, size_t pl
 			break;
 		}
 	if (!slash) {
-		call_finish(k, c, GRPC_RESOURCE_EXHAUSTED, "malformed method name: \"%.*s\"", (int)KVD_MIN(olen, 200), orig);
+		call_finish(k, call, GRPC_RESOURCE_EXHAUSTED, "malformed method name: \"%.*s\"", (int)KVD_MIN(olen, 200), orig);
 		return KVD_EINVAL;
 	}
 	svc = path;
-	c->m = svc_route(svc, (size_t)(slash - svc), slash + 1, plen - (size_t)(slash - svc) - 1, &known);
-	if (!c->m) {
+	call->m = svc_route(svc, (size_t)(slash - svc), slash + 1, plen - (size_t)(slash - svc) - 1, &known);
+	if (!call->m) {
 		if (known)
-			call_finish(k, c, GRPC_UNIMPLEMENTED, "unknown method %.*s for service %.*s",
+			call_finish(k, call, GRPC_UNIMPLEMENTED, "unknown method %.*s for service %.*s",
 			            (int)KVD_MIN(plen - (size_t)(slash - svc) - 1, 200), slash + 1, (int)(slash - svc), svc);
 		else
-			call_finish(k, c, GRPC_UNIMPLEMENTED, "unknown service %.*s", (int)KVD_MIN((size_t)(slash - svc), 200), svc);
+			call_finish(k, call, GRPC_UNIMPLEMENTED, "unknown service %.*s", (int)KVD_MIN((size_t)(slash - svc), 200), svc);
 		return KVD_EINVAL;
 	}
-	if ((known = svc_method_index(c->m)) >= 0)
+	if ((known = svc_method_index(call->m)) >= 0)
 		k->st.grpc_started[known]++;
-	c->t_routed = util_now_us();
+	call->t_routed = util_now_us();
 	return 0;
 }
 
@@ -9480,22 +9480,22 @@ static void life_rw_free(struct kvd *k, struct life_rw *rw)
 	kvd_free(k, rw);
 }
 
-static void svc_defrag_answer(struct kvd *k, struct call *c, int code, const char *msg);
+static void svc_defrag_answer(struct kvd *k, struct call *call, int code, const char *msg);
 
 /* The rewrite ended (code GRPC_OK) or was abandoned: answer who waited. */
 static void life_rw_end(struct kvd *k, int code, const char *msg)
 {
 	struct life *L = &k->life;
-	struct call *c;
+	struct call *call;
 
 	if (L->rw) {
 		life_rw_free(k, L->rw);
 		L->rw = NULL;
 	}
 	while (L->nwait) {
-		c = L->wait[--L->nwait];
-		c->svc = NULL;
-		svc_defrag_answer(k, c, code, msg);
+		call = L->wait[--L->nwait];
+		call->svc = NULL;
+		svc_defrag_answer(k, call, code, msg);
 	}
 	util_wake_by(k, k->now); /* the answers leave on the next turn */
 }
@@ -11233,7 +11233,7 @@ static int snap_chunk(struct kvd *k, struct snap *s, const uint8_t **p, size_t *
 
 /* The next messages of a snapshot stream into c, as etcd sends them:
  * 1 more to come, 0 when the last (the SHA-256) is queued, or an error. */
-static int snap_produce(struct kvd *k, struct snap *s, struct call *c)
+static int snap_produce(struct kvd *k, struct snap *s, struct call *call)
 {
 	Etcdserverpb__SnapshotResponse rs = ETCDSERVERPB__SNAPSHOT_RESPONSE__INIT;
 	const uint8_t *p;
@@ -11247,7 +11247,7 @@ static int snap_produce(struct kvd *k, struct snap *s, struct call *c)
 	rs.version = (char *)KVD_ETCD_CLUSTER; /* the storage version, on every message (etcd 3.6+) */
 	rs.blob.data = (uint8_t *)(uintptr_t)p;
 	rs.blob.len = n;
-	if (call_send(k, c, &rs.base))
+	if (call_send(k, call, &rs.base))
 		return KVD_ENOMEM;
 	return last ? 0 : 1;
 }
@@ -14210,9 +14210,9 @@ static uint32_t grpc_max_recv(struct kvd *k)
 
 /* The call finished: request bytes still buffered are dropped, and their
  * window credited back. */
-static void grpc_finished(struct kvd *k, struct call *c)
+static void grpc_finished(struct kvd *k, struct call *call)
 {
-	struct h2_stream *s = H2_STREAM_OF(c);
+	struct h2_stream *s = H2_STREAM_OF(call);
 	size_t n = BUF_LEN(&s->in);
 
 	s->discard = 1;
@@ -14262,53 +14262,53 @@ static int grpc_parse_timeout(struct kvd_slice v, int64_t *us)
 /* A new call: check method, content-type and timeout, then route :path. */
 static void grpc_on_headers(struct kvd *k, struct h2_stream *s, const struct h2_req *rq)
 {
-	struct call *c = &s->call;
+	struct call *call = &s->call;
 	int64_t us;
 
 	if (!grpc_slice_is(rq->method, "POST")) {
 		s->http_status = 405;
-		call_finish(k, c, GRPC_INTERNAL, "invalid gRPC request method \"%.*s\"",
+		call_finish(k, call, GRPC_INTERNAL, "invalid gRPC request method \"%.*s\"",
 		            (int)KVD_MIN(rq->method.n, 64), (const char *)rq->method.p);
 		return;
 	}
 	if (!(rq->ctype.n >= 16 && !memcmp(rq->ctype.p, "application/grpc", 16) &&
 	      (rq->ctype.n == 16 || rq->ctype.p[16] == '+' || rq->ctype.p[16] == ';'))) {
 		s->http_status = 415;
-		call_finish(k, c, GRPC_INVALID_ARGUMENT, "invalid gRPC request content-type \"%.*s\"",
+		call_finish(k, call, GRPC_INVALID_ARGUMENT, "invalid gRPC request content-type \"%.*s\"",
 		            (int)KVD_MIN(rq->ctype.n, 64), (const char *)rq->ctype.p);
 		return;
 	}
 	s->ctype_proto = grpc_slice_is(rq->ctype, "application/grpc+proto");
 	if (rq->timeout.n) {
 		if (grpc_parse_timeout(rq->timeout, &us)) {
-			call_finish(k, c, GRPC_INTERNAL, "transport: malformed grpc-timeout");
+			call_finish(k, call, GRPC_INTERNAL, "transport: malformed grpc-timeout");
 			return;
 		}
 		if (!us) { /* as grpc-go: a deadline already past fails the call */
-			call_finish(k, c, GRPC_DEADLINE_EXCEEDED, "context deadline exceeded");
+			call_finish(k, call, GRPC_DEADLINE_EXCEEDED, "context deadline exceeded");
 			return;
 		}
-		c->deadline = k->now * 1000 + us;
-		util_wake_by(k, (c->deadline + 999) / 1000);
+		call->deadline = k->now * 1000 + us;
+		util_wake_by(k, (call->deadline + 999) / 1000);
 	}
 	if (rq->encoding.n && !grpc_slice_is(rq->encoding, "identity"))
 		s->bad_encoding = 1;
-	call_route(k, c, (const char *)rq->path.p, rq->path.n);
+	call_route(k, call, (const char *)rq->path.p, rq->path.n);
 }
 
 /* Deliver every complete message buffered on s. */
 static void grpc_on_data(struct kvd *k, struct h2_stream *s)
 {
-	struct call *c = &s->call;
+	struct call *call = &s->call;
 	const uint8_t *p;
 	uint32_t len;
 	size_t have;
 
-	while (!c->finished && (have = BUF_LEN(&s->in)) >= 5) {
+	while (!call->finished && (have = BUF_LEN(&s->in)) >= 5) {
 		p = BUF_DATA(&s->in);
 		len = get_be32(p + 1);
 		if (len > grpc_max_recv(k)) {
-			call_finish(k, c, GRPC_RESOURCE_EXHAUSTED,
+			call_finish(k, call, GRPC_RESOURCE_EXHAUSTED,
 			            "grpc: received message larger than max (%u vs. %u)", len, grpc_max_recv(k));
 			return;
 		}
@@ -14317,21 +14317,21 @@ static void grpc_on_data(struct kvd *k, struct h2_stream *s)
 			return;
 		}
 		if (p[0] > 1) {
-			call_finish(k, c, GRPC_INTERNAL, "grpc: received unexpected payload format %u", p[0]);
+			call_finish(k, call, GRPC_INTERNAL, "grpc: received unexpected payload format %u", p[0]);
 			return;
 		}
 		if (s->bad_encoding) {
-			const char *e = call_meta(c, "grpc-encoding");
-			call_finish(k, c, GRPC_UNIMPLEMENTED,
+			const char *e = call_meta(call, "grpc-encoding");
+			call_finish(k, call, GRPC_UNIMPLEMENTED,
 			            "grpc: Decompressor is not installed for grpc-encoding \"%.100s\"", e ? e : "");
 			return;
 		}
 		if (p[0] == 1) {
-			call_finish(k, c, GRPC_INTERNAL, "grpc: compressed flag set with identity or empty encoding");
+			call_finish(k, call, GRPC_INTERNAL, "grpc: compressed flag set with identity or empty encoding");
 			return;
 		}
-		call_message(k, c, p + 5, len);
-		if (c->finished) /* call_finish already dropped the buffer */
+		call_message(k, call, p + 5, len);
+		if (call->finished) /* call_finish already dropped the buffer */
 			return;
 		buf_consume(&s->in, 5 + (size_t)len);
 		h2_release(s);
@@ -14968,9 +14968,9 @@ static void auth_log_bad_token(struct kvd *k, const char *t)
  * (a token that is not live is an error); else (with --client-cert-auth)
  * the client certificate's CN; else nobody (*who NULL).  Auth off, etcd 3.7
  * looks at no token at all (3.4 refused a dead one either way). */
-static int auth_who(struct kvd *k, struct call *c, struct auth_who *w, struct svc_err *e)
+static int auth_who(struct kvd *k, struct call *call, struct auth_who *w, struct svc_err *e)
 {
-	const char *t = call_meta(c, "token"), *cn;
+	const char *t = call_meta(call, "token"), *cn;
 	struct auth_token *tk;
 	size_t cnlen;
 
@@ -14979,7 +14979,7 @@ static int auth_who(struct kvd *k, struct call *c, struct auth_who *w, struct sv
 	w->rev = 0;
 	w->named = 0;
 	if (!t)
-		t = call_meta(c, "authorization");
+		t = call_meta(call, "authorization");
 	if (!k->auth.enabled)
 		t = NULL;
 	if (t && !strncmp(t, "Bearer ", 7)) /* etcd 3.7 strips it */
@@ -15006,7 +15006,7 @@ static int auth_who(struct kvd *k, struct call *c, struct auth_who *w, struct sv
 		w->named = 1;
 		return 0;
 	}
-	if (k->cfg.client_cert_auth && c->conn && (cn = tls_peer_cn(c->conn, &cnlen))) {
+	if (k->cfg.client_cert_auth && call->conn && (cn = tls_peer_cn(call->conn, &cnlen))) {
 		w->name = cn; /* its exact bytes: "root\0.x" is not root; "" is nobody (permission denied) */
 		w->nlen = cnlen;
 		w->named = 1;
@@ -15030,18 +15030,18 @@ static int auth_admin(struct kvd *k, const struct auth_who *w, struct svc_err *e
 
 /* etcd's AuthAdmin.isPermitted: the caller is root (etcd 3.7 maps the
  * errors; 3.4's Maintenance sent them raw, code Unknown). */
-static int auth_root(struct kvd *k, struct call *c, struct svc_err *e)
+static int auth_root(struct kvd *k, struct call *call, struct svc_err *e)
 {
 	struct auth_who who;
 
-	return auth_who(k, c, &who, e) || auth_admin(k, &who, e) ? KVD_EINVAL : 0;
+	return auth_who(k, call, &who, e) || auth_admin(k, &who, e) ? KVD_EINVAL : 0;
 }
 
 /* etcd 3.7's requireAuthInfo (Status, MemberList, Alarm GET, leases): with
  * auth on, any caller with a name -- a live token, or a certificate's CN. */
-static int auth_need_user(struct kvd *k, struct call *c, struct auth_who *who, struct svc_err *e)
+static int auth_need_user(struct kvd *k, struct call *call, struct auth_who *who, struct svc_err *e)
 {
-	if (auth_who(k, c, who, e))
+	if (auth_who(k, call, who, e))
 		return KVD_EINVAL;
 	return k->auth.enabled && !who->nlen ? svc_fail(e, GRPC_INVALID_ARGUMENT, E_USER_EMPTY) : 0;
 }
@@ -15529,10 +15529,10 @@ static int auth_lease_keys(struct kvd *k, const struct auth_who *who, int64_t id
 
 /* ---- password hashes, off the handlers' path ----------------------------------- */
 
-/* A call waiting for a hash (its c->svc): the request stays here meanwhile. */
+/* A call waiting for a hash (its call->svc): the request stays here meanwhile. */
 struct auth_job {
 	struct auth_job *next;
-	struct call *c;
+	struct call *call;
 	ProtobufCMessage *rq;       /* the request, taken from the call */
 	struct auth_bcrypt h;
 	uint64_t rev;               /* the auth revision when the check began */
@@ -15551,17 +15551,17 @@ static int64_t auth_us(void)
 
 
 /* The request of c, whether it waited for a hash or not. */
-static const void *auth_rq(const struct call *c)
+static const void *auth_rq(const struct call *call)
 {
-	const struct auth_job *j = c->svc;
+	const struct auth_job *j = call->svc;
 
-	return c->rq ? (const void *)c->rq : (const void *)j->rq;
+	return call->rq ? (const void *)call->rq : (const void *)j->rq;
 }
 
 /* The hash c's handler asked for, once the loop made it; NULL before. */
-static const char *auth_hashed(const struct call *c)
+static const char *auth_hashed(const struct call *call)
 {
-	const struct auth_job *j = c->svc;
+	const struct auth_job *j = call->svc;
 
 	return j && j->done ? j->out : NULL;
 }
@@ -15588,7 +15588,7 @@ static void auth_job_unqueue(struct kvd *k, struct auth_job *j)
  * (NULL for in-process calls, which share one turn). */
 static struct share *auth_job_share(const struct auth_job *j)
 {
-	return j->c->conn ? j->c->conn->share : NULL;
+	return j->call->conn ? j->call->conn->share : NULL;
 }
 
 static int auth_job_count(const struct auth *a, const struct share *sh, const struct conn *c)
@@ -15597,7 +15597,7 @@ static int auth_job_count(const struct auth *a, const struct share *sh, const st
 	int n = 0;
 
 	for (j = a->jobs; j; j = j->next)
-		n += auth_job_share(j) == sh && (!c || j->c->conn == c);
+		n += auth_job_share(j) == sh && (!c || j->call->conn == c);
 	return n;
 }
 
@@ -15608,10 +15608,10 @@ static int auth_job_count(const struct auth *a, const struct share *sh, const st
  * given up ends "too many requests", as a refusal would have.  0 when there
  * is room now.
  */
-static int auth_job_make_room(struct kvd *k, struct call *c)
+static int auth_job_make_room(struct kvd *k, struct call *call)
 {
 	struct auth *a = &k->auth;
-	struct share *mine = c->conn ? c->conn->share : NULL, *top = NULL;
+	struct share *mine = call->conn ? call->conn->share : NULL, *top = NULL;
 	struct auth_job *j, *v = NULL;
 	const struct conn *ctop = NULL;
 	int n, best = -1, have = auth_job_count(a, mine, NULL);
@@ -15623,47 +15623,47 @@ static int auth_job_make_room(struct kvd *k, struct call *c)
 		}
 	if (top == mine || best < have + 2) { /* c's own address is the largest: by connection within it */
 		top = mine;
-		have = c->conn ? auth_job_count(a, mine, c->conn) : 0;
+		have = call->conn ? auth_job_count(a, mine, call->conn) : 0;
 		for (best = -1, j = a->jobs; j; j = j->next)
-			if (auth_job_share(j) == mine && j->c->conn != c->conn &&
-			    (n = auth_job_count(a, mine, j->c->conn)) > best) {
+			if (auth_job_share(j) == mine && j->call->conn != call->conn &&
+			    (n = auth_job_count(a, mine, j->call->conn)) > best) {
 				best = n;
-				ctop = j->c->conn;
+				ctop = j->call->conn;
 			}
 		if (!ctop || best < have + 2)
 			return KVD_ELIMIT;
 	}
 	for (j = a->jobs; j; j = j->next) /* its newest, never the one being hashed */
-		if (j != a->cur && auth_job_share(j) == top && (!ctop || j->c->conn == ctop))
+		if (j != a->cur && auth_job_share(j) == top && (!ctop || j->call->conn == ctop))
 			v = j;
 	if (!v)
 		return KVD_ELIMIT;
 	auth_job_unqueue(k, v);
-	call_finish(k, v->c, GRPC_RESOURCE_EXHAUSTED, "%s", E_TOO_MANY_REQUESTS);
+	call_finish(k, v->call, GRPC_RESOURCE_EXHAUSTED, "%s", E_TOO_MANY_REQUESTS);
 	k->st.yields[YIELD_HASHES]++;
 	return 0;
 }
 
 /* Queue a bcrypt of pw for c (salt NULL: a fresh one, for a new hash); the
  * loop calls c's handler again when it is ready.  0, or the error in *e. */
-static int auth_hash_start(struct kvd *k, struct call *c, struct kvd_slice pw, const uint8_t *salt, unsigned cost,
+static int auth_hash_start(struct kvd *k, struct call *call, struct kvd_slice pw, const uint8_t *salt, unsigned cost,
                            struct svc_err *e)
 {
 	struct auth *a = &k->auth;
-	struct auth_job *j = c->svc;
+	struct auth_job *j = call->svc;
 	uint8_t fresh[16];
 
-	if (!j && a->njobs >= KVD_AUTH_MAX_JOBS && auth_job_make_room(k, c))
+	if (!j && a->njobs >= KVD_AUTH_MAX_JOBS && auth_job_make_room(k, call))
 		return svc_fail(e, GRPC_RESOURCE_EXHAUSTED, E_TOO_MANY_REQUESTS);
 	if (!salt && auth_random(k, fresh, sizeof fresh))
 		return svc_fail(e, GRPC_UNAVAILABLE, "kvd: cannot read /dev/urandom");
 	if (!j) {
 		if (!(j = kvd_calloc(k, sizeof *j)))
 			return svc_fail(e, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
-		j->c = c;
-		j->rq = c->rq;
-		c->rq = NULL;
-		c->svc = j;
+		j->call = call;
+		j->rq = call->rq;
+		call->rq = NULL;
+		call->svc = j;
 	}
 	auth_bcrypt_begin(&j->h, pw.p, pw.n, salt ? salt : fresh, cost); /* every byte, as Go's bcrypt */
 	j->rev = a->rev;
@@ -15681,9 +15681,9 @@ static int auth_hash_start(struct kvd *k, struct call *c, struct kvd_slice pw, c
 }
 
 /* The call goes (answered, or its client left): its hash with it. */
-static void auth_job_close(struct kvd *k, struct call *c)
+static void auth_job_close(struct kvd *k, struct call *call)
 {
-	struct auth_job *j = c->svc;
+	struct auth_job *j = call->svc;
 
 	if (!j)
 		return;
@@ -15692,7 +15692,7 @@ static void auth_job_close(struct kvd *k, struct call *c)
 	pb_free(k, j->rq);
 	util_wipe(j, sizeof *j); /* the password's key schedule */
 	kvd_free(k, j);
-	c->svc = NULL;
+	call->svc = NULL;
 }
 
 /* The next job to hash: the one whose address, then connection, had its
@@ -15707,7 +15707,7 @@ static struct auth_job *auth_job_next(struct kvd *k)
 	for (j = a->jobs; j; j = j->next) {
 		sh = auth_job_share(j);
 		vs = sh ? sh->vt : 0;
-		vc = j->c->conn ? j->c->conn->vt : 0;
+		vc = j->call->conn ? j->call->conn->vt : 0;
 		if (!best || vs < bs || (vs == bs && vc < bc)) {
 			best = j;
 			bs = vs;
@@ -15717,8 +15717,8 @@ static struct auth_job *auth_job_next(struct kvd *k)
 	if (best) {
 		if ((sh = auth_job_share(best)))
 			sh->vt = ++a->vclock;
-		if (best->c->conn)
-			best->c->conn->vt = ++a->vclock;
+		if (best->call->conn)
+			best->call->conn->vt = ++a->vclock;
 	}
 	return best;
 }
@@ -15743,8 +15743,8 @@ static void auth_step(struct kvd *k)
 		auth_bcrypt_end(&j->h, j->out);
 		j->done = 1;
 		a->hashes++;
-		if (!j->c->finished) /* a call past its deadline changes nothing */
-			j->c->m->on_msg(k, j->c); /* answers, or queues it again */
+		if (!j->call->finished) /* a call past its deadline changes nothing */
+			j->call->m->on_msg(k, j->call); /* answers, or queues it again */
 		if (auth_us() - t0 >= KVD_AUTH_SLICE_US)
 			break;
 	}
@@ -15764,10 +15764,10 @@ KVD_RESIDENT static int auth_open(struct kvd *k, char *err, size_t errlen)
 	return KVD_EINVAL;
 }
 
-static int auth_who(struct kvd *k, struct call *c, struct auth_who *w, struct svc_err *e)
+static int auth_who(struct kvd *k, struct call *call, struct auth_who *w, struct svc_err *e)
 {
 	(void)k;
-	(void)c;
+	(void)call;
 	(void)e;
 	w->name = NULL;
 	w->nlen = 0;
@@ -15784,17 +15784,17 @@ static int auth_admin(struct kvd *k, const struct auth_who *w, struct svc_err *e
 	return 0;
 }
 
-static int auth_root(struct kvd *k, struct call *c, struct svc_err *e)
+static int auth_root(struct kvd *k, struct call *call, struct svc_err *e)
 {
 	(void)k;
-	(void)c;
+	(void)call;
 	(void)e;
 	return 0;
 }
 
-static int auth_need_user(struct kvd *k, struct call *c, struct auth_who *who, struct svc_err *e)
+static int auth_need_user(struct kvd *k, struct call *call, struct auth_who *who, struct svc_err *e)
 {
-	return auth_who(k, c, who, e);
+	return auth_who(k, call, who, e);
 }
 
 static const char *auth_watch_reason(const struct svc_err *e)
@@ -17074,17 +17074,17 @@ static uint64_t svc_txn_cost(const Etcdserverpb__TxnRequest *rq)
 }
 
 /* End a unary KV call: the reply, or the error in e. */
-static void svc_end(struct kvd *k, struct call *s, const ProtobufCMessage *m, const struct svc_err *e)
+static void svc_end(struct kvd *k, struct call *call, const ProtobufCMessage *m, const struct svc_err *e)
 {
 	if (e->msg)
-		call_finish(k, s, e->code, "%s", e->msg);
+		call_finish(k, call, e->code, "%s", e->msg);
 	else
-		call_reply(k, s, m);
+		call_reply(k, call, m);
 }
 
-static void svc_range_rpc(struct kvd *k, struct call *s)
+static void svc_range_rpc(struct kvd *k, struct call *call)
 {
-	const Etcdserverpb__RangeRequest *rq = (const void *)s->rq;
+	const Etcdserverpb__RangeRequest *rq = (const void *)call->rq;
 	Etcdserverpb__RangeResponse rs = ETCDSERVERPB__RANGE_RESPONSE__INIT;
 	Etcdserverpb__ResponseHeader h;
 	struct svc_pool pl = {k, NULL, 0};
@@ -17093,19 +17093,19 @@ static void svc_range_rpc(struct kvd *k, struct call *s)
 
 	if (svc_range_check(rq, &e))
 		;
-	else if (auth_who(k, s, &who, &e) || auth_may(k, &who, &rq->key, &rq->range_end, AUTH_R, &e))
+	else if (auth_who(k, call, &who, &e) || auth_may(k, &who, &rq->key, &rq->range_end, AUTH_R, &e))
 		;
 	else if (!svc_range_op(k, &pl, NULL, rq, &rs, &e)) {
 		svc_header(k, &h, 1);
 		rs.header = &h;
 	}
-	svc_end(k, s, &rs.base, &e);
+	svc_end(k, call, &rs.base, &e);
 	svc_pool_free(&pl);
 }
 
 /* Put (del 0) or DeleteRange (del 1) in a write txn of its own.  0 when
  * applied (rs then holds the op's answer); else the error is in *e. */
-static int svc_write1(struct kvd *k, struct call *s, struct svc_pool *pl, const void *rq, void *rs, int del,
+static int svc_write1(struct kvd *k, struct call *call, struct svc_pool *pl, const void *rq, void *rs, int del,
                       struct svc_err *e)
 {
 	struct mvcc_txn t;
@@ -17118,14 +17118,14 @@ static int svc_write1(struct kvd *k, struct call *s, struct svc_pool *pl, const 
 	}
 	if (del ? svc_delete_op(k, pl, &t, rq, rs, e) : svc_put_op(k, pl, &t, rq, rs, e))
 		mvcc_txn_abort(k, &t);
-	s->wrote = !e->msg && t.nops > 0; /* a delete that matched nothing wrote nothing */
+	call->wrote = !e->msg && t.nops > 0; /* a delete that matched nothing wrote nothing */
 	mvcc_txn_end(k, &t);
 	return e->msg ? -1 : 0;
 }
 
-static void svc_put_rpc(struct kvd *k, struct call *s)
+static void svc_put_rpc(struct kvd *k, struct call *call)
 {
-	const Etcdserverpb__PutRequest *rq = (const void *)s->rq;
+	const Etcdserverpb__PutRequest *rq = (const void *)call->rq;
 	Etcdserverpb__PutResponse rs;
 	Etcdserverpb__ResponseHeader h;
 	struct svc_pool pl = {k, NULL, 0};
@@ -17139,27 +17139,27 @@ static void svc_put_rpc(struct kvd *k, struct call *s)
 		svc_fail(&e, GRPC_INVALID_ARGUMENT, E_VALUE_PROVIDED);
 	else if (rq->ignore_lease && rq->lease)
 		svc_fail(&e, GRPC_INVALID_ARGUMENT, E_LEASE_PROVIDED);
-	else if (auth_who(k, s, &who, &e))
+	else if (auth_who(k, call, &who, &e))
 		;
-	else if (svc_too_large(k, s->raw.n))
+	else if (svc_too_large(k, call->raw.n))
 		svc_fail(&e, GRPC_INVALID_ARGUMENT, E_TOO_LARGE);
 	else if (auth_may(k, &who, &rq->key, NULL, AUTH_W, &e) || auth_lease_keys(k, &who, rq->lease, AUTH_W, &e) ||
 	         (rq->prev_kv && auth_may(k, &who, &rq->key, NULL, AUTH_R, &e)))
 		;
 	else if (rq->lease && !svc_lease_exists(k, rq->lease))
 		svc_fail(&e, GRPC_NOT_FOUND, E_LEASE_NOT_FOUND);
-	else if (!svc_write1(k, s, &pl, rq, &rs, 0, &e)) {
+	else if (!svc_write1(k, call, &pl, rq, &rs, 0, &e)) {
 		svc_header(k, &h, 1);
 		h.revision = rs.header->revision;
 		rs.header = &h;
 	}
-	svc_end(k, s, &rs.base, &e);
+	svc_end(k, call, &rs.base, &e);
 	svc_pool_free(&pl);
 }
 
-static void svc_delete_rpc(struct kvd *k, struct call *s)
+static void svc_delete_rpc(struct kvd *k, struct call *call)
 {
-	const Etcdserverpb__DeleteRangeRequest *rq = (const void *)s->rq;
+	const Etcdserverpb__DeleteRangeRequest *rq = (const void *)call->rq;
 	Etcdserverpb__DeleteRangeResponse rs;
 	Etcdserverpb__ResponseHeader h;
 	struct svc_pool pl = {k, NULL, 0};
@@ -17169,19 +17169,19 @@ static void svc_delete_rpc(struct kvd *k, struct call *s)
 	etcdserverpb__delete_range_response__init(&rs);
 	if (!rq->key.len)
 		svc_fail(&e, GRPC_INVALID_ARGUMENT, E_EMPTY_KEY);
-	else if (auth_who(k, s, &who, &e))
+	else if (auth_who(k, call, &who, &e))
 		;
-	else if (svc_too_large(k, s->raw.n))
+	else if (svc_too_large(k, call->raw.n))
 		svc_fail(&e, GRPC_INVALID_ARGUMENT, E_TOO_LARGE);
 	else if (auth_may(k, &who, &rq->key, &rq->range_end, AUTH_W, &e) ||
 	         (rq->prev_kv && auth_may(k, &who, &rq->key, &rq->range_end, AUTH_R, &e)))
 		;
-	else if (!svc_write1(k, s, &pl, rq, &rs, 1, &e)) {
+	else if (!svc_write1(k, call, &pl, rq, &rs, 1, &e)) {
 		svc_header(k, &h, 1);
 		h.revision = rs.header->revision;
 		rs.header = &h;
 	}
-	svc_end(k, s, &rs.base, &e);
+	svc_end(k, call, &rs.base, &e);
 	svc_pool_free(&pl);
 }
 
@@ -17191,7 +17191,7 @@ static void svc_delete_rpc(struct kvd *k, struct call *s)
  * clients of itself.  raw: the request's size on the wire.  rs and h are
  * filled (their memory from pl); 0, or KVD_EINVAL with e set.
  */
-static int svc_txn_do(struct kvd *k, struct call *s, const Etcdserverpb__TxnRequest *rq, size_t raw,
+static int svc_txn_do(struct kvd *k, struct call *call, const Etcdserverpb__TxnRequest *rq, size_t raw,
                       struct svc_pool *pl, Etcdserverpb__TxnResponse *rs, Etcdserverpb__ResponseHeader *h,
                       struct svc_err *e)
 {
@@ -17213,7 +17213,7 @@ static int svc_txn_do(struct kvd *k, struct call *s, const Etcdserverpb__TxnRequ
 	if (svc_intervals(k, rq->failure, rq->n_failure, &iv, e))
 		goto out;
 	svc_ivs_free(k, &iv);
-	if (auth_who(k, s, &who, e))
+	if (auth_who(k, call, &who, e))
 		goto out;
 	if (!ro && svc_too_large(k, raw)) {
 		svc_fail(e, GRPC_INVALID_ARGUMENT, E_TOO_LARGE);
@@ -17240,7 +17240,7 @@ static int svc_txn_do(struct kvd *k, struct call *s, const Etcdserverpb__TxnRequ
 			mvcc_txn_abort(k, &t);
 		svc_header(k, h, 1);
 		h->revision = svc_cur(k, &t);
-		s->wrote |= t.nops > 0;
+		call->wrote |= t.nops > 0;
 		mvcc_txn_end(k, &t);
 	}
 	rs->header = h;
@@ -17249,28 +17249,28 @@ out:
 	return e->msg ? KVD_EINVAL : 0;
 }
 
-static void svc_txn_rpc(struct kvd *k, struct call *s)
+static void svc_txn_rpc(struct kvd *k, struct call *call)
 {
 	Etcdserverpb__TxnResponse rs;
 	Etcdserverpb__ResponseHeader h;
 	struct svc_pool pl = {k, NULL, 0};
 	struct svc_err e = {0, NULL};
 
-	svc_txn_do(k, s, (const void *)s->rq, s->raw.n, &pl, &rs, &h, &e);
-	svc_end(k, s, &rs.base, &e);
+	svc_txn_do(k, call, (const void *)call->rq, call->raw.n, &pl, &rs, &h, &e);
+	svc_end(k, call, &rs.base, &e);
 	svc_pool_free(&pl);
 }
 
-static void svc_compact_rpc(struct kvd *k, struct call *s)
+static void svc_compact_rpc(struct kvd *k, struct call *call)
 {
-	const Etcdserverpb__CompactionRequest *rq = (const void *)s->rq;
+	const Etcdserverpb__CompactionRequest *rq = (const void *)call->rq;
 	Etcdserverpb__CompactionResponse rs = ETCDSERVERPB__COMPACTION_RESPONSE__INIT;
 	Etcdserverpb__ResponseHeader h;
 	struct svc_err e = {0, NULL};
 
-	if (auth_root(k, s, &e)) /* etcd 3.7: root only */
+	if (auth_root(k, call, &e)) /* etcd 3.7: root only */
 		;
-	else if (svc_too_large(k, s->raw.n))
+	else if (svc_too_large(k, call->raw.n))
 		svc_fail(&e, GRPC_INVALID_ARGUMENT, E_TOO_LARGE);
 	else if (rq->revision <= k->db.compacted)
 		svc_fail(&e, GRPC_OUT_OF_RANGE, E_COMPACTED);
@@ -17282,9 +17282,9 @@ static void svc_compact_rpc(struct kvd *k, struct call *s)
 		/* physical or not, the answer leaves once the compaction is durable */
 		svc_header(k, &h, 1);
 		rs.header = &h;
-		s->wrote = 1;
+		call->wrote = 1;
 	}
-	svc_end(k, s, &rs.base, &e);
+	svc_end(k, call, &rs.base, &e);
 }
 
 /* ---- RangeStream: chunks produced as the client's window opens ---------- */
@@ -17302,21 +17302,21 @@ struct svc_rstream {
 	unsigned counted : 1;
 };
 
-static void svc_rstream_close(struct kvd *k, struct call *s)
+static void svc_rstream_close(struct kvd *k, struct call *call)
 {
-	struct svc_rstream *st = s->svc;
+	struct svc_rstream *st = call->svc;
 
 	if (!st)
 		return;
 	pb_free(k, st->rq);
 	kvd_free(k, st->last);
 	kvd_free(k, st);
-	s->svc = NULL;
+	call->svc = NULL;
 }
 
-static void svc_rstream_chunk(struct kvd *k, struct call *s)
+static void svc_rstream_chunk(struct kvd *k, struct call *call)
 {
-	struct svc_rstream *st = s->svc;
+	struct svc_rstream *st = call->svc;
 	Etcdserverpb__RangeRequest *rq = st->rq;
 	Etcdserverpb__RangeStreamResponse msg = ETCDSERVERPB__RANGE_STREAM_RESPONSE__INIT;
 	Etcdserverpb__RangeResponse rr = ETCDSERVERPB__RANGE_RESPONSE__INIT;
@@ -17332,7 +17332,7 @@ static void svc_rstream_chunk(struct kvd *k, struct call *s)
 	int64_t left = rq->limit > 0 ? rq->limit - st->sent : INT64_MAX;
 
 	if (st->rev < m->compacted) {
-		call_finish(k, s, GRPC_OUT_OF_RANGE, "%s", E_COMPACTED);
+		call_finish(k, call, GRPC_OUT_OF_RANGE, "%s", E_COMPACTED);
 		return;
 	}
 	if (st->last)
@@ -17350,7 +17350,7 @@ static void svc_rstream_chunk(struct kvd *k, struct call *s)
 		}
 		vis = mvcc_visible(m, r, st->rev >= m->rev ? 0 : st->rev, &kv);
 		if (vis < 0) {
-			call_finish(k, s, GRPC_DATA_LOSS, "kvd: cannot read the log");
+			call_finish(k, call, GRPC_DATA_LOSS, "kvd: cannot read the log");
 			goto out;
 		}
 		if (vis) {
@@ -17360,7 +17360,7 @@ static void svc_rstream_chunk(struct kvd *k, struct call *s)
 				if (got.n >= SVC_CHUNK_KEYS || bytes >= SVC_CHUNK_BYTES)
 					break;
 				if (svc_range_push(k, &got, &kv)) {
-					call_finish(k, s, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+					call_finish(k, call, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
 					goto out;
 				}
 				bytes += r->klen + (rq->keys_only ? 0 : kv.vlen) + 32;
@@ -17380,7 +17380,7 @@ static void svc_rstream_chunk(struct kvd *k, struct call *s)
 		if (!nl || svc_kvs(k, &pl, got.kv, got.n, svc_keys_only(rq), &rr.kvs)) {
 			if (nl)
 				st->last = nl;
-			call_finish(k, s, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+			call_finish(k, call, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
 			goto out;
 		}
 		st->last = nl;
@@ -17398,19 +17398,19 @@ static void svc_rstream_chunk(struct kvd *k, struct call *s)
 	}
 	if (got.n || done) {
 		msg.range_response = &rr;
-		if (call_send(k, s, &msg.base))
+		if (call_send(k, call, &msg.base))
 			goto out;
 	}
 	if (done)
-		call_finish(k, s, GRPC_OK, "%s", "");
+		call_finish(k, call, GRPC_OK, "%s", "");
 out:
 	kvd_free(k, got.kv);
 	svc_pool_free(&pl);
 }
 
-static void svc_rangestream_rpc(struct kvd *k, struct call *s)
+static void svc_rangestream_rpc(struct kvd *k, struct call *call)
 {
-	const Etcdserverpb__RangeRequest *rq = (const void *)s->rq;
+	const Etcdserverpb__RangeRequest *rq = (const void *)call->rq;
 	struct svc_rstream *st;
 	struct svc_err e = {0, NULL};
 	struct auth_who who;
@@ -17418,27 +17418,27 @@ static void svc_rangestream_rpc(struct kvd *k, struct call *s)
 
 	rev = rq->revision;
 	if (svc_range_check(rq, &e))
-		call_finish(k, s, e.code, "%s", e.msg);
+		call_finish(k, call, e.code, "%s", e.msg);
 	else if (rq->sort_order != SORT_NONE && !(rq->sort_target == SORT_BY_KEY && rq->sort_order == SORT_ASCEND))
-		call_finish(k, s, GRPC_UNIMPLEMENTED, "RangeStream does not support custom sort orders");
+		call_finish(k, call, GRPC_UNIMPLEMENTED, "RangeStream does not support custom sort orders");
 	else if (rq->min_mod_revision || rq->max_mod_revision || rq->min_create_revision || rq->max_create_revision)
-		call_finish(k, s, GRPC_UNIMPLEMENTED, "RangeStream does not support revision filters");
-	else if (auth_who(k, s, &who, &e) || auth_may(k, &who, &rq->key, &rq->range_end, AUTH_R, &e))
-		call_finish(k, s, e.code, "%s", e.msg);
+		call_finish(k, call, GRPC_UNIMPLEMENTED, "RangeStream does not support revision filters");
+	else if (auth_who(k, call, &who, &e) || auth_may(k, &who, &rq->key, &rq->range_end, AUTH_R, &e))
+		call_finish(k, call, e.code, "%s", e.msg);
 	else if (rev > k->db.rev)
-		call_finish(k, s, GRPC_OUT_OF_RANGE, "%s", E_FUTURE_REV);
+		call_finish(k, call, GRPC_OUT_OF_RANGE, "%s", E_FUTURE_REV);
 	else if (rev > 0 && rev < k->db.compacted)
-		call_finish(k, s, GRPC_OUT_OF_RANGE, "%s", E_COMPACTED);
+		call_finish(k, call, GRPC_OUT_OF_RANGE, "%s", E_COMPACTED);
 	else if (!(st = kvd_calloc(k, sizeof *st)))
-		call_finish(k, s, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+		call_finish(k, call, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
 	else {
 		/* pin the newest durable revision: a chunk never shows a write a crash could undo */
-		st->rq = (Etcdserverpb__RangeRequest *)s->rq; /* kept: see on_msg */
-		s->rq = NULL;
+		st->rq = (Etcdserverpb__RangeRequest *)call->rq; /* kept: see on_msg */
+		call->rq = NULL;
 		st->rev = rev > 0 ? rev : k->db.rev_durable;
 		st->hrev = k->db.rev_durable;
-		s->svc = st;
-		s->produce = 1;
+		call->svc = st;
+		call->produce = 1;
 		return; /* chunks come from svc_rstream_chunk as the window opens */
 	}
 }
@@ -17498,9 +17498,9 @@ static void svc_lease_write(struct kvd *k, struct svc_err *e, struct lease *l, i
 	mvcc_txn_end(k, &t);
 }
 
-static void svc_lease_grant_rpc(struct kvd *k, struct call *s)
+static void svc_lease_grant_rpc(struct kvd *k, struct call *call)
 {
-	const Etcdserverpb__LeaseGrantRequest *rq = (const void *)s->rq;
+	const Etcdserverpb__LeaseGrantRequest *rq = (const void *)call->rq;
 	Etcdserverpb__LeaseGrantResponse rs = ETCDSERVERPB__LEASE_GRANT_RESPONSE__INIT;
 	Etcdserverpb__ResponseHeader h;
 	struct svc_err e = {0, NULL};
@@ -17509,9 +17509,9 @@ static void svc_lease_grant_rpc(struct kvd *k, struct call *s)
 
 	id = rq->id;
 	ttl = KVD_MAX(rq->ttl, k->lease.min_ttl); /* 0 and negative too, as etcd */
-	if (auth_need_user(k, s, &who, &e)) /* a user; no permission (etcd 3.7) */
+	if (auth_need_user(k, call, &who, &e)) /* a user; no permission (etcd 3.7) */
 		;
-	else if (svc_too_large(k, s->raw.n))
+	else if (svc_too_large(k, call->raw.n))
 		svc_fail(&e, GRPC_INVALID_ARGUMENT, E_TOO_LARGE);
 	else if (rq->ttl > LEASE_MAX_TTL)
 		svc_fail(&e, GRPC_OUT_OF_RANGE, E_LEASE_TTL);
@@ -17524,23 +17524,23 @@ static void svc_lease_grant_rpc(struct kvd *k, struct call *s)
 		rs.header = &h;
 		rs.id = id;
 		rs.ttl = ttl;
-		s->wrote = 1;
+		call->wrote = 1;
 	}
-	svc_end(k, s, &rs.base, &e);
+	svc_end(k, call, &rs.base, &e);
 }
 
-static void svc_lease_revoke_rpc(struct kvd *k, struct call *s)
+static void svc_lease_revoke_rpc(struct kvd *k, struct call *call)
 {
-	const Etcdserverpb__LeaseRevokeRequest *rq = (const void *)s->rq;
+	const Etcdserverpb__LeaseRevokeRequest *rq = (const void *)call->rq;
 	Etcdserverpb__LeaseRevokeResponse rs = ETCDSERVERPB__LEASE_REVOKE_RESPONSE__INIT;
 	Etcdserverpb__ResponseHeader h;
 	struct svc_err e = {0, NULL};
 	struct lease *l;
 	struct auth_who who;
 
-	if (auth_need_user(k, s, &who, &e))
+	if (auth_need_user(k, call, &who, &e))
 		;
-	else if (svc_too_large(k, s->raw.n))
+	else if (svc_too_large(k, call->raw.n))
 		svc_fail(&e, GRPC_INVALID_ARGUMENT, E_TOO_LARGE);
 	else if (auth_lease_keys(k, &who, rq->id, AUTH_W, &e)) /* revoking deletes them */
 		;
@@ -17551,26 +17551,26 @@ static void svc_lease_revoke_rpc(struct kvd *k, struct call *s)
 	if (!e.msg) {
 		svc_header(k, &h, 1); /* the revision that deleted its keys, if it had any */
 		rs.header = &h;
-		s->wrote = 1;
+		call->wrote = 1;
 	}
-	svc_end(k, s, &rs.base, &e);
+	svc_end(k, call, &rs.base, &e);
 }
 
 /* LeaseKeepAlive: one answer per request; an unknown lease gets TTL 0 and
  * no error, as etcd.  Renewals are not logged (see section 11).  With auth
  * on (etcd 3.7's checkLeaseRenew) a user renews only leases whose keys it
  * may write; a refusal ends the stream with its error. */
-static void svc_lease_keepalive_msg(struct kvd *k, struct call *s)
+static void svc_lease_keepalive_msg(struct kvd *k, struct call *call)
 {
-	const Etcdserverpb__LeaseKeepAliveRequest *rq = (const void *)s->rq;
+	const Etcdserverpb__LeaseKeepAliveRequest *rq = (const void *)call->rq;
 	Etcdserverpb__LeaseKeepAliveResponse rs = ETCDSERVERPB__LEASE_KEEP_ALIVE_RESPONSE__INIT;
 	Etcdserverpb__ResponseHeader h;
 	struct svc_err e = {0, NULL};
 	struct auth_who who;
 	struct lease *l;
 
-	if (auth_need_user(k, s, &who, &e) || auth_lease_keys(k, &who, rq->id, AUTH_W, &e)) {
-		call_finish(k, s, e.code, "%s", e.msg);
+	if (auth_need_user(k, call, &who, &e) || auth_lease_keys(k, &who, rq->id, AUTH_W, &e)) {
+		call_finish(k, call, e.code, "%s", e.msg);
 		return;
 	}
 
@@ -17581,17 +17581,17 @@ static void svc_lease_keepalive_msg(struct kvd *k, struct call *s)
 		lease_renew(k, l);
 		rs.ttl = l->ttl;
 	}
-	call_send(k, s, &rs.base);
+	call_send(k, call, &rs.base);
 }
 
-static void svc_lease_keepalive_end(struct kvd *k, struct call *s)
+static void svc_lease_keepalive_end(struct kvd *k, struct call *call)
 {
-	call_finish(k, s, GRPC_OK, "%s", "");
+	call_finish(k, call, GRPC_OK, "%s", "");
 }
 
-static void svc_lease_ttl_rpc(struct kvd *k, struct call *s)
+static void svc_lease_ttl_rpc(struct kvd *k, struct call *call)
 {
-	const Etcdserverpb__LeaseTimeToLiveRequest *rq = (const void *)s->rq;
+	const Etcdserverpb__LeaseTimeToLiveRequest *rq = (const void *)call->rq;
 	Etcdserverpb__LeaseTimeToLiveResponse rs = ETCDSERVERPB__LEASE_TIME_TO_LIVE_RESPONSE__INIT;
 	Etcdserverpb__ResponseHeader h;
 	struct svc_pool pl = {k, NULL, 0};
@@ -17605,9 +17605,9 @@ static void svc_lease_ttl_rpc(struct kvd *k, struct call *s)
 	rs.header = &h;
 	rs.id = rq->id;
 	rs.ttl = -1; /* unknown: TTL -1, granted 0, no error */
-	if (auth_need_user(k, s, &who, &e)) {
+	if (auth_need_user(k, call, &who, &e)) {
 		; /* etcd 3.7: a user; key names need read on each */
-	} else if (svc_too_large(k, s->raw.n)) {
+	} else if (svc_too_large(k, call->raw.n)) {
 		svc_fail(&e, GRPC_INVALID_ARGUMENT, E_TOO_LARGE);
 	} else if (rq->keys && auth_lease_keys(k, &who, rq->id, AUTH_R, &e)) {
 		;
@@ -17632,7 +17632,7 @@ static void svc_lease_ttl_rpc(struct kvd *k, struct call *s)
 			}
 		}
 	}
-	svc_end(k, s, &rs.base, &e);
+	svc_end(k, call, &rs.base, &e);
 	svc_pool_free(&pl);
 }
 
@@ -17646,7 +17646,7 @@ static int svc_lease_cmp(const void *a, const void *b)
 }
 
 /* LeaseLeases: every lease, soonest expiry first (etcd's leasesByExpiry). */
-static void svc_lease_leases_rpc(struct kvd *k, struct call *s)
+static void svc_lease_leases_rpc(struct kvd *k, struct call *call)
 {
 	Etcdserverpb__LeaseLeasesResponse rs = ETCDSERVERPB__LEASE_LEASES_RESPONSE__INIT;
 	Etcdserverpb__ResponseHeader h;
@@ -17660,7 +17660,7 @@ static void svc_lease_leases_rpc(struct kvd *k, struct call *s)
 
 	svc_header(k, &h, 1);
 	rs.header = &h;
-	if (auth_need_user(k, s, &who, &e)) /* etcd 3.7: a user, who may read every leased key */
+	if (auth_need_user(k, call, &who, &e)) /* etcd 3.7: a user, who may read every leased key */
 		;
 	else if (k->auth.enabled && auth_admin(k, &who, &e))
 		for (e.msg = NULL, i = 0; g->n && i <= g->mask && !e.msg; i++)
@@ -17685,7 +17685,7 @@ static void svc_lease_leases_rpc(struct kvd *k, struct call *s)
 			rs.n_leases = nl;
 		}
 	}
-	svc_end(k, s, &rs.base, &e);
+	svc_end(k, call, &rs.base, &e);
 	svc_pool_free(&pl);
 }
 
@@ -17732,7 +17732,7 @@ static void svc_lease_leases_rpc(struct kvd *k, struct call *s)
 #ifndef KVD_NO_AUTH
 /* One change as one AUTH record: begun, ops added, sealed with the
  * revision bumped (bump) or not.  Each returns 0 or fills *e. */
-static int auth_begin(struct kvd *k, struct call *s, struct auth_rec *r, struct svc_err *e)
+static int auth_begin(struct kvd *k, struct call *call, struct auth_rec *r, struct svc_err *e)
 {
 	if (svc_writable(k, e, 0))
 		return KVD_EINVAL;
@@ -17740,7 +17740,7 @@ static int auth_begin(struct kvd *k, struct call *s, struct auth_rec *r, struct 
 		return svc_fail(e, GRPC_OUT_OF_RANGE, "kvd: auth: no auth revision left");
 	if (auth_rec_begin(k, r))
 		return svc_fail(e, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
-	s->wrote = 1;
+	call->wrote = 1;
 	return 0;
 }
 
@@ -17756,17 +17756,17 @@ static int auth_end(struct kvd *k, struct auth_rec *r, int failed, int bump, str
 }
 
 /* A header, the answer or the error: how every Auth RPC ends. */
-static void auth_answer(struct kvd *k, struct call *s, ProtobufCMessage *rs, Etcdserverpb__ResponseHeader **hp,
+static void auth_answer(struct kvd *k, struct call *call, ProtobufCMessage *rs, Etcdserverpb__ResponseHeader **hp,
                         struct svc_err *e)
 {
 	Etcdserverpb__ResponseHeader h;
 
 	svc_header(k, &h, 1);
 	*hp = &h;
-	svc_end(k, s, rs, e);
+	svc_end(k, call, rs, e);
 }
 
-static void svc_auth_enable(struct kvd *k, struct call *s)
+static void svc_auth_enable(struct kvd *k, struct call *call)
 {
 	Etcdserverpb__AuthEnableResponse rs = ETCDSERVERPB__AUTH_ENABLE_RESPONSE__INIT;
 	struct svc_err e = {0, NULL};
@@ -17774,61 +17774,61 @@ static void svc_auth_enable(struct kvd *k, struct call *s)
 	struct auth_rec r;
 	struct auth_who who;
 
-	if (!auth_who(k, s, &who, &e) && !auth_admin(k, &who, &e) && !k->auth.enabled) {
+	if (!auth_who(k, call, &who, &e) && !auth_admin(k, &who, &e) && !k->auth.enabled) {
 		if (!(u = auth_user(k, AUTH_ROOT)))
 			svc_fail(&e, GRPC_FAILED_PRECONDITION, E_ROOT_NOT_EXIST);
 		else if (!auth_has_role(u, AUTH_ROOT))
 			svc_fail(&e, GRPC_FAILED_PRECONDITION, E_ROOT_NO_ROLE);
-		else if (!auth_begin(k, s, &r, &e)) {
+		else if (!auth_begin(k, call, &r, &e)) {
 			k->auth.enabled = 1;
 			auth_end(k, &r, 0, 0, &e);
 			kvd_log(k, KVD_LOG_INFO, "auth enabled");
 		}
 	}
-	auth_answer(k, s, &rs.base, &rs.header, &e);
+	auth_answer(k, call, &rs.base, &rs.header, &e);
 }
 
-static void svc_auth_disable(struct kvd *k, struct call *s)
+static void svc_auth_disable(struct kvd *k, struct call *call)
 {
 	Etcdserverpb__AuthDisableResponse rs = ETCDSERVERPB__AUTH_DISABLE_RESPONSE__INIT;
 	struct svc_err e = {0, NULL};
 	struct auth_rec r;
 	struct auth_who who;
 
-	if (!auth_who(k, s, &who, &e) && !auth_admin(k, &who, &e) && k->auth.enabled && !auth_begin(k, s, &r, &e)) {
+	if (!auth_who(k, call, &who, &e) && !auth_admin(k, &who, &e) && k->auth.enabled && !auth_begin(k, call, &r, &e)) {
 		k->auth.enabled = 0;
 		auth_end(k, &r, 0, 1, &e);
 		auth_tok_drop(k, NULL);
 		kvd_log(k, KVD_LOG_INFO, "auth disabled");
 	}
-	auth_answer(k, s, &rs.base, &rs.header, &e);
+	auth_answer(k, call, &rs.base, &rs.header, &e);
 }
 
 /* AuthStatus: etcd 3.7 answers anyone (3.5 and 3.6: root), but a token
  * sent must be live, as for every request etcd proposes. */
-static void svc_auth_status(struct kvd *k, struct call *s)
+static void svc_auth_status(struct kvd *k, struct call *call)
 {
 	Etcdserverpb__AuthStatusResponse rs = ETCDSERVERPB__AUTH_STATUS_RESPONSE__INIT;
 	struct svc_err e = {0, NULL};
 	struct auth_who who;
 
-	if (auth_who(k, s, &who, &e)) {
-		call_finish(k, s, e.code, "%s", e.msg);
+	if (auth_who(k, call, &who, &e)) {
+		call_finish(k, call, e.code, "%s", e.msg);
 		return;
 	}
 	rs.enabled = k->auth.enabled;
 	rs.authrevision = k->auth.rev;
-	auth_answer(k, s, &rs.base, &rs.header, &e);
+	auth_answer(k, call, &rs.base, &rs.header, &e);
 }
 
-static void svc_auth_authenticate(struct kvd *k, struct call *s)
+static void svc_auth_authenticate(struct kvd *k, struct call *call)
 {
-	const Etcdserverpb__AuthenticateRequest *rq = auth_rq(s);
+	const Etcdserverpb__AuthenticateRequest *rq = auth_rq(call);
 	Etcdserverpb__AuthenticateResponse rs = ETCDSERVERPB__AUTHENTICATE_RESPONSE__INIT;
 	struct svc_err e = {0, NULL};
-	const struct auth_job *j = s->svc;
+	const struct auth_job *j = call->svc;
 	const Authpb__User *u;
-	const char *hash = auth_hashed(s);
+	const char *hash = auth_hashed(call);
 	struct kvd_slice nm = pb_str(rq->name);
 	char tok[2048], nb[80];
 	uint8_t salt[16];
@@ -17844,7 +17844,7 @@ static void svc_auth_authenticate(struct kvd *k, struct call *s)
 	else if (auth_bcrypt_parse(u->password.data, u->password.len, &cost, salt))
 		svc_fail(&e, GRPC_INVALID_ARGUMENT, E_AUTH_FAILED);
 	else if (!hash || j->rev != k->auth.rev) { /* not hashed yet, or the users changed meanwhile */
-		if (!auth_hash_start(k, s, pb_str(rq->password), salt, cost, &e))
+		if (!auth_hash_start(k, call, pb_str(rq->password), salt, cost, &e))
 			return;
 	} else {
 		if (auth_ct_diff(hash + 29, u->password.data + 29, 31)) { /* the 31 hash characters */
@@ -17872,7 +17872,7 @@ static void svc_auth_authenticate(struct kvd *k, struct call *s)
 		kvd_log(k, KVD_LOG_WARN, "invalid authentication was requested: user \"%s\": %s",
 		        auth_log_name(nb, nm.p, nm.n),
 		        e.msg[0] == 'a' ? e.msg : "auth: authentication failed, invalid user ID or password");
-	auth_answer(k, s, &rs.base, &rs.header, &e);
+	auth_answer(k, call, &rs.base, &rs.header, &e);
 }
 
 /* A user as etcd stores it, with its roles and hash (borrowed). */
@@ -17897,19 +17897,19 @@ static void auth_user_msg(Authpb__User *nu, Authpb__UserAddOptions *opt, const A
 	}
 }
 
-static void svc_auth_user_add(struct kvd *k, struct call *s)
+static void svc_auth_user_add(struct kvd *k, struct call *call)
 {
-	const Etcdserverpb__AuthUserAddRequest *rq = auth_rq(s);
+	const Etcdserverpb__AuthUserAddRequest *rq = auth_rq(call);
 	Etcdserverpb__AuthUserAddResponse rs = ETCDSERVERPB__AUTH_USER_ADD_RESPONSE__INIT;
 	struct svc_err e = {0, NULL};
-	const char *hash = auth_hashed(s);
+	const char *hash = auth_hashed(call);
 	struct auth_who who;
 	int nopw = rq->options && rq->options->no_password;
 	Authpb__UserAddOptions opt = AUTHPB__USER_ADD_OPTIONS__INIT;
 	Authpb__User nu;
 	struct auth_rec r;
 
-	if (auth_who(k, s, &who, &e) || auth_admin(k, &who, &e))
+	if (auth_who(k, call, &who, &e) || auth_admin(k, &who, &e))
 		;
 	else if (!pb_str(rq->name).n)
 		svc_fail(&e, GRPC_INVALID_ARGUMENT, E_USER_EMPTY);
@@ -17918,27 +17918,27 @@ static void svc_auth_user_add(struct kvd *k, struct call *s)
 	else if (auth_user(k, rq->name))
 		svc_fail(&e, GRPC_FAILED_PRECONDITION, E_USER_EXISTS);
 	else if (!nopw && !hash) {
-		if (!auth_hash_start(k, s, pb_str(rq->password), NULL, k->cfg.bcrypt_cost, &e))
+		if (!auth_hash_start(k, call, pb_str(rq->password), NULL, k->cfg.bcrypt_cost, &e))
 			return;
-	} else if (!auth_begin(k, s, &r, &e)) {
+	} else if (!auth_begin(k, call, &r, &e)) {
 		auth_user_msg(&nu, &opt, NULL, rq->name, nopw ? NULL : hash, NULL, 0);
 		opt.no_password = nopw;
 		nu.options = &opt; /* etcd stores the options, false or not */
 		auth_end(k, &r, auth_rec_op(k, &r, AUTH_OP_USER, &nu.base, NULL), 1, &e);
 	}
-	auth_answer(k, s, &rs.base, &rs.header, &e);
+	auth_answer(k, call, &rs.base, &rs.header, &e);
 }
 
-static void svc_auth_user_get(struct kvd *k, struct call *s)
+static void svc_auth_user_get(struct kvd *k, struct call *call)
 {
-	const Etcdserverpb__AuthUserGetRequest *rq = (const void *)s->rq;
+	const Etcdserverpb__AuthUserGetRequest *rq = (const void *)call->rq;
 	Etcdserverpb__AuthUserGetResponse rs = ETCDSERVERPB__AUTH_USER_GET_RESPONSE__INIT;
 	struct svc_err e = {0, NULL};
 	const Authpb__User *u;
 	struct auth_who who;
 	struct kvd_slice nm = pb_str(rq->name);
 
-	if (auth_who(k, s, &who, &e))
+	if (auth_who(k, call, &who, &e))
 		;
 	else if (!(who.nlen == nm.n && !memcmp(who.name ? who.name : "", nm.p, nm.n)) && auth_admin(k, &who, &e))
 		; /* oneself (even "", as etcd), or root */
@@ -17948,10 +17948,10 @@ static void svc_auth_user_get(struct kvd *k, struct call *s)
 		rs.roles = u->roles;
 		rs.n_roles = u->n_roles;
 	}
-	auth_answer(k, s, &rs.base, &rs.header, &e);
+	auth_answer(k, call, &rs.base, &rs.header, &e);
 }
 
-static void svc_auth_list(struct kvd *k, struct call *s, int roles)
+static void svc_auth_list(struct kvd *k, struct call *call, int roles)
 {
 	Etcdserverpb__AuthUserListResponse us = ETCDSERVERPB__AUTH_USER_LIST_RESPONSE__INIT;
 	Etcdserverpb__AuthRoleListResponse rs = ETCDSERVERPB__AUTH_ROLE_LIST_RESPONSE__INIT;
@@ -17962,7 +17962,7 @@ static void svc_auth_list(struct kvd *k, struct call *s, int roles)
 	struct auth_who who;
 	size_t i;
 
-	if (!auth_who(k, s, &who, &e) && !auth_admin(k, &who, &e) && t->n &&
+	if (!auth_who(k, call, &who, &e) && !auth_admin(k, &who, &e) && t->n &&
 	    !(names = svc_alloc(&pl, t->n * sizeof *names)))
 		svc_fail(&e, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
 	for (i = 0; names && i < t->n; i++) { /* names are bytes in authpb: NUL-ended copies */
@@ -17977,64 +17977,64 @@ static void svc_auth_list(struct kvd *k, struct call *s, int roles)
 	if (roles) {
 		rs.roles = names;
 		rs.n_roles = names ? t->n : 0;
-		auth_answer(k, s, &rs.base, &rs.header, &e);
+		auth_answer(k, call, &rs.base, &rs.header, &e);
 	} else {
 		us.users = names;
 		us.n_users = names ? t->n : 0;
-		auth_answer(k, s, &us.base, &us.header, &e);
+		auth_answer(k, call, &us.base, &us.header, &e);
 	}
 	svc_pool_free(&pl);
 }
 
-static void svc_auth_user_list(struct kvd *k, struct call *s) { svc_auth_list(k, s, 0); }
-static void svc_auth_role_list(struct kvd *k, struct call *s) { svc_auth_list(k, s, 1); }
+static void svc_auth_user_list(struct kvd *k, struct call *call) { svc_auth_list(k, call, 0); }
+static void svc_auth_role_list(struct kvd *k, struct call *call) { svc_auth_list(k, call, 1); }
 
-static void svc_auth_user_delete(struct kvd *k, struct call *s)
+static void svc_auth_user_delete(struct kvd *k, struct call *call)
 {
-	const Etcdserverpb__AuthUserDeleteRequest *rq = (const void *)s->rq;
+	const Etcdserverpb__AuthUserDeleteRequest *rq = (const void *)call->rq;
 	Etcdserverpb__AuthUserDeleteResponse rs = ETCDSERVERPB__AUTH_USER_DELETE_RESPONSE__INIT;
 	struct svc_err e = {0, NULL};
 	struct auth_rec r;
 	struct auth_who who;
 	struct kvd_slice nm = pb_str(rq->name);
 
-	if (auth_who(k, s, &who, &e) || auth_admin(k, &who, &e))
+	if (auth_who(k, call, &who, &e) || auth_admin(k, &who, &e))
 		;
 	else if (k->auth.enabled && auth_is_root(nm))
 		svc_fail(&e, GRPC_INVALID_ARGUMENT, E_INVALID_AUTH_MGMT);
 	else if (!auth_user_n(k, (const char *)nm.p, nm.n)) /* found: rq->name holds no NUL */
 		svc_fail(&e, GRPC_FAILED_PRECONDITION, E_USER_NOT_FOUND);
-	else if (!auth_begin(k, s, &r, &e) &&
+	else if (!auth_begin(k, call, &r, &e) &&
 	         !auth_end(k, &r, auth_rec_op(k, &r, AUTH_OP_USER_DEL, NULL, rq->name), 1, &e))
 		auth_tok_drop(k, rq->name);
-	auth_answer(k, s, &rs.base, &rs.header, &e);
+	auth_answer(k, call, &rs.base, &rs.header, &e);
 }
 
-static void svc_auth_user_passwd(struct kvd *k, struct call *s)
+static void svc_auth_user_passwd(struct kvd *k, struct call *call)
 {
-	const Etcdserverpb__AuthUserChangePasswordRequest *rq = auth_rq(s);
+	const Etcdserverpb__AuthUserChangePasswordRequest *rq = auth_rq(call);
 	Etcdserverpb__AuthUserChangePasswordResponse rs = ETCDSERVERPB__AUTH_USER_CHANGE_PASSWORD_RESPONSE__INIT;
 	struct svc_err e = {0, NULL};
-	const char *hash = auth_hashed(s);
+	const char *hash = auth_hashed(call);
 	struct auth_who who;
 	Authpb__UserAddOptions opt;
 	const Authpb__User *u;
 	Authpb__User nu;
 	struct auth_rec r;
 
-	if (auth_who(k, s, &who, &e) || auth_admin(k, &who, &e))
+	if (auth_who(k, call, &who, &e) || auth_admin(k, &who, &e))
 		;
 	else if (!(u = auth_user_n(k, rq->name, pb_str(rq->name).n))) /* found: rq->name holds no NUL */
 		svc_fail(&e, GRPC_FAILED_PRECONDITION, E_USER_NOT_FOUND);
 	else if (!hash) {
-		if (!auth_hash_start(k, s, pb_str(rq->password), NULL, k->cfg.bcrypt_cost, &e))
+		if (!auth_hash_start(k, call, pb_str(rq->password), NULL, k->cfg.bcrypt_cost, &e))
 			return;
-	} else if (!auth_begin(k, s, &r, &e)) {
+	} else if (!auth_begin(k, call, &r, &e)) {
 		auth_user_msg(&nu, &opt, u, rq->name, hash, u->roles, u->n_roles);
 		if (!auth_end(k, &r, auth_rec_op(k, &r, AUTH_OP_USER, &nu.base, NULL), 1, &e))
 			auth_tok_drop(k, rq->name);
 	}
-	auth_answer(k, s, &rs.base, &rs.header, &e);
+	auth_answer(k, call, &rs.base, &rs.header, &e);
 }
 
 static int auth_str_order(const void *a, const void *b)
@@ -18063,7 +18063,7 @@ static size_t auth_roles_with(struct kvd *k, const Authpb__User *u, const char *
 }
 
 /* User u (named name) with role added (add) or taken out: one AUTH record. */
-static void auth_user_set_role(struct kvd *k, struct call *s, const Authpb__User *u, const char *name,
+static void auth_user_set_role(struct kvd *k, struct call *call, const Authpb__User *u, const char *name,
                                const char *role, int add, struct svc_err *e)
 {
 	Authpb__UserAddOptions opt;
@@ -18074,41 +18074,41 @@ static void auth_user_set_role(struct kvd *k, struct call *s, const Authpb__User
 
 	if (!roles)
 		svc_fail(e, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
-	else if (!auth_begin(k, s, &r, e)) {
+	else if (!auth_begin(k, call, &r, e)) {
 		auth_user_msg(&nu, &opt, u, name, NULL, roles, n);
 		auth_end(k, &r, auth_rec_op(k, &r, AUTH_OP_USER, &nu.base, NULL), 1, e);
 	}
 	kvd_free(k, roles);
 }
 
-static void svc_auth_user_grant(struct kvd *k, struct call *s)
+static void svc_auth_user_grant(struct kvd *k, struct call *call)
 {
-	const Etcdserverpb__AuthUserGrantRoleRequest *rq = (const void *)s->rq;
+	const Etcdserverpb__AuthUserGrantRoleRequest *rq = (const void *)call->rq;
 	Etcdserverpb__AuthUserGrantRoleResponse rs = ETCDSERVERPB__AUTH_USER_GRANT_ROLE_RESPONSE__INIT;
 	struct svc_err e = {0, NULL};
 	const Authpb__User *u;
 	struct auth_who who;
 
-	if (auth_who(k, s, &who, &e) || auth_admin(k, &who, &e))
+	if (auth_who(k, call, &who, &e) || auth_admin(k, &who, &e))
 		;
 	else if (!(u = auth_user_n(k, rq->user, pb_str(rq->user).n))) /* names whole (section 5) */
 		svc_fail(&e, GRPC_FAILED_PRECONDITION, E_USER_NOT_FOUND);
 	else if (!auth_is_root(pb_str(rq->role)) && !auth_role_n(k, rq->role, pb_str(rq->role).n))
 		svc_fail(&e, GRPC_FAILED_PRECONDITION, E_ROLE_NOT_FOUND);
 	else if (!auth_has_role(u, rq->role)) /* granted already: nothing, as etcd (found: no NUL) */
-		auth_user_set_role(k, s, u, rq->user, rq->role, 1, &e);
-	auth_answer(k, s, &rs.base, &rs.header, &e);
+		auth_user_set_role(k, call, u, rq->user, rq->role, 1, &e);
+	auth_answer(k, call, &rs.base, &rs.header, &e);
 }
 
-static void svc_auth_user_revoke(struct kvd *k, struct call *s)
+static void svc_auth_user_revoke(struct kvd *k, struct call *call)
 {
-	const Etcdserverpb__AuthUserRevokeRoleRequest *rq = (const void *)s->rq;
+	const Etcdserverpb__AuthUserRevokeRoleRequest *rq = (const void *)call->rq;
 	Etcdserverpb__AuthUserRevokeRoleResponse rs = ETCDSERVERPB__AUTH_USER_REVOKE_ROLE_RESPONSE__INIT;
 	struct svc_err e = {0, NULL};
 	const Authpb__User *u;
 	struct auth_who who;
 
-	if (auth_who(k, s, &who, &e) || auth_admin(k, &who, &e))
+	if (auth_who(k, call, &who, &e) || auth_admin(k, &who, &e))
 		;
 	else if (k->auth.enabled && auth_is_root(pb_str(rq->name)) && auth_is_root(pb_str(rq->role)))
 		svc_fail(&e, GRPC_INVALID_ARGUMENT, E_INVALID_AUTH_MGMT);
@@ -18117,20 +18117,20 @@ static void svc_auth_user_revoke(struct kvd *k, struct call *s)
 	else if (!auth_has_role_n(u, rq->role, pb_str(rq->role).n))
 		svc_fail(&e, GRPC_FAILED_PRECONDITION, E_ROLE_NOT_GRANTED);
 	else
-		auth_user_set_role(k, s, u, rq->name, rq->role, 0, &e);
-	auth_answer(k, s, &rs.base, &rs.header, &e);
+		auth_user_set_role(k, call, u, rq->name, rq->role, 0, &e);
+	auth_answer(k, call, &rs.base, &rs.header, &e);
 }
 
-static void svc_auth_role_add(struct kvd *k, struct call *s)
+static void svc_auth_role_add(struct kvd *k, struct call *call)
 {
-	const Etcdserverpb__AuthRoleAddRequest *rq = (const void *)s->rq;
+	const Etcdserverpb__AuthRoleAddRequest *rq = (const void *)call->rq;
 	Etcdserverpb__AuthRoleAddResponse rs = ETCDSERVERPB__AUTH_ROLE_ADD_RESPONSE__INIT;
 	struct svc_err e = {0, NULL};
 	Authpb__Role nr = AUTHPB__ROLE__INIT;
 	struct auth_rec r;
 	struct auth_who who;
 
-	if (auth_who(k, s, &who, &e) || auth_admin(k, &who, &e))
+	if (auth_who(k, call, &who, &e) || auth_admin(k, &who, &e))
 		;
 	else if (!pb_str(rq->name).n)
 		svc_fail(&e, GRPC_INVALID_ARGUMENT, E_ROLE_EMPTY);
@@ -18138,17 +18138,17 @@ static void svc_auth_role_add(struct kvd *k, struct call *s)
 		svc_fail(&e, GRPC_INVALID_ARGUMENT, E_NAME_NUL);
 	else if (auth_role(k, rq->name))
 		svc_fail(&e, GRPC_FAILED_PRECONDITION, E_ROLE_EXISTS);
-	else if (!auth_begin(k, s, &r, &e)) {
+	else if (!auth_begin(k, call, &r, &e)) {
 		nr.name.data = (uint8_t *)rq->name;
 		nr.name.len = strlen(rq->name);
 		auth_end(k, &r, auth_rec_op(k, &r, AUTH_OP_ROLE, &nr.base, NULL), 1, &e);
 	}
-	auth_answer(k, s, &rs.base, &rs.header, &e);
+	auth_answer(k, call, &rs.base, &rs.header, &e);
 }
 
-static void svc_auth_role_get(struct kvd *k, struct call *s)
+static void svc_auth_role_get(struct kvd *k, struct call *call)
 {
-	const Etcdserverpb__AuthRoleGetRequest *rq = (const void *)s->rq;
+	const Etcdserverpb__AuthRoleGetRequest *rq = (const void *)call->rq;
 	Etcdserverpb__AuthRoleGetResponse rs = ETCDSERVERPB__AUTH_ROLE_GET_RESPONSE__INIT;
 	struct svc_err e = {0, NULL};
 	static const uint8_t nul = 0;
@@ -18156,7 +18156,7 @@ static void svc_auth_role_get(struct kvd *k, struct call *s)
 	const Authpb__Role *r;
 	struct auth_who who;
 
-	if (auth_who(k, s, &who, &e))
+	if (auth_who(k, call, &who, &e))
 		;
 	else if (!(who.name && auth_has_role_n(auth_user_n(k, who.name, who.nlen), rq->role, pb_str(rq->role).n)) &&
 	         auth_admin(k, &who, &e))
@@ -18173,12 +18173,12 @@ static void svc_auth_role_get(struct kvd *k, struct call *s)
 		rs.perm = r->keypermission;
 		rs.n_perm = r->n_keypermission;
 	}
-	auth_answer(k, s, &rs.base, &rs.header, &e);
+	auth_answer(k, call, &rs.base, &rs.header, &e);
 }
 
-static void svc_auth_role_delete(struct kvd *k, struct call *s)
+static void svc_auth_role_delete(struct kvd *k, struct call *call)
 {
-	const Etcdserverpb__AuthRoleDeleteRequest *rq = (const void *)s->rq;
+	const Etcdserverpb__AuthRoleDeleteRequest *rq = (const void *)call->rq;
 	Etcdserverpb__AuthRoleDeleteResponse rs = ETCDSERVERPB__AUTH_ROLE_DELETE_RESPONSE__INIT;
 	struct svc_err e = {0, NULL};
 	Authpb__UserAddOptions opt;
@@ -18189,13 +18189,13 @@ static void svc_auth_role_delete(struct kvd *k, struct call *s)
 	size_t i, n;
 	int fail = 0;
 
-	if (auth_who(k, s, &who, &e) || auth_admin(k, &who, &e))
+	if (auth_who(k, call, &who, &e) || auth_admin(k, &who, &e))
 		;
 	else if (k->auth.enabled && auth_is_root(pb_str(rq->role)))
 		svc_fail(&e, GRPC_INVALID_ARGUMENT, E_INVALID_AUTH_MGMT);
 	else if (!auth_role_n(k, rq->role, pb_str(rq->role).n)) /* found: rq->role holds no NUL */
 		svc_fail(&e, GRPC_FAILED_PRECONDITION, E_ROLE_NOT_FOUND);
-	else if (!auth_begin(k, s, &r, &e)) {
+	else if (!auth_begin(k, call, &r, &e)) {
 		fail = auth_rec_op(k, &r, AUTH_OP_ROLE_DEL, NULL, rq->role);
 		/* and out of every user that had it, in the same record */
 		for (i = 0; !fail && i < k->auth.users.n; i++) {
@@ -18219,7 +18219,7 @@ static void svc_auth_role_delete(struct kvd *k, struct call *s)
 		}
 		auth_end(k, &r, fail, 1, &e);
 	}
-	auth_answer(k, s, &rs.base, &rs.header, &e);
+	auth_answer(k, call, &rs.base, &rs.header, &e);
 }
 
 /* etcd's isValidPermissionRange: a key, and an end above it, "\0" (from
@@ -18242,9 +18242,9 @@ static int auth_perm_less(const void *a, const void *b)
 	return auth_cmp(x->key.data, x->key.len, y->key.data, y->key.len) < 0;
 }
 
-static void svc_auth_role_grant(struct kvd *k, struct call *s)
+static void svc_auth_role_grant(struct kvd *k, struct call *call)
 {
-	const Etcdserverpb__AuthRoleGrantPermissionRequest *rq = (const void *)s->rq;
+	const Etcdserverpb__AuthRoleGrantPermissionRequest *rq = (const void *)call->rq;
 	Etcdserverpb__AuthRoleGrantPermissionResponse rs = ETCDSERVERPB__AUTH_ROLE_GRANT_PERMISSION_RESPONSE__INIT;
 	struct svc_err e = {0, NULL};
 	Authpb__Role nr = AUTHPB__ROLE__INIT;
@@ -18254,7 +18254,7 @@ static void svc_auth_role_grant(struct kvd *k, struct call *s)
 	struct auth_who who;
 	size_t i, n;
 
-	if (auth_who(k, s, &who, &e) || auth_admin(k, &who, &e))
+	if (auth_who(k, call, &who, &e) || auth_admin(k, &who, &e))
 		;
 	else if (!rq->perm)
 		svc_fail(&e, GRPC_INVALID_ARGUMENT, E_PERM_NOT_GIVEN);
@@ -18288,16 +18288,16 @@ static void svc_auth_role_grant(struct kvd *k, struct call *s)
 		nr.name = role->name;
 		nr.keypermission = v;
 		nr.n_keypermission = n;
-		if (!auth_begin(k, s, &r, &e))
+		if (!auth_begin(k, call, &r, &e))
 			auth_end(k, &r, auth_rec_op(k, &r, AUTH_OP_ROLE, &nr.base, NULL), 1, &e);
 	}
 	kvd_free(k, v);
-	auth_answer(k, s, &rs.base, &rs.header, &e);
+	auth_answer(k, call, &rs.base, &rs.header, &e);
 }
 
-static void svc_auth_role_revoke(struct kvd *k, struct call *s)
+static void svc_auth_role_revoke(struct kvd *k, struct call *call)
 {
-	const Etcdserverpb__AuthRoleRevokePermissionRequest *rq = (const void *)s->rq;
+	const Etcdserverpb__AuthRoleRevokePermissionRequest *rq = (const void *)call->rq;
 	Etcdserverpb__AuthRoleRevokePermissionResponse rs = ETCDSERVERPB__AUTH_ROLE_REVOKE_PERMISSION_RESPONSE__INIT;
 	struct svc_err e = {0, NULL};
 	Authpb__Role nr = AUTHPB__ROLE__INIT;
@@ -18307,7 +18307,7 @@ static void svc_auth_role_revoke(struct kvd *k, struct call *s)
 	struct auth_who who;
 	size_t i, n = 0;
 
-	if (auth_who(k, s, &who, &e) || auth_admin(k, &who, &e))
+	if (auth_who(k, call, &who, &e) || auth_admin(k, &who, &e))
 		;
 	else if (!(role = auth_role_n(k, rq->role, pb_str(rq->role).n)))
 		svc_fail(&e, GRPC_FAILED_PRECONDITION, E_ROLE_NOT_FOUND);
@@ -18322,7 +18322,7 @@ static void svc_auth_role_revoke(struct kvd *k, struct call *s)
 		}
 		if (n == role->n_keypermission)
 			svc_fail(&e, GRPC_FAILED_PRECONDITION, E_PERM_NOT_GRANTED);
-		else if (!auth_begin(k, s, &r, &e)) {
+		else if (!auth_begin(k, call, &r, &e)) {
 			nr.name = role->name;
 			nr.keypermission = v;
 			nr.n_keypermission = n;
@@ -18330,7 +18330,7 @@ static void svc_auth_role_revoke(struct kvd *k, struct call *s)
 		}
 	}
 	kvd_free(k, v);
-	auth_answer(k, s, &rs.base, &rs.header, &e);
+	auth_answer(k, call, &rs.base, &rs.header, &e);
 }
 
 static void auth_init(struct kvd *k)
@@ -18391,7 +18391,7 @@ static void auth_free(struct kvd *k)
  *      Defragment, MoveLeader, Downgrade and Alarm changes (auth_root); a
  *      user for Status, Alarm GET and MemberList (auth_need_user); the
  *      Health checks ask nobody.
- *   2. A Snapshot's state is its call's (s->svc), freed by
+ *   2. A Snapshot's state is its call's (call->svc), freed by
  *      svc_snapshot_close, which also takes it out of k->life.snapshots:
  *      while one is open no rewrite moves the log (life_step); the close
  *      wakes the loop so one may go on.
@@ -18407,25 +18407,25 @@ static void auth_free(struct kvd *k)
 
 /* grpc.health.v1.Health/Check: "" is SERVING, any other name unknown (as
  * etcd registers only ""). */
-static void svc_health_check(struct kvd *k, struct call *s)
+static void svc_health_check(struct kvd *k, struct call *call)
 {
-	const Grpc__Health__V1__HealthCheckRequest *rq = (const void *)s->rq;
+	const Grpc__Health__V1__HealthCheckRequest *rq = (const void *)call->rq;
 	Grpc__Health__V1__HealthCheckResponse rs = GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__INIT;
 
 	if (pb_str(rq->service).n) { /* whole: "\0x" is not "" */
-		call_finish(k, s, GRPC_NOT_FOUND, "unknown service");
+		call_finish(k, call, GRPC_NOT_FOUND, "unknown service");
 	} else {
 		rs.status = k->stopping ? GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__NOT_SERVING
 		                        : GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING;
-		call_reply(k, s, &rs.base);
+		call_reply(k, call, &rs.base);
 	}
 }
 
 /* Health/Watch: the current status now, then the stream stays open; kvd
  * announces NOT_SERVING when it begins to shut down (svc_shutdown). */
-static void svc_health_watch(struct kvd *k, struct call *s)
+static void svc_health_watch(struct kvd *k, struct call *call)
 {
-	const Grpc__Health__V1__HealthCheckRequest *rq = (const void *)s->rq;
+	const Grpc__Health__V1__HealthCheckRequest *rq = (const void *)call->rq;
 	Grpc__Health__V1__HealthCheckResponse rs = GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__INIT;
 
 	if (pb_str(rq->service).n)
@@ -18433,17 +18433,17 @@ static void svc_health_watch(struct kvd *k, struct call *s)
 	else
 		rs.status = k->stopping ? GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__NOT_SERVING
 		                        : GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING;
-	s->svc = pb_str(rq->service).n ? NULL : (void *)s; /* marks a watcher of "" */
-	call_send(k, s, &rs.base);
+	call->svc = pb_str(rq->service).n ? NULL : (void *)call; /* marks a watcher of "" */
+	call_send(k, call, &rs.base);
 }
 
-static void svc_health_watch_shutdown(struct kvd *k, struct call *s)
+static void svc_health_watch_shutdown(struct kvd *k, struct call *call)
 {
 	Grpc__Health__V1__HealthCheckResponse rs = GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__INIT;
 
 	rs.status = GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__NOT_SERVING;
-	if (s->svc)
-		call_send(k, s, &rs.base);
+	if (call->svc)
+		call_send(k, call, &rs.base);
 }
 
 /*
@@ -18493,9 +18493,9 @@ static int svc_semver_mm(const char *v, long *maj, long *min)
 	return 0;
 }
 
-static void svc_downgrade(struct kvd *k, struct call *s)
+static void svc_downgrade(struct kvd *k, struct call *call)
 {
-	const Etcdserverpb__DowngradeRequest *rq = (const void *)s->rq;
+	const Etcdserverpb__DowngradeRequest *rq = (const void *)call->rq;
 	Etcdserverpb__DowngradeResponse rs = ETCDSERVERPB__DOWNGRADE_RESPONSE__INIT;
 	Etcdserverpb__ResponseHeader h;
 	struct svc_err e = {0, NULL};
@@ -18503,9 +18503,9 @@ static void svc_downgrade(struct kvd *k, struct call *s)
 	char cv[16];
 	int act = rq->action;
 
-	if (auth_root(k, s, &e))
+	if (auth_root(k, call, &e))
 		;
-	else if (svc_too_large(k, s->raw.n))
+	else if (svc_too_large(k, call->raw.n))
 		svc_fail(&e, GRPC_INVALID_ARGUMENT, E_TOO_LARGE);
 	else if (act == ETCDSERVERPB__DOWNGRADE_REQUEST__DOWNGRADE_ACTION__CANCEL)
 		k->downgrade = 0; /* 3.6+: never an error, "no inflight downgrade job" is only logged */
@@ -18526,13 +18526,13 @@ static void svc_downgrade(struct kvd *k, struct call *s)
 		rs.header = &h;
 		rs.version = cv;
 	}
-	svc_end(k, s, &rs.base, &e);
+	svc_end(k, call, &rs.base, &e);
 }
 
 /* Maintenance/Status, with the fields etcd 3.7 sets (leader = self; the
  * downgrade info always present, if empty); errors are the alarms, as
  * etcd's AlarmMember prints itself (3.7's prototext: no trailing space). */
-static void svc_status(struct kvd *k, struct call *s)
+static void svc_status(struct kvd *k, struct call *call)
 {
 	Etcdserverpb__StatusResponse rs = ETCDSERVERPB__STATUS_RESPONSE__INIT;
 	Etcdserverpb__DowngradeInfo di = ETCDSERVERPB__DOWNGRADE_INFO__INIT;
@@ -18542,8 +18542,8 @@ static void svc_status(struct kvd *k, struct call *s)
 	struct auth_who who;
 	unsigned i;
 
-	if (auth_need_user(k, s, &who, &e)) {
-		call_finish(k, s, e.code, "%s", e.msg);
+	if (auth_need_user(k, call, &who, &e)) {
+		call_finish(k, call, e.code, "%s", e.msg);
 		return;
 	}
 	for (i = 0; i < k->db.nalarms; i++) {
@@ -18566,14 +18566,14 @@ static void svc_status(struct kvd *k, struct call *s)
 	rs.dbsizequota = k->cfg.quota_backend_bytes ? (int64_t)k->cfg.quota_backend_bytes : (int64_t)LIFE_DEFAULT_QUOTA;
 	svc_downgrade_info(k, &di);
 	rs.downgradeinfo = &di;
-	call_reply(k, s, &rs.base);
+	call_reply(k, call, &rs.base);
 }
 
 /* Maintenance/HashKV: etcd 3.7's hash of the key history (section 14); the
  * compaction point itself may be hashed. */
-static void svc_hashkv(struct kvd *k, struct call *s)
+static void svc_hashkv(struct kvd *k, struct call *call)
 {
-	const Etcdserverpb__HashKVRequest *rq = (const void *)s->rq;
+	const Etcdserverpb__HashKVRequest *rq = (const void *)call->rq;
 	Etcdserverpb__HashKVResponse rs = ETCDSERVERPB__HASH_KVRESPONSE__INIT;
 	Etcdserverpb__ResponseHeader h;
 	struct svc_err e = {0, NULL};
@@ -18583,9 +18583,9 @@ static void svc_hashkv(struct kvd *k, struct call *s)
 
 	for (i = 0; i < k->db.nhashes && k->db.hashes[i].rev != rq->revision; i++)
 		;
-	if (auth_root(k, s, &e))
+	if (auth_root(k, call, &e))
 		;
-	else if (svc_too_large(k, s->raw.n))
+	else if (svc_too_large(k, call->raw.n))
 		svc_fail(&e, GRPC_INVALID_ARGUMENT, E_TOO_LARGE);
 	else if (i < k->db.nhashes) { /* kept at that compaction (section 14) */
 		svc_header(k, &h, 1);
@@ -18593,7 +18593,7 @@ static void svc_hashkv(struct kvd *k, struct call *s)
 		rs.hash = k->db.hashes[i].hash;
 		rs.compact_revision = k->db.hashes[i].compact;
 		rs.hash_revision = k->db.hashes[i].rev;
-		svc_end(k, s, &rs.base, &e);
+		svc_end(k, call, &rs.base, &e);
 		return;
 	} else if (rq->revision > 0 && rq->revision < k->db.compacted)
 		svc_fail(&e, GRPC_OUT_OF_RANGE, E_COMPACTED);
@@ -18609,11 +18609,11 @@ static void svc_hashkv(struct kvd *k, struct call *s)
 		rs.compact_revision = k->db.compacted;
 		rs.hash_revision = rq->revision ? rq->revision : k->db.rev;
 	}
-	svc_end(k, s, &rs.base, &e);
+	svc_end(k, call, &rs.base, &e);
 }
 
 /* Maintenance/Hash: etcd 3.7's hash of its backend (section 14). */
-static void svc_hash(struct kvd *k, struct call *s)
+static void svc_hash(struct kvd *k, struct call *call)
 {
 	Etcdserverpb__HashResponse rs = ETCDSERVERPB__HASH_RESPONSE__INIT;
 	Etcdserverpb__ResponseHeader h;
@@ -18621,9 +18621,9 @@ static void svc_hash(struct kvd *k, struct call *s)
 	uint32_t hash = 0;
 	int r;
 
-	if (auth_root(k, s, &e))
+	if (auth_root(k, call, &e))
 		;
-	else if (svc_too_large(k, s->raw.n))
+	else if (svc_too_large(k, call->raw.n))
 		svc_fail(&e, GRPC_INVALID_ARGUMENT, E_TOO_LARGE);
 	else if ((r = snap_hash(k, &hash)))
 		svc_fail(&e, r == KVD_ENOMEM ? GRPC_RESOURCE_EXHAUSTED : GRPC_DATA_LOSS,
@@ -18633,56 +18633,56 @@ static void svc_hash(struct kvd *k, struct call *s)
 		rs.header = &h;
 		rs.hash = hash;
 	}
-	svc_end(k, s, &rs.base, &e);
+	svc_end(k, call, &rs.base, &e);
 }
 
 #ifndef KVD_NO_SNAPSHOT
 /* Maintenance/Snapshot: etcd's backend file, made as the window opens
  * (section 14); planned on the first chance to send, after a group commit. */
-static void svc_snapshot_rpc(struct kvd *k, struct call *s)
+static void svc_snapshot_rpc(struct kvd *k, struct call *call)
 {
 	struct svc_err e = {0, NULL};
 
-	if (auth_root(k, s, &e)) {
-		call_finish(k, s, e.code, "%s", e.msg);
-	} else if (svc_too_large(k, s->raw.n)) {
-		call_finish(k, s, GRPC_INVALID_ARGUMENT, "%s", E_TOO_LARGE);
-	} else if (!(s->svc = kvd_calloc(k, sizeof(struct snap)))) {
-		call_finish(k, s, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+	if (auth_root(k, call, &e)) {
+		call_finish(k, call, e.code, "%s", e.msg);
+	} else if (svc_too_large(k, call->raw.n)) {
+		call_finish(k, call, GRPC_INVALID_ARGUMENT, "%s", E_TOO_LARGE);
+	} else if (!(call->svc = kvd_calloc(k, sizeof(struct snap)))) {
+		call_finish(k, call, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
 	} else {
 		k->life.snapshots++;
-		s->produce = 1;
+		call->produce = 1;
 	}
 }
 
-static void svc_snapshot_produce(struct kvd *k, struct call *s)
+static void svc_snapshot_produce(struct kvd *k, struct call *call)
 {
-	struct snap *sn = s->svc;
-	int e = snap_produce(k, sn, s);
+	struct snap *sn = call->svc;
+	int e = snap_produce(k, sn, call);
 
 	if (e == 0) {
 		kvd_log(k, KVD_LOG_INFO, "snapshot at revision %lld sent", (long long)sn->rev);
-		call_finish(k, s, GRPC_OK, "%s", "");
+		call_finish(k, call, GRPC_OK, "%s", "");
 	}
 	else if (e < 0)
-		call_finish(k, s, e == KVD_ENOMEM ? GRPC_RESOURCE_EXHAUSTED : GRPC_DATA_LOSS, "%s",
+		call_finish(k, call, e == KVD_ENOMEM ? GRPC_RESOURCE_EXHAUSTED : GRPC_DATA_LOSS, "%s",
 		            e == KVD_ENOMEM ? "kvd: out of memory" : "kvd: cannot read the log for a snapshot");
 }
 
-static void svc_snapshot_close(struct kvd *k, struct call *s)
+static void svc_snapshot_close(struct kvd *k, struct call *call)
 {
-	if (!s->svc)
+	if (!call->svc)
 		return;
-	snap_free(k, s->svc);
-	s->svc = NULL;
+	snap_free(k, call->svc);
+	call->svc = NULL;
 	k->life.snapshots--;
 	util_wake_by(k, k->now); /* a rewrite may go on */
 }
 #else
 /* Maintenance/Snapshot, left out (KVD_NO_SNAPSHOT): a clear Unimplemented. */
-static void svc_snapshot_rpc(struct kvd *k, struct call *s)
+static void svc_snapshot_rpc(struct kvd *k, struct call *call)
 {
-	call_finish(k, s, GRPC_UNIMPLEMENTED, "%s", "kvd: built without snapshots (KVD_NO_SNAPSHOT)");
+	call_finish(k, call, GRPC_UNIMPLEMENTED, "%s", "kvd: built without snapshots (KVD_NO_SNAPSHOT)");
 }
 #define svc_snapshot_close NULL
 #define svc_snapshot_produce NULL
@@ -18690,9 +18690,9 @@ static void svc_snapshot_rpc(struct kvd *k, struct call *s)
 
 /* Maintenance/Alarm: GET (all, or one type), ACTIVATE, DEACTIVATE, as
  * etcd's applier: the answer lists the alarm changed (or found). */
-static void svc_alarm(struct kvd *k, struct call *s)
+static void svc_alarm(struct kvd *k, struct call *call)
 {
-	const Etcdserverpb__AlarmRequest *rq = (const void *)s->rq;
+	const Etcdserverpb__AlarmRequest *rq = (const void *)call->rq;
 	Etcdserverpb__AlarmResponse rs = ETCDSERVERPB__ALARM_RESPONSE__INIT;
 	Etcdserverpb__AlarmMember am[MVCC_MAX_ALARMS], *pam[MVCC_MAX_ALARMS];
 	Etcdserverpb__ResponseHeader h;
@@ -18702,10 +18702,10 @@ static void svc_alarm(struct kvd *k, struct call *s)
 	struct auth_who who;
 	int r;
 
-	if (rq->action == ETCDSERVERPB__ALARM_REQUEST__ALARM_ACTION__GET ? auth_need_user(k, s, &who, &e)
-	                                                                 : auth_root(k, s, &e)) {
+	if (rq->action == ETCDSERVERPB__ALARM_REQUEST__ALARM_ACTION__GET ? auth_need_user(k, call, &who, &e)
+	                                                                 : auth_root(k, call, &e)) {
 		(void)0; /* etcd 3.7: a user lists, root changes */
-	} else if (svc_too_large(k, s->raw.n)) {
+	} else if (svc_too_large(k, call->raw.n)) {
 		svc_fail(&e, GRPC_INVALID_ARGUMENT, E_TOO_LARGE);
 	} else if (rq->action == ETCDSERVERPB__ALARM_REQUEST__ALARM_ACTION__GET) {
 		for (i = 0; i < m->nalarms; i++)
@@ -18737,7 +18737,7 @@ static void svc_alarm(struct kvd *k, struct call *s)
 			am[0].alarm = (Etcdserverpb__AlarmType)type;
 			pam[0] = &am[0];
 			n = 1;
-			s->wrote = r == 1;
+			call->wrote = r == 1;
 		}
 	}
 	if (!e.msg) { /* with a header since etcd 3.5 */
@@ -18746,81 +18746,81 @@ static void svc_alarm(struct kvd *k, struct call *s)
 		rs.n_alarms = n;
 		rs.alarms = n ? pam : NULL;
 	}
-	svc_end(k, s, &rs.base, &e);
+	svc_end(k, call, &rs.base, &e);
 }
 
 /* Maintenance/Defragment: the log rewrite (section 13).  The call waits for
  * it to end; clients go on meanwhile. */
-static void svc_defrag_answer(struct kvd *k, struct call *c, int code, const char *msg)
+static void svc_defrag_answer(struct kvd *k, struct call *call, int code, const char *msg)
 {
 	Etcdserverpb__DefragmentResponse rs = ETCDSERVERPB__DEFRAGMENT_RESPONSE__INIT;
 
 	if (code != GRPC_OK) {
-		call_finish(k, c, code, "%s", msg);
+		call_finish(k, call, code, "%s", msg);
 		return;
 	}
-	call_reply(k, c, &rs.base); /* no header: etcd 3.7's answer is empty */
+	call_reply(k, call, &rs.base); /* no header: etcd 3.7's answer is empty */
 }
 
 /* Maintenance/MoveLeader: kvd leads alone, so the move to itself is done at
  * once and any other member (a learner, or none) is a bad transferee, as
  * etcd 3.7 answers.  Root only. */
-static void svc_move_leader(struct kvd *k, struct call *s)
+static void svc_move_leader(struct kvd *k, struct call *call)
 {
-	const Etcdserverpb__MoveLeaderRequest *rq = (const void *)s->rq;
+	const Etcdserverpb__MoveLeaderRequest *rq = (const void *)call->rq;
 	Etcdserverpb__MoveLeaderResponse rs = ETCDSERVERPB__MOVE_LEADER_RESPONSE__INIT;
 	struct svc_err e = {0, NULL};
 
-	if (auth_root(k, s, &e))
+	if (auth_root(k, call, &e))
 		;
-	else if (svc_too_large(k, s->raw.n))
+	else if (svc_too_large(k, call->raw.n))
 		svc_fail(&e, GRPC_INVALID_ARGUMENT, E_TOO_LARGE);
 	else if (rq->targetid != k->member_id)
 		svc_fail(&e, GRPC_FAILED_PRECONDITION, "etcdserver: bad leader transferee");
-	svc_end(k, s, &rs.base, &e);
+	svc_end(k, call, &rs.base, &e);
 }
 
-static void svc_defrag(struct kvd *k, struct call *s)
+static void svc_defrag(struct kvd *k, struct call *call)
 {
 	struct life *L = &k->life;
 	struct svc_err e = {0, NULL};
 
-	if (auth_root(k, s, &e)) {
-		call_finish(k, s, e.code, "%s", e.msg);
+	if (auth_root(k, call, &e)) {
+		call_finish(k, call, e.code, "%s", e.msg);
 		return;
 	}
-	if (svc_too_large(k, s->raw.n)) {
-		call_finish(k, s, GRPC_INVALID_ARGUMENT, "%s", E_TOO_LARGE);
+	if (svc_too_large(k, call->raw.n)) {
+		call_finish(k, call, GRPC_INVALID_ARGUMENT, "%s", E_TOO_LARGE);
 		return;
 	}
 	if (k->db.broken) {
-		call_finish(k, s, GRPC_UNAVAILABLE, "kvd: the log is unwritable after an I/O error; restart kvd");
+		call_finish(k, call, GRPC_UNAVAILABLE, "kvd: the log is unwritable after an I/O error; restart kvd");
 		return;
 	}
 	if (UTIL_GROW(k, L->wait, L->waitcap, L->nwait + 1, 4)) {
-		call_finish(k, s, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+		call_finish(k, call, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
 		return;
 	}
-	L->wait[L->nwait++] = s;
-	s->svc = s; /* waiting: svc_defrag_close takes it off the list */
+	L->wait[L->nwait++] = call;
+	call->svc = call; /* waiting: svc_defrag_close takes it off the list */
 	if (!L->rw)
 		L->want = 1;
 	util_wake_by(k, k->now);
 }
 
-static void svc_defrag_close(struct kvd *k, struct call *s)
+static void svc_defrag_close(struct kvd *k, struct call *call)
 {
 	struct life *L = &k->life;
 	size_t i;
 
-	if (!s->svc)
+	if (!call->svc)
 		return;
 	for (i = 0; i < L->nwait; i++)
-		if (L->wait[i] == s) {
+		if (L->wait[i] == call) {
 			L->wait[i] = L->wait[--L->nwait];
 			break;
 		}
-	s->svc = NULL;
+	call->svc = NULL;
 }
 
 static void svc_member(struct kvd *k, Etcdserverpb__Member *m)
@@ -18839,7 +18839,7 @@ static void svc_member(struct kvd *k, Etcdserverpb__Member *m)
 #define SVC_MAX_MEMBERS 8 /* other members kvd lists (never started ones) */
 static size_t svc_members(struct kvd *k, Etcdserverpb__Member *m, Etcdserverpb__Member **mp);
 
-static void svc_member_list(struct kvd *k, struct call *s)
+static void svc_member_list(struct kvd *k, struct call *call)
 {
 	Etcdserverpb__MemberListResponse rs = ETCDSERVERPB__MEMBER_LIST_RESPONSE__INIT;
 	Etcdserverpb__ResponseHeader h;
@@ -18847,15 +18847,15 @@ static void svc_member_list(struct kvd *k, struct call *s)
 	struct svc_err e = {0, NULL};
 	struct auth_who who;
 
-	if (auth_need_user(k, s, &who, &e)) { /* etcd 3.7; linearizable or not, one member answers the same */
-		call_finish(k, s, e.code, "%s", e.msg);
+	if (auth_need_user(k, call, &who, &e)) { /* etcd 3.7; linearizable or not, one member answers the same */
+		call_finish(k, call, e.code, "%s", e.msg);
 		return;
 	}
 	svc_header(k, &h, 0);
 	rs.header = &h;
 	rs.n_members = svc_members(k, m, mp);
 	rs.members = mp;
-	call_reply(k, s, &rs.base);
+	call_reply(k, call, &rs.base);
 }
 
 /* ===== 25. Services: Cluster, one member for good (svc_) ================= */
@@ -19026,9 +19026,9 @@ static int svc_member_id(struct kvd *k, char **sorted, size_t n, int64_t now, ui
 	return 0;
 }
 
-static void svc_member_add(struct kvd *k, struct call *s)
+static void svc_member_add(struct kvd *k, struct call *call)
 {
-	const Etcdserverpb__MemberAddRequest *rq = (const void *)s->rq;
+	const Etcdserverpb__MemberAddRequest *rq = (const void *)call->rq;
 	Etcdserverpb__MemberAddResponse rs = ETCDSERVERPB__MEMBER_ADD_RESPONSE__INIT;
 	Etcdserverpb__ResponseHeader h;
 	Etcdserverpb__Member m[SVC_MAX_MEMBERS + 1], *mp[SVC_MAX_MEMBERS + 1];
@@ -19038,7 +19038,7 @@ static void svc_member_add(struct kvd *k, struct call *s)
 
 	if (!svc_urls_ok(rq->peerurls, rq->n_peerurls)) {
 		svc_fail(&e, GRPC_INVALID_ARGUMENT, "etcdserver: given member URLs are invalid");
-	} else if (auth_root(k, s, &e)) {
+	} else if (auth_root(k, call, &e)) {
 	} else if ((!k->members && !(k->members = kvd_calloc(k, SVC_MAX_MEMBERS * sizeof *k->members))) ||
 	           svc_urls_copy(k, rq->peerurls, rq->n_peerurls, &x.urls) ||
 	           svc_member_id(k, x.urls, rq->n_peerurls, (int64_t)time(NULL), &x.id)) {
@@ -19069,19 +19069,19 @@ static void svc_member_add(struct kvd *k, struct call *s)
 		rs.members = mp;
 		rs.member = &m[k->nmembers]; /* the new one, wherever the sort put it */
 	}
-	svc_end(k, s, &rs.base, &e);
+	svc_end(k, call, &rs.base, &e);
 }
 
-static void svc_member_remove(struct kvd *k, struct call *s)
+static void svc_member_remove(struct kvd *k, struct call *call)
 {
-	const Etcdserverpb__MemberRemoveRequest *rq = (const void *)s->rq;
+	const Etcdserverpb__MemberRemoveRequest *rq = (const void *)call->rq;
 	Etcdserverpb__MemberRemoveResponse rs = ETCDSERVERPB__MEMBER_REMOVE_RESPONSE__INIT;
 	Etcdserverpb__ResponseHeader h;
 	Etcdserverpb__Member m[SVC_MAX_MEMBERS + 1], *mp[SVC_MAX_MEMBERS + 1];
 	struct svc_err e = {0, NULL};
 	struct svc_member_x *x = NULL;
 
-	if (auth_root(k, s, &e))
+	if (auth_root(k, call, &e))
 		;
 	else if (rq->id == k->member_id)
 		svc_fail(&e, GRPC_UNKNOWN, "etcdserver: re-configuration failed due to not enough started members");
@@ -19095,12 +19095,12 @@ static void svc_member_remove(struct kvd *k, struct call *s)
 		rs.n_members = svc_members(k, m, mp);
 		rs.members = mp;
 	}
-	svc_end(k, s, &rs.base, &e);
+	svc_end(k, call, &rs.base, &e);
 }
 
-static void svc_member_update(struct kvd *k, struct call *s)
+static void svc_member_update(struct kvd *k, struct call *call)
 {
-	const Etcdserverpb__MemberUpdateRequest *rq = (const void *)s->rq;
+	const Etcdserverpb__MemberUpdateRequest *rq = (const void *)call->rq;
 	Etcdserverpb__MemberUpdateResponse rs = ETCDSERVERPB__MEMBER_UPDATE_RESPONSE__INIT;
 	Etcdserverpb__ResponseHeader h;
 	Etcdserverpb__Member m[SVC_MAX_MEMBERS + 1], *mp[SVC_MAX_MEMBERS + 1];
@@ -19110,7 +19110,7 @@ static void svc_member_update(struct kvd *k, struct call *s)
 
 	if (!svc_urls_ok(rq->peerurls, rq->n_peerurls))
 		svc_fail(&e, GRPC_INVALID_ARGUMENT, "etcdserver: given member URLs are invalid");
-	else if (auth_root(k, s, &e))
+	else if (auth_root(k, call, &e))
 		;
 	else if (rq->id != k->member_id && !(x = svc_member_find(k, rq->id)))
 		svc_fail(&e, GRPC_NOT_FOUND, "etcdserver: member not found");
@@ -19133,17 +19133,17 @@ static void svc_member_update(struct kvd *k, struct call *s)
 		rs.n_members = svc_members(k, m, mp);
 		rs.members = mp;
 	}
-	svc_end(k, s, &rs.base, &e);
+	svc_end(k, call, &rs.base, &e);
 }
 
-static void svc_member_promote(struct kvd *k, struct call *s)
+static void svc_member_promote(struct kvd *k, struct call *call)
 {
-	const Etcdserverpb__MemberPromoteRequest *rq = (const void *)s->rq;
+	const Etcdserverpb__MemberPromoteRequest *rq = (const void *)call->rq;
 	Etcdserverpb__MemberPromoteResponse rs = ETCDSERVERPB__MEMBER_PROMOTE_RESPONSE__INIT;
 	struct svc_err e = {0, NULL};
 	struct svc_member_x *x = NULL;
 
-	if (auth_root(k, s, &e))
+	if (auth_root(k, call, &e))
 		;
 	else if (rq->id != k->member_id && !(x = svc_member_find(k, rq->id)))
 		svc_fail(&e, GRPC_NOT_FOUND, "etcdserver: member not found");
@@ -19151,7 +19151,7 @@ static void svc_member_promote(struct kvd *k, struct call *s)
 		svc_fail(&e, GRPC_FAILED_PRECONDITION, "etcdserver: can only promote a learner member");
 	else /* it never starts, so it is never in sync */
 		svc_fail(&e, GRPC_FAILED_PRECONDITION, "etcdserver: can only promote a learner member which is in sync with leader");
-	svc_end(k, s, &rs.base, &e);
+	svc_end(k, call, &rs.base, &e);
 }
 
 #ifdef KVD_TEST_SERVICES
@@ -19163,24 +19163,24 @@ static void svc_member_promote(struct kvd *k, struct call *s)
  *   Fill:   request = ASCII size N; answer N bytes.
  *   Stream: request = "COUNT SIZE"; COUNT messages of SIZE bytes.
  */
-static int svc_test_raw(struct kvd *k, struct call *s, const uint8_t *p, size_t n)
+static int svc_test_raw(struct kvd *k, struct call *call, const uint8_t *p, size_t n)
 {
 	uint8_t *o;
 
-	if (!(o = call_msg(k, s, n)))
+	if (!(o = call_msg(k, call, n)))
 		return KVD_ENOMEM;
 	if (n)
 		memcpy(o, p, n);
 	return 0;
 }
 
-static void svc_test_echo(struct kvd *k, struct call *s)
+static void svc_test_echo(struct kvd *k, struct call *call)
 {
-	const uint8_t *p = s->raw.p;
-	size_t n = s->raw.n;
+	const uint8_t *p = call->raw.p;
+	size_t n = call->raw.n;
 
-	if (!svc_test_raw(k, s, p, n))
-		call_finish(k, s, GRPC_OK, "%s", "");
+	if (!svc_test_raw(k, call, p, n))
+		call_finish(k, call, GRPC_OK, "%s", "");
 }
 
 static uint8_t *svc_test_pattern(struct kvd *k, size_t n)
@@ -19193,10 +19193,10 @@ static uint8_t *svc_test_pattern(struct kvd *k, size_t n)
 	return b;
 }
 
-static void svc_test_fill(struct kvd *k, struct call *s)
+static void svc_test_fill(struct kvd *k, struct call *call)
 {
-	const uint8_t *p = s->raw.p;
-	size_t n = s->raw.n;
+	const uint8_t *p = call->raw.p;
+	size_t n = call->raw.n;
 
 	char num[24];
 	size_t size;
@@ -19205,18 +19205,18 @@ static void svc_test_fill(struct kvd *k, struct call *s)
 	snprintf(num, sizeof num, "%.*s", (int)KVD_MIN(n, 20), (const char *)p);
 	size = (size_t)strtoul(num, NULL, 10);
 	if (size > 64u << 20 || !(b = svc_test_pattern(k, size))) {
-		call_finish(k, s, GRPC_RESOURCE_EXHAUSTED, "kvd: fill too large");
+		call_finish(k, call, GRPC_RESOURCE_EXHAUSTED, "kvd: fill too large");
 		return;
 	}
-	if (!svc_test_raw(k, s, b, size))
-		call_finish(k, s, GRPC_OK, "%s", "");
+	if (!svc_test_raw(k, call, b, size))
+		call_finish(k, call, GRPC_OK, "%s", "");
 	kvd_free(k, b);
 }
 
-static void svc_test_stream(struct kvd *k, struct call *s)
+static void svc_test_stream(struct kvd *k, struct call *call)
 {
-	const uint8_t *p = s->raw.p;
-	size_t n = s->raw.n;
+	const uint8_t *p = call->raw.p;
+	size_t n = call->raw.n;
 
 	char num[48];
 	unsigned long count = 0, size = 0, i;
@@ -19225,14 +19225,14 @@ static void svc_test_stream(struct kvd *k, struct call *s)
 	snprintf(num, sizeof num, "%.*s", (int)KVD_MIN(n, 40), (const char *)p);
 	if (sscanf(num, "%lu %lu", &count, &size) != 2 || count > 100000 || size > 1u << 20 ||
 	    !(b = svc_test_pattern(k, size))) {
-		call_finish(k, s, GRPC_INVALID_ARGUMENT, "kvd: bad stream request");
+		call_finish(k, call, GRPC_INVALID_ARGUMENT, "kvd: bad stream request");
 		return;
 	}
 	for (i = 0; i < count; i++)
-		if (svc_test_raw(k, s, b, size))
+		if (svc_test_raw(k, call, b, size))
 			break;
 	if (i == count)
-		call_finish(k, s, GRPC_OK, "%s", "");
+		call_finish(k, call, GRPC_OK, "%s", "");
 	kvd_free(k, b);
 }
 #endif
@@ -19292,7 +19292,7 @@ static void svc_test_stream(struct kvd *k, struct call *s)
  *   4. A waiter that ends unanswered deletes its own key and no other: a
  *      delete guarded by the key's create revision, w->rev, when the log
  *      takes writes (lock_close).
- *   5. A struct lock_wait is its call's (c->svc), on k->locks until the
+ *   5. A struct lock_wait is its call's (call->svc), on k->locks until the
  *      call goes (lock_close -> lock_free); Proclaim and Resign use one on
  *      the stack that borrows the request's LeaderKey (lock_resume).
  */
@@ -19304,7 +19304,7 @@ enum { LOCK_LOCK, LOCK_CAMPAIGN, LOCK_OBSERVE };
 
 struct lock_wait {
 	struct lock_wait *prev, *next; /* k->locks */
-	struct call *c;
+	struct call *call;
 	int kind;
 	unsigned done : 1;           /* answered: nothing to undo on close */
 	ProtobufCBinaryData name;    /* owned copies of the request's */
@@ -19319,10 +19319,10 @@ struct lock_wait {
 
 /* The Txn RPC's code for one recipe step, as the caller: 0, or KVD_EINVAL
  * with e holding etcd's text as the recipe returns it (code Unknown). */
-static int lock_txn(struct kvd *k, struct call *c, Etcdserverpb__TxnRequest *rq, struct svc_pool *pl,
+static int lock_txn(struct kvd *k, struct call *call, Etcdserverpb__TxnRequest *rq, struct svc_pool *pl,
                     Etcdserverpb__TxnResponse *rs, Etcdserverpb__ResponseHeader *h, struct svc_err *e)
 {
-	if (!svc_txn_do(k, c, rq, protobuf_c_message_get_packed_size(&rq->base), pl, rs, h, e))
+	if (!svc_txn_do(k, call, rq, protobuf_c_message_get_packed_size(&rq->base), pl, rs, h, e))
 		return 0;
 	if (e->code != GRPC_RESOURCE_EXHAUSTED)
 		e->code = GRPC_UNKNOWN;
@@ -19331,21 +19331,21 @@ static int lock_txn(struct kvd *k, struct call *c, Etcdserverpb__TxnRequest *rq,
 
 /* A session's lease: the caller's, or a new one of LOCK_SESSION_TTL seconds
  * for lease 0 (concurrency.NewSession grants it; etcd checks nothing else). */
-static int lock_session(struct kvd *k, struct call *c, int64_t *lease, struct svc_err *e)
+static int lock_session(struct kvd *k, struct call *call, int64_t *lease, struct svc_err *e)
 {
 	struct auth_who who;
 	int64_t id;
 
 	if (*lease)
 		return 0;
-	if (auth_who(k, c, &who, e) || svc_writable(k, e, MVCC_REC_HDR + 14 + MVCC_LEASE_OP_MAX)) {
+	if (auth_who(k, call, &who, e) || svc_writable(k, e, MVCC_REC_HDR + 14 + MVCC_LEASE_OP_MAX)) {
 		e->code = GRPC_UNKNOWN;
 		return KVD_EINVAL;
 	}
 	svc_lease_write(k, e, NULL, id = lease_next_id(k), KVD_MAX((int64_t)LOCK_SESSION_TTL, k->lease.min_ttl));
 	if (e->msg)
 		return KVD_EINVAL;
-	c->wrote = 1;
+	call->wrote = 1;
 	*lease = id;
 	return 0;
 }
@@ -19365,7 +19365,7 @@ static void lock_free(struct kvd *k, struct lock_wait *w)
 
 /* A waiter for call c on prefix name + "/"; our key is that plus the lease in
  * hex (Go's %x).  NULL when memory is short. */
-static struct lock_wait *lock_new(struct kvd *k, struct call *c, int kind, const ProtobufCBinaryData *name,
+static struct lock_wait *lock_new(struct kvd *k, struct call *call, int kind, const ProtobufCBinaryData *name,
                                   int64_t lease)
 {
 	struct lock_wait *w = kvd_calloc(k, sizeof *w);
@@ -19374,7 +19374,7 @@ static struct lock_wait *lock_new(struct kvd *k, struct call *c, int kind, const
 
 	if (!w)
 		return NULL;
-	w->c = c;
+	w->call = call;
 	w->kind = kind;
 	w->lease = lease;
 	w->name.len = name->len;
@@ -19402,7 +19402,7 @@ static struct lock_wait *lock_new(struct kvd *k, struct call *c, int kind, const
 	if (k->locks)
 		k->locks->prev = w;
 	k->locks = w;
-	c->svc = w;
+	call->svc = w;
 	return w;
 }
 
@@ -19431,7 +19431,7 @@ static void lock_top(const struct lock_wait *w, Etcdserverpb__RangeRequest *r, i
 }
 
 /* One read-only step: range r as the caller.  *kv the first key or NULL. */
-static int lock_get(struct kvd *k, struct call *c, Etcdserverpb__RangeRequest *r, struct svc_pool *pl,
+static int lock_get(struct kvd *k, struct call *call, Etcdserverpb__RangeRequest *r, struct svc_pool *pl,
                     Etcdserverpb__ResponseHeader *h, Mvccpb__KeyValue **kv, struct svc_err *e)
 {
 	Etcdserverpb__TxnRequest t = ETCDSERVERPB__TXN_REQUEST__INIT;
@@ -19443,7 +19443,7 @@ static int lock_get(struct kvd *k, struct call *c, Etcdserverpb__RangeRequest *r
 	op.request_range = r;
 	t.success = ops;
 	t.n_success = 1;
-	if (lock_txn(k, c, &t, pl, &rs, h, e))
+	if (lock_txn(k, call, &t, pl, &rs, h, e))
 		return KVD_EINVAL;
 	rr = rs.responses[0]->response_range;
 	*kv = rr->n_kvs ? rr->kvs[0] : NULL;
@@ -19453,7 +19453,7 @@ static int lock_get(struct kvd *k, struct call *c, Etcdserverpb__RangeRequest *r
 /* A guarded write of w's key: put value (put) or delete it, if its create
  * revision is still `rev` (0: if it does not exist).  *ok: the guard held;
  * with get, the failure branch reads the key (Campaign). */
-static int lock_guarded(struct kvd *k, struct call *c, const struct lock_wait *w, int64_t rev, int put,
+static int lock_guarded(struct kvd *k, struct call *call, const struct lock_wait *w, int64_t rev, int put,
                         ProtobufCBinaryData value, int get, struct svc_pool *pl, Etcdserverpb__TxnResponse *rs,
                         Etcdserverpb__ResponseHeader *h, struct svc_err *e)
 {
@@ -19498,10 +19498,10 @@ static int lock_guarded(struct kvd *k, struct call *c, const struct lock_wait *w
 			t.n_success = t.n_failure = 2;
 		}
 	}
-	if (lock_txn(k, c, &t, pl, rs, h, e))
+	if (lock_txn(k, call, &t, pl, rs, h, e))
 		return KVD_EINVAL;
-	if (rs->n_responses && c)
-		c->wrote |= rs->succeeded;
+	if (rs->n_responses && call)
+		call->wrote |= rs->succeeded;
 	return 0;
 }
 
@@ -19516,7 +19516,7 @@ static int lock_blocked(struct kvd *k, struct lock_wait *w, struct svc_pool *pl,
 	lock_top(w, &r, w->rev - 1);
 	if (w->rev <= 1)
 		return 0;
-	if (lock_get(k, w->c, &r, pl, h, &kv, e))
+	if (lock_get(k, w->call, &r, pl, h, &kv, e))
 		return KVD_EINVAL;
 	return kv != NULL;
 }
@@ -19529,7 +19529,7 @@ static void lock_won(struct kvd *k, struct lock_wait *w, Etcdserverpb__ResponseH
 		V3lockpb__LockResponse rs = V3LOCKPB__LOCK_RESPONSE__INIT;
 		rs.header = h;
 		rs.key = lock_bin(w->key, w->nkey);
-		call_reply(k, w->c, &rs.base);
+		call_reply(k, w->call, &rs.base);
 	} else {
 		V3electionpb__CampaignResponse rs = V3ELECTIONPB__CAMPAIGN_RESPONSE__INIT;
 		V3electionpb__LeaderKey lk = V3ELECTIONPB__LEADER_KEY__INIT;
@@ -19539,14 +19539,14 @@ static void lock_won(struct kvd *k, struct lock_wait *w, Etcdserverpb__ResponseH
 		lk.lease = w->lease;
 		rs.header = &w->hdr;
 		rs.leader = &lk;
-		call_reply(k, w->c, &rs.base);
+		call_reply(k, w->call, &rs.base);
 	}
 }
 
 static void lock_fail(struct kvd *k, struct lock_wait *w, const struct svc_err *e)
 {
 	w->done = 1;
-	call_finish(k, w->c, e->code, "%s", e->msg);
+	call_finish(k, w->call, e->code, "%s", e->msg);
 }
 
 /* A waiter after a batch (or at once): still ours, and still blocked? */
@@ -19584,7 +19584,7 @@ static void lock_observe(struct kvd *k, struct lock_wait *w)
 	Mvccpb__KeyValue *kv;
 
 	lock_top(w, &r, 0);
-	if (lock_get(k, w->c, &r, &pl, &h, &kv, &e)) {
+	if (lock_get(k, w->call, &r, &pl, &h, &kv, &e)) {
 		lock_fail(k, w, &e);
 	} else if (kv && (kv->create_revision != w->seen_create || kv->mod_revision != w->seen_mod)) {
 		V3electionpb__LeaderResponse rs = V3ELECTIONPB__LEADER_RESPONSE__INIT;
@@ -19592,7 +19592,7 @@ static void lock_observe(struct kvd *k, struct lock_wait *w)
 		rs.kv = kv;
 		w->seen_create = kv->create_revision;
 		w->seen_mod = kv->mod_revision;
-		call_send(k, w->c, &rs.base);
+		call_send(k, w->call, &rs.base);
 	}
 	svc_pool_free(&pl);
 }
@@ -19604,7 +19604,7 @@ static void lock_batch(struct kvd *k)
 
 	for (w = k->locks; w; w = next) {
 		next = w->next;
-		if (w->done || w->c->finished)
+		if (w->done || w->call->finished)
 			continue;
 		if (w->kind == LOCK_OBSERVE)
 			lock_observe(k, w);
@@ -19615,9 +19615,9 @@ static void lock_batch(struct kvd *k)
 
 /* The call goes away: a waiter that never got its answer takes its key
  * back (etcd's Unlock / Resign when the wait fails). */
-static void lock_close(struct kvd *k, struct call *c)
+static void lock_close(struct kvd *k, struct call *call)
 {
-	struct lock_wait *w = c->svc;
+	struct lock_wait *w = call->svc;
 	struct svc_pool pl = {k, NULL, 0};
 	struct svc_err e = {0, NULL};
 	Etcdserverpb__TxnResponse rs;
@@ -19627,27 +19627,27 @@ static void lock_close(struct kvd *k, struct call *c)
 	if (!w)
 		return;
 	if (!w->done && w->kind != LOCK_OBSERVE && w->rev && !svc_writable(k, &e, MVCC_REC_HDR + 32 + w->nkey))
-		lock_guarded(k, c, w, w->rev, 0, none, 0, &pl, &rs, &h, &e);
+		lock_guarded(k, call, w, w->rev, 0, none, 0, &pl, &rs, &h, &e);
 	svc_pool_free(&pl);
-	c->svc = NULL;
+	call->svc = NULL;
 	lock_free(k, w);
 }
 
 /* Shutdown: a Lock or Campaign still waiting is a wait, not work: it ends
  * now (its key is taken back as the call goes, lock_close). */
-static void lock_shutdown(struct kvd *k, struct call *c)
+static void lock_shutdown(struct kvd *k, struct call *call)
 {
-	const struct lock_wait *w = c->svc;
+	const struct lock_wait *w = call->svc;
 
 	if (w && !w->done)
-		call_finish(k, c, GRPC_UNAVAILABLE, "%s", E_STOPPING);
+		call_finish(k, call, GRPC_UNAVAILABLE, "%s", E_STOPPING);
 }
 
 /* ---- the RPCs ----------------------------------------------------------- */
 
-static void lock_lock_rpc(struct kvd *k, struct call *c)
+static void lock_lock_rpc(struct kvd *k, struct call *call)
 {
-	const V3lockpb__LockRequest *rq = (const void *)c->rq;
+	const V3lockpb__LockRequest *rq = (const void *)call->rq;
 	struct svc_pool pl = {k, NULL, 0};
 	struct svc_err e = {0, NULL};
 	Etcdserverpb__TxnResponse rs;
@@ -19657,15 +19657,15 @@ static void lock_lock_rpc(struct kvd *k, struct call *c)
 	struct lock_wait *w;
 	int64_t lease = rq->lease;
 
-	if (lock_session(k, c, &lease, &e)) {
-		call_finish(k, c, e.code, "%s", e.msg);
+	if (lock_session(k, call, &lease, &e)) {
+		call_finish(k, call, e.code, "%s", e.msg);
 		return;
 	}
-	if (!(w = lock_new(k, c, LOCK_LOCK, &rq->name, lease))) {
-		call_finish(k, c, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+	if (!(w = lock_new(k, call, LOCK_LOCK, &rq->name, lease))) {
+		call_finish(k, call, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
 		return;
 	}
-	if (!lock_guarded(k, c, w, 0, 1, empty, 2, &pl, &rs, &h, &e)) {
+	if (!lock_guarded(k, call, w, 0, 1, empty, 2, &pl, &rs, &h, &e)) {
 		mine = rs.succeeded ? NULL : rs.responses[0]->response_range;
 		top = rs.responses[1]->response_range;
 		w->rev = mine ? (mine->n_kvs ? mine->kvs[0]->create_revision : 0) : h.revision;
@@ -19674,14 +19674,14 @@ static void lock_lock_rpc(struct kvd *k, struct call *c)
 		/* else it waits: lock_batch looks again after each batch */
 	} else {
 		w->done = 1;
-		call_finish(k, c, e.code, "%s", e.msg);
+		call_finish(k, call, e.code, "%s", e.msg);
 	}
 	svc_pool_free(&pl);
 }
 
-static void lock_unlock_rpc(struct kvd *k, struct call *c)
+static void lock_unlock_rpc(struct kvd *k, struct call *call)
 {
-	const V3lockpb__UnlockRequest *rq = (const void *)c->rq;
+	const V3lockpb__UnlockRequest *rq = (const void *)call->rq;
 	Etcdserverpb__TxnRequest t = ETCDSERVERPB__TXN_REQUEST__INIT;
 	Etcdserverpb__RequestOp op = ETCDSERVERPB__REQUEST_OP__INIT, *ops[1] = {&op};
 	Etcdserverpb__DeleteRangeRequest d = ETCDSERVERPB__DELETE_RANGE_REQUEST__INIT;
@@ -19696,19 +19696,19 @@ static void lock_unlock_rpc(struct kvd *k, struct call *c)
 	op.request_delete_range = &d;
 	t.success = ops;
 	t.n_success = 1;
-	if (lock_txn(k, c, &t, &pl, &rs, &h, &e)) {
-		call_finish(k, c, e.code, "%s", e.msg);
+	if (lock_txn(k, call, &t, &pl, &rs, &h, &e)) {
+		call_finish(k, call, e.code, "%s", e.msg);
 	} else {
-		c->wrote = rs.responses[0]->response_delete_range->deleted > 0;
+		call->wrote = rs.responses[0]->response_delete_range->deleted > 0;
 		out.header = &h;
-		call_reply(k, c, &out.base);
+		call_reply(k, call, &out.base);
 	}
 	svc_pool_free(&pl);
 }
 
-static void lock_campaign_rpc(struct kvd *k, struct call *c)
+static void lock_campaign_rpc(struct kvd *k, struct call *call)
 {
-	const V3electionpb__CampaignRequest *rq = (const void *)c->rq;
+	const V3electionpb__CampaignRequest *rq = (const void *)call->rq;
 	struct svc_pool pl = {k, NULL, 0};
 	struct svc_err e = {0, NULL};
 	Etcdserverpb__TxnResponse rs, rs2;
@@ -19717,16 +19717,16 @@ static void lock_campaign_rpc(struct kvd *k, struct call *c)
 	int64_t lease = rq->lease;
 	int b;
 
-	if (lock_session(k, c, &lease, &e)) {
-		call_finish(k, c, e.code, "%s", e.msg);
+	if (lock_session(k, call, &lease, &e)) {
+		call_finish(k, call, e.code, "%s", e.msg);
 		return;
 	}
-	if (!(w = lock_new(k, c, LOCK_CAMPAIGN, &rq->name, lease))) {
-		call_finish(k, c, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+	if (!(w = lock_new(k, call, LOCK_CAMPAIGN, &rq->name, lease))) {
+		call_finish(k, call, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
 		return;
 	}
 	w->done = 1; /* until the key is ours */
-	if (!lock_guarded(k, c, w, 0, 1, rq->value, 1, &pl, &rs, &h, &e)) {
+	if (!lock_guarded(k, call, w, 0, 1, rq->value, 1, &pl, &rs, &h, &e)) {
 		w->hdr = h;
 		w->rev = h.revision;
 		if (!rs.succeeded) {
@@ -19734,11 +19734,11 @@ static void lock_campaign_rpc(struct kvd *k, struct call *c)
 			w->rev = kv->create_revision;
 			if ((kv->value.len != rq->value.len || (kv->value.len && memcmp(kv->value.data, rq->value.data,
 			                                                               kv->value.len))) &&
-			    (lock_guarded(k, c, w, w->rev, 1, rq->value, 0, &pl, &rs2, &h2, &e) ||
+			    (lock_guarded(k, call, w, w->rev, 1, rq->value, 0, &pl, &rs2, &h2, &e) ||
 			     (!rs2.succeeded && !svc_fail(&e, GRPC_UNKNOWN, "election: not leader")))) {
 				ProtobufCBinaryData none = {0, NULL};
 				struct svc_err e2 = {0, NULL};
-				lock_guarded(k, c, w, w->rev, 0, none, 0, &pl, &rs2, &h2, &e2); /* Resign */
+				lock_guarded(k, call, w, w->rev, 0, none, 0, &pl, &rs2, &h2, &e2); /* Resign */
 			}
 		}
 		w->done = 0;
@@ -19747,29 +19747,29 @@ static void lock_campaign_rpc(struct kvd *k, struct call *c)
 	}
 	if (e.msg) {
 		w->done = 1;
-		call_finish(k, c, e.code, "%s", e.msg);
+		call_finish(k, call, e.code, "%s", e.msg);
 	}
 	svc_pool_free(&pl);
 }
 
 /* A LeaderKey as the recipes resume it (concurrency.ResumeElection). */
-static int lock_resume(struct kvd *k, struct call *c, const V3electionpb__LeaderKey *lk, struct lock_wait *w,
+static int lock_resume(struct kvd *k, struct call *call, const V3electionpb__LeaderKey *lk, struct lock_wait *w,
                        struct svc_err *e)
 {
 	memset(w, 0, sizeof *w);
 	if (!lk)
 		return svc_fail(e, GRPC_UNKNOWN, "\"leader\" field must be provided");
-	w->c = c;
+	w->call = call;
 	w->key = lk->key.data;
 	w->nkey = lk->key.len;
 	w->rev = lk->rev;
 	w->lease = lk->lease;
-	return lock_session(k, c, &w->lease, e);
+	return lock_session(k, call, &w->lease, e);
 }
 
-static void lock_proclaim_rpc(struct kvd *k, struct call *c)
+static void lock_proclaim_rpc(struct kvd *k, struct call *call)
 {
-	const V3electionpb__ProclaimRequest *rq = (const void *)c->rq;
+	const V3electionpb__ProclaimRequest *rq = (const void *)call->rq;
 	V3electionpb__ProclaimResponse out = V3ELECTIONPB__PROCLAIM_RESPONSE__INIT;
 	struct svc_pool pl = {k, NULL, 0};
 	struct svc_err e = {0, NULL};
@@ -19777,17 +19777,17 @@ static void lock_proclaim_rpc(struct kvd *k, struct call *c)
 	Etcdserverpb__ResponseHeader h;
 	struct lock_wait w;
 
-	if (!lock_resume(k, c, rq->leader, &w, &e) &&
-	    !lock_guarded(k, c, &w, w.rev, 1, rq->value, 0, &pl, &rs, &h, &e) && !rs.succeeded)
+	if (!lock_resume(k, call, rq->leader, &w, &e) &&
+	    !lock_guarded(k, call, &w, w.rev, 1, rq->value, 0, &pl, &rs, &h, &e) && !rs.succeeded)
 		svc_fail(&e, GRPC_UNKNOWN, "election: not leader");
 	out.header = &h;
-	svc_end(k, c, &out.base, &e);
+	svc_end(k, call, &out.base, &e);
 	svc_pool_free(&pl);
 }
 
-static void lock_resign_rpc(struct kvd *k, struct call *c)
+static void lock_resign_rpc(struct kvd *k, struct call *call)
 {
-	const V3electionpb__ResignRequest *rq = (const void *)c->rq;
+	const V3electionpb__ResignRequest *rq = (const void *)call->rq;
 	V3electionpb__ResignResponse out = V3ELECTIONPB__RESIGN_RESPONSE__INIT;
 	struct svc_pool pl = {k, NULL, 0};
 	struct svc_err e = {0, NULL};
@@ -19796,45 +19796,45 @@ static void lock_resign_rpc(struct kvd *k, struct call *c)
 	ProtobufCBinaryData none = {0, NULL};
 	struct lock_wait w;
 
-	if (!lock_resume(k, c, rq->leader, &w, &e))
-		lock_guarded(k, c, &w, w.rev, 0, none, 0, &pl, &rs, &h, &e);
+	if (!lock_resume(k, call, rq->leader, &w, &e))
+		lock_guarded(k, call, &w, w.rev, 0, none, 0, &pl, &rs, &h, &e);
 	out.header = &h;
-	svc_end(k, c, &out.base, &e);
+	svc_end(k, call, &out.base, &e);
 	svc_pool_free(&pl);
 }
 
-static void lock_leader_rpc(struct kvd *k, struct call *c)
+static void lock_leader_rpc(struct kvd *k, struct call *call)
 {
-	const V3electionpb__LeaderRequest *rq = (const void *)c->rq;
+	const V3electionpb__LeaderRequest *rq = (const void *)call->rq;
 	V3electionpb__LeaderResponse out = V3ELECTIONPB__LEADER_RESPONSE__INIT;
 	struct svc_pool pl = {k, NULL, 0};
 	struct svc_err e = {0, NULL};
 	Etcdserverpb__RangeRequest r;
 	Etcdserverpb__ResponseHeader h;
 	Mvccpb__KeyValue *kv = NULL;
-	struct lock_wait *w = lock_new(k, c, LOCK_OBSERVE, &rq->name, -1);
+	struct lock_wait *w = lock_new(k, call, LOCK_OBSERVE, &rq->name, -1);
 
 	if (!w) {
-		call_finish(k, c, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+		call_finish(k, call, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
 		return;
 	}
 	w->done = 1;
 	lock_top(w, &r, 0);
-	if (!lock_get(k, c, &r, &pl, &h, &kv, &e) && !kv)
+	if (!lock_get(k, call, &r, &pl, &h, &kv, &e) && !kv)
 		svc_fail(&e, GRPC_UNKNOWN, "election: no leader");
 	out.header = &h;
 	out.kv = kv;
-	svc_end(k, c, &out.base, &e);
+	svc_end(k, call, &out.base, &e);
 	svc_pool_free(&pl);
 }
 
-static void lock_observe_rpc(struct kvd *k, struct call *c)
+static void lock_observe_rpc(struct kvd *k, struct call *call)
 {
-	const V3electionpb__LeaderRequest *rq = (const void *)c->rq;
-	struct lock_wait *w = lock_new(k, c, LOCK_OBSERVE, &rq->name, -1);
+	const V3electionpb__LeaderRequest *rq = (const void *)call->rq;
+	struct lock_wait *w = lock_new(k, call, LOCK_OBSERVE, &rq->name, -1);
 
 	if (!w) {
-		call_finish(k, c, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+		call_finish(k, call, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
 		return;
 	}
 	if (!k->db.w.len) /* else what the open batch shows is not durable yet: after its flush */
@@ -19907,7 +19907,7 @@ struct watch {
 	uint8_t key[];                 /* key, then range end */
 };
 struct watch_stream {
-	struct call *s;
+	struct call *call;
 	struct watch_stream *prev, *next;
 	struct watch **w;
 	struct share *owner;           /* its user (auth on) or its address: --max-watchers' fair shares */
@@ -20146,13 +20146,13 @@ static void watch_header(struct kvd *k, Etcdserverpb__ResponseHeader *h, int64_t
 /* Send a response, in fragments when the watcher asked and it is big. */
 static int watch_send(struct kvd *k, struct watch *w, Etcdserverpb__WatchResponse *r)
 {
-	struct call *s = w->ws->s;
+	struct call *call = w->ws->call;
 	size_t total, i, at, n;
 	Mvccpb__Event **all;
 
 	if (!w->fragment || r->n_events < 2 ||
 	    (total = protobuf_c_message_get_packed_size(&r->base)) < k->cfg.max_request_bytes)
-		return call_send(k, s, &r->base);
+		return call_send(k, call, &r->base);
 	(void)total;
 	all = r->events;
 	n = r->n_events;
@@ -20169,7 +20169,7 @@ static int watch_send(struct kvd *k, struct watch *w, Etcdserverpb__WatchRespons
 		}
 		at += r->n_events;
 		r->fragment = at < n;
-		if (call_send(k, s, &r->base))
+		if (call_send(k, call, &r->base))
 			return KVD_ENOMEM;
 	}
 	return 0;
@@ -20279,7 +20279,7 @@ enum { WATCH_F_HEADER = 1, WATCH_F_WATCH_ID = 2, WATCH_F_EVENTS = 11 };
 static int watch_emit_live(struct kvd *k, struct watch *w, const struct watch_hit *hits, size_t n, int64_t rev)
 {
 	struct watch_reg *g = &k->watch;
-	struct call *s = w->ws->s;
+	struct call *call = w->ws->call;
 	size_t i, total;
 	uint8_t *p;
 
@@ -20294,7 +20294,7 @@ static int watch_emit_live(struct kvd *k, struct watch *w, const struct watch_hi
 	}
 	if (w->fragment && n > 1 && total >= k->cfg.max_request_bytes)
 		return watch_emit(k, w, hits, n, rev);
-	if (!(p = call_msg(k, s, total)))
+	if (!(p = call_msg(k, call, total)))
 		return KVD_ENOMEM;
 	p = pb_put_lenhdr(p, WATCH_F_HEADER, g->hdr_len);
 	memcpy(p, g->enc.p, g->hdr_len);
@@ -20307,7 +20307,7 @@ static int watch_emit_live(struct kvd *k, struct watch *w, const struct watch_hi
 		memcpy(p, g->enc.p + x->eoff[w->prev_kv], x->elen[w->prev_kv]);
 		p += x->elen[w->prev_kv];
 	}
-	KVD_ALWAYS(p == s->out.p + s->out.len);
+	KVD_ALWAYS(p == call->out.p + call->out.len);
 	w->sent = 1;
 	return 0;
 }
@@ -20330,7 +20330,7 @@ static void watch_pause(struct kvd *k, struct watch *w, int64_t rev, uint64_t re
 	w->next_off = rec_off;
 	w->next_gen = k->db.gen;
 	w->ws->unsynced++;
-	w->ws->s->produce = 1;
+	w->ws->call->produce = 1;
 }
 
 /* ---- live events: a durable batch ----------------------------------------- */
@@ -20402,12 +20402,12 @@ static void watch_live_record(struct kvd *k, struct mvcc_rec *rec)
 		qsort(g->hits, g->nhits, sizeof *g->hits, watch_hit_cmp);
 	for (i = 0; i < g->nhits; i = j) {
 		struct watch *w = g->hits[i].w;
-		struct call *s = w->ws->s;
+		struct call *call = w->ws->call;
 		for (j = i; j < g->nhits && g->hits[j].w == w; j++)
 			;
 		if (!w->synced)
 			continue;
-		if (BUF_LEN(&s->out) >= KVD_MAX_WATCH_QUEUE || s->finished) {
+		if (BUF_LEN(&call->out) >= KVD_MAX_WATCH_QUEUE || call->finished) {
 			watch_pause(k, w, rev, rec->off); /* a slow reader: catch up from the log later */
 			continue;
 		}
@@ -20476,7 +20476,7 @@ static void watch_cancel_compacted(struct kvd *k, struct watch *w)
 	r.watch_id = w->id;
 	r.canceled = 1;
 	r.compact_revision = k->db.compacted;
-	call_send(k, w->ws->s, &r.base);
+	call_send(k, w->ws->call, &r.base);
 	w->ws->unsynced--;
 	watch_unregister(k, w);
 	w->dead = 1;
@@ -20594,7 +20594,7 @@ static int watch_catchup(struct kvd *k, struct watch *w)
 	buf_free(k, &g->rbuf); /* the window is per step: nothing stays behind */
 	if (e < 0) { /* records end at the durable end: anything else is damage */
 		svc_pool_free(&pl);
-		call_finish(k, w->ws->s, e == KVD_ENOMEM ? GRPC_RESOURCE_EXHAUSTED : GRPC_DATA_LOSS,
+		call_finish(k, w->ws->call, e == KVD_ENOMEM ? GRPC_RESOURCE_EXHAUSTED : GRPC_DATA_LOSS,
 		            e == KVD_ENOMEM ? "kvd: out of memory" : "kvd: cannot read the log");
 		return 1;
 	}
@@ -20621,23 +20621,23 @@ static int watch_catchup(struct kvd *k, struct watch *w)
 }
 
 /* The stream's producer: catch up its unsynced watchers, round-robin. */
-static void watch_produce(struct kvd *k, struct call *s)
+static void watch_produce(struct kvd *k, struct call *call)
 {
-	struct watch_stream *ws = s->svc;
+	struct watch_stream *ws = call->svc;
 	size_t tries;
 
 	if (!ws || !ws->unsynced) {
-		s->produce = 0;
+		call->produce = 0;
 		return;
 	}
-	for (tries = 0; tries < ws->n && ws->unsynced && !BUF_LEN(&s->out) && !s->finished; tries++) {
+	for (tries = 0; tries < ws->n && ws->unsynced && !BUF_LEN(&call->out) && !call->finished; tries++) {
 		struct watch *w = ws->w[ws->rr++ % ws->n];
 		if (!w->synced && !w->dead && watch_catchup(k, w))
 			break;
 	}
 	if (!ws->unsynced)
-		s->produce = 0;
-	else if (!BUF_LEN(&s->out))
+		call->produce = 0;
+	else if (!BUF_LEN(&call->out))
 		util_wake_by(k, k->now); /* long stretches without matches: come back at once */
 }
 
@@ -20653,7 +20653,7 @@ static struct watch *watch_find(struct watch_stream *ws, int64_t id)
 	return NULL;
 }
 
-static void watch_reply_ctrl(struct kvd *k, struct call *s, int64_t id, int created, int canceled,
+static void watch_reply_ctrl(struct kvd *k, struct call *call, int64_t id, int created, int canceled,
                              const char *reason)
 {
 	Etcdserverpb__WatchResponse r = ETCDSERVERPB__WATCH_RESPONSE__INIT;
@@ -20665,7 +20665,7 @@ static void watch_reply_ctrl(struct kvd *k, struct call *s, int64_t id, int crea
 	r.created = created;
 	r.canceled = canceled;
 	r.cancel_reason = (char *)(reason ? reason : "");
-	call_send(k, s, &r.base);
+	call_send(k, call, &r.base);
 }
 
 static int watch_prefix_end(const uint8_t *key, size_t n, const uint8_t *end, size_t elen)
@@ -20706,14 +20706,14 @@ static int watch_make_room(struct kvd *k, struct watch_stream *ws)
 			w = v->w[i];
 	if (!w)
 		return KVD_ELIMIT;
-	watch_reply_ctrl(k, v->s, w->id, 0, 1, "kvd: watcher cancelled for a newcomer: --max-watchers is full and "
+	watch_reply_ctrl(k, v->call, w->id, 0, 1, "kvd: watcher cancelled for a newcomer: --max-watchers is full and "
 	                 "this one's user (or address) holds the most");
 	watch_free(k, w);
 	k->st.yields[YIELD_WATCHERS]++;
 	return 0;
 }
 
-static void watch_create(struct kvd *k, struct call *s, struct watch_stream *ws,
+static void watch_create(struct kvd *k, struct call *call, struct watch_stream *ws,
                          const Etcdserverpb__WatchCreateRequest *c)
 {
 	static const uint8_t zero = 0;
@@ -20724,7 +20724,7 @@ static void watch_create(struct kvd *k, struct call *s, struct watch_stream *ws,
 	int kind;
 
 	if (c->start_revision < 0) { /* etcd 3.5.24+: no watcher, an answer as for compacted history */
-		watch_reply_ctrl(k, s, -1, 1, 1, E_COMPACTED);
+		watch_reply_ctrl(k, call, -1, 1, 1, E_COMPACTED);
 		return;
 	}
 	{ /* etcd's isWatchPermitted: no error, a created+canceled answer */
@@ -20734,15 +20734,15 @@ static void watch_create(struct kvd *k, struct call *s, struct watch_stream *ws,
 		kb.data = (uint8_t *)key;
 		kb.len = klen;
 		eb = c->range_end;
-		if (auth_who(k, s, &who, &e) || auth_may(k, &who, &kb, &eb, AUTH_R, &e)) {
-			watch_reply_ctrl(k, s, -1, 1, 1, auth_watch_reason(&e));
+		if (auth_who(k, call, &who, &e) || auth_may(k, &who, &kb, &eb, AUTH_R, &e)) {
+			watch_reply_ctrl(k, call, -1, 1, 1, auth_watch_reason(&e));
 			return;
 		}
-		if (!ws->owner && (s->conn || (k->auth.enabled && who.nlen))) { /* whose share its watchers are */
+		if (!ws->owner && (call->conn || (k->auth.enabled && who.nlen))) { /* whose share its watchers are */
 			ws->owner = k->auth.enabled && who.nlen ? share_get(k, 'u', (const uint8_t *)who.name, who.nlen)
-			                                        : share_get(k, 'a', s->conn->src, sizeof s->conn->src);
+			                                        : share_get(k, 'a', call->conn->src, sizeof call->conn->src);
 			if (!ws->owner) {
-				watch_reply_ctrl(k, s, -1, 1, 1, "kvd: out of memory");
+				watch_reply_ctrl(k, call, -1, 1, 1, "kvd: out of memory");
 				return;
 			}
 		}
@@ -20752,7 +20752,7 @@ static void watch_create(struct kvd *k, struct call *s, struct watch_stream *ws,
 	else if (elen == 1 && end[0] == 0)
 		kind = WATCH_FROM;
 	else if (mvcc_cmp(key, klen, end, elen) >= 0) {
-		watch_reply_ctrl(k, s, -1, 1, 1, "mvcc: watcher range is empty");
+		watch_reply_ctrl(k, call, -1, 1, 1, "mvcc: watcher range is empty");
 		return;
 	} else
 		kind = watch_prefix_end(key, klen, end, elen) && klen <= WATCH_MAX_PREFIX ? WATCH_PREFIX : WATCH_RANGE;
@@ -20761,20 +20761,20 @@ static void watch_create(struct kvd *k, struct call *s, struct watch_stream *ws,
 			ws->next_id++;
 		id = ws->next_id++;
 	} else if (watch_find(ws, id)) {
-		watch_reply_ctrl(k, s, -1, 1, 1, "mvcc: duplicate watch ID provided on the WatchStream");
+		watch_reply_ctrl(k, call, -1, 1, 1, "mvcc: duplicate watch ID provided on the WatchStream");
 		return;
 	}
 	if (k->watch.total >= k->cfg.max_watchers && watch_make_room(k, ws)) {
-		watch_reply_ctrl(k, s, -1, 1, 1, "kvd: too many watchers (--max-watchers)");
+		watch_reply_ctrl(k, call, -1, 1, 1, "kvd: too many watchers (--max-watchers)");
 		return;
 	}
 	if (UTIL_GROW(k, ws->w, ws->cap, ws->n + 1, 8)) {
-		watch_reply_ctrl(k, s, -1, 1, 1, "kvd: out of memory");
+		watch_reply_ctrl(k, call, -1, 1, 1, "kvd: out of memory");
 		return;
 	}
 	w = kvd_calloc(k, sizeof *w + klen + (kind == WATCH_RANGE ? elen : 0));
 	if (!w) {
-		watch_reply_ctrl(k, s, -1, 1, 1, "kvd: out of memory");
+		watch_reply_ctrl(k, call, -1, 1, 1, "kvd: out of memory");
 		return;
 	}
 	w->ws = ws;
@@ -20808,14 +20808,14 @@ static void watch_create(struct kvd *k, struct call *s, struct watch_stream *ws,
 	w->synced = !c->start_revision || w->next > k->db.rev_durable; /* (the same but at the last revision) */
 	if (watch_register(k, w)) {
 		kvd_free(k, w);
-		watch_reply_ctrl(k, s, -1, 1, 1, "kvd: out of memory");
+		watch_reply_ctrl(k, call, -1, 1, 1, "kvd: out of memory");
 		return;
 	}
 	ws->w[ws->n++] = w;
-	watch_reply_ctrl(k, s, id, 1, 0, NULL);
+	watch_reply_ctrl(k, call, id, 1, 0, NULL);
 	if (!w->synced) {
 		ws->unsynced++;
-		s->produce = 1;
+		call->produce = 1;
 	}
 	if (w->progress && !ws->progress_at) {
 		ws->progress_at = k->now + k->cfg.watch_progress_notify_ms;
@@ -20836,33 +20836,33 @@ static int watch_all_synced(const struct kvd *k, const struct watch_stream *ws)
 	return ws->n > 0;
 }
 
-static void watch_on_msg(struct kvd *k, struct call *s)
+static void watch_on_msg(struct kvd *k, struct call *call)
 {
-	const Etcdserverpb__WatchRequest *rq = (const void *)s->rq;
-	struct watch_stream *ws = s->svc;
+	const Etcdserverpb__WatchRequest *rq = (const void *)call->rq;
+	struct watch_stream *ws = call->svc;
 	struct watch *w;
 
 	if (!ws) {
 		if (!(ws = kvd_calloc(k, sizeof *ws))) {
-			call_finish(k, s, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+			call_finish(k, call, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
 			return;
 		}
-		ws->s = s;
+		ws->call = call;
 		ws->next = k->watch.streams;
 		if (k->watch.streams)
 			k->watch.streams->prev = ws;
 		k->watch.streams = ws;
-		s->svc = ws;
+		call->svc = ws;
 	}
 	switch (rq->request_union_case) {
 	case ETCDSERVERPB__WATCH_REQUEST__REQUEST_UNION_CREATE_REQUEST:
-		watch_create(k, s, ws, rq->create_request);
+		watch_create(k, call, ws, rq->create_request);
 		break;
 	case ETCDSERVERPB__WATCH_REQUEST__REQUEST_UNION_CANCEL_REQUEST:
 		if ((w = watch_find(ws, rq->cancel_request->watch_id))) { /* unknown ids: no reply, as etcd */
 			int64_t id = w->id;
 			watch_free(k, w);
-			watch_reply_ctrl(k, s, id, 0, 1, NULL);
+			watch_reply_ctrl(k, call, id, 0, 1, NULL);
 		}
 		break;
 	case ETCDSERVERPB__WATCH_REQUEST__REQUEST_UNION_PROGRESS_REQUEST:
@@ -20873,21 +20873,21 @@ static void watch_on_msg(struct kvd *k, struct call *s)
 			watch_header(k, &h, k->db.rev + 1);
 			r.header = &h;
 			r.watch_id = -1;
-			call_send(k, s, &r.base);
+			call_send(k, call, &r.base);
 		}
 		break;
 #endif
 		if (watch_all_synced(k, ws)) /* else dropped, not deferred (etcd 3.7's progressIfSync) */
-			watch_reply_ctrl(k, s, -1, 0, 0, NULL);
+			watch_reply_ctrl(k, call, -1, 0, 0, NULL);
 		break;
 	default:
 		break; /* etcd ignores what it does not know */
 	}
 }
 
-static void watch_on_close(struct kvd *k, struct call *s)
+static void watch_on_close(struct kvd *k, struct call *call)
 {
-	struct watch_stream *ws = s->svc;
+	struct watch_stream *ws = call->svc;
 
 	if (!ws)
 		return;
@@ -20902,7 +20902,7 @@ static void watch_on_close(struct kvd *k, struct call *s)
 	share_put(k, ws->owner);
 	kvd_free(k, ws->w);
 	kvd_free(k, ws);
-	s->svc = NULL;
+	call->svc = NULL;
 }
 
 /* progress_notify: every interval, watchers that got no events since the
@@ -20924,13 +20924,13 @@ static void watch_timers(struct kvd *k)
 			struct watch *w = ws->w[i];
 			if (!w->progress || w->dead)
 				continue;
-			if (!w->sent && w->synced && w->start <= k->db.rev_durable && !ws->s->finished) {
+			if (!w->sent && w->synced && w->start <= k->db.rev_durable && !ws->call->finished) {
 				Etcdserverpb__WatchResponse r = ETCDSERVERPB__WATCH_RESPONSE__INIT;
 				Etcdserverpb__ResponseHeader h;
 				watch_header(k, &h, k->db.rev_durable);
 				r.header = &h;
 				r.watch_id = w->id;
-				call_send(k, ws->s, &r.base);
+				call_send(k, ws->call, &r.base);
 			}
 			w->sent = 0;
 			ws->progress_at = k->now + k->cfg.watch_progress_notify_ms;
@@ -21057,14 +21057,14 @@ static const struct grpc_method svc_health[] = {
 };
 #ifdef KVD_TEST_SERVICES
 /* Stats: kvd's own accounting, so tests can prove memory stays bounded. */
-static void svc_test_stats(struct kvd *k, struct call *s)
+static void svc_test_stats(struct kvd *k, struct call *call)
 {
 	char out[1024];
 	unsigned streams = 0;
-	struct call *c;
+	const struct call *it;
 	size_t at;
 
-	for (c = k->calls; c; c = c->next)
+	for (it = k->calls; it; it = it->next)
 		streams++;
 	at = (size_t)snprintf(out, sizeof out, "mem=%zu peak=%zu conns=%u streams=%u watchers=%zu unsynced=%zu "
 	                      "accepted=%llu refused=%llu refused-ip=%llu evicted=%llu goaway=%llu rst=%llu ", k->mem,
@@ -21074,25 +21074,25 @@ static void svc_test_stats(struct kvd *k, struct call *s)
 	                      (unsigned long long)k->st.goaway_sent, (unsigned long long)k->st.rst_sent);
 	if (k->confd)
 		confd_report(k, out + at, sizeof out - at);
-	if (!svc_test_raw(k, s, (const uint8_t *)out, strlen(out)))
-		call_finish(k, s, GRPC_OK, "%s", "");
+	if (!svc_test_raw(k, call, (const uint8_t *)out, strlen(out)))
+		call_finish(k, call, GRPC_OK, "%s", "");
 }
 
 /* The allocation-failure sweep from outside (test/memory.py): the body is
  * a decimal n; the n-th allocation from now fails (0: none).  The answer
  * (allocations so far, bytes in use) is written before the count starts. */
-static void svc_test_fail_alloc(struct kvd *k, struct call *s)
+static void svc_test_fail_alloc(struct kvd *k, struct call *call)
 {
 	char num[24], out[64];
-	size_t n = KVD_MIN(s->raw.n, sizeof num - 1);
+	size_t n = KVD_MIN(call->raw.n, sizeof num - 1);
 	unsigned long long v;
 
-	memcpy(num, s->raw.p, n);
+	memcpy(num, call->raw.p, n);
 	num[n] = 0;
 	v = strtoull(num, NULL, 10);
 	snprintf(out, sizeof out, "nalloc=%llu mem=%zu", (unsigned long long)k->nalloc, k->mem);
-	if (!svc_test_raw(k, s, (const uint8_t *)out, strlen(out)))
-		call_finish(k, s, GRPC_OK, "%s", "");
+	if (!svc_test_raw(k, call, (const uint8_t *)out, strlen(out)))
+		call_finish(k, call, GRPC_OK, "%s", "");
 	k->fail_at = v ? k->nalloc + v : 0;
 }
 
@@ -21172,22 +21172,22 @@ static int svc_method_index(const struct grpc_method *m)
  * still waiting).  A call that begins while kvd stops is treated the same
  * once its first message came (call_message).
  */
-static void svc_stop_call(struct kvd *k, struct call *c)
+static void svc_stop_call(struct kvd *k, struct call *call)
 {
-	if (!c->m || c->finished)
+	if (!call->m || call->finished)
 		return;
-	if (c->m->on_shutdown)
-		c->m->on_shutdown(k, c);
-	if (c->m->kind != GRPC_UNARY)
-		call_finish(k, c, GRPC_UNAVAILABLE, "%s", E_STOPPING);
+	if (call->m->on_shutdown)
+		call->m->on_shutdown(k, call);
+	if (call->m->kind != GRPC_UNARY)
+		call_finish(k, call, GRPC_UNAVAILABLE, "%s", E_STOPPING);
 }
 
 static void svc_shutdown(struct kvd *k)
 {
-	struct call *c;
+	struct call *call;
 
-	for (c = k->calls; c; c = c->next)
-		svc_stop_call(k, c);
+	for (call = k->calls; call; call = call->next)
+		svc_stop_call(k, call);
 }
 
 /* ===== 29. confd: Ganeti's UDP query protocol, keyspace mode (confd_) ==== */
@@ -24886,7 +24886,7 @@ static const struct call_carrier gw_carrier = {"gateway", NULL};
 
 /* The gateway's call on HTTP/2 is the stream's own: its carrier drops what
  * is still buffered once the call is answered, as a gRPC stream's does. */
-static void grpc_finished(struct kvd *k, struct call *c);
+static void grpc_finished(struct kvd *k, struct call *call);
 static const struct call_carrier gw_h2_carrier = {"gateway", grpc_finished};
 
 /* Start a gateway call for request r (its method found as rpc). */
@@ -27344,7 +27344,7 @@ static void loop_timers(struct kvd *k)
  */
 KVD_RESIDENT static void loop_log_flush(struct kvd *k)
 {
-	struct call *s;
+	struct call *call;
 	int err = mvcc_flush(k), b;
 	size_t i, n;
 
@@ -27368,21 +27368,21 @@ KVD_RESIDENT static void loop_log_flush(struct kvd *k)
 	}
 
 	for (i = 0; i < k->nheld; i++) {
-		if (!(s = k->held[i]))
+		if (!(call = k->held[i]))
 			continue;
-		s->held = 0;
+		call->held = 0;
 		if (!err)
 			continue;
-		s->out.len = KVD_MAX(s->out.rd, KVD_MIN(s->out.len, s->out_mark));
-		kvd_free(k, s->status_msg);
-		s->status_msg = NULL;
-		s->finished = 0;
-		k->st.proposals_failed += s->wrote;
-		if (s->wrote && (k->db.last_errno == ENOSPC || k->db.last_errno == EDQUOT))
-			call_finish(k, s, GRPC_RESOURCE_EXHAUSTED, "%s", E_NO_SPACE);
+		call->out.len = KVD_MAX(call->out.rd, KVD_MIN(call->out.len, call->out_mark));
+		kvd_free(k, call->status_msg);
+		call->status_msg = NULL;
+		call->finished = 0;
+		k->st.proposals_failed += call->wrote;
+		if (call->wrote && (k->db.last_errno == ENOSPC || k->db.last_errno == EDQUOT))
+			call_finish(k, call, GRPC_RESOURCE_EXHAUSTED, "%s", E_NO_SPACE);
 		else
-			call_finish(k, s, GRPC_UNAVAILABLE, "kvd: log write failed (%s); %s", strerror(k->db.last_errno),
-			            s->wrote ? "not applied" : "retry");
+			call_finish(k, call, GRPC_UNAVAILABLE, "kvd: log write failed (%s); %s", strerror(k->db.last_errno),
+			            call->wrote ? "not applied" : "retry");
 	}
 	k->nheld = 0;
 	if (err && (k->db.last_errno == ENOSPC || k->db.last_errno == EDQUOT)) {
