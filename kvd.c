@@ -510,6 +510,7 @@ static const char *const grpc_code_names[] = {"OK", "Canceled", "Unknown", "Inva
 #define E_USER_EMPTY "etcdserver: user name is empty"
 #define E_ROLE_EMPTY "etcdserver: role name is empty"
 #define E_NAME_NUL "kvd: a user or role name holding a NUL byte is not supported"
+#define E_OOM "kvd: out of memory" /* kvd's one word for every allocation that failed */
 #define E_AUTH_FAILED "etcdserver: authentication failed, invalid user ID or password"
 #define E_AUTH_NO_PASSWORD "auth: authentication failed, password was given for no password user"
 #define E_PERM_NOT_GIVEN "etcdserver: permission not given"
@@ -4968,7 +4969,7 @@ static uint8_t *call_msg(struct kvd *k, struct call *call, size_t n)
 	uint8_t *p;
 
 	if (n > 0xffffffffu || buf_reserve(k, &call->out, 5 + n)) {
-		call_finish(k, call, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+		call_finish(k, call, GRPC_RESOURCE_EXHAUSTED, E_OOM);
 		return NULL;
 	}
 	p = call->out.p + call->out.len;
@@ -5077,7 +5078,7 @@ static int call_decode(struct kvd *k, struct call *call, const uint8_t *p, size_
 	if (flags & PB_F_STRIP) { /* what etcd skips, protobuf-c would refuse */
 		uint8_t *copy = kvd_malloc(k, n ? n : 1);
 		if (!copy) {
-			call_finish(k, call, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+			call_finish(k, call, GRPC_RESOURCE_EXHAUSTED, E_OOM);
 			return KVD_ENOMEM;
 		}
 		size_t m = pb_strip(d, p, n, copy);
@@ -5094,7 +5095,7 @@ static int call_decode(struct kvd *k, struct call *call, const uint8_t *p, size_
 	if (call->rq)
 		return 0;
 	if (oom) {
-		call_finish(k, call, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+		call_finish(k, call, GRPC_RESOURCE_EXHAUSTED, E_OOM);
 		return KVD_ENOMEM;
 	}
 	call_finish(k, call, GRPC_INTERNAL, "grpc: error unmarshalling request: kvd: malformed protobuf");
@@ -9635,7 +9636,7 @@ static int life_rw_start(struct kvd *k, int automatic)
 	k->life.rw = rw;
 	if ((m->nkeys && !(rw->snap = kvd_malloc(k, m->nkeys * sizeof *rw->snap))) ||
 	    (k->lease.n && !(rw->leases = kvd_malloc(k, k->lease.n * sizeof *rw->leases)))) {
-		life_rw_end(k, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+		life_rw_end(k, GRPC_RESOURCE_EXHAUSTED, E_OOM);
 		return KVD_ENOMEM;
 	}
 	while ((r = mvcc_at(m, it))) {
@@ -9659,7 +9660,7 @@ static int life_rw_start(struct kvd *k, int automatic)
 		return KVD_EIO;
 	}
 	if (buf_reserve(k, &rw->out, MVCC_HEADER_REC)) {
-		life_rw_end(k, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+		life_rw_end(k, GRPC_RESOURCE_EXHAUSTED, E_OOM);
 		return KVD_ENOMEM;
 	}
 	mvcc_header_encode(k->crc, rw->out.p);
@@ -13373,7 +13374,7 @@ static void h2_on_block(struct kvd *k, struct h2_conn *c, uint32_t sid, unsigned
 	}
 #endif
 	if (call_keep_meta(k, &s->call, o.f, o.nf)) {
-		call_finish(k, &s->call, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+		call_finish(k, &s->call, GRPC_RESOURCE_EXHAUSTED, E_OOM);
 		return;
 	}
 	grpc_on_headers(k, s, &rq);
@@ -13520,7 +13521,7 @@ static void h2_on_data(struct kvd *k, struct h2_conn *c, unsigned flags, uint32_
 #endif
 	if (s->discard || buf_append(k, &s->in, p, n)) {
 		if (!s->discard)
-			call_finish(k, &s->call, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+			call_finish(k, &s->call, GRPC_RESOURCE_EXHAUSTED, E_OOM);
 	} else {
 		if (n)
 			c->conn->t_active = k->now; /* request data: progress */
@@ -15659,7 +15660,7 @@ static int auth_hash_start(struct kvd *k, struct call *call, struct kvd_slice pw
 		return svc_fail(e, GRPC_UNAVAILABLE, "kvd: cannot read /dev/urandom");
 	if (!j) {
 		if (!(j = kvd_calloc(k, sizeof *j)))
-			return svc_fail(e, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+			return svc_fail(e, GRPC_RESOURCE_EXHAUSTED, E_OOM);
 		j->call = call;
 		j->rq = call->rq;
 		call->rq = NULL;
@@ -16347,7 +16348,7 @@ static int svc_range(struct kvd *k, const Etcdserverpb__RangeRequest *rq, int64_
 		if (vis) {
 			rr->count++;
 			if (!rq->count_only && (!fetch || (int64_t)rr->n < fetch) && svc_range_push(k, rr, &kv))
-				return svc_fail(e, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+				return svc_fail(e, GRPC_RESOURCE_EXHAUSTED, E_OOM);
 		}
 		if (!rq->range_end.len)
 			break;
@@ -16379,7 +16380,7 @@ static int svc_range(struct kvd *k, const Etcdserverpb__RangeRequest *rq, int64_
 				for (o = 0; g.val && o <= i && o < rr->n; o++)
 					kvd_free(k, g.val[o]);
 				kvd_free(k, g.val);
-				return svc_fail(e, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+				return svc_fail(e, GRPC_RESOURCE_EXHAUSTED, E_OOM);
 			}
 		}
 		svc_gosort_pdq(&g, 0, rr->n, svc_gosort_bitlen(rr->n));
@@ -16461,7 +16462,7 @@ static int svc_range_op(struct kvd *k, struct svc_pool *pl, const struct mvcc_tx
 
 	r = svc_range(k, rq, svc_cur(k, t), &rr, e);
 	if (!r && svc_kvs(k, pl, rr.kv, rr.n, svc_keys_only(rq), &rs->kvs))
-		r = svc_fail(e, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+		r = svc_fail(e, GRPC_RESOURCE_EXHAUSTED, E_OOM);
 	if (!r) {
 		rs->n_kvs = rs->kvs ? rr.n : 0;
 		rs->more = rr.more;
@@ -16508,14 +16509,14 @@ static int svc_put_op(struct kvd *k, struct svc_pool *pl, struct mvcc_txn *t,
 		Mvccpb__KeyValue **pp;
 		svc_kv_of(&k->db, r, &kv);
 		if (svc_kvs(k, pl, &kv, 1, 0, &pp))
-			return svc_fail(e, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+			return svc_fail(e, GRPC_RESOURCE_EXHAUSTED, E_OOM);
 		rs->prev_kv = pp[0];
 	}
 	if (rq->ignore_value) { /* the old value, copied: the batch may move */
 		vlen = r->vlen;
 		if (!(copy = kvd_malloc(k, vlen + 1)) || mvcc_pread(&k->db, copy, vlen, mvcc_voff(&k->db, r))) {
 			kvd_free(k, copy);
-			return svc_fail(e, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+			return svc_fail(e, GRPC_RESOURCE_EXHAUSTED, E_OOM);
 		}
 		val = copy;
 	}
@@ -16526,9 +16527,9 @@ static int svc_put_op(struct kvd *k, struct svc_pool *pl, struct mvcc_txn *t,
 	if (err == KVD_ERANGE)
 		return svc_fail(e, GRPC_OUT_OF_RANGE, E_NO_VERSION);
 	if (err)
-		return svc_fail(e, GRPC_RESOURCE_EXHAUSTED, err == KVD_ELIMIT ? E_TOO_LARGE : "kvd: out of memory");
+		return svc_fail(e, GRPC_RESOURCE_EXHAUSTED, err == KVD_ELIMIT ? E_TOO_LARGE : E_OOM);
 	if (!(rs->header = svc_alloc(pl, sizeof *rs->header)))
-		return svc_fail(e, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+		return svc_fail(e, GRPC_RESOURCE_EXHAUSTED, E_OOM);
 	etcdserverpb__response_header__init(rs->header);
 	rs->header->revision = t->rev;
 	return 0;
@@ -16556,7 +16557,7 @@ static int svc_delete_op(struct kvd *k, struct svc_pool *pl, struct mvcc_txn *t,
 		if (r->flags & MVCC_LIVE) {
 			svc_kv_of(&k->db, r, &kv);
 			if (svc_range_push(k, &rr, &kv)) {
-				err = svc_fail(e, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+				err = svc_fail(e, GRPC_RESOURCE_EXHAUSTED, E_OOM);
 				goto out;
 			}
 		}
@@ -16564,18 +16565,18 @@ static int svc_delete_op(struct kvd *k, struct svc_pool *pl, struct mvcc_txn *t,
 			break;
 	}
 	if (rq->prev_kv && svc_kvs(k, pl, rr.kv, rr.n, 0, &rs->prev_kvs)) {
-		err = svc_fail(e, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+		err = svc_fail(e, GRPC_RESOURCE_EXHAUSTED, E_OOM);
 		goto out;
 	}
 	rs->n_prev_kvs = rq->prev_kv ? rr.n : 0;
 	for (i = 0; i < rr.n; i++)
 		if (mvcc_del(k, t, (struct mvcc_key *)rr.kv[i].r)) {
-			err = svc_fail(e, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+			err = svc_fail(e, GRPC_RESOURCE_EXHAUSTED, E_OOM);
 			goto out;
 		}
 	rs->deleted = (int64_t)rr.n;
 	if (!(rs->header = svc_alloc(pl, sizeof *rs->header))) {
-		err = svc_fail(e, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+		err = svc_fail(e, GRPC_RESOURCE_EXHAUSTED, E_OOM);
 		goto out;
 	}
 	etcdserverpb__response_header__init(rs->header);
@@ -16728,7 +16729,7 @@ static int svc_intervals(struct kvd *k, Etcdserverpb__RequestOp **ops, size_t n,
 		if (ops[i]->request_case == ETCDSERVERPB__REQUEST_OP__REQUEST_REQUEST_DELETE_RANGE) {
 			const Etcdserverpb__DeleteRangeRequest *d = ops[i]->request_delete_range;
 			if (svc_ivs_add_del(k, out, &d->key, &d->range_end, d->range_end.len == 0))
-				return svc_fail(e, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+				return svc_fail(e, GRPC_RESOURCE_EXHAUSTED, E_OOM);
 		}
 	for (i = 0; i < n && !r; i++) {
 		const Etcdserverpb__TxnRequest *t;
@@ -16745,21 +16746,21 @@ static int svc_intervals(struct kvd *k, Etcdserverpb__RequestOp **ops, size_t n,
 				if (svc_put_seen(out, then.puts[j]) || svc_iv_hit(out, then.puts[j]))
 					r = svc_fail(e, GRPC_INVALID_ARGUMENT, E_DUP_KEY);
 				else if (svc_ivs_add_put(k, out, then.puts[j]))
-					r = svc_fail(e, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+					r = svc_fail(e, GRPC_RESOURCE_EXHAUSTED, E_OOM);
 			}
 			for (j = 0; j < els.np && !r; j++) {
 				if ((svc_put_seen(out, els.puts[j]) && !svc_put_seen(&then, els.puts[j])) ||
 				    svc_iv_hit(out, els.puts[j]))
 					r = svc_fail(e, GRPC_INVALID_ARGUMENT, E_DUP_KEY);
 				else if (svc_ivs_add_put(k, out, els.puts[j]))
-					r = svc_fail(e, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+					r = svc_fail(e, GRPC_RESOURCE_EXHAUSTED, E_OOM);
 			}
 			for (j = 0; j < then.ni && !r; j++)
 				if (svc_ivs_add_del(k, out, then.iv[j].a, then.iv[j].b, then.iv[j].point))
-					r = svc_fail(e, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+					r = svc_fail(e, GRPC_RESOURCE_EXHAUSTED, E_OOM);
 			for (j = 0; j < els.ni && !r; j++)
 				if (svc_ivs_add_del(k, out, els.iv[j].a, els.iv[j].b, els.iv[j].point))
-					r = svc_fail(e, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+					r = svc_fail(e, GRPC_RESOURCE_EXHAUSTED, E_OOM);
 		}
 		svc_ivs_free(k, &then);
 		svc_ivs_free(k, &els);
@@ -16772,7 +16773,7 @@ static int svc_intervals(struct kvd *k, Etcdserverpb__RequestOp **ops, size_t n,
 		if (svc_put_seen(out, key) || svc_iv_hit(out, key))
 			r = svc_fail(e, GRPC_INVALID_ARGUMENT, E_DUP_KEY);
 		else if (svc_ivs_add_put(k, out, key))
-			r = svc_fail(e, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+			r = svc_fail(e, GRPC_RESOURCE_EXHAUSTED, E_OOM);
 	}
 	if (r) {
 		svc_ivs_free(k, out);
@@ -16948,7 +16949,7 @@ static int svc_txn_apply(struct kvd *k, struct svc_pool *pl, struct mvcc_txn *t,
 	rs->succeeded = ok;
 	/* etcd gives every TxnResponse a header; nested ones stay empty */
 	if (!(rs->header = svc_alloc(pl, sizeof *rs->header)))
-		return svc_fail(e, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+		return svc_fail(e, GRPC_RESOURCE_EXHAUSTED, E_OOM);
 	etcdserverpb__response_header__init(rs->header);
 	ops = ok ? rq->success : rq->failure;
 	n = ok ? rq->n_success : rq->n_failure;
@@ -16957,7 +16958,7 @@ static int svc_txn_apply(struct kvd *k, struct svc_pool *pl, struct mvcc_txn *t,
 	rs->responses = svc_alloc(pl, n * sizeof *rs->responses);
 	ro = svc_alloc(pl, n * sizeof *ro);
 	if (!rs->responses || !ro)
-		return svc_fail(e, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+		return svc_fail(e, GRPC_RESOURCE_EXHAUSTED, E_OOM);
 	rs->n_responses = n;
 	for (i = 0; i < n; i++) {
 		const Etcdserverpb__RequestOp *op = ops[i];
@@ -16970,7 +16971,7 @@ static int svc_txn_apply(struct kvd *k, struct svc_pool *pl, struct mvcc_txn *t,
 			ro[i].response_case = ETCDSERVERPB__RESPONSE_OP__RESPONSE_RESPONSE_RANGE;
 			ro[i].response_range = x;
 			if (!x || !h)
-				return svc_fail(e, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+				return svc_fail(e, GRPC_RESOURCE_EXHAUSTED, E_OOM);
 			etcdserverpb__range_response__init(x);
 			if (svc_range_op(k, pl, t, op->request_range, x, e))
 				return KVD_EINVAL;
@@ -16984,7 +16985,7 @@ static int svc_txn_apply(struct kvd *k, struct svc_pool *pl, struct mvcc_txn *t,
 			ro[i].response_case = ETCDSERVERPB__RESPONSE_OP__RESPONSE_RESPONSE_PUT;
 			ro[i].response_put = x;
 			if (!x)
-				return svc_fail(e, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+				return svc_fail(e, GRPC_RESOURCE_EXHAUSTED, E_OOM);
 			if (svc_put_op(k, pl, t, op->request_put, x, e))
 				return KVD_EINVAL;
 			break;
@@ -16994,7 +16995,7 @@ static int svc_txn_apply(struct kvd *k, struct svc_pool *pl, struct mvcc_txn *t,
 			ro[i].response_case = ETCDSERVERPB__RESPONSE_OP__RESPONSE_RESPONSE_DELETE_RANGE;
 			ro[i].response_delete_range = x;
 			if (!x)
-				return svc_fail(e, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+				return svc_fail(e, GRPC_RESOURCE_EXHAUSTED, E_OOM);
 			if (svc_delete_op(k, pl, t, op->request_delete_range, x, e))
 				return KVD_EINVAL;
 			break;
@@ -17004,7 +17005,7 @@ static int svc_txn_apply(struct kvd *k, struct svc_pool *pl, struct mvcc_txn *t,
 			ro[i].response_case = ETCDSERVERPB__RESPONSE_OP__RESPONSE_RESPONSE_TXN;
 			ro[i].response_txn = x;
 			if (!x)
-				return svc_fail(e, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+				return svc_fail(e, GRPC_RESOURCE_EXHAUSTED, E_OOM);
 			if (svc_txn_apply(k, pl, t, op->request_txn, p, x, e))
 				return KVD_EINVAL;
 			break;
@@ -17113,7 +17114,7 @@ static int svc_write1(struct kvd *k, struct call *call, struct svc_pool *pl, con
 	if (svc_writable(k, e, del ? 0 : svc_put_cost(rq)))
 		return KVD_EINVAL;
 	if (mvcc_txn_begin(k, &t)) {
-		svc_fail(e, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+		svc_fail(e, GRPC_RESOURCE_EXHAUSTED, E_OOM);
 		return KVD_EINVAL;
 	}
 	if (del ? svc_delete_op(k, pl, &t, rq, rs, e) : svc_put_op(k, pl, &t, rq, rs, e))
@@ -17222,7 +17223,7 @@ static int svc_txn_do(struct kvd *k, struct call *call, const Etcdserverpb__TxnR
 	if (auth_txn(k, &who, rq, e))
 		goto out;
 	if (svc_txn_path(k, rq, &path)) {
-		svc_fail(e, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+		svc_fail(e, GRPC_RESOURCE_EXHAUSTED, E_OOM);
 		goto out;
 	}
 	if (svc_txn_precheck(k, rq, &path, e))
@@ -17233,7 +17234,7 @@ static int svc_txn_do(struct kvd *k, struct call *call, const Etcdserverpb__TxnR
 			svc_header(k, h, 1);
 	} else if (!svc_writable(k, e, svc_txn_cost(rq))) {
 		if (mvcc_txn_begin(k, &t)) {
-			svc_fail(e, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+			svc_fail(e, GRPC_RESOURCE_EXHAUSTED, E_OOM);
 			goto out;
 		}
 		if (svc_txn_apply(k, pl, &t, rq, &path, rs, e))
@@ -17277,7 +17278,7 @@ static void svc_compact_rpc(struct kvd *k, struct call *call)
 	else if (rq->revision > k->db.rev)
 		svc_fail(&e, GRPC_OUT_OF_RANGE, E_FUTURE_REV);
 	else if (!svc_writable(k, &e, 0) && mvcc_compact(k, rq->revision))
-		svc_fail(&e, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+		svc_fail(&e, GRPC_RESOURCE_EXHAUSTED, E_OOM);
 	if (!e.msg) {
 		/* physical or not, the answer leaves once the compaction is durable */
 		svc_header(k, &h, 1);
@@ -17360,7 +17361,7 @@ static void svc_rstream_chunk(struct kvd *k, struct call *call)
 				if (got.n >= SVC_CHUNK_KEYS || bytes >= SVC_CHUNK_BYTES)
 					break;
 				if (svc_range_push(k, &got, &kv)) {
-					call_finish(k, call, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+					call_finish(k, call, GRPC_RESOURCE_EXHAUSTED, E_OOM);
 					goto out;
 				}
 				bytes += r->klen + (rq->keys_only ? 0 : kv.vlen) + 32;
@@ -17380,7 +17381,7 @@ static void svc_rstream_chunk(struct kvd *k, struct call *call)
 		if (!nl || svc_kvs(k, &pl, got.kv, got.n, svc_keys_only(rq), &rr.kvs)) {
 			if (nl)
 				st->last = nl;
-			call_finish(k, call, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+			call_finish(k, call, GRPC_RESOURCE_EXHAUSTED, E_OOM);
 			goto out;
 		}
 		st->last = nl;
@@ -17430,7 +17431,7 @@ static void svc_rangestream_rpc(struct kvd *k, struct call *call)
 	else if (rev > 0 && rev < k->db.compacted)
 		call_finish(k, call, GRPC_OUT_OF_RANGE, "%s", E_COMPACTED);
 	else if (!(st = kvd_calloc(k, sizeof *st)))
-		call_finish(k, call, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+		call_finish(k, call, GRPC_RESOURCE_EXHAUSTED, E_OOM);
 	else {
 		/* pin the newest durable revision: a chunk never shows a write a crash could undo */
 		st->rq = (Etcdserverpb__RangeRequest *)call->rq; /* kept: see on_msg */
@@ -17488,12 +17489,12 @@ static void svc_lease_write(struct kvd *k, struct svc_err *e, struct lease *l, i
 	struct mvcc_txn t;
 
 	if (mvcc_txn_begin(k, &t)) {
-		svc_fail(e, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+		svc_fail(e, GRPC_RESOURCE_EXHAUSTED, E_OOM);
 		return;
 	}
 	if (l ? lease_revoke(k, &t, l) : lease_grant(k, &t, id, ttl)) {
 		mvcc_txn_abort(k, &t);
-		svc_fail(e, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+		svc_fail(e, GRPC_RESOURCE_EXHAUSTED, E_OOM);
 	}
 	mvcc_txn_end(k, &t);
 }
@@ -17618,7 +17619,7 @@ static void svc_lease_ttl_rpc(struct kvd *k, struct call *call)
 			v = svc_alloc(&pl, l->nkeys * sizeof *v);
 			rs.keys = svc_alloc(&pl, l->nkeys * sizeof *rs.keys);
 			if (!v || !rs.keys) {
-				svc_fail(&e, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+				svc_fail(&e, GRPC_RESOURCE_EXHAUSTED, E_OOM);
 			} else {
 				for (i = 0; i <= l->kmask; i++)
 					if (l->keys[i])
@@ -17671,7 +17672,7 @@ static void svc_lease_leases_rpc(struct kvd *k, struct call *call)
 		st = svc_alloc(&pl, g->n * sizeof *st);
 		rs.leases = svc_alloc(&pl, g->n * sizeof *rs.leases);
 		if (!v || !st || !rs.leases) {
-			svc_fail(&e, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+			svc_fail(&e, GRPC_RESOURCE_EXHAUSTED, E_OOM);
 		} else {
 			for (i = 0; i <= g->mask; i++)
 				for (l = g->tab[i]; l; l = l->hnext)
@@ -17739,7 +17740,7 @@ static int auth_begin(struct kvd *k, struct call *call, struct auth_rec *r, stru
 	if (k->auth.rev >= INT64_MAX) /* the AUTH record holds it as a signed 64-bit number */
 		return svc_fail(e, GRPC_OUT_OF_RANGE, "kvd: auth: no auth revision left");
 	if (auth_rec_begin(k, r))
-		return svc_fail(e, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+		return svc_fail(e, GRPC_RESOURCE_EXHAUSTED, E_OOM);
 	call->wrote = 1;
 	return 0;
 }
@@ -17748,7 +17749,7 @@ static int auth_end(struct kvd *k, struct auth_rec *r, int failed, int bump, str
 {
 	if (failed) {
 		auth_rec_end(k, r, 1);
-		return svc_fail(e, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+		return svc_fail(e, GRPC_RESOURCE_EXHAUSTED, E_OOM);
 	}
 	k->auth.rev += (uint64_t)bump;
 	auth_rec_end(k, r, 0);
@@ -17964,11 +17965,11 @@ static void svc_auth_list(struct kvd *k, struct call *call, int roles)
 
 	if (!auth_who(k, call, &who, &e) && !auth_admin(k, &who, &e) && t->n &&
 	    !(names = svc_alloc(&pl, t->n * sizeof *names)))
-		svc_fail(&e, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+		svc_fail(&e, GRPC_RESOURCE_EXHAUSTED, E_OOM);
 	for (i = 0; names && i < t->n; i++) { /* names are bytes in authpb: NUL-ended copies */
 		ProtobufCBinaryData *nm = auth_name(t->v[i]);
 		if (!(names[i] = svc_alloc(&pl, nm->len + 1))) {
-			svc_fail(&e, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+			svc_fail(&e, GRPC_RESOURCE_EXHAUSTED, E_OOM);
 			break;
 		}
 		memcpy(names[i], nm->data, nm->len);
@@ -18073,7 +18074,7 @@ static void auth_user_set_role(struct kvd *k, struct call *call, const Authpb__U
 	size_t n = auth_roles_with(k, u, role, add, &roles);
 
 	if (!roles)
-		svc_fail(e, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+		svc_fail(e, GRPC_RESOURCE_EXHAUSTED, E_OOM);
 	else if (!auth_begin(k, call, &r, e)) {
 		auth_user_msg(&nu, &opt, u, name, NULL, roles, n);
 		auth_end(k, &r, auth_rec_op(k, &r, AUTH_OP_USER, &nu.base, NULL), 1, e);
@@ -18263,7 +18264,7 @@ static void svc_auth_role_grant(struct kvd *k, struct call *call)
 	else if (!(role = auth_role_n(k, rq->name, pb_str(rq->name).n)))
 		svc_fail(&e, GRPC_FAILED_PRECONDITION, E_ROLE_NOT_FOUND);
 	else if (!(v = kvd_malloc(k, (role->n_keypermission + 1) * sizeof *v)))
-		svc_fail(&e, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+		svc_fail(&e, GRPC_RESOURCE_EXHAUSTED, E_OOM);
 	else {
 		n = role->n_keypermission;
 		if (n) /* a role without permissions has none to copy (and a NULL array) */
@@ -18312,7 +18313,7 @@ static void svc_auth_role_revoke(struct kvd *k, struct call *call)
 	else if (!(role = auth_role_n(k, rq->role, pb_str(rq->role).n)))
 		svc_fail(&e, GRPC_FAILED_PRECONDITION, E_ROLE_NOT_FOUND);
 	else if (!(v = kvd_malloc(k, (role->n_keypermission + 1) * sizeof *v)))
-		svc_fail(&e, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+		svc_fail(&e, GRPC_RESOURCE_EXHAUSTED, E_OOM);
 	else {
 		for (i = 0; i < role->n_keypermission; i++) {
 			Authpb__Permission *p = role->keypermission[i];
@@ -18601,7 +18602,7 @@ static void svc_hashkv(struct kvd *k, struct call *call)
 		svc_fail(&e, GRPC_OUT_OF_RANGE, E_FUTURE_REV);
 	else if ((r = snap_hashkv(k, rq->revision ? rq->revision : k->db.rev, &hash)))
 		svc_fail(&e, r == KVD_ENOMEM ? GRPC_RESOURCE_EXHAUSTED : GRPC_DATA_LOSS,
-		         r == KVD_ENOMEM ? "kvd: out of memory" : "kvd: cannot read the log");
+		         r == KVD_ENOMEM ? E_OOM : "kvd: cannot read the log");
 	if (!e.msg) {
 		svc_header(k, &h, 1);
 		rs.header = &h;
@@ -18627,7 +18628,7 @@ static void svc_hash(struct kvd *k, struct call *call)
 		svc_fail(&e, GRPC_INVALID_ARGUMENT, E_TOO_LARGE);
 	else if ((r = snap_hash(k, &hash)))
 		svc_fail(&e, r == KVD_ENOMEM ? GRPC_RESOURCE_EXHAUSTED : GRPC_DATA_LOSS,
-		         r == KVD_ENOMEM ? "kvd: out of memory" : "kvd: cannot read the log");
+		         r == KVD_ENOMEM ? E_OOM : "kvd: cannot read the log");
 	if (!e.msg) {
 		svc_header(k, &h, 1);
 		rs.header = &h;
@@ -18648,7 +18649,7 @@ static void svc_snapshot_rpc(struct kvd *k, struct call *call)
 	} else if (svc_too_large(k, call->raw.n)) {
 		call_finish(k, call, GRPC_INVALID_ARGUMENT, "%s", E_TOO_LARGE);
 	} else if (!(call->svc = kvd_calloc(k, sizeof(struct snap)))) {
-		call_finish(k, call, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+		call_finish(k, call, GRPC_RESOURCE_EXHAUSTED, E_OOM);
 	} else {
 		k->life.snapshots++;
 		call->produce = 1;
@@ -18666,7 +18667,7 @@ static void svc_snapshot_produce(struct kvd *k, struct call *call)
 	}
 	else if (e < 0)
 		call_finish(k, call, e == KVD_ENOMEM ? GRPC_RESOURCE_EXHAUSTED : GRPC_DATA_LOSS, "%s",
-		            e == KVD_ENOMEM ? "kvd: out of memory" : "kvd: cannot read the log for a snapshot");
+		            e == KVD_ENOMEM ? E_OOM : "kvd: cannot read the log for a snapshot");
 }
 
 static void svc_snapshot_close(struct kvd *k, struct call *call)
@@ -18730,7 +18731,7 @@ static void svc_alarm(struct kvd *k, struct call *call)
 			was |= m->alarms[i].member == rq->memberid && m->alarms[i].type == type;
 		r = life_alarm_set(k, rq->memberid, type, on);
 		if (r < 0)
-			svc_fail(&e, GRPC_RESOURCE_EXHAUSTED, r == KVD_ELIMIT ? "kvd: too many alarms" : "kvd: out of memory");
+			svc_fail(&e, GRPC_RESOURCE_EXHAUSTED, r == KVD_ELIMIT ? "kvd: too many alarms" : E_OOM);
 		else if (on || was) { /* activate answers the alarm even if it was on; deactivate only if it was */
 			etcdserverpb__alarm_member__init(&am[0]);
 			am[0].memberid = rq->memberid;
@@ -18798,7 +18799,7 @@ static void svc_defrag(struct kvd *k, struct call *call)
 		return;
 	}
 	if (UTIL_GROW(k, L->wait, L->waitcap, L->nwait + 1, 4)) {
-		call_finish(k, call, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+		call_finish(k, call, GRPC_RESOURCE_EXHAUSTED, E_OOM);
 		return;
 	}
 	L->wait[L->nwait++] = call;
@@ -19043,7 +19044,7 @@ static void svc_member_add(struct kvd *k, struct call *call)
 	           svc_urls_copy(k, rq->peerurls, rq->n_peerurls, &x.urls) ||
 	           svc_member_id(k, x.urls, rq->n_peerurls, (int64_t)time(NULL), &x.id)) {
 		x.n = x.urls ? (unsigned)rq->n_peerurls : 0;
-		svc_fail(&e, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+		svc_fail(&e, GRPC_RESOURCE_EXHAUSTED, E_OOM);
 	} else {
 		x.n = (unsigned)rq->n_peerurls;
 		x.learner = rq->islearner ? 1 : 0;
@@ -19117,7 +19118,7 @@ static void svc_member_update(struct kvd *k, struct call *call)
 	else if (svc_url_taken(k, rq->peerurls, rq->n_peerurls, rq->id))
 		svc_fail(&e, GRPC_FAILED_PRECONDITION, "etcdserver: Peer URLs already exists");
 	else if (svc_urls_copy(k, rq->peerurls, rq->n_peerurls, &u))
-		svc_fail(&e, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+		svc_fail(&e, GRPC_RESOURCE_EXHAUSTED, E_OOM);
 	if (!e.msg) {
 		if (!x) { /* kvd itself: the id stays, as etcd's does */
 			cfg_free_list(k, k->peer_urls, k->npeer_urls);
@@ -19662,7 +19663,7 @@ static void lock_lock_rpc(struct kvd *k, struct call *call)
 		return;
 	}
 	if (!(w = lock_new(k, call, LOCK_LOCK, &rq->name, lease))) {
-		call_finish(k, call, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+		call_finish(k, call, GRPC_RESOURCE_EXHAUSTED, E_OOM);
 		return;
 	}
 	if (!lock_guarded(k, call, w, 0, 1, empty, 2, &pl, &rs, &h, &e)) {
@@ -19722,7 +19723,7 @@ static void lock_campaign_rpc(struct kvd *k, struct call *call)
 		return;
 	}
 	if (!(w = lock_new(k, call, LOCK_CAMPAIGN, &rq->name, lease))) {
-		call_finish(k, call, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+		call_finish(k, call, GRPC_RESOURCE_EXHAUSTED, E_OOM);
 		return;
 	}
 	w->done = 1; /* until the key is ours */
@@ -19815,7 +19816,7 @@ static void lock_leader_rpc(struct kvd *k, struct call *call)
 	struct lock_wait *w = lock_new(k, call, LOCK_OBSERVE, &rq->name, -1);
 
 	if (!w) {
-		call_finish(k, call, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+		call_finish(k, call, GRPC_RESOURCE_EXHAUSTED, E_OOM);
 		return;
 	}
 	w->done = 1;
@@ -19834,7 +19835,7 @@ static void lock_observe_rpc(struct kvd *k, struct call *call)
 	struct lock_wait *w = lock_new(k, call, LOCK_OBSERVE, &rq->name, -1);
 
 	if (!w) {
-		call_finish(k, call, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+		call_finish(k, call, GRPC_RESOURCE_EXHAUSTED, E_OOM);
 		return;
 	}
 	if (!k->db.w.len) /* else what the open batch shows is not durable yet: after its flush */
@@ -20595,7 +20596,7 @@ static int watch_catchup(struct kvd *k, struct watch *w)
 	if (e < 0) { /* records end at the durable end: anything else is damage */
 		svc_pool_free(&pl);
 		call_finish(k, w->ws->call, e == KVD_ENOMEM ? GRPC_RESOURCE_EXHAUSTED : GRPC_DATA_LOSS,
-		            e == KVD_ENOMEM ? "kvd: out of memory" : "kvd: cannot read the log");
+		            e == KVD_ENOMEM ? E_OOM : "kvd: cannot read the log");
 		return 1;
 	}
 	if (l.n) {
@@ -20742,7 +20743,7 @@ static void watch_create(struct kvd *k, struct call *call, struct watch_stream *
 			ws->owner = k->auth.enabled && who.nlen ? share_get(k, 'u', (const uint8_t *)who.name, who.nlen)
 			                                        : share_get(k, 'a', call->conn->src, sizeof call->conn->src);
 			if (!ws->owner) {
-				watch_reply_ctrl(k, call, -1, 1, 1, "kvd: out of memory");
+				watch_reply_ctrl(k, call, -1, 1, 1, E_OOM);
 				return;
 			}
 		}
@@ -20769,12 +20770,12 @@ static void watch_create(struct kvd *k, struct call *call, struct watch_stream *
 		return;
 	}
 	if (UTIL_GROW(k, ws->w, ws->cap, ws->n + 1, 8)) {
-		watch_reply_ctrl(k, call, -1, 1, 1, "kvd: out of memory");
+		watch_reply_ctrl(k, call, -1, 1, 1, E_OOM);
 		return;
 	}
 	w = kvd_calloc(k, sizeof *w + klen + (kind == WATCH_RANGE ? elen : 0));
 	if (!w) {
-		watch_reply_ctrl(k, call, -1, 1, 1, "kvd: out of memory");
+		watch_reply_ctrl(k, call, -1, 1, 1, E_OOM);
 		return;
 	}
 	w->ws = ws;
@@ -20808,7 +20809,7 @@ static void watch_create(struct kvd *k, struct call *call, struct watch_stream *
 	w->synced = !c->start_revision || w->next > k->db.rev_durable; /* (the same but at the last revision) */
 	if (watch_register(k, w)) {
 		kvd_free(k, w);
-		watch_reply_ctrl(k, call, -1, 1, 1, "kvd: out of memory");
+		watch_reply_ctrl(k, call, -1, 1, 1, E_OOM);
 		return;
 	}
 	ws->w[ws->n++] = w;
@@ -20844,7 +20845,7 @@ static void watch_on_msg(struct kvd *k, struct call *call)
 
 	if (!ws) {
 		if (!(ws = kvd_calloc(k, sizeof *ws))) {
-			call_finish(k, call, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+			call_finish(k, call, GRPC_RESOURCE_EXHAUSTED, E_OOM);
 			return;
 		}
 		ws->call = call;
@@ -24935,7 +24936,7 @@ static void gw_begin(struct kvd *k, struct http_x *x, const struct http_req *r, 
 		at += nl - skip + 1;
 	}
 	if (call_keep_meta(k, cl, f, nf)) {
-		call_finish(k, cl, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+		call_finish(k, cl, GRPC_RESOURCE_EXHAUSTED, E_OOM);
 		return;
 	}
 	if (call_route(k, cl, rpc, strlen(rpc)))
@@ -24999,7 +25000,7 @@ static void gw_deliver(struct kvd *k, struct http_x *x)
 		}
 		if (r == KVD_ENOMEM) {
 			buf_free(k, &pb);
-			call_finish(k, cl, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+			call_finish(k, cl, GRPC_RESOURCE_EXHAUSTED, E_OOM);
 			return;
 		}
 		if (r) {
@@ -25341,7 +25342,7 @@ static void gw_flush(struct kvd *k, struct http_x *x)
 			buf_free(k, &b); /* out of memory (a message kvd cannot read back would be its bug) */
 			cl->status = GRPC_RESOURCE_EXHAUSTED;
 			kvd_free(k, cl->status_msg);
-			cl->status_msg = kvd_strdup(k, "kvd: out of memory");
+			cl->status_msg = kvd_strdup(k, E_OOM);
 		}
 		gw_error_answer(k, x);
 		gw_end(k, x);
@@ -25360,7 +25361,7 @@ static void gw_flush(struct kvd *k, struct http_x *x)
 		b.rd = b.len = 0;
 		json_put_raw(k, &b, "{\"result\":");
 		if (gw_message_json(k, cl, &b, 1)) {
-			call_finish(k, cl, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+			call_finish(k, cl, GRPC_RESOURCE_EXHAUSTED, E_OOM);
 			break;
 		}
 		json_put_raw(k, &b, "}\n");
@@ -26230,7 +26231,7 @@ static void http_h2_data(struct kvd *k, struct h2_stream *s, const uint8_t *p, s
 	if (s->discard || !x->in_call || x->delivered)
 		return;
 	if (buf_append(k, &s->in, p, n)) {
-		call_finish(k, x->call, GRPC_RESOURCE_EXHAUSTED, "kvd: out of memory");
+		call_finish(k, x->call, GRPC_RESOURCE_EXHAUSTED, E_OOM);
 		return;
 	}
 	if (BUF_LEN(&s->in) > gw_max_body(k)) {
