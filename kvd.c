@@ -26,79 +26,79 @@
  *          - JSON out
  *          - JSON in: encoding/json's Decoder
  *          - JSON in: protojson
- *    8. Calls: one RPC, whatever carries it (call_, svc_fail)
- *    9. MVCC store: the log, its format and grammar (mvcc_)
+ *    8. MVCC store: the log, its format and grammar (mvcc_)
  *          - reading
  *          - the log's grammar: the one decoder every reader uses
- *   10. MVCC store: the index, writing, group commit, recovery (mvcc_)
+ *    9. MVCC store: the index, writing, group commit, recovery (mvcc_)
  *          - key records: slabs by size class
  *          - key records: their numbers, the side table
  *          - writing
  *          - recovery
- *   11. Leases (lease_)
+ *   10. Leases (lease_)
  *          - attached keys
  *          - the timer wheel
  *          - the table
  *          - grant, renew, revoke
  *          - recovery and shutdown
- *   12. Auth store: users, roles, permissions, bcrypt (auth_)
+ *   11. Auth store: users, roles, permissions, bcrypt (auth_)
  *          - bcrypt
  *          - users and roles
- *   13. Store lifecycle: rewrite, compaction, quota, alarms (life_)
+ *   12. Store lifecycle: rewrite, compaction, quota, alarms (life_)
  *          - the reserve
  *          - alarms
  *          - the rewrite
  *          - auto-compaction (etcd 3.4's v3compactor)
  *          - the loop's part
- *   14. etcd's backend: snapshots written, Hash, HashKV (snap_)
+ *   13. etcd's backend: snapshots written, Hash, HashKV (snap_)
  *          - the key bucket: etcd's records, read from the log
  *          - bbolt pages
  *          - the plan: buckets, leaves, branch levels
  *          - page images
  *          - the stream
- *   15. etcd's backend: snapshots read and imported (snap_)
- *   16. HPACK (hp_)
- *   17. HTTP/2 frames, streams, flow control (h2_)
- *   18. gRPC over HTTP/2: the h2 stream as a carrier (grpc_)
- *   19. Auth: tokens, who is calling, and may they; password hashing (auth_)
+ *   14. etcd's backend: snapshots read and imported (snap_)
+ *   15. Calls: one RPC, whatever carries it (call_, svc_fail)
+ *   16. Auth: tokens, who is calling, and may they; password hashing (auth_)
  *          - JSON Web Tokens (--auth-token jwt,...)
  *          - who is calling, and may they
  *          - password hashes, off the handlers' path
- *   20. Go's sort.Sort, as etcd sorts ranges (svc_gosort_)
- *   21. Services: KV (svc_)
+ *   17. Go's sort.Sort, as etcd sorts ranges (svc_gosort_)
+ *   18. Services: KV (svc_)
  *          - ranges
  *          - txn machinery shared by Put, DeleteRange and Txn
  *          - Txn
  *          - handlers
  *          - RangeStream: chunks produced as the client's window opens
- *   22. Services: Lease (svc_lease_)
- *   23. Services: Auth (svc_auth_, auth_)
- *   24. Services: Maintenance, Health (svc_)
- *   25. Services: Cluster, one member for good (svc_)
- *   26. Lock and Election: etcd's concurrency recipes, served (lock_)
+ *   19. Services: Lease (svc_lease_)
+ *   20. Services: Auth (svc_auth_, auth_)
+ *   21. Services: Maintenance, Health (svc_)
+ *   22. Services: Cluster, one member for good (svc_)
+ *   23. Lock and Election: etcd's concurrency recipes, served (lock_)
  *          - Observe
  *          - the RPCs
- *   27. Watch (watch_)
+ *   24. Watch (watch_)
  *          - records to events
  *          - live events: a durable batch
  *          - catch-up from the log
  *          - the Watch RPC
- *   28. The method table: every RPC, routed by :path (svc_)
- *   29. confd: Ganeti's UDP query protocol, keyspace mode (confd_)
+ *   25. The method table: every RPC, routed by :path (svc_)
+ *   26. TLS: a transport under any protocol (tls_)
+ *          - the transport
+ *   27. HPACK (hp_)
+ *   28. HTTP/2 frames, streams, flow control (h2_)
+ *   29. gRPC over HTTP/2: the h2 stream as a carrier (grpc_)
+ *   30. confd: Ganeti's UDP query protocol, keyspace mode (confd_)
  *          - HMAC-SHA1 (RFC 2104), keyed once
  *          - the key file
  *          - abuse controls
  *          - request parsing (strict, as Ganeti's)
  *          - replies
  *          - keyspace mode
- *   30. confd: Ganeti mode, datagrams, setup (confd_)
+ *   31. confd: Ganeti mode, datagrams, setup (confd_)
  *          - Ganeti mode: lookups as Ganeti.Utils.lookupName does them
  *          - Ganeti mode: the queries
  *          - Ganeti mode: one function per query type
  *          - one datagram
  *          - setup
- *   31. TLS: a transport under any protocol (tls_)
- *          - the transport
  *   32. HTTP requests and answers, HTTP/1.x or HTTP/2 (http1_, http_)
  *   33. The JSON gateway: POST /v3/<service>/<method> (gw_)
  *   34. HTTP endpoints: /health, /version, /metrics (http1_, http_)
@@ -124,45 +124,61 @@
  * service sees only its call: it queues messages and a status on it, and
  * the carrier (an h2 stream for gRPC, the connection for the gateway) sends
  * them as the peer's flow-control windows allow.  The log has one owner
- * (section 9); every reader of it goes through its grammar.  Each data
- * format has one owner: the log (9), the protobuf wire written by hand
+ * (section 8); every reader of it goes through its grammar.  Each data
+ * format has one owner: the log (8), the protobuf wire written by hand
  * (5), JSON text (6) and its mapping to protobuf (7),
- * bbolt's pages (14), HPACK (16), gRPC's message prefix (8).
- * A section uses what comes before it; where it reaches forward -- the log
- * replaying leases and auth records, HTTP/2 handing frames to its gRPC
- * carrier, carriers routing through the method table -- a prototype in
- * section 2 or at the end of section 5 says so.
+ * bbolt's pages (13), HPACK (27), gRPC's message prefix (15).
+ *
+ * LAYERS.  The sections stand bottom-up: foundations (0-7), the store: its
+ * log and index, leases, users and roles, lifecycle, etcd's backend (8-14),
+ * the call (15), who may call (16), the services (17-24), the method table
+ * (25), the carriers together: TLS, HPACK, HTTP/2, gRPC, confd, HTTP and
+ * its gateway and endpoints (26-34), then sockets and the loop (35), flags
+ * (36), the embedding API (37) and main (38).  A section uses what comes
+ * before it.  Where it reaches forward, a prototype in section 2 (or, for
+ * auth, at the end of section 5) says so, with the reason; these are all:
+ * the log's grammar reads a key record's numbers (8 -> 9); the log's
+ * records hold lease and auth ops, so replay and the txn writer call into
+ * leases and auth (8, 9 -> 10, 11) and a compaction keeps a
+ * HashKV (9 -> 13); a rewrite answers Defragment and reads durations (12 ->
+ * 21, 36); a snapshot streams into its call and an import builds a store
+ * with the flags' checks (13 -> 15, 36, 37); a call is routed through the
+ * method table (15 -> 25); a caller's name may be its TLS certificate's CN
+ * (16 -> 26); Cluster reads the member flags (21, 22 -> 36); the test stats
+ * call reports confd (25 -> 31); HTTP/2 hands a stream to gRPC or HTTP
+ * (28 -> 29, 34); and the carriers ask the loop to flush the log or to shed
+ * and count held bytes (28, 31 -> 35).
  *
  * WHERE IS ... the main paths, as the functions a reader follows (`make toc`
  * checks that each is defined in the section its § names):
- *   - a durable write: h2_on_data §17 > grpc_on_data §18 > call_message §8 >
- *     svc_put_rpc §21 > mvcc_put §10 > call_finish §8 (the reply held: call_hold §8)
- *     > loop_log_flush §35 > mvcc_flush §10 (pwrite, fdatasync) > the reply released
- *     > h2_stream_send §17 > net_write §35
- *   - a read: grpc_on_data §18 > call_message §8 > svc_range_rpc §21 > svc_range §21
- *     (mvcc_seek §10, mvcc_visible §9) > svc_kvs §21 (mvcc_pread §9) > call_reply §8
- *     > h2_stream_send §17
- *   - a watch event, commit to socket: mvcc_txn_end §10 > loop_log_flush §35 >
- *     mvcc_flush §10 > watch_batch §27 > watch_live_record §27 > watch_match §27 >
- *     watch_emit_live §27 > h2_stream_send §17
- *   - a permission check: svc_range_rpc §21 > auth_who §19 (auth_tok_find §19,
- *     auth_jwt_check §19, tls_peer_cn §31) > auth_may §19 > auth_covers §19; for a
- *     Watch: watch_create §27 > auth_who §19 > auth_may §19 > auth_watch_reason §19
- *   - a TLS handshake: net_accept §35 > tls_accept §31 > net_read §35 > tls_recv §31
- *     > tls_step §31 > net_input §35 > net_sniff §35 > h2_conn_new §17
+ *   - a durable write: h2_on_data §28 > grpc_on_data §29 > call_message §15 >
+ *     svc_put_rpc §18 > mvcc_put §9 > call_finish §15 (the reply held: call_hold §15)
+ *     > loop_log_flush §35 > mvcc_flush §9 (pwrite, fdatasync) > the reply released
+ *     > h2_stream_send §28 > net_write §35
+ *   - a read: grpc_on_data §29 > call_message §15 > svc_range_rpc §18 > svc_range §18
+ *     (mvcc_seek §9, mvcc_visible §8) > svc_kvs §18 (mvcc_pread §8) > call_reply §15
+ *     > h2_stream_send §28
+ *   - a watch event, commit to socket: mvcc_txn_end §9 > loop_log_flush §35 >
+ *     mvcc_flush §9 > watch_batch §24 > watch_live_record §24 > watch_match §24 >
+ *     watch_emit_live §24 > h2_stream_send §28
+ *   - a permission check: svc_range_rpc §18 > auth_who §16 (auth_tok_find §16,
+ *     auth_jwt_check §16, tls_peer_cn §26) > auth_may §16 > auth_covers §16; for a
+ *     Watch: watch_create §24 > auth_who §16 > auth_may §16 > auth_watch_reason §16
+ *   - a TLS handshake: net_accept §35 > tls_accept §26 > net_read §35 > tls_recv §26
+ *     > tls_step §26 > net_input §35 > net_sniff §35 > h2_conn_new §28
  *   - a gateway request: net_sniff §35 > http1_input_step §34 > http1_route §34 >
- *     gw_begin §33 > gw_deliver §33 > json_pj_decode §7 > call_message §8 > the
+ *     gw_begin §33 > gw_deliver §33 > json_pj_decode §7 > call_message §15 > the
  *     service > gw_flush §33 (gw_message_json §33)
- *   - a confd query: confd_read §30 > confd_handle §30 > confd_hmac §29 >
- *     confd_parse_request §29 > confd_keyspace §29 or confd_ganeti §30 > confd_sign §29
- *   - a log rewrite: svc_defrag §24 > life_step §13 > life_rw_start §13 >
- *     life_rw_step §13 > life_rw_copy §13 > life_rw_write §13 > life_rw_switch §13
- *     > life_rw_end §13 (svc_defrag_answer §24)
- *   - a snapshot import: kvd_open §37 > snap_restore §15 > snap_import_mem §15 >
- *     snap_file_open §15 > snap_file_walk §15 > snap_imp_key §15 > snap_imp_apply §15
- *     > snap_imp_write §15
- *   - a snapshot export: svc_snapshot_rpc §24 > svc_snapshot_produce §24 >
- *     snap_produce §14 > snap_chunk §14 > snap_plan §14 > snap_next_node §14 > call_send §8
+ *   - a confd query: confd_read §31 > confd_handle §31 > confd_hmac §30 >
+ *     confd_parse_request §30 > confd_keyspace §30 or confd_ganeti §31 > confd_sign §30
+ *   - a log rewrite: svc_defrag §21 > life_step §12 > life_rw_start §12 >
+ *     life_rw_step §12 > life_rw_copy §12 > life_rw_write §12 > life_rw_switch §12
+ *     > life_rw_end §12 (svc_defrag_answer §21)
+ *   - a snapshot import: kvd_open §37 > snap_restore §14 > snap_import_mem §14 >
+ *     snap_file_open §14 > snap_file_walk §14 > snap_imp_key §14 > snap_imp_apply §14
+ *     > snap_imp_write §14
+ *   - a snapshot export: svc_snapshot_rpc §21 > svc_snapshot_produce §21 >
+ *     snap_produce §13 > snap_chunk §13 > snap_plan §13 > snap_next_node §13 > call_send §15
  */
 
 /* ===== 0. Build knobs (KVD_*) ============================================ */
@@ -587,7 +603,7 @@ struct h2_conn;
 struct h2_stream;
 struct http_x;
 
-/* The store (sections 9 and 10).  Per key, RAM holds only the latest
+/* The store (sections 8 and 9).  Per key, RAM holds only the latest
  * revision, in 33 bytes before the key: its create revision and version as
  * 32-bit numbers, no lease.  A key whose numbers do not fit so, or that has
  * a lease, has them whole in the store's side table (m->ext, MVCC_EXT);
@@ -637,7 +653,7 @@ struct mvcc_txn {
 	size_t at, nops_at, undo_at;
 	uint32_t nops, nkeys;
 };
-/* Leases (section 11): the registry kvd holds; a lease is defined there. */
+/* Leases (section 10): the registry kvd holds; a lease is defined there. */
 struct lease;
 struct lease_reg {
 	struct lease **tab;           /* by id, chained */
@@ -649,7 +665,7 @@ struct lease_reg {
 	int64_t min_ttl;              /* seconds, from the election timeout as etcd */
 	int warned;                   /* a failed expiry was logged */
 };
-/* Watch (section 27): the registry kvd holds; watchers are defined there. */
+/* Watch (section 24): the registry kvd holds; watchers are defined there. */
 struct watch;
 struct watch_stream;
 struct watch_ev;
@@ -683,14 +699,14 @@ struct mvcc_alarm {
 	uint64_t member;
 	unsigned type;
 };
-/* Store lifecycle (section 13): the rewrite, the compactor, the reserve. */
+/* Store lifecycle (section 12): the rewrite, the compactor, the reserve. */
 struct life_rw;
 struct life {
 	struct life_rw *rw;            /* a log rewrite in progress */
 	unsigned want : 1;             /* one was asked for: it starts after the next flush */
 	unsigned reserve_held : 1;     /* <data-dir>/kvd.reserve holds its bytes */
 	struct call **wait;            /* Defragment calls waiting for the rewrite's end */
-	unsigned snapshots;            /* snapshots streaming: no rewrite moves the log (section 14) */
+	unsigned snapshots;            /* snapshots streaming: no rewrite moves the log (section 13) */
 	size_t nwait, waitcap;
 	int64_t rw_failed_at;          /* ms: the last automatic rewrite was abandoned then */
 	uint64_t rewrites, rw_kept, rw_dropped; /* counters, since start */
@@ -702,7 +718,7 @@ struct life {
 	size_t nrevs, maxrevs;
 };
 
-/* Key records come from slabs, one list per size class (section 10,
+/* Key records come from slabs, one list per size class (section 9,
  * mvcc_slab_*): no allocator header or rounding per key. */
 #define MVCC_SLAB_MAX 512          /* records up to this size; bigger ones from kvd_nalloc */
 #define MVCC_SLAB_CLASSES (MVCC_SLAB_MAX / 8)
@@ -723,7 +739,7 @@ struct mvcc {
 	struct kvd_buf w;              /* the batch: records not yet written */
 	int64_t rev, rev_durable;      /* current revision (batch included), durable one */
 	int64_t compacted, compacted_durable, pending_compact;
-	struct { uint32_t hash; int64_t compact, rev; } hashes[10]; /* HashKVs taken at compactions (section 14) */
+	struct { uint32_t hash; int64_t compact, rev; } hashes[10]; /* HashKVs taken at compactions (section 13) */
 	unsigned nhashes;
 	uint32_t gen;                  /* bumped whenever the log moves (mvcc_log_moved) */
 	struct mvcc_leaf **leaf;       /* index: sorted leaves of sorted keys */
@@ -733,7 +749,7 @@ struct mvcc {
 	struct { int64_t lo, hi; uint64_t bytes; } *dead; /* superseded bytes by revisions lo..hi */
 	size_t ndead, deadcap;
 	struct mvcc_marks marks;       /* sparse revision -> record offset */
-	struct mvcc_alarm alarms[MVCC_MAX_ALARMS]; /* active alarms (section 13), kept in the log */
+	struct mvcc_alarm alarms[MVCC_MAX_ALARMS]; /* active alarms (section 12), kept in the log */
 	unsigned nalarms;
 	int64_t base_rev;              /* replay: the BASE records' revision, 0 if none */
 	uint64_t base_end;             /* where BASE records end: ops before have no history */
@@ -752,7 +768,7 @@ struct mvcc {
 #endif
 };
 
-/* Auth (section 12): users and roles as etcd's authpb messages, sorted by
+/* Auth (section 11): users and roles as etcd's authpb messages, sorted by
  * name; what the open batch replaced; tokens; calls waiting for a hash. */
 struct auth_tab {
 	ProtobufCMessage **v;
@@ -795,7 +811,7 @@ struct auth {
 	uint64_t hashes, failures;     /* counters */
 };
 
-struct confd; /* section 29 */
+struct confd; /* section 30 */
 /* JSON (section 6): a parsed document in one arena. */
 enum { JSON_NULL, JSON_FALSE, JSON_TRUE, JSON_NUM, JSON_STR, JSON_ARR, JSON_OBJ };
 
@@ -821,7 +837,7 @@ struct json_doc {
 };
 
 
-/* A gRPC method: how calls to one :path are served (sections 8 and 28). */
+/* A gRPC method: how calls to one :path are served (sections 15 and 25). */
 struct call;
 enum grpc_kind { GRPC_UNARY, GRPC_SERVER_STREAM, GRPC_BIDI };
 struct grpc_method {
@@ -845,7 +861,7 @@ struct grpc_method {
 };
 
 /*
- * One call being served, whatever carries it (section 8): the method, the
+ * One call being served, whatever carries it (section 15): the method, the
  * request, its metadata, the response messages queued for the carrier
  * (gRPC-framed: 5-byte prefix, message), the final status, and whether the
  * reply waits for the group commit.  A carrier embeds it: an HTTP/2 stream
@@ -1019,16 +1035,16 @@ struct kvd {
 	int64_t sd_wd_ms, sd_wd_next; /* watchdog: ping every sd_wd_ms, next at sd_wd_next */
 	int wake[2];                 /* self-pipe: kvd_shutdown() is async-signal-safe */
 	struct mvcc db;              /* the store */
-	uint32_t crc[8][256];        /* CRC-32C's tables (section 9: mvcc_crc_init) */
+	uint32_t crc[8][256];        /* CRC-32C's tables (section 8: mvcc_crc_init) */
 	struct watch_reg watch;      /* watchers */
 	struct lease_reg lease;      /* leases */
-	struct life life;            /* rewrite, auto-compaction, reserve (section 13) */
+	struct life life;            /* rewrite, auto-compaction, reserve (section 12) */
 	struct confd *confd;         /* the confd responder, NULL when off */
-	struct tls_state *tls;       /* TLS (section 31), NULL without https:// listeners */
-	struct auth auth;            /* users, roles, tokens (section 12) */
+	struct tls_state *tls;       /* TLS (section 26), NULL without https:// listeners */
+	struct auth auth;            /* users, roles, tokens (section 11) */
 	struct call *calls;          /* every live call, whatever its carrier */
-	struct lock_wait *locks;     /* Lock/Campaign waiters and Observe streams (section 26) */
-	struct svc_member_x *members; /* members MemberAdd listed (section 25): never started */
+	struct lock_wait *locks;     /* Lock/Campaign waiters and Observe streams (section 23) */
+	struct svc_member_x *members; /* members MemberAdd listed (section 22): never started */
 	size_t nmembers;
 	unsigned downgrade : 1;      /* Maintenance/Downgrade ENABLE: cluster version one minor down (memory only) */
 	struct call **held;          /* calls answered while the batch was open */
@@ -1041,24 +1057,30 @@ struct kvd {
 	struct kvd_stats st;
 };
 
-static void call_finish(struct kvd *k, struct call *call, int code, const char *fmt, ...) KVD_PRINTF(4, 5);
-static int call_send(struct kvd *k, struct call *call, const ProtobufCMessage *m);
-static int cfg_duration(const char *s, uint32_t *out);
-static void cfg_show_ms(uint32_t ms, char *out, size_t cap);
-/* The store keeps leases' key sets in step with its keys (section 11). */
+/*
+ * The forward reaches (the header's LAYERS lists them all), each with its
+ * reason.  The log's grammar reads a key record's numbers (8 -> 9); the
+ * store keeps leases' key sets in step with its keys (8, 9 -> 10):
+ */
+static void mvcc_k_nums(const struct mvcc *m, const struct mvcc_key *r, int64_t *create, int64_t *ver, int64_t *lease);
 static struct lease *lease_find(struct kvd *k, int64_t id);
 static void lease_rebind(struct kvd *k, struct mvcc_key *r, int64_t from, int64_t to);
-static int64_t mvcc_k_create(const struct mvcc *m, const struct mvcc_key *r);
-static int64_t mvcc_k_ver(const struct mvcc *m, const struct mvcc_key *r);
-static int64_t mvcc_k_lease(const struct mvcc *m, const struct mvcc_key *r);
-static void mvcc_k_nums(const struct mvcc *m, const struct mvcc_key *r, int64_t *create, int64_t *ver, int64_t *lease);
 static int lease_reserve(struct kvd *k, int64_t id);
 static void lease_undo(struct kvd *k, struct lease *l, unsigned kind);
 static void lease_free(struct kvd *k, struct lease *l);
 static int lease_replay(struct kvd *k, int kind, int64_t id, int64_t ttl);
+static void lease_promote(struct kvd *k);
+/* auto-compaction reads its durations as the flags do (12 -> 36); a
+ * snapshot streams into its call (13 -> 15); an import builds a store and
+ * locks its data dir as kvd_open does (13 -> 36, 37): */
+static int cfg_duration(const char *s, uint32_t *out);
+static void cfg_show_ms(uint32_t ms, char *out, size_t cap);
+static int call_send(struct kvd *k, struct call *call, const ProtobufCMessage *m);
 static int kvd_init(const struct kvd_config *cfg, struct kvd **out, char *err, size_t errlen);
 static int cfg_lock(struct kvd *k, char *err, size_t errlen);
-static void lease_promote(struct kvd *k);
+/* the carriers ask the loop to flush the log before an answer leaves, and
+ * to count and shed the request bytes they hold (28, 31 -> 35); the test
+ * stats call reports confd's counters (25 -> 31): */
 static void loop_log_flush(struct kvd *k);
 static void net_held(struct kvd *k, struct conn *c, int64_t delta);
 static void net_shed(struct kvd *k);
@@ -1187,7 +1209,7 @@ KVD_RESIDENT static void kvd_free(struct kvd *k, void *p)
 
 /*
  * Sized allocations: no header, the caller passes the size back to free.
- * For the store's key records and the slabs they come from (section 10),
+ * For the store's key records and the slabs they come from (section 9),
  * where a header each would add up.
  */
 KVD_RESIDENT static void *kvd_nalloc(struct kvd *k, size_t n)
@@ -1701,7 +1723,7 @@ static void put_be64(uint8_t *p, uint64_t v)
 	put_be32(p, (uint32_t)(v >> 32));
 	put_be32(p + 4, (uint32_t)v);
 }
-/* bbolt's pages are little-endian (section 14), whatever the host (some
+/* bbolt's pages are little-endian (section 13), whatever the host (some
  * unused with KVD_NO_SNAPSHOT). */
 static KVD_UNUSED void put_le16(uint8_t *p, uint32_t v) { p[0] = (uint8_t)v; p[1] = (uint8_t)(v >> 8); }
 static void put_le32(uint8_t *p, uint32_t v)
@@ -1722,7 +1744,7 @@ static uint32_t get_le32(const uint8_t *p)
 static KVD_UNUSED uint64_t get_le64(const uint8_t *p) { return (uint64_t)get_le32(p) | (uint64_t)get_le32(p + 4) << 32; }
 
 /* LEB128 varints, the one encoding and the one decoder of them: the log
- * (section 9) and the protobuf wire (section 5) write the same bytes.  The
+ * (section 8) and the protobuf wire (section 5) write the same bytes.  The
  * decoder takes protowire.ConsumeVarint's rule: 10 bytes at most, the 10th
  * at most 1 -- a longer or overflowing varint is corrupt, not truncated. */
 KVD_RESIDENT static size_t varint_len(uint64_t v)
@@ -2249,7 +2271,7 @@ static void buf_trim(struct kvd *k, struct kvd_buf *b, size_t keep)
  * those: "too many operations in txn request".
  *
  * Invariants:
- *   1. No request bytes reach protobuf-c unchecked: call_decode (section 8)
+ *   1. No request bytes reach protobuf-c unchecked: call_decode (section 15)
  *      runs pb_check first, for gRPC and gateway requests alike, and
  *      unpacks (pb_unpack) only what it accepted -- pb_strip's rewrite of
  *      it when PB_F_STRIP is set.
@@ -2708,7 +2730,7 @@ static int pb_str_nul(const char *s)
  *
  * protobuf-c packs whole messages.  Where kvd assembles one from pieces
  * -- a live WatchResponse from events packed once for every watcher
- * (section 27), a lease record in a snapshot (section 14), a message the
+ * (section 24), a lease record in a snapshot (section 13), a message the
  * JSON gateway decodes field by field (section 7) -- it writes the wire
  * with these, and nowhere by hand: a tag is (field number << 3 | wire
  * type) as a varint; a length-delimited field is its tag, its length as
@@ -2769,19 +2791,14 @@ static KVD_UNUSED void pb_buf_fixed(struct kvd *k, struct kvd_buf *b, uint32_t n
 	buf_append(k, b, t, (size_t)(o - t) + (size_t)bits / 8);
 }
 
-/* Auth (sections 12 and 19, after the log and the calls): the log replays
- * and rewrites its records; services check their callers. */
+/* Auth's forward reaches: the log replays and rewrites its records (9 ->
+ * 11); who may call names a TLS client by its certificate's CN (16 -> 26),
+ * and a lease's keys are checked before the function that does it (16). */
 struct mvcc_rec;
 static int auth_replay(struct kvd *k, const struct mvcc_rec *rec, const char **why);
 static void auth_commit(struct kvd *k);
 static void auth_rollback(struct kvd *k);
-static int auth_who(struct kvd *k, struct call *call, struct auth_who *w, struct svc_err *e);
-static int auth_may(struct kvd *k, const struct auth_who *w, const ProtobufCBinaryData *key,
-                    const ProtobufCBinaryData *end, int type, struct svc_err *e);
-static int auth_txn(struct kvd *k, const struct auth_who *w, const Etcdserverpb__TxnRequest *rq, struct svc_err *e);
 static int auth_lease_keys(struct kvd *k, const struct auth_who *w, int64_t id, int type, struct svc_err *e);
-static void auth_step(struct kvd *k);
-static const char *auth_watch_reason(const struct svc_err *e);
 static const char *tls_peer_cn(const struct conn *c, size_t *n);
 #define AUTH_R AUTHPB__PERMISSION__TYPE__READ
 #define AUTH_W AUTHPB__PERMISSION__TYPE__WRITE
@@ -4817,371 +4834,7 @@ static int json_pj_decode(struct kvd *k, struct kvd_buf *b, const ProtobufCMessa
 
 #endif /* KVD_NO_HTTP */
 
-/* ===== 8. Calls: one RPC, whatever carries it (call_, svc_fail) ==================== */
-
-/*
- * A call is one RPC being served, apart from what carries it.  A service
- * sees only its call: the decoded request (call->rq), its metadata (the auth
- * token among it), and where its answer goes -- response messages queued
- * on call->out, a final status, and whether that answer must wait for the
- * group commit (call->held).  Carriers move the bytes: gRPC over HTTP/2 (an
- * h2 stream embeds its call; section 18 cuts its DATA into messages),
- * in-process calls (tests, fuzzers), and the JSON gateway over HTTP/1.1
- * (section 33) -- all through the same svc_* handlers.  Every live call is
- * on k->calls, so shutdown and timers reach them without knowing carriers.
- *
- * gRPC over HTTP/2 (grpc doc/PROTOCOL-HTTP2.md): each message is a 1-byte
- * compressed flag, a 4-byte big-endian length, then the protobuf bytes;
- * messages may span DATA frames or share one.  A call's answers are queued
- * in that framing whatever carries them (call_msg).  Status goes in
- * trailers; early errors use Trailers-Only.  Texts follow grpc-go (etcd's
- * server) so clients that match errors by text keep working.
- *
- * Invariants:
- *   1. Every live call is on k->calls from call_init to call_fini.
- *      call_fini frees what the call owns -- its service state (on_close),
- *      rq, out, meta, status_msg -- never the call itself: its carrier
- *      does.
- *   2. A call's final status is set once: call_finish ignores later calls,
- *      and call_send queues nothing after it.
- *   3. A reply finished while the log batch is open is held (call_hold,
- *      call->held) until loop_log_flush releases it or turns it into the
- *      error; call_fini clears a held call's slot in k->held, so the flush
- *      never touches a freed call.  Should k->held fail to grow, the reply
- *      still leaves only after the flush: the loop flushes the log before
- *      it writes any socket (loop_flush).
- *   4. call_msg is the one writer of the gRPC prefix: flag 0 (kvd never
- *      compresses), a length of at most 2^32-1.
- *   5. A request lives as long as its handler: call_message decodes it
- *      into call->rq, points call->raw at its bytes, and after on_msg frees
- *      call->rq (unless the handler took it: call->rq = NULL) and clears call->raw.
- *      A call that is not bidi takes only its first message.
- */
-
-static const struct grpc_method *svc_route(const char *svc, size_t slen, const char *meth,
-                                           size_t mlen, int *known_service);
-static int svc_method_index(const struct grpc_method *m);
-static void svc_stop_call(struct kvd *k, struct call *call);
-
-/* A new call of method m (NULL until routed) on carrier car: on k->calls. */
-static void call_init(struct kvd *k, struct call *call, const struct grpc_method *m, const struct call_carrier *car)
-{
-	memset(call, 0, sizeof *call);
-	call->m = m;
-	call->carrier = car;
-	call->next = k->calls;
-	if (k->calls)
-		k->calls->prev = call;
-	k->calls = call;
-}
-
-/* The call goes away: its service state, a held reply, its memory (not c). */
-static void call_fini(struct kvd *k, struct call *call)
-{
-	size_t i;
-	int mi = call->m ? svc_method_index(call->m) : -1;
-
-	if (mi >= 0) { /* grpc_server_handled_total: a call that never ended was cancelled */
-		static const int32_t le_ms[KVD_HANDLING_BUCKETS - 1] = {5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000};
-		int64_t us = util_now_us() - call->t_routed;
-		size_t b;
-		k->st.grpc_handled[mi][call->finished && call->status >= 0 && call->status < 17 ? call->status : GRPC_CANCELLED]++;
-		for (b = 0; b < KVD_HANDLING_BUCKETS - 1 && us > (int64_t)le_ms[b] * 1000; b++)
-			;
-		k->st.handling[mi][b]++;
-		k->st.handling_sum[mi] += (double)us / 1e6;
-		/* etcd's "request stats": every unary call at debug level, a slow
-		 * one as a warning (its interceptor's logUnaryRequestStats) */
-		int64_t slow = (int64_t)(k->cfg.warn_unary_ms ? k->cfg.warn_unary_ms : 300) * 1000; /* 0: etcd's default */
-		if (call->m->kind == GRPC_UNARY && (k->cfg.log_level <= KVD_LOG_DEBUG || us > slow))
-			kvd_log(k, us > slow ? KVD_LOG_WARN : KVD_LOG_DEBUG,
-			        "request stats: method %s, remote %s, time spent %lld.%03lldms, status %s, request size %lu, "
-			        "response size %lu", call->m->path, call->conn ? call->conn->peer : "in-process", (long long)(us / 1000),
-			        (long long)(us % 1000), grpc_code_names[call->finished && call->status >= 0 && call->status < 17 ? call->status : GRPC_CANCELLED],
-			        (unsigned long)call->rq_bytes, (unsigned long)call->rs_bytes);
-	}
-	if (call->m && call->m->on_close)
-		call->m->on_close(k, call);
-	if (call->held) /* its reply was waiting for the log flush */
-		for (i = 0; i < k->nheld; i++)
-			if (k->held[i] == call)
-				k->held[i] = NULL;
-	if (call->prev)
-		call->prev->next = call->next;
-	else
-		k->calls = call->next;
-	if (call->next)
-		call->next->prev = call->prev;
-	pb_free(k, call->rq);
-	buf_free(k, &call->out);
-	kvd_free(k, call->meta);
-	kvd_free(k, call->status_msg);
-}
-
-/*
- * A reply produced while the log batch is open may show writes a failed
- * flush takes back: it waits in k->held, and the flush either releases it or
- * replaces it with the error (loop_log_flush).
- */
-static void call_hold(struct kvd *k, struct call *call)
-{
-	if (UTIL_GROW(k, k->held, k->heldcap, k->nheld + 1, 64))
-		return; /* cannot track it: it leaves after the flush all the same */
-	k->held[k->nheld++] = call;
-	call->held = 1;
-}
-
-/* A service's error (struct svc_err, section 2): its gRPC code and etcd's
- * text, for the handler to end its call with.  Returns KVD_EINVAL. */
-static int svc_fail(struct svc_err *e, int code, const char *msg)
-{
-	e->code = code;
-	e->msg = msg;
-	return KVD_EINVAL;
-}
-
-/* Final status for c.  The message is copied; later calls are ignored. */
-static void call_finish(struct kvd *k, struct call *call, int code, const char *fmt, ...)
-{
-	char msg[512];
-	va_list ap;
-
-	if (call->finished)
-		return;
-	va_start(ap, fmt);
-	vsnprintf(msg, sizeof msg, fmt, ap);
-	va_end(ap);
-	call->status = code;
-	call->status_msg = msg[0] ? kvd_strdup(k, msg) : NULL;
-	call->finished = 1;
-	if (k->db.w.len && !call->held)
-		call_hold(k, call);
-	if (call->carrier->finished)
-		call->carrier->finished(k, call);
-}
-
-/* Room for one response message of n bytes on c's output: the gRPC prefix
- * (uncompressed, length) written, the n bytes counted in, where they go
- * returned -- the one writer of that prefix.  NULL: the call ended
- * RESOURCE_EXHAUSTED. */
-static uint8_t *call_msg(struct kvd *k, struct call *call, size_t n)
-{
-	uint8_t *p;
-
-	if (n > 0xffffffffu || buf_reserve(k, &call->out, 5 + n)) {
-		call_finish(k, call, GRPC_RESOURCE_EXHAUSTED, E_OOM);
-		return NULL;
-	}
-	p = call->out.p + call->out.len;
-	p[0] = 0;
-	put_be32(p + 1, (uint32_t)n);
-	call->out.len += 5 + n;
-	return p + 5;
-}
-
-/* Queue one response message.  On failure the call ends RESOURCE_EXHAUSTED. */
-static int call_send(struct kvd *k, struct call *call, const ProtobufCMessage *m)
-{
-	uint8_t *p;
-
-	if (call->finished)
-		return KVD_EINVAL;
-	size_t n = protobuf_c_message_get_packed_size(m);
-
-	if (!(p = call_msg(k, call, n)))
-		return KVD_ENOMEM;
-	protobuf_c_message_pack(m, p);
-	k->st.grpc_tx += n;
-	call->rs_bytes += (uint32_t)KVD_MIN(n, UINT32_MAX - call->rs_bytes);
-	return 0;
-}
-
-/* A unary answer: one message, then status OK. */
-static void call_reply(struct kvd *k, struct call *call, const ProtobufCMessage *m)
-{
-	if (!call_send(k, call, m))
-		call_finish(k, call, GRPC_OK, "%s", "");
-}
-
-/* Keep a call's metadata (regular fields: names not starting with ':'), in
- * one allocation.  Each carrier hands over what its protocol calls them. */
-static int call_keep_meta(struct kvd *k, struct call *call, const struct hp_field *f, unsigned nf)
-{
-	size_t bytes = 0;
-	unsigned i, n = 0;
-	char *p;
-
-	for (i = 0; i < nf; i++)
-		if (f[i].name[0] != ':') {
-			bytes += f[i].nlen + f[i].vlen + 2;
-			n++;
-		}
-	if (!n)
-		return 0;
-	call->meta = kvd_malloc(k, n * sizeof *call->meta + bytes);
-	if (!call->meta)
-		return KVD_ENOMEM;
-	p = (char *)(call->meta + n);
-	for (i = 0; i < nf; i++) {
-		if (f[i].name[0] == ':')
-			continue;
-		memcpy(p, f[i].name, f[i].nlen);
-		p[f[i].nlen] = 0;
-		call->meta[call->nmeta].name = p;
-		call->meta[call->nmeta].nlen = f[i].nlen;
-		p += f[i].nlen + 1;
-		memcpy(p, f[i].value, f[i].vlen);
-		p[f[i].vlen] = 0;
-		call->meta[call->nmeta].value = p;
-		call->meta[call->nmeta].vlen = f[i].vlen;
-		p += f[i].vlen + 1;
-		call->nmeta++;
-	}
-	return 0;
-}
-
-/* Request metadata by (lowercase) name, NUL-terminated; NULL if absent. */
-static const char *call_meta(const struct call *call, const char *name)
-{
-	unsigned i;
-
-	for (i = 0; i < call->nmeta; i++)
-		if (!strcmp(call->meta[i].name, name))
-			return call->meta[i].value;
-	return NULL;
-}
-
-/*
- * Decode a request message for the call's method into call->rq, or end the call as
- * etcd does: its decoder's text for malformed bytes (pb_check), its txn
- * limit for nesting beyond what kvd decodes, and kvd's own words only for
- * what is kvd's (memory, groups).  Returns 0 or a negative KVD_E*.
- */
-static int call_decode(struct kvd *k, struct call *call, const uint8_t *p, size_t n)
-{
-	const ProtobufCMessageDescriptor *d = call->m->req;
-	char why[160];
-	unsigned flags;
-	int oom, r;
-
-	if (!d)
-		return 0; /* raw bytes (test methods) */
-	r = pb_check(d, p, n, PB_MAX_DEPTH, why, sizeof why, &flags);
-	if (r == KVD_ELIMIT) { /* only a Txn nests: etcd's answer for deep ones */
-		call_finish(k, call, GRPC_INVALID_ARGUMENT, "%s", E_TOO_MANY_OPS);
-		return r;
-	}
-	if (r) {
-		call_finish(k, call, GRPC_INTERNAL, "grpc: error unmarshalling request: %s", why);
-		return r;
-	}
-	if (flags & PB_F_STRIP) { /* what etcd skips, protobuf-c would refuse */
-		uint8_t *copy = kvd_malloc(k, n ? n : 1);
-		if (!copy) {
-			call_finish(k, call, GRPC_RESOURCE_EXHAUSTED, E_OOM);
-			return KVD_ENOMEM;
-		}
-		size_t m = pb_strip(d, p, n, copy);
-		if (m == (size_t)-1) {
-			kvd_free(k, copy);
-			call_finish(k, call, GRPC_INVALID_ARGUMENT, "kvd: a message repeats its fields too often to be merged");
-			return KVD_ELIMIT;
-		}
-		call->rq = pb_unpack(k, d, copy, m, &oom);
-		kvd_free(k, copy);
-	} else {
-		call->rq = pb_unpack(k, d, p, n, &oom);
-	}
-	if (call->rq)
-		return 0;
-	if (oom) {
-		call_finish(k, call, GRPC_RESOURCE_EXHAUSTED, E_OOM);
-		return KVD_ENOMEM;
-	}
-	call_finish(k, call, GRPC_INTERNAL, "grpc: error unmarshalling request: kvd: malformed protobuf");
-	return KVD_EPROTO;
-}
-
-/* One request message for c: decoded, then handed to the method (a unary
- * call takes only its first).  The handler may finish c, never frees it. */
-static void call_message(struct kvd *k, struct call *call, const uint8_t *p, size_t n)
-{
-	if (!p) /* an empty buffer's data: decoders may not do arithmetic on NULL */
-		p = (const uint8_t *)"";
-	k->st.grpc_rx += n;
-	call->rq_bytes += (uint32_t)KVD_MIN(n, UINT32_MAX - call->rq_bytes);
-	if (call->m->kind != GRPC_BIDI && call->got_msg)
-		return;
-	call->got_msg = 1;
-	call->out_mark = call->out.len;
-	if (call_decode(k, call, p, n))
-		return;
-	call->raw.p = p;
-	call->raw.n = n;
-	call->m->on_msg(k, call);
-	if (k->stopping) /* begun while kvd stops: a stream ends at once */
-		svc_stop_call(k, call);
-	pb_free(k, call->rq);
-	call->rq = NULL;
-	call->raw.n = 0;
-}
-
-/* The client will send nothing more (gRPC: io.EOF / io.ErrUnexpectedEOF
- * when the request never came, as grpc-go answers). */
-static void call_half_close(struct kvd *k, struct call *call, int partial)
-{
-	if (call->finished)
-		return;
-	if (!call->got_msg) {
-		call_finish(k, call, GRPC_UNKNOWN, partial ? "unexpected EOF" : "EOF");
-		return;
-	}
-	if (partial && call->m->kind == GRPC_BIDI) {
-		call_finish(k, call, GRPC_INTERNAL, "unexpected EOF");
-		return;
-	}
-	if (call->m->on_half_close)
-		call->m->on_half_close(k, call);
-}
-
-/* Route a path as grpc-go does (strip one leading '/', split at the last
- * '/'); 0, or the call finished with grpc-go's text. */
-static int call_route(struct kvd *k, struct call *call, const char *path, size_t plen)
-{
-	const char *svc = path, *slash = NULL, *orig = path;
-	size_t i, olen = plen;
-	int known;
-
-	if (plen && path[0] == '/') {
-		path++;
-		plen--;
-	}
-	for (i = plen; i > 0; i--)
-		if (path[i - 1] == '/') {
-			slash = path + i - 1;
-			break;
-		}
-	if (!slash) {
-		call_finish(k, call, GRPC_RESOURCE_EXHAUSTED, "malformed method name: \"%.*s\"", (int)KVD_MIN(olen, 200), orig);
-		return KVD_EINVAL;
-	}
-	svc = path;
-	call->m = svc_route(svc, (size_t)(slash - svc), slash + 1, plen - (size_t)(slash - svc) - 1, &known);
-	if (!call->m) {
-		if (known)
-			call_finish(k, call, GRPC_UNIMPLEMENTED, "unknown method %.*s for service %.*s",
-			            (int)KVD_MIN(plen - (size_t)(slash - svc) - 1, 200), slash + 1, (int)(slash - svc), svc);
-		else
-			call_finish(k, call, GRPC_UNIMPLEMENTED, "unknown service %.*s", (int)KVD_MIN((size_t)(slash - svc), 200), svc);
-		return KVD_EINVAL;
-	}
-	if ((known = svc_method_index(call->m)) >= 0)
-		k->st.grpc_started[known]++;
-	call->t_routed = util_now_us();
-	return 0;
-}
-
-/* ===== 9. MVCC store: the log, its format and grammar (mvcc_) ============ */
+/* ===== 8. MVCC store: the log, its format and grammar (mvcc_) ============ */
 
 /*
  * The store is one append-only log, <data-dir>/kvd.log, and an in-memory
@@ -5202,7 +4855,7 @@ static int call_route(struct kvd *k, struct call *call, const char *path, size_t
  *   ALARM   (5) = u32 n | (varint member | u8 alarm)[n]  -- the active alarms from here on
  *   AUTH    (6) = u8 flags (1 enabled, 2 whole) | u64 auth rev | u32 nops | aop[nops]
  *   aop     = u8 kind | u32 len | bytes[len]   -- 1 user, 3 role: the packed
- *             authpb.User/Role; 2, 4: the name of one that goes (section 12
+ *             authpb.User/Role; 2, 4: the name of one that goes (section 11
  *             applies them; "whole" first forgets every user and role)
  *   op      = u8 kind (1 put, 2 delete) | u64 prev | varint rev | varint create
  *             | varint version | varint zigzag(lease) | varint klen | varint vlen
@@ -5217,9 +4870,9 @@ static int call_route(struct kvd *k, struct call *call, const char *path, size_t
  * A whole txn is one record, so a crash never leaves half of it: recovery
  * keeps the longest prefix of valid records and cuts a torn tail (a bad
  * record that valid ones follow is corruption, not a tail: kvd refuses to
- * start, section 10).
- * BASE records only follow the header, in a log a rewrite made (section 13)
- * or an etcd snapshot's import (section 15): lease grants and key puts, each
+ * start, section 9).
+ * BASE records only follow the header, in a log a rewrite made (section 12)
+ * or an etcd snapshot's import (section 14): lease grants and key puts, each
  * put at the revision it had, all at or below the BASE revision, which the
  * TXNs after them continue; a BASE without ops (nothing was live) still says
  * that revision.  A put in a
@@ -5831,7 +5484,7 @@ static int mvcc_visible(struct mvcc *m, const struct mvcc_key *r, int64_t rev, s
 	return 1;
 }
 
-/* ===== 10. MVCC store: the index, writing, group commit, recovery (mvcc_) == */
+/* ===== 9. MVCC store: the index, writing, group commit, recovery (mvcc_) == */
 
 /*
  * The index and the writer.  RAM holds every live key in a two-level
@@ -5839,9 +5492,9 @@ static int mvcc_visible(struct mvcc *m, const struct mvcc_key *r, int64_t rev, s
  * the log); a write txn changes the index at once and appends its record
  * to the open batch m->w; the loop's end makes the batch durable.
  *
- * A durable write, end to end: svc_put_rpc (section 21) -> mvcc_put
+ * A durable write, end to end: svc_put_rpc (section 18) -> mvcc_put
  * (here: the op appended, the index changed, an undo entry kept) ->
- * call_finish (section 8: while the batch is open the reply is held,
+ * call_finish (section 15: while the batch is open the reply is held,
  * call_hold) -> loop_log_flush (section 35) -> mvcc_flush (here: one
  * pwrite, one fdatasync) -> the held replies released -> the carrier's
  * flush (h2_stream_send, gw_flush) moves them toward the socket.
@@ -6431,7 +6084,7 @@ static int mvcc_undo_push(struct kvd *k, struct mvcc *m, struct mvcc_key *r, uns
 
 /*
  * Bytes superseded at revision rev: a rewrite drops them once the compacted
- * revision is past rev (section 13).  One range per revision, exact, until
+ * revision is past rev (section 12).  One range per revision, exact, until
  * MVCC_DEAD_MAX ranges of uncompacted history: then neighbours merge, and a
  * merged range counts once compaction has passed all of it.
  */
@@ -6841,7 +6494,7 @@ KVD_RESIDENT static void mvcc_compact_stats(struct mvcc *m, int64_t rev)
 	}
 }
 
-static void snap_keep_hash(struct kvd *k, int64_t rev); /* section 14: HashKV's memory of compactions */
+static void snap_keep_hash(struct kvd *k, int64_t rev); /* section 13: HashKV's memory of compactions */
 
 /* Log a compaction to rev and apply it to the index. */
 static int mvcc_compact(struct kvd *k, int64_t rev)
@@ -6871,7 +6524,7 @@ static int mvcc_compact(struct kvd *k, int64_t rev)
 }
 
 /*
- * The log moved: a rewrite (section 13) put its records at other offsets.
+ * The log moved: a rewrite (section 12) put its records at other offsets.
  * Offsets kept beyond one record follow: the mover re-points the index (each
  * key's latest op) and hands over the marks it made while writing the new
  * file; a watcher's position carries the generation it belongs to, so it is
@@ -7709,12 +7362,12 @@ static void mvcc_init(struct mvcc *m)
 	m->compacted = m->compacted_durable = -1;
 }
 
-/* ===== 11. Leases (lease_) =============================================== */
+/* ===== 10. Leases (lease_) =============================================== */
 
 /*
  * A lease is an id, a granted TTL, a deadline on the monotonic clock (boards
  * have no RTC) and the set of keys attached to it.  Grants and revokes are
- * ops in the log (section 9); a revoke shares its record and its revision
+ * ops in the log (section 8); a revoke shares its record and its revision
  * with the deletes of its keys, so a crash never leaves half of one.
  * Keep-alives are not logged (they would wear flash for nothing): after a
  * restart every lease gets its full TTL plus the election timeout, which is
@@ -8213,7 +7866,7 @@ static void lease_fini(struct kvd *k)
 	memset(g, 0, sizeof *g);
 }
 
-/* ===== 12. Auth store: users, roles, permissions, bcrypt (auth_) ========= */
+/* ===== 11. Auth store: users, roles, permissions, bcrypt (auth_) ========= */
 
 /*
  * etcd 3.7's authentication, for a store one box serves.  State: a flag
@@ -8244,7 +7897,7 @@ static void lease_fini(struct kvd *k)
  * runs inside one handler: Authenticate, UserAdd and UserChangePassword
  * queue a job, and the loop hashes, one job at a time in their fair turns,
  * for at most KVD_AUTH_SLICE_US per iteration between everything else
- * (auth_step, section 19).  Other clients therefore wait at most one slice
+ * (auth_step, section 16).  Other clients therefore wait at most one slice
  * for a hash, whatever the cost, and a flood of wrong passwords is bounded
  * by KVD_AUTH_MAX_JOBS queued hashes (then "too many requests").  The
  * queue is shared fairly (section 3's rule): hashes are made round-robin
@@ -8266,7 +7919,7 @@ static void lease_fini(struct kvd *k)
  * looks at no token (3.4 refused a dead one either way).  With
  * --client-cert-auth, a call without a token is its client certificate's
  * CN.  With --auth-token jwt,... tokens are etcd's signed JWTs instead
- * (section 19): nothing is kept, the signature and expiry are checked.
+ * (section 16): nothing is kept, the signature and expiry are checked.
  *
  * Checks follow etcd 3.7's (server/auth/store.go, etcdserver/apply/auth.go,
  * v3rpc): admin calls need the root role; a key op needs a permission of
@@ -8299,8 +7952,8 @@ static void lease_fini(struct kvd *k)
  *      hashes and MACs are compared with auth_ct_diff.
  *
  * Left out (KVD_NO_AUTH, make AUTH=0): no users, roles, tokens or bcrypt;
- * every call is served as with auth off (section 19's checks pass), the
- * Auth service is unknown (section 28) and so are the gateway's auth paths.
+ * every call is served as with auth off (section 16's checks pass), the
+ * Auth service is unknown (section 25) and so are the gateway's auth paths.
  * A log or snapshot that holds auth state -- any AUTH record: users, roles,
  * auth enabled once -- is refused at replay (auth_replay), never served
  * without the rights it states nor rewritten without them.
@@ -8858,7 +8511,7 @@ static void auth_tab_clear(struct kvd *k, struct auth_tab *t)
 		pb_free(k, t->v[--t->n]);
 }
 
-/* Replay an AUTH record (framed and decoded by section 9). */
+/* Replay an AUTH record (framed and decoded by section 8). */
 static int auth_replay(struct kvd *k, const struct mvcc_rec *rec0, const char **why)
 {
 	struct mvcc_rec rec = *rec0;
@@ -9063,7 +8716,7 @@ static int auth_encode_whole(struct kvd *k, struct kvd_buf *b)
 }
 #endif /* KVD_NO_AUTH */
 
-/* ===== 13. Store lifecycle: rewrite, compaction, quota, alarms (life_) === */
+/* ===== 12. Store lifecycle: rewrite, compaction, quota, alarms (life_) === */
 
 /*
  * The log only grows: compaction frees RAM, never a byte of disk.  This
@@ -10210,7 +9863,7 @@ static void life_fini(struct kvd *k)
 	L->revs = NULL;
 }
 
-/* ===== 14. etcd's backend: snapshots written, Hash, HashKV (snap_) ======= */
+/* ===== 13. etcd's backend: snapshots written, Hash, HashKV (snap_) ======= */
 
 /*
  * etcd keeps its store in a bbolt file, and Maintenance/Snapshot sends
@@ -10242,7 +9895,7 @@ static void life_fini(struct kvd *k)
  * etcd 3.5+'s term, confState {"voters":[id]} and storageVersion (3.7.0);
  * alarm: the active alarms;  members: this member as etcd's JSON;  cluster:
  * clusterVersion 3.7.0;  auth: authEnabled, authRevision;  authRoles,
- * authUsers: authpb.Role and authpb.User by name, as section 12 keeps them
+ * authUsers: authpb.Role and authpb.User by name, as section 11 keeps them
  * (bcrypt hashes included);  members_removed: empty.
  *
  * A tree's layout comes first.  bbolt's metas, at the front of the file,
@@ -11384,7 +11037,7 @@ out:
 	return e < 0 ? e : 0;
 }
 
-/* ===== 15. etcd's backend: snapshots read and imported (snap_) =========== */
+/* ===== 14. etcd's backend: snapshots read and imported (snap_) =========== */
 
 #ifndef KVD_NO_SNAPSHOT
 
@@ -12283,2070 +11936,372 @@ static int snap_save_offline(const struct kvd_config *cfg, char *err, size_t err
 }
 #endif /* KVD_NO_SNAPSHOT */
 
-/* ===== 16. HPACK (hp_) =================================================== */
+/* ===== 15. Calls: one RPC, whatever carries it (call_, svc_fail) ==================== */
 
 /*
- * RFC 7541.  The decoder is complete (static and dynamic tables, Huffman,
- * size updates) and bounded: the decoded list is cut at KVD_MAX_HEADER_LIST
- * bytes and KVD_MAX_HEADER_FIELDS fields, yet the whole block is still
- * processed so the dynamic table stays in sync with the peer's encoder.
- * The encoder only uses static indexes and literals without indexing, so kvd
- * keeps no encoder table.
+ * A call is one RPC being served, apart from what carries it.  A service
+ * sees only its call: the decoded request (call->rq), its metadata (the auth
+ * token among it), and where its answer goes -- response messages queued
+ * on call->out, a final status, and whether that answer must wait for the
+ * group commit (call->held).  Carriers move the bytes: gRPC over HTTP/2 (an
+ * h2 stream embeds its call; section 29 cuts its DATA into messages),
+ * in-process calls (tests, fuzzers), and the JSON gateway over HTTP/1.1
+ * (section 33) -- all through the same svc_* handlers.  Every live call is
+ * on k->calls, so shutdown and timers reach them without knowing carriers.
+ *
+ * gRPC over HTTP/2 (grpc doc/PROTOCOL-HTTP2.md): each message is a 1-byte
+ * compressed flag, a 4-byte big-endian length, then the protobuf bytes;
+ * messages may span DATA frames or share one.  A call's answers are queued
+ * in that framing whatever carries them (call_msg).  Status goes in
+ * trailers; early errors use Trailers-Only.  Texts follow grpc-go (etcd's
+ * server) so clients that match errors by text keep working.
  *
  * Invariants:
- *   1. The dynamic table never outgrows its maximum, nor the maximum
- *      HP_TABLE_SIZE (what kvd's SETTINGS allow): hp_insert evicts before
- *      it adds, and a size update above HP_TABLE_SIZE, or after a block's
- *      first field, is a COMPRESSION_ERROR (hp_decode).  Every entry costs
- *      32 bytes or more, so HP_MAX_ENTRIES slots always suffice.
- *   2. Every read stays inside the block and the tables: integers take at
- *      most 5 continuation bytes and fit 32 bits (hp_int), a string's
- *      length fits what is left (hp_string), an index names an entry
- *      (hp_lookup), Huffman padding is at most 7 one-bits, EOS never
- *      inside (hp_huff_decode).
- *   3. The whole block is always decoded, past the caps too (o->over), so
- *      the table stays in step with the peer's encoder; a list cut at the
- *      caps is answered, never served in part (h2_on_block).
- *   4. Decoded fields point into the block or the shared arena (k->harena)
- *      and live until the next decode: strings from the dynamic table are
- *      copied there, since an insert later in the block may evict them,
- *      and whoever keeps a field copies it (call_keep_meta).
+ *   1. Every live call is on k->calls from call_init to call_fini.
+ *      call_fini frees what the call owns -- its service state (on_close),
+ *      rq, out, meta, status_msg -- never the call itself: its carrier
+ *      does.
+ *   2. A call's final status is set once: call_finish ignores later calls,
+ *      and call_send queues nothing after it.
+ *   3. A reply finished while the log batch is open is held (call_hold,
+ *      call->held) until loop_log_flush releases it or turns it into the
+ *      error; call_fini clears a held call's slot in k->held, so the flush
+ *      never touches a freed call.  Should k->held fail to grow, the reply
+ *      still leaves only after the flush: the loop flushes the log before
+ *      it writes any socket (loop_flush).
+ *   4. call_msg is the one writer of the gRPC prefix: flag 0 (kvd never
+ *      compresses), a length of at most 2^32-1.
+ *   5. A request lives as long as its handler: call_message decodes it
+ *      into call->rq, points call->raw at its bytes, and after on_msg frees
+ *      call->rq (unless the handler took it: call->rq = NULL) and clears call->raw.
+ *      A call that is not bidi takes only its first message.
  */
 
-/* Appendix A: the static table. */
-static const struct { const char *name, *value; } hp_static[61] = {
-	{":authority", ""}, {":method", "GET"}, {":method", "POST"}, {":path", "/"},
-	{":path", "/index.html"}, {":scheme", "http"}, {":scheme", "https"},
-	{":status", "200"}, {":status", "204"}, {":status", "206"}, {":status", "304"},
-	{":status", "400"}, {":status", "404"}, {":status", "500"},
-	{"accept-charset", ""}, {"accept-encoding", "gzip, deflate"},
-	{"accept-language", ""}, {"accept-ranges", ""}, {"accept", ""},
-	{"access-control-allow-origin", ""}, {"age", ""}, {"allow", ""},
-	{"authorization", ""}, {"cache-control", ""}, {"content-disposition", ""},
-	{"content-encoding", ""}, {"content-language", ""}, {"content-length", ""},
-	{"content-location", ""}, {"content-range", ""}, {"content-type", ""},
-	{"cookie", ""}, {"date", ""}, {"etag", ""}, {"expect", ""}, {"expires", ""},
-	{"from", ""}, {"host", ""}, {"if-match", ""}, {"if-modified-since", ""},
-	{"if-none-match", ""}, {"if-range", ""}, {"if-unmodified-since", ""},
-	{"last-modified", ""}, {"link", ""}, {"location", ""}, {"max-forwards", ""},
-	{"proxy-authenticate", ""}, {"proxy-authorization", ""}, {"range", ""},
-	{"referer", ""}, {"refresh", ""}, {"retry-after", ""}, {"server", ""},
-	{"set-cookie", ""}, {"strict-transport-security", ""},
-	{"transfer-encoding", ""}, {"user-agent", ""}, {"vary", ""}, {"via", ""},
-	{"www-authenticate", ""},
-};
+static const struct grpc_method *svc_route(const char *svc, size_t slen, const char *meth,
+                                           size_t mlen, int *known_service);
+static int svc_method_index(const struct grpc_method *m);
+static void svc_stop_call(struct kvd *k, struct call *call);
+
+/* A new call of method m (NULL until routed) on carrier car: on k->calls. */
+static void call_init(struct kvd *k, struct call *call, const struct grpc_method *m, const struct call_carrier *car)
+{
+	memset(call, 0, sizeof *call);
+	call->m = m;
+	call->carrier = car;
+	call->next = k->calls;
+	if (k->calls)
+		k->calls->prev = call;
+	k->calls = call;
+}
+
+/* The call goes away: its service state, a held reply, its memory (not c). */
+static void call_fini(struct kvd *k, struct call *call)
+{
+	size_t i;
+	int mi = call->m ? svc_method_index(call->m) : -1;
+
+	if (mi >= 0) { /* grpc_server_handled_total: a call that never ended was cancelled */
+		static const int32_t le_ms[KVD_HANDLING_BUCKETS - 1] = {5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000};
+		int64_t us = util_now_us() - call->t_routed;
+		size_t b;
+		k->st.grpc_handled[mi][call->finished && call->status >= 0 && call->status < 17 ? call->status : GRPC_CANCELLED]++;
+		for (b = 0; b < KVD_HANDLING_BUCKETS - 1 && us > (int64_t)le_ms[b] * 1000; b++)
+			;
+		k->st.handling[mi][b]++;
+		k->st.handling_sum[mi] += (double)us / 1e6;
+		/* etcd's "request stats": every unary call at debug level, a slow
+		 * one as a warning (its interceptor's logUnaryRequestStats) */
+		int64_t slow = (int64_t)(k->cfg.warn_unary_ms ? k->cfg.warn_unary_ms : 300) * 1000; /* 0: etcd's default */
+		if (call->m->kind == GRPC_UNARY && (k->cfg.log_level <= KVD_LOG_DEBUG || us > slow))
+			kvd_log(k, us > slow ? KVD_LOG_WARN : KVD_LOG_DEBUG,
+			        "request stats: method %s, remote %s, time spent %lld.%03lldms, status %s, request size %lu, "
+			        "response size %lu", call->m->path, call->conn ? call->conn->peer : "in-process", (long long)(us / 1000),
+			        (long long)(us % 1000), grpc_code_names[call->finished && call->status >= 0 && call->status < 17 ? call->status : GRPC_CANCELLED],
+			        (unsigned long)call->rq_bytes, (unsigned long)call->rs_bytes);
+	}
+	if (call->m && call->m->on_close)
+		call->m->on_close(k, call);
+	if (call->held) /* its reply was waiting for the log flush */
+		for (i = 0; i < k->nheld; i++)
+			if (k->held[i] == call)
+				k->held[i] = NULL;
+	if (call->prev)
+		call->prev->next = call->next;
+	else
+		k->calls = call->next;
+	if (call->next)
+		call->next->prev = call->prev;
+	pb_free(k, call->rq);
+	buf_free(k, &call->out);
+	kvd_free(k, call->meta);
+	kvd_free(k, call->status_msg);
+}
 
 /*
- * Appendix B as a canonical code: the RFC's codes are assigned in order of
- * (length, symbol), so the number of codes of each length plus the symbols in
- * that order is the whole table.  Symbol 256 is EOS.
+ * A reply produced while the log batch is open may show writes a failed
+ * flush takes back: it waits in k->held, and the flush either releases it or
+ * replaces it with the error (loop_log_flush).
  */
-static const uint8_t hp_huff_count[31] = {
-	0, 0, 0, 0, 0, 10, 26, 32, 6, 0, 5, 3, 2, 6, 2, 3,
-	0, 0, 0, 3, 8, 13, 26, 29, 12, 4, 15, 19, 29, 0, 4,
-};
-static const uint16_t hp_huff_sym[257] = {
-	48, 49, 50, 97, 99, 101, 105, 111, 115, 116, 32, 37, 45, 46, 47, 51,
-	52, 53, 54, 55, 56, 57, 61, 65, 95, 98, 100, 102, 103, 104, 108, 109,
-	110, 112, 114, 117, 58, 66, 67, 68, 69, 70, 71, 72, 73, 74, 75, 76,
-	77, 78, 79, 80, 81, 82, 83, 84, 85, 86, 87, 89, 106, 107, 113, 118,
-	119, 120, 121, 122, 38, 42, 44, 59, 88, 90, 33, 34, 40, 41, 63, 39,
-	43, 124, 35, 62, 0, 36, 64, 91, 93, 126, 94, 125, 60, 96, 123, 92,
-	195, 208, 128, 130, 131, 162, 184, 194, 224, 226, 153, 161, 167, 172, 176, 177,
-	179, 209, 216, 217, 227, 229, 230, 129, 132, 133, 134, 136, 146, 154, 156, 160,
-	163, 164, 169, 170, 173, 178, 181, 185, 186, 187, 189, 190, 196, 198, 228, 232,
-	233, 1, 135, 137, 138, 139, 140, 141, 143, 147, 149, 150, 151, 152, 155, 157,
-	158, 165, 166, 168, 174, 175, 180, 182, 183, 188, 191, 197, 231, 239, 9, 142,
-	144, 145, 148, 159, 171, 206, 215, 225, 236, 237, 199, 207, 234, 235, 192, 193,
-	200, 201, 202, 205, 210, 213, 218, 219, 238, 240, 242, 243, 255, 203, 204, 211,
-	212, 214, 221, 222, 223, 241, 244, 245, 246, 247, 248, 250, 251, 252, 253, 254,
-	2, 3, 4, 5, 6, 7, 8, 11, 12, 14, 15, 16, 17, 18, 19, 20,
-	21, 23, 24, 25, 26, 27, 28, 29, 30, 31, 127, 220, 249, 10, 13, 22,
-	256,
-};
-
-#define HP_EINVAL (-20) /* malformed: COMPRESSION_ERROR (distinct from KVD_E*) */
-#define HP_ESPACE (-21) /* output does not fit */
-
-/*
- * Decode a Huffman string (section 5.2) into dst (cap bytes); dst NULL only
- * validates.  Returns the decoded length, HP_EINVAL (EOS inside, padding
- * longer than 7 bits or not all ones) or HP_ESPACE.
- */
-static long hp_huff_decode(const uint8_t *src, size_t n, uint8_t *dst, size_t cap)
+static void call_hold(struct kvd *k, struct call *call)
 {
-	size_t i = 0, out = 0;
-	unsigned bits = 0, cur = 0, len, index, sym;
-	uint32_t code, first, count;
-
-	for (;;) {
-		code = first = 0;
-		index = 0;
-		for (len = 1; len <= 30; len++) {
-			if (!bits) {
-				if (i == n) {
-					/* input ended inside a code: legal padding is at most
-					 * 7 bits, all ones (the start of EOS) */
-					len--;
-					if (len > 7 || (code >> 1) != (1u << len) - 1)
-						return HP_EINVAL;
-					return (long)out;
-				}
-				cur = src[i++];
-				bits = 8;
-			}
-			code |= (cur >> --bits) & 1;
-			count = hp_huff_count[len];
-			if (code - first < count)
-				break;
-			index += count;
-			first = (first + count) << 1;
-			code <<= 1;
-		}
-		if (len > 30)
-			return HP_EINVAL; /* unreachable with a complete code */
-		sym = hp_huff_sym[index + (code - first)];
-		if (sym == 256)
-			return HP_EINVAL;
-		if (dst) {
-			if (out >= cap)
-				return HP_ESPACE;
-			dst[out] = (uint8_t)sym;
-		}
-		out++;
-	}
+	if (UTIL_GROW(k, k->held, k->heldcap, k->nheld + 1, 64))
+		return; /* cannot track it: it leaves after the flush all the same */
+	k->held[k->nheld++] = call;
+	call->held = 1;
 }
 
-/* Integer with an N-bit prefix (section 5.1); at most 5 continuation bytes. */
-static int hp_int(const uint8_t **pp, const uint8_t *end, unsigned prefix, uint32_t *out)
+/* A service's error (struct svc_err, section 2): its gRPC code and etcd's
+ * text, for the handler to end its call with.  Returns KVD_EINVAL. */
+static int svc_fail(struct svc_err *e, int code, const char *msg)
 {
-	const uint8_t *p = *pp;
-	uint32_t max = (1u << prefix) - 1;
-	uint64_t v;
-	unsigned shift = 0;
-	uint8_t b;
-
-	if (p >= end)
-		return HP_EINVAL;
-	v = *p++ & max;
-	if (v == max) {
-		do {
-			if (p >= end || shift > 28)
-				return HP_EINVAL;
-			b = *p++;
-			v += (uint64_t)(b & 0x7f) << shift;
-			shift += 7;
-		} while (b & 0x80);
-		if (v > 0xffffffffu)
-			return HP_EINVAL;
-	}
-	*out = (uint32_t)v;
-	*pp = p;
-	return 0;
+	e->code = code;
+	e->msg = msg;
+	return KVD_EINVAL;
 }
 
-static void hp_table_init(struct hp_table *t)
+/* Final status for the call.  The message is copied; later calls are ignored. */
+static void call_finish(struct kvd *k, struct call *call, int code, const char *fmt, ...) KVD_PRINTF(4, 5);
+static void call_finish(struct kvd *k, struct call *call, int code, const char *fmt, ...)
 {
-	memset(t, 0, sizeof *t);
-	t->max = HP_TABLE_SIZE;
+	char msg[512];
+	va_list ap;
+
+	if (call->finished)
+		return;
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof msg, fmt, ap);
+	va_end(ap);
+	call->status = code;
+	call->status_msg = msg[0] ? kvd_strdup(k, msg) : NULL;
+	call->finished = 1;
+	if (k->db.w.len && !call->held)
+		call_hold(k, call);
+	if (call->carrier->finished)
+		call->carrier->finished(k, call);
 }
 
-static void hp_table_free(struct kvd *k, struct hp_table *t)
+/* Room for one response message of n bytes on c's output: the gRPC prefix
+ * (uncompressed, length) written, the n bytes counted in, where they go
+ * returned -- the one writer of that prefix.  NULL: the call ended
+ * RESOURCE_EXHAUSTED. */
+static uint8_t *call_msg(struct kvd *k, struct call *call, size_t n)
 {
-	kvd_free(k, t->mem);
-	hp_table_init(t);
-}
+	uint8_t *p;
 
-static void hp_evict(struct hp_table *t)
-{
-	struct hp_entry *e = &t->ent[(t->first + t->n - 1) % HP_MAX_ENTRIES];
-
-	t->size -= (size_t)e->nlen + e->vlen + 32;
-	t->head = (size_t)e->off + e->nlen + e->vlen;
-	if (--t->n == 0)
-		t->head = t->tail = 0;
-}
-
-static void hp_resize(struct hp_table *t, size_t max)
-{
-	t->max = max;
-	while (t->size > t->max)
-		hp_evict(t);
-}
-
-/* Add an entry (section 4.4).  name/value never point into t->mem. */
-static int hp_insert(struct kvd *k, struct hp_table *t, const uint8_t *name, size_t nlen,
-                     const uint8_t *value, size_t vlen)
-{
-	size_t need = nlen + vlen + 32;
-	struct hp_entry *e;
-	unsigned i;
-
-	if (need > t->max) { /* too big: the table just empties */
-		while (t->n)
-			hp_evict(t);
-		return 0;
-	}
-	if (!name || !value)
-		return HP_EINVAL; /* cannot happen: small strings always fit */
-	while (t->size + need > t->max)
-		hp_evict(t);
-	if (!t->mem && !(t->mem = kvd_malloc(k, HP_TABLE_SIZE)))
-		return KVD_ENOMEM;
-	if (t->tail + nlen + vlen > HP_TABLE_SIZE) {
-		memmove(t->mem, t->mem + t->head, t->tail - t->head);
-		for (i = 0; i < t->n; i++)
-			t->ent[(t->first + i) % HP_MAX_ENTRIES].off -= (uint16_t)t->head;
-		t->tail -= t->head;
-		t->head = 0;
-	}
-	t->first = (t->first + HP_MAX_ENTRIES - 1) % HP_MAX_ENTRIES;
-	e = &t->ent[t->first];
-	e->off = (uint16_t)t->tail;
-	e->nlen = (uint16_t)nlen;
-	e->vlen = (uint16_t)vlen;
-	memcpy(t->mem + t->tail, name, nlen);
-	memcpy(t->mem + t->tail + nlen, value, vlen);
-	t->tail += nlen + vlen;
-	t->n++;
-	t->size += need;
-	return 0;
-}
-
-/* Output of one block decode: fields, and the arena that holds decoded
- * strings.  A field stays valid until the next decode. */
-struct hp_out {
-	struct hp_field *f;
-	unsigned nf, maxf;
-	uint8_t *a;
-	size_t alen, acap;
-	size_t list, maxlist; /* section 4.1 size of the whole list, and the cap */
-	unsigned over : 1;    /* list cut at the caps: the request is refused */
-};
-
-/* Decode into maxf fields and an arena of acap bytes, under kvd's list cap. */
-static void hp_out_init(struct hp_out *o, struct hp_field *f, unsigned maxf, uint8_t *a, size_t acap)
-{
-	memset(o, 0, sizeof *o);
-	o->f = f;
-	o->maxf = maxf;
-	o->a = a;
-	o->acap = acap;
-	o->maxlist = KVD_MAX_HEADER_LIST;
-}
-
-/* Look up index i (1-based, section 2.3.3); 0 or out of range fails. */
-static int hp_lookup(struct hp_table *t, uint32_t i, const uint8_t **n, size_t *nl,
-                     const uint8_t **v, size_t *vl, int *dyn)
-{
-	struct hp_entry *e;
-
-	if (i == 0)
-		return HP_EINVAL;
-	if (i <= 61) {
-		*n = (const uint8_t *)hp_static[i - 1].name;
-		*nl = strlen(hp_static[i - 1].name);
-		*v = (const uint8_t *)hp_static[i - 1].value;
-		*vl = strlen(hp_static[i - 1].value);
-		*dyn = 0;
-		return 0;
-	}
-	if (i - 62 >= t->n)
-		return HP_EINVAL;
-	e = &t->ent[(t->first + i - 62) % HP_MAX_ENTRIES];
-	*n = t->mem + e->off;
-	*nl = e->nlen;
-	*v = t->mem + e->off + e->nlen;
-	*vl = e->vlen;
-	*dyn = 1;
-	return 0;
-}
-
-/* Copy bytes into the arena; NULL when they do not fit. */
-static const uint8_t *hp_keep(struct hp_out *o, const uint8_t *p, size_t n)
-{
-	uint8_t *d = o->a + o->alen;
-
-	if (o->acap - o->alen < n)
+	if (n > 0xffffffffu || buf_reserve(k, &call->out, 5 + n)) {
+		call_finish(k, call, GRPC_RESOURCE_EXHAUSTED, E_OOM);
 		return NULL;
-	memcpy(d, p, n);
-	o->alen += n;
-	return d;
+	}
+	p = call->out.p + call->out.len;
+	p[0] = 0;
+	put_be32(p + 1, (uint32_t)n);
+	call->out.len += 5 + n;
+	return p + 5;
 }
 
-/* A string literal (section 5.2).  Raw strings point into the block, Huffman
- * ones are decoded into the arena; *s is NULL if it did not fit. */
-static int hp_string(const uint8_t **pp, const uint8_t *end, struct hp_out *o,
-                     const uint8_t **s, size_t *len)
+/* Queue one response message.  On failure the call ends RESOURCE_EXHAUSTED. */
+static int call_send(struct kvd *k, struct call *call, const ProtobufCMessage *m)
 {
-	int huff;
-	uint32_t n;
-	long r;
-	const uint8_t *src;
+	uint8_t *p;
 
-	if (*pp >= end)
-		return HP_EINVAL;
-	huff = **pp & 0x80;
-	if (hp_int(pp, end, 7, &n) || n > (size_t)(end - *pp))
-		return HP_EINVAL;
-	src = *pp;
-	*pp += n;
-	if (!huff) {
-		*s = src;
-		*len = n;
-		return 0;
-	}
-	r = hp_huff_decode(src, n, o->a + o->alen, o->acap - o->alen);
-	if (r == HP_ESPACE) {
-		r = hp_huff_decode(src, n, NULL, 0);
-		*s = NULL;
-	} else if (r >= 0) {
-		*s = o->a + o->alen;
-		o->alen += (size_t)r;
-	}
-	if (r < 0)
-		return HP_EINVAL;
-	*len = (size_t)r;
-	return 0;
-}
+	if (call->finished)
+		return KVD_EINVAL;
+	size_t n = protobuf_c_message_get_packed_size(m);
 
-/*
- * Decode one complete header block into o.  Returns 0 (check o->over),
- * HP_EINVAL for a COMPRESSION_ERROR, or KVD_ENOMEM.
- */
-static int hp_decode(struct kvd *k, struct hp_table *t, const uint8_t *p, size_t n,
-                     struct hp_out *o)
-{
-	const uint8_t *end = p + n, *name, *val;
-	size_t nlen, vlen, mark;
-	uint32_t v;
-	int started = 0, dyn, incr, r;
-
-	while (p < end) {
-		uint8_t b = *p;
-
-		if ((b & 0xe0) == 0x20) { /* size update: only before the first field */
-			if (started || hp_int(&p, end, 5, &v) || v > HP_TABLE_SIZE)
-				return HP_EINVAL;
-			hp_resize(t, v);
-			continue;
-		}
-		started = 1;
-		mark = o->alen;
-		incr = 0;
-		if (b & 0x80) { /* indexed field */
-			if (hp_int(&p, end, 7, &v) || hp_lookup(t, v, &name, &nlen, &val, &vlen, &dyn))
-				return HP_EINVAL;
-			if (dyn && !o->over) { /* the table may change later in this block */
-				name = hp_keep(o, name, nlen);
-				val = hp_keep(o, val, vlen);
-			}
-		} else {
-			incr = (b & 0xc0) == 0x40;
-			if (hp_int(&p, end, incr ? 6 : 4, &v))
-				return HP_EINVAL;
-			if (v) {
-				if (hp_lookup(t, v, &name, &nlen, &val, &vlen, &dyn))
-					return HP_EINVAL;
-				if (dyn) /* may be evicted by our own insert */
-					name = hp_keep(o, name, nlen);
-			} else if (hp_string(&p, end, o, &name, &nlen)) {
-				return HP_EINVAL;
-			}
-			if (hp_string(&p, end, o, &val, &vlen))
-				return HP_EINVAL;
-			if (incr && (r = hp_insert(k, t, name, nlen, val, vlen)))
-				return r;
-		}
-		o->list += nlen + vlen + 32;
-		if (o->over || !name || !val || o->nf >= o->maxf || o->list > o->maxlist) {
-			o->over = 1;
-			o->alen = mark; /* keep decoding for table sync, store nothing */
-			continue;
-		}
-		o->f[o->nf].name = (const char *)name;
-		o->f[o->nf].nlen = (uint32_t)nlen;
-		o->f[o->nf].value = (const char *)val;
-		o->f[o->nf].vlen = (uint32_t)vlen;
-		o->nf++;
-	}
-	return 0;
-}
-
-/* Encoder: an integer with an N-bit prefix, first byte carrying 'flags'. */
-static void hp_put_int(struct kvd *k, struct kvd_buf *b, uint8_t flags, unsigned prefix, uint32_t v)
-{
-	uint8_t tmp[6];
-	size_t n = 0;
-	uint32_t max = (1u << prefix) - 1;
-
-	if (v < max) {
-		tmp[n++] = (uint8_t)(flags | v);
-	} else {
-		tmp[n++] = (uint8_t)(flags | max);
-		v -= max;
-		while (v >= 128) {
-			tmp[n++] = (uint8_t)(v | 0x80);
-			v >>= 7;
-		}
-		tmp[n++] = (uint8_t)v;
-	}
-	buf_append(k, b, tmp, n);
-}
-
-/* "Literal without indexing" with a static name index (4-bit prefix) or a
- * new name (index 0); strings raw, never Huffman. */
-static void hp_put_field(struct kvd *k, struct kvd_buf *b, unsigned index, const char *name,
-                         const char *value, size_t vlen)
-{
-	hp_put_int(k, b, 0x00, 4, index);
-	if (!index) {
-		size_t nlen = strlen(name);
-		hp_put_int(k, b, 0x00, 7, (uint32_t)nlen);
-		buf_append(k, b, name, nlen);
-	}
-	hp_put_int(k, b, 0x00, 7, (uint32_t)vlen);
-	buf_append(k, b, value, vlen);
-}
-
-/* :status (index 8 is "200"). */
-static void hp_put_status(struct kvd *k, struct kvd_buf *b, int status)
-{
-	char s[8];
-
-	if (status == 200) {
-		buf_append(k, b, "\x88", 1);
-		return;
-	}
-	snprintf(s, sizeof s, "%03d", status % 1000);
-	hp_put_field(k, b, 8, NULL, s, 3);
-}
-
-/* ===== 17. HTTP/2 frames, streams, flow control (h2_) ==================== */
-
-/*
- * RFC 9113, server side, with prior knowledge (cleartext, or inside TLS,
- * where ALPN offers h2): the loop hands a
- * connection to this section once its first bytes were the preface
- * (section 35).  Input is parsed from c->conn->in one whole frame at a time
- * (a frame is at most 16 KiB + 9); output is appended to c->conn->out, which
- * the loop writes.  Each stream carries one call (section 8).  Response DATA is
- * pulled from each stream's queue only as far as the peer's windows and
- * KVD_MAX_OUTPUT allow, so a slow or hostile reader pins bounded memory.
- *
- * Connection errors queue GOAWAY and mark the connection closing (h2_fail);
- * stream errors queue RST_STREAM (h2_stream_error) and count as glitches,
- * as do the peer's other slips (an empty DATA frame that does not end its
- * stream, a header list over kvd's caps); too many glitches end the
- * connection (h2_glitch).
- *
- * Invariants:
- *   1. A frame is handled only whole, its payload at most H2_DEFAULT_FRAME
- *      bytes (h2_input: FRAME_SIZE_ERROR); once a header block is open
- *      only its CONTINUATIONs come, at most KVD_MAX_CONTINUATIONS frames
- *      and KVD_MAX_HEADER_BLOCK bytes (h2_input, h2_on_continuation).
- *   2. Every header block is HPACK-decoded, even one kvd refuses, so the
- *      peer's encoder and kvd's table stay in step (h2_on_block).
- *   3. No window passes 2^31-1 and no DATA passes a window: updates that
- *      would overflow are FLOW_CONTROL_ERROR (h2_on_window_update,
- *      h2_on_settings), a peer's DATA beyond its window too (h2_on_data),
- *      and kvd sends at most min(connection window, stream window, peer
- *      frame size) at a time (h2_stream_send).
- *   4. Memory a peer can pin is bounded: frames are not parsed while the
- *      output holds KVD_MAX_OUTPUT (h2_input), a stream's answer is pulled
- *      only under that cap and its windows, a producing call makes its
- *      next message only when its queue is empty (h2_stream_send); request
- *      bytes are bounded by the stream windows and KVD_MAX_CONN_INPUT
- *      (h2_grant, below).
- *   5. A held reply never leaves (h2_stream_send: KVD_NEVER(s->call.held));
- *      a stream and its call are freed only by h2_stream_close, never from
- *      inside a service handler, and the connection only by the loop.
- */
-
-/* One HTTP/2 stream carrying one gRPC call. */
-struct h2_stream {
-	struct call call;           /* first: the stream is found from its call */
-	struct h2_conn *c;
-	uint32_t id;
-	unsigned remote_closed : 1; /* client sent END_STREAM */
-	unsigned hdrs_sent : 1;     /* response HEADERS went out */
-	unsigned discard : 1;       /* answer given: drop further request data */
-	unsigned want_grant : 1;    /* a message waits for its window grant */
-	unsigned has_cl : 1;        /* content-length given */
-	unsigned ctype_proto : 1;   /* answer with application/grpc+proto */
-	unsigned bad_encoding : 1;  /* grpc-encoding kvd cannot decode */
-	int64_t send_window;        /* what kvd may still send on this stream */
-	int64_t recv_window;        /* what the client may still send */
-	uint32_t recv_owed;         /* consumed, not yet credited back */
-	size_t grant_msg;           /* size of the message that waits for a grant */
-	size_t reserved;            /* its share of the connection's grants */
-	uint64_t charge;            /* request bytes it counts toward --max-request-buffer */
-	uint64_t content_length, data_seen;
-	int64_t stalled_since;      /* output blocked by a zero window since */
-	int64_t opened;             /* monotonic ms: its HEADERS came (h2_on_rst) */
-	struct kvd_buf in;          /* request bytes (gRPC-framed) */
-	int http_status;            /* 200 unless an early HTTP-level refusal */
-	struct http_x *hx;          /* not gRPC: the HTTP request it carries (section 32), else NULL */
-};
-#define H2_STREAM_OF(cp) ((struct h2_stream *)(void *)(cp)) /* call is the first member */
-
-/* An HTTP/2 connection's state (its struct conn is section 35's). */
-struct h2_conn {
-	struct kvd *k;
-	struct conn *conn;
-	unsigned preface_done : 1;
-	unsigned settings_seen : 1;  /* client SETTINGS arrived */
-	unsigned goaway_sent : 1;    /* final GOAWAY queued */
-	unsigned draining : 1;       /* first (graceful) GOAWAY queued */
-	unsigned need_tsu : 1;       /* emit a table size update before next block */
-	unsigned sent_since_ping : 1;
-	struct hp_table dec;
-	/* header block being assembled across CONTINUATION frames */
-	uint8_t *hblk;
-	size_t hblk_len;
-	uint32_t hblk_sid;
-	uint8_t hblk_flags;
-	unsigned hblk_frames;
-	/* streams */
-	struct h2_stream **st;
-	unsigned nst, rr;
-	size_t stcap;
-	uint32_t last_sid;          /* highest client stream id seen */
-	uint32_t closed_ring[32];   /* recently closed ids << 1 | 1 if kvd reset them */
-	unsigned closed_pos;
-	/* flow control */
-	int64_t send_window;        /* connection window kvd may use */
-	int64_t recv_window;        /* what the client may still send */
-	uint32_t recv_owed;         /* received bytes not yet credited */
-	size_t reserved;            /* bytes of the large messages granted */
-	/* peer settings */
-	uint32_t peer_max_frame, peer_init_window;
-	/* abuse accounting */
-	struct bucket rst, glitch;
-	unsigned ping_strikes;
-	int64_t last_ping;
-	int64_t t_drain_ping;       /* monotonic ms */
-};
-
-/* The request line of a stream, from its header block (borrowed slices). */
-struct h2_req {
-	struct kvd_slice method, scheme, path, authority, ctype, timeout, encoding;
-	uint64_t content_length;
-	unsigned has_cl : 1;
-};
-
-static void grpc_on_headers(struct kvd *k, struct h2_stream *s, const struct h2_req *rq);
-#ifndef KVD_NO_HTTP /* an HTTP/2 request that is not gRPC: section 32's */
-static void http_h2_begin(struct kvd *k, struct h2_stream *s, const struct h2_req *rq, const struct hp_field *f,
-                          unsigned nf);
-static void http_h2_data(struct kvd *k, struct h2_stream *s, const uint8_t *p, size_t n);
-static int http_h2_send(struct kvd *k, struct h2_conn *c, struct h2_stream *s);
-static void http_h2_free(struct kvd *k, struct h2_stream *s);
-static int http_h2_done(const struct h2_stream *s);
-#endif
-static void grpc_on_data(struct kvd *k, struct h2_stream *s);
-static void grpc_on_remote_close(struct kvd *k, struct h2_stream *s);
-static const struct call_carrier grpc_h2_carrier;
-
-static int h2_frame(struct h2_conn *c, unsigned type, unsigned flags, uint32_t sid,
-                    const void *payload, size_t len)
-{
-	uint8_t h[H2_FRAME_HDR];
-
-	put_be24(h, (uint32_t)len);
-	h[3] = (uint8_t)type;
-	h[4] = (uint8_t)flags;
-	put_be32(h + 5, sid);
-	if (buf_reserve(c->k, &c->conn->out, sizeof h + len))
+	if (!(p = call_msg(k, call, n)))
 		return KVD_ENOMEM;
-	buf_append(c->k, &c->conn->out, h, sizeof h);
-	buf_append(c->k, &c->conn->out, payload, len);
+	protobuf_c_message_pack(m, p);
+	k->st.grpc_tx += n;
+	call->rs_bytes += (uint32_t)KVD_MIN(n, UINT32_MAX - call->rs_bytes);
 	return 0;
 }
 
-static int h2_frame_u32(struct h2_conn *c, unsigned type, uint32_t sid, uint32_t v)
+/* A unary answer: one message, then status OK. */
+static void call_reply(struct kvd *k, struct call *call, const ProtobufCMessage *m)
 {
-	uint8_t p[4];
-
-	put_be32(p, v);
-	return h2_frame(c, type, 0, sid, p, 4);
+	if (!call_send(k, call, m))
+		call_finish(k, call, GRPC_OK, "%s", "");
 }
 
-/* Queue GOAWAY; kvd then stops reading and closes once output is written. */
-static void h2_fail(struct h2_conn *c, enum h2_error code, const char *why)
+/* Keep a call's metadata (regular fields: names not starting with ':'), in
+ * one allocation.  Each carrier hands over what its protocol calls them. */
+static int call_keep_meta(struct kvd *k, struct call *call, const struct hp_field *f, unsigned nf)
 {
-	uint8_t p[8 + 64];
-	size_t n = strlen(why);
+	size_t bytes = 0;
+	unsigned i, n = 0;
+	char *p;
 
-	if (c->goaway_sent && c->conn->is_closing)
-		return;
-	if (n > 64)
-		n = 64;
-	put_be32(p, c->last_sid);
-	put_be32(p + 4, code);
-	memcpy(p + 8, why, n);
-	h2_frame(c, H2_GOAWAY, 0, 0, p, 8 + n);
-	c->goaway_sent = c->conn->is_closing = 1;
-	c->k->st.goaway_sent++;
-	if (code != H2_NO_ERROR)
-		kvd_log(c->k, KVD_LOG_INFO, "%s: closing connection: %s (h2 error %d)", c->conn->peer, why, code);
-}
-
-/* A protocol slip by the peer; ENHANCE_YOUR_CALM when they come too fast. */
-static void h2_glitch(struct h2_conn *c)
-{
-	if (!bucket_take(&c->glitch, c->k->now, KVD_GLITCH_RATE, KVD_GLITCH_RATE * 10))
-		h2_fail(c, H2_ENHANCE_YOUR_CALM, "too_many_glitches");
-}
-
-/*
- * Recently closed streams (RFC 9113 5.1).  Frames the peer sent before it
- * saw kvd's RST_STREAM are in flight and ignored; any other frame on a
- * closed stream is the peer's error (STREAM_CLOSED).
- */
-enum { H2_GONE_UNKNOWN, H2_GONE_CLOSED, H2_GONE_RESET_BY_KVD };
-
-static void h2_remember_closed(struct h2_conn *c, uint32_t sid, int reset_by_kvd)
-{
-	c->closed_ring[c->closed_pos++ % KVD_COUNT(c->closed_ring)] = sid << 1 | (reset_by_kvd ? 1 : 0);
-}
-
-static int h2_closed_how(struct h2_conn *c, uint32_t sid)
-{
-	unsigned i, how = H2_GONE_UNKNOWN;
-
-	for (i = 0; i < KVD_COUNT(c->closed_ring); i++) /* the newest entry for sid decides */
-		if (c->closed_ring[(c->closed_pos - 1 - i) % KVD_COUNT(c->closed_ring)] >> 1 == sid) {
-			how = c->closed_ring[(c->closed_pos - 1 - i) % KVD_COUNT(c->closed_ring)] & 1 ?
-			      H2_GONE_RESET_BY_KVD : H2_GONE_CLOSED;
-			break;
+	for (i = 0; i < nf; i++)
+		if (f[i].name[0] != ':') {
+			bytes += f[i].nlen + f[i].vlen + 2;
+			n++;
 		}
-	return (int)how;
+	if (!n)
+		return 0;
+	call->meta = kvd_malloc(k, n * sizeof *call->meta + bytes);
+	if (!call->meta)
+		return KVD_ENOMEM;
+	p = (char *)(call->meta + n);
+	for (i = 0; i < nf; i++) {
+		if (f[i].name[0] == ':')
+			continue;
+		memcpy(p, f[i].name, f[i].nlen);
+		p[f[i].nlen] = 0;
+		call->meta[call->nmeta].name = p;
+		call->meta[call->nmeta].nlen = f[i].nlen;
+		p += f[i].nlen + 1;
+		memcpy(p, f[i].value, f[i].vlen);
+		p[f[i].vlen] = 0;
+		call->meta[call->nmeta].value = p;
+		call->meta[call->nmeta].vlen = f[i].vlen;
+		p += f[i].vlen + 1;
+		call->nmeta++;
+	}
+	return 0;
 }
 
-/* RST_STREAM from kvd: late frames of sid are ignored from now on. */
-static void h2_rst(struct h2_conn *c, uint32_t sid, enum h2_error code)
-{
-	h2_frame_u32(c, H2_RST_STREAM, sid, code);
-	c->k->st.rst_sent++;
-	h2_remember_closed(c, sid, 1);
-}
-
-static struct h2_stream *h2_stream_find(struct h2_conn *c, uint32_t sid)
+/* Request metadata by (lowercase) name, NUL-terminated; NULL if absent. */
+static const char *call_meta(const struct call *call, const char *name)
 {
 	unsigned i;
 
-	for (i = 0; i < c->nst; i++)
-		if (c->st[i]->id == sid)
-			return c->st[i];
+	for (i = 0; i < call->nmeta; i++)
+		if (!strcmp(call->meta[i].name, name))
+			return call->meta[i].value;
 	return NULL;
 }
 
-static struct h2_stream *h2_stream_new(struct h2_conn *c, uint32_t sid)
-{
-	struct kvd *k = c->k;
-	struct h2_stream *s;
-
-	if (UTIL_GROW(k, c->st, c->stcap, (size_t)c->nst + 1, 8))
-		return NULL;
-	s = kvd_calloc(k, sizeof *s);
-	if (!s)
-		return NULL;
-	call_init(k, &s->call, NULL, &grpc_h2_carrier);
-	s->call.conn = c->conn;
-	s->c = c;
-	s->id = sid;
-	s->send_window = c->peer_init_window;
-	s->recv_window = KVD_STREAM_WINDOW;
-	s->http_status = 200;
-	s->opened = k->now;
-	c->st[c->nst++] = s;
-	return s;
-}
-
-static void h2_credit(struct h2_conn *c);
-static void h2_release(struct h2_stream *s);
-static void h2_recharge(struct h2_stream *s);
-
-/* Forget a stream: service state, buffers.  Late frames for its id are
- * ignored (reset ring).  Never called from inside a service handler. */
-static void h2_stream_close(struct h2_conn *c, struct h2_stream *s)
-{
-	struct kvd *k = c->k;
-	unsigned i;
-
-	for (i = 0; i < c->nst; i++)
-		if (c->st[i] == s) {
-			c->st[i] = c->st[--c->nst];
-			break;
-		}
-	call_fini(k, &s->call);
-#ifndef KVD_NO_HTTP
-	http_h2_free(k, s);
-#endif
-	if (h2_closed_how(c, s->id) != H2_GONE_RESET_BY_KVD)
-		h2_remember_closed(c, s->id, 0);
-	h2_release(s);
-	buf_free(k, &s->in);
-	h2_recharge(s);
-	kvd_free(k, s);
-	c->conn->t_active = k->now; /* a call ended: progress */
-	if (k->cfg.idle_timeout_ms)
-		util_wake_by(k, k->now + k->cfg.idle_timeout_ms);
-	if (!c->nst) {
-		if (c->goaway_sent)
-			c->conn->is_closing = 1;
-		if (!c->stcap || c->stcap > 8) { /* shrink after a burst */
-			kvd_free(k, c->st);
-			c->st = NULL;
-			c->stcap = 0;
-		}
-	}
-	h2_credit(c);
-}
-
-/* Stream error (section 5.4.2): RST_STREAM and forget the stream. */
-static void h2_stream_error(struct h2_conn *c, uint32_t sid, enum h2_error code)
-{
-	struct h2_stream *s = h2_stream_find(c, sid);
-
-	h2_rst(c, sid, code);
-	if (s)
-		h2_stream_close(c, s);
-	h2_glitch(c);
-}
-
 /*
- * Request flow control.  What a client may have in flight, hence what kvd
- * may have to buffer, is bounded by stream windows alone:
- *
- *   - the connection window is credited back as data arrives, always.
- *     Holding it back to bound memory deadlocks: once the buffered bytes
- *     all belong to messages still incomplete, nothing can complete and
- *     nothing frees (four concurrent 1.5 MiB requests sent interleaved, as
- *     grpcio does, did exactly that);
- *   - a stream's window is its initial 64 KiB, topped back up only as its
- *     messages are consumed, so a small message never waits for anyone;
- *   - a message announced (by its gRPC prefix) as larger than the window
- *     gets a grant for all of it at once, as grpc-go does, out of a budget
- *     of KVD_MAX_CONN_INPUT per connection.  Messages that do not fit wait,
- *     oldest stream first, until a granted one is consumed or dropped; when
- *     nothing is granted the next one goes whatever its size, so one large
- *     message always makes progress.
- *
- * So a connection buffers at most KVD_MAX_CONN_INPUT (or one message) plus
- * 64 KiB per open stream, and every message can complete.  Across all
- * connections, what streams buffer (a granted message counted whole) is one
- * budget, --max-request-buffer (h2_recharge, net_shed): past it, the address
- * holding the most loses its largest, so parking unfinished messages on many
- * connections costs kvd the budget, not 64 KiB times every stream.
+ * Decode a request message for the call's method into call->rq, or end the call as
+ * etcd does: its decoder's text for malformed bytes (pb_check), its txn
+ * limit for nesting beyond what kvd decodes, and kvd's own words only for
+ * what is kvd's (memory, groups).  Returns 0 or a negative KVD_E*.
  */
-static void h2_credit(struct h2_conn *c)
+static int call_decode(struct kvd *k, struct call *call, const uint8_t *p, size_t n)
 {
-	if (c->recv_owed && c->recv_window <= KVD_CONN_WINDOW / 2) {
-		h2_frame_u32(c, H2_WINDOW_UPDATE, 0, c->recv_owed);
-		c->recv_window += c->recv_owed;
-		c->recv_owed = 0;
-	}
-}
+	const ProtobufCMessageDescriptor *d = call->m->req;
+	char why[160];
+	unsigned flags;
+	int oom, r;
 
-/* The gRPC layer consumed request bytes of s: top the stream window back
- * up to its initial size once a quarter of it is used. */
-static void h2_consumed(struct h2_stream *s)
-{
-	struct h2_conn *c = s->c;
-	int64_t deficit;
-
-	if (!s->remote_closed) {
-		deficit = KVD_STREAM_WINDOW - s->recv_window;
-		if (deficit >= KVD_STREAM_WINDOW / 4) {
-			h2_frame_u32(c, H2_WINDOW_UPDATE, s->id, (uint32_t)deficit);
-			s->recv_window += deficit;
-		}
-	}
-	h2_credit(c);
-}
-
-/*
- * A message of msg bytes (prefix included) is announced and its first
- * BUF_LEN(&s->in) bytes are here: open the stream window for the rest at
- * once if the budget allows, else queue the stream for a grant.
- */
-static void h2_grant(struct h2_stream *s, size_t msg)
-{
-	struct h2_conn *c = s->c;
-	int64_t grant = (int64_t)msg - (int64_t)BUF_LEN(&s->in) - s->recv_window;
-
-	s->want_grant = 0;
-	if (grant <= 0 || s->remote_closed || s->reserved)
-		return; /* it fits the window it has */
-	if (c->reserved && c->reserved + msg > KVD_MAX_CONN_INPUT) {
-		s->want_grant = 1;
-		s->grant_msg = msg;
-		return;
-	}
-	s->reserved = msg;
-	c->reserved += msg;
-	h2_frame_u32(c, H2_WINDOW_UPDATE, s->id, (uint32_t)grant);
-	s->recv_window += grant;
-	h2_recharge(s);
-}
-
-/* s's granted message was consumed, dropped or its stream closed: its share
- * of the budget goes to the waiting streams, oldest (lowest id) first. */
-static void h2_release(struct h2_stream *s)
-{
-	struct h2_conn *c = s->c;
-	struct h2_stream *next;
-	unsigned i;
-
-	s->want_grant = 0;
-	if (!s->reserved)
-		return;
-	c->reserved -= s->reserved;
-	s->reserved = 0;
-	h2_recharge(s);
-	for (;;) {
-		next = NULL;
-		for (i = 0; i < c->nst; i++)
-			if (c->st[i]->want_grant && c->st[i] != s && (!next || c->st[i]->id < next->id))
-				next = c->st[i];
-		if (!next)
-			return;
-		h2_grant(next, next->grant_msg);
-		if (next->want_grant) /* still no room */
-			return;
-	}
-}
-
-/* What s counts toward --max-request-buffer: the bytes it buffers, or all
- * of a granted message (the grant promised room for it). */
-static void h2_recharge(struct h2_stream *s)
-{
-	uint64_t now = KVD_MAX((uint64_t)BUF_LEN(&s->in), (uint64_t)s->reserved);
-
-	if (now != s->charge) {
-		net_held(s->c->k, s->c->conn, (int64_t)now - (int64_t)s->charge);
-		s->charge = now;
-	}
-}
-
-/* Over --max-request-buffer (net_shed): the stream holding the most of this
- * connection's buffered request bytes ends RESOURCE_EXHAUSTED, its bytes
- * dropped.  1 if there was one. */
-static int h2_shed(struct kvd *k, struct h2_conn *c)
-{
-	struct h2_stream *v = NULL;
-	unsigned i;
-
-	for (i = 0; i < c->nst; i++)
-		if (c->st[i]->charge && !c->st[i]->call.finished && (!v || c->st[i]->charge > v->charge))
-			v = c->st[i];
-	if (!v)
-		return 0;
-	kvd_log(k, KVD_LOG_INFO, "%s: stream %u: %llu request bytes dropped (--max-request-buffer is full; this "
-	        "address holds the most)", c->conn->peer, v->id, (unsigned long long)v->charge);
-	call_finish(k, &v->call, GRPC_RESOURCE_EXHAUSTED, "%s", E_INPUT_FULL);
-	return 1;
-}
-
-static int h2_token_char(unsigned char ch)
-{
-	return (ch >= 'a' && ch <= 'z') || (ch >= '0' && ch <= '9') ||
-	       (ch && strchr("!#$%&'*+-.^_`|~", ch));
-}
-
-static int h2_is(const struct hp_field *f, const char *name)
-{
-	size_t n = strlen(name);
-
-	return f->nlen == n && !memcmp(f->name, name, n);
-}
-
-/*
- * Check one field (RFC 9113 8.2): lowercase token name, no NUL/CR/LF, no
- * leading or trailing white space in the value.
- */
-static int h2_field_ok(const struct hp_field *f)
-{
-	uint32_t i, start = f->nlen && f->name[0] == ':';
-
-	if (f->nlen == start)
-		return 0;
-	for (i = start; i < f->nlen; i++)
-		if (!h2_token_char((unsigned char)f->name[i]))
-			return 0;
-	for (i = 0; i < f->vlen; i++)
-		if (f->value[i] == 0 || f->value[i] == '\r' || f->value[i] == '\n')
-			return 0;
-	if (f->vlen && (f->value[0] == ' ' || f->value[0] == '\t' ||
-	                f->value[f->vlen - 1] == ' ' || f->value[f->vlen - 1] == '\t'))
-		return 0;
-	return 1;
-}
-
-/* Connection-specific fields are forbidden in HTTP/2 (8.2.2). */
-static int h2_forbidden(const struct hp_field *f)
-{
-	return h2_is(f, "connection") || h2_is(f, "keep-alive") ||
-	       h2_is(f, "proxy-connection") || h2_is(f, "transfer-encoding") ||
-	       h2_is(f, "upgrade") ||
-	       (h2_is(f, "te") && !(f->vlen == 8 && !memcmp(f->value, "trailers", 8)));
-}
-
-/*
- * Validate a request header list (8.3) and pick out what HTTP/2 and gRPC
- * need.  Returns 0 or -1 when malformed.
- */
-static int h2_parse_request(const struct hp_field *f, unsigned nf, struct h2_req *rq)
-{
-	struct kvd_slice *ps;
-	unsigned i, regular = 0;
-	uint32_t j;
-
-	memset(rq, 0, sizeof *rq);
-	for (i = 0; i < nf; i++, f++) {
-		if (!h2_field_ok(f))
-			return KVD_EPROTO;
-		if (f->name[0] == ':') {
-			if (regular)
-				return KVD_EPROTO;
-			ps = h2_is(f, ":method") ? &rq->method : h2_is(f, ":scheme") ? &rq->scheme :
-			     h2_is(f, ":path") ? &rq->path : h2_is(f, ":authority") ? &rq->authority : NULL;
-			if (!ps || ps->p)
-				return KVD_EPROTO;
-			ps->p = (const uint8_t *)f->value;
-			ps->n = f->vlen;
-			if (!ps->p)
-				ps->p = (const uint8_t *)"";
-			continue;
-		}
-		regular = 1;
-		if (h2_forbidden(f))
-			return KVD_EPROTO;
-		if (h2_is(f, "content-type")) {
-			rq->ctype.p = (const uint8_t *)f->value;
-			rq->ctype.n = f->vlen;
-		} else if (h2_is(f, "grpc-timeout")) {
-			rq->timeout.p = (const uint8_t *)f->value;
-			rq->timeout.n = f->vlen;
-		} else if (h2_is(f, "grpc-encoding")) {
-			rq->encoding.p = (const uint8_t *)f->value;
-			rq->encoding.n = f->vlen;
-		} else if (h2_is(f, "content-length")) {
-			if (rq->has_cl || !f->vlen || f->vlen > 18)
-				return KVD_EPROTO;
-			rq->has_cl = 1;
-			for (j = 0; j < f->vlen; j++) {
-				if (f->value[j] < '0' || f->value[j] > '9')
-					return KVD_EPROTO;
-				rq->content_length = rq->content_length * 10 + (uint64_t)(f->value[j] - '0');
-			}
-		}
-	}
-	if (!rq->method.n || !rq->scheme.n || !rq->path.n)
-		return KVD_EPROTO;
-	return 0;
-}
-
-/* Trailers from the client: END_STREAM, no pseudo-fields (8.1). */
-static void h2_on_trailers(struct kvd *k, struct h2_conn *c, struct h2_stream *s,
-                           unsigned flags, const struct hp_out *o)
-{
-	unsigned i;
-
-	if (s->remote_closed) {
-		h2_stream_error(c, s->id, H2_STREAM_CLOSED);
-		return;
-	}
-	if (!(flags & H2_F_END_STREAM) || o->over) {
-		h2_stream_error(c, s->id, H2_PROTOCOL_ERROR);
-		return;
-	}
-	for (i = 0; i < o->nf; i++)
-		if (!h2_field_ok(&o->f[i]) || o->f[i].name[0] == ':' || h2_forbidden(&o->f[i])) {
-			h2_stream_error(c, s->id, H2_PROTOCOL_ERROR);
-			return;
-		}
-	if (s->has_cl && s->data_seen != s->content_length) {
-		h2_stream_error(c, s->id, H2_PROTOCOL_ERROR);
-		return;
-	}
-	s->remote_closed = 1;
-#ifndef KVD_NO_HTTP
-	if (s->hx) {
-		http_h2_data(k, s, NULL, 0);
-		if (http_h2_done(s))
-			h2_stream_close(c, s);
-		return;
-	}
-#endif
-	grpc_on_remote_close(k, s);
-}
-
-#ifndef KVD_NO_HTTP
-/* Is this request gRPC?  As etcd's grpcHandlerFunc decides: its
- * content-type contains "application/grpc"; the rest is HTTP (section 32:
- * /health, /metrics, the gateway), as on HTTP/1.1. */
-static int h2_is_grpc(struct kvd_slice ctype)
-{
-	size_t i;
-
-	for (i = 0; i + 16 <= ctype.n; i++)
-		if (!memcmp(ctype.p + i, "application/grpc", 16))
-			return 1;
-	return 0;
-}
-#endif
-
-/* A complete header block for stream sid. */
-static void h2_on_block(struct kvd *k, struct h2_conn *c, uint32_t sid, unsigned flags,
-                        int self_dep, const uint8_t *p, size_t n)
-{
-	struct hp_out o;
-	struct h2_stream *s;
-	struct h2_req rq;
-	int r;
-
-	hp_out_init(&o, k->hf, KVD_MAX_HEADER_FIELDS, k->harena, sizeof k->harena);
-	r = hp_decode(k, &c->dec, p, n, &o); /* always: keeps HPACK in sync */
-	if (r == KVD_ENOMEM) {
-		h2_fail(c, H2_INTERNAL_ERROR, "out of memory");
-		return;
+	if (!d)
+		return 0; /* raw bytes (test methods) */
+	r = pb_check(d, p, n, PB_MAX_DEPTH, why, sizeof why, &flags);
+	if (r == KVD_ELIMIT) { /* only a Txn nests: etcd's answer for deep ones */
+		call_finish(k, call, GRPC_INVALID_ARGUMENT, "%s", E_TOO_MANY_OPS);
+		return r;
 	}
 	if (r) {
-		h2_fail(c, H2_COMPRESSION_ERROR, "hpack decoding failed");
-		return;
-	}
-	if ((s = h2_stream_find(c, sid))) {
-		h2_on_trailers(k, c, s, flags, &o);
-		return;
-	}
-	if (sid <= c->last_sid) {
-		switch (h2_closed_how(c, sid)) {
-		case H2_GONE_RESET_BY_KVD: break; /* sent before our RST_STREAM arrived */
-		case H2_GONE_CLOSED: h2_stream_error(c, sid, H2_STREAM_CLOSED); break;
-		default: h2_fail(c, H2_PROTOCOL_ERROR, "stream id not increasing");
-		}
-		return;
-	}
-	c->last_sid = sid;
-	if (c->goaway_sent) /* past our final GOAWAY: ignored (6.8) */
-		return;
-	if (self_dep) {
-		h2_stream_error(c, sid, H2_PROTOCOL_ERROR);
-		return;
-	}
-	if (c->nst >= k->cfg.max_concurrent_streams) {
-		h2_stream_error(c, sid, H2_REFUSED_STREAM);
-		return;
-	}
-	if (!o.over && h2_parse_request(o.f, o.nf, &rq)) {
-		h2_stream_error(c, sid, H2_PROTOCOL_ERROR);
-		return;
-	}
-	if (!(s = h2_stream_new(c, sid))) {
-		h2_rst(c, sid, H2_REFUSED_STREAM);
-		return;
-	}
-	k->st.calls++;
-	c->conn->t_active = k->now; /* a new call: progress */
-	if (flags & H2_F_END_STREAM)
-		s->remote_closed = 1;
-	if (o.over) { /* answered, not served: the list broke kvd's caps */
-		h2_glitch(c);
-		call_finish(k, &s->call, GRPC_RESOURCE_EXHAUSTED,
-		            "kvd: request header list too large (limits: %d bytes, %d fields)",
-		            KVD_MAX_HEADER_LIST, KVD_MAX_HEADER_FIELDS);
-		s->discard = 1;
-		return;
-	}
-	s->has_cl = rq.has_cl;
-	s->content_length = rq.content_length;
-	if (s->remote_closed && s->has_cl && s->content_length) {
-		h2_stream_error(c, sid, H2_PROTOCOL_ERROR);
-		return;
-	}
-#ifndef KVD_NO_HTTP
-	if (c->conn->metrics_only || !h2_is_grpc(rq.ctype)) { /* a metrics listener serves HTTP only */
-		http_h2_begin(k, s, &rq, o.f, o.nf);
-		return;
-	}
-#endif
-	if (call_keep_meta(k, &s->call, o.f, o.nf)) {
-		call_finish(k, &s->call, GRPC_RESOURCE_EXHAUSTED, E_OOM);
-		return;
-	}
-	grpc_on_headers(k, s, &rq);
-	if (s->remote_closed)
-		grpc_on_remote_close(k, s);
-}
-
-static void h2_on_headers(struct kvd *k, struct h2_conn *c, unsigned flags, uint32_t sid,
-                          const uint8_t *p, size_t n)
-{
-	int self_dep = 0;
-	unsigned pad = 0;
-
-	if (!sid || !(sid & 1)) {
-		h2_fail(c, H2_PROTOCOL_ERROR, "bad HEADERS stream id");
-		return;
-	}
-	if (flags & H2_F_PADDED) {
-		if (n < 1 || (pad = p[0]) >= n) {
-			h2_fail(c, H2_PROTOCOL_ERROR, "bad padding");
-			return;
-		}
-		p++;
-		n -= 1 + pad;
-	}
-	if (flags & H2_F_PRIORITY) {
-		if (n < 5) {
-			h2_fail(c, H2_FRAME_SIZE_ERROR, "short PRIORITY fields");
-			return;
-		}
-		self_dep = (get_be32(p) & 0x7fffffff) == sid;
-		p += 5;
-		n -= 5;
-	}
-	if (flags & H2_F_END_HEADERS) {
-		h2_on_block(k, c, sid, flags, self_dep, p, n);
-		return;
-	}
-	/* the block continues: collect it (rare with gRPC clients) */
-	if (n > KVD_MAX_HEADER_BLOCK) {
-		h2_fail(c, H2_ENHANCE_YOUR_CALM, "header block too large");
-		return;
-	}
-	if (!c->hblk && !(c->hblk = kvd_malloc(k, KVD_MAX_HEADER_BLOCK))) {
-		h2_fail(c, H2_INTERNAL_ERROR, "out of memory");
-		return;
-	}
-	memcpy(c->hblk, p, n);
-	c->hblk_len = n;
-	c->hblk_sid = sid;
-	c->hblk_flags = (uint8_t)((flags & H2_F_END_STREAM) | (self_dep ? 0x80 : 0));
-	c->hblk_frames = 0;
-}
-
-static void h2_on_continuation(struct kvd *k, struct h2_conn *c, unsigned flags, uint32_t sid,
-                               const uint8_t *p, size_t n)
-{
-	if (!c->hblk_sid || sid != c->hblk_sid) {
-		h2_fail(c, H2_PROTOCOL_ERROR, "unexpected CONTINUATION");
-		return;
-	}
-	if (++c->hblk_frames > KVD_MAX_CONTINUATIONS || n > KVD_MAX_HEADER_BLOCK - c->hblk_len) {
-		h2_fail(c, H2_ENHANCE_YOUR_CALM, "header block too large");
-		return;
-	}
-	memcpy(c->hblk + c->hblk_len, p, n);
-	c->hblk_len += n;
-	if (flags & H2_F_END_HEADERS) {
-		uint8_t f = c->hblk_flags;
-		c->hblk_sid = 0;
-		h2_on_block(k, c, sid, f & H2_F_END_STREAM, f >> 7, c->hblk, c->hblk_len);
-		kvd_free(k, c->hblk);
-		c->hblk = NULL;
-	}
-}
-
-static void h2_on_data(struct kvd *k, struct h2_conn *c, unsigned flags, uint32_t sid,
-                       const uint8_t *p, size_t n)
-{
-	struct h2_stream *s;
-	size_t flen = n; /* padding counts against the windows too (6.9.1) */
-	unsigned pad;
-
-	if (!sid) {
-		h2_fail(c, H2_PROTOCOL_ERROR, "DATA on stream 0");
-		return;
-	}
-	if ((int64_t)flen > c->recv_window) {
-		h2_fail(c, H2_FLOW_CONTROL_ERROR, "connection window exceeded");
-		return;
-	}
-	c->recv_window -= (int64_t)flen;
-	c->recv_owed += (uint32_t)flen;
-	if (flags & H2_F_PADDED) {
-		if (n < 1 || (pad = p[0]) >= n) {
-			h2_fail(c, H2_PROTOCOL_ERROR, "bad padding");
-			return;
-		}
-		p++;
-		n -= 1 + pad;
-	}
-	s = h2_stream_find(c, sid);
-	if (!s) {
-		if (sid > c->last_sid)
-			h2_fail(c, H2_PROTOCOL_ERROR, "DATA on idle stream");
-		else if (h2_closed_how(c, sid) != H2_GONE_RESET_BY_KVD)
-			h2_stream_error(c, sid, H2_STREAM_CLOSED);
-		h2_credit(c);
-		return;
-	}
-	if (s->remote_closed) {
-		h2_stream_error(c, sid, H2_STREAM_CLOSED);
-		h2_credit(c);
-		return;
-	}
-	if ((int64_t)flen > s->recv_window) {
-		h2_stream_error(c, sid, H2_FLOW_CONTROL_ERROR);
-		h2_credit(c);
-		return;
-	}
-	s->recv_window -= (int64_t)flen;
-	if (!n && !(flags & H2_F_END_STREAM))
-		h2_glitch(c); /* empty DATA frames are a known flood (CVE-2019-9518) */
-	s->data_seen += n;
-	if (s->has_cl && (s->data_seen > s->content_length ||
-	                  ((flags & H2_F_END_STREAM) && s->data_seen != s->content_length))) {
-		h2_stream_error(c, sid, H2_PROTOCOL_ERROR);
-		h2_credit(c);
-		return;
-	}
-	if (flags & H2_F_END_STREAM)
-		s->remote_closed = 1;
-#ifndef KVD_NO_HTTP
-	if (s->hx) {
-		if (n)
-			c->conn->t_active = k->now;
-		http_h2_data(k, s, p, n);
-		if (http_h2_done(s)) { /* answered, and now the body is in */
-			h2_stream_close(c, s);
-			h2_credit(c);
-			return;
-		}
-	} else
-#endif
-	if (s->discard || buf_append(k, &s->in, p, n)) {
-		if (!s->discard)
-			call_finish(k, &s->call, GRPC_RESOURCE_EXHAUSTED, E_OOM);
-	} else {
-		if (n)
-			c->conn->t_active = k->now; /* request data: progress */
-		grpc_on_data(k, s);
-	}
-	if ((flags & H2_F_END_STREAM) && !s->hx)
-		grpc_on_remote_close(k, s);
-	h2_recharge(s);
-	if (k->in_held > k->cfg.max_request_buffer)
-		net_shed(k); /* what stays buffered is over the budget of all connections */
-	h2_credit(c);
-}
-
-static void h2_on_rst(struct h2_conn *c, uint32_t sid, size_t n)
-{
-	struct h2_stream *s;
-
-	if (n != 4) {
-		h2_fail(c, H2_FRAME_SIZE_ERROR, "bad RST_STREAM length");
-		return;
-	}
-	if (!sid || sid > c->last_sid) {
-		h2_fail(c, H2_PROTOCOL_ERROR, "RST_STREAM on idle stream");
-		return;
-	}
-	/* Rapid Reset (CVE-2023-44487) opens streams and resets them at once,
-	 * so the stream limit never bites: the rate of such resets does.  A
-	 * stream the client waited on (older than KVD_RST_YOUNG_MS: a deadline
-	 * that expired, a watch it closed) is an honest cancel, and one kvd has
-	 * closed already cost nothing: neither counts, so a storm of expiring
-	 * deadlines never takes the connection's other calls with it. */
-	s = h2_stream_find(c, sid);
-	if (s && c->k->now - s->opened < KVD_RST_YOUNG_MS &&
-	    !bucket_take(&c->rst, c->k->now, KVD_RST_RATE, KVD_RST_RATE * 2)) {
-		h2_fail(c, H2_ENHANCE_YOUR_CALM, "too_many_resets");
-		return;
-	}
-	if (s)
-		h2_stream_close(c, s);
-}
-
-static void h2_on_settings(struct kvd *k, struct h2_conn *c, unsigned flags, uint32_t sid,
-                           const uint8_t *p, size_t n)
-{
-	uint32_t id, v;
-	int64_t delta;
-	size_t i;
-	unsigned j;
-
-	if (sid) {
-		h2_fail(c, H2_PROTOCOL_ERROR, "SETTINGS on a stream");
-		return;
-	}
-	if (flags & H2_F_ACK) {
-		if (n)
-			h2_fail(c, H2_FRAME_SIZE_ERROR, "SETTINGS ACK with payload");
-		return;
-	}
-	if (n % 6) {
-		h2_fail(c, H2_FRAME_SIZE_ERROR, "bad SETTINGS length");
-		return;
-	}
-	if (n / 6 > KVD_MAX_SETTINGS) {
-		h2_fail(c, H2_ENHANCE_YOUR_CALM, "too many settings");
-		return;
-	}
-	for (i = 0; i < n; i += 6) {
-		id = get_be16(p + i);
-		v = get_be32(p + i + 2);
-		switch (id) {
-		case H2_SET_HEADER_TABLE_SIZE: /* sizes the peer's decoder, i.e. our encoder */
-			if (v < HP_TABLE_SIZE)
-				c->need_tsu = 1; /* we never index: announce size 0 once */
-			break;
-		case H2_SET_ENABLE_PUSH:
-			if (v > 1) {
-				h2_fail(c, H2_PROTOCOL_ERROR, "bad ENABLE_PUSH");
-				return;
-			}
-			break;
-		case H2_SET_INITIAL_WINDOW_SIZE: /* a delta on every open stream (6.9.2) */
-			if (v > H2_MAX_WINDOW) {
-				h2_fail(c, H2_FLOW_CONTROL_ERROR, "bad INITIAL_WINDOW_SIZE");
-				return;
-			}
-			delta = (int64_t)v - c->peer_init_window;
-			for (j = 0; j < c->nst; j++) {
-				c->st[j]->send_window += delta;
-				if (c->st[j]->send_window > H2_MAX_WINDOW) {
-					h2_fail(c, H2_FLOW_CONTROL_ERROR, "window overflow");
-					return;
-				}
-			}
-			c->peer_init_window = v;
-			break;
-		case H2_SET_MAX_FRAME_SIZE:
-			if (v < 16384 || v > 16777215) {
-				h2_fail(c, H2_PROTOCOL_ERROR, "bad MAX_FRAME_SIZE");
-				return;
-			}
-			c->peer_max_frame = v;
-			break;
-		default: /* MAX_CONCURRENT_STREAMS, MAX_HEADER_LIST_SIZE (our headers are
-		          * tiny), unknown ids such as grpc's 0xfe03: nothing to do */
-			break;
-		}
-	}
-	c->settings_seen = 1;
-	h2_frame(c, H2_SETTINGS, H2_F_ACK, 0, NULL, 0);
-	(void)k;
-}
-
-static const uint8_t h2_stop_ping[8] = {'k', 'v', 'd', '-', 's', 't', 'o', 'p'};
-
-static void h2_goaway_final(struct h2_conn *c)
-{
-	uint8_t p[8];
-
-	if (c->goaway_sent)
-		return;
-	put_be32(p, c->last_sid);
-	put_be32(p + 4, H2_NO_ERROR);
-	h2_frame(c, H2_GOAWAY, 0, 0, p, 8);
-	c->goaway_sent = 1;
-	c->k->st.goaway_sent++;
-	if (!c->nst)
-		c->conn->is_closing = 1;
-}
-
-static void h2_on_ping(struct kvd *k, struct h2_conn *c, unsigned flags, uint32_t sid,
-                       const uint8_t *p, size_t n)
-{
-	int64_t min;
-
-	if (n != 8) {
-		h2_fail(c, H2_FRAME_SIZE_ERROR, "bad PING length");
-		return;
-	}
-	if (sid) {
-		h2_fail(c, H2_PROTOCOL_ERROR, "PING on a stream");
-		return;
-	}
-	if (flags & H2_F_ACK) {
-		if (c->draining && !memcmp(p, h2_stop_ping, 8))
-			h2_goaway_final(c);
-		return;
-	}
-	h2_frame(c, H2_PING, H2_F_ACK, 0, p, 8);
-	/*
-	 * Keepalive enforcement as grpc-go: a PING closer than the minimum
-	 * interval (2 h when no call is open) is a strike, unless kvd sent
-	 * HEADERS or DATA since the previous one (BDP pings follow our data).
-	 */
-	if (c->sent_since_ping) {
-		c->ping_strikes = 0;
-		c->sent_since_ping = 0;
-	} else if (c->last_ping) {
-		min = c->nst ? (int64_t)k->cfg.keepalive_min_time_ms : 2 * 3600 * 1000;
-		if (k->now - c->last_ping < min && ++c->ping_strikes > KVD_PING_STRIKES) {
-			h2_fail(c, H2_ENHANCE_YOUR_CALM, "too_many_pings");
-			return;
-		}
-	}
-	c->last_ping = k->now ? k->now : 1;
-}
-
-static void h2_on_window_update(struct h2_conn *c, uint32_t sid, const uint8_t *p, size_t n)
-{
-	struct h2_stream *s;
-	uint32_t inc;
-
-	if (n != 4) {
-		h2_fail(c, H2_FRAME_SIZE_ERROR, "bad WINDOW_UPDATE length");
-		return;
-	}
-	inc = get_be32(p) & 0x7fffffff;
-	if (!sid) {
-		if (!inc)
-			h2_fail(c, H2_PROTOCOL_ERROR, "WINDOW_UPDATE of 0");
-		else if (c->send_window + inc > H2_MAX_WINDOW)
-			h2_fail(c, H2_FLOW_CONTROL_ERROR, "connection window overflow");
-		else
-			c->send_window += inc;
-		return;
-	}
-	s = h2_stream_find(c, sid);
-	if (!s) {
-		if (sid > c->last_sid)
-			h2_fail(c, H2_PROTOCOL_ERROR, "WINDOW_UPDATE on idle stream");
-		return; /* closed: allowed, ignored */
-	}
-	if (!inc)
-		h2_stream_error(c, sid, H2_PROTOCOL_ERROR);
-	else if (s->send_window + inc > H2_MAX_WINDOW)
-		h2_stream_error(c, sid, H2_FLOW_CONTROL_ERROR);
-	else
-		s->send_window += inc;
-}
-
-static void h2_on_priority(struct h2_conn *c, uint32_t sid, const uint8_t *p, size_t n)
-{
-	if (!sid) {
-		h2_fail(c, H2_PROTOCOL_ERROR, "PRIORITY on stream 0");
-		return;
-	}
-	if (n != 5) {
-		h2_stream_error(c, sid, H2_FRAME_SIZE_ERROR);
-		return;
-	}
-	if ((get_be32(p) & 0x7fffffff) == sid)
-		h2_stream_error(c, sid, H2_PROTOCOL_ERROR);
-	/* otherwise ignored: RFC 9113 5.3.2 deprecates the scheme; it opens nothing */
-}
-
-/* kvd's own preface: SETTINGS, then a bigger connection window. */
-static void h2_send_preface(struct kvd *k, struct h2_conn *c)
-{
-	uint8_t p[18];
-	size_t n = 0;
-
-	put_be16(p + n, H2_SET_MAX_CONCURRENT_STREAMS);
-	put_be32(p + n + 2, k->cfg.max_concurrent_streams);
-	n += 6;
-	put_be16(p + n, H2_SET_MAX_HEADER_LIST_SIZE);
-	put_be32(p + n + 2, KVD_MAX_HEADER_LIST);
-	n += 6;
-	if (KVD_STREAM_WINDOW != H2_DEFAULT_WINDOW) {
-		put_be16(p + n, H2_SET_INITIAL_WINDOW_SIZE);
-		put_be32(p + n + 2, KVD_STREAM_WINDOW);
-		n += 6;
-	}
-	h2_frame(c, H2_SETTINGS, 0, 0, p, n);
-	if (KVD_CONN_WINDOW > H2_DEFAULT_WINDOW) {
-		h2_frame_u32(c, H2_WINDOW_UPDATE, 0, KVD_CONN_WINDOW - H2_DEFAULT_WINDOW);
-		c->recv_window = KVD_CONN_WINDOW;
-	}
-}
-
-/* The first bytes were neither the HTTP/2 preface nor an HTTP/1.x request:
- * a SETTINGS and a GOAWAY PROTOCOL_ERROR (RFC 9113 3.4), then close. */
-static void h2_bad_preface(struct kvd *k, struct conn *c)
-{
-	static const uint8_t msg[] = {
-	    0, 0, 0, H2_SETTINGS, 0, 0, 0, 0, 0,
-	    0, 0, 34, H2_GOAWAY, 0, 0, 0, 0, 0,
-	    0, 0, 0, 0, 0, 0, 0, H2_PROTOCOL_ERROR,
-	    'i', 'n', 'v', 'a', 'l', 'i', 'd', ' ', 'c', 'o', 'n', 'n', 'e', 'c', 't', 'i', 'o', 'n', ' ',
-	    'p', 'r', 'e', 'f', 'a', 'c', 'e'};
-
-	buf_append(k, &c->out, msg, sizeof msg);
-	c->is_closing = 1;
-	k->st.goaway_sent++;
-	kvd_log(k, KVD_LOG_INFO, "%s: closing connection: invalid connection preface", c->peer);
-}
-
-/*
- * Parse and handle every complete frame in c->conn->in.  Stops early when the
- * output is over its cap (resumed once it drains) or the connection fails.
- */
-static void h2_input(struct kvd *k, struct h2_conn *c)
-{
-	const uint8_t *p;
-	size_t n, len;
-	unsigned type, flags;
-	uint32_t sid;
-
-	while (!c->conn->is_closing && BUF_LEN(&c->conn->out) < KVD_MAX_OUTPUT) {
-		p = BUF_DATA(&c->conn->in);
-		n = BUF_LEN(&c->conn->in);
-		if (!n)
-			break;
-		if (!c->preface_done) { /* the loop chose HTTP/2 when it began with the preface */
-			if (n < H2_PREFACE_LEN)
-				break;
-			if (memcmp(p, H2_PREFACE, H2_PREFACE_LEN)) {
-				h2_bad_preface(k, c->conn);
-				return;
-			}
-			buf_consume(&c->conn->in, H2_PREFACE_LEN);
-			c->preface_done = 1;
-			h2_send_preface(k, c);
-			continue;
-		}
-		if (n < H2_FRAME_HDR)
-			break;
-		len = get_be24(p);
-		type = p[3];
-		flags = p[4];
-		sid = get_be32(p + 5) & 0x7fffffff;
-		if (len > H2_DEFAULT_FRAME) {
-			h2_fail(c, H2_FRAME_SIZE_ERROR, "frame larger than MAX_FRAME_SIZE");
-			return;
-		}
-		if (n < H2_FRAME_HDR + len)
-			break;
-		p += H2_FRAME_HDR;
-		if (!c->settings_seen && type != H2_SETTINGS) {
-			h2_fail(c, H2_PROTOCOL_ERROR, "first frame is not SETTINGS");
-			return;
-		}
-		if (c->hblk_sid && type != H2_CONTINUATION) {
-			h2_fail(c, H2_PROTOCOL_ERROR, "frame inside a header block");
-			return;
-		}
-		switch (type) {
-		case H2_DATA: h2_on_data(k, c, flags, sid, p, len); break;
-		case H2_HEADERS: h2_on_headers(k, c, flags, sid, p, len); break;
-		case H2_PRIORITY: h2_on_priority(c, sid, p, len); break;
-		case H2_RST_STREAM: h2_on_rst(c, sid, len); break;
-		case H2_SETTINGS: h2_on_settings(k, c, flags, sid, p, len); break;
-		case H2_PUSH_PROMISE: h2_fail(c, H2_PROTOCOL_ERROR, "PUSH_PROMISE from a client"); break;
-		case H2_PING: h2_on_ping(k, c, flags, sid, p, len); break;
-		case H2_GOAWAY:
-			if (sid)
-				h2_fail(c, H2_PROTOCOL_ERROR, "GOAWAY on a stream");
-			else if (len < 8)
-				h2_fail(c, H2_FRAME_SIZE_ERROR, "short GOAWAY");
-			else
-				h2_goaway_final(c); /* the client leaves: finish and close */
-			break;
-		case H2_WINDOW_UPDATE: h2_on_window_update(c, sid, p, len); break;
-		case H2_CONTINUATION: h2_on_continuation(k, c, flags, sid, p, len); break;
-		default: break; /* unknown frame types are ignored (5.5) */
-		}
-		buf_consume(&c->conn->in, H2_FRAME_HDR + len);
-	}
-	if (k->cfg.idle_timeout_ms)
-		util_wake_by(k, c->conn->t_active + (int64_t)k->cfg.idle_timeout_ms);
-}
-
-/* grpc-message is percent-encoded: bytes outside 0x20..0x7e and '%' (grpc). */
-static size_t h2_pct_encode(const char *msg, char *out, size_t cap)
-{
-	static const char hex[] = "0123456789ABCDEF";
-	size_t o = 0;
-	const unsigned char *m = (const unsigned char *)msg;
-
-	for (; *m && o + 4 < cap; m++) {
-		if (*m < 0x20 || *m > 0x7e || *m == '%') {
-			out[o++] = '%';
-			out[o++] = hex[*m >> 4];
-			out[o++] = hex[*m & 15];
-		} else {
-			out[o++] = (char)*m;
-		}
-	}
-	out[o] = 0;
-	return o;
-}
-
-/* A header block b (HPACK, literal or static fields only, so it may have
- * been made before) as one HEADERS frame, after the dynamic table size
- * update the peer's SETTINGS asked for (need_tsu: cleared only once a
- * block is queued).  0, or KVD_ENOMEM with nothing queued. */
-static int h2_send_block(struct h2_conn *c, uint32_t sid, const struct kvd_buf *b, int end)
-{
-	struct kvd *k = c->k;
-	struct kvd_buf t = {0};
-	unsigned flags = H2_F_END_HEADERS | (end ? H2_F_END_STREAM : 0);
-	int r;
-
-	if (b->err)
-		return KVD_ENOMEM;
-	if (c->need_tsu) {
-		buf_append(k, &t, "\x20", 1);
-		buf_append(k, &t, BUF_DATA(b), BUF_LEN(b));
-		r = t.err ? KVD_ENOMEM : h2_frame(c, H2_HEADERS, flags, sid, BUF_DATA(&t), BUF_LEN(&t));
-		buf_free(k, &t);
-	} else {
-		r = h2_frame(c, H2_HEADERS, flags, sid, BUF_DATA(b), BUF_LEN(b));
-	}
-	if (r)
+		call_finish(k, call, GRPC_INTERNAL, "grpc: error unmarshalling request: %s", why);
 		return r;
-	c->need_tsu = 0;
-	c->sent_since_ping = 1;
-	return 0;
-}
-
-/* Response HEADERS (and, for Trailers-Only, the status fields). */
-static int h2_send_headers(struct h2_conn *c, struct h2_stream *s, int with_status, int end)
-{
-	struct kvd *k = c->k;
-	struct kvd_buf b = {0};
-	char code[8], msg[1024];
-	int r;
-
-	if (!s->hdrs_sent) {
-		hp_put_status(k, &b, s->http_status);
-		if (s->ctype_proto)
-			hp_put_field(k, &b, 31, NULL, "application/grpc+proto", 22);
-		else
-			hp_put_field(k, &b, 31, NULL, "application/grpc", 16);
 	}
-	if (with_status) {
-		snprintf(code, sizeof code, "%d", s->call.status);
-		hp_put_field(k, &b, 0, "grpc-status", code, strlen(code));
-		h2_pct_encode(s->call.status_msg ? s->call.status_msg : "", msg, sizeof msg);
-		hp_put_field(k, &b, 0, "grpc-message", msg, strlen(msg));
-	}
-	r = h2_send_block(c, s->id, &b, end);
-	buf_free(k, &b);
-	if (r)
-		return r; /* nothing was queued: the same block is made again on the next flush */
-	s->hdrs_sent = 1;
-	return 0;
-}
-
-/*
- * DATA from b on stream s, within min(connection window, stream window,
- * peer frame size) and while the connection's output is under
- * KVD_MAX_OUTPUT; with fin, the frame that empties b carries END_STREAM.
- * 0 while b waits (for a window: the stall clock runs, h2_timers; or for
- * room), 1 once b is empty, 2 once it is empty and the stream ended.
- */
-static int h2_send_data(struct kvd *k, struct h2_conn *c, struct h2_stream *s, struct kvd_buf *b, int fin)
-{
-	int64_t room;
-	size_t n;
-	int last = 0;
-
-	while (BUF_LEN(b) && BUF_LEN(&c->conn->out) < KVD_MAX_OUTPUT) {
-		room = KVD_MIN(c->send_window, s->send_window);
-		if (room <= 0) {
-			if (!s->stalled_since) {
-				s->stalled_since = k->now ? k->now : 1;
-				if (k->cfg.stall_timeout_ms)
-					util_wake_by(k, k->now + k->cfg.stall_timeout_ms);
-			}
-			return 0;
+	if (flags & PB_F_STRIP) { /* what etcd skips, protobuf-c would refuse */
+		uint8_t *copy = kvd_malloc(k, n ? n : 1);
+		if (!copy) {
+			call_finish(k, call, GRPC_RESOURCE_EXHAUSTED, E_OOM);
+			return KVD_ENOMEM;
 		}
-		n = KVD_MIN(BUF_LEN(b), (size_t)KVD_MIN(room, (int64_t)c->peer_max_frame));
-		last = fin && n == BUF_LEN(b);
-		if (h2_frame(c, H2_DATA, last ? H2_F_END_STREAM : 0, s->id, BUF_DATA(b), n))
-			return 0;
-		buf_consume(b, n);
-		c->send_window -= (int64_t)n;
-		s->send_window -= (int64_t)n;
-		c->sent_since_ping = 1;
+		size_t m = pb_strip(d, p, n, copy);
+		if (m == (size_t)-1) {
+			kvd_free(k, copy);
+			call_finish(k, call, GRPC_INVALID_ARGUMENT, "kvd: a message repeats its fields too often to be merged");
+			return KVD_ELIMIT;
+		}
+		call->rq = pb_unpack(k, d, copy, m, &oom);
+		kvd_free(k, copy);
+	} else {
+		call->rq = pb_unpack(k, d, p, n, &oom);
 	}
-	s->stalled_since = 0;
-	if (BUF_LEN(b))
-		return 0; /* the connection's output is full */
-	buf_trim(k, b, 16384);
-	return last ? 2 : 1;
-}
-
-/*
- * Move what stream s may send into c->conn->out: response HEADERS, DATA within
- * min(connection window, stream window, peer frame size), then trailers.  A
- * producing stream (RangeStream, Watch, Snapshot, Observe) makes its next message only
- * when its queue is empty and the window is open, so a slow reader holds one
- * message, not the whole answer.  Returns 1 when the stream ended and was freed.
- */
-static int h2_stream_send(struct kvd *k, struct h2_conn *c, struct h2_stream *s)
-{
-	int64_t room;
-
-#ifndef KVD_NO_HTTP
-	if (s->hx)
-		return http_h2_send(k, c, s);
-#endif
-	if (KVD_NEVER(s->call.held)) /* the durability contract: see loop_log_flush */
+	if (call->rq)
 		return 0;
-	for (;;) {
-		room = KVD_MIN(c->send_window, s->send_window);
-		if (!BUF_LEN(&s->call.out) && s->call.produce && !s->call.finished && room > 0 && BUF_LEN(&c->conn->out) < KVD_MAX_OUTPUT) {
-			s->call.m->on_produce(k, &s->call);
-			if (!BUF_LEN(&s->call.out) && !s->call.finished)
-				return 0; /* nothing more for now */
-		}
-		if (!s->hdrs_sent) {
-			if (s->call.finished && !BUF_LEN(&s->call.out)) { /* Trailers-Only */
-				if (h2_send_headers(c, s, 1, 1))
-					return 0;
-				goto ended;
-			}
-			if (!BUF_LEN(&s->call.out) || h2_send_headers(c, s, 0, 0))
-				return 0;
-		}
-		if (!h2_send_data(k, c, s, &s->call.out, 0))
-			return 0;
-		if (s->call.finished)
+	if (oom) {
+		call_finish(k, call, GRPC_RESOURCE_EXHAUSTED, E_OOM);
+		return KVD_ENOMEM;
+	}
+	call_finish(k, call, GRPC_INTERNAL, "grpc: error unmarshalling request: kvd: malformed protobuf");
+	return KVD_EPROTO;
+}
+
+/* One request message for c: decoded, then handed to the method (a unary
+ * call takes only its first).  The handler may finish c, never frees it. */
+static void call_message(struct kvd *k, struct call *call, const uint8_t *p, size_t n)
+{
+	if (!p) /* an empty buffer's data: decoders may not do arithmetic on NULL */
+		p = (const uint8_t *)"";
+	k->st.grpc_rx += n;
+	call->rq_bytes += (uint32_t)KVD_MIN(n, UINT32_MAX - call->rq_bytes);
+	if (call->m->kind != GRPC_BIDI && call->got_msg)
+		return;
+	call->got_msg = 1;
+	call->out_mark = call->out.len;
+	if (call_decode(k, call, p, n))
+		return;
+	call->raw.p = p;
+	call->raw.n = n;
+	call->m->on_msg(k, call);
+	if (k->stopping) /* begun while kvd stops: a stream ends at once */
+		svc_stop_call(k, call);
+	pb_free(k, call->rq);
+	call->rq = NULL;
+	call->raw.n = 0;
+}
+
+/* The client will send nothing more (gRPC: io.EOF / io.ErrUnexpectedEOF
+ * when the request never came, as grpc-go answers). */
+static void call_half_close(struct kvd *k, struct call *call, int partial)
+{
+	if (call->finished)
+		return;
+	if (!call->got_msg) {
+		call_finish(k, call, GRPC_UNKNOWN, partial ? "unexpected EOF" : "EOF");
+		return;
+	}
+	if (partial && call->m->kind == GRPC_BIDI) {
+		call_finish(k, call, GRPC_INTERNAL, "unexpected EOF");
+		return;
+	}
+	if (call->m->on_half_close)
+		call->m->on_half_close(k, call);
+}
+
+/* Route a path as grpc-go does (strip one leading '/', split at the last
+ * '/'); 0, or the call finished with grpc-go's text. */
+static int call_route(struct kvd *k, struct call *call, const char *path, size_t plen)
+{
+	const char *svc = path, *slash = NULL, *orig = path;
+	size_t i, olen = plen;
+	int known;
+
+	if (plen && path[0] == '/') {
+		path++;
+		plen--;
+	}
+	for (i = plen; i > 0; i--)
+		if (path[i - 1] == '/') {
+			slash = path + i - 1;
 			break;
-		if (!s->call.produce || BUF_LEN(&c->conn->out) >= KVD_MAX_OUTPUT ||
-		    KVD_MIN(c->send_window, s->send_window) <= 0)
-			return 0; /* the next message waits for room */
-	}
-	if (h2_send_headers(c, s, 1, 1))
-		return 0;
-ended:
-	if (!s->remote_closed) /* early server closure (gRPC over HTTP/2) */
-		h2_rst(c, s->id, H2_NO_ERROR);
-	h2_stream_close(c, s);
-	return 1;
-}
-
-/* Send what every stream can; round-robin start for fairness. */
-static void h2_flush(struct kvd *k, struct h2_conn *c)
-{
-	unsigned i, start, n;
-
-	if (c->conn->is_closing)
-		return;
-	n = c->nst;
-	if (!n)
-		return;
-	start = c->rr++ % n;
-	for (i = 0; i < n && c->nst; i++) {
-		unsigned idx = (start + i) % c->nst;
-		h2_stream_send(k, c, c->st[idx]);
-	}
-}
-
-/*
- * Is a call being served (it has its request: a unary call being answered,
- * a Watch, a keep-alive stream)?  A connection that is not busy and makes
- * no progress -- no new call, no request data -- for --max-idle-time is
- * closed; pings, window updates and settings are not progress, so they
- * cannot hold a connection slot.
- */
-static int h2_busy(const struct h2_conn *c)
-{
-	unsigned i;
-
-	for (i = 0; i < c->nst; i++)
-		if (c->st[i]->call.got_msg)
-			return 1;
-	return 0;
-}
-
-/* Per-connection timers; returns the next time this connection needs a look. */
-static int64_t h2_timers(struct kvd *k, struct h2_conn *c)
-{
-	int64_t next = INT64_MAX, now = k->now;
-	unsigned i;
-
-	if (!c->settings_seen) {
-		if (now - c->conn->t_open >= KVD_PREFACE_TIMEOUT_MS) {
-			c->conn->is_closing = c->goaway_sent = 1; /* never spoke HTTP/2 */
-			return next;
 		}
-		next = c->conn->t_open + KVD_PREFACE_TIMEOUT_MS;
-	}
-	if (c->draining && !c->goaway_sent) {
-		if (now - c->t_drain_ping >= 1000)
-			h2_goaway_final(c); /* no PING ACK: go on without it */
-		else
-			next = KVD_MIN(next, c->t_drain_ping + 1000);
-	}
-	if (k->cfg.idle_timeout_ms && c->settings_seen && !c->conn->is_closing && !h2_busy(c)) {
-		if (now - c->conn->t_active >= (int64_t)k->cfg.idle_timeout_ms)
-			h2_fail(c, H2_NO_ERROR, "max_idle");
-		else
-			next = KVD_MIN(next, c->conn->t_active + (int64_t)k->cfg.idle_timeout_ms);
-	}
-	for (i = 0; i < c->nst; i++) {
-		struct h2_stream *s = c->st[i];
-		if (s->call.deadline && !s->call.finished) {
-			if (now * 1000 >= s->call.deadline)
-				call_finish(k, &s->call, GRPC_DEADLINE_EXCEEDED, "context deadline exceeded");
-			else
-				next = KVD_MIN(next, (s->call.deadline + 999) / 1000);
-		}
-		if (s->stalled_since && k->cfg.stall_timeout_ms) {
-			if (now - s->stalled_since >= (int64_t)k->cfg.stall_timeout_ms) {
-				kvd_log(k, KVD_LOG_INFO, "%s: stream %u stalled on a zero window, reset",
-				        c->conn->peer, s->id);
-				h2_rst(c, s->id, H2_CANCEL);
-				h2_stream_close(c, s);
-				i--;
-				continue;
-			}
-			next = KVD_MIN(next, s->stalled_since + (int64_t)k->cfg.stall_timeout_ms);
-		}
-	}
-	return next;
-}
-
-/* Begin a graceful shutdown of c (6.8): GOAWAY(2^31-1), PING, then the real
- * last stream id once the PING comes back. */
-static void h2_drain(struct kvd *k, struct h2_conn *c)
-{
-	uint8_t p[8];
-
-	if (c->draining || c->goaway_sent)
-		return;
-	if (!c->settings_seen) {
-		c->conn->is_closing = c->goaway_sent = 1;
-		return;
-	}
-	c->draining = 1;
-	put_be32(p, 0x7fffffff);
-	put_be32(p + 4, H2_NO_ERROR);
-	h2_frame(c, H2_GOAWAY, 0, 0, p, 8);
-	h2_frame(c, H2_PING, 0, 0, h2_stop_ping, 8);
-	c->t_drain_ping = k->now;
-	util_wake_by(k, k->now + 1000);
-}
-
-/* HTTP/2 on connection cn (its first bytes were the preface). */
-static struct h2_conn *h2_conn_new(struct kvd *k, struct conn *cn)
-{
-	struct h2_conn *c = kvd_calloc(k, sizeof *c);
-
-	if (!c)
-		return NULL;
-	c->k = k;
-	c->conn = cn;
-	hp_table_init(&c->dec);
-	c->send_window = H2_DEFAULT_WINDOW;
-	c->recv_window = H2_DEFAULT_WINDOW;
-	c->peer_max_frame = H2_DEFAULT_FRAME;
-	c->peer_init_window = H2_DEFAULT_WINDOW;
-	bucket_init(&c->rst, KVD_RST_RATE * 2, k->now);
-	bucket_init(&c->glitch, KVD_GLITCH_RATE * 10, k->now);
-	util_wake_by(k, cn->t_open + KVD_PREFACE_TIMEOUT_MS);
-	return c;
-}
-
-static void h2_conn_free(struct kvd *k, struct h2_conn *c)
-{
-	if (!c)
-		return;
-	while (c->nst)
-		h2_stream_close(c, c->st[c->nst - 1]);
-	kvd_free(k, c->st);
-	kvd_free(k, c->hblk);
-	hp_table_free(k, &c->dec);
-	kvd_free(k, c);
-}
-
-/* HTTP/2 as one of the protocols a connection may speak (section 35). */
-static void h2_proto_input(struct kvd *k, struct conn *c) { h2_input(k, c->ps); }
-static void h2_proto_flush(struct kvd *k, struct conn *c) { h2_flush(k, c->ps); }
-static int64_t h2_proto_timers(struct kvd *k, struct conn *c) { return h2_timers(k, c->ps); }
-static void h2_proto_drain(struct kvd *k, struct conn *c) { h2_drain(k, c->ps); }
-static void h2_proto_stop(struct kvd *k, struct conn *c)
-{
-	(void)k;
-	h2_goaway_final(c->ps);
-}
-static void h2_proto_evict(struct kvd *k, struct conn *c)
-{
-	struct h2_conn *h = c->ps;
-
-	(void)k;
-	if (h->settings_seen)
-		h2_fail(h, H2_NO_ERROR, "too_many_connections");
-}
-static int h2_proto_busy(const struct conn *c) { return h2_busy(c->ps); }
-static int h2_proto_shed(struct kvd *k, struct conn *c) { return h2_shed(k, c->ps); }
-static void h2_proto_free(struct kvd *k, struct conn *c)
-{
-	h2_conn_free(k, c->ps);
-	c->ps = NULL;
-}
-static const struct net_proto h2_proto = {
-	"h2", h2_proto_input, h2_proto_flush, h2_proto_timers, h2_proto_drain, h2_proto_stop, h2_proto_evict,
-	h2_proto_busy, h2_proto_shed, h2_proto_free,
-};
-
-/* ===== 18. gRPC over HTTP/2: the h2 stream as a carrier (grpc_) ========== */
-
-/*
- * gRPC over HTTP/2 (grpc-go's server transport, as etcd runs it): an h2
- * stream embeds its call (section 8) and is that call's carrier.  Its
- * HEADERS are checked here (method, content-type, grpc-timeout) and routed
- * by :path through the method table (section 28); its DATA is cut
- * into gRPC messages (a 5-byte prefix each) bounded by --max-request-bytes;
- * the call's answer goes back as HEADERS, DATA and trailers in
- * h2_stream_send (section 17).
- *
- * Invariants:
- *   1. A message is handed to its call whole, never past the receive cap
- *      (grpc_max_recv): a longer one ends the call RESOURCE_EXHAUSTED with
- *      grpc-go's text.
- *   2. A finished call's leftover request bytes are dropped and their
- *      window given back (grpc_finished), so one call cannot starve the
- *      connection's window.
- */
-
-/* The receive cap: etcd's --max-request-bytes plus grpc's slack. */
-static uint32_t grpc_max_recv(struct kvd *k)
-{
-	return k->cfg.max_request_bytes + KVD_GRPC_RECV_SLACK;
-}
-
-/* The call finished: request bytes still buffered are dropped, and their
- * window credited back. */
-static void grpc_finished(struct kvd *k, struct call *call)
-{
-	struct h2_stream *s = H2_STREAM_OF(call);
-	size_t n = BUF_LEN(&s->in);
-
-	s->discard = 1;
-	h2_release(s);
-	if (n) {
-		buf_free(k, &s->in);
-		h2_consumed(s);
-	}
-	h2_recharge(s);
-}
-
-static const struct call_carrier grpc_h2_carrier = {"grpc", grpc_finished};
-
-static int grpc_slice_is(struct kvd_slice v, const char *s)
-{
-	size_t n = strlen(s);
-
-	return v.n == n && !memcmp(v.p, s, n);
-}
-
-/* grpc-timeout: 1-8 digits and a unit (H M S m u n), in microseconds
- * (nanoseconds round down: under 1 us, the call is over before it starts). */
-static int grpc_parse_timeout(struct kvd_slice v, int64_t *us)
-{
-	uint64_t n = 0;
-	size_t i;
-
-	if (v.n < 2 || v.n > 9)
+	if (!slash) {
+		call_finish(k, call, GRPC_RESOURCE_EXHAUSTED, "malformed method name: \"%.*s\"", (int)KVD_MIN(olen, 200), orig);
 		return KVD_EINVAL;
-	for (i = 0; i + 1 < v.n; i++) {
-		if (v.p[i] < '0' || v.p[i] > '9')
-			return KVD_EINVAL;
-		n = n * 10 + (uint64_t)(v.p[i] - '0');
 	}
-	switch (v.p[v.n - 1]) {
-	case 'H': *us = (int64_t)n * 3600000000ll; break;
-	case 'M': *us = (int64_t)n * 60000000ll; break;
-	case 'S': *us = (int64_t)n * 1000000; break;
-	case 'm': *us = (int64_t)n * 1000; break;
-	case 'u': *us = (int64_t)n; break;
-	case 'n': *us = (int64_t)(n / 1000); break;
-	default: return KVD_EINVAL;
+	svc = path;
+	call->m = svc_route(svc, (size_t)(slash - svc), slash + 1, plen - (size_t)(slash - svc) - 1, &known);
+	if (!call->m) {
+		if (known)
+			call_finish(k, call, GRPC_UNIMPLEMENTED, "unknown method %.*s for service %.*s",
+			            (int)KVD_MIN(plen - (size_t)(slash - svc) - 1, 200), slash + 1, (int)(slash - svc), svc);
+		else
+			call_finish(k, call, GRPC_UNIMPLEMENTED, "unknown service %.*s", (int)KVD_MIN((size_t)(slash - svc), 200), svc);
+		return KVD_EINVAL;
 	}
+	if ((known = svc_method_index(call->m)) >= 0)
+		k->st.grpc_started[known]++;
+	call->t_routed = util_now_us();
 	return 0;
 }
 
-/* A new call: check method, content-type and timeout, then route :path. */
-static void grpc_on_headers(struct kvd *k, struct h2_stream *s, const struct h2_req *rq)
-{
-	struct call *call = &s->call;
-	int64_t us;
-
-	if (!grpc_slice_is(rq->method, "POST")) {
-		s->http_status = 405;
-		call_finish(k, call, GRPC_INTERNAL, "invalid gRPC request method \"%.*s\"",
-		            (int)KVD_MIN(rq->method.n, 64), (const char *)rq->method.p);
-		return;
-	}
-	if (!(rq->ctype.n >= 16 && !memcmp(rq->ctype.p, "application/grpc", 16) &&
-	      (rq->ctype.n == 16 || rq->ctype.p[16] == '+' || rq->ctype.p[16] == ';'))) {
-		s->http_status = 415;
-		call_finish(k, call, GRPC_INVALID_ARGUMENT, "invalid gRPC request content-type \"%.*s\"",
-		            (int)KVD_MIN(rq->ctype.n, 64), (const char *)rq->ctype.p);
-		return;
-	}
-	s->ctype_proto = grpc_slice_is(rq->ctype, "application/grpc+proto");
-	if (rq->timeout.n) {
-		if (grpc_parse_timeout(rq->timeout, &us)) {
-			call_finish(k, call, GRPC_INTERNAL, "transport: malformed grpc-timeout");
-			return;
-		}
-		if (!us) { /* as grpc-go: a deadline already past fails the call */
-			call_finish(k, call, GRPC_DEADLINE_EXCEEDED, "context deadline exceeded");
-			return;
-		}
-		call->deadline = k->now * 1000 + us;
-		util_wake_by(k, (call->deadline + 999) / 1000);
-	}
-	if (rq->encoding.n && !grpc_slice_is(rq->encoding, "identity"))
-		s->bad_encoding = 1;
-	call_route(k, call, (const char *)rq->path.p, rq->path.n);
-}
-
-/* Deliver every complete message buffered on s. */
-static void grpc_on_data(struct kvd *k, struct h2_stream *s)
-{
-	struct call *call = &s->call;
-	const uint8_t *p;
-	uint32_t len;
-	size_t have;
-
-	while (!call->finished && (have = BUF_LEN(&s->in)) >= 5) {
-		p = BUF_DATA(&s->in);
-		len = get_be32(p + 1);
-		if (len > grpc_max_recv(k)) {
-			call_finish(k, call, GRPC_RESOURCE_EXHAUSTED,
-			            "grpc: received message larger than max (%u vs. %u)", len, grpc_max_recv(k));
-			return;
-		}
-		if (have < 5 + (size_t)len) {
-			h2_grant(s, 5 + (size_t)len);
-			return;
-		}
-		if (p[0] > 1) {
-			call_finish(k, call, GRPC_INTERNAL, "grpc: received unexpected payload format %u", p[0]);
-			return;
-		}
-		if (s->bad_encoding) {
-			const char *e = call_meta(call, "grpc-encoding");
-			call_finish(k, call, GRPC_UNIMPLEMENTED,
-			            "grpc: Decompressor is not installed for grpc-encoding \"%.100s\"", e ? e : "");
-			return;
-		}
-		if (p[0] == 1) {
-			call_finish(k, call, GRPC_INTERNAL, "grpc: compressed flag set with identity or empty encoding");
-			return;
-		}
-		call_message(k, call, p + 5, len);
-		if (call->finished) /* call_finish already dropped the buffer */
-			return;
-		buf_consume(&s->in, 5 + (size_t)len);
-		h2_release(s);
-		h2_consumed(s);
-	}
-}
-
-/* The client sent END_STREAM. */
-static void grpc_on_remote_close(struct kvd *k, struct h2_stream *s)
-{
-	call_half_close(k, &s->call, BUF_LEN(&s->in) != 0);
-}
-
-/* ===== 19. Auth: tokens, who is calling, and may they; password hashing (auth_) == */
+/* ===== 16. Auth: tokens, who is calling, and may they; password hashing (auth_) == */
 
 /*
  * Who is calling, and may they.  A call carries a token (the metadata
@@ -14358,10 +12313,10 @@ static void grpc_on_remote_close(struct kvd *k, struct h2_stream *s)
  * state).  Password hashing runs here too, a slice per loop turn, off the
  * handlers' path.
  *
- * A permission check: svc_range_rpc (section 21) -> auth_who (the
+ * A permission check: svc_range_rpc (section 18) -> auth_who (the
  * token or CN to a user) -> auth_may (auth off: allowed; the user's roles'
  * ranges) -> auth_covers -> the request, or PermissionDenied.  A Watch:
- * watch_create (section 27) -> auth_who -> auth_may ->
+ * watch_create (section 24) -> auth_who -> auth_may ->
  * auth_watch_reason (a refused create's text, as etcd words it).
  *
  * Invariants:
@@ -15840,7 +13795,7 @@ static void auth_step(struct kvd *k)
 }
 #endif /* KVD_NO_AUTH */
 
-/* ===== 20. Go's sort.Sort, as etcd sorts ranges (svc_gosort_) ============ */
+/* ===== 17. Go's sort.Sort, as etcd sorts ranges (svc_gosort_) ============ */
 
 /*
  * etcd sorts a Range's results with Go's sort.Sort, which is not stable:
@@ -15854,7 +13809,7 @@ static void auth_step(struct kvd *k)
  * later releases <<13, >>7, <<17.  The xorshift picks the elements swapped
  * after an unbalanced partition, so inputs that never partition badly sort
  * alike under both; in the others ties can come out differently.  Auth's
- * permission lists (etcd's permSlice, section 23) go through the same code
+ * permission lists (etcd's permSlice, section 20) go through the same code
  * (svc_gosort_ptrs).
  *
  * Invariants:
@@ -15868,7 +13823,7 @@ static void auth_step(struct kvd *k)
  *      never !less(i, j) (svc_gosort_less).
  *   3. A swap moves a kv and its value together (svc_gosort_swap swaps
  *      g->val with g->v): a VALUE sort reads each value once, before it
- *      starts (svc_range, section 21).
+ *      starts (svc_range, section 18).
  *   4. Indices are absolute and every caller sorts a whole array from 0
  *      (svc_range, svc_gosort_ptrs), as pdqsort's "a > 0" test assumes.
  */
@@ -16192,18 +14147,18 @@ KVD_UNUSED static void svc_gosort_ptrs(void **v, size_t n, int (*less)(const voi
 	svc_gosort_pdq(&g, 0, n, svc_gosort_bitlen(n));
 }
 
-/* ===== 21. Services: KV (svc_) =========================================== */
+/* ===== 18. Services: KV (svc_) =========================================== */
 
 /*
  * The KV service: Range, Put, DeleteRange, Txn, Compact, and kvd's
- * RangeStream, on the index (section 10).  A handler checks the request,
- * asks who is calling and whether they may (section 19), then reads the
+ * RangeStream, on the index (section 9).  A handler checks the request,
+ * asks who is calling and whether they may (section 16), then reads the
  * index or writes in one txn (mvcc_txn_begin .. mvcc_txn_end).  The Txn
  * RPC's code (svc_txn_do) also runs the Lock and Election recipes
- * (section 26).  Semantics follow etcd 3.7 (etcdserver/txn, v3rpc/key.go,
+ * (section 23).  Semantics follow etcd 3.7 (etcdserver/txn, v3rpc/key.go,
  * mvcc): error texts byte for byte, the order checks run in, header
  * revisions of top-level and txn sub-responses, count before filters, and
- * sorting with Go 1.26's sort.Sort (pdqsort, not stable: section 20) so
+ * sorting with Go 1.26's sort.Sort (pdqsort, not stable: section 17) so
  * ties order exactly as etcd's do.
  *
  * Invariants:
@@ -16219,7 +14174,7 @@ KVD_UNUSED static void svc_gosort_ptrs(void **v, size_t n, int (*less)(const voi
  *      before it (svc_txn_path).
  *   3. No handler waits or sends: it says whether it wrote (s->wrote, only
  *      when t.nops > 0) and ends its call; call_finish holds the reply until
- *      the batch is durable (section 8).
+ *      the batch is durable (section 15).
  *   4. A response's memory is one svc_pool, freed after svc_end packed it;
  *      a KeyValue's key points into the index (svc_kvs), which no op of the
  *      call frees (a delete leaves a tombstone key).
@@ -17444,14 +15399,14 @@ static void svc_rangestream_rpc(struct kvd *k, struct call *call)
 	}
 }
 
-/* ===== 22. Services: Lease (svc_lease_) ================================== */
+/* ===== 19. Services: Lease (svc_lease_) ================================== */
 
 /*
  * The Lease service: Grant, Revoke, KeepAlive, TimeToLive and Leases, on
- * the lease table (section 11), answered as etcd 3.7's lessor and v3rpc
+ * the lease table (section 10), answered as etcd 3.7's lessor and v3rpc
  * answer them.  A grant and a revoke are writes, one txn each, whose reply
  * waits for the group commit; a renewal only moves a deadline in RAM
- * (renewals are not logged, section 11), so KeepAlive answers at once.
+ * (renewals are not logged, section 10), so KeepAlive answers at once.
  * Permission is etcd 3.7's: a user for every RPC, and write (renew, revoke)
  * or read (the key names) on each key the lease holds (auth_lease_keys).
  *
@@ -17558,7 +15513,7 @@ static void svc_lease_revoke_rpc(struct kvd *k, struct call *call)
 }
 
 /* LeaseKeepAlive: one answer per request; an unknown lease gets TTL 0 and
- * no error, as etcd.  Renewals are not logged (see section 11).  With auth
+ * no error, as etcd.  Renewals are not logged (see section 10).  With auth
  * on (etcd 3.7's checkLeaseRenew) a user renews only leases whose keys it
  * may write; a refusal ends the stream with its error. */
 static void svc_lease_keepalive_msg(struct kvd *k, struct call *call)
@@ -17690,17 +15645,17 @@ static void svc_lease_leases_rpc(struct kvd *k, struct call *call)
 	svc_pool_free(&pl);
 }
 
-/* ===== 23. Services: Auth (svc_auth_, auth_) ============================= */
+/* ===== 20. Services: Auth (svc_auth_, auth_) ============================= */
 
 /*
  * The Auth service: AuthEnable .. RoleRevokePermission and Authenticate,
  * answered as etcd 3.7 answers, error texts included.  Each change (enable,
  * disable; a user's or a role's add, delete, grant, revoke; a password) is
- * a write of the auth store (section 12) through the log, one AUTH record
- * (section 9); AuthStatus, the Gets and the Lists only read it, and
- * Authenticate issues a token (section 19) without writing.  Authenticate,
+ * a write of the auth store (section 11) through the log, one AUTH record
+ * (section 8); AuthStatus, the Gets and the Lists only read it, and
+ * Authenticate issues a token (section 16) without writing.  Authenticate,
  * UserAdd and UserChangePassword hash a password off the handlers' path
- * (section 19); the call waits for it.  The auth state's setup and
+ * (section 16); the call waits for it.  The auth state's setup and
  * teardown (auth_init, auth_free) end the section.
  *
  * Invariants:
@@ -17726,7 +15681,7 @@ static void svc_lease_leases_rpc(struct kvd *k, struct call *call)
  *      (E_INVALID_AUTH_MGMT).
  *
  * Left out (KVD_NO_AUTH): no handler here; the service is unknown
- * (section 28), and the state is only what a store without auth reports
+ * (section 25), and the state is only what a store without auth reports
  * (auth revision 1, off).
  */
 
@@ -18375,17 +16330,17 @@ static void auth_free(struct kvd *k)
 }
 #endif /* KVD_NO_AUTH */
 
-/* ===== 24. Services: Maintenance, Health (svc_) ========================== */
+/* ===== 21. Services: Maintenance, Health (svc_) ========================== */
 
 /*
  * Maintenance and Health: Status, Alarm, Defragment, Hash, HashKV,
  * Snapshot, MoveLeader, Downgrade, and grpc.health.v1.  Each answers from
  * the store as etcd 3.7 answers for a one-member cluster; a Snapshot
- * streams section 14's image as the client's window opens:
+ * streams section 13's image as the client's window opens:
  * svc_snapshot_rpc -> h2_stream_send (on_produce when the window is open)
  * -> svc_snapshot_produce -> snap_produce -> snap_chunk -> call_send.
  * Cluster's MemberList (svc_member, svc_member_list) ends the section; the
- * rest of Cluster is section 25's.
+ * rest of Cluster is section 22's.
  *
  * Invariants:
  *   1. Permission as etcd 3.7's: root for Hash, HashKV, Snapshot,
@@ -18455,7 +16410,7 @@ static void svc_health_watch_shutdown(struct kvd *k, struct call *call)
  * keeps the state in memory only: it never runs an older binary, so a
  * restart is the end of any downgrade.  svc_cluster_version() is what
  * /version and Status report, and the answers here follow the same state;
- * a snapshot (section 14) says KVD_ETCD_CLUSTER, downgrade or not.
+ * a snapshot (section 13) says KVD_ETCD_CLUSTER, downgrade or not.
  */
 static const char *svc_cluster_version(const struct kvd *k)
 {
@@ -18570,7 +16525,7 @@ static void svc_status(struct kvd *k, struct call *call)
 	call_reply(k, call, &rs.base);
 }
 
-/* Maintenance/HashKV: etcd 3.7's hash of the key history (section 14); the
+/* Maintenance/HashKV: etcd 3.7's hash of the key history (section 13); the
  * compaction point itself may be hashed. */
 static void svc_hashkv(struct kvd *k, struct call *call)
 {
@@ -18588,7 +16543,7 @@ static void svc_hashkv(struct kvd *k, struct call *call)
 		;
 	else if (svc_too_large(k, call->raw.n))
 		svc_fail(&e, GRPC_INVALID_ARGUMENT, E_TOO_LARGE);
-	else if (i < k->db.nhashes) { /* kept at that compaction (section 14) */
+	else if (i < k->db.nhashes) { /* kept at that compaction (section 13) */
 		svc_header(k, &h, 1);
 		rs.header = &h;
 		rs.hash = k->db.hashes[i].hash;
@@ -18613,7 +16568,7 @@ static void svc_hashkv(struct kvd *k, struct call *call)
 	svc_end(k, call, &rs.base, &e);
 }
 
-/* Maintenance/Hash: etcd 3.7's hash of its backend (section 14). */
+/* Maintenance/Hash: etcd 3.7's hash of its backend (section 13). */
 static void svc_hash(struct kvd *k, struct call *call)
 {
 	Etcdserverpb__HashResponse rs = ETCDSERVERPB__HASH_RESPONSE__INIT;
@@ -18639,7 +16594,7 @@ static void svc_hash(struct kvd *k, struct call *call)
 
 #ifndef KVD_NO_SNAPSHOT
 /* Maintenance/Snapshot: etcd's backend file, made as the window opens
- * (section 14); planned on the first chance to send, after a group commit. */
+ * (section 13); planned on the first chance to send, after a group commit. */
 static void svc_snapshot_rpc(struct kvd *k, struct call *call)
 {
 	struct svc_err e = {0, NULL};
@@ -18750,7 +16705,7 @@ static void svc_alarm(struct kvd *k, struct call *call)
 	svc_end(k, call, &rs.base, &e);
 }
 
-/* Maintenance/Defragment: the log rewrite (section 13).  The call waits for
+/* Maintenance/Defragment: the log rewrite (section 12).  The call waits for
  * it to end; clients go on meanwhile. */
 static void svc_defrag_answer(struct kvd *k, struct call *call, int code, const char *msg)
 {
@@ -18836,7 +16791,7 @@ static void svc_member(struct kvd *k, Etcdserverpb__Member *m)
 }
 
 /* Cluster/MemberList: this member and the learners MemberAdd took (they
- * never start: section 25); the header carries no revision. */
+ * never start: section 22); the header carries no revision. */
 #define SVC_MAX_MEMBERS 8 /* other members kvd lists (never started ones) */
 static size_t svc_members(struct kvd *k, Etcdserverpb__Member *m, Etcdserverpb__Member **mp);
 
@@ -18859,7 +16814,7 @@ static void svc_member_list(struct kvd *k, struct call *call)
 	call_reply(k, call, &rs.base);
 }
 
-/* ===== 25. Services: Cluster, one member for good (svc_) ================= */
+/* ===== 22. Services: Cluster, one member for good (svc_) ================= */
 
 /*
  * kvd is one member and stays one.  The membership RPCs answer as a
@@ -18873,7 +16828,7 @@ static void svc_member_list(struct kvd *k, struct call *call)
  * updating it keeps it a learner, as etcd 3.6.12+ does (3.4 made it a voter).
  * MemberUpdate of kvd itself changes the peer URLs MemberList reports.
  * These changes live in memory: after a restart the flags say who kvd is
- * (etcd keeps them in its backend).  MemberList itself is section 24's
+ * (etcd keeps them in its backend).  MemberList itself is section 21's
  * (svc_member_list), through svc_members here.
  *
  * Invariants:
@@ -19238,9 +17193,9 @@ static void svc_test_stream(struct kvd *k, struct call *call)
 }
 #endif
 
-/* A message's protobuf-c descriptor, for the method table (section 28). */
+/* A message's protobuf-c descriptor, for the method table (section 25). */
 #define PB(name) &name##__descriptor
-/* ===== 26. Lock and Election: etcd's concurrency recipes, served (lock_) == */
+/* ===== 23. Lock and Election: etcd's concurrency recipes, served (lock_) == */
 
 /*
  * etcd serves v3lockpb.Lock and v3electionpb.Election by running its own
@@ -19843,7 +17798,7 @@ static void lock_observe_rpc(struct kvd *k, struct call *call)
 }
 #endif /* KVD_NO_RECIPES */
 
-/* ===== 27. Watch (watch_) ================================================ */
+/* ===== 24. Watch (watch_) ================================================ */
 
 /*
  * etcd's Watch: many watchers per bidi stream.  A watcher owes its client
@@ -20951,13 +18906,13 @@ static void watch_fini(struct kvd *k)
 	buf_free(k, &k->watch.enc);
 }
 
-/* ===== 28. The method table: every RPC, routed by :path (svc_) =========== */
+/* ===== 25. The method table: every RPC, routed by :path (svc_) =========== */
 
 /*
  * Every RPC kvd serves, by gRPC :path: its request and response types
  * (protobuf-c descriptors), its handler and, for streams, its callbacks.
- * Carriers route through call_route (section 8) to svc_route: gRPC over
- * HTTP/2 (section 18) and the JSON gateway (section 33), which reads and
+ * Carriers route through call_route (section 15) to svc_route: gRPC over
+ * HTTP/2 (section 29) and the JSON gateway (section 33), which reads and
  * writes JSON by the types here; the fuzzers walk the table too, and
  * /metrics counts by a method's place in it (section 34).  What is not in
  * the table is Unimplemented, in grpc-go's words (call_route).  It comes
@@ -21191,7 +19146,3120 @@ static void svc_shutdown(struct kvd *k)
 		svc_stop_call(k, call);
 }
 
-/* ===== 29. confd: Ganeti's UDP query protocol, keyspace mode (confd_) ==== */
+/* ===== 26. TLS: a transport under any protocol (tls_) ==================== */
+
+/*
+ * An https:// (or unixs://) listener's connections get the TLS transport
+ * instead of the plain one; above it nothing changes -- the first
+ * decrypted bytes choose the protocol as on a plain port, and HTTP/2, its
+ * flow control and every call run as they do over TCP.  mbedtls does the
+ * work; the poll loop drives it.
+ *
+ * Non-blocking.  mbedtls reads and writes the socket through two callbacks
+ * that never block: a read with nothing there is MBEDTLS_ERR_SSL_WANT_READ,
+ * a full socket MBEDTLS_ERR_SSL_WANT_WRITE, and either may come at any byte
+ * of any record.  The handshake advances when the socket is readable (the
+ * transport's recv) or, when a write was cut short, writable (the
+ * connection asks for POLLOUT with want_write); mbedtls_ssl_write must be
+ * given the same bytes again after WANT_WRITE, so the transport remembers
+ * how many it offered (pending) and offers exactly those.
+ *
+ * Bounds.  A connection that has not finished its handshake and sent its
+ * first bytes within KVD_PREFACE_TIMEOUT_MS is closed, as a silent plain
+ * one is.  At most KVD_MAX_HANDSHAKES handshakes are in progress: a new one
+ * displaces one of the address holding the most (section 3's fair shares),
+ * so a flood of ClientHellos (or of 1-byte-per-second handshakes) from a few
+ * addresses only displaces itself, never a slow honest handshake from
+ * elsewhere.  Each loop iteration runs at most
+ * KVD_HANDSHAKE_STEPS handshake steps (each may be a signature or a key
+ * exchange), then serves everything else before the next; established
+ * connections never wait behind more than that.  Per connection mbedtls
+ * holds its record buffers (16 KiB in + 16 KiB out with Debian's build:
+ * MBEDTLS_SSL_IN/OUT_CONTENT_LEN; a firmware build may shrink them) and the
+ * session, ~34 KiB in all; kvd adds 160 bytes.
+ *
+ * What is offered: TLS 1.2, and TLS 1.3 where mbedtls has it (3.x with
+ * MBEDTLS_SSL_PROTO_TLS1_3, which runs on PSA: psa_crypto_init once per
+ * process; 2.28 has no TLS 1.3 server), within --tls-min-version and
+ * --tls-max-version (tls_check_versions); ECDHE key exchange with AEAD
+ * ciphers (AES-GCM, ChaCha20-Poly1305) unless --cipher-suites names other
+ * TLS 1.2 ones (TLS 1.3's three are always offered, as Go does); ALPN h2
+ * and http/1.1 (grpc-go requires h2); no renegotiation, no compression, no
+ * session tickets (no ticket callbacks are set: no resumption state
+ * outlives a certificate reload).  With --trusted-ca-file (alone, as
+ * etcd reads it, or with --client-cert-auth) a client must present a
+ * certificate that CA signed (and --client-crl-file has not revoked) or the
+ * handshake fails; with --client-cert-allowed-hostname a SAN of its leaf
+ * must also name one of those hosts, as Go's VerifyHostname matches them
+ * (tls_names: the CN is never looked at), and no certificate it sends may
+ * have a serial --client-crl-file lists (tls_revoked).  The client certificate's last CN stays with the
+ * connection, every byte of it (with --client-cert-auth etcd takes it as the
+ * user name when auth is on and no token is sent: "root\0.x" is no user).
+ *
+ * Certificates, key, CA and CRL are one generation (struct tls_cfg),
+ * counted by the connections made with it.  SIGHUP reads them again: a good
+ * set serves new connections at once while old ones finish on theirs; a bad
+ * one is logged and the old set stays.
+ *
+ * Invariants:
+ *   1. Nothing blocks: the BIO callbacks turn EAGAIN into WANT_READ or
+ *      WANT_WRITE (tls_bio_recv, tls_bio_send), and after WANT_WRITE the
+ *      same bytes are offered again (tls_send's t->pending).
+ *   2. Handshakes are bounded and counted once each way: k->tls->handshaking
+ *      and the share's SHARE_HANDSHAKES go up in tls_accept and down in
+ *      tls_hs_end -- when one finishes (tls_step) or an unfinished one is
+ *      freed (tls_free); at most KVD_HANDSHAKE_STEPS steps a loop turn
+ *      (tls_step).
+ *   3. The client's CN is given out only after a finished handshake, as
+ *      bytes and a length (tls_peer_cn), never to be compared as a C
+ *      string.
+ *   4. A certificate generation lives while anything uses it: a ref for
+ *      kvd's current one and one per connection (tls_accept), given back
+ *      by tls_free and tls_reload (tls_cfg_unref); a reload that fails
+ *      keeps the one in use.
+ */
+
+/* --tls-min-version / --tls-max-version, checked as etcd 3.7 checks them
+ * (its words); 2 is TLS 1.2, 3 TLS 1.3.  TLS 1.3 needs an mbedtls that has
+ * it (3.x with MBEDTLS_SSL_PROTO_TLS1_3): as a minimum it is refused
+ * otherwise, as a maximum it means "the newest this build has". */
+KVD_RESIDENT static int tls_check_versions(const struct kvd_config *cfg, int *min, int *max, char *err, size_t errlen)
+{
+	const char *v[2] = {cfg->tls_min_version, cfg->tls_max_version};
+	int n[2] = {2, 3}, i;
+
+	for (i = 0; i < 2; i++) {
+		if (!v[i] || !v[i][0])
+			continue;
+		if (strcmp(v[i], "TLS1.2") && strcmp(v[i], "TLS1.3")) {
+			snprintf(err, errlen, "unexpected TLS version \"%.32s\" (must be one of: TLS1.2, TLS1.3)", v[i]);
+			return KVD_EINVAL;
+		}
+		n[i] = v[i][5] == '2' ? 2 : 3;
+	}
+	if (n[0] > n[1]) {
+		snprintf(err, errlen, "min version (%s) is greater than max version (%s)", v[0], v[1]);
+		return KVD_EINVAL;
+	}
+	if (n[0] == 3 && cfg->cipher_suites && cfg->cipher_suites[0]) {
+		snprintf(err, errlen, "cipher suites cannot be configured when only TLS1.3 is enabled");
+		return KVD_EINVAL;
+	}
+#if !defined(MBEDTLS_SSL_PROTO_TLS1_3)
+	if (n[0] == 3) {
+		snprintf(err, errlen, "--tls-min-version TLS1.3: this kvd's mbedtls has no TLS 1.3");
+		return KVD_EINVAL;
+	}
+	n[1] = 2;
+#endif
+	if (min)
+		*min = n[0];
+	if (max)
+		*max = n[1];
+	return 0;
+}
+
+#ifndef KVD_NO_TLS
+
+#ifndef KVD_MAX_HANDSHAKES /* @@ TLS handshakes in progress; a new one displaces one (tls_accept) */
+#define KVD_MAX_HANDSHAKES 64
+#endif
+#ifndef KVD_HANDSHAKE_STEPS /* @@ TLS handshake steps per loop iteration */
+#define KVD_HANDSHAKE_STEPS 16
+#endif
+#define TLS_MAX_SUITES 32
+#define TLS_RECORD 16384            /* application bytes offered per mbedtls_ssl_write */
+
+struct tls_cfg {
+	unsigned refs;                  /* kvd's current one, and each connection made with it */
+	mbedtls_ssl_config conf;
+	mbedtls_x509_crt cert, ca;
+	mbedtls_pk_context key;
+	int suites[TLS_MAX_SUITES + 4]; /* --cipher-suites' or the defaults, TLS 1.3's, 0 */
+	const char *alpn[3];            /* h2, http/1.1 (mbedtls keeps the pointer) */
+	mbedtls_ecp_group_id curves[4]; /* key exchange groups, fastest first */
+	char *allowed;                  /* --client-cert-allowed-hostname (a comma list), NULL if not given */
+};
+
+/* --client-crl-file, read again whenever the file changes (tls_crl_fresh). */
+struct tls_crl {
+	mbedtls_x509_crl crl;
+	unsigned loaded : 1;            /* crl holds the file as it was at st */
+	unsigned bad : 1;               /* the file changed into something unreadable: refuse every certificate */
+	struct stat st;                 /* the file when last read */
+};
+
+struct tls_state {
+	struct tls_cfg *cfg;            /* new connections use this one */
+	struct tls_crl crl;             /* --client-crl-file's revoked serials */
+	mbedtls_entropy_context entropy;
+	mbedtls_ctr_drbg_context drbg;
+	unsigned handshaking;           /* connections in a handshake */
+	unsigned steps;                 /* handshake steps this loop iteration */
+	uint64_t handshakes, failures, displaced;
+};
+
+struct tls_conn {
+	mbedtls_ssl_context ssl;
+	struct tls_cfg *cfg;
+	size_t pending;                 /* bytes offered to a write that said WANT_WRITE */
+	unsigned done : 1;              /* the handshake is over */
+	unsigned looked : 1;            /* its first bytes were looked at (tls_not_tls) */
+	unsigned cert : 1;              /* the client sent a certificate (verified) */
+	char *cn;                       /* the client certificate's CN, its exact bytes (NUL added); NULL if none */
+	size_t cnlen;
+};
+
+/* etcd's defaults in spirit: ECDHE, AEAD only. */
+static const char *const tls_default_suites[] = {
+	"TLS-ECDHE-ECDSA-WITH-AES-128-GCM-SHA256", "TLS-ECDHE-RSA-WITH-AES-128-GCM-SHA256",
+	"TLS-ECDHE-ECDSA-WITH-AES-256-GCM-SHA384", "TLS-ECDHE-RSA-WITH-AES-256-GCM-SHA384",
+	"TLS-ECDHE-ECDSA-WITH-CHACHA20-POLY1305-SHA256", "TLS-ECDHE-RSA-WITH-CHACHA20-POLY1305-SHA256", NULL,
+};
+
+#if defined(MBEDTLS_SSL_PROTO_TLS1_3)
+static const char *const tls13_suites[] = {
+	"TLS1-3-AES-128-GCM-SHA256", "TLS1-3-AES-256-GCM-SHA384", "TLS1-3-CHACHA20-POLY1305-SHA256", NULL,
+};
+#endif
+
+static void tls_cfg_unref(struct kvd *k, struct tls_cfg *t)
+{
+	if (!t || --t->refs)
+		return;
+	mbedtls_ssl_config_free(&t->conf);
+	mbedtls_x509_crt_free(&t->cert);
+	mbedtls_x509_crt_free(&t->ca);
+	mbedtls_pk_free(&t->key);
+	kvd_free(k, t->allowed);
+	kvd_free(k, t);
+}
+
+/* A TLS file refused: what it is not, in plain words, then mbedtls' own. */
+static void tls_why(int r, const char *what, const char *file, char *err, size_t errlen)
+{
+	char m[128];
+	const char *plain = r == MBEDTLS_ERR_PK_FILE_IO_ERROR || r == MBEDTLS_ERR_X509_FILE_IO_ERROR ?
+	                    "cannot be read (missing, or no permission)" :
+	                    !strcmp(what, "--key-file") ? "not a private key kvd can read (PEM or DER: PKCS#8, RSA or EC; "
+	                                                  "no password-protected key)" :
+	                    !strcmp(what, "--cert-file") || !strcmp(what, "--trusted-ca-file") ?
+	                    "not a certificate kvd can read (PEM or DER X.509)" : NULL;
+
+	mbedtls_strerror(r, m, sizeof m);
+	if (plain)
+		snprintf(err, errlen, "%s %.150s: %s (mbedtls: %.60s)", what, file, plain, m);
+	else
+		snprintf(err, errlen, "%s %.200s: %s", what, file, m);
+}
+
+/* A Go cipher suite name (etcd's --cipher-suites) as mbedtls knows it. */
+static int tls_suite_id(const char *go)
+{
+	char name[96];
+	size_t i;
+	int id;
+
+	for (i = 0; go[i] && i < sizeof name - 8; i++)
+		name[i] = go[i] == '_' ? '-' : go[i];
+	name[i] = 0;
+	if ((id = mbedtls_ssl_get_ciphersuite_id(name)))
+		return id;
+	strcat(name, "-SHA256"); /* Go's CHACHA20_POLY1305 names drop the hash */
+	return mbedtls_ssl_get_ciphersuite_id(name);
+}
+
+/*
+ * --auto-tls: a self-signed ECDSA P-256 certificate made at start (in
+ * memory; a restart makes another), valid a year from now, naming
+ * localhost, 127.0.0.1 and ::1, as etcd's --auto-tls is meant to be used:
+ * by clients that skip verification.
+ */
+static int tls_self_signed(struct kvd *k, struct tls_cfg *t, char *err, size_t errlen)
+{
+	/* subjectAltName: DNS localhost, IP 127.0.0.1, IP ::1 */
+	static const uint8_t san[] = {0x30, 0x23, 0x82, 0x09, 'l', 'o', 'c', 'a', 'l', 'h', 'o', 's', 't',
+	                              0x87, 0x04, 127, 0, 0, 1, 0x87, 0x10, 0, 0, 0, 0, 0, 0, 0, 0,
+	                              0, 0, 0, 0, 0, 0, 0, 1};
+	mbedtls_x509write_cert w;
+	mbedtls_mpi serial;
+	char from[16], to[16];
+	uint8_t *der = kvd_malloc(k, 4096);
+	int64_t now = (int64_t)time(NULL);
+	struct util_tm a, b;
+	int r, n = 0;
+
+	mbedtls_x509write_crt_init(&w);
+	mbedtls_mpi_init(&serial);
+	if (!der) {
+		snprintf(err, errlen, "out of memory");
+		return KVD_ENOMEM;
+	}
+	util_utc(now, &a);
+	util_utc(now + 365 * 86400, &b); /* etcd's default validity: 365 days */
+	snprintf(from, sizeof from, "%04d%02d%02d%02d%02d%02d", a.year, a.mon, a.mday, a.hour, a.min, a.sec);
+	snprintf(to, sizeof to, "%04d%02d%02d%02d%02d%02d", b.year, b.mon, b.mday, b.hour, b.min, b.sec);
+	if ((r = mbedtls_pk_setup(&t->key, mbedtls_pk_info_from_type(MBEDTLS_PK_ECKEY))) ||
+	    (r = mbedtls_ecp_gen_key(MBEDTLS_ECP_DP_SECP256R1, mbedtls_pk_ec(t->key), mbedtls_ctr_drbg_random,
+	                             &k->tls->drbg)) ||
+	    (r = mbedtls_mpi_fill_random(&serial, 16, mbedtls_ctr_drbg_random, &k->tls->drbg)) ||
+	    (r = mbedtls_mpi_set_bit(&serial, 127, 0)))
+		goto out;
+	mbedtls_x509write_crt_set_version(&w, MBEDTLS_X509_CRT_VERSION_3);
+	mbedtls_x509write_crt_set_md_alg(&w, MBEDTLS_MD_SHA256);
+	mbedtls_x509write_crt_set_subject_key(&w, &t->key);
+	mbedtls_x509write_crt_set_issuer_key(&w, &t->key);
+	if ((r = mbedtls_x509write_crt_set_subject_name(&w, "CN=kvd,O=kvd auto-tls")) ||
+	    (r = mbedtls_x509write_crt_set_issuer_name(&w, "CN=kvd,O=kvd auto-tls")) ||
+	    (r = mbedtls_x509write_crt_set_serial(&w, &serial)) ||
+	    (r = mbedtls_x509write_crt_set_validity(&w, from, to)) ||
+	    (r = mbedtls_x509write_crt_set_basic_constraints(&w, 0, -1)) ||
+	    (r = mbedtls_x509write_crt_set_key_usage(&w, MBEDTLS_X509_KU_DIGITAL_SIGNATURE |
+	                                                  MBEDTLS_X509_KU_KEY_ENCIPHERMENT)) ||
+	    (r = mbedtls_x509write_crt_set_extension(&w, MBEDTLS_OID_SUBJECT_ALT_NAME,
+	                                             MBEDTLS_OID_SIZE(MBEDTLS_OID_SUBJECT_ALT_NAME), 0, san, sizeof san)))
+		goto out;
+	if ((n = mbedtls_x509write_crt_der(&w, der, 4096, mbedtls_ctr_drbg_random, &k->tls->drbg)) < 0) {
+		r = n;
+		goto out;
+	}
+	r = mbedtls_x509_crt_parse_der(&t->cert, der + 4096 - n, (size_t)n); /* written at the buffer's end */
+out:
+	if (r)
+		tls_why(r, "--auto-tls", "self-signed certificate", err, errlen);
+	mbedtls_x509write_crt_free(&w);
+	mbedtls_mpi_free(&serial);
+	kvd_free(k, der);
+	return r ? KVD_EIO : 0;
+}
+
+static int tls_auto(const struct kvd_config *cfg)
+{
+	return cfg->auto_tls && (!cfg->cert_file || !cfg->cert_file[0]);
+}
+
+/*
+ * --client-crl-file, as etcd checks it: the serial numbers it lists refuse
+ * any certificate the client sends with one (the leaf or any other in its
+ * chain), by serial alone -- whoever signed the CRL, and however old or
+ * young it is: a CRL past its nextUpdate, dated ahead of a board's wrong
+ * clock, or issued by another CA still revokes what it lists and refuses
+ * nobody else.  (mbedtls' own check, which kvd used before, refused every
+ * certificate in those three cases.)  PEM or DER, several CRLs in one
+ * file.  etcd reads the file at every connection; kvd reads it at start,
+ * on SIGHUP, and at a handshake when it changed (its size, time or inode):
+ * an update takes effect at once.  A file that changed into something
+ * unreadable refuses every client certificate until it is fixed, as
+ * etcd's does, and says so in the log.
+ */
+static int tls_crl_read(struct kvd *k, struct tls_crl *c, char *err, size_t errlen)
+{
+	const char *path = k->cfg.client_crl_file;
+	mbedtls_x509_crl n;
+	struct stat st;
+	int r;
+
+	if (stat(path, &st)) {
+		snprintf(err, errlen, "--client-crl-file %.200s: %s", path, strerror(errno));
+		return KVD_EINVAL;
+	}
+	mbedtls_x509_crl_init(&n);
+	if ((r = mbedtls_x509_crl_parse_file(&n, path))) {
+		mbedtls_x509_crl_free(&n);
+		tls_why(r, "--client-crl-file", path, err, errlen);
+		return KVD_EINVAL;
+	}
+	if (c->loaded)
+		mbedtls_x509_crl_free(&c->crl);
+	c->crl = n;
+	c->loaded = 1;
+	c->bad = 0;
+	c->st = st;
+	return 0;
+}
+
+/* The CRL as the file is now: read again when it changed.  0, or -1 when
+ * it cannot be read (every certificate is then refused). */
+static int tls_crl_fresh(struct kvd *k, struct tls_crl *c)
+{
+	char err[KVD_ERRLEN];
+	struct stat st;
+	int was_bad = c->bad;
+
+	if (!stat(k->cfg.client_crl_file, &st) && c->loaded && st.st_size == c->st.st_size &&
+	    st.st_ino == c->st.st_ino && st.st_mtime == c->st.st_mtime && !c->bad)
+		return 0;
+	if (!tls_crl_read(k, c, err, sizeof err)) {
+		kvd_log(k, KVD_LOG_INFO, "--client-crl-file %s changed: read again", k->cfg.client_crl_file);
+		return 0;
+	}
+	c->bad = 1;
+	if (!was_bad)
+		kvd_log(k, KVD_LOG_ERROR, "%s: every client certificate is refused until it can be read", err);
+	return -1;
+}
+
+/* Does a serial number the CRL lists match crt's?  As Go compares them:
+ * the magnitude's bytes, leading zeros dropped. */
+static int tls_serial_eq(const uint8_t *a, size_t an, const uint8_t *b, size_t bn)
+{
+	while (an && !*a) {
+		a++;
+		an--;
+	}
+	while (bn && !*b) {
+		b++;
+		bn--;
+	}
+	return an == bn && !memcmp(a, b, an);
+}
+
+/* Is any certificate the client sent revoked?  1, with the serial logged. */
+static int tls_revoked(struct kvd *k, const mbedtls_x509_crt *sent, const char *peer)
+{
+	const mbedtls_x509_crl *crl;
+	const mbedtls_x509_crl_entry *e;
+	const mbedtls_x509_crt *c;
+	char hex[2 * 20 + 1];
+	size_t i;
+
+	if (!k->cfg.client_crl_file || !k->cfg.client_crl_file[0])
+		return 0;
+	if (tls_crl_fresh(k, &k->tls->crl)) {
+		kvd_log(k, KVD_LOG_WARN, "%s: client certificate refused: --client-crl-file cannot be read", peer);
+		return 1;
+	}
+	for (c = sent; c && c->raw.p; c = c->next)
+		for (crl = &k->tls->crl.crl; crl && crl->raw.p; crl = crl->next)
+			for (e = &crl->entry; e && e->raw.p; e = e->next)
+				if (tls_serial_eq(e->serial.p, e->serial.len, c->serial.p, c->serial.len)) {
+					for (i = 0; i < c->serial.len && i < 20; i++)
+						snprintf(hex + 2 * i, 3, "%02x", c->serial.p[i]);
+					hex[2 * i] = 0;
+					kvd_log(k, KVD_LOG_WARN, "%s: rejected connection: certificate serial %s revoked", peer, hex);
+					return 1;
+				}
+	return 0;
+}
+
+/* Read one generation of certificates from the flags. */
+static int tls_cfg_load(struct kvd *k, struct tls_cfg **out, char *err, size_t errlen)
+{
+	const struct kvd_config *cfg = &k->cfg;
+	struct tls_cfg *t = kvd_calloc(k, sizeof *t);
+	int r, n = 0, vmin = 2, vmax = 2;
+#if defined(MBEDTLS_SSL_PROTO_TLS1_3)
+	int i;
+#endif
+
+	*out = NULL;
+	if (!t) {
+		snprintf(err, errlen, "out of memory");
+		return KVD_ENOMEM;
+	}
+	t->refs = 1;
+	mbedtls_ssl_config_init(&t->conf);
+	mbedtls_x509_crt_init(&t->cert);
+	mbedtls_x509_crt_init(&t->ca);
+	mbedtls_pk_init(&t->key);
+	if (!tls_auto(cfg) && (util_check_regular(cfg->cert_file, "--cert-file", err, errlen) ||
+	                       util_check_regular(cfg->key_file, "--key-file", err, errlen)))
+		goto fail; /* mbedtls opens them itself: a FIFO would block (at start, or on SIGHUP) */
+	if (cfg->trusted_ca_file && cfg->trusted_ca_file[0] &&
+	    util_check_regular(cfg->trusted_ca_file, "--trusted-ca-file", err, errlen))
+		goto fail;
+	if (cfg->client_crl_file && cfg->client_crl_file[0] &&
+	    util_check_regular(cfg->client_crl_file, "--client-crl-file", err, errlen))
+		goto fail;
+	if (tls_auto(cfg)) {
+		if (tls_self_signed(k, t, err, errlen))
+			goto fail;
+	} else if ((r = mbedtls_x509_crt_parse_file(&t->cert, cfg->cert_file))) {
+		tls_why(r, "--cert-file", cfg->cert_file, err, errlen);
+		goto fail;
+	} else {
+#if MBEDTLS_VERSION_MAJOR >= 3
+		r = mbedtls_pk_parse_keyfile(&t->key, cfg->key_file, NULL, mbedtls_ctr_drbg_random, &k->tls->drbg);
+#else
+		r = mbedtls_pk_parse_keyfile(&t->key, cfg->key_file, NULL);
+#endif
+		if (r) {
+			tls_why(r, "--key-file", cfg->key_file, err, errlen);
+			goto fail;
+		}
+	}
+#if MBEDTLS_VERSION_MAJOR >= 3
+	r = mbedtls_pk_check_pair(&t->cert.pk, &t->key, mbedtls_ctr_drbg_random, &k->tls->drbg);
+#else
+	r = mbedtls_pk_check_pair(&t->cert.pk, &t->key);
+#endif
+	if (r) {
+		snprintf(err, errlen, "--key-file %.200s does not match --cert-file %.200s", cfg->key_file, cfg->cert_file);
+		goto fail;
+	}
+	if (cfg->trusted_ca_file && cfg->trusted_ca_file[0] &&
+	    (r = mbedtls_x509_crt_parse_file(&t->ca, cfg->trusted_ca_file))) {
+		tls_why(r, "--trusted-ca-file", cfg->trusted_ca_file, err, errlen);
+		goto fail;
+	}
+	if (cfg->client_crl_file && cfg->client_crl_file[0] && tls_crl_read(k, &k->tls->crl, err, errlen))
+		goto fail;
+	t->alpn[0] = "h2";
+	t->alpn[1] = "http/1.1";
+	if ((r = mbedtls_ssl_config_defaults(&t->conf, MBEDTLS_SSL_IS_SERVER, MBEDTLS_SSL_TRANSPORT_STREAM,
+	                                     MBEDTLS_SSL_PRESET_DEFAULT)) ||
+	    (r = mbedtls_ssl_conf_own_cert(&t->conf, &t->cert, &t->key)) ||
+	    (r = mbedtls_ssl_conf_alpn_protocols(&t->conf, t->alpn))) {
+		tls_why(r, "TLS", "configuration", err, errlen);
+		goto fail;
+	}
+	mbedtls_ssl_conf_rng(&t->conf, mbedtls_ctr_drbg_random, &k->tls->drbg);
+	t->curves[0] = MBEDTLS_ECP_DP_CURVE25519; /* mbedtls would pick secp521r1: 5x slower */
+	t->curves[1] = MBEDTLS_ECP_DP_SECP256R1;
+	t->curves[2] = MBEDTLS_ECP_DP_SECP384R1;
+	t->curves[3] = MBEDTLS_ECP_DP_NONE;
+#if MBEDTLS_VERSION_MAJOR >= 3
+	{
+		static const uint16_t groups[] = {MBEDTLS_SSL_IANA_TLS_GROUP_X25519, MBEDTLS_SSL_IANA_TLS_GROUP_SECP256R1,
+		                                  MBEDTLS_SSL_IANA_TLS_GROUP_SECP384R1, 0};
+		mbedtls_ssl_conf_groups(&t->conf, groups);
+	}
+#else
+	mbedtls_ssl_conf_curves(&t->conf, t->curves);
+#endif
+	if (tls_check_versions(cfg, &vmin, &vmax, err, errlen))
+		goto fail;
+	/* TLS 1.2 at least, as etcd 3.7 (its --tls-min-version default) */
+#if MBEDTLS_VERSION_MAJOR >= 3
+	mbedtls_ssl_conf_min_tls_version(&t->conf, vmin == 3 ? MBEDTLS_SSL_VERSION_TLS1_3 : MBEDTLS_SSL_VERSION_TLS1_2);
+	mbedtls_ssl_conf_max_tls_version(&t->conf, vmax == 3 ? MBEDTLS_SSL_VERSION_TLS1_3 : MBEDTLS_SSL_VERSION_TLS1_2);
+#else
+	mbedtls_ssl_conf_min_version(&t->conf, MBEDTLS_SSL_MAJOR_VERSION_3, MBEDTLS_SSL_MINOR_VERSION_3);
+	mbedtls_ssl_conf_max_version(&t->conf, MBEDTLS_SSL_MAJOR_VERSION_3, MBEDTLS_SSL_MINOR_VERSION_3);
+#endif
+#ifdef MBEDTLS_SSL_RENEGOTIATION /* a small mbedtls has none to turn off */
+	mbedtls_ssl_conf_renegotiation(&t->conf, MBEDTLS_SSL_RENEGOTIATION_DISABLED);
+#endif
+	if (cfg->trusted_ca_file && cfg->trusted_ca_file[0]) /* the CRL is kvd's to check, as etcd's (tls_revoked) */
+		mbedtls_ssl_conf_ca_chain(&t->conf, &t->ca, NULL);
+	/* as etcd's TLSInfo: a trusted CA alone already means "require and verify a
+	 * client certificate"; --client-cert-auth adds only the CN as the user */
+	mbedtls_ssl_conf_authmode(&t->conf, cfg->client_cert_auth || (cfg->trusted_ca_file && cfg->trusted_ca_file[0])
+	                                        ? MBEDTLS_SSL_VERIFY_REQUIRED : MBEDTLS_SSL_VERIFY_NONE);
+	if (cfg->cipher_suites && cfg->cipher_suites[0]) {
+		char list[1024], *p, *save;
+		snprintf(list, sizeof list, "%s", cfg->cipher_suites);
+		for (p = strtok_r(list, ",", &save); p; p = strtok_r(NULL, ",", &save)) {
+			while (*p == ' ')
+				p++;
+			if (n == TLS_MAX_SUITES || !(t->suites[n++] = tls_suite_id(p))) {
+				snprintf(err, errlen, "unexpected TLS cipher suite \"%.80s\"", p);
+				goto fail;
+			}
+		}
+	} else {
+		for (; tls_default_suites[n]; n++)
+			t->suites[n] = mbedtls_ssl_get_ciphersuite_id(tls_default_suites[n]);
+	}
+#if defined(MBEDTLS_SSL_PROTO_TLS1_3)
+	/* TLS 1.3's three AEAD suites are always offered: --cipher-suites names
+	 * TLS 1.2 ones only (Go's crypto/tls does not let 1.3's be chosen) */
+	for (i = 0; vmax == 3 && tls13_suites[i] && n < TLS_MAX_SUITES + 3; i++)
+		if ((t->suites[n] = mbedtls_ssl_get_ciphersuite_id(tls13_suites[i])))
+			n++;
+#endif
+	t->suites[n] = 0;
+	mbedtls_ssl_conf_ciphersuites(&t->conf, t->suites);
+	if (cfg->client_cert_allowed_hostname && cfg->client_cert_allowed_hostname[0] && /* "": none (etcd: nobody) */
+	    !(t->allowed = kvd_strdup(k, cfg->client_cert_allowed_hostname))) {
+		snprintf(err, errlen, "out of memory");
+		goto fail;
+	}
+	*out = t;
+	return 0;
+fail:
+	tls_cfg_unref(k, t);
+	return KVD_EINVAL;
+}
+
+/*
+ * TLS at start-up, before the data dir is touched: refuses inconsistent or
+ * unreadable settings with one line.  Nothing to do without https:// URLs.
+ */
+static int tls_init(struct kvd *k, int wanted, char *err, size_t errlen)
+{
+	const struct kvd_config *cfg = &k->cfg;
+	static const char *const flags[] = {"--cert-file", "--key-file", "--trusted-ca-file", "--client-crl-file"};
+	const char *given[] = {cfg->cert_file, cfg->key_file, cfg->trusted_ca_file, cfg->client_crl_file};
+	size_t i;
+	int r;
+
+	if (!wanted) { /* as etcd, not an error: said, so a forgotten https:// is found */
+		for (i = 0; i < KVD_COUNT(flags); i++)
+			if (given[i] && given[i][0])
+				kvd_log(k, KVD_LOG_WARN, "%s is set, but no listener is https:// or unixs://: it is not used",
+				        flags[i]);
+		return 0;
+	}
+	if (!tls_auto(cfg) && (!cfg->cert_file || !cfg->cert_file[0] || !cfg->key_file || !cfg->key_file[0])) {
+		snprintf(err, errlen, "TLS key/cert (--cert-file, --key-file) must be provided for client URLs with the "
+		         "https scheme");
+		return KVD_EINVAL;
+	}
+	if (cfg->client_cert_auth && (!cfg->trusted_ca_file || !cfg->trusted_ca_file[0])) {
+		snprintf(err, errlen, "--client-cert-auth needs --trusted-ca-file");
+		return KVD_EINVAL;
+	}
+	if (!(k->tls = kvd_calloc(k, sizeof *k->tls))) {
+		snprintf(err, errlen, "out of memory");
+		return KVD_ENOMEM;
+	}
+	mbedtls_entropy_init(&k->tls->entropy);
+	mbedtls_ctr_drbg_init(&k->tls->drbg);
+	if ((r = mbedtls_ctr_drbg_seed(&k->tls->drbg, mbedtls_entropy_func, &k->tls->entropy,
+	                               (const unsigned char *)"kvd", 3))) {
+		tls_why(r, "TLS", "random generator", err, errlen);
+		return KVD_EIO;
+	}
+#if defined(MBEDTLS_SSL_PROTO_TLS1_3)
+	/* once per process, and never stopped: another kvd in it may use it */
+	if (psa_crypto_init() != PSA_SUCCESS) {
+		snprintf(err, errlen, "TLS: PSA crypto did not start");
+		return KVD_EIO;
+	}
+#endif
+	return tls_cfg_load(k, &k->tls->cfg, err, errlen);
+}
+
+/* SIGHUP: read the certificates again; a bad set keeps the old one. */
+static void tls_reload(struct kvd *k)
+{
+	struct tls_cfg *t;
+	char err[KVD_ERRLEN];
+
+	if (!k->tls || tls_auto(&k->cfg)) /* a self-signed one is kept as it is */
+		return;
+	if (tls_cfg_load(k, &t, err, sizeof err)) {
+		kvd_log(k, KVD_LOG_WARN, "TLS reload: %s; keeping the certificates in use", err);
+		return;
+	}
+	tls_cfg_unref(k, k->tls->cfg);
+	k->tls->cfg = t;
+	kvd_log(k, KVD_LOG_INFO, "TLS reload: certificates read again (new connections use them)");
+}
+
+static void tls_fini(struct kvd *k)
+{
+	if (!k->tls)
+		return;
+	if (k->tls->handshakes || k->tls->failures || k->tls->displaced) /* served some: say what */
+		kvd_log(k, KVD_LOG_INFO, "tls: %llu handshakes, %llu failed, %llu displaced by newer ones",
+		        (unsigned long long)k->tls->handshakes, (unsigned long long)k->tls->failures,
+		        (unsigned long long)k->tls->displaced);
+	tls_cfg_unref(k, k->tls->cfg);
+	if (k->tls->crl.loaded)
+		mbedtls_x509_crl_free(&k->tls->crl.crl);
+	mbedtls_ctr_drbg_free(&k->tls->drbg);
+	mbedtls_entropy_free(&k->tls->entropy);
+	kvd_free(k, k->tls);
+	k->tls = NULL;
+}
+
+/* ---- the transport ----------------------------------------------------------- */
+
+static int tls_bio_send(void *ctx, const unsigned char *p, size_t n)
+{
+	struct conn *c = ctx;
+	ssize_t r = send(c->fd, p, n, MSG_NOSIGNAL);
+
+	if (r >= 0)
+		return (int)r;
+	if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) {
+		c->want_write = 1;
+		return MBEDTLS_ERR_SSL_WANT_WRITE;
+	}
+	return MBEDTLS_ERR_NET_SEND_FAILED;
+}
+
+static int tls_bio_recv(void *ctx, unsigned char *p, size_t n)
+{
+	struct conn *c = ctx;
+	ssize_t r = recv(c->fd, p, n, 0);
+
+	if (r >= 0)
+		return (int)r;
+	if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)
+		return MBEDTLS_ERR_SSL_WANT_READ;
+	return MBEDTLS_ERR_NET_RECV_FAILED;
+}
+
+/*
+ * --client-cert-allowed-hostname, as etcd checks it: Go's
+ * x509.Certificate.VerifyHostname against the leaf, SANs only (the CN is
+ * never looked at).  An IP (brackets allowed) matches only an IP SAN,
+ * ::ffff:a.b.c.d and a.b.c.d alike; a name matches a dNSName SAN without
+ * regard to ASCII case, one trailing dot of the name ignored, and a SAN
+ * "*.x.y" matches exactly one label in place of its "*" (never "x.y", nor
+ * "a.b.x.y"); a SAN that is no valid pattern only matches itself.
+ */
+static int tls_lower(int c)
+{
+	return c >= 'A' && c <= 'Z' ? c + 32 : c;
+}
+
+/* Go's validHostname (its label characters; '*' alone as a pattern's first). */
+static int tls_valid_host(const char *h, size_t n, int pattern)
+{
+	size_t i, start = 0;
+
+	if (!pattern && n && h[n - 1] == '.')
+		n--;
+	if (!n || (n == 1 && h[0] == '*'))
+		return 0;
+	for (i = 0; i <= n; i++) {
+		if (i < n && h[i] != '.')
+			continue;
+		if (i == start)
+			return 0; /* an empty label */
+		if (!(pattern && start == 0 && i == 1 && h[0] == '*')) {
+			size_t j;
+			for (j = start; j < i; j++) {
+				char c = h[j];
+				if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
+				      (c == '-' && j != start)))
+					return 0;
+			}
+		}
+		start = i + 1;
+	}
+	return 1;
+}
+
+/* Go's matchHostnames: pattern p (a valid one) against host h, by labels. */
+static int tls_match_pattern(const char *p, size_t pn, const char *h, size_t hn)
+{
+	size_t i = 0, j = 0;
+	int first = 1;
+
+	if (hn && h[hn - 1] == '.')
+		hn--;
+	if (!pn || !hn)
+		return 0;
+	for (;;) {
+		size_t pe = i, he = j;
+		while (pe < pn && p[pe] != '.')
+			pe++;
+		while (he < hn && h[he] != '.')
+			he++;
+		if (!(first && pe - i == 1 && p[i] == '*')) {
+			size_t m;
+			if (pe - i != he - j)
+				return 0;
+			for (m = 0; m < pe - i; m++)
+				if (tls_lower((unsigned char)p[i + m]) != tls_lower((unsigned char)h[j + m]))
+					return 0;
+		}
+		first = 0;
+		if (pe == pn || he == hn)
+			return pe == pn && he == hn;
+		i = pe + 1;
+		j = he + 1;
+	}
+}
+
+/* Does the certificate's leaf name host h[0..n) (VerifyHostname)? */
+static int tls_names(const mbedtls_x509_crt *crt, const char *h, size_t n)
+{
+	const mbedtls_x509_sequence *san;
+	uint8_t ip[16];
+	char t[64];
+	size_t ipn = 0, i;
+	int valid;
+
+	if (n >= 3 && h[0] == '[' && h[n - 1] == ']' && n - 2 < sizeof t) {
+		memcpy(t, h + 1, n - 2);
+		t[n - 2] = 0;
+	} else if (n < sizeof t) {
+		memcpy(t, h, n);
+		t[n] = 0;
+	} else {
+		t[0] = 0;
+	}
+	if (t[0] && inet_pton(AF_INET, t, ip) == 1)
+		ipn = 4;
+	else if (t[0] && inet_pton(AF_INET6, t, ip) == 1)
+		ipn = 16;
+#if MBEDTLS_VERSION_MAJOR >= 3
+	san = mbedtls_x509_crt_has_ext_type(crt, MBEDTLS_X509_EXT_SUBJECT_ALT_NAME) ? &crt->subject_alt_names : NULL;
+#else
+	san = crt->ext_types & MBEDTLS_X509_EXT_SUBJECT_ALT_NAME ? &crt->subject_alt_names : NULL;
+#endif
+	valid = tls_valid_host(h, n, 0);
+	for (; san && san->buf.p; san = san->next) {
+		unsigned tag = san->buf.tag & MBEDTLS_ASN1_TAG_VALUE_MASK;
+		const char *m = (const char *)san->buf.p;
+		size_t mn = san->buf.len;
+		if (ipn && tag == 7) { /* iPAddress: 4 or 16 bytes, a v4 equal to its v4-mapped v6 */
+			static const uint8_t mapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+			if ((mn == ipn && !memcmp(m, ip, ipn)) ||
+			    (mn == 16 && ipn == 4 && !memcmp(m, mapped, 12) && !memcmp(m + 12, ip, 4)) ||
+			    (mn == 4 && ipn == 16 && !memcmp(ip, mapped, 12) && !memcmp(ip + 12, m, 4)))
+				return 1;
+			continue;
+		}
+		if (ipn || tag != 2)
+			continue; /* an IP never matches a name */
+		if (valid && tls_valid_host(m, mn, 1)) {
+			if (tls_match_pattern(m, mn, h, n))
+				return 1;
+		} else if (mn == n && n && !(n == 1 && h[0] == '.') && !(mn == 1 && m[0] == '.')) {
+			for (i = 0; i < n && tls_lower((unsigned char)m[i]) == tls_lower((unsigned char)h[i]); i++)
+				;
+			if (i == n)
+				return 1;
+		}
+	}
+	return 0;
+}
+
+/* Does the leaf name any host of the comma list (not trimmed: " b" is
+ * not "b", and an empty entry names nothing), as etcd splits it? */
+static int tls_names_any(const mbedtls_x509_crt *crt, const char *list)
+{
+	const char *p = list, *e;
+
+	for (;; p = e + 1) {
+		e = p + strcspn(p, ",");
+		if (tls_names(crt, p, (size_t)(e - p)))
+			return 1;
+		if (!*e)
+			return 0;
+	}
+}
+
+/* A handshake is no longer in progress (done, or its connection gone). */
+static void tls_hs_end(struct conn *c)
+{
+	if (c->k->tls)
+		c->k->tls->handshaking--;
+	if (c->share)
+		c->share->n[SHARE_HANDSHAKES]--;
+}
+
+/*
+ * A client that does not speak TLS to a TLS port, said in plain words
+ * rather than mbedtls' "Processing of the ClientHello handshake message
+ * failed": an HTTP request (curl http:// to an https:// port, Go's list of
+ * what looks like one) or anything else.  The connection closes without a
+ * byte, as etcd's TLS listener closes it ("first record does not look like
+ * a TLS handshake").  1 when it is to close, 0 to go on with the handshake.
+ */
+static int tls_not_tls(struct conn *c, struct tls_conn *t)
+{
+	static const char *const heads[] = {"GET /", "HEAD ", "POST ", "PUT /", "OPTIO", "PRI *"};
+	uint8_t b[512];
+	ssize_t n = recv(c->fd, b, 5, MSG_PEEK | MSG_DONTWAIT);
+	size_t i;
+
+	if (n <= 0)
+		return 0; /* nothing yet (or an error the handshake will meet) */
+	t->looked = 1;
+	if (b[0] == 0x16) /* a TLS handshake record */
+		return 0;
+	for (i = 0; i < 16 && recv(c->fd, b + 8, sizeof b - 8, MSG_DONTWAIT) > 0; i++)
+		; /* what it sent is read, so the close is a FIN, not a reset (as etcd's) */
+	for (i = 0; i < KVD_COUNT(heads); i++)
+		if (n == 5 && !memcmp(b, heads[i], 5)) {
+			kvd_log(c->k, KVD_LOG_INFO, "%s: a plain HTTP request on a TLS port (the client said http://, not "
+			        "https://): closed", c->peer);
+			return 1;
+		}
+	kvd_log(c->k, KVD_LOG_INFO, "%s: not TLS on a TLS port (first byte 0x%02x): closed", c->peer, b[0]);
+	return 1;
+}
+
+/* The handshake's next step: 0 once it is over, KVD_EAGAIN, or KVD_EIO. */
+static int tls_step(struct conn *c)
+{
+	struct kvd *k = c->k;
+	struct tls_conn *t = c->ts;
+	const mbedtls_x509_crt *peer;
+	const mbedtls_x509_name *nm;
+	char why[128];
+	int r, named;
+
+	if (t->done)
+		return 0;
+	if (k->tls->steps >= KVD_HANDSHAKE_STEPS) {
+		util_wake_by(k, k->now); /* next iteration: the others go first */
+		return KVD_EAGAIN;
+	}
+	k->tls->steps++;
+	if (!t->looked && tls_not_tls(c, t)) {
+		k->tls->failures++;
+		return KVD_EIO;
+	}
+	r = mbedtls_ssl_handshake(&t->ssl);
+	if (r == MBEDTLS_ERR_SSL_WANT_READ || r == MBEDTLS_ERR_SSL_WANT_WRITE)
+		return KVD_EAGAIN;
+	if (r) {
+		mbedtls_strerror(r, why, sizeof why);
+		kvd_log(k, KVD_LOG_INFO, "%s: TLS handshake failed: %s", c->peer, why);
+		k->tls->failures++;
+		return KVD_EIO;
+	}
+	t->done = 1;
+	tls_hs_end(c);
+	k->tls->handshakes++;
+	if ((peer = mbedtls_ssl_get_peer_cert(&t->ssl))) {
+		const mbedtls_x509_name *last = NULL;
+		t->cert = 1;
+		for (nm = &peer->subject; nm; nm = nm->next) /* the last CN, as Go's pkix.Name keeps it */
+			if (nm->oid.p && !MBEDTLS_OID_CMP(MBEDTLS_OID_AT_CN, &nm->oid))
+				last = nm;
+		if (last) { /* every byte of it: a NUL or a length cap must not make it another user's name */
+			if (!(t->cn = kvd_malloc(k, last->val.len + 1))) {
+				kvd_log(k, KVD_LOG_WARN, "%s: out of memory after a TLS handshake: closed", c->peer);
+				return KVD_EIO;
+			}
+			if (last->val.len)
+				memcpy(t->cn, last->val.p, last->val.len);
+			t->cn[last->val.len] = 0;
+			t->cnlen = last->val.len;
+		}
+		named = !t->cfg->allowed || tls_names_any(peer, t->cfg->allowed);
+		if (!named)
+			kvd_log(k, KVD_LOG_INFO, "%s: client certificate does not name %s: refused", c->peer, t->cfg->allowed);
+		if (!named || tls_revoked(k, peer, c->peer)) {
+			mbedtls_ssl_send_alert_message(&t->ssl, MBEDTLS_SSL_ALERT_LEVEL_FATAL,
+			                               MBEDTLS_SSL_ALERT_MSG_BAD_CERT);
+			return KVD_EIO;
+		}
+	}
+	if (k->cfg.log_level <= KVD_LOG_DEBUG) {
+		char cn[80];
+		size_t i;
+		for (i = 0; t->cn && i < t->cnlen && i < sizeof cn - 1; i++) /* printable, for the log only */
+			cn[i] = t->cn[i] >= 0x20 && t->cn[i] < 0x7f ? t->cn[i] : '?';
+		cn[i] = 0;
+		kvd_log(k, KVD_LOG_DEBUG, "%s: TLS %s %s, ALPN %s%s%s", c->peer, mbedtls_ssl_get_version(&t->ssl),
+		        mbedtls_ssl_get_ciphersuite(&t->ssl), mbedtls_ssl_get_alpn_protocol(&t->ssl) ?
+		        mbedtls_ssl_get_alpn_protocol(&t->ssl) : "-", t->cn ? ", client " : "", cn);
+	}
+	return 0;
+}
+
+static long tls_recv(struct conn *c, void *p, size_t n)
+{
+	struct tls_conn *t = c->ts;
+	int r;
+
+	if ((r = tls_step(c)))
+		return r;
+	r = mbedtls_ssl_read(&t->ssl, p, KVD_MIN(n, (size_t)INT_MAX));
+	if (r > 0)
+		return r;
+	if (r == 0 || r == MBEDTLS_ERR_SSL_PEER_CLOSE_NOTIFY || r == MBEDTLS_ERR_SSL_CONN_EOF)
+		return 0;
+	if (r == MBEDTLS_ERR_SSL_WANT_READ || r == MBEDTLS_ERR_SSL_WANT_WRITE)
+		return KVD_EAGAIN;
+	return KVD_EIO;
+}
+
+/* Send up to n bytes of p (n 0: only move the handshake on). */
+static long tls_send(struct conn *c, const void *p, size_t n)
+{
+	struct tls_conn *t = c->ts;
+	size_t len;
+	int r;
+
+	if ((r = tls_step(c)))
+		return r;
+	if (!n && !t->pending)
+		return 0;
+	len = t->pending ? t->pending : KVD_MIN(n, (size_t)TLS_RECORD);
+	r = mbedtls_ssl_write(&t->ssl, p, len);
+	if (r > 0) {
+		t->pending = 0;
+		return r;
+	}
+	if (r == MBEDTLS_ERR_SSL_WANT_WRITE || r == MBEDTLS_ERR_SSL_WANT_READ) {
+		t->pending = len; /* the same bytes next time: mbedtls holds a record of them */
+		return KVD_EAGAIN;
+	}
+	return KVD_EIO;
+}
+
+/* Before the write side closes: a close_notify, best effort. */
+static void tls_shut(struct conn *c)
+{
+	struct tls_conn *t = c->ts;
+
+	if (t->done)
+		mbedtls_ssl_close_notify(&t->ssl);
+}
+
+static void tls_free(struct conn *c)
+{
+	struct tls_conn *t = c->ts;
+
+	if (!t)
+		return;
+	if (!t->done)
+		tls_hs_end(c);
+	mbedtls_ssl_free(&t->ssl);
+	tls_cfg_unref(c->k, t->cfg);
+	kvd_free(c->k, t->cn);
+	kvd_free(c->k, t);
+	c->ts = NULL;
+}
+
+static const struct net_transport tls_transport = {"tls", tls_recv, tls_send, tls_shut, tls_free};
+
+/*
+ * A new connection on an https:// listener.  When KVD_MAX_HANDSHAKES are in
+ * progress, one makes room (section 3's rule): the oldest of the address
+ * holding the most, when it holds at least two more than the newcomer's;
+ * else the newcomer's own oldest; else the oldest of all.  So a flood of
+ * half-open ClientHellos from a few addresses displaces itself, never a
+ * slow honest handshake from elsewhere.
+ */
+static int tls_accept(struct kvd *k, struct conn *c)
+{
+	struct tls_conn *t;
+	struct conn *o, *oldest = NULL;
+
+	if (k->tls->handshaking >= KVD_MAX_HANDSHAKES) {
+		struct share *top = share_max(k, SHARE_HANDSHAKES), *from;
+		from = share_may_take(top, c->share, SHARE_HANDSHAKES, 2) ? top
+		     : c->share && c->share->n[SHARE_HANDSHAKES] ? c->share : NULL;
+		for (o = k->conns; o; o = o->next)
+			if (o->tr == &tls_transport && !o->dead && o->ts && !((struct tls_conn *)o->ts)->done &&
+			    (!from || o->share == from) && (!oldest || o->t_open < oldest->t_open))
+				oldest = o;
+		if (oldest) {
+			tls_free(oldest); /* its handshake slot goes now; the socket at the reap */
+			oldest->dead = 1;
+			k->tls->displaced++;
+			k->st.yields[YIELD_HANDSHAKES] += from == top && top != c->share;
+		}
+	}
+	if (!(t = kvd_calloc(k, sizeof *t)))
+		return KVD_ENOMEM;
+	mbedtls_ssl_init(&t->ssl);
+	if (mbedtls_ssl_setup(&t->ssl, &k->tls->cfg->conf)) {
+		mbedtls_ssl_free(&t->ssl);
+		kvd_free(k, t);
+		return KVD_ENOMEM;
+	}
+	mbedtls_ssl_set_bio(&t->ssl, c, tls_bio_send, tls_bio_recv, NULL);
+	t->cfg = k->tls->cfg;
+	t->cfg->refs++;
+	c->ts = t;
+	k->tls->handshaking++;
+	if (c->share)
+		c->share->n[SHARE_HANDSHAKES]++;
+	return 0;
+}
+
+/* The verified client certificate's CN: who a call without a token is, with
+ * --client-cert-auth (section 16).  NULL if the client sent no certificate,
+ * "" if its certificate has no CN or an empty one (etcd: that user "", who
+ * does not exist); *n its length (it may hold NULs: compare it by length,
+ * never as a C string). */
+KVD_UNUSED static const char *tls_peer_cn(const struct conn *c, size_t *n) /* unused: KVD_NO_AUTH and _HTTP */
+{
+	const struct tls_conn *t = c->tr == &tls_transport ? c->ts : NULL;
+
+	*n = t && t->done && t->cn ? t->cnlen : 0;
+	return t && t->done && t->cert ? (t->cn ? t->cn : "") : NULL;
+}
+
+/* Does c speak TLS (an https:// or unixs:// listener's)? */
+KVD_UNUSED static int tls_is(const struct conn *c) /* unused: KVD_NO_HTTP */
+{
+	return c->tr == &tls_transport;
+}
+
+#else
+KVD_UNUSED static const char *tls_peer_cn(const struct conn *c, size_t *n)
+{
+	(void)c;
+	*n = 0;
+	return NULL;
+}
+
+KVD_UNUSED static int tls_is(const struct conn *c)
+{
+	(void)c;
+	return 0;
+}
+#endif /* KVD_NO_TLS */
+
+/* ===== 27. HPACK (hp_) =================================================== */
+
+/*
+ * RFC 7541.  The decoder is complete (static and dynamic tables, Huffman,
+ * size updates) and bounded: the decoded list is cut at KVD_MAX_HEADER_LIST
+ * bytes and KVD_MAX_HEADER_FIELDS fields, yet the whole block is still
+ * processed so the dynamic table stays in sync with the peer's encoder.
+ * The encoder only uses static indexes and literals without indexing, so kvd
+ * keeps no encoder table.
+ *
+ * Invariants:
+ *   1. The dynamic table never outgrows its maximum, nor the maximum
+ *      HP_TABLE_SIZE (what kvd's SETTINGS allow): hp_insert evicts before
+ *      it adds, and a size update above HP_TABLE_SIZE, or after a block's
+ *      first field, is a COMPRESSION_ERROR (hp_decode).  Every entry costs
+ *      32 bytes or more, so HP_MAX_ENTRIES slots always suffice.
+ *   2. Every read stays inside the block and the tables: integers take at
+ *      most 5 continuation bytes and fit 32 bits (hp_int), a string's
+ *      length fits what is left (hp_string), an index names an entry
+ *      (hp_lookup), Huffman padding is at most 7 one-bits, EOS never
+ *      inside (hp_huff_decode).
+ *   3. The whole block is always decoded, past the caps too (o->over), so
+ *      the table stays in step with the peer's encoder; a list cut at the
+ *      caps is answered, never served in part (h2_on_block).
+ *   4. Decoded fields point into the block or the shared arena (k->harena)
+ *      and live until the next decode: strings from the dynamic table are
+ *      copied there, since an insert later in the block may evict them,
+ *      and whoever keeps a field copies it (call_keep_meta).
+ */
+
+/* Appendix A: the static table. */
+static const struct { const char *name, *value; } hp_static[61] = {
+	{":authority", ""}, {":method", "GET"}, {":method", "POST"}, {":path", "/"},
+	{":path", "/index.html"}, {":scheme", "http"}, {":scheme", "https"},
+	{":status", "200"}, {":status", "204"}, {":status", "206"}, {":status", "304"},
+	{":status", "400"}, {":status", "404"}, {":status", "500"},
+	{"accept-charset", ""}, {"accept-encoding", "gzip, deflate"},
+	{"accept-language", ""}, {"accept-ranges", ""}, {"accept", ""},
+	{"access-control-allow-origin", ""}, {"age", ""}, {"allow", ""},
+	{"authorization", ""}, {"cache-control", ""}, {"content-disposition", ""},
+	{"content-encoding", ""}, {"content-language", ""}, {"content-length", ""},
+	{"content-location", ""}, {"content-range", ""}, {"content-type", ""},
+	{"cookie", ""}, {"date", ""}, {"etag", ""}, {"expect", ""}, {"expires", ""},
+	{"from", ""}, {"host", ""}, {"if-match", ""}, {"if-modified-since", ""},
+	{"if-none-match", ""}, {"if-range", ""}, {"if-unmodified-since", ""},
+	{"last-modified", ""}, {"link", ""}, {"location", ""}, {"max-forwards", ""},
+	{"proxy-authenticate", ""}, {"proxy-authorization", ""}, {"range", ""},
+	{"referer", ""}, {"refresh", ""}, {"retry-after", ""}, {"server", ""},
+	{"set-cookie", ""}, {"strict-transport-security", ""},
+	{"transfer-encoding", ""}, {"user-agent", ""}, {"vary", ""}, {"via", ""},
+	{"www-authenticate", ""},
+};
+
+/*
+ * Appendix B as a canonical code: the RFC's codes are assigned in order of
+ * (length, symbol), so the number of codes of each length plus the symbols in
+ * that order is the whole table.  Symbol 256 is EOS.
+ */
+static const uint8_t hp_huff_count[31] = {
+	0, 0, 0, 0, 0, 10, 26, 32, 6, 0, 5, 3, 2, 6, 2, 3,
+	0, 0, 0, 3, 8, 13, 26, 29, 12, 4, 15, 19, 29, 0, 4,
+};
+static const uint16_t hp_huff_sym[257] = {
+	48, 49, 50, 97, 99, 101, 105, 111, 115, 116, 32, 37, 45, 46, 47, 51,
+	52, 53, 54, 55, 56, 57, 61, 65, 95, 98, 100, 102, 103, 104, 108, 109,
+	110, 112, 114, 117, 58, 66, 67, 68, 69, 70, 71, 72, 73, 74, 75, 76,
+	77, 78, 79, 80, 81, 82, 83, 84, 85, 86, 87, 89, 106, 107, 113, 118,
+	119, 120, 121, 122, 38, 42, 44, 59, 88, 90, 33, 34, 40, 41, 63, 39,
+	43, 124, 35, 62, 0, 36, 64, 91, 93, 126, 94, 125, 60, 96, 123, 92,
+	195, 208, 128, 130, 131, 162, 184, 194, 224, 226, 153, 161, 167, 172, 176, 177,
+	179, 209, 216, 217, 227, 229, 230, 129, 132, 133, 134, 136, 146, 154, 156, 160,
+	163, 164, 169, 170, 173, 178, 181, 185, 186, 187, 189, 190, 196, 198, 228, 232,
+	233, 1, 135, 137, 138, 139, 140, 141, 143, 147, 149, 150, 151, 152, 155, 157,
+	158, 165, 166, 168, 174, 175, 180, 182, 183, 188, 191, 197, 231, 239, 9, 142,
+	144, 145, 148, 159, 171, 206, 215, 225, 236, 237, 199, 207, 234, 235, 192, 193,
+	200, 201, 202, 205, 210, 213, 218, 219, 238, 240, 242, 243, 255, 203, 204, 211,
+	212, 214, 221, 222, 223, 241, 244, 245, 246, 247, 248, 250, 251, 252, 253, 254,
+	2, 3, 4, 5, 6, 7, 8, 11, 12, 14, 15, 16, 17, 18, 19, 20,
+	21, 23, 24, 25, 26, 27, 28, 29, 30, 31, 127, 220, 249, 10, 13, 22,
+	256,
+};
+
+#define HP_EINVAL (-20) /* malformed: COMPRESSION_ERROR (distinct from KVD_E*) */
+#define HP_ESPACE (-21) /* output does not fit */
+
+/*
+ * Decode a Huffman string (section 5.2) into dst (cap bytes); dst NULL only
+ * validates.  Returns the decoded length, HP_EINVAL (EOS inside, padding
+ * longer than 7 bits or not all ones) or HP_ESPACE.
+ */
+static long hp_huff_decode(const uint8_t *src, size_t n, uint8_t *dst, size_t cap)
+{
+	size_t i = 0, out = 0;
+	unsigned bits = 0, cur = 0, len, index, sym;
+	uint32_t code, first, count;
+
+	for (;;) {
+		code = first = 0;
+		index = 0;
+		for (len = 1; len <= 30; len++) {
+			if (!bits) {
+				if (i == n) {
+					/* input ended inside a code: legal padding is at most
+					 * 7 bits, all ones (the start of EOS) */
+					len--;
+					if (len > 7 || (code >> 1) != (1u << len) - 1)
+						return HP_EINVAL;
+					return (long)out;
+				}
+				cur = src[i++];
+				bits = 8;
+			}
+			code |= (cur >> --bits) & 1;
+			count = hp_huff_count[len];
+			if (code - first < count)
+				break;
+			index += count;
+			first = (first + count) << 1;
+			code <<= 1;
+		}
+		if (len > 30)
+			return HP_EINVAL; /* unreachable with a complete code */
+		sym = hp_huff_sym[index + (code - first)];
+		if (sym == 256)
+			return HP_EINVAL;
+		if (dst) {
+			if (out >= cap)
+				return HP_ESPACE;
+			dst[out] = (uint8_t)sym;
+		}
+		out++;
+	}
+}
+
+/* Integer with an N-bit prefix (section 5.1); at most 5 continuation bytes. */
+static int hp_int(const uint8_t **pp, const uint8_t *end, unsigned prefix, uint32_t *out)
+{
+	const uint8_t *p = *pp;
+	uint32_t max = (1u << prefix) - 1;
+	uint64_t v;
+	unsigned shift = 0;
+	uint8_t b;
+
+	if (p >= end)
+		return HP_EINVAL;
+	v = *p++ & max;
+	if (v == max) {
+		do {
+			if (p >= end || shift > 28)
+				return HP_EINVAL;
+			b = *p++;
+			v += (uint64_t)(b & 0x7f) << shift;
+			shift += 7;
+		} while (b & 0x80);
+		if (v > 0xffffffffu)
+			return HP_EINVAL;
+	}
+	*out = (uint32_t)v;
+	*pp = p;
+	return 0;
+}
+
+static void hp_table_init(struct hp_table *t)
+{
+	memset(t, 0, sizeof *t);
+	t->max = HP_TABLE_SIZE;
+}
+
+static void hp_table_free(struct kvd *k, struct hp_table *t)
+{
+	kvd_free(k, t->mem);
+	hp_table_init(t);
+}
+
+static void hp_evict(struct hp_table *t)
+{
+	struct hp_entry *e = &t->ent[(t->first + t->n - 1) % HP_MAX_ENTRIES];
+
+	t->size -= (size_t)e->nlen + e->vlen + 32;
+	t->head = (size_t)e->off + e->nlen + e->vlen;
+	if (--t->n == 0)
+		t->head = t->tail = 0;
+}
+
+static void hp_resize(struct hp_table *t, size_t max)
+{
+	t->max = max;
+	while (t->size > t->max)
+		hp_evict(t);
+}
+
+/* Add an entry (section 4.4).  name/value never point into t->mem. */
+static int hp_insert(struct kvd *k, struct hp_table *t, const uint8_t *name, size_t nlen,
+                     const uint8_t *value, size_t vlen)
+{
+	size_t need = nlen + vlen + 32;
+	struct hp_entry *e;
+	unsigned i;
+
+	if (need > t->max) { /* too big: the table just empties */
+		while (t->n)
+			hp_evict(t);
+		return 0;
+	}
+	if (!name || !value)
+		return HP_EINVAL; /* cannot happen: small strings always fit */
+	while (t->size + need > t->max)
+		hp_evict(t);
+	if (!t->mem && !(t->mem = kvd_malloc(k, HP_TABLE_SIZE)))
+		return KVD_ENOMEM;
+	if (t->tail + nlen + vlen > HP_TABLE_SIZE) {
+		memmove(t->mem, t->mem + t->head, t->tail - t->head);
+		for (i = 0; i < t->n; i++)
+			t->ent[(t->first + i) % HP_MAX_ENTRIES].off -= (uint16_t)t->head;
+		t->tail -= t->head;
+		t->head = 0;
+	}
+	t->first = (t->first + HP_MAX_ENTRIES - 1) % HP_MAX_ENTRIES;
+	e = &t->ent[t->first];
+	e->off = (uint16_t)t->tail;
+	e->nlen = (uint16_t)nlen;
+	e->vlen = (uint16_t)vlen;
+	memcpy(t->mem + t->tail, name, nlen);
+	memcpy(t->mem + t->tail + nlen, value, vlen);
+	t->tail += nlen + vlen;
+	t->n++;
+	t->size += need;
+	return 0;
+}
+
+/* Output of one block decode: fields, and the arena that holds decoded
+ * strings.  A field stays valid until the next decode. */
+struct hp_out {
+	struct hp_field *f;
+	unsigned nf, maxf;
+	uint8_t *a;
+	size_t alen, acap;
+	size_t list, maxlist; /* section 4.1 size of the whole list, and the cap */
+	unsigned over : 1;    /* list cut at the caps: the request is refused */
+};
+
+/* Decode into maxf fields and an arena of acap bytes, under kvd's list cap. */
+static void hp_out_init(struct hp_out *o, struct hp_field *f, unsigned maxf, uint8_t *a, size_t acap)
+{
+	memset(o, 0, sizeof *o);
+	o->f = f;
+	o->maxf = maxf;
+	o->a = a;
+	o->acap = acap;
+	o->maxlist = KVD_MAX_HEADER_LIST;
+}
+
+/* Look up index i (1-based, section 2.3.3); 0 or out of range fails. */
+static int hp_lookup(struct hp_table *t, uint32_t i, const uint8_t **n, size_t *nl,
+                     const uint8_t **v, size_t *vl, int *dyn)
+{
+	struct hp_entry *e;
+
+	if (i == 0)
+		return HP_EINVAL;
+	if (i <= 61) {
+		*n = (const uint8_t *)hp_static[i - 1].name;
+		*nl = strlen(hp_static[i - 1].name);
+		*v = (const uint8_t *)hp_static[i - 1].value;
+		*vl = strlen(hp_static[i - 1].value);
+		*dyn = 0;
+		return 0;
+	}
+	if (i - 62 >= t->n)
+		return HP_EINVAL;
+	e = &t->ent[(t->first + i - 62) % HP_MAX_ENTRIES];
+	*n = t->mem + e->off;
+	*nl = e->nlen;
+	*v = t->mem + e->off + e->nlen;
+	*vl = e->vlen;
+	*dyn = 1;
+	return 0;
+}
+
+/* Copy bytes into the arena; NULL when they do not fit. */
+static const uint8_t *hp_keep(struct hp_out *o, const uint8_t *p, size_t n)
+{
+	uint8_t *d = o->a + o->alen;
+
+	if (o->acap - o->alen < n)
+		return NULL;
+	memcpy(d, p, n);
+	o->alen += n;
+	return d;
+}
+
+/* A string literal (section 5.2).  Raw strings point into the block, Huffman
+ * ones are decoded into the arena; *s is NULL if it did not fit. */
+static int hp_string(const uint8_t **pp, const uint8_t *end, struct hp_out *o,
+                     const uint8_t **s, size_t *len)
+{
+	int huff;
+	uint32_t n;
+	long r;
+	const uint8_t *src;
+
+	if (*pp >= end)
+		return HP_EINVAL;
+	huff = **pp & 0x80;
+	if (hp_int(pp, end, 7, &n) || n > (size_t)(end - *pp))
+		return HP_EINVAL;
+	src = *pp;
+	*pp += n;
+	if (!huff) {
+		*s = src;
+		*len = n;
+		return 0;
+	}
+	r = hp_huff_decode(src, n, o->a + o->alen, o->acap - o->alen);
+	if (r == HP_ESPACE) {
+		r = hp_huff_decode(src, n, NULL, 0);
+		*s = NULL;
+	} else if (r >= 0) {
+		*s = o->a + o->alen;
+		o->alen += (size_t)r;
+	}
+	if (r < 0)
+		return HP_EINVAL;
+	*len = (size_t)r;
+	return 0;
+}
+
+/*
+ * Decode one complete header block into o.  Returns 0 (check o->over),
+ * HP_EINVAL for a COMPRESSION_ERROR, or KVD_ENOMEM.
+ */
+static int hp_decode(struct kvd *k, struct hp_table *t, const uint8_t *p, size_t n,
+                     struct hp_out *o)
+{
+	const uint8_t *end = p + n, *name, *val;
+	size_t nlen, vlen, mark;
+	uint32_t v;
+	int started = 0, dyn, incr, r;
+
+	while (p < end) {
+		uint8_t b = *p;
+
+		if ((b & 0xe0) == 0x20) { /* size update: only before the first field */
+			if (started || hp_int(&p, end, 5, &v) || v > HP_TABLE_SIZE)
+				return HP_EINVAL;
+			hp_resize(t, v);
+			continue;
+		}
+		started = 1;
+		mark = o->alen;
+		incr = 0;
+		if (b & 0x80) { /* indexed field */
+			if (hp_int(&p, end, 7, &v) || hp_lookup(t, v, &name, &nlen, &val, &vlen, &dyn))
+				return HP_EINVAL;
+			if (dyn && !o->over) { /* the table may change later in this block */
+				name = hp_keep(o, name, nlen);
+				val = hp_keep(o, val, vlen);
+			}
+		} else {
+			incr = (b & 0xc0) == 0x40;
+			if (hp_int(&p, end, incr ? 6 : 4, &v))
+				return HP_EINVAL;
+			if (v) {
+				if (hp_lookup(t, v, &name, &nlen, &val, &vlen, &dyn))
+					return HP_EINVAL;
+				if (dyn) /* may be evicted by our own insert */
+					name = hp_keep(o, name, nlen);
+			} else if (hp_string(&p, end, o, &name, &nlen)) {
+				return HP_EINVAL;
+			}
+			if (hp_string(&p, end, o, &val, &vlen))
+				return HP_EINVAL;
+			if (incr && (r = hp_insert(k, t, name, nlen, val, vlen)))
+				return r;
+		}
+		o->list += nlen + vlen + 32;
+		if (o->over || !name || !val || o->nf >= o->maxf || o->list > o->maxlist) {
+			o->over = 1;
+			o->alen = mark; /* keep decoding for table sync, store nothing */
+			continue;
+		}
+		o->f[o->nf].name = (const char *)name;
+		o->f[o->nf].nlen = (uint32_t)nlen;
+		o->f[o->nf].value = (const char *)val;
+		o->f[o->nf].vlen = (uint32_t)vlen;
+		o->nf++;
+	}
+	return 0;
+}
+
+/* Encoder: an integer with an N-bit prefix, first byte carrying 'flags'. */
+static void hp_put_int(struct kvd *k, struct kvd_buf *b, uint8_t flags, unsigned prefix, uint32_t v)
+{
+	uint8_t tmp[6];
+	size_t n = 0;
+	uint32_t max = (1u << prefix) - 1;
+
+	if (v < max) {
+		tmp[n++] = (uint8_t)(flags | v);
+	} else {
+		tmp[n++] = (uint8_t)(flags | max);
+		v -= max;
+		while (v >= 128) {
+			tmp[n++] = (uint8_t)(v | 0x80);
+			v >>= 7;
+		}
+		tmp[n++] = (uint8_t)v;
+	}
+	buf_append(k, b, tmp, n);
+}
+
+/* "Literal without indexing" with a static name index (4-bit prefix) or a
+ * new name (index 0); strings raw, never Huffman. */
+static void hp_put_field(struct kvd *k, struct kvd_buf *b, unsigned index, const char *name,
+                         const char *value, size_t vlen)
+{
+	hp_put_int(k, b, 0x00, 4, index);
+	if (!index) {
+		size_t nlen = strlen(name);
+		hp_put_int(k, b, 0x00, 7, (uint32_t)nlen);
+		buf_append(k, b, name, nlen);
+	}
+	hp_put_int(k, b, 0x00, 7, (uint32_t)vlen);
+	buf_append(k, b, value, vlen);
+}
+
+/* :status (index 8 is "200"). */
+static void hp_put_status(struct kvd *k, struct kvd_buf *b, int status)
+{
+	char s[8];
+
+	if (status == 200) {
+		buf_append(k, b, "\x88", 1);
+		return;
+	}
+	snprintf(s, sizeof s, "%03d", status % 1000);
+	hp_put_field(k, b, 8, NULL, s, 3);
+}
+
+/* ===== 28. HTTP/2 frames, streams, flow control (h2_) ==================== */
+
+/*
+ * RFC 9113, server side, with prior knowledge (cleartext, or inside TLS,
+ * where ALPN offers h2): the loop hands a
+ * connection to this section once its first bytes were the preface
+ * (section 35).  Input is parsed from c->conn->in one whole frame at a time
+ * (a frame is at most 16 KiB + 9); output is appended to c->conn->out, which
+ * the loop writes.  Each stream carries one call (section 15).  Response DATA is
+ * pulled from each stream's queue only as far as the peer's windows and
+ * KVD_MAX_OUTPUT allow, so a slow or hostile reader pins bounded memory.
+ *
+ * Connection errors queue GOAWAY and mark the connection closing (h2_fail);
+ * stream errors queue RST_STREAM (h2_stream_error) and count as glitches,
+ * as do the peer's other slips (an empty DATA frame that does not end its
+ * stream, a header list over kvd's caps); too many glitches end the
+ * connection (h2_glitch).
+ *
+ * Invariants:
+ *   1. A frame is handled only whole, its payload at most H2_DEFAULT_FRAME
+ *      bytes (h2_input: FRAME_SIZE_ERROR); once a header block is open
+ *      only its CONTINUATIONs come, at most KVD_MAX_CONTINUATIONS frames
+ *      and KVD_MAX_HEADER_BLOCK bytes (h2_input, h2_on_continuation).
+ *   2. Every header block is HPACK-decoded, even one kvd refuses, so the
+ *      peer's encoder and kvd's table stay in step (h2_on_block).
+ *   3. No window passes 2^31-1 and no DATA passes a window: updates that
+ *      would overflow are FLOW_CONTROL_ERROR (h2_on_window_update,
+ *      h2_on_settings), a peer's DATA beyond its window too (h2_on_data),
+ *      and kvd sends at most min(connection window, stream window, peer
+ *      frame size) at a time (h2_stream_send).
+ *   4. Memory a peer can pin is bounded: frames are not parsed while the
+ *      output holds KVD_MAX_OUTPUT (h2_input), a stream's answer is pulled
+ *      only under that cap and its windows, a producing call makes its
+ *      next message only when its queue is empty (h2_stream_send); request
+ *      bytes are bounded by the stream windows and KVD_MAX_CONN_INPUT
+ *      (h2_grant, below).
+ *   5. A held reply never leaves (h2_stream_send: KVD_NEVER(s->call.held));
+ *      a stream and its call are freed only by h2_stream_close, never from
+ *      inside a service handler, and the connection only by the loop.
+ */
+
+/* One HTTP/2 stream carrying one gRPC call. */
+struct h2_stream {
+	struct call call;           /* first: the stream is found from its call */
+	struct h2_conn *c;
+	uint32_t id;
+	unsigned remote_closed : 1; /* client sent END_STREAM */
+	unsigned hdrs_sent : 1;     /* response HEADERS went out */
+	unsigned discard : 1;       /* answer given: drop further request data */
+	unsigned want_grant : 1;    /* a message waits for its window grant */
+	unsigned has_cl : 1;        /* content-length given */
+	unsigned ctype_proto : 1;   /* answer with application/grpc+proto */
+	unsigned bad_encoding : 1;  /* grpc-encoding kvd cannot decode */
+	int64_t send_window;        /* what kvd may still send on this stream */
+	int64_t recv_window;        /* what the client may still send */
+	uint32_t recv_owed;         /* consumed, not yet credited back */
+	size_t grant_msg;           /* size of the message that waits for a grant */
+	size_t reserved;            /* its share of the connection's grants */
+	uint64_t charge;            /* request bytes it counts toward --max-request-buffer */
+	uint64_t content_length, data_seen;
+	int64_t stalled_since;      /* output blocked by a zero window since */
+	int64_t opened;             /* monotonic ms: its HEADERS came (h2_on_rst) */
+	struct kvd_buf in;          /* request bytes (gRPC-framed) */
+	int http_status;            /* 200 unless an early HTTP-level refusal */
+	struct http_x *hx;          /* not gRPC: the HTTP request it carries (section 32), else NULL */
+};
+#define H2_STREAM_OF(cp) ((struct h2_stream *)(void *)(cp)) /* call is the first member */
+
+/* An HTTP/2 connection's state (its struct conn is section 35's). */
+struct h2_conn {
+	struct kvd *k;
+	struct conn *conn;
+	unsigned preface_done : 1;
+	unsigned settings_seen : 1;  /* client SETTINGS arrived */
+	unsigned goaway_sent : 1;    /* final GOAWAY queued */
+	unsigned draining : 1;       /* first (graceful) GOAWAY queued */
+	unsigned need_tsu : 1;       /* emit a table size update before next block */
+	unsigned sent_since_ping : 1;
+	struct hp_table dec;
+	/* header block being assembled across CONTINUATION frames */
+	uint8_t *hblk;
+	size_t hblk_len;
+	uint32_t hblk_sid;
+	uint8_t hblk_flags;
+	unsigned hblk_frames;
+	/* streams */
+	struct h2_stream **st;
+	unsigned nst, rr;
+	size_t stcap;
+	uint32_t last_sid;          /* highest client stream id seen */
+	uint32_t closed_ring[32];   /* recently closed ids << 1 | 1 if kvd reset them */
+	unsigned closed_pos;
+	/* flow control */
+	int64_t send_window;        /* connection window kvd may use */
+	int64_t recv_window;        /* what the client may still send */
+	uint32_t recv_owed;         /* received bytes not yet credited */
+	size_t reserved;            /* bytes of the large messages granted */
+	/* peer settings */
+	uint32_t peer_max_frame, peer_init_window;
+	/* abuse accounting */
+	struct bucket rst, glitch;
+	unsigned ping_strikes;
+	int64_t last_ping;
+	int64_t t_drain_ping;       /* monotonic ms */
+};
+
+/* The request line of a stream, from its header block (borrowed slices). */
+struct h2_req {
+	struct kvd_slice method, scheme, path, authority, ctype, timeout, encoding;
+	uint64_t content_length;
+	unsigned has_cl : 1;
+};
+
+static void grpc_on_headers(struct kvd *k, struct h2_stream *s, const struct h2_req *rq);
+#ifndef KVD_NO_HTTP /* an HTTP/2 request that is not gRPC: section 32's */
+static void http_h2_begin(struct kvd *k, struct h2_stream *s, const struct h2_req *rq, const struct hp_field *f,
+                          unsigned nf);
+static void http_h2_data(struct kvd *k, struct h2_stream *s, const uint8_t *p, size_t n);
+static int http_h2_send(struct kvd *k, struct h2_conn *c, struct h2_stream *s);
+static void http_h2_free(struct kvd *k, struct h2_stream *s);
+static int http_h2_done(const struct h2_stream *s);
+#endif
+static void grpc_on_data(struct kvd *k, struct h2_stream *s);
+static void grpc_on_remote_close(struct kvd *k, struct h2_stream *s);
+static const struct call_carrier grpc_h2_carrier;
+
+static int h2_frame(struct h2_conn *c, unsigned type, unsigned flags, uint32_t sid,
+                    const void *payload, size_t len)
+{
+	uint8_t h[H2_FRAME_HDR];
+
+	put_be24(h, (uint32_t)len);
+	h[3] = (uint8_t)type;
+	h[4] = (uint8_t)flags;
+	put_be32(h + 5, sid);
+	if (buf_reserve(c->k, &c->conn->out, sizeof h + len))
+		return KVD_ENOMEM;
+	buf_append(c->k, &c->conn->out, h, sizeof h);
+	buf_append(c->k, &c->conn->out, payload, len);
+	return 0;
+}
+
+static int h2_frame_u32(struct h2_conn *c, unsigned type, uint32_t sid, uint32_t v)
+{
+	uint8_t p[4];
+
+	put_be32(p, v);
+	return h2_frame(c, type, 0, sid, p, 4);
+}
+
+/* Queue GOAWAY; kvd then stops reading and closes once output is written. */
+static void h2_fail(struct h2_conn *c, enum h2_error code, const char *why)
+{
+	uint8_t p[8 + 64];
+	size_t n = strlen(why);
+
+	if (c->goaway_sent && c->conn->is_closing)
+		return;
+	if (n > 64)
+		n = 64;
+	put_be32(p, c->last_sid);
+	put_be32(p + 4, code);
+	memcpy(p + 8, why, n);
+	h2_frame(c, H2_GOAWAY, 0, 0, p, 8 + n);
+	c->goaway_sent = c->conn->is_closing = 1;
+	c->k->st.goaway_sent++;
+	if (code != H2_NO_ERROR)
+		kvd_log(c->k, KVD_LOG_INFO, "%s: closing connection: %s (h2 error %d)", c->conn->peer, why, code);
+}
+
+/* A protocol slip by the peer; ENHANCE_YOUR_CALM when they come too fast. */
+static void h2_glitch(struct h2_conn *c)
+{
+	if (!bucket_take(&c->glitch, c->k->now, KVD_GLITCH_RATE, KVD_GLITCH_RATE * 10))
+		h2_fail(c, H2_ENHANCE_YOUR_CALM, "too_many_glitches");
+}
+
+/*
+ * Recently closed streams (RFC 9113 5.1).  Frames the peer sent before it
+ * saw kvd's RST_STREAM are in flight and ignored; any other frame on a
+ * closed stream is the peer's error (STREAM_CLOSED).
+ */
+enum { H2_GONE_UNKNOWN, H2_GONE_CLOSED, H2_GONE_RESET_BY_KVD };
+
+static void h2_remember_closed(struct h2_conn *c, uint32_t sid, int reset_by_kvd)
+{
+	c->closed_ring[c->closed_pos++ % KVD_COUNT(c->closed_ring)] = sid << 1 | (reset_by_kvd ? 1 : 0);
+}
+
+static int h2_closed_how(struct h2_conn *c, uint32_t sid)
+{
+	unsigned i, how = H2_GONE_UNKNOWN;
+
+	for (i = 0; i < KVD_COUNT(c->closed_ring); i++) /* the newest entry for sid decides */
+		if (c->closed_ring[(c->closed_pos - 1 - i) % KVD_COUNT(c->closed_ring)] >> 1 == sid) {
+			how = c->closed_ring[(c->closed_pos - 1 - i) % KVD_COUNT(c->closed_ring)] & 1 ?
+			      H2_GONE_RESET_BY_KVD : H2_GONE_CLOSED;
+			break;
+		}
+	return (int)how;
+}
+
+/* RST_STREAM from kvd: late frames of sid are ignored from now on. */
+static void h2_rst(struct h2_conn *c, uint32_t sid, enum h2_error code)
+{
+	h2_frame_u32(c, H2_RST_STREAM, sid, code);
+	c->k->st.rst_sent++;
+	h2_remember_closed(c, sid, 1);
+}
+
+static struct h2_stream *h2_stream_find(struct h2_conn *c, uint32_t sid)
+{
+	unsigned i;
+
+	for (i = 0; i < c->nst; i++)
+		if (c->st[i]->id == sid)
+			return c->st[i];
+	return NULL;
+}
+
+static struct h2_stream *h2_stream_new(struct h2_conn *c, uint32_t sid)
+{
+	struct kvd *k = c->k;
+	struct h2_stream *s;
+
+	if (UTIL_GROW(k, c->st, c->stcap, (size_t)c->nst + 1, 8))
+		return NULL;
+	s = kvd_calloc(k, sizeof *s);
+	if (!s)
+		return NULL;
+	call_init(k, &s->call, NULL, &grpc_h2_carrier);
+	s->call.conn = c->conn;
+	s->c = c;
+	s->id = sid;
+	s->send_window = c->peer_init_window;
+	s->recv_window = KVD_STREAM_WINDOW;
+	s->http_status = 200;
+	s->opened = k->now;
+	c->st[c->nst++] = s;
+	return s;
+}
+
+static void h2_credit(struct h2_conn *c);
+static void h2_release(struct h2_stream *s);
+static void h2_recharge(struct h2_stream *s);
+
+/* Forget a stream: service state, buffers.  Late frames for its id are
+ * ignored (reset ring).  Never called from inside a service handler. */
+static void h2_stream_close(struct h2_conn *c, struct h2_stream *s)
+{
+	struct kvd *k = c->k;
+	unsigned i;
+
+	for (i = 0; i < c->nst; i++)
+		if (c->st[i] == s) {
+			c->st[i] = c->st[--c->nst];
+			break;
+		}
+	call_fini(k, &s->call);
+#ifndef KVD_NO_HTTP
+	http_h2_free(k, s);
+#endif
+	if (h2_closed_how(c, s->id) != H2_GONE_RESET_BY_KVD)
+		h2_remember_closed(c, s->id, 0);
+	h2_release(s);
+	buf_free(k, &s->in);
+	h2_recharge(s);
+	kvd_free(k, s);
+	c->conn->t_active = k->now; /* a call ended: progress */
+	if (k->cfg.idle_timeout_ms)
+		util_wake_by(k, k->now + k->cfg.idle_timeout_ms);
+	if (!c->nst) {
+		if (c->goaway_sent)
+			c->conn->is_closing = 1;
+		if (!c->stcap || c->stcap > 8) { /* shrink after a burst */
+			kvd_free(k, c->st);
+			c->st = NULL;
+			c->stcap = 0;
+		}
+	}
+	h2_credit(c);
+}
+
+/* Stream error (section 5.4.2): RST_STREAM and forget the stream. */
+static void h2_stream_error(struct h2_conn *c, uint32_t sid, enum h2_error code)
+{
+	struct h2_stream *s = h2_stream_find(c, sid);
+
+	h2_rst(c, sid, code);
+	if (s)
+		h2_stream_close(c, s);
+	h2_glitch(c);
+}
+
+/*
+ * Request flow control.  What a client may have in flight, hence what kvd
+ * may have to buffer, is bounded by stream windows alone:
+ *
+ *   - the connection window is credited back as data arrives, always.
+ *     Holding it back to bound memory deadlocks: once the buffered bytes
+ *     all belong to messages still incomplete, nothing can complete and
+ *     nothing frees (four concurrent 1.5 MiB requests sent interleaved, as
+ *     grpcio does, did exactly that);
+ *   - a stream's window is its initial 64 KiB, topped back up only as its
+ *     messages are consumed, so a small message never waits for anyone;
+ *   - a message announced (by its gRPC prefix) as larger than the window
+ *     gets a grant for all of it at once, as grpc-go does, out of a budget
+ *     of KVD_MAX_CONN_INPUT per connection.  Messages that do not fit wait,
+ *     oldest stream first, until a granted one is consumed or dropped; when
+ *     nothing is granted the next one goes whatever its size, so one large
+ *     message always makes progress.
+ *
+ * So a connection buffers at most KVD_MAX_CONN_INPUT (or one message) plus
+ * 64 KiB per open stream, and every message can complete.  Across all
+ * connections, what streams buffer (a granted message counted whole) is one
+ * budget, --max-request-buffer (h2_recharge, net_shed): past it, the address
+ * holding the most loses its largest, so parking unfinished messages on many
+ * connections costs kvd the budget, not 64 KiB times every stream.
+ */
+static void h2_credit(struct h2_conn *c)
+{
+	if (c->recv_owed && c->recv_window <= KVD_CONN_WINDOW / 2) {
+		h2_frame_u32(c, H2_WINDOW_UPDATE, 0, c->recv_owed);
+		c->recv_window += c->recv_owed;
+		c->recv_owed = 0;
+	}
+}
+
+/* The gRPC layer consumed request bytes of s: top the stream window back
+ * up to its initial size once a quarter of it is used. */
+static void h2_consumed(struct h2_stream *s)
+{
+	struct h2_conn *c = s->c;
+	int64_t deficit;
+
+	if (!s->remote_closed) {
+		deficit = KVD_STREAM_WINDOW - s->recv_window;
+		if (deficit >= KVD_STREAM_WINDOW / 4) {
+			h2_frame_u32(c, H2_WINDOW_UPDATE, s->id, (uint32_t)deficit);
+			s->recv_window += deficit;
+		}
+	}
+	h2_credit(c);
+}
+
+/*
+ * A message of msg bytes (prefix included) is announced and its first
+ * BUF_LEN(&s->in) bytes are here: open the stream window for the rest at
+ * once if the budget allows, else queue the stream for a grant.
+ */
+static void h2_grant(struct h2_stream *s, size_t msg)
+{
+	struct h2_conn *c = s->c;
+	int64_t grant = (int64_t)msg - (int64_t)BUF_LEN(&s->in) - s->recv_window;
+
+	s->want_grant = 0;
+	if (grant <= 0 || s->remote_closed || s->reserved)
+		return; /* it fits the window it has */
+	if (c->reserved && c->reserved + msg > KVD_MAX_CONN_INPUT) {
+		s->want_grant = 1;
+		s->grant_msg = msg;
+		return;
+	}
+	s->reserved = msg;
+	c->reserved += msg;
+	h2_frame_u32(c, H2_WINDOW_UPDATE, s->id, (uint32_t)grant);
+	s->recv_window += grant;
+	h2_recharge(s);
+}
+
+/* s's granted message was consumed, dropped or its stream closed: its share
+ * of the budget goes to the waiting streams, oldest (lowest id) first. */
+static void h2_release(struct h2_stream *s)
+{
+	struct h2_conn *c = s->c;
+	struct h2_stream *next;
+	unsigned i;
+
+	s->want_grant = 0;
+	if (!s->reserved)
+		return;
+	c->reserved -= s->reserved;
+	s->reserved = 0;
+	h2_recharge(s);
+	for (;;) {
+		next = NULL;
+		for (i = 0; i < c->nst; i++)
+			if (c->st[i]->want_grant && c->st[i] != s && (!next || c->st[i]->id < next->id))
+				next = c->st[i];
+		if (!next)
+			return;
+		h2_grant(next, next->grant_msg);
+		if (next->want_grant) /* still no room */
+			return;
+	}
+}
+
+/* What s counts toward --max-request-buffer: the bytes it buffers, or all
+ * of a granted message (the grant promised room for it). */
+static void h2_recharge(struct h2_stream *s)
+{
+	uint64_t now = KVD_MAX((uint64_t)BUF_LEN(&s->in), (uint64_t)s->reserved);
+
+	if (now != s->charge) {
+		net_held(s->c->k, s->c->conn, (int64_t)now - (int64_t)s->charge);
+		s->charge = now;
+	}
+}
+
+/* Over --max-request-buffer (net_shed): the stream holding the most of this
+ * connection's buffered request bytes ends RESOURCE_EXHAUSTED, its bytes
+ * dropped.  1 if there was one. */
+static int h2_shed(struct kvd *k, struct h2_conn *c)
+{
+	struct h2_stream *v = NULL;
+	unsigned i;
+
+	for (i = 0; i < c->nst; i++)
+		if (c->st[i]->charge && !c->st[i]->call.finished && (!v || c->st[i]->charge > v->charge))
+			v = c->st[i];
+	if (!v)
+		return 0;
+	kvd_log(k, KVD_LOG_INFO, "%s: stream %u: %llu request bytes dropped (--max-request-buffer is full; this "
+	        "address holds the most)", c->conn->peer, v->id, (unsigned long long)v->charge);
+	call_finish(k, &v->call, GRPC_RESOURCE_EXHAUSTED, "%s", E_INPUT_FULL);
+	return 1;
+}
+
+static int h2_token_char(unsigned char ch)
+{
+	return (ch >= 'a' && ch <= 'z') || (ch >= '0' && ch <= '9') ||
+	       (ch && strchr("!#$%&'*+-.^_`|~", ch));
+}
+
+static int h2_is(const struct hp_field *f, const char *name)
+{
+	size_t n = strlen(name);
+
+	return f->nlen == n && !memcmp(f->name, name, n);
+}
+
+/*
+ * Check one field (RFC 9113 8.2): lowercase token name, no NUL/CR/LF, no
+ * leading or trailing white space in the value.
+ */
+static int h2_field_ok(const struct hp_field *f)
+{
+	uint32_t i, start = f->nlen && f->name[0] == ':';
+
+	if (f->nlen == start)
+		return 0;
+	for (i = start; i < f->nlen; i++)
+		if (!h2_token_char((unsigned char)f->name[i]))
+			return 0;
+	for (i = 0; i < f->vlen; i++)
+		if (f->value[i] == 0 || f->value[i] == '\r' || f->value[i] == '\n')
+			return 0;
+	if (f->vlen && (f->value[0] == ' ' || f->value[0] == '\t' ||
+	                f->value[f->vlen - 1] == ' ' || f->value[f->vlen - 1] == '\t'))
+		return 0;
+	return 1;
+}
+
+/* Connection-specific fields are forbidden in HTTP/2 (8.2.2). */
+static int h2_forbidden(const struct hp_field *f)
+{
+	return h2_is(f, "connection") || h2_is(f, "keep-alive") ||
+	       h2_is(f, "proxy-connection") || h2_is(f, "transfer-encoding") ||
+	       h2_is(f, "upgrade") ||
+	       (h2_is(f, "te") && !(f->vlen == 8 && !memcmp(f->value, "trailers", 8)));
+}
+
+/*
+ * Validate a request header list (8.3) and pick out what HTTP/2 and gRPC
+ * need.  Returns 0 or -1 when malformed.
+ */
+static int h2_parse_request(const struct hp_field *f, unsigned nf, struct h2_req *rq)
+{
+	struct kvd_slice *ps;
+	unsigned i, regular = 0;
+	uint32_t j;
+
+	memset(rq, 0, sizeof *rq);
+	for (i = 0; i < nf; i++, f++) {
+		if (!h2_field_ok(f))
+			return KVD_EPROTO;
+		if (f->name[0] == ':') {
+			if (regular)
+				return KVD_EPROTO;
+			ps = h2_is(f, ":method") ? &rq->method : h2_is(f, ":scheme") ? &rq->scheme :
+			     h2_is(f, ":path") ? &rq->path : h2_is(f, ":authority") ? &rq->authority : NULL;
+			if (!ps || ps->p)
+				return KVD_EPROTO;
+			ps->p = (const uint8_t *)f->value;
+			ps->n = f->vlen;
+			if (!ps->p)
+				ps->p = (const uint8_t *)"";
+			continue;
+		}
+		regular = 1;
+		if (h2_forbidden(f))
+			return KVD_EPROTO;
+		if (h2_is(f, "content-type")) {
+			rq->ctype.p = (const uint8_t *)f->value;
+			rq->ctype.n = f->vlen;
+		} else if (h2_is(f, "grpc-timeout")) {
+			rq->timeout.p = (const uint8_t *)f->value;
+			rq->timeout.n = f->vlen;
+		} else if (h2_is(f, "grpc-encoding")) {
+			rq->encoding.p = (const uint8_t *)f->value;
+			rq->encoding.n = f->vlen;
+		} else if (h2_is(f, "content-length")) {
+			if (rq->has_cl || !f->vlen || f->vlen > 18)
+				return KVD_EPROTO;
+			rq->has_cl = 1;
+			for (j = 0; j < f->vlen; j++) {
+				if (f->value[j] < '0' || f->value[j] > '9')
+					return KVD_EPROTO;
+				rq->content_length = rq->content_length * 10 + (uint64_t)(f->value[j] - '0');
+			}
+		}
+	}
+	if (!rq->method.n || !rq->scheme.n || !rq->path.n)
+		return KVD_EPROTO;
+	return 0;
+}
+
+/* Trailers from the client: END_STREAM, no pseudo-fields (8.1). */
+static void h2_on_trailers(struct kvd *k, struct h2_conn *c, struct h2_stream *s,
+                           unsigned flags, const struct hp_out *o)
+{
+	unsigned i;
+
+	if (s->remote_closed) {
+		h2_stream_error(c, s->id, H2_STREAM_CLOSED);
+		return;
+	}
+	if (!(flags & H2_F_END_STREAM) || o->over) {
+		h2_stream_error(c, s->id, H2_PROTOCOL_ERROR);
+		return;
+	}
+	for (i = 0; i < o->nf; i++)
+		if (!h2_field_ok(&o->f[i]) || o->f[i].name[0] == ':' || h2_forbidden(&o->f[i])) {
+			h2_stream_error(c, s->id, H2_PROTOCOL_ERROR);
+			return;
+		}
+	if (s->has_cl && s->data_seen != s->content_length) {
+		h2_stream_error(c, s->id, H2_PROTOCOL_ERROR);
+		return;
+	}
+	s->remote_closed = 1;
+#ifndef KVD_NO_HTTP
+	if (s->hx) {
+		http_h2_data(k, s, NULL, 0);
+		if (http_h2_done(s))
+			h2_stream_close(c, s);
+		return;
+	}
+#endif
+	grpc_on_remote_close(k, s);
+}
+
+#ifndef KVD_NO_HTTP
+/* Is this request gRPC?  As etcd's grpcHandlerFunc decides: its
+ * content-type contains "application/grpc"; the rest is HTTP (section 32:
+ * /health, /metrics, the gateway), as on HTTP/1.1. */
+static int h2_is_grpc(struct kvd_slice ctype)
+{
+	size_t i;
+
+	for (i = 0; i + 16 <= ctype.n; i++)
+		if (!memcmp(ctype.p + i, "application/grpc", 16))
+			return 1;
+	return 0;
+}
+#endif
+
+/* A complete header block for stream sid. */
+static void h2_on_block(struct kvd *k, struct h2_conn *c, uint32_t sid, unsigned flags,
+                        int self_dep, const uint8_t *p, size_t n)
+{
+	struct hp_out o;
+	struct h2_stream *s;
+	struct h2_req rq;
+	int r;
+
+	hp_out_init(&o, k->hf, KVD_MAX_HEADER_FIELDS, k->harena, sizeof k->harena);
+	r = hp_decode(k, &c->dec, p, n, &o); /* always: keeps HPACK in sync */
+	if (r == KVD_ENOMEM) {
+		h2_fail(c, H2_INTERNAL_ERROR, "out of memory");
+		return;
+	}
+	if (r) {
+		h2_fail(c, H2_COMPRESSION_ERROR, "hpack decoding failed");
+		return;
+	}
+	if ((s = h2_stream_find(c, sid))) {
+		h2_on_trailers(k, c, s, flags, &o);
+		return;
+	}
+	if (sid <= c->last_sid) {
+		switch (h2_closed_how(c, sid)) {
+		case H2_GONE_RESET_BY_KVD: break; /* sent before our RST_STREAM arrived */
+		case H2_GONE_CLOSED: h2_stream_error(c, sid, H2_STREAM_CLOSED); break;
+		default: h2_fail(c, H2_PROTOCOL_ERROR, "stream id not increasing");
+		}
+		return;
+	}
+	c->last_sid = sid;
+	if (c->goaway_sent) /* past our final GOAWAY: ignored (6.8) */
+		return;
+	if (self_dep) {
+		h2_stream_error(c, sid, H2_PROTOCOL_ERROR);
+		return;
+	}
+	if (c->nst >= k->cfg.max_concurrent_streams) {
+		h2_stream_error(c, sid, H2_REFUSED_STREAM);
+		return;
+	}
+	if (!o.over && h2_parse_request(o.f, o.nf, &rq)) {
+		h2_stream_error(c, sid, H2_PROTOCOL_ERROR);
+		return;
+	}
+	if (!(s = h2_stream_new(c, sid))) {
+		h2_rst(c, sid, H2_REFUSED_STREAM);
+		return;
+	}
+	k->st.calls++;
+	c->conn->t_active = k->now; /* a new call: progress */
+	if (flags & H2_F_END_STREAM)
+		s->remote_closed = 1;
+	if (o.over) { /* answered, not served: the list broke kvd's caps */
+		h2_glitch(c);
+		call_finish(k, &s->call, GRPC_RESOURCE_EXHAUSTED,
+		            "kvd: request header list too large (limits: %d bytes, %d fields)",
+		            KVD_MAX_HEADER_LIST, KVD_MAX_HEADER_FIELDS);
+		s->discard = 1;
+		return;
+	}
+	s->has_cl = rq.has_cl;
+	s->content_length = rq.content_length;
+	if (s->remote_closed && s->has_cl && s->content_length) {
+		h2_stream_error(c, sid, H2_PROTOCOL_ERROR);
+		return;
+	}
+#ifndef KVD_NO_HTTP
+	if (c->conn->metrics_only || !h2_is_grpc(rq.ctype)) { /* a metrics listener serves HTTP only */
+		http_h2_begin(k, s, &rq, o.f, o.nf);
+		return;
+	}
+#endif
+	if (call_keep_meta(k, &s->call, o.f, o.nf)) {
+		call_finish(k, &s->call, GRPC_RESOURCE_EXHAUSTED, E_OOM);
+		return;
+	}
+	grpc_on_headers(k, s, &rq);
+	if (s->remote_closed)
+		grpc_on_remote_close(k, s);
+}
+
+static void h2_on_headers(struct kvd *k, struct h2_conn *c, unsigned flags, uint32_t sid,
+                          const uint8_t *p, size_t n)
+{
+	int self_dep = 0;
+	unsigned pad = 0;
+
+	if (!sid || !(sid & 1)) {
+		h2_fail(c, H2_PROTOCOL_ERROR, "bad HEADERS stream id");
+		return;
+	}
+	if (flags & H2_F_PADDED) {
+		if (n < 1 || (pad = p[0]) >= n) {
+			h2_fail(c, H2_PROTOCOL_ERROR, "bad padding");
+			return;
+		}
+		p++;
+		n -= 1 + pad;
+	}
+	if (flags & H2_F_PRIORITY) {
+		if (n < 5) {
+			h2_fail(c, H2_FRAME_SIZE_ERROR, "short PRIORITY fields");
+			return;
+		}
+		self_dep = (get_be32(p) & 0x7fffffff) == sid;
+		p += 5;
+		n -= 5;
+	}
+	if (flags & H2_F_END_HEADERS) {
+		h2_on_block(k, c, sid, flags, self_dep, p, n);
+		return;
+	}
+	/* the block continues: collect it (rare with gRPC clients) */
+	if (n > KVD_MAX_HEADER_BLOCK) {
+		h2_fail(c, H2_ENHANCE_YOUR_CALM, "header block too large");
+		return;
+	}
+	if (!c->hblk && !(c->hblk = kvd_malloc(k, KVD_MAX_HEADER_BLOCK))) {
+		h2_fail(c, H2_INTERNAL_ERROR, "out of memory");
+		return;
+	}
+	memcpy(c->hblk, p, n);
+	c->hblk_len = n;
+	c->hblk_sid = sid;
+	c->hblk_flags = (uint8_t)((flags & H2_F_END_STREAM) | (self_dep ? 0x80 : 0));
+	c->hblk_frames = 0;
+}
+
+static void h2_on_continuation(struct kvd *k, struct h2_conn *c, unsigned flags, uint32_t sid,
+                               const uint8_t *p, size_t n)
+{
+	if (!c->hblk_sid || sid != c->hblk_sid) {
+		h2_fail(c, H2_PROTOCOL_ERROR, "unexpected CONTINUATION");
+		return;
+	}
+	if (++c->hblk_frames > KVD_MAX_CONTINUATIONS || n > KVD_MAX_HEADER_BLOCK - c->hblk_len) {
+		h2_fail(c, H2_ENHANCE_YOUR_CALM, "header block too large");
+		return;
+	}
+	memcpy(c->hblk + c->hblk_len, p, n);
+	c->hblk_len += n;
+	if (flags & H2_F_END_HEADERS) {
+		uint8_t f = c->hblk_flags;
+		c->hblk_sid = 0;
+		h2_on_block(k, c, sid, f & H2_F_END_STREAM, f >> 7, c->hblk, c->hblk_len);
+		kvd_free(k, c->hblk);
+		c->hblk = NULL;
+	}
+}
+
+static void h2_on_data(struct kvd *k, struct h2_conn *c, unsigned flags, uint32_t sid,
+                       const uint8_t *p, size_t n)
+{
+	struct h2_stream *s;
+	size_t flen = n; /* padding counts against the windows too (6.9.1) */
+	unsigned pad;
+
+	if (!sid) {
+		h2_fail(c, H2_PROTOCOL_ERROR, "DATA on stream 0");
+		return;
+	}
+	if ((int64_t)flen > c->recv_window) {
+		h2_fail(c, H2_FLOW_CONTROL_ERROR, "connection window exceeded");
+		return;
+	}
+	c->recv_window -= (int64_t)flen;
+	c->recv_owed += (uint32_t)flen;
+	if (flags & H2_F_PADDED) {
+		if (n < 1 || (pad = p[0]) >= n) {
+			h2_fail(c, H2_PROTOCOL_ERROR, "bad padding");
+			return;
+		}
+		p++;
+		n -= 1 + pad;
+	}
+	s = h2_stream_find(c, sid);
+	if (!s) {
+		if (sid > c->last_sid)
+			h2_fail(c, H2_PROTOCOL_ERROR, "DATA on idle stream");
+		else if (h2_closed_how(c, sid) != H2_GONE_RESET_BY_KVD)
+			h2_stream_error(c, sid, H2_STREAM_CLOSED);
+		h2_credit(c);
+		return;
+	}
+	if (s->remote_closed) {
+		h2_stream_error(c, sid, H2_STREAM_CLOSED);
+		h2_credit(c);
+		return;
+	}
+	if ((int64_t)flen > s->recv_window) {
+		h2_stream_error(c, sid, H2_FLOW_CONTROL_ERROR);
+		h2_credit(c);
+		return;
+	}
+	s->recv_window -= (int64_t)flen;
+	if (!n && !(flags & H2_F_END_STREAM))
+		h2_glitch(c); /* empty DATA frames are a known flood (CVE-2019-9518) */
+	s->data_seen += n;
+	if (s->has_cl && (s->data_seen > s->content_length ||
+	                  ((flags & H2_F_END_STREAM) && s->data_seen != s->content_length))) {
+		h2_stream_error(c, sid, H2_PROTOCOL_ERROR);
+		h2_credit(c);
+		return;
+	}
+	if (flags & H2_F_END_STREAM)
+		s->remote_closed = 1;
+#ifndef KVD_NO_HTTP
+	if (s->hx) {
+		if (n)
+			c->conn->t_active = k->now;
+		http_h2_data(k, s, p, n);
+		if (http_h2_done(s)) { /* answered, and now the body is in */
+			h2_stream_close(c, s);
+			h2_credit(c);
+			return;
+		}
+	} else
+#endif
+	if (s->discard || buf_append(k, &s->in, p, n)) {
+		if (!s->discard)
+			call_finish(k, &s->call, GRPC_RESOURCE_EXHAUSTED, E_OOM);
+	} else {
+		if (n)
+			c->conn->t_active = k->now; /* request data: progress */
+		grpc_on_data(k, s);
+	}
+	if ((flags & H2_F_END_STREAM) && !s->hx)
+		grpc_on_remote_close(k, s);
+	h2_recharge(s);
+	if (k->in_held > k->cfg.max_request_buffer)
+		net_shed(k); /* what stays buffered is over the budget of all connections */
+	h2_credit(c);
+}
+
+static void h2_on_rst(struct h2_conn *c, uint32_t sid, size_t n)
+{
+	struct h2_stream *s;
+
+	if (n != 4) {
+		h2_fail(c, H2_FRAME_SIZE_ERROR, "bad RST_STREAM length");
+		return;
+	}
+	if (!sid || sid > c->last_sid) {
+		h2_fail(c, H2_PROTOCOL_ERROR, "RST_STREAM on idle stream");
+		return;
+	}
+	/* Rapid Reset (CVE-2023-44487) opens streams and resets them at once,
+	 * so the stream limit never bites: the rate of such resets does.  A
+	 * stream the client waited on (older than KVD_RST_YOUNG_MS: a deadline
+	 * that expired, a watch it closed) is an honest cancel, and one kvd has
+	 * closed already cost nothing: neither counts, so a storm of expiring
+	 * deadlines never takes the connection's other calls with it. */
+	s = h2_stream_find(c, sid);
+	if (s && c->k->now - s->opened < KVD_RST_YOUNG_MS &&
+	    !bucket_take(&c->rst, c->k->now, KVD_RST_RATE, KVD_RST_RATE * 2)) {
+		h2_fail(c, H2_ENHANCE_YOUR_CALM, "too_many_resets");
+		return;
+	}
+	if (s)
+		h2_stream_close(c, s);
+}
+
+static void h2_on_settings(struct kvd *k, struct h2_conn *c, unsigned flags, uint32_t sid,
+                           const uint8_t *p, size_t n)
+{
+	uint32_t id, v;
+	int64_t delta;
+	size_t i;
+	unsigned j;
+
+	if (sid) {
+		h2_fail(c, H2_PROTOCOL_ERROR, "SETTINGS on a stream");
+		return;
+	}
+	if (flags & H2_F_ACK) {
+		if (n)
+			h2_fail(c, H2_FRAME_SIZE_ERROR, "SETTINGS ACK with payload");
+		return;
+	}
+	if (n % 6) {
+		h2_fail(c, H2_FRAME_SIZE_ERROR, "bad SETTINGS length");
+		return;
+	}
+	if (n / 6 > KVD_MAX_SETTINGS) {
+		h2_fail(c, H2_ENHANCE_YOUR_CALM, "too many settings");
+		return;
+	}
+	for (i = 0; i < n; i += 6) {
+		id = get_be16(p + i);
+		v = get_be32(p + i + 2);
+		switch (id) {
+		case H2_SET_HEADER_TABLE_SIZE: /* sizes the peer's decoder, i.e. our encoder */
+			if (v < HP_TABLE_SIZE)
+				c->need_tsu = 1; /* we never index: announce size 0 once */
+			break;
+		case H2_SET_ENABLE_PUSH:
+			if (v > 1) {
+				h2_fail(c, H2_PROTOCOL_ERROR, "bad ENABLE_PUSH");
+				return;
+			}
+			break;
+		case H2_SET_INITIAL_WINDOW_SIZE: /* a delta on every open stream (6.9.2) */
+			if (v > H2_MAX_WINDOW) {
+				h2_fail(c, H2_FLOW_CONTROL_ERROR, "bad INITIAL_WINDOW_SIZE");
+				return;
+			}
+			delta = (int64_t)v - c->peer_init_window;
+			for (j = 0; j < c->nst; j++) {
+				c->st[j]->send_window += delta;
+				if (c->st[j]->send_window > H2_MAX_WINDOW) {
+					h2_fail(c, H2_FLOW_CONTROL_ERROR, "window overflow");
+					return;
+				}
+			}
+			c->peer_init_window = v;
+			break;
+		case H2_SET_MAX_FRAME_SIZE:
+			if (v < 16384 || v > 16777215) {
+				h2_fail(c, H2_PROTOCOL_ERROR, "bad MAX_FRAME_SIZE");
+				return;
+			}
+			c->peer_max_frame = v;
+			break;
+		default: /* MAX_CONCURRENT_STREAMS, MAX_HEADER_LIST_SIZE (our headers are
+		          * tiny), unknown ids such as grpc's 0xfe03: nothing to do */
+			break;
+		}
+	}
+	c->settings_seen = 1;
+	h2_frame(c, H2_SETTINGS, H2_F_ACK, 0, NULL, 0);
+	(void)k;
+}
+
+static const uint8_t h2_stop_ping[8] = {'k', 'v', 'd', '-', 's', 't', 'o', 'p'};
+
+static void h2_goaway_final(struct h2_conn *c)
+{
+	uint8_t p[8];
+
+	if (c->goaway_sent)
+		return;
+	put_be32(p, c->last_sid);
+	put_be32(p + 4, H2_NO_ERROR);
+	h2_frame(c, H2_GOAWAY, 0, 0, p, 8);
+	c->goaway_sent = 1;
+	c->k->st.goaway_sent++;
+	if (!c->nst)
+		c->conn->is_closing = 1;
+}
+
+static void h2_on_ping(struct kvd *k, struct h2_conn *c, unsigned flags, uint32_t sid,
+                       const uint8_t *p, size_t n)
+{
+	int64_t min;
+
+	if (n != 8) {
+		h2_fail(c, H2_FRAME_SIZE_ERROR, "bad PING length");
+		return;
+	}
+	if (sid) {
+		h2_fail(c, H2_PROTOCOL_ERROR, "PING on a stream");
+		return;
+	}
+	if (flags & H2_F_ACK) {
+		if (c->draining && !memcmp(p, h2_stop_ping, 8))
+			h2_goaway_final(c);
+		return;
+	}
+	h2_frame(c, H2_PING, H2_F_ACK, 0, p, 8);
+	/*
+	 * Keepalive enforcement as grpc-go: a PING closer than the minimum
+	 * interval (2 h when no call is open) is a strike, unless kvd sent
+	 * HEADERS or DATA since the previous one (BDP pings follow our data).
+	 */
+	if (c->sent_since_ping) {
+		c->ping_strikes = 0;
+		c->sent_since_ping = 0;
+	} else if (c->last_ping) {
+		min = c->nst ? (int64_t)k->cfg.keepalive_min_time_ms : 2 * 3600 * 1000;
+		if (k->now - c->last_ping < min && ++c->ping_strikes > KVD_PING_STRIKES) {
+			h2_fail(c, H2_ENHANCE_YOUR_CALM, "too_many_pings");
+			return;
+		}
+	}
+	c->last_ping = k->now ? k->now : 1;
+}
+
+static void h2_on_window_update(struct h2_conn *c, uint32_t sid, const uint8_t *p, size_t n)
+{
+	struct h2_stream *s;
+	uint32_t inc;
+
+	if (n != 4) {
+		h2_fail(c, H2_FRAME_SIZE_ERROR, "bad WINDOW_UPDATE length");
+		return;
+	}
+	inc = get_be32(p) & 0x7fffffff;
+	if (!sid) {
+		if (!inc)
+			h2_fail(c, H2_PROTOCOL_ERROR, "WINDOW_UPDATE of 0");
+		else if (c->send_window + inc > H2_MAX_WINDOW)
+			h2_fail(c, H2_FLOW_CONTROL_ERROR, "connection window overflow");
+		else
+			c->send_window += inc;
+		return;
+	}
+	s = h2_stream_find(c, sid);
+	if (!s) {
+		if (sid > c->last_sid)
+			h2_fail(c, H2_PROTOCOL_ERROR, "WINDOW_UPDATE on idle stream");
+		return; /* closed: allowed, ignored */
+	}
+	if (!inc)
+		h2_stream_error(c, sid, H2_PROTOCOL_ERROR);
+	else if (s->send_window + inc > H2_MAX_WINDOW)
+		h2_stream_error(c, sid, H2_FLOW_CONTROL_ERROR);
+	else
+		s->send_window += inc;
+}
+
+static void h2_on_priority(struct h2_conn *c, uint32_t sid, const uint8_t *p, size_t n)
+{
+	if (!sid) {
+		h2_fail(c, H2_PROTOCOL_ERROR, "PRIORITY on stream 0");
+		return;
+	}
+	if (n != 5) {
+		h2_stream_error(c, sid, H2_FRAME_SIZE_ERROR);
+		return;
+	}
+	if ((get_be32(p) & 0x7fffffff) == sid)
+		h2_stream_error(c, sid, H2_PROTOCOL_ERROR);
+	/* otherwise ignored: RFC 9113 5.3.2 deprecates the scheme; it opens nothing */
+}
+
+/* kvd's own preface: SETTINGS, then a bigger connection window. */
+static void h2_send_preface(struct kvd *k, struct h2_conn *c)
+{
+	uint8_t p[18];
+	size_t n = 0;
+
+	put_be16(p + n, H2_SET_MAX_CONCURRENT_STREAMS);
+	put_be32(p + n + 2, k->cfg.max_concurrent_streams);
+	n += 6;
+	put_be16(p + n, H2_SET_MAX_HEADER_LIST_SIZE);
+	put_be32(p + n + 2, KVD_MAX_HEADER_LIST);
+	n += 6;
+	if (KVD_STREAM_WINDOW != H2_DEFAULT_WINDOW) {
+		put_be16(p + n, H2_SET_INITIAL_WINDOW_SIZE);
+		put_be32(p + n + 2, KVD_STREAM_WINDOW);
+		n += 6;
+	}
+	h2_frame(c, H2_SETTINGS, 0, 0, p, n);
+	if (KVD_CONN_WINDOW > H2_DEFAULT_WINDOW) {
+		h2_frame_u32(c, H2_WINDOW_UPDATE, 0, KVD_CONN_WINDOW - H2_DEFAULT_WINDOW);
+		c->recv_window = KVD_CONN_WINDOW;
+	}
+}
+
+/* The first bytes were neither the HTTP/2 preface nor an HTTP/1.x request:
+ * a SETTINGS and a GOAWAY PROTOCOL_ERROR (RFC 9113 3.4), then close. */
+static void h2_bad_preface(struct kvd *k, struct conn *c)
+{
+	static const uint8_t msg[] = {
+	    0, 0, 0, H2_SETTINGS, 0, 0, 0, 0, 0,
+	    0, 0, 34, H2_GOAWAY, 0, 0, 0, 0, 0,
+	    0, 0, 0, 0, 0, 0, 0, H2_PROTOCOL_ERROR,
+	    'i', 'n', 'v', 'a', 'l', 'i', 'd', ' ', 'c', 'o', 'n', 'n', 'e', 'c', 't', 'i', 'o', 'n', ' ',
+	    'p', 'r', 'e', 'f', 'a', 'c', 'e'};
+
+	buf_append(k, &c->out, msg, sizeof msg);
+	c->is_closing = 1;
+	k->st.goaway_sent++;
+	kvd_log(k, KVD_LOG_INFO, "%s: closing connection: invalid connection preface", c->peer);
+}
+
+/*
+ * Parse and handle every complete frame in c->conn->in.  Stops early when the
+ * output is over its cap (resumed once it drains) or the connection fails.
+ */
+static void h2_input(struct kvd *k, struct h2_conn *c)
+{
+	const uint8_t *p;
+	size_t n, len;
+	unsigned type, flags;
+	uint32_t sid;
+
+	while (!c->conn->is_closing && BUF_LEN(&c->conn->out) < KVD_MAX_OUTPUT) {
+		p = BUF_DATA(&c->conn->in);
+		n = BUF_LEN(&c->conn->in);
+		if (!n)
+			break;
+		if (!c->preface_done) { /* the loop chose HTTP/2 when it began with the preface */
+			if (n < H2_PREFACE_LEN)
+				break;
+			if (memcmp(p, H2_PREFACE, H2_PREFACE_LEN)) {
+				h2_bad_preface(k, c->conn);
+				return;
+			}
+			buf_consume(&c->conn->in, H2_PREFACE_LEN);
+			c->preface_done = 1;
+			h2_send_preface(k, c);
+			continue;
+		}
+		if (n < H2_FRAME_HDR)
+			break;
+		len = get_be24(p);
+		type = p[3];
+		flags = p[4];
+		sid = get_be32(p + 5) & 0x7fffffff;
+		if (len > H2_DEFAULT_FRAME) {
+			h2_fail(c, H2_FRAME_SIZE_ERROR, "frame larger than MAX_FRAME_SIZE");
+			return;
+		}
+		if (n < H2_FRAME_HDR + len)
+			break;
+		p += H2_FRAME_HDR;
+		if (!c->settings_seen && type != H2_SETTINGS) {
+			h2_fail(c, H2_PROTOCOL_ERROR, "first frame is not SETTINGS");
+			return;
+		}
+		if (c->hblk_sid && type != H2_CONTINUATION) {
+			h2_fail(c, H2_PROTOCOL_ERROR, "frame inside a header block");
+			return;
+		}
+		switch (type) {
+		case H2_DATA: h2_on_data(k, c, flags, sid, p, len); break;
+		case H2_HEADERS: h2_on_headers(k, c, flags, sid, p, len); break;
+		case H2_PRIORITY: h2_on_priority(c, sid, p, len); break;
+		case H2_RST_STREAM: h2_on_rst(c, sid, len); break;
+		case H2_SETTINGS: h2_on_settings(k, c, flags, sid, p, len); break;
+		case H2_PUSH_PROMISE: h2_fail(c, H2_PROTOCOL_ERROR, "PUSH_PROMISE from a client"); break;
+		case H2_PING: h2_on_ping(k, c, flags, sid, p, len); break;
+		case H2_GOAWAY:
+			if (sid)
+				h2_fail(c, H2_PROTOCOL_ERROR, "GOAWAY on a stream");
+			else if (len < 8)
+				h2_fail(c, H2_FRAME_SIZE_ERROR, "short GOAWAY");
+			else
+				h2_goaway_final(c); /* the client leaves: finish and close */
+			break;
+		case H2_WINDOW_UPDATE: h2_on_window_update(c, sid, p, len); break;
+		case H2_CONTINUATION: h2_on_continuation(k, c, flags, sid, p, len); break;
+		default: break; /* unknown frame types are ignored (5.5) */
+		}
+		buf_consume(&c->conn->in, H2_FRAME_HDR + len);
+	}
+	if (k->cfg.idle_timeout_ms)
+		util_wake_by(k, c->conn->t_active + (int64_t)k->cfg.idle_timeout_ms);
+}
+
+/* grpc-message is percent-encoded: bytes outside 0x20..0x7e and '%' (grpc). */
+static size_t h2_pct_encode(const char *msg, char *out, size_t cap)
+{
+	static const char hex[] = "0123456789ABCDEF";
+	size_t o = 0;
+	const unsigned char *m = (const unsigned char *)msg;
+
+	for (; *m && o + 4 < cap; m++) {
+		if (*m < 0x20 || *m > 0x7e || *m == '%') {
+			out[o++] = '%';
+			out[o++] = hex[*m >> 4];
+			out[o++] = hex[*m & 15];
+		} else {
+			out[o++] = (char)*m;
+		}
+	}
+	out[o] = 0;
+	return o;
+}
+
+/* A header block b (HPACK, literal or static fields only, so it may have
+ * been made before) as one HEADERS frame, after the dynamic table size
+ * update the peer's SETTINGS asked for (need_tsu: cleared only once a
+ * block is queued).  0, or KVD_ENOMEM with nothing queued. */
+static int h2_send_block(struct h2_conn *c, uint32_t sid, const struct kvd_buf *b, int end)
+{
+	struct kvd *k = c->k;
+	struct kvd_buf t = {0};
+	unsigned flags = H2_F_END_HEADERS | (end ? H2_F_END_STREAM : 0);
+	int r;
+
+	if (b->err)
+		return KVD_ENOMEM;
+	if (c->need_tsu) {
+		buf_append(k, &t, "\x20", 1);
+		buf_append(k, &t, BUF_DATA(b), BUF_LEN(b));
+		r = t.err ? KVD_ENOMEM : h2_frame(c, H2_HEADERS, flags, sid, BUF_DATA(&t), BUF_LEN(&t));
+		buf_free(k, &t);
+	} else {
+		r = h2_frame(c, H2_HEADERS, flags, sid, BUF_DATA(b), BUF_LEN(b));
+	}
+	if (r)
+		return r;
+	c->need_tsu = 0;
+	c->sent_since_ping = 1;
+	return 0;
+}
+
+/* Response HEADERS (and, for Trailers-Only, the status fields). */
+static int h2_send_headers(struct h2_conn *c, struct h2_stream *s, int with_status, int end)
+{
+	struct kvd *k = c->k;
+	struct kvd_buf b = {0};
+	char code[8], msg[1024];
+	int r;
+
+	if (!s->hdrs_sent) {
+		hp_put_status(k, &b, s->http_status);
+		if (s->ctype_proto)
+			hp_put_field(k, &b, 31, NULL, "application/grpc+proto", 22);
+		else
+			hp_put_field(k, &b, 31, NULL, "application/grpc", 16);
+	}
+	if (with_status) {
+		snprintf(code, sizeof code, "%d", s->call.status);
+		hp_put_field(k, &b, 0, "grpc-status", code, strlen(code));
+		h2_pct_encode(s->call.status_msg ? s->call.status_msg : "", msg, sizeof msg);
+		hp_put_field(k, &b, 0, "grpc-message", msg, strlen(msg));
+	}
+	r = h2_send_block(c, s->id, &b, end);
+	buf_free(k, &b);
+	if (r)
+		return r; /* nothing was queued: the same block is made again on the next flush */
+	s->hdrs_sent = 1;
+	return 0;
+}
+
+/*
+ * DATA from b on stream s, within min(connection window, stream window,
+ * peer frame size) and while the connection's output is under
+ * KVD_MAX_OUTPUT; with fin, the frame that empties b carries END_STREAM.
+ * 0 while b waits (for a window: the stall clock runs, h2_timers; or for
+ * room), 1 once b is empty, 2 once it is empty and the stream ended.
+ */
+static int h2_send_data(struct kvd *k, struct h2_conn *c, struct h2_stream *s, struct kvd_buf *b, int fin)
+{
+	int64_t room;
+	size_t n;
+	int last = 0;
+
+	while (BUF_LEN(b) && BUF_LEN(&c->conn->out) < KVD_MAX_OUTPUT) {
+		room = KVD_MIN(c->send_window, s->send_window);
+		if (room <= 0) {
+			if (!s->stalled_since) {
+				s->stalled_since = k->now ? k->now : 1;
+				if (k->cfg.stall_timeout_ms)
+					util_wake_by(k, k->now + k->cfg.stall_timeout_ms);
+			}
+			return 0;
+		}
+		n = KVD_MIN(BUF_LEN(b), (size_t)KVD_MIN(room, (int64_t)c->peer_max_frame));
+		last = fin && n == BUF_LEN(b);
+		if (h2_frame(c, H2_DATA, last ? H2_F_END_STREAM : 0, s->id, BUF_DATA(b), n))
+			return 0;
+		buf_consume(b, n);
+		c->send_window -= (int64_t)n;
+		s->send_window -= (int64_t)n;
+		c->sent_since_ping = 1;
+	}
+	s->stalled_since = 0;
+	if (BUF_LEN(b))
+		return 0; /* the connection's output is full */
+	buf_trim(k, b, 16384);
+	return last ? 2 : 1;
+}
+
+/*
+ * Move what stream s may send into c->conn->out: response HEADERS, DATA within
+ * min(connection window, stream window, peer frame size), then trailers.  A
+ * producing stream (RangeStream, Watch, Snapshot, Observe) makes its next message only
+ * when its queue is empty and the window is open, so a slow reader holds one
+ * message, not the whole answer.  Returns 1 when the stream ended and was freed.
+ */
+static int h2_stream_send(struct kvd *k, struct h2_conn *c, struct h2_stream *s)
+{
+	int64_t room;
+
+#ifndef KVD_NO_HTTP
+	if (s->hx)
+		return http_h2_send(k, c, s);
+#endif
+	if (KVD_NEVER(s->call.held)) /* the durability contract: see loop_log_flush */
+		return 0;
+	for (;;) {
+		room = KVD_MIN(c->send_window, s->send_window);
+		if (!BUF_LEN(&s->call.out) && s->call.produce && !s->call.finished && room > 0 && BUF_LEN(&c->conn->out) < KVD_MAX_OUTPUT) {
+			s->call.m->on_produce(k, &s->call);
+			if (!BUF_LEN(&s->call.out) && !s->call.finished)
+				return 0; /* nothing more for now */
+		}
+		if (!s->hdrs_sent) {
+			if (s->call.finished && !BUF_LEN(&s->call.out)) { /* Trailers-Only */
+				if (h2_send_headers(c, s, 1, 1))
+					return 0;
+				goto ended;
+			}
+			if (!BUF_LEN(&s->call.out) || h2_send_headers(c, s, 0, 0))
+				return 0;
+		}
+		if (!h2_send_data(k, c, s, &s->call.out, 0))
+			return 0;
+		if (s->call.finished)
+			break;
+		if (!s->call.produce || BUF_LEN(&c->conn->out) >= KVD_MAX_OUTPUT ||
+		    KVD_MIN(c->send_window, s->send_window) <= 0)
+			return 0; /* the next message waits for room */
+	}
+	if (h2_send_headers(c, s, 1, 1))
+		return 0;
+ended:
+	if (!s->remote_closed) /* early server closure (gRPC over HTTP/2) */
+		h2_rst(c, s->id, H2_NO_ERROR);
+	h2_stream_close(c, s);
+	return 1;
+}
+
+/* Send what every stream can; round-robin start for fairness. */
+static void h2_flush(struct kvd *k, struct h2_conn *c)
+{
+	unsigned i, start, n;
+
+	if (c->conn->is_closing)
+		return;
+	n = c->nst;
+	if (!n)
+		return;
+	start = c->rr++ % n;
+	for (i = 0; i < n && c->nst; i++) {
+		unsigned idx = (start + i) % c->nst;
+		h2_stream_send(k, c, c->st[idx]);
+	}
+}
+
+/*
+ * Is a call being served (it has its request: a unary call being answered,
+ * a Watch, a keep-alive stream)?  A connection that is not busy and makes
+ * no progress -- no new call, no request data -- for --max-idle-time is
+ * closed; pings, window updates and settings are not progress, so they
+ * cannot hold a connection slot.
+ */
+static int h2_busy(const struct h2_conn *c)
+{
+	unsigned i;
+
+	for (i = 0; i < c->nst; i++)
+		if (c->st[i]->call.got_msg)
+			return 1;
+	return 0;
+}
+
+/* Per-connection timers; returns the next time this connection needs a look. */
+static int64_t h2_timers(struct kvd *k, struct h2_conn *c)
+{
+	int64_t next = INT64_MAX, now = k->now;
+	unsigned i;
+
+	if (!c->settings_seen) {
+		if (now - c->conn->t_open >= KVD_PREFACE_TIMEOUT_MS) {
+			c->conn->is_closing = c->goaway_sent = 1; /* never spoke HTTP/2 */
+			return next;
+		}
+		next = c->conn->t_open + KVD_PREFACE_TIMEOUT_MS;
+	}
+	if (c->draining && !c->goaway_sent) {
+		if (now - c->t_drain_ping >= 1000)
+			h2_goaway_final(c); /* no PING ACK: go on without it */
+		else
+			next = KVD_MIN(next, c->t_drain_ping + 1000);
+	}
+	if (k->cfg.idle_timeout_ms && c->settings_seen && !c->conn->is_closing && !h2_busy(c)) {
+		if (now - c->conn->t_active >= (int64_t)k->cfg.idle_timeout_ms)
+			h2_fail(c, H2_NO_ERROR, "max_idle");
+		else
+			next = KVD_MIN(next, c->conn->t_active + (int64_t)k->cfg.idle_timeout_ms);
+	}
+	for (i = 0; i < c->nst; i++) {
+		struct h2_stream *s = c->st[i];
+		if (s->call.deadline && !s->call.finished) {
+			if (now * 1000 >= s->call.deadline)
+				call_finish(k, &s->call, GRPC_DEADLINE_EXCEEDED, "context deadline exceeded");
+			else
+				next = KVD_MIN(next, (s->call.deadline + 999) / 1000);
+		}
+		if (s->stalled_since && k->cfg.stall_timeout_ms) {
+			if (now - s->stalled_since >= (int64_t)k->cfg.stall_timeout_ms) {
+				kvd_log(k, KVD_LOG_INFO, "%s: stream %u stalled on a zero window, reset",
+				        c->conn->peer, s->id);
+				h2_rst(c, s->id, H2_CANCEL);
+				h2_stream_close(c, s);
+				i--;
+				continue;
+			}
+			next = KVD_MIN(next, s->stalled_since + (int64_t)k->cfg.stall_timeout_ms);
+		}
+	}
+	return next;
+}
+
+/* Begin a graceful shutdown of c (6.8): GOAWAY(2^31-1), PING, then the real
+ * last stream id once the PING comes back. */
+static void h2_drain(struct kvd *k, struct h2_conn *c)
+{
+	uint8_t p[8];
+
+	if (c->draining || c->goaway_sent)
+		return;
+	if (!c->settings_seen) {
+		c->conn->is_closing = c->goaway_sent = 1;
+		return;
+	}
+	c->draining = 1;
+	put_be32(p, 0x7fffffff);
+	put_be32(p + 4, H2_NO_ERROR);
+	h2_frame(c, H2_GOAWAY, 0, 0, p, 8);
+	h2_frame(c, H2_PING, 0, 0, h2_stop_ping, 8);
+	c->t_drain_ping = k->now;
+	util_wake_by(k, k->now + 1000);
+}
+
+/* HTTP/2 on connection cn (its first bytes were the preface). */
+static struct h2_conn *h2_conn_new(struct kvd *k, struct conn *cn)
+{
+	struct h2_conn *c = kvd_calloc(k, sizeof *c);
+
+	if (!c)
+		return NULL;
+	c->k = k;
+	c->conn = cn;
+	hp_table_init(&c->dec);
+	c->send_window = H2_DEFAULT_WINDOW;
+	c->recv_window = H2_DEFAULT_WINDOW;
+	c->peer_max_frame = H2_DEFAULT_FRAME;
+	c->peer_init_window = H2_DEFAULT_WINDOW;
+	bucket_init(&c->rst, KVD_RST_RATE * 2, k->now);
+	bucket_init(&c->glitch, KVD_GLITCH_RATE * 10, k->now);
+	util_wake_by(k, cn->t_open + KVD_PREFACE_TIMEOUT_MS);
+	return c;
+}
+
+static void h2_conn_free(struct kvd *k, struct h2_conn *c)
+{
+	if (!c)
+		return;
+	while (c->nst)
+		h2_stream_close(c, c->st[c->nst - 1]);
+	kvd_free(k, c->st);
+	kvd_free(k, c->hblk);
+	hp_table_free(k, &c->dec);
+	kvd_free(k, c);
+}
+
+/* HTTP/2 as one of the protocols a connection may speak (section 35). */
+static void h2_proto_input(struct kvd *k, struct conn *c) { h2_input(k, c->ps); }
+static void h2_proto_flush(struct kvd *k, struct conn *c) { h2_flush(k, c->ps); }
+static int64_t h2_proto_timers(struct kvd *k, struct conn *c) { return h2_timers(k, c->ps); }
+static void h2_proto_drain(struct kvd *k, struct conn *c) { h2_drain(k, c->ps); }
+static void h2_proto_stop(struct kvd *k, struct conn *c)
+{
+	(void)k;
+	h2_goaway_final(c->ps);
+}
+static void h2_proto_evict(struct kvd *k, struct conn *c)
+{
+	struct h2_conn *h = c->ps;
+
+	(void)k;
+	if (h->settings_seen)
+		h2_fail(h, H2_NO_ERROR, "too_many_connections");
+}
+static int h2_proto_busy(const struct conn *c) { return h2_busy(c->ps); }
+static int h2_proto_shed(struct kvd *k, struct conn *c) { return h2_shed(k, c->ps); }
+static void h2_proto_free(struct kvd *k, struct conn *c)
+{
+	h2_conn_free(k, c->ps);
+	c->ps = NULL;
+}
+static const struct net_proto h2_proto = {
+	"h2", h2_proto_input, h2_proto_flush, h2_proto_timers, h2_proto_drain, h2_proto_stop, h2_proto_evict,
+	h2_proto_busy, h2_proto_shed, h2_proto_free,
+};
+
+/* ===== 29. gRPC over HTTP/2: the h2 stream as a carrier (grpc_) ========== */
+
+/*
+ * gRPC over HTTP/2 (grpc-go's server transport, as etcd runs it): an h2
+ * stream embeds its call (section 15) and is that call's carrier.  Its
+ * HEADERS are checked here (method, content-type, grpc-timeout) and routed
+ * by :path through the method table (section 25); its DATA is cut
+ * into gRPC messages (a 5-byte prefix each) bounded by --max-request-bytes;
+ * the call's answer goes back as HEADERS, DATA and trailers in
+ * h2_stream_send (section 28).
+ *
+ * Invariants:
+ *   1. A message is handed to its call whole, never past the receive cap
+ *      (grpc_max_recv): a longer one ends the call RESOURCE_EXHAUSTED with
+ *      grpc-go's text.
+ *   2. A finished call's leftover request bytes are dropped and their
+ *      window given back (grpc_finished), so one call cannot starve the
+ *      connection's window.
+ */
+
+/* The receive cap: etcd's --max-request-bytes plus grpc's slack. */
+static uint32_t grpc_max_recv(struct kvd *k)
+{
+	return k->cfg.max_request_bytes + KVD_GRPC_RECV_SLACK;
+}
+
+/* The call finished: request bytes still buffered are dropped, and their
+ * window credited back. */
+static void grpc_finished(struct kvd *k, struct call *call)
+{
+	struct h2_stream *s = H2_STREAM_OF(call);
+	size_t n = BUF_LEN(&s->in);
+
+	s->discard = 1;
+	h2_release(s);
+	if (n) {
+		buf_free(k, &s->in);
+		h2_consumed(s);
+	}
+	h2_recharge(s);
+}
+
+static const struct call_carrier grpc_h2_carrier = {"grpc", grpc_finished};
+
+static int grpc_slice_is(struct kvd_slice v, const char *s)
+{
+	size_t n = strlen(s);
+
+	return v.n == n && !memcmp(v.p, s, n);
+}
+
+/* grpc-timeout: 1-8 digits and a unit (H M S m u n), in microseconds
+ * (nanoseconds round down: under 1 us, the call is over before it starts). */
+static int grpc_parse_timeout(struct kvd_slice v, int64_t *us)
+{
+	uint64_t n = 0;
+	size_t i;
+
+	if (v.n < 2 || v.n > 9)
+		return KVD_EINVAL;
+	for (i = 0; i + 1 < v.n; i++) {
+		if (v.p[i] < '0' || v.p[i] > '9')
+			return KVD_EINVAL;
+		n = n * 10 + (uint64_t)(v.p[i] - '0');
+	}
+	switch (v.p[v.n - 1]) {
+	case 'H': *us = (int64_t)n * 3600000000ll; break;
+	case 'M': *us = (int64_t)n * 60000000ll; break;
+	case 'S': *us = (int64_t)n * 1000000; break;
+	case 'm': *us = (int64_t)n * 1000; break;
+	case 'u': *us = (int64_t)n; break;
+	case 'n': *us = (int64_t)(n / 1000); break;
+	default: return KVD_EINVAL;
+	}
+	return 0;
+}
+
+/* A new call: check method, content-type and timeout, then route :path. */
+static void grpc_on_headers(struct kvd *k, struct h2_stream *s, const struct h2_req *rq)
+{
+	struct call *call = &s->call;
+	int64_t us;
+
+	if (!grpc_slice_is(rq->method, "POST")) {
+		s->http_status = 405;
+		call_finish(k, call, GRPC_INTERNAL, "invalid gRPC request method \"%.*s\"",
+		            (int)KVD_MIN(rq->method.n, 64), (const char *)rq->method.p);
+		return;
+	}
+	if (!(rq->ctype.n >= 16 && !memcmp(rq->ctype.p, "application/grpc", 16) &&
+	      (rq->ctype.n == 16 || rq->ctype.p[16] == '+' || rq->ctype.p[16] == ';'))) {
+		s->http_status = 415;
+		call_finish(k, call, GRPC_INVALID_ARGUMENT, "invalid gRPC request content-type \"%.*s\"",
+		            (int)KVD_MIN(rq->ctype.n, 64), (const char *)rq->ctype.p);
+		return;
+	}
+	s->ctype_proto = grpc_slice_is(rq->ctype, "application/grpc+proto");
+	if (rq->timeout.n) {
+		if (grpc_parse_timeout(rq->timeout, &us)) {
+			call_finish(k, call, GRPC_INTERNAL, "transport: malformed grpc-timeout");
+			return;
+		}
+		if (!us) { /* as grpc-go: a deadline already past fails the call */
+			call_finish(k, call, GRPC_DEADLINE_EXCEEDED, "context deadline exceeded");
+			return;
+		}
+		call->deadline = k->now * 1000 + us;
+		util_wake_by(k, (call->deadline + 999) / 1000);
+	}
+	if (rq->encoding.n && !grpc_slice_is(rq->encoding, "identity"))
+		s->bad_encoding = 1;
+	call_route(k, call, (const char *)rq->path.p, rq->path.n);
+}
+
+/* Deliver every complete message buffered on s. */
+static void grpc_on_data(struct kvd *k, struct h2_stream *s)
+{
+	struct call *call = &s->call;
+	const uint8_t *p;
+	uint32_t len;
+	size_t have;
+
+	while (!call->finished && (have = BUF_LEN(&s->in)) >= 5) {
+		p = BUF_DATA(&s->in);
+		len = get_be32(p + 1);
+		if (len > grpc_max_recv(k)) {
+			call_finish(k, call, GRPC_RESOURCE_EXHAUSTED,
+			            "grpc: received message larger than max (%u vs. %u)", len, grpc_max_recv(k));
+			return;
+		}
+		if (have < 5 + (size_t)len) {
+			h2_grant(s, 5 + (size_t)len);
+			return;
+		}
+		if (p[0] > 1) {
+			call_finish(k, call, GRPC_INTERNAL, "grpc: received unexpected payload format %u", p[0]);
+			return;
+		}
+		if (s->bad_encoding) {
+			const char *e = call_meta(call, "grpc-encoding");
+			call_finish(k, call, GRPC_UNIMPLEMENTED,
+			            "grpc: Decompressor is not installed for grpc-encoding \"%.100s\"", e ? e : "");
+			return;
+		}
+		if (p[0] == 1) {
+			call_finish(k, call, GRPC_INTERNAL, "grpc: compressed flag set with identity or empty encoding");
+			return;
+		}
+		call_message(k, call, p + 5, len);
+		if (call->finished) /* call_finish already dropped the buffer */
+			return;
+		buf_consume(&s->in, 5 + (size_t)len);
+		h2_release(s);
+		h2_consumed(s);
+	}
+}
+
+/* The client sent END_STREAM. */
+static void grpc_on_remote_close(struct kvd *k, struct h2_stream *s)
+{
+	call_half_close(k, &s->call, BUF_LEN(&s->in) != 0);
+}
+
+/* ===== 30. confd: Ganeti's UDP query protocol, keyspace mode (confd_) ==== */
 
 /*
  * Ganeti's confd on UDP: a datagram is "plj0" + {"msg","salt","hmac"}, the
@@ -21211,7 +22279,7 @@ static void svc_shutdown(struct kvd *k)
  * JSON is read from key K (parsed again when K changes) and the twelve query
  * types are answered as ganeti-confd 3.0.2 answers them, quirks included.
  * This section holds the protocol's parts and keyspace mode; Ganeti mode,
- * the datagram's path and the sockets are section 30's.
+ * the datagram's path and the sockets are section 31's.
  *
  * Invariants:
  *   1. The key is read from a regular file that nobody else may read
@@ -21768,7 +22836,7 @@ static void confd_keyspace(struct kvd *k, const struct confd_req *rq)
 	confd_end_msg(k, m->rev);
 }
 
-/* ===== 30. confd: Ganeti mode, datagrams, setup (confd_) ================= */
+/* ===== 31. confd: Ganeti mode, datagrams, setup (confd_) ================= */
 
 /*
  * Ganeti mode: the cluster's configuration (config.data, reloaded when it
@@ -21779,7 +22847,7 @@ static void confd_keyspace(struct kvd *k, const struct confd_req *rq)
  * A confd query: confd_read (recvfrom, the size, the rate buckets) ->
  * confd_handle (magic, envelope) -> confd_hmac (checked before anything
  * trusts the sender) -> the salt as clock, the replay cache ->
- * confd_parse_request (section 29) -> confd_keyspace or confd_ganeti ->
+ * confd_parse_request (section 30) -> confd_keyspace or confd_ganeti ->
  * confd_sign (the reply signed with the request's salt) -> sendto.  Setup
  * checks the addresses before the data dir is touched (confd_open) and
  * binds them once the store is read (confd_bind), which refuses keyspace
@@ -23199,1056 +24267,6 @@ static void confd_reload(struct kvd *k) { (void)k; }
 static void confd_close(struct kvd *k) { (void)k; }
 #endif /* KVD_NO_CONFD */
 
-/* ===== 31. TLS: a transport under any protocol (tls_) ==================== */
-
-/*
- * An https:// (or unixs://) listener's connections get the TLS transport
- * instead of the plain one; above it nothing changes -- the first
- * decrypted bytes choose the protocol as on a plain port, and HTTP/2, its
- * flow control and every call run as they do over TCP.  mbedtls does the
- * work; the poll loop drives it.
- *
- * Non-blocking.  mbedtls reads and writes the socket through two callbacks
- * that never block: a read with nothing there is MBEDTLS_ERR_SSL_WANT_READ,
- * a full socket MBEDTLS_ERR_SSL_WANT_WRITE, and either may come at any byte
- * of any record.  The handshake advances when the socket is readable (the
- * transport's recv) or, when a write was cut short, writable (the
- * connection asks for POLLOUT with want_write); mbedtls_ssl_write must be
- * given the same bytes again after WANT_WRITE, so the transport remembers
- * how many it offered (pending) and offers exactly those.
- *
- * Bounds.  A connection that has not finished its handshake and sent its
- * first bytes within KVD_PREFACE_TIMEOUT_MS is closed, as a silent plain
- * one is.  At most KVD_MAX_HANDSHAKES handshakes are in progress: a new one
- * displaces one of the address holding the most (section 3's fair shares),
- * so a flood of ClientHellos (or of 1-byte-per-second handshakes) from a few
- * addresses only displaces itself, never a slow honest handshake from
- * elsewhere.  Each loop iteration runs at most
- * KVD_HANDSHAKE_STEPS handshake steps (each may be a signature or a key
- * exchange), then serves everything else before the next; established
- * connections never wait behind more than that.  Per connection mbedtls
- * holds its record buffers (16 KiB in + 16 KiB out with Debian's build:
- * MBEDTLS_SSL_IN/OUT_CONTENT_LEN; a firmware build may shrink them) and the
- * session, ~34 KiB in all; kvd adds 160 bytes.
- *
- * What is offered: TLS 1.2, and TLS 1.3 where mbedtls has it (3.x with
- * MBEDTLS_SSL_PROTO_TLS1_3, which runs on PSA: psa_crypto_init once per
- * process; 2.28 has no TLS 1.3 server), within --tls-min-version and
- * --tls-max-version (tls_check_versions); ECDHE key exchange with AEAD
- * ciphers (AES-GCM, ChaCha20-Poly1305) unless --cipher-suites names other
- * TLS 1.2 ones (TLS 1.3's three are always offered, as Go does); ALPN h2
- * and http/1.1 (grpc-go requires h2); no renegotiation, no compression, no
- * session tickets (no ticket callbacks are set: no resumption state
- * outlives a certificate reload).  With --trusted-ca-file (alone, as
- * etcd reads it, or with --client-cert-auth) a client must present a
- * certificate that CA signed (and --client-crl-file has not revoked) or the
- * handshake fails; with --client-cert-allowed-hostname a SAN of its leaf
- * must also name one of those hosts, as Go's VerifyHostname matches them
- * (tls_names: the CN is never looked at), and no certificate it sends may
- * have a serial --client-crl-file lists (tls_revoked).  The client certificate's last CN stays with the
- * connection, every byte of it (with --client-cert-auth etcd takes it as the
- * user name when auth is on and no token is sent: "root\0.x" is no user).
- *
- * Certificates, key, CA and CRL are one generation (struct tls_cfg),
- * counted by the connections made with it.  SIGHUP reads them again: a good
- * set serves new connections at once while old ones finish on theirs; a bad
- * one is logged and the old set stays.
- *
- * Invariants:
- *   1. Nothing blocks: the BIO callbacks turn EAGAIN into WANT_READ or
- *      WANT_WRITE (tls_bio_recv, tls_bio_send), and after WANT_WRITE the
- *      same bytes are offered again (tls_send's t->pending).
- *   2. Handshakes are bounded and counted once each way: k->tls->handshaking
- *      and the share's SHARE_HANDSHAKES go up in tls_accept and down in
- *      tls_hs_end -- when one finishes (tls_step) or an unfinished one is
- *      freed (tls_free); at most KVD_HANDSHAKE_STEPS steps a loop turn
- *      (tls_step).
- *   3. The client's CN is given out only after a finished handshake, as
- *      bytes and a length (tls_peer_cn), never to be compared as a C
- *      string.
- *   4. A certificate generation lives while anything uses it: a ref for
- *      kvd's current one and one per connection (tls_accept), given back
- *      by tls_free and tls_reload (tls_cfg_unref); a reload that fails
- *      keeps the one in use.
- */
-
-/* --tls-min-version / --tls-max-version, checked as etcd 3.7 checks them
- * (its words); 2 is TLS 1.2, 3 TLS 1.3.  TLS 1.3 needs an mbedtls that has
- * it (3.x with MBEDTLS_SSL_PROTO_TLS1_3): as a minimum it is refused
- * otherwise, as a maximum it means "the newest this build has". */
-KVD_RESIDENT static int tls_check_versions(const struct kvd_config *cfg, int *min, int *max, char *err, size_t errlen)
-{
-	const char *v[2] = {cfg->tls_min_version, cfg->tls_max_version};
-	int n[2] = {2, 3}, i;
-
-	for (i = 0; i < 2; i++) {
-		if (!v[i] || !v[i][0])
-			continue;
-		if (strcmp(v[i], "TLS1.2") && strcmp(v[i], "TLS1.3")) {
-			snprintf(err, errlen, "unexpected TLS version \"%.32s\" (must be one of: TLS1.2, TLS1.3)", v[i]);
-			return KVD_EINVAL;
-		}
-		n[i] = v[i][5] == '2' ? 2 : 3;
-	}
-	if (n[0] > n[1]) {
-		snprintf(err, errlen, "min version (%s) is greater than max version (%s)", v[0], v[1]);
-		return KVD_EINVAL;
-	}
-	if (n[0] == 3 && cfg->cipher_suites && cfg->cipher_suites[0]) {
-		snprintf(err, errlen, "cipher suites cannot be configured when only TLS1.3 is enabled");
-		return KVD_EINVAL;
-	}
-#if !defined(MBEDTLS_SSL_PROTO_TLS1_3)
-	if (n[0] == 3) {
-		snprintf(err, errlen, "--tls-min-version TLS1.3: this kvd's mbedtls has no TLS 1.3");
-		return KVD_EINVAL;
-	}
-	n[1] = 2;
-#endif
-	if (min)
-		*min = n[0];
-	if (max)
-		*max = n[1];
-	return 0;
-}
-
-#ifndef KVD_NO_TLS
-
-#ifndef KVD_MAX_HANDSHAKES /* @@ TLS handshakes in progress; a new one displaces one (tls_accept) */
-#define KVD_MAX_HANDSHAKES 64
-#endif
-#ifndef KVD_HANDSHAKE_STEPS /* @@ TLS handshake steps per loop iteration */
-#define KVD_HANDSHAKE_STEPS 16
-#endif
-#define TLS_MAX_SUITES 32
-#define TLS_RECORD 16384            /* application bytes offered per mbedtls_ssl_write */
-
-struct tls_cfg {
-	unsigned refs;                  /* kvd's current one, and each connection made with it */
-	mbedtls_ssl_config conf;
-	mbedtls_x509_crt cert, ca;
-	mbedtls_pk_context key;
-	int suites[TLS_MAX_SUITES + 4]; /* --cipher-suites' or the defaults, TLS 1.3's, 0 */
-	const char *alpn[3];            /* h2, http/1.1 (mbedtls keeps the pointer) */
-	mbedtls_ecp_group_id curves[4]; /* key exchange groups, fastest first */
-	char *allowed;                  /* --client-cert-allowed-hostname (a comma list), NULL if not given */
-};
-
-/* --client-crl-file, read again whenever the file changes (tls_crl_fresh). */
-struct tls_crl {
-	mbedtls_x509_crl crl;
-	unsigned loaded : 1;            /* crl holds the file as it was at st */
-	unsigned bad : 1;               /* the file changed into something unreadable: refuse every certificate */
-	struct stat st;                 /* the file when last read */
-};
-
-struct tls_state {
-	struct tls_cfg *cfg;            /* new connections use this one */
-	struct tls_crl crl;             /* --client-crl-file's revoked serials */
-	mbedtls_entropy_context entropy;
-	mbedtls_ctr_drbg_context drbg;
-	unsigned handshaking;           /* connections in a handshake */
-	unsigned steps;                 /* handshake steps this loop iteration */
-	uint64_t handshakes, failures, displaced;
-};
-
-struct tls_conn {
-	mbedtls_ssl_context ssl;
-	struct tls_cfg *cfg;
-	size_t pending;                 /* bytes offered to a write that said WANT_WRITE */
-	unsigned done : 1;              /* the handshake is over */
-	unsigned looked : 1;            /* its first bytes were looked at (tls_not_tls) */
-	unsigned cert : 1;              /* the client sent a certificate (verified) */
-	char *cn;                       /* the client certificate's CN, its exact bytes (NUL added); NULL if none */
-	size_t cnlen;
-};
-
-/* etcd's defaults in spirit: ECDHE, AEAD only. */
-static const char *const tls_default_suites[] = {
-	"TLS-ECDHE-ECDSA-WITH-AES-128-GCM-SHA256", "TLS-ECDHE-RSA-WITH-AES-128-GCM-SHA256",
-	"TLS-ECDHE-ECDSA-WITH-AES-256-GCM-SHA384", "TLS-ECDHE-RSA-WITH-AES-256-GCM-SHA384",
-	"TLS-ECDHE-ECDSA-WITH-CHACHA20-POLY1305-SHA256", "TLS-ECDHE-RSA-WITH-CHACHA20-POLY1305-SHA256", NULL,
-};
-
-#if defined(MBEDTLS_SSL_PROTO_TLS1_3)
-static const char *const tls13_suites[] = {
-	"TLS1-3-AES-128-GCM-SHA256", "TLS1-3-AES-256-GCM-SHA384", "TLS1-3-CHACHA20-POLY1305-SHA256", NULL,
-};
-#endif
-
-static void tls_cfg_unref(struct kvd *k, struct tls_cfg *t)
-{
-	if (!t || --t->refs)
-		return;
-	mbedtls_ssl_config_free(&t->conf);
-	mbedtls_x509_crt_free(&t->cert);
-	mbedtls_x509_crt_free(&t->ca);
-	mbedtls_pk_free(&t->key);
-	kvd_free(k, t->allowed);
-	kvd_free(k, t);
-}
-
-/* A TLS file refused: what it is not, in plain words, then mbedtls' own. */
-static void tls_why(int r, const char *what, const char *file, char *err, size_t errlen)
-{
-	char m[128];
-	const char *plain = r == MBEDTLS_ERR_PK_FILE_IO_ERROR || r == MBEDTLS_ERR_X509_FILE_IO_ERROR ?
-	                    "cannot be read (missing, or no permission)" :
-	                    !strcmp(what, "--key-file") ? "not a private key kvd can read (PEM or DER: PKCS#8, RSA or EC; "
-	                                                  "no password-protected key)" :
-	                    !strcmp(what, "--cert-file") || !strcmp(what, "--trusted-ca-file") ?
-	                    "not a certificate kvd can read (PEM or DER X.509)" : NULL;
-
-	mbedtls_strerror(r, m, sizeof m);
-	if (plain)
-		snprintf(err, errlen, "%s %.150s: %s (mbedtls: %.60s)", what, file, plain, m);
-	else
-		snprintf(err, errlen, "%s %.200s: %s", what, file, m);
-}
-
-/* A Go cipher suite name (etcd's --cipher-suites) as mbedtls knows it. */
-static int tls_suite_id(const char *go)
-{
-	char name[96];
-	size_t i;
-	int id;
-
-	for (i = 0; go[i] && i < sizeof name - 8; i++)
-		name[i] = go[i] == '_' ? '-' : go[i];
-	name[i] = 0;
-	if ((id = mbedtls_ssl_get_ciphersuite_id(name)))
-		return id;
-	strcat(name, "-SHA256"); /* Go's CHACHA20_POLY1305 names drop the hash */
-	return mbedtls_ssl_get_ciphersuite_id(name);
-}
-
-/*
- * --auto-tls: a self-signed ECDSA P-256 certificate made at start (in
- * memory; a restart makes another), valid a year from now, naming
- * localhost, 127.0.0.1 and ::1, as etcd's --auto-tls is meant to be used:
- * by clients that skip verification.
- */
-static int tls_self_signed(struct kvd *k, struct tls_cfg *t, char *err, size_t errlen)
-{
-	/* subjectAltName: DNS localhost, IP 127.0.0.1, IP ::1 */
-	static const uint8_t san[] = {0x30, 0x23, 0x82, 0x09, 'l', 'o', 'c', 'a', 'l', 'h', 'o', 's', 't',
-	                              0x87, 0x04, 127, 0, 0, 1, 0x87, 0x10, 0, 0, 0, 0, 0, 0, 0, 0,
-	                              0, 0, 0, 0, 0, 0, 0, 1};
-	mbedtls_x509write_cert w;
-	mbedtls_mpi serial;
-	char from[16], to[16];
-	uint8_t *der = kvd_malloc(k, 4096);
-	int64_t now = (int64_t)time(NULL);
-	struct util_tm a, b;
-	int r, n = 0;
-
-	mbedtls_x509write_crt_init(&w);
-	mbedtls_mpi_init(&serial);
-	if (!der) {
-		snprintf(err, errlen, "out of memory");
-		return KVD_ENOMEM;
-	}
-	util_utc(now, &a);
-	util_utc(now + 365 * 86400, &b); /* etcd's default validity: 365 days */
-	snprintf(from, sizeof from, "%04d%02d%02d%02d%02d%02d", a.year, a.mon, a.mday, a.hour, a.min, a.sec);
-	snprintf(to, sizeof to, "%04d%02d%02d%02d%02d%02d", b.year, b.mon, b.mday, b.hour, b.min, b.sec);
-	if ((r = mbedtls_pk_setup(&t->key, mbedtls_pk_info_from_type(MBEDTLS_PK_ECKEY))) ||
-	    (r = mbedtls_ecp_gen_key(MBEDTLS_ECP_DP_SECP256R1, mbedtls_pk_ec(t->key), mbedtls_ctr_drbg_random,
-	                             &k->tls->drbg)) ||
-	    (r = mbedtls_mpi_fill_random(&serial, 16, mbedtls_ctr_drbg_random, &k->tls->drbg)) ||
-	    (r = mbedtls_mpi_set_bit(&serial, 127, 0)))
-		goto out;
-	mbedtls_x509write_crt_set_version(&w, MBEDTLS_X509_CRT_VERSION_3);
-	mbedtls_x509write_crt_set_md_alg(&w, MBEDTLS_MD_SHA256);
-	mbedtls_x509write_crt_set_subject_key(&w, &t->key);
-	mbedtls_x509write_crt_set_issuer_key(&w, &t->key);
-	if ((r = mbedtls_x509write_crt_set_subject_name(&w, "CN=kvd,O=kvd auto-tls")) ||
-	    (r = mbedtls_x509write_crt_set_issuer_name(&w, "CN=kvd,O=kvd auto-tls")) ||
-	    (r = mbedtls_x509write_crt_set_serial(&w, &serial)) ||
-	    (r = mbedtls_x509write_crt_set_validity(&w, from, to)) ||
-	    (r = mbedtls_x509write_crt_set_basic_constraints(&w, 0, -1)) ||
-	    (r = mbedtls_x509write_crt_set_key_usage(&w, MBEDTLS_X509_KU_DIGITAL_SIGNATURE |
-	                                                  MBEDTLS_X509_KU_KEY_ENCIPHERMENT)) ||
-	    (r = mbedtls_x509write_crt_set_extension(&w, MBEDTLS_OID_SUBJECT_ALT_NAME,
-	                                             MBEDTLS_OID_SIZE(MBEDTLS_OID_SUBJECT_ALT_NAME), 0, san, sizeof san)))
-		goto out;
-	if ((n = mbedtls_x509write_crt_der(&w, der, 4096, mbedtls_ctr_drbg_random, &k->tls->drbg)) < 0) {
-		r = n;
-		goto out;
-	}
-	r = mbedtls_x509_crt_parse_der(&t->cert, der + 4096 - n, (size_t)n); /* written at the buffer's end */
-out:
-	if (r)
-		tls_why(r, "--auto-tls", "self-signed certificate", err, errlen);
-	mbedtls_x509write_crt_free(&w);
-	mbedtls_mpi_free(&serial);
-	kvd_free(k, der);
-	return r ? KVD_EIO : 0;
-}
-
-static int tls_auto(const struct kvd_config *cfg)
-{
-	return cfg->auto_tls && (!cfg->cert_file || !cfg->cert_file[0]);
-}
-
-/*
- * --client-crl-file, as etcd checks it: the serial numbers it lists refuse
- * any certificate the client sends with one (the leaf or any other in its
- * chain), by serial alone -- whoever signed the CRL, and however old or
- * young it is: a CRL past its nextUpdate, dated ahead of a board's wrong
- * clock, or issued by another CA still revokes what it lists and refuses
- * nobody else.  (mbedtls' own check, which kvd used before, refused every
- * certificate in those three cases.)  PEM or DER, several CRLs in one
- * file.  etcd reads the file at every connection; kvd reads it at start,
- * on SIGHUP, and at a handshake when it changed (its size, time or inode):
- * an update takes effect at once.  A file that changed into something
- * unreadable refuses every client certificate until it is fixed, as
- * etcd's does, and says so in the log.
- */
-static int tls_crl_read(struct kvd *k, struct tls_crl *c, char *err, size_t errlen)
-{
-	const char *path = k->cfg.client_crl_file;
-	mbedtls_x509_crl n;
-	struct stat st;
-	int r;
-
-	if (stat(path, &st)) {
-		snprintf(err, errlen, "--client-crl-file %.200s: %s", path, strerror(errno));
-		return KVD_EINVAL;
-	}
-	mbedtls_x509_crl_init(&n);
-	if ((r = mbedtls_x509_crl_parse_file(&n, path))) {
-		mbedtls_x509_crl_free(&n);
-		tls_why(r, "--client-crl-file", path, err, errlen);
-		return KVD_EINVAL;
-	}
-	if (c->loaded)
-		mbedtls_x509_crl_free(&c->crl);
-	c->crl = n;
-	c->loaded = 1;
-	c->bad = 0;
-	c->st = st;
-	return 0;
-}
-
-/* The CRL as the file is now: read again when it changed.  0, or -1 when
- * it cannot be read (every certificate is then refused). */
-static int tls_crl_fresh(struct kvd *k, struct tls_crl *c)
-{
-	char err[KVD_ERRLEN];
-	struct stat st;
-	int was_bad = c->bad;
-
-	if (!stat(k->cfg.client_crl_file, &st) && c->loaded && st.st_size == c->st.st_size &&
-	    st.st_ino == c->st.st_ino && st.st_mtime == c->st.st_mtime && !c->bad)
-		return 0;
-	if (!tls_crl_read(k, c, err, sizeof err)) {
-		kvd_log(k, KVD_LOG_INFO, "--client-crl-file %s changed: read again", k->cfg.client_crl_file);
-		return 0;
-	}
-	c->bad = 1;
-	if (!was_bad)
-		kvd_log(k, KVD_LOG_ERROR, "%s: every client certificate is refused until it can be read", err);
-	return -1;
-}
-
-/* Does a serial number the CRL lists match crt's?  As Go compares them:
- * the magnitude's bytes, leading zeros dropped. */
-static int tls_serial_eq(const uint8_t *a, size_t an, const uint8_t *b, size_t bn)
-{
-	while (an && !*a) {
-		a++;
-		an--;
-	}
-	while (bn && !*b) {
-		b++;
-		bn--;
-	}
-	return an == bn && !memcmp(a, b, an);
-}
-
-/* Is any certificate the client sent revoked?  1, with the serial logged. */
-static int tls_revoked(struct kvd *k, const mbedtls_x509_crt *sent, const char *peer)
-{
-	const mbedtls_x509_crl *crl;
-	const mbedtls_x509_crl_entry *e;
-	const mbedtls_x509_crt *c;
-	char hex[2 * 20 + 1];
-	size_t i;
-
-	if (!k->cfg.client_crl_file || !k->cfg.client_crl_file[0])
-		return 0;
-	if (tls_crl_fresh(k, &k->tls->crl)) {
-		kvd_log(k, KVD_LOG_WARN, "%s: client certificate refused: --client-crl-file cannot be read", peer);
-		return 1;
-	}
-	for (c = sent; c && c->raw.p; c = c->next)
-		for (crl = &k->tls->crl.crl; crl && crl->raw.p; crl = crl->next)
-			for (e = &crl->entry; e && e->raw.p; e = e->next)
-				if (tls_serial_eq(e->serial.p, e->serial.len, c->serial.p, c->serial.len)) {
-					for (i = 0; i < c->serial.len && i < 20; i++)
-						snprintf(hex + 2 * i, 3, "%02x", c->serial.p[i]);
-					hex[2 * i] = 0;
-					kvd_log(k, KVD_LOG_WARN, "%s: rejected connection: certificate serial %s revoked", peer, hex);
-					return 1;
-				}
-	return 0;
-}
-
-/* Read one generation of certificates from the flags. */
-static int tls_cfg_load(struct kvd *k, struct tls_cfg **out, char *err, size_t errlen)
-{
-	const struct kvd_config *cfg = &k->cfg;
-	struct tls_cfg *t = kvd_calloc(k, sizeof *t);
-	int r, n = 0, vmin = 2, vmax = 2;
-#if defined(MBEDTLS_SSL_PROTO_TLS1_3)
-	int i;
-#endif
-
-	*out = NULL;
-	if (!t) {
-		snprintf(err, errlen, "out of memory");
-		return KVD_ENOMEM;
-	}
-	t->refs = 1;
-	mbedtls_ssl_config_init(&t->conf);
-	mbedtls_x509_crt_init(&t->cert);
-	mbedtls_x509_crt_init(&t->ca);
-	mbedtls_pk_init(&t->key);
-	if (!tls_auto(cfg) && (util_check_regular(cfg->cert_file, "--cert-file", err, errlen) ||
-	                       util_check_regular(cfg->key_file, "--key-file", err, errlen)))
-		goto fail; /* mbedtls opens them itself: a FIFO would block (at start, or on SIGHUP) */
-	if (cfg->trusted_ca_file && cfg->trusted_ca_file[0] &&
-	    util_check_regular(cfg->trusted_ca_file, "--trusted-ca-file", err, errlen))
-		goto fail;
-	if (cfg->client_crl_file && cfg->client_crl_file[0] &&
-	    util_check_regular(cfg->client_crl_file, "--client-crl-file", err, errlen))
-		goto fail;
-	if (tls_auto(cfg)) {
-		if (tls_self_signed(k, t, err, errlen))
-			goto fail;
-	} else if ((r = mbedtls_x509_crt_parse_file(&t->cert, cfg->cert_file))) {
-		tls_why(r, "--cert-file", cfg->cert_file, err, errlen);
-		goto fail;
-	} else {
-#if MBEDTLS_VERSION_MAJOR >= 3
-		r = mbedtls_pk_parse_keyfile(&t->key, cfg->key_file, NULL, mbedtls_ctr_drbg_random, &k->tls->drbg);
-#else
-		r = mbedtls_pk_parse_keyfile(&t->key, cfg->key_file, NULL);
-#endif
-		if (r) {
-			tls_why(r, "--key-file", cfg->key_file, err, errlen);
-			goto fail;
-		}
-	}
-#if MBEDTLS_VERSION_MAJOR >= 3
-	r = mbedtls_pk_check_pair(&t->cert.pk, &t->key, mbedtls_ctr_drbg_random, &k->tls->drbg);
-#else
-	r = mbedtls_pk_check_pair(&t->cert.pk, &t->key);
-#endif
-	if (r) {
-		snprintf(err, errlen, "--key-file %.200s does not match --cert-file %.200s", cfg->key_file, cfg->cert_file);
-		goto fail;
-	}
-	if (cfg->trusted_ca_file && cfg->trusted_ca_file[0] &&
-	    (r = mbedtls_x509_crt_parse_file(&t->ca, cfg->trusted_ca_file))) {
-		tls_why(r, "--trusted-ca-file", cfg->trusted_ca_file, err, errlen);
-		goto fail;
-	}
-	if (cfg->client_crl_file && cfg->client_crl_file[0] && tls_crl_read(k, &k->tls->crl, err, errlen))
-		goto fail;
-	t->alpn[0] = "h2";
-	t->alpn[1] = "http/1.1";
-	if ((r = mbedtls_ssl_config_defaults(&t->conf, MBEDTLS_SSL_IS_SERVER, MBEDTLS_SSL_TRANSPORT_STREAM,
-	                                     MBEDTLS_SSL_PRESET_DEFAULT)) ||
-	    (r = mbedtls_ssl_conf_own_cert(&t->conf, &t->cert, &t->key)) ||
-	    (r = mbedtls_ssl_conf_alpn_protocols(&t->conf, t->alpn))) {
-		tls_why(r, "TLS", "configuration", err, errlen);
-		goto fail;
-	}
-	mbedtls_ssl_conf_rng(&t->conf, mbedtls_ctr_drbg_random, &k->tls->drbg);
-	t->curves[0] = MBEDTLS_ECP_DP_CURVE25519; /* mbedtls would pick secp521r1: 5x slower */
-	t->curves[1] = MBEDTLS_ECP_DP_SECP256R1;
-	t->curves[2] = MBEDTLS_ECP_DP_SECP384R1;
-	t->curves[3] = MBEDTLS_ECP_DP_NONE;
-#if MBEDTLS_VERSION_MAJOR >= 3
-	{
-		static const uint16_t groups[] = {MBEDTLS_SSL_IANA_TLS_GROUP_X25519, MBEDTLS_SSL_IANA_TLS_GROUP_SECP256R1,
-		                                  MBEDTLS_SSL_IANA_TLS_GROUP_SECP384R1, 0};
-		mbedtls_ssl_conf_groups(&t->conf, groups);
-	}
-#else
-	mbedtls_ssl_conf_curves(&t->conf, t->curves);
-#endif
-	if (tls_check_versions(cfg, &vmin, &vmax, err, errlen))
-		goto fail;
-	/* TLS 1.2 at least, as etcd 3.7 (its --tls-min-version default) */
-#if MBEDTLS_VERSION_MAJOR >= 3
-	mbedtls_ssl_conf_min_tls_version(&t->conf, vmin == 3 ? MBEDTLS_SSL_VERSION_TLS1_3 : MBEDTLS_SSL_VERSION_TLS1_2);
-	mbedtls_ssl_conf_max_tls_version(&t->conf, vmax == 3 ? MBEDTLS_SSL_VERSION_TLS1_3 : MBEDTLS_SSL_VERSION_TLS1_2);
-#else
-	mbedtls_ssl_conf_min_version(&t->conf, MBEDTLS_SSL_MAJOR_VERSION_3, MBEDTLS_SSL_MINOR_VERSION_3);
-	mbedtls_ssl_conf_max_version(&t->conf, MBEDTLS_SSL_MAJOR_VERSION_3, MBEDTLS_SSL_MINOR_VERSION_3);
-#endif
-#ifdef MBEDTLS_SSL_RENEGOTIATION /* a small mbedtls has none to turn off */
-	mbedtls_ssl_conf_renegotiation(&t->conf, MBEDTLS_SSL_RENEGOTIATION_DISABLED);
-#endif
-	if (cfg->trusted_ca_file && cfg->trusted_ca_file[0]) /* the CRL is kvd's to check, as etcd's (tls_revoked) */
-		mbedtls_ssl_conf_ca_chain(&t->conf, &t->ca, NULL);
-	/* as etcd's TLSInfo: a trusted CA alone already means "require and verify a
-	 * client certificate"; --client-cert-auth adds only the CN as the user */
-	mbedtls_ssl_conf_authmode(&t->conf, cfg->client_cert_auth || (cfg->trusted_ca_file && cfg->trusted_ca_file[0])
-	                                        ? MBEDTLS_SSL_VERIFY_REQUIRED : MBEDTLS_SSL_VERIFY_NONE);
-	if (cfg->cipher_suites && cfg->cipher_suites[0]) {
-		char list[1024], *p, *save;
-		snprintf(list, sizeof list, "%s", cfg->cipher_suites);
-		for (p = strtok_r(list, ",", &save); p; p = strtok_r(NULL, ",", &save)) {
-			while (*p == ' ')
-				p++;
-			if (n == TLS_MAX_SUITES || !(t->suites[n++] = tls_suite_id(p))) {
-				snprintf(err, errlen, "unexpected TLS cipher suite \"%.80s\"", p);
-				goto fail;
-			}
-		}
-	} else {
-		for (; tls_default_suites[n]; n++)
-			t->suites[n] = mbedtls_ssl_get_ciphersuite_id(tls_default_suites[n]);
-	}
-#if defined(MBEDTLS_SSL_PROTO_TLS1_3)
-	/* TLS 1.3's three AEAD suites are always offered: --cipher-suites names
-	 * TLS 1.2 ones only (Go's crypto/tls does not let 1.3's be chosen) */
-	for (i = 0; vmax == 3 && tls13_suites[i] && n < TLS_MAX_SUITES + 3; i++)
-		if ((t->suites[n] = mbedtls_ssl_get_ciphersuite_id(tls13_suites[i])))
-			n++;
-#endif
-	t->suites[n] = 0;
-	mbedtls_ssl_conf_ciphersuites(&t->conf, t->suites);
-	if (cfg->client_cert_allowed_hostname && cfg->client_cert_allowed_hostname[0] && /* "": none (etcd: nobody) */
-	    !(t->allowed = kvd_strdup(k, cfg->client_cert_allowed_hostname))) {
-		snprintf(err, errlen, "out of memory");
-		goto fail;
-	}
-	*out = t;
-	return 0;
-fail:
-	tls_cfg_unref(k, t);
-	return KVD_EINVAL;
-}
-
-/*
- * TLS at start-up, before the data dir is touched: refuses inconsistent or
- * unreadable settings with one line.  Nothing to do without https:// URLs.
- */
-static int tls_init(struct kvd *k, int wanted, char *err, size_t errlen)
-{
-	const struct kvd_config *cfg = &k->cfg;
-	static const char *const flags[] = {"--cert-file", "--key-file", "--trusted-ca-file", "--client-crl-file"};
-	const char *given[] = {cfg->cert_file, cfg->key_file, cfg->trusted_ca_file, cfg->client_crl_file};
-	size_t i;
-	int r;
-
-	if (!wanted) { /* as etcd, not an error: said, so a forgotten https:// is found */
-		for (i = 0; i < KVD_COUNT(flags); i++)
-			if (given[i] && given[i][0])
-				kvd_log(k, KVD_LOG_WARN, "%s is set, but no listener is https:// or unixs://: it is not used",
-				        flags[i]);
-		return 0;
-	}
-	if (!tls_auto(cfg) && (!cfg->cert_file || !cfg->cert_file[0] || !cfg->key_file || !cfg->key_file[0])) {
-		snprintf(err, errlen, "TLS key/cert (--cert-file, --key-file) must be provided for client URLs with the "
-		         "https scheme");
-		return KVD_EINVAL;
-	}
-	if (cfg->client_cert_auth && (!cfg->trusted_ca_file || !cfg->trusted_ca_file[0])) {
-		snprintf(err, errlen, "--client-cert-auth needs --trusted-ca-file");
-		return KVD_EINVAL;
-	}
-	if (!(k->tls = kvd_calloc(k, sizeof *k->tls))) {
-		snprintf(err, errlen, "out of memory");
-		return KVD_ENOMEM;
-	}
-	mbedtls_entropy_init(&k->tls->entropy);
-	mbedtls_ctr_drbg_init(&k->tls->drbg);
-	if ((r = mbedtls_ctr_drbg_seed(&k->tls->drbg, mbedtls_entropy_func, &k->tls->entropy,
-	                               (const unsigned char *)"kvd", 3))) {
-		tls_why(r, "TLS", "random generator", err, errlen);
-		return KVD_EIO;
-	}
-#if defined(MBEDTLS_SSL_PROTO_TLS1_3)
-	/* once per process, and never stopped: another kvd in it may use it */
-	if (psa_crypto_init() != PSA_SUCCESS) {
-		snprintf(err, errlen, "TLS: PSA crypto did not start");
-		return KVD_EIO;
-	}
-#endif
-	return tls_cfg_load(k, &k->tls->cfg, err, errlen);
-}
-
-/* SIGHUP: read the certificates again; a bad set keeps the old one. */
-static void tls_reload(struct kvd *k)
-{
-	struct tls_cfg *t;
-	char err[KVD_ERRLEN];
-
-	if (!k->tls || tls_auto(&k->cfg)) /* a self-signed one is kept as it is */
-		return;
-	if (tls_cfg_load(k, &t, err, sizeof err)) {
-		kvd_log(k, KVD_LOG_WARN, "TLS reload: %s; keeping the certificates in use", err);
-		return;
-	}
-	tls_cfg_unref(k, k->tls->cfg);
-	k->tls->cfg = t;
-	kvd_log(k, KVD_LOG_INFO, "TLS reload: certificates read again (new connections use them)");
-}
-
-static void tls_fini(struct kvd *k)
-{
-	if (!k->tls)
-		return;
-	if (k->tls->handshakes || k->tls->failures || k->tls->displaced) /* served some: say what */
-		kvd_log(k, KVD_LOG_INFO, "tls: %llu handshakes, %llu failed, %llu displaced by newer ones",
-		        (unsigned long long)k->tls->handshakes, (unsigned long long)k->tls->failures,
-		        (unsigned long long)k->tls->displaced);
-	tls_cfg_unref(k, k->tls->cfg);
-	if (k->tls->crl.loaded)
-		mbedtls_x509_crl_free(&k->tls->crl.crl);
-	mbedtls_ctr_drbg_free(&k->tls->drbg);
-	mbedtls_entropy_free(&k->tls->entropy);
-	kvd_free(k, k->tls);
-	k->tls = NULL;
-}
-
-/* ---- the transport ----------------------------------------------------------- */
-
-static int tls_bio_send(void *ctx, const unsigned char *p, size_t n)
-{
-	struct conn *c = ctx;
-	ssize_t r = send(c->fd, p, n, MSG_NOSIGNAL);
-
-	if (r >= 0)
-		return (int)r;
-	if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) {
-		c->want_write = 1;
-		return MBEDTLS_ERR_SSL_WANT_WRITE;
-	}
-	return MBEDTLS_ERR_NET_SEND_FAILED;
-}
-
-static int tls_bio_recv(void *ctx, unsigned char *p, size_t n)
-{
-	struct conn *c = ctx;
-	ssize_t r = recv(c->fd, p, n, 0);
-
-	if (r >= 0)
-		return (int)r;
-	if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)
-		return MBEDTLS_ERR_SSL_WANT_READ;
-	return MBEDTLS_ERR_NET_RECV_FAILED;
-}
-
-/*
- * --client-cert-allowed-hostname, as etcd checks it: Go's
- * x509.Certificate.VerifyHostname against the leaf, SANs only (the CN is
- * never looked at).  An IP (brackets allowed) matches only an IP SAN,
- * ::ffff:a.b.c.d and a.b.c.d alike; a name matches a dNSName SAN without
- * regard to ASCII case, one trailing dot of the name ignored, and a SAN
- * "*.x.y" matches exactly one label in place of its "*" (never "x.y", nor
- * "a.b.x.y"); a SAN that is no valid pattern only matches itself.
- */
-static int tls_lower(int c)
-{
-	return c >= 'A' && c <= 'Z' ? c + 32 : c;
-}
-
-/* Go's validHostname (its label characters; '*' alone as a pattern's first). */
-static int tls_valid_host(const char *h, size_t n, int pattern)
-{
-	size_t i, start = 0;
-
-	if (!pattern && n && h[n - 1] == '.')
-		n--;
-	if (!n || (n == 1 && h[0] == '*'))
-		return 0;
-	for (i = 0; i <= n; i++) {
-		if (i < n && h[i] != '.')
-			continue;
-		if (i == start)
-			return 0; /* an empty label */
-		if (!(pattern && start == 0 && i == 1 && h[0] == '*')) {
-			size_t j;
-			for (j = start; j < i; j++) {
-				char c = h[j];
-				if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
-				      (c == '-' && j != start)))
-					return 0;
-			}
-		}
-		start = i + 1;
-	}
-	return 1;
-}
-
-/* Go's matchHostnames: pattern p (a valid one) against host h, by labels. */
-static int tls_match_pattern(const char *p, size_t pn, const char *h, size_t hn)
-{
-	size_t i = 0, j = 0;
-	int first = 1;
-
-	if (hn && h[hn - 1] == '.')
-		hn--;
-	if (!pn || !hn)
-		return 0;
-	for (;;) {
-		size_t pe = i, he = j;
-		while (pe < pn && p[pe] != '.')
-			pe++;
-		while (he < hn && h[he] != '.')
-			he++;
-		if (!(first && pe - i == 1 && p[i] == '*')) {
-			size_t m;
-			if (pe - i != he - j)
-				return 0;
-			for (m = 0; m < pe - i; m++)
-				if (tls_lower((unsigned char)p[i + m]) != tls_lower((unsigned char)h[j + m]))
-					return 0;
-		}
-		first = 0;
-		if (pe == pn || he == hn)
-			return pe == pn && he == hn;
-		i = pe + 1;
-		j = he + 1;
-	}
-}
-
-/* Does the certificate's leaf name host h[0..n) (VerifyHostname)? */
-static int tls_names(const mbedtls_x509_crt *crt, const char *h, size_t n)
-{
-	const mbedtls_x509_sequence *san;
-	uint8_t ip[16];
-	char t[64];
-	size_t ipn = 0, i;
-	int valid;
-
-	if (n >= 3 && h[0] == '[' && h[n - 1] == ']' && n - 2 < sizeof t) {
-		memcpy(t, h + 1, n - 2);
-		t[n - 2] = 0;
-	} else if (n < sizeof t) {
-		memcpy(t, h, n);
-		t[n] = 0;
-	} else {
-		t[0] = 0;
-	}
-	if (t[0] && inet_pton(AF_INET, t, ip) == 1)
-		ipn = 4;
-	else if (t[0] && inet_pton(AF_INET6, t, ip) == 1)
-		ipn = 16;
-#if MBEDTLS_VERSION_MAJOR >= 3
-	san = mbedtls_x509_crt_has_ext_type(crt, MBEDTLS_X509_EXT_SUBJECT_ALT_NAME) ? &crt->subject_alt_names : NULL;
-#else
-	san = crt->ext_types & MBEDTLS_X509_EXT_SUBJECT_ALT_NAME ? &crt->subject_alt_names : NULL;
-#endif
-	valid = tls_valid_host(h, n, 0);
-	for (; san && san->buf.p; san = san->next) {
-		unsigned tag = san->buf.tag & MBEDTLS_ASN1_TAG_VALUE_MASK;
-		const char *m = (const char *)san->buf.p;
-		size_t mn = san->buf.len;
-		if (ipn && tag == 7) { /* iPAddress: 4 or 16 bytes, a v4 equal to its v4-mapped v6 */
-			static const uint8_t mapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
-			if ((mn == ipn && !memcmp(m, ip, ipn)) ||
-			    (mn == 16 && ipn == 4 && !memcmp(m, mapped, 12) && !memcmp(m + 12, ip, 4)) ||
-			    (mn == 4 && ipn == 16 && !memcmp(ip, mapped, 12) && !memcmp(ip + 12, m, 4)))
-				return 1;
-			continue;
-		}
-		if (ipn || tag != 2)
-			continue; /* an IP never matches a name */
-		if (valid && tls_valid_host(m, mn, 1)) {
-			if (tls_match_pattern(m, mn, h, n))
-				return 1;
-		} else if (mn == n && n && !(n == 1 && h[0] == '.') && !(mn == 1 && m[0] == '.')) {
-			for (i = 0; i < n && tls_lower((unsigned char)m[i]) == tls_lower((unsigned char)h[i]); i++)
-				;
-			if (i == n)
-				return 1;
-		}
-	}
-	return 0;
-}
-
-/* Does the leaf name any host of the comma list (not trimmed: " b" is
- * not "b", and an empty entry names nothing), as etcd splits it? */
-static int tls_names_any(const mbedtls_x509_crt *crt, const char *list)
-{
-	const char *p = list, *e;
-
-	for (;; p = e + 1) {
-		e = p + strcspn(p, ",");
-		if (tls_names(crt, p, (size_t)(e - p)))
-			return 1;
-		if (!*e)
-			return 0;
-	}
-}
-
-/* A handshake is no longer in progress (done, or its connection gone). */
-static void tls_hs_end(struct conn *c)
-{
-	if (c->k->tls)
-		c->k->tls->handshaking--;
-	if (c->share)
-		c->share->n[SHARE_HANDSHAKES]--;
-}
-
-/*
- * A client that does not speak TLS to a TLS port, said in plain words
- * rather than mbedtls' "Processing of the ClientHello handshake message
- * failed": an HTTP request (curl http:// to an https:// port, Go's list of
- * what looks like one) or anything else.  The connection closes without a
- * byte, as etcd's TLS listener closes it ("first record does not look like
- * a TLS handshake").  1 when it is to close, 0 to go on with the handshake.
- */
-static int tls_not_tls(struct conn *c, struct tls_conn *t)
-{
-	static const char *const heads[] = {"GET /", "HEAD ", "POST ", "PUT /", "OPTIO", "PRI *"};
-	uint8_t b[512];
-	ssize_t n = recv(c->fd, b, 5, MSG_PEEK | MSG_DONTWAIT);
-	size_t i;
-
-	if (n <= 0)
-		return 0; /* nothing yet (or an error the handshake will meet) */
-	t->looked = 1;
-	if (b[0] == 0x16) /* a TLS handshake record */
-		return 0;
-	for (i = 0; i < 16 && recv(c->fd, b + 8, sizeof b - 8, MSG_DONTWAIT) > 0; i++)
-		; /* what it sent is read, so the close is a FIN, not a reset (as etcd's) */
-	for (i = 0; i < KVD_COUNT(heads); i++)
-		if (n == 5 && !memcmp(b, heads[i], 5)) {
-			kvd_log(c->k, KVD_LOG_INFO, "%s: a plain HTTP request on a TLS port (the client said http://, not "
-			        "https://): closed", c->peer);
-			return 1;
-		}
-	kvd_log(c->k, KVD_LOG_INFO, "%s: not TLS on a TLS port (first byte 0x%02x): closed", c->peer, b[0]);
-	return 1;
-}
-
-/* The handshake's next step: 0 once it is over, KVD_EAGAIN, or KVD_EIO. */
-static int tls_step(struct conn *c)
-{
-	struct kvd *k = c->k;
-	struct tls_conn *t = c->ts;
-	const mbedtls_x509_crt *peer;
-	const mbedtls_x509_name *nm;
-	char why[128];
-	int r, named;
-
-	if (t->done)
-		return 0;
-	if (k->tls->steps >= KVD_HANDSHAKE_STEPS) {
-		util_wake_by(k, k->now); /* next iteration: the others go first */
-		return KVD_EAGAIN;
-	}
-	k->tls->steps++;
-	if (!t->looked && tls_not_tls(c, t)) {
-		k->tls->failures++;
-		return KVD_EIO;
-	}
-	r = mbedtls_ssl_handshake(&t->ssl);
-	if (r == MBEDTLS_ERR_SSL_WANT_READ || r == MBEDTLS_ERR_SSL_WANT_WRITE)
-		return KVD_EAGAIN;
-	if (r) {
-		mbedtls_strerror(r, why, sizeof why);
-		kvd_log(k, KVD_LOG_INFO, "%s: TLS handshake failed: %s", c->peer, why);
-		k->tls->failures++;
-		return KVD_EIO;
-	}
-	t->done = 1;
-	tls_hs_end(c);
-	k->tls->handshakes++;
-	if ((peer = mbedtls_ssl_get_peer_cert(&t->ssl))) {
-		const mbedtls_x509_name *last = NULL;
-		t->cert = 1;
-		for (nm = &peer->subject; nm; nm = nm->next) /* the last CN, as Go's pkix.Name keeps it */
-			if (nm->oid.p && !MBEDTLS_OID_CMP(MBEDTLS_OID_AT_CN, &nm->oid))
-				last = nm;
-		if (last) { /* every byte of it: a NUL or a length cap must not make it another user's name */
-			if (!(t->cn = kvd_malloc(k, last->val.len + 1))) {
-				kvd_log(k, KVD_LOG_WARN, "%s: out of memory after a TLS handshake: closed", c->peer);
-				return KVD_EIO;
-			}
-			if (last->val.len)
-				memcpy(t->cn, last->val.p, last->val.len);
-			t->cn[last->val.len] = 0;
-			t->cnlen = last->val.len;
-		}
-		named = !t->cfg->allowed || tls_names_any(peer, t->cfg->allowed);
-		if (!named)
-			kvd_log(k, KVD_LOG_INFO, "%s: client certificate does not name %s: refused", c->peer, t->cfg->allowed);
-		if (!named || tls_revoked(k, peer, c->peer)) {
-			mbedtls_ssl_send_alert_message(&t->ssl, MBEDTLS_SSL_ALERT_LEVEL_FATAL,
-			                               MBEDTLS_SSL_ALERT_MSG_BAD_CERT);
-			return KVD_EIO;
-		}
-	}
-	if (k->cfg.log_level <= KVD_LOG_DEBUG) {
-		char cn[80];
-		size_t i;
-		for (i = 0; t->cn && i < t->cnlen && i < sizeof cn - 1; i++) /* printable, for the log only */
-			cn[i] = t->cn[i] >= 0x20 && t->cn[i] < 0x7f ? t->cn[i] : '?';
-		cn[i] = 0;
-		kvd_log(k, KVD_LOG_DEBUG, "%s: TLS %s %s, ALPN %s%s%s", c->peer, mbedtls_ssl_get_version(&t->ssl),
-		        mbedtls_ssl_get_ciphersuite(&t->ssl), mbedtls_ssl_get_alpn_protocol(&t->ssl) ?
-		        mbedtls_ssl_get_alpn_protocol(&t->ssl) : "-", t->cn ? ", client " : "", cn);
-	}
-	return 0;
-}
-
-static long tls_recv(struct conn *c, void *p, size_t n)
-{
-	struct tls_conn *t = c->ts;
-	int r;
-
-	if ((r = tls_step(c)))
-		return r;
-	r = mbedtls_ssl_read(&t->ssl, p, KVD_MIN(n, (size_t)INT_MAX));
-	if (r > 0)
-		return r;
-	if (r == 0 || r == MBEDTLS_ERR_SSL_PEER_CLOSE_NOTIFY || r == MBEDTLS_ERR_SSL_CONN_EOF)
-		return 0;
-	if (r == MBEDTLS_ERR_SSL_WANT_READ || r == MBEDTLS_ERR_SSL_WANT_WRITE)
-		return KVD_EAGAIN;
-	return KVD_EIO;
-}
-
-/* Send up to n bytes of p (n 0: only move the handshake on). */
-static long tls_send(struct conn *c, const void *p, size_t n)
-{
-	struct tls_conn *t = c->ts;
-	size_t len;
-	int r;
-
-	if ((r = tls_step(c)))
-		return r;
-	if (!n && !t->pending)
-		return 0;
-	len = t->pending ? t->pending : KVD_MIN(n, (size_t)TLS_RECORD);
-	r = mbedtls_ssl_write(&t->ssl, p, len);
-	if (r > 0) {
-		t->pending = 0;
-		return r;
-	}
-	if (r == MBEDTLS_ERR_SSL_WANT_WRITE || r == MBEDTLS_ERR_SSL_WANT_READ) {
-		t->pending = len; /* the same bytes next time: mbedtls holds a record of them */
-		return KVD_EAGAIN;
-	}
-	return KVD_EIO;
-}
-
-/* Before the write side closes: a close_notify, best effort. */
-static void tls_shut(struct conn *c)
-{
-	struct tls_conn *t = c->ts;
-
-	if (t->done)
-		mbedtls_ssl_close_notify(&t->ssl);
-}
-
-static void tls_free(struct conn *c)
-{
-	struct tls_conn *t = c->ts;
-
-	if (!t)
-		return;
-	if (!t->done)
-		tls_hs_end(c);
-	mbedtls_ssl_free(&t->ssl);
-	tls_cfg_unref(c->k, t->cfg);
-	kvd_free(c->k, t->cn);
-	kvd_free(c->k, t);
-	c->ts = NULL;
-}
-
-static const struct net_transport tls_transport = {"tls", tls_recv, tls_send, tls_shut, tls_free};
-
-/*
- * A new connection on an https:// listener.  When KVD_MAX_HANDSHAKES are in
- * progress, one makes room (section 3's rule): the oldest of the address
- * holding the most, when it holds at least two more than the newcomer's;
- * else the newcomer's own oldest; else the oldest of all.  So a flood of
- * half-open ClientHellos from a few addresses displaces itself, never a
- * slow honest handshake from elsewhere.
- */
-static int tls_accept(struct kvd *k, struct conn *c)
-{
-	struct tls_conn *t;
-	struct conn *o, *oldest = NULL;
-
-	if (k->tls->handshaking >= KVD_MAX_HANDSHAKES) {
-		struct share *top = share_max(k, SHARE_HANDSHAKES), *from;
-		from = share_may_take(top, c->share, SHARE_HANDSHAKES, 2) ? top
-		     : c->share && c->share->n[SHARE_HANDSHAKES] ? c->share : NULL;
-		for (o = k->conns; o; o = o->next)
-			if (o->tr == &tls_transport && !o->dead && o->ts && !((struct tls_conn *)o->ts)->done &&
-			    (!from || o->share == from) && (!oldest || o->t_open < oldest->t_open))
-				oldest = o;
-		if (oldest) {
-			tls_free(oldest); /* its handshake slot goes now; the socket at the reap */
-			oldest->dead = 1;
-			k->tls->displaced++;
-			k->st.yields[YIELD_HANDSHAKES] += from == top && top != c->share;
-		}
-	}
-	if (!(t = kvd_calloc(k, sizeof *t)))
-		return KVD_ENOMEM;
-	mbedtls_ssl_init(&t->ssl);
-	if (mbedtls_ssl_setup(&t->ssl, &k->tls->cfg->conf)) {
-		mbedtls_ssl_free(&t->ssl);
-		kvd_free(k, t);
-		return KVD_ENOMEM;
-	}
-	mbedtls_ssl_set_bio(&t->ssl, c, tls_bio_send, tls_bio_recv, NULL);
-	t->cfg = k->tls->cfg;
-	t->cfg->refs++;
-	c->ts = t;
-	k->tls->handshaking++;
-	if (c->share)
-		c->share->n[SHARE_HANDSHAKES]++;
-	return 0;
-}
-
-/* The verified client certificate's CN: who a call without a token is, with
- * --client-cert-auth (section 19).  NULL if the client sent no certificate,
- * "" if its certificate has no CN or an empty one (etcd: that user "", who
- * does not exist); *n its length (it may hold NULs: compare it by length,
- * never as a C string). */
-KVD_UNUSED static const char *tls_peer_cn(const struct conn *c, size_t *n) /* unused: KVD_NO_AUTH and _HTTP */
-{
-	const struct tls_conn *t = c->tr == &tls_transport ? c->ts : NULL;
-
-	*n = t && t->done && t->cn ? t->cnlen : 0;
-	return t && t->done && t->cert ? (t->cn ? t->cn : "") : NULL;
-}
-
-/* Does c speak TLS (an https:// or unixs:// listener's)? */
-KVD_UNUSED static int tls_is(const struct conn *c) /* unused: KVD_NO_HTTP */
-{
-	return c->tr == &tls_transport;
-}
-
-#else
-KVD_UNUSED static const char *tls_peer_cn(const struct conn *c, size_t *n)
-{
-	(void)c;
-	*n = 0;
-	return NULL;
-}
-
-KVD_UNUSED static int tls_is(const struct conn *c)
-{
-	(void)c;
-	return 0;
-}
-#endif /* KVD_NO_TLS */
-
 /* ===== 32. HTTP requests and answers, HTTP/1.x or HTTP/2 (http1_, http_) = */
 
 #ifndef KVD_NO_HTTP /* sections 32 to 34 */
@@ -24323,7 +24341,7 @@ struct http_req {
 /*
  * One HTTP request being answered, whatever carries it: an HTTP/1.x
  * connection (one request at a time: struct http1_conn embeds it) or an
- * HTTP/2 stream that is not gRPC (h2_stream.hx, section 17, made by
+ * HTTP/2 stream that is not gRPC (h2_stream.hx, section 28, made by
  * http_h2_begin).  The endpoints (section 34) and the gateway (section 33)
  * write through http_head, http_raw, http_chunk, http_last and http_fin and
  * never learn which it is; on HTTP/1.x those write c->out as Go's net/http
@@ -24750,7 +24768,7 @@ static int http1_fail(struct kvd *k, struct conn *c, int status, const char *bod
 /*
  * etcd 3.7 answers JSON on its client port through grpc-gateway v2, which
  * turns each request into a gRPC call to etcd itself.  kvd has no second
- * server to call: a gateway request becomes a call (section 8) whose
+ * server to call: a gateway request becomes a call (section 15) whose
  * carrier is this connection.  Its JSON body is encoded to protobuf bytes
  * (section 7 owns the mapping) and the call meets the same decoder and the
  * same handler a gRPC request meets; the messages the handler queues are
@@ -24887,7 +24905,6 @@ static const struct call_carrier gw_carrier = {"gateway", NULL};
 
 /* The gateway's call on HTTP/2 is the stream's own: its carrier drops what
  * is still buffered once the call is answered, as a gRPC stream's does. */
-static void grpc_finished(struct kvd *k, struct call *call);
 static const struct call_carrier gw_h2_carrier = {"gateway", grpc_finished};
 
 /* Start a gateway call for request r (its method found as rpc). */
@@ -29069,7 +29086,7 @@ static struct kvd *main_kvd;
 static void kvd_on_signal(int sig)
 {
 #ifdef KVD_TEST_SERVICES
-	if (sig == SIGUSR2) { /* a power cut (section 10's test hooks): what was not fdatasynced is gone */
+	if (sig == SIGUSR2) { /* a power cut (section 9's test hooks): what was not fdatasynced is gone */
 		if (main_kvd && main_kvd->db.synced_gen == main_kvd->db.gen && main_kvd->db.fd >= 0)
 			while (ftruncate(main_kvd->db.fd, (off_t)main_kvd->db.synced) && errno == EINTR)
 				;

@@ -1821,7 +1821,7 @@ static void test_mvcc_index(void)
 	kvd_close(k);
 }
 
-/* The slab's invariants (kvd.c section 10): sorted chunks, room lists that
+/* The slab's invariants (kvd.c section 9): sorted chunks, room lists that
  * hold exactly the chunks with a free slot, live counts that match. */
 static int t_slab_ok(struct kvd *k)
 {
@@ -1917,7 +1917,7 @@ static void test_mvcc_slab(void)
 	kvd_close(k);
 }
 
-/* A key record's numbers, narrow or in the side table (kvd.c section 10):
+/* A key record's numbers, narrow or in the side table (kvd.c section 9):
  * whatever is set reads back exactly, through sets, frees and growth. */
 static void test_mvcc_key_numbers(void)
 {
