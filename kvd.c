@@ -139,15 +139,15 @@
  * auth, at the end of section 5) says so, with the reason; these are all:
  * the log's grammar reads a key record's numbers (8 -> 9); the log's
  * records hold lease and auth ops, so replay and the txn writer call into
- * leases and auth (8, 9 -> 10, 11) and a compaction keeps a
- * HashKV (9 -> 13); a rewrite answers Defragment and reads durations (12 ->
- * 21, 36); a snapshot streams into its call and an import builds a store
- * with the flags' checks (13 -> 15, 36, 37); a call is routed through the
- * method table (15 -> 25); a caller's name may be its TLS certificate's CN
- * (16 -> 26); Cluster reads the member flags (21, 22 -> 36); the test stats
- * call reports confd (25 -> 31); HTTP/2 hands a stream to gRPC or HTTP
- * (28 -> 29, 34); and the carriers ask the loop to flush the log or to shed
- * and count held bytes (28, 31 -> 35).
+ * leases and auth (8, 9 -> 10, 11) and a compaction keeps a HashKV (9 ->
+ * 13); a rewrite answers Defragment and reads durations (12 -> 21, 36); a
+ * snapshot streams into its call and an import builds a store with the
+ * flags' checks (13 -> 15, 36, 37); a call is routed through the method
+ * table (15 -> 25); Cluster reads the member flags (21, 22 -> 36); the test
+ * stats call reports confd (25 -> 31); HTTP/2 hands a stream to gRPC or
+ * HTTP (28 -> 29, 34); and the carriers ask the loop to flush the log or to
+ * shed and count held bytes (28, 31 -> 35).  Who is calling travels with
+ * the call from its carrier (struct call): auth never reaches into TLS.
  *
  * WHERE IS ... the main paths, as the functions a reader follows (`make toc`
  * checks that each is defined in the section its § names):
@@ -162,7 +162,8 @@
  *     mvcc_flush §9 > watch_batch §24 > watch_live_record §24 > watch_match §24 >
  *     watch_emit_live §24 > h2_stream_send §28
  *   - a permission check: svc_range_rpc §18 > auth_who §16 (auth_tok_find §16,
- *     auth_jwt_check §16, tls_peer_cn §26) > auth_may §16 > auth_covers §16; for a
+ *     auth_jwt_check §16, or the CN h2_stream_new §28 read with tls_peer_cn §26)
+ *     > auth_may §16 > auth_covers §16; for a
  *     Watch: watch_create §24 > auth_who §16 > auth_may §16 > auth_watch_reason §16
  *   - a TLS handshake: net_accept §35 > tls_accept §26 > net_read §35 > tls_recv §26
  *     > tls_step §26 > net_input §35 > net_sniff §35 > h2_conn_new §28
@@ -896,6 +897,12 @@ struct call {
 	unsigned nmeta;
 	void *svc;                  /* service state of a streaming call */
 	struct conn *conn;          /* the client connection, NULL in-process */
+	/* who is calling, as its carrier read it from the connection: the
+	 * verified TLS client certificate's CN (NULL: no certificate; "" with
+	 * cnlen 0: one without a CN), cnlen bytes that may hold NULs; auth
+	 * reads it here (auth_who), never from the TLS layer */
+	const char *cn;
+	size_t cnlen;
 };
 
 
@@ -2792,14 +2799,14 @@ static KVD_UNUSED void pb_buf_fixed(struct kvd *k, struct kvd_buf *b, uint32_t n
 }
 
 /* Auth's forward reaches: the log replays and rewrites its records (9 ->
- * 11); who may call names a TLS client by its certificate's CN (16 -> 26),
- * and a lease's keys are checked before the function that does it (16). */
+ * 11); and a lease's keys are checked before the function that does it
+ * (16).  Who is calling comes with the call (its carrier read the TLS
+ * client's CN: struct call), so auth never reaches into TLS. */
 struct mvcc_rec;
 static int auth_replay(struct kvd *k, const struct mvcc_rec *rec, const char **why);
 static void auth_commit(struct kvd *k);
 static void auth_rollback(struct kvd *k);
 static int auth_lease_keys(struct kvd *k, const struct auth_who *w, int64_t id, int type, struct svc_err *e);
-static const char *tls_peer_cn(const struct conn *c, size_t *n);
 #define AUTH_R AUTHPB__PERMISSION__TYPE__READ
 #define AUTH_W AUTHPB__PERMISSION__TYPE__WRITE
 
@@ -12926,9 +12933,8 @@ static void auth_log_bad_token(struct kvd *k, const char *t)
  * looks at no token at all (3.4 refused a dead one either way). */
 static int auth_who(struct kvd *k, struct call *call, struct auth_who *w, struct svc_err *e)
 {
-	const char *t = call_meta(call, "token"), *cn;
+	const char *t = call_meta(call, "token");
 	struct auth_token *tk;
-	size_t cnlen;
 
 	w->name = NULL;
 	w->nlen = 0;
@@ -12962,9 +12968,9 @@ static int auth_who(struct kvd *k, struct call *call, struct auth_who *w, struct
 		w->named = 1;
 		return 0;
 	}
-	if (k->cfg.client_cert_auth && call->conn && (cn = tls_peer_cn(call->conn, &cnlen))) {
-		w->name = cn; /* its exact bytes: "root\0.x" is not root; "" is nobody (permission denied) */
-		w->nlen = cnlen;
+	if (k->cfg.client_cert_auth && call->cn) {
+		w->name = call->cn; /* its exact bytes: "root\0.x" is not root; "" is nobody (permission denied) */
+		w->nlen = call->cnlen;
 		w->named = 1;
 	}
 	return 0;
@@ -20167,7 +20173,7 @@ static int tls_accept(struct kvd *k, struct conn *c)
  * "" if its certificate has no CN or an empty one (etcd: that user "", who
  * does not exist); *n its length (it may hold NULs: compare it by length,
  * never as a C string). */
-KVD_UNUSED static const char *tls_peer_cn(const struct conn *c, size_t *n) /* unused: KVD_NO_AUTH and _HTTP */
+static const char *tls_peer_cn(const struct conn *c, size_t *n)
 {
 	const struct tls_conn *t = c->tr == &tls_transport ? c->ts : NULL;
 
@@ -20182,7 +20188,7 @@ KVD_UNUSED static int tls_is(const struct conn *c) /* unused: KVD_NO_HTTP */
 }
 
 #else
-KVD_UNUSED static const char *tls_peer_cn(const struct conn *c, size_t *n)
+static const char *tls_peer_cn(const struct conn *c, size_t *n)
 {
 	(void)c;
 	*n = 0;
@@ -20867,6 +20873,7 @@ static struct h2_stream *h2_stream_new(struct h2_conn *c, uint32_t sid)
 		return NULL;
 	call_init(k, &s->call, NULL, &grpc_h2_carrier);
 	s->call.conn = c->conn;
+	s->call.cn = tls_peer_cn(c->conn, &s->call.cnlen);
 	s->c = c;
 	s->id = sid;
 	s->send_window = c->peer_init_window;
@@ -24930,6 +24937,7 @@ static void gw_begin(struct kvd *k, struct http_x *x, const struct http_req *r, 
 		h->body_clen = r->clen;
 		call_init(k, cl, NULL, &gw_carrier);
 		cl->conn = x->c;
+		cl->cn = tls_peer_cn(x->c, &cl->cnlen);
 	}
 	/* grpc-gateway's metadata: Authorization as is, Grpc-Metadata-* stripped */
 	for (i = 0; i < r->nh; i++) {
