@@ -140,14 +140,14 @@
  * the log's grammar reads a key record's numbers (8 -> 9); the log's
  * records hold lease and auth ops, so replay and the txn writer call into
  * leases and auth (8, 9 -> 10, 11) and a compaction keeps a HashKV (9 ->
- * 13); a rewrite answers Defragment and reads durations (12 -> 21, 36); a
- * snapshot streams into its call and an import builds a store with the
- * flags' checks (13 -> 15, 36, 37); a call is routed through the method
- * table (15 -> 25); Cluster reads the member flags (21, 22 -> 36); the test
- * stats call reports confd (25 -> 31); HTTP/2 hands a stream to gRPC or
- * HTTP (28 -> 29, 34); and the carriers ask the loop to flush the log or to
- * shed and count held bytes (28, 31 -> 35).  Who is calling travels with
- * the call from its carrier (struct call): auth never reaches into TLS.
+ * 13); a rewrite answers Defragment and reads durations (12 -> 21, 36);
+ * an import builds a store with the flags' checks (13 -> 36, 37); a call
+ * is routed through the method table (15 -> 25); Cluster reads the member
+ * flags (21, 22 -> 36); the test stats call reports confd (25 -> 31);
+ * HTTP/2 hands a stream to gRPC or HTTP (28 -> 29, 34); and the carriers
+ * ask the loop to flush the log or to shed and count held bytes (28, 31 ->
+ * 35).  Who is calling travels with the call from its carrier (struct
+ * call): auth never reaches into TLS.
  *
  * WHERE IS ... the main paths, as the functions a reader follows (`make toc`
  * checks that each is defined in the section its § names):
@@ -179,7 +179,7 @@
  *     snap_file_open §14 > snap_file_walk §14 > snap_imp_key §14 > snap_imp_apply §14
  *     > snap_imp_write §14
  *   - a snapshot export: svc_snapshot_rpc §21 > svc_snapshot_produce §21 >
- *     snap_produce §13 > snap_chunk §13 > snap_plan §13 > snap_next_node §13 > call_send §15
+ *     svc_snapshot_send §21 > snap_chunk §13 > snap_plan §13 > snap_next_node §13 > call_send §15
  */
 
 /* ===== 0. Build knobs (KVD_*) ============================================ */
@@ -1077,12 +1077,11 @@ static void lease_undo(struct kvd *k, struct lease *l, unsigned kind);
 static void lease_free(struct kvd *k, struct lease *l);
 static int lease_replay(struct kvd *k, int kind, int64_t id, int64_t ttl);
 static void lease_promote(struct kvd *k);
-/* auto-compaction reads its durations as the flags do (12 -> 36); a
- * snapshot streams into its call (13 -> 15); an import builds a store and
- * locks its data dir as kvd_open does (13 -> 36, 37): */
+/* auto-compaction reads its durations as the flags do (12 -> 36); an
+ * import builds a store and locks its data dir as kvd_open does (13 -> 36,
+ * 37): */
 static int cfg_duration(const char *s, uint32_t *out);
 static void cfg_show_ms(uint32_t ms, char *out, size_t cap);
-static int call_send(struct kvd *k, struct call *call, const ProtobufCMessage *m);
 static int kvd_init(const struct kvd_config *cfg, struct kvd **out, char *err, size_t errlen);
 static int cfg_lock(struct kvd *k, char *err, size_t errlen);
 /* the carriers ask the loop to flush the log before an answer leaves, and
@@ -10892,27 +10891,6 @@ static int snap_chunk(struct kvd *k, struct snap *s, const uint8_t **p, size_t *
 	return 1;
 }
 
-/* The next messages of a snapshot stream into c, as etcd sends them:
- * 1 more to come, 0 when the last (the SHA-256) is queued, or an error. */
-static int snap_produce(struct kvd *k, struct snap *s, struct call *call)
-{
-	Etcdserverpb__SnapshotResponse rs = ETCDSERVERPB__SNAPSHOT_RESPONSE__INIT;
-	const uint8_t *p;
-	uint64_t rem;
-	size_t n;
-	int e, last;
-
-	if ((e = snap_chunk(k, s, &p, &n, &rem, &last)) <= 0)
-		return e;
-	rs.remaining_bytes = rem;
-	rs.version = (char *)KVD_ETCD_CLUSTER; /* the storage version, on every message (etcd 3.6+) */
-	rs.blob.data = (uint8_t *)(uintptr_t)p;
-	rs.blob.len = n;
-	if (call_send(k, call, &rs.base))
-		return KVD_ENOMEM;
-	return last ? 0 : 1;
-}
-
 /* The whole file into fd, trailer included (--snapshot-save, the tests). */
 static int snap_save_fd(struct kvd *k, int fd)
 {
@@ -16344,7 +16322,7 @@ static void auth_free(struct kvd *k)
  * the store as etcd 3.7 answers for a one-member cluster; a Snapshot
  * streams section 13's image as the client's window opens:
  * svc_snapshot_rpc -> h2_stream_send (on_produce when the window is open)
- * -> svc_snapshot_produce -> snap_produce -> snap_chunk -> call_send.
+ * -> svc_snapshot_produce -> svc_snapshot_send -> snap_chunk -> call_send.
  * Cluster's MemberList (svc_member, svc_member_list) ends the section; the
  * rest of Cluster is section 22's.
  *
@@ -16617,10 +16595,32 @@ static void svc_snapshot_rpc(struct kvd *k, struct call *call)
 	}
 }
 
+/* The next message of a snapshot into its call, as etcd sends them (the
+ * image's next chunk from section 13): 1 more to come, 0 when the last
+ * (the SHA-256) is queued, or an error. */
+static int svc_snapshot_send(struct kvd *k, struct snap *s, struct call *call)
+{
+	Etcdserverpb__SnapshotResponse rs = ETCDSERVERPB__SNAPSHOT_RESPONSE__INIT;
+	const uint8_t *p;
+	uint64_t rem;
+	size_t n;
+	int e, last;
+
+	if ((e = snap_chunk(k, s, &p, &n, &rem, &last)) <= 0)
+		return e;
+	rs.remaining_bytes = rem;
+	rs.version = (char *)KVD_ETCD_CLUSTER; /* the storage version, on every message (etcd 3.6+) */
+	rs.blob.data = (uint8_t *)(uintptr_t)p;
+	rs.blob.len = n;
+	if (call_send(k, call, &rs.base))
+		return KVD_ENOMEM;
+	return last ? 0 : 1;
+}
+
 static void svc_snapshot_produce(struct kvd *k, struct call *call)
 {
 	struct snap *sn = call->svc;
-	int e = snap_produce(k, sn, call);
+	int e = svc_snapshot_send(k, sn, call);
 
 	if (e == 0) {
 		kvd_log(k, KVD_LOG_INFO, "snapshot at revision %lld sent", (long long)sn->rev);
