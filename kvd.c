@@ -140,7 +140,7 @@
  * the log's grammar reads a key record's numbers (8 -> 9); the log's
  * records hold lease and auth ops, so replay and the txn writer call into
  * leases and auth (8, 9 -> 10, 11) and a compaction keeps a HashKV (9 ->
- * 13); a rewrite answers Defragment and reads durations (12 -> 21, 36);
+ * 13); auto-compaction reads durations as the flags do (12 -> 36);
  * an import builds a store with the flags' checks (13 -> 36, 37); a call
  * is routed through the method table (15 -> 25); Cluster reads the member
  * flags (21, 22 -> 36); the test stats call reports confd (25 -> 31);
@@ -174,7 +174,7 @@
  *     confd_parse_request §30 > confd_keyspace §30 or confd_ganeti §31 > confd_sign §30
  *   - a log rewrite: svc_defrag §21 > life_step §12 > life_rw_start §12 >
  *     life_rw_step §12 > life_rw_copy §12 > life_rw_write §12 > life_rw_switch §12
- *     > life_rw_end §12 (svc_defrag_answer §21)
+ *     > life_rw_end §12 (its answer: svc_defrag_answer §21)
  *   - a snapshot import: kvd_open §37 > snap_restore §14 > snap_import_mem §14 >
  *     snap_file_open §14 > snap_file_walk §14 > snap_imp_key §14 > snap_imp_apply §14
  *     > snap_imp_write §14
@@ -706,7 +706,8 @@ struct life {
 	struct life_rw *rw;            /* a log rewrite in progress */
 	unsigned want : 1;             /* one was asked for: it starts after the next flush */
 	unsigned reserve_held : 1;     /* <data-dir>/kvd.reserve holds its bytes */
-	struct call **wait;            /* Defragment calls waiting for the rewrite's end */
+	void **wait;                   /* who waits for the rewrite's end (Defragment calls)... */
+	void (*answer)(struct kvd *k, void *who, int code, const char *msg); /* ...and how they are answered */
 	unsigned snapshots;            /* snapshots streaming: no rewrite moves the log (section 13) */
 	size_t nwait, waitcap;
 	int64_t rw_failed_at;          /* ms: the last automatic rewrite was abandoned then */
@@ -9140,23 +9141,18 @@ static void life_rw_free(struct kvd *k, struct life_rw *rw)
 	kvd_free(k, rw);
 }
 
-static void svc_defrag_answer(struct kvd *k, struct call *call, int code, const char *msg);
-
-/* The rewrite ended (code GRPC_OK) or was abandoned: answer who waited. */
+/* The rewrite ended (code GRPC_OK) or was abandoned: answer who waited,
+ * as the one who queued them said (L->answer: the Defragment service's). */
 static void life_rw_end(struct kvd *k, int code, const char *msg)
 {
 	struct life *L = &k->life;
-	struct call *call;
 
 	if (L->rw) {
 		life_rw_free(k, L->rw);
 		L->rw = NULL;
 	}
-	while (L->nwait) {
-		call = L->wait[--L->nwait];
-		call->svc = NULL;
-		svc_defrag_answer(k, call, code, msg);
-	}
+	while (L->nwait)
+		L->answer(k, L->wait[--L->nwait], code, msg);
 	util_wake_by(k, k->now); /* the answers leave on the next turn */
 }
 
@@ -16335,11 +16331,11 @@ static void auth_free(struct kvd *k)
  *      svc_snapshot_close, which also takes it out of k->life.snapshots:
  *      while one is open no rewrite moves the log (life_step); the close
  *      wakes the loop so one may go on.
- *   3. Defragment is answered only when the rewrite ends (life_rw_end ->
+ *   3. Defragment is answered only when the rewrite ends (life_rw_end, through k->life.answer:
  *      svc_defrag_answer); a call that goes first leaves the waiting list
  *      (svc_defrag_close), so the rewrite never answers a freed call.
  *   4. An alarm change writes only when the set changed (life_alarm_set
- *      returns 1: s->wrote); it goes through whatever alarm is on, as
+ *      returns 1: call->wrote); it goes through whatever alarm is on, as
  *      etcd's, and only a broken log refuses it.
  *   5. Downgrade lives in memory only (k->downgrade); /version and Status
  *      report the cluster version through svc_cluster_version.
@@ -16712,11 +16708,13 @@ static void svc_alarm(struct kvd *k, struct call *call)
 }
 
 /* Maintenance/Defragment: the log rewrite (section 12).  The call waits for
- * it to end; clients go on meanwhile. */
-static void svc_defrag_answer(struct kvd *k, struct call *call, int code, const char *msg)
+ * it to end (on k->life.wait, answered here); clients go on meanwhile. */
+static void svc_defrag_answer(struct kvd *k, void *who, int code, const char *msg)
 {
 	Etcdserverpb__DefragmentResponse rs = ETCDSERVERPB__DEFRAGMENT_RESPONSE__INIT;
+	struct call *call = who;
 
+	call->svc = NULL; /* no longer waiting */
 	if (code != GRPC_OK) {
 		call_finish(k, call, code, "%s", msg);
 		return;
@@ -16764,6 +16762,7 @@ static void svc_defrag(struct kvd *k, struct call *call)
 		return;
 	}
 	L->wait[L->nwait++] = call;
+	L->answer = svc_defrag_answer;
 	call->svc = call; /* waiting: svc_defrag_close takes it off the list */
 	if (!L->rw)
 		L->want = 1;
