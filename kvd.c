@@ -29,90 +29,113 @@
  *    8. MVCC store: the log, its format and grammar (mvcc_)
  *          - reading
  *          - the log's grammar: the one decoder every reader uses
- *    9. MVCC store: the index, writing, group commit, recovery (mvcc_)
+ *    9. MVCC store: the index and its key records (mvcc_)
  *          - key records: slabs by size class
  *          - key records: their numbers, the side table
- *          - writing
+ *   10. MVCC store: writing, compaction, group commit, recovery (mvcc_)
+ *          - compaction: old revisions leave the index
+ *          - the batch: undo, commit, flush
  *          - recovery
- *   10. Leases (lease_)
+ *   11. Leases (lease_)
  *          - attached keys
  *          - the timer wheel
  *          - the table
  *          - grant, renew, revoke
+ *          - expiry: due leases revoked
  *          - recovery and shutdown
- *   11. Auth store: users, roles, permissions, bcrypt (auth_)
+ *   12. Auth store: users, roles, permissions, bcrypt (auth_)
  *          - bcrypt
  *          - users and roles
- *   12. Store lifecycle: rewrite, compaction, quota, alarms (life_)
+ *   13. Store lifecycle: rewrite, compaction, quota, alarms (life_)
  *          - the reserve
  *          - alarms
  *          - the rewrite
  *          - auto-compaction (etcd 3.4's v3compactor)
  *          - the loop's part
- *   13. etcd's backend: snapshots written, Hash, HashKV (snap_)
+ *   14. etcd's backend: snapshots written, Hash, HashKV (snap_)
  *          - the key bucket: etcd's records, read from the log
  *          - bbolt pages
  *          - the plan: buckets, leaves, branch levels
  *          - page images
  *          - the stream
- *   14. etcd's backend: snapshots read and imported (snap_)
- *   15. Calls: one RPC, whatever carries it (call_, svc_fail)
- *   16. Auth: tokens, who is calling, and may they; password hashing (auth_)
+ *   15. etcd's backend: snapshots read and imported (snap_)
+ *          - reading a bbolt file
+ *          - importing: etcd's records as log records
+ *          - --restore-snapshot and --snapshot-save
+ *   16. Calls: one RPC, whatever carries it (call_, svc_fail)
+ *   17. Auth: tokens, who is calling, and may they; password hashing (auth_)
  *          - JSON Web Tokens (--auth-token jwt,...)
  *          - who is calling, and may they
  *          - password hashes, off the handlers' path
- *   17. Go's sort.Sort, as etcd sorts ranges (svc_gosort_)
- *   18. Services: KV (svc_)
+ *   18. Go's sort.Sort, as etcd sorts ranges (svc_gosort_)
+ *   19. Services: KV (svc_)
  *          - ranges
  *          - txn machinery shared by Put, DeleteRange and Txn
  *          - Txn
  *          - handlers
  *          - RangeStream: chunks produced as the client's window opens
- *   19. Services: Lease (svc_lease_)
- *   20. Services: Auth (svc_auth_, auth_)
- *   21. Services: Maintenance, Health (svc_)
- *   22. Services: Cluster, one member for good (svc_)
- *   23. Lock and Election: etcd's concurrency recipes, served (lock_)
+ *   20. Services: Lease (svc_lease_)
+ *   21. Services: Auth (svc_auth_, auth_)
+ *   22. Services: Maintenance, Health (svc_)
+ *          - Health
+ *          - Status, Downgrade, Hash, HashKV
+ *          - Snapshot
+ *          - Alarm, Defragment, MoveLeader
+ *          - MemberList
+ *   23. Services: Cluster, one member for good (svc_)
+ *   24. Lock and Election: etcd's concurrency recipes, served (lock_)
  *          - Observe
  *          - the RPCs
- *   24. Watch (watch_)
+ *   25. Watch (watch_)
  *          - records to events
  *          - live events: a durable batch
  *          - catch-up from the log
  *          - the Watch RPC
- *   25. The method table: every RPC, routed by :path (svc_)
- *   26. TLS: a transport under any protocol (tls_)
+ *   26. The method table: every RPC, routed by :path (svc_)
+ *   27. TLS: a transport under any protocol (tls_)
  *          - the transport
- *   27. HPACK (hp_)
- *   28. HTTP/2 frames, streams, flow control (h2_)
- *   29. gRPC over HTTP/2: the h2 stream as a carrier (grpc_)
- *   30. confd: Ganeti's UDP query protocol, keyspace mode (confd_)
+ *   28. HPACK (hp_)
+ *   29. HTTP/2 frames, streams, flow control (h2_)
+ *          - streams
+ *          - flow control: windows given and taken
+ *          - requests: header blocks checked
+ *          - frames in: DATA, RST_STREAM, SETTINGS, PING, WINDOW_UPDATE
+ *          - reading a connection
+ *          - frames out: HEADERS, DATA, trailers
+ *          - the connection: timers, drain, the protocol table
+ *   30. gRPC over HTTP/2: the h2 stream as a carrier (grpc_)
+ *   31. confd: Ganeti's UDP query protocol, keyspace mode (confd_)
  *          - HMAC-SHA1 (RFC 2104), keyed once
  *          - the key file
  *          - abuse controls
  *          - request parsing (strict, as Ganeti's)
  *          - replies
  *          - keyspace mode
- *   31. confd: Ganeti mode, datagrams, setup (confd_)
+ *   32. confd: Ganeti mode, datagrams, setup (confd_)
  *          - Ganeti mode: lookups as Ganeti.Utils.lookupName does them
  *          - Ganeti mode: the queries
  *          - Ganeti mode: one function per query type
  *          - one datagram
  *          - setup
- *   32. HTTP requests and answers, HTTP/1.x or HTTP/2 (http1_, http_)
- *   33. The JSON gateway: POST /v3/<service>/<method> (gw_)
- *   34. HTTP endpoints: /health, /version, /metrics (http1_, http_)
+ *   33. HTTP requests and answers, HTTP/1.x or HTTP/2 (http1_, http_)
+ *   34. The JSON gateway: POST /v3/<service>/<method> (gw_)
+ *   35. HTTP endpoints: /health, /version, /metrics (http1_, http_)
  *          - the endpoints
  *          - the same requests on HTTP/2 streams
- *   35. Sockets and the poll loop (net_, loop_)
+ *   36. Sockets and the poll loop (net_, loop_)
  *          - transports: how a connection's bytes move
  *          - choosing a protocol from the first bytes
  *          - connections
  *          - systemd's notify protocol, without libsystemd
  *          - the loop
- *   36. Flags and configuration (cfg_)
- *   37. Public embedding API (kvd_)
- *   38. main()
+ *   37. Flags and configuration (cfg_)
+ *          - values
+ *          - etcd's flags that kvd takes: feature gates, cluster flags
+ *          - the config file: etcd's YAML
+ *          - environment variables and --help
+ *          - the configuration's strings, ids, the data dir
+ *   38. Public embedding API (kvd_)
+ *   39. main()
  *
  * Prefixes mark the section a static function belongs to; only kvd_* (and the
  * generated protobuf-c symbols) are exported.  Functions return 0 or a
@@ -127,59 +150,59 @@
  * (section 8); every reader of it goes through its grammar.  Each data
  * format has one owner: the log (8), the protobuf wire written by hand
  * (5), JSON text (6) and its mapping to protobuf (7),
- * bbolt's pages (13), HPACK (27), gRPC's message prefix (15).
+ * bbolt's pages (14), HPACK (28), gRPC's message prefix (16).
  *
- * LAYERS.  The sections stand bottom-up: foundations (0-7), the store: its
- * log and index, leases, users and roles, lifecycle, etcd's backend (8-14),
- * the call (15), who may call (16), the services (17-24), the method table
- * (25), the carriers together: TLS, HPACK, HTTP/2, gRPC, confd, HTTP and
- * its gateway and endpoints (26-34), then sockets and the loop (35), flags
- * (36), the embedding API (37) and main (38).  A section uses what comes
- * before it.  Where it reaches forward, a prototype in section 2 (or, for
- * auth, at the end of section 5) says so, with the reason; these are all:
- * the log's grammar reads a key record's numbers (8 -> 9); the log's
- * records hold lease and auth ops, so replay and the txn writer call into
- * leases and auth (8, 9 -> 10, 11) and a compaction keeps a HashKV (9 ->
- * 13); auto-compaction reads durations as the flags do (12 -> 36);
- * an import builds a store with the flags' checks (13 -> 36, 37); a call
- * is routed through the method table (15 -> 25); Cluster reads the member
- * flags (21, 22 -> 36); the test stats call reports confd (25 -> 31);
- * HTTP/2 hands a stream to gRPC or HTTP (28 -> 29, 34); and the carriers
- * ask the loop to flush the log or to shed and count held bytes (28, 31 ->
- * 35).  Who is calling travels with the call from its carrier (struct
+ * LAYERS.  The sections stand bottom-up: foundations (0-7); the store:
+ * its log, index and writer, leases, users and roles, lifecycle, etcd's
+ * backend (8-15); the call (16); who may call (17); the services (18-25);
+ * the method table (26); the carriers together: TLS, HPACK, HTTP/2, gRPC,
+ * confd, HTTP and its gateway and endpoints (27-35); then sockets and the
+ * loop (36), flags (37), the embedding API (38) and main (39).  A section
+ * uses what comes before it.  Where it reaches forward, a prototype in
+ * section 2 (or, for auth, at the end of section 5) says so, with the
+ * reason; these are all: the log's grammar reads a key record's numbers (8
+ * -> 9); the log's records hold lease and auth ops, so the writer and
+ * replay call into leases and auth (10 -> 11, 12), and a compaction keeps
+ * a HashKV (10 -> 14); auto-compaction reads durations as the flags do (13
+ * -> 37); an import builds a store with the flags' checks (14 -> 37, 38);
+ * a call is routed through the method table (16 -> 26); Cluster reads the
+ * member flags (23 -> 37); the test stats call reports confd (26 -> 32);
+ * HTTP/2 hands a stream to gRPC or HTTP (29 -> 30, 35); and the carriers
+ * ask the loop to flush the log or to shed and count held bytes (29, 32 ->
+ * 36).  Who is calling travels with the call from its carrier (struct
  * call): auth never reaches into TLS.
  *
  * WHERE IS ... the main paths, as the functions a reader follows (`make toc`
  * checks that each is defined in the section its § names):
- *   - a durable write: h2_on_data §28 > grpc_on_data §29 > call_message §15 >
- *     svc_put_rpc §18 > mvcc_put §9 > call_finish §15 (the reply held: call_hold §15)
- *     > loop_log_flush §35 > mvcc_flush §9 (pwrite, fdatasync) > the reply released
- *     > h2_stream_send §28 > net_write §35
- *   - a read: grpc_on_data §29 > call_message §15 > svc_range_rpc §18 > svc_range §18
- *     (mvcc_seek §9, mvcc_visible §8) > svc_kvs §18 (mvcc_pread §8) > call_reply §15
- *     > h2_stream_send §28
- *   - a watch event, commit to socket: mvcc_txn_end §9 > loop_log_flush §35 >
- *     mvcc_flush §9 > watch_batch §24 > watch_live_record §24 > watch_match §24 >
- *     watch_emit_live §24 > h2_stream_send §28
- *   - a permission check: svc_range_rpc §18 > auth_who §16 (auth_tok_find §16,
- *     auth_jwt_check §16, or the CN h2_stream_new §28 read with tls_peer_cn §26)
- *     > auth_may §16 > auth_covers §16; for a
- *     Watch: watch_create §24 > auth_who §16 > auth_may §16 > auth_watch_reason §16
- *   - a TLS handshake: net_accept §35 > tls_accept §26 > net_read §35 > tls_recv §26
- *     > tls_step §26 > net_input §35 > net_sniff §35 > h2_conn_new §28
- *   - a gateway request: net_sniff §35 > http1_input_step §34 > http1_route §34 >
- *     gw_begin §33 > gw_deliver §33 > json_pj_decode §7 > call_message §15 > the
- *     service > gw_flush §33 (gw_message_json §33)
- *   - a confd query: confd_read §31 > confd_handle §31 > confd_hmac §30 >
- *     confd_parse_request §30 > confd_keyspace §30 or confd_ganeti §31 > confd_sign §30
- *   - a log rewrite: svc_defrag §21 > life_step §12 > life_rw_start §12 >
- *     life_rw_step §12 > life_rw_copy §12 > life_rw_write §12 > life_rw_switch §12
- *     > life_rw_end §12 (its answer: svc_defrag_answer §21)
- *   - a snapshot import: kvd_open §37 > snap_restore §14 > snap_import_mem §14 >
- *     snap_file_open §14 > snap_file_walk §14 > snap_imp_key §14 > snap_imp_apply §14
- *     > snap_imp_write §14
- *   - a snapshot export: svc_snapshot_rpc §21 > svc_snapshot_produce §21 >
- *     svc_snapshot_send §21 > snap_chunk §13 > snap_plan §13 > snap_next_node §13 > call_send §15
+ *   - a durable write: h2_on_data §29 > grpc_on_data §30 > call_message §16 >
+ *     svc_put_rpc §19 > mvcc_put §10 > call_finish §16 (the reply held: call_hold §16)
+ *     > loop_log_flush §36 > mvcc_flush §10 (pwrite, fdatasync) > the reply released
+ *     > h2_stream_send §29 > net_write §36
+ *   - a read: grpc_on_data §30 > call_message §16 > svc_range_rpc §19 > svc_range §19
+ *     (mvcc_seek §9, mvcc_visible §8) > svc_kvs §19 (mvcc_pread §8) > call_reply §16
+ *     > h2_stream_send §29
+ *   - a watch event, commit to socket: mvcc_txn_end §10 > loop_log_flush §36 >
+ *     mvcc_flush §10 > watch_batch §25 > watch_live_record §25 > watch_match §25 >
+ *     watch_emit_live §25 > h2_stream_send §29
+ *   - a permission check: svc_range_rpc §19 > auth_who §17 (auth_tok_find §17,
+ *     auth_jwt_check §17, or the CN h2_stream_new §29 read with tls_peer_cn §27)
+ *     > auth_may §17 > auth_covers §17; for a
+ *     Watch: watch_create §25 > auth_who §17 > auth_may §17 > auth_watch_reason §17
+ *   - a TLS handshake: net_accept §36 > tls_accept §27 > net_read §36 > tls_recv §27
+ *     > tls_step §27 > net_input §36 > net_sniff §36 > h2_conn_new §29
+ *   - a gateway request: net_sniff §36 > http1_input_step §35 > http1_route §35 >
+ *     gw_begin §34 > gw_deliver §34 > json_pj_decode §7 > call_message §16 > the
+ *     service > gw_flush §34 (gw_message_json §34)
+ *   - a confd query: confd_read §32 > confd_handle §32 > confd_hmac §31 >
+ *     confd_parse_request §31 > confd_keyspace §31 or confd_ganeti §32 > confd_sign §31
+ *   - a log rewrite: svc_defrag §22 > life_step §13 > life_rw_start §13 >
+ *     life_rw_step §13 > life_rw_copy §13 > life_rw_write §13 > life_rw_switch §13
+ *     > life_rw_end §13 (its answer: svc_defrag_answer §22)
+ *   - a snapshot import: kvd_open §38 > snap_restore §15 > snap_import_mem §15 >
+ *     snap_file_open §15 > snap_file_walk §15 > snap_imp_key §15 > snap_imp_apply §15
+ *     > snap_imp_write §15
+ *   - a snapshot export: svc_snapshot_rpc §22 > svc_snapshot_produce §22 >
+ *     svc_snapshot_send §22 > snap_chunk §14 > snap_plan §14 > snap_next_node §14 > call_send §16
  */
 
 /* ===== 0. Build knobs (KVD_*) ============================================ */
@@ -448,7 +471,7 @@
  *      kvd_buf owns p unless lent (buf_grow and buf_free refuse a loan); a
  *      call owns its rq, out, meta and status_msg (call_fini frees them); a
  *      conn is the loop's -- a protocol marks it is_closing or dead, and
- *      only section 35 frees it (net_conn_free).
+ *      only section 36 frees it (net_conn_free).
  *   3. Per key, RAM holds only its latest revision (struct mvcc_key, one
  *      allocation with its key bytes, never moved while it lives); values
  *      and older revisions stay in the log.
@@ -604,7 +627,7 @@ struct h2_conn;
 struct h2_stream;
 struct http_x;
 
-/* The store (sections 8 and 9).  Per key, RAM holds only the latest
+/* The store (sections 8 to 10).  Per key, RAM holds only the latest
  * revision, in 33 bytes before the key: its create revision and version as
  * 32-bit numbers, no lease.  A key whose numbers do not fit so, or that has
  * a lease, has them whole in the store's side table (m->ext, MVCC_EXT);
@@ -654,7 +677,7 @@ struct mvcc_txn {
 	size_t at, nops_at, undo_at;
 	uint32_t nops, nkeys;
 };
-/* Leases (section 10): the registry kvd holds; a lease is defined there. */
+/* Leases (section 11): the registry kvd holds; a lease is defined there. */
 struct lease;
 struct lease_reg {
 	struct lease **tab;           /* by id, chained */
@@ -666,7 +689,7 @@ struct lease_reg {
 	int64_t min_ttl;              /* seconds, from the election timeout as etcd */
 	int warned;                   /* a failed expiry was logged */
 };
-/* Watch (section 24): the registry kvd holds; watchers are defined there. */
+/* Watch (section 25): the registry kvd holds; watchers are defined there. */
 struct watch;
 struct watch_stream;
 struct watch_ev;
@@ -700,7 +723,7 @@ struct mvcc_alarm {
 	uint64_t member;
 	unsigned type;
 };
-/* Store lifecycle (section 12): the rewrite, the compactor, the reserve. */
+/* Store lifecycle (section 13): the rewrite, the compactor, the reserve. */
 struct life_rw;
 struct life {
 	struct life_rw *rw;            /* a log rewrite in progress */
@@ -708,7 +731,7 @@ struct life {
 	unsigned reserve_held : 1;     /* <data-dir>/kvd.reserve holds its bytes */
 	void **wait;                   /* who waits for the rewrite's end (Defragment calls)... */
 	void (*answer)(struct kvd *k, void *who, int code, const char *msg); /* ...and how they are answered */
-	unsigned snapshots;            /* snapshots streaming: no rewrite moves the log (section 13) */
+	unsigned snapshots;            /* snapshots streaming: no rewrite moves the log (section 14) */
 	size_t nwait, waitcap;
 	int64_t rw_failed_at;          /* ms: the last automatic rewrite was abandoned then */
 	uint64_t rewrites, rw_kept, rw_dropped; /* counters, since start */
@@ -741,7 +764,7 @@ struct mvcc {
 	struct kvd_buf w;              /* the batch: records not yet written */
 	int64_t rev, rev_durable;      /* current revision (batch included), durable one */
 	int64_t compacted, compacted_durable, pending_compact;
-	struct { uint32_t hash; int64_t compact, rev; } hashes[10]; /* HashKVs taken at compactions (section 13) */
+	struct { uint32_t hash; int64_t compact, rev; } hashes[10]; /* HashKVs taken at compactions (section 14) */
 	unsigned nhashes;
 	uint32_t gen;                  /* bumped whenever the log moves (mvcc_log_moved) */
 	struct mvcc_leaf **leaf;       /* index: sorted leaves of sorted keys */
@@ -751,7 +774,7 @@ struct mvcc {
 	struct { int64_t lo, hi; uint64_t bytes; } *dead; /* superseded bytes by revisions lo..hi */
 	size_t ndead, deadcap;
 	struct mvcc_marks marks;       /* sparse revision -> record offset */
-	struct mvcc_alarm alarms[MVCC_MAX_ALARMS]; /* active alarms (section 12), kept in the log */
+	struct mvcc_alarm alarms[MVCC_MAX_ALARMS]; /* active alarms (section 13), kept in the log */
 	unsigned nalarms;
 	int64_t base_rev;              /* replay: the BASE records' revision, 0 if none */
 	uint64_t base_end;             /* where BASE records end: ops before have no history */
@@ -770,7 +793,7 @@ struct mvcc {
 #endif
 };
 
-/* Auth (section 11): users and roles as etcd's authpb messages, sorted by
+/* Auth (section 12): users and roles as etcd's authpb messages, sorted by
  * name; what the open batch replaced; tokens; calls waiting for a hash. */
 struct auth_tab {
 	ProtobufCMessage **v;
@@ -813,7 +836,7 @@ struct auth {
 	uint64_t hashes, failures;     /* counters */
 };
 
-struct confd; /* section 30 */
+struct confd; /* section 31 */
 /* JSON (section 6): a parsed document in one arena. */
 enum { JSON_NULL, JSON_FALSE, JSON_TRUE, JSON_NUM, JSON_STR, JSON_ARR, JSON_OBJ };
 
@@ -839,7 +862,7 @@ struct json_doc {
 };
 
 
-/* A gRPC method: how calls to one :path are served (sections 15 and 25). */
+/* A gRPC method: how calls to one :path are served (sections 16 and 26). */
 struct call;
 enum grpc_kind { GRPC_UNARY, GRPC_SERVER_STREAM, GRPC_BIDI };
 struct grpc_method {
@@ -863,7 +886,7 @@ struct grpc_method {
 };
 
 /*
- * One call being served, whatever carries it (section 15): the method, the
+ * One call being served, whatever carries it (section 16): the method, the
  * request, its metadata, the response messages queued for the carrier
  * (gRPC-framed: 5-byte prefix, message), the final status, and whether the
  * reply waits for the group commit.  A carrier embeds it: an HTTP/2 stream
@@ -908,7 +931,7 @@ struct call {
 
 
 /*
- * One client connection (section 35): a socket, the transport that moves its
+ * One client connection (section 36): a socket, the transport that moves its
  * bytes (a plain socket, or TLS over it), and the protocol its first bytes
  * chose (HTTP/2; an HTTP/1.x request; a TLS ClientHello), whose state hangs
  * off ps.  The loop owns it; a protocol never closes or frees one itself.
@@ -971,7 +994,7 @@ struct net_listener {
 };
 
 
-/* Counters, reported by logs, tests and /metrics (section 34). */
+/* Counters, reported by logs, tests and /metrics (section 35). */
 #define KVD_METRIC_METHODS 64 /* gRPC methods counted by /metrics (kvd routes ~55) */
 #define KVD_FSYNC_BUCKETS 14  /* 1 ms .. 8.192 s, doubling: etcd's wal_fsync buckets */
 #define KVD_COMMIT_BUCKETS 12 /* 1 .. 2048 replies released by one group commit */
@@ -1036,7 +1059,7 @@ struct kvd {
 	char **client_urls, **peer_urls;
 	unsigned nclient_urls, npeer_urls;
 	int lock_fd;
-	/* systemd's notify socket (section 35), -1 if none */
+	/* systemd's notify socket (section 36), -1 if none */
 	int sd_fd;
 	socklen_t sd_len;
 	struct sockaddr_un sd_addr;
@@ -1046,13 +1069,13 @@ struct kvd {
 	uint32_t crc[8][256];        /* CRC-32C's tables (section 8: mvcc_crc_init) */
 	struct watch_reg watch;      /* watchers */
 	struct lease_reg lease;      /* leases */
-	struct life life;            /* rewrite, auto-compaction, reserve (section 12) */
+	struct life life;            /* rewrite, auto-compaction, reserve (section 13) */
 	struct confd *confd;         /* the confd responder, NULL when off */
-	struct tls_state *tls;       /* TLS (section 26), NULL without https:// listeners */
-	struct auth auth;            /* users, roles, tokens (section 11) */
+	struct tls_state *tls;       /* TLS (section 27), NULL without https:// listeners */
+	struct auth auth;            /* users, roles, tokens (section 12) */
 	struct call *calls;          /* every live call, whatever its carrier */
-	struct lock_wait *locks;     /* Lock/Campaign waiters and Observe streams (section 23) */
-	struct svc_member_x *members; /* members MemberAdd listed (section 22): never started */
+	struct lock_wait *locks;     /* Lock/Campaign waiters and Observe streams (section 24) */
+	struct svc_member_x *members; /* members MemberAdd listed (section 23): never started */
 	size_t nmembers;
 	unsigned downgrade : 1;      /* Maintenance/Downgrade ENABLE: cluster version one minor down (memory only) */
 	struct call **held;          /* calls answered while the batch was open */
@@ -1068,7 +1091,7 @@ struct kvd {
 /*
  * The forward reaches (the header's LAYERS lists them all), each with its
  * reason.  The log's grammar reads a key record's numbers (8 -> 9); the
- * store keeps leases' key sets in step with its keys (8, 9 -> 10):
+ * writer keeps leases' key sets in step with its keys (10 -> 11):
  */
 static void mvcc_k_nums(const struct mvcc *m, const struct mvcc_key *r, int64_t *create, int64_t *ver, int64_t *lease);
 static struct lease *lease_find(struct kvd *k, int64_t id);
@@ -1078,16 +1101,17 @@ static void lease_undo(struct kvd *k, struct lease *l, unsigned kind);
 static void lease_free(struct kvd *k, struct lease *l);
 static int lease_replay(struct kvd *k, int kind, int64_t id, int64_t ttl);
 static void lease_promote(struct kvd *k);
-/* auto-compaction reads its durations as the flags do (12 -> 36); an
- * import builds a store and locks its data dir as kvd_open does (13 -> 36,
- * 37): */
+/* a compaction keeps HashKV's answer for it (10 -> 14); auto-compaction
+ * reads its durations as the flags do (13 -> 37); an import builds a store
+ * and locks its data dir as kvd_open does (14 -> 37, 38): */
+static void snap_keep_hash(struct kvd *k, int64_t rev);
 static int cfg_duration(const char *s, uint32_t *out);
 static void cfg_show_ms(uint32_t ms, char *out, size_t cap);
 static int kvd_init(const struct kvd_config *cfg, struct kvd **out, char *err, size_t errlen);
 static int cfg_lock(struct kvd *k, char *err, size_t errlen);
 /* the carriers ask the loop to flush the log before an answer leaves, and
- * to count and shed the request bytes they hold (28, 31 -> 35); the test
- * stats call reports confd's counters (25 -> 31): */
+ * to count and shed the request bytes they hold (29, 32 -> 36); the test
+ * stats call reports confd's counters (26 -> 32): */
 static void loop_log_flush(struct kvd *k);
 static void net_held(struct kvd *k, struct conn *c, int64_t delta);
 static void net_shed(struct kvd *k);
@@ -1730,7 +1754,7 @@ static void put_be64(uint8_t *p, uint64_t v)
 	put_be32(p, (uint32_t)(v >> 32));
 	put_be32(p + 4, (uint32_t)v);
 }
-/* bbolt's pages are little-endian (section 13), whatever the host (some
+/* bbolt's pages are little-endian (section 14), whatever the host (some
  * unused with KVD_NO_SNAPSHOT). */
 static KVD_UNUSED void put_le16(uint8_t *p, uint32_t v) { p[0] = (uint8_t)v; p[1] = (uint8_t)(v >> 8); }
 static void put_le32(uint8_t *p, uint32_t v)
@@ -1825,7 +1849,7 @@ static size_t utf8_len(const uint8_t *p, const uint8_t *end)
 /* ---- the loop's wake-up, SHA-1, rate buckets ------------------------------- */
 
 /* The loop sleeps no later than `when` (monotonic ms): every timer in every
- * section asks through this; the loop (section 35) starts afresh each turn. */
+ * section asks through this; the loop (section 36) starts afresh each turn. */
 static void util_wake_by(struct kvd *k, int64_t when)
 {
 	if (when < k->next_timer)
@@ -2278,7 +2302,7 @@ static void buf_trim(struct kvd *k, struct kvd_buf *b, size_t keep)
  * those: "too many operations in txn request".
  *
  * Invariants:
- *   1. No request bytes reach protobuf-c unchecked: call_decode (section 15)
+ *   1. No request bytes reach protobuf-c unchecked: call_decode (section 16)
  *      runs pb_check first, for gRPC and gateway requests alike, and
  *      unpacks (pb_unpack) only what it accepted -- pb_strip's rewrite of
  *      it when PB_F_STRIP is set.
@@ -2737,7 +2761,7 @@ static int pb_str_nul(const char *s)
  *
  * protobuf-c packs whole messages.  Where kvd assembles one from pieces
  * -- a live WatchResponse from events packed once for every watcher
- * (section 24), a lease record in a snapshot (section 13), a message the
+ * (section 25), a lease record in a snapshot (section 14), a message the
  * JSON gateway decodes field by field (section 7) -- it writes the wire
  * with these, and nowhere by hand: a tag is (field number << 3 | wire
  * type) as a varint; a length-delimited field is its tag, its length as
@@ -2798,9 +2822,9 @@ static KVD_UNUSED void pb_buf_fixed(struct kvd *k, struct kvd_buf *b, uint32_t n
 	buf_append(k, b, t, (size_t)(o - t) + (size_t)bits / 8);
 }
 
-/* Auth's forward reaches: the log replays and rewrites its records (9 ->
- * 11); and a lease's keys are checked before the function that does it
- * (16).  Who is calling comes with the call (its carrier read the TLS
+/* Auth's forward reaches: the writer and replay apply its records (10 ->
+ * 12); and a lease's keys are checked before the function that does it
+ * (17).  Who is calling comes with the call (its carrier read the TLS
  * client's CN: struct call), so auth never reaches into TLS. */
 struct mvcc_rec;
 static int auth_replay(struct kvd *k, const struct mvcc_rec *rec, const char **why);
@@ -3547,7 +3571,7 @@ static KVD_UNUSED void json_write(struct kvd *k, struct kvd_buf *b, const struct
 
 /*
  * etcd's gateway (grpc-gateway) maps each protobuf message to JSON and
- * back, and kvd's gateway (section 33) answers as it does: this section
+ * back, and kvd's gateway (section 34) answers as it does: this section
  * owns that mapping, both ways, walking protobuf-c's descriptors -- section
  * 6 owns the JSON text itself, section 5 the protobuf wire.
  *
@@ -4862,7 +4886,7 @@ static int json_pj_decode(struct kvd *k, struct kvd_buf *b, const ProtobufCMessa
  *   ALARM   (5) = u32 n | (varint member | u8 alarm)[n]  -- the active alarms from here on
  *   AUTH    (6) = u8 flags (1 enabled, 2 whole) | u64 auth rev | u32 nops | aop[nops]
  *   aop     = u8 kind | u32 len | bytes[len]   -- 1 user, 3 role: the packed
- *             authpb.User/Role; 2, 4: the name of one that goes (section 11
+ *             authpb.User/Role; 2, 4: the name of one that goes (section 12
  *             applies them; "whole" first forgets every user and role)
  *   op      = u8 kind (1 put, 2 delete) | u64 prev | varint rev | varint create
  *             | varint version | varint zigzag(lease) | varint klen | varint vlen
@@ -4877,9 +4901,9 @@ static int json_pj_decode(struct kvd *k, struct kvd_buf *b, const ProtobufCMessa
  * A whole txn is one record, so a crash never leaves half of it: recovery
  * keeps the longest prefix of valid records and cuts a torn tail (a bad
  * record that valid ones follow is corruption, not a tail: kvd refuses to
- * start, section 9).
- * BASE records only follow the header, in a log a rewrite made (section 12)
- * or an etcd snapshot's import (section 14): lease grants and key puts, each
+ * start, section 10).
+ * BASE records only follow the header, in a log a rewrite made (section 13)
+ * or an etcd snapshot's import (section 15): lease grants and key puts, each
  * put at the revision it had, all at or below the BASE revision, which the
  * TXNs after them continue; a BASE without ops (nothing was live) still says
  * that revision.  A put in a
@@ -5491,33 +5515,16 @@ static int mvcc_visible(struct mvcc *m, const struct mvcc_key *r, int64_t rev, s
 	return 1;
 }
 
-/* ===== 9. MVCC store: the index, writing, group commit, recovery (mvcc_) == */
+/* ===== 9. MVCC store: the index and its key records (mvcc_) ============= */
 
 /*
- * The index and the writer.  RAM holds every live key in a two-level
- * B+tree (struct mvcc_key: its latest revision and where its op sits in
- * the log); a write txn changes the index at once and appends its record
- * to the open batch m->w; the loop's end makes the batch durable.
- *
- * A durable write, end to end: svc_put_rpc (section 18) -> mvcc_put
- * (here: the op appended, the index changed, an undo entry kept) ->
- * call_finish (section 15: while the batch is open the reply is held,
- * call_hold) -> loop_log_flush (section 35) -> mvcc_flush (here: one
- * pwrite, one fdatasync) -> the held replies released -> the carrier's
- * flush (h2_stream_send, gw_flush) moves them toward the socket.
- *
- * Invariants:
- *   1. No reply that shows a write leaves before that write's fdatasync:
- *      the durability contract (loop_log_flush; KVD_NEVER(held) where a
- *      carrier moves bytes).
- *   2. A failed flush undoes the whole batch in RAM (the undo list), and
- *      the held replies become errors: what they showed never happened.
- *   3. Recovery applies the longest prefix of valid records, never a
- *      record past a bad frame or CRC, and cuts the rest only when no valid
- *      record follows it (a torn tail); valid records after a bad one, or
- *      a sound record that does not apply, are corruption, and kvd refuses
- *      to start rather than drop acknowledged writes (mvcc_replay,
- *      mvcc_next_valid).
+ * The index.  RAM holds every live key in a two-level B+tree of struct
+ * mvcc_key records, in byte order: per key its latest revision and where
+ * its latest op sits in the log (reads follow a key's ops back from there,
+ * section 8), and its create revision, version and lease -- narrow in the
+ * record when they fit, else in a side table.  Records come from slabs,
+ * one per size class.  Section 10 changes the index as it writes; reads
+ * seek it (mvcc_seek) and walk it (mvcc_next).
  */
 
 struct mvcc_it {
@@ -6054,7 +6061,37 @@ static void mvcc_free_key(struct kvd *k, struct mvcc_key *r)
 	mvcc_slab_free(k, r, MVCC_KEY_SIZE(r->klen));
 }
 
-/* ---- writing ------------------------------------------------------------ */
+/* ===== 10. MVCC store: writing, compaction, group commit, recovery (mvcc_) == */
+
+/*
+ * The writer.  A write txn changes the index (section 9) at once and
+ * appends its record to the open batch m->w; the loop's end makes the
+ * batch durable in one pwrite and one fdatasync (group commit), or undoes
+ * it in RAM.  Compaction takes old revisions out of the index here (the
+ * log's bytes go at a rewrite, section 13), and recovery replays the log
+ * into the index at start.
+ *
+ * A durable write, end to end: svc_put_rpc (section 19) -> mvcc_put
+ * (here: the op appended, the index changed, an undo entry kept) ->
+ * call_finish (section 16: while the batch is open the reply is held,
+ * call_hold) -> loop_log_flush (section 36) -> mvcc_flush (here: one
+ * pwrite, one fdatasync) -> the held replies released -> the carrier's
+ * flush (h2_stream_send, gw_flush) moves them toward the socket.
+ *
+ * Invariants:
+ *   1. No reply that shows a write leaves before that write's fdatasync:
+ *      the durability contract (loop_log_flush; KVD_NEVER(held) where a
+ *      carrier moves bytes).
+ *   2. A failed flush undoes the whole batch in RAM (the undo list), and
+ *      the held replies become errors: what they showed never happened.
+ *   3. Recovery applies the longest prefix of valid records, never a
+ *      record past a bad frame or CRC, and cuts the rest only when no valid
+ *      record follows it (a torn tail); valid records after a bad one, or
+ *      a sound record that does not apply, are corruption, and kvd refuses
+ *      to start rather than drop acknowledged writes (mvcc_replay,
+ *      mvcc_next_valid).
+ */
+
 
 static void mvcc_save(const struct mvcc *m, struct mvcc_was *w, const struct mvcc_key *r)
 {
@@ -6091,7 +6128,7 @@ static int mvcc_undo_push(struct kvd *k, struct mvcc *m, struct mvcc_key *r, uns
 
 /*
  * Bytes superseded at revision rev: a rewrite drops them once the compacted
- * revision is past rev (section 12).  One range per revision, exact, until
+ * revision is past rev (section 13).  One range per revision, exact, until
  * MVCC_DEAD_MAX ranges of uncompacted history: then neighbours merge, and a
  * merged range counts once compaction has passed all of it.
  */
@@ -6460,6 +6497,8 @@ static int mvcc_del(struct kvd *k, struct mvcc_txn *t, struct mvcc_key *r)
 	return 0;
 }
 
+/* ---- compaction: old revisions leave the index -------------------------- */
+
 /*
  * Compaction in RAM.  Keys whose latest op is a tombstone < rev leave the
  * index (etcd 3.5.16+ keeps a tombstone at rev itself, for watchers from rev) (with undo when a batch is open: they are freed once it is durable);
@@ -6501,7 +6540,6 @@ KVD_RESIDENT static void mvcc_compact_stats(struct mvcc *m, int64_t rev)
 	}
 }
 
-static void snap_keep_hash(struct kvd *k, int64_t rev); /* section 13: HashKV's memory of compactions */
 
 /* Log a compaction to rev and apply it to the index. */
 static int mvcc_compact(struct kvd *k, int64_t rev)
@@ -6531,7 +6569,7 @@ static int mvcc_compact(struct kvd *k, int64_t rev)
 }
 
 /*
- * The log moved: a rewrite (section 12) put its records at other offsets.
+ * The log moved: a rewrite (section 13) put its records at other offsets.
  * Offsets kept beyond one record follow: the mover re-points the index (each
  * key's latest op) and hands over the marks it made while writing the new
  * file; a watcher's position carries the generation it belongs to, so it is
@@ -6545,6 +6583,8 @@ static void mvcc_log_moved(struct kvd *k, struct mvcc *m, struct mvcc_marks *mar
 	m->marks = *marks;
 	memset(marks, 0, sizeof *marks);
 }
+
+/* ---- the batch: undo, commit, flush ---------------------------------------- */
 
 /* Undo index changes back to undo entry 'mark'. */
 static void mvcc_undo_to(struct kvd *k, struct mvcc *m, size_t mark)
@@ -7369,7 +7409,7 @@ static void mvcc_init(struct mvcc *m)
 	m->compacted = m->compacted_durable = -1;
 }
 
-/* ===== 10. Leases (lease_) =============================================== */
+/* ===== 11. Leases (lease_) =============================================== */
 
 /*
  * A lease is an id, a granted TTL, a deadline on the monotonic clock (boards
@@ -7756,6 +7796,8 @@ static void lease_undo(struct kvd *k, struct lease *l, unsigned kind)
 	lease_link(k, l, 1);
 }
 
+/* ---- expiry: due leases revoked ------------------------------------------ */
+
 /* Expire l: revoke it in a txn of its own. */
 static void lease_expire(struct kvd *k, struct lease *l)
 {
@@ -7873,7 +7915,7 @@ static void lease_fini(struct kvd *k)
 	memset(g, 0, sizeof *g);
 }
 
-/* ===== 11. Auth store: users, roles, permissions, bcrypt (auth_) ========= */
+/* ===== 12. Auth store: users, roles, permissions, bcrypt (auth_) ========= */
 
 /*
  * etcd 3.7's authentication, for a store one box serves.  State: a flag
@@ -7904,7 +7946,7 @@ static void lease_fini(struct kvd *k)
  * runs inside one handler: Authenticate, UserAdd and UserChangePassword
  * queue a job, and the loop hashes, one job at a time in their fair turns,
  * for at most KVD_AUTH_SLICE_US per iteration between everything else
- * (auth_step, section 16).  Other clients therefore wait at most one slice
+ * (auth_step, section 17).  Other clients therefore wait at most one slice
  * for a hash, whatever the cost, and a flood of wrong passwords is bounded
  * by KVD_AUTH_MAX_JOBS queued hashes (then "too many requests").  The
  * queue is shared fairly (section 3's rule): hashes are made round-robin
@@ -7926,7 +7968,7 @@ static void lease_fini(struct kvd *k)
  * looks at no token (3.4 refused a dead one either way).  With
  * --client-cert-auth, a call without a token is its client certificate's
  * CN.  With --auth-token jwt,... tokens are etcd's signed JWTs instead
- * (section 16): nothing is kept, the signature and expiry are checked.
+ * (section 17): nothing is kept, the signature and expiry are checked.
  *
  * Checks follow etcd 3.7's (server/auth/store.go, etcdserver/apply/auth.go,
  * v3rpc): admin calls need the root role; a key op needs a permission of
@@ -7959,8 +8001,8 @@ static void lease_fini(struct kvd *k)
  *      hashes and MACs are compared with auth_ct_diff.
  *
  * Left out (KVD_NO_AUTH, make AUTH=0): no users, roles, tokens or bcrypt;
- * every call is served as with auth off (section 16's checks pass), the
- * Auth service is unknown (section 25) and so are the gateway's auth paths.
+ * every call is served as with auth off (section 17's checks pass), the
+ * Auth service is unknown (section 26) and so are the gateway's auth paths.
  * A log or snapshot that holds auth state -- any AUTH record: users, roles,
  * auth enabled once -- is refused at replay (auth_replay), never served
  * without the rights it states nor rewritten without them.
@@ -8723,7 +8765,7 @@ static int auth_encode_whole(struct kvd *k, struct kvd_buf *b)
 }
 #endif /* KVD_NO_AUTH */
 
-/* ===== 12. Store lifecycle: rewrite, compaction, quota, alarms (life_) === */
+/* ===== 13. Store lifecycle: rewrite, compaction, quota, alarms (life_) === */
 
 /*
  * The log only grows: compaction frees RAM, never a byte of disk.  This
@@ -9865,7 +9907,7 @@ static void life_fini(struct kvd *k)
 	L->revs = NULL;
 }
 
-/* ===== 13. etcd's backend: snapshots written, Hash, HashKV (snap_) ======= */
+/* ===== 14. etcd's backend: snapshots written, Hash, HashKV (snap_) ======= */
 
 /*
  * etcd keeps its store in a bbolt file, and Maintenance/Snapshot sends
@@ -9897,7 +9939,7 @@ static void life_fini(struct kvd *k)
  * etcd 3.5+'s term, confState {"voters":[id]} and storageVersion (3.7.0);
  * alarm: the active alarms;  members: this member as etcd's JSON;  cluster:
  * clusterVersion 3.7.0;  auth: authEnabled, authRevision;  authRoles,
- * authUsers: authpb.Role and authpb.User by name, as section 11 keeps them
+ * authUsers: authpb.Role and authpb.User by name, as section 12 keeps them
  * (bcrypt hashes included);  members_removed: empty.
  *
  * A tree's layout comes first.  bbolt's metas, at the front of the file,
@@ -11018,12 +11060,12 @@ out:
 	return e < 0 ? e : 0;
 }
 
-/* ===== 14. etcd's backend: snapshots read and imported (snap_) =========== */
+/* ===== 15. etcd's backend: snapshots read and imported (snap_) =========== */
 
 #ifndef KVD_NO_SNAPSHOT
 
 /*
- * A snapshot import, end to end: kvd_open (section 37) -> snap_restore
+ * A snapshot import, end to end: kvd_open (section 38) -> snap_restore
  * -> snap_import_mem (the SHA-256 trailer) -> snap_file_open (both metas,
  * snap_meta_ok) -> snap_file_walk (bounded) -> snap_imp_key (revisions
  * into BASE and TXN records) -> snap_imp_apply (mvcc_replay_record, section
@@ -11090,6 +11132,8 @@ struct snap_nd {
 	uint64_t n;
 	unsigned flags, count;
 };
+
+/* ---- reading a bbolt file ------------------------------------------------ */
 
 static int snap_meta_ok(const uint8_t *pg)
 {
@@ -11322,6 +11366,8 @@ static int snap_imp_fail(struct snap_imp *im, const char *fmt, ...)
 	va_end(ap);
 	return KVD_ECORRUPT;
 }
+
+/* ---- importing: etcd's records as log records ---------------------------- */
 
 /* Write what out holds (all of it when sync, with an fdatasync). */
 static int snap_imp_write(struct kvd *k, struct snap_imp *im, int sync)
@@ -11800,6 +11846,8 @@ out:
 	return e;
 }
 
+/* ---- --restore-snapshot and --snapshot-save ------------------------------ */
+
 /*
  * --restore-snapshot: a new store in the data dir from an etcd snapshot
  * file, made by a scratch instance; refused if the data dir holds one.
@@ -11917,7 +11965,7 @@ static int snap_save_offline(const struct kvd_config *cfg, char *err, size_t err
 }
 #endif /* KVD_NO_SNAPSHOT */
 
-/* ===== 15. Calls: one RPC, whatever carries it (call_, svc_fail) ==================== */
+/* ===== 16. Calls: one RPC, whatever carries it (call_, svc_fail) ==================== */
 
 /*
  * A call is one RPC being served, apart from what carries it.  A service
@@ -11925,9 +11973,9 @@ static int snap_save_offline(const struct kvd_config *cfg, char *err, size_t err
  * token among it), and where its answer goes -- response messages queued
  * on call->out, a final status, and whether that answer must wait for the
  * group commit (call->held).  Carriers move the bytes: gRPC over HTTP/2 (an
- * h2 stream embeds its call; section 29 cuts its DATA into messages),
+ * h2 stream embeds its call; section 30 cuts its DATA into messages),
  * in-process calls (tests, fuzzers), and the JSON gateway over HTTP/1.1
- * (section 33) -- all through the same svc_* handlers.  Every live call is
+ * (section 34) -- all through the same svc_* handlers.  Every live call is
  * on k->calls, so shutdown and timers reach them without knowing carriers.
  *
  * gRPC over HTTP/2 (grpc doc/PROTOCOL-HTTP2.md): each message is a 1-byte
@@ -12282,7 +12330,7 @@ static int call_route(struct kvd *k, struct call *call, const char *path, size_t
 	return 0;
 }
 
-/* ===== 16. Auth: tokens, who is calling, and may they; password hashing (auth_) == */
+/* ===== 17. Auth: tokens, who is calling, and may they; password hashing (auth_) == */
 
 /*
  * Who is calling, and may they.  A call carries a token (the metadata
@@ -12294,10 +12342,10 @@ static int call_route(struct kvd *k, struct call *call, const char *path, size_t
  * state).  Password hashing runs here too, a slice per loop turn, off the
  * handlers' path.
  *
- * A permission check: svc_range_rpc (section 18) -> auth_who (the
+ * A permission check: svc_range_rpc (section 19) -> auth_who (the
  * token or CN to a user) -> auth_may (auth off: allowed; the user's roles'
  * ranges) -> auth_covers -> the request, or PermissionDenied.  A Watch:
- * watch_create (section 24) -> auth_who -> auth_may ->
+ * watch_create (section 25) -> auth_who -> auth_may ->
  * auth_watch_reason (a refused create's text, as etcd words it).
  *
  * Invariants:
@@ -13775,7 +13823,7 @@ static void auth_step(struct kvd *k)
 }
 #endif /* KVD_NO_AUTH */
 
-/* ===== 17. Go's sort.Sort, as etcd sorts ranges (svc_gosort_) ============ */
+/* ===== 18. Go's sort.Sort, as etcd sorts ranges (svc_gosort_) ============ */
 
 /*
  * etcd sorts a Range's results with Go's sort.Sort, which is not stable:
@@ -13789,7 +13837,7 @@ static void auth_step(struct kvd *k)
  * later releases <<13, >>7, <<17.  The xorshift picks the elements swapped
  * after an unbalanced partition, so inputs that never partition badly sort
  * alike under both; in the others ties can come out differently.  Auth's
- * permission lists (etcd's permSlice, section 20) go through the same code
+ * permission lists (etcd's permSlice, section 21) go through the same code
  * (svc_gosort_ptrs).
  *
  * Invariants:
@@ -13803,7 +13851,7 @@ static void auth_step(struct kvd *k)
  *      never !less(i, j) (svc_gosort_less).
  *   3. A swap moves a kv and its value together (svc_gosort_swap swaps
  *      g->val with g->v): a VALUE sort reads each value once, before it
- *      starts (svc_range, section 18).
+ *      starts (svc_range, section 19).
  *   4. Indices are absolute and every caller sorts a whole array from 0
  *      (svc_range, svc_gosort_ptrs), as pdqsort's "a > 0" test assumes.
  */
@@ -14127,18 +14175,18 @@ KVD_UNUSED static void svc_gosort_ptrs(void **v, size_t n, int (*less)(const voi
 	svc_gosort_pdq(&g, 0, n, svc_gosort_bitlen(n));
 }
 
-/* ===== 18. Services: KV (svc_) =========================================== */
+/* ===== 19. Services: KV (svc_) =========================================== */
 
 /*
  * The KV service: Range, Put, DeleteRange, Txn, Compact, and kvd's
  * RangeStream, on the index (section 9).  A handler checks the request,
- * asks who is calling and whether they may (section 16), then reads the
+ * asks who is calling and whether they may (section 17), then reads the
  * index or writes in one txn (mvcc_txn_begin .. mvcc_txn_end).  The Txn
  * RPC's code (svc_txn_do) also runs the Lock and Election recipes
- * (section 23).  Semantics follow etcd 3.7 (etcdserver/txn, v3rpc/key.go,
+ * (section 24).  Semantics follow etcd 3.7 (etcdserver/txn, v3rpc/key.go,
  * mvcc): error texts byte for byte, the order checks run in, header
  * revisions of top-level and txn sub-responses, count before filters, and
- * sorting with Go 1.26's sort.Sort (pdqsort, not stable: section 17) so
+ * sorting with Go 1.26's sort.Sort (pdqsort, not stable: section 18) so
  * ties order exactly as etcd's do.
  *
  * Invariants:
@@ -14154,7 +14202,7 @@ KVD_UNUSED static void svc_gosort_ptrs(void **v, size_t n, int (*less)(const voi
  *      before it (svc_txn_path).
  *   3. No handler waits or sends: it says whether it wrote (s->wrote, only
  *      when t.nops > 0) and ends its call; call_finish holds the reply until
- *      the batch is durable (section 15).
+ *      the batch is durable (section 16).
  *   4. A response's memory is one svc_pool, freed after svc_end packed it;
  *      a KeyValue's key points into the index (svc_kvs), which no op of the
  *      call frees (a delete leaves a tombstone key).
@@ -15379,14 +15427,14 @@ static void svc_rangestream_rpc(struct kvd *k, struct call *call)
 	}
 }
 
-/* ===== 19. Services: Lease (svc_lease_) ================================== */
+/* ===== 20. Services: Lease (svc_lease_) ================================== */
 
 /*
  * The Lease service: Grant, Revoke, KeepAlive, TimeToLive and Leases, on
- * the lease table (section 10), answered as etcd 3.7's lessor and v3rpc
+ * the lease table (section 11), answered as etcd 3.7's lessor and v3rpc
  * answer them.  A grant and a revoke are writes, one txn each, whose reply
  * waits for the group commit; a renewal only moves a deadline in RAM
- * (renewals are not logged, section 10), so KeepAlive answers at once.
+ * (renewals are not logged, section 11), so KeepAlive answers at once.
  * Permission is etcd 3.7's: a user for every RPC, and write (renew, revoke)
  * or read (the key names) on each key the lease holds (auth_lease_keys).
  *
@@ -15493,7 +15541,7 @@ static void svc_lease_revoke_rpc(struct kvd *k, struct call *call)
 }
 
 /* LeaseKeepAlive: one answer per request; an unknown lease gets TTL 0 and
- * no error, as etcd.  Renewals are not logged (see section 10).  With auth
+ * no error, as etcd.  Renewals are not logged (see section 11).  With auth
  * on (etcd 3.7's checkLeaseRenew) a user renews only leases whose keys it
  * may write; a refusal ends the stream with its error. */
 static void svc_lease_keepalive_msg(struct kvd *k, struct call *call)
@@ -15625,17 +15673,17 @@ static void svc_lease_leases_rpc(struct kvd *k, struct call *call)
 	svc_pool_free(&pl);
 }
 
-/* ===== 20. Services: Auth (svc_auth_, auth_) ============================= */
+/* ===== 21. Services: Auth (svc_auth_, auth_) ============================= */
 
 /*
  * The Auth service: AuthEnable .. RoleRevokePermission and Authenticate,
  * answered as etcd 3.7 answers, error texts included.  Each change (enable,
  * disable; a user's or a role's add, delete, grant, revoke; a password) is
- * a write of the auth store (section 11) through the log, one AUTH record
+ * a write of the auth store (section 12) through the log, one AUTH record
  * (section 8); AuthStatus, the Gets and the Lists only read it, and
- * Authenticate issues a token (section 16) without writing.  Authenticate,
+ * Authenticate issues a token (section 17) without writing.  Authenticate,
  * UserAdd and UserChangePassword hash a password off the handlers' path
- * (section 16); the call waits for it.  The auth state's setup and
+ * (section 17); the call waits for it.  The auth state's setup and
  * teardown (auth_init, auth_free) end the section.
  *
  * Invariants:
@@ -15661,7 +15709,7 @@ static void svc_lease_leases_rpc(struct kvd *k, struct call *call)
  *      (E_INVALID_AUTH_MGMT).
  *
  * Left out (KVD_NO_AUTH): no handler here; the service is unknown
- * (section 25), and the state is only what a store without auth reports
+ * (section 26), and the state is only what a store without auth reports
  * (auth revision 1, off).
  */
 
@@ -16310,17 +16358,17 @@ static void auth_free(struct kvd *k)
 }
 #endif /* KVD_NO_AUTH */
 
-/* ===== 21. Services: Maintenance, Health (svc_) ========================== */
+/* ===== 22. Services: Maintenance, Health (svc_) ========================== */
 
 /*
  * Maintenance and Health: Status, Alarm, Defragment, Hash, HashKV,
  * Snapshot, MoveLeader, Downgrade, and grpc.health.v1.  Each answers from
  * the store as etcd 3.7 answers for a one-member cluster; a Snapshot
- * streams section 13's image as the client's window opens:
+ * streams section 14's image as the client's window opens:
  * svc_snapshot_rpc -> h2_stream_send (on_produce when the window is open)
  * -> svc_snapshot_produce -> svc_snapshot_send -> snap_chunk -> call_send.
  * Cluster's MemberList (svc_member, svc_member_list) ends the section; the
- * rest of Cluster is section 22's.
+ * rest of Cluster is section 23's.
  *
  * Invariants:
  *   1. Permission as etcd 3.7's: root for Hash, HashKV, Snapshot,
@@ -16340,6 +16388,8 @@ static void auth_free(struct kvd *k)
  *   5. Downgrade lives in memory only (k->downgrade); /version and Status
  *      report the cluster version through svc_cluster_version.
  */
+
+/* ---- Health -------------------------------------------------------------- */
 
 /* grpc.health.v1.Health/Check: "" is SERVING, any other name unknown (as
  * etcd registers only ""). */
@@ -16382,6 +16432,8 @@ static void svc_health_watch_shutdown(struct kvd *k, struct call *call)
 		call_send(k, call, &rs.base);
 }
 
+/* ---- Status, Downgrade, Hash, HashKV ------------------------------------- */
+
 /*
  * Downgrade (etcd 3.5+).  A one-member etcd 3.7 validates a target one minor
  * below its cluster version; ENABLE records it, and at its next version
@@ -16390,7 +16442,7 @@ static void svc_health_watch_shutdown(struct kvd *k, struct call *call)
  * keeps the state in memory only: it never runs an older binary, so a
  * restart is the end of any downgrade.  svc_cluster_version() is what
  * /version and Status report, and the answers here follow the same state;
- * a snapshot (section 13) says KVD_ETCD_CLUSTER, downgrade or not.
+ * a snapshot (section 14) says KVD_ETCD_CLUSTER, downgrade or not.
  */
 static const char *svc_cluster_version(const struct kvd *k)
 {
@@ -16505,7 +16557,7 @@ static void svc_status(struct kvd *k, struct call *call)
 	call_reply(k, call, &rs.base);
 }
 
-/* Maintenance/HashKV: etcd 3.7's hash of the key history (section 13); the
+/* Maintenance/HashKV: etcd 3.7's hash of the key history (section 14); the
  * compaction point itself may be hashed. */
 static void svc_hashkv(struct kvd *k, struct call *call)
 {
@@ -16523,7 +16575,7 @@ static void svc_hashkv(struct kvd *k, struct call *call)
 		;
 	else if (svc_too_large(k, call->raw.n))
 		svc_fail(&e, GRPC_INVALID_ARGUMENT, E_TOO_LARGE);
-	else if (i < k->db.nhashes) { /* kept at that compaction (section 13) */
+	else if (i < k->db.nhashes) { /* kept at that compaction (section 14) */
 		svc_header(k, &h, 1);
 		rs.header = &h;
 		rs.hash = k->db.hashes[i].hash;
@@ -16548,7 +16600,7 @@ static void svc_hashkv(struct kvd *k, struct call *call)
 	svc_end(k, call, &rs.base, &e);
 }
 
-/* Maintenance/Hash: etcd 3.7's hash of its backend (section 13). */
+/* Maintenance/Hash: etcd 3.7's hash of its backend (section 14). */
 static void svc_hash(struct kvd *k, struct call *call)
 {
 	Etcdserverpb__HashResponse rs = ETCDSERVERPB__HASH_RESPONSE__INIT;
@@ -16572,9 +16624,11 @@ static void svc_hash(struct kvd *k, struct call *call)
 	svc_end(k, call, &rs.base, &e);
 }
 
+/* ---- Snapshot ------------------------------------------------------------ */
+
 #ifndef KVD_NO_SNAPSHOT
 /* Maintenance/Snapshot: etcd's backend file, made as the window opens
- * (section 13); planned on the first chance to send, after a group commit. */
+ * (section 14); planned on the first chance to send, after a group commit. */
 static void svc_snapshot_rpc(struct kvd *k, struct call *call)
 {
 	struct svc_err e = {0, NULL};
@@ -16592,7 +16646,7 @@ static void svc_snapshot_rpc(struct kvd *k, struct call *call)
 }
 
 /* The next message of a snapshot into its call, as etcd sends them (the
- * image's next chunk from section 13): 1 more to come, 0 when the last
+ * image's next chunk from section 14): 1 more to come, 0 when the last
  * (the SHA-256) is queued, or an error. */
 static int svc_snapshot_send(struct kvd *k, struct snap *s, struct call *call)
 {
@@ -16645,6 +16699,8 @@ static void svc_snapshot_rpc(struct kvd *k, struct call *call)
 #define svc_snapshot_close NULL
 #define svc_snapshot_produce NULL
 #endif
+
+/* ---- Alarm, Defragment, MoveLeader --------------------------------------- */
 
 /* Maintenance/Alarm: GET (all, or one type), ACTIVATE, DEACTIVATE, as
  * etcd's applier: the answer lists the alarm changed (or found). */
@@ -16707,7 +16763,7 @@ static void svc_alarm(struct kvd *k, struct call *call)
 	svc_end(k, call, &rs.base, &e);
 }
 
-/* Maintenance/Defragment: the log rewrite (section 12).  The call waits for
+/* Maintenance/Defragment: the log rewrite (section 13).  The call waits for
  * it to end (on k->life.wait, answered here); clients go on meanwhile. */
 static void svc_defrag_answer(struct kvd *k, void *who, int code, const char *msg)
 {
@@ -16784,6 +16840,8 @@ static void svc_defrag_close(struct kvd *k, struct call *call)
 	call->svc = NULL;
 }
 
+/* ---- MemberList ---------------------------------------------------------- */
+
 static void svc_member(struct kvd *k, Etcdserverpb__Member *m)
 {
 	etcdserverpb__member__init(m);
@@ -16796,7 +16854,7 @@ static void svc_member(struct kvd *k, Etcdserverpb__Member *m)
 }
 
 /* Cluster/MemberList: this member and the learners MemberAdd took (they
- * never start: section 22); the header carries no revision. */
+ * never start: section 23); the header carries no revision. */
 #define SVC_MAX_MEMBERS 8 /* other members kvd lists (never started ones) */
 static size_t svc_members(struct kvd *k, Etcdserverpb__Member *m, Etcdserverpb__Member **mp);
 
@@ -16819,7 +16877,7 @@ static void svc_member_list(struct kvd *k, struct call *call)
 	call_reply(k, call, &rs.base);
 }
 
-/* ===== 22. Services: Cluster, one member for good (svc_) ================= */
+/* ===== 23. Services: Cluster, one member for good (svc_) ================= */
 
 /*
  * kvd is one member and stays one.  The membership RPCs answer as a
@@ -16833,7 +16891,7 @@ static void svc_member_list(struct kvd *k, struct call *call)
  * updating it keeps it a learner, as etcd 3.6.12+ does (3.4 made it a voter).
  * MemberUpdate of kvd itself changes the peer URLs MemberList reports.
  * These changes live in memory: after a restart the flags say who kvd is
- * (etcd keeps them in its backend).  MemberList itself is section 21's
+ * (etcd keeps them in its backend).  MemberList itself is section 22's
  * (svc_member_list), through svc_members here.
  *
  * Invariants:
@@ -16858,7 +16916,7 @@ struct svc_member_x {
 	unsigned learner : 1;
 };
 
-static void cfg_free_list(struct kvd *k, char **l, unsigned n); /* section 36 */
+static void cfg_free_list(struct kvd *k, char **l, unsigned n); /* section 37 */
 
 /* etcd's types.NewURLs: http(s)://host:port each, no path; at least one. */
 static int svc_urls_ok(char **u, size_t n)
@@ -17198,9 +17256,9 @@ static void svc_test_stream(struct kvd *k, struct call *call)
 }
 #endif
 
-/* A message's protobuf-c descriptor, for the method table (section 25). */
+/* A message's protobuf-c descriptor, for the method table (section 26). */
 #define PB(name) &name##__descriptor
-/* ===== 23. Lock and Election: etcd's concurrency recipes, served (lock_) == */
+/* ===== 24. Lock and Election: etcd's concurrency recipes, served (lock_) == */
 
 /*
  * etcd serves v3lockpb.Lock and v3electionpb.Election by running its own
@@ -17803,7 +17861,7 @@ static void lock_observe_rpc(struct kvd *k, struct call *call)
 }
 #endif /* KVD_NO_RECIPES */
 
-/* ===== 24. Watch (watch_) ================================================ */
+/* ===== 25. Watch (watch_) ================================================ */
 
 /*
  * etcd's Watch: many watchers per bidi stream.  A watcher owes its client
@@ -18911,15 +18969,15 @@ static void watch_fini(struct kvd *k)
 	buf_free(k, &k->watch.enc);
 }
 
-/* ===== 25. The method table: every RPC, routed by :path (svc_) =========== */
+/* ===== 26. The method table: every RPC, routed by :path (svc_) =========== */
 
 /*
  * Every RPC kvd serves, by gRPC :path: its request and response types
  * (protobuf-c descriptors), its handler and, for streams, its callbacks.
- * Carriers route through call_route (section 15) to svc_route: gRPC over
- * HTTP/2 (section 29) and the JSON gateway (section 33), which reads and
+ * Carriers route through call_route (section 16) to svc_route: gRPC over
+ * HTTP/2 (section 30) and the JSON gateway (section 34), which reads and
  * writes JSON by the types here; the fuzzers walk the table too, and
- * /metrics counts by a method's place in it (section 34).  What is not in
+ * /metrics counts by a method's place in it (section 35).  What is not in
  * the table is Unimplemented, in grpc-go's words (call_route).  It comes
  * after every service so that it names only what is above it.  Shutdown's
  * rule for calls (svc_stop_call, svc_shutdown) ends the section.
@@ -19151,7 +19209,7 @@ static void svc_shutdown(struct kvd *k)
 		svc_stop_call(k, call);
 }
 
-/* ===== 26. TLS: a transport under any protocol (tls_) ==================== */
+/* ===== 27. TLS: a transport under any protocol (tls_) ==================== */
 
 /*
  * An https:// (or unixs://) listener's connections get the TLS transport
@@ -20168,7 +20226,7 @@ static int tls_accept(struct kvd *k, struct conn *c)
 }
 
 /* The verified client certificate's CN: who a call without a token is, with
- * --client-cert-auth (section 16).  NULL if the client sent no certificate,
+ * --client-cert-auth (section 17).  NULL if the client sent no certificate,
  * "" if its certificate has no CN or an empty one (etcd: that user "", who
  * does not exist); *n its length (it may hold NULs: compare it by length,
  * never as a C string). */
@@ -20201,7 +20259,7 @@ KVD_UNUSED static int tls_is(const struct conn *c)
 }
 #endif /* KVD_NO_TLS */
 
-/* ===== 27. HPACK (hp_) =================================================== */
+/* ===== 28. HPACK (hp_) =================================================== */
 
 /*
  * RFC 7541.  The decoder is complete (static and dynamic tables, Huffman,
@@ -20640,15 +20698,15 @@ static void hp_put_status(struct kvd *k, struct kvd_buf *b, int status)
 	hp_put_field(k, b, 8, NULL, s, 3);
 }
 
-/* ===== 28. HTTP/2 frames, streams, flow control (h2_) ==================== */
+/* ===== 29. HTTP/2 frames, streams, flow control (h2_) ==================== */
 
 /*
  * RFC 9113, server side, with prior knowledge (cleartext, or inside TLS,
  * where ALPN offers h2): the loop hands a
  * connection to this section once its first bytes were the preface
- * (section 35).  Input is parsed from c->conn->in one whole frame at a time
+ * (section 36).  Input is parsed from c->conn->in one whole frame at a time
  * (a frame is at most 16 KiB + 9); output is appended to c->conn->out, which
- * the loop writes.  Each stream carries one call (section 15).  Response DATA is
+ * the loop writes.  Each stream carries one call (section 16).  Response DATA is
  * pulled from each stream's queue only as far as the peer's windows and
  * KVD_MAX_OUTPUT allow, so a slow or hostile reader pins bounded memory.
  *
@@ -20704,11 +20762,11 @@ struct h2_stream {
 	int64_t opened;             /* monotonic ms: its HEADERS came (h2_on_rst) */
 	struct kvd_buf in;          /* request bytes (gRPC-framed) */
 	int http_status;            /* 200 unless an early HTTP-level refusal */
-	struct http_x *hx;          /* not gRPC: the HTTP request it carries (section 32), else NULL */
+	struct http_x *hx;          /* not gRPC: the HTTP request it carries (section 33), else NULL */
 };
 #define H2_STREAM_OF(cp) ((struct h2_stream *)(void *)(cp)) /* call is the first member */
 
-/* An HTTP/2 connection's state (its struct conn is section 35's). */
+/* An HTTP/2 connection's state (its struct conn is section 36's). */
 struct h2_conn {
 	struct kvd *k;
 	struct conn *conn;
@@ -20754,7 +20812,7 @@ struct h2_req {
 };
 
 static void grpc_on_headers(struct kvd *k, struct h2_stream *s, const struct h2_req *rq);
-#ifndef KVD_NO_HTTP /* an HTTP/2 request that is not gRPC: section 32's */
+#ifndef KVD_NO_HTTP /* an HTTP/2 request that is not gRPC: section 33's */
 static void http_h2_begin(struct kvd *k, struct h2_stream *s, const struct h2_req *rq, const struct hp_field *f,
                           unsigned nf);
 static void http_h2_data(struct kvd *k, struct h2_stream *s, const uint8_t *p, size_t n);
@@ -20850,6 +20908,8 @@ static void h2_rst(struct h2_conn *c, uint32_t sid, enum h2_error code)
 	h2_remember_closed(c, sid, 1);
 }
 
+/* ---- streams ------------------------------------------------------------- */
+
 static struct h2_stream *h2_stream_find(struct h2_conn *c, uint32_t sid)
 {
 	unsigned i;
@@ -20934,6 +20994,8 @@ static void h2_stream_error(struct h2_conn *c, uint32_t sid, enum h2_error code)
 		h2_stream_close(c, s);
 	h2_glitch(c);
 }
+
+/* ---- flow control: windows given and taken ------------------------------- */
 
 /*
  * Request flow control.  What a client may have in flight, hence what kvd
@@ -21068,6 +21130,8 @@ static int h2_shed(struct kvd *k, struct h2_conn *c)
 	call_finish(k, &v->call, GRPC_RESOURCE_EXHAUSTED, "%s", E_INPUT_FULL);
 	return 1;
 }
+
+/* ---- requests: header blocks checked ------------------------------------- */
 
 static int h2_token_char(unsigned char ch)
 {
@@ -21205,7 +21269,7 @@ static void h2_on_trailers(struct kvd *k, struct h2_conn *c, struct h2_stream *s
 
 #ifndef KVD_NO_HTTP
 /* Is this request gRPC?  As etcd's grpcHandlerFunc decides: its
- * content-type contains "application/grpc"; the rest is HTTP (section 32:
+ * content-type contains "application/grpc"; the rest is HTTP (section 33:
  * /health, /metrics, the gateway), as on HTTP/1.1. */
 static int h2_is_grpc(struct kvd_slice ctype)
 {
@@ -21369,6 +21433,8 @@ static void h2_on_continuation(struct kvd *k, struct h2_conn *c, unsigned flags,
 		c->hblk = NULL;
 	}
 }
+
+/* ---- frames in: DATA, RST_STREAM, SETTINGS, PING, WINDOW_UPDATE ---------- */
 
 static void h2_on_data(struct kvd *k, struct h2_conn *c, unsigned flags, uint32_t sid,
                        const uint8_t *p, size_t n)
@@ -21655,6 +21721,8 @@ static void h2_on_priority(struct h2_conn *c, uint32_t sid, const uint8_t *p, si
 	/* otherwise ignored: RFC 9113 5.3.2 deprecates the scheme; it opens nothing */
 }
 
+/* ---- reading a connection ------------------------------------------------ */
+
 /* kvd's own preface: SETTINGS, then a bigger connection window. */
 static void h2_send_preface(struct kvd *k, struct h2_conn *c)
 {
@@ -21770,6 +21838,8 @@ static void h2_input(struct kvd *k, struct h2_conn *c)
 	if (k->cfg.idle_timeout_ms)
 		util_wake_by(k, c->conn->t_active + (int64_t)k->cfg.idle_timeout_ms);
 }
+
+/* ---- frames out: HEADERS, DATA, trailers --------------------------------- */
 
 /* grpc-message is percent-encoded: bytes outside 0x20..0x7e and '%' (grpc). */
 static size_t h2_pct_encode(const char *msg, char *out, size_t cap)
@@ -21954,6 +22024,8 @@ static void h2_flush(struct kvd *k, struct h2_conn *c)
 	}
 }
 
+/* ---- the connection: timers, drain, the protocol table ------------------- */
+
 /*
  * Is a call being served (it has its request: a unary call being answered,
  * a Watch, a keep-alive stream)?  A connection that is not busy and makes
@@ -22072,7 +22144,7 @@ static void h2_conn_free(struct kvd *k, struct h2_conn *c)
 	kvd_free(k, c);
 }
 
-/* HTTP/2 as one of the protocols a connection may speak (section 35). */
+/* HTTP/2 as one of the protocols a connection may speak (section 36). */
 static void h2_proto_input(struct kvd *k, struct conn *c) { h2_input(k, c->ps); }
 static void h2_proto_flush(struct kvd *k, struct conn *c) { h2_flush(k, c->ps); }
 static int64_t h2_proto_timers(struct kvd *k, struct conn *c) { return h2_timers(k, c->ps); }
@@ -22102,16 +22174,16 @@ static const struct net_proto h2_proto = {
 	h2_proto_busy, h2_proto_shed, h2_proto_free,
 };
 
-/* ===== 29. gRPC over HTTP/2: the h2 stream as a carrier (grpc_) ========== */
+/* ===== 30. gRPC over HTTP/2: the h2 stream as a carrier (grpc_) ========== */
 
 /*
  * gRPC over HTTP/2 (grpc-go's server transport, as etcd runs it): an h2
- * stream embeds its call (section 15) and is that call's carrier.  Its
+ * stream embeds its call (section 16) and is that call's carrier.  Its
  * HEADERS are checked here (method, content-type, grpc-timeout) and routed
- * by :path through the method table (section 25); its DATA is cut
+ * by :path through the method table (section 26); its DATA is cut
  * into gRPC messages (a 5-byte prefix each) bounded by --max-request-bytes;
  * the call's answer goes back as HEADERS, DATA and trailers in
- * h2_stream_send (section 28).
+ * h2_stream_send (section 29).
  *
  * Invariants:
  *   1. A message is handed to its call whole, never past the receive cap
@@ -22265,7 +22337,7 @@ static void grpc_on_remote_close(struct kvd *k, struct h2_stream *s)
 	call_half_close(k, &s->call, BUF_LEN(&s->in) != 0);
 }
 
-/* ===== 30. confd: Ganeti's UDP query protocol, keyspace mode (confd_) ==== */
+/* ===== 31. confd: Ganeti's UDP query protocol, keyspace mode (confd_) ==== */
 
 /*
  * Ganeti's confd on UDP: a datagram is "plj0" + {"msg","salt","hmac"}, the
@@ -22285,7 +22357,7 @@ static void grpc_on_remote_close(struct kvd *k, struct h2_stream *s)
  * JSON is read from key K (parsed again when K changes) and the twelve query
  * types are answered as ganeti-confd 3.0.2 answers them, quirks included.
  * This section holds the protocol's parts and keyspace mode; Ganeti mode,
- * the datagram's path and the sockets are section 31's.
+ * the datagram's path and the sockets are section 32's.
  *
  * Invariants:
  *   1. The key is read from a regular file that nobody else may read
@@ -22842,7 +22914,7 @@ static void confd_keyspace(struct kvd *k, const struct confd_req *rq)
 	confd_end_msg(k, m->rev);
 }
 
-/* ===== 31. confd: Ganeti mode, datagrams, setup (confd_) ================= */
+/* ===== 32. confd: Ganeti mode, datagrams, setup (confd_) ================= */
 
 /*
  * Ganeti mode: the cluster's configuration (config.data, reloaded when it
@@ -22853,7 +22925,7 @@ static void confd_keyspace(struct kvd *k, const struct confd_req *rq)
  * A confd query: confd_read (recvfrom, the size, the rate buckets) ->
  * confd_handle (magic, envelope) -> confd_hmac (checked before anything
  * trusts the sender) -> the salt as clock, the replay cache ->
- * confd_parse_request (section 30) -> confd_keyspace or confd_ganeti ->
+ * confd_parse_request (section 31) -> confd_keyspace or confd_ganeti ->
  * confd_sign (the reply signed with the request's salt) -> sendto.  Setup
  * checks the addresses before the data dir is touched (confd_open) and
  * binds them once the store is read (confd_bind), which refuses keyspace
@@ -24273,9 +24345,9 @@ static void confd_reload(struct kvd *k) { (void)k; }
 static void confd_close(struct kvd *k) { (void)k; }
 #endif /* KVD_NO_CONFD */
 
-/* ===== 32. HTTP requests and answers, HTTP/1.x or HTTP/2 (http1_, http_) = */
+/* ===== 33. HTTP requests and answers, HTTP/1.x or HTTP/2 (http1_, http_) = */
 
-#ifndef KVD_NO_HTTP /* sections 32 to 34 */
+#ifndef KVD_NO_HTTP /* sections 33 to 35 */
 
 /*
  * etcd serves HTTP/1.1 on its client port beside gRPC: /health for
@@ -24286,8 +24358,8 @@ static void confd_close(struct kvd *k) { (void)k; }
  * anything on a metrics listener) is routed the same way on its stream, as
  * etcd's grpcHandlerFunc does (h2_on_block, then http_h2_begin in section
  * 34).  Both answer /health, /livez, /readyz and /version as etcd 3.7 does,
- * /metrics in Prometheus' text format (section 34), and /v3/... through
- * the gateway (section 33); anything else is Go's 404.  This section is
+ * /metrics in Prometheus' text format (section 35), and /v3/... through
+ * the gateway (section 34); anything else is Go's 404.  This section is
  * the parser and the writing of answers (http_head and its kin: bytes of
  * HTTP/1.x, or an HTTP/2 stream's head, data and trailer blocks).
  *
@@ -24347,8 +24419,8 @@ struct http_req {
 /*
  * One HTTP request being answered, whatever carries it: an HTTP/1.x
  * connection (one request at a time: struct http1_conn embeds it) or an
- * HTTP/2 stream that is not gRPC (h2_stream.hx, section 28, made by
- * http_h2_begin).  The endpoints (section 34) and the gateway (section 33)
+ * HTTP/2 stream that is not gRPC (h2_stream.hx, section 29, made by
+ * http_h2_begin).  The endpoints (section 35) and the gateway (section 34)
  * write through http_head, http_raw, http_chunk, http_last and http_fin and
  * never learn which it is; on HTTP/1.x those write c->out as Go's net/http
  * would, on HTTP/2 they fill head, data and trailer, which http_h2_send
@@ -24360,7 +24432,7 @@ struct http_x {
 	int minor;                  /* HTTP/1.<minor>; 1 on HTTP/2 */
 	char origin[128];           /* CORS: the origin to allow, "" none */
 	unsigned close : 1;         /* HTTP/1.x: the connection closes after this answer */
-	/* the gateway call (section 33), x->call */
+	/* the gateway call (section 34), x->call */
 	unsigned in_call : 1;
 	unsigned stream : 1;        /* the answer is a stream of {"result":...} */
 	unsigned bidi : 1;          /* each JSON value of the body is a message */
@@ -24769,12 +24841,12 @@ static int http1_fail(struct kvd *k, struct conn *c, int status, const char *bod
 	return KVD_EINVAL;
 }
 
-/* ===== 33. The JSON gateway: POST /v3/<service>/<method> (gw_) =========== */
+/* ===== 34. The JSON gateway: POST /v3/<service>/<method> (gw_) =========== */
 
 /*
  * etcd 3.7 answers JSON on its client port through grpc-gateway v2, which
  * turns each request into a gRPC call to etcd itself.  kvd has no second
- * server to call: a gateway request becomes a call (section 15) whose
+ * server to call: a gateway request becomes a call (section 16) whose
  * carrier is this connection.  Its JSON body is encoded to protobuf bytes
  * (section 7 owns the mapping) and the call meets the same decoder and the
  * same handler a gRPC request meets; the messages the handler queues are
@@ -25434,12 +25506,12 @@ static int gw_input(struct kvd *k, struct conn *c)
 	return h->x.in_call || !BUF_LEN(&c->in);
 }
 
-/* ===== 34. HTTP endpoints: /health, /version, /metrics (http1_, http_) ==== */
+/* ===== 35. HTTP endpoints: /health, /version, /metrics (http1_, http_) ==== */
 
 /*
  * What HTTP serves beside the gateway: /health, /livez, /readyz,
  * /version and Prometheus' /metrics, answered as etcd 3.7 answers them;
- * http1_route sends a POST to /v3/... to the gateway (section 33).  Then
+ * http1_route sends a POST to /v3/... to the gateway (section 34).  Then
  * the same requests on HTTP/2 streams (http_h2_*), and HTTP/1.x's hooks
  * for the loop (http1_proto): input, flush, timers, drain, free.
  *
@@ -26375,7 +26447,7 @@ static int http1_check_flags(const struct kvd *k, char *err, size_t errlen)
 }
 #endif /* KVD_NO_HTTP */
 
-/* ===== 35. Sockets and the poll loop (net_, loop_) ======================= */
+/* ===== 36. Sockets and the poll loop (net_, loop_) ======================= */
 
 /*
  * One poll() loop, no threads.  Each kvd_poll() call (loop_run):
@@ -27561,12 +27633,12 @@ KVD_RESIDENT static int loop_run(struct kvd *k, int timeout_ms)
 	return k->stopping && !k->conns ? KVD_ESTOPPED : 0;
 }
 
-/* ===== 36. Flags and configuration (cfg_) ================================ */
+/* ===== 37. Flags and configuration (cfg_) ================================ */
 
 /*
  * The flags: one table (cfg_flags) that the command line, the ETCD_*
  * variables, --config-file's YAML (cfg_yaml_) and --help all read;
- * kvd_config_parse (section 37) walks it.  Then what the flags lead to at
+ * kvd_config_parse (section 38) walks it.  Then what the flags lead to at
  * start: the member and cluster ids, the data dir and its lock.
  *
  * etcd's flag syntax (Go's flag package): -flag or --flag, "=value" or the
@@ -27729,6 +27801,8 @@ static const struct cfg_flag cfg_flags[] = {
 	      "kvd: answer an authenticated datagram once within its timestamp window"),
 };
 
+/* ---- values -------------------------------------------------------------- */
+
 /* Go duration ("1m30s", "300ms", "0") to milliseconds. */
 static int cfg_duration(const char *s, uint32_t *out)
 {
@@ -27833,6 +27907,8 @@ KVD_RESIDENT static int cfg_set(struct kvd_config *cfg, const struct cfg_flag *f
 	}
 	return KVD_EINVAL;
 }
+
+/* ---- etcd's flags that kvd takes: feature gates, cluster flags ----------- */
 
 /* --feature-gates as etcd 3.7 checks it (its gates, Go's ParseBool, its
  * words); kvd has none to turn, so a valid list changes nothing. */
@@ -27985,6 +28061,8 @@ struct cfg_yaml {
 	char *err;
 	size_t errlen;
 };
+
+/* ---- the config file: etcd's YAML ---------------------------------------- */
 
 static int cfg_yaml_bad(struct cfg_yaml *y, const char *why, const char *what)
 {
@@ -28165,6 +28243,8 @@ static int cfg_yaml_set(struct kvd_config *cfg, struct cfg_yaml *y, const char *
 	return 0;
 }
 
+/* ---- environment variables and --help ------------------------------------ */
+
 KVD_RESIDENT static void cfg_env_name(const char *name, char *out, size_t cap)
 {
 	size_t i, o = (size_t)snprintf(out, cap, "ETCD_");
@@ -28262,6 +28342,8 @@ static void cfg_usage(void)
 	       "  --help\n\tthis text\n\n"
 	       "Every flag may also be set as ETCD_<FLAG> (e.g. ETCD_DATA_DIR).\n");
 }
+
+/* ---- the configuration's strings, ids, the data dir ---------------------- */
 
 /* Copy the strings of cfg into kvd's own memory (NULL becomes ""), or let
  * them go.  The table says which fields are strings. */
@@ -28489,7 +28571,7 @@ static int cfg_read_file(struct kvd_config *cfg, char **store, char *err, size_t
 	return kvd_config_yaml(cfg, text, got, text + got + 1, got + 1, err + n, errlen - (size_t)n);
 }
 
-/* ===== 37. Public embedding API (kvd_) =================================== */
+/* ===== 38. Public embedding API (kvd_) =================================== */
 
 /* A start that failed: its reason in every log output configured (a file,
  * syslog, an embedder's kvd_set_log) besides stderr, where kvd_main and an
@@ -28710,7 +28792,7 @@ KVD_RESIDENT KVD_API int kvd_config_parse(struct kvd_config *cfg, int argc, char
 	return 0;
 }
 
-/* --config-file's text (the reader's grammar: section 36, cfg_yaml_). */
+/* --config-file's text (the reader's grammar: section 37, cfg_yaml_). */
 KVD_API int kvd_config_yaml(struct kvd_config *cfg, const char *text, size_t len, char *store, size_t cap, char *err,
                             size_t errlen)
 {
@@ -29093,7 +29175,7 @@ static struct kvd *main_kvd;
 static void kvd_on_signal(int sig)
 {
 #ifdef KVD_TEST_SERVICES
-	if (sig == SIGUSR2) { /* a power cut (section 9's test hooks): what was not fdatasynced is gone */
+	if (sig == SIGUSR2) { /* a power cut (section 10's test hooks): what was not fdatasynced is gone */
 		if (main_kvd && main_kvd->db.synced_gen == main_kvd->db.gen && main_kvd->db.fd >= 0)
 			while (ftruncate(main_kvd->db.fd, (off_t)main_kvd->db.synced) && errno == EINTR)
 				;
@@ -29264,16 +29346,16 @@ KVD_RESIDENT KVD_API int kvd_main(int argc, char **argv)
 	return r == KVD_ESTOPPED ? KVD_EXIT_OK : KVD_EXIT_RUNTIME;
 }
 
-/* ===== 38. main() ======================================================== */
+/* ===== 39. main() ======================================================== */
 
 /*
- * The program: main() is kvd_main() (section 37) and nothing more, so an
+ * The program: main() is kvd_main() (section 38) and nothing more, so an
  * embedder gets the same program from the public API; KVD_NO_MAIN leaves
  * it out when kvd.c is #included (the tests and fuzzers).
  *
  * Invariants:
  *   1. main only calls kvd_main: flags, signals and the loop are kvd_main's,
- *      through section 37's API (kvd_config_parse, kvd_open, kvd_poll,
+ *      through section 38's API (kvd_config_parse, kvd_open, kvd_poll,
  *      kvd_close), and so is the exit status (KVD_EXIT_OK, _RUNTIME,
  *      _CONFIG).
  */

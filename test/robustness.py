@@ -11,7 +11,7 @@ the server persisted, watch ordered/unique/atomic/reliable/resumable/
 bookmarkable/prev_kv/IsCreate/filter), its own durability check (the
 revision never goes back across a crash) and its own lease probes (no lease
 expires before its TTL from the last acknowledged keep-alive).  kvd's
-persisted history comes from KVD_TEST_HISTORY (kvd.c section 9: the log
+persisted history comes from KVD_TEST_HISTORY (kvd.c section 10: the log
 path, not the watch path being checked); etcd's from its WAL.
 
 - bounded: every fault once on kvd (kill -9, power cut, SIGSTOP pause,
