@@ -354,9 +354,11 @@ buildline:
 # is" paths): test/lib/toc.py checks it against the file; toc-write rewrites it.
 toc:
 	@$(PYTHON) test/lib/toc.py kvd.c
+	@$(PYTHON) test/lib/testindex.py test/README.md
 
 toc-write:
 	@$(PYTHON) test/lib/toc.py --write kvd.c
+	@$(PYTHON) test/lib/testindex.py --write test/README.md
 
 size: kvd
 	@size kvd; strip -o kvd.stripped kvd && ls -l kvd.stripped | awk '{print "stripped:", $$5, "bytes"}'; rm -f kvd.stripped

@@ -1832,7 +1832,8 @@ def toc_catches_planted_faults():
     each planted fault: a sub-banner the index does not list, a WHERE IS hop
     naming the wrong section, a hop naming no function, a function whose
     prefix its section's banner does not name, a comment naming a function
-    that is not there."""
+    that is not there; and test/README.md's index of tests by name (make
+    toc's other half) catches a test left out or one that is gone."""
     src = open(os.path.join(ROOT, "kvd.c")).read()
     tool = os.path.join(ROOT, "test", "lib", "toc.py")
     d = tempfile.mkdtemp(prefix="kvd-toc-")
@@ -1860,6 +1861,17 @@ def toc_catches_planted_faults():
     for what, text in faults.items():
         rc, out = run(text)
         check(rc == 1 and "toc:" in out, "%s is caught: %s" % (what, out.strip()[:160]))
+    # test/README.md's index of tests by name: current, and a test left out is caught
+    index = os.path.join(ROOT, "test", "lib", "testindex.py")
+    readme = open(os.path.join(ROOT, "test", "README.md")).read()
+    for what, text, want in (("as it is", readme, 0),
+                             ("a test left out", readme.replace(", `toc_catches_planted_faults`", "", 1), 1),
+                             ("a test that is gone", readme.replace("`kill_and_recover`", "`kill_and_recover`, `gone`", 1), 1)):
+        f = os.path.join(d, "README.md")
+        open(f, "w").write(text)
+        r = subprocess.run([sys.executable, index, f], capture_output=True, text=True)
+        check(text != readme or want == 0, "the fault was planted: " + what)
+        check(r.returncode == want, "test index, %s: %s" % (what, r.stdout.strip()))
     shutil.rmtree(d)
 
 
