@@ -837,98 +837,7 @@ struct auth {
 };
 
 struct confd; /* section 31 */
-/* JSON (section 6): a parsed document in one arena. */
-enum { JSON_NULL, JSON_FALSE, JSON_TRUE, JSON_NUM, JSON_STR, JSON_ARR, JSON_OBJ };
-
-struct json {
-	uint8_t type;
-	uint8_t isint;      /* JSON_NUM: an integral value that fits in i */
-	uint32_t n;         /* JSON_STR/NUM: bytes; JSON_ARR/OBJ: children */
-	uint32_t klen;      /* a member of an object: its key */
-	const char *key;
-	const char *s;      /* JSON_STR: the bytes; JSON_NUM: the literal; NUL-terminated */
-	struct json *kids;  /* JSON_ARR/OBJ: n children, in order */
-	int64_t i;
-	double d;
-};
-
-struct json_chunk;
-struct json_doc {
-	struct kvd *k;
-	struct json_chunk *chunks;
-	struct json *root;
-	size_t bytes; /* held by the arena */
-	char why[96]; /* a syntax error's text, as Go's encoding/json words it */
-};
-
-
-/* A gRPC method: how calls to one :path are served (sections 16 and 26). */
 struct call;
-enum grpc_kind { GRPC_UNARY, GRPC_SERVER_STREAM, GRPC_BIDI };
-struct grpc_method {
-	const char *path;  /* "/etcdserverpb.KV/Range" */
-	enum grpc_kind kind;
-	/* request and response messages (NULL req: raw bytes, test methods only) */
-	const ProtobufCMessageDescriptor *req, *resp;
-	/* one request message, in call->rq (decoded) and call->raw (as it came);
-	 * every method has one.  The handler may keep call->rq by taking it
-	 * (call->rq = NULL); otherwise it is freed when the handler returns. */
-	void (*on_msg)(struct kvd *k, struct call *call);
-	/* the client half-closed a streaming call (optional) */
-	void (*on_half_close)(struct kvd *k, struct call *call);
-	/* the call goes away (finished or cancelled): free service state (optional) */
-	void (*on_close)(struct kvd *k, struct call *call);
-	/* the carrier can take more and the call's queue is empty (optional) */
-	void (*on_produce)(struct kvd *k, struct call *call);
-	/* kvd begins to shut down (optional): Health watchers say NOT_SERVING,
-	 * waiters end; streams end after it (svc_stop_call) */
-	void (*on_shutdown)(struct kvd *k, struct call *call);
-};
-
-/*
- * One call being served, whatever carries it (section 16): the method, the
- * request, its metadata, the response messages queued for the carrier
- * (gRPC-framed: 5-byte prefix, message), the final status, and whether the
- * reply waits for the group commit.  A carrier embeds it: an HTTP/2 stream
- * (gRPC) or an HTTP/1.1 connection (the JSON gateway); in-process calls
- * (the unit tests' and fuzzers' carriers) are a third, through the same
- * struct.
- */
-struct call_carrier {
-	const char *name;
-	/* the call finished: request bytes still buffered can go (optional) */
-	void (*finished)(struct kvd *k, struct call *call);
-};
-struct call {
-	const struct grpc_method *m;
-	const struct call_carrier *carrier;
-	struct call *prev, *next;   /* k->calls: every live call */
-	unsigned finished : 1;      /* the service set a final status */
-	unsigned got_msg : 1;       /* a unary call has its request */
-	int64_t t_routed;           /* monotonic us: routed to its method (grpc_server_handling_seconds) */
-	uint32_t rq_bytes, rs_bytes; /* message bytes in and out ("request stats", call_fini) */
-	unsigned wrote : 1;         /* the call wrote to the store */
-	unsigned held : 1;          /* its reply waits for the log flush (k->held) */
-	unsigned produce : 1;       /* the method's on_produce makes more output */
-	int64_t deadline;           /* grpc-timeout, monotonic us, 0 = none */
-	struct kvd_buf out;         /* response messages, gRPC-framed */
-	size_t out_mark;            /* out.len before the current request's reply */
-	int status;                 /* final gRPC status once finished */
-	char *status_msg;           /* owned, may be NULL */
-	ProtobufCMessage *rq;       /* the request being handled (owned) */
-	struct kvd_slice raw;       /* its bytes, valid while on_msg runs */
-	struct hp_field *meta;      /* request metadata (regular fields), one block */
-	unsigned nmeta;
-	void *svc;                  /* service state of a streaming call */
-	struct conn *conn;          /* the client connection, NULL in-process */
-	/* who is calling, as its carrier read it from the connection: the
-	 * verified TLS client certificate's CN (NULL: no certificate; "" with
-	 * cnlen 0: one without a CN), cnlen bytes that may hold NULs; auth
-	 * reads it here (auth_who), never from the TLS layer */
-	const char *cn;
-	size_t cnlen;
-};
-
 
 /*
  * One client connection (section 36): a socket, the transport that moves its
@@ -2862,6 +2771,30 @@ static int auth_lease_keys(struct kvd *k, const struct auth_who *w, int64_t id, 
  *   5. Running out of memory is never blamed on the document: json_oom
  *      answers KVD_ENOMEM and "out of memory", not a syntax error.
  */
+
+/* A parsed document in one arena. */
+enum { JSON_NULL, JSON_FALSE, JSON_TRUE, JSON_NUM, JSON_STR, JSON_ARR, JSON_OBJ };
+
+struct json {
+	uint8_t type;
+	uint8_t isint;      /* JSON_NUM: an integral value that fits in i */
+	uint32_t n;         /* JSON_STR/NUM: bytes; JSON_ARR/OBJ: children */
+	uint32_t klen;      /* a member of an object: its key */
+	const char *key;
+	const char *s;      /* JSON_STR: the bytes; JSON_NUM: the literal; NUL-terminated */
+	struct json *kids;  /* JSON_ARR/OBJ: n children, in order */
+	int64_t i;
+	double d;
+};
+
+struct json_chunk;
+struct json_doc {
+	struct kvd *k;
+	struct json_chunk *chunks;
+	struct json *root;
+	size_t bytes; /* held by the arena */
+	char why[96]; /* a syntax error's text, as Go's encoding/json words it */
+};
 
 #define JSON_MAX_DEPTH 64
 #define JSON_CHUNK 16384 /* arena chunk bytes */
@@ -12005,6 +11938,72 @@ static int snap_save_offline(const struct kvd_config *cfg, char *err, size_t err
  *      call->rq (unless the handler took it: call->rq = NULL) and clears call->raw.
  *      A call that is not bidi takes only its first message.
  */
+
+/* A gRPC method: how calls to one :path are served (the method table: section 26). */
+enum grpc_kind { GRPC_UNARY, GRPC_SERVER_STREAM, GRPC_BIDI };
+struct grpc_method {
+	const char *path;  /* "/etcdserverpb.KV/Range" */
+	enum grpc_kind kind;
+	/* request and response messages (NULL req: raw bytes, test methods only) */
+	const ProtobufCMessageDescriptor *req, *resp;
+	/* one request message, in call->rq (decoded) and call->raw (as it came);
+	 * every method has one.  The handler may keep call->rq by taking it
+	 * (call->rq = NULL); otherwise it is freed when the handler returns. */
+	void (*on_msg)(struct kvd *k, struct call *call);
+	/* the client half-closed a streaming call (optional) */
+	void (*on_half_close)(struct kvd *k, struct call *call);
+	/* the call goes away (finished or cancelled): free service state (optional) */
+	void (*on_close)(struct kvd *k, struct call *call);
+	/* the carrier can take more and the call's queue is empty (optional) */
+	void (*on_produce)(struct kvd *k, struct call *call);
+	/* kvd begins to shut down (optional): Health watchers say NOT_SERVING,
+	 * waiters end; streams end after it (svc_stop_call) */
+	void (*on_shutdown)(struct kvd *k, struct call *call);
+};
+
+/*
+ * One call being served, whatever carries it: the method, the
+ * request, its metadata, the response messages queued for the carrier
+ * (gRPC-framed: 5-byte prefix, message), the final status, and whether the
+ * reply waits for the group commit.  A carrier embeds it: an HTTP/2 stream
+ * (gRPC) or an HTTP/1.1 connection (the JSON gateway); in-process calls
+ * (the unit tests' and fuzzers' carriers) are a third, through the same
+ * struct.
+ */
+struct call_carrier {
+	const char *name;
+	/* the call finished: request bytes still buffered can go (optional) */
+	void (*finished)(struct kvd *k, struct call *call);
+};
+struct call {
+	const struct grpc_method *m;
+	const struct call_carrier *carrier;
+	struct call *prev, *next;   /* k->calls: every live call */
+	unsigned finished : 1;      /* the service set a final status */
+	unsigned got_msg : 1;       /* a unary call has its request */
+	int64_t t_routed;           /* monotonic us: routed to its method (grpc_server_handling_seconds) */
+	uint32_t rq_bytes, rs_bytes; /* message bytes in and out ("request stats", call_fini) */
+	unsigned wrote : 1;         /* the call wrote to the store */
+	unsigned held : 1;          /* its reply waits for the log flush (k->held) */
+	unsigned produce : 1;       /* the method's on_produce makes more output */
+	int64_t deadline;           /* grpc-timeout, monotonic us, 0 = none */
+	struct kvd_buf out;         /* response messages, gRPC-framed */
+	size_t out_mark;            /* out.len before the current request's reply */
+	int status;                 /* final gRPC status once finished */
+	char *status_msg;           /* owned, may be NULL */
+	ProtobufCMessage *rq;       /* the request being handled (owned) */
+	struct kvd_slice raw;       /* its bytes, valid while on_msg runs */
+	struct hp_field *meta;      /* request metadata (regular fields), one block */
+	unsigned nmeta;
+	void *svc;                  /* service state of a streaming call */
+	struct conn *conn;          /* the client connection, NULL in-process */
+	/* who is calling, as its carrier read it from the connection: the
+	 * verified TLS client certificate's CN (NULL: no certificate; "" with
+	 * cnlen 0: one without a CN), cnlen bytes that may hold NULs; auth
+	 * reads it here (auth_who), never from the TLS layer */
+	const char *cn;
+	size_t cnlen;
+};
 
 static const struct grpc_method *svc_route(const char *svc, size_t slen, const char *meth,
                                            size_t mlen, int *known_service);
