@@ -455,12 +455,14 @@
 /*
  * What more than one section needs, declared once: the protocol constants
  * (HTTP/2's error codes, frame types and settings; gRPC's status codes),
- * etcd's error texts, and the structs that cross sections -- byte buffers
- * and slices, the store's key records, the lease and watch registries,
- * calls and the methods they run, connections, listeners, counters, and
- * struct kvd, which holds them all.  A struct's comment names the section
- * that owns it; the prototypes at the end are where a section reaches
- * forward.
+ * etcd's error texts, and the structs that must stand before the code
+ * that owns them -- those struct kvd holds by value (the store's index and
+ * key records, the lease and watch registries, auth's tables, HPACK's
+ * scratch, counters) and those both the store and the carriers use (byte
+ * buffers and slices, connections, listeners) -- and struct kvd itself.
+ * A struct only its own section uses stands there (struct call: section
+ * 16; JSON's: 6).  A struct's comment names the section that owns it; the
+ * prototypes at the end are where a section reaches forward.
  *
  * Invariants:
  *   1. The E_* texts are etcd's, byte for byte (clients match errors by
