@@ -20705,8 +20705,8 @@ static void hp_put_status(struct kvd *k, struct kvd_buf *b, int status)
  * RFC 9113, server side, with prior knowledge (cleartext, or inside TLS,
  * where ALPN offers h2): the loop hands a
  * connection to this section once its first bytes were the preface
- * (section 36).  Input is parsed from c->conn->in one whole frame at a time
- * (a frame is at most 16 KiB + 9); output is appended to c->conn->out, which
+ * (section 36).  Input is parsed from h2->conn->in one whole frame at a time
+ * (a frame is at most 16 KiB + 9); output is appended to h2->conn->out, which
  * the loop writes.  Each stream carries one call (section 16).  Response DATA is
  * pulled from each stream's queue only as far as the peer's windows and
  * KVD_MAX_OUTPUT allow, so a slow or hostile reader pins bounded memory.
@@ -20743,7 +20743,7 @@ static void hp_put_status(struct kvd *k, struct kvd_buf *b, int status)
 /* One HTTP/2 stream carrying one gRPC call. */
 struct h2_stream {
 	struct call call;           /* first: the stream is found from its call */
-	struct h2_conn *c;
+	struct h2_conn *h2;         /* its connection */
 	uint32_t id;
 	unsigned remote_closed : 1; /* client sent END_STREAM */
 	unsigned hdrs_sent : 1;     /* response HEADERS went out */
@@ -20817,7 +20817,7 @@ static void grpc_on_headers(struct kvd *k, struct h2_stream *s, const struct h2_
 static void http_h2_begin(struct kvd *k, struct h2_stream *s, const struct h2_req *rq, const struct hp_field *f,
                           unsigned nf);
 static void http_h2_data(struct kvd *k, struct h2_stream *s, const uint8_t *p, size_t n);
-static int http_h2_send(struct kvd *k, struct h2_conn *c, struct h2_stream *s);
+static int http_h2_send(struct kvd *k, struct h2_conn *h2, struct h2_stream *s);
 static void http_h2_free(struct kvd *k, struct h2_stream *s);
 static int http_h2_done(const struct h2_stream *s);
 #endif
@@ -20825,7 +20825,7 @@ static void grpc_on_data(struct kvd *k, struct h2_stream *s);
 static void grpc_on_remote_close(struct kvd *k, struct h2_stream *s);
 static const struct call_carrier grpc_h2_carrier;
 
-static int h2_frame(struct h2_conn *c, unsigned type, unsigned flags, uint32_t sid,
+static int h2_frame(struct h2_conn *h2, unsigned type, unsigned flags, uint32_t sid,
                     const void *payload, size_t len)
 {
 	uint8_t h[H2_FRAME_HDR];
@@ -20834,46 +20834,46 @@ static int h2_frame(struct h2_conn *c, unsigned type, unsigned flags, uint32_t s
 	h[3] = (uint8_t)type;
 	h[4] = (uint8_t)flags;
 	put_be32(h + 5, sid);
-	if (buf_reserve(c->k, &c->conn->out, sizeof h + len))
+	if (buf_reserve(h2->k, &h2->conn->out, sizeof h + len))
 		return KVD_ENOMEM;
-	buf_append(c->k, &c->conn->out, h, sizeof h);
-	buf_append(c->k, &c->conn->out, payload, len);
+	buf_append(h2->k, &h2->conn->out, h, sizeof h);
+	buf_append(h2->k, &h2->conn->out, payload, len);
 	return 0;
 }
 
-static int h2_frame_u32(struct h2_conn *c, unsigned type, uint32_t sid, uint32_t v)
+static int h2_frame_u32(struct h2_conn *h2, unsigned type, uint32_t sid, uint32_t v)
 {
 	uint8_t p[4];
 
 	put_be32(p, v);
-	return h2_frame(c, type, 0, sid, p, 4);
+	return h2_frame(h2, type, 0, sid, p, 4);
 }
 
 /* Queue GOAWAY; kvd then stops reading and closes once output is written. */
-static void h2_fail(struct h2_conn *c, enum h2_error code, const char *why)
+static void h2_fail(struct h2_conn *h2, enum h2_error code, const char *why)
 {
 	uint8_t p[8 + 64];
 	size_t n = strlen(why);
 
-	if (c->goaway_sent && c->conn->is_closing)
+	if (h2->goaway_sent && h2->conn->is_closing)
 		return;
 	if (n > 64)
 		n = 64;
-	put_be32(p, c->last_sid);
+	put_be32(p, h2->last_sid);
 	put_be32(p + 4, code);
 	memcpy(p + 8, why, n);
-	h2_frame(c, H2_GOAWAY, 0, 0, p, 8 + n);
-	c->goaway_sent = c->conn->is_closing = 1;
-	c->k->st.goaway_sent++;
+	h2_frame(h2, H2_GOAWAY, 0, 0, p, 8 + n);
+	h2->goaway_sent = h2->conn->is_closing = 1;
+	h2->k->st.goaway_sent++;
 	if (code != H2_NO_ERROR)
-		kvd_log(c->k, KVD_LOG_INFO, "%s: closing connection: %s (h2 error %d)", c->conn->peer, why, code);
+		kvd_log(h2->k, KVD_LOG_INFO, "%s: closing connection: %s (h2 error %d)", h2->conn->peer, why, code);
 }
 
 /* A protocol slip by the peer; ENHANCE_YOUR_CALM when they come too fast. */
-static void h2_glitch(struct h2_conn *c)
+static void h2_glitch(struct h2_conn *h2)
 {
-	if (!bucket_take(&c->glitch, c->k->now, KVD_GLITCH_RATE, KVD_GLITCH_RATE * 10))
-		h2_fail(c, H2_ENHANCE_YOUR_CALM, "too_many_glitches");
+	if (!bucket_take(&h2->glitch, h2->k->now, KVD_GLITCH_RATE, KVD_GLITCH_RATE * 10))
+		h2_fail(h2, H2_ENHANCE_YOUR_CALM, "too_many_glitches");
 }
 
 /*
@@ -20883,18 +20883,18 @@ static void h2_glitch(struct h2_conn *c)
  */
 enum { H2_GONE_UNKNOWN, H2_GONE_CLOSED, H2_GONE_RESET_BY_KVD };
 
-static void h2_remember_closed(struct h2_conn *c, uint32_t sid, int reset_by_kvd)
+static void h2_remember_closed(struct h2_conn *h2, uint32_t sid, int reset_by_kvd)
 {
-	c->closed_ring[c->closed_pos++ % KVD_COUNT(c->closed_ring)] = sid << 1 | (reset_by_kvd ? 1 : 0);
+	h2->closed_ring[h2->closed_pos++ % KVD_COUNT(h2->closed_ring)] = sid << 1 | (reset_by_kvd ? 1 : 0);
 }
 
-static int h2_closed_how(struct h2_conn *c, uint32_t sid)
+static int h2_closed_how(struct h2_conn *h2, uint32_t sid)
 {
 	unsigned i, how = H2_GONE_UNKNOWN;
 
-	for (i = 0; i < KVD_COUNT(c->closed_ring); i++) /* the newest entry for sid decides */
-		if (c->closed_ring[(c->closed_pos - 1 - i) % KVD_COUNT(c->closed_ring)] >> 1 == sid) {
-			how = c->closed_ring[(c->closed_pos - 1 - i) % KVD_COUNT(c->closed_ring)] & 1 ?
+	for (i = 0; i < KVD_COUNT(h2->closed_ring); i++) /* the newest entry for sid decides */
+		if (h2->closed_ring[(h2->closed_pos - 1 - i) % KVD_COUNT(h2->closed_ring)] >> 1 == sid) {
+			how = h2->closed_ring[(h2->closed_pos - 1 - i) % KVD_COUNT(h2->closed_ring)] & 1 ?
 			      H2_GONE_RESET_BY_KVD : H2_GONE_CLOSED;
 			break;
 		}
@@ -20902,98 +20902,98 @@ static int h2_closed_how(struct h2_conn *c, uint32_t sid)
 }
 
 /* RST_STREAM from kvd: late frames of sid are ignored from now on. */
-static void h2_rst(struct h2_conn *c, uint32_t sid, enum h2_error code)
+static void h2_rst(struct h2_conn *h2, uint32_t sid, enum h2_error code)
 {
-	h2_frame_u32(c, H2_RST_STREAM, sid, code);
-	c->k->st.rst_sent++;
-	h2_remember_closed(c, sid, 1);
+	h2_frame_u32(h2, H2_RST_STREAM, sid, code);
+	h2->k->st.rst_sent++;
+	h2_remember_closed(h2, sid, 1);
 }
 
 /* ---- streams ------------------------------------------------------------- */
 
-static struct h2_stream *h2_stream_find(struct h2_conn *c, uint32_t sid)
+static struct h2_stream *h2_stream_find(struct h2_conn *h2, uint32_t sid)
 {
 	unsigned i;
 
-	for (i = 0; i < c->nst; i++)
-		if (c->st[i]->id == sid)
-			return c->st[i];
+	for (i = 0; i < h2->nst; i++)
+		if (h2->st[i]->id == sid)
+			return h2->st[i];
 	return NULL;
 }
 
-static struct h2_stream *h2_stream_new(struct h2_conn *c, uint32_t sid)
+static struct h2_stream *h2_stream_new(struct h2_conn *h2, uint32_t sid)
 {
-	struct kvd *k = c->k;
+	struct kvd *k = h2->k;
 	struct h2_stream *s;
 
-	if (UTIL_GROW(k, c->st, c->stcap, (size_t)c->nst + 1, 8))
+	if (UTIL_GROW(k, h2->st, h2->stcap, (size_t)h2->nst + 1, 8))
 		return NULL;
 	s = kvd_calloc(k, sizeof *s);
 	if (!s)
 		return NULL;
 	call_init(k, &s->call, NULL, &grpc_h2_carrier);
-	s->call.conn = c->conn;
-	s->call.cn = tls_peer_cn(c->conn, &s->call.cnlen);
-	s->c = c;
+	s->call.conn = h2->conn;
+	s->call.cn = tls_peer_cn(h2->conn, &s->call.cnlen);
+	s->h2 = h2;
 	s->id = sid;
-	s->send_window = c->peer_init_window;
+	s->send_window = h2->peer_init_window;
 	s->recv_window = KVD_STREAM_WINDOW;
 	s->http_status = 200;
 	s->opened = k->now;
-	c->st[c->nst++] = s;
+	h2->st[h2->nst++] = s;
 	return s;
 }
 
-static void h2_credit(struct h2_conn *c);
+static void h2_credit(struct h2_conn *h2);
 static void h2_release(struct h2_stream *s);
 static void h2_recharge(struct h2_stream *s);
 
 /* Forget a stream: service state, buffers.  Late frames for its id are
  * ignored (reset ring).  Never called from inside a service handler. */
-static void h2_stream_close(struct h2_conn *c, struct h2_stream *s)
+static void h2_stream_close(struct h2_conn *h2, struct h2_stream *s)
 {
-	struct kvd *k = c->k;
+	struct kvd *k = h2->k;
 	unsigned i;
 
-	for (i = 0; i < c->nst; i++)
-		if (c->st[i] == s) {
-			c->st[i] = c->st[--c->nst];
+	for (i = 0; i < h2->nst; i++)
+		if (h2->st[i] == s) {
+			h2->st[i] = h2->st[--h2->nst];
 			break;
 		}
 	call_fini(k, &s->call);
 #ifndef KVD_NO_HTTP
 	http_h2_free(k, s);
 #endif
-	if (h2_closed_how(c, s->id) != H2_GONE_RESET_BY_KVD)
-		h2_remember_closed(c, s->id, 0);
+	if (h2_closed_how(h2, s->id) != H2_GONE_RESET_BY_KVD)
+		h2_remember_closed(h2, s->id, 0);
 	h2_release(s);
 	buf_free(k, &s->in);
 	h2_recharge(s);
 	kvd_free(k, s);
-	c->conn->t_active = k->now; /* a call ended: progress */
+	h2->conn->t_active = k->now; /* a call ended: progress */
 	if (k->cfg.idle_timeout_ms)
 		util_wake_by(k, k->now + k->cfg.idle_timeout_ms);
-	if (!c->nst) {
-		if (c->goaway_sent)
-			c->conn->is_closing = 1;
-		if (!c->stcap || c->stcap > 8) { /* shrink after a burst */
-			kvd_free(k, c->st);
-			c->st = NULL;
-			c->stcap = 0;
+	if (!h2->nst) {
+		if (h2->goaway_sent)
+			h2->conn->is_closing = 1;
+		if (!h2->stcap || h2->stcap > 8) { /* shrink after a burst */
+			kvd_free(k, h2->st);
+			h2->st = NULL;
+			h2->stcap = 0;
 		}
 	}
-	h2_credit(c);
+	h2_credit(h2);
 }
 
 /* Stream error (section 5.4.2): RST_STREAM and forget the stream. */
-static void h2_stream_error(struct h2_conn *c, uint32_t sid, enum h2_error code)
+static void h2_stream_error(struct h2_conn *h2, uint32_t sid, enum h2_error code)
 {
-	struct h2_stream *s = h2_stream_find(c, sid);
+	struct h2_stream *s = h2_stream_find(h2, sid);
 
-	h2_rst(c, sid, code);
+	h2_rst(h2, sid, code);
 	if (s)
-		h2_stream_close(c, s);
-	h2_glitch(c);
+		h2_stream_close(h2, s);
+	h2_glitch(h2);
 }
 
 /* ---- flow control: windows given and taken ------------------------------- */
@@ -21023,12 +21023,12 @@ static void h2_stream_error(struct h2_conn *c, uint32_t sid, enum h2_error code)
  * holding the most loses its largest, so parking unfinished messages on many
  * connections costs kvd the budget, not 64 KiB times every stream.
  */
-static void h2_credit(struct h2_conn *c)
+static void h2_credit(struct h2_conn *h2)
 {
-	if (c->recv_owed && c->recv_window <= KVD_CONN_WINDOW / 2) {
-		h2_frame_u32(c, H2_WINDOW_UPDATE, 0, c->recv_owed);
-		c->recv_window += c->recv_owed;
-		c->recv_owed = 0;
+	if (h2->recv_owed && h2->recv_window <= KVD_CONN_WINDOW / 2) {
+		h2_frame_u32(h2, H2_WINDOW_UPDATE, 0, h2->recv_owed);
+		h2->recv_window += h2->recv_owed;
+		h2->recv_owed = 0;
 	}
 }
 
@@ -21036,17 +21036,17 @@ static void h2_credit(struct h2_conn *c)
  * up to its initial size once a quarter of it is used. */
 static void h2_consumed(struct h2_stream *s)
 {
-	struct h2_conn *c = s->c;
+	struct h2_conn *h2 = s->h2;
 	int64_t deficit;
 
 	if (!s->remote_closed) {
 		deficit = KVD_STREAM_WINDOW - s->recv_window;
 		if (deficit >= KVD_STREAM_WINDOW / 4) {
-			h2_frame_u32(c, H2_WINDOW_UPDATE, s->id, (uint32_t)deficit);
+			h2_frame_u32(h2, H2_WINDOW_UPDATE, s->id, (uint32_t)deficit);
 			s->recv_window += deficit;
 		}
 	}
-	h2_credit(c);
+	h2_credit(h2);
 }
 
 /*
@@ -21056,20 +21056,20 @@ static void h2_consumed(struct h2_stream *s)
  */
 static void h2_grant(struct h2_stream *s, size_t msg)
 {
-	struct h2_conn *c = s->c;
+	struct h2_conn *h2 = s->h2;
 	int64_t grant = (int64_t)msg - (int64_t)BUF_LEN(&s->in) - s->recv_window;
 
 	s->want_grant = 0;
 	if (grant <= 0 || s->remote_closed || s->reserved)
 		return; /* it fits the window it has */
-	if (c->reserved && c->reserved + msg > KVD_MAX_CONN_INPUT) {
+	if (h2->reserved && h2->reserved + msg > KVD_MAX_CONN_INPUT) {
 		s->want_grant = 1;
 		s->grant_msg = msg;
 		return;
 	}
 	s->reserved = msg;
-	c->reserved += msg;
-	h2_frame_u32(c, H2_WINDOW_UPDATE, s->id, (uint32_t)grant);
+	h2->reserved += msg;
+	h2_frame_u32(h2, H2_WINDOW_UPDATE, s->id, (uint32_t)grant);
 	s->recv_window += grant;
 	h2_recharge(s);
 }
@@ -21078,21 +21078,21 @@ static void h2_grant(struct h2_stream *s, size_t msg)
  * of the budget goes to the waiting streams, oldest (lowest id) first. */
 static void h2_release(struct h2_stream *s)
 {
-	struct h2_conn *c = s->c;
+	struct h2_conn *h2 = s->h2;
 	struct h2_stream *next;
 	unsigned i;
 
 	s->want_grant = 0;
 	if (!s->reserved)
 		return;
-	c->reserved -= s->reserved;
+	h2->reserved -= s->reserved;
 	s->reserved = 0;
 	h2_recharge(s);
 	for (;;) {
 		next = NULL;
-		for (i = 0; i < c->nst; i++)
-			if (c->st[i]->want_grant && c->st[i] != s && (!next || c->st[i]->id < next->id))
-				next = c->st[i];
+		for (i = 0; i < h2->nst; i++)
+			if (h2->st[i]->want_grant && h2->st[i] != s && (!next || h2->st[i]->id < next->id))
+				next = h2->st[i];
 		if (!next)
 			return;
 		h2_grant(next, next->grant_msg);
@@ -21108,7 +21108,7 @@ static void h2_recharge(struct h2_stream *s)
 	uint64_t now = KVD_MAX((uint64_t)BUF_LEN(&s->in), (uint64_t)s->reserved);
 
 	if (now != s->charge) {
-		net_held(s->c->k, s->c->conn, (int64_t)now - (int64_t)s->charge);
+		net_held(s->h2->k, s->h2->conn, (int64_t)now - (int64_t)s->charge);
 		s->charge = now;
 	}
 }
@@ -21116,18 +21116,18 @@ static void h2_recharge(struct h2_stream *s)
 /* Over --max-request-buffer (net_shed): the stream holding the most of this
  * connection's buffered request bytes ends RESOURCE_EXHAUSTED, its bytes
  * dropped.  1 if there was one. */
-static int h2_shed(struct kvd *k, struct h2_conn *c)
+static int h2_shed(struct kvd *k, struct h2_conn *h2)
 {
 	struct h2_stream *v = NULL;
 	unsigned i;
 
-	for (i = 0; i < c->nst; i++)
-		if (c->st[i]->charge && !c->st[i]->call.finished && (!v || c->st[i]->charge > v->charge))
-			v = c->st[i];
+	for (i = 0; i < h2->nst; i++)
+		if (h2->st[i]->charge && !h2->st[i]->call.finished && (!v || h2->st[i]->charge > v->charge))
+			v = h2->st[i];
 	if (!v)
 		return 0;
 	kvd_log(k, KVD_LOG_INFO, "%s: stream %u: %llu request bytes dropped (--max-request-buffer is full; this "
-	        "address holds the most)", c->conn->peer, v->id, (unsigned long long)v->charge);
+	        "address holds the most)", h2->conn->peer, v->id, (unsigned long long)v->charge);
 	call_finish(k, &v->call, GRPC_RESOURCE_EXHAUSTED, "%s", E_INPUT_FULL);
 	return 1;
 }
@@ -21234,26 +21234,26 @@ static int h2_parse_request(const struct hp_field *f, unsigned nf, struct h2_req
 }
 
 /* Trailers from the client: END_STREAM, no pseudo-fields (8.1). */
-static void h2_on_trailers(struct kvd *k, struct h2_conn *c, struct h2_stream *s,
+static void h2_on_trailers(struct kvd *k, struct h2_conn *h2, struct h2_stream *s,
                            unsigned flags, const struct hp_out *o)
 {
 	unsigned i;
 
 	if (s->remote_closed) {
-		h2_stream_error(c, s->id, H2_STREAM_CLOSED);
+		h2_stream_error(h2, s->id, H2_STREAM_CLOSED);
 		return;
 	}
 	if (!(flags & H2_F_END_STREAM) || o->over) {
-		h2_stream_error(c, s->id, H2_PROTOCOL_ERROR);
+		h2_stream_error(h2, s->id, H2_PROTOCOL_ERROR);
 		return;
 	}
 	for (i = 0; i < o->nf; i++)
 		if (!h2_field_ok(&o->f[i]) || o->f[i].name[0] == ':' || h2_forbidden(&o->f[i])) {
-			h2_stream_error(c, s->id, H2_PROTOCOL_ERROR);
+			h2_stream_error(h2, s->id, H2_PROTOCOL_ERROR);
 			return;
 		}
 	if (s->has_cl && s->data_seen != s->content_length) {
-		h2_stream_error(c, s->id, H2_PROTOCOL_ERROR);
+		h2_stream_error(h2, s->id, H2_PROTOCOL_ERROR);
 		return;
 	}
 	s->remote_closed = 1;
@@ -21261,7 +21261,7 @@ static void h2_on_trailers(struct kvd *k, struct h2_conn *c, struct h2_stream *s
 	if (s->hx) {
 		http_h2_data(k, s, NULL, 0);
 		if (http_h2_done(s))
-			h2_stream_close(c, s);
+			h2_stream_close(h2, s);
 		return;
 	}
 #endif
@@ -21284,7 +21284,7 @@ static int h2_is_grpc(struct kvd_slice ctype)
 #endif
 
 /* A complete header block for stream sid. */
-static void h2_on_block(struct kvd *k, struct h2_conn *c, uint32_t sid, unsigned flags,
+static void h2_on_block(struct kvd *k, struct h2_conn *h2, uint32_t sid, unsigned flags,
                         int self_dep, const uint8_t *p, size_t n)
 {
 	struct hp_out o;
@@ -21293,52 +21293,52 @@ static void h2_on_block(struct kvd *k, struct h2_conn *c, uint32_t sid, unsigned
 	int r;
 
 	hp_out_init(&o, k->hf, KVD_MAX_HEADER_FIELDS, k->harena, sizeof k->harena);
-	r = hp_decode(k, &c->dec, p, n, &o); /* always: keeps HPACK in sync */
+	r = hp_decode(k, &h2->dec, p, n, &o); /* always: keeps HPACK in sync */
 	if (r == KVD_ENOMEM) {
-		h2_fail(c, H2_INTERNAL_ERROR, "out of memory");
+		h2_fail(h2, H2_INTERNAL_ERROR, "out of memory");
 		return;
 	}
 	if (r) {
-		h2_fail(c, H2_COMPRESSION_ERROR, "hpack decoding failed");
+		h2_fail(h2, H2_COMPRESSION_ERROR, "hpack decoding failed");
 		return;
 	}
-	if ((s = h2_stream_find(c, sid))) {
-		h2_on_trailers(k, c, s, flags, &o);
+	if ((s = h2_stream_find(h2, sid))) {
+		h2_on_trailers(k, h2, s, flags, &o);
 		return;
 	}
-	if (sid <= c->last_sid) {
-		switch (h2_closed_how(c, sid)) {
+	if (sid <= h2->last_sid) {
+		switch (h2_closed_how(h2, sid)) {
 		case H2_GONE_RESET_BY_KVD: break; /* sent before our RST_STREAM arrived */
-		case H2_GONE_CLOSED: h2_stream_error(c, sid, H2_STREAM_CLOSED); break;
-		default: h2_fail(c, H2_PROTOCOL_ERROR, "stream id not increasing");
+		case H2_GONE_CLOSED: h2_stream_error(h2, sid, H2_STREAM_CLOSED); break;
+		default: h2_fail(h2, H2_PROTOCOL_ERROR, "stream id not increasing");
 		}
 		return;
 	}
-	c->last_sid = sid;
-	if (c->goaway_sent) /* past our final GOAWAY: ignored (6.8) */
+	h2->last_sid = sid;
+	if (h2->goaway_sent) /* past our final GOAWAY: ignored (6.8) */
 		return;
 	if (self_dep) {
-		h2_stream_error(c, sid, H2_PROTOCOL_ERROR);
+		h2_stream_error(h2, sid, H2_PROTOCOL_ERROR);
 		return;
 	}
-	if (c->nst >= k->cfg.max_concurrent_streams) {
-		h2_stream_error(c, sid, H2_REFUSED_STREAM);
+	if (h2->nst >= k->cfg.max_concurrent_streams) {
+		h2_stream_error(h2, sid, H2_REFUSED_STREAM);
 		return;
 	}
 	if (!o.over && h2_parse_request(o.f, o.nf, &rq)) {
-		h2_stream_error(c, sid, H2_PROTOCOL_ERROR);
+		h2_stream_error(h2, sid, H2_PROTOCOL_ERROR);
 		return;
 	}
-	if (!(s = h2_stream_new(c, sid))) {
-		h2_rst(c, sid, H2_REFUSED_STREAM);
+	if (!(s = h2_stream_new(h2, sid))) {
+		h2_rst(h2, sid, H2_REFUSED_STREAM);
 		return;
 	}
 	k->st.calls++;
-	c->conn->t_active = k->now; /* a new call: progress */
+	h2->conn->t_active = k->now; /* a new call: progress */
 	if (flags & H2_F_END_STREAM)
 		s->remote_closed = 1;
 	if (o.over) { /* answered, not served: the list broke kvd's caps */
-		h2_glitch(c);
+		h2_glitch(h2);
 		call_finish(k, &s->call, GRPC_RESOURCE_EXHAUSTED,
 		            "kvd: request header list too large (limits: %d bytes, %d fields)",
 		            KVD_MAX_HEADER_LIST, KVD_MAX_HEADER_FIELDS);
@@ -21348,11 +21348,11 @@ static void h2_on_block(struct kvd *k, struct h2_conn *c, uint32_t sid, unsigned
 	s->has_cl = rq.has_cl;
 	s->content_length = rq.content_length;
 	if (s->remote_closed && s->has_cl && s->content_length) {
-		h2_stream_error(c, sid, H2_PROTOCOL_ERROR);
+		h2_stream_error(h2, sid, H2_PROTOCOL_ERROR);
 		return;
 	}
 #ifndef KVD_NO_HTTP
-	if (c->conn->metrics_only || !h2_is_grpc(rq.ctype)) { /* a metrics listener serves HTTP only */
+	if (h2->conn->metrics_only || !h2_is_grpc(rq.ctype)) { /* a metrics listener serves HTTP only */
 		http_h2_begin(k, s, &rq, o.f, o.nf);
 		return;
 	}
@@ -21366,19 +21366,19 @@ static void h2_on_block(struct kvd *k, struct h2_conn *c, uint32_t sid, unsigned
 		grpc_on_remote_close(k, s);
 }
 
-static void h2_on_headers(struct kvd *k, struct h2_conn *c, unsigned flags, uint32_t sid,
+static void h2_on_headers(struct kvd *k, struct h2_conn *h2, unsigned flags, uint32_t sid,
                           const uint8_t *p, size_t n)
 {
 	int self_dep = 0;
 	unsigned pad = 0;
 
 	if (!sid || !(sid & 1)) {
-		h2_fail(c, H2_PROTOCOL_ERROR, "bad HEADERS stream id");
+		h2_fail(h2, H2_PROTOCOL_ERROR, "bad HEADERS stream id");
 		return;
 	}
 	if (flags & H2_F_PADDED) {
 		if (n < 1 || (pad = p[0]) >= n) {
-			h2_fail(c, H2_PROTOCOL_ERROR, "bad padding");
+			h2_fail(h2, H2_PROTOCOL_ERROR, "bad padding");
 			return;
 		}
 		p++;
@@ -21386,7 +21386,7 @@ static void h2_on_headers(struct kvd *k, struct h2_conn *c, unsigned flags, uint
 	}
 	if (flags & H2_F_PRIORITY) {
 		if (n < 5) {
-			h2_fail(c, H2_FRAME_SIZE_ERROR, "short PRIORITY fields");
+			h2_fail(h2, H2_FRAME_SIZE_ERROR, "short PRIORITY fields");
 			return;
 		}
 		self_dep = (get_be32(p) & 0x7fffffff) == sid;
@@ -21394,50 +21394,50 @@ static void h2_on_headers(struct kvd *k, struct h2_conn *c, unsigned flags, uint
 		n -= 5;
 	}
 	if (flags & H2_F_END_HEADERS) {
-		h2_on_block(k, c, sid, flags, self_dep, p, n);
+		h2_on_block(k, h2, sid, flags, self_dep, p, n);
 		return;
 	}
 	/* the block continues: collect it (rare with gRPC clients) */
 	if (n > KVD_MAX_HEADER_BLOCK) {
-		h2_fail(c, H2_ENHANCE_YOUR_CALM, "header block too large");
+		h2_fail(h2, H2_ENHANCE_YOUR_CALM, "header block too large");
 		return;
 	}
-	if (!c->hblk && !(c->hblk = kvd_malloc(k, KVD_MAX_HEADER_BLOCK))) {
-		h2_fail(c, H2_INTERNAL_ERROR, "out of memory");
+	if (!h2->hblk && !(h2->hblk = kvd_malloc(k, KVD_MAX_HEADER_BLOCK))) {
+		h2_fail(h2, H2_INTERNAL_ERROR, "out of memory");
 		return;
 	}
-	memcpy(c->hblk, p, n);
-	c->hblk_len = n;
-	c->hblk_sid = sid;
-	c->hblk_flags = (uint8_t)((flags & H2_F_END_STREAM) | (self_dep ? 0x80 : 0));
-	c->hblk_frames = 0;
+	memcpy(h2->hblk, p, n);
+	h2->hblk_len = n;
+	h2->hblk_sid = sid;
+	h2->hblk_flags = (uint8_t)((flags & H2_F_END_STREAM) | (self_dep ? 0x80 : 0));
+	h2->hblk_frames = 0;
 }
 
-static void h2_on_continuation(struct kvd *k, struct h2_conn *c, unsigned flags, uint32_t sid,
+static void h2_on_continuation(struct kvd *k, struct h2_conn *h2, unsigned flags, uint32_t sid,
                                const uint8_t *p, size_t n)
 {
-	if (!c->hblk_sid || sid != c->hblk_sid) {
-		h2_fail(c, H2_PROTOCOL_ERROR, "unexpected CONTINUATION");
+	if (!h2->hblk_sid || sid != h2->hblk_sid) {
+		h2_fail(h2, H2_PROTOCOL_ERROR, "unexpected CONTINUATION");
 		return;
 	}
-	if (++c->hblk_frames > KVD_MAX_CONTINUATIONS || n > KVD_MAX_HEADER_BLOCK - c->hblk_len) {
-		h2_fail(c, H2_ENHANCE_YOUR_CALM, "header block too large");
+	if (++h2->hblk_frames > KVD_MAX_CONTINUATIONS || n > KVD_MAX_HEADER_BLOCK - h2->hblk_len) {
+		h2_fail(h2, H2_ENHANCE_YOUR_CALM, "header block too large");
 		return;
 	}
-	memcpy(c->hblk + c->hblk_len, p, n);
-	c->hblk_len += n;
+	memcpy(h2->hblk + h2->hblk_len, p, n);
+	h2->hblk_len += n;
 	if (flags & H2_F_END_HEADERS) {
-		uint8_t f = c->hblk_flags;
-		c->hblk_sid = 0;
-		h2_on_block(k, c, sid, f & H2_F_END_STREAM, f >> 7, c->hblk, c->hblk_len);
-		kvd_free(k, c->hblk);
-		c->hblk = NULL;
+		uint8_t f = h2->hblk_flags;
+		h2->hblk_sid = 0;
+		h2_on_block(k, h2, sid, f & H2_F_END_STREAM, f >> 7, h2->hblk, h2->hblk_len);
+		kvd_free(k, h2->hblk);
+		h2->hblk = NULL;
 	}
 }
 
 /* ---- frames in: DATA, RST_STREAM, SETTINGS, PING, WINDOW_UPDATE ---------- */
 
-static void h2_on_data(struct kvd *k, struct h2_conn *c, unsigned flags, uint32_t sid,
+static void h2_on_data(struct kvd *k, struct h2_conn *h2, unsigned flags, uint32_t sid,
                        const uint8_t *p, size_t n)
 {
 	struct h2_stream *s;
@@ -21445,50 +21445,50 @@ static void h2_on_data(struct kvd *k, struct h2_conn *c, unsigned flags, uint32_
 	unsigned pad;
 
 	if (!sid) {
-		h2_fail(c, H2_PROTOCOL_ERROR, "DATA on stream 0");
+		h2_fail(h2, H2_PROTOCOL_ERROR, "DATA on stream 0");
 		return;
 	}
-	if ((int64_t)flen > c->recv_window) {
-		h2_fail(c, H2_FLOW_CONTROL_ERROR, "connection window exceeded");
+	if ((int64_t)flen > h2->recv_window) {
+		h2_fail(h2, H2_FLOW_CONTROL_ERROR, "connection window exceeded");
 		return;
 	}
-	c->recv_window -= (int64_t)flen;
-	c->recv_owed += (uint32_t)flen;
+	h2->recv_window -= (int64_t)flen;
+	h2->recv_owed += (uint32_t)flen;
 	if (flags & H2_F_PADDED) {
 		if (n < 1 || (pad = p[0]) >= n) {
-			h2_fail(c, H2_PROTOCOL_ERROR, "bad padding");
+			h2_fail(h2, H2_PROTOCOL_ERROR, "bad padding");
 			return;
 		}
 		p++;
 		n -= 1 + pad;
 	}
-	s = h2_stream_find(c, sid);
+	s = h2_stream_find(h2, sid);
 	if (!s) {
-		if (sid > c->last_sid)
-			h2_fail(c, H2_PROTOCOL_ERROR, "DATA on idle stream");
-		else if (h2_closed_how(c, sid) != H2_GONE_RESET_BY_KVD)
-			h2_stream_error(c, sid, H2_STREAM_CLOSED);
-		h2_credit(c);
+		if (sid > h2->last_sid)
+			h2_fail(h2, H2_PROTOCOL_ERROR, "DATA on idle stream");
+		else if (h2_closed_how(h2, sid) != H2_GONE_RESET_BY_KVD)
+			h2_stream_error(h2, sid, H2_STREAM_CLOSED);
+		h2_credit(h2);
 		return;
 	}
 	if (s->remote_closed) {
-		h2_stream_error(c, sid, H2_STREAM_CLOSED);
-		h2_credit(c);
+		h2_stream_error(h2, sid, H2_STREAM_CLOSED);
+		h2_credit(h2);
 		return;
 	}
 	if ((int64_t)flen > s->recv_window) {
-		h2_stream_error(c, sid, H2_FLOW_CONTROL_ERROR);
-		h2_credit(c);
+		h2_stream_error(h2, sid, H2_FLOW_CONTROL_ERROR);
+		h2_credit(h2);
 		return;
 	}
 	s->recv_window -= (int64_t)flen;
 	if (!n && !(flags & H2_F_END_STREAM))
-		h2_glitch(c); /* empty DATA frames are a known flood (CVE-2019-9518) */
+		h2_glitch(h2); /* empty DATA frames are a known flood (CVE-2019-9518) */
 	s->data_seen += n;
 	if (s->has_cl && (s->data_seen > s->content_length ||
 	                  ((flags & H2_F_END_STREAM) && s->data_seen != s->content_length))) {
-		h2_stream_error(c, sid, H2_PROTOCOL_ERROR);
-		h2_credit(c);
+		h2_stream_error(h2, sid, H2_PROTOCOL_ERROR);
+		h2_credit(h2);
 		return;
 	}
 	if (flags & H2_F_END_STREAM)
@@ -21496,11 +21496,11 @@ static void h2_on_data(struct kvd *k, struct h2_conn *c, unsigned flags, uint32_
 #ifndef KVD_NO_HTTP
 	if (s->hx) {
 		if (n)
-			c->conn->t_active = k->now;
+			h2->conn->t_active = k->now;
 		http_h2_data(k, s, p, n);
 		if (http_h2_done(s)) { /* answered, and now the body is in */
-			h2_stream_close(c, s);
-			h2_credit(c);
+			h2_stream_close(h2, s);
+			h2_credit(h2);
 			return;
 		}
 	} else
@@ -21510,7 +21510,7 @@ static void h2_on_data(struct kvd *k, struct h2_conn *c, unsigned flags, uint32_
 			call_finish(k, &s->call, GRPC_RESOURCE_EXHAUSTED, E_OOM);
 	} else {
 		if (n)
-			c->conn->t_active = k->now; /* request data: progress */
+			h2->conn->t_active = k->now; /* request data: progress */
 		grpc_on_data(k, s);
 	}
 	if ((flags & H2_F_END_STREAM) && !s->hx)
@@ -21518,19 +21518,19 @@ static void h2_on_data(struct kvd *k, struct h2_conn *c, unsigned flags, uint32_
 	h2_recharge(s);
 	if (k->in_held > k->cfg.max_request_buffer)
 		net_shed(k); /* what stays buffered is over the budget of all connections */
-	h2_credit(c);
+	h2_credit(h2);
 }
 
-static void h2_on_rst(struct h2_conn *c, uint32_t sid, size_t n)
+static void h2_on_rst(struct h2_conn *h2, uint32_t sid, size_t n)
 {
 	struct h2_stream *s;
 
 	if (n != 4) {
-		h2_fail(c, H2_FRAME_SIZE_ERROR, "bad RST_STREAM length");
+		h2_fail(h2, H2_FRAME_SIZE_ERROR, "bad RST_STREAM length");
 		return;
 	}
-	if (!sid || sid > c->last_sid) {
-		h2_fail(c, H2_PROTOCOL_ERROR, "RST_STREAM on idle stream");
+	if (!sid || sid > h2->last_sid) {
+		h2_fail(h2, H2_PROTOCOL_ERROR, "RST_STREAM on idle stream");
 		return;
 	}
 	/* Rapid Reset (CVE-2023-44487) opens streams and resets them at once,
@@ -21539,17 +21539,17 @@ static void h2_on_rst(struct h2_conn *c, uint32_t sid, size_t n)
 	 * that expired, a watch it closed) is an honest cancel, and one kvd has
 	 * closed already cost nothing: neither counts, so a storm of expiring
 	 * deadlines never takes the connection's other calls with it. */
-	s = h2_stream_find(c, sid);
-	if (s && c->k->now - s->opened < KVD_RST_YOUNG_MS &&
-	    !bucket_take(&c->rst, c->k->now, KVD_RST_RATE, KVD_RST_RATE * 2)) {
-		h2_fail(c, H2_ENHANCE_YOUR_CALM, "too_many_resets");
+	s = h2_stream_find(h2, sid);
+	if (s && h2->k->now - s->opened < KVD_RST_YOUNG_MS &&
+	    !bucket_take(&h2->rst, h2->k->now, KVD_RST_RATE, KVD_RST_RATE * 2)) {
+		h2_fail(h2, H2_ENHANCE_YOUR_CALM, "too_many_resets");
 		return;
 	}
 	if (s)
-		h2_stream_close(c, s);
+		h2_stream_close(h2, s);
 }
 
-static void h2_on_settings(struct kvd *k, struct h2_conn *c, unsigned flags, uint32_t sid,
+static void h2_on_settings(struct kvd *k, struct h2_conn *h2, unsigned flags, uint32_t sid,
                            const uint8_t *p, size_t n)
 {
 	uint32_t id, v;
@@ -21558,20 +21558,20 @@ static void h2_on_settings(struct kvd *k, struct h2_conn *c, unsigned flags, uin
 	unsigned j;
 
 	if (sid) {
-		h2_fail(c, H2_PROTOCOL_ERROR, "SETTINGS on a stream");
+		h2_fail(h2, H2_PROTOCOL_ERROR, "SETTINGS on a stream");
 		return;
 	}
 	if (flags & H2_F_ACK) {
 		if (n)
-			h2_fail(c, H2_FRAME_SIZE_ERROR, "SETTINGS ACK with payload");
+			h2_fail(h2, H2_FRAME_SIZE_ERROR, "SETTINGS ACK with payload");
 		return;
 	}
 	if (n % 6) {
-		h2_fail(c, H2_FRAME_SIZE_ERROR, "bad SETTINGS length");
+		h2_fail(h2, H2_FRAME_SIZE_ERROR, "bad SETTINGS length");
 		return;
 	}
 	if (n / 6 > KVD_MAX_SETTINGS) {
-		h2_fail(c, H2_ENHANCE_YOUR_CALM, "too many settings");
+		h2_fail(h2, H2_ENHANCE_YOUR_CALM, "too many settings");
 		return;
 	}
 	for (i = 0; i < n; i += 6) {
@@ -21580,152 +21580,152 @@ static void h2_on_settings(struct kvd *k, struct h2_conn *c, unsigned flags, uin
 		switch (id) {
 		case H2_SET_HEADER_TABLE_SIZE: /* sizes the peer's decoder, i.e. our encoder */
 			if (v < HP_TABLE_SIZE)
-				c->need_tsu = 1; /* we never index: announce size 0 once */
+				h2->need_tsu = 1; /* we never index: announce size 0 once */
 			break;
 		case H2_SET_ENABLE_PUSH:
 			if (v > 1) {
-				h2_fail(c, H2_PROTOCOL_ERROR, "bad ENABLE_PUSH");
+				h2_fail(h2, H2_PROTOCOL_ERROR, "bad ENABLE_PUSH");
 				return;
 			}
 			break;
 		case H2_SET_INITIAL_WINDOW_SIZE: /* a delta on every open stream (6.9.2) */
 			if (v > H2_MAX_WINDOW) {
-				h2_fail(c, H2_FLOW_CONTROL_ERROR, "bad INITIAL_WINDOW_SIZE");
+				h2_fail(h2, H2_FLOW_CONTROL_ERROR, "bad INITIAL_WINDOW_SIZE");
 				return;
 			}
-			delta = (int64_t)v - c->peer_init_window;
-			for (j = 0; j < c->nst; j++) {
-				c->st[j]->send_window += delta;
-				if (c->st[j]->send_window > H2_MAX_WINDOW) {
-					h2_fail(c, H2_FLOW_CONTROL_ERROR, "window overflow");
+			delta = (int64_t)v - h2->peer_init_window;
+			for (j = 0; j < h2->nst; j++) {
+				h2->st[j]->send_window += delta;
+				if (h2->st[j]->send_window > H2_MAX_WINDOW) {
+					h2_fail(h2, H2_FLOW_CONTROL_ERROR, "window overflow");
 					return;
 				}
 			}
-			c->peer_init_window = v;
+			h2->peer_init_window = v;
 			break;
 		case H2_SET_MAX_FRAME_SIZE:
 			if (v < 16384 || v > 16777215) {
-				h2_fail(c, H2_PROTOCOL_ERROR, "bad MAX_FRAME_SIZE");
+				h2_fail(h2, H2_PROTOCOL_ERROR, "bad MAX_FRAME_SIZE");
 				return;
 			}
-			c->peer_max_frame = v;
+			h2->peer_max_frame = v;
 			break;
 		default: /* MAX_CONCURRENT_STREAMS, MAX_HEADER_LIST_SIZE (our headers are
 		          * tiny), unknown ids such as grpc's 0xfe03: nothing to do */
 			break;
 		}
 	}
-	c->settings_seen = 1;
-	h2_frame(c, H2_SETTINGS, H2_F_ACK, 0, NULL, 0);
+	h2->settings_seen = 1;
+	h2_frame(h2, H2_SETTINGS, H2_F_ACK, 0, NULL, 0);
 	(void)k;
 }
 
 static const uint8_t h2_stop_ping[8] = {'k', 'v', 'd', '-', 's', 't', 'o', 'p'};
 
-static void h2_goaway_final(struct h2_conn *c)
+static void h2_goaway_final(struct h2_conn *h2)
 {
 	uint8_t p[8];
 
-	if (c->goaway_sent)
+	if (h2->goaway_sent)
 		return;
-	put_be32(p, c->last_sid);
+	put_be32(p, h2->last_sid);
 	put_be32(p + 4, H2_NO_ERROR);
-	h2_frame(c, H2_GOAWAY, 0, 0, p, 8);
-	c->goaway_sent = 1;
-	c->k->st.goaway_sent++;
-	if (!c->nst)
-		c->conn->is_closing = 1;
+	h2_frame(h2, H2_GOAWAY, 0, 0, p, 8);
+	h2->goaway_sent = 1;
+	h2->k->st.goaway_sent++;
+	if (!h2->nst)
+		h2->conn->is_closing = 1;
 }
 
-static void h2_on_ping(struct kvd *k, struct h2_conn *c, unsigned flags, uint32_t sid,
+static void h2_on_ping(struct kvd *k, struct h2_conn *h2, unsigned flags, uint32_t sid,
                        const uint8_t *p, size_t n)
 {
 	int64_t min;
 
 	if (n != 8) {
-		h2_fail(c, H2_FRAME_SIZE_ERROR, "bad PING length");
+		h2_fail(h2, H2_FRAME_SIZE_ERROR, "bad PING length");
 		return;
 	}
 	if (sid) {
-		h2_fail(c, H2_PROTOCOL_ERROR, "PING on a stream");
+		h2_fail(h2, H2_PROTOCOL_ERROR, "PING on a stream");
 		return;
 	}
 	if (flags & H2_F_ACK) {
-		if (c->draining && !memcmp(p, h2_stop_ping, 8))
-			h2_goaway_final(c);
+		if (h2->draining && !memcmp(p, h2_stop_ping, 8))
+			h2_goaway_final(h2);
 		return;
 	}
-	h2_frame(c, H2_PING, H2_F_ACK, 0, p, 8);
+	h2_frame(h2, H2_PING, H2_F_ACK, 0, p, 8);
 	/*
 	 * Keepalive enforcement as grpc-go: a PING closer than the minimum
 	 * interval (2 h when no call is open) is a strike, unless kvd sent
 	 * HEADERS or DATA since the previous one (BDP pings follow our data).
 	 */
-	if (c->sent_since_ping) {
-		c->ping_strikes = 0;
-		c->sent_since_ping = 0;
-	} else if (c->last_ping) {
-		min = c->nst ? (int64_t)k->cfg.keepalive_min_time_ms : 2 * 3600 * 1000;
-		if (k->now - c->last_ping < min && ++c->ping_strikes > KVD_PING_STRIKES) {
-			h2_fail(c, H2_ENHANCE_YOUR_CALM, "too_many_pings");
+	if (h2->sent_since_ping) {
+		h2->ping_strikes = 0;
+		h2->sent_since_ping = 0;
+	} else if (h2->last_ping) {
+		min = h2->nst ? (int64_t)k->cfg.keepalive_min_time_ms : 2 * 3600 * 1000;
+		if (k->now - h2->last_ping < min && ++h2->ping_strikes > KVD_PING_STRIKES) {
+			h2_fail(h2, H2_ENHANCE_YOUR_CALM, "too_many_pings");
 			return;
 		}
 	}
-	c->last_ping = k->now ? k->now : 1;
+	h2->last_ping = k->now ? k->now : 1;
 }
 
-static void h2_on_window_update(struct h2_conn *c, uint32_t sid, const uint8_t *p, size_t n)
+static void h2_on_window_update(struct h2_conn *h2, uint32_t sid, const uint8_t *p, size_t n)
 {
 	struct h2_stream *s;
 	uint32_t inc;
 
 	if (n != 4) {
-		h2_fail(c, H2_FRAME_SIZE_ERROR, "bad WINDOW_UPDATE length");
+		h2_fail(h2, H2_FRAME_SIZE_ERROR, "bad WINDOW_UPDATE length");
 		return;
 	}
 	inc = get_be32(p) & 0x7fffffff;
 	if (!sid) {
 		if (!inc)
-			h2_fail(c, H2_PROTOCOL_ERROR, "WINDOW_UPDATE of 0");
-		else if (c->send_window + inc > H2_MAX_WINDOW)
-			h2_fail(c, H2_FLOW_CONTROL_ERROR, "connection window overflow");
+			h2_fail(h2, H2_PROTOCOL_ERROR, "WINDOW_UPDATE of 0");
+		else if (h2->send_window + inc > H2_MAX_WINDOW)
+			h2_fail(h2, H2_FLOW_CONTROL_ERROR, "connection window overflow");
 		else
-			c->send_window += inc;
+			h2->send_window += inc;
 		return;
 	}
-	s = h2_stream_find(c, sid);
+	s = h2_stream_find(h2, sid);
 	if (!s) {
-		if (sid > c->last_sid)
-			h2_fail(c, H2_PROTOCOL_ERROR, "WINDOW_UPDATE on idle stream");
+		if (sid > h2->last_sid)
+			h2_fail(h2, H2_PROTOCOL_ERROR, "WINDOW_UPDATE on idle stream");
 		return; /* closed: allowed, ignored */
 	}
 	if (!inc)
-		h2_stream_error(c, sid, H2_PROTOCOL_ERROR);
+		h2_stream_error(h2, sid, H2_PROTOCOL_ERROR);
 	else if (s->send_window + inc > H2_MAX_WINDOW)
-		h2_stream_error(c, sid, H2_FLOW_CONTROL_ERROR);
+		h2_stream_error(h2, sid, H2_FLOW_CONTROL_ERROR);
 	else
 		s->send_window += inc;
 }
 
-static void h2_on_priority(struct h2_conn *c, uint32_t sid, const uint8_t *p, size_t n)
+static void h2_on_priority(struct h2_conn *h2, uint32_t sid, const uint8_t *p, size_t n)
 {
 	if (!sid) {
-		h2_fail(c, H2_PROTOCOL_ERROR, "PRIORITY on stream 0");
+		h2_fail(h2, H2_PROTOCOL_ERROR, "PRIORITY on stream 0");
 		return;
 	}
 	if (n != 5) {
-		h2_stream_error(c, sid, H2_FRAME_SIZE_ERROR);
+		h2_stream_error(h2, sid, H2_FRAME_SIZE_ERROR);
 		return;
 	}
 	if ((get_be32(p) & 0x7fffffff) == sid)
-		h2_stream_error(c, sid, H2_PROTOCOL_ERROR);
+		h2_stream_error(h2, sid, H2_PROTOCOL_ERROR);
 	/* otherwise ignored: RFC 9113 5.3.2 deprecates the scheme; it opens nothing */
 }
 
 /* ---- reading a connection ------------------------------------------------ */
 
 /* kvd's own preface: SETTINGS, then a bigger connection window. */
-static void h2_send_preface(struct kvd *k, struct h2_conn *c)
+static void h2_send_preface(struct kvd *k, struct h2_conn *h2)
 {
 	uint8_t p[18];
 	size_t n = 0;
@@ -21741,10 +21741,10 @@ static void h2_send_preface(struct kvd *k, struct h2_conn *c)
 		put_be32(p + n + 2, KVD_STREAM_WINDOW);
 		n += 6;
 	}
-	h2_frame(c, H2_SETTINGS, 0, 0, p, n);
+	h2_frame(h2, H2_SETTINGS, 0, 0, p, n);
 	if (KVD_CONN_WINDOW > H2_DEFAULT_WINDOW) {
-		h2_frame_u32(c, H2_WINDOW_UPDATE, 0, KVD_CONN_WINDOW - H2_DEFAULT_WINDOW);
-		c->recv_window = KVD_CONN_WINDOW;
+		h2_frame_u32(h2, H2_WINDOW_UPDATE, 0, KVD_CONN_WINDOW - H2_DEFAULT_WINDOW);
+		h2->recv_window = KVD_CONN_WINDOW;
 	}
 }
 
@@ -21766,31 +21766,31 @@ static void h2_bad_preface(struct kvd *k, struct conn *c)
 }
 
 /*
- * Parse and handle every complete frame in c->conn->in.  Stops early when the
+ * Parse and handle every complete frame in h2->conn->in.  Stops early when the
  * output is over its cap (resumed once it drains) or the connection fails.
  */
-static void h2_input(struct kvd *k, struct h2_conn *c)
+static void h2_input(struct kvd *k, struct h2_conn *h2)
 {
 	const uint8_t *p;
 	size_t n, len;
 	unsigned type, flags;
 	uint32_t sid;
 
-	while (!c->conn->is_closing && BUF_LEN(&c->conn->out) < KVD_MAX_OUTPUT) {
-		p = BUF_DATA(&c->conn->in);
-		n = BUF_LEN(&c->conn->in);
+	while (!h2->conn->is_closing && BUF_LEN(&h2->conn->out) < KVD_MAX_OUTPUT) {
+		p = BUF_DATA(&h2->conn->in);
+		n = BUF_LEN(&h2->conn->in);
 		if (!n)
 			break;
-		if (!c->preface_done) { /* the loop chose HTTP/2 when it began with the preface */
+		if (!h2->preface_done) { /* the loop chose HTTP/2 when it began with the preface */
 			if (n < H2_PREFACE_LEN)
 				break;
 			if (memcmp(p, H2_PREFACE, H2_PREFACE_LEN)) {
-				h2_bad_preface(k, c->conn);
+				h2_bad_preface(k, h2->conn);
 				return;
 			}
-			buf_consume(&c->conn->in, H2_PREFACE_LEN);
-			c->preface_done = 1;
-			h2_send_preface(k, c);
+			buf_consume(&h2->conn->in, H2_PREFACE_LEN);
+			h2->preface_done = 1;
+			h2_send_preface(k, h2);
 			continue;
 		}
 		if (n < H2_FRAME_HDR)
@@ -21800,44 +21800,44 @@ static void h2_input(struct kvd *k, struct h2_conn *c)
 		flags = p[4];
 		sid = get_be32(p + 5) & 0x7fffffff;
 		if (len > H2_DEFAULT_FRAME) {
-			h2_fail(c, H2_FRAME_SIZE_ERROR, "frame larger than MAX_FRAME_SIZE");
+			h2_fail(h2, H2_FRAME_SIZE_ERROR, "frame larger than MAX_FRAME_SIZE");
 			return;
 		}
 		if (n < H2_FRAME_HDR + len)
 			break;
 		p += H2_FRAME_HDR;
-		if (!c->settings_seen && type != H2_SETTINGS) {
-			h2_fail(c, H2_PROTOCOL_ERROR, "first frame is not SETTINGS");
+		if (!h2->settings_seen && type != H2_SETTINGS) {
+			h2_fail(h2, H2_PROTOCOL_ERROR, "first frame is not SETTINGS");
 			return;
 		}
-		if (c->hblk_sid && type != H2_CONTINUATION) {
-			h2_fail(c, H2_PROTOCOL_ERROR, "frame inside a header block");
+		if (h2->hblk_sid && type != H2_CONTINUATION) {
+			h2_fail(h2, H2_PROTOCOL_ERROR, "frame inside a header block");
 			return;
 		}
 		switch (type) {
-		case H2_DATA: h2_on_data(k, c, flags, sid, p, len); break;
-		case H2_HEADERS: h2_on_headers(k, c, flags, sid, p, len); break;
-		case H2_PRIORITY: h2_on_priority(c, sid, p, len); break;
-		case H2_RST_STREAM: h2_on_rst(c, sid, len); break;
-		case H2_SETTINGS: h2_on_settings(k, c, flags, sid, p, len); break;
-		case H2_PUSH_PROMISE: h2_fail(c, H2_PROTOCOL_ERROR, "PUSH_PROMISE from a client"); break;
-		case H2_PING: h2_on_ping(k, c, flags, sid, p, len); break;
+		case H2_DATA: h2_on_data(k, h2, flags, sid, p, len); break;
+		case H2_HEADERS: h2_on_headers(k, h2, flags, sid, p, len); break;
+		case H2_PRIORITY: h2_on_priority(h2, sid, p, len); break;
+		case H2_RST_STREAM: h2_on_rst(h2, sid, len); break;
+		case H2_SETTINGS: h2_on_settings(k, h2, flags, sid, p, len); break;
+		case H2_PUSH_PROMISE: h2_fail(h2, H2_PROTOCOL_ERROR, "PUSH_PROMISE from a client"); break;
+		case H2_PING: h2_on_ping(k, h2, flags, sid, p, len); break;
 		case H2_GOAWAY:
 			if (sid)
-				h2_fail(c, H2_PROTOCOL_ERROR, "GOAWAY on a stream");
+				h2_fail(h2, H2_PROTOCOL_ERROR, "GOAWAY on a stream");
 			else if (len < 8)
-				h2_fail(c, H2_FRAME_SIZE_ERROR, "short GOAWAY");
+				h2_fail(h2, H2_FRAME_SIZE_ERROR, "short GOAWAY");
 			else
-				h2_goaway_final(c); /* the client leaves: finish and close */
+				h2_goaway_final(h2); /* the client leaves: finish and close */
 			break;
-		case H2_WINDOW_UPDATE: h2_on_window_update(c, sid, p, len); break;
-		case H2_CONTINUATION: h2_on_continuation(k, c, flags, sid, p, len); break;
+		case H2_WINDOW_UPDATE: h2_on_window_update(h2, sid, p, len); break;
+		case H2_CONTINUATION: h2_on_continuation(k, h2, flags, sid, p, len); break;
 		default: break; /* unknown frame types are ignored (5.5) */
 		}
-		buf_consume(&c->conn->in, H2_FRAME_HDR + len);
+		buf_consume(&h2->conn->in, H2_FRAME_HDR + len);
 	}
 	if (k->cfg.idle_timeout_ms)
-		util_wake_by(k, c->conn->t_active + (int64_t)k->cfg.idle_timeout_ms);
+		util_wake_by(k, h2->conn->t_active + (int64_t)k->cfg.idle_timeout_ms);
 }
 
 /* ---- frames out: HEADERS, DATA, trailers --------------------------------- */
@@ -21866,34 +21866,34 @@ static size_t h2_pct_encode(const char *msg, char *out, size_t cap)
  * been made before) as one HEADERS frame, after the dynamic table size
  * update the peer's SETTINGS asked for (need_tsu: cleared only once a
  * block is queued).  0, or KVD_ENOMEM with nothing queued. */
-static int h2_send_block(struct h2_conn *c, uint32_t sid, const struct kvd_buf *b, int end)
+static int h2_send_block(struct h2_conn *h2, uint32_t sid, const struct kvd_buf *b, int end)
 {
-	struct kvd *k = c->k;
+	struct kvd *k = h2->k;
 	struct kvd_buf t = {0};
 	unsigned flags = H2_F_END_HEADERS | (end ? H2_F_END_STREAM : 0);
 	int r;
 
 	if (b->err)
 		return KVD_ENOMEM;
-	if (c->need_tsu) {
+	if (h2->need_tsu) {
 		buf_append(k, &t, "\x20", 1);
 		buf_append(k, &t, BUF_DATA(b), BUF_LEN(b));
-		r = t.err ? KVD_ENOMEM : h2_frame(c, H2_HEADERS, flags, sid, BUF_DATA(&t), BUF_LEN(&t));
+		r = t.err ? KVD_ENOMEM : h2_frame(h2, H2_HEADERS, flags, sid, BUF_DATA(&t), BUF_LEN(&t));
 		buf_free(k, &t);
 	} else {
-		r = h2_frame(c, H2_HEADERS, flags, sid, BUF_DATA(b), BUF_LEN(b));
+		r = h2_frame(h2, H2_HEADERS, flags, sid, BUF_DATA(b), BUF_LEN(b));
 	}
 	if (r)
 		return r;
-	c->need_tsu = 0;
-	c->sent_since_ping = 1;
+	h2->need_tsu = 0;
+	h2->sent_since_ping = 1;
 	return 0;
 }
 
 /* Response HEADERS (and, for Trailers-Only, the status fields). */
-static int h2_send_headers(struct h2_conn *c, struct h2_stream *s, int with_status, int end)
+static int h2_send_headers(struct h2_conn *h2, struct h2_stream *s, int with_status, int end)
 {
-	struct kvd *k = c->k;
+	struct kvd *k = h2->k;
 	struct kvd_buf b = {0};
 	char code[8], msg[1024];
 	int r;
@@ -21911,7 +21911,7 @@ static int h2_send_headers(struct h2_conn *c, struct h2_stream *s, int with_stat
 		h2_pct_encode(s->call.status_msg ? s->call.status_msg : "", msg, sizeof msg);
 		hp_put_field(k, &b, 0, "grpc-message", msg, strlen(msg));
 	}
-	r = h2_send_block(c, s->id, &b, end);
+	r = h2_send_block(h2, s->id, &b, end);
 	buf_free(k, &b);
 	if (r)
 		return r; /* nothing was queued: the same block is made again on the next flush */
@@ -21926,14 +21926,14 @@ static int h2_send_headers(struct h2_conn *c, struct h2_stream *s, int with_stat
  * 0 while b waits (for a window: the stall clock runs, h2_timers; or for
  * room), 1 once b is empty, 2 once it is empty and the stream ended.
  */
-static int h2_send_data(struct kvd *k, struct h2_conn *c, struct h2_stream *s, struct kvd_buf *b, int fin)
+static int h2_send_data(struct kvd *k, struct h2_conn *h2, struct h2_stream *s, struct kvd_buf *b, int fin)
 {
 	int64_t room;
 	size_t n;
 	int last = 0;
 
-	while (BUF_LEN(b) && BUF_LEN(&c->conn->out) < KVD_MAX_OUTPUT) {
-		room = KVD_MIN(c->send_window, s->send_window);
+	while (BUF_LEN(b) && BUF_LEN(&h2->conn->out) < KVD_MAX_OUTPUT) {
+		room = KVD_MIN(h2->send_window, s->send_window);
 		if (room <= 0) {
 			if (!s->stalled_since) {
 				s->stalled_since = k->now ? k->now : 1;
@@ -21942,14 +21942,14 @@ static int h2_send_data(struct kvd *k, struct h2_conn *c, struct h2_stream *s, s
 			}
 			return 0;
 		}
-		n = KVD_MIN(BUF_LEN(b), (size_t)KVD_MIN(room, (int64_t)c->peer_max_frame));
+		n = KVD_MIN(BUF_LEN(b), (size_t)KVD_MIN(room, (int64_t)h2->peer_max_frame));
 		last = fin && n == BUF_LEN(b);
-		if (h2_frame(c, H2_DATA, last ? H2_F_END_STREAM : 0, s->id, BUF_DATA(b), n))
+		if (h2_frame(h2, H2_DATA, last ? H2_F_END_STREAM : 0, s->id, BUF_DATA(b), n))
 			return 0;
 		buf_consume(b, n);
-		c->send_window -= (int64_t)n;
+		h2->send_window -= (int64_t)n;
 		s->send_window -= (int64_t)n;
-		c->sent_since_ping = 1;
+		h2->sent_since_ping = 1;
 	}
 	s->stalled_since = 0;
 	if (BUF_LEN(b))
@@ -21959,69 +21959,69 @@ static int h2_send_data(struct kvd *k, struct h2_conn *c, struct h2_stream *s, s
 }
 
 /*
- * Move what stream s may send into c->conn->out: response HEADERS, DATA within
+ * Move what stream s may send into h2->conn->out: response HEADERS, DATA within
  * min(connection window, stream window, peer frame size), then trailers.  A
  * producing stream (RangeStream, Watch, Snapshot, Observe) makes its next message only
  * when its queue is empty and the window is open, so a slow reader holds one
  * message, not the whole answer.  Returns 1 when the stream ended and was freed.
  */
-static int h2_stream_send(struct kvd *k, struct h2_conn *c, struct h2_stream *s)
+static int h2_stream_send(struct kvd *k, struct h2_conn *h2, struct h2_stream *s)
 {
 	int64_t room;
 
 #ifndef KVD_NO_HTTP
 	if (s->hx)
-		return http_h2_send(k, c, s);
+		return http_h2_send(k, h2, s);
 #endif
 	if (KVD_NEVER(s->call.held)) /* the durability contract: see loop_log_flush */
 		return 0;
 	for (;;) {
-		room = KVD_MIN(c->send_window, s->send_window);
-		if (!BUF_LEN(&s->call.out) && s->call.produce && !s->call.finished && room > 0 && BUF_LEN(&c->conn->out) < KVD_MAX_OUTPUT) {
+		room = KVD_MIN(h2->send_window, s->send_window);
+		if (!BUF_LEN(&s->call.out) && s->call.produce && !s->call.finished && room > 0 && BUF_LEN(&h2->conn->out) < KVD_MAX_OUTPUT) {
 			s->call.m->on_produce(k, &s->call);
 			if (!BUF_LEN(&s->call.out) && !s->call.finished)
 				return 0; /* nothing more for now */
 		}
 		if (!s->hdrs_sent) {
 			if (s->call.finished && !BUF_LEN(&s->call.out)) { /* Trailers-Only */
-				if (h2_send_headers(c, s, 1, 1))
+				if (h2_send_headers(h2, s, 1, 1))
 					return 0;
 				goto ended;
 			}
-			if (!BUF_LEN(&s->call.out) || h2_send_headers(c, s, 0, 0))
+			if (!BUF_LEN(&s->call.out) || h2_send_headers(h2, s, 0, 0))
 				return 0;
 		}
-		if (!h2_send_data(k, c, s, &s->call.out, 0))
+		if (!h2_send_data(k, h2, s, &s->call.out, 0))
 			return 0;
 		if (s->call.finished)
 			break;
-		if (!s->call.produce || BUF_LEN(&c->conn->out) >= KVD_MAX_OUTPUT ||
-		    KVD_MIN(c->send_window, s->send_window) <= 0)
+		if (!s->call.produce || BUF_LEN(&h2->conn->out) >= KVD_MAX_OUTPUT ||
+		    KVD_MIN(h2->send_window, s->send_window) <= 0)
 			return 0; /* the next message waits for room */
 	}
-	if (h2_send_headers(c, s, 1, 1))
+	if (h2_send_headers(h2, s, 1, 1))
 		return 0;
 ended:
 	if (!s->remote_closed) /* early server closure (gRPC over HTTP/2) */
-		h2_rst(c, s->id, H2_NO_ERROR);
-	h2_stream_close(c, s);
+		h2_rst(h2, s->id, H2_NO_ERROR);
+	h2_stream_close(h2, s);
 	return 1;
 }
 
 /* Send what every stream can; round-robin start for fairness. */
-static void h2_flush(struct kvd *k, struct h2_conn *c)
+static void h2_flush(struct kvd *k, struct h2_conn *h2)
 {
 	unsigned i, start, n;
 
-	if (c->conn->is_closing)
+	if (h2->conn->is_closing)
 		return;
-	n = c->nst;
+	n = h2->nst;
 	if (!n)
 		return;
-	start = c->rr++ % n;
-	for (i = 0; i < n && c->nst; i++) {
-		unsigned idx = (start + i) % c->nst;
-		h2_stream_send(k, c, c->st[idx]);
+	start = h2->rr++ % n;
+	for (i = 0; i < n && h2->nst; i++) {
+		unsigned idx = (start + i) % h2->nst;
+		h2_stream_send(k, h2, h2->st[idx]);
 	}
 }
 
@@ -22034,43 +22034,43 @@ static void h2_flush(struct kvd *k, struct h2_conn *c)
  * closed; pings, window updates and settings are not progress, so they
  * cannot hold a connection slot.
  */
-static int h2_busy(const struct h2_conn *c)
+static int h2_busy(const struct h2_conn *h2)
 {
 	unsigned i;
 
-	for (i = 0; i < c->nst; i++)
-		if (c->st[i]->call.got_msg)
+	for (i = 0; i < h2->nst; i++)
+		if (h2->st[i]->call.got_msg)
 			return 1;
 	return 0;
 }
 
 /* Per-connection timers; returns the next time this connection needs a look. */
-static int64_t h2_timers(struct kvd *k, struct h2_conn *c)
+static int64_t h2_timers(struct kvd *k, struct h2_conn *h2)
 {
 	int64_t next = INT64_MAX, now = k->now;
 	unsigned i;
 
-	if (!c->settings_seen) {
-		if (now - c->conn->t_open >= KVD_PREFACE_TIMEOUT_MS) {
-			c->conn->is_closing = c->goaway_sent = 1; /* never spoke HTTP/2 */
+	if (!h2->settings_seen) {
+		if (now - h2->conn->t_open >= KVD_PREFACE_TIMEOUT_MS) {
+			h2->conn->is_closing = h2->goaway_sent = 1; /* never spoke HTTP/2 */
 			return next;
 		}
-		next = c->conn->t_open + KVD_PREFACE_TIMEOUT_MS;
+		next = h2->conn->t_open + KVD_PREFACE_TIMEOUT_MS;
 	}
-	if (c->draining && !c->goaway_sent) {
-		if (now - c->t_drain_ping >= 1000)
-			h2_goaway_final(c); /* no PING ACK: go on without it */
+	if (h2->draining && !h2->goaway_sent) {
+		if (now - h2->t_drain_ping >= 1000)
+			h2_goaway_final(h2); /* no PING ACK: go on without it */
 		else
-			next = KVD_MIN(next, c->t_drain_ping + 1000);
+			next = KVD_MIN(next, h2->t_drain_ping + 1000);
 	}
-	if (k->cfg.idle_timeout_ms && c->settings_seen && !c->conn->is_closing && !h2_busy(c)) {
-		if (now - c->conn->t_active >= (int64_t)k->cfg.idle_timeout_ms)
-			h2_fail(c, H2_NO_ERROR, "max_idle");
+	if (k->cfg.idle_timeout_ms && h2->settings_seen && !h2->conn->is_closing && !h2_busy(h2)) {
+		if (now - h2->conn->t_active >= (int64_t)k->cfg.idle_timeout_ms)
+			h2_fail(h2, H2_NO_ERROR, "max_idle");
 		else
-			next = KVD_MIN(next, c->conn->t_active + (int64_t)k->cfg.idle_timeout_ms);
+			next = KVD_MIN(next, h2->conn->t_active + (int64_t)k->cfg.idle_timeout_ms);
 	}
-	for (i = 0; i < c->nst; i++) {
-		struct h2_stream *s = c->st[i];
+	for (i = 0; i < h2->nst; i++) {
+		struct h2_stream *s = h2->st[i];
 		if (s->call.deadline && !s->call.finished) {
 			if (now * 1000 >= s->call.deadline)
 				call_finish(k, &s->call, GRPC_DEADLINE_EXCEEDED, "context deadline exceeded");
@@ -22080,9 +22080,9 @@ static int64_t h2_timers(struct kvd *k, struct h2_conn *c)
 		if (s->stalled_since && k->cfg.stall_timeout_ms) {
 			if (now - s->stalled_since >= (int64_t)k->cfg.stall_timeout_ms) {
 				kvd_log(k, KVD_LOG_INFO, "%s: stream %u stalled on a zero window, reset",
-				        c->conn->peer, s->id);
-				h2_rst(c, s->id, H2_CANCEL);
-				h2_stream_close(c, s);
+				        h2->conn->peer, s->id);
+				h2_rst(h2, s->id, H2_CANCEL);
+				h2_stream_close(h2, s);
 				i--;
 				continue;
 			}
@@ -22094,55 +22094,55 @@ static int64_t h2_timers(struct kvd *k, struct h2_conn *c)
 
 /* Begin a graceful shutdown of c (6.8): GOAWAY(2^31-1), PING, then the real
  * last stream id once the PING comes back. */
-static void h2_drain(struct kvd *k, struct h2_conn *c)
+static void h2_drain(struct kvd *k, struct h2_conn *h2)
 {
 	uint8_t p[8];
 
-	if (c->draining || c->goaway_sent)
+	if (h2->draining || h2->goaway_sent)
 		return;
-	if (!c->settings_seen) {
-		c->conn->is_closing = c->goaway_sent = 1;
+	if (!h2->settings_seen) {
+		h2->conn->is_closing = h2->goaway_sent = 1;
 		return;
 	}
-	c->draining = 1;
+	h2->draining = 1;
 	put_be32(p, 0x7fffffff);
 	put_be32(p + 4, H2_NO_ERROR);
-	h2_frame(c, H2_GOAWAY, 0, 0, p, 8);
-	h2_frame(c, H2_PING, 0, 0, h2_stop_ping, 8);
-	c->t_drain_ping = k->now;
+	h2_frame(h2, H2_GOAWAY, 0, 0, p, 8);
+	h2_frame(h2, H2_PING, 0, 0, h2_stop_ping, 8);
+	h2->t_drain_ping = k->now;
 	util_wake_by(k, k->now + 1000);
 }
 
 /* HTTP/2 on connection cn (its first bytes were the preface). */
 static struct h2_conn *h2_conn_new(struct kvd *k, struct conn *cn)
 {
-	struct h2_conn *c = kvd_calloc(k, sizeof *c);
+	struct h2_conn *h2 = kvd_calloc(k, sizeof *h2);
 
-	if (!c)
+	if (!h2)
 		return NULL;
-	c->k = k;
-	c->conn = cn;
-	hp_table_init(&c->dec);
-	c->send_window = H2_DEFAULT_WINDOW;
-	c->recv_window = H2_DEFAULT_WINDOW;
-	c->peer_max_frame = H2_DEFAULT_FRAME;
-	c->peer_init_window = H2_DEFAULT_WINDOW;
-	bucket_init(&c->rst, KVD_RST_RATE * 2, k->now);
-	bucket_init(&c->glitch, KVD_GLITCH_RATE * 10, k->now);
+	h2->k = k;
+	h2->conn = cn;
+	hp_table_init(&h2->dec);
+	h2->send_window = H2_DEFAULT_WINDOW;
+	h2->recv_window = H2_DEFAULT_WINDOW;
+	h2->peer_max_frame = H2_DEFAULT_FRAME;
+	h2->peer_init_window = H2_DEFAULT_WINDOW;
+	bucket_init(&h2->rst, KVD_RST_RATE * 2, k->now);
+	bucket_init(&h2->glitch, KVD_GLITCH_RATE * 10, k->now);
 	util_wake_by(k, cn->t_open + KVD_PREFACE_TIMEOUT_MS);
-	return c;
+	return h2;
 }
 
-static void h2_conn_free(struct kvd *k, struct h2_conn *c)
+static void h2_conn_free(struct kvd *k, struct h2_conn *h2)
 {
-	if (!c)
+	if (!h2)
 		return;
-	while (c->nst)
-		h2_stream_close(c, c->st[c->nst - 1]);
-	kvd_free(k, c->st);
-	kvd_free(k, c->hblk);
-	hp_table_free(k, &c->dec);
-	kvd_free(k, c);
+	while (h2->nst)
+		h2_stream_close(h2, h2->st[h2->nst - 1]);
+	kvd_free(k, h2->st);
+	kvd_free(k, h2->hblk);
+	hp_table_free(k, &h2->dec);
+	kvd_free(k, h2);
 }
 
 /* HTTP/2 as one of the protocols a connection may speak (section 36). */
@@ -22157,11 +22157,11 @@ static void h2_proto_stop(struct kvd *k, struct conn *c)
 }
 static void h2_proto_evict(struct kvd *k, struct conn *c)
 {
-	struct h2_conn *h = c->ps;
+	struct h2_conn *h2 = c->ps;
 
 	(void)k;
-	if (h->settings_seen)
-		h2_fail(h, H2_NO_ERROR, "too_many_connections");
+	if (h2->settings_seen)
+		h2_fail(h2, H2_NO_ERROR, "too_many_connections");
 }
 static int h2_proto_busy(const struct conn *c) { return h2_busy(c->ps); }
 static int h2_proto_shed(struct kvd *k, struct conn *c) { return h2_shed(k, c->ps); }
@@ -26287,13 +26287,13 @@ static void http_h2_begin(struct kvd *k, struct h2_stream *s, const struct h2_re
 	unsigned i;
 
 	if (!x) {
-		h2_rst(s->c, s->id, H2_REFUSED_STREAM);
-		h2_stream_close(s->c, s);
+		h2_rst(s->h2, s->id, H2_REFUSED_STREAM);
+		h2_stream_close(s->h2, s);
 		return;
 	}
 	k->st.http_requests++;
 	s->hx = x;
-	x->c = s->c->conn;
+	x->c = s->h2->conn;
 	x->s = s;
 	x->minor = 1;
 	x->call = &s->call;
@@ -26346,7 +26346,7 @@ static void http_h2_data(struct kvd *k, struct h2_stream *s, const uint8_t *p, s
 
 /* Move what the HTTP answer of s has into frames, within the windows, as
  * h2_stream_send does for gRPC.  1 when the stream ended and was freed. */
-static int http_h2_send(struct kvd *k, struct h2_conn *c, struct h2_stream *s)
+static int http_h2_send(struct kvd *k, struct h2_conn *h2, struct h2_stream *s)
 {
 	struct http_x *x = s->hx;
 	int end;
@@ -26357,15 +26357,15 @@ static int http_h2_send(struct kvd *k, struct h2_conn *c, struct h2_stream *s)
 		if (x->in_call)
 			gw_flush(k, x);
 		if (x->head.err || x->data.err || x->trailer.err) { /* out of memory: no half answer (invariant 3) */
-			h2_rst(c, s->id, H2_INTERNAL_ERROR);
-			h2_stream_close(c, s);
+			h2_rst(h2, s->id, H2_INTERNAL_ERROR);
+			h2_stream_close(h2, s);
 			return 1;
 		}
 		if (!BUF_LEN(&x->head) && !BUF_LEN(&x->data) && !x->ended)
 			return 0; /* nothing yet: a stream waits for its next message */
 		if (BUF_LEN(&x->head)) {
 			end = x->ended && !BUF_LEN(&x->data) && !BUF_LEN(&x->trailer);
-			if (h2_send_block(c, s->id, &x->head, end))
+			if (h2_send_block(h2, s->id, &x->head, end))
 				return 0;
 			buf_free(k, &x->head);
 			s->hdrs_sent = 1;
@@ -26374,14 +26374,14 @@ static int http_h2_send(struct kvd *k, struct h2_conn *c, struct h2_stream *s)
 		}
 		if (!s->hdrs_sent)
 			return 0;
-		if (!(end = h2_send_data(k, c, s, &x->data, x->ended && !BUF_LEN(&x->trailer))))
+		if (!(end = h2_send_data(k, h2, s, &x->data, x->ended && !BUF_LEN(&x->trailer))))
 			return 0;
 		if (end == 2)
 			goto ended;
 		if (x->ended)
 			break;
 	}
-	if (BUF_LEN(&x->trailer) ? h2_send_block(c, s->id, &x->trailer, 1) : h2_frame(c, H2_DATA, H2_F_END_STREAM, s->id, "", 0))
+	if (BUF_LEN(&x->trailer) ? h2_send_block(h2, s->id, &x->trailer, 1) : h2_frame(h2, H2_DATA, H2_F_END_STREAM, s->id, "", 0))
 		return 0;
 ended:
 	/* answered before the request ended: a body that is declared and that the
@@ -26395,8 +26395,8 @@ ended:
 		return 0;
 	}
 	if (!s->remote_closed)
-		h2_rst(c, s->id, H2_NO_ERROR);
-	h2_stream_close(c, s);
+		h2_rst(h2, s->id, H2_NO_ERROR);
+	h2_stream_close(h2, s);
 	return 1;
 }
 
