@@ -1366,6 +1366,18 @@ KVD_RESIDENT static int64_t util_now_ms(void)
 	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
+/* Long work (a replay, an import, a rewrite, a snapshot) says how far it is
+ * this often, so a slow board's operator sees it working: 1 when a line is
+ * due now (and *said moves to now), else 0. */
+#define UTIL_PROGRESS_MS 5000
+KVD_RESIDENT static int util_progress_due(int64_t now, int64_t *said)
+{
+	if (now - *said < UTIL_PROGRESS_MS)
+		return 0;
+	*said = now;
+	return 1;
+}
+
 /* Seconds since the epoch as UTC's calendar (proleptic Gregorian): what
  * gmtime_r gives, without libc's time-zone code, which a static musl build
  * would carry only for it (~8 KB; kvd needs UTC alone: log lines, HTTP's
@@ -7100,7 +7112,6 @@ static uint64_t mvcc_next_valid(struct kvd *k, struct mvcc *m, uint64_t from, ui
 }
 
 #define MVCC_REPLAY_SAY (4u << 20)    /* a log this large: its replay says it begins */
-#define MVCC_REPLAY_EVERY_MS 5000     /* ...and how far it is, this often */
 
 /*
  * --salvage-log: the log is damaged at keep, yet valid records follow at
@@ -7192,12 +7203,10 @@ static int mvcc_replay(struct kvd *k, struct mvcc *m, uint64_t size, char *err, 
 	while ((r = mvcc_read_rec(k, &rd, &rec, &why)) == 1) {
 		if (!(++nrec & 1023))
 			mvcc_test_slow();
-		if (!(nrec & 1023) && util_now_ms() - said >= MVCC_REPLAY_EVERY_MS) { /* a slow board: it works */
-			said = util_now_ms();
+		if (!(nrec & 1023) && util_progress_due(util_now_ms(), &said))
 			kvd_log(k, KVD_LOG_INFO, "replaying the log: %llu of %llu bytes (%u%%), revision %lld",
 			        (unsigned long long)rec.off, (unsigned long long)size, (unsigned)(rec.off * 100 / size),
 			        (long long)m->rev);
-		}
 		if ((r = mvcc_replay_record(k, m, &rec, &why))) {
 			if (r == KVD_ENOMEM)
 				snprintf(err, errlen, "out of memory replaying the log");
@@ -9650,10 +9659,9 @@ static void life_rw_step(struct kvd *k)
 	}
 	rw->steps++;
 	mvcc_test_slow();
-	if (k->now - rw->said >= MVCC_REPLAY_EVERY_MS) { /* a long one on a slow board: how far it is */
+	if (util_progress_due(k->now, &rw->said)) {
 		static const char *const ph[] = {"starting", "leases", "writing the live keys", "finding their ops",
 		                                 "copying the history"};
-		rw->said = k->now;
 		if (rw->phase == LIFE_BASE)
 			kvd_log(k, KVD_LOG_INFO, "log rewrite: %s, %zu of %zu keys, %llu bytes written", ph[rw->phase],
 			        rw->si, rw->nsnap, (unsigned long long)rw->size);
@@ -10827,12 +10835,10 @@ static int snap_chunk(struct kvd *k, struct snap *s, const uint8_t **p, size_t *
 		s->said = util_now_ms();
 	}
 	mvcc_test_slow();
-	if (util_now_ms() - s->said >= MVCC_REPLAY_EVERY_MS) { /* a long one on a slow board: how far it is */
-		s->said = util_now_ms();
+	if (util_progress_due(util_now_ms(), &s->said))
 		kvd_log(k, KVD_LOG_INFO, "snapshot at revision %lld: %llu of %llu bytes (%u%%)", (long long)s->rev,
 		        (unsigned long long)s->sent, (unsigned long long)s->pgid * SNAP_PAGE,
 		        (unsigned)(s->sent * 100 / (s->pgid * SNAP_PAGE)));
-	}
 	s->chunk.rd = s->chunk.len = 0;
 	if (buf_reserve(k, &s->chunk, SNAP_CHUNK))
 		return KVD_ENOMEM;
@@ -11469,11 +11475,9 @@ static int snap_imp_key(struct kvd *k, void *arg, const uint8_t *key, size_t kn,
 		lease = kv->lease;
 	if (!(++im->records & 1023)) {
 		mvcc_test_slow();
-		if (util_now_ms() - im->said >= MVCC_REPLAY_EVERY_MS) { /* a long one on a slow board: how far it is */
-			im->said = util_now_ms();
+		if (util_progress_due(util_now_ms(), &im->said))
 			kvd_log(k, KVD_LOG_INFO, "importing: %llu key records so far, revision %lld, %llu bytes written",
 			        (unsigned long long)im->records, (long long)main_rev, (unsigned long long)im->size);
-		}
 	}
 	if (main_rev <= im->c) { /* what compaction left: the key's state at C */
 		if (tomb) {
