@@ -5823,13 +5823,13 @@ static void mvcc_slab_close(struct kvd *k)
  * backward shift, at most 3/4 full).
  *
  * Invariants:
- *   1. A record is MVCC_EXT exactly when it has an m->ext slot; then the
+ *   4. A record is MVCC_EXT exactly when it has an m->ext slot; then the
  *      slot's numbers are its numbers, and its own cdelta/ver mean nothing.
- *   2. A slot, once made, stays until its record is freed (mvcc_free_key),
+ *   5. A slot, once made, stays until its record is freed (mvcc_free_key),
  *      even when the numbers would fit again: an undo that puts back a
  *      lease never needs memory.  A put reserves its slot first
  *      (mvcc_ext_reserve), so mvcc_k_set cannot fail.
- *   3. A dead record (no MVCC_LIVE) reads as create, version and lease 0.
+ *   6. A dead record (no MVCC_LIVE) reads as create, version and lease 0.
  */
 
 static size_t mvcc_ext_hash(const struct mvcc_key *r)
@@ -6051,7 +6051,7 @@ static void mvcc_save(const struct mvcc *m, struct mvcc_was *w, const struct mvc
 }
 
 /* Put back what mvcc_save kept: the record had those numbers then, so it
- * has the slot they need (invariant 2 of the side table). */
+ * has the slot they need: see [§9.5]. */
 static void mvcc_restore(struct kvd *k, struct mvcc_key *r, const struct mvcc_was *w)
 {
 	lease_rebind(k, r, mvcc_k_lease(&k->db, r), w->lease);
@@ -8381,7 +8381,7 @@ static Authpb__Role *auth_role(struct kvd *k, const char *name)
 }
 
 /* Has u the role named role[0..n)?  A stored role name holds no NUL
- * (section 5's invariant 5), so its strlen is its length. */
+ * (see [§5.5]), so its strlen is its length. */
 static int auth_has_role_n(const Authpb__User *u, const void *role, size_t n)
 {
 	size_t i;
@@ -15902,7 +15902,7 @@ static void svc_auth_user_add(struct kvd *k, struct call *call)
 		;
 	else if (!pb_str(rq->name).n)
 		svc_fail(&e, GRPC_INVALID_ARGUMENT, E_USER_EMPTY);
-	else if (pb_str_nul(rq->name)) /* etcd takes it; kvd keeps no such name (section 5, invariant 5) */
+	else if (pb_str_nul(rq->name)) /* etcd takes it; kvd keeps no such name (see [§5.5]) */
 		svc_fail(&e, GRPC_INVALID_ARGUMENT, E_NAME_NUL);
 	else if (auth_user(k, rq->name))
 		svc_fail(&e, GRPC_FAILED_PRECONDITION, E_USER_EXISTS);
@@ -16123,7 +16123,7 @@ static void svc_auth_role_add(struct kvd *k, struct call *call)
 		;
 	else if (!pb_str(rq->name).n)
 		svc_fail(&e, GRPC_INVALID_ARGUMENT, E_ROLE_EMPTY);
-	else if (pb_str_nul(rq->name)) /* etcd takes it; kvd keeps no such name (section 5, invariant 5) */
+	else if (pb_str_nul(rq->name)) /* etcd takes it; kvd keeps no such name (see [§5.5]) */
 		svc_fail(&e, GRPC_INVALID_ARGUMENT, E_NAME_NUL);
 	else if (auth_role(k, rq->name))
 		svc_fail(&e, GRPC_FAILED_PRECONDITION, E_ROLE_EXISTS);
@@ -26360,7 +26360,7 @@ static int http_h2_send(struct kvd *k, struct h2_conn *h2, struct h2_stream *s)
 	for (;;) {
 		if (x->in_call)
 			gw_flush(k, x);
-		if (x->head.err || x->data.err || x->trailer.err) { /* out of memory: no half answer (invariant 3) */
+		if (x->head.err || x->data.err || x->trailer.err) { /* out of memory: no half answer: see [§35.3] */
 			h2_rst(h2, s->id, H2_INTERNAL_ERROR);
 			h2_stream_close(h2, s);
 			return 1;
