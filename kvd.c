@@ -173,17 +173,32 @@
  * call): auth never reaches into TLS.
  *
  * WHERE IS ... the main paths, as the functions a reader follows (`make toc`
- * checks that each is defined in the section its § names):
- *   - a durable write: h2_on_data §29 > grpc_on_data §30 > call_message §16 >
- *     svc_put_rpc §19 > mvcc_put §10 > call_finish §16 (the reply held: call_hold §16)
- *     > loop_log_flush §36 > mvcc_flush §10 (pwrite, fdatasync) > the reply released
- *     > h2_stream_send §29 > net_write §36
- *   - a read: grpc_on_data §30 > call_message §16 > svc_range_rpc §19 > svc_range §19
- *     (mvcc_seek §9, mvcc_visible §8) > svc_kvs §19 (mvcc_pread §8) > call_reply §16
- *     > h2_stream_send §29
- *   - a watch event, commit to socket: mvcc_txn_end §10 > loop_log_flush §36 >
- *     mvcc_flush §10 > watch_batch §25 > watch_live_record §25 > watch_match §25 >
- *     watch_emit_live §25 > h2_stream_send §29
+ * checks that each is defined in the section its § names).  The three
+ * request paths are listed layer by layer, so that they read down the file
+ * (`make toc` holds the durable write to at most two hops back up and 1.5
+ * files of travel; `toc.py --paths` measures every path); the others, in
+ * the order they run:
+ *   - a durable write, layer by layer: mvcc_put §10 (the record joins the
+ *     open batch) > mvcc_flush §10 (one pwrite, one fdatasync: the batch is
+ *     durable) > call_hold §16 (a reply that shows it waits for that) >
+ *     call_finish §16 > call_message §16 (a request message to its handler)
+ *     > svc_put_rpc §19 (Put) > h2_on_data §29 (its DATA frame) >
+ *     h2_stream_send §29 (the reply, once released, as windows allow) >
+ *     grpc_on_data §30 (gRPC's message prefix) > net_write §36 >
+ *     loop_log_flush §36 (the flush, before the loop writes replies).  It
+ *     runs the other way: the loop reads (section 36), HTTP/2 and gRPC
+ *     unframe (29, 30), the call routes (16) to Put (19), which writes (10);
+ *     the loop flushes, releases the reply and writes it.
+ *   - a read, layer by layer: mvcc_pread §8 (a value, from the log) >
+ *     mvcc_visible §8 (the op a revision sees) > mvcc_seek §9 (the index,
+ *     from a key) > call_reply §16 > call_message §16 > svc_range §19 (the
+ *     keys in range) > svc_kvs §19 (their values) > svc_range_rpc §19 >
+ *     h2_stream_send §29 > grpc_on_data §30
+ *   - a watch event, layer by layer: mvcc_txn_end §10 (a batch closes) >
+ *     mvcc_flush §10 (it is durable) > watch_emit_live §25 (an event queued
+ *     on its watcher) > watch_match §25 (the watchers a key wakes) >
+ *     watch_live_record §25 (one record's events) > watch_batch §25 (a
+ *     durable batch's records) > h2_stream_send §29 > loop_log_flush §36
  *   - a permission check: svc_range_rpc §19 > auth_who §17 (auth_tok_find §17,
  *     auth_jwt_check §17, or the CN h2_stream_new §29 read with tls_peer_cn §27)
  *     > auth_may §17 > auth_covers §17; for a

@@ -10,6 +10,9 @@
                          there (a name with a section's prefix must be in
                          the code, or a test of test/test.c): stale
                          comments are bugs.
+  toc.py --paths kvd.c   also print, for each path of the map, its hops, how
+                         many go back up the file and how far they travel
+                         (the durable write: at most 2 up, 1.5 files)
   toc.py --write kvd.c   rewrite the TOC's list (and the §N of the map) from
                          the file, then check.
 Prints "toc: ok" or what differs; exits 1 on a difference.
@@ -23,6 +26,9 @@ MAP_LINE = re.compile(r'^ \*   (\S.*?):\s+(.*)$')
 HOP = re.compile(r'(\w+) §(\d+)')
 # functions that are not named by their section's prefix, on purpose
 EXEMPT_PREFIX = ('kvd_', 'main')
+# the map's durable-write path reads down the file: at most this many hops
+# back up, and at most this many files' length travelled
+DURABLE_UPS, DURABLE_TRAVEL = 2, 1.5
 
 
 def parse(lines):
@@ -139,6 +145,26 @@ def main():
                     errors.append('WHERE IS says %s §%s; it is in section %d' % (name, n, fsec[name]))
         lines[i] = l
         i += 1
+    # each path of the map, measured as a reader follows it: the hops that
+    # go back up the file, and the lines travelled, in files
+    paths, cur = [], None
+    for l in lines[b + 1:i]:
+        m = re.match(r'^ \*   - (.*?):', l)
+        if m:
+            cur = [m.group(1), []]
+            paths.append(cur)
+        if cur is not None:
+            cur[1] += [fdefs[n] for n, _ in HOP.findall(l) if n in fdefs]
+    report = []
+    for what, at in paths:
+        ups = sum(1 for x, y in zip(at, at[1:]) if y < x)
+        travel = sum(abs(y - x) for x, y in zip(at, at[1:])) / float(len(lines))
+        report.append('%s: %d hops, %d up, %.2fx the file' % (what.split(',')[0], len(at) - 1, ups, travel))
+        if what.startswith('a durable write') and (ups > DURABLE_UPS or travel > DURABLE_TRAVEL):
+            errors.append('WHERE IS: the durable write goes back up %d times and travels %.2fx the file '
+                          '(at most %d and %.1fx: a reader follows it downward)' % (ups, travel, DURABLE_UPS, DURABLE_TRAVEL))
+    if '--paths' in sys.argv:
+        print('\n'.join('toc: ' + r for r in report))
     # prefixes: each function carries one its section's banner names
     pre = {}
     for n, t in secs:
