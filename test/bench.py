@@ -14,6 +14,7 @@ kvd/etcd ratios (the README records them).
   test/bench.py --only tls                   handshakes, Put/Range over TLS, RSS per idle TLS connection, sizes
   test/bench.py --only auth                  Authenticate/s, Put/Range with a token, RSS of 1000 users and roles
   test/bench.py --only http1                 GET /health, /metrics, gateway Range and Put over HTTP/1.1 (h2load --h1)
+  ... --plot FILE.svg                        also draw the table (kv3, k8s): kvd's ratio to each store per row
 
 The confd rows compare kvd with Debian's ganeti-confd 3.0.2 instead.
 """
@@ -33,6 +34,8 @@ KVD = os.path.abspath(os.environ.get("KVD", os.path.join(ROOT, "kvd")))
 R = pb()["rpc"]
 DISK = "/var/tmp"
 WATCHBENCH = os.path.join(ROOT, "test", "watchbench")
+# what --plot FILE draws (test/lib/plot.py): the rows of the table just printed
+PLOT = {"title": "", "stores": [], "rows": []}
 CONFDBENCH = os.path.join(ROOT, "test", "confdbench")
 
 
@@ -592,6 +595,11 @@ def kv3_rows(n, nkeys):
         ratios = [(vals[2] / v if higher else v / vals[2]) if v > 0 and vals[2] > 0 else float("nan") for v in vals[:2]]
         print("%-40s %13s %13s %13s %9s %9s" % ((name,) + tuple(fmt(v) for v in vals) +
                                                tuple("%.1fx" % r for r in ratios)), flush=True)
+        if unit == "KiB":
+            vals, unit = [v / 1024.0 for v in vals], "MiB"
+        PLOT["rows"].append((name, dict(zip(PLOT["stores"], vals)), unit, higher))
+    PLOT.update(title="kvd against etcd 3.7.3 and 3.4.23: the same h2load calls, fsync on, data on one disk",
+                stores=[x[0] for x in servers])
     row3("idle RSS", [proc(srv.p.pid, "VmRSS") for _, srv in servers], "KiB", higher=False)
     put = grpc_frame(R.PutRequest(key=b"foo", value=b"bar").SerializeToString())
     rng = grpc_frame(R.RangeRequest(key=b"foo").SerializeToString())
@@ -966,6 +974,10 @@ def k8s_rows(scale):
         r = lambda a, b: ("%.1fx" % (a / b)) if a > 0 and b > 0 else "-"
         print("%-34s %16s %16s %16s %9s %9s" % ((what,) + tuple((fmt % x) + " " + unit for x in v) +
                                                   (r(v[0], v[2]), r(v[1], v[2]))), flush=True)
+        if unit:  # every figure with a unit is better lower
+            PLOT["rows"].append((what, dict(zip(names, v)), unit, False))
+    PLOT.update(title="Kubernetes v1.37 on etcd 3.7.3, kine (SQLite) and kvd: the same control plane and load",
+                stores=names)
     line("store RSS, peak", lambda r: r["rss_peak"] / 1024, "MiB")
     line("store RSS, at the end", lambda r: r["rss_end"] / 1024, "MiB")
     line("store CPU", lambda r: r["cpu"], "s")
@@ -1008,6 +1020,23 @@ def hist_q(metrics, name, verb, q):
 
 
 def main(argv):
+    rc = bench(argv)
+    if "--plot" in argv and PLOT["rows"]:
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib"))
+        import plot
+        rev = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True,
+                             text=True).stdout.strip() or "?"
+        sub = "test/bench.py %s, one run on %s, %d CPUs, kvd at %s; raw figures under each row" % (
+            " ".join(a for a in argv[1:] if a != "--plot" and a != argv[argv.index("--plot") + 1]),
+            time.strftime("%Y-%m-%d"), os.cpu_count(), rev)
+        path = argv[argv.index("--plot") + 1]
+        with open(path, "w") as f:
+            f.write(plot.svg(PLOT["title"], sub, PLOT["stores"], PLOT["rows"]))
+        print("plot: %s (%d rows)" % (path, len(PLOT["rows"])))
+    return rc
+
+
+def bench(argv):
     n = int(argv[argv.index("--n") + 1]) if "--n" in argv else 100000
     nkeys = int(argv[argv.index("--keys") + 1]) if "--keys" in argv else 200000
     only = argv[argv.index("--only") + 1] if "--only" in argv else ""
