@@ -233,8 +233,8 @@
  * Invariants:
  *   1. Every knob is #ifndef-guarded, so a value given from outside wins,
  *      and its #ifndef line carries "@@" and says what it bounds: `grep -n
- *      @@ kvd.c` lists them all.  Nothing else checks this: a new knob
- *      keeps both marks.
+ *      @@ kvd.c` lists them all.  test/init.py knobs_are_guarded_and_marked
+ *      holds every KVD_* default to both marks.
  */
 
 #ifdef KVD_CONFIG_FILE
@@ -2023,6 +2023,8 @@ static void share_put(struct kvd *k, struct share *e)
 
 	if (!e || --e->refs)
 		return;
+	/* [§3.5] the last reference gone, the share holds nothing of any pool */
+	(void)KVD_NEVER(e->n[SHARE_CONNS] || e->n[SHARE_HANDSHAKES] || e->n[SHARE_WATCHERS] || e->n[SHARE_INPUT]);
 	for (b = &k->shares.b[share_key_hash(e) & k->shares.mask]; *b; b = &(*b)->next)
 		if (*b == e) {
 			*b = e->next;
@@ -2048,7 +2050,7 @@ static struct share *share_max(struct kvd *k, int kind)
 /* At close: the table (every share went with what referred to it). */
 static void share_fini(struct kvd *k)
 {
-	(void)KVD_ALWAYS(!k->shares.n);
+	(void)KVD_ALWAYS(!k->shares.n); /* [§3.5] none is left at close */
 	kvd_free(k, k->shares.b);
 	k->shares.b = NULL;
 	k->shares.mask = k->shares.n = 0;
@@ -2092,6 +2094,7 @@ static int buf_grow(struct kvd *k, struct kvd_buf *b, size_t n);
  * failure is also remembered in b->err. */
 KVD_RESIDENT static int buf_reserve(struct kvd *k, struct kvd_buf *b, size_t n)
 {
+	(void)KVD_ALWAYS(b->rd <= b->len && b->len <= b->cap); /* [§4.1] the live bytes lie within the block */
 	if (b->cap - b->len >= n)
 		return 0;
 	if (buf_grow(k, b, n)) {
@@ -2106,7 +2109,7 @@ static int buf_grow(struct kvd *k, struct kvd_buf *b, size_t n)
 	size_t live = BUF_LEN(b), cap;
 	uint8_t *p;
 
-	if (!KVD_ALWAYS(!b->lent)) /* a loan must not be reallocated */
+	if (!KVD_ALWAYS(!b->lent)) /* [§4.2] a loan must not be reallocated */
 		return KVD_ENOMEM;
 	if (b->rd && b->cap - live >= n && live <= b->cap / 2) {
 		memmove(b->p, b->p + b->rd, live);
@@ -2150,6 +2153,7 @@ static KVD_UNUSED void buf_reset(struct kvd_buf *b) /* unused with KVD_NO_CONFD 
 
 static void buf_consume(struct kvd_buf *b, size_t n)
 {
+	(void)KVD_ALWAYS(b->rd <= b->len); /* [§4.1] BUF_LEN does not wrap */
 	b->rd += n;
 	if (b->rd >= b->len)
 		b->rd = b->len = 0;
@@ -2157,7 +2161,7 @@ static void buf_consume(struct kvd_buf *b, size_t n)
 
 KVD_RESIDENT static void buf_free(struct kvd *k, struct kvd_buf *b)
 {
-	if (KVD_ALWAYS(!b->lent))
+	if (KVD_ALWAYS(!b->lent)) /* [§2.2] [§4.2] a buffer owns p unless lent: a loan is not freed */
 		kvd_free(k, b->p);
 	memset(b, 0, sizeof *b);
 }
@@ -2556,7 +2560,7 @@ static size_t pb_strip(const ProtobufCMessageDescriptor *d, const uint8_t *p, si
 	for (;;) {
 		while (p == st[depth].end) {
 			if (!depth)
-				return o;
+				return KVD_ALWAYS(o <= n) ? o : (size_t)-1; /* [§5.3] never longer than its input */
 			pb_put_padded(out + st[depth].lenat, o - st[depth].lenat - st[depth].w, st[depth].w);
 			depth--;
 		}
@@ -2684,6 +2688,7 @@ static struct kvd_slice pb_str(const char *s)
 	if (!s || s == protobuf_c_empty_string)
 		return r;
 	n = ((const union mem_hdr *)(const void *)s - 1)->n;
+	/* [§5.5] taken whole: protobuf-c gave the string its wire length + 1 bytes */
 	r.n = KVD_ALWAYS(n && !s[n - 1] && strlen(s) <= n - 1) ? n - 1 : strlen(s);
 	return r;
 }
@@ -7665,6 +7670,7 @@ KVD_RESIDENT static struct lease *lease_new(struct kvd *k, int64_t id, int64_t t
 		return NULL;
 	l->id = id;
 	l->ttl = ttl;
+	(void)KVD_ALWAYS(ttl <= LEASE_MAX_TTL); /* [§2.5] checked when asked for or read back: ttl * 1000 fits */
 	return l;
 }
 
@@ -29185,6 +29191,7 @@ KVD_API void kvd_close(struct kvd *k)
 	util_mbed_release(k);
 	if (k->mem)
 		kvd_log(k, KVD_LOG_WARN, "%zu bytes still allocated at close", k->mem);
+	(void)KVD_NEVER(k->mem); /* [§3.1] every byte kvd took went back (kvd_free, kvd_nfree): k->mem is exact */
 	util_log_close(k);
 	KVD_SYS_FREE(k);
 }

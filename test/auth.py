@@ -409,6 +409,9 @@ def root_token(p):
 
 @test
 def differential_random_sequences():
+    """Four seeded random sequences of auth and KV operations on etcd 3.7.3
+    and kvd: every answer compared, an error by its gRPC code and etcd's text
+    byte for byte. [§2.1]"""
     for seed in (1, 2, 3, 4):
         e, k, pe, pk, g = run_seed(seed, 600)
         # durable: the same users and roles after a restart and after a rewrite
@@ -1326,7 +1329,7 @@ def names_are_whole_with_a_nul():
     as etcd 3.7.3 takes it ("root\0x" is nobody, "root\0" is no role), by
     gRPC and through the gateway's \u0000 alike.  Creating a user or role
     whose name holds a NUL is kvd's one deliberate difference: etcd stores
-    it, kvd refuses it (README: security notes)."""
+    it, kvd refuses it (README: security notes). [§5.5]"""
     srv = {"etcd": Etcd(args=COST), "kvd": Kvd(binary=SAN, args=COST)}
     got = {}
     for name, s in srv.items():

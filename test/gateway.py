@@ -197,6 +197,9 @@ def pair_check(e, k, data, what, n=1):
 
 @test
 def requests_like_etcd():
+    """Hand-picked gateway requests, good and hostile bodies, on etcd 3.7.3
+    and kvd: each answer's JSON (protojson's, from the message) and each
+    refusal's text (protojson's words) compared. [§7.1] [§7.2]"""
     e = Etcd()
     k = Kvd(KVD_TEST)
     cases = [
@@ -369,6 +372,8 @@ GW = {"Range": "/v3/kv/range", "Put": "/v3/kv/put", "DeleteRange": "/v3/kv/delet
 
 @test
 def random_like_etcd():
+    """Random KV requests written as protojson writes them (either field
+    naming) to etcd 3.7.3's gateway and kvd's: the answers alike. [§7.1] [§7.2]"""
     import diff
     from google.protobuf import json_format
     for seed in (11, 12):

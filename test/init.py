@@ -1826,6 +1826,167 @@ def yocto_recipe():
     shutil.rmtree(d)
 
 
+def source_functions(lines):
+    """For each line of C source, the function it lies in (its definition's
+    name), or None outside any: a definition starts at column 0 and is not a
+    prototype."""
+    out, name = [], None
+    for l in lines:
+        m = re.match(r"^[A-Za-z_][^(=;]*?\b(\w+)\(", l)
+        if m and not l.rstrip().endswith(";") and not l.startswith(("#", "struct ", "union ", "enum ")):
+            name = m.group(1)
+        elif l.startswith("}"):
+            out.append(name)
+            name = None
+            continue
+        out.append(name)
+    return out
+
+
+def c_code(line):
+    """A line of C without its comments (a comment opened and not closed on
+    it is cut at its start; lines inside a block comment begin with '*')."""
+    line = re.sub(r"/\*.*?\*/", "", line)
+    line = line.split("/*")[0]
+    return "" if line.lstrip().startswith("*") else line
+
+
+def knob_faults(src):
+    """What breaks section 0's rule in src: every KVD_* default stands under
+    its own #ifndef (a value from outside wins), whose line carries "@@" and
+    words after it.  The few KVD_* constants that are not knobs (sizes of
+    kvd's own tables, what a knob implies) are named here."""
+    not_knobs = {"KVD_NO_JWT", "KVD_UNUSED", "KVD_RESIDENT", "KVD_METRIC_METHODS", "KVD_FSYNC_BUCKETS",
+                 "KVD_COMMIT_BUCKETS", "KVD_HANDLING_BUCKETS"}
+    lines = src.split("\n")
+    faults, stack = [], []  # stack: for each open #if, the knob it guards (or None)
+    for i, l in enumerate(lines):
+        nxt = next((x for x in lines[i + 1:i + 4] if x.strip()), "")
+        m = re.match(r"#\s*ifndef\s+(KVD_\w+)(.*)", l)
+        if re.match(r"#\s*if", l):
+            knob = m.group(1) if m and re.match(r"#\s*define\s+%s\b" % m.group(1), nxt) else None
+            stack.append(knob)
+            if knob and not re.search(r"@@\s*\S+\s+\S+", m.group(2)):
+                faults.append("line %d: %s's #ifndef line does not carry \"@@\" and what it bounds" % (i + 1, knob))
+            continue
+        if re.match(r"#\s*endif", l) and stack:
+            stack.pop()
+            continue
+        d = re.match(r"#\s*define\s+(KVD_\w+)(?!\()\s+\S", l)
+        if d and d.group(1) not in not_knobs and not any(stack):
+            faults.append("line %d: %s is set without an #ifndef guard" % (i + 1, d.group(1)))
+    return faults
+
+
+@test
+def knobs_are_guarded_and_marked():
+    """Every compile-time knob is #ifndef-guarded, so a value given from
+    outside wins, and its #ifndef line carries "@@" and says what it bounds
+    (`grep -n @@ kvd.c` lists them all); a knob planted without the mark,
+    one planted without its guard, are caught. [§0.1]"""
+    src = open(os.path.join(ROOT, "kvd.c")).read()
+    faults = knob_faults(src)
+    check(not faults, "kvd.c: " + "; ".join(faults[:5]))
+    n = len(re.findall(r"^#ifndef KVD_\w+ /\* @@", src, re.M))
+    check(n > 40, "the knobs are found: %d" % n)
+    at = src.index("#ifndef KVD_DEFAULT_MAX_CONNECTIONS")
+    for what, text in (("a knob without @@", src[:at] + "#ifndef KVD_PLANTED\n#define KVD_PLANTED 1\n#endif\n" + src[at:]),
+                       ("a knob without its guard", src[:at] + "#define KVD_PLANTED 1\n" + src[at:]),
+                       ("@@ without words", src[:at] + "#ifndef KVD_PLANTED /* @@ */\n#define KVD_PLANTED 1\n#endif\n"
+                        + src[at:])):
+        check(any("KVD_PLANTED" in f for f in knob_faults(text)), "%s is caught" % what)
+
+
+# Where kvd reads the wall clock, and why: log lines, and what a peer's
+# protocol says in wall-clock time.  Everything else runs on the monotonic
+# clock (util_now_ms, k->now).
+WALL_CLOCK_READERS = {
+    "kvd_log": "log lines",
+    "lease_next_id": "lease ids, as etcd's generator makes them",
+    "auth_jwt_issue": "JWT timestamps",
+    "auth_jwt_check": "JWT timestamps",
+    "svc_member_add": "member ids",
+    "tls_self_signed": "certificates",
+    "confd_wall": "confd timestamps",
+    "http_date": "HTTP dates",
+    "kvd_init": "/metrics' process_start_time_seconds",
+}
+
+
+def clock_faults(src):
+    lines = src.split("\n")
+    fns = source_functions(lines)
+    faults, readers = [], set()
+    for i, l in enumerate(lines):
+        code = c_code(l)
+        if re.search(r"\btime\s*\(\s*(NULL|0|&)|CLOCK_REALTIME|\bgettimeofday\s*\(|\b(localtime|gmtime|mktime)\w*\s*\(",
+                     code):
+            readers.add(fns[i])
+            if fns[i] not in WALL_CLOCK_READERS:
+                faults.append("line %d: %s reads the wall clock" % (i + 1, fns[i]))
+        if re.search(r"next_timer\s*=[^=]", code) and fns[i] not in ("util_wake_by", "loop_timers", "kvd_init"):
+            faults.append("line %d: %s sets the loop's wake-up without util_wake_by" % (i + 1, fns[i]))
+    for f in sorted(set(WALL_CLOCK_READERS) - readers):
+        faults.append("%s is named a wall-clock reader and reads none" % f)
+    return faults
+
+
+@test
+def wall_clock_only_where_a_protocol_speaks_it():
+    """Timers run on the monotonic clock and ask for their wake-up through
+    util_wake_by; the wall clock is read only in the functions named in
+    WALL_CLOCK_READERS (log lines, JWT and confd timestamps, HTTP dates,
+    certificates, ids).  A planted read in a timer, and a timer setting the
+    loop's wake-up by hand, are caught. [§3.4]"""
+    src = open(os.path.join(ROOT, "kvd.c")).read()
+    faults = clock_faults(src)
+    check(not faults, "kvd.c: " + "; ".join(faults[:5]))
+    renew = re.search(r"\n(static void lease_renew\(.*?\n\{\n)", src, re.S)
+    check(renew is not None, "lease_renew is found")
+    if renew:
+        at = renew.end()
+        for what, text in (("a wall-clock deadline", src[:at] + "\t(void)time(NULL);\n" + src[at:]),
+                           ("a wake-up set by hand", src[:at] + "\tk->next_timer = 0;\n" + src[at:])):
+            check(any("lease_renew" in f for f in clock_faults(text)), "%s in lease_renew is caught" % what)
+
+
+@test
+def only_libc_mbedtls_and_protobuf_c():
+    """kvd links libc, mbedtls and protobuf-c and nothing else; without TLS
+    (KVD_NO_TLS, make TLS=0) the TLS and X.509 headers are left out and it
+    links with mbedcrypto alone. [§1.1]"""
+    cc = os.environ.get("CC", "cc")
+    d = tempfile.mkdtemp(prefix="kvd-libs-")
+
+    def headers(*flags):
+        r = subprocess.run([cc, "-std=c99", "-E"] + list(flags) + [os.path.join(ROOT, "kvd.c")],
+                           capture_output=True, text=True, timeout=300)
+        check(r.returncode == 0, "%s -E %s: %s" % (cc, " ".join(flags), r.stderr[-300:]))
+        return {m.group(1) for m in re.finditer(r'^# \d+ "([^"]+)"', r.stdout, re.M)}
+
+    def needed(binary):
+        r = subprocess.run(["readelf", "-d", binary], capture_output=True, text=True, timeout=60)
+        return {re.sub(r"\.so.*", "", n) for n in re.findall(r"\(NEEDED\)\s+Shared library: \[([^\]]+)\]", r.stdout)}
+
+    tls = re.compile(r"mbedtls/(ssl|x509\w*|net_sockets|ctr_drbg|entropy|oid)\.h$")
+    check(any(tls.search(h) for h in headers()), "the default build includes the TLS headers (the control)")
+    left = sorted(h for h in headers("-DKVD_NO_TLS") if tls.search(h))
+    check(not left, "without TLS no TLS or X.509 header is included: %s" % left)
+    out = os.path.join(d, "kvd-notls")
+    r = subprocess.run([cc, "-std=c99", "-O0", "-DKVD_NO_TLS", "-o", out, os.path.join(ROOT, "kvd.c"),
+                        "-lprotobuf-c", "-lmbedcrypto"], capture_output=True, text=True, timeout=600)
+    check(r.returncode == 0, "without TLS it links with mbedcrypto and protobuf-c alone: %s" % r.stderr[-500:])
+    if r.returncode == 0:
+        libs = needed(out)
+        check(libs <= {"libc", "libmbedcrypto", "libprotobuf-c"}, "without TLS it needs %s" % sorted(libs))
+    check(os.path.exists(KVD), "%s is built" % KVD)
+    if os.path.exists(KVD):
+        libs = needed(KVD)
+        check("libprotobuf-c" in libs and libs <= {"libc", "libmbedtls", "libmbedx509", "libmbedcrypto", "libprotobuf-c"},
+              "%s needs %s" % (KVD, sorted(libs)))
+    shutil.rmtree(d)
+
+
 @test
 def toc_catches_planted_faults():
     """make toc's checker (test/lib/toc.py) passes kvd.c as it is and fails
