@@ -4891,7 +4891,11 @@ static int json_pj_decode(struct kvd *k, struct kvd_buf *b, const ProtobufCMessa
  * Invariants:
  *   1. Every reader decodes the log through the grammar below (mvcc_frame,
  *      mvcc_rec_decode, mvcc_rec_op, mvcc_rec_auth_op, mvcc_read_rec, and
- *      mvcc_read_op for one op's header), never at offsets of its own.
+ *      mvcc_read_op for one op's header), never at offsets of its own: a
+ *      value is read where its op's decode put it (op.voff) or where
+ *      mvcc_voff sizes the op's header from the record's numbers, which
+ *      mvcc_emit checks against the op it encoded; mvcc_next_valid screens
+ *      raw headers only to find where mvcc_frame may look.
  *   2. An unknown record type or op kind is corruption, never skipped nor
  *      taken for a key event (mvcc_frame, mvcc_rec_decode, mvcc_op_decode).
  *   3. Nothing decoded is used unchecked: a record lies within the log's
@@ -5447,6 +5451,8 @@ static int mvcc_op_at(struct mvcc *m, uint64_t off, int64_t rev, struct mvcc_op 
 			return 1;
 		if (!op->prev || off < m->base_end)
 			return 0;
+		if (!KVD_ALWAYS(op->prev - 1 < off)) /* [§8.5] past a BASE op, a prev links back */
+			return KVD_ECORRUPT;
 		off = op->prev - 1;
 	}
 }
@@ -5690,11 +5696,14 @@ struct mvcc_chunk {
 #ifdef __SANITIZE_ADDRESS__
 void __asan_poison_memory_region(void const volatile *addr, size_t size);
 void __asan_unpoison_memory_region(void const volatile *addr, size_t size);
+int __asan_address_is_poisoned(void const volatile *addr);
 #define MVCC_POISON(p, n) __asan_poison_memory_region((p), (n))
 #define MVCC_UNPOISON(p, n) __asan_unpoison_memory_region((p), (n))
+#define MVCC_POISONED(p) __asan_address_is_poisoned(p)
 #else
 #define MVCC_POISON(p, n) ((void)(p), (void)(n))
 #define MVCC_UNPOISON(p, n) ((void)(p), (void)(n))
+#define MVCC_POISONED(p) ((void)(p), 1)
 #endif
 
 static void mvcc_room_add(struct mvcc_slab *s, struct mvcc_chunk *c)
@@ -5770,12 +5779,13 @@ static void *mvcc_slab_alloc(struct kvd *k, size_t n)
 	slot = ((size_t)cls + 1) * 8;
 	if (!(c = s->room[cls]) && !(c = mvcc_chunk_new(k, s, cls)))
 		return NULL;
+	(void)KVD_ALWAYS(c->free || c->bump < c->end); /* [§9.1] a chunk with room is on the list */
+	p = (uint8_t *)c + (c->free ? c->free : c->bump);
+	(void)KVD_ALWAYS(MVCC_POISONED(p) && MVCC_POISONED(p + slot - 1)); /* [§9.3] a slot not handed out */
 	if (c->free) {
-		p = (uint8_t *)c + c->free;
 		MVCC_UNPOISON(p, slot);
 		memcpy(&c->free, p, sizeof c->free);
 	} else {
-		p = (uint8_t *)c + c->bump;
 		MVCC_UNPOISON(p, slot);
 		c->bump += (uint32_t)slot;
 	}
@@ -5796,11 +5806,13 @@ static void mvcc_slab_free(struct kvd *k, void *p, size_t n)
 		kvd_nfree(k, p, n);
 		return;
 	}
+	/* [§9.2] slab.v holds every chunk, sorted: the last one at or below p holds it */
 	if (KVD_NEVER((at = mvcc_chunk_find(s, p)) == s->n))
 		return;
 	c = s->v[at];
 	slot = ((size_t)c->cls + 1) * 8;
 	off = (uint32_t)((uint8_t *)p - (uint8_t *)c);
+	/* [§9.2] ... and p is one of its slots */
 	if (KVD_NEVER(off < MVCC_CHUNK_HDR || off >= c->end || (off - MVCC_CHUNK_HDR) % slot))
 		return; /* not a slot: leaked, rather than a free list gone wrong */
 	if (!c->free && c->bump == c->end)
@@ -5824,7 +5836,7 @@ static void mvcc_slab_close(struct kvd *k)
 	size_t i;
 
 	for (i = 0; i < s->n; i++) {
-		KVD_NEVER(s->v[i]->live);
+		(void)KVD_NEVER(s->v[i]->live);
 		kvd_nfree(k, s->v[i], s->v[i]->bytes);
 	}
 	kvd_free(k, s->v);
@@ -5907,7 +5919,7 @@ static void mvcc_ext_del(struct mvcc *m, const struct mvcc_key *r)
 	struct mvcc_ext *e = mvcc_ext_find(m, r);
 	size_t i, j, h;
 
-	if (KVD_NEVER(!e))
+	if (KVD_NEVER(!e)) /* [§9.4] an MVCC_EXT record has its slot */
 		return;
 	i = (size_t)(e - m->ext);
 	m->ext[i].r = NULL;
@@ -5927,7 +5939,7 @@ static const struct mvcc_ext *mvcc_k_ext(const struct mvcc *m, const struct mvcc
 	static const struct mvcc_ext none = {NULL, 0, 0, 0};
 	const struct mvcc_ext *e = mvcc_ext_find(m, r);
 
-	return KVD_NEVER(!e) ? &none : e;
+	return KVD_NEVER(!e) ? &none : e; /* [§9.4] an MVCC_EXT record has its slot */
 }
 
 static int64_t mvcc_k_create(const struct mvcc *m, const struct mvcc_key *r)
@@ -5987,6 +5999,7 @@ KVD_RESIDENT static void mvcc_k_set(struct mvcc *m, struct mvcc_key *r, int64_t 
 	if (!(r->flags & MVCC_EXT) && mvcc_k_wide(mod, create, ver, lease)) {
 		ne.r = r;
 		ne.create = ne.ver = ne.lease = 0;
+		/* [§9.5] a put reserved the slot first (mvcc_ext_reserve): there is room */
 		if (KVD_NEVER((m->next + 1) * 4 > (m->ext ? m->extmask + 1 : 0) * 3))
 			create = ver = lease = 0; /* no room: cannot happen after a reserve */
 		else {
@@ -6358,6 +6371,8 @@ static int mvcc_emit(struct kvd *k, struct mvcc_txn *t, int kind, uint64_t prev,
 	*off = m->size + m->w.len;
 	m->w.len = (size_t)(mvcc_op_encode(m->w.p + m->w.len, kind, prev, t->rev, create, ver, lease, key, klen,
 	                                   val, vlen) - m->w.p);
+	/* [§8.1] mvcc_voff finds the value from the numbers alone */
+	(void)KVD_ALWAYS(m->size + m->w.len - *off == mvcc_op_hdr(t->rev, create, ver, lease, klen, vlen) + klen + vlen);
 	t->nops++;
 	t->nkeys++;
 	return 0;
@@ -6904,6 +6919,7 @@ fail:
 		mvcc_test_history_undo(k);
 	}
 	mvcc_rollback(k, m);
+	(void)KVD_ALWAYS(!m->nundo && !m->w.len && m->rev == m->rev_durable); /* [§10.2] the whole batch undone */
 	m->last_errno = err;
 	return KVD_EIO;
 }
@@ -7738,10 +7754,13 @@ static int lease_revoke(struct kvd *k, struct mvcc_txn *t, struct lease *l)
 			if (l->keys[i])
 				v[n++] = l->keys[i];
 		qsort(v, n, sizeof *v, lease_key_cmp);
-		for (i = 0; i < n && !r; i++)
+		for (i = 0; i < n && !r; i++) {
+			(void)KVD_ALWAYS(mvcc_k_lease(&k->db, v[i]) == l->id); /* [§11.1] l's keys have its id */
 			r = mvcc_del(k, t, v[i]); /* detaches it from l */
+		}
 		kvd_free(k, v);
 	}
+	(void)KVD_ALWAYS(r || !l->nkeys); /* [§11.2] the revoke's record deletes every key it has */
 	if (r || (r = mvcc_emit_lease(k, t, MVCC_OP_REVOKE, l->id, 0)) ||
 	    (r = mvcc_undo_lease(k, &k->db, l, MVCC_UNDO_REVOKED)))
 		return r;
@@ -7752,6 +7771,8 @@ static int lease_revoke(struct kvd *k, struct mvcc_txn *t, struct lease *l)
 /* A failed flush takes a grant or a revoke back. */
 static void lease_undo(struct kvd *k, struct lease *l, unsigned kind)
 {
+	/* [§11.3] a granted lease is in the table; a revoked one left it, and its id with it */
+	(void)KVD_ALWAYS(kind == MVCC_UNDO_GRANTED ? lease_find(k, l->id) == l : !lease_find(k, l->id));
 	if (kind == MVCC_UNDO_GRANTED) {
 		lease_unlink(k, l);
 		lease_free(k, l);
@@ -8461,6 +8482,9 @@ KVD_RESIDENT static int auth_tab_set(struct kvd *k, int role, const void *name, 
 		memmove(t->v + i, t->v + i + 1, (t->n - i - 1) * sizeof *t->v);
 		t->n--;
 	} else if (m) {
+		/* [§12.1] sorted, no name twice: it goes between a smaller name and a greater one */
+		(void)KVD_ALWAYS((!i || auth_cmp(auth_name(t->v[i - 1])->data, auth_name(t->v[i - 1])->len, name, n) < 0) &&
+		                 (i == t->n || auth_cmp(name, n, auth_name(t->v[i])->data, auth_name(t->v[i])->len) < 0));
 		memmove(t->v + i + 1, t->v + i, (t->n - i) * sizeof *t->v);
 		t->v[i] = m;
 		t->n++;
@@ -9626,6 +9650,9 @@ static int life_rw_switch(struct kvd *k, struct life_rw *rw, const char **why)
 	if ((e = life_rw_write(k, rw, 1)))
 		return e;
 	life_crash_point(rw, "synced");
+	/* [§13.1] the new file is whole and fdatasynced before it is renamed; [§13.4] its BASE is at
+	 * or below its compaction, as replay requires */
+	(void)KVD_ALWAYS(rw->synced == rw->size && !rw->out.len && (rw->base <= 1 || m->compacted >= rw->base));
 	life_path(k, path, sizeof path, "kvd.log");
 	if (rename(rw->path, path)) {
 		rw->werr = errno;
@@ -9643,7 +9670,8 @@ static int life_rw_switch(struct kvd *k, struct life_rw *rw, const char **why)
 	it.ki = 0;
 	for (; (r = mvcc_at(m, it)); mvcc_next(m, &it)) {
 		sl = life_map_slot(&rw->offs, r->op + 1);
-		r->op = rw->offs.v[2 * sl + 1];
+		if (KVD_ALWAYS(sl != SIZE_MAX)) /* [§13.3] checked before the rename: every latest op copied */
+			r->op = rw->offs.v[2 * sl + 1];
 	}
 	close(m->fd);
 	m->fd = rw->fd;
@@ -9674,6 +9702,8 @@ static void life_rw_step(struct kvd *k)
 	const char *why = "";
 	int r = 0;
 
+	/* [§13.2] a slice runs with the batch empty; [§14.4] no snapshot streams meanwhile */
+	(void)KVD_ALWAYS(!k->db.w.len && !k->life.snapshots);
 	if (k->db.broken) {
 		life_rw_abandon(k, 0, "the log is unwritable");
 		return;
@@ -9698,6 +9728,7 @@ static void life_rw_step(struct kvd *k)
 	else if (rw->phase == LIFE_SCAN)
 		r = life_rw_scan(k, rw, &why);
 	else if ((r = life_rw_copy(k, rw, &why)) == 0 && rw->at >= k->db.size && !k->db.w.len) {
+		(void)KVD_ALWAYS(rw->at == k->db.size); /* [§13.2] the switch: COPY at the log's very end */
 		if ((r = life_rw_switch(k, rw, &why)) == 0) {
 			life_rw_end(k, GRPC_OK, "");
 			life_reserve_make(k);
@@ -9936,10 +9967,11 @@ static void life_fini(struct kvd *k)
  *   1. This section alone writes bbolt's pages, through the BOLT_* names,
  *      never literal offsets, every integer little-endian whatever the
  *      host (put_le16, put_le32, put_le64).
- *   2. Memory stays bounded by the plan: 40 bytes per leaf (struct
- *      snap_leaf), one page image, one chunk and the reader's window; no
- *      record is held past the page it goes into (snap_plan,
- *      snap_next_node).
+ *   2. Memory stays bounded by the plan -- 40 bytes per leaf (struct
+ *      snap_leaf), the selection at C (a map entry per key live there),
+ *      the leases and the small buckets -- and, while the file streams, one
+ *      page image, one chunk and the reader's window; no record is held
+ *      past the page it goes into (snap_plan, snap_next_node).
  *   3. The second pass must agree with the plan -- each leaf's records,
  *      first key and bytes (snap_key_leaf), the bytes sent equal to
  *      pgid * 4096 before the digest (snap_chunk's KVD_ALWAYS) -- else the
@@ -10349,6 +10381,7 @@ struct snap_lease {
 struct snap {
 	int64_t rev, c;
 	uint64_t end;                     /* log bytes it reads */
+	uint32_t gen;                     /* ... of the log then (struct mvcc's gen) */
 	struct life_map sel;              /* each key's op at C */
 	struct kvd_buf arena;             /* the small buckets' keys and values */
 	struct snap_kvref *kv;            /* grows: authUsers and authRoles can be long */
@@ -10443,6 +10476,7 @@ static int snap_content(struct kvd *k, struct snap *s)
 	s->rev = k->db.rev;
 	s->c = k->db.compacted;
 	s->end = k->db.size + k->db.w.len;
+	s->gen = k->db.gen;
 	for (i = 0; i < k->db.nalarms; i++) { /* alarm: AlarmMember -> empty */
 		o = b;
 		if (k->db.alarms[i].member)
@@ -10855,6 +10889,8 @@ static int snap_chunk(struct kvd *k, struct snap *s, const uint8_t **p, size_t *
 		snap_sha256_starts(&s->sha, 0);
 		s->said = util_now_ms();
 	}
+	if (!KVD_ALWAYS(s->gen == k->db.gen)) /* [§14.4] the log has not moved since the plan */
+		return KVD_ECORRUPT;
 	mvcc_test_slow();
 	if (util_progress_due(util_now_ms(), &s->said))
 		kvd_log(k, KVD_LOG_INFO, "snapshot at revision %lld: %llu of %llu bytes (%u%%)", (long long)s->rev,
@@ -10878,6 +10914,7 @@ static int snap_chunk(struct kvd *k, struct snap *s, const uint8_t **p, size_t *
 		snap_sha256_update(&s->sha, s->chunk.p, s->chunk.len);
 		s->sent += s->chunk.len;
 	} else {
+		/* [§14.3] the pages sent are the pages the metas count */
 		if (!KVD_ALWAYS(s->sent == s->pgid * SNAP_PAGE))
 			return KVD_ECORRUPT;
 		snap_sha256_finish(&s->sha, s->chunk.p);
@@ -11173,6 +11210,7 @@ static int snap_file_node(struct snap_file *f, uint64_t id, struct snap_nd *nd)
 			return KVD_ECORRUPT;
 		f->seen[j / 8] |= (uint8_t)(1u << (j % 8));
 	}
+	(void)KVD_ALWAYS(id + ovf < f->pgid && (id + ovf + 1) * f->ps <= f->n); /* [§15.1] the node is in the file */
 	nd->p = pg;
 	nd->n = (ovf + 1) * f->ps;
 	nd->flags = get_le16(pg + BOLT_PAGE_FLAGS);
@@ -11338,6 +11376,7 @@ static int snap_imp_write(struct kvd *k, struct snap_imp *im, int sync)
 	ssize_t w;
 
 	(void)k;
+	(void)KVD_ALWAYS(!im->in_txn); /* [§15.2] only records already replayed: none is open */
 	while (done < im->out.len) {
 		w = write(im->fd, im->out.p + done, im->out.len - done);
 		if (w < 0 && errno == EINTR)
@@ -13686,6 +13725,7 @@ static int auth_hash_start(struct kvd *k, struct call *call, struct kvd_slice pw
 		a->jobs = j;
 	a->jobs_tail = j;
 	a->njobs++;
+	(void)KVD_ALWAYS(a->njobs <= KVD_AUTH_MAX_JOBS); /* [§12.4] so many hashes queued at most */
 	util_wake_by(k, k->now);
 	return 0;
 }
@@ -14492,7 +14532,7 @@ static struct mvcc_key *svc_live(struct kvd *k, const ProtobufCBinaryData *key)
 /* The latest kv of live key r. */
 static void svc_kv_of(struct mvcc *m, const struct mvcc_key *r, struct mvcc_kv *kv)
 {
-	KVD_ALWAYS(mvcc_visible(m, r, 0, kv) == 1);
+	(void)KVD_ALWAYS(mvcc_visible(m, r, 0, kv) == 1);
 }
 
 static int svc_lease_exists(struct kvd *k, int64_t id)
@@ -18352,7 +18392,7 @@ static int watch_emit_live(struct kvd *k, struct watch *w, const struct watch_hi
 		memcpy(p, g->enc.p + x->eoff[w->prev_kv], x->elen[w->prev_kv]);
 		p += x->elen[w->prev_kv];
 	}
-	KVD_ALWAYS(p == call->out.p + call->out.len);
+	(void)KVD_ALWAYS(p == call->out.p + call->out.len);
 	w->sent = 1;
 	return 0;
 }
@@ -21998,6 +22038,7 @@ static int h2_stream_send(struct kvd *k, struct h2_conn *h2, struct h2_stream *s
 	if (s->hx)
 		return http_h2_send(k, h2, s);
 #endif
+	/* [§10.1] no reply that shows a write leaves before its fdatasync */
 	if (KVD_NEVER(s->call.held)) /* the durability contract: see loop_log_flush */
 		return 0;
 	for (;;) {
@@ -25447,6 +25488,7 @@ static void gw_flush(struct kvd *k, struct http_x *x)
 	char fields[640];
 	int whole = x->body_done || x->bidi || x->s;
 
+	/* [§10.1] no reply that shows a write leaves before its fdatasync */
 	if (!x->in_call || KVD_NEVER(cl->held)) /* the durability contract: see loop_log_flush */
 		return;
 	if (!x->stream || (x->plain && cl->finished)) {

@@ -690,6 +690,9 @@ def timed_ranges(endpoint, token, stop, lat, errs):
 
 @test
 def brute_force_does_not_starve_others():
+    """48 concurrent wrong-password guessers at bcrypt cost 10: an honest
+    reader's Ranges go on meanwhile (no hash runs inside a handler), and the
+    hash queue's bound turns guessers away.  [§12.4]"""
     k = Kvd()  # cost 10: each wrong password costs a real hash
     p = Peer(k.endpoint())
     setup_alice(p)

@@ -176,7 +176,8 @@ POINTS = ["slice:1", "slice:3", "slice:6", "synced", "renamed", "dirsynced", "sw
 @test
 def kill_at_every_point():
     """kill -9 at each point of a rewrite (test build), restart the plain build:
-    every acknowledged write is there once, a partial file is cleaned up."""
+    every acknowledged write is there once, a partial file is cleaned up.
+    [§13.1]"""
     for point in POINTS:
         d = tempfile.mkdtemp(prefix="kvd-rwcrash-", dir=DISK)
         os.environ["KVD_TEST_REWRITE_CRASH"] = point
@@ -308,7 +309,7 @@ def norm(text, ids):
 @test
 def quota_and_alarms_like_etcd():
     """The same steps against etcd and kvd, both with a small quota: the
-    answers (codes, texts, etcdctl's output) compared."""
+    answers (codes, texts, etcdctl's output) compared.  [§13.5]"""
     outs = []
     for srv in ("etcd", "kvd"):
         if srv == "etcd":

@@ -311,6 +311,9 @@ def watch_events(endpoint, start, upto):
 # ------------------------------------------------------------------ tests
 @test
 def etcd_restores_a_kvd_snapshot():
+    """A kvd snapshot restored by etcd: the file read by this test's own
+    bbolt reader, whose Hash is kvd's Hash RPC; etcd serves every key,
+    lease and HashKV as kvd.  [§14.5]"""
     kvd = Kvd(args=["--auto-rewrite-percent", "0", "--auto-rewrite-min-bytes", "32768"])
     c, g = build_store(kvd, 11)
     check(kvd.logtext().count("log rewritten:") >= 1, "the log was rewritten while the store was built")
@@ -419,6 +422,9 @@ def an_empty_store_and_a_compacted_one():
 
 @test
 def a_slow_snapshot_while_writes_go_on():
+    """A snapshot read slowly while writes, a compaction and a due rewrite
+    wait: the file is the store at its revision, no rewrite runs until it
+    is sent, one runs after.  [§14.4]"""
     kvd = Kvd(args=["--auto-rewrite-percent", "0", "--auto-rewrite-min-bytes", "65536"])
     c = Client(kvd.endpoint())
     for i in range(3000):
@@ -554,6 +560,10 @@ def refused(d, path, extra=()):
 
 @test
 def hostile_snapshot_files_are_refused():
+    """Truncated, a wrong trailer, not bbolt, an absurd page count, a
+    cycle, an element outside its page, bad checksums, random damage:
+    refused with their reason, no log written, never a crash; a data dir
+    that holds a store is never overwritten.  [§15.1] [§15.3] [§15.4]"""
     kvd = Kvd()
     c = Client(kvd.endpoint())
     for i in range(300):
