@@ -12119,6 +12119,8 @@ static void call_fini(struct kvd *k, struct call *call)
 		for (i = 0; i < k->nheld; i++)
 			if (k->held[i] == call)
 				k->held[i] = NULL;
+	/* [§16.1] a live call is on k->calls until here, once */
+	(void)KVD_ALWAYS(call->prev ? call->prev->next == call : k->calls == call);
 	if (call->prev)
 		call->prev->next = call->next;
 	else
@@ -12182,6 +12184,7 @@ static uint8_t *call_msg(struct kvd *k, struct call *call, size_t n)
 {
 	uint8_t *p;
 
+	(void)KVD_NEVER(call->finished); /* [§16.2] nothing is queued after the final status */
 	if (n > 0xffffffffu || buf_reserve(k, &call->out, 5 + n)) {
 		call_finish(k, call, GRPC_RESOURCE_EXHAUSTED, E_OOM);
 		return NULL;
@@ -12328,6 +12331,7 @@ static void call_message(struct kvd *k, struct call *call, const uint8_t *p, siz
 		return;
 	call->got_msg = 1;
 	call->out_mark = call->out.len;
+	(void)KVD_ALWAYS(!call->rq && !call->raw.n); /* [§16.5] the last request went with its handler */
 	if (call_decode(k, call, p, n))
 		return;
 	call->raw.p = p;
@@ -15149,6 +15153,7 @@ static void svc_range_rpc(struct kvd *k, struct call *call)
 		svc_header(k, &h, 1);
 		rs.header = &h;
 	}
+	(void)KVD_ALWAYS(!pl.oom || e.msg); /* [§19.4] an answer is packed from a whole pool, then freed */
 	svc_end(k, call, &rs.base, &e);
 	svc_pool_free(&pl);
 }
@@ -15170,6 +15175,8 @@ static int svc_write1(struct kvd *k, struct call *call, struct svc_pool *pl, con
 		mvcc_txn_abort(k, &t);
 	call->wrote = !e->msg && t.nops > 0; /* a delete that matched nothing wrote nothing */
 	mvcc_txn_end(k, &t);
+	/* [§19.2] a failed write leaves no record and takes no revision */
+	(void)KVD_ALWAYS(!e->msg || (k->db.w.len == t.at && k->db.rev == t.rev - 1));
 	return e->msg ? -1 : 0;
 }
 
@@ -15292,6 +15299,9 @@ static int svc_txn_do(struct kvd *k, struct call *call, const Etcdserverpb__TxnR
 		h->revision = svc_cur(k, &t);
 		call->wrote |= t.nops > 0;
 		mvcc_txn_end(k, &t);
+		/* [§19.2] whole or not at all: a failed txn leaves no record and
+		 * takes no revision; a whole one took every branch decided before it */
+		(void)KVD_ALWAYS(e->msg ? k->db.w.len == t.at && k->db.rev == t.rev - 1 : path.at == path.n);
 	}
 	rs->header = h;
 out:
@@ -15307,6 +15317,7 @@ static void svc_txn_rpc(struct kvd *k, struct call *call)
 	struct svc_err e = {0, NULL};
 
 	svc_txn_do(k, call, (const void *)call->rq, call->raw.n, &pl, &rs, &h, &e);
+	(void)KVD_ALWAYS(!pl.oom || e.msg); /* [§19.4] an answer is packed from a whole pool, then freed */
 	svc_end(k, call, &rs.base, &e);
 	svc_pool_free(&pl);
 }
@@ -15505,9 +15516,11 @@ static void svc_rangestream_rpc(struct kvd *k, struct call *call)
  * or read (the key names) on each key the lease holds (auth_lease_keys).
  *
  * Invariants:
- *   1. No answer shows a lease past its deadline: a lookup by id goes
- *      through svc_lease_live, which expires such a lease then and there
- *      (lease_expire), before the timer wheel reaches it.
+ *   1. No answer about one lease shows it past its deadline: a lookup by
+ *      id (KeepAlive, TimeToLive, Revoke) goes through svc_lease_live,
+ *      which expires such a lease then and there (lease_expire), before the
+ *      timer wheel reaches it.  Leases lists the table as it stands: one
+ *      the wheel has not reached yet is still in it, as in etcd's lessor.
  *   2. A grant or a revoke passes svc_writable, then runs in a txn of its
  *      own (svc_lease_write), a failure aborting it; s->wrote makes its
  *      answer wait for durability.
@@ -15546,6 +15559,7 @@ static void svc_lease_write(struct kvd *k, struct svc_err *e, struct lease *l, i
 		svc_fail(e, GRPC_RESOURCE_EXHAUSTED, E_OOM);
 	}
 	mvcc_txn_end(k, &t);
+	(void)KVD_ALWAYS(!e->msg || k->db.w.len == t.at); /* [§20.2] a failed grant or revoke leaves no record */
 }
 
 static void svc_lease_grant_rpc(struct kvd *k, struct call *call)
@@ -15628,6 +15642,7 @@ static void svc_lease_keepalive_msg(struct kvd *k, struct call *call)
 	rs.header = &h;
 	rs.id = rq->id;
 	if ((l = svc_lease_live(k, rq->id))) {
+		(void)KVD_ALWAYS(l->deadline > k->now); /* [§20.1] no lease renewed past its deadline */
 		lease_renew(k, l);
 		rs.ttl = l->ttl;
 	}
@@ -15662,6 +15677,7 @@ static void svc_lease_ttl_rpc(struct kvd *k, struct call *call)
 	} else if (rq->keys && auth_lease_keys(k, &who, rq->id, AUTH_R, &e)) {
 		;
 	} else if ((l = svc_lease_live(k, rq->id))) {
+		(void)KVD_ALWAYS(l->deadline > k->now); /* [§20.1] no answer shows a lease past its deadline */
 		rs.ttl = (l->deadline - k->now) / 1000; /* whole seconds left, truncated as etcd */
 		rs.grantedttl = l->ttl;
 		if (rq->keys && l->nkeys) {
@@ -16753,6 +16769,7 @@ static void svc_snapshot_close(struct kvd *k, struct call *call)
 		return;
 	snap_free(k, call->svc);
 	call->svc = NULL;
+	(void)KVD_ALWAYS(k->life.snapshots > 0); /* [§22.2] each open snapshot counted once, taken out once */
 	k->life.snapshots--;
 	util_wake_by(k, k->now); /* a rewrite may go on */
 }
@@ -16809,6 +16826,7 @@ static void svc_alarm(struct kvd *k, struct call *call)
 		for (i = 0; i < m->nalarms; i++)
 			was |= m->alarms[i].member == rq->memberid && m->alarms[i].type == type;
 		r = life_alarm_set(k, rq->memberid, type, on);
+		(void)KVD_ALWAYS(r < 0 || r == (on != was)); /* [§22.4] it writes only when the set changed */
 		if (r < 0)
 			svc_fail(&e, GRPC_RESOURCE_EXHAUSTED, r == KVD_ELIMIT ? "kvd: too many alarms" : E_OOM);
 		else if (on || was) { /* activate answers the alarm even if it was on; deactivate only if it was */
@@ -16836,6 +16854,7 @@ static void svc_defrag_answer(struct kvd *k, void *who, int code, const char *ms
 	Etcdserverpb__DefragmentResponse rs = ETCDSERVERPB__DEFRAGMENT_RESPONSE__INIT;
 	struct call *call = who;
 
+	(void)KVD_ALWAYS(call->svc == call); /* [§22.3] still waiting: a call that went left the list */
 	call->svc = NULL; /* no longer waiting */
 	if (code != GRPC_OK) {
 		call_finish(k, call, code, "%s", msg);
@@ -16898,11 +16917,10 @@ static void svc_defrag_close(struct kvd *k, struct call *call)
 
 	if (!call->svc)
 		return;
-	for (i = 0; i < L->nwait; i++)
-		if (L->wait[i] == call) {
-			L->wait[i] = L->wait[--L->nwait];
-			break;
-		}
+	for (i = 0; i < L->nwait && L->wait[i] != call; i++)
+		;
+	if (KVD_ALWAYS(i < L->nwait)) /* [§22.3] a waiting call is on the list: it leaves it */
+		L->wait[i] = L->wait[--L->nwait];
 	call->svc = NULL;
 }
 
@@ -17147,6 +17165,9 @@ static void svc_member_add(struct kvd *k, struct call *call)
 	if (e.msg) {
 		cfg_free_list(k, x.urls, x.n);
 	} else {
+		/* [§23.2] only a learner joins, within SVC_MAX_MEMBERS; [§23.3] under an id nobody has */
+		(void)KVD_ALWAYS(x.learner && k->nmembers < SVC_MAX_MEMBERS && x.id != k->member_id &&
+		                 !svc_member_find(k, x.id));
 		k->members[k->nmembers++] = x;
 		svc_header(k, &h, 0);
 		rs.header = &h;
@@ -17173,6 +17194,7 @@ static void svc_member_remove(struct kvd *k, struct call *call)
 	else if (!(x = svc_member_find(k, rq->id)))
 		svc_fail(&e, GRPC_NOT_FOUND, "etcdserver: member not found");
 	if (!e.msg) {
+		(void)KVD_NEVER(x->id == k->member_id); /* [§23.1] kvd is no entry of k->members: it never leaves */
 		cfg_free_list(k, x->urls, x->n);
 		*x = k->members[--k->nmembers];
 		svc_header(k, &h, 0);
@@ -17437,6 +17459,7 @@ static int lock_session(struct kvd *k, struct call *call, int64_t *lease, struct
 
 static void lock_free(struct kvd *k, struct lock_wait *w)
 {
+	(void)KVD_ALWAYS(w->prev ? w->prev->next == w : k->locks == w); /* [§24.5] on k->locks until it goes */
 	if (w->prev)
 		w->prev->next = w->next;
 	else if (k->locks == w)
@@ -17609,6 +17632,7 @@ static int lock_blocked(struct kvd *k, struct lock_wait *w, struct svc_pool *pl,
 /* w holds its lock or leads its election: the answer. */
 static void lock_won(struct kvd *k, struct lock_wait *w, Etcdserverpb__ResponseHeader *h)
 {
+	(void)KVD_NEVER(w->done); /* [§24.3] a waiter is answered once */
 	w->done = 1;
 	if (w->kind == LOCK_LOCK) {
 		V3lockpb__LockResponse rs = V3LOCKPB__LOCK_RESPONSE__INIT;
@@ -17630,6 +17654,7 @@ static void lock_won(struct kvd *k, struct lock_wait *w, Etcdserverpb__ResponseH
 
 static void lock_fail(struct kvd *k, struct lock_wait *w, const struct svc_err *e)
 {
+	(void)KVD_NEVER(w->done); /* [§24.3] a waiter is answered once */
 	w->done = 1;
 	call_finish(k, w->call, e->code, "%s", e->msg);
 }
@@ -17687,6 +17712,8 @@ static void lock_batch(struct kvd *k)
 {
 	struct lock_wait *w, *next;
 
+	/* [§24.2] waiters look only at a durable state: the batch is flushed, nothing pending */
+	(void)KVD_ALWAYS(!k->db.w.len && k->db.rev == k->db.rev_durable);
 	for (w = k->locks; w; w = next) {
 		next = w->next;
 		if (w->done || w->call->finished)
@@ -17711,6 +17738,7 @@ static void lock_close(struct kvd *k, struct call *call)
 
 	if (!w)
 		return;
+	(void)KVD_ALWAYS(w->call == call); /* [§24.5] a struct lock_wait is its call's */
 	if (!w->done && w->kind != LOCK_OBSERVE && w->rev && !svc_writable(k, &e, MVCC_REC_HDR + 32 + w->nkey))
 		lock_guarded(k, call, w, w->rev, 0, none, 0, &pl, &rs, &h, &e);
 	svc_pool_free(&pl);
@@ -18113,6 +18141,9 @@ static void watch_unregister(struct kvd *k, struct watch *w)
 	struct watch_reg *g = &k->watch;
 	struct watch **b;
 
+	/* [§25.4] a watcher is unregistered once: never a dead one, never below zero */
+	(void)KVD_ALWAYS(!w->dead && g->total && w->ws->live);
+
 	if (w->kind == WATCH_KEY || w->kind == WATCH_PREFIX) {
 		for (b = &g->tab[watch_hash(w->key, w->klen) & g->mask]; *b; b = &(*b)->hnext)
 			if (*b == w) {
@@ -18410,6 +18441,7 @@ static void watch_pause(struct kvd *k, struct watch *w, int64_t rev, uint64_t re
 {
 	if (!w->synced)
 		return;
+	(void)KVD_ALWAYS(rev >= w->next); /* [§25.2] it pauses at an event it wants: nothing is sent twice */
 	w->synced = 0;
 	w->next = rev;
 	w->next_off = rec_off;
@@ -18517,6 +18549,8 @@ static void watch_batch(struct kvd *k, const uint8_t *p, size_t n, uint64_t base
 	size_t at = 0;
 	long len;
 
+	/* [§25.1] live events come from a flushed batch: nothing is pending */
+	(void)KVD_ALWAYS(!k->db.w.len && k->db.rev == k->db.rev_durable && base + n == k->db.size);
 	if (!k->watch.total)
 		return;
 	while ((len = mvcc_frame(p + at, n - at, base + at, base + n, NULL, &rec, &why)) > 0) {
@@ -18651,6 +18685,8 @@ static int watch_catchup(struct kvd *k, struct watch *w)
 	uint64_t off;
 	int e = 0, sent = 0;
 
+	/* [§25.3] catch-up runs on an empty queue and keeps no read window between steps */
+	(void)KVD_ALWAYS(!BUF_LEN(&w->ws->call->out) && !g->rbuf.p);
 	if (w->next < m->compacted) {
 		watch_cancel_compacted(k, w);
 		return 1;
@@ -18665,6 +18701,7 @@ static int watch_catchup(struct kvd *k, struct watch *w)
 		if (rec.type == MVCC_REC_TXN) {
 			if ((e = mvcc_rec_decode(&rec, &why)) || (e = watch_decode(k, &rec)))
 				break;
+			(void)KVD_ALWAYS(!g->nevs || rec.rev <= m->rev_durable); /* [§25.1] durable records only */
 			if (revs == WATCH_BATCH_REVS && watch_any(k, w))
 				break; /* the next response starts with this record */
 			if ((e = watch_take_events(k, w, &pl, &l)) < 0)
@@ -25268,6 +25305,7 @@ static int gw_message_json(struct kvd *k, struct call *cl, struct kvd_buf *b, in
 	ProtobufCMessage *m;
 	int oom;
 
+	(void)KVD_NEVER(p[0] != 0); /* [§16.4] call_msg framed it: never compressed */
 	if (BUF_LEN(&cl->out) < 5 + (size_t)n)
 		return KVD_EPROTO;
 	m = pb_unpack(k, cl->m->resp, p + 5, n, &oom);
@@ -27535,6 +27573,7 @@ KVD_RESIDENT static void loop_log_flush(struct kvd *k)
 	for (i = 0; i < k->nheld; i++) {
 		if (!(call = k->held[i]))
 			continue;
+		(void)KVD_ALWAYS(call->held); /* [§16.3] a slot holds a live held call (call_fini clears its own) */
 		call->held = 0;
 		if (!err)
 			continue;

@@ -409,9 +409,13 @@ def root_token(p):
 
 @test
 def differential_random_sequences():
-    """Four seeded random sequences of auth and KV operations on etcd 3.7.3
-    and kvd: every answer compared, an error by its gRPC code and etcd's text
-    byte for byte. [§2.1]"""
+    """Four seeded sequences of user, role, permission and key operations by
+    root, users, nobody and a forged token, beside etcd 3.7.3: every answer
+    the same, so each check reads the users and roles as they are now, no
+    permission cached [§17.2]; checks fail in etcd's order with its texts,
+    empty and unknown names included [§21.2] (an error compared by its gRPC
+    code and etcd's text byte for byte [§2.1]); listings show roles and
+    permissions in etcd's order, and root stays while auth is on [§21.5]."""
     for seed in (1, 2, 3, 4):
         e, k, pe, pk, g = run_seed(seed, 600)
         # durable: the same users and roles after a restart and after a rewrite
@@ -906,6 +910,10 @@ def one_user_cannot_take_every_watcher():
 
 @test
 def tokens_are_random_and_expire():
+    """Simple tokens: random, alive while used, dead after their TTL; a dead
+    one fails "invalid auth token" and, auth off, none is looked at [§17.1];
+    a user's go when it is deleted or its password changes, every one when
+    auth is disabled [§17.2] [§21.4]."""
     k = Kvd(args=COST + ["--auth-token-ttl", "3"])
     p = Peer(k.endpoint())
     setup_alice(p)
@@ -969,6 +977,10 @@ def jwt_claims(tok):
 
 @test
 def jwt_tokens_as_etcd_makes_them():
+    """JWTs as etcd 3.7.3 makes them, for each kind of key: the same header
+    and claims, each server taking the other's; a damaged signature refused;
+    after an auth change an older token is "revision of auth store is old"
+    on key ops, a fresh one works [§17.2]."""
     d = jwt_keys()
     for method, pub, priv in (("RS256", "rsa.pub", "rsa.key"), ("PS384", "rsa.pub", "rsa.key"),
                               ("ES256", "ec.pub", "ec.key"), ("HS256", "hmac.key", "hmac.key")):
@@ -1233,7 +1245,7 @@ def auth_left_out():
 @test
 def a_watcher_keeps_its_stream_after_a_revoke():
     """As etcd 3.4: permission is checked when a watch is created; a revoke
-    later does not cancel it (its events keep coming)."""
+    later does not cancel it (its events keep coming) [§25.5]."""
     e = Etcd(COST)
     k = Kvd(args=COST)
     got = {}
@@ -1774,7 +1786,10 @@ def authorization_matrix_of_3_7():
     before the next cell, so a difference shows in its own cell only.  One
     correction to the notes: a refused watch's cancel_reason is the whole
     gRPC status text, "rpc error: code = PermissionDenied desc = etcdserver:
-    permission denied", not the bare message."""
+    permission denied", not the bare message.  Keys need covering roles,
+    admin calls root [§17.1]; checks in etcd's order [§21.2]; Maintenance's
+    and MemberList's permissions [§22.1]; a refused watch is created and
+    canceled, not an error [§25.5]."""
     e = Etcd(COST)
     k = Kvd(binary=SAN, args=COST)
     pe, pk = Peer(e.endpoint()), Peer(k.endpoint())

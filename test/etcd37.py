@@ -1052,6 +1052,8 @@ def recipes_run(server, binary):
 
 @test
 def clientv3_recipes_side_by_side():
+    """clientv3 3.7.3's own recipes against etcd and kvd: the same transcript
+    (Lock and Election served through kvd's Txn and Lease code: [§24.1])."""
     if not go_peers_or_skip("clientv3_recipes_side_by_side"):
         return
     rec = go_peer("recipes")

@@ -171,7 +171,9 @@ def cluster_calls(endpoint, peer):
 @test
 def cluster_like_etcd():
     """Membership RPCs as a one-node etcd 3.7 answers them (same flags, so
-    the same member and cluster ids), then etcdctl's member commands."""
+    the same member and cluster ids), then etcdctl's member commands: kvd
+    never removed [§23.1], only a learner added and never promoted [§23.2],
+    ids, URL checks and lists as etcd's [§23.3]."""
     from kvdtest import Etcd
     peer = "http://127.0.0.1:%d" % free_port()
     flags = ["--initial-advertise-peer-urls", peer, "--name", "m1"]
@@ -420,8 +422,8 @@ def rangestream_bounded_memory():
 def rangestream_header_is_the_start():
     """A RangeStream's header carries the revision it read (the store's when
     it started, as etcd), not a write's that landed while it streamed: the
-    chunks equal a Range at the header's revision.  (The robustness harness
-    found this as a linearizability violation.)"""
+    chunks equal a Range at the header's revision [§19.5].  (The robustness
+    harness found this as a linearizability violation.)"""
     import threading
     from kvdtest import Client, pb
     R = pb()["rpc"]
@@ -664,7 +666,7 @@ def downgrade_like_etcd():
     action), enable, a second enable (in progress), Status' downgradeInfo and
     storageVersion and /version once etcd has lowered its cluster version
     (at its next check, within seconds: waited for, not slept), a cancel,
-    and the versions back; each answer compared field by field."""
+    and the versions back; each answer compared field by field [§22.5]."""
     import urllib.request
     from kvdtest import Etcd, pb, wait_for
     R = pb()["rpc"]

@@ -185,7 +185,8 @@ def python3_etcd3_lease_and_lock():
 @test
 def grant_rules_and_errors():
     """etcd's minimum TTL from --election-timeout, the TTL cap, duplicates,
-    negative ids, unknown leases, and the keep-alive stream's half-close."""
+    negative ids, unknown leases (KeepAlive TTL 0, TimeToLive -1, Revoke
+    NOT_FOUND: [§20.3]), and the keep-alive stream's half-close."""
     k = Kvd(KVD_TEST, ["--election-timeout", "5000", "--heartbeat-interval", "500"])
     c = Client(k.endpoint())
     a = lcall(c, "LeaseGrant", R.LeaseGrantRequest(ID=-3, TTL=1))

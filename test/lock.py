@@ -117,6 +117,9 @@ def seq(c):
 
 @test
 def calls_like_etcd():
+    """Lock, Unlock and Election's calls beside etcd 3.7.3, step by step: the
+    same keys, revisions, headers and errors, as the recipes' own Txns and
+    session leases make them [§24.1]."""
     e, k = Etcd(), Kvd(KVD_TEST)
     ce, ck = C(e.endpoint()), C(k.endpoint())
     a, b = seq(ce), seq(ck)
@@ -211,6 +214,8 @@ def holder_lease_expires():
 
 @test
 def cancelled_waiter():
+    """A Lock that waits past its deadline takes its own key back, and the
+    holder's stays, on both servers alike [§24.4]."""
     res = {}
     for name, srv in (("etcd", Etcd()), ("kvd", Kvd(KVD_TEST))):
         c = C(srv.endpoint())

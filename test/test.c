@@ -2702,6 +2702,115 @@ static int t_auth_user(struct kvd *k, const char *name, const char *role)
 	return 0;
 }
 
+/*
+ * Go's sort.Sort, step for step.  Stores of 3 to 1888 keys put at random
+ * with few distinct values (so versions and values tie often), ranged with
+ * every sort target up and down: each order must be the one etcd 3.7.3's
+ * code makes of the same kvs -- kvSortByVersion, ByValue, ByCreateRevision,
+ * ByModRevision, ByKey, sort.Reverse for DESCEND -- with Go 1.26's sort.Sort.
+ * want[] holds the FNV-1a hash of each order's key numbers, as a Go program
+ * running that code over the same puts (this LCG) printed it.  Any step not
+ * Go's, in Go's order, moves some tie [§18.1]; a Reverse written !less(i, j)
+ * moves ties too [§18.2]; a VALUE sort's kvs keep their values -- read back,
+ * they come in order [§18.3]; svc_range sorts its whole result from index 0
+ * [§18.4].
+ */
+static void test_gosort_as_go(void)
+{
+	static const unsigned cases[][3] = { /* keys, values, seed */
+	    {3, 2, 1}, {12, 2, 2}, {13, 3, 3}, {30, 2, 4}, {49, 3, 5}, {50, 2, 6},
+	    {51, 5, 7}, {100, 3, 8}, {200, 2, 9}, {500, 3, 10}, {2000, 4, 11}};
+	static const int sorts[][2] = {{SORT_BY_VERSION, SORT_ASCEND}, {SORT_BY_VERSION, SORT_DESCEND},
+	                               {SORT_BY_VALUE, SORT_ASCEND},   {SORT_BY_VALUE, SORT_DESCEND},
+	                               {SORT_BY_CREATE, SORT_DESCEND}, {SORT_BY_MOD, SORT_ASCEND},
+	                               {SORT_BY_MOD, SORT_DESCEND},    {SORT_BY_KEY, SORT_DESCEND}};
+	static const uint64_t want[][8] = {
+	    {0xa09ac84f35aa5070ull, 0x97f14e4f30c25378ull, 0xa940e14f3a8f72beull, 0xa093fe4f35a48d84ull,
+	     0xa09ac84f35aa5070ull, 0xa09ac84f35aa5070ull, 0x97f14e4f30c25378ull, 0x97ede94f30bf7202ull}, /* 3 keys */
+	    {0xbac302f96cf7e83full, 0x5659043ace28ddc7ull, 0x26f036451ddac8fdull, 0x805a549c03c8bac5ull,
+	     0xd7761fc6d329654bull, 0xea94a7768387a39bull, 0xce01cf6bf9c2ad63ull, 0xc04ae17d77d9f357ull}, /* 12 keys */
+	    {0x0e0c8d8b11bd45d4ull, 0x20ae4dadfce4cb3eull, 0xa3792448dfea64eaull, 0x0dd643fcadf950dcull,
+	     0xa7f96d2286a70294ull, 0xfa1b4a725ca34874ull, 0x108384f09c767a5aull, 0x884a2fd57c3366e0ull}, /* 12 keys */
+	    {0x38ccf7c0c6c404bdull, 0xf828ff62b660f8ebull, 0x49bd45eb0828e787ull, 0x482b09609fe2b3a5ull,
+	     0xc09de1aba5c44949ull, 0x58259d224b5ea7c7ull, 0x406246e90ffeedefull, 0xf6a1208ea501fa51ull}, /* 29 keys */
+	    {0x0342e3810c1c3780ull, 0x1465db5f6694497eull, 0xdc180140362ee6beull, 0x8b9bea852e6ac822ull,
+	     0x2cbe4b6bd756b6d0ull, 0xf23ae5e4e5a451daull, 0x7fdd097d9be23612ull, 0x0a68eeaf3ffd8cdaull}, /* 47 keys */
+	    {0xf37a3e28dbf50d8cull, 0x1a366ea8baa8e448ull, 0xaac28fe68788848eull, 0x4cb163899cf56636ull,
+	     0x53cb341a11e8f398ull, 0x18ced3ac780854acull, 0x05f6153fc207a228ull, 0x2cbfb9c1e8dc3e70ull}, /* 47 keys */
+	    {0xf8195ead56f71128ull, 0x58822bbf87b5cc44ull, 0x43c5828471d499c0ull, 0x0501578c1aa64226ull,
+	     0x85c132277d459684ull, 0x6568c258024a7d4eull, 0xe258701abfac95b8ull, 0x90d1d5683903b396ull}, /* 50 keys */
+	    {0x36748e40dba13b25ull, 0xa5c1324ab2d5d23full, 0x6b37231c4955b8c1ull, 0x1edf110813e9b185ull,
+	     0xffee1785c7717987ull, 0xad7e43493ccd3fc7ull, 0xb89bf07a7a9d163full, 0xd52f1606a205c6a7ull}, /* 96 keys */
+	    {0x08c576865f2b85c3ull, 0x3aa8daef0ea5c781ull, 0xa70704852dfa0e7dull, 0x178a32de495bc85full,
+	     0x60dd432c2096e0f3ull, 0xc1aaabcc974056b7ull, 0xd500ad4e671ec8b3ull, 0x611204ce59bfdb07ull}, /* 190 keys */
+	    {0x8235a9039422e762ull, 0xc18404f65a2db9ceull, 0x512854bc63bf4daaull, 0xd0d24fc30ebd57a8ull,
+	     0x2977f7eb05a74fceull, 0x3a23ae23f96d1b4eull, 0xeae01b6100838aceull, 0x521208fbb22eb876ull}, /* 481 keys */
+	    {0x2643bc52fcc924c5ull, 0x19751534c2b0dd73ull, 0x60aed77fc056b461ull, 0x6ac2be163bc26e57ull,
+	     0xb77222f3e7cc4787ull, 0xf5b2cca0f08abacdull, 0x40df0ff0f2aa51a5ull, 0x3e5c329abcebef6bull}, /* 1888 keys */
+	};
+	char *dir = t_tmpdir(), cmd[128], key[32], val[8], pfx[8], end[8], v[8], prev[8];
+	struct kvd *k = t_store(dir);
+	Etcdserverpb__RangeRequest rq = ETCDSERVERPB__RANGE_REQUEST__INIT;
+	struct svc_range rr;
+	struct svc_err e = {0, NULL};
+	unsigned c, i, p, s, x;
+	size_t j;
+	uint64_t h;
+	int ok = 1, vals = 1;
+
+	if (!k)
+		return;
+	for (c = 0; c < KVD_COUNT(cases); c++) {
+		for (x = cases[c][2], p = 0; p < 3 * cases[c][0]; p++) { /* Go's: x = x*1103515245 + 12345, x >> 16 */
+			x = x * 1103515245u + 12345u;
+			i = (x >> 16) % cases[c][0];
+			x = x * 1103515245u + 12345u;
+			snprintf(key, sizeof key, "c%02u/k%05u", c, i);
+			snprintf(val, sizeof val, "v%u", (x >> 16) % cases[c][1]);
+			ok &= t_put(k, key, val) == 0;
+		}
+		ok &= mvcc_flush(k) == 0;
+		snprintf(pfx, sizeof pfx, "c%02u/", c);
+		snprintf(end, sizeof end, "c%02u0", c);
+		rq.key.data = (uint8_t *)pfx;
+		rq.key.len = strlen(pfx);
+		rq.range_end.data = (uint8_t *)end;
+		rq.range_end.len = strlen(end);
+		for (s = 0; s < KVD_COUNT(sorts); s++) {
+			rq.sort_target = (Etcdserverpb__RangeRequest__SortTarget)sorts[s][0];
+			rq.sort_order = (Etcdserverpb__RangeRequest__SortOrder)sorts[s][1];
+			if (svc_range(k, &rq, k->db.rev, &rr, &e)) {
+				ok = 0;
+				continue;
+			}
+			for (h = 1469598103934665603ull, j = 0; j < rr.n; j++) {
+				const struct mvcc_key *r = rr.kv[j].r;
+				for (i = 0, p = 5; p < r->klen; p++) /* "cNN/kNNNNN": the key's number */
+					i = i * 10 + (unsigned)(r->key[p] - '0');
+				h = (h ^ i) * 1099511628211ull;
+				if (sorts[s][0] != SORT_BY_VALUE || rr.kv[j].vlen >= sizeof v ||
+				    mvcc_pread(&k->db, v, rr.kv[j].vlen, rr.kv[j].voff))
+					continue;
+				v[rr.kv[j].vlen] = 0;
+				if (j && (sorts[s][1] == SORT_ASCEND ? strcmp(prev, v) > 0 : strcmp(prev, v) < 0))
+					vals = 0;
+				memcpy(prev, v, sizeof v);
+			}
+			if (h != want[c][s]) {
+				printf("  gosort: %u keys, target %d order %d: %016llx, Go's %016llx\n", (unsigned)rr.n,
+				       sorts[s][0], sorts[s][1], (unsigned long long)h, (unsigned long long)want[c][s]);
+				ok = 0;
+			}
+			kvd_free(k, rr.kv);
+		}
+	}
+	CHECK(ok);
+	CHECK(vals);
+	kvd_close(k);
+	snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+	CHECK(system(cmd) == 0);
+}
+
 /* Users and roles live in the log: replay, a failed flush, a rewrite.
  * [§12.2] [§12.3] */
 static void test_auth_log(void)
@@ -2814,6 +2923,58 @@ static void test_auth_secrets(void)
 		CHECK(auth_ct_diff(x, y, sizeof x));
 		y[i] ^= 0x80;
 	}
+}
+
+/*
+ * A JWT's claims are read only once its signature checks [§17.3].  Two
+ * tokens whose signatures fail -- one whose claims are well-formed JSON
+ * naming root, one whose claims are not even base64 -- cost the verifier
+ * the same allocations; the good token costs more (its header and claims
+ * are parsed), so the count would show claims read before the signature.
+ */
+static void test_jwt_claims_after_signature(void)
+{
+#ifndef KVD_NO_JWT
+	static const uint8_t secret[] = "unit-secret";
+	struct kvd *k = t_kvd();
+	struct auth_jwt *j = kvd_calloc(k, sizeof *j);
+	char good[1024], forged[1024], garbled[1024], *d1, *d2;
+	uint64_t rev = 0, n0, forged_n, garbled_n, good_n;
+
+	if (!j || !(j->secret = kvd_malloc(k, sizeof secret - 1)))
+		abort();
+	mbedtls_pk_init(&j->key);
+	memcpy(j->secret, secret, sizeof secret - 1);
+	j->nsecret = sizeof secret - 1;
+	j->priv = 1;
+	snprintf(j->alg, sizeof j->alg, "HS256");
+	j->family = 'H';
+	j->md = MBEDTLS_MD_SHA256;
+	j->ttl_ms = 300000;
+	k->auth.jwt = j;
+	CHECK(auth_jwt_issue(k, "root", good, sizeof good) == 0);
+	CHECK(auth_jwt_check(k, good, &rev) == 0 && rev == k->auth.rev && !strcmp(j->name, "root"));
+	d1 = strchr(good, '.');
+	d2 = d1 ? strchr(d1 + 1, '.') : NULL;
+	if (!d2)
+		abort();
+	snprintf(forged, sizeof forged, "%s", good); /* the claims as signed; a signature byte changed */
+	forged[d2 + 1 - good] = forged[d2 + 1 - good] == 'A' ? 'B' : 'A';
+	snprintf(garbled, sizeof garbled, "%.*s.!!!!%s", (int)(d1 - good), good, d2); /* claims: not base64 */
+	j->name[0] = 0;
+	n0 = k->nalloc;
+	CHECK(auth_jwt_check(k, forged, &rev) == -1 && !j->name[0]);
+	forged_n = k->nalloc - n0;
+	n0 = k->nalloc;
+	CHECK(auth_jwt_check(k, garbled, &rev) == -1 && !j->name[0]);
+	garbled_n = k->nalloc - n0;
+	n0 = k->nalloc;
+	CHECK(auth_jwt_check(k, good, &rev) == 0 && !strcmp(j->name, "root"));
+	good_n = k->nalloc - n0;
+	CHECK(forged_n == garbled_n && good_n > forged_n);
+	auth_jwt_free(k);
+	kvd_close(k);
+#endif
 }
 
 /* Cut the log at every byte of its last records: replay keeps a consistent
@@ -4405,6 +4566,43 @@ static void test_decode_oom(void)
 	kvd_close(k);
 }
 
+/*
+ * A call's life, in-process.  It is on k->calls from call_init to call_fini,
+ * wherever it stands in the list [§16.1]; its final status is set once,
+ * later ones ignored, and nothing is queued after it [§16.2]; each message
+ * goes out with call_msg's prefix, flag 0 and its length [§16.4]; fini gives
+ * back all it held.
+ */
+static void test_call_lifecycle(void)
+{
+	Etcdserverpb__RangeRequest rq = ETCDSERVERPB__RANGE_REQUEST__INIT;
+	struct kvd *k = t_kvd();
+	struct call a, b, c;
+	size_t len, mem0 = k->mem;
+
+	call_init(k, &a, &svc_kv[0], &t_local); /* Range */
+	call_init(k, &b, &svc_kv[0], &t_local);
+	call_init(k, &c, &svc_kv[0], &t_local);
+	CHECK(k->calls == &c && c.next == &b && b.next == &a && !a.next && a.prev == &b && b.prev == &c && !c.prev);
+	rq.key.data = (uint8_t *)"key";
+	rq.key.len = 3;
+	len = protobuf_c_message_get_packed_size(&rq.base);
+	CHECK(call_send(k, &a, &rq.base) == 0 && call_send(k, &a, &rq.base) == 0);
+	CHECK(a.out.len == 2 * (5 + len) && a.out.p[0] == 0 && get_be32(a.out.p + 1) == len &&
+	      a.out.p[5 + len] == 0 && get_be32(a.out.p + 6 + len) == len);
+	call_finish(k, &a, GRPC_NOT_FOUND, "first %d", 1);
+	call_finish(k, &a, GRPC_OK, "%s", "second");
+	CHECK(a.finished && a.status == GRPC_NOT_FOUND && a.status_msg && !strcmp(a.status_msg, "first 1"));
+	CHECK(call_send(k, &a, &rq.base) == KVD_EINVAL && a.out.len == 2 * (5 + len));
+	call_fini(k, &b); /* from the middle */
+	CHECK(k->calls == &c && c.next == &a && a.prev == &c);
+	call_fini(k, &c); /* the head */
+	CHECK(k->calls == &a && !a.prev && !a.next);
+	call_fini(k, &a);
+	CHECK(!k->calls && k->mem == mem0);
+	kvd_close(k);
+}
+
 /* The first bytes of a connection: HTTP/2, HTTP/1.x, or neither. */
 static void test_sniff(void)
 {
@@ -4641,7 +4839,7 @@ static size_t t_watch_revs(struct h2_conn *c, int64_t *revs, size_t cap)
 
 /* The log moves (a real rewrite, driven slice by slice) under a watcher
  * catching up: it finds its place again by revision and misses nothing,
- * repeats nothing. */
+ * repeats nothing [§25.2]. */
 static void test_watch_log_moved(void)
 {
 	char *dir = t_tmpdir(), cmd[128], v[16];
@@ -5293,27 +5491,467 @@ out:
 	CHECK(system(cmd) == 0);
 }
 
-/* One unary call of path with request rq, in-process, then the group
- * commit: its gRPC status, its message in msg. */
-static int t_unary(struct kvd *k, const char *path, const ProtobufCMessage *rq, char *msg, size_t cap)
+/* Start a call of path with request rq, in-process: its message and the
+ * client's half-close delivered.  The caller ends c (call_fini). */
+static void t_start(struct kvd *k, struct call *c, const char *path, const ProtobufCMessage *rq)
 {
 	const char *slash = strrchr(path, '/');
 	size_t n = protobuf_c_message_get_packed_size(rq);
 	uint8_t *p = malloc(n + 1);
-	struct call c;
-	int known, st;
+	int known;
 
 	protobuf_c_message_pack(rq, p);
-	call_init(k, &c, svc_route(path + 1, (size_t)(slash - path - 1), slash + 1, strlen(slash + 1), &known),
+	call_init(k, c, svc_route(path + 1, (size_t)(slash - path - 1), slash + 1, strlen(slash + 1), &known),
 	          &t_local);
-	call_message(k, &c, p, n);
-	call_half_close(k, &c, 0);
+	call_message(k, c, p, n);
+	call_half_close(k, c, 0);
+	free(p);
+}
+
+/* The first message call c queued, unpacked (pb_free it); NULL if none. */
+static ProtobufCMessage *t_answer(struct kvd *k, const struct call *c)
+{
+	int oom;
+
+	if (BUF_LEN(&c->out) < 5)
+		return NULL;
+	return pb_unpack(k, c->m->resp, BUF_DATA(&c->out) + 5, get_be32(BUF_DATA(&c->out) + 1), &oom);
+}
+
+/* One unary call of path with request rq, in-process, then the group
+ * commit: its gRPC status, its message in msg, its answer in *rs (when rs
+ * is not NULL; NULL when it sent none; pb_free it). */
+static int t_unary_rs(struct kvd *k, const char *path, const ProtobufCMessage *rq, ProtobufCMessage **rs, char *msg,
+                      size_t cap)
+{
+	struct call c;
+	int st;
+
+	t_start(k, &c, path, rq);
 	loop_log_flush(k);
 	st = c.finished ? c.status : -1;
 	snprintf(msg, cap, "%s", c.status_msg ? c.status_msg : "");
+	if (rs)
+		*rs = t_answer(k, &c);
 	call_fini(k, &c);
-	free(p);
 	return st;
+}
+
+static int t_unary(struct kvd *k, const char *path, const ProtobufCMessage *rq, char *msg, size_t cap)
+{
+	return t_unary_rs(k, path, rq, NULL, msg, cap);
+}
+
+/*
+ * The KV handlers, in-process.  Checks run in etcd 3.7's order, all before
+ * anything is written: an empty key and too many ops before who is calling,
+ * the size before permission, the apply's own (an unknown lease, a future
+ * revision) with the store left as it was [§19.1].  A handler only says
+ * whether it wrote: a reply finished while the batch is open is held until
+ * the flush releases it -- or, the flush failing, turns it into the error --
+ * a Put's as having written, a Range's and a DeleteRange's that matched
+ * nothing as not; a held call that goes leaves no slot behind [§19.3]
+ * [§16.3].  A Txn that reads and deletes a key answers with the key whole in
+ * both, packed from its pool after the delete [§19.4].
+ */
+static void test_kv_service(void)
+{
+	char *dir = t_tmpdir(), cmd[128], msg[256];
+	struct kvd *k = t_store(dir);
+	Etcdserverpb__PutRequest put = ETCDSERVERPB__PUT_REQUEST__INIT;
+	Etcdserverpb__RangeRequest get = ETCDSERVERPB__RANGE_REQUEST__INIT, fut = ETCDSERVERPB__RANGE_REQUEST__INIT;
+	Etcdserverpb__DeleteRangeRequest del = ETCDSERVERPB__DELETE_RANGE_REQUEST__INIT;
+	Etcdserverpb__TxnRequest txn = ETCDSERVERPB__TXN_REQUEST__INIT;
+	Etcdserverpb__RequestOp op[200], *ops[200];
+	Etcdserverpb__TxnResponse *tr;
+	uint8_t big[100];
+	struct call c;
+	int64_t rev;
+	size_t i, size;
+	int fd, saved;
+
+	if (!k)
+		return;
+	memset(big, 'x', sizeof big);
+	k->cfg.max_request_bytes = 64;
+	k->auth.enabled = 1; /* and no token: nobody calls */
+	put.key.data = (uint8_t *)"";
+	CHECK(t_unary(k, "/etcdserverpb.KV/Put", &put.base, msg, sizeof msg) == GRPC_INVALID_ARGUMENT &&
+	      !strcmp(msg, E_EMPTY_KEY));
+	put.key.data = (uint8_t *)"a";
+	put.key.len = 1;
+	put.value.data = big;
+	put.value.len = sizeof big;
+	CHECK(t_unary(k, "/etcdserverpb.KV/Put", &put.base, msg, sizeof msg) == GRPC_INVALID_ARGUMENT &&
+	      !strcmp(msg, E_TOO_LARGE));
+	put.value.len = 1;
+	CHECK(t_unary(k, "/etcdserverpb.KV/Put", &put.base, msg, sizeof msg) == GRPC_INVALID_ARGUMENT &&
+	      !strcmp(msg, E_USER_EMPTY));
+	get.key.data = (uint8_t *)"a";
+	get.key.len = 1;
+	for (i = 0; i < 200; i++) {
+		etcdserverpb__request_op__init(&op[i]);
+		op[i].request_case = ETCDSERVERPB__REQUEST_OP__REQUEST_REQUEST_RANGE;
+		op[i].request_range = &get;
+		ops[i] = &op[i];
+	}
+	txn.success = ops;
+	txn.n_success = 200;
+	CHECK(t_unary(k, "/etcdserverpb.KV/Txn", &txn.base, msg, sizeof msg) == GRPC_INVALID_ARGUMENT &&
+	      !strcmp(msg, E_TOO_MANY_OPS));
+	k->auth.enabled = 0;
+	k->cfg.max_request_bytes = 1536 * 1024;
+	CHECK(t_put(k, "a", "1") == 0 && mvcc_flush(k) == 0);
+	/* the apply's checks: nothing of the txn is written */
+	rev = k->db.rev;
+	size = k->db.size;
+	put.key.data = (uint8_t *)"b";
+	put.lease = 77;
+	op[0].request_case = ETCDSERVERPB__REQUEST_OP__REQUEST_REQUEST_PUT;
+	op[0].request_put = &put;
+	txn.n_success = 1;
+	CHECK(t_unary(k, "/etcdserverpb.KV/Txn", &txn.base, msg, sizeof msg) == GRPC_NOT_FOUND &&
+	      !strcmp(msg, E_LEASE_NOT_FOUND));
+	put.lease = 0;
+	fut.key = get.key;
+	fut.revision = rev + 5;
+	op[1].request_case = ETCDSERVERPB__REQUEST_OP__REQUEST_REQUEST_RANGE;
+	op[1].request_range = &fut;
+	txn.n_success = 2;
+	CHECK(t_unary(k, "/etcdserverpb.KV/Txn", &txn.base, msg, sizeof msg) == GRPC_OUT_OF_RANGE &&
+	      !strcmp(msg, E_FUTURE_REV));
+	CHECK(k->db.rev == rev && k->db.size == size && !*t_get(k, "b", 0, NULL));
+
+	/* replies wait for the flush; only writers say they wrote */
+	t_start(k, &c, "/etcdserverpb.KV/Put", &put.base);
+	CHECK(c.finished && c.status == GRPC_OK && c.wrote && c.held && k->nheld == 1 && k->db.w.len);
+	loop_log_flush(k);
+	CHECK(!c.held && !k->nheld && !k->db.w.len && k->db.rev == rev + 1 && BUF_LEN(&c.out) >= 5);
+	call_fini(k, &c);
+	t_put(k, "c", "1"); /* an open batch */
+	t_start(k, &c, "/etcdserverpb.KV/Range", &get.base);
+	CHECK(c.finished && c.status == GRPC_OK && !c.wrote && c.held);
+	call_fini(k, &c); /* held, and gone before the flush */
+	CHECK(k->nheld == 1 && !k->held[0]);
+	del.key.data = (uint8_t *)"nothing";
+	del.key.len = 7;
+	t_start(k, &c, "/etcdserverpb.KV/DeleteRange", &del.base);
+	CHECK(c.finished && c.status == GRPC_OK && !c.wrote && c.held);
+	loop_log_flush(k);
+	CHECK(!c.held && !k->nheld);
+	call_fini(k, &c);
+	/* a txn reading then deleting a key: its answer holds the key whole */
+	op[0].request_case = ETCDSERVERPB__REQUEST_OP__REQUEST_REQUEST_RANGE;
+	op[0].request_range = &get;
+	del.key = get.key;
+	del.prev_kv = 1;
+	op[1].request_case = ETCDSERVERPB__REQUEST_OP__REQUEST_REQUEST_DELETE_RANGE;
+	op[1].request_delete_range = &del;
+	t_start(k, &c, "/etcdserverpb.KV/Txn", &txn.base);
+	loop_log_flush(k);
+	tr = (Etcdserverpb__TxnResponse *)t_answer(k, &c);
+	CHECK(c.status == GRPC_OK && tr && tr->n_responses == 2);
+	if (tr && tr->n_responses == 2) {
+		const Etcdserverpb__RangeResponse *g = tr->responses[0]->response_range;
+		const Etcdserverpb__DeleteRangeResponse *x = tr->responses[1]->response_delete_range;
+		CHECK(g && g->n_kvs == 1 && g->kvs[0]->key.len == 1 && g->kvs[0]->key.data[0] == 'a');
+		CHECK(x && x->deleted == 1 && x->n_prev_kvs == 1 && x->prev_kvs[0]->key.len == 1 &&
+		      x->prev_kvs[0]->key.data[0] == 'a' && x->prev_kvs[0]->value.len == 1);
+	}
+	if (tr)
+		pb_free(k, &tr->base);
+	call_fini(k, &c);
+	/* a flush that fails (EBADF): the held Put answers the error, its write undone */
+	put.key.data = (uint8_t *)"d";
+	t_start(k, &c, "/etcdserverpb.KV/Put", &put.base);
+	CHECK(c.finished && c.status == GRPC_OK && c.held);
+	fd = open("/dev/null", O_RDONLY);
+	saved = k->db.fd;
+	k->db.fd = fd;
+	loop_log_flush(k);
+	k->db.fd = saved;
+	close(fd);
+	k->db.broken = 0;
+	CHECK(c.finished && !c.held && c.status == GRPC_UNAVAILABLE && c.status_msg &&
+	      strstr(c.status_msg, "not applied") && !*t_get(k, "d", 0, NULL));
+	call_fini(k, &c);
+	kvd_close(k);
+	snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+	CHECK(system(cmd) == 0);
+}
+
+/*
+ * Lease lists as etcd sorts them, in-process: TimeToLive's keys by name,
+ * whatever order they were attached in; Leases by expiry, leases expiring
+ * together by id [§20.4].
+ */
+static void test_lease_lists(void)
+{
+	static const int64_t ids[] = {7, 5, 9, 3, 6}, ttls[] = {100, 100, 50, 200, 100}, order[] = {9, 5, 6, 7, 3};
+	char *dir = t_tmpdir(), cmd[128], msg[128];
+	struct kvd *k = t_store(dir);
+	Etcdserverpb__LeaseTimeToLiveRequest tq = ETCDSERVERPB__LEASE_TIME_TO_LIVE_REQUEST__INIT;
+	Etcdserverpb__LeaseLeasesRequest lq = ETCDSERVERPB__LEASE_LEASES_REQUEST__INIT;
+	Etcdserverpb__LeaseTimeToLiveResponse *tr = NULL;
+	Etcdserverpb__LeaseLeasesResponse *lr = NULL;
+	size_t i;
+
+	if (!k)
+		return;
+	k->now = 1000000;
+	for (i = 0; i < KVD_COUNT(ids); i++)
+		CHECK(t_grant(k, ids[i], ttls[i]) == 0);
+	CHECK(t_put_lease(k, "kc", "1", 7) == 0 && t_put_lease(k, "ka", "1", 7) == 0 &&
+	      t_put_lease(k, "kb", "1", 7) == 0);
+	CHECK(mvcc_flush(k) == 0);
+	tq.id = 7;
+	tq.keys = 1;
+	CHECK(t_unary_rs(k, "/etcdserverpb.Lease/LeaseTimeToLive", &tq.base, (ProtobufCMessage **)&tr, msg, sizeof msg) ==
+	      GRPC_OK && tr && tr->ttl == 100 && tr->n_keys == 3);
+	if (tr && tr->n_keys == 3)
+		CHECK(tr->keys[0].len == 2 && !memcmp(tr->keys[0].data, "ka", 2) && !memcmp(tr->keys[1].data, "kb", 2) &&
+		      !memcmp(tr->keys[2].data, "kc", 2));
+	CHECK(t_unary_rs(k, "/etcdserverpb.Lease/LeaseLeases", &lq.base, (ProtobufCMessage **)&lr, msg, sizeof msg) ==
+	      GRPC_OK && lr && lr->n_leases == KVD_COUNT(order));
+	for (i = 0; lr && i < lr->n_leases && i < KVD_COUNT(order); i++)
+		CHECK(lr->leases[i]->id == order[i]);
+	if (tr)
+		pb_free(k, &tr->base);
+	if (lr)
+		pb_free(k, &lr->base);
+	kvd_close(k);
+	snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+	CHECK(system(cmd) == 0);
+}
+
+/* Has user name the role? */
+static int t_has_role(struct kvd *k, const char *name, const char *role)
+{
+	const Authpb__User *u = auth_user(k, name);
+
+	return u && auth_has_role(u, role);
+}
+
+/* Run hashing slices until call c is answered; how many slices it took. */
+static int t_hash_until(struct kvd *k, const struct call *c)
+{
+	int n;
+
+	for (n = 0; n < 100000 && !c->finished; n++)
+		auth_step(k);
+	return n;
+}
+
+/*
+ * The Auth service, in-process.  A change is one AUTH record applied as it
+ * is appended, or nothing: a RoleDelete that also takes the role from two
+ * users, run with each allocation failing in turn, either leaves the role,
+ * both grants, the auth revision and the batch as they were, or does all of
+ * it [§21.1].  No bcrypt runs in a handler: UserAdd and Authenticate return
+ * unanswered with a job queued, and the loop's slices (auth_step) answer
+ * them; an Authenticate whose users changed while it waited hashes again
+ * [§21.3].
+ */
+static void test_auth_service(void)
+{
+	char *dir = t_tmpdir(), cmd[128], msg[256];
+	struct kvd *k = t_store(dir);
+	Etcdserverpb__AuthUserAddRequest ua = ETCDSERVERPB__AUTH_USER_ADD_REQUEST__INIT;
+	Authpb__UserAddOptions nopw = AUTHPB__USER_ADD_OPTIONS__INIT;
+	Etcdserverpb__AuthRoleAddRequest ra = ETCDSERVERPB__AUTH_ROLE_ADD_REQUEST__INIT;
+	Etcdserverpb__AuthUserGrantRoleRequest gr = ETCDSERVERPB__AUTH_USER_GRANT_ROLE_REQUEST__INIT;
+	Etcdserverpb__AuthRoleDeleteRequest rd = ETCDSERVERPB__AUTH_ROLE_DELETE_REQUEST__INIT;
+	Etcdserverpb__AuthEnableRequest en = ETCDSERVERPB__AUTH_ENABLE_REQUEST__INIT;
+	Etcdserverpb__AuthenticateRequest au = ETCDSERVERPB__AUTHENTICATE_REQUEST__INIT;
+	Etcdserverpb__AuthenticateResponse *ar;
+	struct call c;
+	uint64_t rev, hashes, i;
+	int done = 0, whole = 1;
+
+	if (!k)
+		return;
+	k->cfg.bcrypt_cost = 4;
+	ua.name = (char *)"alice";
+	ua.password = (char *)"apw";
+	t_start(k, &c, "/etcdserverpb.Auth/UserAdd", &ua.base);
+	CHECK(!c.finished && k->auth.njobs == 1 && !auth_user(k, "alice")); /* queued, not hashed */
+	CHECK(t_hash_until(k, &c) > 0 && c.finished && c.status == GRPC_OK && auth_user(k, "alice") && !k->auth.njobs);
+	loop_log_flush(k);
+	call_fini(k, &c);
+	ua.name = (char *)"bob";
+	ua.options = &nopw;
+	nopw.no_password = 1;
+	CHECK(t_unary(k, "/etcdserverpb.Auth/UserAdd", &ua.base, msg, sizeof msg) == GRPC_OK);
+	ra.name = (char *)"r1";
+	CHECK(t_unary(k, "/etcdserverpb.Auth/RoleAdd", &ra.base, msg, sizeof msg) == GRPC_OK);
+	gr.role = (char *)"r1";
+	gr.user = (char *)"alice";
+	CHECK(t_unary(k, "/etcdserverpb.Auth/UserGrantRole", &gr.base, msg, sizeof msg) == GRPC_OK);
+	gr.user = (char *)"bob";
+	CHECK(t_unary(k, "/etcdserverpb.Auth/UserGrantRole", &gr.base, msg, sizeof msg) == GRPC_OK);
+	CHECK(t_has_role(k, "alice", "r1") && t_has_role(k, "bob", "r1"));
+
+	/* RoleDelete with the i-th allocation failing: all of it or nothing */
+	rd.role = (char *)"r1";
+	for (i = 1; i < 200 && !done; i++) {
+		rev = k->auth.rev;
+		k->fail_at = k->nalloc + i;
+		t_start(k, &c, "/etcdserverpb.Auth/RoleDelete", &rd.base);
+		k->fail_at = 0;
+		if (!auth_role(k, "r1")) { /* applied (its answer may still have found no memory) */
+			done = 1;
+			whole &= !t_has_role(k, "alice", "r1") && !t_has_role(k, "bob", "r1") && k->auth.rev == rev + 1 &&
+			         k->db.w.len > 0 && c.wrote;
+		} else {
+			whole &= c.finished && c.status == GRPC_RESOURCE_EXHAUSTED && auth_role(k, "r1") &&
+			         t_has_role(k, "alice", "r1") && t_has_role(k, "bob", "r1") && k->auth.rev == rev &&
+			         !k->db.w.len && !k->auth.nundo;
+		}
+		loop_log_flush(k);
+		call_fini(k, &c);
+	}
+	CHECK(done && i > 3 && whole);
+
+	/* Authenticate: hashed in the loop, again when the users changed meanwhile */
+	ua.name = (char *)"root";
+	ua.options = NULL;
+	t_start(k, &c, "/etcdserverpb.Auth/UserAdd", &ua.base);
+	t_hash_until(k, &c);
+	loop_log_flush(k);
+	call_fini(k, &c);
+	gr.user = (char *)"root";
+	gr.role = (char *)"root";
+	CHECK(t_unary(k, "/etcdserverpb.Auth/UserGrantRole", &gr.base, msg, sizeof msg) == GRPC_OK);
+	CHECK(t_unary(k, "/etcdserverpb.Auth/AuthEnable", &en.base, msg, sizeof msg) == GRPC_OK && k->auth.enabled);
+	au.name = (char *)"alice";
+	au.password = (char *)"apw";
+	hashes = k->auth.hashes;
+	t_start(k, &c, "/etcdserverpb.Auth/Authenticate", &au.base);
+	CHECK(!c.finished && k->auth.njobs == 1 && k->auth.hashes == hashes);
+	CHECK(t_auth_user(k, "carol", NULL) == 0); /* the users change while it waits */
+	t_hash_until(k, &c);
+	loop_log_flush(k);
+	ar = (Etcdserverpb__AuthenticateResponse *)t_answer(k, &c);
+	CHECK(c.status == GRPC_OK && k->auth.hashes == hashes + 2 && ar && ar->token && auth_tok_find(k, ar->token));
+	if (ar)
+		pb_free(k, &ar->base);
+	call_fini(k, &c);
+	kvd_close(k);
+	snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+	CHECK(system(cmd) == 0);
+}
+
+/*
+ * Membership, in-process and in memory.  A learner joins under an id no
+ * member has, its peer URLs sorted; lists come by id; a second learner, a
+ * voter, a URL already taken, kvd's own removal and any promotion are
+ * refused; an update of kvd keeps its id [§23.3].  Each member's URL list
+ * is kvd's: a learner updated and removed gives back every byte it took,
+ * and kvd_close frees what is left [§23.4].
+ */
+static void test_cluster_members(void)
+{
+	char *u1[] = {(char *)"http://b:2", (char *)"http://a:1"}, *u2[] = {(char *)"http://c:3"};
+	char *u3[] = {(char *)"http://d:4", (char *)"http://e:5", (char *)"http://f:6"};
+	char msg[256];
+	struct kvd *k = t_kvd();
+	Etcdserverpb__MemberAddRequest add = ETCDSERVERPB__MEMBER_ADD_REQUEST__INIT;
+	Etcdserverpb__MemberRemoveRequest rm = ETCDSERVERPB__MEMBER_REMOVE_REQUEST__INIT;
+	Etcdserverpb__MemberUpdateRequest up = ETCDSERVERPB__MEMBER_UPDATE_REQUEST__INIT;
+	Etcdserverpb__MemberPromoteRequest pr = ETCDSERVERPB__MEMBER_PROMOTE_REQUEST__INIT;
+	Etcdserverpb__MemberListRequest lq = ETCDSERVERPB__MEMBER_LIST_REQUEST__INIT;
+	Etcdserverpb__MemberAddResponse *ar = NULL;
+	Etcdserverpb__MemberListResponse *lr = NULL;
+	uint64_t me = k->member_id, id = 0;
+	size_t mem0 = k->mem, mem1;
+
+	add.peerurls = u1;
+	add.n_peerurls = 2;
+	add.islearner = 1;
+	CHECK(t_unary_rs(k, "/etcdserverpb.Cluster/MemberAdd", &add.base, (ProtobufCMessage **)&ar, msg, sizeof msg) ==
+	      GRPC_OK && ar && ar->member && ar->n_members == 2);
+	if (ar && ar->member && ar->n_members == 2) {
+		id = ar->member->id;
+		CHECK(id != me && ar->member->islearner && ar->member->n_peerurls == 2 &&
+		      !strcmp(ar->member->peerurls[0], "http://a:1") && !strcmp(ar->member->peerurls[1], "http://b:2"));
+		CHECK(ar->members[0]->id < ar->members[1]->id);
+	}
+	if (ar)
+		pb_free(k, &ar->base);
+	mem1 = k->mem;
+	up.id = id; /* its URLs replaced by more */
+	up.peerurls = u3;
+	up.n_peerurls = 3;
+	CHECK(t_unary(k, "/etcdserverpb.Cluster/MemberUpdate", &up.base, msg, sizeof msg) == GRPC_OK && k->mem > mem1);
+	add.peerurls = u2;
+	add.n_peerurls = 1;
+	CHECK(t_unary(k, "/etcdserverpb.Cluster/MemberAdd", &add.base, msg, sizeof msg) == GRPC_FAILED_PRECONDITION &&
+	      strstr(msg, "too many learner members"));
+	add.islearner = 0;
+	CHECK(t_unary(k, "/etcdserverpb.Cluster/MemberAdd", &add.base, msg, sizeof msg) == GRPC_UNKNOWN &&
+	      strstr(msg, "not enough started members"));
+	add.peerurls = u3 + 2;
+	CHECK(t_unary(k, "/etcdserverpb.Cluster/MemberAdd", &add.base, msg, sizeof msg) == GRPC_FAILED_PRECONDITION &&
+	      strstr(msg, "Peer URLs already exists"));
+	rm.id = me;
+	CHECK(t_unary(k, "/etcdserverpb.Cluster/MemberRemove", &rm.base, msg, sizeof msg) == GRPC_UNKNOWN &&
+	      strstr(msg, "not enough started members"));
+	pr.id = id;
+	CHECK(t_unary(k, "/etcdserverpb.Cluster/MemberPromote", &pr.base, msg, sizeof msg) == GRPC_FAILED_PRECONDITION);
+	CHECK(t_unary_rs(k, "/etcdserverpb.Cluster/MemberList", &lq.base, (ProtobufCMessage **)&lr, msg, sizeof msg) ==
+	      GRPC_OK && lr && lr->n_members == 2);
+	if (lr && lr->n_members == 2)
+		CHECK(lr->members[0]->id < lr->members[1]->id && (lr->members[0]->id == id || lr->members[1]->id == id) &&
+		      (lr->members[0]->id == me || lr->members[1]->id == me));
+	if (lr)
+		pb_free(k, &lr->base);
+	rm.id = id; /* gone: all it took back but the table, which stays until kvd_close */
+	CHECK(t_unary(k, "/etcdserverpb.Cluster/MemberRemove", &rm.base, msg, sizeof msg) == GRPC_OK && !k->nmembers);
+	CHECK(k->mem == mem0 + SVC_MAX_MEMBERS * sizeof *k->members);
+	up.id = me;
+	up.peerurls = u2;
+	up.n_peerurls = 1;
+	CHECK(t_unary(k, "/etcdserverpb.Cluster/MemberUpdate", &up.base, msg, sizeof msg) == GRPC_OK && k->member_id == me &&
+	      k->npeer_urls == 1 && !strcmp(k->peer_urls[0], "http://c:3"));
+	add.islearner = 1;
+	add.peerurls = u1;
+	add.n_peerurls = 2;
+	CHECK(t_unary(k, "/etcdserverpb.Cluster/MemberAdd", &add.base, msg, sizeof msg) == GRPC_OK && k->nmembers == 1);
+	kvd_close(k); /* a learner left: freed here (the sanitizer build's leak check) */
+}
+
+/*
+ * Downgrade lives in memory only: ENABLE writes nothing, Status and
+ * /version's source (svc_cluster_version) say 3.6.0 at once, and after a
+ * restart the cluster is 3.7 again [§22.5].
+ */
+static void test_downgrade_in_memory(void)
+{
+	char *dir = t_tmpdir(), cmd[128], msg[128];
+	struct kvd *k = t_store(dir);
+	Etcdserverpb__DowngradeRequest dq = ETCDSERVERPB__DOWNGRADE_REQUEST__INIT;
+	Etcdserverpb__StatusRequest sq = ETCDSERVERPB__STATUS_REQUEST__INIT;
+	Etcdserverpb__StatusResponse *sr = NULL;
+	uint64_t size;
+
+	if (!k)
+		return;
+	size = k->db.size;
+	dq.action = ETCDSERVERPB__DOWNGRADE_REQUEST__DOWNGRADE_ACTION__ENABLE;
+	dq.version = (char *)"3.6";
+	CHECK(t_unary(k, "/etcdserverpb.Maintenance/Downgrade", &dq.base, msg, sizeof msg) == GRPC_OK && k->downgrade);
+	CHECK(k->db.size == size && !k->db.w.len && !strcmp(svc_cluster_version(k), "3.6.0"));
+	CHECK(t_unary_rs(k, "/etcdserverpb.Maintenance/Status", &sq.base, (ProtobufCMessage **)&sr, msg, sizeof msg) ==
+	      GRPC_OK && sr && sr->storageversion && !strcmp(sr->storageversion, "3.6.0"));
+	if (sr)
+		pb_free(k, &sr->base);
+	kvd_close(k);
+	k = t_store(dir);
+	CHECK(k && !k->downgrade && !strcmp(svc_cluster_version(k), KVD_ETCD_CLUSTER));
+	if (k)
+		kvd_close(k);
+	snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+	CHECK(system(cmd) == 0);
 }
 
 /* A log: the header, a BASE record at rev holding puts of keys[i]
@@ -5614,6 +6252,8 @@ static const struct {
 	{"pb_merge_fields", test_pb_merge_fields},
 	{"txn_nesting", test_txn_nesting},
 	{"decode_oom", test_decode_oom},
+	{"call_lifecycle", test_call_lifecycle},
+	{"kv_service", test_kv_service},
 	{"sniff", test_sniff},
 	{"h2_closed_streams", test_h2_closed_streams},
 	{"h2_idle_progress", test_h2_idle_progress},
@@ -5631,9 +6271,12 @@ static const struct {
 	{"mvcc_torn_tail", test_mvcc_torn_tail},
 	{"log_grammar_refusals", test_log_grammar_refusals},
 	{"log_readers_use_the_grammar", test_log_readers_use_the_grammar},
+	{"gosort_as_go", test_gosort_as_go},
 	{"bcrypt", test_bcrypt},
 	{"auth_log", test_auth_log},
 	{"auth_secrets", test_auth_secrets},
+	{"jwt_claims_after_signature", test_jwt_claims_after_signature},
+	{"auth_service", test_auth_service},
 	{"watch", test_watch},
 	{"watch_log_moved", test_watch_log_moved},
 	{"log_rewrite", test_log_rewrite},
@@ -5645,10 +6288,13 @@ static const struct {
 	{"snapshot_memory", test_snapshot_memory},
 	{"snapshot_restore_refusals", test_snapshot_restore_refusals},
 	{"number_bounds", test_number_bounds},
+	{"cluster_members", test_cluster_members},
+	{"downgrade_in_memory", test_downgrade_in_memory},
 	{"lease_wheel", test_lease_wheel},
 	{"lease_keys_and_undo", test_lease_keys_and_undo},
 	{"lease_expiry_burst", test_lease_expiry_burst},
 	{"lease_oom", test_lease_oom},
+	{"lease_lists", test_lease_lists},
 	{"json", test_json},
 	{"gw_json", test_gw_json},
 	{"confd_vectors", test_confd_vectors},

@@ -164,8 +164,9 @@ def raw_watch_stream(port, window=65535):
 @test
 def slow_reader_100k_events():
     """The client stops reading while 100k events (1000 keys, each rewritten
-    100 times) are written: kvd's own memory stays bounded; when it reads
-    again, every event arrives in order."""
+    100 times) are written: kvd's own memory stays bounded [§25.3]; when it
+    reads again, every event arrives in order, none lost, none twice
+    [§25.2]."""
     k = Kvd(KVD_TEST)
     s, fr = raw_watch_stream(k.port)
     req = R.WatchRequest()
