@@ -19272,7 +19272,8 @@ static void svc_shutdown(struct kvd *k)
  * Invariants:
  *   1. Nothing blocks: the BIO callbacks turn EAGAIN into WANT_READ or
  *      WANT_WRITE (tls_bio_recv, tls_bio_send), and after WANT_WRITE the
- *      same bytes are offered again (tls_send's t->pending).
+ *      same bytes are offered again and counted sent once (tls_send's
+ *      t->pending; a call with no bytes only moves the handshake on).
  *   2. Handshakes are bounded and counted once each way: k->tls->handshaking
  *      and the share's SHARE_HANDSHAKES go up in tls_accept and down in
  *      tls_hs_end -- when one finishes (tls_step) or an unfinished one is
@@ -20143,8 +20144,11 @@ static long tls_send(struct conn *c, const void *p, size_t n)
 
 	if ((r = tls_step(c)))
 		return r;
-	if (!n && !t->pending)
+	if (!n) /* pending bytes go with the call that offers them again, which counts them sent */
 		return 0;
+	/* [§27.1] after WANT_WRITE the same bytes come again, the caller's buffer untouched */
+	if (!KVD_ALWAYS(n >= t->pending))
+		return KVD_EIO;
 	len = t->pending ? t->pending : KVD_MIN(n, (size_t)TLS_RECORD);
 	r = mbedtls_ssl_write(&t->ssl, p, len);
 	if (r > 0) {

@@ -2008,18 +2008,8 @@ static char *t_tmpdir(void)
 }
 
 
-#if !defined(KVD_NO_TLS) && defined(MBEDTLS_PLATFORM_MEMORY) && !defined(KVD_NO_MBED_MEMORY) && \
-    defined(MBEDTLS_SSL_CLI_C)
-/*
- * The sweep over TLS: where mbedtls allocates through kvd (an mbedtls built
- * with MBEDTLS_PLATFORM_MEMORY: make mbedtls36), allocation N of a whole
- * TLS connection -- accept, handshake, a Put over HTTP/2, the close -- fails,
- * for every N the connection makes.  kvd must close that connection or
- * serve it, never crash or hang, and hold no more memory afterwards than the
- * Puts that were applied.  The client is mbedtls too, in this process,
- * allocating outside kvd's count (the hook's owner is lent away while it
- * runs).
- */
+#if !defined(KVD_NO_TLS) && defined(MBEDTLS_SSL_CLI_C)
+/* A TLS client in this process: mbedtls over a nonblocking socket. */
 struct t_cli {
 	mbedtls_ssl_context ssl;
 	mbedtls_ssl_config conf;
@@ -2045,6 +2035,130 @@ static int t_cli_recv(void *ctx, unsigned char *p, size_t n)
 }
 
 static const char *t_alpn[] = {"h2", NULL};
+
+/*
+ * A write that blocks mid-record: kvd's socket fills while the client reads
+ * nothing, so mbedtls_ssl_write says WANT_WRITE with a record half sent;
+ * those bytes must be offered again and count once.  The wake-up for
+ * POLLOUT used to flush the record and drop the count, so the next write
+ * sent the same bytes in a second record: the client read corrupt HTTP/2
+ * frames.  A 1 MiB Range answer must arrive whole, its frames intact. [§27.1]
+ */
+static void test_tls_blocked_write(void)
+{
+	static uint8_t val[1 << 20], ans[1200000];
+	struct kvd_config cfg;
+	struct kvd *k;
+	struct t_cli c;
+	struct sockaddr_un a = {0};
+	struct kvd_buf req = {0}, blk = {0};
+	struct mvcc_txn t;
+	mbedtls_entropy_context ent;
+	mbedtls_ctr_drbg_context drbg;
+	char *dir = t_tmpdir(), url[128], path[96], err[KVD_ERRLEN], cmd[128];
+	uint8_t set[6], inc[4];
+	size_t nans = 0, at = 0, data = 0, sent = 0, len;
+	int i, r, hs = 0, done = 0, bad = 0;
+
+	snprintf(path, sizeof path, "%s/s", dir);
+	snprintf(url, sizeof url, "unixs://%s", path);
+	kvd_config_init(&cfg);
+	cfg.data_dir = dir;
+	cfg.listen_client_urls = url;
+	cfg.advertise_client_urls = url;
+	cfg.auto_tls = 1;
+	cfg.unsafe_no_fsync = 1;
+	cfg.log_level = KVD_LOG_WARN;
+	if (kvd_open(&cfg, &k, err, sizeof err)) {
+		printf("tls_blocked_write: kvd_open: %s\n", err);
+		CHECK(0);
+		return;
+	}
+	kvd_set_log(k, t_quiet, NULL);
+	memset(val, 'v', sizeof val);
+	CHECK(!mvcc_txn_begin(k, &t) && !mvcc_put(k, &t, (const uint8_t *)"big", 3, val, sizeof val, 0));
+	mvcc_txn_end(k, &t);
+	kvd_poll(k, 0);
+	/* the preface, windows as large as they go, and a Range of the value */
+	buf_append(k, &req, H2_PREFACE, H2_PREFACE_LEN);
+	put_be16(set, H2_SET_INITIAL_WINDOW_SIZE);
+	put_be32(set + 2, H2_MAX_WINDOW);
+	t_put_frame(&req, k, H2_SETTINGS, 0, 0, set, sizeof set);
+	put_be32(inc, H2_MAX_WINDOW - H2_DEFAULT_WINDOW);
+	t_put_frame(&req, k, H2_WINDOW_UPDATE, 0, 0, inc, sizeof inc);
+	buf_append(k, &blk, "\x83\x86", 2);
+	hp_put_field(k, &blk, 4, NULL, "/etcdserverpb.KV/Range", 22);
+	hp_put_field(k, &blk, 31, NULL, "application/grpc", 16);
+	t_put_frame(&req, k, H2_HEADERS, H2_F_END_HEADERS, 1, BUF_DATA(&blk), BUF_LEN(&blk));
+	t_put_frame(&req, k, H2_DATA, H2_F_END_STREAM, 1, "\0\0\0\0\5\x0a\x03" "big", 10);
+	mbedtls_entropy_init(&ent);
+	mbedtls_ctr_drbg_init(&drbg);
+	mbedtls_ctr_drbg_seed(&drbg, mbedtls_entropy_func, &ent, (const unsigned char *)"t", 1);
+	a.sun_family = AF_UNIX;
+	snprintf(a.sun_path, sizeof a.sun_path, "%s", path);
+	c.fd = socket(AF_UNIX, SOCK_STREAM, 0);
+	CHECK(c.fd >= 0 && !connect(c.fd, (struct sockaddr *)&a, sizeof a) && !net_nonblock(c.fd));
+	mbedtls_ssl_init(&c.ssl);
+	mbedtls_ssl_config_init(&c.conf);
+	mbedtls_ssl_config_defaults(&c.conf, MBEDTLS_SSL_IS_CLIENT, MBEDTLS_SSL_TRANSPORT_STREAM,
+	                            MBEDTLS_SSL_PRESET_DEFAULT);
+	mbedtls_ssl_conf_authmode(&c.conf, MBEDTLS_SSL_VERIFY_NONE);
+	mbedtls_ssl_conf_rng(&c.conf, mbedtls_ctr_drbg_random, &drbg);
+	mbedtls_ssl_conf_alpn_protocols(&c.conf, t_alpn);
+	mbedtls_ssl_setup(&c.ssl, &c.conf);
+	mbedtls_ssl_set_bio(&c.ssl, &c.fd, t_cli_send, t_cli_recv, NULL);
+	for (i = 0; i < 20000 && sent < BUF_LEN(&req); i++) {
+		kvd_poll(k, 1);
+		if (!hs)
+			hs = !(r = mbedtls_ssl_handshake(&c.ssl));
+		else if ((r = mbedtls_ssl_write(&c.ssl, BUF_DATA(&req) + sent, BUF_LEN(&req) - sent)) > 0)
+			sent += (size_t)r;
+		if (r < 0 && r != MBEDTLS_ERR_SSL_WANT_READ && r != MBEDTLS_ERR_SSL_WANT_WRITE)
+			break;
+	}
+	CHECK(hs && sent == BUF_LEN(&req));
+	for (i = 0; i < 200; i++) /* the client reads nothing: kvd's socket fills */
+		kvd_poll(k, 1);
+	for (i = 0; i < 200000 && !done && !bad; i++) {
+		kvd_poll(k, 0);
+		r = mbedtls_ssl_read(&c.ssl, ans + nans, KVD_MIN(4096, sizeof ans - nans));
+		if (r > 0)
+			nans += (size_t)r;
+		else if (r != MBEDTLS_ERR_SSL_WANT_READ && r != MBEDTLS_ERR_SSL_WANT_WRITE)
+			break;
+		while (!done && !bad && at + 9 <= nans && at + 9 + (len = get_be24(ans + at)) <= nans) {
+			bad = ans[at + 3] > H2_CONTINUATION || len > H2_DEFAULT_FRAME || get_be32(ans + at + 5) > 1;
+			data += ans[at + 3] == H2_DATA ? len : 0;
+			done = ans[at + 3] == H2_HEADERS && (ans[at + 4] & H2_F_END_STREAM);
+			at += 9 + len;
+		}
+	}
+	CHECK(!bad && done && data > sizeof val && data < sizeof val + 256);
+	mbedtls_ssl_free(&c.ssl);
+	mbedtls_ssl_config_free(&c.conf);
+	mbedtls_ctr_drbg_free(&drbg);
+	mbedtls_entropy_free(&ent);
+	close(c.fd);
+	buf_free(k, &req);
+	buf_free(k, &blk);
+	kvd_close(k);
+	snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+	CHECK(system(cmd) == 0);
+}
+#endif
+
+#if !defined(KVD_NO_TLS) && defined(MBEDTLS_PLATFORM_MEMORY) && !defined(KVD_NO_MBED_MEMORY) && \
+    defined(MBEDTLS_SSL_CLI_C)
+/*
+ * The sweep over TLS: where mbedtls allocates through kvd (an mbedtls built
+ * with MBEDTLS_PLATFORM_MEMORY: make mbedtls36), allocation N of a whole
+ * TLS connection -- accept, handshake, a Put over HTTP/2, the close -- fails,
+ * for every N the connection makes.  kvd must close that connection or
+ * serve it, never crash or hang, and hold no more memory afterwards than the
+ * Puts that were applied.  The client is mbedtls too, in this process,
+ * allocating outside kvd's count (the hook's owner is lent away while it
+ * runs).
+ */
 
 /* One connection: 1 = the Put was answered, 0 = kvd closed it, -1 = stuck. */
 static int t_tls_put(struct kvd *k, const char *path, mbedtls_ctr_drbg_context *drbg, struct kvd_buf *req)
@@ -4713,6 +4827,9 @@ static const struct {
 #if !defined(KVD_NO_TLS) && defined(MBEDTLS_PLATFORM_MEMORY) && !defined(KVD_NO_MBED_MEMORY) && \
     defined(MBEDTLS_SSL_CLI_C)
 	{"tls_oom_sweep", test_tls_oom_sweep},
+#endif
+#if !defined(KVD_NO_TLS) && defined(MBEDTLS_SSL_CLI_C)
+	{"tls_blocked_write", test_tls_blocked_write},
 #endif
 	{"pb_check", test_pb_check},
 	{"pb_str_whole", test_pb_str_whole},
