@@ -18988,9 +18988,10 @@ static void watch_fini(struct kvd *k)
  * rule for calls (svc_stop_call, svc_shutdown) ends the section.
  *
  * Invariants:
- *   1. Every entry has an on_msg: call_message calls it unchecked (no test
- *      checks the table; the protobuf fuzzer skips an entry without one).
- *      req is NULL only for the test methods (raw bytes: call_decode).
+ *   1. Every entry has an on_msg: call_message calls it unchecked (the
+ *      unit test svc_table walks the table; the protobuf fuzzer skips an
+ *      entry without one).  req is NULL only for the test methods (raw
+ *      bytes: call_decode).
  *   2. svc_route matches a service name, then a method, exactly -- no
  *      prefix, no case folding -- and tells an unknown method of a known
  *      service from an unknown service (known_service), for grpc-go's
@@ -19394,7 +19395,8 @@ static const char *const tls13_suites[] = {
 
 static void tls_cfg_unref(struct kvd *k, struct tls_cfg *t)
 {
-	if (!t || --t->refs)
+	/* [§27.4] each ref given back was taken: a generation goes with its last */
+	if (!t || !KVD_ALWAYS(t->refs > 0) || --t->refs)
 		return;
 	mbedtls_ssl_config_free(&t->conf);
 	mbedtls_x509_crt_free(&t->cert);
@@ -20009,9 +20011,10 @@ static int tls_names_any(const mbedtls_x509_crt *crt, const char *list)
 /* A handshake is no longer in progress (done, or its connection gone). */
 static void tls_hs_end(struct conn *c)
 {
-	if (c->k->tls)
+	/* [§27.2] counted once each way: an end follows its tls_accept */
+	if (c->k->tls && KVD_ALWAYS(c->k->tls->handshaking > 0))
 		c->k->tls->handshaking--;
-	if (c->share)
+	if (c->share && KVD_ALWAYS(c->share->n[SHARE_HANDSHAKES] > 0))
 		c->share->n[SHARE_HANDSHAKES]--;
 }
 
@@ -20243,6 +20246,7 @@ static const char *tls_peer_cn(const struct conn *c, size_t *n)
 {
 	const struct tls_conn *t = c->tr == &tls_transport ? c->ts : NULL;
 
+	(void)KVD_NEVER(t && t->cn && !t->done); /* [§27.3] a CN comes only with a finished handshake */
 	*n = t && t->done && t->cn ? t->cnlen : 0;
 	return t && t->done && t->cert ? (t->cn ? t->cn : "") : NULL;
 }
@@ -20292,10 +20296,11 @@ KVD_UNUSED static int tls_is(const struct conn *c)
  *   3. The whole block is always decoded, past the caps too (o->over), so
  *      the table stays in step with the peer's encoder; a list cut at the
  *      caps is answered, never served in part (h2_on_block).
- *   4. Decoded fields point into the block or the shared arena (k->harena)
- *      and live until the next decode: strings from the dynamic table are
- *      copied there, since an insert later in the block may evict them,
- *      and whoever keeps a field copies it (call_keep_meta).
+ *   4. Decoded fields point into the block, the static table or the shared
+ *      arena (k->harena), never into the dynamic table, and live until the
+ *      next decode: strings from the dynamic table are copied to the arena,
+ *      since an insert later in the block may evict them, and whoever keeps
+ *      a field copies it (call_keep_meta).
  */
 
 /* Appendix A: the static table. */
@@ -20474,6 +20479,10 @@ static int hp_insert(struct kvd *k, struct hp_table *t, const uint8_t *name, siz
 	}
 	if (!name || !value)
 		return HP_EINVAL; /* cannot happen: small strings always fit */
+	/* [§28.4] nothing inserted points into the table it may move or evict */
+	if (KVD_NEVER(t->mem && ((uintptr_t)name - (uintptr_t)t->mem < HP_TABLE_SIZE ||
+	                         (uintptr_t)value - (uintptr_t)t->mem < HP_TABLE_SIZE)))
+		return HP_EINVAL;
 	while (t->size + need > t->max)
 		hp_evict(t);
 	if (!t->mem && !(t->mem = kvd_malloc(k, HP_TABLE_SIZE)))
@@ -20495,6 +20504,8 @@ static int hp_insert(struct kvd *k, struct hp_table *t, const uint8_t *name, siz
 	t->tail += nlen + vlen;
 	t->n++;
 	t->size += need;
+	/* [§28.1] within its maximum, the maximum within HP_TABLE_SIZE */
+	(void)KVD_ALWAYS(t->size <= t->max && t->max <= HP_TABLE_SIZE && t->n <= HP_MAX_ENTRIES);
 	return 0;
 }
 
@@ -20649,12 +20660,16 @@ static int hp_decode(struct kvd *k, struct hp_table *t, const uint8_t *p, size_t
 			o->alen = mark; /* keep decoding for table sync, store nothing */
 			continue;
 		}
+		/* [§28.4] a field never points into the dynamic table */
+		(void)KVD_NEVER(t->mem && ((uintptr_t)name - (uintptr_t)t->mem < HP_TABLE_SIZE ||
+		                           (uintptr_t)val - (uintptr_t)t->mem < HP_TABLE_SIZE));
 		o->f[o->nf].name = (const char *)name;
 		o->f[o->nf].nlen = (uint32_t)nlen;
 		o->f[o->nf].value = (const char *)val;
 		o->f[o->nf].vlen = (uint32_t)vlen;
 		o->nf++;
 	}
+	(void)KVD_ALWAYS(p == end); /* [§28.2] every read stayed inside the block */
 	return 0;
 }
 
@@ -21434,6 +21449,8 @@ static void h2_on_continuation(struct kvd *k, struct h2_conn *h2, unsigned flags
 	}
 	memcpy(h2->hblk + h2->hblk_len, p, n);
 	h2->hblk_len += n;
+	/* [§29.1] a header block within its caps, in frames and bytes */
+	(void)KVD_ALWAYS(h2->hblk_len <= KVD_MAX_HEADER_BLOCK && h2->hblk_frames <= KVD_MAX_CONTINUATIONS);
 	if (flags & H2_F_END_HEADERS) {
 		uint8_t f = h2->hblk_flags;
 		h2->hblk_sid = 0;
@@ -21957,6 +21974,8 @@ static int h2_send_data(struct kvd *k, struct h2_conn *h2, struct h2_stream *s, 
 		buf_consume(b, n);
 		h2->send_window -= (int64_t)n;
 		s->send_window -= (int64_t)n;
+		/* [§29.3] no DATA past a window or the peer's frame size */
+		(void)KVD_ALWAYS(h2->send_window >= 0 && s->send_window >= 0 && n <= h2->peer_max_frame);
 		h2->sent_since_ping = 1;
 	}
 	s->stalled_since = 0;
@@ -21981,7 +22000,7 @@ static int h2_stream_send(struct kvd *k, struct h2_conn *h2, struct h2_stream *s
 	if (s->hx)
 		return http_h2_send(k, h2, s);
 #endif
-	if (KVD_NEVER(s->call.held)) /* the durability contract: see loop_log_flush */
+	if (KVD_NEVER(s->call.held)) /* [§29.5] the durability contract: see loop_log_flush */
 		return 0;
 	for (;;) {
 		room = KVD_MIN(h2->send_window, s->send_window);
@@ -22223,6 +22242,8 @@ static void grpc_finished(struct kvd *k, struct call *call)
 		h2_consumed(s);
 	}
 	h2_recharge(s);
+	/* [§30.2] nothing of it stays buffered, granted or charged */
+	(void)KVD_ALWAYS(!BUF_LEN(&s->in) && !s->reserved && !s->charge);
 }
 
 static const struct call_carrier grpc_h2_carrier = {"grpc", grpc_finished};
@@ -22331,6 +22352,8 @@ static void grpc_on_data(struct kvd *k, struct h2_stream *s)
 			call_finish(k, call, GRPC_INTERNAL, "grpc: compressed flag set with identity or empty encoding");
 			return;
 		}
+		/* [§30.1] a whole message, under the receive cap */
+		(void)KVD_ALWAYS(have >= 5 + (size_t)len && len <= grpc_max_recv(k));
 		call_message(k, call, p + 5, len);
 		if (call->finished) /* call_finish already dropped the buffer */
 			return;
@@ -22546,11 +22569,12 @@ static int confd_load_key(struct kvd *k, char *err, size_t errlen)
 	if (n <= 0 || n > CONFD_MAX_KEY) {
 		snprintf(err, errlen, "--confd-hmac-key-file %s: %s", path,
 		         n < 0 ? strerror(errno) : n == 0 ? "empty" : "longer than 4096 bytes");
+		util_wipe(key, sizeof key);
 		return KVD_EINVAL;
 	}
 	confd_hmac_key(cd, key, (size_t)n);
 	cd->keylen = (size_t)n;
-	memset(key, 0, sizeof key);
+	util_wipe(key, sizeof key); /* a memset here, the key's last use, may be optimised away */
 	return 0;
 }
 
@@ -24097,6 +24121,7 @@ static void confd_read(struct kvd *k, int fd)
 
 	if (k->db.w.len)
 		loop_log_flush(k); /* never answer from writes that are not durable yet */
+	(void)KVD_ALWAYS(k->db.rev == k->db.rev_durable); /* [§32.2] every revision answered is durable */
 	for (i = 0; i < CONFD_BATCH; i++) {
 		sl = sizeof sa;
 		n = recvfrom(fd, cd->rbuf, CONFD_RECV, MSG_TRUNC, (struct sockaddr *)&sa, &sl);
@@ -24115,7 +24140,8 @@ static void confd_read(struct kvd *k, int fd)
 			cd->dropped[CONFD_D_SRC_RATE]++;
 			continue;
 		}
-		if (confd_handle(k, cd->rbuf, (size_t)n, confd_wall()))
+		/* [§32.3] a reply fits one datagram, or there is none */
+		if (confd_handle(k, cd->rbuf, (size_t)n, confd_wall()) || KVD_NEVER(cd->out.len > KVD_CONFD_MAX_REPLY))
 			continue;
 		if (sendto(fd, cd->out.p, cd->out.len, MSG_NOSIGNAL, (struct sockaddr *)&sa, sl) < 0)
 			cd->send_errors++;
