@@ -19086,9 +19086,10 @@ static void watch_fini(struct kvd *k)
  * rule for calls (svc_stop_call, svc_shutdown) ends the section.
  *
  * Invariants:
- *   1. Every entry has an on_msg: call_message calls it unchecked (no test
- *      checks the table; the protobuf fuzzer skips an entry without one).
- *      req is NULL only for the test methods (raw bytes: call_decode).
+ *   1. Every entry has an on_msg: call_message calls it unchecked (the
+ *      unit test svc_table walks the table; the protobuf fuzzer skips an
+ *      entry without one).  req is NULL only for the test methods (raw
+ *      bytes: call_decode).
  *   2. svc_route matches a service name, then a method, exactly -- no
  *      prefix, no case folding -- and tells an unknown method of a known
  *      service from an unknown service (known_service), for grpc-go's
@@ -19370,7 +19371,8 @@ static void svc_shutdown(struct kvd *k)
  * Invariants:
  *   1. Nothing blocks: the BIO callbacks turn EAGAIN into WANT_READ or
  *      WANT_WRITE (tls_bio_recv, tls_bio_send), and after WANT_WRITE the
- *      same bytes are offered again (tls_send's t->pending).
+ *      same bytes are offered again and counted sent once (tls_send's
+ *      t->pending; a call with no bytes only moves the handshake on).
  *   2. Handshakes are bounded and counted once each way: k->tls->handshaking
  *      and the share's SHARE_HANDSHAKES go up in tls_accept and down in
  *      tls_hs_end -- when one finishes (tls_step) or an unfinished one is
@@ -19491,7 +19493,8 @@ static const char *const tls13_suites[] = {
 
 static void tls_cfg_unref(struct kvd *k, struct tls_cfg *t)
 {
-	if (!t || --t->refs)
+	/* [§27.4] each ref given back was taken: a generation goes with its last */
+	if (!t || !KVD_ALWAYS(t->refs > 0) || --t->refs)
 		return;
 	mbedtls_ssl_config_free(&t->conf);
 	mbedtls_x509_crt_free(&t->cert);
@@ -20106,9 +20109,10 @@ static int tls_names_any(const mbedtls_x509_crt *crt, const char *list)
 /* A handshake is no longer in progress (done, or its connection gone). */
 static void tls_hs_end(struct conn *c)
 {
-	if (c->k->tls)
+	/* [§27.2] counted once each way: an end follows its tls_accept */
+	if (c->k->tls && KVD_ALWAYS(c->k->tls->handshaking > 0))
 		c->k->tls->handshaking--;
-	if (c->share)
+	if (c->share && KVD_ALWAYS(c->share->n[SHARE_HANDSHAKES] > 0))
 		c->share->n[SHARE_HANDSHAKES]--;
 }
 
@@ -20241,8 +20245,11 @@ static long tls_send(struct conn *c, const void *p, size_t n)
 
 	if ((r = tls_step(c)))
 		return r;
-	if (!n && !t->pending)
+	if (!n) /* pending bytes go with the call that offers them again, which counts them sent */
 		return 0;
+	/* [§27.1] after WANT_WRITE the same bytes come again, the caller's buffer untouched */
+	if (!KVD_ALWAYS(n >= t->pending))
+		return KVD_EIO;
 	len = t->pending ? t->pending : KVD_MIN(n, (size_t)TLS_RECORD);
 	r = mbedtls_ssl_write(&t->ssl, p, len);
 	if (r > 0) {
@@ -20337,6 +20344,7 @@ static const char *tls_peer_cn(const struct conn *c, size_t *n)
 {
 	const struct tls_conn *t = c->tr == &tls_transport ? c->ts : NULL;
 
+	(void)KVD_NEVER(t && t->cn && !t->done); /* [§27.3] a CN comes only with a finished handshake */
 	*n = t && t->done && t->cn ? t->cnlen : 0;
 	return t && t->done && t->cert ? (t->cn ? t->cn : "") : NULL;
 }
@@ -20386,10 +20394,11 @@ KVD_UNUSED static int tls_is(const struct conn *c)
  *   3. The whole block is always decoded, past the caps too (o->over), so
  *      the table stays in step with the peer's encoder; a list cut at the
  *      caps is answered, never served in part (h2_on_block).
- *   4. Decoded fields point into the block or the shared arena (k->harena)
- *      and live until the next decode: strings from the dynamic table are
- *      copied there, since an insert later in the block may evict them,
- *      and whoever keeps a field copies it (call_keep_meta).
+ *   4. Decoded fields point into the block, the static table or the shared
+ *      arena (k->harena), never into the dynamic table, and live until the
+ *      next decode: strings from the dynamic table are copied to the arena,
+ *      since an insert later in the block may evict them, and whoever keeps
+ *      a field copies it (call_keep_meta).
  */
 
 /* Appendix A: the static table. */
@@ -20568,6 +20577,10 @@ static int hp_insert(struct kvd *k, struct hp_table *t, const uint8_t *name, siz
 	}
 	if (!name || !value)
 		return HP_EINVAL; /* cannot happen: small strings always fit */
+	/* [§28.4] nothing inserted points into the table it may move or evict */
+	if (KVD_NEVER(t->mem && ((uintptr_t)name - (uintptr_t)t->mem < HP_TABLE_SIZE ||
+	                         (uintptr_t)value - (uintptr_t)t->mem < HP_TABLE_SIZE)))
+		return HP_EINVAL;
 	while (t->size + need > t->max)
 		hp_evict(t);
 	if (!t->mem && !(t->mem = kvd_malloc(k, HP_TABLE_SIZE)))
@@ -20589,6 +20602,8 @@ static int hp_insert(struct kvd *k, struct hp_table *t, const uint8_t *name, siz
 	t->tail += nlen + vlen;
 	t->n++;
 	t->size += need;
+	/* [§28.1] within its maximum, the maximum within HP_TABLE_SIZE */
+	(void)KVD_ALWAYS(t->size <= t->max && t->max <= HP_TABLE_SIZE && t->n <= HP_MAX_ENTRIES);
 	return 0;
 }
 
@@ -20743,12 +20758,16 @@ static int hp_decode(struct kvd *k, struct hp_table *t, const uint8_t *p, size_t
 			o->alen = mark; /* keep decoding for table sync, store nothing */
 			continue;
 		}
+		/* [§28.4] a field never points into the dynamic table */
+		(void)KVD_NEVER(t->mem && ((uintptr_t)name - (uintptr_t)t->mem < HP_TABLE_SIZE ||
+		                           (uintptr_t)val - (uintptr_t)t->mem < HP_TABLE_SIZE));
 		o->f[o->nf].name = (const char *)name;
 		o->f[o->nf].nlen = (uint32_t)nlen;
 		o->f[o->nf].value = (const char *)val;
 		o->f[o->nf].vlen = (uint32_t)vlen;
 		o->nf++;
 	}
+	(void)KVD_ALWAYS(p == end); /* [§28.2] every read stayed inside the block */
 	return 0;
 }
 
@@ -21528,6 +21547,8 @@ static void h2_on_continuation(struct kvd *k, struct h2_conn *h2, unsigned flags
 	}
 	memcpy(h2->hblk + h2->hblk_len, p, n);
 	h2->hblk_len += n;
+	/* [§29.1] a header block within its caps, in frames and bytes */
+	(void)KVD_ALWAYS(h2->hblk_len <= KVD_MAX_HEADER_BLOCK && h2->hblk_frames <= KVD_MAX_CONTINUATIONS);
 	if (flags & H2_F_END_HEADERS) {
 		uint8_t f = h2->hblk_flags;
 		h2->hblk_sid = 0;
@@ -22051,6 +22072,8 @@ static int h2_send_data(struct kvd *k, struct h2_conn *h2, struct h2_stream *s, 
 		buf_consume(b, n);
 		h2->send_window -= (int64_t)n;
 		s->send_window -= (int64_t)n;
+		/* [§29.3] no DATA past a window or the peer's frame size */
+		(void)KVD_ALWAYS(h2->send_window >= 0 && s->send_window >= 0 && n <= h2->peer_max_frame);
 		h2->sent_since_ping = 1;
 	}
 	s->stalled_since = 0;
@@ -22076,7 +22099,7 @@ static int h2_stream_send(struct kvd *k, struct h2_conn *h2, struct h2_stream *s
 		return http_h2_send(k, h2, s);
 #endif
 	/* [§10.1] no reply that shows a write leaves before its fdatasync */
-	if (KVD_NEVER(s->call.held)) /* the durability contract: see loop_log_flush */
+	if (KVD_NEVER(s->call.held)) /* [§29.5] the durability contract: see loop_log_flush */
 		return 0;
 	for (;;) {
 		room = KVD_MIN(h2->send_window, s->send_window);
@@ -22318,6 +22341,8 @@ static void grpc_finished(struct kvd *k, struct call *call)
 		h2_consumed(s);
 	}
 	h2_recharge(s);
+	/* [§30.2] nothing of it stays buffered, granted or charged */
+	(void)KVD_ALWAYS(!BUF_LEN(&s->in) && !s->reserved && !s->charge);
 }
 
 static const struct call_carrier grpc_h2_carrier = {"grpc", grpc_finished};
@@ -22426,6 +22451,8 @@ static void grpc_on_data(struct kvd *k, struct h2_stream *s)
 			call_finish(k, call, GRPC_INTERNAL, "grpc: compressed flag set with identity or empty encoding");
 			return;
 		}
+		/* [§30.1] a whole message, under the receive cap */
+		(void)KVD_ALWAYS(have >= 5 + (size_t)len && len <= grpc_max_recv(k));
 		call_message(k, call, p + 5, len);
 		if (call->finished) /* call_finish already dropped the buffer */
 			return;
@@ -22641,11 +22668,12 @@ static int confd_load_key(struct kvd *k, char *err, size_t errlen)
 	if (n <= 0 || n > CONFD_MAX_KEY) {
 		snprintf(err, errlen, "--confd-hmac-key-file %s: %s", path,
 		         n < 0 ? strerror(errno) : n == 0 ? "empty" : "longer than 4096 bytes");
+		util_wipe(key, sizeof key);
 		return KVD_EINVAL;
 	}
 	confd_hmac_key(cd, key, (size_t)n);
 	cd->keylen = (size_t)n;
-	memset(key, 0, sizeof key);
+	util_wipe(key, sizeof key); /* a memset here, the key's last use, may be optimised away */
 	return 0;
 }
 
@@ -24192,6 +24220,7 @@ static void confd_read(struct kvd *k, int fd)
 
 	if (k->db.w.len)
 		loop_log_flush(k); /* never answer from writes that are not durable yet */
+	(void)KVD_ALWAYS(k->db.rev == k->db.rev_durable); /* [§32.2] every revision answered is durable */
 	for (i = 0; i < CONFD_BATCH; i++) {
 		sl = sizeof sa;
 		n = recvfrom(fd, cd->rbuf, CONFD_RECV, MSG_TRUNC, (struct sockaddr *)&sa, &sl);
@@ -24210,7 +24239,8 @@ static void confd_read(struct kvd *k, int fd)
 			cd->dropped[CONFD_D_SRC_RATE]++;
 			continue;
 		}
-		if (confd_handle(k, cd->rbuf, (size_t)n, confd_wall()))
+		/* [§32.3] a reply fits one datagram, or there is none */
+		if (confd_handle(k, cd->rbuf, (size_t)n, confd_wall()) || KVD_NEVER(cd->out.len > KVD_CONFD_MAX_REPLY))
 			continue;
 		if (sendto(fd, cd->out.p, cd->out.len, MSG_NOSIGNAL, (struct sockaddr *)&sa, sl) < 0)
 			cd->send_errors++;

@@ -79,6 +79,8 @@ def ping_flood():
 
 @test
 def settings_flood_without_reading():
+    """SETTINGS frames sent by a peer that never reads: kvd stops parsing
+    while its output is full, so the ACKs it owes pin bounded memory. [§29.4]"""
     c = H2(K.port)
     peak = 0
     for _ in range(50):

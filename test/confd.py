@@ -397,6 +397,8 @@ def ganeti_client_library():
 
 @test
 def keyspace_mode():
+    """Keyspace mode's answers; one over the reply cap is ARGUMENT, never a
+    truncated datagram. [§32.3]"""
     k = kvd_confd()
     c = Client(k.endpoint())
     q = Confd(k.confd_port)
@@ -512,7 +514,7 @@ def keyspace_prefix_scopes_queries():
     """--confd-keyspace-prefix /app/: a query names a key relative to the
     prefix (a leading "/" is the prefix's own: "/a" is "a", "/" lists the
     whole scope), a listing names its keys relative to it, and nothing above
-    it can be reached (".." and any further "/" are bytes of a key name)."""
+    it can be reached (".." and any further "/" are bytes of a key name). [§31.5]"""
     k = kvd_confd(args=["--confd-keyspace-prefix", "/app/"])
     c = Client(k.endpoint())
     q = Confd(k.confd_port)
@@ -561,7 +563,8 @@ def keyspace_prefix_scopes_queries():
 @test
 def keyspace_with_auth_needs_a_user():
     """With auth enabled, keyspace mode answers as --confd-user may read; no
-    --confd-user: kvd does not start (exit 2)."""
+    --confd-user: kvd does not start (exit 2); an unreadable key is answered
+    as absent. [§31.5]"""
     k = Kvd(KVD_TEST, COST)
     d = k.dir
     c = Client(k.endpoint())
@@ -654,7 +657,7 @@ def auth_enabled_at_run_time_closes_keyspace():
 @test
 def listing_is_bounded():
     """A "/" query looks at no more than 10000 keys (readable or not):
-    past that, ARGUMENT; a query for one key is still answered."""
+    past that, ARGUMENT; a query for one key is still answered. [§31.5]"""
     k = kvd_confd(args=COST + ["--confd-user", "alice"])
     c = Client(k.endpoint())
     q = Confd(k.confd_port)
@@ -718,6 +721,8 @@ def ipv6_and_skew_off():
 
 @test
 def key_file_rules_and_reload():
+    """A key file others may read is refused; SIGHUP reads the key again,
+    and one that fails to load leaves the old key in place. [§31.1]"""
     d = tempfile.mkdtemp()
     path = key_file(d, mode=0o644)
     r = subprocess.run([KVD, "--data-dir", os.path.join(d, "data"), "--listen-client-urls", "http://127.0.0.1:0",
@@ -764,7 +769,7 @@ def replay_cache():
 @test
 def hostile_datagrams():
     """Junk of every kind: silence, counters, kvd alive and its memory back
-    where it was."""
+    where it was; datagrams over 4096 bytes dropped as truncated. [§32.1] [§32.4]"""
     k = kvd_confd(ganeti=True)
     c = Client(k.endpoint())
     c.call("Put", R.PutRequest(key=CFG_KEY.encode(), value=b"{not json"))
@@ -842,7 +847,7 @@ def rate_limits():
 def flood_from_several_sources():
     """100k bad and 100k valid datagrams from four source addresses while a
     gRPC client keeps calling and a polite confd client keeps asking: both
-    stay served, memory stays bounded, every datagram is counted once."""
+    stay served, memory stays bounded, every datagram is counted once. [§32.4]"""
     k = kvd_confd(args=["--confd-rate-limit", "1000000"])  # test rate_limits covers the limits
     c = Client(k.endpoint())
     c.call("Put", R.PutRequest(key=b"k", value=b"v"))

@@ -472,7 +472,8 @@ def graceful_shutdown():
     kvd kept streams open for the whole grace): streams end at once with
     UNAVAILABLE "transport is closing" (a Health watcher sees NOT_SERVING
     first), GOAWAY(2^31-1) + PING, the final GOAWAY on the PING's return,
-    and kvd exits long before a 60 s --shutdown-grace."""
+    and kvd exits long before a 60 s --shutdown-grace; a unary call in
+    flight is answered within the grace. [§26.4]"""
     k = Kvd(KVD, ["--shutdown-grace", "60s"])
     c = H2(k.port)
     c.send(frame(HEADERS, 4, 1, c.block("/grpc.health.v1.Health/Watch")) + frame(DATA, 1, 1, grpc_frame(b"")))

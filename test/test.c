@@ -382,6 +382,7 @@ static void test_bucket(void)
 
 /* ---- HPACK -------------------------------------------------------------- */
 
+/* Integers (RFC 7541 5.1): at most 5 continuation bytes, 32 bits. [§28.2] */
 static void test_hpack_int(void)
 {
 	uint8_t b[16];
@@ -431,6 +432,8 @@ static void test_hpack_int(void)
 	kvd_close(k);
 }
 
+/* Huffman strings: padding at most 7 one-bits, no EOS inside, no read past
+ * the input (a guard page after it). [§28.2] */
 static void test_huffman(void)
 {
 	static const char all_hex[] =
@@ -641,6 +644,9 @@ static void test_hpack_rfc_c5_c6(void)
 	kvd_close(k);
 }
 
+/* Malformed blocks are COMPRESSION_ERRORs: an index naming no entry, a
+ * string past the block (each block ends at a guard page), a size update
+ * over 4096 or after a field. [§28.1] [§28.2] */
 static void test_hpack_errors(void)
 {
 	struct kvd *k = t_kvd();
@@ -667,7 +673,7 @@ static void test_hpack_errors(void)
 	kvd_close(k);
 }
 
-/* Header lists over kvd's caps are cut, but the table stays in sync. */
+/* Header lists over kvd's caps are cut, but the table stays in sync. [§28.3] */
 static void test_hpack_limits(void)
 {
 	struct kvd *k = t_kvd();
@@ -930,6 +936,8 @@ static int t_resp_field(struct kvd *k, const struct t_frame *f, const char *name
 	return found;
 }
 
+/* Frames are handled only whole: the same bytes fed at once and one at a
+ * time give the same answer. [§29.1] */
 static void test_h2_health_whole_and_bytewise(void)
 {
 	struct kvd *k = t_kvd();
@@ -1048,6 +1056,8 @@ static struct h2_conn *t_run(struct kvd *k, const struct kvd_buf *rest, struct t
 	return c;
 }
 
+/* Connection errors, among them a frame over MAX_FRAME_SIZE, a frame inside
+ * a header block, and windows that would pass 2^31-1. [§29.1] [§29.3] */
 static void test_h2_conn_errors(void)
 {
 	struct kvd *k = t_kvd();
@@ -1223,7 +1233,8 @@ static void test_h2_stream_errors(void)
 	kvd_close(k);
 }
 
-/* gRPC-level answers: unknown method/service, malformed name, timeouts. */
+/* gRPC-level answers: unknown method/service, malformed name, timeouts; a
+ * message over the receive cap ends its call RESOURCE_EXHAUSTED. [§30.1] */
 static void test_grpc_errors(void)
 {
 	static const struct {
@@ -1339,6 +1350,49 @@ static void test_grpc_errors(void)
 	kvd_close(k);
 }
 
+/*
+ * The method table: every entry has an on_msg and req is NULL only for the
+ * test methods [§26.1]; svc_route finds each entry by its exact service and
+ * method names, never by a prefix or another case, and says whether the
+ * service was known [§26.2]; a method's number is its place in the table,
+ * counted while under KVD_METRIC_METHODS [§26.3].
+ */
+static void test_svc_table(void)
+{
+	static const struct {
+		const char *svc, *meth;
+		size_t nul; /* NUL bytes of meth that count too */
+		int found, known;
+	} cases[] = {
+	    {"etcdserverpb.KV", "Range", 0, 1, 1},        {"etcdserverpb.KV", "range", 0, 0, 1},
+	    {"etcdserverpb.KV", "Rang", 0, 0, 1},         {"etcdserverpb.KV", "RangeX", 0, 0, 1},
+	    {"etcdserverpb.KV", "", 0, 0, 1},             {"etcdserverpb.kv", "Range", 0, 0, 0},
+	    {"etcdserverpb.K", "Range", 0, 0, 0},         {"etcdserverpb.KVX", "Range", 0, 0, 0},
+	    {"", "Range", 0, 0, 0},                       {"grpc.health.v1.Health", "Check", 0, 1, 1},
+	    {"grpc.health.v1.Health", "Check", 1, 0, 1},
+	};
+	size_t i, j, n = 0, sl;
+	int known, ok = 1;
+
+	for (i = 0; i < KVD_COUNT(svc_services); i++) {
+		sl = strlen(svc_services[i].name);
+		for (j = 0; j < svc_services[i].n; j++, n++) {
+			const struct grpc_method *m = &svc_services[i].m[j];
+			const char *meth = m->path + 1 + sl + 1;
+			ok &= m->on_msg != NULL && (m->req == NULL) == !strncmp(m->path, "/kvd.test.", 10);
+			ok &= m->path[0] == '/' && !memcmp(m->path + 1, svc_services[i].name, sl) && m->path[1 + sl] == '/';
+			ok &= svc_route(svc_services[i].name, sl, meth, strlen(meth), &known) == m && known;
+			ok &= svc_method_index(m) == (n < KVD_METRIC_METHODS ? (int)n : -1);
+		}
+	}
+	CHECK(ok && n > 10);
+	for (i = 0; i < KVD_COUNT(cases); i++) {
+		const struct grpc_method *m = svc_route(cases[i].svc, strlen(cases[i].svc), cases[i].meth,
+		                                        strlen(cases[i].meth) + cases[i].nul, &known);
+		CHECK(!!m == cases[i].found && known == cases[i].known);
+	}
+}
+
 /* grpc-timeout: a call still waiting for its request ends DEADLINE_EXCEEDED. */
 static void test_grpc_deadline(void)
 {
@@ -1409,6 +1463,8 @@ static void test_grpc_deadline(void)
 }
 
 /* Flow control in both directions. */
+/* Windows both ways: DATA beyond a stream's window is its error; kvd sends
+ * no more than the peer's windows allow, and resumes as they open. [§29.3] */
 static void test_flow_control(void)
 {
 	struct kvd *k = t_kvd();
@@ -1572,7 +1628,7 @@ static unsigned t_interleaved_uploads(struct kvd *k, unsigned n, size_t len, siz
 }
 
 /* Concurrent large requests all complete, and what kvd holds for them stays
- * within the grant budget plus a window per stream. */
+ * within the grant budget plus a window per stream. [§29.4] */
 static void test_h2_concurrent_uploads(void)
 {
 	struct kvd *k = t_kvd();
@@ -1591,7 +1647,8 @@ static void test_h2_concurrent_uploads(void)
 	kvd_close(k);
 }
 
-/* Keepalive enforcement, settings flood, rapid reset. */
+/* Keepalive enforcement, settings flood, rapid reset; CONTINUATION floods
+ * capped [§29.1]; a header list over the caps answered, not served [§28.3]. */
 static void test_h2_abuse(void)
 {
 	struct kvd *k = t_kvd();
@@ -1722,6 +1779,59 @@ static void test_h2_table_size_update(void)
 	CHECK(h >= 0 && fs.f[h].p[0] != 0x20);
 	t_conn_free(k, c);
 	buf_free(k, &b);
+	kvd_close(k);
+}
+
+/*
+ * Header blocks kvd refuses are decoded all the same: a stream over
+ * max_concurrent_streams (REFUSED_STREAM) and one after the final GOAWAY
+ * (ignored) each insert their field into the dynamic table, so the next
+ * block, which names it by index, reads what the peer's encoder meant. [§29.2]
+ */
+static void test_h2_refused_blocks_keep_hpack(void)
+{
+	struct kvd *k = t_kvd();
+	static struct t_frames fs;
+	struct kvd_buf b = {0};
+	struct h2_conn *c;
+	uint8_t blk[512];
+	size_t n;
+
+	k->cfg.max_concurrent_streams = 1;
+	n = t_req_block(k, blk, "/grpc.health.v1.Health/Watch", NULL, NULL);
+	t_put_frame(&b, k, H2_HEADERS, H2_F_END_HEADERS, 1, blk, n);
+	n = t_req_block(k, blk, "/grpc.health.v1.Health/Check", NULL, NULL);
+	memcpy(blk + n, "\x40\x03x-k\x02v1", 8); /* literal with incremental indexing: x-k: v1 */
+	t_put_frame(&b, k, H2_HEADERS, H2_F_END_HEADERS, 3, blk, n + 8);
+	c = t_run(k, &b, &fs);
+	CHECK(c->nst == 1 && t_rst_code(&fs, 3) == H2_REFUSED_STREAM && !c->conn->is_closing);
+	CHECK(c->dec.n == 1 && t_entry(&c->dec, 0, "x-k", "v1"));
+	/* past the final GOAWAY: ignored, decoded */
+	h2_goaway_final(c);
+	buf_free(k, &b);
+	memcpy(blk + n, "\x40\x03x-j\x02v2", 8);
+	t_put_frame(&b, k, H2_HEADERS, H2_F_END_HEADERS, 5, blk, n + 8);
+	t_feed(k, c, BUF_DATA(&b), BUF_LEN(&b));
+	t_out(c, &fs);
+	CHECK(c->nst == 1 && c->dec.n == 2 && t_entry(&c->dec, 0, "x-j", "v2") && t_entry(&c->dec, 1, "x-k", "v1"));
+	t_conn_free(k, c);
+	buf_free(k, &b);
+	/* the block after a refused one names its field by index: served */
+	n = t_req_block(k, blk, "/grpc.health.v1.Health/Watch", NULL, NULL);
+	t_put_frame(&b, k, H2_HEADERS, H2_F_END_HEADERS, 1, blk, n);
+	n = t_req_block(k, blk, "/grpc.health.v1.Health/Check", NULL, NULL);
+	memcpy(blk + n, "\x40\x03x-k\x02v1", 8);
+	t_put_frame(&b, k, H2_HEADERS, H2_F_END_HEADERS, 3, blk, n + 8);
+	t_put_frame(&b, k, H2_RST_STREAM, 0, 1, "\0\0\0\x08", 4);
+	blk[n] = 0xbe; /* index 62: the newest entry, x-k: v1 */
+	t_put_frame(&b, k, H2_HEADERS, H2_F_END_HEADERS, 5, blk, n + 1);
+	t_put_frame(&b, k, H2_DATA, H2_F_END_STREAM, 5, "\0\0\0\0\0", 5);
+	c = t_run(k, &b, &fs);
+	CHECK(t_rst_code(&fs, 3) == H2_REFUSED_STREAM && t_goaway_code(&fs) == 0xffffffffu);
+	CHECK(t_find(&fs, H2_DATA, 5) >= 0 && c->nst == 0); /* the Check on stream 5 was answered */
+	t_conn_free(k, c);
+	buf_free(k, &b);
+	k->cfg.max_concurrent_streams = KVD_DEFAULT_MAX_STREAMS;
 	kvd_close(k);
 }
 
@@ -2262,18 +2372,8 @@ static char *t_tmpdir(void)
 }
 
 
-#if !defined(KVD_NO_TLS) && defined(MBEDTLS_PLATFORM_MEMORY) && !defined(KVD_NO_MBED_MEMORY) && \
-    defined(MBEDTLS_SSL_CLI_C)
-/*
- * The sweep over TLS: where mbedtls allocates through kvd (an mbedtls built
- * with MBEDTLS_PLATFORM_MEMORY: make mbedtls36), allocation N of a whole
- * TLS connection -- accept, handshake, a Put over HTTP/2, the close -- fails,
- * for every N the connection makes.  kvd must close that connection or
- * serve it, never crash or hang, and hold no more memory afterwards than the
- * Puts that were applied.  The client is mbedtls too, in this process,
- * allocating outside kvd's count (the hook's owner is lent away while it
- * runs).
- */
+#if !defined(KVD_NO_TLS) && defined(MBEDTLS_SSL_CLI_C)
+/* A TLS client in this process: mbedtls over a nonblocking socket. */
 struct t_cli {
 	mbedtls_ssl_context ssl;
 	mbedtls_ssl_config conf;
@@ -2299,6 +2399,130 @@ static int t_cli_recv(void *ctx, unsigned char *p, size_t n)
 }
 
 static const char *t_alpn[] = {"h2", NULL};
+
+/*
+ * A write that blocks mid-record: kvd's socket fills while the client reads
+ * nothing, so mbedtls_ssl_write says WANT_WRITE with a record half sent;
+ * those bytes must be offered again and count once.  The wake-up for
+ * POLLOUT used to flush the record and drop the count, so the next write
+ * sent the same bytes in a second record: the client read corrupt HTTP/2
+ * frames.  A 1 MiB Range answer must arrive whole, its frames intact. [§27.1]
+ */
+static void test_tls_blocked_write(void)
+{
+	static uint8_t val[1 << 20], ans[1200000];
+	struct kvd_config cfg;
+	struct kvd *k;
+	struct t_cli c;
+	struct sockaddr_un a = {0};
+	struct kvd_buf req = {0}, blk = {0};
+	struct mvcc_txn t;
+	mbedtls_entropy_context ent;
+	mbedtls_ctr_drbg_context drbg;
+	char *dir = t_tmpdir(), url[128], path[96], err[KVD_ERRLEN], cmd[128];
+	uint8_t set[6], inc[4];
+	size_t nans = 0, at = 0, data = 0, sent = 0, len;
+	int i, r, hs = 0, done = 0, bad = 0;
+
+	snprintf(path, sizeof path, "%s/s", dir);
+	snprintf(url, sizeof url, "unixs://%s", path);
+	kvd_config_init(&cfg);
+	cfg.data_dir = dir;
+	cfg.listen_client_urls = url;
+	cfg.advertise_client_urls = url;
+	cfg.auto_tls = 1;
+	cfg.unsafe_no_fsync = 1;
+	cfg.log_level = KVD_LOG_WARN;
+	if (kvd_open(&cfg, &k, err, sizeof err)) {
+		printf("tls_blocked_write: kvd_open: %s\n", err);
+		CHECK(0);
+		return;
+	}
+	kvd_set_log(k, t_quiet, NULL);
+	memset(val, 'v', sizeof val);
+	CHECK(!mvcc_txn_begin(k, &t) && !mvcc_put(k, &t, (const uint8_t *)"big", 3, val, sizeof val, 0));
+	mvcc_txn_end(k, &t);
+	kvd_poll(k, 0);
+	/* the preface, windows as large as they go, and a Range of the value */
+	buf_append(k, &req, H2_PREFACE, H2_PREFACE_LEN);
+	put_be16(set, H2_SET_INITIAL_WINDOW_SIZE);
+	put_be32(set + 2, H2_MAX_WINDOW);
+	t_put_frame(&req, k, H2_SETTINGS, 0, 0, set, sizeof set);
+	put_be32(inc, H2_MAX_WINDOW - H2_DEFAULT_WINDOW);
+	t_put_frame(&req, k, H2_WINDOW_UPDATE, 0, 0, inc, sizeof inc);
+	buf_append(k, &blk, "\x83\x86", 2);
+	hp_put_field(k, &blk, 4, NULL, "/etcdserverpb.KV/Range", 22);
+	hp_put_field(k, &blk, 31, NULL, "application/grpc", 16);
+	t_put_frame(&req, k, H2_HEADERS, H2_F_END_HEADERS, 1, BUF_DATA(&blk), BUF_LEN(&blk));
+	t_put_frame(&req, k, H2_DATA, H2_F_END_STREAM, 1, "\0\0\0\0\5\x0a\x03" "big", 10);
+	mbedtls_entropy_init(&ent);
+	mbedtls_ctr_drbg_init(&drbg);
+	mbedtls_ctr_drbg_seed(&drbg, mbedtls_entropy_func, &ent, (const unsigned char *)"t", 1);
+	a.sun_family = AF_UNIX;
+	snprintf(a.sun_path, sizeof a.sun_path, "%s", path);
+	c.fd = socket(AF_UNIX, SOCK_STREAM, 0);
+	CHECK(c.fd >= 0 && !connect(c.fd, (struct sockaddr *)&a, sizeof a) && !net_nonblock(c.fd));
+	mbedtls_ssl_init(&c.ssl);
+	mbedtls_ssl_config_init(&c.conf);
+	mbedtls_ssl_config_defaults(&c.conf, MBEDTLS_SSL_IS_CLIENT, MBEDTLS_SSL_TRANSPORT_STREAM,
+	                            MBEDTLS_SSL_PRESET_DEFAULT);
+	mbedtls_ssl_conf_authmode(&c.conf, MBEDTLS_SSL_VERIFY_NONE);
+	mbedtls_ssl_conf_rng(&c.conf, mbedtls_ctr_drbg_random, &drbg);
+	mbedtls_ssl_conf_alpn_protocols(&c.conf, t_alpn);
+	mbedtls_ssl_setup(&c.ssl, &c.conf);
+	mbedtls_ssl_set_bio(&c.ssl, &c.fd, t_cli_send, t_cli_recv, NULL);
+	for (i = 0; i < 20000 && sent < BUF_LEN(&req); i++) {
+		kvd_poll(k, 1);
+		if (!hs)
+			hs = !(r = mbedtls_ssl_handshake(&c.ssl));
+		else if ((r = mbedtls_ssl_write(&c.ssl, BUF_DATA(&req) + sent, BUF_LEN(&req) - sent)) > 0)
+			sent += (size_t)r;
+		if (r < 0 && r != MBEDTLS_ERR_SSL_WANT_READ && r != MBEDTLS_ERR_SSL_WANT_WRITE)
+			break;
+	}
+	CHECK(hs && sent == BUF_LEN(&req));
+	for (i = 0; i < 200; i++) /* the client reads nothing: kvd's socket fills */
+		kvd_poll(k, 1);
+	for (i = 0; i < 200000 && !done && !bad; i++) {
+		kvd_poll(k, 0);
+		r = mbedtls_ssl_read(&c.ssl, ans + nans, KVD_MIN(4096, sizeof ans - nans));
+		if (r > 0)
+			nans += (size_t)r;
+		else if (r != MBEDTLS_ERR_SSL_WANT_READ && r != MBEDTLS_ERR_SSL_WANT_WRITE)
+			break;
+		while (!done && !bad && at + 9 <= nans && at + 9 + (len = get_be24(ans + at)) <= nans) {
+			bad = ans[at + 3] > H2_CONTINUATION || len > H2_DEFAULT_FRAME || get_be32(ans + at + 5) > 1;
+			data += ans[at + 3] == H2_DATA ? len : 0;
+			done = ans[at + 3] == H2_HEADERS && (ans[at + 4] & H2_F_END_STREAM);
+			at += 9 + len;
+		}
+	}
+	CHECK(!bad && done && data > sizeof val && data < sizeof val + 256);
+	mbedtls_ssl_free(&c.ssl);
+	mbedtls_ssl_config_free(&c.conf);
+	mbedtls_ctr_drbg_free(&drbg);
+	mbedtls_entropy_free(&ent);
+	close(c.fd);
+	buf_free(k, &req);
+	buf_free(k, &blk);
+	kvd_close(k);
+	snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+	CHECK(system(cmd) == 0);
+}
+#endif
+
+#if !defined(KVD_NO_TLS) && defined(MBEDTLS_PLATFORM_MEMORY) && !defined(KVD_NO_MBED_MEMORY) && \
+    defined(MBEDTLS_SSL_CLI_C)
+/*
+ * The sweep over TLS: where mbedtls allocates through kvd (an mbedtls built
+ * with MBEDTLS_PLATFORM_MEMORY: make mbedtls36), allocation N of a whole
+ * TLS connection -- accept, handshake, a Put over HTTP/2, the close -- fails,
+ * for every N the connection makes.  kvd must close that connection or
+ * serve it, never crash or hang, and hold no more memory afterwards than the
+ * Puts that were applied.  The client is mbedtls too, in this process,
+ * allocating outside kvd's count (the hook's owner is lent away while it
+ * runs).
+ */
 
 /* One connection: 1 = the Put was answered, 0 = kvd closed it, -1 = stuck. */
 static int t_tls_put(struct kvd *k, const char *path, mbedtls_ctr_drbg_context *drbg, struct kvd_buf *req)
@@ -3993,6 +4217,9 @@ static struct kvd *t_confd(const char *dir, const char *key, int ganeti)
 	return k;
 }
 
+/* Ganeti's own vectors: HMACs, replies byte for byte; a MAC is 40 hex
+ * digits exactly [§31.2]; a datagram with any bit flipped is dropped, and
+ * counted by its reason [§32.1]. */
 static void test_confd_vectors(void)
 {
 	char *dir = t_tmpdir(), cmd[128];
@@ -4055,6 +4282,176 @@ static void test_confd_vectors(void)
 	k = t_confd(dir, "0123456789abcdef0123456789abcdef01234567", 0);
 	CHECK(k && confd_handle(k, (const uint8_t *)T_REQ0, strlen(T_REQ0), 1700000000) == KVD_EPROTO &&
 	      k->confd->dropped[CONFD_D_HMAC] == 1);
+	kvd_close(k);
+	snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+	CHECK(system(cmd) == 0);
+}
+
+/*
+ * Requests are Ganeti's exactly or nothing: the four keys and no other, no
+ * leading space, an integral type in range, a query of one of the shapes
+ * Ganeti's decoder takes. [§31.4]
+ */
+static void test_confd_requests(void)
+{
+	static const struct {
+		const char *msg;
+		int ok, qkind;
+	} cases[] = {
+	    {"{\"protocol\":1,\"type\":0,\"rsalt\":\"x\"}", 1, CONFD_Q_EMPTY},
+	    {"{\"protocol\": 1, \"type\": 10, \"query\": \"a/\", \"rsalt\": \"x\"}\n", 1, CONFD_Q_PLAIN},
+	    {"{\"protocol\":1,\"type\":11,\"query\":null,\"rsalt\":\"x\"}", 1, CONFD_Q_EMPTY},
+	    {"{\"protocol\":1,\"type\":3,\"query\":{\"3\":[0,1,2]},\"rsalt\":\"x\"}", 1, CONFD_Q_DICT},
+	    {"{\"protocol\":1,\"type\":2,\"query\":{\"0\":\"l\",\"1\":null,\"2\":[\"192.0.2.1\"]},\"rsalt\":\"x\"}", 1,
+	     CONFD_Q_DICT},
+	    {" {\"protocol\":1,\"type\":0,\"rsalt\":\"x\"}", 0, 0},
+	    {"", 0, 0},
+	    {"{\"protocol\":1,\"type\":0,\"rsalt\":\"x\"", 0, 0},
+	    {"{\"protocol\":1,\"type\":0,\"rsalt\":\"x\",\"extra\":1}", 0, 0},
+	    {"{\"type\":0,\"rsalt\":\"x\"}", 0, 0},
+	    {"{\"protocol\":\"1\",\"type\":0,\"rsalt\":\"x\"}", 0, 0},
+	    {"{\"protocol\":1,\"type\":12,\"rsalt\":\"x\"}", 0, 0},
+	    {"{\"protocol\":1,\"type\":-1,\"rsalt\":\"x\"}", 0, 0},
+	    {"{\"protocol\":1,\"type\":1.5,\"rsalt\":\"x\"}", 0, 0},
+	    {"{\"protocol\":1,\"type\":\"0\",\"rsalt\":\"x\"}", 0, 0},
+	    {"{\"protocol\":1,\"type\":0}", 0, 0},
+	    {"{\"protocol\":1,\"type\":0,\"rsalt\":5}", 0, 0},
+	    {"{\"protocol\":1,\"type\":10,\"query\":5,\"rsalt\":\"x\"}", 0, 0},
+	    {"{\"protocol\":1,\"type\":10,\"query\":[\"a\"],\"rsalt\":\"x\"}", 0, 0},
+	    {"{\"protocol\":1,\"type\":3,\"query\":{\"4\":\"x\"},\"rsalt\":\"x\"}", 0, 0},
+	    {"{\"protocol\":1,\"type\":3,\"query\":{\"00\":\"x\"},\"rsalt\":\"x\"}", 0, 0},
+	    {"{\"protocol\":1,\"type\":3,\"query\":{\"0\":5},\"rsalt\":\"x\"}", 0, 0},
+	    {"{\"protocol\":1,\"type\":3,\"query\":{\"2\":\"192.0.2.1\"},\"rsalt\":\"x\"}", 0, 0},
+	    {"{\"protocol\":1,\"type\":3,\"query\":{\"2\":[1]},\"rsalt\":\"x\"}", 0, 0},
+	    {"{\"protocol\":1,\"type\":3,\"query\":{\"3\":[3]},\"rsalt\":\"x\"}", 0, 0},
+	    {"{\"protocol\":1,\"type\":3,\"query\":{\"3\":[\"0\"]},\"rsalt\":\"x\"}", 0, 0},
+	};
+	struct kvd *k = t_kvd();
+	struct confd_req rq;
+	struct json_doc d;
+	size_t i;
+	int r;
+
+	for (i = 0; i < KVD_COUNT(cases); i++) {
+		memset(&d, 0, sizeof d);
+		r = confd_parse_request(k, &d, cases[i].msg, strlen(cases[i].msg), &rq);
+		t_name = cases[i].msg;
+		CHECK(cases[i].ok ? !r && rq.qkind == cases[i].qkind : r == KVD_EPROTO);
+		json_free(&d);
+	}
+	t_name = "confd_requests";
+	kvd_close(k);
+}
+
+/*
+ * Abuse state is bounded: KVD_CONFD_SOURCES rate buckets and KVD_CONFD_REPLAY
+ * replay entries, so floods of sources or of datagrams cost no memory; a
+ * source seen again keeps its bucket; a full probe run gives up the entry
+ * that expires soonest. [§31.3]
+ */
+static void test_confd_abuse_bounds(void)
+{
+	char *dir = t_tmpdir(), cmd[128];
+	struct kvd *k = t_confd(dir, T_KEY, 0);
+	struct sockaddr_storage ss;
+	struct sockaddr_in *sin = (struct sockaddr_in *)(void *)&ss;
+	uint8_t x[20], y[16][20], mac[20];
+	int64_t s;
+	size_t mem0;
+	uint32_t i;
+	int ok = 1;
+
+	if (!k)
+		return;
+	k->cfg.confd_rate_limit = 1;
+	k->cfg.confd_max_clock_skew_ms = 300000;
+	s = 300;
+	memset(&ss, 0, sizeof ss);
+	sin->sin_family = AF_INET;
+	sin->sin_addr.s_addr = htonl(0x0a000001);
+	CHECK(confd_source_ok(k, &ss) == 1 && confd_source_ok(k, &ss) == 0); /* its bucket, found again */
+	mem0 = k->mem;
+	for (i = 0; i < 4 * KVD_CONFD_SOURCES; i++) {
+		sin->sin_addr.s_addr = htonl(0x0b000000 + i);
+		ok &= confd_source_ok(k, &ss) == 1; /* a new source: a fresh bucket, in a slot of the table */
+	}
+	CHECK(ok && k->mem == mem0);
+	/* one probe run: x, then 16 that expire later; the 16th takes x's slot */
+	memset(x, 0, sizeof x);
+	memcpy(x, "\x11\x22\x33\x44", 4);
+	x[4] = 0xff;
+	CHECK(confd_replayed(k, x, 6000 - s) == 0);
+	for (i = 0; i < 16; i++) {
+		memcpy(y[i], x, 20);
+		y[i][4] = (uint8_t)i;
+		ok &= confd_replayed(k, y[i], 6000) == 0;
+	}
+	for (i = 0; i < 16; i++)
+		ok &= confd_replayed(k, y[i], 6000) == 1;
+	CHECK(ok && confd_replayed(k, x, 6000) == 0);
+	/* a flood of distinct datagrams: the table stays as it is */
+	for (i = 0; i < 3 * KVD_CONFD_REPLAY; i++) {
+		memset(mac, 0, sizeof mac);
+		put_be32(mac, i * 2654435761u);
+		put_be32(mac + 16, i);
+		ok &= confd_replayed(k, mac, 10000) == 0;
+	}
+	CHECK(ok && k->mem == mem0 && confd_replayed(k, mac, 10000) == 1);
+	kvd_close(k);
+	snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+	CHECK(system(cmd) == 0);
+}
+
+/*
+ * Ganeti mode parses config.data from its key only when the key changed
+ * (its mod revision), fills in Ganeti's defaults, and does not load a file
+ * without a required field: every query is told why. [§32.5]
+ */
+static void test_confd_ganeti_reload(void)
+{
+	char *dir = t_tmpdir(), cmd[128], *text;
+	struct kvd *k = t_confd(dir, T_KEY, 1);
+	FILE *f = fopen("test/corpus/confd-config.json", "rb");
+	const struct json *inst;
+	const void *root;
+	uint64_t n0;
+	long len;
+
+	if (!f)
+		f = fopen("../test/corpus/confd-config.json", "rb");
+	CHECK(k && f);
+	if (!k || !f) {
+		if (f)
+			fclose(f);
+		kvd_close(k);
+		return;
+	}
+	fseek(f, 0, SEEK_END);
+	len = ftell(f);
+	fseek(f, 0, SEEK_SET);
+	text = calloc(1, (size_t)len + 1);
+	CHECK(text && fread(text, 1, (size_t)len, f) == (size_t)len && !strncmp(text, "{\"cluster\":", 11));
+	fclose(f);
+	CHECK(confd_ganeti_load(k) && strstr(k->confd->cfg_err, "no Ganeti configuration"));
+	CHECK(!t_put(k, "g", text));
+	loop_log_flush(k);
+	CHECK(!confd_ganeti_load(k) && (root = k->confd->cfg.root) != NULL);
+	inst = confd_cfg_get(k->confd, "instances");
+	CHECK(inst && inst->type == JSON_OBJ && inst->n && json_get(&inst->kids[0], "tags") &&
+	      json_get(&inst->kids[0], "beparams")); /* not in the file: Ganeti's defaults */
+	n0 = k->nalloc;
+	CHECK(!confd_ganeti_load(k) && k->nalloc == n0 && k->confd->cfg.root == root); /* the same revision: not read again */
+	/* a file without a required field */
+	text[3] = 'x';
+	CHECK(!t_put(k, "g", text));
+	loop_log_flush(k);
+	CHECK(confd_ganeti_load(k) && !k->confd->cfg.root &&
+	      strstr(k->confd->cfg_err, "cannot load the Ganeti configuration: the configuration has no \"cluster\""));
+	n0 = k->nalloc;
+	CHECK(confd_ganeti_load(k) && k->nalloc == n0);
+	CHECK(confd_handle(k, (const uint8_t *)T_REQ0, strlen(T_REQ0), 1700000000) == 0 &&
+	      strstr((const char *)k->confd->out.p, "has no"));
+	free(text);
 	kvd_close(k);
 	snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
 	CHECK(system(cmd) == 0);
@@ -6235,9 +6632,11 @@ static const struct {
 	{"h2_conn_errors", test_h2_conn_errors},
 	{"h2_stream_errors", test_h2_stream_errors},
 	{"h2_table_size_update", test_h2_table_size_update},
+	{"h2_refused_blocks_keep_hpack", test_h2_refused_blocks_keep_hpack},
 	{"h2_abuse", test_h2_abuse},
 	{"h2_drain", test_h2_drain},
 	{"grpc_errors", test_grpc_errors},
+	{"svc_table", test_svc_table},
 	{"grpc_deadline", test_grpc_deadline},
 	{"flow_control", test_flow_control},
 	{"h2_concurrent_uploads", test_h2_concurrent_uploads},
@@ -6245,6 +6644,9 @@ static const struct {
 #if !defined(KVD_NO_TLS) && defined(MBEDTLS_PLATFORM_MEMORY) && !defined(KVD_NO_MBED_MEMORY) && \
     defined(MBEDTLS_SSL_CLI_C)
 	{"tls_oom_sweep", test_tls_oom_sweep},
+#endif
+#if !defined(KVD_NO_TLS) && defined(MBEDTLS_SSL_CLI_C)
+	{"tls_blocked_write", test_tls_blocked_write},
 #endif
 	{"pb_check", test_pb_check},
 	{"pb_str_whole", test_pb_str_whole},
@@ -6298,6 +6700,9 @@ static const struct {
 	{"json", test_json},
 	{"gw_json", test_gw_json},
 	{"confd_vectors", test_confd_vectors},
+	{"confd_requests", test_confd_requests},
+	{"confd_abuse_bounds", test_confd_abuse_bounds},
+	{"confd_ganeti_reload", test_confd_ganeti_reload},
 	{"cfg", test_cfg},
 	{"config_yaml", test_config_yaml},
 	{"pct_encode", test_pct_encode},

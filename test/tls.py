@@ -495,7 +495,7 @@ def certificate_cn_bytes_exactly():
     the root role was that user.  etcd (Go) takes the whole CN; neither is a
     user, so both refuse, with the same texts.  Controls that the setup can
     tell: a CN "root", and one that is exactly the 64-character name, are
-    root on both."""
+    root on both. [§27.3]"""
     r64 = "r" * 64
     make_cert_cn("ca", "cn-nul", "root\x00.tenant42.example")
     make_cert_cn("ca", "cn-long", r64 + "123456789")
@@ -551,6 +551,8 @@ def peer_cert_cn(port):
 
 @test
 def sighup_rereads_certificates():
+    """SIGHUP: new connections get the new certificates while an open one
+    goes on with its own generation; a bad set keeps the one in use. [§27.4]"""
     d = tempfile.mkdtemp(prefix="kvd-tls-reload-", dir=D)
     for ext in ("pem", "key"):
         shutil.copy(p("server." + ext), os.path.join(d, "cur." + ext))
@@ -1001,7 +1003,7 @@ def handshake_flood_from_few_addresses():
     least 64 flood connections made while it ran.  The control: the same
     flood from the honest client's own address, where the new rule falls
     back to that address's oldest, i.e. the old rule: the paced handshakes
-    that saw 64 newer ones are pushed out."""
+    that saw 64 newer ones are pushed out. [§27.2]"""
     k = kvd_tls(server_args(extra=["--max-connections", "1024"]))
     filled, ok, failures, during, made, errors = flood_and_handshake(k, ["127.0.0.%d" % i for i in (2, 3, 4, 5)])
     check(filled, "the flood filled the 64 handshake slots (its first connection displaced)")
