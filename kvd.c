@@ -24524,9 +24524,10 @@ static void confd_close(struct kvd *k) { (void)k; }
  *      only and repeats must agree; a coding other than chunked is 501;
  *      chunked beside a Content-Length is chunked, and the connection closes
  *      after it (http1_parse).  No body is read two ways.
- *   3. Answers are written as Go's net/http writes them, header order
- *      included (http_head); a request kvd cannot read on from is
- *      answered, then the connection closes (http1_fail).
+ *   3. Answers are written as Go's net/http writes a handler's answer,
+ *      header order included (http_head); a request kvd cannot read on
+ *      from is answered in that form too (Go's own refusal is shorter),
+ *      then the connection closes (http1_fail).
  *   4. An Origin is echoed only when --cors lists it, and never one that
  *      holds a ',' or does not fit (http1_cors); the list was checked at
  *      start (http1_check_flags).
@@ -24735,6 +24736,8 @@ static long http1_parse(const uint8_t *p, size_t n, struct http_req *r, int *sta
 		r->clen = 0;
 		r->close = 1;
 	}
+	(void)KVD_ALWAYS(end <= p + lim); /* [§33.1] nothing read past min(n, HTTP1_MAX_HEAD) */
+	(void)KVD_ALWAYS(!r->chunked || !r->clen); /* [§33.2] one framing: no body is read two ways */
 	return (long)(end - p);
 }
 
@@ -24972,6 +24975,7 @@ static int http1_fail(struct kvd *k, struct conn *c, int status, const char *bod
 	h->x.minor = 1;
 	h->x.close = 1;
 	http_answer(k, &h->x, status, HTTP1_TEXT, body);
+	(void)KVD_ALWAYS(c->is_closing); /* [§33.3] answered, then the connection closes */
 	return KVD_EINVAL;
 }
 
@@ -25129,6 +25133,7 @@ static void gw_begin(struct kvd *k, struct http_x *x, const struct http_req *r, 
 	size_t at = 0, j, tl = 0;
 	const char *te = http1_header(r, "te", &tl);
 
+	(void)KVD_NEVER(x->in_call); /* [§34.3] one call at a time: the one before has ended (gw_end) */
 	x->in_call = 1;
 	x->body_done = !r->chunked && !r->clen && (!x->s || x->s->remote_closed);
 	x->trailers = 0; /* grpc-gateway: strings.Contains(strings.ToLower(TE), "trailers") */
@@ -25556,8 +25561,10 @@ static void gw_flush(struct kvd *k, struct http_x *x)
 	char fields[640];
 	int whole = x->body_done || x->bidi || x->s;
 
-	/* [§10.1] no reply that shows a write leaves before its fdatasync */
-	if (!x->in_call || KVD_NEVER(cl->held)) /* the durability contract: see loop_log_flush */
+	/* [§10.1] no reply that shows a write leaves before its fdatasync;
+	 * [§34.2] nothing of a held call is written; [§36.1] loop_flush ran the
+	 * group commit before this flush hook (see loop_log_flush) */
+	if (!x->in_call || KVD_NEVER(cl->held))
 		return;
 	if (!x->stream || (x->plain && cl->finished)) {
 		if (!cl->finished || !whole)
@@ -26611,9 +26618,11 @@ static int http1_check_flags(const struct kvd *k, char *err, size_t errlen)
  *   1. The durability contract, by order: loop_flush runs the group commit
  *      (loop_log_flush) before any protocol's flush hook and before
  *      net_write -- the hooks are where answers move toward the socket.
- *   2. A connection is freed only by net_reap (from loop_flush) or
- *      kvd_close, never inside its own handlers: they mark it dead or
- *      is_closing, and the dispatch may still look at it (loop_run).
+ *   2. A connection on k->conns is freed only by net_reap (from
+ *      loop_flush) or kvd_close, never inside its own handlers: they mark
+ *      it dead or is_closing, and the dispatch may still look at it
+ *      (loop_run).  One whose TLS set-up fails is freed by net_accept
+ *      before it joins the list.
  *   3. Backpressure: a connection whose output is at KVD_MAX_OUTPUT is
  *      neither polled for input (loop_pollset; a closing one is, for the
  *      peer's EOF) nor handed what it holds (loop_flush).
@@ -27160,7 +27169,7 @@ static void net_conn_free(struct kvd *k, struct conn *c)
 		c->proto->free(k, c);
 	if (c->tr->free)
 		c->tr->free(c);
-	if (!KVD_ALWAYS(!c->in_held)) /* each protocol gave back what it buffered */
+	if (!KVD_ALWAYS(!c->in_held)) /* [§36.5] each protocol gave back what it buffered */
 		k->in_held -= c->in_held;
 	share_put(k, c->share);
 	buf_free(k, &c->in);
@@ -27395,7 +27404,7 @@ static void net_read(struct kvd *k, struct conn *c)
 		c->in.lent = 1;
 		net_input(k, c);
 		left = BUF_LEN(&c->in);
-		if (!KVD_ALWAYS(c->in.lent && c->in.p == k->rbuf)) { /* nobody may swap the loan */
+		if (!KVD_ALWAYS(c->in.lent && c->in.p == k->rbuf)) { /* [§36.4] nobody may swap the loan */
 			c->dead = 1;
 			return;
 		}
@@ -28210,8 +28219,8 @@ static int cfg_yaml_bad(struct cfg_yaml *y, const char *why, const char *what)
 
 static int cfg_yaml_put(struct cfg_yaml *y, char c)
 {
-	if (y->w >= y->wend)
-		return cfg_yaml_bad(y, "too long", NULL); /* cannot happen with cap >= len + 1 */
+	if (KVD_NEVER(y->w >= y->wend)) /* [§37.3] the store holds the text: nothing unescapes longer */
+		return cfg_yaml_bad(y, "too long", NULL);
 	*y->w++ = c;
 	return 0;
 }

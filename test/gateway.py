@@ -650,6 +650,9 @@ def auth_like_etcd():
 
 @test
 def cors_like_etcd():
+    """--cors with a list, beside etcd: an Origin on the list is echoed,
+    one off it (or without its port) is not [§33.4]; on the gateway, on
+    /health and on a preflight."""
     e = Etcd(["--cors", "http://a.example:8080,http://b.example:80"])
     k = Kvd(KVD_TEST, ["--cors", "http://a.example:8080,http://b.example:80"])
     for origin in (b"http://a.example:8080", b"http://b.example:80", b"http://c.example:80", b"http://a.example",
@@ -671,6 +674,11 @@ def stats(k):
 
 @test
 def limits():
+    """Bodies are bounded [§34.4]: over 2 x --max-request-bytes + 64 KiB
+    is 413, a chunk size past 64 bits or a bad chunk line 400, a chunk past
+    the limit 413; hostile JSON is refused.  A body that stops coming is
+    closed after --max-idle-time while a watch being served outlives it
+    [§35.4]; a client that goes away frees its call."""
     k = Kvd(KVD_TEST, ["--max-idle-time", "2s", "--max-request-bytes", "4096"])
     big = b"x" * 140000
     st = exchange(k.port, post("/v3/kv/put", b'{"key":"YQ==","value":"' + big + b'"}'))
@@ -715,6 +723,40 @@ def limits():
     check(wait_for(lambda: int(stats(k)["streams"]) == base, 30), "the gone client's watch call freed")
     check(k.alive(), "kvd serves on")
     k.stop()
+
+
+def carrier_faults(src):
+    """What in kvd.c's section 34 (the gateway) is more than a carrier's."""
+    sec = src[src.index("/* ===== 34. "):src.index("/* ===== 35. ")]
+    routes = sec[sec.index("gw_routes[] = {"):]
+    routes = routes[:routes.index("\n};\n")]
+    rest = sec.replace(routes, "")
+    out = ["an RPC named outside gw_routes: " + x for x in re.findall(r'"/(?:etcdserverpb|v3lockpb|v3electionpb|grpc)\.[^"]*"', rest)]
+    out += ["a service or the store called: " + x for x in
+            re.findall(r"\b(?:svc|mvcc|watch|lease|auth|lock|snap|life)_\w+\(", sec)]
+    for need in ("json_pj_decode(", "call_message(", "gw_message_json(", "call_route("):
+        if need not in rest:
+            out.append("no " + need)
+    return out
+
+
+@test
+def the_gateway_is_a_carrier():
+    """The gateway is a carrier, no more [§34.1]: in kvd.c's section 34 no
+    RPC is named outside gw_routes and no service or store function is
+    called (svc_, mvcc_, watch_, lease_, auth_, lock_, snap_, life_); a
+    body reaches the call through json_pj_decode and call_message, the call
+    is routed by call_route, and answers come back from its queue through
+    gw_message_json.  Each rule catches a planted fault."""
+    src = open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "kvd.c")).read()
+    check(carrier_faults(src) == [], "section 34 as it is: %r" % carrier_faults(src))
+    at = src.index("static void gw_deliver(")
+    for what, text in (
+            ("an RPC named outside the table", src[:at] + 'static const char *planted = "/etcdserverpb.KV/Put";\n' + src[at:]),
+            ("a handler called directly", src[:at] + "static void planted(struct kvd *k) { mvcc_flush(k); }\n" + src[at:]),
+            ("a message that bypasses call_message", src.replace("call_message(", "planted_message(")),
+            ("answers not read from the call's queue", src.replace("gw_message_json(", "planted_json("))):
+        check(carrier_faults(text) != [], "%s is caught" % what)
 
 
 @test

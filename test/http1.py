@@ -192,6 +192,10 @@ def version_follows_a_downgrade():
 
 @test
 def keep_alive_and_pipelining():
+    """Keep-alive, and requests answered one at a time, in order [§35.2]:
+    four on one connection, three pipelined in one write answered in
+    order; a body nobody takes is read and dropped, the next request
+    served."""
     k = Kvd()
     conn = http.client.HTTPConnection("127.0.0.1", k.port, timeout=10)
     bodies = []
@@ -226,6 +230,10 @@ def keep_alive_and_pipelining():
 
 @test
 def limits_and_garbage():
+    """On kvd alone: a 9 KiB head is 431, a header without a colon 400, a
+    transfer coding other than chunked 501; a head that never ends is
+    closed after KVD_PREFACE_TIMEOUT_MS without an answer [§35.4]; kvd
+    serves on, gRPC on the same port."""
     k = Kvd()
     a = answers(raw(k.port, b"GET /health HTTP/1.1\r\nX-Big: " + b"a" * 9000 + b"\r\n\r\n"))
     check(a and a[0][0].startswith("HTTP/1.1 431"), "a 9 KiB head: 431 and closed: %s" % (a[:1],))
@@ -249,7 +257,8 @@ def framing_as_etcd37():
     ending in a bare LF, Transfer-Encoding twice or "chunked, chunked", a
     chunk size of more than 16 digits (zeros too), no Host or two on
     HTTP/1.1 -- and a chunked body on HTTP/1.0 (etcd reads none and would
-    take the chunks for a request) never reaches the store."""
+    take the chunks for a request) never reaches the store: one framing or
+    a refusal [§33.2]."""
     body = b'{"key":"YzIxMQ==","value":"eA=="}'
     chunk = lambda sep=b"\r\n", size=None: (size or (b"%x" % len(body))) + sep + body + b"\r\n0\r\n\r\n"
     put = b"POST /v3/kv/put HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nConnection: close\r\n"
@@ -440,6 +449,11 @@ def scrape(port, path="/metrics"):
 
 @test
 def metrics():
+    """/metrics read by Prometheus' parser, its values checked against what
+    was done; the metrics listener serves /metrics and the health
+    endpoints only -- no gateway, no gRPC, and every method on every path
+    answered as etcd 3.7.3's metrics listener answers it [§35.1]; etcd's
+    names and types."""
     from kvdtest import free_port, WatchStream
     mport = free_port()
     k = Kvd(os.environ.get("KVD_TEST", os.path.join(os.path.dirname(os.path.abspath(__file__)), "kvd-test")),

@@ -186,6 +186,10 @@ def etcd_cluster_flags_as_kubeadm_passes_them():
 
 @test
 def configuration_errors_exit_2_before_the_data_dir():
+    """A configuration error changes nothing [§38.2]: bad flags, variables,
+    URLs, files (certificates, keys, the confd key, a snapshot, a log
+    output, the config file) and values each exit 2 with one line, and the
+    data dir is not made."""
     d = tempfile.mkdtemp(prefix="kvd-init-")
     dd = os.path.join(d, "data")
     key = os.path.join(d, "key")
@@ -349,6 +353,10 @@ def unix_sockets_as_etcd():
 
 @test
 def runtime_failures_exit_1_and_a_clean_stop_0():
+    """One kvd per data dir [§37.5]: a second on a served dir exits 1 (its
+    lock is taken); a port in use exits 1 and, the sockets bound first,
+    leaves no data dir; SIGTERM and SIGINT stop with 0; an unusable data
+    dir is refused."""
     k = Kvd(KVD)
     # the data dir is locked by a running kvd
     r = run(["--data-dir", k.dir, "--listen-client-urls", "http://127.0.0.1:%d" % free_port()])
@@ -2034,6 +2042,62 @@ def toc_catches_planted_faults():
         check(text != readme or want == 0, "the fault was planted: " + what)
         check(r.returncode == want, "test index, %s: %s" % (what, r.stdout.strip()))
     shutil.rmtree(d)
+
+
+def not_exported_as_promised(src):
+    """Functions kvd.c defines at file scope that are neither static, nor
+    KVD_API with a kvd_ name, nor main."""
+    lines = src.split("\n")
+    bad = []
+    for i, line in enumerate(lines):
+        m = re.match(r"^([A-Za-z_][\w \t*]*?)\b(\w+)\(", line)
+        if not m or line.rstrip().endswith(";") or m.group(1).split()[0] in ("typedef", "return", "else", "if"):
+            continue
+        j = i
+        while j < len(lines) - 1 and j - i < 8 and not lines[j].rstrip().endswith((")", ";", "{")):
+            j += 1
+        if j + 1 >= len(lines) or lines[j + 1] != "{" or not lines[j].rstrip().endswith(")"):
+            continue
+        words, name = m.group(1).split(), m.group(2)
+        if "static" in words or ("KVD_API" in words and name.startswith("kvd_")) or (words == ["int"] and name == "main"):
+            continue
+        bad.append(name)
+    return bad
+
+
+def main_is_kvd_main(src):
+    """kvd.c's one main() is kvd_main() and nothing more."""
+    return (len(re.findall(r"^\w[\w \t*]*\bmain\(", src, re.M)) == 1 and
+            "\nint main(int argc, char **argv)\n{\n\treturn kvd_main(argc, argv);\n}\n" in src)
+
+
+@test
+def the_program_is_kvd_main_and_exports_kvd_only():
+    """main only calls kvd_main [§39.1]: kvd.c's one main() is `return
+    kvd_main(argc, argv);`, so flags, signals, the loop and the exit status
+    are kvd_main's.  Only kvd_* functions, main and the generated
+    protobuf-c symbols are exported [§38.1]: every function kvd.c defines
+    at file scope is static or KVD_API (and then named kvd_), and the kvd
+    binary's defined global symbols keep make symcheck's rule.  Each rule
+    catches a planted fault."""
+    src = open(os.path.join(ROOT, "kvd.c")).read()
+    check(main_is_kvd_main(src), "main() is kvd_main() and nothing more")
+    planted = src.replace("\treturn kvd_main(argc, argv);\n}", "\tsignal(SIGPIPE, SIG_IGN);\n\treturn kvd_main(argc, argv);\n}", 1)
+    check(not main_is_kvd_main(planted), "a main() that does more is caught")
+    check(not main_is_kvd_main(src + "\nint main(void)\n{\n\treturn 0;\n}\n"), "a second main() is caught")
+    bad = not_exported_as_promised(src)
+    check(bad == [], "every function is static or KVD_API kvd_*: not %r" % bad[:10])
+    for what, text, name in (
+            ("a function left non-static", src.replace("KVD_RESIDENT static void buf_free(", "KVD_RESIDENT void buf_free(", 1),
+             "buf_free"),
+            ("a KVD_API function not named kvd_", src.replace("KVD_API void kvd_reload(", "KVD_API void reload_kvd(", 1),
+             "reload_kvd")):
+        check(not_exported_as_promised(text) == [name], "%s is caught: %r" % (what, not_exported_as_promised(text)))
+    r = subprocess.run(["nm", "-g", "--defined-only", KVD], capture_output=True, text=True)
+    syms = [x.split()[2] for x in r.stdout.splitlines() if len(x.split()) == 3 and x.split()[1] in "TDBR" and "@" not in x]
+    allowed = re.compile(r"^(kvd_|etcdserverpb__|mvccpb__|authpb__|v3lockpb__|v3electionpb__|grpc__health__v1__|main$|_)")
+    check(r.returncode == 0 and "kvd_main" in syms and "main" in syms and not [x for x in syms if not allowed.match(x)],
+          "%s exports kvd_*, main and protobuf-c's only: %r" % (KVD, [x for x in syms if not allowed.match(x)][:10] or r.stderr))
 
 
 if __name__ == "__main__":

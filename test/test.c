@@ -12,6 +12,7 @@
 
 #include <ctype.h>
 #include <sys/mman.h>
+#include <sys/ioctl.h>
 #include <mbedtls/sha1.h>
 #if defined(__SANITIZE_ADDRESS__)
 #include <sanitizer/lsan_interface.h>
@@ -4521,6 +4522,8 @@ static int yaml_try(struct kvd_config *cfg, const char *text, char *store, char 
 	return kvd_config_yaml(cfg, text, strlen(text), store, strlen(text) + 1, err, KVD_ERRLEN);
 }
 
+/* The reader is bounded [§37.3]: a store smaller than the text (and its
+ * NUL) is refused, and so is a mapping nested in a block. */
 static void test_config_yaml(void)
 {
 	static const struct { const char *text; unsigned line; const char *why; } bad[] = {
@@ -4569,6 +4572,315 @@ static void test_config_yaml(void)
 	}
 	kvd_config_init(&cfg); /* the store must hold the text: smaller is refused */
 	CHECK(kvd_config_yaml(&cfg, "name: x", 7, store, 7, err, sizeof err) == KVD_EINVAL);
+}
+
+/* A field of a struct kvd_config, by its cfg_flags line, as text. */
+static void t_cfg_field(const struct kvd_config *cfg, const struct cfg_flag *f, char *out, size_t cap)
+{
+	const void *p = (const char *)cfg + f->off;
+
+	switch (f->type) {
+	case CFG_STR: snprintf(out, cap, "%s", *(const char *const *)p ? *(const char *const *)p : "(null)"); break;
+	case CFG_BOOL:
+	case CFG_LEVEL: snprintf(out, cap, "%d", *(const int *)p); break;
+	case CFG_U64: snprintf(out, cap, "%llu", (unsigned long long)*(const uint64_t *)p); break;
+	default: snprintf(out, cap, "%u", (unsigned)*(const uint32_t *)p); break;
+	}
+}
+
+/*
+ * One table [§37.1]: each cfg_flags line is the flag -- its default is
+ * kvd_config_init's, --help lists it, and the command line, its ETCD_*
+ * variable and its config file key all set the same field to the same
+ * value.  [§37.2] A bad value is refused where it is read, its error
+ * naming the flag: not a number, below the line's minimum, not a
+ * duration, not a boolean; and a feature gate kvd does not know.
+ */
+static void test_cfg_table(void)
+{
+	struct kvd_config cfg;
+	char err[KVD_ERRLEN], v[64], arg[128], env[64], yaml[160], store[160], want[64], got[64], *help;
+	char prog[] = "kvd", *argv[3];
+	const struct cfg_flag *f;
+	size_t i, hn = 0;
+	int ok = 1, bad = 1, fd, saved, j;
+	FILE *h = tmpfile();
+
+	argv[0] = prog;
+	argv[1] = arg;
+	argv[2] = NULL;
+	/* --help, captured */
+	fflush(stdout);
+	saved = dup(1);
+	fd = fileno(h);
+	dup2(fd, 1);
+	cfg_usage();
+	fflush(stdout);
+	dup2(saved, 1);
+	close(saved);
+	help = calloc(1, 65536);
+	rewind(h);
+	hn = fread(help, 1, 65535, h);
+	fclose(h);
+	CHECK(hn > 1000);
+	for (i = 0; i < KVD_COUNT(cfg_flags); i++) {
+		f = &cfg_flags[i];
+		kvd_config_init(&cfg);
+		t_cfg_field(&cfg, f, got, sizeof got);
+		/* the default, and a value that is not it */
+		snprintf(want, sizeof want, "%s", f->type == CFG_STR ? (f->defs ? f->defs : "(null)") : "");
+		if (f->type != CFG_STR)
+			snprintf(want, sizeof want, "%u", (unsigned)f->def);
+		switch (f->type) {
+		case CFG_STR: snprintf(v, sizeof v, "v-%s", f->name); break;
+		case CFG_BOOL: snprintf(v, sizeof v, "%s", f->def ? "false" : "true"); break;
+		case CFG_LEVEL: snprintf(v, sizeof v, "%s", f->def == KVD_LOG_WARN ? "error" : "warn"); break;
+		case CFG_MS: snprintf(v, sizeof v, "%ums", (unsigned)f->def + 7); break;
+		default: snprintf(v, sizeof v, "%u", (unsigned)f->def + 7); break;
+		}
+		snprintf(arg, sizeof arg, "\n  --%s ", f->name);
+		ok &= !strcmp(got, want) && strstr(help, arg) != NULL;
+		if (strcmp(got, want) || !strstr(help, arg))
+			printf("  --%s: default %s (want %s), in --help: %d\n", f->name, got, want, strstr(help, arg) != NULL);
+		/* the value, three ways */
+		snprintf(arg, sizeof arg, "--%s=%s", f->name, v);
+		kvd_config_init(&cfg);
+		ok &= kvd_config_parse(&cfg, 2, argv, err, sizeof err) == 0;
+		t_cfg_field(&cfg, f, want, sizeof want);
+		ok &= strcmp(want, got) != 0;
+		cfg_env_name(f->name, env, sizeof env);
+		setenv(env, v, 1);
+		kvd_config_init(&cfg);
+		ok &= kvd_config_parse(&cfg, 1, argv, err, sizeof err) == 0;
+		unsetenv(env);
+		t_cfg_field(&cfg, f, got, sizeof got);
+		ok &= !strcmp(got, want);
+		if (strcmp(got, want))
+			printf("  --%s: %s from %s, %s from the command line\n", f->name, got, env, want);
+		snprintf(yaml, sizeof yaml, "%s: %s\n", f->name, v);
+		kvd_config_init(&cfg);
+		if (!strcmp(f->name, "config-file")) { /* a config file cannot name another */
+			ok &= kvd_config_yaml(&cfg, yaml, strlen(yaml), store, sizeof store, err, sizeof err) == KVD_EINVAL;
+			continue;
+		}
+		ok &= kvd_config_yaml(&cfg, yaml, strlen(yaml), store, sizeof store, err, sizeof err) == 0;
+		t_cfg_field(&cfg, f, got, sizeof got);
+		ok &= !strcmp(got, want);
+		if (strcmp(got, want))
+			printf("  --%s: %s from the config file, %s from the command line\n", f->name, got, want);
+		/* a bad value names the flag */
+		if (f->type == CFG_STR)
+			continue;
+		for (j = 0; j < 2; j++) {
+			const char *bv = j ? "x7" : f->type == CFG_MS ? "5" : f->min ? "0" : f->type == CFG_BOOL ? "maybe" : "-1";
+			snprintf(arg, sizeof arg, "--%s=%s", f->name, bv);
+			kvd_config_init(&cfg);
+			snprintf(want, sizeof want, "-%s", f->name);
+			bad &= kvd_config_parse(&cfg, 2, argv, err, sizeof err) == KVD_EINVAL && strstr(err, want) != NULL;
+			if (!strstr(err, want))
+				printf("  %s: %s\n", arg, err);
+		}
+	}
+	CHECK(ok);
+	CHECK(bad);
+	CHECK(cfg_check_gates("StopGRPCServiceOnDefrag=true", err, sizeof err) == 0);
+	CHECK(cfg_check_gates("NoSuchGate=true", err, sizeof err) == KVD_EINVAL && strstr(err, "--feature-gates"));
+	CHECK(cfg_check_gates("StopGRPCServiceOnDefrag=maybe", err, sizeof err) == KVD_EINVAL &&
+	      strstr(err, "--feature-gates"));
+	free(help);
+}
+
+/* Log lines an instance says, kept (kvd_set_log). */
+static char t_logged[16384];
+static void t_log_keep(void *arg, int level, const char *line)
+{
+	size_t n = strlen(t_logged);
+
+	(void)arg;
+	(void)level;
+	snprintf(t_logged + n, sizeof t_logged - n, "%s\n", line);
+}
+
+/* Open file descriptors of this process. */
+static int t_nfds(void)
+{
+	DIR *d = opendir("/proc/self/fd");
+	int n = 0;
+
+	while (d && readdir(d))
+		n++;
+	if (d)
+		closedir(d);
+	return n;
+}
+
+/*
+ * kvd_init copies what it keeps [§37.4] [§38.3]: the caller's struct
+ * kvd_config and its strings may go (here: scribbled over and freed) once
+ * it returns, every string field is the instance's own (NULL becomes ""),
+ * and kvd_close gives them back -- it reports no byte still allocated.
+ * kvd_init opens no file, socket or pipe and makes no data dir.
+ */
+static void test_kvd_init_copies(void)
+{
+	struct kvd_config cfg;
+	struct kvd *k;
+	char err[KVD_ERRLEN], *mine = malloc(512);
+	const char *s;
+	size_t i;
+	int fds = t_nfds(), ok = 1;
+	struct stat st;
+
+	kvd_config_init(&cfg);
+	snprintf(mine, 512, "n-copied%c/nonexistent/kvd-unit-copied%chttp://a.example:1%cunix:///nonexistent/c.sock", 0,
+	         0, 0);
+	cfg.name = mine;
+	cfg.data_dir = cfg.name + strlen(cfg.name) + 1;
+	cfg.cors = cfg.data_dir + strlen(cfg.data_dir) + 1;
+	cfg.listen_client_urls = cfg.cors + strlen(cfg.cors) + 1;
+	cfg.pid_file = NULL;
+	CHECK(!strcmp(cfg.data_dir, "/nonexistent/kvd-unit-copied") && !strcmp(cfg.cors, "http://a.example:1"));
+	CHECK(kvd_init(&cfg, &k, err, sizeof err) == 0);
+	CHECK(t_nfds() == fds && k->lock_fd < 0 && k->wake[0] < 0 && k->nls == 0 &&
+	      stat("/nonexistent/kvd-unit-copied", &st) != 0);
+	memset(mine, 'X', 512);
+	free(mine);
+	memset(&cfg, 0x5a, sizeof cfg);
+	for (i = 0; i < KVD_COUNT(cfg_flags); i++)
+		if (cfg_flags[i].type == CFG_STR) {
+			s = *(const char *const *)(const void *)((const char *)&k->cfg + cfg_flags[i].off);
+			ok &= s != NULL && (const void *)s != (const void *)mine;
+		}
+	CHECK(ok);
+	CHECK(!strcmp(k->cfg.name, "n-copied") && !strcmp(k->cfg.data_dir, "/nonexistent/kvd-unit-copied") &&
+	      !strcmp(k->cfg.cors, "http://a.example:1") &&
+	      !strcmp(k->cfg.listen_client_urls, "unix:///nonexistent/c.sock") && !strcmp(k->cfg.pid_file, ""));
+	t_logged[0] = 0;
+	kvd_set_log(k, t_log_keep, NULL);
+	kvd_close(k);
+	CHECK(!strstr(t_logged, "still allocated"));
+}
+
+/* Does the file at path hold s? */
+static int t_file_has(const char *path, const char *s)
+{
+	static char text[65536];
+	FILE *f = fopen(path, "r");
+	size_t n = f ? fread(text, 1, sizeof text - 1, f) : 0;
+
+	if (f)
+		fclose(f);
+	text[n] = 0;
+	return strstr(text, s) != NULL;
+}
+
+/*
+ * kvd_open's failures and kvd_close.  [§38.2] A configuration error is
+ * KVD_EINVAL and changes nothing: no data dir, no socket file.  [§37.5] A
+ * second kvd on a data dir finds it locked (KVD_EBUSY).  [§38.5] Each
+ * failure ends in kvd_close, which frees the half-built instance whole --
+ * the log (a file here) says "cannot start" and never "still allocated" --
+ * and kvd_close writes a batch still open: a Put never flushed is there
+ * when the store is opened again.
+ */
+static void test_kvd_open_and_close(void)
+{
+	static const struct {
+		const char *cors, *gates, *cluster;
+	} bad[] = {
+	    {"http://a.example", NULL, NULL},
+	    {NULL, "NoSuchGate=true", NULL},
+	    {NULL, NULL, "default=http://localhost:2380,other=http://127.0.0.1:2381"},
+	};
+	struct kvd_config cfg;
+	struct kvd *k, *k2;
+	char *dir = t_tmpdir(), data[128], sock[160], sock2[160], log[128], path[160], cmd[192], err[KVD_ERRLEN];
+	struct stat st;
+	size_t i;
+
+	snprintf(data, sizeof data, "%s/data", dir);
+	snprintf(sock, sizeof sock, "unix://%s/c.sock", dir);
+	snprintf(sock2, sizeof sock2, "unix://%s/c2.sock", dir);
+	snprintf(log, sizeof log, "%s/kvd.log", dir);
+	for (i = 0; i < KVD_COUNT(bad); i++) {
+		kvd_config_init(&cfg);
+		cfg.data_dir = data;
+		cfg.listen_client_urls = sock;
+		cfg.log_outputs = log;
+		if (bad[i].cors)
+			cfg.cors = bad[i].cors;
+		if (bad[i].gates)
+			cfg.feature_gates = bad[i].gates;
+		if (bad[i].cluster)
+			cfg.initial_cluster = bad[i].cluster;
+		k = (struct kvd *)1;
+		CHECK(kvd_open(&cfg, &k, err, sizeof err) == KVD_EINVAL && !k);
+		snprintf(path, sizeof path, "%s/c.sock", dir);
+		CHECK(stat(data, &st) != 0 && stat(path, &st) != 0); /* nothing made */
+	}
+	CHECK(t_file_has(log, "cannot start") && !t_file_has(log, "still allocated"));
+	/* a kvd serves the dir: a second finds it locked */
+	kvd_config_init(&cfg);
+	cfg.data_dir = data;
+	cfg.listen_client_urls = sock;
+	cfg.log_outputs = log;
+	cfg.unsafe_no_fsync = 1;
+	CHECK(kvd_open(&cfg, &k, err, sizeof err) == 0);
+	if (!k)
+		return;
+	cfg.listen_client_urls = sock2;
+	CHECK(kvd_open(&cfg, &k2, err, sizeof err) == KVD_EBUSY && !k2 && strstr(err, "in use by another kvd"));
+	CHECK(t_file_has(log, "is in use by another kvd") && !t_file_has(log, "still allocated"));
+	/* a batch still open at kvd_close is written */
+	CHECK(t_put(k, "open-batch", "1") == 0 && k->db.w.len > 0);
+	kvd_close(k);
+	CHECK(!t_file_has(log, "still allocated"));
+	k = t_store(data);
+	CHECK(k && !strcmp(t_get(k, "open-batch", 0, NULL), "1"));
+	if (k)
+		kvd_close(k);
+	snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+	CHECK(system(cmd) == 0);
+}
+
+/*
+ * A signal only writes a byte to the wake pipe [§38.4]: kvd_on_signal
+ * (SIGHUP, then SIGTERM) leaves the instance as it was -- nothing logged,
+ * not stopping -- and the next kvd_poll acts on both: the reload, then the
+ * shutdown.
+ */
+static void test_signals_wake_the_loop(void)
+{
+	struct kvd_config cfg;
+	struct kvd *k;
+	char *dir = t_tmpdir(), data[128], sock[160], cmd[192], err[KVD_ERRLEN];
+	int queued = 0, r, i;
+
+	snprintf(data, sizeof data, "%s/data", dir);
+	snprintf(sock, sizeof sock, "unix://%s/c.sock", dir);
+	kvd_config_init(&cfg);
+	cfg.data_dir = data;
+	cfg.listen_client_urls = sock;
+	cfg.log_outputs = "/dev/null";
+	cfg.unsafe_no_fsync = 1;
+	CHECK(kvd_open(&cfg, &k, err, sizeof err) == 0);
+	if (!k)
+		return;
+	t_logged[0] = 0;
+	kvd_set_log(k, t_log_keep, NULL);
+	main_kvd = k;
+	kvd_on_signal(SIGHUP);
+	kvd_on_signal(SIGTERM);
+	main_kvd = NULL;
+	CHECK(ioctl(k->wake[0], FIONREAD, &queued) == 0 && queued == 2);
+	CHECK(!k->stopping && !t_logged[0]);
+	for (i = 0; i < 100 && (r = kvd_poll(k, 0)) == 0; i++)
+		;
+	CHECK(r == KVD_ESTOPPED && k->stopping && strstr(t_logged, "SIGHUP: reading") &&
+	      strstr(t_logged, "shutting down"));
+	kvd_close(k);
+	snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+	CHECK(system(cmd) == 0);
 }
 
 static void test_pct_encode(void)
@@ -5078,6 +5390,637 @@ static void test_sniff(void)
 	CHECK(cn->proto == &h2_proto && !cn->is_closing);
 	net_conn_free(k, cn);
 	kvd_close(k);
+}
+
+/* ---- HTTP/1.x: the parser, answers, serving, the gateway ------------------ */
+
+/* An HTTP/1.x (or not yet chosen) connection fed as the loop feeds it: its
+ * input, then the group commit, then its protocol's flush (loop_flush). */
+static void t_http_feed(struct kvd *k, struct conn *cn, const char *p, size_t n)
+{
+	buf_append(k, &cn->in, p, n);
+	if (BUF_LEN(&cn->in) && !cn->is_closing && BUF_LEN(&cn->out) < KVD_MAX_OUTPUT)
+		net_input(k, cn);
+	loop_log_flush(k);
+	if (cn->proto && !cn->is_closing && !cn->dead)
+		cn->proto->flush(k, cn);
+}
+
+static void t_http_send(struct kvd *k, struct conn *cn, const char *s)
+{
+	t_http_feed(k, cn, s, strlen(s));
+}
+
+/* What cn wrote, as a string with each Date's value "D" (and dropped, as
+ * if the peer read it). */
+static const char *t_http_out(struct conn *cn)
+{
+	static char s[65536];
+	size_t n = KVD_MIN(BUF_LEN(&cn->out), sizeof s - 1), o = 0, i;
+	const char *d;
+
+	for (i = 0; i < n; i++) {
+		s[o++] = (char)BUF_DATA(&cn->out)[i];
+		if (o >= 6 && !memcmp(s + o - 6, "Date: ", 6) && (d = memchr(BUF_DATA(&cn->out) + i, '\r', n - i))) {
+			s[o++] = 'D';
+			i = (size_t)(d - (const char *)BUF_DATA(&cn->out)) - 1;
+		}
+	}
+	s[o] = 0;
+	buf_consume(&cn->out, BUF_LEN(&cn->out));
+	return s;
+}
+
+/* How many answers s holds (status lines). */
+static unsigned t_http_answers(const char *s, const char *status)
+{
+	unsigned n = 0;
+
+	for (; (s = strstr(s, status)); s++)
+		n++;
+	return n;
+}
+
+/*
+ * http1_parse, the head of an HTTP/1.x request.  [§33.1] It reads no byte
+ * past min(n, HTTP1_MAX_HEAD): each input ends flush against a page it
+ * cannot read, and a head that does not end within HTTP1_MAX_HEAD is
+ * refused (431) with n claiming more than is there; what it returns points
+ * into the input.  [§33.2] One framing or a refusal: Content-Length is
+ * digits only and repeats agree, a coding other than chunked is 501,
+ * chunked beside a Content-Length is chunked and closes the connection.
+ */
+static void test_http1_parse(void)
+{
+	static const struct {
+		const char *in;
+		int want;            /* 1 whole, 0 more, else the refusal's status */
+		int chunked, close;
+		uint64_t clen;
+	} cases[] = {
+	    {"GET /health HTTP/1.1\r\nHost: x\r\n\r\n", 1, 0, 0, 0},
+	    {"GET /health HTTP/1.1\nHost: x\n\n", 1, 0, 0, 0},
+	    {"GET /health HTTP/1.0\r\n\r\n", 1, 0, 1, 0},
+	    {"GET /health HTTP/1.1\r\nHost: x\r\n", 0, 0, 0, 0},
+	    {"GET /health HTTP/1.1\r\nHost: x\r\n\r", 0, 0, 0, 0},
+	    {"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", 1, 0, 1, 0},
+	    {"POST /v3/kv/put HTTP/1.1\r\nHost: x\r\nContent-Length: 12\r\n\r\n", 1, 0, 0, 12},
+	    {"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nContent-Length: 5\r\n\r\n", 1, 0, 0, 5},
+	    {"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\n", 400, 0, 0, 0},
+	    {"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: +5\r\n\r\n", 400, 0, 0, 0},
+	    {"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 0x5\r\n\r\n", 400, 0, 0, 0},
+	    {"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 5 5\r\n\r\n", 400, 0, 0, 0},
+	    {"POST / HTTP/1.1\r\nHost: x\r\nContent-Length:\r\n\r\n", 400, 0, 0, 0},
+	    {"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 99999999999999999999999\r\n\r\n", 400, 0, 0, 0},
+	    {"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\n\r\n", 501, 0, 0, 0},
+	    {"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked, chunked\r\n\r\n", 501, 0, 0, 0},
+	    {"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n", 501, 0, 0,
+	     0},
+	    {"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n", 1, 1, 0, 0},
+	    {"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nContent-Length: 5\r\n\r\n", 1, 1, 1, 0},
+	    {"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n", 1, 1, 1, 0},
+	    {"POST / HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n", 400, 0, 0, 0},
+	    {"POST / HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\n\r\n", 1, 0, 0, 0},
+	    {"POST / HTTP/1.1\r\nHost: x\r\nExpect: later\r\n\r\n", 417, 0, 0, 0},
+	    {"GET / HTTP/1.1\r\nBad Header\r\n\r\n", 400, 0, 0, 0},
+	    {"GET / HTTP/1.1\r\n\r\n", 400, 0, 0, 0}, /* no Host */
+	};
+	struct http_req r;
+	struct t_guard g;
+	const uint8_t *p;
+	char *big;
+	size_t i, n, j;
+	int status, inside;
+	long got;
+
+	for (i = 0; i < KVD_COUNT(cases); i++) {
+		n = strlen(cases[i].in);
+		p = t_guarded(&g, cases[i].in, n);
+		got = http1_parse(p, n, &r, &status);
+		if (cases[i].want == 1) {
+			CHECK(got == (long)n && r.chunked == cases[i].chunked && r.close == cases[i].close &&
+			      r.clen == cases[i].clen);
+			inside = (const uint8_t *)r.method == p && (const uint8_t *)r.target > p &&
+			         (const uint8_t *)r.target + r.tlen <= p + n;
+			for (j = 0; j < r.nh; j++)
+				inside &= (const uint8_t *)r.h[j].name > p && (const uint8_t *)r.h[j].value >= p &&
+				          (const uint8_t *)r.h[j].value + r.h[j].vlen <= p + n;
+			CHECK(inside); /* the request points into its input: nothing kept */
+		} else if (cases[i].want == 0) {
+			CHECK(got == 0);
+		} else {
+			CHECK(got == KVD_EINVAL && status == cases[i].want);
+		}
+		if (cases[i].want == 1 ? got != (long)n : cases[i].want == 0 ? got != 0 : status != cases[i].want)
+			printf("  http1_parse case %zu: %ld %d\n", i, got, status);
+		t_unguard(&g);
+	}
+	/* a head that does not end within HTTP1_MAX_HEAD: 431, and n may claim
+	 * more than there is -- nothing past HTTP1_MAX_HEAD is read */
+	big = malloc(HTTP1_MAX_HEAD);
+	memset(big, 'a', HTTP1_MAX_HEAD);
+	memcpy(big, "GET / HTTP/1.1\r\nHost: x\r\nX: ", 28);
+	p = t_guarded(&g, big, HTTP1_MAX_HEAD);
+	CHECK(http1_parse(p, HTTP1_MAX_HEAD + 4096, &r, &status) == KVD_EINVAL && status == 431);
+	CHECK(http1_parse(p, HTTP1_MAX_HEAD - 1, &r, &status) == 0); /* shorter: more may come */
+	t_unguard(&g);
+	memcpy(big + HTTP1_MAX_HEAD - 4, "\r\n\r\n", 4); /* one that ends on its last byte is whole */
+	p = t_guarded(&g, big, HTTP1_MAX_HEAD);
+	CHECK(http1_parse(p, HTTP1_MAX_HEAD + 4096, &r, &status) == HTTP1_MAX_HEAD);
+	t_unguard(&g);
+	/* more headers than HTTP1_MAX_HEADERS: 431 */
+	n = (size_t)snprintf(big, HTTP1_MAX_HEAD, "GET / HTTP/1.1\r\nHost: x\r\n");
+	for (j = 0; j < HTTP1_MAX_HEADERS; j++)
+		n += (size_t)snprintf(big + n, HTTP1_MAX_HEAD - n, "X%zu: y\r\n", j);
+	n += (size_t)snprintf(big + n, HTTP1_MAX_HEAD - n, "\r\n");
+	p = t_guarded(&g, big, n);
+	CHECK(http1_parse(p, n, &r, &status) == KVD_EINVAL && status == 431);
+	t_unguard(&g);
+	free(big);
+}
+
+/*
+ * Answers as Go's net/http writes them [§33.3]: the handler's fields in
+ * Go's sorted order (CORS first), then Date, Content-Length, Connection;
+ * HTTP/1.0 gets no Connection field and a close; a request kvd cannot read
+ * on from is answered, then the connection closes.  --cors [§33.4]: "*"
+ * allows any origin; a list echoes a listed Origin only -- not one off the
+ * list, not one holding a ',', not one too long to keep, and nothing on a
+ * metrics listener; a list entry without a port is refused at start.
+ */
+static void test_http1_answers(void)
+{
+	static const char cors[] = "Access-Control-Allow-Headers: accept, content-type, authorization\r\n"
+	                           "Access-Control-Allow-Methods: POST, GET, OPTIONS, PUT, DELETE\r\n";
+	struct kvd *k = t_kvd();
+	struct conn *cn;
+	char want[1024], list[512], req[1024], longo[160], err[KVD_ERRLEN];
+	const char *s;
+	size_t i;
+
+	cn = net_conn_new(k, -1, &net_plain);
+	t_http_send(k, cn, "GET /nope HTTP/1.1\r\nHost: x\r\n\r\n");
+	snprintf(want, sizeof want, "HTTP/1.1 404 Not Found\r\n%sAccess-Control-Allow-Origin: *\r\n"
+	         "Content-Type: text/plain; charset=utf-8\r\nX-Content-Type-Options: nosniff\r\nDate: D\r\n"
+	         "Content-Length: 19\r\n\r\n404 page not found\n", cors);
+	s = t_http_out(cn);
+	CHECK(!strcmp(s, want) && !cn->is_closing);
+	if (strcmp(s, want))
+		printf("  got %s\n", s);
+	t_http_send(k, cn, "GET /nope HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+	snprintf(want, sizeof want, "HTTP/1.1 404 Not Found\r\n%sAccess-Control-Allow-Origin: *\r\n"
+	         "Content-Type: text/plain; charset=utf-8\r\nX-Content-Type-Options: nosniff\r\nDate: D\r\n"
+	         "Content-Length: 19\r\nConnection: close\r\n\r\n404 page not found\n", cors);
+	CHECK(!strcmp(t_http_out(cn), want) && cn->is_closing);
+	net_conn_free(k, cn);
+	cn = net_conn_new(k, -1, &net_plain);
+	t_http_send(k, cn, "GET /nope HTTP/1.0\r\n\r\n");
+	s = t_http_out(cn);
+	CHECK(!strncmp(s, "HTTP/1.0 404 Not Found\r\n", 24) && strstr(s, "Date: D\r\nContent-Length: 19\r\n\r\n") &&
+	      !strstr(s, "Connection") && cn->is_closing);
+	net_conn_free(k, cn);
+	/* a head kvd cannot read: answered, then closed; what follows is not read */
+	cn = net_conn_new(k, -1, &net_plain);
+	t_http_send(k, cn, "GET / HTTP/1.1\r\nBad Header\r\n\r\nGET /health HTTP/1.1\r\nHost: x\r\n\r\n");
+	s = t_http_out(cn);
+	CHECK(!strncmp(s, "HTTP/1.1 400 Bad Request\r\n", 26) && strstr(s, "Connection: close\r\n\r\n400 Bad Request\n") &&
+	      t_http_answers(s, "HTTP/1.1 ") == 1 && cn->is_closing);
+	net_conn_free(k, cn);
+	/* --cors: a list */
+	memset(longo, 'o', sizeof longo);
+	memcpy(longo, "http://", 7);
+	memcpy(longo + sizeof longo - 8, ".x:8080", 8); /* 159 bytes: over struct http_x's 128 */
+	snprintf(list, sizeof list, "http://a.example:8080,http://b.example:80,%s", longo);
+	t_cfg_str(k, &k->cfg.cors, list);
+	CHECK(http1_check_flags(k, err, sizeof err) == 0);
+	{
+		static const struct {
+			const char *origin;
+			int echoed;
+		} o[] = {
+		    {"http://a.example:8080", 1}, {"http://b.example:80", 1}, {"HTTP://A.EXAMPLE:8080", 1},
+		    {"http://c.example:80", 0}, {"http://a.example", 0}, {"http://a.example:8080,http://b.example:80", 0},
+		    {"http://a.example:8080, http://c.example:80", 0}, {"", 0}, {NULL, 0},
+		};
+		for (i = 0; i < KVD_COUNT(o) + 1; i++) {
+			const char *origin = i < KVD_COUNT(o) ? o[i].origin : longo;
+			int n = snprintf(req, sizeof req, "GET /health HTTP/1.1\r\nHost: x\r\n%s%s%s\r\n",
+			                 origin ? "Origin: " : "", origin ? origin : "", origin ? "\r\n" : "");
+			cn = net_conn_new(k, -1, &net_plain);
+			t_http_feed(k, cn, req, (size_t)n);
+			s = t_http_out(cn);
+			snprintf(want, sizeof want, "Access-Control-Allow-Origin: %s\r\n", origin ? origin : "");
+			if (i < KVD_COUNT(o) && o[i].echoed)
+				CHECK(strstr(s, want) && strstr(s, cors) && strstr(s, "HTTP/1.1 200"));
+			else
+				CHECK(!strstr(s, "Access-Control") && strstr(s, "HTTP/1.1 200"));
+			net_conn_free(k, cn);
+		}
+	}
+	/* a metrics listener: no CORS, even with "*" */
+	t_cfg_str(k, &k->cfg.cors, "*");
+	cn = net_conn_new(k, -1, &net_plain);
+	cn->metrics_only = 1;
+	t_http_send(k, cn, "GET /health HTTP/1.1\r\nHost: x\r\nOrigin: http://a.example:8080\r\n\r\n");
+	s = t_http_out(cn);
+	CHECK(strstr(s, "HTTP/1.1 200") && !strstr(s, "Access-Control"));
+	net_conn_free(k, cn);
+	/* the list is checked at start: a URL without a port is refused */
+	t_cfg_str(k, &k->cfg.cors, "http://a.example:8080,http://b.example");
+	CHECK(http1_check_flags(k, err, sizeof err) == KVD_EINVAL && strstr(err, "-cors") && strstr(err, "b.example"));
+	kvd_close(k);
+}
+
+/*
+ * Serving HTTP/1.x.  [§35.1] A metrics listener answers /metrics, /health,
+ * /livez and /readyz; anything else is 404 (no /version, no gateway, no
+ * preflight), and nothing has CORS.  [§35.2] Requests are answered one at a
+ * time, in order; with the output at KVD_MAX_OUTPUT nothing more is read.
+ * [§35.4] A head must end within KVD_PREFACE_TIMEOUT_MS of its first byte;
+ * an idle connection closes after --max-idle-time.  [§35.5] A body nobody
+ * takes is read and dropped up to HTTP1_MAX_BODY; a longer or chunked one
+ * closes the connection after the answer.
+ */
+static void test_http1_serving(void)
+{
+	static const struct {
+		const char *req;
+		const char *status;
+	} metrics[] = {
+	    {"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n", "HTTP/1.1 200"},
+	    {"GET /health HTTP/1.1\r\nHost: x\r\n\r\n", "HTTP/1.1 200"},
+	    {"GET /livez HTTP/1.1\r\nHost: x\r\n\r\n", "HTTP/1.1 200"},
+	    {"GET /readyz HTTP/1.1\r\nHost: x\r\n\r\n", "HTTP/1.1 200"},
+	    {"GET /version HTTP/1.1\r\nHost: x\r\n\r\n", "HTTP/1.1 404"},
+	    {"OPTIONS /health HTTP/1.1\r\nHost: x\r\n\r\n", "HTTP/1.1 "}, /* not a preflight's empty 200 */
+	    {"OPTIONS /v3/kv/range HTTP/1.1\r\nHost: x\r\n\r\n", "HTTP/1.1 404"},
+	    {"POST /v3/kv/range HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}", "HTTP/1.1 404"},
+	    {"GET /nope HTTP/1.1\r\nHost: x\r\n\r\n", "HTTP/1.1 404"},
+	};
+	static const char three[] = "GET /health HTTP/1.1\r\nHost: x\r\n\r\nGET /version HTTP/1.1\r\nHost: x\r\n\r\n"
+	                            "GET /nope HTTP/1.1\r\nHost: x\r\n\r\n";
+	struct kvd *k = t_kvd();
+	struct conn *cn;
+	const char *s, *a, *b, *c;
+	char *req;
+	size_t i, n;
+
+	for (i = 0; i < KVD_COUNT(metrics); i++) {
+		cn = net_conn_new(k, -1, &net_plain);
+		cn->metrics_only = 1;
+		t_http_send(k, cn, metrics[i].req);
+		s = t_http_out(cn);
+		CHECK(!strncmp(s, metrics[i].status, strlen(metrics[i].status)) && !strstr(s, "Access-Control") &&
+		      !(i == 5 && strstr(s, "Content-Length: 0\r\n")));
+		if (strncmp(s, metrics[i].status, strlen(metrics[i].status)))
+			printf("  metrics listener, case %zu: %.40s\n", i, s);
+		net_conn_free(k, cn);
+	}
+	/* three pipelined requests: answered in order */
+	cn = net_conn_new(k, -1, &net_plain);
+	t_http_feed(k, cn, three, sizeof three - 1);
+	s = t_http_out(cn);
+	a = strstr(s, "\"health\":\"true\"");
+	b = strstr(s, "\"etcdserver\":");
+	c = strstr(s, "404 page not found");
+	CHECK(a && b && c && a < b && b < c && t_http_answers(s, "HTTP/1.1 ") == 3 && !cn->is_closing);
+	/* the output full: nothing more is read until it drains */
+	req = calloc(1, KVD_MAX_OUTPUT);
+	buf_append(k, &cn->out, req, KVD_MAX_OUTPUT);
+	free(req);
+	n = BUF_LEN(&cn->out);
+	CHECK(n == KVD_MAX_OUTPUT);
+	buf_append(k, &cn->in, three, sizeof three - 1);
+	http1_input(k, cn); /* as if the loop handed it input anyway */
+	CHECK(BUF_LEN(&cn->out) == n && BUF_LEN(&cn->in) == sizeof three - 1);
+	buf_consume(&cn->out, n);
+	t_http_send(k, cn, "");
+	CHECK(t_http_answers(t_http_out(cn), "HTTP/1.1 ") == 3 && BUF_LEN(&cn->in) == 0);
+	/* a head that never ends: closed after KVD_PREFACE_TIMEOUT_MS */
+	k->now = 1000000;
+	t_http_send(k, cn, "GET /health HTTP/1.1\r\nHost");
+	k->now += KVD_PREFACE_TIMEOUT_MS - 1;
+	http1_timers(k, cn);
+	CHECK(!cn->is_closing);
+	k->now += 1;
+	http1_timers(k, cn);
+	CHECK(cn->is_closing && BUF_LEN(&cn->out) == 0);
+	net_conn_free(k, cn);
+	/* an idle connection: closed after --max-idle-time */
+	k->cfg.idle_timeout_ms = 5000;
+	cn = net_conn_new(k, -1, &net_plain);
+	t_http_send(k, cn, "GET /health HTTP/1.1\r\nHost: x\r\n\r\n");
+	t_http_out(cn);
+	k->now += 4999;
+	http1_timers(k, cn);
+	CHECK(!cn->is_closing);
+	k->now += 1;
+	http1_timers(k, cn);
+	CHECK(cn->is_closing);
+	net_conn_free(k, cn);
+	/* bodies nobody takes: dropped up to HTTP1_MAX_BODY, else closed after the answer */
+	cn = net_conn_new(k, -1, &net_plain);
+	s = "GET /health HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nHELLOGET /version HTTP/1.1\r\nHost: x\r\n\r\n";
+	t_http_send(k, cn, s);
+	s = t_http_out(cn);
+	CHECK(t_http_answers(s, "HTTP/1.1 200") == 2 && strstr(s, "\"etcdserver\":") && !cn->is_closing);
+	req = malloc(HTTP1_MAX_BODY + 128);
+	n = (size_t)snprintf(req, 128, "GET /health HTTP/1.1\r\nHost: x\r\nContent-Length: %u\r\n\r\n", HTTP1_MAX_BODY);
+	memset(req + n, 'b', HTTP1_MAX_BODY);
+	t_http_feed(k, cn, req, n + HTTP1_MAX_BODY); /* HTTP1_MAX_BODY itself: read and dropped */
+	CHECK(t_http_answers(t_http_out(cn), "HTTP/1.1 200") == 1 && !cn->is_closing && BUF_LEN(&cn->in) == 0);
+	n = (size_t)snprintf(req, 128, "GET /health HTTP/1.1\r\nHost: x\r\nContent-Length: %u\r\n\r\n", HTTP1_MAX_BODY + 1);
+	t_http_feed(k, cn, req, n);
+	CHECK(t_http_answers(t_http_out(cn), "HTTP/1.1 200") == 1 && cn->is_closing);
+	net_conn_free(k, cn);
+	cn = net_conn_new(k, -1, &net_plain);
+	s = "GET /health HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nHELLO\r\n0\r\n\r\n";
+	t_http_send(k, cn, s);
+	CHECK(t_http_answers(t_http_out(cn), "HTTP/1.1 200") == 1 && cn->is_closing);
+	net_conn_free(k, cn);
+	free(req);
+	kvd_close(k);
+}
+
+/*
+ * No half answer [§35.3]: allocation N of an HTTP/1.x exchange fails, for
+ * every N it makes -- /metrics, the longest answer, and a pipelined
+ * /health after it.  What the connection wrote is whole answers, each as
+ * long as its Content-Length says, or it is closed at once (dead) and
+ * writes nothing more.  On HTTP/2 the same request's stream is answered
+ * whole or reset.
+ */
+static void test_http1_oom(void)
+{
+	static const char req[] = "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\nGET /health HTTP/1.1\r\nHost: x\r\n\r\n";
+	struct kvd *k = t_kvd();
+	static struct t_frames fs;
+	struct kvd_buf in = {0};
+	struct conn *cn;
+	struct h2_conn *c;
+	uint8_t blk[256];
+	size_t mem0 = k->mem, nb;
+	uint64_t i;
+	int ok = 1, whole = 0, dead = 0, reset = 0, answered = 0;
+
+	for (i = 1; i < 400; i++) {
+		const char *s, *h, *len;
+		cn = net_conn_new(k, -1, &net_plain);
+		k->fail_at = k->nalloc + i;
+		t_http_feed(k, cn, req, sizeof req - 1);
+		k->fail_at = 0;
+		if (cn->dead) {
+			dead++;
+		} else {
+			ok &= !cn->out.err;
+			for (s = t_http_out(cn); (h = strstr(s, "HTTP/1.1 ")); s = h + 4 + atoi(len + 16)) {
+				len = strstr(h, "Content-Length: ");
+				ok &= len && (h = strstr(len, "\r\n\r\n")) && strlen(h + 4) >= (size_t)atoi(len + 16);
+				if (!ok || !len || !h)
+					break;
+				whole++;
+			}
+		}
+		net_conn_free(k, cn);
+		ok &= k->mem == mem0;
+	}
+	CHECK(ok && dead > 0 && whole > 0);
+	/* HTTP/2: GET /metrics on a stream, no gRPC content-type */
+	nb = 0;
+	blk[nb++] = 0x82; /* :method GET */
+	blk[nb++] = 0x86; /* :scheme http */
+	{
+		struct kvd_buf b = {0};
+		hp_put_field(k, &b, 4, NULL, "/metrics", 8);
+		hp_put_field(k, &b, 1, NULL, "localhost", 9);
+		memcpy(blk + nb, BUF_DATA(&b), BUF_LEN(&b));
+		nb += BUF_LEN(&b);
+		buf_free(k, &b);
+	}
+	t_preface(&in, k);
+	t_put_frame(&in, k, H2_HEADERS, H2_F_END_HEADERS | H2_F_END_STREAM, 1, blk, nb);
+	mem0 = k->mem;
+	for (i = 1; i < 400; i++) {
+		int hdr, end = 0;
+		unsigned j;
+		if (!(c = t_conn(k)))
+			continue;
+		buf_append(k, &c->conn->in, BUF_DATA(&in), BUF_LEN(&in));
+		k->fail_at = k->nalloc + i;
+		h2_input(k, c);
+		h2_flush(k, c);
+		k->fail_at = 0;
+		t_feed(k, c, "", 0); /* the loop comes back for what waited for memory */
+		t_out(c, &fs);
+		hdr = t_find(&fs, H2_HEADERS, 1);
+		for (j = 0; j < fs.n; j++)
+			end |= fs.f[j].sid == 1 && (fs.f[j].flags & H2_F_END_STREAM);
+		if (t_find(&fs, H2_RST_STREAM, 1) >= 0)
+			reset++;
+		else if (hdr >= 0)
+			ok &= end, answered += end;
+		else
+			ok &= c->conn->dead || c->conn->is_closing || t_find(&fs, H2_GOAWAY, 0) >= 0;
+		t_conn_free(k, c);
+		ok &= k->mem == mem0;
+	}
+	CHECK(ok && answered > 0 && reset > 0);
+	buf_free(k, &in);
+	kvd_close(k);
+}
+
+/* A counted connection on k->conns with an address's share, as net_accept
+ * makes one (net_shed looks for its victims there). */
+static struct conn *t_http_conn(struct kvd *k)
+{
+	static const uint8_t src[9] = {4, 127, 0, 0, 9};
+	struct conn *cn = net_conn_new(k, -1, &net_plain);
+
+	memcpy(cn->src, src, sizeof src);
+	cn->share = share_get(k, 'a', src, sizeof src);
+	cn->share->n[SHARE_CONNS]++;
+	k->nconns++;
+	cn->next = k->conns;
+	k->conns = cn;
+	return cn;
+}
+
+static void t_http_conn_free(struct kvd *k, struct conn *cn)
+{
+	struct conn **pp;
+
+	for (pp = &k->conns; *pp != cn; pp = &(*pp)->next)
+		;
+	*pp = cn->next;
+	net_conn_free(k, cn);
+}
+
+/*
+ * The gateway on HTTP/1.x.  [§34.3] One call per connection: of two
+ * pipelined Puts the second waits in c->in until the first is answered,
+ * and a client that pipelines more than HTTP1_MAX_HEAD + HTTP1_MAX_BODY
+ * ahead of a call is closed.  [§34.4] Bodies are bounded (a Content-Length
+ * or a chunk over gw_max_body: 413; a chunk line longer than
+ * HTTP1_MAX_HEAD: 400) and count toward --max-request-buffer: over it the
+ * call ends, its body dropped.  [§34.5] That unary answer waits until the
+ * whole body is read, and the connection goes on; a watch that ends while
+ * its body is still coming closes the connection after its answer (and a
+ * watch being served outlives --max-idle-time).
+ */
+static void test_gw_http1(void)
+{
+	static const char put1[] = "POST /v3/kv/put HTTP/1.1\r\nHost: x\r\nContent-Length: 29\r\n\r\n"
+	                           "{\"key\":\"YQ==\",\"value\":\"MQ==\"}";
+	static const char put2[] = "POST /v3/kv/put HTTP/1.1\r\nHost: x\r\nContent-Length: 29\r\n\r\n"
+	                           "{\"key\":\"Yg==\",\"value\":\"Mg==\"}";
+	char *dir = t_tmpdir(), cmd[128], req[512], *junk;
+	struct kvd *k = t_store(dir);
+	struct conn *cn;
+	struct http1_conn *h;
+	const char *s;
+	int64_t rev;
+	size_t n;
+
+	CHECK(k != NULL);
+	if (!k)
+		return;
+	/* two pipelined Puts: the second waits for the first's answer */
+	cn = t_http_conn(k);
+	n = (size_t)snprintf(req, sizeof req, "%s%s", put1, put2);
+	buf_append(k, &cn->in, req, n);
+	net_input(k, cn);
+	CHECK(k->db.rev == 2 && BUF_LEN(&cn->in) == sizeof put2 - 1 && BUF_LEN(&cn->out) == 0); /* held */
+	loop_log_flush(k);
+	cn->proto->flush(k, cn);
+	s = t_http_out(cn);
+	CHECK(t_http_answers(s, "HTTP/1.1 200") == 1 && strstr(s, "\"revision\":\"2\"") && k->db.rev == 2 &&
+	      BUF_LEN(&cn->in) == sizeof put2 - 1);
+	t_http_send(k, cn, "");
+	s = t_http_out(cn);
+	CHECK(t_http_answers(s, "HTTP/1.1 200") == 1 && strstr(s, "\"revision\":\"3\"") && !cn->is_closing);
+	/* pipelining far ahead of a call: closed */
+	junk = malloc(HTTP1_MAX_HEAD + HTTP1_MAX_BODY + 1);
+	memset(junk, 'j', HTTP1_MAX_HEAD + HTTP1_MAX_BODY + 1);
+	buf_append(k, &cn->in, put1, sizeof put1 - 1);
+	t_http_feed(k, cn, junk, HTTP1_MAX_HEAD + HTTP1_MAX_BODY + 1);
+	CHECK(cn->is_closing);
+	free(junk);
+	t_http_conn_free(k, cn);
+	/* bounds: 413 for a Content-Length or a chunk over gw_max_body, 400 for a chunk line too long */
+	cn = t_http_conn(k);
+	n = (size_t)snprintf(req, sizeof req, "POST /v3/kv/put HTTP/1.1\r\nHost: x\r\nContent-Length: %llu\r\n\r\n",
+	                     (unsigned long long)gw_max_body(k) + 1);
+	t_http_feed(k, cn, req, n);
+	CHECK(!strncmp(t_http_out(cn), "HTTP/1.1 413", 12) && cn->is_closing);
+	t_http_conn_free(k, cn);
+	cn = t_http_conn(k);
+	n = (size_t)snprintf(req, sizeof req, "POST /v3/kv/put HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+	                     "%llx\r\n", (unsigned long long)gw_max_body(k) + 1);
+	t_http_feed(k, cn, req, n);
+	CHECK(!strncmp(t_http_out(cn), "HTTP/1.1 413", 12) && cn->is_closing);
+	t_http_conn_free(k, cn);
+	cn = t_http_conn(k);
+	n = (size_t)snprintf(req, sizeof req, "POST /v3/kv/put HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n");
+	junk = malloc(HTTP1_MAX_HEAD);
+	memset(junk, '0', HTTP1_MAX_HEAD); /* a chunk-size line that never ends */
+	buf_append(k, &cn->in, req, n);
+	t_http_feed(k, cn, junk, HTTP1_MAX_HEAD);
+	CHECK(!strncmp(t_http_out(cn), "HTTP/1.1 400", 12) && cn->is_closing);
+	free(junk);
+	t_http_conn_free(k, cn);
+	/* over --max-request-buffer: the call ends, its body dropped; its answer
+	 * waits for the rest of the body, then the connection goes on */
+	k->cfg.max_request_buffer = 100;
+	rev = k->db.rev;
+	cn = t_http_conn(k);
+	n = (size_t)snprintf(req, sizeof req, "POST /v3/kv/put HTTP/1.1\r\nHost: x\r\nContent-Length: 400\r\n\r\n"
+	                     "{\"key\":\"Yw==\",\"value\":\"");
+	memset(req + n, 'A', 300);
+	t_http_feed(k, cn, req, n + 300);
+	h = cn->ps;
+	CHECK(h && h->x.in_call && h->call.finished && h->call.status == GRPC_RESOURCE_EXHAUSTED && !BUF_LEN(&h->body) &&
+	      !cn->in_held && !k->in_held && BUF_LEN(&cn->out) == 0);
+	memset(req, 'A', 77);
+	t_http_feed(k, cn, req, 77); /* the rest of the 400 bytes */
+	s = t_http_out(cn);
+	CHECK(!strncmp(s, "HTTP/1.1 429", 12) && strstr(s, "\"code\":8") && !cn->is_closing && k->db.rev == rev);
+	t_http_conn_free(k, cn);
+	k->cfg.max_request_buffer = 1 << 20;
+	/* a watch: served past --max-idle-time; ended with its body unread, the
+	 * connection closes after the answer */
+	k->cfg.idle_timeout_ms = 1000;
+	cn = t_http_conn(k);
+	n = (size_t)snprintf(req, sizeof req, "POST /v3/watch HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n"
+	                     "{\"create_request\":{\"key\":\"YQ==\"}}");
+	t_http_feed(k, cn, req, n);
+	s = t_http_out(cn);
+	h = cn->ps;
+	CHECK(!strncmp(s, "HTTP/1.1 200", 12) && strstr(s, "\"created\":true") && h->x.in_call);
+	k->now += 5000;
+	http1_timers(k, cn);
+	CHECK(!cn->is_closing);
+	call_finish(k, &h->call, GRPC_CANCELLED, "test");
+	t_http_send(k, cn, "");
+	s = t_http_out(cn);
+	CHECK(cn->is_closing && !h->x.in_call && strlen(s) >= 5 && !strcmp(s + strlen(s) - 5, "0\r\n\r\n"));
+	t_http_conn_free(k, cn);
+	kvd_close(k);
+	snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+	CHECK(system(cmd) == 0);
+}
+
+/*
+ * Backpressure [§36.3]: a connection whose output is at KVD_MAX_OUTPUT (its
+ * peer does not read) is not polled for input -- unless it is closing, to
+ * see the peer's EOF -- and loop_flush hands it none of the input it
+ * holds; once its output drains, the held request is served.
+ */
+static void test_loop_backpressure(void)
+{
+	static char junk[65536];
+	static const char req[] = "GET /health HTTP/1.1\r\nHost: x\r\n\r\n";
+	struct kvd *k = t_kvd();
+	struct conn *cn;
+	char got[256];
+	int sv[2], n, i, buf = 4096, ev;
+	ssize_t r;
+
+	CHECK(socketpair(AF_UNIX, SOCK_STREAM, 0, sv) == 0 && net_nonblock(sv[0]) == 0 && net_nonblock(sv[1]) == 0);
+	setsockopt(sv[0], SOL_SOCKET, SO_SNDBUF, &buf, sizeof buf);
+	while (write(sv[0], junk, sizeof junk) > 0) /* the peer reads nothing: the socket is full */
+		;
+	cn = net_conn_new(k, sv[0], &net_plain);
+	cn->next = k->conns;
+	k->conns = cn;
+	k->nconns++;
+	while (BUF_LEN(&cn->out) < KVD_MAX_OUTPUT)
+		buf_append(k, &cn->out, junk, KVD_MIN(sizeof junk, KVD_MAX_OUTPUT - BUF_LEN(&cn->out)));
+	buf_append(k, &cn->in, req, sizeof req - 1);
+	for (ev = -1, i = 0, n = loop_pollset(k); i < n; i++)
+		if (k->slot[i].obj == cn)
+			ev = k->pfd[i].events;
+	CHECK(ev >= 0 && !(ev & POLLIN) && (ev & POLLOUT));
+	loop_flush(k);
+	CHECK(k->conns == cn && !cn->proto && BUF_LEN(&cn->in) == sizeof req - 1 && BUF_LEN(&cn->out) >= KVD_MAX_OUTPUT);
+	cn->is_closing = 1; /* closing: POLLIN again, for the peer's EOF */
+	for (ev = -1, i = 0, n = loop_pollset(k); i < n; i++)
+		if (k->slot[i].obj == cn)
+			ev = k->pfd[i].events;
+	CHECK(ev >= 0 && (ev & POLLIN));
+	cn->is_closing = 0;
+	/* the peer reads: the output drains, the request is served */
+	while (read(sv[1], junk, sizeof junk) > 0)
+		;
+	buf_consume(&cn->out, BUF_LEN(&cn->out));
+	for (ev = -1, i = 0, n = loop_pollset(k); i < n; i++)
+		if (k->slot[i].obj == cn)
+			ev = k->pfd[i].events;
+	CHECK(ev >= 0 && (ev & POLLIN));
+	loop_flush(k);
+	r = read(sv[1], got, sizeof got - 1);
+	CHECK(r > 12 && !memcmp(got, "HTTP/1.1 200", 12) && cn->proto == &http1_proto && !BUF_LEN(&cn->in));
+	kvd_close(k); /* closes sv[0] with the connection */
+	close(sv[1]);
 }
 
 /* RFC 9113 5.1 closed streams: the peer's frames after its own RST_STREAM or
@@ -6657,6 +7600,12 @@ static const struct {
 	{"call_lifecycle", test_call_lifecycle},
 	{"kv_service", test_kv_service},
 	{"sniff", test_sniff},
+	{"http1_parse", test_http1_parse},
+	{"http1_answers", test_http1_answers},
+	{"http1_serving", test_http1_serving},
+	{"http1_oom", test_http1_oom},
+	{"gw_http1", test_gw_http1},
+	{"loop_backpressure", test_loop_backpressure},
 	{"h2_closed_streams", test_h2_closed_streams},
 	{"h2_idle_progress", test_h2_idle_progress},
 	{"crc32c_varint", test_crc32c_varint},
@@ -6705,6 +7654,10 @@ static const struct {
 	{"confd_ganeti_reload", test_confd_ganeti_reload},
 	{"cfg", test_cfg},
 	{"config_yaml", test_config_yaml},
+	{"cfg_table", test_cfg_table},
+	{"kvd_init_copies", test_kvd_init_copies},
+	{"kvd_open_and_close", test_kvd_open_and_close},
+	{"signals_wake_the_loop", test_signals_wake_the_loop},
 	{"pct_encode", test_pct_encode},
 };
 
