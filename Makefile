@@ -306,7 +306,7 @@ fuzz:
 	    > test/fuzz-$$f.log 2>&1 || { tail -40 test/fuzz-$$f.log; exit 1; }; \
 	  echo "fuzz-$$f: $$(grep -c . test/fuzz-$$f.log) log lines, $$(grep -o 'Done [0-9]* runs' test/fuzz-$$f.log)"; done
 test/fuzz-%: test/fuzz_%.c test/lib/fuzz.h $(SRC)
-	$(CLANG) -O1 -g -fsanitize=fuzzer,address,undefined -o $@ test/fuzz_$*.c $(KVD_LIBS)
+	$(CLANG) -O1 -g -fsanitize=fuzzer,address,undefined -DKVD_CHECKS=1 -o $@ test/fuzz_$*.c $(KVD_LIBS)
 
 # --- generated protobuf-c code (committed; firmware builds need no protoc) ---
 # proto/<f>.pb-c.[ch] from proto/<f>.proto; and proto/<f>.noname.pb-c.c, the
@@ -352,9 +352,11 @@ buildline:
 
 # The table of contents is an index (sections, their sub-banners, the "where
 # is" paths): test/lib/toc.py checks it against the file; toc-write rewrites it.
+# Every numbered invariant is kept by a check or a test: test/lib/invariants.py.
 toc:
 	@$(PYTHON) test/lib/toc.py kvd.c
 	@$(PYTHON) test/lib/testindex.py test/README.md
+	@$(PYTHON) test/lib/invariants.py kvd.c
 
 toc-write:
 	@$(PYTHON) test/lib/toc.py --write kvd.c

@@ -8,6 +8,7 @@
  * Last line: "N passed, N failed"; exit status 1 if anything failed.
  */
 #define KVD_NO_MAIN
+#define KVD_CHECKS 1 /* a KVD_ALWAYS or KVD_NEVER that fails stops the tests */
 #include "../kvd.c"
 
 #include <ctype.h>
