@@ -233,7 +233,7 @@ test/kvd-nojwt: $(SRC)
 # Fuzz targets replayed over their corpus without libFuzzer (any compiler).
 FUZZERS = h2 hpack log json confd pb bolt auth http1 config
 test/replay-%: test/fuzz_%.c test/lib/fuzz_replay.c test/lib/fuzz.h $(SRC)
-	$(CC) $(CPPFLAGS) $(TEST_CFLAGS) $(SAN) $(KVD_CFLAGS) -o $@ test/fuzz_$*.c test/lib/fuzz_replay.c $(LDFLAGS) $(LDLIBS) $(KVD_LIBS)
+	$(CC) $(CPPFLAGS) $(TEST_CFLAGS) $(SAN) $(KVD_CFLAGS) -DKVD_CHECKS=1 -o $@ test/fuzz_$*.c test/lib/fuzz_replay.c $(LDFLAGS) $(LDLIBS) $(KVD_LIBS)
 
 # Watch load generator for test/bench.py (plain C, no kvd code inside).
 test/watchbench: test/lib/watchbench.c
