@@ -2001,8 +2001,12 @@ def toc_catches_planted_faults():
     each planted fault: a sub-banner the index does not list, a WHERE IS hop
     naming the wrong section, a hop naming no function, a function whose
     prefix its section's banner does not name, a comment naming a function
-    that is not there; and test/README.md's index of tests by name (make
-    toc's other half) catches a test left out or one that is gone."""
+    that is not there, the map's durable write run in the order it runs
+    (back up the file); test/README.md's index of tests by name (make toc's
+    second part) catches a test left out or one that is gone; and the
+    invariants' checker (its third) catches an invariant nothing cites, an
+    id that names none, a citation that is neither at a check nor a
+    reference, and numbers that do not run 1, 2, 3."""
     src = open(os.path.join(ROOT, "kvd.c")).read()
     tool = os.path.join(ROOT, "test", "lib", "toc.py")
     d = tempfile.mkdtemp(prefix="kvd-toc-")
@@ -2027,6 +2031,17 @@ def toc_catches_planted_faults():
                                              .replace("buf_free(", "planted_free("),
         "a comment naming a function gone": src[:at] + "/* what mvcc_planted_gone does */\n" + src[at:],
     }
+    a = src.index(" *   - a durable write")
+    b = src.index(" *   - ", a + 1)
+    hops = re.findall(r"\w+ §\d+", src[a:b])
+    check(len(hops) >= 8, "the durable write has its hops: %d" % len(hops))
+    runs = ["h2_on_data", "grpc_on_data", "call_message", "svc_put_rpc", "mvcc_put", "call_finish", "call_hold",
+            "loop_log_flush", "mvcc_flush", "h2_stream_send", "net_write"]  # the order it runs in
+    byname = dict(h.split(" ") for h in hops)
+    check(set(runs) == set(byname), "the durable write names the functions it runs: %s" % sorted(byname))
+    faults["the durable write back up the file"] = (src[:a] + " *   - a durable write: " +
+                                                   " > ".join("%s %s" % (f, byname.get(f, "§0")) for f in runs)
+                                                   + "\n" + src[b:])
     for what, text in faults.items():
         rc, out = run(text)
         check(rc == 1 and "toc:" in out, "%s is caught: %s" % (what, out.strip()[:160]))
@@ -2041,6 +2056,25 @@ def toc_catches_planted_faults():
         r = subprocess.run([sys.executable, index, f], capture_output=True, text=True)
         check(text != readme or want == 0, "the fault was planted: " + what)
         check(r.returncode == want, "test index, %s: %s" % (what, r.stdout.strip()))
+    # every numbered invariant cited by a check or a test
+    inv = os.path.join(ROOT, "test", "lib", "invariants.py")
+    first = re.search(r"\n \*   1\. Every knob is #ifndef-guarded[^\n]*\n", src)
+    check(first is not None, "section 0's first invariant is where the test looks")
+    at0 = src.index("\n", src.index("/* ===== 1. ")) + 1
+    for what, text, want in (
+            ("as it is", src, 0),
+            ("an invariant nothing cites", src.replace(" */\n\n#ifdef KVD_CONFIG_FILE", " *   2. A planted promise.\n */\n\n"
+                                                     "#ifdef KVD_CONFIG_FILE", 1), 1),
+            ("an id that names none", src[:at0] + "static int planted(int x) { return KVD_ALWAYS(x); } /* [§0" + ".9] */\n"
+             + src[at0:], 1),
+            ("a stray citation", src[:at0] + "/* [§0" + ".1] */\n" + src[at0:], 1),
+            ("numbers that skip", src.replace(first.group(0), first.group(0).replace("   1. ", "   3. "), 1), 1)):
+        f = os.path.join(d, "kvd.c")
+        open(f, "w").write(text)
+        r = subprocess.run([sys.executable, inv, f], capture_output=True, text=True)
+        check(text != src or want == 0, "the fault was planted: " + what)
+        check(r.returncode == want and (want or "invariants: ok" in r.stdout),
+              "invariants, %s: %s" % (what, r.stdout.strip()[-200:]))
     shutil.rmtree(d)
 
 
