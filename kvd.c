@@ -12,7 +12,7 @@
  *    2. Types, limits, shared declarations
  *    3. Utilities: memory, log, bytes, clock, shares (util_, get_, put_, varint_, utf8_, bucket_, share_)
  *          - growing arrays
- *          - clocks, base64
+ *          - clocks, durations, base64
  *          - the log: levels and outputs
  *          - bytes: byte order, varints, UTF-8
  *          - the loop's wake-up, SHA-1, rate buckets
@@ -81,7 +81,6 @@
  *          - Status, Downgrade, Hash, HashKV
  *          - Snapshot
  *          - Alarm, Defragment, MoveLeader
- *          - MemberList
  *   23. Services: Cluster, one member for good (svc_)
  *   24. Lock and Election: etcd's concurrency recipes, served (lock_)
  *          - Observe
@@ -158,19 +157,20 @@
  * the method table (26); the carriers together: TLS, HPACK, HTTP/2, gRPC,
  * confd, HTTP and its gateway and endpoints (27-35); then sockets and the
  * loop (36), flags (37), the embedding API (38) and main (39).  A section
- * uses what comes before it.  Where it reaches forward, a prototype in
- * section 2 (or, for auth, at the end of section 5) says so, with the
- * reason; these are all: the log's grammar reads a key record's numbers (8
- * -> 9); the log's records hold lease and auth ops, so the writer and
- * replay call into leases and auth (10 -> 11, 12), and a compaction keeps
- * a HashKV (10 -> 14); auto-compaction reads durations as the flags do (13
- * -> 37); an import builds a store with the flags' checks (14 -> 37, 38);
- * a call is routed through the method table (16 -> 26); Cluster reads the
- * member flags (23 -> 37); the test stats call reports confd (26 -> 32);
- * HTTP/2 hands a stream to gRPC or HTTP (29 -> 30, 35); and the carriers
- * ask the loop to flush the log or to shed and count held bytes (29, 32 ->
- * 36).  Who is calling travels with the call from its carrier (struct
- * call): auth never reaches into TLS.
+ * uses what comes before it.  Where it reaches forward, a prototype says
+ * so, with the reason: in section 2, or where the types it needs stand
+ * (auth's at the end of section 5, the method table's in section 16, the
+ * stream's handlers in section 29); these are all: the log's grammar reads
+ * a key record's numbers (8 -> 9); the log's records hold lease and auth
+ * ops, so the writer and replay call into leases and auth (10 -> 11, 12),
+ * and a compaction keeps a HashKV (10 -> 14); an import builds a store and
+ * locks its data dir as kvd_open does (14, 15 -> 37, 38); a call is routed
+ * through the method table (16 -> 26); the test stats call reports confd
+ * (26 -> 32); HTTP/2 hands a stream to gRPC or HTTP (29 -> 30, 35); the
+ * carriers ask the loop to flush the log or to shed and count held bytes
+ * (29, 32, 34 -> 36); and the flags fill the API's struct kvd_config
+ * (37 -> 38, declared by kvd.h).  Who is calling travels with the call
+ * from its carrier (struct call): auth never reaches into TLS.
  *
  * WHERE IS ... the main paths, as the functions a reader follows (`make toc`
  * checks that each is defined in the section its § names).  The three
@@ -1037,21 +1037,17 @@ static void lease_undo(struct kvd *k, struct lease *l, unsigned kind);
 static void lease_free(struct kvd *k, struct lease *l);
 static int lease_replay(struct kvd *k, int kind, int64_t id, int64_t ttl);
 static void lease_promote(struct kvd *k);
-/* a compaction keeps HashKV's answer for it (10 -> 14); auto-compaction
- * reads its durations as the flags do (13 -> 37); an import builds a store
- * and locks its data dir as kvd_open does (14 -> 37, 38): */
+/* a compaction keeps HashKV's answer for it (10 -> 14); an import builds a
+ * store and locks its data dir as kvd_open does (14, 15 -> 37, 38): */
 static void snap_keep_hash(struct kvd *k, int64_t rev);
-static int cfg_duration(const char *s, uint32_t *out);
-static void cfg_show_ms(uint32_t ms, char *out, size_t cap);
 static int kvd_init(const struct kvd_config *cfg, struct kvd **out, char *err, size_t errlen);
 static int cfg_lock(struct kvd *k, char *err, size_t errlen);
 /* the carriers ask the loop to flush the log before an answer leaves, and
- * to count and shed the request bytes they hold (29, 32 -> 36); the test
+ * to count and shed the request bytes they hold (29, 32, 34 -> 36); the test
  * stats call reports confd's counters (26 -> 32): */
 static void loop_log_flush(struct kvd *k);
 static void net_held(struct kvd *k, struct conn *c, int64_t delta);
 static void net_shed(struct kvd *k);
-static int net_nonblock(int fd);
 static void confd_report(struct kvd *k, char *out, size_t cap);
 
 /* An error to return: gRPC code and etcd's text. */
@@ -1372,7 +1368,17 @@ KVD_RESIDENT static int util_grow(struct kvd *k, void *arrp, size_t *cap, size_t
 }
 #define UTIL_GROW(k, arr, cap, need, first) util_grow((k), &(arr), &(cap), (need), sizeof *(arr), (first))
 
-/* ---- clocks, base64 ------------------------------------------------------- */
+/* An array of n strings freed, each and then the array (NULL: nothing). */
+static void util_free_list(struct kvd *k, char **a, unsigned n)
+{
+	unsigned i;
+
+	for (i = 0; a && i < n; i++)
+		kvd_free(k, a[i]);
+	kvd_free(k, a);
+}
+
+/* ---- clocks, durations, base64 ----------------------------------------------- */
 
 /* Monotonic milliseconds: boards have no RTC, wall time may jump at boot. */
 KVD_RESIDENT static int64_t util_now_us(void)
@@ -1455,6 +1461,61 @@ KVD_UNUSED static size_t util_b64(const char *a, int pad, const uint8_t *p, size
 			*o++ = i + 2 < n ? a[v & 63] : '=';
 	}
 	return (size_t)(o - out);
+}
+
+/* Go duration ("1m30s", "300ms", "0") to milliseconds. */
+static int util_duration(const char *s, uint32_t *out)
+{
+	static const struct { const char *u; double ms; } units[] = {
+	    {"ns", 1e-6}, {"us", 1e-3}, {"\xc2\xb5s", 1e-3}, {"ms", 1}, {"s", 1000},
+	    {"m", 60000}, {"h", 3600000}};
+	double total = 0, v, scale;
+	size_t i, ul;
+
+	if (!strcmp(s, "0")) {
+		*out = 0;
+		return 0;
+	}
+	if (!*s)
+		return KVD_EINVAL;
+	while (*s) {
+		if (!(*s >= '0' && *s <= '9') && *s != '.')
+			return KVD_EINVAL;
+		v = 0;
+		while (*s >= '0' && *s <= '9')
+			v = v * 10 + (*s++ - '0');
+		if (*s == '.')
+			for (s++, scale = 0.1; *s >= '0' && *s <= '9'; s++, scale /= 10)
+				v += (*s - '0') * scale;
+		for (i = KVD_COUNT(units); i-- > 0;) { /* longest match: "ms" before "m" */
+			ul = strlen(units[i].u);
+			if (!strncmp(s, units[i].u, ul) && !(ul == 1 && s[0] == 'm' && s[1] == 's'))
+				break;
+		}
+		if (i == (size_t)-1)
+			return KVD_EINVAL;
+		total += v * units[i].ms;
+		s += strlen(units[i].u);
+	}
+	if (total > 4294967295.0)
+		return KVD_EINVAL;
+	*out = (uint32_t)(total + 0.999);
+	return 0;
+}
+
+/* A duration as Go prints one ("5m0s", "100ms"), for --help and the logs. */
+static void util_show_ms(uint32_t ms, char *out, size_t cap)
+{
+	uint32_t h = ms / 3600000, m = ms / 60000 % 60, s = ms / 1000 % 60;
+
+	if (ms % 1000 || !ms)
+		snprintf(out, cap, "%ums", (unsigned)ms);
+	else if (h)
+		snprintf(out, cap, "%uh%um%us", (unsigned)h, (unsigned)m, (unsigned)s);
+	else if (m)
+		snprintf(out, cap, "%um%us", (unsigned)m, (unsigned)s);
+	else
+		snprintf(out, cap, "%us", (unsigned)s);
 }
 
 /* ---- the log: levels and outputs ----------------------------------------- */
@@ -1795,6 +1856,17 @@ static size_t utf8_len(const uint8_t *p, const uint8_t *end)
 }
 
 /* ---- the loop's wake-up, SHA-1, rate buckets ------------------------------- */
+
+/* A descriptor made non-blocking and close-on-exec: every socket, the
+ * wake-up pipe. */
+KVD_RESIDENT static int util_nonblock(int fd)
+{
+	int fl = fcntl(fd, F_GETFL);
+
+	if (fl < 0 || fcntl(fd, F_SETFL, fl | O_NONBLOCK) < 0)
+		return KVD_EIO;
+	return fcntl(fd, F_SETFD, FD_CLOEXEC);
+}
 
 /* The loop sleeps no later than `when` (monotonic ms): every timer in every
  * section asks through this; the loop (section 36) starts afresh each turn. */
@@ -2775,15 +2847,13 @@ static KVD_UNUSED void pb_buf_fixed(struct kvd *k, struct kvd_buf *b, uint32_t n
 	buf_append(k, b, t, (size_t)(o - t) + (size_t)bits / 8);
 }
 
-/* Auth's forward reaches: the writer and replay apply its records (10 ->
- * 12); and a lease's keys are checked before the function that does it
- * (17).  Who is calling comes with the call (its carrier read the TLS
+/* Auth's forward reach: the writer and replay apply its records (10 ->
+ * 12).  Who is calling comes with the call (its carrier read the TLS
  * client's CN: struct call), so auth never reaches into TLS. */
 struct mvcc_rec;
 static int auth_replay(struct kvd *k, const struct mvcc_rec *rec, const char **why);
 static void auth_commit(struct kvd *k);
 static void auth_rollback(struct kvd *k);
-static int auth_lease_keys(struct kvd *k, const struct auth_who *w, int64_t id, int type, struct svc_err *e);
 #define AUTH_R AUTHPB__PERMISSION__TYPE__READ
 #define AUTH_W AUTHPB__PERMISSION__TYPE__WRITE
 
@@ -9784,7 +9854,7 @@ static int life_init(struct kvd *k, char *err, size_t errlen)
 	} else if (!strcmp(mode, "periodic")) {
 		if (*ret && !*end && !errno && *ret != '-') /* a bare number is hours */
 			ms = n > 1193 ? UINT32_MAX : (uint32_t)(n * 3600000u);
-		else if (cfg_duration(ret, &ms)) {
+		else if (util_duration(ret, &ms)) {
 			snprintf(err, errlen, "invalid auto compaction retention %s for periodic mode", ret);
 			return KVD_EINVAL;
 		}
@@ -9851,7 +9921,7 @@ static void life_compactor(struct kvd *k)
 		L->next_tick = k->now + retry;
 		if (k->now - L->last_ok >= L->base_ms) {
 			L->base_ms = KVD_MIN(L->period_ms, 3600000u); /* after the first: every min(period, 1h) */
-			cfg_show_ms(L->period_ms, ret, sizeof ret);
+			util_show_ms(L->period_ms, ret, sizeof ret);
 			if (life_compact_to(k, L->revs[0], ret))
 				L->last_ok = k->now;
 		}
@@ -12081,6 +12151,7 @@ struct call {
 	size_t cnlen;
 };
 
+/* A call is routed through the method table (16 -> 26): */
 static const struct grpc_method *svc_route(const char *svc, size_t slen, const char *meth,
                                            size_t mlen, int *known_service);
 static int svc_method_index(const struct grpc_method *m);
@@ -12921,7 +12992,7 @@ KVD_RESIDENT static int auth_open(struct kvd *k, char *err, size_t errlen)
 	j->md = algs[i].md;
 	j->half = algs[i].half;
 	j->ttl_ms = 5 * 60 * 1000;
-	if (ttl && (cfg_duration(ttl, &j->ttl_ms) || j->ttl_ms < 1000)) {
+	if (ttl && (util_duration(ttl, &j->ttl_ms) || j->ttl_ms < 1000)) {
 		snprintf(err, errlen, "--auth-token: ttl %s: want a duration of at least 1s", ttl);
 		return KVD_EINVAL;
 	}
@@ -13524,6 +13595,25 @@ static int auth_may(struct kvd *k, const struct auth_who *w, const ProtobufCBina
 	return svc_fail(e, GRPC_PERMISSION_DENIED, E_PERM_DENIED);
 }
 
+/* etcd's checkLeasePuts: write on every key the lease holds. */
+static int auth_lease_keys(struct kvd *k, const struct auth_who *who, int64_t id, int type, struct svc_err *e)
+{
+	struct lease *l;
+	ProtobufCBinaryData key;
+	uint32_t i;
+
+	if (!k->auth.enabled || !(l = lease_find(k, id)))
+		return 0;
+	for (i = 0; l->nkeys && i <= l->kmask; i++)
+		if (l->keys[i]) {
+			key.data = l->keys[i]->key;
+			key.len = l->keys[i]->klen;
+			if (auth_may(k, who, &key, NULL, type, e))
+				return KVD_EINVAL;
+		}
+	return 0;
+}
+
 /* etcd 3.7's checkTxnPermission: every compare, then each branch's ops in
  * order, nested txns' too (3.4 stopped at the top level). */
 static int auth_txn(struct kvd *k, const struct auth_who *who, const Etcdserverpb__TxnRequest *rq, struct svc_err *e)
@@ -13568,25 +13658,6 @@ static int auth_txn(struct kvd *k, const struct auth_who *who, const Etcdserverp
 				return r;
 		}
 	}
-	return 0;
-}
-
-/* etcd's checkLeasePuts: write on every key the lease holds. */
-static int auth_lease_keys(struct kvd *k, const struct auth_who *who, int64_t id, int type, struct svc_err *e)
-{
-	struct lease *l;
-	ProtobufCBinaryData key;
-	uint32_t i;
-
-	if (!k->auth.enabled || !(l = lease_find(k, id)))
-		return 0;
-	for (i = 0; l->nkeys && i <= l->kmask; i++)
-		if (l->keys[i]) {
-			key.data = l->keys[i]->key;
-			key.len = l->keys[i]->klen;
-			if (auth_may(k, who, &key, NULL, type, e))
-				return KVD_EINVAL;
-		}
 	return 0;
 }
 
@@ -16459,14 +16530,13 @@ static void auth_free(struct kvd *k)
  * streams section 14's image as the client's window opens:
  * svc_snapshot_rpc -> h2_stream_send (on_produce when the window is open)
  * -> svc_snapshot_produce -> svc_snapshot_send -> snap_chunk -> call_send.
- * Cluster's MemberList (svc_member, svc_member_list) ends the section; the
- * rest of Cluster is section 23's.
+ * Cluster, MemberList included, is section 23's.
  *
  * Invariants:
  *   1. Permission as etcd 3.7's: root for Hash, HashKV, Snapshot,
  *      Defragment, MoveLeader, Downgrade and Alarm changes (auth_root); a
- *      user for Status, Alarm GET and MemberList (auth_need_user); the
- *      Health checks ask nobody.
+ *      user for Status and Alarm GET (auth_need_user; MemberList too, in
+ *      section 23); the Health checks ask nobody.
  *   2. A Snapshot's state is its call's (call->svc), freed by
  *      svc_snapshot_close, which also takes it out of k->life.snapshots:
  *      while one is open no rewrite moves the log (life_step); the close
@@ -16934,43 +17004,6 @@ static void svc_defrag_close(struct kvd *k, struct call *call)
 	call->svc = NULL;
 }
 
-/* ---- MemberList ---------------------------------------------------------- */
-
-static void svc_member(struct kvd *k, Etcdserverpb__Member *m)
-{
-	etcdserverpb__member__init(m);
-	m->id = k->member_id;
-	m->name = (char *)(uintptr_t)k->cfg.name;
-	m->n_peerurls = k->npeer_urls;
-	m->peerurls = k->peer_urls;
-	m->n_clienturls = k->nclient_urls;
-	m->clienturls = k->client_urls;
-}
-
-/* Cluster/MemberList: this member and the learners MemberAdd took (they
- * never start: section 23); the header carries no revision. */
-#define SVC_MAX_MEMBERS 8 /* other members kvd lists (never started ones) */
-static size_t svc_members(struct kvd *k, Etcdserverpb__Member *m, Etcdserverpb__Member **mp);
-
-static void svc_member_list(struct kvd *k, struct call *call)
-{
-	Etcdserverpb__MemberListResponse rs = ETCDSERVERPB__MEMBER_LIST_RESPONSE__INIT;
-	Etcdserverpb__ResponseHeader h;
-	Etcdserverpb__Member m[SVC_MAX_MEMBERS + 1], *mp[SVC_MAX_MEMBERS + 1];
-	struct svc_err e = {0, NULL};
-	struct auth_who who;
-
-	if (auth_need_user(k, call, &who, &e)) { /* etcd 3.7; linearizable or not, one member answers the same */
-		call_finish(k, call, e.code, "%s", e.msg);
-		return;
-	}
-	svc_header(k, &h, 0);
-	rs.header = &h;
-	rs.n_members = svc_members(k, m, mp);
-	rs.members = mp;
-	call_reply(k, call, &rs.base);
-}
-
 /* ===== 23. Services: Cluster, one member for good (svc_) ================= */
 
 /*
@@ -16985,8 +17018,8 @@ static void svc_member_list(struct kvd *k, struct call *call)
  * updating it keeps it a learner, as etcd 3.6.12+ does (3.4 made it a voter).
  * MemberUpdate of kvd itself changes the peer URLs MemberList reports.
  * These changes live in memory: after a restart the flags say who kvd is
- * (etcd keeps them in its backend).  MemberList itself is section 22's
- * (svc_member_list), through svc_members here.
+ * (etcd keeps them in its backend).  MemberList (svc_member_list) lists
+ * them through svc_members.
  *
  * Invariants:
  *   1. kvd is in every list and never leaves it: removing it fails with
@@ -17000,8 +17033,10 @@ static void svc_member_list(struct kvd *k, struct call *call)
  *      (svc_urls_copy), never two members' (svc_url_taken); lists sorted
  *      by id (svc_members).
  *   4. k->members and each member's URL list are kvd's: freed on remove
- *      and in kvd_close (cfg_free_list).
+ *      and in kvd_close (util_free_list).
  */
+
+#define SVC_MAX_MEMBERS 8 /* other members kvd lists (never started ones) */
 
 struct svc_member_x {
 	uint64_t id;
@@ -17009,8 +17044,6 @@ struct svc_member_x {
 	unsigned n;
 	unsigned learner : 1;
 };
-
-static void cfg_free_list(struct kvd *k, char **l, unsigned n); /* section 37 */
 
 /* etcd's types.NewURLs: http(s)://host:port each, no path; at least one. */
 static int svc_urls_ok(char **u, size_t n)
@@ -17055,7 +17088,7 @@ static int svc_urls_copy(struct kvd *k, char **u, size_t n, char ***out)
 		return KVD_ENOMEM;
 	for (i = 0; i < n; i++)
 		if (!(a[i] = kvd_strdup(k, u[i]))) {
-			cfg_free_list(k, a, (unsigned)i);
+			util_free_list(k, a, (unsigned)i);
 			return KVD_ENOMEM;
 		}
 	qsort(a, n, sizeof *a, svc_url_cmp);
@@ -17068,6 +17101,17 @@ static int svc_member_cmp(const void *a, const void *b)
 	uint64_t x = (*(Etcdserverpb__Member *const *)a)->id, y = (*(Etcdserverpb__Member *const *)b)->id;
 
 	return x < y ? -1 : x > y;
+}
+
+static void svc_member(struct kvd *k, Etcdserverpb__Member *m)
+{
+	etcdserverpb__member__init(m);
+	m->id = k->member_id;
+	m->name = (char *)(uintptr_t)k->cfg.name;
+	m->n_peerurls = k->npeer_urls;
+	m->peerurls = k->peer_urls;
+	m->n_clienturls = k->nclient_urls;
+	m->clienturls = k->client_urls;
 }
 
 /* The members as MemberList shows them: by id, as etcd sorts them. */
@@ -17087,6 +17131,27 @@ static size_t svc_members(struct kvd *k, Etcdserverpb__Member *m, Etcdserverpb__
 	}
 	qsort(mp, k->nmembers + 1, sizeof *mp, svc_member_cmp);
 	return k->nmembers + 1;
+}
+
+/* Cluster/MemberList: this member and the learners MemberAdd took (they
+ * never start); the header carries no revision. */
+static void svc_member_list(struct kvd *k, struct call *call)
+{
+	Etcdserverpb__MemberListResponse rs = ETCDSERVERPB__MEMBER_LIST_RESPONSE__INIT;
+	Etcdserverpb__ResponseHeader h;
+	Etcdserverpb__Member m[SVC_MAX_MEMBERS + 1], *mp[SVC_MAX_MEMBERS + 1];
+	struct svc_err e = {0, NULL};
+	struct auth_who who;
+
+	if (auth_need_user(k, call, &who, &e)) { /* etcd 3.7; linearizable or not, one member answers the same */
+		call_finish(k, call, e.code, "%s", e.msg);
+		return;
+	}
+	svc_header(k, &h, 0);
+	rs.header = &h;
+	rs.n_members = svc_members(k, m, mp);
+	rs.members = mp;
+	call_reply(k, call, &rs.base);
 }
 
 static struct svc_member_x *svc_member_find(struct kvd *k, uint64_t id)
@@ -17173,7 +17238,7 @@ static void svc_member_add(struct kvd *k, struct call *call)
 			svc_fail(&e, GRPC_FAILED_PRECONDITION, "kvd: too many members that never start");
 	}
 	if (e.msg) {
-		cfg_free_list(k, x.urls, x.n);
+		util_free_list(k, x.urls, x.n);
 	} else {
 		/* [§23.2] only a learner joins, within SVC_MAX_MEMBERS; [§23.3] under an id nobody has */
 		(void)KVD_ALWAYS(x.learner && k->nmembers < SVC_MAX_MEMBERS && x.id != k->member_id &&
@@ -17205,7 +17270,7 @@ static void svc_member_remove(struct kvd *k, struct call *call)
 		svc_fail(&e, GRPC_NOT_FOUND, "etcdserver: member not found");
 	if (!e.msg) {
 		(void)KVD_NEVER(x->id == k->member_id); /* [§23.1] kvd is no entry of k->members: it never leaves */
-		cfg_free_list(k, x->urls, x->n);
+		util_free_list(k, x->urls, x->n);
 		*x = k->members[--k->nmembers];
 		svc_header(k, &h, 0);
 		rs.header = &h;
@@ -17237,11 +17302,11 @@ static void svc_member_update(struct kvd *k, struct call *call)
 		svc_fail(&e, GRPC_RESOURCE_EXHAUSTED, E_OOM);
 	if (!e.msg) {
 		if (!x) { /* kvd itself: the id stays, as etcd's does */
-			cfg_free_list(k, k->peer_urls, k->npeer_urls);
+			util_free_list(k, k->peer_urls, k->npeer_urls);
 			k->peer_urls = u;
 			k->npeer_urls = (unsigned)rq->n_peerurls;
 		} else { /* a learner stays one (etcd 3.4 dropped the flag; 3.6.12 fixed that) */
-			cfg_free_list(k, x->urls, x->n);
+			util_free_list(k, x->urls, x->n);
 			x->urls = u;
 			x->n = (unsigned)rq->n_peerurls;
 		}
@@ -20943,8 +21008,10 @@ struct h2_req {
 	unsigned has_cl : 1;
 };
 
+/* HTTP/2 hands a stream to gRPC (29 -> 30) or, when it is not gRPC, to
+ * HTTP's endpoints (29 -> 35): */
 static void grpc_on_headers(struct kvd *k, struct h2_stream *s, const struct h2_req *rq);
-#ifndef KVD_NO_HTTP /* an HTTP/2 request that is not gRPC: section 33's */
+#ifndef KVD_NO_HTTP /* an HTTP/2 request that is not gRPC: section 35's */
 static void http_h2_begin(struct kvd *k, struct h2_stream *s, const struct h2_req *rq, const struct hp_field *f,
                           unsigned nf);
 static void http_h2_data(struct kvd *k, struct h2_stream *s, const uint8_t *p, size_t n);
@@ -24334,7 +24401,7 @@ static int confd_listen(struct kvd *k, int bind_them, char *err, size_t errlen)
 		if (!bind_them)
 			continue;
 		fd = socket(sa.ss_family, SOCK_DGRAM, 0);
-		if (fd < 0 || net_nonblock(fd) ||
+		if (fd < 0 || util_nonblock(fd) ||
 		    (sa.ss_family == AF_INET6 && setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof one)) ||
 		    bind(fd, (struct sockaddr *)&sa, sl)) {
 			snprintf(err, errlen, "confd: listen udp %s: %s", spec,
@@ -24984,6 +25051,7 @@ static int http1_fail(struct kvd *k, struct conn *c, int status, const char *bod
 
 	h->x.minor = 1;
 	h->x.close = 1;
+	h->x.origin[0] = 0; /* a refusal allows no origin (an earlier request's stays with it) */
 	http_answer(k, &h->x, status, HTTP1_TEXT, body);
 	(void)KVD_ALWAYS(c->is_closing); /* [§33.3] answered, then the connection closes */
 	return KVD_EINVAL;
@@ -26645,15 +26713,6 @@ static int http1_check_flags(const struct kvd *k, char *err, size_t errlen)
  *      KVD_ALWAYS(!c->in_held)).
  */
 
-KVD_RESIDENT static int net_nonblock(int fd)
-{
-	int fl = fcntl(fd, F_GETFL);
-
-	if (fl < 0 || fcntl(fd, F_SETFL, fl | O_NONBLOCK) < 0)
-		return KVD_EIO;
-	return fcntl(fd, F_SETFD, FD_CLOEXEC);
-}
-
 KVD_RESIDENT static void net_addr_str(const struct sockaddr *sa, char *out, size_t cap)
 {
 	char host[INET6_ADDRSTRLEN] = "?";
@@ -26855,7 +26914,7 @@ static int net_listen_unix(struct kvd *k, const char *url, const char *path, int
 		return KVD_EBUSY;
 	}
 	fd = socket(AF_UNIX, SOCK_STREAM, 0);
-	if (fd < 0 || net_nonblock(fd)) {
+	if (fd < 0 || util_nonblock(fd)) {
 		snprintf(err, errlen, "listen %s: socket: %s", url, strerror(errno));
 		if (fd >= 0)
 			close(fd);
@@ -26919,7 +26978,7 @@ KVD_RESIDENT static int net_listen(struct kvd *k, const char *url, int metrics, 
 		return KVD_EINVAL;
 	}
 	fd = socket(ss.ss_family, SOCK_STREAM, 0);
-	if (fd < 0 || net_nonblock(fd)) {
+	if (fd < 0 || util_nonblock(fd)) {
 		snprintf(err, errlen, "listen %s: socket: %s", url, strerror(errno));
 		if (fd >= 0)
 			close(fd);
@@ -27327,7 +27386,7 @@ static void net_accept(struct kvd *k, struct net_listener *l)
 			}
 			return;
 		}
-		if (net_nonblock(fd)) {
+		if (util_nonblock(fd)) {
 			close(fd);
 			continue;
 		}
@@ -27808,7 +27867,7 @@ KVD_RESIDENT static int loop_run(struct kvd *k, int timeout_ms)
  *      (cfg_usage), variable (cfg_env_name) and YAML key (cfg_yaml_set)
  *      all come from it -- there is no second list to keep in step.
  *   2. A value is checked where it is read, with the flag's name in the
- *      error: cfg_set (syntax, range, the line's min), cfg_duration,
+ *      error: cfg_set (syntax, range, the line's min), util_duration,
  *      cfg_check_gates.
  *   3. The YAML reader is bounded and allocates nothing: CFG_YAML_MAX bytes,
  *      one level of nesting, strings unescaped into the caller's store,
@@ -27959,46 +28018,6 @@ static const struct cfg_flag cfg_flags[] = {
 
 /* ---- values -------------------------------------------------------------- */
 
-/* Go duration ("1m30s", "300ms", "0") to milliseconds. */
-static int cfg_duration(const char *s, uint32_t *out)
-{
-	static const struct { const char *u; double ms; } units[] = {
-	    {"ns", 1e-6}, {"us", 1e-3}, {"\xc2\xb5s", 1e-3}, {"ms", 1}, {"s", 1000},
-	    {"m", 60000}, {"h", 3600000}};
-	double total = 0, v, scale;
-	size_t i, ul;
-
-	if (!strcmp(s, "0")) {
-		*out = 0;
-		return 0;
-	}
-	if (!*s)
-		return KVD_EINVAL;
-	while (*s) {
-		if (!(*s >= '0' && *s <= '9') && *s != '.')
-			return KVD_EINVAL;
-		v = 0;
-		while (*s >= '0' && *s <= '9')
-			v = v * 10 + (*s++ - '0');
-		if (*s == '.')
-			for (s++, scale = 0.1; *s >= '0' && *s <= '9'; s++, scale /= 10)
-				v += (*s - '0') * scale;
-		for (i = KVD_COUNT(units); i-- > 0;) { /* longest match: "ms" before "m" */
-			ul = strlen(units[i].u);
-			if (!strncmp(s, units[i].u, ul) && !(ul == 1 && s[0] == 'm' && s[1] == 's'))
-				break;
-		}
-		if (i == (size_t)-1)
-			return KVD_EINVAL;
-		total += v * units[i].ms;
-		s += strlen(units[i].u);
-	}
-	if (total > 4294967295.0)
-		return KVD_EINVAL;
-	*out = (uint32_t)(total + 0.999);
-	return 0;
-}
-
 KVD_RESIDENT static int cfg_set(struct kvd_config *cfg, const struct cfg_flag *f, const char *v,
                    char *err, size_t errlen)
 {
@@ -28030,7 +28049,7 @@ KVD_RESIDENT static int cfg_set(struct kvd_config *cfg, const struct cfg_flag *f
 		*(uint64_t *)(void *)((char *)cfg + f->off) = (uint64_t)u;
 		return 0;
 	case CFG_MS:
-		if (cfg_duration(v, &ms)) {
+		if (util_duration(v, &ms)) {
 			snprintf(err, errlen, "invalid value \"%s\" for flag --%s: want a duration such as 5s", v, f->name);
 			return KVD_EINVAL;
 		}
@@ -28410,21 +28429,6 @@ KVD_RESIDENT static void cfg_env_name(const char *name, char *out, size_t cap)
 	out[o] = 0;
 }
 
-/* A duration as Go prints one ("5m0s", "100ms"), for --help. */
-static void cfg_show_ms(uint32_t ms, char *out, size_t cap)
-{
-	uint32_t h = ms / 3600000, m = ms / 60000 % 60, s = ms / 1000 % 60;
-
-	if (ms % 1000 || !ms)
-		snprintf(out, cap, "%ums", (unsigned)ms);
-	else if (h)
-		snprintf(out, cap, "%uh%um%us", (unsigned)h, (unsigned)m, (unsigned)s);
-	else if (m)
-		snprintf(out, cap, "%um%us", (unsigned)m, (unsigned)s);
-	else
-		snprintf(out, cap, "%us", (unsigned)s);
-}
-
 /* --help's groups, as etcd's help groups its flags; a flag no group names
  * is listed under "Other" (none should be: init.py checks). */
 static const struct {
@@ -28483,7 +28487,7 @@ static void cfg_usage(void)
 				printf("\n%s:\n", g < KVD_COUNT(cfg_groups) ? cfg_groups[g].title : "Other");
 			switch (f->type) {
 			case CFG_STR: snprintf(def, sizeof def, "\"%s\"", f->defs ? f->defs : ""); break;
-			case CFG_MS: cfg_show_ms(f->def, def, sizeof def); break;
+			case CFG_MS: util_show_ms(f->def, def, sizeof def); break;
 			case CFG_BOOL: snprintf(def, sizeof def, "%s", f->def ? "true" : "false"); break;
 			case CFG_LEVEL: snprintf(def, sizeof def, "%s", levels[f->def & 3]); break;
 			default: snprintf(def, sizeof def, "%llu", (unsigned long long)f->def); break;
@@ -28560,15 +28564,6 @@ KVD_RESIDENT static int cfg_split(struct kvd *k, const char *list, char ***out, 
 	}
 	*out = a;
 	return 0;
-}
-
-static void cfg_free_list(struct kvd *k, char **a, unsigned n)
-{
-	unsigned i;
-
-	for (i = 0; a && i < n; i++)
-		kvd_free(k, a[i]);
-	kvd_free(k, a);
 }
 
 static int cfg_strcmp(const void *a, const void *b)
@@ -29151,7 +29146,7 @@ KVD_RESIDENT KVD_API int kvd_open(const struct kvd_config *cfg, struct kvd **out
 
 	if ((r = kvd_init(cfg, &k, err, errlen)))
 		goto fail;
-	if (pipe(k->wake) || net_nonblock(k->wake[0]) || net_nonblock(k->wake[1])) {
+	if (pipe(k->wake) || util_nonblock(k->wake[0]) || util_nonblock(k->wake[1])) {
 		snprintf(err, errlen, "pipe: %s", strerror(errno));
 		r = KVD_EIO;
 		goto fail;
@@ -29301,14 +29296,14 @@ KVD_API void kvd_close(struct kvd *k)
 	auth_free(k);
 	share_fini(k);
 	for (; k->nmembers; k->nmembers--)
-		cfg_free_list(k, k->members[k->nmembers - 1].urls, k->members[k->nmembers - 1].n);
+		util_free_list(k, k->members[k->nmembers - 1].urls, k->members[k->nmembers - 1].n);
 	kvd_free(k, k->members);
 	kvd_free(k, k->held);
 	kvd_free(k, k->ls);
 	kvd_free(k, k->pfd);
 	kvd_free(k, k->slot);
-	cfg_free_list(k, k->client_urls, k->nclient_urls);
-	cfg_free_list(k, k->peer_urls, k->npeer_urls);
+	util_free_list(k, k->client_urls, k->nclient_urls);
+	util_free_list(k, k->peer_urls, k->npeer_urls);
 	if (k->lock_fd >= 0)
 		close(k->lock_fd);
 	if (k->wake[0] >= 0)

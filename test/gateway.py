@@ -661,6 +661,13 @@ def cors_like_etcd():
         pair_check(e, k, post("/v3/kv/range", '{"key":"YQ=="}', extra), "Origin %r" % origin)
         pair_check(e, k, b"GET /health HTTP/1.1\r\nHost: x\r\n" + extra + b"\r\n", "/health, Origin %r" % origin)
         pair_check(e, k, b"OPTIONS /v3/kv/put HTTP/1.1\r\nHost: x\r\n" + extra + b"\r\n", "OPTIONS, Origin %r" % origin)
+    # a request refused on a kept-alive connection allows no origin, not the one before it allowed
+    for srv in (e, k):
+        st = exchange(srv.port, b"GET /health HTTP/1.1\r\nHost: x\r\nOrigin: http://a.example:8080\r\n\r\n"
+                      b"GET /health HTTP/1.1\r\nHost: x\r\nno colon here\r\n\r\n", 2)
+        check(len(st) == 2 and "access-control-allow-origin" in str(st[0]).lower() and
+              st[1] != "closed" and "access-control-allow-origin" not in str(st[1]).lower(),
+              "%s: the refused second request allows no origin: %.600r" % ("etcd" if srv is e else "kvd", st))
     e.stop()
     k.stop()
 

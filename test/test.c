@@ -2463,7 +2463,7 @@ static void test_tls_blocked_write(void)
 	a.sun_family = AF_UNIX;
 	snprintf(a.sun_path, sizeof a.sun_path, "%s", path);
 	c.fd = socket(AF_UNIX, SOCK_STREAM, 0);
-	CHECK(c.fd >= 0 && !connect(c.fd, (struct sockaddr *)&a, sizeof a) && !net_nonblock(c.fd));
+	CHECK(c.fd >= 0 && !connect(c.fd, (struct sockaddr *)&a, sizeof a) && !util_nonblock(c.fd));
 	mbedtls_ssl_init(&c.ssl);
 	mbedtls_ssl_config_init(&c.conf);
 	mbedtls_ssl_config_defaults(&c.conf, MBEDTLS_SSL_IS_CLIENT, MBEDTLS_SSL_TRANSPORT_STREAM,
@@ -2541,7 +2541,7 @@ static int t_tls_put(struct kvd *k, const char *path, mbedtls_ctr_drbg_context *
 	a.sun_family = AF_UNIX;
 	snprintf(a.sun_path, sizeof a.sun_path, "%s", path);
 	c.fd = socket(AF_UNIX, SOCK_STREAM, 0);
-	if (c.fd < 0 || connect(c.fd, (struct sockaddr *)&a, sizeof a) || net_nonblock(c.fd))
+	if (c.fd < 0 || connect(c.fd, (struct sockaddr *)&a, sizeof a) || util_nonblock(c.fd))
 		return -1;
 	util_mbed_owner = NULL; /* the client's blocks are not kvd's */
 	mbedtls_ssl_init(&c.ssl);
@@ -4474,13 +4474,13 @@ static void test_cfg(void)
 	const char *a6[] = {"kvd", "--max-idle-time", "5x"};
 	struct kvd *k;
 
-	CHECK(cfg_duration("5s", &ms) == 0 && ms == 5000);
-	CHECK(cfg_duration("1m30s", &ms) == 0 && ms == 90000);
-	CHECK(cfg_duration("300ms", &ms) == 0 && ms == 300);
-	CHECK(cfg_duration("1.5h", &ms) == 0 && ms == 5400000);
-	CHECK(cfg_duration("0", &ms) == 0 && ms == 0);
-	CHECK(cfg_duration("10us", &ms) == 0 && ms == 1);
-	CHECK(cfg_duration("5", &ms) == KVD_EINVAL && cfg_duration("", &ms) == KVD_EINVAL && cfg_duration("s", &ms) == KVD_EINVAL);
+	CHECK(util_duration("5s", &ms) == 0 && ms == 5000);
+	CHECK(util_duration("1m30s", &ms) == 0 && ms == 90000);
+	CHECK(util_duration("300ms", &ms) == 0 && ms == 300);
+	CHECK(util_duration("1.5h", &ms) == 0 && ms == 5400000);
+	CHECK(util_duration("0", &ms) == 0 && ms == 0);
+	CHECK(util_duration("10us", &ms) == 0 && ms == 1);
+	CHECK(util_duration("5", &ms) == KVD_EINVAL && util_duration("", &ms) == KVD_EINVAL && util_duration("s", &ms) == KVD_EINVAL);
 	kvd_config_init(&cfg);
 	CHECK(kvd_config_parse(&cfg, 9, (char **)a1, err, sizeof err) == 0);
 	CHECK(!strcmp(cfg.name, "n1") && !strcmp(cfg.data_dir, "/tmp/x") && cfg.max_request_bytes == 100 &&
@@ -5986,7 +5986,7 @@ static void test_loop_backpressure(void)
 	int sv[2], n, i, buf = 4096, ev;
 	ssize_t r;
 
-	CHECK(socketpair(AF_UNIX, SOCK_STREAM, 0, sv) == 0 && net_nonblock(sv[0]) == 0 && net_nonblock(sv[1]) == 0);
+	CHECK(socketpair(AF_UNIX, SOCK_STREAM, 0, sv) == 0 && util_nonblock(sv[0]) == 0 && util_nonblock(sv[1]) == 0);
 	setsockopt(sv[0], SOL_SOCKET, SO_SNDBUF, &buf, sizeof buf);
 	while (write(sv[0], junk, sizeof junk) > 0) /* the peer reads nothing: the socket is full */
 		;
