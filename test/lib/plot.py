@@ -81,9 +81,13 @@ def svg(title, subtitle, stores, rows, kvd="kvd"):
             x0, x1 = sorted((x(1.0), x(ratio)))
             out.append('<rect x="%.1f" y="%d" width="%.1f" height="%d" fill="%s"/>'
                        % (x0, by, max(x1 - x0, 1), BAR_H, COLORS[i % len(COLORS)]))
+            label = ("%.1fx" % ratio) if ratio >= 1 else ("%.2fx" % ratio)
+            if ratio >= 1 and x1 + 4 + 7 * len(label) > WIDTH:  # no room right of the bar: inside it
+                out.append('<text x="%.1f" y="%d" font-size="10" text-anchor="end" fill="white">%s</text>'
+                           % (x1 - 3, by + BAR_H - 1, label))
+                continue
             tx = x1 + 4 if ratio >= 1 else x0 - 4
             out.append('<text x="%.1f" y="%d" font-size="10" text-anchor="%s">%s</text>'
-                       % (tx, by + BAR_H - 1, "start" if ratio >= 1 else "end",
-                          ("%.1fx" % ratio) if ratio >= 1 else ("%.2fx" % ratio)))
+                       % (tx, by + BAR_H - 1, "start" if ratio >= 1 else "end", label))
     out.append('</svg>')
     return "\n".join(out) + "\n"
