@@ -2001,8 +2001,8 @@ def toc_catches_planted_faults():
     each planted fault: a sub-banner the index does not list, a WHERE IS hop
     naming the wrong section, a hop naming no function, a function whose
     prefix its section's banner does not name, a comment naming a function
-    that is not there, the map's durable write run in the order it runs
-    (back up the file); test/README.md's index of tests by name (make toc's
+    that is not there, a section past 1 500 lines, the map's durable write
+    run in the order it runs (back up the file); test/README.md's index of tests by name (make toc's
     second part) catches a test left out or one that is gone; and the
     invariants' checker (its third) catches an invariant nothing cites, an
     id that names none, a citation that is neither at a check nor a
@@ -2039,6 +2039,7 @@ def toc_catches_planted_faults():
             "loop_log_flush", "mvcc_flush", "h2_stream_send", "net_write"]  # the order it runs in
     byname = dict(h.split(" ") for h in hops)
     check(set(runs) == set(byname), "the durable write names the functions it runs: %s" % sorted(byname))
+    faults["a section past 1 500 lines"] = src[:at] + "/*\n" + " *\n" * 1500 + " */\n" + src[at:]
     faults["the durable write back up the file"] = (src[:a] + " *   - a durable write: " +
                                                    " > ".join("%s %s" % (f, byname.get(f, "§0")) for f in runs)
                                                    + "\n" + src[b:])

@@ -9,7 +9,9 @@
                          names no function, macro or field that is not
                          there (a name with a section's prefix must be in
                          the code, or a test of test/test.c): stale
-                         comments are bugs.
+                         comments are bugs; no section runs past 1 500
+                         lines; the map's durable write reads down the
+                         file (at most 2 hops back up, 1.5 files).
   toc.py --paths kvd.c   also print, for each path of the map, its hops, how
                          many go back up the file and how far they travel
                          (the durable write: at most 2 up, 1.5 files)
@@ -29,6 +31,8 @@ EXEMPT_PREFIX = ('kvd_', 'main')
 # the map's durable-write path reads down the file: at most this many hops
 # back up, and at most this many files' length travelled
 DURABLE_UPS, DURABLE_TRAVEL = 2, 1.5
+# no section longer than this, banner to banner
+SECTION_MAX = 1500
 
 
 def parse(lines):
@@ -165,6 +169,11 @@ def main():
                           '(at most %d and %.1fx: a reader follows it downward)' % (ups, travel, DURABLE_UPS, DURABLE_TRAVEL))
     if '--paths' in sys.argv:
         print('\n'.join('toc: ' + r for r in report))
+    # a section a reader can hold: at most SECTION_MAX lines, banner to banner
+    starts = [i for i, l in enumerate(lines) if BAN.match(l)] + [len(lines)]
+    for (n, t), a0, b0 in zip(secs, starts, starts[1:]):
+        if b0 - a0 > SECTION_MAX:
+            errors.append('section %d (%s) has %d lines, more than %d: split it' % (n, t[:40], b0 - a0, SECTION_MAX))
     # prefixes: each function carries one its section's banner names
     pre = {}
     for n, t in secs:
