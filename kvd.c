@@ -251,12 +251,13 @@
 #if KVD_TEST_BUG && !defined KVD_TEST_SERVICES
 #error "KVD_TEST_BUG plants a bug: only in a test build (-DKVD_TEST_SERVICES)"
 #endif
-#ifndef KVD_CHECKS /* @@ 1: a KVD_ALWAYS/KVD_NEVER that fails stops the program; 0 (the daemon): it goes on */
-#if defined KVD_TEST_SERVICES && !KVD_TEST_BUG
-#define KVD_CHECKS 1 /* the tests' daemon; test/test and the fuzzers set it too; a planted bug is for the checkers */
-#else
-#define KVD_CHECKS 0
+#if defined KVD_TEST_SERVICES && !KVD_TEST_BUG /* a planted bug is for the checkers to find */
+#ifndef KVD_CHECKS /* @@ the tests' daemon stops at a failed check (test/test and the fuzzers set it too) */
+#define KVD_CHECKS 1
 #endif
+#endif
+#ifndef KVD_CHECKS /* @@ 1: a KVD_ALWAYS/KVD_NEVER that fails stops the program; 0 (the daemon): it goes on */
+#define KVD_CHECKS 0
 #endif
 #ifndef KVD_DEFAULT_MAX_CONNECTIONS /* @@ --max-connections default */
 #define KVD_DEFAULT_MAX_CONNECTIONS 256
