@@ -63,6 +63,7 @@
  *          - importing: etcd's records as log records
  *          - --restore-snapshot and --snapshot-save
  *   16. Calls: one RPC, whatever carries it (call_, svc_fail)
+ *          - in-process calls: the host as a carrier
  *   17. Auth: tokens, who is calling, and may they; password hashing (auth_)
  *          - JSON Web Tokens (--auth-token jwt,...)
  *          - who is calling, and may they
@@ -134,6 +135,8 @@
  *          - environment variables and --help
  *          - the configuration's strings, ids, the data dir
  *   38. Public embedding API (kvd_)
+ *          - the host's loop, and in-process calls
+ *          - the common calls, typed
  *   39. main()
  *
  * Prefixes mark the section a static function belongs to; only kvd_* (and the
@@ -1011,6 +1014,17 @@ struct kvd {
 	struct tls_state *tls;       /* TLS (section 27), NULL without https:// listeners */
 	struct auth auth;            /* users, roles, tokens (section 12) */
 	struct call *calls;          /* every live call, whatever its carrier */
+	struct kvd_stream *local, *local_tail; /* in-process calls, oldest first (section 16) */
+	char *caller;                /* whom in-process calls act as (kvd_set_caller), NULL: root */
+	int depth;                   /* > 0: inside a host's callback (section 16) or loop hook (36) */
+	unsigned closing : 1;        /* kvd_close runs: no new in-process call */
+	/* a host's loop (section 36): what it was told to watch, by fd */
+	struct kvd_loop hl;          /* hl.io NULL: none (kvd_poll, or pull) */
+	struct loop_ann *ann;
+	size_t anncap;
+	unsigned ann_gen;
+	int64_t ann_at;              /* the timer the host holds: monotonic ms, INT64_MAX none */
+	unsigned npfd;               /* entries loop_pollset filled last */
 	struct lock_wait *locks;     /* Lock/Campaign waiters and Observe streams (section 24) */
 	struct svc_member_x *members; /* members MemberAdd listed (section 23): never started */
 	size_t nmembers;
@@ -1044,9 +1058,11 @@ static void snap_keep_hash(struct kvd *k, int64_t rev);
 static int kvd_init(const struct kvd_config *cfg, struct kvd **out, char *err, size_t errlen);
 static int cfg_lock(struct kvd *k, char *err, size_t errlen);
 /* the carriers ask the loop to flush the log before an answer leaves, and
- * to count and shed the request bytes they hold (29, 32, 34 -> 36); the test
+ * to count and shed the request bytes they hold, and tell a host's loop
+ * before they close a descriptor (29, 32, 34 -> 36); the test
  * stats call reports confd's counters (26 -> 32): */
 static void loop_log_flush(struct kvd *k);
+static void loop_forget(struct kvd *k, int fd);
 static void net_held(struct kvd *k, struct conn *c, int64_t delta);
 static void net_shed(struct kvd *k);
 static void confd_report(struct kvd *k, char *out, size_t cap);
@@ -12150,6 +12166,7 @@ struct call {
 	 * reads it here (auth_who), never from the TLS layer */
 	const char *cn;
 	size_t cnlen;
+	unsigned vouched : 1;       /* the carrier vouches for cn whatever --client-cert-auth says (in-process) */
 };
 
 /* A call is routed through the method table (16 -> 26): */
@@ -12479,6 +12496,236 @@ static int call_route(struct kvd *k, struct call *call, const char *path, size_t
 		k->st.grpc_started[known]++;
 	call->t_routed = util_now_us();
 	return 0;
+}
+
+/* ---- in-process calls: the host as a carrier -------------------------- */
+
+/*
+ * The third carrier (kvd.h: kvd_call).  A host's call is a struct
+ * kvd_stream that embeds its struct call, as an h2 stream does, and goes
+ * the same way from there: call_route to its method, call_message to its
+ * handler, the same permission checks (the host names the caller: the
+ * call's cn, vouched for), the same group commit (call_hold).  What the
+ * carrier adds is delivery: where an h2 stream frames call->out into DATA,
+ * call_local_flush hands each queued message to the host's callback, and
+ * then the final status, once.
+ *
+ * Invariants:
+ *   6. Nothing reaches a host's callback from inside the call that started
+ *      it: every callback runs from call_local_flush, which the loop runs
+ *      after the group commit (loop_flush), so an answer that shows a write
+ *      is delivered only once the write is durable -- a held call waits.
+ *   7. Every stream gets exactly one last callback (cancelled, finished,
+ *      or stopped by kvd_close), and nothing after it; a stream is freed
+ *      only by call_local_flush or kvd_close, never inside a callback, so
+ *      a callback may cancel any stream, its own too.
+ *   8. A callback runs with k->depth raised: what would re-enter the loop
+ *      (kvd_poll, kvd_process, kvd_io, kvd_timeout, kvd_close) refuses with
+ *      KVD_EBUSY rather than run inside it.
+ */
+struct kvd_stream {
+	struct call call;           /* what the services see */
+	struct kvd *k;
+	struct kvd_stream *prev, *next; /* k->local, oldest first */
+	kvd_reply_fn *fn;           /* the host's callback, and its argument */
+	void *arg;
+	unsigned flags;             /* KVD_CALL_DECODE */
+	unsigned paused : 1;        /* KVD_PAUSE: hold its messages */
+	unsigned cancelled : 1;     /* kvd_stream_cancel: drop its messages, end it */
+	unsigned closed_send : 1;   /* half-closed: nothing more will be sent */
+	unsigned ended : 1;         /* its last callback ran: free it */
+	/* the typed layer's (section 38): the host's own callback and argument */
+	kvd_result_fn *rfn;
+	kvd_watch_fn *wfn;
+	void *uarg;
+	int fd;                     /* kvd_snapshot: the host's descriptor, else -1 */
+	int terr;                   /* kvd_snapshot: errno of a write that failed */
+	int64_t trev;               /* kvd_snapshot: the revision it holds */
+	char *user;                 /* whom the call acts as (owned): call.cn */
+};
+
+static const struct call_carrier call_local_carrier = {"in-process", NULL};
+
+/* A new in-process call of path as user (NULL: root), appended to k->local;
+ * the request is not given yet.  NULL: no memory. */
+static struct kvd_stream *call_local_new(struct kvd *k, const char *path, const char *user, long timeout_ms,
+                                         kvd_reply_fn *fn, void *arg)
+{
+	struct kvd_stream *s = kvd_malloc(k, sizeof *s);
+
+	if (!s)
+		return NULL;
+	memset(s, 0, sizeof *s);
+	if (!(s->user = kvd_strdup(k, user ? user : "root"))) {
+		kvd_free(k, s);
+		return NULL;
+	}
+	call_init(k, &s->call, NULL, &call_local_carrier);
+	s->k = k;
+	s->fn = fn;
+	s->arg = arg;
+	s->fd = -1;
+	s->call.cn = s->user;
+	s->call.cnlen = strlen(s->user);
+	s->call.vouched = 1;
+	if (timeout_ms > 0)
+		s->call.deadline = util_now_us() + (int64_t)timeout_ms * 1000;
+	s->prev = k->local_tail;
+	if (k->local_tail)
+		k->local_tail->next = s;
+	else
+		k->local = s;
+	k->local_tail = s;
+	call_route(k, &s->call, path, strlen(path)); /* an unknown method ends it as gRPC does */
+	util_wake_by(k, k->now);
+	return s;
+}
+
+/* One request message on s (p NULL: an empty one): its handler runs now,
+ * its answers are delivered later (call_local_flush). */
+static void call_local_send(struct kvd *k, struct kvd_stream *s, const uint8_t *p, size_t n)
+{
+	if (!s->call.finished && s->call.m)
+		call_message(k, &s->call, p, n);
+	util_wake_by(k, k->now);
+}
+
+static void call_local_half_close(struct kvd *k, struct kvd_stream *s)
+{
+	if (s->closed_send)
+		return;
+	s->closed_send = 1;
+	if (!s->call.finished && s->call.m)
+		call_half_close(k, &s->call, 0);
+	util_wake_by(k, k->now);
+}
+
+static void call_local_free(struct kvd *k, struct kvd_stream *s)
+{
+	if (s->prev)
+		s->prev->next = s->next;
+	else
+		k->local = s->next;
+	if (s->next)
+		s->next->prev = s->prev;
+	else
+		k->local_tail = s->prev;
+	call_fini(k, &s->call);
+	kvd_free(k, s->user);
+	kvd_free(k, s);
+}
+
+/* The host's callback, with the loop closed to it (see [§16.8]); KVD_PAUSE
+ * from it holds the stream. */
+static void call_local_cb(struct kvd *k, struct kvd_stream *s, struct kvd_reply *r)
+{
+	r->stream = s;
+	(void)KVD_NEVER(s->call.held); /* [§16.6] no answer before the fdatasync that covers it */
+	if (KVD_NEVER(s->ended)) /* [§16.7] nothing after the last callback */
+		return;
+	s->ended = r->last;
+	k->depth++;
+	if (s->fn(s->arg, r) == KVD_PAUSE && !r->last)
+		s->paused = 1;
+	k->depth--;
+}
+
+/* Deliver what s has: its messages (made as it goes for a producing
+ * stream, a budget per turn), then its end.  Returns 1 when s ended. */
+static int call_local_deliver(struct kvd *k, struct kvd_stream *s)
+{
+	struct call *c = &s->call;
+	struct kvd_reply r;
+	size_t budget = 1u << 20, n;
+
+	if (c->held) /* its reply waits for the next group commit */
+		return 0;
+	for (;;) {
+		if (s->cancelled) {
+			c->out.rd = c->out.len = 0;
+			call_finish(k, c, GRPC_CANCELLED, "context canceled");
+			break;
+		}
+		if (s->paused)
+			return 0;
+		if (BUF_LEN(&c->out) < 5 && c->produce && !c->finished) {
+			if (!budget) {
+				util_wake_by(k, k->now); /* the rest on the next turn */
+				return 0;
+			}
+			c->m->on_produce(k, c);
+			if (BUF_LEN(&c->out) < 5 && !c->finished)
+				return 0; /* nothing more for now */
+			continue;
+		}
+		if (BUF_LEN(&c->out) < 5)
+			break;
+		n = get_be32(BUF_DATA(&c->out) + 1);
+		if (KVD_NEVER(BUF_LEN(&c->out) < 5 + n)) { /* [§16.4] call_msg queues whole messages */
+			c->out.rd = c->out.len = 0;
+			break;
+		}
+		memset(&r, 0, sizeof r);
+		r.data = BUF_DATA(&c->out) + 5;
+		r.len = n;
+		r.text = "";
+		if (s->flags & KVD_CALL_DECODE) {
+			ProtobufCMessage *m = c->m->resp ? protobuf_c_message_unpack(c->m->resp, &k->pba, n, r.data) : NULL;
+			if (!m && c->m->resp) { /* kvd packed it: only memory can fail */
+				c->out.rd = c->out.len = 0;
+				call_finish(k, c, GRPC_RESOURCE_EXHAUSTED, E_OOM);
+				break;
+			}
+			r.msg = m;
+			call_local_cb(k, s, &r);
+			pb_free(k, m);
+		} else {
+			call_local_cb(k, s, &r);
+		}
+		buf_consume(&c->out, 5 + n);
+		budget = budget > n ? budget - n : 0;
+	}
+	if (!c->finished || c->held) /* a cancel with a batch open is held too */
+		return 0;
+	buf_trim(k, &c->out, 0);
+	memset(&r, 0, sizeof r);
+	r.last = 1;
+	r.code = c->status;
+	r.text = c->status_msg ? c->status_msg : "";
+	call_local_cb(k, s, &r);
+	return 1;
+}
+
+/* Every in-process call: what it has, to its host (see [§16.6]); the ended ones
+ * freed.  Run by the loop after the group commit (loop_flush). */
+static void call_local_flush(struct kvd *k)
+{
+	struct kvd_stream *s, *next;
+
+	(void)KVD_NEVER(k->depth); /* [§16.8] never from inside a host's callback */
+	for (s = k->local; s; s = next) {
+		if (!s->ended)
+			call_local_deliver(k, s);
+		next = s->next; /* read after the callbacks: they may have added streams */
+		if (s->ended)
+			call_local_free(k, s);
+	}
+}
+
+/* Deadlines of in-process calls (the loop's timers): the earliest left. */
+static int64_t call_local_timers(struct kvd *k)
+{
+	struct kvd_stream *s;
+	int64_t next = INT64_MAX, now_us = k->now * 1000;
+
+	for (s = k->local; s; s = s->next)
+		if (s->call.deadline && !s->call.finished) {
+			if (now_us >= s->call.deadline)
+				call_finish(k, &s->call, GRPC_DEADLINE_EXCEEDED, "context deadline exceeded");
+			else
+				next = KVD_MIN(next, (s->call.deadline + 999) / 1000);
+		}
+	return next;
 }
 
 /* ===== 17. Auth: tokens, who is calling, and may they; password hashing (auth_) == */
@@ -13141,7 +13388,7 @@ static int auth_who(struct kvd *k, struct call *call, struct auth_who *w, struct
 		w->named = 1;
 		return 0;
 	}
-	if (k->cfg.client_cert_auth && call->cn) {
+	if ((k->cfg.client_cert_auth || call->vouched) && call->cn) { /* an in-process caller is named by its host */
 		w->name = call->cn; /* its exact bytes: "root\0.x" is not root; "" is nobody (permission denied) */
 		w->nlen = call->cnlen;
 		w->named = 1;
@@ -24288,7 +24535,7 @@ out:
 }
 
 /* Read what the socket holds (bounded), answer what deserves an answer. */
-static void confd_read(struct kvd *k, int fd)
+static int confd_read(struct kvd *k, int fd)
 {
 	struct confd *cd = k->confd;
 	struct sockaddr_storage sa;
@@ -24328,6 +24575,7 @@ static void confd_read(struct kvd *k, int fd)
 	buf_trim(k, &cd->out, 65536);
 	buf_trim(k, &cd->msg, 65536);
 	buf_trim(k, &cd->tmp, 65536);
+	return i == CONFD_BATCH; /* a batch taken whole: more may wait */
 }
 
 /* ---- setup -------------------------------------------------------------------------- */
@@ -24523,8 +24771,10 @@ static void confd_close(struct kvd *k)
 
 	if (!cd)
 		return;
-	for (i = 0; i < cd->nfd; i++)
+	for (i = 0; i < cd->nfd; i++) {
+		loop_forget(k, cd->fds[i]);
 		close(cd->fds[i]);
+	}
 	util_wipe(&cd->hmac_in, sizeof cd->hmac_in);
 	util_wipe(&cd->hmac_out, sizeof cd->hmac_out);
 	json_free(&cd->cfg);
@@ -24546,7 +24796,7 @@ static int confd_open(struct kvd *k, char *err, size_t errlen)
 	return KVD_EINVAL;
 }
 static int confd_bind(struct kvd *k, char *err, size_t errlen) { (void)k, (void)err, (void)errlen; return 0; }
-static void confd_read(struct kvd *k, int fd) { (void)k, (void)fd; }
+static int confd_read(struct kvd *k, int fd) { (void)k, (void)fd; return 0; }
 static KVD_UNUSED int confd_counters(const struct kvd *k, uint64_t *v, const char *const **names, unsigned *n)
 {
 	(void)k, (void)v, (void)names, (void)n;
@@ -26889,6 +27139,7 @@ KVD_RESIDENT static int net_add_listener(struct kvd *k, int fd, int tls, int met
 /* Close listener l; a unix socket's file goes with it, as etcd's. */
 static void net_close_listener(struct kvd *k, struct net_listener *l)
 {
+	loop_forget(k, l->fd);
 	close(l->fd);
 	if (l->upath) {
 		unlink(l->upath);
@@ -27365,7 +27616,9 @@ static int net_evict(struct kvd *k, const struct share *from)
 	return 0;
 }
 
-static void net_accept(struct kvd *k, struct net_listener *l)
+/* Take new connections, KVD_ACCEPTS_PER_TICK at most; 1 when it took that
+ * many (more may wait), 0 when the backlog is empty or accept failed. */
+static int net_accept(struct kvd *k, struct net_listener *l)
 {
 	struct sockaddr_storage ss;
 	socklen_t sl;
@@ -27385,7 +27638,7 @@ static void net_accept(struct kvd *k, struct net_listener *l)
 				k->accept_pause_until = k->now + 100;
 				util_wake_by(k, k->accept_pause_until);
 			}
-			return;
+			return 0;
 		}
 		if (util_nonblock(fd)) {
 			close(fd);
@@ -27433,6 +27686,7 @@ static void net_accept(struct kvd *k, struct net_listener *l)
 		k->conns = c;
 		k->st.conns_accepted++;
 	}
+	return 1; /* KVD_ACCEPTS_PER_TICK taken: more may wait */
 }
 
 /*
@@ -27440,30 +27694,31 @@ static void net_accept(struct kvd *k, struct net_listener *l)
  * from k->rbuf, lent to c->in (a lent buffer cannot grow: buf_reserve
  * refuses it); only what is left over -- a partial frame, or input held back
  * by output pressure -- is copied into c->in, so idle connections own no
- * input buffer.
+ * input buffer.  Returns 1 when it read bytes (more may wait: an
+ * edge-triggered host's descriptor is read again, loop_dispatch).
  */
-static void net_read(struct kvd *k, struct conn *c)
+static int net_read(struct kvd *k, struct conn *c)
 {
 	long n = c->tr->recv(c, k->rbuf, sizeof k->rbuf);
 	struct kvd_buf own;
 	size_t left;
 
 	if (n == KVD_EAGAIN)
-		return;
+		return 0;
 	if (n < 0) {
 		c->dead = 1;
-		return;
+		return 0;
 	}
 	if (n == 0) {
 		c->peer_closed = c->is_closing = 1;
-		return;
+		return 0;
 	}
 	if (c->is_closing) /* lingering: drain and drop */
-		return;
+		return 1;
 	if (BUF_LEN(&c->in)) {
 		if (buf_append(k, &c->in, k->rbuf, (size_t)n)) {
 			c->dead = 1;
-			return;
+			return 0;
 		}
 		net_input(k, c);
 	} else {
@@ -27476,7 +27731,7 @@ static void net_read(struct kvd *k, struct conn *c)
 		left = BUF_LEN(&c->in);
 		if (!KVD_ALWAYS(c->in.lent && c->in.p == k->rbuf)) { /* [§36.4] nobody may swap the loan */
 			c->dead = 1;
-			return;
+			return 0;
 		}
 		own.rd = own.len = 0;
 		if (left && buf_append(k, &own, BUF_DATA(&c->in), left))
@@ -27484,6 +27739,7 @@ static void net_read(struct kvd *k, struct conn *c)
 		c->in = own;
 	}
 	buf_trim(k, &c->in, 0);
+	return !c->dead;
 }
 
 /* Close connections that are done: after their output is written, a
@@ -27509,6 +27765,7 @@ static void net_reap(struct kvd *k)
 		if (c->dead || (c->shut_wr && (c->peer_closed || k->now - c->t_close >= linger)) ||
 		    (c->t_close && k->now - c->t_close >= 5000)) {
 			*pp = c->next;
+			loop_forget(k, c->fd);
 			close(c->fd);
 			net_conn_free(k, c);
 			continue;
@@ -27638,6 +27895,7 @@ static void loop_timers(struct kvd *k)
 	}
 	if (k->accept_pause_until > k->now)
 		util_wake_by(k, k->accept_pause_until);
+	util_wake_by(k, call_local_timers(k));
 	watch_timers(k);
 	lease_timers(k);
 	life_compactor(k);
@@ -27704,20 +27962,32 @@ KVD_RESIDENT static void loop_log_flush(struct kvd *k)
 	}
 }
 
-/* Before sleeping: input held back by output pressure, the log flush, then
- * every connection's output into its socket, then reaping. */
+/* Before sleeping: input held back by output pressure, the log flush, the
+ * in-process calls' answers to their hosts (whose callbacks may write
+ * again: flushed too, a few rounds, the rest next turn), then every
+ * connection's output into its socket -- none moved while a batch is open
+ * -- then reaping. */
 KVD_RESIDENT static void loop_flush(struct kvd *k)
 {
 	struct conn *c;
+	int round;
 
 	for (c = k->conns; c; c = c->next)
 		if (!c->dead && BUF_LEN(&c->in) && !c->is_closing && BUF_LEN(&c->out) < KVD_MAX_OUTPUT)
 			net_input(k, c);
 	loop_log_flush(k);
+	for (round = 0; k->local && round < 4; round++) {
+		call_local_flush(k);
+		if (!k->db.w.len)
+			break;
+		loop_log_flush(k);
+	}
+	if (k->db.w.len)
+		util_wake_by(k, k->now); /* written by a host's callback: flushed next turn */
 	for (c = k->conns; c; c = c->next) {
 		if (c->dead)
 			continue;
-		if (c->proto && !c->is_closing)
+		if (c->proto && !c->is_closing && !k->db.w.len)
 			c->proto->flush(k, c);
 		net_write(k, c);
 	}
@@ -27731,6 +28001,17 @@ enum { LOOP_WAKE, LOOP_LISTENER, LOOP_CONFD, LOOP_CONN };
 struct loop_slot {
 	int kind;
 	void *obj;
+};
+
+/* What a host's loop was told to watch, by descriptor (k->ann): the events
+ * announced, the host's slot, what the fd is, and whether an edge-triggered
+ * host's descriptor may still hold input (hot). */
+struct loop_ann {
+	unsigned ev, gen;
+	int kind;
+	void *obj;
+	void *slot;
+	unsigned hot : 1;
 };
 
 static int loop_pollset(struct kvd *k)
@@ -27753,7 +28034,8 @@ static int loop_pollset(struct kvd *k)
 		k->pcap = need;
 	}
 #define LOOP_ADD(fd_, ev, kind_, obj_) \
-	(k->pfd[n].fd = (fd_), k->pfd[n].events = (short)(ev), k->slot[n].kind = (kind_), k->slot[n++].obj = (obj_))
+	(k->pfd[n].fd = (fd_), k->pfd[n].events = (short)(ev), k->pfd[n].revents = 0, k->slot[n].kind = (kind_), \
+	 k->slot[n++].obj = (obj_))
 	LOOP_ADD(k->wake[0], POLLIN, LOOP_WAKE, NULL);
 	if (k->now >= k->accept_pause_until && !k->stopping)
 		for (i = 0; i < k->nls; i++)
@@ -27764,6 +28046,7 @@ static int loop_pollset(struct kvd *k)
 		LOOP_ADD(c->fd, (c->is_closing || BUF_LEN(&c->out) < KVD_MAX_OUTPUT ? POLLIN : 0) |
 		                    (BUF_LEN(&c->out) || c->want_write ? POLLOUT : 0), LOOP_CONN, c);
 #undef LOOP_ADD
+	k->npfd = (unsigned)n;
 	return (int)n;
 }
 
@@ -27779,15 +28062,10 @@ KVD_RESIDENT static void loop_oom_retry(struct kvd *k)
 	}
 }
 
-/* One loop iteration (kvd_poll): timers, the flush of what is pending, then
- * poll, dispatch by what each fd is, and the flush again. */
-KVD_RESIDENT static int loop_run(struct kvd *k, int timeout_ms)
+/* A turn begins: the clock, what is due (timers), and the flush of what
+ * is pending -- group commit, replies, callbacks. */
+KVD_RESIDENT static void loop_begin(struct kvd *k)
 {
-	char b[16];
-	ssize_t r;
-	int n, i, ms;
-	int64_t wait;
-
 	k->now = util_now_ms();
 #ifndef KVD_NO_TLS
 	if (k->tls)
@@ -27796,7 +28074,187 @@ KVD_RESIDENT static int loop_run(struct kvd *k, int timeout_ms)
 	loop_timers(k);
 	loop_flush(k);
 	loop_oom_retry(k);
-	if (k->stopping && !k->conns)
+}
+
+/* A graceful shutdown is over: no connection and no in-process call left. */
+static int loop_stopped(const struct kvd *k)
+{
+	return k->stopping && !k->conns && !k->local;
+}
+
+/* Ready descriptor fd, which is kind/obj, with poll's revents: read,
+ * write or accept as it asks.  Returns 1 when the read stopped before the
+ * descriptor was empty (an edge-triggered host's is read again). */
+KVD_RESIDENT static int loop_dispatch(struct kvd *k, int kind, void *obj, int fd, short re)
+{
+	char b[16];
+	ssize_t r;
+	struct conn *c;
+	int more = 0;
+
+	switch (kind) {
+	case LOOP_WAKE:
+		while ((r = read(fd, b, sizeof b)) > 0) {
+			if (memchr(b, 'H', (size_t)r))
+				loop_reload(k);
+			if (memchr(b, 'T', (size_t)r))
+				loop_stop(k);
+		}
+		break;
+	case LOOP_LISTENER:
+		if (!k->stopping && (re & (POLLIN | POLLHUP | POLLERR)))
+			more = net_accept(k, obj);
+		break;
+	case LOOP_CONFD:
+		if (re & (POLLIN | POLLHUP | POLLERR))
+			more = confd_read(k, fd);
+		break;
+	case LOOP_CONN:
+		c = obj; /* reaped only in loop_flush: still here */
+		if (c->dead)
+			break;
+		if (re & (POLLIN | POLLHUP | POLLERR))
+			more = net_read(k, c);
+		if ((re & POLLOUT) && !c->dead)
+			net_write(k, c);
+		break;
+	}
+	return more;
+}
+
+/*
+ * A host's loop (kvd.h: kvd_set_loop).  After every entry from the host,
+ * the want set loop_pollset builds is compared with what the host was told
+ * (k->ann, by fd), and only the changes are announced: a new descriptor or
+ * new events (io with them), a descriptor kvd no longer watches (io with
+ * 0), the timer when its deadline moved.  The deadline is 0 ms while work
+ * is pending, so the host's next turn runs it (kvd_timeout).
+ *
+ * Invariants:
+ *   6. A host hears events 0 for a descriptor before kvd closes it, and
+ *      never hears of one after: every close of a watched descriptor comes
+ *      after loop_forget (net_reap, net_close_listener, confd_close,
+ *      kvd_close); so a number the kernel hands out again is never
+ *      mistaken for the old one.
+ *   7. KVD_OUT is asked for only while output is queued, and a timeout of
+ *      0 only while work is pending (util_wake_by with now): a
+ *      level-triggered host never spins on kvd.
+ */
+static void loop_forget(struct kvd *k, int fd)
+{
+	struct loop_ann *a;
+
+	if (!k->hl.io || fd < 0 || (size_t)fd >= k->anncap || !(a = &k->ann[fd])->ev)
+		return;
+	k->depth++;
+	(void)k->hl.io(k->hl.host, fd, 0, &a->slot); /* before the close: see [§36.6] */
+	k->depth--;
+	memset(a, 0, sizeof *a);
+}
+
+/* Tell the host what changed (see above); then the one timer. */
+static void loop_announce(struct kvd *k)
+{
+	int n, i, fd;
+	size_t f;
+	unsigned ev, gen;
+	int64_t at;
+	struct loop_ann *a;
+
+	if (!k->hl.io || k->depth)
+		return;
+	if ((n = loop_pollset(k)) < 0) {
+		util_wake_by(k, util_now_ms() + 20); /* the set stays as it was; try again */
+		n = 0;
+	}
+	gen = ++k->ann_gen ? k->ann_gen : ++k->ann_gen;
+	k->depth++;
+	for (i = 0; i < n; i++) {
+		fd = k->pfd[i].fd;
+		ev = (k->pfd[i].events & POLLIN ? KVD_IN : 0u) | (k->pfd[i].events & POLLOUT ? KVD_OUT : 0u);
+		if ((size_t)fd >= k->anncap) {
+			size_t cap = KVD_MAX((size_t)fd + 1, 2 * k->anncap);
+			struct loop_ann *p = kvd_realloc(k, k->ann, cap * sizeof *p);
+			if (!p) {
+				util_wake_by(k, util_now_ms() + 20);
+				continue;
+			}
+			memset(p + k->anncap, 0, (cap - k->anncap) * sizeof *p);
+			k->ann = p;
+			k->anncap = cap;
+		}
+		a = &k->ann[fd];
+		a->gen = gen;
+		a->kind = k->slot[i].kind;
+		a->obj = k->slot[i].obj;
+		if (a->ev == ev)
+			continue;
+		/* [§36.6] a descriptor announced is open: kvd forgets before it closes */
+		(void)KVD_ALWAYS(fcntl(fd, F_GETFD) >= 0);
+		if (k->hl.io(k->hl.host, fd, ev, &a->slot)) { /* the host could not watch it */
+			if (a->kind == LOOP_CONN)
+				((struct conn *)a->obj)->dead = 1;
+			util_wake_by(k, util_now_ms() + (a->kind == LOOP_CONN ? 0 : 100));
+			a->gen = 0;
+			continue;
+		}
+		/* [§36.7] KVD_OUT only with output queued (loop_pollset) */
+		(void)KVD_NEVER((ev & KVD_OUT) && a->kind == LOOP_CONN && !BUF_LEN(&((struct conn *)a->obj)->out) &&
+		                !((struct conn *)a->obj)->want_write);
+		a->ev = ev;
+	}
+	for (f = 0; f < k->anncap; f++) /* watched no more (a paused listener): not closed */
+		if (k->ann[f].ev && k->ann[f].gen != gen) {
+			(void)k->hl.io(k->hl.host, (int)f, 0, &k->ann[f].slot);
+			memset(&k->ann[f], 0, sizeof k->ann[f]);
+		}
+	for (f = 0; f < k->anncap; f++)
+		if (k->ann[f].hot)
+			util_wake_by(k, k->now); /* an edge-triggered descriptor to read again */
+	at = k->next_timer;
+	if (at != k->ann_at) {
+		int64_t ms = at == INT64_MAX ? -1 : at - util_now_ms();
+		k->ann_at = at;
+		k->hl.timer(k->hl.host, ms < 0 && at != INT64_MAX ? 0 : ms > LONG_MAX ? LONG_MAX : (long)ms);
+	}
+	k->depth--;
+}
+
+/* The host's timer fired, or the host ran an entry: the turn's work, an
+ * edge-triggered host's descriptors read again, the set announced. */
+static int loop_host_turn(struct kvd *k)
+{
+	size_t f;
+
+	k->ann_at = INT64_MAX; /* the host's one-shot timer is spent */
+	loop_begin(k);
+	if (k->hl.flags & KVD_LOOP_EDGE)
+		for (f = 0; f < k->anncap; f++) {
+			struct loop_ann *a = &k->ann[f];
+			if (a->hot && (a->ev & KVD_IN))
+				a->hot = (unsigned)loop_dispatch(k, a->kind, a->obj, (int)f, POLLIN);
+			else
+				a->hot = 0;
+			if (a->hot)
+				util_wake_by(k, k->now);
+		}
+	loop_flush(k);
+	loop_oom_retry(k);
+	if (loop_stopped(k))
+		return KVD_ESTOPPED;
+	loop_announce(k);
+	return 0;
+}
+
+/* One loop iteration (kvd_poll): timers, the flush of what is pending, then
+ * poll, dispatch by what each fd is, and the flush again. */
+KVD_RESIDENT static int loop_run(struct kvd *k, int timeout_ms)
+{
+	int n, i, ms;
+	int64_t wait;
+
+	loop_begin(k);
+	if (loop_stopped(k))
 		return KVD_ESTOPPED;
 	if ((n = loop_pollset(k)) < 0)
 		return n;
@@ -27812,41 +28270,12 @@ KVD_RESIDENT static int loop_run(struct kvd *k, int timeout_ms)
 		return 0;
 	}
 	k->now = util_now_ms();
-	for (i = 0; i < n; i++) {
-		short re = k->pfd[i].revents;
-		struct conn *c;
-		if (!re)
-			continue;
-		switch (k->slot[i].kind) {
-		case LOOP_WAKE:
-			while ((r = read(k->wake[0], b, sizeof b)) > 0) {
-				if (memchr(b, 'H', (size_t)r))
-					loop_reload(k);
-				if (memchr(b, 'T', (size_t)r))
-					loop_stop(k);
-			}
-			break;
-		case LOOP_LISTENER:
-			if (!k->stopping)
-				net_accept(k, k->slot[i].obj);
-			break;
-		case LOOP_CONFD:
-			confd_read(k, k->pfd[i].fd);
-			break;
-		case LOOP_CONN:
-			c = k->slot[i].obj; /* reaped only in loop_flush: still here */
-			if (c->dead)
-				break;
-			if (re & (POLLIN | POLLHUP | POLLERR))
-				net_read(k, c);
-			if ((re & POLLOUT) && !c->dead)
-				net_write(k, c);
-			break;
-		}
-	}
+	for (i = 0; i < n; i++)
+		if (k->pfd[i].revents)
+			loop_dispatch(k, k->slot[i].kind, k->slot[i].obj, k->pfd[i].fd, k->pfd[i].revents);
 	loop_flush(k);
 	loop_oom_retry(k);
-	return k->stopping && !k->conns ? KVD_ESTOPPED : 0;
+	return loop_stopped(k) ? KVD_ESTOPPED : 0;
 }
 
 /* ===== 37. Flags and configuration (cfg_) ================================ */
@@ -29196,7 +29625,7 @@ KVD_RESIDENT KVD_API int kvd_open(const struct kvd_config *cfg, struct kvd **out
 	for (url = strtok_r(list, ",", &p); url; url = strtok_r(NULL, ",", &p))
 		if ((r = net_listen(k, url, 0, err, errlen)))
 			goto fail;
-	if (!k->nls) {
+	if (!k->nls && k->cfg.listen_client_urls[0]) { /* "" (or NULL): an embedder's instance, no listener */
 		snprintf(err, errlen, "--listen-client-urls names no URL");
 		r = KVD_EINVAL;
 		goto fail;
@@ -29221,6 +29650,8 @@ KVD_RESIDENT KVD_API int kvd_open(const struct kvd_config *cfg, struct kvd **out
 	for (i = 0; i < k->nls; i++) /* once every listener listens: "serving" means ready */
 		kvd_log(k, KVD_LOG_INFO, "serving %s on %s (%s)", k->ls[i].metrics ? "/metrics and /health" : "client requests",
 		        k->ls[i].name, k->ls[i].metrics ? (k->ls[i].tls ? "HTTPS" : "HTTP") : k->ls[i].tls ? "gRPC over TLS" : "gRPC over h2c");
+	if (!k->nls)
+		kvd_log(k, KVD_LOG_INFO, "serving in-process calls only (no --listen-client-urls)");
 	kvd_free(k, list);
 	kvd_log(k, KVD_LOG_INFO, "kvd %s (etcd API %s) name=%s data-dir=%s member-id=%016llx cluster-id=%016llx%s",
 	        KVD_VERSION, KVD_ETCD_VERSION, k->cfg.name, k->cfg.data_dir,
@@ -29256,6 +29687,8 @@ KVD_API void kvd_shutdown(struct kvd *k)
 
 KVD_API int kvd_poll(struct kvd *k, int timeout_ms)
 {
+	if (k->depth) /* not from inside a callback: see [§16.8] */
+		return KVD_EBUSY;
 	return loop_run(k, timeout_ms);
 }
 
@@ -29265,15 +29698,33 @@ KVD_API void kvd_set_log(struct kvd *k, kvd_log_fn *fn, void *arg)
 	k->log_arg = arg;
 }
 
-KVD_API void kvd_close(struct kvd *k)
+KVD_API int kvd_close(struct kvd *k)
 {
 	struct conn *c;
+	struct kvd_stream *s;
 	unsigned i;
 
 	if (!k)
-		return;
+		return 0;
+	if (k->depth) /* a callback may not close the instance it runs in: see [§16.8] */
+		return KVD_EBUSY;
+	k->closing = 1;
+	if (k->local) { /* their answers, or their end, inside kvd_close */
+		k->now = util_now_ms();
+		loop_log_flush(k);
+		call_local_flush(k);
+		for (s = k->local; s; s = s->next)
+			if (!s->call.finished) {
+				if (s->call.m && s->call.m->on_shutdown)
+					s->call.m->on_shutdown(k, &s->call);
+				call_finish(k, &s->call, GRPC_UNAVAILABLE, "etcdserver: server stopped");
+			}
+		loop_log_flush(k);
+		call_local_flush(k);
+	}
 	while ((c = k->conns)) {
 		k->conns = c->next;
+		loop_forget(k, c->fd);
 		close(c->fd);
 		net_conn_free(k, c);
 	}
@@ -29303,12 +29754,16 @@ KVD_API void kvd_close(struct kvd *k)
 	kvd_free(k, k->ls);
 	kvd_free(k, k->pfd);
 	kvd_free(k, k->slot);
+	kvd_free(k, k->ann);
+	kvd_free(k, k->caller);
 	util_free_list(k, k->client_urls, k->nclient_urls);
 	util_free_list(k, k->peer_urls, k->npeer_urls);
 	if (k->lock_fd >= 0)
 		close(k->lock_fd);
-	if (k->wake[0] >= 0)
+	if (k->wake[0] >= 0) {
+		loop_forget(k, k->wake[0]);
 		close(k->wake[0]);
+	}
 	if (k->wake[1] >= 0)
 		close(k->wake[1]);
 	if (k->sd_fd >= 0)
@@ -29320,6 +29775,657 @@ KVD_API void kvd_close(struct kvd *k)
 	(void)KVD_NEVER(k->mem); /* [§3.1] every byte kvd took went back (kvd_free, kvd_nfree): k->mem is exact */
 	util_log_close(k);
 	KVD_SYS_FREE(k);
+	return 0;
+}
+
+/* ---- the host's loop, and in-process calls ------------------------------- */
+
+KVD_API int kvd_pollfds(struct kvd *k, struct pollfd *fds, int cap, int *timeout_ms)
+{
+	int n;
+	int64_t wait;
+
+	if (k->depth) /* see [§16.8] */
+		return KVD_EBUSY;
+	loop_begin(k);
+	if (loop_stopped(k))
+		return KVD_ESTOPPED;
+	if ((n = loop_pollset(k)) < 0)
+		return n;
+	if (n <= cap && fds)
+		memcpy(fds, k->pfd, (size_t)n * sizeof *fds);
+	wait = k->next_timer == INT64_MAX ? -1 : KVD_MAX(k->next_timer - k->now, 0);
+	if (timeout_ms)
+		*timeout_ms = wait > INT_MAX ? INT_MAX : (int)wait;
+	return n;
+}
+
+KVD_API int kvd_process(struct kvd *k, const struct pollfd *fds, int n)
+{
+	int i;
+
+	if (k->depth)
+		return KVD_EBUSY;
+	k->now = util_now_ms();
+	/* the entries kvd_pollfds gave, in its order: else a stale set (its
+	 * revents are dropped; level-triggered readiness is told again) */
+	for (i = 0; fds && n == (int)k->npfd && i < n && fds[i].fd == k->pfd[i].fd; i++)
+		if (fds[i].revents)
+			loop_dispatch(k, k->slot[i].kind, k->slot[i].obj, fds[i].fd, fds[i].revents);
+	k->npfd = 0;
+	loop_flush(k);
+	loop_oom_retry(k);
+	return loop_stopped(k) ? KVD_ESTOPPED : 0;
+}
+
+KVD_API int kvd_set_loop(struct kvd *k, const struct kvd_loop *loop)
+{
+	if (!loop || !loop->io || !loop->timer || k->hl.io)
+		return KVD_EINVAL;
+	if (k->depth)
+		return KVD_EBUSY;
+	k->hl = *loop;
+	k->ann_at = INT64_MAX;
+	util_wake_by(k, k->now); /* a first turn: what is due, then the set */
+	loop_announce(k);
+	return 0;
+}
+
+KVD_API int kvd_io(struct kvd *k, int fd, unsigned revents)
+{
+	struct loop_ann *a;
+	short re = (short)((revents & KVD_IN ? POLLIN : 0) | (revents & KVD_OUT ? POLLOUT : 0) |
+	                   (revents & KVD_ERR ? POLLERR : 0));
+
+	if (k->depth)
+		return KVD_EBUSY;
+	if (!k->hl.io || fd < 0 || (size_t)fd >= k->anncap || !(a = &k->ann[fd])->ev)
+		return KVD_EINVAL; /* not one kvd asked for (or no longer) */
+	k->now = util_now_ms();
+	if (loop_dispatch(k, a->kind, a->obj, fd, re) && (k->hl.flags & KVD_LOOP_EDGE))
+		a->hot = 1;
+	util_wake_by(k, k->now); /* the flush, on the host's next turn: one group commit for all it brought */
+	loop_announce(k);
+	return 0;
+}
+
+KVD_API int kvd_timeout(struct kvd *k)
+{
+	if (k->depth)
+		return KVD_EBUSY;
+	if (!k->hl.io)
+		return KVD_EINVAL;
+	return loop_host_turn(k);
+}
+
+/* After an in-process entry: a host's loop hears of the work (a timeout of 0). */
+static void kvd_kick(struct kvd *k)
+{
+	util_wake_by(k, k->now);
+	loop_announce(k); /* inside a callback: the turn's end announces */
+}
+
+static int kvd_call_start(struct kvd *k, const char *method, const void *req, size_t len,
+                          const struct kvd_call_opts *o, kvd_reply_fn *fn, void *arg, struct kvd_stream **out)
+{
+	struct kvd_stream *s;
+
+	if (out)
+		*out = NULL;
+	if (!k || !method || !fn)
+		return KVD_EINVAL;
+	if (k->closing)
+		return KVD_EBUSY;
+	if (k->stopping)
+		return KVD_ESTOPPED;
+	if (!(s = call_local_new(k, method, o && o->user ? o->user : k->caller, o ? o->timeout_ms : 0, fn, arg)))
+		return KVD_ENOMEM;
+	s->flags = o ? o->flags : 0;
+	if (out)
+		*out = s;
+	if (s->call.m && (req || s->call.m->kind != GRPC_BIDI))
+		call_local_send(k, s, req, len);
+	if (s->call.m && s->call.m->kind != GRPC_BIDI)
+		call_local_half_close(k, s);
+	kvd_kick(k);
+	return 0;
+}
+
+KVD_API int kvd_call(struct kvd *k, const char *method, const void *req, size_t len, const struct kvd_call_opts *opts,
+                     kvd_reply_fn *fn, void *arg, struct kvd_stream **out)
+{
+	return kvd_call_start(k, method, req, len, opts, fn, arg, out);
+}
+
+/* A protobuf-c message, packed into kvd's memory: p (free it), n. */
+static int kvd_pack(struct kvd *k, const ProtobufCMessage *m, uint8_t **p, size_t *n)
+{
+	*n = protobuf_c_message_get_packed_size(m);
+	if (!(*p = kvd_malloc(k, *n ? *n : 1)))
+		return KVD_ENOMEM;
+	protobuf_c_message_pack(m, *p);
+	return 0;
+}
+
+KVD_API int kvd_call_msg(struct kvd *k, const char *method, const ProtobufCMessage *req,
+                         const struct kvd_call_opts *opts, kvd_reply_fn *fn, void *arg, struct kvd_stream **out)
+{
+	uint8_t *p = NULL;
+	size_t n = 0;
+	int r;
+
+	if (out)
+		*out = NULL;
+	if (!k)
+		return KVD_EINVAL;
+	if (req && kvd_pack(k, req, &p, &n))
+		return KVD_ENOMEM;
+	r = kvd_call_start(k, method, p, n, opts, fn, arg, out);
+	kvd_free(k, p);
+	return r;
+}
+
+KVD_API int kvd_stream_send(struct kvd_stream *s, const void *req, size_t len)
+{
+	if (!s || s->ended || s->cancelled || s->closed_send || s->call.finished || !s->call.m ||
+	    s->call.m->kind != GRPC_BIDI)
+		return KVD_EINVAL;
+	call_local_send(s->k, s, req, len);
+	kvd_kick(s->k);
+	return 0;
+}
+
+KVD_API int kvd_stream_send_msg(struct kvd_stream *s, const ProtobufCMessage *req)
+{
+	uint8_t *p;
+	size_t n;
+	int r;
+
+	if (!s || !req)
+		return KVD_EINVAL;
+	if (kvd_pack(s->k, req, &p, &n))
+		return KVD_ENOMEM;
+	r = kvd_stream_send(s, p, n);
+	kvd_free(s->k, p);
+	return r;
+}
+
+KVD_API int kvd_stream_close_send(struct kvd_stream *s)
+{
+	if (!s || s->ended || s->cancelled || s->closed_send)
+		return KVD_EINVAL;
+	call_local_half_close(s->k, s);
+	kvd_kick(s->k);
+	return 0;
+}
+
+KVD_API int kvd_stream_pause(struct kvd_stream *s, int paused)
+{
+	if (!s || s->ended)
+		return KVD_EINVAL;
+	s->paused = paused != 0;
+	if (!paused)
+		kvd_kick(s->k);
+	return 0;
+}
+
+KVD_API void kvd_stream_cancel(struct kvd_stream *s)
+{
+	if (!s || s->ended || s->cancelled)
+		return;
+	s->cancelled = 1; /* its messages dropped; its end on the next delivery (see [§16.7]) */
+	s->paused = 0;
+	kvd_kick(s->k);
+}
+
+KVD_API int kvd_set_caller(struct kvd *k, const char *user)
+{
+	char *u = NULL;
+
+	if (user && !(u = kvd_strdup(k, user)))
+		return KVD_ENOMEM;
+	kvd_free(k, k->caller);
+	k->caller = u;
+	return 0;
+}
+
+/* ---- the common calls, typed ----------------------------------------------- */
+
+/*
+ * kvd.h's typed calls are kvd_call with a request built here and an
+ * adapter as its callback (kvd_typed_reply, kvd_watch_reply): one path
+ * inside.  The adapter reads the decoded response (KVD_CALL_DECODE) into a
+ * struct kvd_result or kvd_events of pointers into it, for the host's
+ * callback (rfn or wfn on the stream), then clears that callback: the host
+ * hears once, however the call ends.
+ */
+
+static void kvd_kv_of(struct kvd_kv *o, const Mvccpb__KeyValue *kv)
+{
+	o->key = kv->key.data;
+	o->key_len = kv->key.len;
+	o->value = kv->value.data;
+	o->value_len = kv->value.len;
+	o->create_revision = kv->create_revision;
+	o->mod_revision = kv->mod_revision;
+	o->version = kv->version;
+	o->lease = kv->lease;
+}
+
+/* The kvs of a response, as kvd_kv entries in kvd's memory (free them);
+ * KVD_ENOMEM. */
+static int kvd_kvs_of(struct kvd *k, Mvccpb__KeyValue *const *kvs, size_t n, struct kvd_kv **out)
+{
+	size_t i;
+
+	*out = NULL;
+	if (!n)
+		return 0;
+	if (n > SIZE_MAX / sizeof **out || !(*out = kvd_malloc(k, n * sizeof **out)))
+		return KVD_ENOMEM;
+	for (i = 0; i < n; i++)
+		kvd_kv_of(&(*out)[i], kvs[i]);
+	return 0;
+}
+
+/* A typed call's answer: the response read into a kvd_result, once. */
+static int kvd_typed_reply(void *arg, const struct kvd_reply *rp)
+{
+	struct kvd_stream *s = rp->stream;
+	struct kvd *k = s->k;
+	struct kvd_result r;
+	struct kvd_kv *kvs = NULL, one;
+	kvd_result_fn *fn = s->rfn;
+	const ProtobufCMessage *m = rp->msg;
+	const char *path = s->call.m ? s->call.m->path : "";
+	int oom = 0;
+	(void)arg;
+
+	if (!fn)
+		return 0;
+	memset(&r, 0, sizeof r);
+	r.text = "";
+	if (rp->last) {
+		if (s->terr) { /* the snapshot's fd refused a write */
+			r.code = GRPC_UNKNOWN;
+			r.text = strerror(s->terr);
+		} else {
+			r.code = rp->code ? rp->code : GRPC_UNKNOWN;
+			r.text = rp->code ? rp->text : "kvd: the call ended without an answer";
+		}
+		if (!rp->code && s->fd >= 0 && !s->terr) /* a whole snapshot */
+			r.code = 0, r.text = "", r.revision = s->trev;
+		s->rfn = NULL;
+		fn(s->uarg, &r);
+		return 0;
+	}
+	if (!m)
+		return 0;
+	if (s->fd >= 0) { /* Snapshot: each blob to the host's fd */
+		const Etcdserverpb__SnapshotResponse *sr = (const void *)m;
+		const uint8_t *p = sr->blob.data;
+		size_t left = sr->blob.len;
+		if (sr->header)
+			s->trev = sr->header->revision;
+		while (left && !s->terr) {
+			ssize_t w = write(s->fd, p, left);
+			if (w > 0) {
+				p += w;
+				left -= (size_t)w;
+			} else if (w < 0 && errno != EINTR) {
+				s->terr = errno;
+			}
+		}
+		if (s->terr)
+			kvd_stream_cancel(s);
+		return 0;
+	}
+	if (!strcmp(path, "/etcdserverpb.KV/Range")) {
+		const Etcdserverpb__RangeResponse *x = (const void *)m;
+		r.revision = x->header ? x->header->revision : 0;
+		oom = kvd_kvs_of(k, x->kvs, x->n_kvs, &kvs);
+		r.kvs = kvs;
+		r.count = x->n_kvs;
+		r.total = x->count;
+		r.more = x->more;
+	} else if (!strcmp(path, "/etcdserverpb.KV/Put")) {
+		const Etcdserverpb__PutResponse *x = (const void *)m;
+		r.revision = x->header ? x->header->revision : 0;
+		if (x->prev_kv) {
+			kvd_kv_of(&one, x->prev_kv);
+			r.kvs = &one;
+			r.count = 1;
+		}
+	} else if (!strcmp(path, "/etcdserverpb.KV/DeleteRange")) {
+		const Etcdserverpb__DeleteRangeResponse *x = (const void *)m;
+		r.revision = x->header ? x->header->revision : 0;
+		oom = kvd_kvs_of(k, x->prev_kvs, x->n_prev_kvs, &kvs);
+		r.kvs = kvs;
+		r.count = x->n_prev_kvs;
+		r.total = x->deleted;
+	} else if (!strcmp(path, "/etcdserverpb.KV/Txn")) {
+		const Etcdserverpb__TxnResponse *x = (const void *)m;
+		r.revision = x->header ? x->header->revision : 0;
+		r.succeeded = x->succeeded;
+		if (!x->succeeded && x->n_responses == 1 &&
+		    x->responses[0]->response_case == ETCDSERVERPB__RESPONSE_OP__RESPONSE_RESPONSE_RANGE) {
+			const Etcdserverpb__RangeResponse *g = x->responses[0]->response_range;
+			oom = kvd_kvs_of(k, g->kvs, g->n_kvs, &kvs);
+			r.kvs = kvs;
+			r.count = g->n_kvs;
+		}
+	} else if (!strcmp(path, "/etcdserverpb.Lease/LeaseGrant")) {
+		const Etcdserverpb__LeaseGrantResponse *x = (const void *)m;
+		r.revision = x->header ? x->header->revision : 0;
+		r.lease = x->id;
+		r.ttl = x->ttl;
+	} else if (!strcmp(path, "/etcdserverpb.Lease/LeaseKeepAlive")) {
+		const Etcdserverpb__LeaseKeepAliveResponse *x = (const void *)m;
+		r.revision = x->header ? x->header->revision : 0;
+		r.lease = x->id;
+		r.ttl = x->ttl;
+	} else if (!strcmp(path, "/etcdserverpb.Lease/LeaseRevoke")) {
+		const Etcdserverpb__LeaseRevokeResponse *x = (const void *)m;
+		r.revision = x->header ? x->header->revision : 0;
+	}
+	if (oom) {
+		r.code = GRPC_RESOURCE_EXHAUSTED;
+		r.text = E_OOM;
+		r.count = 0;
+	}
+	s->rfn = NULL;
+	fn(s->uarg, &r);
+	kvd_free(k, kvs);
+	return 0;
+}
+
+/* A typed call: req to method, its answer to fn once. */
+static int kvd_typed(struct kvd *k, const char *method, const ProtobufCMessage *req, int bidi, kvd_result_fn *fn,
+                     void *arg, int fd)
+{
+	struct kvd_call_opts o;
+	struct kvd_stream *s;
+	int r;
+
+	if (!fn)
+		return KVD_EINVAL;
+	memset(&o, 0, sizeof o);
+	o.flags = KVD_CALL_DECODE;
+	if ((r = kvd_call_msg(k, method, req, &o, kvd_typed_reply, NULL, &s)))
+		return r;
+	s->rfn = fn;
+	s->uarg = arg;
+	s->fd = fd;
+	if (bidi) /* LeaseKeepAlive: one request, then the half-close */
+		kvd_stream_close_send(s);
+	return 0;
+}
+
+static ProtobufCBinaryData kvd_bin(const void *p, size_t n)
+{
+	ProtobufCBinaryData b;
+
+	b.data = (uint8_t *)(uintptr_t)p;
+	b.len = n;
+	return b;
+}
+
+KVD_API int kvd_get(struct kvd *k, const void *key, size_t klen, int64_t rev, kvd_result_fn *fn, void *arg)
+{
+	Etcdserverpb__RangeRequest rq = ETCDSERVERPB__RANGE_REQUEST__INIT;
+
+	rq.key = kvd_bin(key, klen);
+	rq.revision = rev;
+	return kvd_typed(k, "/etcdserverpb.KV/Range", &rq.base, 0, fn, arg, -1);
+}
+
+/* The end of the range of every key that starts with p: p with its last
+ * byte below 0xff raised, the rest cut ("\0": every key) -- etcd's
+ * GetPrefixRangeEnd.  out has room for n bytes; returns its length. */
+static size_t kvd_prefix_end(const uint8_t *p, size_t n, uint8_t *out)
+{
+	while (n && p[n - 1] == 0xff)
+		n--;
+	if (!n) {
+		out[0] = 0;
+		return 1;
+	}
+	memcpy(out, p, n);
+	out[n - 1]++;
+	return n;
+}
+
+KVD_API int kvd_get_prefix(struct kvd *k, const void *prefix, size_t plen, int64_t rev, int64_t limit,
+                           kvd_result_fn *fn, void *arg)
+{
+	Etcdserverpb__RangeRequest rq = ETCDSERVERPB__RANGE_REQUEST__INIT;
+	uint8_t *end = kvd_malloc(k, plen + 1);
+	int r;
+
+	if (!end)
+		return KVD_ENOMEM;
+	rq.key = plen ? kvd_bin(prefix, plen) : kvd_bin("", 1); /* "\0" to "\0": every key */
+	rq.range_end = kvd_bin(end, kvd_prefix_end(prefix, plen, end));
+	rq.revision = rev;
+	rq.limit = limit;
+	r = kvd_typed(k, "/etcdserverpb.KV/Range", &rq.base, 0, fn, arg, -1);
+	kvd_free(k, end);
+	return r;
+}
+
+KVD_API int kvd_put(struct kvd *k, const void *key, size_t klen, const void *val, size_t vlen, int64_t lease,
+                    kvd_result_fn *fn, void *arg)
+{
+	Etcdserverpb__PutRequest rq = ETCDSERVERPB__PUT_REQUEST__INIT;
+
+	rq.key = kvd_bin(key, klen);
+	rq.value = kvd_bin(val, vlen);
+	rq.lease = lease;
+	rq.prev_kv = 1;
+	return kvd_typed(k, "/etcdserverpb.KV/Put", &rq.base, 0, fn, arg, -1);
+}
+
+KVD_API int kvd_delete(struct kvd *k, const void *key, size_t klen, kvd_result_fn *fn, void *arg)
+{
+	Etcdserverpb__DeleteRangeRequest rq = ETCDSERVERPB__DELETE_RANGE_REQUEST__INIT;
+
+	rq.key = kvd_bin(key, klen);
+	rq.prev_kv = 1;
+	return kvd_typed(k, "/etcdserverpb.KV/DeleteRange", &rq.base, 0, fn, arg, -1);
+}
+
+KVD_API int kvd_cas(struct kvd *k, const void *key, size_t klen, int64_t mod_revision, const void *val, size_t vlen,
+                    kvd_result_fn *fn, void *arg)
+{
+	Etcdserverpb__TxnRequest t = ETCDSERVERPB__TXN_REQUEST__INIT;
+	Etcdserverpb__Compare cmp = ETCDSERVERPB__COMPARE__INIT, *cmps[1] = {&cmp};
+	Etcdserverpb__RequestOp yes = ETCDSERVERPB__REQUEST_OP__INIT, no = ETCDSERVERPB__REQUEST_OP__INIT;
+	Etcdserverpb__RequestOp *ys[1] = {&yes}, *ns[1] = {&no};
+	Etcdserverpb__PutRequest p = ETCDSERVERPB__PUT_REQUEST__INIT;
+	Etcdserverpb__RangeRequest g = ETCDSERVERPB__RANGE_REQUEST__INIT;
+
+	cmp.key = kvd_bin(key, klen);
+	cmp.result = ETCDSERVERPB__COMPARE__COMPARE_RESULT__EQUAL;
+	cmp.target = ETCDSERVERPB__COMPARE__COMPARE_TARGET__MOD;
+	cmp.target_union_case = ETCDSERVERPB__COMPARE__TARGET_UNION_MOD_REVISION;
+	cmp.mod_revision = mod_revision;
+	p.key = cmp.key;
+	p.value = kvd_bin(val, vlen);
+	yes.request_case = ETCDSERVERPB__REQUEST_OP__REQUEST_REQUEST_PUT;
+	yes.request_put = &p;
+	g.key = cmp.key;
+	no.request_case = ETCDSERVERPB__REQUEST_OP__REQUEST_REQUEST_RANGE;
+	no.request_range = &g;
+	t.compare = cmps;
+	t.n_compare = 1;
+	t.success = ys;
+	t.n_success = 1;
+	t.failure = ns;
+	t.n_failure = 1;
+	return kvd_typed(k, "/etcdserverpb.KV/Txn", &t.base, 0, fn, arg, -1);
+}
+
+KVD_API int kvd_lease_grant(struct kvd *k, int64_t ttl, int64_t id, kvd_result_fn *fn, void *arg)
+{
+	Etcdserverpb__LeaseGrantRequest rq = ETCDSERVERPB__LEASE_GRANT_REQUEST__INIT;
+
+	rq.ttl = ttl;
+	rq.id = id;
+	return kvd_typed(k, "/etcdserverpb.Lease/LeaseGrant", &rq.base, 0, fn, arg, -1);
+}
+
+KVD_API int kvd_lease_keepalive(struct kvd *k, int64_t id, kvd_result_fn *fn, void *arg)
+{
+	Etcdserverpb__LeaseKeepAliveRequest rq = ETCDSERVERPB__LEASE_KEEP_ALIVE_REQUEST__INIT;
+
+	rq.id = id;
+	return kvd_typed(k, "/etcdserverpb.Lease/LeaseKeepAlive", &rq.base, 1, fn, arg, -1);
+}
+
+KVD_API int kvd_lease_revoke(struct kvd *k, int64_t id, kvd_result_fn *fn, void *arg)
+{
+	Etcdserverpb__LeaseRevokeRequest rq = ETCDSERVERPB__LEASE_REVOKE_REQUEST__INIT;
+
+	rq.id = id;
+	return kvd_typed(k, "/etcdserverpb.Lease/LeaseRevoke", &rq.base, 0, fn, arg, -1);
+}
+
+KVD_API int kvd_snapshot(struct kvd *k, int fd, kvd_result_fn *fn, void *arg)
+{
+	Etcdserverpb__SnapshotRequest rq = ETCDSERVERPB__SNAPSHOT_REQUEST__INIT;
+
+	if (fd < 0)
+		return KVD_EINVAL;
+	return kvd_typed(k, "/etcdserverpb.Maintenance/Snapshot", &rq.base, 0, fn, arg, fd);
+}
+
+/* A watch's responses, as kvd_events: the creation swallowed, events and
+ * progress passed on, a cancel (refused, compacted) as its end. */
+static int kvd_watch_reply(void *arg, const struct kvd_reply *rp)
+{
+	struct kvd_stream *s = rp->stream;
+	struct kvd *k = s->k;
+	kvd_watch_fn *fn = s->wfn;
+	const Etcdserverpb__WatchResponse *x = (const void *)rp->msg;
+	struct kvd_events e;
+	struct kvd_event *ev = NULL;
+	struct kvd_kv *prev = NULL;
+	size_t i, np = 0;
+	int r;
+	(void)arg;
+
+	if (!fn)
+		return 0;
+	memset(&e, 0, sizeof e);
+	e.text = "";
+	if (rp->last) {
+		e.last = 1;
+		e.code = rp->code;
+		e.text = rp->text;
+		s->wfn = NULL;
+		fn(s->uarg, &e);
+		return 0;
+	}
+	if (!x)
+		return 0;
+	e.revision = x->header ? x->header->revision : 0;
+	if (x->canceled) { /* refused or compacted: the watch's end */
+		e.last = 1;
+		e.compact_revision = x->compact_revision;
+		e.code = x->compact_revision ? GRPC_OK : GRPC_FAILED_PRECONDITION;
+		e.text = x->cancel_reason ? x->cancel_reason : "";
+		s->wfn = NULL;
+		fn(s->uarg, &e);
+		kvd_stream_cancel(s);
+		return 0;
+	}
+	if (x->created && !x->n_events)
+		return 0;
+	if (x->n_events) {
+		for (i = 0; i < x->n_events; i++)
+			np += x->events[i]->prev_kv != NULL;
+		ev = kvd_malloc(k, x->n_events * sizeof *ev); /* bounded by what was packed */
+		prev = np ? kvd_malloc(k, np * sizeof *prev) : NULL;
+		if (!ev || (np && !prev)) { /* the events cannot be shown: the watch ends, never skips */
+			kvd_free(k, ev);
+			kvd_free(k, prev);
+			e.last = 1;
+			e.code = GRPC_RESOURCE_EXHAUSTED;
+			e.text = E_OOM;
+			s->wfn = NULL;
+			fn(s->uarg, &e);
+			kvd_stream_cancel(s);
+			return 0;
+		}
+		for (i = np = 0; i < x->n_events; i++) {
+			const Mvccpb__Event *v = x->events[i];
+			ev[i].type = v->type == MVCCPB__EVENT__EVENT_TYPE__DELETE ? KVD_EVENT_DELETE : KVD_EVENT_PUT;
+			if (v->kv)
+				kvd_kv_of(&ev[i].kv, v->kv);
+			if (v->prev_kv) {
+				kvd_kv_of(&prev[np], v->prev_kv);
+				ev[i].prev = &prev[np++];
+			}
+		}
+	} else {
+		e.progress = 1;
+	}
+	e.ev = ev;
+	e.count = x->n_events;
+	r = fn(s->uarg, &e);
+	kvd_free(k, ev);
+	kvd_free(k, prev);
+	return r;
+}
+
+KVD_API int kvd_watch(struct kvd *k, const void *key, size_t klen, int64_t start_rev, unsigned flags,
+                      kvd_watch_fn *fn, void *arg, struct kvd_stream **out)
+{
+	Etcdserverpb__WatchRequest rq = ETCDSERVERPB__WATCH_REQUEST__INIT;
+	Etcdserverpb__WatchCreateRequest c = ETCDSERVERPB__WATCH_CREATE_REQUEST__INIT;
+	struct kvd_call_opts o;
+	struct kvd_stream *s;
+	uint8_t *end = NULL;
+	int r;
+
+	if (out)
+		*out = NULL;
+	if (!fn || !k)
+		return KVD_EINVAL;
+	c.key = klen || !(flags & KVD_WATCH_PREFIX) ? kvd_bin(key, klen) : kvd_bin("", 1);
+	if (flags & KVD_WATCH_PREFIX) {
+		if (!(end = kvd_malloc(k, klen + 1)))
+			return KVD_ENOMEM;
+		c.range_end = kvd_bin(end, kvd_prefix_end(key, klen, end));
+	}
+	c.start_revision = start_rev;
+	c.prev_kv = (flags & KVD_WATCH_PREV_KV) != 0;
+	c.progress_notify = (flags & KVD_WATCH_PROGRESS) != 0;
+	rq.request_union_case = ETCDSERVERPB__WATCH_REQUEST__REQUEST_UNION_CREATE_REQUEST;
+	rq.create_request = &c;
+	memset(&o, 0, sizeof o);
+	o.flags = KVD_CALL_DECODE;
+	r = kvd_call_msg(k, "/etcdserverpb.Watch/Watch", &rq.base, &o, kvd_watch_reply, NULL, &s);
+	kvd_free(k, end);
+	if (r)
+		return r;
+	s->wfn = fn;
+	s->uarg = arg;
+	if (out)
+		*out = s;
+	return 0;
+}
+
+KVD_API int kvd_watch_progress(struct kvd_stream *s)
+{
+	Etcdserverpb__WatchRequest rq = ETCDSERVERPB__WATCH_REQUEST__INIT;
+	Etcdserverpb__WatchProgressRequest p = ETCDSERVERPB__WATCH_PROGRESS_REQUEST__INIT;
+
+	if (!s || !s->wfn)
+		return KVD_EINVAL;
+	rq.request_union_case = ETCDSERVERPB__WATCH_REQUEST__REQUEST_UNION_PROGRESS_REQUEST;
+	rq.progress_request = &p;
+	return kvd_stream_send_msg(s, &rq.base);
 }
 
 /* The signal handlers' only state: the instance kvd_main runs. */
@@ -29429,6 +30535,10 @@ KVD_RESIDENT KVD_API int kvd_main(int argc, char **argv)
 		return KVD_EXIT_OK;
 	if (!r && cfg.config_file && cfg.config_file[0]) /* as etcd: the file, and nothing else */
 		r = cfg_read_file(&cfg, &yaml, err, sizeof err);
+	if (!r && (!cfg.listen_client_urls || !cfg.listen_client_urls[0])) { /* none: an embedder's choice only */
+		snprintf(err, sizeof err, "--listen-client-urls names no URL");
+		r = KVD_EINVAL;
+	}
 	if (r) {
 		fprintf(stderr, "kvd: %s\n", err);
 		KVD_SYS_FREE(yaml);

@@ -183,8 +183,238 @@ KVD_API void kvd_shutdown(struct kvd *k);
 /* Re-read the confd key file (what SIGHUP does in kvd_main); async-signal-safe. */
 KVD_API void kvd_reload(struct kvd *k);
 
-/* Release everything; NULL is accepted. */
-KVD_API void kvd_close(struct kvd *k);
+/*
+ * Release everything; NULL is accepted.  In-process calls still open end
+ * here, each with its last callback (UNAVAILABLE "etcdserver: server
+ * stopped", or the answer it already had), run inside kvd_close; in a
+ * registered loop every descriptor is announced gone (io(fd, 0)) before
+ * it is closed.  From inside a kvd callback it closes nothing and returns
+ * KVD_EBUSY; otherwise 0.
+ */
+KVD_API int kvd_close(struct kvd *k);
+
+/*
+ * ---- Driving kvd from the host's event loop ----
+ *
+ * kvd_poll is one driver; a host with its own loop uses one of two others,
+ * never two at once.  kvd needs: some descriptors watched (its listeners,
+ * connections, confd sockets and one wake-up pipe, which is always there,
+ * even with no listener), one timer, and to be called when either fires.
+ * Readiness is level-triggered unless the host says KVD_LOOP_EDGE.  Work
+ * kvd was given (a readable socket, an in-process call) is finished on a
+ * later turn, so that one group commit (one fdatasync) covers everything a
+ * turn of the host's loop brought: kvd asks for that turn with a timeout
+ * of 0.  kvd never busy-loops a level-triggered host: it asks for KVD_OUT
+ * only while it has output queued, drops KVD_IN while it will not read
+ * (output backed up, a paused listener), and asks for a timeout of 0 only
+ * with work pending.
+ *
+ * Pull, as poll(2) hosts do: each turn kvd_pollfds fills fds[0..n) (n is
+ * returned; when n > cap call again with more room: nothing was filled)
+ * and the ms until kvd must run again (-1: only when a descriptor fires);
+ * the host polls them with its own, then hands the same entries, revents
+ * set, to kvd_process.  kvd_pollfds first runs what is due (timers, the
+ * group commit, callbacks).  Both return 0, KVD_ESTOPPED once a graceful
+ * shutdown has finished, or KVD_EBUSY from inside a kvd callback.
+ */
+#define KVD_IN 1u  /* readable (host -> kvd), or watch for it (kvd -> host) */
+#define KVD_OUT 2u /* writable, or watch for it */
+#define KVD_ERR 4u /* host -> kvd: an error or hang-up (POLLERR, POLLHUP, EPOLLRDHUP) */
+struct pollfd;
+KVD_API int kvd_pollfds(struct kvd *k, struct pollfd *fds, int cap, int *timeout_ms);
+KVD_API int kvd_process(struct kvd *k, const struct pollfd *fds, int n);
+
+/*
+ * Registration, as libev, libuv, sd-event and uloop hosts do: kvd tells
+ * the host what to watch through two callbacks, and the host reports what
+ * fired.  io(host, fd, events, slot): watch fd for events (KVD_IN|KVD_OUT;
+ * a later call for the same fd changes them); events 0: stop watching it
+ * -- kvd says so before it closes fd, and the host should then drop what
+ * it keeps for it.  *slot is the host's own pointer for fd (NULL at first,
+ * kept by kvd until events 0), e.g. its watcher.  io returns 0, or
+ * nonzero if it could not: kvd closes that connection (a listener or
+ * socket of kvd's own is tried again 100 ms later).  timer(host, ms): call
+ * kvd_timeout in ms milliseconds (on the monotonic clock; 0: at the next
+ * turn; -1: no timer), replacing the previous one; a timer that fired
+ * is spent (kvd asks again if it needs one); early or late is harmless.  io and timer must not call kvd.  kvd calls them only from
+ * inside kvd_set_loop, kvd_io, kvd_timeout, kvd_call and the other
+ * in-process entries, and kvd_close.  kvd_io: fd became ready (KVD_IN,
+ * KVD_OUT, KVD_ERR); kvd_timeout: the timer fired.  Both return as
+ * kvd_process does.  With KVD_LOOP_EDGE kvd reads each readable descriptor
+ * until the kernel says it is empty, over as many turns as it takes.
+ */
+#define KVD_LOOP_EDGE 1u
+struct kvd_loop {
+	void *host;     /* handed back to io and timer */
+	unsigned flags; /* KVD_LOOP_EDGE: the host's readiness is edge-triggered */
+	int (*io)(void *host, int fd, unsigned events, void **slot);
+	void (*timer)(void *host, long ms);
+};
+/* Set once, after kvd_open, before any other call; the struct is copied. */
+KVD_API int kvd_set_loop(struct kvd *k, const struct kvd_loop *loop);
+KVD_API int kvd_io(struct kvd *k, int fd, unsigned revents);
+KVD_API int kvd_timeout(struct kvd *k);
+
+/*
+ * ---- In-process calls: every RPC, without a socket ----
+ *
+ * kvd_call runs one RPC of etcd's API (method as gRPC names it:
+ * "/etcdserverpb.KV/Range") through the same handlers, permission checks,
+ * group commit, error codes and texts as a call over gRPC.  req is one
+ * request message, protobuf-encoded (NULL, 0: an empty message; for a
+ * bidi stream -- Watch, LeaseKeepAlive -- NULL sends nothing yet); it is
+ * copied.  Answers come to fn, never from inside kvd_call: once per
+ * response message, then once with last set, the call's gRPC code (0: OK)
+ * and etcd's text.  A write's answer comes after the fdatasync that made
+ * it durable (with --unsafe-no-fsync: after it was written).  A host that
+ * does not turn its loop gets no callbacks.
+ *
+ * The call acts as opts->user, or the instance's caller (kvd_set_caller),
+ * else as root: with auth on, that user's permissions are checked, as for
+ * a client certificate naming it; an unknown user is refused as etcd
+ * refuses one.  opts->timeout_ms > 0 ends the call DEADLINE_EXCEEDED after
+ * that long.  KVD_CALL_DECODE: kvd also hands each response decoded, as
+ * the method's protobuf-c message (reply->msg; protobuf-c's headers and
+ * the proto/ directory's .pb-c.h files name the types).
+ *
+ * Lifetimes: everything a kvd_reply points to is kvd's and lives until fn
+ * returns; copy what you keep.  The stream handle (*out, may be NULL) is
+ * valid from kvd_call's return until the callback with last set returns.
+ * fn may call kvd again: start calls, send on or cancel any stream
+ * (its own too), kvd_shutdown; kvd_poll, kvd_process, kvd_io, kvd_timeout
+ * and kvd_close return KVD_EBUSY there.  fn returns 0, or KVD_PAUSE to get
+ * no more messages of this stream until kvd_stream_pause(s, 0) (a paused
+ * watch catches up from the log later, as a slow network watcher does).
+ * fn runs inside kvd's turn: a slow fn delays every client.
+ *
+ * kvd_call returns 0 (fn will be called, exactly once with last set), or a
+ * negative code and fn is never called: KVD_EINVAL (no fn or method),
+ * KVD_ENOMEM, KVD_ESTOPPED (shutting down), KVD_EBUSY (inside kvd_close).
+ * An unknown method is not an error here: its last callback says
+ * UNIMPLEMENTED, as gRPC does.
+ */
+#define KVD_PAUSE 1        /* fn's return: hold this stream's messages */
+#define KVD_CALL_DECODE 1u /* kvd_call_opts.flags: reply->msg too */
+struct kvd_stream;
+struct ProtobufCMessage;
+struct kvd_call_opts {
+	const char *user;   /* act as this user (NULL: the instance's caller; "" is nobody) */
+	long timeout_ms;    /* > 0: DEADLINE_EXCEEDED after this long */
+	unsigned flags;     /* KVD_CALL_DECODE */
+};
+struct kvd_reply {
+	struct kvd_stream *stream;
+	const void *data; /* one response message, encoded (NULL on the last callback) */
+	size_t len;
+	const struct ProtobufCMessage *msg; /* the same, decoded (KVD_CALL_DECODE), else NULL */
+	int last;         /* 1: the call ended; code and text say how */
+	int code;         /* gRPC status code: 0 OK, 1 CANCELLED, 4 DEADLINE_EXCEEDED, ... */
+	const char *text; /* etcd's text ("" for OK) */
+};
+typedef int kvd_reply_fn(void *arg, const struct kvd_reply *reply);
+KVD_API int kvd_call(struct kvd *k, const char *method, const void *req, size_t len, const struct kvd_call_opts *opts,
+                     kvd_reply_fn *fn, void *arg, struct kvd_stream **out);
+/* The same with a protobuf-c request message, which kvd encodes. */
+KVD_API int kvd_call_msg(struct kvd *k, const char *method, const struct ProtobufCMessage *req,
+                         const struct kvd_call_opts *opts, kvd_reply_fn *fn, void *arg, struct kvd_stream **out);
+/* One more request on a bidi stream (Watch: a WatchRequest; LeaseKeepAlive:
+ * a LeaseKeepAliveRequest); 0, or KVD_EINVAL once the stream ended. */
+KVD_API int kvd_stream_send(struct kvd_stream *s, const void *req, size_t len);
+KVD_API int kvd_stream_send_msg(struct kvd_stream *s, const struct ProtobufCMessage *req);
+/* Nothing more will be sent (gRPC's half-close); 0 or KVD_EINVAL. */
+KVD_API int kvd_stream_close_send(struct kvd_stream *s);
+/* Hold (1) or resume (0) this stream's messages; 0 or KVD_EINVAL. */
+KVD_API int kvd_stream_pause(struct kvd_stream *s, int paused);
+/* End the call: no message after this returns, then its last callback
+ * (CANCELLED "context canceled" unless it had ended already). */
+KVD_API void kvd_stream_cancel(struct kvd_stream *s);
+/* Who in-process calls act as when their opts name nobody (NULL: root);
+ * copied.  0 or KVD_ENOMEM. */
+KVD_API int kvd_set_caller(struct kvd *k, const char *user);
+
+/*
+ * ---- The common calls, typed ----
+ *
+ * Built on kvd_call (the same path inside): each sends one request as the
+ * instance's caller and calls fn once with the result, whose pointers live
+ * until fn returns.  Each returns as kvd_call does.
+ */
+struct kvd_kv {
+	const void *key, *value;
+	size_t key_len, value_len;
+	int64_t create_revision, mod_revision, version, lease;
+};
+struct kvd_result {
+	int code;                 /* gRPC code, 0: OK */
+	const char *text;         /* etcd's text ("" for OK) */
+	int64_t revision;         /* the store's revision the answer saw */
+	const struct kvd_kv *kvs; /* get: the keys; put, delete: the previous ones;
+	                             cas: the key as it is when the compare failed */
+	size_t count;             /* entries in kvs */
+	int64_t total;            /* get: keys in the range; delete: keys deleted */
+	int more;                 /* get: more keys than limit */
+	int succeeded;            /* cas: 1 when it wrote */
+	int64_t lease, ttl;       /* lease calls: the id and its TTL (keep-alive: 0, the lease is gone) */
+};
+typedef void kvd_result_fn(void *arg, const struct kvd_result *r);
+/* One key (rev 0: the newest revision). */
+KVD_API int kvd_get(struct kvd *k, const void *key, size_t klen, int64_t rev, kvd_result_fn *fn, void *arg);
+/* Every key that starts with prefix (plen 0: every key), at most limit (0: all). */
+KVD_API int kvd_get_prefix(struct kvd *k, const void *prefix, size_t plen, int64_t rev, int64_t limit,
+                           kvd_result_fn *fn, void *arg);
+/* Put (lease 0: none); the previous key comes back in kvs. */
+KVD_API int kvd_put(struct kvd *k, const void *key, size_t klen, const void *val, size_t vlen, int64_t lease,
+                    kvd_result_fn *fn, void *arg);
+/* Delete one key; the deleted key comes back in kvs, total says 0 or 1. */
+KVD_API int kvd_delete(struct kvd *k, const void *key, size_t klen, kvd_result_fn *fn, void *arg);
+/* Compare and swap: put val if the key's mod_revision is mod_revision
+ * (0: if the key does not exist), as one Txn; succeeded says which. */
+KVD_API int kvd_cas(struct kvd *k, const void *key, size_t klen, int64_t mod_revision, const void *val, size_t vlen,
+                    kvd_result_fn *fn, void *arg);
+/* Leases: grant (id 0: kvd picks one), one keep-alive, revoke. */
+KVD_API int kvd_lease_grant(struct kvd *k, int64_t ttl, int64_t id, kvd_result_fn *fn, void *arg);
+KVD_API int kvd_lease_keepalive(struct kvd *k, int64_t id, kvd_result_fn *fn, void *arg);
+KVD_API int kvd_lease_revoke(struct kvd *k, int64_t id, kvd_result_fn *fn, void *arg);
+
+/*
+ * Watch key (KVD_WATCH_PREFIX: every key that starts with it) from
+ * start_rev (0: changes after now).  fn gets one call per batch of events
+ * -- whole revisions, in order, each event once -- and progress
+ * notifications (count 0, progress 1), then one call with last set: the
+ * watch was cancelled (kvd_stream_cancel), compacted (code 0,
+ * compact_revision set: start_rev is gone), refused, or kvd stopped.  fn
+ * returns 0 or KVD_PAUSE, as a kvd_reply_fn.
+ */
+#define KVD_WATCH_PREFIX 1u   /* every key with this prefix */
+#define KVD_WATCH_PREV_KV 2u  /* events carry the key as it was before */
+#define KVD_WATCH_PROGRESS 4u /* progress notifications (--experimental-watch-progress-notify-interval) */
+#define KVD_EVENT_PUT 0
+#define KVD_EVENT_DELETE 1
+struct kvd_event {
+	int type;                  /* KVD_EVENT_PUT or KVD_EVENT_DELETE */
+	struct kvd_kv kv;          /* a delete: key and mod_revision only */
+	const struct kvd_kv *prev; /* KVD_WATCH_PREV_KV: the key before, or NULL */
+};
+struct kvd_events {
+	const struct kvd_event *ev;
+	size_t count;
+	int64_t revision;         /* the store's revision when the batch was sent */
+	int progress;             /* a progress notification: every event up to revision was sent */
+	int64_t compact_revision; /* the watch was cancelled: its start was compacted */
+	int last;                 /* 1: the watch ended; code and text say why */
+	int code;
+	const char *text;
+};
+typedef int kvd_watch_fn(void *arg, const struct kvd_events *e);
+KVD_API int kvd_watch(struct kvd *k, const void *key, size_t klen, int64_t start_rev, unsigned flags,
+                      kvd_watch_fn *fn, void *arg, struct kvd_stream **out);
+/* Ask a watch for a progress notification now; 0 or KVD_EINVAL. */
+KVD_API int kvd_watch_progress(struct kvd_stream *s);
+
+/* An etcd snapshot (bbolt, SHA-256 trailer) written to fd as it streams;
+ * fn gets its revision, or the error.  fd is the host's: kvd writes to it
+ * (blocking writes on a blocking fd) and never closes it. */
+KVD_API int kvd_snapshot(struct kvd *k, int fd, kvd_result_fn *fn, void *arg);
 
 /* Send log lines to fn instead of stderr (fn NULL restores stderr). */
 typedef void kvd_log_fn(void *arg, int level, const char *line);

@@ -7554,6 +7554,346 @@ static void test_long_life(void)
 
 /* ---- runner ------------------------------------------------------------- */
 
+/* ---- in-process calls and the host's loop (kvd.h) ---------------------- */
+
+/* An instance for the host's API: its own data dir, no listener unless url. */
+static struct kvd *t_host_kvd(const char *url)
+{
+	struct kvd_config cfg;
+	struct kvd *k;
+	char data[160], err[KVD_ERRLEN];
+
+	snprintf(data, sizeof data, "%s/data", t_tmpdir());
+	kvd_config_init(&cfg);
+	cfg.data_dir = data;
+	cfg.listen_client_urls = url ? url : "";
+	cfg.log_outputs = "stderr";
+	cfg.log_level = KVD_LOG_ERROR;
+	if (kvd_open(&cfg, &k, err, sizeof err)) {
+		printf("kvd_open: %s\n", err);
+		exit(1);
+	}
+	kvd_set_log(k, t_quiet, NULL);
+	return k;
+}
+
+/* Turn the instance's loop with kvd_pollfds/kvd_process until *until is
+ * nonzero or the loop has nothing left to do soon (n turns at most). */
+static void t_host_turns(struct kvd *k, const int *until, int n)
+{
+	struct pollfd fds[64];
+	int i, m, t;
+
+	for (i = 0; i < n && !(until && *until); i++) {
+		if ((m = kvd_pollfds(k, fds, 64, &t)) < 0 || m > 64)
+			return;
+		if (poll(fds, (nfds_t)m, t < 0 || t > 200 ? 200 : t) < 0)
+			return;
+		kvd_process(k, fds, m);
+	}
+}
+
+/* What a test's callbacks saw. */
+struct t_seen {
+	struct kvd *k;
+	int results, lasts, msgs, code, busy;
+	int64_t rev, durable_at_cb;
+	int sync_at_cb;
+	char text[128];
+	struct kvd_stream *cancel_me; /* cancelled from inside the first message's callback */
+	int put_from_cb;
+};
+
+static void t_seen_result(void *arg, const struct kvd_result *r)
+{
+	struct t_seen *s = arg;
+
+	s->results++;
+	s->code = r->code;
+	s->rev = r->revision;
+	s->durable_at_cb = s->k->db.rev_durable;
+	snprintf(s->text, sizeof s->text, "%s", r->text);
+}
+
+static void t_seen_put(void *arg, const struct kvd_result *r) /* its own count, not the call's */
+{
+	struct t_seen *s = arg;
+
+	s->results++;
+	s->rev = r->code ? -1 : r->revision;
+}
+
+static int t_seen_reply(void *arg, const struct kvd_reply *r)
+{
+	struct t_seen *s = arg;
+	struct pollfd fd = {-1, 0, 0};
+
+	s->busy += kvd_poll(s->k, 0) == KVD_EBUSY;
+	s->busy += kvd_process(s->k, &fd, 0) == KVD_EBUSY;
+	s->busy += kvd_pollfds(s->k, &fd, 0, NULL) == KVD_EBUSY;
+	s->busy += kvd_timeout(s->k) == KVD_EBUSY;
+	s->busy += kvd_close(s->k) == KVD_EBUSY;
+	if (r->last) {
+		s->lasts++;
+		s->code = r->code;
+		snprintf(s->text, sizeof s->text, "%s", r->text);
+		return 0;
+	}
+	s->msgs++;
+	if (s->cancel_me) {
+		kvd_stream_cancel(s->cancel_me);
+		kvd_stream_cancel(s->cancel_me); /* twice: once is what counts */
+	}
+	if (s->put_from_cb) {
+		s->put_from_cb = 0;
+		CHECK(kvd_put(s->k, "cb", 2, "1", 1, 0, t_seen_put, s) == 0);
+	}
+	return 0;
+}
+
+/*
+ * A durable write's callback comes after the fdatasync that made it
+ * durable, never from inside the call that started it [§16.6]; every call
+ * gets exactly one last callback and nothing after it, cancelled from
+ * inside its own callback, cancelled twice, or ended by kvd_close [§16.7];
+ * a callback that tries to turn or close the loop gets KVD_EBUSY, and may
+ * start a call [§16.8].
+ */
+static void test_local_calls(void)
+{
+	struct kvd *k = t_host_kvd(NULL);
+	struct t_seen a, w, u, d;
+	struct kvd_stream *ws, *ds;
+	uint8_t create[] = {0x0a, 0x03, 0x0a, 0x01, 'a'}; /* WatchRequest{create{key "a"}} */
+
+	memset(&a, 0, sizeof a);
+	a.k = k;
+	CHECK(kvd_put(k, "a", 1, "v1", 2, 0, t_seen_result, &a) == 0);
+	CHECK(a.results == 0); /* never from inside kvd_put */
+	t_host_turns(k, &a.results, 50);
+	CHECK(a.results == 1 && a.code == 0 && a.rev == 2 && a.durable_at_cb >= 2);
+	CHECK(!k->db.w.len && k->db.rev_durable == 2); /* the batch that holds it was flushed */
+
+	/* a watch cancelled from inside its first message's callback: one
+	 * message, then only its last callback (CANCELLED) */
+	memset(&w, 0, sizeof w);
+	w.k = k;
+	w.put_from_cb = 1;
+	CHECK(kvd_call(k, "/etcdserverpb.Watch/Watch", create, sizeof create, NULL, t_seen_reply, &w, &ws) == 0);
+	w.cancel_me = ws;
+	t_host_turns(k, &w.lasts, 50);
+	CHECK(w.msgs == 1 && w.lasts == 1 && w.code == GRPC_CANCELLED && !strcmp(w.text, "context canceled"));
+	CHECK(w.busy == 10); /* every loop entry refused inside both callbacks */
+	t_host_turns(k, &w.results, 50); /* the put it made from the callback */
+	CHECK(w.results == 1 && w.rev == 3);
+
+	/* an unknown method: gRPC's answer, in a callback */
+	memset(&u, 0, sizeof u);
+	u.k = k;
+	CHECK(kvd_call(k, "/etcdserverpb.KV/Nope", NULL, 0, NULL, t_seen_reply, &u, NULL) == 0 && !u.lasts);
+	t_host_turns(k, &u.lasts, 50);
+	CHECK(u.lasts == 1 && u.msgs == 0 && u.code == GRPC_UNIMPLEMENTED &&
+	      !strcmp(u.text, "unknown method Nope for service etcdserverpb.KV"));
+	CHECK(kvd_call(k, NULL, NULL, 0, NULL, t_seen_reply, &u, NULL) == KVD_EINVAL);
+	CHECK(kvd_call(k, "/etcdserverpb.KV/Range", NULL, 0, NULL, NULL, NULL, NULL) == KVD_EINVAL);
+
+	/* a watch still open at kvd_close: its last callback inside kvd_close */
+	memset(&d, 0, sizeof d);
+	d.k = k;
+	CHECK(kvd_call(k, "/etcdserverpb.Watch/Watch", create, sizeof create, NULL, t_seen_reply, &d, &ds) == 0);
+	t_host_turns(k, &d.msgs, 50);
+	CHECK(d.msgs == 1 && d.lasts == 0);
+	CHECK(kvd_close(k) == 0);
+	CHECK(d.lasts == 1 && d.code == GRPC_UNAVAILABLE && !strcmp(d.text, "etcdserver: server stopped"));
+}
+
+/* With auth on, an in-process call acts as the user its host names, with
+ * that user's permissions; no name is root. */
+static void test_local_as_user(void)
+{
+	struct kvd *k = t_host_kvd(NULL);
+	Etcdserverpb__AuthUserAddRequest ua = ETCDSERVERPB__AUTH_USER_ADD_REQUEST__INIT;
+	Authpb__UserAddOptions nopw = AUTHPB__USER_ADD_OPTIONS__INIT;
+	Etcdserverpb__AuthRoleAddRequest ra = ETCDSERVERPB__AUTH_ROLE_ADD_REQUEST__INIT;
+	Etcdserverpb__AuthUserGrantRoleRequest gr = ETCDSERVERPB__AUTH_USER_GRANT_ROLE_REQUEST__INIT;
+	Etcdserverpb__AuthRoleGrantPermissionRequest gp = ETCDSERVERPB__AUTH_ROLE_GRANT_PERMISSION_REQUEST__INIT;
+	Authpb__Permission perm = AUTHPB__PERMISSION__INIT;
+	Etcdserverpb__AuthEnableRequest en = ETCDSERVERPB__AUTH_ENABLE_REQUEST__INIT;
+	Etcdserverpb__PutRequest put = ETCDSERVERPB__PUT_REQUEST__INIT;
+	struct kvd_call_opts alice = {"alice", 0, 0}, nobody = {"", 0, 0};
+	struct t_seen s;
+	struct {
+		const char *path;
+		const ProtobufCMessage *m;
+		const struct kvd_call_opts *o;
+		int code;
+	} steps[] = {
+	    {"/etcdserverpb.Auth/UserAdd", &ua.base, NULL, 0},
+	    {"/etcdserverpb.Auth/UserGrantRole", &gr.base, NULL, 0},
+	    {"/etcdserverpb.Auth/RoleAdd", &ra.base, NULL, 0},
+	    {"/etcdserverpb.Auth/RoleGrantPermission", &gp.base, NULL, 0},
+	    {"/etcdserverpb.Auth/AuthEnable", &en.base, NULL, 0},
+	    {"/etcdserverpb.KV/Put", &put.base, &alice, GRPC_PERMISSION_DENIED},
+	    {"/etcdserverpb.KV/Put", &put.base, NULL, 0},
+	    {"/etcdserverpb.KV/Put", &put.base, &nobody, GRPC_PERMISSION_DENIED},
+	};
+	size_t i;
+
+	nopw.no_password = 1;
+	ua.options = &nopw;
+	perm.permtype = AUTHPB__PERMISSION__TYPE__READWRITE;
+	perm.key.data = (uint8_t *)"a/";
+	perm.key.len = 2;
+	perm.range_end.data = (uint8_t *)"a0";
+	perm.range_end.len = 2;
+	gp.name = (char *)"r1";
+	gp.perm = &perm;
+	ra.name = (char *)"r1";
+	put.key.data = (uint8_t *)"b";
+	put.key.len = 1;
+	for (i = 0; i < KVD_COUNT(steps); i++) {
+		ua.name = (char *)(i == 0 ? "root" : "alice");
+		gr.user = (char *)(i <= 1 ? "root" : "alice");
+		gr.role = (char *)"root";
+		memset(&s, 0, sizeof s);
+		s.k = k;
+		CHECK(kvd_call_msg(k, steps[i].path, steps[i].m, steps[i].o, t_seen_reply, &s, NULL) == 0);
+		t_host_turns(k, &s.lasts, 50);
+		CHECK(s.lasts == 1 && s.code == steps[i].code);
+		if (i == 2) { /* alice too, as a user with role r1 */
+			CHECK(kvd_call_msg(k, "/etcdserverpb.Auth/UserAdd", &ua.base, NULL, t_seen_reply, &s, NULL) == 0);
+			gr.role = (char *)"r1";
+			CHECK(kvd_call_msg(k, "/etcdserverpb.Auth/UserGrantRole", &gr.base, NULL, t_seen_reply, &s, NULL) == 0);
+			s.lasts = 0;
+			t_host_turns(k, NULL, 5);
+		}
+	}
+	CHECK(!strcmp(s.text, "etcdserver: permission denied"));
+	put.key.data = (uint8_t *)"a/x"; /* in alice's range */
+	put.key.len = 3;
+	memset(&s, 0, sizeof s);
+	s.k = k;
+	CHECK(kvd_call_msg(k, "/etcdserverpb.KV/Put", &put.base, &alice, t_seen_reply, &s, NULL) == 0);
+	t_host_turns(k, &s.lasts, 50);
+	CHECK(s.lasts == 1 && s.code == 0);
+	CHECK(kvd_close(k) == 0);
+}
+
+/* A host's loop (kvd_set_loop) as test/embed.c's drivers use it: what it
+ * was told, checked at every call. */
+struct t_host {
+	struct kvd *k;
+	unsigned ev[1024];
+	int closed_seen, bad, timer_calls;
+	long timer;
+};
+
+static int t_host_io(void *host, int fd, unsigned events, void **slot)
+{
+	struct t_host *h = host;
+
+	if (fd < 0 || fd >= 1024 || fcntl(fd, F_GETFD) < 0) /* told of a descriptor that is not open */
+		h->bad++;
+	else if (!events && !h->ev[fd])
+		h->bad++; /* a removal of one never announced */
+	if (!events)
+		h->closed_seen++;
+	if (fd >= 0 && fd < 1024)
+		h->ev[fd] = events;
+	*slot = h;
+	return 0;
+}
+
+static void t_host_timer(void *host, long ms)
+{
+	struct t_host *h = host;
+
+	h->timer = ms;
+	h->timer_calls++;
+}
+
+/* One turn of the test host: poll what it was told, report it. */
+static void t_host_turn(struct t_host *h)
+{
+	struct pollfd p[1024];
+	int n = 0, fd, i;
+
+	for (fd = 0; fd < 1024; fd++)
+		if (h->ev[fd]) {
+			p[n].fd = fd;
+			p[n].events = (short)((h->ev[fd] & KVD_IN ? POLLIN : 0) | (h->ev[fd] & KVD_OUT ? POLLOUT : 0));
+			p[n++].revents = 0;
+		}
+	if (poll(p, (nfds_t)n, h->timer < 0 || h->timer > 200 ? 200 : (int)h->timer) > 0)
+		for (i = 0; i < n; i++)
+			if (p[i].revents && h->ev[p[i].fd])
+				kvd_io(h->k, p[i].fd, (p[i].revents & POLLIN ? KVD_IN : 0) | (p[i].revents & POLLOUT ? KVD_OUT : 0) |
+				                          (p[i].revents & (POLLERR | POLLHUP) ? KVD_ERR : 0));
+	if (h->timer == 0) {
+		h->timer = -1; /* a one-shot timer: spent */
+		kvd_timeout(h->k);
+	}
+}
+
+/*
+ * A host's loop hears of every descriptor kvd watches while it is open,
+ * and hears it gone before kvd closes it [§36.6]; it is asked for KVD_OUT
+ * only while output is queued, and for a timeout of 0 only while work is
+ * pending: an idle instance leaves the host asleep [§36.7].
+ */
+static void test_host_loop(void)
+{
+	char url[200], path[160];
+	struct t_host h;
+	struct kvd_loop l = {NULL, 0, t_host_io, t_host_timer};
+	struct sockaddr_un sa;
+	struct t_seen a;
+	int c, i, idle;
+	const char *dir = t_tmpdir();
+
+	snprintf(path, sizeof path, "%s/c.sock", dir);
+	snprintf(url, sizeof url, "unix://%s", path);
+	memset(&h, 0, sizeof h);
+	h.k = t_host_kvd(url);
+	l.host = &h;
+	CHECK(kvd_set_loop(h.k, &l) == 0 && kvd_set_loop(h.k, &l) == KVD_EINVAL);
+	CHECK(h.ev[h.k->wake[0]] == KVD_IN && h.ev[h.k->ls[0].fd] == KVD_IN && !h.bad);
+	for (i = 0; i < 5 && h.timer == 0; i++)
+		t_host_turn(&h);
+	idle = h.timer_calls;
+	t_host_turn(&h);
+	CHECK(h.timer != 0 && h.timer_calls == idle); /* idle: no 0 ms timer, no new one */
+	/* a client connects, says hello, goes away */
+	c = socket(AF_UNIX, SOCK_STREAM, 0);
+	memset(&sa, 0, sizeof sa);
+	sa.sun_family = AF_UNIX;
+	memcpy(sa.sun_path, path, KVD_MIN(strlen(path), sizeof sa.sun_path - 1));
+	CHECK(connect(c, (struct sockaddr *)&sa, sizeof sa) == 0);
+	CHECK(write(c, "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", 24) == 24);
+	for (i = 0; i < 50 && !h.k->conns; i++)
+		t_host_turn(&h);
+	CHECK(h.k->conns && h.ev[h.k->conns->fd] & KVD_IN);
+	for (i = 0; i < 50 && h.ev[h.k->conns->fd] != KVD_IN; i++)
+		t_host_turn(&h); /* its SETTINGS written: KVD_OUT dropped */
+	CHECK(h.ev[h.k->conns->fd] == KVD_IN);
+	close(c);
+	for (i = 0; i < 100 && h.k->conns; i++)
+		t_host_turn(&h);
+	CHECK(!h.k->conns && h.closed_seen == 1 && !h.bad); /* told before the close, once */
+	/* an in-process call wakes the host with a 0 ms timer, and is answered */
+	memset(&a, 0, sizeof a);
+	a.k = h.k;
+	CHECK(kvd_put(h.k, "x", 1, "y", 1, 0, t_seen_result, &a) == 0 && h.timer == 0);
+	for (i = 0; i < 10 && !a.results; i++)
+		t_host_turn(&h);
+	CHECK(a.results == 1 && a.code == 0);
+	CHECK(kvd_close(h.k) == 0);
+	for (i = 0; i < 1024; i++)
+		if (h.ev[i])
+			h.bad++; /* kvd_close leaves nothing watched */
+	CHECK(!h.bad);
+}
+
 static const struct {
 	const char *name;
 	void (*fn)(void);
@@ -7660,6 +8000,9 @@ static const struct {
 	{"kvd_open_and_close", test_kvd_open_and_close},
 	{"signals_wake_the_loop", test_signals_wake_the_loop},
 	{"pct_encode", test_pct_encode},
+	{"local_calls", test_local_calls},
+	{"local_as_user", test_local_as_user},
+	{"host_loop", test_host_loop},
 };
 
 int main(int argc, char **argv)
