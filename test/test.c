@@ -74,6 +74,7 @@ static struct kvd *t_kvd(void)
 	char err[KVD_ERRLEN];
 
 	kvd_config_init(&cfg);
+	cfg.mbedtls_memory = 1; /* as kvd_main: mbedtls' blocks are counted (and fail) too */
 	if (kvd_init(&cfg, &k, err, sizeof err)) {
 		printf("kvd_init: %s\n", err);
 		exit(1);
@@ -2434,6 +2435,7 @@ static void test_tls_blocked_write(void)
 	cfg.advertise_client_urls = url;
 	cfg.auto_tls = 1;
 	cfg.unsafe_no_fsync = 1;
+	cfg.mbedtls_memory = 1;
 	cfg.log_level = KVD_LOG_WARN;
 	if (kvd_open(&cfg, &k, err, sizeof err)) {
 		printf("tls_blocked_write: kvd_open: %s\n", err);
@@ -2626,6 +2628,7 @@ static void test_tls_oom_sweep(void)
 	cfg.advertise_client_urls = url;
 	cfg.auto_tls = 1;
 	cfg.unsafe_no_fsync = 1;
+	cfg.mbedtls_memory = 1;
 	if (kvd_open(&cfg, &k, err, sizeof err)) {
 		printf("tls_oom_sweep: kvd_open: %s\n", err);
 		CHECK(0);
