@@ -7830,6 +7830,71 @@ out:
 	CHECK(system(cmd) == 0);
 }
 
+#if !defined(KVD_NO_TLS) && defined(MBEDTLS_PLATFORM_MEMORY) && !defined(KVD_NO_MBED_MEMORY)
+/* A host's own mbedtls allocator: it counts, and makes blocks as kvd's
+ * hook makes the system's, so either may free what the other made. */
+static size_t t_host_calls;
+static void *t_host_calloc(size_t n, size_t size)
+{
+	t_host_calls++;
+	return util_mbed_calloc(n, size);
+}
+
+static void t_host_free(void *p)
+{
+	util_mbed_free(p);
+}
+
+/*
+ * mbedtls' allocator is the host's until an instance opts in [§3.1]: with
+ * mbedtls_memory 0 (an embedder's default) a kvd making a TLS key and
+ * certificate (--auto-tls) leaves the host's hook in place -- mbedtls
+ * allocates through it -- owns none of mbedtls' blocks, and none reaches
+ * its own allocator; with mbedtls_memory 1 (kvd_main's) it takes the hook
+ * and counts mbedtls' blocks as its own.
+ */
+static void test_alloc_mbedtls_opt_in(void)
+{
+	struct kvd_config cfg;
+	struct t_heap h = {0};
+	struct kvd *k;
+	char *dir = t_tmpdir(), url[128], cmd[160], err[KVD_ERRLEN];
+	size_t calls;
+	int mine;
+
+	CHECK(!util_mbed_owner);
+	snprintf(url, sizeof url, "unixs://%s/s", dir);
+	for (mine = 0; mine < 2; mine++) {
+		mbedtls_platform_set_calloc_free(t_host_calloc, t_host_free);
+		kvd_config_init(&cfg);
+		cfg.data_dir = dir;
+		cfg.listen_client_urls = url;
+		cfg.advertise_client_urls = url;
+		cfg.auto_tls = 1;
+		cfg.unsafe_no_fsync = 1;
+		cfg.log_level = KVD_LOG_WARN;
+		cfg.alloc = t_heap_alloc;
+		cfg.alloc_ctx = &h;
+		cfg.mbedtls_memory = mine;
+		calls = t_host_calls;
+		if (kvd_open(&cfg, &k, err, sizeof err)) {
+			printf("  kvd_open: %s\n", err);
+			CHECK(0);
+			break;
+		}
+		if (!mine)
+			CHECK(t_host_calls > calls + 10 && !util_mbed_owner && k->mbed == MBED_LINK(NULL));
+		else
+			CHECK(t_host_calls == calls && util_mbed_owner == k && k->mbed != MBED_LINK(NULL));
+		kvd_close(k);
+		CHECK(h.live == 0 && h.blocks == 0 && !h.bad && !util_mbed_owner);
+	}
+	mbedtls_platform_set_calloc_free(util_mbed_calloc, util_mbed_free);
+	snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+	CHECK(system(cmd) == 0);
+}
+#endif
+
 /* ---- runner ------------------------------------------------------------- */
 
 static const struct {
@@ -7939,6 +8004,9 @@ static const struct {
 	{"alloc_two_instances", test_alloc_two_instances},
 	{"alloc_fails_cleanly", test_alloc_fails_cleanly},
 	{"alloc_null_as_before", test_alloc_null_as_before},
+#if !defined(KVD_NO_TLS) && defined(MBEDTLS_PLATFORM_MEMORY) && !defined(KVD_NO_MBED_MEMORY)
+	{"alloc_mbedtls_opt_in", test_alloc_mbedtls_opt_in},
+#endif
 	{"signals_wake_the_loop", test_signals_wake_the_loop},
 	{"pct_encode", test_pct_encode},
 };
