@@ -1081,12 +1081,23 @@ struct svc_err {
  * outputs, byte order, varints and UTF-8, the loop's wake-up, token
  * buckets, and the fair shares of the bounded pools.
  *
+ * Memory comes from the instance's allocator: an embedder's
+ * (kvd_config.alloc, realloc-like, given the old and new sizes, which kvd
+ * always knows), else libc's (KVD_SYS_MALLOC and its kin, a build knob).
+ * Two instances in one process never share one unless their embedder
+ * gives them the same.  The struct kvd comes from it too (kvd_init) and
+ * goes back last (kvd_close).  Beyond it: libc's own buffers (fopen's,
+ * opendir's, in a few places), --config-file's text, which kvd_main reads
+ * before any instance exists, and mbedtls' blocks (see util_mbed_claim).
+ *
  * Invariants:
  *   1. kvd's own heap memory -- protobuf-c's too, through k->pba -- comes
  *      from kvd_malloc, kvd_calloc or kvd_realloc and goes back through
- *      kvd_free, or from kvd_nalloc to kvd_nfree with the same size, so
- *      k->mem is exact and a test can fail allocation N (k->fail_at).
- *      mbedtls' allocations come there too where its build allows
+ *      kvd_free, or from kvd_nalloc to kvd_nfree with the same size, all
+ *      of it through the instance's allocator (util_sys_alloc), so k->mem
+ *      is exact and a test can fail allocation N (k->fail_at).  mbedtls'
+ *      allocations are counted there too when the instance opts in
+ *      (kvd_config.mbedtls_memory; kvd_main does) and its build allows
  *      (MBEDTLS_PLATFORM_MEMORY: util_mbed_calloc); Debian's shared
  *      mbedtls has no such hook and allocates for itself.
  *   2. No size computation overflows: kvd_malloc refuses more than
@@ -1126,6 +1137,19 @@ union mem_hdr {
 	uint64_t u;
 };
 
+/* The instance's allocator, as kvd.h describes it: p NULL allocates n
+ * bytes, n 0 frees p (its old bytes), else p is resized from old to n. */
+KVD_RESIDENT static void *util_sys_alloc(struct kvd *k, void *p, size_t old, size_t n)
+{
+	if (k->cfg.alloc)
+		return k->cfg.alloc(k->cfg.alloc_ctx, p, old, n);
+	if (!n) {
+		KVD_SYS_FREE(p);
+		return NULL;
+	}
+	return p ? KVD_SYS_REALLOC(p, n) : KVD_SYS_MALLOC(n);
+}
+
 KVD_RESIDENT static void *kvd_malloc(struct kvd *k, size_t n)
 {
 	union mem_hdr *h;
@@ -1133,7 +1157,7 @@ KVD_RESIDENT static void *kvd_malloc(struct kvd *k, size_t n)
 	if (n > SIZE_MAX / 2)
 		return NULL;
 	k->nalloc++;
-	if ((k->fail_at && k->nalloc == k->fail_at) || !(h = KVD_SYS_MALLOC(sizeof *h + n))) {
+	if ((k->fail_at && k->nalloc == k->fail_at) || !(h = util_sys_alloc(k, NULL, 0, sizeof *h + n))) {
 		k->alloc_failed = 1;
 		return NULL;
 	}
@@ -1165,7 +1189,7 @@ KVD_RESIDENT static void *kvd_realloc(struct kvd *k, void *p, size_t n)
 	k->nalloc++;
 	h = (union mem_hdr *)p - 1;
 	old = h->n;
-	if ((k->fail_at && k->nalloc == k->fail_at) || !(nh = KVD_SYS_REALLOC(h, sizeof *nh + n))) {
+	if ((k->fail_at && k->nalloc == k->fail_at) || !(nh = util_sys_alloc(k, h, sizeof *h + old, sizeof *nh + n))) {
 		k->alloc_failed = 1;
 		return NULL;
 	}
@@ -1184,7 +1208,7 @@ KVD_RESIDENT static void kvd_free(struct kvd *k, void *p)
 		return;
 	h = (union mem_hdr *)p - 1;
 	k->mem -= h->n;
-	KVD_SYS_FREE(h);
+	util_sys_alloc(k, h, sizeof *h + h->n, 0);
 }
 
 /*
@@ -1197,7 +1221,7 @@ KVD_RESIDENT static void *kvd_nalloc(struct kvd *k, size_t n)
 	void *p;
 
 	k->nalloc++;
-	if ((k->fail_at && k->nalloc == k->fail_at) || !(p = KVD_SYS_MALLOC(n ? n : 1))) {
+	if ((k->fail_at && k->nalloc == k->fail_at) || !(p = util_sys_alloc(k, NULL, 0, n ? n : 1))) {
 		k->alloc_failed = 1;
 		return NULL;
 	}
@@ -1212,20 +1236,25 @@ static void kvd_nfree(struct kvd *k, void *p, size_t n)
 	if (!p)
 		return;
 	k->mem -= n;
-	KVD_SYS_FREE(p);
+	util_sys_alloc(k, p, n ? n : 1, 0);
 }
 
 /*
  * mbedtls' allocations, where its build lets them be routed
  * (MBEDTLS_PLATFORM_MEMORY; test/lib/xlibs.sh builds it so, as a firmware
  * tree may).  mbedtls takes one allocator per process and gives it no
- * context, so its blocks are charged to one kvd: the first opened
- * (util_mbed_owner, the one process-wide pointer besides the signal
- * handlers' main_kvd).  Each block is on its owner's list (k->mbed), so
- * that the owner's close can hand the blocks still alive -- PSA's
- * process-wide key slots -- back to the system uncharged; blocks made while
- * no kvd owns the allocator are the system's from the start.  A failed
- * allocation here is one more the sweep of k->fail_at reaches.
+ * context, so taking it is an instance's choice (kvd_config.mbedtls_memory:
+ * kvd_main's, not an embedder's by default -- a host using mbedtls itself
+ * would lose its own allocator), and its blocks are charged to one kvd:
+ * the first opened that chose it (util_mbed_owner, the one process-wide
+ * pointer besides the signal handlers' main_kvd).  Each block is on its
+ * owner's list (k->mbed), so that the owner's close can hand the blocks
+ * still alive -- PSA's process-wide key slots -- back to the system
+ * uncharged; blocks made while no kvd owns the allocator are the system's
+ * from the start.  So every block comes from libc (KVD_SYS_CALLOC), never
+ * from the instance's allocator, which must have everything back at close;
+ * it is only counted (k->mem, k->nalloc).  A failed allocation here is one
+ * more the sweep of k->fail_at reaches.
  */
 #if defined(MBEDTLS_PLATFORM_MEMORY) && !defined(KVD_NO_MBED_MEMORY)
 /* The list's links are kept inverted (MBED_LINK): a leak checker must not
@@ -1245,21 +1274,28 @@ static struct kvd *util_mbed_owner;
 static void *util_mbed_calloc(size_t n, size_t size)
 {
 	struct kvd *k = util_mbed_owner;
+	union mem_hdr *m;
 	union mbed_hdr *h;
 	size_t all;
 
-	if (size && n > (SIZE_MAX / 2 - sizeof *h - sizeof(union mem_hdr)) / size)
+	if (size && n > (SIZE_MAX / 2 - sizeof *h - sizeof *m) / size)
 		return NULL;
 	all = sizeof *h + n * size;
 	if (k)
-		h = kvd_calloc(k, all);
-	else if ((h = KVD_SYS_CALLOC(1, sizeof(union mem_hdr) + all)))
-		h = (union mbed_hdr *)((union mem_hdr *)(void *)h + 1);
-	if (!h)
+		k->nalloc++;
+	if ((k && k->fail_at && k->nalloc == k->fail_at) || !(m = KVD_SYS_CALLOC(1, sizeof *m + all))) {
+		if (k)
+			k->alloc_failed = 1;
 		return NULL;
+	}
+	m->n = all;
+	h = (union mbed_hdr *)(void *)(m + 1);
 	h->s.k = k;
 	h->s.prev = h->s.next = MBED_LINK(NULL);
 	if (k) {
+		k->mem += all;
+		if (k->mem > k->mem_peak)
+			k->mem_peak = k->mem;
 		h->s.next = k->mbed;
 		if (k->mbed != MBED_LINK(NULL))
 			MBED_PTR(k->mbed)->s.prev = MBED_LINK(h);
@@ -1271,28 +1307,29 @@ static void *util_mbed_calloc(size_t n, size_t size)
 static void util_mbed_free(void *p)
 {
 	union mbed_hdr *h = p ? (union mbed_hdr *)p - 1 : NULL;
+	union mem_hdr *m = h ? (union mem_hdr *)(void *)h - 1 : NULL;
 	struct kvd *k;
 
 	if (!h)
 		return;
-	if (!(k = h->s.k)) {
-		KVD_SYS_FREE((union mem_hdr *)(void *)h - 1);
-		return;
+	if ((k = h->s.k)) {
+		if (h->s.prev != MBED_LINK(NULL))
+			MBED_PTR(h->s.prev)->s.next = h->s.next;
+		else
+			k->mbed = h->s.next;
+		if (h->s.next != MBED_LINK(NULL))
+			MBED_PTR(h->s.next)->s.prev = h->s.prev;
+		k->mem -= m->n;
 	}
-	if (h->s.prev != MBED_LINK(NULL))
-		MBED_PTR(h->s.prev)->s.next = h->s.next;
-	else
-		k->mbed = h->s.next;
-	if (h->s.next != MBED_LINK(NULL))
-		MBED_PTR(h->s.next)->s.prev = h->s.prev;
-	kvd_free(k, h);
+	KVD_SYS_FREE(m);
 }
 
-/* At open: the first kvd in the process takes mbedtls' allocator. */
+/* At open: the first kvd in the process that chose it
+ * (kvd_config.mbedtls_memory) takes mbedtls' allocator. */
 static void util_mbed_claim(struct kvd *k)
 {
 	k->mbed = MBED_LINK(NULL);
-	if (util_mbed_owner)
+	if (util_mbed_owner || !k->cfg.mbedtls_memory)
 		return;
 	util_mbed_owner = k;
 	mbedtls_platform_set_calloc_free(util_mbed_calloc, util_mbed_free);
@@ -29520,11 +29557,13 @@ KVD_RESIDENT static int kvd_init(const struct kvd_config *cfg, struct kvd **out,
 		snprintf(err, errlen, "--bcrypt-cost %u: want 4..31", (unsigned)cfg->bcrypt_cost);
 		return KVD_EINVAL;
 	}
-	k = KVD_SYS_CALLOC(1, sizeof *k); /* big, mostly buffers: calloc leaves
-	                                   * fresh pages untouched until used */
+	/* big, mostly buffers: calloc leaves fresh pages untouched until used;
+	 * an embedder's allocator has no calloc, so its block is zeroed here */
+	k = cfg->alloc ? cfg->alloc(cfg->alloc_ctx, NULL, 0, sizeof *k) : KVD_SYS_CALLOC(1, sizeof *k);
 	if (!k)
 		return KVD_ENOMEM;
-	util_mbed_claim(k);
+	if (cfg->alloc)
+		memset(k, 0, sizeof *k);
 	k->pba.alloc = pb_alloc;
 	k->pba.free = pb_release;
 	k->st.start_wall = (int64_t)time(NULL);
@@ -29534,6 +29573,7 @@ KVD_RESIDENT static int kvd_init(const struct kvd_config *cfg, struct kvd **out,
 	k->now = util_now_ms();
 	mvcc_crc_init(k->crc);
 	k->cfg = *cfg; /* the strings are made kvd's own below */
+	util_mbed_claim(k);
 	{ /* etcd: minTTL = ceil(((3 * electionTicks) / 2) * heartbeat), in seconds */
 		int64_t ticks = cfg->election_timeout_ms / cfg->heartbeat_interval_ms;
 		k->lease.min_ttl = ((3 * ticks / 2) * cfg->heartbeat_interval_ms + 999) / 1000;
@@ -29774,7 +29814,10 @@ KVD_API int kvd_close(struct kvd *k)
 		kvd_log(k, KVD_LOG_WARN, "%zu bytes still allocated at close", k->mem);
 	(void)KVD_NEVER(k->mem); /* [§3.1] every byte kvd took went back (kvd_free, kvd_nfree): k->mem is exact */
 	util_log_close(k);
-	KVD_SYS_FREE(k);
+	if (k->cfg.alloc) /* the instance's allocator gave it (kvd_init) */
+		k->cfg.alloc(k->cfg.alloc_ctx, k, sizeof *k, 0);
+	else
+		KVD_SYS_FREE(k);
 	return 0;
 }
 
@@ -30539,6 +30582,7 @@ KVD_RESIDENT KVD_API int kvd_main(int argc, char **argv)
 		snprintf(err, sizeof err, "--listen-client-urls names no URL");
 		r = KVD_EINVAL;
 	}
+	cfg.mbedtls_memory = 1; /* the process is kvd's: mbedtls' blocks are counted too */
 	if (r) {
 		fprintf(stderr, "kvd: %s\n", err);
 		KVD_SYS_FREE(yaml);

@@ -140,6 +140,31 @@ struct kvd_config {
 	const char *listen_metrics_urls;         /* --listen-metrics-urls: /metrics and /health only ("") */
 	int enable_grpc_gateway;                 /* --enable-grpc-gateway: JSON on /v3/ (1) */
 	const char *cors;                        /* --cors: comma list of origins, "*" = any ("*") */
+	/*
+	 * Not flags: an embedder's.  alloc (NULL: libc's malloc, realloc, free)
+	 * is this instance's allocator, realloc-like: ptr NULL allocates
+	 * new_size bytes; new_size 0 frees ptr (old_size bytes) and returns
+	 * NULL; else it resizes ptr from old_size to new_size bytes, contents
+	 * kept.  Blocks are aligned as malloc's.  It returns NULL when it
+	 * cannot, ptr left as it was: that request, call or connection fails
+	 * (KVD_ENOMEM, RESOURCE_EXHAUSTED), the instance goes on.  Every block
+	 * -- the struct kvd too -- goes back with the size it was given, all of
+	 * them by the time kvd_close() returns.  kvd calls it with alloc_ctx,
+	 * only from the thread running that instance (kvd_open, kvd_poll,
+	 * kvd_close, ...; never kvd_shutdown or kvd_reload).  It sees kvd's
+	 * own allocations, not libc's (stdio and directory buffers) nor
+	 * mbedtls'.
+	 * mbedtls_memory 1: mbedtls' allocations are counted as this
+	 * instance's (where mbedtls has MBEDTLS_PLATFORM_MEMORY), through a
+	 * process-wide hook (mbedtls_platform_set_calloc_free) that replaces
+	 * the allocator of any other mbedtls user in the process; the blocks
+	 * still come from libc, as they may outlive the instance.  0 (the
+	 * default; kvd_main sets 1): mbedtls keeps its own allocator and its
+	 * blocks are not counted.
+	 */
+	void *(*alloc)(void *ctx, void *ptr, size_t old_size, size_t new_size);
+	void *alloc_ctx;                         /* alloc's first argument */
+	int mbedtls_memory;                      /* mbedtls' allocations through kvd (0) */
 };
 
 struct kvd;

@@ -74,6 +74,7 @@ static struct kvd *t_kvd(void)
 	char err[KVD_ERRLEN];
 
 	kvd_config_init(&cfg);
+	cfg.mbedtls_memory = 1; /* as kvd_main: mbedtls' blocks are counted (and fail) too */
 	if (kvd_init(&cfg, &k, err, sizeof err)) {
 		printf("kvd_init: %s\n", err);
 		exit(1);
@@ -2434,6 +2435,7 @@ static void test_tls_blocked_write(void)
 	cfg.advertise_client_urls = url;
 	cfg.auto_tls = 1;
 	cfg.unsafe_no_fsync = 1;
+	cfg.mbedtls_memory = 1;
 	cfg.log_level = KVD_LOG_WARN;
 	if (kvd_open(&cfg, &k, err, sizeof err)) {
 		printf("tls_blocked_write: kvd_open: %s\n", err);
@@ -2626,6 +2628,7 @@ static void test_tls_oom_sweep(void)
 	cfg.advertise_client_urls = url;
 	cfg.auto_tls = 1;
 	cfg.unsafe_no_fsync = 1;
+	cfg.mbedtls_memory = 1;
 	if (kvd_open(&cfg, &k, err, sizeof err)) {
 		printf("tls_oom_sweep: kvd_open: %s\n", err);
 		CHECK(0);
@@ -7552,6 +7555,346 @@ static void test_long_life(void)
 	CHECK(system(cmd) == 0);
 }
 
+/* ---- the instance's allocator (kvd_config.alloc) -------------------------- */
+
+/* A counting allocator, one per instance: each block carries its heap and
+ * size, so a block of another heap, or one given back with another size
+ * than it has, is seen (bad).  Allocation number fail (0: none) fails. */
+struct t_heap {
+	size_t live, blocks, calls, fail, bad;
+};
+union t_heap_hdr {
+	struct {
+		struct t_heap *heap;
+		size_t n;
+	} s;
+	long double ld;
+	void *vp;
+};
+
+static void *t_heap_alloc(void *ctx, void *p, size_t old, size_t n)
+{
+	struct t_heap *a = ctx;
+	union t_heap_hdr *h = p ? (union t_heap_hdr *)p - 1 : NULL, *nh;
+
+	if (h && (h->s.heap != a || h->s.n != old)) {
+		a->bad++;
+		return NULL; /* not ours: never touched */
+	}
+	if (!n) {
+		if (h) {
+			a->live -= h->s.n;
+			a->blocks--;
+			free(h);
+		}
+		return NULL;
+	}
+	if (++a->calls == a->fail)
+		return NULL;
+	if (!(nh = realloc(h, sizeof *nh + n)))
+		return NULL;
+	if (!h) {
+		nh->s.heap = a;
+		a->blocks++;
+	}
+	a->live = a->live - (h ? old : 0) + n;
+	nh->s.n = n;
+	return nh + 1;
+}
+
+/* An instance serving dir on a socket in it, its memory from heap (NULL:
+ * libc's); NULL if kvd_open failed (*rc says how). */
+static struct kvd *t_heap_open(const char *dir, struct t_heap *heap, int *rc)
+{
+	struct kvd_config cfg;
+	struct kvd *k = (struct kvd *)1;
+	char data[128], sock[160], log[160], err[KVD_ERRLEN];
+	int r;
+
+	snprintf(data, sizeof data, "%s/data", dir);
+	snprintf(sock, sizeof sock, "unix://%s/c.sock", dir);
+	snprintf(log, sizeof log, "%s/kvd.log", dir);
+	kvd_config_init(&cfg);
+	cfg.data_dir = data;
+	cfg.listen_client_urls = sock;
+	cfg.advertise_client_urls = sock;
+	cfg.log_outputs = log;
+	cfg.unsafe_no_fsync = 1;
+	if (heap) {
+		cfg.alloc = t_heap_alloc;
+		cfg.alloc_ctx = heap;
+	}
+	r = kvd_open(&cfg, &k, err, sizeof err);
+	if (rc)
+		*rc = r;
+	if (!r)
+		kvd_set_log(k, t_quiet, NULL);
+	else if (!rc)
+		printf("  kvd_open %s: %s\n", dir, err);
+	return r ? NULL : k;
+}
+
+/* Put key=val through the KV handler: its gRPC status. */
+static int t_heap_put(struct kvd *k, const char *key, const char *val)
+{
+	Etcdserverpb__PutRequest put = ETCDSERVERPB__PUT_REQUEST__INIT;
+	char msg[256];
+
+	put.key.data = (uint8_t *)(uintptr_t)key;
+	put.key.len = strlen(key);
+	put.value.data = (uint8_t *)(uintptr_t)val;
+	put.value.len = strlen(val);
+	return t_unary(k, "/etcdserverpb.KV/Put", &put.base, msg, sizeof msg);
+}
+
+/* Range key through the KV handler: 1 if it found exactly val. */
+static int t_heap_get(struct kvd *k, const char *key, const char *val)
+{
+	Etcdserverpb__RangeRequest get = ETCDSERVERPB__RANGE_REQUEST__INIT;
+	Etcdserverpb__RangeResponse *rs = NULL;
+	char msg[256];
+	int ok;
+
+	get.key.data = (uint8_t *)(uintptr_t)key;
+	get.key.len = strlen(key);
+	ok = t_unary_rs(k, "/etcdserverpb.KV/Range", &get.base, (ProtobufCMessage **)&rs, msg, sizeof msg) == GRPC_OK &&
+	     rs && rs->n_kvs == 1 && rs->kvs[0]->value.len == strlen(val) && !memcmp(rs->kvs[0]->value.data, val, strlen(val));
+	pb_free(k, (ProtobufCMessage *)rs);
+	return ok;
+}
+
+/*
+ * Two instances in one process, each with its own allocator [§3.1]: every
+ * block of an instance -- its struct kvd too -- comes from its allocator
+ * and goes back to it with the size it was given, none to the other's;
+ * work on one makes no call to the other's; what each holds is its own
+ * (a Put on one is not seen by the other); after kvd_close each allocator
+ * holds nothing.  kvd's count (k->mem) is the same whichever allocator.
+ */
+static void test_alloc_two_instances(void)
+{
+	struct t_heap ha = {0}, hb = {0};
+	struct kvd *a, *b;
+	char da[64], db[64], cmd[192], key[16], val[16];
+	size_t calls;
+	int i, ok = 1;
+
+	snprintf(da, sizeof da, "%s", t_tmpdir());
+	snprintf(db, sizeof db, "%s", t_tmpdir());
+	a = t_heap_open(da, &ha, NULL);
+	b = t_heap_open(db, &hb, NULL);
+	CHECK(a && b);
+	if (!a || !b)
+		goto out;
+	CHECK(ha.live > sizeof *a && hb.live > sizeof *b && ha.blocks > 10 && hb.blocks > 10);
+	CHECK(ha.live > a->mem && hb.live > b->mem);
+	for (i = 0; i < 50; i++) { /* interleaved: a, then b, each on its own heap */
+		snprintf(key, sizeof key, "k%d", i % 7);
+		snprintf(val, sizeof val, "a%d", i);
+		calls = hb.calls;
+		ok &= t_heap_put(a, key, val) == GRPC_OK && t_heap_get(a, key, val) && hb.calls == calls;
+		snprintf(val, sizeof val, "b%d", i);
+		calls = ha.calls;
+		ok &= t_heap_put(b, key, val) == GRPC_OK && t_heap_get(b, key, val) && ha.calls == calls;
+		kvd_poll(a, 0);
+		kvd_poll(b, 0);
+	}
+	CHECK(ok && ha.calls > 100 && hb.calls > 100);
+	CHECK(t_heap_get(a, "k0", "a49") && t_heap_get(b, "k0", "b49"));
+	CHECK(a->mem == b->mem && a->nalloc == b->nalloc); /* the same work, the same count */
+	calls = hb.calls;
+	kvd_close(a);
+	CHECK(ha.live == 0 && ha.blocks == 0 && hb.calls == calls);
+	CHECK(t_heap_get(b, "k6", "b48")); /* b still serves */
+	kvd_close(b);
+	CHECK(hb.live == 0 && hb.blocks == 0);
+	CHECK(!ha.bad && !hb.bad);
+out:
+	snprintf(cmd, sizeof cmd, "rm -rf %s %s", da, db);
+	CHECK(system(cmd) == 0);
+}
+
+/*
+ * An allocator that says no [§3.1]: kvd_open failing at allocation N, for
+ * every N it makes, returns an error and no instance, and gives back every
+ * block (the struct kvd's too); a Put whose allocation N fails is refused
+ * with RESOURCE_EXHAUSTED, nothing written and the instance's count
+ * (k->mem) back where it was, or applied (its answer OK, or
+ * RESOURCE_EXHAUSTED when that found no memory); the instance serves
+ * after, and closes to nothing.
+ */
+static void test_alloc_fails_cleanly(void)
+{
+	struct t_heap h = {0};
+	struct kvd *k = NULL;
+	char dir[64], cmd[192];
+	size_t n, mem0, calls0;
+	int r, ok = 1, failed = 0, served = 0, refused = 0, rc;
+	int64_t rev;
+
+	snprintf(dir, sizeof dir, "%s", t_tmpdir());
+	for (n = 1; n < 5000; n++) {
+		memset(&h, 0, sizeof h);
+		h.fail = n;
+		if ((k = t_heap_open(dir, &h, &rc)))
+			break;
+		failed++;
+		ok &= rc < 0 && h.live == 0 && h.blocks == 0 && !h.bad;
+		if (!ok) {
+			printf("  kvd_open, allocation %zu failing: %d, %zu bytes left\n", n, rc, h.live);
+			break;
+		}
+	}
+	CHECK(ok && k && failed > 20);
+	if (!k)
+		goto out;
+	h.fail = 0;
+	CHECK(t_heap_put(k, "x", "0") == GRPC_OK);
+	for (n = 1; n < 1000; n++) {
+		mem0 = k->mem;
+		rev = k->db.rev;
+		calls0 = h.calls;
+		h.fail = calls0 + n;
+		r = t_heap_put(k, "x", "1");
+		h.fail = 0;
+		if (h.calls < calls0 + n) { /* the whole Put made fewer: done */
+			ok &= r == GRPC_OK;
+			break;
+		}
+		if (k->db.rev == rev + 1) /* applied; its answer may still have found no memory */
+			served++, ok &= r == GRPC_OK || r == GRPC_RESOURCE_EXHAUSTED;
+		else
+			refused++, ok &= r == GRPC_RESOURCE_EXHAUSTED && k->db.rev == rev && k->mem == mem0;
+		if (!ok) {
+			printf("  Put, allocation %zu failing: status %d, rev %lld, mem %zu -> %zu\n", n, r,
+			       (long long)(k->db.rev - rev), mem0, k->mem);
+			break;
+		}
+	}
+	CHECK(ok && refused > 0 && n < 1000);
+	CHECK(t_heap_put(k, "y", "2") == GRPC_OK && t_heap_get(k, "y", "2"));
+	kvd_close(k);
+	CHECK(h.live == 0 && h.blocks == 0 && !h.bad);
+	printf("  kvd_open: %d allocations failed in turn; a Put: %d refused, %d applied\n", failed, refused, served);
+out:
+	snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+	CHECK(system(cmd) == 0);
+}
+
+/*
+ * No allocator given (kvd_config_init leaves alloc NULL): libc's, as
+ * before [§3.1].  kvd_config_init leaves alloc, alloc_ctx and
+ * mbedtls_memory zero; such an instance beside one with an allocator makes
+ * no call to it, counts what it holds as exactly (k->mem), fails
+ * allocation N on request (k->fail_at), and closes with nothing held.
+ */
+static void test_alloc_null_as_before(void)
+{
+	struct kvd_config cfg;
+	struct t_heap h = {0};
+	struct kvd *k, *kh;
+	char d1[64], d2[64], cmd[192];
+	size_t calls, mem0;
+	void *p;
+
+	kvd_config_init(&cfg);
+	CHECK(!cfg.alloc && !cfg.alloc_ctx && !cfg.mbedtls_memory);
+	snprintf(d1, sizeof d1, "%s", t_tmpdir());
+	snprintf(d2, sizeof d2, "%s", t_tmpdir());
+	kh = t_heap_open(d2, &h, NULL);
+	calls = h.calls;
+	k = t_heap_open(d1, NULL, NULL);
+	CHECK(k && kh && !k->cfg.alloc && h.calls == calls);
+	if (!k || !kh)
+		goto out;
+	CHECK(t_heap_put(k, "a", "1") == GRPC_OK && t_heap_get(k, "a", "1") && h.calls == calls);
+	CHECK(t_heap_put(kh, "a", "1") == GRPC_OK && t_heap_get(kh, "a", "1") && h.calls > calls);
+	CHECK(k->mem == kh->mem && k->nalloc == kh->nalloc);
+	mem0 = k->mem;
+	p = kvd_malloc(k, 100);
+	CHECK(p && k->mem == mem0 + 100);
+	kvd_free(k, p);
+	k->fail_at = k->nalloc + 1;
+	CHECK(!kvd_malloc(k, 10) && k->mem == mem0);
+	k->fail_at = k->nalloc + 1;
+	CHECK(t_heap_put(k, "b", "2") == GRPC_RESOURCE_EXHAUSTED && k->mem == mem0);
+	k->fail_at = 0;
+	CHECK(t_heap_put(k, "b", "2") == GRPC_OK && t_heap_get(k, "b", "2"));
+	calls = h.calls;
+	kvd_close(k);
+	CHECK(h.calls == calls);
+	kvd_close(kh);
+	CHECK(h.live == 0 && h.blocks == 0 && !h.bad);
+out:
+	snprintf(cmd, sizeof cmd, "rm -rf %s %s", d1, d2);
+	CHECK(system(cmd) == 0);
+}
+
+#if !defined(KVD_NO_TLS) && defined(MBEDTLS_PLATFORM_MEMORY) && !defined(KVD_NO_MBED_MEMORY)
+/* A host's own mbedtls allocator: it counts, and makes blocks as kvd's
+ * hook makes the system's, so either may free what the other made. */
+static size_t t_host_calls;
+static void *t_host_calloc(size_t n, size_t size)
+{
+	t_host_calls++;
+	return util_mbed_calloc(n, size);
+}
+
+static void t_host_free(void *p)
+{
+	util_mbed_free(p);
+}
+
+/*
+ * mbedtls' allocator is the host's until an instance opts in [§3.1]: with
+ * mbedtls_memory 0 (an embedder's default) a kvd making a TLS key and
+ * certificate (--auto-tls) leaves the host's hook in place -- mbedtls
+ * allocates through it -- owns none of mbedtls' blocks, and none reaches
+ * its own allocator; with mbedtls_memory 1 (kvd_main's) it takes the hook
+ * and counts mbedtls' blocks as its own.
+ */
+static void test_alloc_mbedtls_opt_in(void)
+{
+	struct kvd_config cfg;
+	struct t_heap h = {0};
+	struct kvd *k;
+	char *dir = t_tmpdir(), url[128], cmd[160], err[KVD_ERRLEN];
+	size_t calls;
+	int mine;
+
+	CHECK(!util_mbed_owner);
+	snprintf(url, sizeof url, "unixs://%s/s", dir);
+	for (mine = 0; mine < 2; mine++) {
+		mbedtls_platform_set_calloc_free(t_host_calloc, t_host_free);
+		kvd_config_init(&cfg);
+		cfg.data_dir = dir;
+		cfg.listen_client_urls = url;
+		cfg.advertise_client_urls = url;
+		cfg.auto_tls = 1;
+		cfg.unsafe_no_fsync = 1;
+		cfg.log_level = KVD_LOG_WARN;
+		cfg.alloc = t_heap_alloc;
+		cfg.alloc_ctx = &h;
+		cfg.mbedtls_memory = mine;
+		calls = t_host_calls;
+		if (kvd_open(&cfg, &k, err, sizeof err)) {
+			printf("  kvd_open: %s\n", err);
+			CHECK(0);
+			break;
+		}
+		if (!mine)
+			CHECK(t_host_calls > calls + 10 && !util_mbed_owner && k->mbed == MBED_LINK(NULL));
+		else
+			CHECK(t_host_calls == calls && util_mbed_owner == k && k->mbed != MBED_LINK(NULL));
+		kvd_close(k);
+		CHECK(h.live == 0 && h.blocks == 0 && !h.bad && !util_mbed_owner);
+	}
+	mbedtls_platform_set_calloc_free(util_mbed_calloc, util_mbed_free);
+	snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+	CHECK(system(cmd) == 0);
+}
+#endif
+
 /* ---- runner ------------------------------------------------------------- */
 
 /* ---- in-process calls and the host's loop (kvd.h) ---------------------- */
@@ -7998,6 +8341,12 @@ static const struct {
 	{"cfg_table", test_cfg_table},
 	{"kvd_init_copies", test_kvd_init_copies},
 	{"kvd_open_and_close", test_kvd_open_and_close},
+	{"alloc_two_instances", test_alloc_two_instances},
+	{"alloc_fails_cleanly", test_alloc_fails_cleanly},
+	{"alloc_null_as_before", test_alloc_null_as_before},
+#if !defined(KVD_NO_TLS) && defined(MBEDTLS_PLATFORM_MEMORY) && !defined(KVD_NO_MBED_MEMORY)
+	{"alloc_mbedtls_opt_in", test_alloc_mbedtls_opt_in},
+#endif
 	{"signals_wake_the_loop", test_signals_wake_the_loop},
 	{"pct_encode", test_pct_encode},
 	{"local_calls", test_local_calls},
