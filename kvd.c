@@ -28801,7 +28801,9 @@ static void kvd_open_failed(struct kvd *k, const char *err)
  * Invariants:
  *   1. Only kvd_* functions, main and the generated protobuf-c symbols are
  *      exported; everything else is static (make symcheck; make toc holds
- *      each function to its section's prefix).
+ *      each function to its section's prefix).  The library (make lib,
+ *      KVD_BUILD_LIB) exports kvd_* alone: libkvd.a and libkvd.so are
+ *      checked by make libcheck.
  *   2. A configuration error changes nothing: kvd_open checks every flag
  *      and every file it names before the data dir is made or locked and
  *      before a socket is bound, and returns KVD_EINVAL for it -- exit 2

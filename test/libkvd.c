@@ -1,7 +1,8 @@
 /*
  * test/libkvd.c - a host of libkvd, built by make libcheck against libkvd.a
  * (pkg-config --static) and libkvd.so, and by make nonet against kvd.c built
- * with KVD_NO_NET (-DKVD_NO_NET here too: no listener then).  It sees kvd.h
+ * with KVD_NO_NET (-DKVD_NO_NET here too).  A library without the network
+ * (kvd_build_options: "net=no") is opened with no listener.  It sees kvd.h
  * alone: an instance opened on a fresh data dir, polled, shut down, polled
  * to its end and closed; the same dir refused to a second instance while
  * the first holds it.  Last line: "N passed, N failed".
@@ -31,7 +32,7 @@ int main(void)
 	struct kvd_config cfg;
 	struct kvd *k = NULL, *k2 = (struct kvd *)&cfg;
 	const char *opts = kvd_build_options();
-	int r, i;
+	int r, i, nonet;
 
 	if (!mkdtemp(dir)) {
 		perror("mkdtemp");
@@ -40,13 +41,11 @@ int main(void)
 	kvd_config_init(&cfg);
 	cfg.data_dir = dir;
 	cfg.log_level = KVD_LOG_WARN;
+	nonet = strstr(opts, "net=no") != NULL; /* built with KVD_NO_NET (make NET=0 lib) */
 #ifdef KVD_NO_NET
-	cfg.listen_client_urls = ""; /* nothing is bound: there is no network */
-	CHECK(strstr(opts, "net=no") != NULL);
-#else
-	cfg.listen_client_urls = "http://127.0.0.1:0"; /* any free port */
-	CHECK(strstr(opts, "net=no") == NULL);
+	CHECK(nonet);
 #endif
+	cfg.listen_client_urls = nonet ? "" : "http://127.0.0.1:0"; /* nothing bound, or any free port */
 	r = kvd_open(&cfg, &k, err, sizeof err);
 	if (r)
 		printf("kvd_open: %s (%s)\n", err, kvd_strerror(r));
