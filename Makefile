@@ -15,6 +15,8 @@ CLANG ?= clang
 KVD_CACHE ?= /var/cache/kvd-test
 export KVD_CACHE
 PYTHON ?= /usr/bin/python3
+# kvd.h's KVD_VERSION: the tarball's name (make dist), the library's (make lib)
+VERSION := $(shell sed -n 's/^.define KVD_VERSION "\(.*\)"/\1/p' kvd.h)
 FUZZ_TIME ?= 60
 
 WARN = -Wall -Wextra -Wshadow -Wundef -Wstrict-prototypes -Wmissing-prototypes \
@@ -39,7 +41,14 @@ endif
 #             and --snapshot-save refused (Hash and HashKV serve)
 #   HTTP      HTTP/1.1: the JSON gateway, /health, /version, /metrics (a
 #             request gets a 404 saying so)
-KNOBS = CONFD RECIPES AUTH JWT SNAPSHOT HTTP
+#   NET       the network: no sockets, HTTP/2, gRPC framing, TLS, confd or
+#             HTTP/1.1 -- the store and its services for a host's in-process
+#             calls (make NET=0 lib); the daemon refuses to start.  Only
+#             mbedcrypto and protobuf-c are linked
+KNOBS = CONFD RECIPES AUTH JWT SNAPSHOT HTTP NET
+ifeq ($(NET),0)
+KVD_LIBS = -lmbedcrypto -lprotobuf-c
+endif
 KVD_CFLAGS += $(foreach x,$(KNOBS),$(if $(filter 0,$($(x))),-DKVD_NO_$(x)))
 
 SAN = -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
@@ -48,7 +57,7 @@ TEST_CFLAGS = -O1 -g -Werror
 SRC = kvd.c kvd.h $(wildcard proto/*.pb-c.[ch]) Makefile
 PROTOS = kv auth rpc v3lock v3election health
 
-.PHONY: FORCE all test k8s robustness unit check notls lean mbedtls36 asan cross cross-all footprint static-check fuzz fuzz-smoke run static install clean proto proto-gen proto-check symcheck toc toc-write size buildline
+.PHONY: FORCE all lib nonet install-lib libcheck test k8s robustness unit check notls lean mbedtls36 asan cross cross-all footprint static-check fuzz fuzz-smoke run static install clean proto proto-gen proto-check symcheck toc toc-write size buildline
 
 all: kvd
 
@@ -259,7 +268,7 @@ test:
 	./test/lib/deps.sh test
 	$(MAKE) check
 
-check: kvd test/test test/kvd-test $(BUGS:%=test/kvd-bug%) notls lean mbedtls36 asan fuzz-smoke cross static-check proto-check symcheck toc buildline
+check: kvd test/test test/kvd-test $(BUGS:%=test/kvd-bug%) notls nonet libcheck lean mbedtls36 asan fuzz-smoke cross static-check proto-check symcheck toc buildline
 	./test/test
 	./test/run.sh
 
@@ -370,6 +379,96 @@ install: kvd
 	install -m 755 kvd $(DESTDIR)$(PREFIX)/bin/kvd
 	install -m 644 kvd.h $(DESTDIR)$(PREFIX)/include/kvd.h
 
+# --- libkvd: kvd.c as a library (README: Embedding) --------------------------
+# make lib: libkvd.a, libkvd.so (libkvd.so.$(VERSION), SONAME libkvd.so.0, and
+# its two links) and kvd.pc, from kvd.c compiled twice with KVD_NO_MAIN and
+# hidden visibility, kvd.h's KVD_API (KVD_BUILD_LIB) alone default: without
+# -fPIC for the archive (PIC costs more on MIPS), with it for the .so.  In the
+# archive every hidden symbol is made local (objcopy --localize-hidden): the
+# generated protobuf-c descriptors (etcdserverpb__*, mvccpb__*, ...) cannot
+# clash with a host's own etcd protos in a static link.  The .so exports
+# kvd_* alone (libkvd.map, one version node).  The knobs apply (make NET=0
+# lib: the library without the network); kvd.pc's Libs.private follows them.
+# make libcheck: both export kvd_* only, and test/libkvd.c links against each.
+LIBDIR ?= $(PREFIX)/lib
+INCLUDEDIR ?= $(PREFIX)/include
+ifeq ($(origin AR),default)
+AR = $(CROSS_COMPILE)ar
+endif
+OBJCOPY ?= $(CROSS_COMPILE)objcopy
+NM ?= $(CROSS_COMPILE)nm
+PKG_CONFIG ?= pkg-config
+LIB_CFLAGS = -DKVD_NO_MAIN -DKVD_BUILD_LIB -fvisibility=hidden
+LIB_SONAME = libkvd.so.0
+LIB_SO = libkvd.so.$(VERSION)
+LIB_OUT = libkvd.a libkvd.so $(LIB_SONAME) $(LIB_SO) kvd.pc
+
+lib: $(LIB_OUT)
+
+libkvd.o: $(SRC) .kvd-build
+	$(CC) $(CPPFLAGS) $(CFLAGS) $(KVD_CFLAGS) $(LIB_CFLAGS) -c -o $@ kvd.c
+	$(OBJCOPY) --localize-hidden $@
+libkvd.a: libkvd.o
+	rm -f $@ && $(AR) rcs $@ libkvd.o
+libkvd.pic.o: $(SRC) .kvd-build
+	$(CC) $(CPPFLAGS) $(CFLAGS) $(KVD_CFLAGS) $(LIB_CFLAGS) -fPIC -c -o $@ kvd.c
+libkvd.map: Makefile
+	printf 'KVD_0 {\n\tglobal: kvd_*;\n\tlocal: *;\n};\n' > $@
+$(LIB_SO): libkvd.pic.o libkvd.map
+	$(CC) $(CFLAGS) $(LDFLAGS) -shared -Wl,-soname,$(LIB_SONAME) -Wl,--version-script=libkvd.map $(KVD_LDFLAGS) \
+	  -o $@ libkvd.pic.o $(LDLIBS) $(KVD_LIBS)
+$(LIB_SONAME): $(LIB_SO)
+	ln -sf $(LIB_SO) $@
+libkvd.so: $(LIB_SONAME)
+	ln -sf $(LIB_SONAME) $@
+# every directory from ${prefix}, as OpenWrt's pkg-config wrapper redefines
+# it; the libraries as Libs.private (Debian's mbedtls has no .pc to require)
+kvd.pc: Makefile kvd.h .kvd-build
+	printf '%s\n' 'prefix=$(PREFIX)' 'exec_prefix=$${prefix}' \
+	  'libdir=$(patsubst $(PREFIX)/%,$${exec_prefix}/%,$(LIBDIR))' \
+	  'includedir=$(patsubst $(PREFIX)/%,$${prefix}/%,$(INCLUDEDIR))' '' \
+	  'Name: kvd' 'Description: an etcd v3 key-value server as a library (kvd.c)' 'Version: $(VERSION)' \
+	  'Cflags: -I$${includedir}' 'Libs: -L$${libdir} -lkvd' 'Libs.private: $(KVD_LIBS)' > $@
+
+# Both artifacts export kvd_* alone, the .so names its SONAME, and a host
+# program (test/libkvd.c) builds against each: against libkvd.a through
+# pkg-config --static and kvd.pc, against libkvd.so run from the tree.
+libcheck: lib
+	@bad=$$($(NM) -g --defined-only libkvd.a libkvd.so | awk 'NF == 3 && $$3 != "KVD_0" {print $$3}' | grep -v '^kvd_'); \
+	if [ -n "$$bad" ]; then echo "libcheck: exported besides kvd_*:" $$bad; exit 1; fi
+	@readelf -d libkvd.so | grep -q 'SONAME.*\[$(LIB_SONAME)\]' || { echo "libcheck: no SONAME $(LIB_SONAME)"; exit 1; }
+	rm -rf test/libkvd-stage && $(MAKE) -s install-lib DESTDIR=$(CURDIR)/test/libkvd-stage PREFIX=/usr
+	@# as OpenWrt's pkg-config wrapper: the staging dir's prefix redefined
+	st=test/libkvd-stage/usr; pc="$(PKG_CONFIG) --define-variable=prefix=$(CURDIR)/$$st" && export PKG_CONFIG_PATH=$$st/lib/pkgconfig && \
+	$(CC) $(CPPFLAGS) $(TEST_CFLAGS) $(WARN) $$($$pc --cflags kvd) -o test/libkvd-shared test/libkvd.c $$($$pc --libs kvd) && \
+	LD_LIBRARY_PATH=$$st/lib ./test/libkvd-shared && rm $$st/lib/libkvd.so* && \
+	$(CC) $(CPPFLAGS) $(TEST_CFLAGS) $(WARN) $$($$pc --cflags kvd) -o test/libkvd-static test/libkvd.c $$($$pc --static --libs kvd) && \
+	./test/libkvd-static && ! readelf -d test/libkvd-static | grep -q 'NEEDED.*libkvd'
+	@echo "libcheck: ok (kvd_* alone exported by libkvd.a and libkvd.so; test/libkvd.c linked to each)"
+
+# The build without the network (KVD_NO_NET) compiles warning-free, with the
+# other knobs too, calls no bind(), listen(), accept() or connect(), links
+# with mbedcrypto and protobuf-c alone, and serves a host (test/libkvd.c:
+# it opens and polls with nothing bound).
+nonet:
+	$(CC) $(CPPFLAGS) -O1 -Werror $(KVD_CFLAGS) -DKVD_NO_NET -DKVD_NO_RECIPES -DKVD_NO_AUTH -DKVD_NO_SNAPSHOT \
+	  -DKVD_NO_MAIN -c -o /dev/null kvd.c
+	$(CC) $(CPPFLAGS) $(TEST_CFLAGS) $(KVD_CFLAGS) -DKVD_NO_NET -DKVD_NO_MAIN -c -o test/nonet.o kvd.c
+	@# (socket() and sendto() stay: --log-outputs syslog, a datagram to /dev/log)
+	@if $(NM) -u test/nonet.o | grep -Ew '(bind|listen|accept4?|connect)$$'; then echo "nonet: the network is called"; exit 1; fi
+	$(CC) $(CPPFLAGS) $(TEST_CFLAGS) $(WARN) -I. -DKVD_NO_NET -o test/libkvd-nonet test/libkvd.c test/nonet.o \
+	  $(LDFLAGS) -lmbedcrypto -lprotobuf-c
+	./test/libkvd-nonet
+
+install-lib: lib
+	install -d $(DESTDIR)$(INCLUDEDIR) $(DESTDIR)$(LIBDIR)/pkgconfig
+	install -m 644 kvd.h $(DESTDIR)$(INCLUDEDIR)/kvd.h
+	install -m 644 libkvd.a $(DESTDIR)$(LIBDIR)/libkvd.a
+	install -m 755 $(LIB_SO) $(DESTDIR)$(LIBDIR)/$(LIB_SO)
+	ln -sf $(LIB_SO) $(DESTDIR)$(LIBDIR)/$(LIB_SONAME)
+	ln -sf $(LIB_SONAME) $(DESTDIR)$(LIBDIR)/libkvd.so
+	install -m 644 kvd.pc $(DESTDIR)$(LIBDIR)/pkgconfig/kvd.pc
+
 # --- the source tarball and the package directories (README: Packages) -------
 # make dist: PKG_OUT/kvd-$(VERSION).tar.gz from the working tree's files (no
 # git needed), the same bytes each time: names sorted, times 0, owner 0,
@@ -379,7 +478,6 @@ install: kvd
 # @URL@ (KVD_SOURCE_URL: the directory the tarball is fetched from; by
 # default PKG_OUT itself, file://), @SHA256@ (the tarball's), @LICENSE_MD5@
 # and @LICENSE_SHA256@ filled in.  awk, sed, tar, gzip, sha256sum, md5sum only.
-VERSION := $(shell sed -n 's/^.define KVD_VERSION "\(.*\)"/\1/p' kvd.h)
 PKG_OUT ?= pkg
 KVD_SOURCE_URL ?= file://$(abspath $(PKG_OUT))
 DIST = kvd-$(VERSION)
@@ -455,4 +553,6 @@ package-sysvinit: $(DIST_TAR)
 	@echo "$(PKG_OUT)/sysvinit/kvd: for $(PREFIX)/bin/kvd"
 
 clean:
-	rm -f kvd .kvd-build kvd-static test/test test/test-asan test/test-i386 test/test-s390x test/kvd-s390x test/test-mips* test/kvd-mips* test/test-arm* test/kvd-arm* test/cross-*.log test/kvd-test test/kvd-bug* test/kvd-mbedtls36 test/test-mbedtls36 test/mbedtls36.log test/kvd-lean test/kvd-noauth test/kvd-nojwt test/watchbench test/confdbench test/replay-* $(FUZZERS:%=test/fuzz-%) test/*.log .toc.*
+	rm -f kvd .kvd-build kvd-static test/test test/test-asan test/test-i386 test/test-s390x test/kvd-s390x test/test-mips* test/kvd-mips* test/test-arm* test/kvd-arm* test/cross-*.log test/kvd-test test/kvd-bug* test/kvd-mbedtls36 test/test-mbedtls36 test/mbedtls36.log test/kvd-lean test/kvd-noauth test/kvd-nojwt test/watchbench test/confdbench test/replay-* $(FUZZERS:%=test/fuzz-%) test/*.log .toc.* \
+	  $(LIB_OUT) libkvd.o libkvd.pic.o libkvd.map test/libkvd-shared test/libkvd-static test/libkvd-nonet test/nonet.o
+	rm -rf test/libkvd-stage

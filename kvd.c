@@ -247,6 +247,16 @@
 #if defined(KVD_NO_AUTH) && !defined(KVD_NO_JWT)
 #define KVD_NO_JWT /* no auth, no tokens of either kind */
 #endif
+/* KVD_NO_NET (section 28's knob): no network, so no TLS, confd or HTTP/1.1 */
+#if defined(KVD_NO_NET) && !defined(KVD_NO_TLS)
+#define KVD_NO_TLS
+#endif
+#if defined(KVD_NO_NET) && !defined(KVD_NO_CONFD)
+#define KVD_NO_CONFD
+#endif
+#if defined(KVD_NO_NET) && !defined(KVD_NO_HTTP)
+#define KVD_NO_HTTP
+#endif
 
 #ifndef KVD_TEST_BUG /* @@ a planted bug (1-6) the robustness checker must catch: test builds only */
 #define KVD_TEST_BUG 0
@@ -1063,8 +1073,10 @@ static int cfg_lock(struct kvd *k, char *err, size_t errlen);
  * stats call reports confd's counters (26 -> 32): */
 static void loop_log_flush(struct kvd *k);
 static void loop_forget(struct kvd *k, int fd);
+#ifndef KVD_NO_NET
 static void net_held(struct kvd *k, struct conn *c, int64_t delta);
 static void net_shed(struct kvd *k);
+#endif
 static void confd_report(struct kvd *k, char *out, size_t cap);
 
 /* An error to return: gRPC code and etcd's text. */
@@ -1795,15 +1807,15 @@ static void util_log_close(struct kvd *k)
 /* ---- bytes: byte order, varints, UTF-8 ----------------------------------- */
 
 /* Byte order by assembly: correct on any host, no endianness detection. */
-static uint32_t get_be16(const uint8_t *p) { return (uint32_t)p[0] << 8 | p[1]; }
-static uint32_t get_be24(const uint8_t *p) { return (uint32_t)p[0] << 16 | (uint32_t)p[1] << 8 | p[2]; }
+static KVD_UNUSED uint32_t get_be16(const uint8_t *p) { return (uint32_t)p[0] << 8 | p[1]; } /* unused: KVD_NO_NET */
+static KVD_UNUSED uint32_t get_be24(const uint8_t *p) { return (uint32_t)p[0] << 16 | (uint32_t)p[1] << 8 | p[2]; }
 KVD_RESIDENT static uint32_t get_be32(const uint8_t *p)
 {
 	return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
 }
 KVD_RESIDENT static uint64_t get_be64(const uint8_t *p) { return (uint64_t)get_be32(p) << 32 | get_be32(p + 4); }
-static void put_be16(uint8_t *p, uint32_t v) { p[0] = (uint8_t)(v >> 8); p[1] = (uint8_t)v; }
-static void put_be24(uint8_t *p, uint32_t v)
+static KVD_UNUSED void put_be16(uint8_t *p, uint32_t v) { p[0] = (uint8_t)(v >> 8); p[1] = (uint8_t)v; }
+static KVD_UNUSED void put_be24(uint8_t *p, uint32_t v) /* unused: KVD_NO_NET */
 {
 	p[0] = (uint8_t)(v >> 16); p[1] = (uint8_t)(v >> 8); p[2] = (uint8_t)v;
 }
@@ -2049,14 +2061,15 @@ KVD_RESIDENT static void util_sha1(const void *p, size_t n, uint8_t out[20])
 	util_sha1_final(&c, out);
 }
 
-/* Token bucket: rate tokens per second, burst tokens at most; 1 = taken. */
-static void bucket_init(struct bucket *b, uint32_t burst, int64_t now)
+/* Token bucket: rate tokens per second, burst tokens at most; 1 = taken.
+ * (Only the carriers take from one: unused with KVD_NO_NET.) */
+static KVD_UNUSED void bucket_init(struct bucket *b, uint32_t burst, int64_t now)
 {
 	b->milli = (int64_t)burst * 1000;
 	b->at_ms = now;
 }
 
-static int bucket_take(struct bucket *b, int64_t now, uint32_t rate, uint32_t burst)
+static KVD_UNUSED int bucket_take(struct bucket *b, int64_t now, uint32_t rate, uint32_t burst)
 {
 	if (now > b->at_ms) {
 		b->milli += (now - b->at_ms) * rate;
@@ -2287,7 +2300,7 @@ static KVD_UNUSED void buf_reset(struct kvd_buf *b) /* unused with KVD_NO_CONFD 
 	b->err = 0;
 }
 
-static void buf_consume(struct kvd_buf *b, size_t n)
+static KVD_UNUSED void buf_consume(struct kvd_buf *b, size_t n) /* unused: KVD_NO_NET */
 {
 	(void)KVD_ALWAYS(b->rd <= b->len); /* [§4.1] BUF_LEN does not wrap */
 	b->rd += n;
@@ -10411,7 +10424,7 @@ static int snap_hashkv(struct kvd *k, int64_t rev, uint32_t *hash)
 static void snap_keep_hash(struct kvd *k, int64_t rev)
 {
 	struct mvcc *m = &k->db;
-	uint32_t h;
+	uint32_t h = 0; /* set by snap_hashkv; gcc -O1 cannot always see it */
 	unsigned i;
 
 	if (snap_hashkv(k, rev, &h))
@@ -12358,7 +12371,8 @@ static void call_reply(struct kvd *k, struct call *call, const ProtobufCMessage 
 
 /* Keep a call's metadata (regular fields: names not starting with ':'), in
  * one allocation.  Each carrier hands over what its protocol calls them. */
-static int call_keep_meta(struct kvd *k, struct call *call, const struct hp_field *f, unsigned nf)
+/* (unused with KVD_NO_NET: no carrier brings metadata) */
+static KVD_UNUSED int call_keep_meta(struct kvd *k, struct call *call, const struct hp_field *f, unsigned nf)
 {
 	size_t bytes = 0;
 	unsigned i, n = 0;
@@ -12394,7 +12408,7 @@ static int call_keep_meta(struct kvd *k, struct call *call, const struct hp_fiel
 }
 
 /* Request metadata by (lowercase) name, NUL-terminated; NULL if absent. */
-static const char *call_meta(const struct call *call, const char *name)
+static KVD_UNUSED const char *call_meta(const struct call *call, const char *name) /* unused: KVD_NO_NET, KVD_NO_AUTH */
 {
 	unsigned i;
 
@@ -20716,7 +20730,7 @@ KVD_UNUSED static int tls_is(const struct conn *c) /* unused: KVD_NO_HTTP */
 }
 
 #else
-static const char *tls_peer_cn(const struct conn *c, size_t *n)
+static KVD_UNUSED const char *tls_peer_cn(const struct conn *c, size_t *n) /* unused: KVD_NO_NET */
 {
 	(void)c;
 	*n = 0;
@@ -20731,6 +20745,8 @@ KVD_UNUSED static int tls_is(const struct conn *c)
 #endif /* KVD_NO_TLS */
 
 /* ===== 28. HPACK (hp_) =================================================== */
+
+#ifndef KVD_NO_NET /* @@ KVD_NO_NET: no network (make NET=0): no sockets, listeners, HPACK, HTTP/2, gRPC framing; implies KVD_NO_TLS, KVD_NO_CONFD, KVD_NO_HTTP (sections 28 to 30, and 36's sockets) */
 
 /*
  * RFC 7541.  The decoder is complete (static and dynamic tables, Huffman,
@@ -22829,6 +22845,7 @@ static void grpc_on_remote_close(struct kvd *k, struct h2_stream *s)
 {
 	call_half_close(k, &s->call, BUF_LEN(&s->in) != 0);
 }
+#endif /* KVD_NO_NET: sections 28 to 30 */
 
 /* ===== 31. confd: Ganeti's UDP query protocol, keyspace mode (confd_) ==== */
 
@@ -26942,7 +26959,7 @@ static const struct net_proto http1_proto = {
 };
 
 #else /* KVD_NO_HTTP: no HTTP/1.1 is served; a request gets this, then the connection closes */
-static const char http1_left_out[] = "HTTP/1.1 404 Not Found\r\nContent-Type: text/plain; charset=utf-8\r\n"
+static KVD_UNUSED const char http1_left_out[] = /* unused: KVD_NO_NET */ "HTTP/1.1 404 Not Found\r\nContent-Type: text/plain; charset=utf-8\r\n"
                                      "Connection: close\r\nContent-Length: 42\r\n\r\n"
                                      "kvd: built without HTTP/1.1 (KVD_NO_HTTP)\n";
 
@@ -26999,8 +27016,13 @@ static int http1_check_flags(const struct kvd *k, char *err, size_t errlen)
  *      once (net_uncount: c->uncounted), and has given back every request
  *      byte it buffered before it is freed (net_conn_free's
  *      KVD_ALWAYS(!c->in_held)).
+ *
+ * KVD_NO_NET leaves every socket out -- listeners, connections, systemd's
+ * notify socket -- and keeps the loop: the wake pipe, the timers, the group
+ * commit, the log rewrite and password hashing.
  */
 
+#ifndef KVD_NO_NET
 KVD_RESIDENT static void net_addr_str(const struct sockaddr *sa, char *out, size_t cap)
 {
 	char host[INET6_ADDRSTRLEN] = "?";
@@ -27855,6 +27877,19 @@ static void loop_notify_open(struct kvd *k)
 		}
 	}
 }
+
+#else /* KVD_NO_NET: no listener, no connection, no notify socket; the loop's calls to them do nothing */
+static void net_close_listener(struct kvd *k, struct net_listener *l) { (void)k, (void)l; }
+static int net_accept(struct kvd *k, struct net_listener *l) { (void)k, (void)l; return 0; }
+static void net_input(struct kvd *k, struct conn *c) { (void)k, (void)c; }
+static int net_read(struct kvd *k, struct conn *c) { (void)k, (void)c; return 0; }
+static void net_write(struct kvd *k, struct conn *c) { (void)k, (void)c; }
+static int64_t net_timers(struct kvd *k, struct conn *c) { (void)k, (void)c; return INT64_MAX; }
+static void net_conn_free(struct kvd *k, struct conn *c) { (void)k, (void)c; }
+static void net_reap(struct kvd *k) { (void)k; }
+static void loop_notify(struct kvd *k, const char *msg) { (void)k, (void)msg; }
+static void loop_notify_open(struct kvd *k) { (void)k; }
+#endif /* KVD_NO_NET */
 
 /* ---- the loop ---------------------------------------------------------------- */
 
@@ -29217,7 +29252,9 @@ static void kvd_open_failed(struct kvd *k, const char *err)
  * Invariants:
  *   1. Only kvd_* functions, main and the generated protobuf-c symbols are
  *      exported; everything else is static (make symcheck; make toc holds
- *      each function to its section's prefix).
+ *      each function to its section's prefix).  The library (make lib,
+ *      KVD_BUILD_LIB) exports kvd_* alone: libkvd.a and libkvd.so are
+ *      checked by make libcheck.
  *   2. A configuration error changes nothing: kvd_open checks every flag
  *      and every file it names before the data dir is made or locked and
  *      before a socket is bound, and returns KVD_EINVAL for it -- exit 2
@@ -29252,6 +29289,9 @@ KVD_API const char *kvd_build_options(void)
 	       " watch-queue=" KVD_STR(KVD_MAX_WATCH_QUEUE)
 	       " lease-expire-max=" KVD_STR(KVD_LEASE_EXPIRE_MAX)
 	       " etcd-api=" KVD_ETCD_VERSION
+#ifdef KVD_NO_NET
+	       " net=no"
+#endif
 #ifdef KVD_NO_CONFD
 	       " confd=no"
 #endif
@@ -29625,8 +29665,10 @@ KVD_RESIDENT KVD_API int kvd_open(const struct kvd_config *cfg, struct kvd **out
 	 * touched or a socket bound: a configuration error changes nothing on
 	 * disk, and kvd_main tells it apart (exit 2) from a runtime failure. */
 	r = util_log_open(k, err, errlen);
+#ifndef KVD_NO_NET
 	if (!r)
 		r = net_check_urls(k, &tls, err, errlen);
+#endif
 	if (!r)
 		r = http1_check_flags(k, err, errlen);
 	if (!r)
@@ -29656,6 +29698,7 @@ KVD_RESIDENT KVD_API int kvd_open(const struct kvd_config *cfg, struct kvd **out
 		if (k->cfg.etcd_ignored >> i & 1)
 			kvd_log(k, KVD_LOG_WARN, "--%s is etcd's and is ignored: kvd is one member, with no peers, WAL or "
 			        "raft", cfg_etcd_only[i].name);
+#ifndef KVD_NO_NET
 	/* the sockets first, as etcd binds them before its data dir: a port in
 	 * use changes nothing on disk; clients wait in the backlog meanwhile */
 	if (!(list = kvd_strdup(k, k->cfg.listen_client_urls))) {
@@ -29683,6 +29726,9 @@ KVD_RESIDENT KVD_API int kvd_open(const struct kvd_config *cfg, struct kvd **out
 	}
 	kvd_free(k, list);
 	list = NULL;
+#else /* no listener: --listen-client-urls is not read, and nothing is bound */
+	(void)tls, (void)p, (void)url;
+#endif
 	if ((r = cfg_mkdirs(k->cfg.data_dir, err, errlen)) || (r = cfg_lock(k, err, errlen)) ||
 	    (k->cfg.restore_snapshot && k->cfg.restore_snapshot[0] && (r = snap_restore(k, err, errlen))) ||
 	    (r = mvcc_open(k, err, errlen)) || (r = life_init(k, err, errlen)) || (r = confd_bind(k, err, errlen)))
@@ -30594,6 +30640,11 @@ KVD_RESIDENT KVD_API int kvd_main(int argc, char **argv)
 		KVD_SYS_FREE(yaml);
 		return r ? KVD_EXIT_RUNTIME : KVD_EXIT_OK;
 	}
+#ifdef KVD_NO_NET /* --help, --version and --snapshot-save work; there is nothing to serve on */
+	fprintf(stderr, "kvd: this kvd is built without the network (KVD_NO_NET): a host embeds it through kvd.h\n");
+	KVD_SYS_FREE(yaml);
+	return KVD_EXIT_CONFIG;
+#endif
 	/* "serving" is logged inside kvd_open, before the handlers exist: a
 	 * SIGTERM sent on seeing it must wait for them, not kill kvd outright */
 	sigemptyset(&block);

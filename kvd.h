@@ -25,9 +25,14 @@
 extern "C" {
 #endif
 
+/* KVD_STATIC: kvd.c #included into one file, kvd_* static there.
+ * KVD_BUILD_LIB: building libkvd (make lib) with -fvisibility=hidden, where
+ * kvd_* alone keep default visibility. */
 #ifndef KVD_API
 #ifdef KVD_STATIC
 #define KVD_API static
+#elif defined(KVD_BUILD_LIB) && defined(__GNUC__)
+#define KVD_API extern __attribute__((visibility("default")))
 #else
 #define KVD_API extern
 #endif
