@@ -248,6 +248,11 @@ test/replay-%: test/fuzz_%.c test/lib/fuzz_replay.c test/lib/fuzz.h $(SRC)
 test/watchbench: test/lib/watchbench.c
 	$(CC) $(CPPFLAGS) -O2 -g $(WARN) -o $@ test/lib/watchbench.c $(LDFLAGS) $(LDLIBS)
 
+# in-process calls beside loopback gRPC, one instance, for test/bench.py --only embed
+test/embedbench: test/lib/embedbench.c $(SRC)
+	$(CC) $(CPPFLAGS) -O2 -g -std=c99 $(WARN) -DKVD_NO_MAIN -o $@ test/lib/embedbench.c -x c kvd.c -x none \
+	  $(LDFLAGS) $(LDLIBS) $(KVD_LIBS)
+
 # confd load generator for test/bench.py (plain C and mbedtls, no kvd code inside).
 test/confdbench: test/lib/confdbench.c
 	$(CC) $(CPPFLAGS) -O2 -g $(WARN) -o $@ test/lib/confdbench.c $(LDFLAGS) $(LDLIBS) -lmbedcrypto
@@ -553,6 +558,6 @@ package-sysvinit: $(DIST_TAR)
 	@echo "$(PKG_OUT)/sysvinit/kvd: for $(PREFIX)/bin/kvd"
 
 clean:
-	rm -f kvd .kvd-build kvd-static test/test test/test-asan test/test-i386 test/test-s390x test/kvd-s390x test/test-mips* test/kvd-mips* test/test-arm* test/kvd-arm* test/cross-*.log test/kvd-test test/kvd-bug* test/kvd-mbedtls36 test/test-mbedtls36 test/mbedtls36.log test/kvd-lean test/kvd-noauth test/kvd-nojwt test/watchbench test/confdbench test/replay-* $(FUZZERS:%=test/fuzz-%) test/*.log .toc.* \
+	rm -f kvd .kvd-build kvd-static test/test test/test-asan test/test-i386 test/test-s390x test/kvd-s390x test/test-mips* test/kvd-mips* test/test-arm* test/kvd-arm* test/cross-*.log test/kvd-test test/kvd-bug* test/kvd-mbedtls36 test/test-mbedtls36 test/mbedtls36.log test/kvd-lean test/kvd-noauth test/kvd-nojwt test/watchbench test/embedbench test/confdbench test/replay-* $(FUZZERS:%=test/fuzz-%) test/*.log .toc.* \
 	  $(LIB_OUT) libkvd.o libkvd.pic.o libkvd.map test/libkvd-shared test/libkvd-static test/libkvd-nonet test/nonet.o
 	rm -rf test/libkvd-stage

@@ -14,6 +14,8 @@ kvd/etcd ratios (the README records them).
   test/bench.py --only tls                   handshakes, Put/Range over TLS, RSS per idle TLS connection, sizes
   test/bench.py --only auth                  Authenticate/s, Put/Range with a token, RSS of 1000 users and roles
   test/bench.py --only http1                 GET /health, /metrics, gateway Range and Put over HTTP/1.1 (h2load --h1)
+  test/bench.py --only embed                 in-process calls (kvd.h) beside the same calls over loopback gRPC,
+                                             one instance (test/embedbench); a watch callback's cost
   ... --plot FILE.svg                        also draw the table (kv3, k8s): kvd's ratio to each store per row
 
 The confd rows compare kvd with Debian's ganeti-confd 3.0.2 instead.
@@ -537,6 +539,39 @@ def h1load(port, path, body, n, c):
     return h2load_rate(r.stdout)
 
 
+def embed_rows(n=100000):
+    """In-process Range and durable Put (64 in flight, kvd.h's typed calls)
+    against h2load's over loopback gRPC (-c 16 -m 8) to the same instance:
+    calls per second and the instance's CPU per call; a watch callback's
+    CPU per event (100 watchers, 20000 puts, less the puts alone)."""
+    subprocess.run(["make", "-s", "-C", ROOT, "test/embedbench"], check=True)
+    d = tempfile.mkdtemp(prefix="kvd-bench-", dir=DISK)
+    port = free_port()
+    p = subprocess.Popen([os.path.join(ROOT, "test", "embedbench"), d, "http://127.0.0.1:%d" % port, "3"],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    figs = {}
+    for line in p.stdout:
+        w = line.split()
+        if w[0] == "serving":
+            break
+        figs[w[0]] = (float(w[1]), float(w[2]))
+    print("in-process (kvd.h) vs loopback gRPC (h2load -c 16 -m 8 -t 1), one kvd, data on %s" % DISK)
+    print("%-46s %14s %14s %8s" % ("", "gRPC", "in-process", "ratio"))
+    bodies = {"range": ("/etcdserverpb.KV/Range", R.RangeRequest(key=b"key000001")),
+              "put": ("/etcdserverpb.KV/Put", R.PutRequest(key=b"key000001", value=b"v" * 100))}
+    for name in ("range", "put"):
+        path, rq = bodies[name]
+        t0 = cpu_ticks(p.pid)
+        rate = h2load(port, path, grpc_frame(rq.SerializeToString()), n, 16, 8)
+        cpu = (cpu_ticks(p.pid) - t0) / os.sysconf("SC_CLK_TCK") / n * 1e6
+        row(name.capitalize() + (" (durable)" if name == "put" else "") + ": calls/s", rate, figs[name][0], "/s")
+        row(name.capitalize() + ": CPU per call", cpu, figs[name][1], "us", higher=False)
+    print("%-46s %29s" % ("watch callback: CPU per event (100 watchers)", "%.3f us" % figs["watch_event"][1]))
+    p.stdin.close()
+    p.wait(timeout=30)
+    subprocess.run(["rm", "-rf", d])
+
+
 def http1_rows(n=100000):
     """HTTP/1.1 on the client port, the same h2load --h1 runs on both:
     /health, /metrics, gateway Range of one key, durable gateway Put."""
@@ -1057,6 +1092,9 @@ def bench(argv):
         return 0
     if only == "http1":
         http1_rows(n)
+        return 0
+    if only == "embed":
+        embed_rows(n)
         return 0
     if only == "k8s":
         k8s_rows(float(argv[argv.index("--scale") + 1]) if "--scale" in argv else 1.0)
