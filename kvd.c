@@ -211,6 +211,10 @@
  *   - a gateway request: net_sniff §36 > http1_input_step §35 > http1_route §35 >
  *     gw_begin §34 > gw_deliver §34 > json_pj_decode §7 > call_message §16 > the
  *     service > gw_flush §34 (gw_message_json §34)
+ *   - an in-process call: kvd_put §38 (the typed layer) > kvd_call_msg §38 >
+ *     call_local_new §16 > call_local_send §16 > call_message §16 > the
+ *     service > loop_log_flush §36 > call_local_flush §16 >
+ *     call_local_deliver §16 > kvd_typed_reply §38 (the host's callback)
  *   - a confd query: confd_read §32 > confd_handle §32 > confd_hmac §31 >
  *     confd_parse_request §31 > confd_keyspace §31 or confd_ganeti §32 > confd_sign §31
  *   - a log rewrite: svc_defrag §22 > life_step §13 > life_rw_start §13 >
@@ -26989,6 +26993,16 @@ static int http1_check_flags(const struct kvd *k, char *err, size_t errlen)
  *      protocol -> calls -> services, write;
  *   6. loop_flush again: the group commit, the output, then the reaping of
  *      closed connections -- never inside their own handlers.
+ * A host with a loop of its own drives the same steps (kvd.h): pull mode
+ * cuts kvd_poll in two at the poll (kvd_pollfds: steps 1-3 and the set;
+ * kvd_process: 5 and 6), and registration mode tells the host only what
+ * changed in the set (loop_announce) and runs 5 for the one descriptor the
+ * host reports (kvd_io), steps 1-3 and 6 on the host's next turn, a
+ * timeout of 0 away (kvd_timeout -> loop_host_turn) -- so one group commit
+ * covers all that turn brought.  An edge-triggered host's descriptors are
+ * read again on each turn until a read finds them empty (loop_ann.hot).
+ * In-process calls' answers go to their hosts from loop_flush, after the
+ * group commit, as a connection's go to its socket (call_local_flush).
  * A connection is a socket, a transport (plain TCP, or TLS) and the
  * protocol its first bytes chose (net_sniff): the HTTP/2 preface, an HTTP/1.x
  * request line, a TLS ClientHello, or garbage -- each answered on the same
@@ -29244,7 +29258,12 @@ static void kvd_open_failed(struct kvd *k, const char *err)
  * What an embedder, and kvd_main, call (kvd.h declares them): the
  * configuration (kvd_config_init, kvd_config_parse, kvd_config_yaml), an
  * instance's life (kvd_open, kvd_poll, kvd_reload, kvd_shutdown,
- * kvd_close), and kvd_main, the whole program.  KVD_API makes them extern,
+ * kvd_close), the host's loop (kvd_pollfds and kvd_process; kvd_set_loop,
+ * kvd_io and kvd_timeout: section 36 does the work), in-process calls
+ * (kvd_call and kvd_stream_*: section 16's carrier) and the typed calls
+ * built on them (kvd_get ... kvd_watch, kvd_snapshot: a request built
+ * here, an adapter reading the decoded answer for the host's callback),
+ * and kvd_main, the whole program.  KVD_API makes them extern,
  * or static with KVD_STATIC.  Everything lives in one struct kvd, so two
  * instances can share a process; an instance runs on the caller's thread,
  * and only kvd_main installs signal handlers (main_kvd is their one global).

@@ -11,9 +11,20 @@
  *     char err[KVD_ERRLEN];
  *     kvd_config_init(&cfg);
  *     cfg.data_dir = "/var/lib/kvd";
+ *     cfg.listen_client_urls = "";          -- no listener: in-process calls only
  *     if (kvd_open(&cfg, &k, err, sizeof err) != 0) { puts(err); exit(1); }
- *     while (kvd_poll(k, -1) == 0) {}       -- or kvd_shutdown() from elsewhere
+ *     kvd_put(k, "a", 1, "1", 1, 0, done, NULL);   -- done() runs once it is durable
+ *     while (kvd_poll(k, -1) == 0) {}       -- or the host's loop: kvd_set_loop()
  *     kvd_close(k);
+ *
+ * Pointers: what kvd is given (the config and its strings, keys, values,
+ * request bytes, a user name) is copied before the call returns; what kvd
+ * hands a callback (struct kvd_reply, kvd_result, kvd_events and all they
+ * point to) is kvd's and lives until that callback returns; a struct
+ * kvd_stream lives until its last callback returns; struct kvd lives from
+ * kvd_open to kvd_close.  An instance is used from one thread at a time;
+ * only kvd_shutdown and kvd_reload may be called from elsewhere (another
+ * thread, a signal handler).  README.md: Embedding.
  */
 #ifndef KVD_H
 #define KVD_H
@@ -38,8 +49,8 @@ extern "C" {
 #endif
 #endif
 
-#define KVD_VERSION "0.1.0"
-#define KVD_VERSION_NUMBER 100 /* major*10000 + minor*100 + patch */
+#define KVD_VERSION "0.2.0"
+#define KVD_VERSION_NUMBER 200 /* major*10000 + minor*100 + patch */
 #define KVD_ERRLEN 256         /* size of the err buffers below */
 
 /* Error codes: functions return 0 or one of these (negative). */
@@ -76,7 +87,8 @@ enum kvd_log_level { KVD_LOG_DEBUG, KVD_LOG_INFO, KVD_LOG_WARN, KVD_LOG_ERROR };
 struct kvd_config {
 	const char *name;                        /* --name ("default") */
 	const char *data_dir;                    /* --data-dir (NULL: "<name>.etcd") */
-	const char *listen_client_urls;          /* --listen-client-urls, comma list */
+	const char *listen_client_urls;          /* --listen-client-urls, comma list; NULL or "": no listener
+	                                            (in-process calls only; kvd_main refuses it) */
 	const char *advertise_client_urls;       /* --advertise-client-urls */
 	const char *initial_advertise_peer_urls; /* --initial-advertise-peer-urls */
 	const char *initial_cluster_token;       /* --initial-cluster-token */
@@ -194,16 +206,17 @@ KVD_API int kvd_config_parse(struct kvd_config *cfg, int argc, char **argv,
                              char *err, size_t errlen);
 
 /*
- * Create an instance: lock the data dir, bind the listeners.  On failure
- * returns a negative code, *out is NULL and err holds one line.
+ * Create an instance: lock the data dir, bind the listeners (if any).  On
+ * failure returns a negative code, *out is NULL and err holds one line.
  */
 KVD_API int kvd_open(const struct kvd_config *cfg, struct kvd **out,
                      char *err, size_t errlen);
 
 /*
  * Run one loop iteration: wait up to timeout_ms (-1: until something happens)
- * and handle what is ready.  Returns 0, or KVD_ESTOPPED once a graceful
- * shutdown has finished.
+ * and handle what is ready.  Returns 0, KVD_ESTOPPED once a graceful
+ * shutdown has finished (and no in-process call is left), or KVD_EBUSY
+ * from inside a kvd callback.
  */
 KVD_API int kvd_poll(struct kvd *k, int timeout_ms);
 
