@@ -257,6 +257,13 @@ test/embedbench: test/lib/embedbench.c $(SRC)
 test/confdbench: test/lib/confdbench.c
 	$(CC) $(CPPFLAGS) -O2 -g $(WARN) -o $@ test/lib/confdbench.c $(LDFLAGS) $(LDLIBS) -lmbedcrypto
 
+# A host daemon embedding kvd (test/embed.py): kvd.c with KVD_NO_MAIN under
+# ASan+UBSan, driven by poll, epoll (edge), libev, libuv or sd-event.
+EMBED_LIBS = -lev -luv -lsystemd
+test/embed: test/embed.c $(SRC)
+	$(CC) $(CPPFLAGS) $(TEST_CFLAGS) $(SAN) $(KVD_CFLAGS) -DKVD_NO_MAIN -o $@ test/embed.c kvd.c $(LDFLAGS) $(LDLIBS) \
+	  $(EMBED_LIBS) $(KVD_LIBS)
+
 # The corpora are replayed on a 256 KiB stack (routers run with small ones):
 # a recursion an input can drive fails here, not on a board.
 REPLAY_STACK_KIB ?= 256
@@ -273,7 +280,7 @@ test:
 	./test/lib/deps.sh test
 	$(MAKE) check
 
-check: kvd test/test test/kvd-test $(BUGS:%=test/kvd-bug%) notls nonet libcheck lean mbedtls36 asan fuzz-smoke cross static-check proto-check symcheck toc buildline
+check: kvd test/test test/kvd-test test/embed $(BUGS:%=test/kvd-bug%) notls nonet libcheck lean mbedtls36 asan fuzz-smoke cross static-check proto-check symcheck toc buildline
 	./test/test
 	./test/run.sh
 

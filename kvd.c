@@ -17127,6 +17127,8 @@ static int svc_snapshot_send(struct kvd *k, struct snap *s, struct call *call)
 	rs.version = (char *)KVD_ETCD_CLUSTER; /* the storage version, on every message (etcd 3.6+) */
 	rs.blob.data = (uint8_t *)(uintptr_t)p;
 	rs.blob.len = n;
+	if (call->carrier == &call_local_carrier) /* kvd_snapshot's revision: etcd's messages carry no header */
+		((struct kvd_stream *)(void *)((char *)call - offsetof(struct kvd_stream, call)))->trev = s->rev;
 	if (call_send(k, call, &rs.base))
 		return KVD_ENOMEM;
 	return last ? 0 : 1;
@@ -29859,7 +29861,6 @@ KVD_API int kvd_close(struct kvd *k)
 	kvd_free(k, k->ls);
 	kvd_free(k, k->pfd);
 	kvd_free(k, k->slot);
-	kvd_free(k, k->ann);
 	kvd_free(k, k->caller);
 	util_free_list(k, k->client_urls, k->nclient_urls);
 	util_free_list(k, k->peer_urls, k->npeer_urls);
@@ -29869,6 +29870,7 @@ KVD_API int kvd_close(struct kvd *k)
 		loop_forget(k, k->wake[0]);
 		close(k->wake[0]);
 	}
+	kvd_free(k, k->ann); /* after the last loop_forget, which reads it */
 	if (k->wake[1] >= 0)
 		close(k->wake[1]);
 	if (k->sd_fd >= 0)

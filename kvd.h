@@ -257,8 +257,9 @@ KVD_API int kvd_close(struct kvd *k);
  * and the ms until kvd must run again (-1: only when a descriptor fires);
  * the host polls them with its own, then hands the same entries, revents
  * set, to kvd_process.  kvd_pollfds first runs what is due (timers, the
- * group commit, callbacks).  Both return 0, KVD_ESTOPPED once a graceful
- * shutdown has finished, or KVD_EBUSY from inside a kvd callback.
+ * group commit, callbacks).  kvd_pollfds returns n, kvd_process 0; either
+ * returns KVD_ESTOPPED once a graceful shutdown has finished, or KVD_EBUSY
+ * from inside a kvd callback.
  */
 #define KVD_IN 1u  /* readable (host -> kvd), or watch for it (kvd -> host) */
 #define KVD_OUT 2u /* writable, or watch for it */

@@ -1134,6 +1134,29 @@ def readme_quick_start_verbatim():
     shutil.rmtree(d)
 
 
+@test
+def readme_embedding_example():
+    """README's Embedding example, as written: its C block saved as example.c
+    beside a copy of kvd.c, kvd.h and proto/, its build line run there
+    (builds with libev, runs the program), which must exit 0 and print the
+    README's output block on a fresh data dir."""
+    code, build, want = (readme_block(b) for b in ("embed-example", "embed-build", "embed-output"))
+    if not (code and build and want):
+        return
+    d = tempfile.mkdtemp(prefix="kvd-embed-ex-")
+    try:
+        for f in ("kvd.c", "kvd.h"):
+            shutil.copy2(os.path.join(ROOT, f), d)
+        shutil.copytree(os.path.join(ROOT, "proto"), os.path.join(d, "proto"))
+        with open(os.path.join(d, "example.c"), "w") as f:
+            f.write(code)
+        r = subprocess.run(["sh", "-c", build], cwd=d, capture_output=True, text=True, timeout=300)
+        check(r.returncode == 0, "the README's build line and example: rc %d: %s" % (r.returncode, r.stderr[-1500:]))
+        check(r.stdout == want, "the example prints what the README says: %r, not %r" % (r.stdout, want))
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
 def quick_start(p, d, lines):
     check(wait_for(lambda: healthy(2379), 300), "make run serves on 127.0.0.1:2379")
     outs = []

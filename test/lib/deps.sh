@@ -10,7 +10,7 @@ BUILD="gcc make libc6-dev libmbedtls-dev libprotobuf-c-dev"
 TEST="protobuf-c-compiler protobuf-compiler clang libclang-rt-14-dev etcd-server etcd-client python3 python3-grpcio \
 python3-h2 python3-hpack python3-etcd3 python3-protobuf nghttp2-client curl procps \
 ganeti-haskell-3.0 python3-simplejson python3-openssl python3-bitarray python3-bcrypt netcat-openbsd openssl \
-python3-prometheus-client faketime btrfs-progs busybox"
+python3-prometheus-client faketime btrfs-progs busybox libev-dev libuv1-dev libsystemd-dev"
 # Ganeti's Python confd client: the ganeti-3.0 package unpacked (installing
 # it would pull in openssh-server, lvm2 and 20 more packages it does not need)
 GANETI_LIB=/var/cache/kvd-test/ganeti-3.0
