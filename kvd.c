@@ -12221,6 +12221,7 @@ struct call {
 	const char *cn;
 	size_t cnlen;
 	unsigned vouched : 1;       /* the carrier vouches for cn whatever --client-cert-auth says (in-process) */
+	int64_t at_rev;             /* the revision an answer shows where its messages do not say (Snapshot) */
 };
 
 /* A call is routed through the method table (16 -> 26): */
@@ -12595,7 +12596,6 @@ struct kvd_stream {
 	void *uarg;
 	int fd;                     /* kvd_snapshot: the host's descriptor, else -1 */
 	int terr;                   /* kvd_snapshot: errno of a write that failed */
-	int64_t trev;               /* kvd_snapshot: the revision it holds */
 	char *user;                 /* whom the call acts as (owned): call.cn */
 };
 
@@ -17127,8 +17127,7 @@ static int svc_snapshot_send(struct kvd *k, struct snap *s, struct call *call)
 	rs.version = (char *)KVD_ETCD_CLUSTER; /* the storage version, on every message (etcd 3.6+) */
 	rs.blob.data = (uint8_t *)(uintptr_t)p;
 	rs.blob.len = n;
-	if (call->carrier == &call_local_carrier) /* kvd_snapshot's revision: etcd's messages carry no header */
-		((struct kvd_stream *)(void *)((char *)call - offsetof(struct kvd_stream, call)))->trev = s->rev;
+	call->at_rev = s->rev; /* etcd's messages carry no header: a carrier may want it (kvd_snapshot) */
 	if (call_send(k, call, &rs.base))
 		return KVD_ENOMEM;
 	return last ? 0 : 1;
@@ -30164,7 +30163,7 @@ static int kvd_typed_reply(void *arg, const struct kvd_reply *rp)
 			r.text = rp->code ? rp->text : "kvd: the call ended without an answer";
 		}
 		if (!rp->code && s->fd >= 0 && !s->terr) /* a whole snapshot */
-			r.code = 0, r.text = "", r.revision = s->trev;
+			r.code = 0, r.text = "", r.revision = s->call.at_rev;
 		s->rfn = NULL;
 		fn(s->uarg, &r);
 		return 0;
@@ -30175,8 +30174,6 @@ static int kvd_typed_reply(void *arg, const struct kvd_reply *rp)
 		const Etcdserverpb__SnapshotResponse *sr = (const void *)m;
 		const uint8_t *p = sr->blob.data;
 		size_t left = sr->blob.len;
-		if (sr->header)
-			s->trev = sr->header->revision;
 		while (left && !s->terr) {
 			ssize_t w = write(s->fd, p, left);
 			if (w > 0) {
