@@ -30452,6 +30452,7 @@ static int kvd_watch_reply(void *arg, const struct kvd_reply *rp)
 		}
 		for (i = np = 0; i < x->n_events; i++) {
 			const Mvccpb__Event *v = x->events[i];
+			memset(&ev[i], 0, sizeof ev[i]); /* prev NULL unless it has one */
 			ev[i].type = v->type == MVCCPB__EVENT__EVENT_TYPE__DELETE ? KVD_EVENT_DELETE : KVD_EVENT_PUT;
 			if (v->kv)
 				kvd_kv_of(&ev[i].kv, v->kv);
