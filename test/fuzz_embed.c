@@ -570,7 +570,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 			                        fz_watch_cb, o, &o->s));
 			M.inside--;
 			if (!(b & 1))
-				o->start = M.k->db.rev + 1; /* changes after now */
+				o->start = M.k->db.rev_durable + 1; /* after now: what is durable (a write in the open batch is seen) */
 			break;
 		case 6: /* cancel a watch now, or from inside the next callback */
 			if (!M.nw)
