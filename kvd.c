@@ -12590,6 +12590,7 @@ struct kvd_stream {
 	unsigned cancelled : 1;     /* kvd_stream_cancel: drop its messages, end it */
 	unsigned closed_send : 1;   /* half-closed: nothing more will be sent */
 	unsigned ended : 1;         /* its last callback ran: free it */
+	unsigned lost : 1;          /* a message it could not decode: its end is not OK */
 	/* the typed layer's (section 38): the host's own callback and argument */
 	kvd_result_fn *rfn;
 	kvd_watch_fn *wfn;
@@ -12729,6 +12730,7 @@ static int call_local_deliver(struct kvd *k, struct kvd_stream *s)
 			if (!m && c->m->resp) { /* kvd packed it: only memory can fail */
 				c->out.rd = c->out.len = 0;
 				call_finish(k, c, GRPC_RESOURCE_EXHAUSTED, E_OOM);
+				s->lost = 1; /* a unary call finished already: its OK would hide the loss */
 				break;
 			}
 			r.msg = m;
@@ -12747,6 +12749,8 @@ static int call_local_deliver(struct kvd *k, struct kvd_stream *s)
 	r.last = 1;
 	r.code = c->status;
 	r.text = c->status_msg ? c->status_msg : "";
+	if (s->lost && !r.code)
+		r.code = GRPC_RESOURCE_EXHAUSTED, r.text = E_OOM;
 	call_local_cb(k, s, &r);
 	return 1;
 }
@@ -30466,6 +30470,7 @@ static int kvd_watch_reply(void *arg, const struct kvd_reply *rp)
 		}
 		for (i = np = 0; i < x->n_events; i++) {
 			const Mvccpb__Event *v = x->events[i];
+			memset(&ev[i], 0, sizeof ev[i]); /* prev NULL unless it has one */
 			ev[i].type = v->type == MVCCPB__EVENT__EVENT_TYPE__DELETE ? KVD_EVENT_DELETE : KVD_EVENT_PUT;
 			if (v->kv)
 				kvd_kv_of(&ev[i].kv, v->kv);

@@ -8237,6 +8237,187 @@ static void test_host_loop(void)
 	CHECK(!h.bad);
 }
 
+/* What one call of the allocation-failure sweep saw. */
+struct t_oom_call {
+	int rc;     /* what the kvd_* call returned */
+	int finals; /* last callbacks (a typed result counts as one) */
+	int code, msgs, early;
+	char text[96];
+};
+
+static int t_oom_inside; /* set while a kvd_* entry runs: no callback may run then */
+
+static void t_oom_final(struct t_oom_call *c, int code, const char *text)
+{
+	c->finals++;
+	c->early += t_oom_inside;
+	c->code = code;
+	snprintf(c->text, sizeof c->text, "%s", text ? text : "");
+}
+
+static void t_oom_result(void *arg, const struct kvd_result *r)
+{
+	t_oom_final(arg, r->code, r->text);
+}
+
+static int t_oom_watch(void *arg, const struct kvd_events *e)
+{
+	struct t_oom_call *c = arg;
+
+	c->early += t_oom_inside;
+	if (c->finals)
+		c->early++; /* nothing after the last callback */
+	if (e->last)
+		t_oom_final(c, e->code, e->text);
+	else
+		c->msgs += (int)e->count;
+	return 0;
+}
+
+static int t_oom_reply(void *arg, const struct kvd_reply *r)
+{
+	struct t_oom_call *c = arg;
+
+	c->early += t_oom_inside;
+	if (c->finals)
+		c->early++;
+	if (r->last)
+		t_oom_final(c, r->code, r->text);
+	else
+		c->msgs++;
+	return 0;
+}
+
+/* Turn k's loop until c has its last callback (or the call was refused). */
+static void t_oom_wait(struct kvd *k, const struct t_oom_call *c)
+{
+	struct pollfd fds[16];
+	int i, m, t;
+
+	for (i = 0; i < 200 && !c->rc && !c->finals; i++) {
+		if ((m = kvd_pollfds(k, fds, 16, &t)) < 0 || m > 16 || c->finals) /* it runs what is due */
+			return;
+		if (poll(fds, (nfds_t)m, t < 0 || t > 20 ? 20 : t) < 0)
+			return;
+		kvd_process(k, fds, m);
+	}
+}
+
+/*
+ * Allocation N of a fixed run of in-process calls fails, for N = 1, 2, ...
+ * until a run makes fewer: typed put, get, get_prefix, cas, delete, a lease
+ * grant, a put on it and its revoke, a watch that sees events then is
+ * cancelled, an unknown method, a Txn by kvd_call_msg.  Each call is
+ * refused at once (KVD_ENOMEM, and its callback never runs) or gets exactly
+ * one last callback, never from inside the kvd_* call, nothing after it
+ * [§16.7]: OK or what the call would say anyway, else RESOURCE_EXHAUSTED
+ * with kvd's out-of-memory text or etcd's; the instance closes with what
+ * it holds back to nothing (kvd_close's own check, KVD_CHECKS).
+ */
+static void test_local_oom(void)
+{
+	enum { PUT, GET, PREFIX, CAS, DEL, GRANT, LPUT, REVOKE, WATCH, NOPE, TXN, NCALLS };
+	static const char *names[NCALLS] = {"put", "get", "get_prefix", "cas", "delete", "lease_grant",
+	                                    "put on lease", "lease_revoke", "watch", "unknown method", "txn"};
+	struct t_oom_call c[NCALLS];
+	struct kvd_config cfg;
+	struct kvd *k;
+	struct kvd_stream *ws;
+	Etcdserverpb__TxnRequest txn = ETCDSERVERPB__TXN_REQUEST__INIT;
+	Etcdserverpb__RequestOp op = ETCDSERVERPB__REQUEST_OP__INIT, *ops[1] = {&op};
+	Etcdserverpb__PutRequest tp = ETCDSERVERPB__PUT_REQUEST__INIT;
+	char dir[64], data[96], cmd[160], err[KVD_ERRLEN];
+	uint64_t n;
+	int i, ok = 1, refused = 0, oom = 0, done = 0, fine = 0;
+
+	tp.key.data = (uint8_t *)"t";
+	tp.key.len = 1;
+	tp.value.data = (uint8_t *)"1";
+	tp.value.len = 1;
+	op.request_case = ETCDSERVERPB__REQUEST_OP__REQUEST_REQUEST_PUT;
+	op.request_put = &tp;
+	txn.success = ops;
+	txn.n_success = 1;
+	snprintf(dir, sizeof dir, "%s", t_tmpdir());
+	snprintf(data, sizeof data, "%s/data", dir);
+	for (n = 1; n < 20000 && ok && !done; n++) {
+		snprintf(cmd, sizeof cmd, "rm -rf %s", data);
+		CHECK(system(cmd) == 0);
+		kvd_config_init(&cfg);
+		cfg.data_dir = data;
+		cfg.listen_client_urls = "";
+		cfg.log_level = KVD_LOG_ERROR + 1;
+		cfg.unsafe_no_fsync = 1;
+		if (kvd_open(&cfg, &k, err, sizeof err)) {
+			printf("  kvd_open: %s\n", err);
+			CHECK(0);
+			break;
+		}
+		kvd_set_log(k, t_quiet, NULL);
+		memset(c, 0, sizeof c);
+		k->fail_at = k->nalloc + n;
+#define T_OOM_DO(i, e) (t_oom_inside = 1, c[i].rc = (e), t_oom_inside = 0, t_oom_wait(k, &c[i]))
+		t_oom_inside = 1;
+		c[WATCH].rc = kvd_watch(k, "", 0, 0, KVD_WATCH_PREFIX, t_oom_watch, &c[WATCH], &ws);
+		t_oom_inside = 0;
+		T_OOM_DO(PUT, kvd_put(k, "a", 1, "v1", 2, 0, t_oom_result, &c[PUT]));
+		T_OOM_DO(GET, kvd_get(k, "a", 1, 0, t_oom_result, &c[GET]));
+		T_OOM_DO(PREFIX, kvd_get_prefix(k, "", 0, 0, 0, t_oom_result, &c[PREFIX]));
+		T_OOM_DO(CAS, kvd_cas(k, "a", 1, 2, "v2", 2, t_oom_result, &c[CAS]));
+		T_OOM_DO(DEL, kvd_delete(k, "a", 1, t_oom_result, &c[DEL]));
+		T_OOM_DO(GRANT, kvd_lease_grant(k, 600, 7, t_oom_result, &c[GRANT]));
+		T_OOM_DO(LPUT, kvd_put(k, "l", 1, "x", 1, 7, t_oom_result, &c[LPUT]));
+		T_OOM_DO(REVOKE, kvd_lease_revoke(k, 7, t_oom_result, &c[REVOKE]));
+		T_OOM_DO(NOPE, kvd_call(k, "/etcdserverpb.KV/Nope", NULL, 0, NULL, t_oom_reply, &c[NOPE], NULL));
+		T_OOM_DO(TXN, kvd_call_msg(k, "/etcdserverpb.KV/Txn", &txn.base, NULL, t_oom_reply, &c[TXN], NULL));
+#undef T_OOM_DO
+		if (!c[WATCH].rc && !c[WATCH].finals) {
+			t_oom_inside = 1;
+			kvd_stream_cancel(ws);
+			t_oom_inside = 0;
+			t_oom_wait(k, &c[WATCH]);
+		}
+		done = k->nalloc < k->fail_at; /* the whole run made fewer allocations */
+		k->fail_at = 0;
+		for (i = 0; i < NCALLS; i++) {
+			int code = c[i].code, want = i == NOPE ? GRPC_UNIMPLEMENTED : i == WATCH ? GRPC_CANCELLED : GRPC_OK;
+			int good;
+			if (c[i].rc) {
+				refused++;
+				good = c[i].rc == KVD_ENOMEM && !c[i].finals && !c[i].msgs;
+			} else {
+				good = c[i].finals == 1 && !c[i].early;
+				if (code == GRPC_RESOURCE_EXHAUSTED)
+					oom++, good &= !strcmp(c[i].text, E_OOM) || !strncmp(c[i].text, "etcdserver: ", 12);
+				else if (code == GRPC_FAILED_PRECONDITION && i == WATCH) /* refused as it was made */
+					oom++, good &= !strcmp(c[i].text, E_OOM);
+				else if (code == GRPC_NOT_FOUND && (i == LPUT || i == REVOKE))
+					good &= c[GRANT].rc || c[GRANT].code; /* the lease was never granted */
+				else if (code == want)
+					fine++, good &= !*c[i].text || code;
+				else
+					good = 0;
+				good &= !done || code == want; /* nothing failed: every answer is the real one */
+				if (done && i == WATCH && c[i].msgs < 5)
+					good = 0; /* put, cas, delete, the put on the lease and its revoke at least */
+			}
+			if (!good) {
+				printf("  allocation %llu failing: %s returned %d, %d last callbacks (%d early), code %d \"%s\"\n",
+				       (unsigned long long)n, names[i], c[i].rc, c[i].finals, c[i].early, code, c[i].text);
+				ok = 0;
+			}
+		}
+		CHECK(kvd_close(k) == 0); /* KVD_CHECKS: k->mem must be back to nothing */
+		for (i = 0; i < NCALLS; i++)
+			ok &= c[i].rc || c[i].finals == 1; /* none answered only by kvd_close */
+	}
+	CHECK(ok && done && refused > 0 && oom > 0);
+	printf("  %llu allocations failed in turn: %d calls refused, %d RESOURCE_EXHAUSTED, %d answered as usual\n",
+	       (unsigned long long)(n - 2), refused, oom, fine);
+	snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+	CHECK(system(cmd) == 0);
+}
+
 static const struct {
 	const char *name;
 	void (*fn)(void);
@@ -8352,6 +8533,7 @@ static const struct {
 	{"local_calls", test_local_calls},
 	{"local_as_user", test_local_as_user},
 	{"host_loop", test_host_loop},
+	{"local_oom", test_local_oom},
 };
 
 int main(int argc, char **argv)
