@@ -7994,6 +7994,144 @@ static int t_seen_reply(void *arg, const struct kvd_reply *r)
 	return 0;
 }
 
+/* What one typed or decoded call answered, for test_local_two_instances. */
+struct t_two {
+	int done, code, found;
+	int64_t rev;
+	char val[16];
+	ProtobufCMessage *msg; /* a copy (decoded again): the reply's dies with the callback */
+	const ProtobufCMessageDescriptor *desc;
+};
+
+static void t_two_result(void *arg, const struct kvd_result *r)
+{
+	struct t_two *t = arg;
+
+	t->done++;
+	t->code = r->code;
+	t->rev = r->revision;
+	t->found = (int)r->count;
+	if (r->count)
+		snprintf(t->val, sizeof t->val, "%.*s", (int)r->kvs[0].value_len, (const char *)r->kvs[0].value);
+}
+
+static int t_two_reply(void *arg, const struct kvd_reply *r)
+{
+	struct t_two *t = arg;
+
+	if (r->last) {
+		t->done++;
+		t->code = r->code;
+	} else if (r->msg && !t->msg) {
+		t->msg = protobuf_c_message_unpack(r->msg->descriptor, NULL, r->len, r->data);
+	}
+	return 0;
+}
+
+/* Turn both instances until *a and *b are set (or a bounded number of turns). */
+static void t_two_turns(struct kvd *ka, struct kvd *kb, const int *a, const int *b)
+{
+	int i;
+
+	for (i = 0; i < 2000 && !(*a && *b); i++) {
+		t_host_turns(ka, a, 1);
+		t_host_turns(kb, b, 1);
+	}
+}
+
+/*
+ * Two instances in one process, each served through kvd.h's calls and each
+ * its own store: the same writes give the same revisions and the same
+ * HashKV, a write on one is not seen on the other (and then the hashes
+ * differ), and Status, HashKV and Defragment are callable in-process
+ * (kvd_call_msg, decoded answers): Status says the instance's own revision
+ * and db size, Defragment answers OK and leaves HashKV as it was.
+ */
+static void test_local_two_instances(void)
+{
+	struct kvd *ka = t_host_kvd(NULL), *kb = t_host_kvd(NULL);
+	struct kvd *both[2] = {ka, kb};
+	Etcdserverpb__StatusRequest st = ETCDSERVERPB__STATUS_REQUEST__INIT;
+	Etcdserverpb__HashKVRequest hq = ETCDSERVERPB__HASH_KVREQUEST__INIT;
+	Etcdserverpb__DefragmentRequest dq = ETCDSERVERPB__DEFRAGMENT_REQUEST__INIT;
+	struct kvd_call_opts dec = {NULL, 0, KVD_CALL_DECODE};
+	struct t_two pa, pb, ga, gb, ha, hb, sa, sb;
+	uint32_t hash[2][2];
+	int i, j;
+	char key[8], val[8];
+
+	for (i = 0; i < 3; i++) { /* the same writes on both */
+		snprintf(key, sizeof key, "k%d", i);
+		snprintf(val, sizeof val, "v%d", i);
+		memset(&pa, 0, sizeof pa);
+		memset(&pb, 0, sizeof pb);
+		CHECK(kvd_put(ka, key, strlen(key), val, strlen(val), 0, t_two_result, &pa) == 0);
+		CHECK(kvd_put(kb, key, strlen(key), val, strlen(val), 0, t_two_result, &pb) == 0);
+		t_two_turns(ka, kb, &pa.done, &pb.done);
+		CHECK(pa.done == 1 && pb.done == 1 && !pa.code && !pb.code && pa.rev == i + 2 && pb.rev == pa.rev);
+	}
+	for (j = 0; j < 2; j++) {
+		for (i = 0; i < 2; i++) {
+			struct t_two *h = i ? &hb : &ha;
+
+			memset(h, 0, sizeof *h);
+			CHECK(kvd_call_msg(both[i], "/etcdserverpb.Maintenance/HashKV", &hq.base, &dec, t_two_reply, h, NULL) == 0);
+		}
+		t_two_turns(ka, kb, &ha.done, &hb.done);
+		CHECK(!ha.code && !hb.code && ha.msg && hb.msg);
+		hash[j][0] = ha.msg ? ((Etcdserverpb__HashKVResponse *)ha.msg)->hash : 0;
+		hash[j][1] = hb.msg ? ((Etcdserverpb__HashKVResponse *)hb.msg)->hash : 1;
+		protobuf_c_message_free_unpacked(ha.msg, NULL);
+		protobuf_c_message_free_unpacked(hb.msg, NULL);
+		if (j)
+			break;
+		/* one more write, on a alone: b does not see it */
+		memset(&pa, 0, sizeof pa);
+		memset(&gb, 0, sizeof gb);
+		CHECK(kvd_put(ka, "only", 4, "a", 1, 0, t_two_result, &pa) == 0);
+		t_two_turns(ka, kb, &pa.done, &pa.done);
+		CHECK(kvd_get(kb, "only", 4, 0, t_two_result, &gb) == 0);
+		memset(&ga, 0, sizeof ga);
+		CHECK(kvd_get(ka, "only", 4, 0, t_two_result, &ga) == 0);
+		t_two_turns(ka, kb, &ga.done, &gb.done);
+		CHECK(pa.rev == 5 && ga.found == 1 && !strcmp(ga.val, "a") && ga.rev == 5);
+		CHECK(gb.done == 1 && !gb.code && gb.found == 0 && gb.rev == 4);
+	}
+	CHECK(hash[0][0] == hash[0][1]); /* the same history, the same hash */
+	CHECK(hash[1][0] != hash[1][1] && hash[1][1] == hash[0][1]);
+	/* Status: each its own revision; Defragment: OK, the hash unchanged */
+	memset(&sa, 0, sizeof sa);
+	memset(&sb, 0, sizeof sb);
+	CHECK(kvd_call_msg(ka, "/etcdserverpb.Maintenance/Status", &st.base, &dec, t_two_reply, &sa, NULL) == 0);
+	CHECK(kvd_call_msg(kb, "/etcdserverpb.Maintenance/Status", &st.base, &dec, t_two_reply, &sb, NULL) == 0);
+	t_two_turns(ka, kb, &sa.done, &sb.done);
+	CHECK(!sa.code && !sb.code && sa.msg && sb.msg);
+	if (sa.msg && sb.msg) {
+		Etcdserverpb__StatusResponse *ra = (void *)sa.msg, *rb = (void *)sb.msg;
+
+		CHECK(ra->header && rb->header && ra->header->revision == 5 && rb->header->revision == 4);
+		CHECK(ra->dbsize > 0 && rb->dbsize > 0 && ra->version && !strcmp(ra->version, rb->version));
+	}
+	protobuf_c_message_free_unpacked(sa.msg, NULL);
+	protobuf_c_message_free_unpacked(sb.msg, NULL);
+	memset(&pa, 0, sizeof pa);
+	CHECK(kvd_call_msg(ka, "/etcdserverpb.Maintenance/Defragment", &dq.base, &dec, t_two_reply, &pa, NULL) == 0);
+	t_two_turns(ka, kb, &pa.done, &pa.done);
+	CHECK(pa.done == 1 && pa.code == 0 && pa.msg);
+	protobuf_c_message_free_unpacked(pa.msg, NULL);
+	memset(&ha, 0, sizeof ha);
+	CHECK(kvd_call_msg(ka, "/etcdserverpb.Maintenance/HashKV", &hq.base, &dec, t_two_reply, &ha, NULL) == 0);
+	t_two_turns(ka, kb, &ha.done, &ha.done);
+	CHECK(!ha.code && ha.msg && ((Etcdserverpb__HashKVResponse *)ha.msg)->hash == hash[1][0]);
+	protobuf_c_message_free_unpacked(ha.msg, NULL);
+	CHECK(kvd_close(ka) == 0);
+	memset(&gb, 0, sizeof gb);
+	CHECK(kvd_get(kb, "k2", 2, 0, t_two_result, &gb) == 0); /* b serves on */
+	t_two_turns(kb, kb, &gb.done, &gb.done);
+	CHECK(gb.found == 1 && !strcmp(gb.val, "v2"));
+	CHECK(kvd_close(kb) == 0);
+}
+
 /*
  * A durable write's callback comes after the fdatasync that made it
  * durable, never from inside the call that started it [§16.6]; every call
@@ -8532,6 +8670,7 @@ static const struct {
 	{"pct_encode", test_pct_encode},
 	{"local_calls", test_local_calls},
 	{"local_as_user", test_local_as_user},
+	{"local_two_instances", test_local_two_instances},
 	{"host_loop", test_host_loop},
 	{"local_oom", test_local_oom},
 };
