@@ -57,7 +57,7 @@ TEST_CFLAGS = -O1 -g -Werror
 SRC = kvd.c kvd.h $(wildcard proto/*.pb-c.[ch]) Makefile
 PROTOS = kv auth rpc v3lock v3election health
 
-.PHONY: FORCE all lib nonet install-lib libcheck test k8s robustness unit check notls lean mbedtls36 asan cross cross-all footprint static-check fuzz fuzz-smoke run static install clean proto proto-gen proto-check symcheck toc toc-write size buildline
+.PHONY: libsize FORCE all lib nonet install-lib libcheck test k8s robustness unit check notls lean mbedtls36 asan cross cross-all footprint static-check fuzz fuzz-smoke run static install clean proto proto-gen proto-check symcheck toc toc-write size buildline
 
 all: kvd
 
@@ -416,6 +416,11 @@ LIB_SO = libkvd.so.$(VERSION)
 LIB_OUT = libkvd.a libkvd.so $(LIB_SONAME) $(LIB_SO) kvd.pc
 
 lib: $(LIB_OUT)
+
+# The README's library sizes (Embedding): libkvd.so's text with and without
+# the network, x86_64 and MIPS16e (test/libsize.sh; not in make test).
+libsize:
+	./test/libsize.sh
 
 libkvd.o: $(SRC) .kvd-build
 	$(CC) $(CPPFLAGS) $(CFLAGS) $(KVD_CFLAGS) $(LIB_CFLAGS) -c -o $@ kvd.c
