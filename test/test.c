@@ -1283,7 +1283,7 @@ static void test_grpc_errors(void)
 		CHECK(h >= 0 && t_resp_field(k, &fs.f[h], "grpc-status", cases[i].status));
 		if (h >= 0 && strcmp(cases[i].msg, "")) {
 			char enc[600];
-			h2_pct_encode(cases[i].msg, enc, sizeof enc);
+			call_pct_encode(cases[i].msg, enc, sizeof enc);
 			CHECK(t_resp_field(k, &fs.f[h], "grpc-message", enc));
 		}
 		CHECK(c->nst == 0 && !c->conn->is_closing);
@@ -4891,9 +4891,9 @@ static void test_pct_encode(void)
 {
 	char out[64];
 
-	h2_pct_encode("a%b\nc\xc3\xa9", out, sizeof out);
+	call_pct_encode("a%b\nc\xc3\xa9", out, sizeof out);
 	CHECK(!strcmp(out, "a%25b%0Ac%C3%A9"));
-	h2_pct_encode("plain text: ok", out, sizeof out);
+	call_pct_encode("plain text: ok", out, sizeof out);
 	CHECK(!strcmp(out, "plain text: ok"));
 }
 
@@ -8556,6 +8556,254 @@ static void test_local_oom(void)
 	CHECK(system(cmd) == 0);
 }
 
+/* ---- kvd as a client (section 30) ------------------------------------------ */
+
+/* What a client call heard: its messages (concatenated, each one's size),
+ * its end. */
+struct t_cl {
+	int msgs, lasts, code, cancel_at; /* cancel_at: cancel from the n-th message's callback */
+	struct grpc_cl_stream *s;
+	char text[160];
+	uint8_t *data;
+	size_t len, cap, sizes[64];
+};
+
+static int t_cl_reply(void *arg, const struct kvd_reply *r)
+{
+	struct t_cl *t = arg;
+
+	CHECK(!r->stream && (r->last || r->data || !r->len));
+	if (r->last) {
+		t->lasts++;
+		t->code = r->code;
+		snprintf(t->text, sizeof t->text, "%s", r->text);
+		return 0;
+	}
+	if (t->len + r->len > t->cap) {
+		t->cap = (t->len + r->len) * 2;
+		t->data = realloc(t->data, t->cap);
+	}
+	if (r->len)
+		memcpy(t->data + t->len, r->data, r->len);
+	t->len += r->len;
+	if (t->msgs < 64)
+		t->sizes[t->msgs] = r->len;
+	if (++t->msgs == t->cancel_at && t->s)
+		grpc_cl_cancel(t->s->cl->k, t->s);
+	return 0;
+}
+
+static void t_cl_reset(struct t_cl *t)
+{
+	free(t->data);
+	memset(t, 0, sizeof *t);
+}
+
+/* Turn two instances' loops, polled together, until *until (n turns and
+ * 10 s at most: a stall fails the test, it does not hang it); kb may be
+ * NULL. */
+static void t_cl_turns(struct kvd *ka, struct kvd *kb, const int *until, int n)
+{
+	struct pollfd fds[128];
+	int i, ma, mb = 0, ta, tb = -1, t;
+	int64_t end = util_now_ms() + 10000;
+
+	for (i = 0; i < n && !(until && *until) && util_now_ms() < end; i++) {
+		if ((ma = kvd_pollfds(ka, fds, 64, &ta)) < 0 || ma > 64)
+			return;
+		if (kb && ((mb = kvd_pollfds(kb, fds + ma, 64, &tb)) < 0 || mb > 64))
+			return;
+		t = ta < 0 ? tb : tb < 0 ? ta : KVD_MIN(ta, tb);
+		if (poll(fds, (nfds_t)(ma + mb), t < 0 || t > 200 ? 200 : t) < 0)
+			return;
+		kvd_process(ka, fds, ma);
+		if (kb)
+			kvd_process(kb, fds + ma, mb);
+	}
+}
+
+/* Pack m and start it on cl; the test's record in t. */
+static int t_cl_call(struct kvd *k, struct grpc_cl *cl, const char *path, const ProtobufCMessage *m, struct t_cl *t)
+{
+	uint8_t buf[64] = {0}, *p = buf;
+	size_t n = m ? protobuf_c_message_get_packed_size(m) : 0;
+	int r;
+
+	if (n > sizeof buf)
+		p = malloc(n);
+	if (m)
+		protobuf_c_message_pack(m, p);
+	r = grpc_cl_call(k, cl, path, m ? p : NULL, n, t_cl_reply, t, &t->s);
+	if (p != buf)
+		free(p);
+	return r;
+}
+
+/*
+ * kvd as a gRPC client of another kvd over loopback, both loops in this
+ * process: unary Put and Range; an unknown method (UNIMPLEMENTED, gRPC's
+ * text percent-decoded); a 1 MiB value put and read back, through windows
+ * of 64 KiB both ways (the request within the server's windows, the answer
+ * granted by its prefix [§30.3]); a Snapshot stream of a store larger than
+ * the initial window, its bytes checked by the SHA-256 etcd appends; a
+ * Watch that hears a put made on the server, cancelled from its callback
+ * (one last callback, CANCELLED [§30.4]); then two calls open when the
+ * server goes away end UNAVAILABLE, no new call starts, and a connect to a
+ * port nobody listens on ends its call UNAVAILABLE too.  Stream ids are odd
+ * and increasing, one per call [§30.5].
+ */
+static void test_h2c_loopback(void)
+{
+	struct kvd *ks = t_host_kvd("http://127.0.0.1:0"), *kc = t_host_kvd(NULL);
+	Etcdserverpb__PutRequest put = ETCDSERVERPB__PUT_REQUEST__INIT;
+	Etcdserverpb__RangeRequest rg = ETCDSERVERPB__RANGE_REQUEST__INIT;
+	Etcdserverpb__WatchRequest wr = ETCDSERVERPB__WATCH_REQUEST__INIT;
+	Etcdserverpb__WatchCreateRequest wc = ETCDSERVERPB__WATCH_CREATE_REQUEST__INIT;
+	Etcdserverpb__SnapshotRequest sr = ETCDSERVERPB__SNAPSHOT_REQUEST__INIT;
+	Etcdserverpb__PutResponse *pr;
+	Etcdserverpb__RangeResponse *rr;
+	Etcdserverpb__WatchResponse *wresp;
+	Etcdserverpb__SnapshotResponse *snap;
+	struct t_cl a = {0}, w = {0}, w2 = {0};
+	struct t_seen sp = {0};
+	struct grpc_cl *cl, *cl2;
+	struct grpc_cl_stream *dummy;
+	char url[128], err[KVD_ERRLEN];
+	uint8_t *big = malloc(1 << 20), digest[32], *blob;
+	size_t i, off, total;
+	mbedtls_sha256_context sha;
+
+	/* grpc-message as a server percent-encodes it, decoded; a bad escape stays */
+	call_pct_decode("a%25b%0Ac%C3%A9", 15, err, sizeof err);
+	CHECK(!strcmp(err, "a%b\nc\xc3\xa9"));
+	call_pct_decode("50%zz%4", 7, err, sizeof err);
+	CHECK(!strcmp(err, "50%zz%4"));
+	call_pct_decode("%41%42", 6, err, 2); /* a buffer of 2: one byte, then the NUL */
+	CHECK(!strcmp(err, "A"));
+
+	snprintf(url, sizeof url, "http://%s", ks->ls[0].name);
+	CHECK(grpc_cl_open(kc, "https://127.0.0.1:1", &cl, err, sizeof err) == KVD_EINVAL);
+	CHECK(grpc_cl_open(kc, url, &cl, err, sizeof err) == 0);
+
+	/* unary Put and Range */
+	put.key.data = (uint8_t *)"a", put.key.len = 1;
+	put.value.data = (uint8_t *)"1", put.value.len = 1;
+	CHECK(t_cl_call(kc, cl, "/etcdserverpb.KV/Put", &put.base, &a) == 0);
+	grpc_cl_half_close(kc, a.s);
+	t_cl_turns(kc, ks, &a.lasts, 500);
+	CHECK(a.lasts == 1 && a.code == 0 && a.msgs == 1 && !strcmp(a.text, ""));
+	pr = etcdserverpb__put_response__unpack(NULL, a.len, a.data);
+	CHECK(pr && pr->header && pr->header->revision == 2);
+	etcdserverpb__put_response__free_unpacked(pr, NULL);
+	t_cl_reset(&a);
+	rg.key.data = (uint8_t *)"a", rg.key.len = 1;
+	CHECK(t_cl_call(kc, cl, "/etcdserverpb.KV/Range", &rg.base, &a) == 0);
+	t_cl_turns(kc, ks, &a.lasts, 500);
+	rr = etcdserverpb__range_response__unpack(NULL, a.len, a.data);
+	CHECK(a.code == 0 && rr && rr->n_kvs == 1 && rr->kvs[0]->value.len == 1 && rr->kvs[0]->value.data[0] == '1');
+	etcdserverpb__range_response__free_unpacked(rr, NULL);
+	CHECK(a.s == NULL || 1);
+	CHECK(cl->last_id == 3 && cl->next_id == 5); /* [§30.5] one odd id per call, in order */
+	t_cl_reset(&a);
+
+	/* an unknown method */
+	CHECK(t_cl_call(kc, cl, "/etcdserverpb.KV/Nope", NULL, &a) == 0);
+	t_cl_turns(kc, ks, &a.lasts, 500);
+	CHECK(a.lasts == 1 && a.msgs == 0 && a.code == GRPC_UNIMPLEMENTED &&
+	      !strcmp(a.text, "unknown method Nope for service etcdserverpb.KV"));
+	t_cl_reset(&a);
+
+	/* 1 MiB through 64 KiB windows, both ways */
+	for (i = 0; i < (1u << 20); i++)
+		big[i] = (uint8_t)(i * 7 + (i >> 12));
+	put.key.data = (uint8_t *)"big", put.key.len = 3;
+	put.value.data = big, put.value.len = 1u << 20;
+	CHECK(t_cl_call(kc, cl, "/etcdserverpb.KV/Put", &put.base, &a) == 0);
+	t_cl_turns(kc, ks, &a.lasts, 2000);
+	CHECK(a.lasts == 1 && a.code == 0);
+	t_cl_reset(&a);
+	rg.key.data = (uint8_t *)"big", rg.key.len = 3;
+	CHECK(t_cl_call(kc, cl, "/etcdserverpb.KV/Range", &rg.base, &a) == 0);
+	t_cl_turns(kc, ks, &a.lasts, 2000);
+	rr = etcdserverpb__range_response__unpack(NULL, a.len, a.data);
+	CHECK(a.code == 0 && a.msgs == 1 && rr && rr->n_kvs == 1 && rr->kvs[0]->value.len == (1u << 20) &&
+	      !memcmp(rr->kvs[0]->value.data, big, 1u << 20));
+	if (rr)
+		etcdserverpb__range_response__free_unpacked(rr, NULL);
+	t_cl_reset(&a);
+
+	/* a Snapshot larger than the initial window: its chunks, then etcd's SHA-256 */
+	CHECK(t_cl_call(kc, cl, "/etcdserverpb.Maintenance/Snapshot", &sr.base, &a) == 0);
+	grpc_cl_half_close(kc, a.s);
+	t_cl_turns(kc, ks, &a.lasts, 4000);
+	CHECK(a.lasts == 1 && a.code == 0 && a.msgs > 2);
+	blob = malloc(a.len);
+	for (i = 0, off = total = 0; i < (size_t)a.msgs && i < 64; off += a.sizes[i++]) {
+		snap = etcdserverpb__snapshot_response__unpack(NULL, a.sizes[i], a.data + off);
+		CHECK(snap != NULL);
+		if (!snap)
+			break;
+		memcpy(blob + total, snap->blob.data, snap->blob.len);
+		total += snap->blob.len;
+		if (i + 1 == (size_t)a.msgs)
+			CHECK(snap->remaining_bytes == 0);
+		etcdserverpb__snapshot_response__free_unpacked(snap, NULL);
+	}
+	CHECK(a.msgs < 64 && total > (1u << 20) + 32);
+	mbedtls_sha256_init(&sha);
+	snap_sha256_starts(&sha, 0);
+	snap_sha256_update(&sha, blob, total - 32);
+	snap_sha256_finish(&sha, digest);
+	mbedtls_sha256_free(&sha);
+	CHECK(total > 32 && !memcmp(digest, blob + total - 32, 32));
+	free(blob);
+	t_cl_reset(&a);
+
+	/* a Watch hears a put made on the server; cancelled from its second message's callback */
+	wc.key.data = (uint8_t *)"w", wc.key.len = 1;
+	wr.request_union_case = ETCDSERVERPB__WATCH_REQUEST__REQUEST_UNION_CREATE_REQUEST;
+	wr.create_request = &wc;
+	w.cancel_at = 2;
+	CHECK(t_cl_call(kc, cl, "/etcdserverpb.Watch/Watch", &wr.base, &w) == 0);
+	t_cl_turns(kc, ks, &w.msgs, 500);
+	CHECK(w.msgs == 1 && !w.lasts); /* created */
+	sp.k = ks;
+	CHECK(kvd_put(ks, "w", 1, "x", 1, 0, t_seen_result, &sp) == 0);
+	t_cl_turns(kc, ks, &w.lasts, 500);
+	CHECK(w.msgs == 2 && w.lasts == 1 && w.code == GRPC_CANCELLED && !strcmp(w.text, "context canceled"));
+	wresp = etcdserverpb__watch_response__unpack(NULL, w.sizes[1], w.data + w.sizes[0]);
+	CHECK(wresp && wresp->n_events == 1 && wresp->events[0]->kv->key.len == 1 &&
+	      wresp->events[0]->kv->key.data[0] == 'w' && wresp->events[0]->kv->value.data[0] == 'x');
+	if (wresp)
+		etcdserverpb__watch_response__free_unpacked(wresp, NULL);
+	t_cl_reset(&w);
+
+	/* the server goes away under two open calls: both UNAVAILABLE, nothing new starts */
+	CHECK(t_cl_call(kc, cl, "/etcdserverpb.Watch/Watch", &wr.base, &w) == 0);
+	CHECK(t_cl_call(kc, cl, "/etcdserverpb.Watch/Watch", &wr.base, &w2) == 0);
+	t_cl_turns(kc, ks, &w2.msgs, 500);
+	t_cl_turns(kc, ks, &w.msgs, 500);
+	CHECK(w.msgs == 1 && w2.msgs == 1);
+	CHECK(kvd_close(ks) == 0);
+	t_cl_turns(kc, NULL, &w2.lasts, 500);
+	CHECK(w.lasts == 1 && w2.lasts == 1 && w.code == GRPC_UNAVAILABLE && w2.code == GRPC_UNAVAILABLE);
+	CHECK(!strcmp(w.text, "error reading from server: EOF"));
+	CHECK(!cl->h2 && grpc_cl_call(kc, cl, "/etcdserverpb.KV/Range", NULL, 0, t_cl_reply, &a, &dummy) == KVD_EIO);
+	grpc_cl_close(kc, cl);
+	t_cl_reset(&w);
+	t_cl_reset(&w2);
+
+	/* nobody listens there now: the connect fails, the call ends UNAVAILABLE */
+	CHECK(grpc_cl_open(kc, url, &cl2, err, sizeof err) == 0);
+	CHECK(t_cl_call(kc, cl2, "/etcdserverpb.KV/Range", &rg.base, &a) == 0);
+	t_cl_turns(kc, NULL, &a.lasts, 500);
+	CHECK(a.lasts == 1 && a.code == GRPC_UNAVAILABLE);
+	grpc_cl_close(kc, cl2);
+	t_cl_reset(&a);
+	CHECK(kvd_close(kc) == 0); /* KVD_CHECKS: every block given back */
+	free(big);
+}
+
 static const struct {
 	const char *name;
 	void (*fn)(void);
@@ -8673,6 +8921,7 @@ static const struct {
 	{"local_two_instances", test_local_two_instances},
 	{"host_loop", test_host_loop},
 	{"local_oom", test_local_oom},
+	{"h2c_loopback", test_h2c_loopback},
 };
 
 int main(int argc, char **argv)
