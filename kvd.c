@@ -23513,6 +23513,27 @@ static const struct net_proto grpc_cl_proto = {
 	grpc_cl_busy, grpc_cl_shed, grpc_cl_free,
 };
 
+/* Connection c (a socket kvd opened, or a fuzzer's) speaks HTTP/2 as the
+ * client of cl (zeroed but for its authority): its preface is queued.  0,
+ * or KVD_ENOMEM. */
+static int grpc_cl_attach(struct kvd *k, struct conn *c, struct grpc_cl *cl)
+{
+	struct h2_conn *h2 = h2_conn_new(k, c);
+
+	if (!h2)
+		return KVD_ENOMEM;
+	cl->k = k;
+	cl->h2 = h2;
+	cl->next_id = 1;
+	cl->owned = 1;
+	h2->cl = cl;
+	h2->peer_max_streams = UINT32_MAX; /* until the server's SETTINGS say */
+	c->ps = h2;
+	c->proto = &grpc_cl_proto;
+	grpc_cl_preface(k, h2);
+	return 0;
+}
+
 /*
  * Open a client connection to url (http://IP:PORT, http://localhost:PORT,
  * unix://PATH): the connect starts now and finishes in the loop; calls may
@@ -23522,7 +23543,6 @@ static const struct net_proto grpc_cl_proto = {
 KVD_UNUSED static int grpc_cl_open(struct kvd *k, const char *url, struct grpc_cl **out, char *err, size_t errlen)
 {
 	struct grpc_cl *cl;
-	struct h2_conn *h2;
 	struct conn *c;
 	int r;
 
@@ -23535,21 +23555,12 @@ KVD_UNUSED static int grpc_cl_open(struct kvd *k, const char *url, struct grpc_c
 		kvd_free(k, cl);
 		return r;
 	}
-	if (!(h2 = h2_conn_new(k, c))) {
+	if ((r = grpc_cl_attach(k, c, cl))) {
 		c->dead = 1; /* reaped without a protocol */
 		kvd_free(k, cl);
 		snprintf(err, errlen, "out of memory");
-		return KVD_ENOMEM;
+		return r;
 	}
-	cl->k = k;
-	cl->h2 = h2;
-	cl->next_id = 1;
-	cl->owned = 1;
-	h2->cl = cl;
-	h2->peer_max_streams = UINT32_MAX; /* until the server's SETTINGS say */
-	c->ps = h2;
-	c->proto = &grpc_cl_proto;
-	grpc_cl_preface(k, h2);
 	*out = cl;
 	return 0;
 }
