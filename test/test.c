@@ -4,6 +4,7 @@
  *
  *   ./test/test            all tests
  *   ./test/test hpack      tests whose name contains "hpack"
+ *   ./test/test --h2c URL FILE   kvd's client role against URL (test/h2client.py)
  *
  * Last line: "N passed, N failed"; exit status 1 if anything failed.
  */
@@ -8804,6 +8805,146 @@ static void test_h2c_loopback(void)
 	free(big);
 }
 
+/*
+ * test/test --h2c URL FILE: kvd's client role against a server that runs
+ * elsewhere (test/h2client.py starts etcd 3.7.3 and kvd): Put, a 200 KiB
+ * Put, a Range of the prefix, a Watch that hears a Put, a Snapshot saved
+ * to FILE, an unknown method; one JSON line each, for the suite to compare
+ * with what etcdctl sees.  Exit status 0 when every call answered.
+ */
+static void t_h2c_hex(const uint8_t *p, size_t n, char *out)
+{
+	size_t i;
+
+	for (i = 0; i < n; i++)
+		sprintf(out + 2 * i, "%02x", p[i]);
+	out[2 * n] = 0;
+}
+
+static int t_h2c_peer(const char *url, const char *file)
+{
+	struct kvd *kc = t_host_kvd(NULL);
+	Etcdserverpb__PutRequest put = ETCDSERVERPB__PUT_REQUEST__INIT;
+	Etcdserverpb__RangeRequest rg = ETCDSERVERPB__RANGE_REQUEST__INIT;
+	Etcdserverpb__WatchRequest wr = ETCDSERVERPB__WATCH_REQUEST__INIT;
+	Etcdserverpb__WatchCreateRequest wc = ETCDSERVERPB__WATCH_CREATE_REQUEST__INIT;
+	Etcdserverpb__SnapshotRequest sr = ETCDSERVERPB__SNAPSHOT_REQUEST__INIT;
+	Etcdserverpb__PutResponse *pr;
+	Etcdserverpb__RangeResponse *rr;
+	Etcdserverpb__WatchResponse *wresp;
+	Etcdserverpb__SnapshotResponse *snap;
+	struct t_cl a = {0}, w = {0};
+	struct grpc_cl *cl;
+	char err[KVD_ERRLEN], hex[65], kh[256];
+	uint8_t *big = malloc(200000), digest[32];
+	size_t i, off;
+	int ok = 1;
+	FILE *f;
+	mbedtls_sha256_context sha;
+
+	if (grpc_cl_open(kc, url, &cl, err, sizeof err)) {
+		printf("{\"step\": \"open\", \"error\": \"%s\"}\n", err);
+		return 1;
+	}
+	for (i = 0; i < 200000; i++)
+		big[i] = (uint8_t)(i * 13 + (i >> 10));
+	for (i = 0; i < 2; i++) {
+		put.key.data = (uint8_t *)(i ? "h2c/big" : "h2c/a"), put.key.len = i ? 7 : 5;
+		put.value.data = i ? big : (uint8_t *)"1", put.value.len = i ? 200000 : 1;
+		ok &= t_cl_call(kc, cl, "/etcdserverpb.KV/Put", &put.base, &a) == 0;
+		t_cl_turns(kc, NULL, &a.lasts, 2000);
+		pr = a.code ? NULL : etcdserverpb__put_response__unpack(NULL, a.len, a.data);
+		printf("{\"step\": \"put\", \"code\": %d, \"rev\": %lld}\n", a.code,
+		       pr && pr->header ? (long long)pr->header->revision : -1ll);
+		ok &= a.lasts == 1 && !a.code && pr;
+		if (pr)
+			etcdserverpb__put_response__free_unpacked(pr, NULL);
+		t_cl_reset(&a);
+	}
+	rg.key.data = (uint8_t *)"h2c/", rg.key.len = 4;
+	rg.range_end.data = (uint8_t *)"h2c0", rg.range_end.len = 4;
+	ok &= t_cl_call(kc, cl, "/etcdserverpb.KV/Range", &rg.base, &a) == 0;
+	t_cl_turns(kc, NULL, &a.lasts, 2000);
+	rr = a.code ? NULL : etcdserverpb__range_response__unpack(NULL, a.len, a.data);
+	ok &= a.lasts == 1 && !a.code && rr;
+	for (i = 0; rr && i < rr->n_kvs; i++) {
+		mbedtls_sha256_init(&sha);
+		snap_sha256_starts(&sha, 0);
+		snap_sha256_update(&sha, rr->kvs[i]->value.data, rr->kvs[i]->value.len);
+		snap_sha256_finish(&sha, digest);
+		mbedtls_sha256_free(&sha);
+		t_h2c_hex(digest, 32, hex);
+		t_h2c_hex(rr->kvs[i]->key.data, KVD_MIN(rr->kvs[i]->key.len, 100), kh);
+		printf("{\"step\": \"range\", \"key\": \"%s\", \"value_sha256\": \"%s\", \"len\": %zu, \"create\": %lld, "
+		       "\"mod\": %lld, \"version\": %lld}\n", kh, hex, rr->kvs[i]->value.len,
+		       (long long)rr->kvs[i]->create_revision, (long long)rr->kvs[i]->mod_revision,
+		       (long long)rr->kvs[i]->version);
+	}
+	if (rr)
+		etcdserverpb__range_response__free_unpacked(rr, NULL);
+	t_cl_reset(&a);
+
+	wc.key.data = (uint8_t *)"h2c/w", wc.key.len = 5;
+	wr.request_union_case = ETCDSERVERPB__WATCH_REQUEST__REQUEST_UNION_CREATE_REQUEST;
+	wr.create_request = &wc;
+	ok &= t_cl_call(kc, cl, "/etcdserverpb.Watch/Watch", &wr.base, &w) == 0;
+	t_cl_turns(kc, NULL, &w.msgs, 2000);
+	put.key.data = (uint8_t *)"h2c/w", put.key.len = 5;
+	put.value.data = (uint8_t *)"x", put.value.len = 1;
+	ok &= t_cl_call(kc, cl, "/etcdserverpb.KV/Put", &put.base, &a) == 0;
+	t_cl_turns(kc, NULL, &a.lasts, 2000);
+	for (i = 0; i < 2000 && w.msgs < 2; i++)
+		t_cl_turns(kc, NULL, NULL, 1);
+	for (i = 0, off = 0; i < (size_t)w.msgs && i < 64; off += w.sizes[i++]) {
+		wresp = etcdserverpb__watch_response__unpack(NULL, w.sizes[i], w.data + off);
+		if (wresp && wresp->n_events == 1 && wresp->events[0]->kv)
+			printf("{\"step\": \"watch\", \"type\": %d, \"key\": \"%.*s\", \"value\": \"%.*s\", \"mod\": %lld, "
+			       "\"rev\": %lld}\n", wresp->events[0]->type, (int)wresp->events[0]->kv->key.len,
+			       (const char *)wresp->events[0]->kv->key.data, (int)wresp->events[0]->kv->value.len,
+			       (const char *)wresp->events[0]->kv->value.data, (long long)wresp->events[0]->kv->mod_revision,
+			       (long long)wresp->header->revision);
+		else if (wresp)
+			printf("{\"step\": \"watch\", \"created\": %d}\n", wresp->created);
+		ok &= wresp != NULL;
+		if (wresp)
+			etcdserverpb__watch_response__free_unpacked(wresp, NULL);
+	}
+	ok &= w.msgs == 2 && !w.lasts;
+	grpc_cl_cancel(kc, w.s);
+	t_cl_turns(kc, NULL, &w.lasts, 2000);
+	ok &= w.lasts == 1 && w.code == GRPC_CANCELLED;
+	t_cl_reset(&a);
+	t_cl_reset(&w);
+
+	ok &= t_cl_call(kc, cl, "/etcdserverpb.Maintenance/Snapshot", &sr.base, &a) == 0;
+	grpc_cl_half_close(kc, a.s);
+	t_cl_turns(kc, NULL, &a.lasts, 4000);
+	f = fopen(file, "wb");
+	for (i = 0, off = 0; f && i < (size_t)a.msgs && i < 64; off += a.sizes[i++]) {
+		snap = etcdserverpb__snapshot_response__unpack(NULL, a.sizes[i], a.data + off);
+		ok &= snap != NULL;
+		if (snap && fwrite(snap->blob.data, 1, snap->blob.len, f) != snap->blob.len)
+			ok = 0;
+		if (snap)
+			etcdserverpb__snapshot_response__free_unpacked(snap, NULL);
+	}
+	ok &= f && !fclose(f) && a.msgs < 64;
+	printf("{\"step\": \"snapshot\", \"code\": %d, \"messages\": %d}\n", a.code, a.msgs);
+	ok &= a.lasts == 1 && !a.code;
+	t_cl_reset(&a);
+
+	ok &= t_cl_call(kc, cl, "/etcdserverpb.KV/Nope", NULL, &a) == 0;
+	t_cl_turns(kc, NULL, &a.lasts, 2000);
+	printf("{\"step\": \"unknown\", \"code\": %d, \"text\": \"%s\"}\n", a.code, a.text);
+	ok &= a.lasts == 1;
+	t_cl_reset(&a);
+	grpc_cl_close(kc, cl);
+	t_cl_turns(kc, NULL, NULL, 5);
+	ok &= kvd_close(kc) == 0;
+	free(big);
+	return !ok;
+}
+
 static const struct {
 	const char *name;
 	void (*fn)(void);
@@ -8929,6 +9070,8 @@ int main(int argc, char **argv)
 	size_t i;
 
 	mvcc_crc_init(t_crc);
+	if (argc == 4 && !strcmp(argv[1], "--h2c")) /* kvd's client role against a server elsewhere */
+		return t_h2c_peer(argv[2], argv[3]);
 	for (i = 0; i < KVD_COUNT(tests); i++) {
 		if (argc > 1 && !strstr(tests[i].name, argv[1]))
 			continue;
