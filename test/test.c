@@ -8613,7 +8613,7 @@ static void t_cl_turns(struct kvd *ka, struct kvd *kb, const int *until, int n)
 		if ((ma = kvd_pollfds(ka, fds, 64, &ta)) < 0 || ma > 64)
 			return;
 		if (kb && ((mb = kvd_pollfds(kb, fds + ma, 64, &tb)) < 0 || mb > 64))
-			return;
+			kb = NULL, mb = 0, tb = -1; /* its loop stopped (KVD_ESTOPPED): the other goes on */
 		t = ta < 0 ? tb : tb < 0 ? ta : KVD_MIN(ta, tb);
 		if (poll(fds, (nfds_t)(ma + mb), t < 0 || t > 200 ? 200 : t) < 0)
 			return;
@@ -8803,6 +8803,54 @@ static void test_h2c_loopback(void)
 	t_cl_reset(&a);
 	CHECK(kvd_close(kc) == 0); /* KVD_CHECKS: every block given back */
 	free(big);
+}
+
+/*
+ * A server's graceful shutdown under a client's Watch: kvd's server ends
+ * the stream (UNAVAILABLE, "transport is closing", as etcd) and says
+ * GOAWAY (the first, then the final one after the client's PING answer);
+ * the client's call hears its one last callback with the server's status
+ * [§30.4], no new call starts after the GOAWAY, and once the server closes
+ * the connection is gone (the handle stays the owner's until
+ * grpc_cl_close).
+ */
+static void test_h2c_server_goaway(void)
+{
+	struct kvd *ks = t_host_kvd("http://127.0.0.1:0"), *kc = t_host_kvd(NULL);
+	Etcdserverpb__WatchRequest wr = ETCDSERVERPB__WATCH_REQUEST__INIT;
+	Etcdserverpb__WatchCreateRequest wc = ETCDSERVERPB__WATCH_CREATE_REQUEST__INIT;
+	struct t_cl w = {0}, a = {0};
+	struct grpc_cl *cl;
+	struct grpc_cl_stream *dummy;
+	char url[128], err[KVD_ERRLEN];
+	int goaway = 0, gone = 0;
+	int64_t end;
+
+	snprintf(url, sizeof url, "http://%s", ks->ls[0].name);
+	CHECK(grpc_cl_open(kc, url, &cl, err, sizeof err) == 0);
+	wc.key.data = (uint8_t *)"w", wc.key.len = 1;
+	wr.request_union_case = ETCDSERVERPB__WATCH_REQUEST__REQUEST_UNION_CREATE_REQUEST;
+	wr.create_request = &wc;
+	CHECK(t_cl_call(kc, cl, "/etcdserverpb.Watch/Watch", &wr.base, &w) == 0);
+	t_cl_turns(kc, ks, &w.msgs, 500);
+	CHECK(w.msgs == 1 && !w.lasts);
+	kvd_shutdown(ks);
+	for (end = util_now_ms() + 10000; !(w.lasts && goaway) && util_now_ms() < end;) {
+		t_cl_turns(kc, ks, NULL, 1);
+		goaway = cl->goaway;
+	}
+	CHECK(w.lasts == 1 && goaway);
+	CHECK(w.code == GRPC_UNAVAILABLE && !strcmp(w.text, E_STOPPING) && cl->h2); /* the server's trailers */
+	CHECK(grpc_cl_call(kc, cl, "/etcdserverpb.KV/Range", NULL, 0, t_cl_reply, &a, &dummy) == KVD_EIO);
+	CHECK(kvd_close(ks) == 0); /* its loop has stopped: the socket goes now */
+	for (end = util_now_ms() + 10000; !gone && util_now_ms() < end;) {
+		t_cl_turns(kc, NULL, NULL, 1);
+		gone = !cl->h2;
+	}
+	CHECK(gone && w.lasts == 1 && !a.lasts);
+	grpc_cl_close(kc, cl);
+	t_cl_reset(&w);
+	CHECK(kvd_close(kc) == 0);
 }
 
 /*
@@ -9063,6 +9111,7 @@ static const struct {
 	{"host_loop", test_host_loop},
 	{"local_oom", test_local_oom},
 	{"h2c_loopback", test_h2c_loopback},
+	{"h2c_server_goaway", test_h2c_server_goaway},
 };
 
 int main(int argc, char **argv)
