@@ -22990,7 +22990,8 @@ static void grpc_on_remote_close(struct kvd *k, struct h2_stream *s)
  * the connection's raised to KVD_CONN_WINDOW as a server's is; a stream's
  * window is topped back up as messages are delivered, and a message whose
  * prefix announces more than the window is granted the rest at once (as
- * grpc-go), up to KVD_CL_MAX_MSG.  Sending, DATA goes within the server's
+ * grpc-go), up to KVD_CL_MAX_MSG, out of a budget of KVD_CL_CONN_INPUT per
+ * connection (when nothing is granted, the next goes whatever its size).  Sending, DATA goes within the server's
  * windows and frame size (h2_send_data).
  *
  * Lifetimes: the owner's handle (struct grpc_cl) lives until grpc_cl_close,
@@ -23005,7 +23006,9 @@ static void grpc_on_remote_close(struct kvd *k, struct h2_stream *s)
  *   3. A hostile server pins bounded memory: a call buffers at most one
  *      message of at most KVD_CL_MAX_MSG bytes plus its window
  *      (grpc_cl_data: a longer one, or DATA past the window, ends the
- *      call and resets the stream); header blocks are section 29's.
+ *      call and resets the stream), and the windows granted to large
+ *      messages on a connection stay within KVD_CL_CONN_INPUT, or are one
+ *      message's (grpc_cl_deliver); header blocks are section 29's.
  *   4. Every call gets exactly one last callback, and nothing after it
  *      (grpc_cl_end, grpc_cl_deliver); none runs inside another's.
  *   5. Stream ids kvd opens are odd and increasing, and no more calls are
@@ -23014,6 +23017,9 @@ static void grpc_on_remote_close(struct kvd *k, struct h2_stream *s)
 
 #ifndef KVD_CL_MAX_MSG /* @@ largest response message kvd takes as a client */
 #define KVD_CL_MAX_MSG (16 * 1024 * 1024)
+#endif
+#ifndef KVD_CL_CONN_INPUT /* @@ window granted at once to large response messages, per client connection */
+#define KVD_CL_CONN_INPUT (32 * 1024 * 1024)
 #endif
 #ifndef KVD_CL_STREAMS /* @@ calls kvd keeps open at once on one client connection */
 #define KVD_CL_STREAMS 100
@@ -23032,6 +23038,8 @@ struct grpc_cl_stream {
 	unsigned cancelled : 1;      /* the owner cancelled: the flush ends it */
 	unsigned ended : 1;          /* its last callback ran: grpc_cl_reap frees it */
 	unsigned in_cb : 1;          /* a callback of it runs */
+	unsigned want_grant : 1;     /* a large message waits for the connection's budget */
+	size_t granted;              /* window granted to its large message: its share of cl->granted */
 	int64_t send_window, recv_window, stalled_since;
 	struct kvd_buf out;          /* request messages not yet sent, gRPC-framed */
 	struct kvd_buf in;           /* response bytes, not yet a whole message */
@@ -23046,6 +23054,7 @@ struct grpc_cl {
 	struct grpc_cl_stream *st;   /* its calls, oldest first */
 	uint32_t next_id, last_id;   /* the next stream id to give; the highest given */
 	unsigned open;               /* calls whose HEADERS went and that have not ended */
+	size_t granted;              /* window granted to large messages, all calls (KVD_CL_CONN_INPUT) */
 	unsigned goaway : 1;         /* the server said GOAWAY: no new calls go */
 	unsigned owned : 1;          /* the owner holds it (grpc_cl_close lets go) */
 	unsigned closing : 1;        /* grpc_cl_close asked: the flush ends it */
@@ -23077,6 +23086,18 @@ static void grpc_cl_cb(struct kvd *k, struct grpc_cl_stream *s, struct kvd_reply
 	s->in_cb = 0;
 }
 
+/* s's large message was delivered, or s ended: its grant goes back to the
+ * connection's budget, and the calls waiting for it look again (the
+ * flush). */
+static void grpc_cl_release(struct kvd *k, struct grpc_cl_stream *s)
+{
+	if (!s->granted)
+		return;
+	s->cl->granted -= s->granted;
+	s->granted = 0;
+	util_wake_by(k, k->now);
+}
+
 /* The call ends: its last callback, once (see [§30.4]). */
 static void grpc_cl_end(struct kvd *k, struct grpc_cl_stream *s, int code, const char *fmt, ...)
 {
@@ -23091,6 +23112,8 @@ static void grpc_cl_end(struct kvd *k, struct grpc_cl_stream *s, int code, const
 	va_end(ap);
 	if (s->id && s->cl->open)
 		s->cl->open--;
+	grpc_cl_release(k, s);
+	s->want_grant = 0;
 	buf_free(k, &s->in);
 	buf_free(k, &s->out);
 	memset(&r, 0, sizeof r);
@@ -23204,12 +23227,19 @@ static void grpc_cl_deliver(struct kvd *k, struct grpc_cl_stream *s)
 			grpc_cl_fault(k, s, H2_CANCEL, GRPC_RESOURCE_EXHAUSTED, "grpc: received message larger than max");
 			return;
 		}
-		if (BUF_LEN(&s->in) < 5 + (size_t)len) { /* open the window for all of it at once */
+		if (BUF_LEN(&s->in) < 5 + (size_t)len) { /* open the window for all of it at once, */
 			want = (int64_t)(5 + (size_t)len - BUF_LEN(&s->in)) - s->recv_window;
-			if (want > 0 && h2 && !s->remote_closed) {
-				h2_frame_u32(h2, H2_WINDOW_UPDATE, s->id, (uint32_t)want);
-				s->recv_window += want;
+			s->want_grant = 0;
+			if (want <= 0 || !h2 || s->remote_closed)
+				break;
+			if (s->cl->granted && s->cl->granted + (size_t)want > KVD_CL_CONN_INPUT) {
+				s->want_grant = 1; /* within the budget: it waits for another's to come back */
+				break;
 			}
+			h2_frame_u32(h2, H2_WINDOW_UPDATE, s->id, (uint32_t)want);
+			s->recv_window += want;
+			s->granted += (size_t)want;
+			s->cl->granted += (size_t)want;
 			break;
 		}
 		memset(&r, 0, sizeof r);
@@ -23218,9 +23248,11 @@ static void grpc_cl_deliver(struct kvd *k, struct grpc_cl_stream *s)
 		r.text = "";
 		grpc_cl_cb(k, s, &r);
 		buf_consume(&s->in, 5 + (size_t)len);
+		grpc_cl_release(k, s);
 	}
-	/* [§30.3] one message at most, and its window */
-	(void)KVD_ALWAYS(BUF_LEN(&s->in) <= 5 + (size_t)KVD_CL_MAX_MSG + H2_DEFAULT_WINDOW);
+	/* [§30.3] one message at most, and its window; grants within the budget, or one alone */
+	(void)KVD_ALWAYS(BUF_LEN(&s->in) <= 5 + (size_t)KVD_CL_MAX_MSG + H2_DEFAULT_WINDOW &&
+	                 (s->cl->granted <= KVD_CL_CONN_INPUT || !s->granted || s->cl->granted == s->granted));
 	buf_trim(k, &s->in, 0);
 	if (h2 && !s->ended && !s->remote_closed && H2_DEFAULT_WINDOW - s->recv_window >= H2_DEFAULT_WINDOW / 4 &&
 	    BUF_LEN(&s->in) < 5) { /* consumed: top the window back up */
@@ -23421,6 +23453,8 @@ static void grpc_cl_flush(struct kvd *k, struct conn *c)
 			         BUF_LEN(&c->out) >= KVD_MAX_OUTPUT || grpc_cl_start(k, cl, s))
 				continue; /* waits: for a slot, the server's SETTINGS, room, memory */
 		}
+		if (s->want_grant)
+			grpc_cl_deliver(k, s); /* a grant came back: its large message may go now */
 		if (!s->end_sent && BUF_LEN(&s->out))
 			h2_send_data(k, h2, s->id, &s->send_window, &s->stalled_since, &s->out, 0);
 		if (s->half_close && !s->end_sent && !BUF_LEN(&s->out) && !h2_frame(h2, H2_DATA, H2_F_END_STREAM, s->id, NULL, 0))

@@ -8732,6 +8732,20 @@ static void test_h2c_loopback(void)
 	if (rr)
 		etcdserverpb__range_response__free_unpacked(rr, NULL);
 	t_cl_reset(&a);
+	/* three at once: each large message granted within the connection's
+	 * budget, or waiting until another's comes back (see [§30.3]) */
+	{
+		struct t_cl three[3];
+		memset(three, 0, sizeof three);
+		for (i = 0; i < 3; i++)
+			CHECK(t_cl_call(kc, cl, "/etcdserverpb.KV/Range", &rg.base, &three[i]) == 0);
+		for (i = 0; i < 3; i++) {
+			t_cl_turns(kc, ks, &three[i].lasts, 2000);
+			CHECK(three[i].lasts == 1 && three[i].code == 0 && three[i].len > (1u << 20));
+			t_cl_reset(&three[i]);
+		}
+		CHECK(!cl->granted);
+	}
 
 	/* a Snapshot larger than the initial window: its chunks, then etcd's SHA-256 */
 	CHECK(t_cl_call(kc, cl, "/etcdserverpb.Maintenance/Snapshot", &sr.base, &a) == 0);
