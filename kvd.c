@@ -218,6 +218,11 @@
  *     call_local_new §16 > call_local_send §16 > call_message §16 > the
  *     service > loop_log_flush §36 > call_local_flush §16 >
  *     call_local_deliver §16 > kvd_typed_reply §38 (the host's callback)
+ *   - a call kvd makes as a client: grpc_cl_open §30 > net_connect §36 >
+ *     grpc_cl_call §30 > grpc_cl_flush §30 > grpc_cl_start §30 >
+ *     h2_send_block §29 > h2_send_data §29 > net_write §36 > net_read §36 >
+ *     h2_input §29 > h2_on_block §29 > grpc_cl_block §30 > h2_on_data §29 >
+ *     grpc_cl_data §30 > grpc_cl_deliver §30 (the owner's callback)
  *   - a confd query: confd_read §32 > confd_handle §32 > confd_hmac §31 >
  *     confd_parse_request §31 > confd_keyspace §31 or confd_ganeti §32 > confd_sign §31
  *   - a log rewrite: svc_defrag §22 > life_step §13 > life_rw_start §13 >
