@@ -23162,20 +23162,22 @@ static void grpc_cl_reap(struct kvd *k, struct grpc_cl *cl)
 }
 
 /* kvd's client preface: the magic, SETTINGS (no push; kvd's header list
- * cap), then a bigger connection window, as a server's (h2_send_preface). */
-static void grpc_cl_preface(struct kvd *k, struct h2_conn *h2)
+ * cap), then a bigger connection window, as a server's (h2_send_preface).
+ * 0, or KVD_ENOMEM (the connection is then given up). */
+static int grpc_cl_preface(struct kvd *k, struct h2_conn *h2)
 {
 	uint8_t p[12];
 
-	buf_append(k, &h2->conn->out, H2_PREFACE, H2_PREFACE_LEN);
 	put_be16(p, H2_SET_ENABLE_PUSH);
 	put_be32(p + 2, 0);
 	put_be16(p + 6, H2_SET_MAX_HEADER_LIST_SIZE);
 	put_be32(p + 8, KVD_MAX_HEADER_LIST);
-	h2_frame(h2, H2_SETTINGS, 0, 0, p, sizeof p);
-	h2_frame_u32(h2, H2_WINDOW_UPDATE, 0, KVD_CONN_WINDOW - H2_DEFAULT_WINDOW);
+	if (buf_append(k, &h2->conn->out, H2_PREFACE, H2_PREFACE_LEN) || h2_frame(h2, H2_SETTINGS, 0, 0, p, sizeof p) ||
+	    h2_frame_u32(h2, H2_WINDOW_UPDATE, 0, KVD_CONN_WINDOW - H2_DEFAULT_WINDOW))
+		return KVD_ENOMEM;
 	h2->recv_window = KVD_CONN_WINDOW;
 	h2->preface_done = 1; /* a server sends no magic: its SETTINGS come first */
+	return 0;
 }
 
 /* The call's HEADERS, its stream id given now (see [§30.5]).  0, or
@@ -23241,7 +23243,10 @@ static void grpc_cl_deliver(struct kvd *k, struct grpc_cl_stream *s)
 				s->want_grant = 1; /* within the budget: it waits for another's to come back */
 				break;
 			}
-			h2_frame_u32(h2, H2_WINDOW_UPDATE, s->id, (uint32_t)want);
+			if (h2_frame_u32(h2, H2_WINDOW_UPDATE, s->id, (uint32_t)want)) {
+				s->want_grant = 1; /* no memory: the flush tries again */
+				break;
+			}
 			s->recv_window += want;
 			s->granted += (size_t)want;
 			s->cl->granted += (size_t)want;
@@ -23260,9 +23265,11 @@ static void grpc_cl_deliver(struct kvd *k, struct grpc_cl_stream *s)
 	                 (s->cl->granted <= KVD_CL_CONN_INPUT || !s->granted || s->cl->granted == s->granted));
 	buf_trim(k, &s->in, 0);
 	if (h2 && !s->ended && !s->remote_closed && H2_DEFAULT_WINDOW - s->recv_window >= H2_DEFAULT_WINDOW / 4 &&
-	    BUF_LEN(&s->in) < 5) { /* consumed: top the window back up */
-		h2_frame_u32(h2, H2_WINDOW_UPDATE, s->id, (uint32_t)(H2_DEFAULT_WINDOW - s->recv_window));
-		s->recv_window = H2_DEFAULT_WINDOW;
+	    BUF_LEN(&s->in) < 5) { /* consumed: top the window back up (no memory: the flush tries again) */
+		if (h2_frame_u32(h2, H2_WINDOW_UPDATE, s->id, (uint32_t)(H2_DEFAULT_WINDOW - s->recv_window)))
+			s->want_grant = 1;
+		else
+			s->recv_window = H2_DEFAULT_WINDOW;
 	}
 }
 
@@ -23554,7 +23561,8 @@ static const struct net_proto grpc_cl_proto = {
 
 /* Connection c (a socket kvd opened, or a fuzzer's) speaks HTTP/2 as the
  * client of cl (zeroed but for its authority): its preface is queued.  0,
- * or KVD_ENOMEM. */
+ * or KVD_ENOMEM (c is then left without a protocol, for its caller to
+ * drop). */
 static int grpc_cl_attach(struct kvd *k, struct conn *c, struct grpc_cl *cl)
 {
 	struct h2_conn *h2 = h2_conn_new(k, c);
@@ -23567,9 +23575,13 @@ static int grpc_cl_attach(struct kvd *k, struct conn *c, struct grpc_cl *cl)
 	cl->owned = 1;
 	h2->cl = cl;
 	h2->peer_max_streams = UINT32_MAX; /* until the server's SETTINGS say */
+	if (grpc_cl_preface(k, h2)) {
+		h2->cl = NULL;
+		h2_conn_free(k, h2);
+		return KVD_ENOMEM;
+	}
 	c->ps = h2;
 	c->proto = &grpc_cl_proto;
-	grpc_cl_preface(k, h2);
 	return 0;
 }
 

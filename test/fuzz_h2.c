@@ -56,6 +56,7 @@ static void fz_client(struct kvd *k, struct conn *c, const uint8_t *data, size_t
 	c->uncounted = 1;
 	if (!cl || grpc_cl_attach(k, c, cl)) {
 		kvd_free(k, cl);
+		net_conn_free(k, c);
 		return;
 	}
 	for (i = 0; i < 3; i++) {
