@@ -8868,6 +8868,74 @@ static void test_h2c_server_goaway(void)
 }
 
 /*
+ * Allocation failures in the client role, one in turn, each in a fresh
+ * instance (a kvd on loopback serving): a connection opened, a 70 KB Put
+ * and a Range of it started.  Every call is either refused at once or
+ * hears exactly one last callback [§30.4], nothing waits past 12 s, and
+ * kvd_close finds every block given back.
+ */
+static void test_h2c_oom(void)
+{
+	struct kvd *ks = t_host_kvd("http://127.0.0.1:0"), *kc;
+	Etcdserverpb__PutRequest put = ETCDSERVERPB__PUT_REQUEST__INIT;
+	Etcdserverpb__RangeRequest rg = ETCDSERVERPB__RANGE_REQUEST__INIT;
+	struct kvd_config cfg;
+	struct t_heap h;
+	struct t_cl a, b;
+	struct grpc_cl *cl;
+	static uint8_t val[70000];
+	char url[128], err[KVD_ERRLEN], data[160];
+	int ra, rb, n, done = 0, ok = 1, fails = 0, answered = 0;
+	int64_t end;
+
+	snprintf(url, sizeof url, "http://%s", ks->ls[0].name);
+	snprintf(data, sizeof data, "%s/data", t_tmpdir());
+	put.key.data = (uint8_t *)"o", put.key.len = 1;
+	put.value.data = val, put.value.len = sizeof val;
+	rg.key.data = (uint8_t *)"o", rg.key.len = 1;
+	for (n = 1; n < 3000 && !done && ok; n++) {
+		memset(&h, 0, sizeof h);
+		memset(&a, 0, sizeof a);
+		memset(&b, 0, sizeof b);
+		kvd_config_init(&cfg);
+		cfg.data_dir = data;
+		cfg.listen_client_urls = "";
+		cfg.unsafe_no_fsync = 1;
+		cfg.log_level = KVD_LOG_ERROR;
+		cfg.alloc = t_heap_alloc;
+		cfg.alloc_ctx = &h;
+		if (kvd_open(&cfg, &kc, err, sizeof err)) {
+			ok = 0;
+			break;
+		}
+		kvd_set_log(kc, t_quiet, NULL);
+		h.fail = h.calls + (size_t)n;
+		ra = rb = -1;
+		if (!grpc_cl_open(kc, url, &cl, err, sizeof err)) {
+			ra = t_cl_call(kc, cl, "/etcdserverpb.KV/Put", &put.base, &a);
+			rb = t_cl_call(kc, cl, "/etcdserverpb.KV/Range", &rg.base, &b);
+			for (end = util_now_ms() + 12000; ((!ra && !a.lasts) || (!rb && !b.lasts)) && util_now_ms() < end;)
+				t_cl_turns(kc, ks, NULL, 1);
+			if ((ra || a.lasts != 1) || (rb || b.lasts != 1))
+				ok &= (ra || a.lasts == 1) && (rb || b.lasts == 1);
+			answered += !ra && !a.code;
+			grpc_cl_close(kc, cl);
+			t_cl_turns(kc, ks, NULL, 2);
+		}
+		done = h.calls < h.fail; /* the failure never came: the run is past its last allocation */
+		fails += !done;
+		ok &= kvd_close(kc) == 0 && h.live == 0 && h.blocks == 0 && !h.bad;
+		if (!ok)
+			printf("  allocation %d failing: open/put/range %d %d, last callbacks %d %d\n", n, ra, rb, a.lasts, b.lasts);
+		t_cl_reset(&a);
+		t_cl_reset(&b);
+	}
+	CHECK(ok && done && fails > 10 && answered > 0);
+	printf("  %d allocations failed in turn, %d Puts answered OK\n", fails, answered);
+	CHECK(kvd_close(ks) == 0);
+}
+
+/*
  * test/test --h2c URL FILE: kvd's client role against a server that runs
  * elsewhere (test/h2client.py starts etcd 3.7.3 and kvd): Put, a 200 KiB
  * Put, a Range of the prefix, a Watch that hears a Put, a Snapshot saved
@@ -9126,6 +9194,7 @@ static const struct {
 	{"local_oom", test_local_oom},
 	{"h2c_loopback", test_h2c_loopback},
 	{"h2c_server_goaway", test_h2c_server_goaway},
+	{"h2c_oom", test_h2c_oom},
 };
 
 int main(int argc, char **argv)
