@@ -22976,7 +22976,9 @@ static void grpc_on_remote_close(struct kvd *k, struct h2_stream *s)
  * (grpc_cl_half_close) or cancels (grpc_cl_cancel) it, and hears a
  * kvd_reply_fn callback per response message (data, len) and one last
  * callback (last, code, text: grpc-status and the percent-decoded
- * grpc-message), as a kvd_stream's host does; reply->stream is NULL.
+ * grpc-message), as a kvd_stream's host does; reply->stream is NULL.  A
+ * call may have a deadline (grpc_cl_deadline: sent as grpc-timeout, and
+ * kept by kvd's own timer: DEADLINE_EXCEEDED).
  *
  * The data: a request is HEADERS (:method POST, :scheme, :path,
  * :authority, content-type application/grpc, te trailers, user-agent;
@@ -23044,6 +23046,8 @@ struct grpc_cl_stream {
 	unsigned ended : 1;          /* its last callback ran: grpc_cl_reap frees it */
 	unsigned in_cb : 1;          /* a callback of it runs */
 	unsigned want_grant : 1;     /* a large message waits for the connection's budget */
+	unsigned expired : 1;        /* its deadline passed: the flush ends it */
+	int64_t deadline;            /* monotonic ms (grpc_cl_deadline), 0: none */
 	size_t granted;              /* window granted to its large message: its share of cl->granted */
 	int64_t send_window, recv_window, stalled_since;
 	struct kvd_buf out;          /* request messages not yet sent, gRPC-framed */
@@ -23195,6 +23199,11 @@ static int grpc_cl_start(struct kvd *k, struct grpc_cl *cl, struct grpc_cl_strea
 	hp_put_field(k, &b, 31, NULL, "application/grpc", 16);
 	hp_put_field(k, &b, 0, "te", "trailers", 8);
 	hp_put_field(k, &b, 58, NULL, "kvd/" KVD_ETCD_VERSION, strlen("kvd/" KVD_ETCD_VERSION));
+	if (s->deadline) { /* what is left of it, for the server (grpc-timeout: at most 8 digits) */
+		char t[16];
+		snprintf(t, sizeof t, "%lldm", (long long)KVD_MIN(KVD_MAX(s->deadline - k->now, 1), 99999999));
+		hp_put_field(k, &b, 0, "grpc-timeout", t, strlen(t));
+	}
 	/* [§30.5] odd, above every id before it, within the server's limit */
 	if (KVD_NEVER(!(cl->next_id & 1) || cl->next_id <= cl->last_id ||
 	              cl->open >= KVD_MIN(h2->peer_max_streams, (uint32_t)KVD_CL_STREAMS))) {
@@ -23452,10 +23461,13 @@ static void grpc_cl_flush(struct kvd *k, struct conn *c)
 	for (s = cl->st; s && !c->is_closing; s = s->next) {
 		if (s->ended)
 			continue;
-		if (s->cancelled || cl->closing) {
+		if (s->cancelled || s->expired || cl->closing) {
 			if (s->id && !(s->remote_closed && s->end_sent))
 				h2_rst(h2, s->id, H2_CANCEL);
-			grpc_cl_end(k, s, GRPC_CANCELLED, "context canceled");
+			if (s->expired && !s->cancelled && !cl->closing)
+				grpc_cl_end(k, s, GRPC_DEADLINE_EXCEEDED, "context deadline exceeded");
+			else
+				grpc_cl_end(k, s, GRPC_CANCELLED, "context canceled");
 			continue;
 		}
 		if (!s->id) {
@@ -23498,18 +23510,32 @@ static void grpc_cl_gone(struct kvd *k, struct grpc_cl *cl, const char *why)
 static void grpc_cl_input(struct kvd *k, struct conn *c) { h2_input(k, c->ps); }
 
 /* Its timers: the server's SETTINGS (after the connect) within
- * KVD_PREFACE_TIMEOUT_MS. */
+ * KVD_PREFACE_TIMEOUT_MS; the calls' deadlines (ended by the flush, which
+ * follows in the same turn). */
 static int64_t grpc_cl_timers(struct kvd *k, struct conn *c)
 {
 	struct h2_conn *h2 = c->ps;
+	struct grpc_cl_stream *s;
+	int64_t next = INT64_MAX;
 
-	if (h2->settings_seen || c->is_closing)
+	if (c->is_closing)
 		return INT64_MAX;
+	for (s = h2->cl->st; s; s = s->next)
+		if (s->deadline && !s->ended && !s->expired) {
+			if (k->now >= s->deadline) {
+				s->expired = 1;
+				util_wake_by(k, k->now);
+			} else {
+				next = KVD_MIN(next, s->deadline);
+			}
+		}
+	if (h2->settings_seen)
+		return next;
 	if (k->now - c->t_open >= KVD_PREFACE_TIMEOUT_MS) {
 		c->is_closing = 1;
 		return INT64_MAX;
 	}
-	return c->t_open + KVD_PREFACE_TIMEOUT_MS;
+	return KVD_MIN(next, c->t_open + KVD_PREFACE_TIMEOUT_MS);
 }
 
 /* kvd stops: its own calls end, the connection closes. */
@@ -23668,6 +23694,15 @@ KVD_UNUSED static int grpc_cl_send(struct kvd *k, struct grpc_cl_stream *s, cons
 		memcpy(d, p, n);
 	util_wake_by(k, k->now);
 	return 0;
+}
+
+/* s ends DEADLINE_EXCEEDED ms from now unless it ended before; the server
+ * hears it too (grpc-timeout) when it is set before the call's HEADERS go,
+ * i.e. right after grpc_cl_call. */
+KVD_UNUSED static void grpc_cl_deadline(struct kvd *k, struct grpc_cl_stream *s, long ms)
+{
+	s->deadline = (k->now ? k->now : util_now_ms()) + (ms > 0 ? ms : 0);
+	util_wake_by(k, s->deadline);
 }
 
 /* Nothing more will be sent on s: END_STREAM once what is queued went. */

@@ -8648,7 +8648,8 @@ static int t_cl_call(struct kvd *k, struct grpc_cl *cl, const char *path, const 
  * granted by its prefix [§30.3]); a Snapshot stream of a store larger than
  * the initial window, its bytes checked by the SHA-256 etcd appends; a
  * Watch that hears a put made on the server, cancelled from its callback
- * (one last callback, CANCELLED [§30.4]); then two calls open when the
+ * (one last callback, CANCELLED [§30.4]); a deadline that passes
+ * (DEADLINE_EXCEEDED) and one that does not; then two calls open when the
  * server goes away end UNAVAILABLE, no new call starts, and a connect to a
  * port nobody listens on ends its call UNAVAILABLE too.  Stream ids are odd
  * and increasing, one per call [§30.5].
@@ -8793,6 +8794,26 @@ static void test_h2c_loopback(void)
 		etcdserverpb__watch_response__free_unpacked(wresp, NULL);
 	t_cl_reset(&w);
 
+	/* deadlines: a Watch's passes (DEADLINE_EXCEEDED), a Range's does not */
+	CHECK(t_cl_call(kc, cl, "/etcdserverpb.Watch/Watch", &wr.base, &w) == 0);
+	grpc_cl_deadline(kc, w.s, 100);
+	CHECK(t_cl_call(kc, cl, "/etcdserverpb.KV/Range", &rg.base, &a) == 0);
+	grpc_cl_deadline(kc, a.s, 10000);
+	t_cl_turns(kc, ks, &w.msgs, 500);
+	{ /* the server heard it: grpc-timeout gave its call a deadline */
+		struct call *sc;
+		int seen = 0;
+		for (sc = ks->calls; sc; sc = sc->next)
+			seen += sc->m && !strcmp(sc->m->path, "/etcdserverpb.Watch/Watch") && sc->deadline > 0;
+		CHECK(seen == 1);
+	}
+	t_cl_turns(kc, ks, &w.lasts, 500);
+	CHECK(w.lasts == 1 && w.msgs == 1 && w.code == GRPC_DEADLINE_EXCEEDED && !strcmp(w.text, "context deadline exceeded"));
+	t_cl_turns(kc, ks, &a.lasts, 500);
+	CHECK(a.lasts == 1 && a.code == 0);
+	t_cl_reset(&w);
+	t_cl_reset(&a);
+
 	/* the server goes away under two open calls: both UNAVAILABLE, nothing new starts */
 	CHECK(t_cl_call(kc, cl, "/etcdserverpb.Watch/Watch", &wr.base, &w) == 0);
 	CHECK(t_cl_call(kc, cl, "/etcdserverpb.Watch/Watch", &wr.base, &w2) == 0);
@@ -8815,6 +8836,28 @@ static void test_h2c_loopback(void)
 	CHECK(a.lasts == 1 && a.code == GRPC_UNAVAILABLE);
 	grpc_cl_close(kc, cl2);
 	t_cl_reset(&a);
+
+	/* a server that never says SETTINGS: the call never goes, kvd's own timer ends it */
+	{
+		struct sockaddr_in sin;
+		socklen_t sl = sizeof sin;
+		int lfd = socket(AF_INET, SOCK_STREAM, 0);
+		memset(&sin, 0, sizeof sin);
+		sin.sin_family = AF_INET;
+		sin.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+		CHECK(!bind(lfd, (struct sockaddr *)&sin, sizeof sin) && !listen(lfd, 4) &&
+		      !getsockname(lfd, (struct sockaddr *)&sin, &sl));
+		snprintf(url, sizeof url, "http://127.0.0.1:%u", ntohs(sin.sin_port));
+		CHECK(grpc_cl_open(kc, url, &cl2, err, sizeof err) == 0);
+		CHECK(t_cl_call(kc, cl2, "/etcdserverpb.KV/Range", &rg.base, &a) == 0);
+		grpc_cl_deadline(kc, a.s, 100);
+		t_cl_turns(kc, NULL, &a.lasts, 500);
+		CHECK(a.lasts == 1 && a.code == GRPC_DEADLINE_EXCEEDED && cl2->last_id == 0);
+		grpc_cl_close(kc, cl2);
+		t_cl_reset(&a);
+		t_cl_turns(kc, NULL, NULL, 3);
+		close(lfd);
+	}
 	CHECK(kvd_close(kc) == 0); /* KVD_CHECKS: every block given back */
 	free(big);
 }
