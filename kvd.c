@@ -21290,14 +21290,14 @@ static void hp_put_status(struct kvd *k, struct kvd_buf *b, int status)
 /* ===== 29. HTTP/2 frames, streams, flow control (h2_) ==================== */
 
 /*
- * RFC 9113, server side, with prior knowledge (cleartext, or inside TLS,
- * where ALPN offers h2): the loop hands a
- * connection to this section once its first bytes were the preface
- * (section 36).  Input is parsed from h2->conn->in one whole frame at a time
- * (a frame is at most 16 KiB + 9); output is appended to h2->conn->out, which
- * the loop writes.  Each stream carries one call (section 16).  Response DATA is
- * pulled from each stream's queue only as far as the peer's windows and
- * KVD_MAX_OUTPUT allow, so a slow or hostile reader pins bounded memory.
+ * RFC 9113 with prior knowledge (cleartext, or inside TLS, where ALPN offers
+ * h2); server side, and client side for section 30 (h2->cl: a stream's frames
+ * go there).  The loop hands a server's connection here once its first bytes
+ * were the preface (section 36).  Input is parsed from h2->conn->in one whole
+ * frame at a time (at most 16 KiB + 9); output is appended to h2->conn->out,
+ * which the loop writes.  Each stream carries one call (section 16).  Response
+ * DATA is pulled from each stream's queue only as far as the peer's windows
+ * and KVD_MAX_OUTPUT allow, so a slow or hostile reader pins bounded memory.
  *
  * Connection errors queue GOAWAY and mark the connection closing (h2_fail);
  * stream errors queue RST_STREAM (h2_stream_error) and count as glitches,
