@@ -103,7 +103,8 @@
  *          - reading a connection
  *          - frames out: HEADERS, DATA, trailers
  *          - the connection: timers, drain, the protocol table
- *   30. gRPC over HTTP/2: the h2 stream as a carrier (grpc_)
+ *   30. gRPC over HTTP/2: the h2 stream as a carrier, kvd as a client (grpc_)
+ *          - the client role: calls kvd makes on a peer
  *   31. confd: Ganeti's UDP query protocol, keyspace mode (confd_)
  *          - HMAC-SHA1 (RFC 2104), keyed once
  *          - the key file
@@ -169,7 +170,9 @@
  * and a compaction keeps a HashKV (10 -> 14); an import builds a store and
  * locks its data dir as kvd_open does (14, 15 -> 37, 38); a call is routed
  * through the method table (16 -> 26); the test stats call reports confd
- * (26 -> 32); HTTP/2 hands a stream to gRPC or HTTP (29 -> 30, 35); the
+ * (26 -> 32); HTTP/2 hands a stream to gRPC or HTTP (29 -> 30, 35), and
+ * in the client role a response's frames to the client carrier (29 ->
+ * 30), which opens its connection through the loop (30 -> 36); the
  * carriers ask the loop to flush the log or to shed and count held bytes
  * (29, 32, 34 -> 36); and the flags fill the API's struct kvd_config
  * (37 -> 38, declared by kvd.h).  Who is calling travels with the call
@@ -215,6 +218,11 @@
  *     call_local_new §16 > call_local_send §16 > call_message §16 > the
  *     service > loop_log_flush §36 > call_local_flush §16 >
  *     call_local_deliver §16 > kvd_typed_reply §38 (the host's callback)
+ *   - a call kvd makes as a client: grpc_cl_open §30 > net_connect §36 >
+ *     grpc_cl_call §30 > grpc_cl_flush §30 > grpc_cl_start §30 >
+ *     h2_send_block §29 > h2_send_data §29 > net_write §36 > net_read §36 >
+ *     h2_input §29 > h2_on_block §29 > grpc_cl_block §30 > h2_on_data §29 >
+ *     grpc_cl_data §30 > grpc_cl_deliver §30 (the owner's callback)
  *   - a confd query: confd_read §32 > confd_handle §32 > confd_hmac §31 >
  *     confd_parse_request §31 > confd_keyspace §31 or confd_ganeti §32 > confd_sign §31
  *   - a log rewrite: svc_defrag §22 > life_step §13 > life_rw_start §13 >
@@ -936,6 +944,7 @@ struct conn {
 	unsigned want_write : 1;     /* the transport waits to write (a TLS handshake): POLLOUT */
 	unsigned metrics_only : 1;   /* from a --listen-metrics-urls listener: HTTP/1.x: /metrics, /health, /livez, /readyz */
 	unsigned refusing : 1;       /* over the limits: its first bytes get a refusal in its protocol */
+	unsigned connecting : 1;     /* kvd opened it (net_connect): the connect is under way */
 	/* times, monotonic ms */
 	int64_t t_open, t_close;
 	int64_t t_active;            /* last progress: a call opened, request data, a call ended */
@@ -1083,6 +1092,19 @@ static void loop_forget(struct kvd *k, int fd);
 #ifndef KVD_NO_NET
 static void net_held(struct kvd *k, struct conn *c, int64_t delta);
 static void net_shed(struct kvd *k);
+/* HTTP/2 in the client role hands a response's stream-level frames to the
+ * client carrier that made the call (29 -> 30): */
+struct h2_conn;
+struct hp_out;
+static void grpc_cl_block(struct kvd *k, struct h2_conn *h2, uint32_t sid, unsigned flags, const struct hp_out *o);
+static void grpc_cl_data(struct kvd *k, struct h2_conn *h2, unsigned flags, uint32_t sid, const uint8_t *p, size_t n,
+                         size_t flen);
+static void grpc_cl_rst(struct kvd *k, struct h2_conn *h2, uint32_t sid, uint32_t code);
+static int grpc_cl_window(struct h2_conn *h2, uint32_t sid, int64_t inc);
+static void grpc_cl_goaway(struct kvd *k, struct h2_conn *h2, const uint8_t *p);
+/* and the client carrier opens its connection through the loop (30 -> 36): */
+static int net_connect(struct kvd *k, const char *url, struct conn **out, char *authority, size_t acap, char *err,
+                       size_t errlen);
 #endif
 static void confd_report(struct kvd *k, char *out, size_t cap);
 
@@ -12151,8 +12173,9 @@ static int snap_save_offline(const struct kvd_config *cfg, char *err, size_t err
  *      never touches a freed call.  Should k->held fail to grow, the reply
  *      still leaves only after the flush: the loop flushes the log before
  *      it writes any socket (loop_flush).
- *   4. call_msg is the one writer of the gRPC prefix: flag 0 (kvd never
- *      compresses), a length of at most 2^32-1.
+ *   4. call_frame is the one writer of the gRPC prefix (call_msg, for
+ *      answers, through it): flag 0 (kvd never compresses), a length of
+ *      at most 2^32-1.
  *   5. A request lives as long as its handler: call_message decodes it
  *      into call->rq, points call->raw at its bytes, and after on_msg frees
  *      call->rq (unless the handler took it: call->rq = NULL) and clears call->raw.
@@ -12333,24 +12356,80 @@ static void call_finish(struct kvd *k, struct call *call, int code, const char *
 		call->carrier->finished(k, call);
 }
 
-/* Room for one response message of n bytes on c's output: the gRPC prefix
- * (uncompressed, length) written, the n bytes counted in, where they go
- * returned -- the one writer of that prefix.  NULL: the call ended
- * RESOURCE_EXHAUSTED. */
+/* grpc-message is percent-encoded: bytes outside 0x20..0x7e and '%' (grpc). */
+KVD_UNUSED static size_t call_pct_encode(const char *msg, char *out, size_t cap)
+{
+	static const char hex[] = "0123456789ABCDEF";
+	size_t o = 0;
+	const unsigned char *m = (const unsigned char *)msg;
+
+	for (; *m && o + 4 < cap; m++) {
+		if (*m < 0x20 || *m > 0x7e || *m == '%') {
+			out[o++] = '%';
+			out[o++] = hex[*m >> 4];
+			out[o++] = hex[*m & 15];
+		} else {
+			out[o++] = (char)*m;
+		}
+	}
+	out[o] = 0;
+	return o;
+}
+
+KVD_UNUSED static int call_hexval(char c)
+{
+	return c >= '0' && c <= '9' ? c - '0' : c >= 'A' && c <= 'F' ? c - 'A' + 10 : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+}
+
+/* The other way, for grpc-message from a peer (kvd as a client): %XX
+ * becomes its byte, a malformed escape stays as sent (grpc-go does so);
+ * out gets at most cap - 1 bytes and a NUL.  Returns the length. */
+KVD_UNUSED static size_t call_pct_decode(const char *in, size_t n, char *out, size_t cap)
+{
+	size_t i, o = 0;
+	int hi, lo;
+
+	for (i = 0; i < n && o + 1 < cap; i++) {
+		hi = i + 2 < n && in[i] == '%' ? call_hexval(in[i + 1]) : -1;
+		lo = hi >= 0 ? call_hexval(in[i + 2]) : -1;
+		if (lo >= 0) {
+			out[o++] = (char)(hi << 4 | lo);
+			i += 2;
+		} else {
+			out[o++] = in[i];
+		}
+	}
+	out[o] = 0;
+	return o;
+}
+
+/* Room for one message of n bytes on b: the gRPC prefix (uncompressed,
+ * length) written, the n bytes counted in, where they go returned -- the
+ * one writer of that prefix, for a call's answers and for the requests
+ * kvd sends as a client (section 30).  NULL: no memory (b as it was). */
+static uint8_t *call_frame(struct kvd *k, struct kvd_buf *b, size_t n)
+{
+	uint8_t *p;
+
+	if (n > 0xffffffffu || buf_reserve(k, b, 5 + n))
+		return NULL;
+	p = b->p + b->len;
+	p[0] = 0;
+	put_be32(p + 1, (uint32_t)n);
+	b->len += 5 + n;
+	return p + 5;
+}
+
+/* Room for one response message of n bytes on c's output (call_frame).
+ * NULL: the call ended RESOURCE_EXHAUSTED. */
 static uint8_t *call_msg(struct kvd *k, struct call *call, size_t n)
 {
 	uint8_t *p;
 
 	(void)KVD_NEVER(call->finished); /* [§16.2] nothing is queued after the final status */
-	if (n > 0xffffffffu || buf_reserve(k, &call->out, 5 + n)) {
+	if (!(p = call_frame(k, &call->out, n)))
 		call_finish(k, call, GRPC_RESOURCE_EXHAUSTED, E_OOM);
-		return NULL;
-	}
-	p = call->out.p + call->out.len;
-	p[0] = 0;
-	put_be32(p + 1, (uint32_t)n);
-	call->out.len += 5 + n;
-	return p + 5;
+	return p;
 }
 
 /* Queue one response message.  On failure the call ends RESOURCE_EXHAUSTED. */
@@ -21211,14 +21290,14 @@ static void hp_put_status(struct kvd *k, struct kvd_buf *b, int status)
 /* ===== 29. HTTP/2 frames, streams, flow control (h2_) ==================== */
 
 /*
- * RFC 9113, server side, with prior knowledge (cleartext, or inside TLS,
- * where ALPN offers h2): the loop hands a
- * connection to this section once its first bytes were the preface
- * (section 36).  Input is parsed from h2->conn->in one whole frame at a time
- * (a frame is at most 16 KiB + 9); output is appended to h2->conn->out, which
- * the loop writes.  Each stream carries one call (section 16).  Response DATA is
- * pulled from each stream's queue only as far as the peer's windows and
- * KVD_MAX_OUTPUT allow, so a slow or hostile reader pins bounded memory.
+ * RFC 9113 with prior knowledge (cleartext, or inside TLS, where ALPN offers
+ * h2); server side, and client side for section 30 (h2->cl: a stream's frames
+ * go there).  The loop hands a server's connection here once its first bytes
+ * were the preface (section 36).  Input is parsed from h2->conn->in one whole
+ * frame at a time (at most 16 KiB + 9); output is appended to h2->conn->out,
+ * which the loop writes.  Each stream carries one call (section 16).  Response
+ * DATA is pulled from each stream's queue only as far as the peer's windows
+ * and KVD_MAX_OUTPUT allow, so a slow or hostile reader pins bounded memory.
  *
  * Connection errors queue GOAWAY and mark the connection closing (h2_fail);
  * stream errors queue RST_STREAM (h2_stream_error) and count as glitches,
@@ -21306,17 +21385,19 @@ struct h2_conn {
 	uint32_t recv_owed;         /* received bytes not yet credited */
 	size_t reserved;            /* bytes of the large messages granted */
 	/* peer settings */
-	uint32_t peer_max_frame, peer_init_window;
+	uint32_t peer_max_frame, peer_init_window, peer_max_streams;
 	/* abuse accounting */
 	struct bucket rst, glitch;
 	unsigned ping_strikes;
 	int64_t last_ping;
 	int64_t t_drain_ping;       /* monotonic ms */
+	struct grpc_cl *cl;         /* the client role: kvd opened it, its calls (section 30); NULL: a server's */
 };
 
-/* The request line of a stream, from its header block (borrowed slices). */
+/* The request line of a stream, or a response's status, from its header
+ * block (borrowed slices). */
 struct h2_req {
-	struct kvd_slice method, scheme, path, authority, ctype, timeout, encoding;
+	struct kvd_slice method, scheme, path, authority, status, ctype, timeout, encoding;
 	uint64_t content_length;
 	unsigned has_cl : 1;
 };
@@ -21690,10 +21771,11 @@ static int h2_forbidden(const struct hp_field *f)
 }
 
 /*
- * Validate a request header list (8.3) and pick out what HTTP/2 and gRPC
- * need.  Returns 0 or -1 when malformed.
+ * Validate a header list and pick out what HTTP/2 and gRPC need: a
+ * request's (8.3: :method, :scheme, :path) or, for the client role, a
+ * response's (8.3.2: :status alone).  0, or KVD_EPROTO when malformed.
  */
-static int h2_parse_request(const struct hp_field *f, unsigned nf, struct h2_req *rq)
+static int h2_parse_head(const struct hp_field *f, unsigned nf, int response, struct h2_req *rq)
 {
 	struct kvd_slice *ps;
 	unsigned i, regular = 0;
@@ -21707,7 +21789,8 @@ static int h2_parse_request(const struct hp_field *f, unsigned nf, struct h2_req
 			if (regular)
 				return KVD_EPROTO;
 			ps = h2_is(f, ":method") ? &rq->method : h2_is(f, ":scheme") ? &rq->scheme :
-			     h2_is(f, ":path") ? &rq->path : h2_is(f, ":authority") ? &rq->authority : NULL;
+			     h2_is(f, ":path") ? &rq->path : h2_is(f, ":authority") ? &rq->authority :
+			     h2_is(f, ":status") ? &rq->status : NULL;
 			if (!ps || ps->p)
 				return KVD_EPROTO;
 			ps->p = (const uint8_t *)f->value;
@@ -21739,7 +21822,8 @@ static int h2_parse_request(const struct hp_field *f, unsigned nf, struct h2_req
 			}
 		}
 	}
-	if (!rq->method.n || !rq->scheme.n || !rq->path.n)
+	if (response ? rq->status.n != 3 || rq->method.p || rq->scheme.p || rq->path.p || rq->authority.p
+	             : !rq->method.n || !rq->scheme.n || !rq->path.n || rq->status.p)
 		return KVD_EPROTO;
 	return 0;
 }
@@ -21813,6 +21897,10 @@ static void h2_on_block(struct kvd *k, struct h2_conn *h2, uint32_t sid, unsigne
 		h2_fail(h2, H2_COMPRESSION_ERROR, "hpack decoding failed");
 		return;
 	}
+	if (h2->cl) { /* the client role: a response's head or trailers */
+		grpc_cl_block(k, h2, sid, flags, &o);
+		return;
+	}
 	if ((s = h2_stream_find(h2, sid))) {
 		h2_on_trailers(k, h2, s, flags, &o);
 		return;
@@ -21836,7 +21924,7 @@ static void h2_on_block(struct kvd *k, struct h2_conn *h2, uint32_t sid, unsigne
 		h2_stream_error(h2, sid, H2_REFUSED_STREAM);
 		return;
 	}
-	if (!o.over && h2_parse_request(o.f, o.nf, &rq)) {
+	if (!o.over && h2_parse_head(o.f, o.nf, 0, &rq)) {
 		h2_stream_error(h2, sid, H2_PROTOCOL_ERROR);
 		return;
 	}
@@ -21975,6 +22063,11 @@ static void h2_on_data(struct kvd *k, struct h2_conn *h2, unsigned flags, uint32
 		p++;
 		n -= 1 + pad;
 	}
+	if (h2->cl) { /* the client role: a response's DATA */
+		grpc_cl_data(k, h2, flags, sid, p, n, flen);
+		h2_credit(h2);
+		return;
+	}
 	s = h2_stream_find(h2, sid);
 	if (!s) {
 		if (sid > h2->last_sid)
@@ -22034,12 +22127,16 @@ static void h2_on_data(struct kvd *k, struct h2_conn *h2, unsigned flags, uint32
 	h2_credit(h2);
 }
 
-static void h2_on_rst(struct h2_conn *h2, uint32_t sid, size_t n)
+static void h2_on_rst(struct h2_conn *h2, uint32_t sid, const uint8_t *p, size_t n)
 {
 	struct h2_stream *s;
 
 	if (n != 4) {
 		h2_fail(h2, H2_FRAME_SIZE_ERROR, "bad RST_STREAM length");
+		return;
+	}
+	if (h2->cl) { /* the client role: the server ends a call */
+		grpc_cl_rst(h2->k, h2, sid, get_be32(p));
 		return;
 	}
 	if (!sid || sid > h2->last_sid) {
@@ -22114,6 +22211,10 @@ static void h2_on_settings(struct kvd *k, struct h2_conn *h2, unsigned flags, ui
 					return;
 				}
 			}
+			if (h2->cl && grpc_cl_window(h2, 0, delta)) { /* the client role's streams */
+				h2_fail(h2, H2_FLOW_CONTROL_ERROR, "window overflow");
+				return;
+			}
 			h2->peer_init_window = v;
 			break;
 		case H2_SET_MAX_FRAME_SIZE:
@@ -22123,8 +22224,11 @@ static void h2_on_settings(struct kvd *k, struct h2_conn *h2, unsigned flags, ui
 			}
 			h2->peer_max_frame = v;
 			break;
-		default: /* MAX_CONCURRENT_STREAMS, MAX_HEADER_LIST_SIZE (our headers are
-		          * tiny), unknown ids such as grpc's 0xfe03: nothing to do */
+		case H2_SET_MAX_CONCURRENT_STREAMS: /* bounds the calls kvd makes as a client */
+			h2->peer_max_streams = v;
+			break;
+		default: /* MAX_HEADER_LIST_SIZE (our headers are tiny), unknown ids
+		          * such as grpc's 0xfe03: nothing to do */
 			break;
 		}
 	}
@@ -22169,6 +22273,8 @@ static void h2_on_ping(struct kvd *k, struct h2_conn *h2, unsigned flags, uint32
 		return;
 	}
 	h2_frame(h2, H2_PING, H2_F_ACK, 0, p, 8);
+	if (h2->cl)
+		return; /* a client polices no server's pings */
 	/*
 	 * Keepalive enforcement as grpc-go: a PING closer than the minimum
 	 * interval (2 h when no call is open) is a strike, unless kvd sent
@@ -22204,6 +22310,10 @@ static void h2_on_window_update(struct h2_conn *h2, uint32_t sid, const uint8_t 
 			h2_fail(h2, H2_FLOW_CONTROL_ERROR, "connection window overflow");
 		else
 			h2->send_window += inc;
+		return;
+	}
+	if (h2->cl) { /* the client role's streams */
+		grpc_cl_window(h2, sid, inc);
 		return;
 	}
 	s = h2_stream_find(h2, sid);
@@ -22331,7 +22441,7 @@ static void h2_input(struct kvd *k, struct h2_conn *h2)
 		case H2_DATA: h2_on_data(k, h2, flags, sid, p, len); break;
 		case H2_HEADERS: h2_on_headers(k, h2, flags, sid, p, len); break;
 		case H2_PRIORITY: h2_on_priority(h2, sid, p, len); break;
-		case H2_RST_STREAM: h2_on_rst(h2, sid, len); break;
+		case H2_RST_STREAM: h2_on_rst(h2, sid, p, len); break;
 		case H2_SETTINGS: h2_on_settings(k, h2, flags, sid, p, len); break;
 		case H2_PUSH_PROMISE: h2_fail(h2, H2_PROTOCOL_ERROR, "PUSH_PROMISE from a client"); break;
 		case H2_PING: h2_on_ping(k, h2, flags, sid, p, len); break;
@@ -22340,6 +22450,8 @@ static void h2_input(struct kvd *k, struct h2_conn *h2)
 				h2_fail(h2, H2_PROTOCOL_ERROR, "GOAWAY on a stream");
 			else if (len < 8)
 				h2_fail(h2, H2_FRAME_SIZE_ERROR, "short GOAWAY");
+			else if (h2->cl)
+				grpc_cl_goaway(k, h2, p); /* the server leaves: its calls end */
 			else
 				h2_goaway_final(h2); /* the client leaves: finish and close */
 			break;
@@ -22354,26 +22466,6 @@ static void h2_input(struct kvd *k, struct h2_conn *h2)
 }
 
 /* ---- frames out: HEADERS, DATA, trailers --------------------------------- */
-
-/* grpc-message is percent-encoded: bytes outside 0x20..0x7e and '%' (grpc). */
-static size_t h2_pct_encode(const char *msg, char *out, size_t cap)
-{
-	static const char hex[] = "0123456789ABCDEF";
-	size_t o = 0;
-	const unsigned char *m = (const unsigned char *)msg;
-
-	for (; *m && o + 4 < cap; m++) {
-		if (*m < 0x20 || *m > 0x7e || *m == '%') {
-			out[o++] = '%';
-			out[o++] = hex[*m >> 4];
-			out[o++] = hex[*m & 15];
-		} else {
-			out[o++] = (char)*m;
-		}
-	}
-	out[o] = 0;
-	return o;
-}
 
 /* A header block b (HPACK, literal or static fields only, so it may have
  * been made before) as one HEADERS frame, after the dynamic table size
@@ -22421,7 +22513,7 @@ static int h2_send_headers(struct h2_conn *h2, struct h2_stream *s, int with_sta
 	if (with_status) {
 		snprintf(code, sizeof code, "%d", s->call.status);
 		hp_put_field(k, &b, 0, "grpc-status", code, strlen(code));
-		h2_pct_encode(s->call.status_msg ? s->call.status_msg : "", msg, sizeof msg);
+		call_pct_encode(s->call.status_msg ? s->call.status_msg : "", msg, sizeof msg);
 		hp_put_field(k, &b, 0, "grpc-message", msg, strlen(msg));
 	}
 	r = h2_send_block(h2, s->id, &b, end);
@@ -22433,23 +22525,26 @@ static int h2_send_headers(struct h2_conn *h2, struct h2_stream *s, int with_sta
 }
 
 /*
- * DATA from b on stream s, within min(connection window, stream window,
- * peer frame size) and while the connection's output is under
- * KVD_MAX_OUTPUT; with fin, the frame that empties b carries END_STREAM.
+ * DATA from b on stream sid (its send window *win, its stall clock
+ * *stalled: a server's stream or a client's, section 30) within
+ * min(connection window, stream window, peer frame size), while the
+ * connection's output is under KVD_MAX_OUTPUT; with fin, the frame that
+ * empties b carries END_STREAM.
  * 0 while b waits (for a window: the stall clock runs, h2_timers; or for
  * room), 1 once b is empty, 2 once it is empty and the stream ended.
  */
-static int h2_send_data(struct kvd *k, struct h2_conn *h2, struct h2_stream *s, struct kvd_buf *b, int fin)
+static int h2_send_data(struct kvd *k, struct h2_conn *h2, uint32_t sid, int64_t *win, int64_t *stalled,
+                        struct kvd_buf *b, int fin)
 {
 	int64_t room;
 	size_t n;
 	int last = 0;
 
 	while (BUF_LEN(b) && BUF_LEN(&h2->conn->out) < KVD_MAX_OUTPUT) {
-		room = KVD_MIN(h2->send_window, s->send_window);
+		room = KVD_MIN(h2->send_window, *win);
 		if (room <= 0) {
-			if (!s->stalled_since) {
-				s->stalled_since = k->now ? k->now : 1;
+			if (!*stalled) {
+				*stalled = k->now ? k->now : 1;
 				if (k->cfg.stall_timeout_ms)
 					util_wake_by(k, k->now + k->cfg.stall_timeout_ms);
 			}
@@ -22457,16 +22552,16 @@ static int h2_send_data(struct kvd *k, struct h2_conn *h2, struct h2_stream *s, 
 		}
 		n = KVD_MIN(BUF_LEN(b), (size_t)KVD_MIN(room, (int64_t)h2->peer_max_frame));
 		last = fin && n == BUF_LEN(b);
-		if (h2_frame(h2, H2_DATA, last ? H2_F_END_STREAM : 0, s->id, BUF_DATA(b), n))
+		if (h2_frame(h2, H2_DATA, last ? H2_F_END_STREAM : 0, sid, BUF_DATA(b), n))
 			return 0;
 		buf_consume(b, n);
 		h2->send_window -= (int64_t)n;
-		s->send_window -= (int64_t)n;
+		*win -= (int64_t)n;
 		/* [§29.3] no DATA past a window or the peer's frame size */
-		(void)KVD_ALWAYS(h2->send_window >= 0 && s->send_window >= 0 && n <= h2->peer_max_frame);
+		(void)KVD_ALWAYS(h2->send_window >= 0 && *win >= 0 && n <= h2->peer_max_frame);
 		h2->sent_since_ping = 1;
 	}
-	s->stalled_since = 0;
+	*stalled = 0;
 	if (BUF_LEN(b))
 		return 0; /* the connection's output is full */
 	buf_trim(k, b, 16384);
@@ -22507,7 +22602,7 @@ static int h2_stream_send(struct kvd *k, struct h2_conn *h2, struct h2_stream *s
 			if (!BUF_LEN(&s->call.out) || h2_send_headers(h2, s, 0, 0))
 				return 0;
 		}
-		if (!h2_send_data(k, h2, s, &s->call.out, 0))
+		if (!h2_send_data(k, h2, s->id, &s->send_window, &s->stalled_since, &s->call.out, 0))
 			return 0;
 		if (s->call.finished)
 			break;
@@ -22691,7 +22786,7 @@ static const struct net_proto h2_proto = {
 	h2_proto_busy, h2_proto_shed, h2_proto_free,
 };
 
-/* ===== 30. gRPC over HTTP/2: the h2 stream as a carrier (grpc_) ========== */
+/* ===== 30. gRPC over HTTP/2: the h2 stream as a carrier, kvd as a client (grpc_) == */
 
 /*
  * gRPC over HTTP/2 (grpc-go's server transport, as etcd runs it): an h2
@@ -22857,6 +22952,789 @@ static void grpc_on_remote_close(struct kvd *k, struct h2_stream *s)
 {
 	call_half_close(k, &s->call, BUF_LEN(&s->in) != 0);
 }
+
+/* ---- the client role: calls kvd makes on a peer --------------------------- */
+
+/*
+ * kvd as a gRPC client (the replica that follows an etcd cluster is the
+ * first user): a connection kvd opens speaks HTTP/2 in the client role
+ * over the same parts as a server's -- section 29's frame reader
+ * (h2_input), writer (h2_frame, h2_send_block, h2_send_data), SETTINGS,
+ * PING, CONTINUATION and window handling, HPACK's decoder and encoder
+ * (section 28), the gRPC prefix's one writer (call_frame) -- and the same
+ * loop: its socket is one of section 36's connections (net_connect: a
+ * non-blocking connect, at the tail of k->conns), polled, read, flushed
+ * and reaped like any other, its timers among theirs; its protocol hooks
+ * are grpc_cl_proto.  What differs by role is where section 29 hands a
+ * stream-level frame (h2->cl set): HEADERS, DATA, RST_STREAM, a stream's
+ * WINDOW_UPDATE, GOAWAY, and the INITIAL_WINDOW_SIZE delta come here.
+ *
+ * The shape mirrors the in-process carrier (section 16): the owner opens a
+ * connection to a URL (grpc_cl_open: http:// or unix://; https:// is not
+ * done yet), starts a call on it by method path with an encoded request
+ * (grpc_cl_call), sends more messages (grpc_cl_send: bidi), half-closes
+ * (grpc_cl_half_close) or cancels (grpc_cl_cancel) it, and hears a
+ * kvd_reply_fn callback per response message (data, len) and one last
+ * callback (last, code, text: grpc-status and the percent-decoded
+ * grpc-message), as a kvd_stream's host does; reply->stream is NULL.  A
+ * call may have a deadline (grpc_cl_deadline: sent as grpc-timeout, and
+ * kept by kvd's own timer: DEADLINE_EXCEEDED).
+ *
+ * The data: a request is HEADERS (:method POST, :scheme, :path,
+ * :authority, content-type application/grpc, te trailers, user-agent;
+ * static indexes and literals, no dynamic table) then DATA of gRPC-framed
+ * messages; a stream id is given (odd, increasing) when its HEADERS go,
+ * and no more go than the server's MAX_CONCURRENT_STREAMS (and
+ * KVD_CL_STREAMS) allow.  A response is HEADERS (:status 200,
+ * content-type application/grpc...), DATA, then trailers with END_STREAM
+ * -- or Trailers-Only.  A :status other than 200 maps to a code as gRPC's
+ * http-grpc-status-mapping says, an RST_STREAM as grpc-go maps its codes,
+ * and the connection's end (EOF, an error, a GOAWAY below the call's id,
+ * the connect failing or the server's SETTINGS not coming within
+ * KVD_PREFACE_TIMEOUT_MS) ends every call still open UNAVAILABLE.
+ *
+ * Flow control: kvd's receive windows are the defaults (64 KiB a stream),
+ * the connection's raised to KVD_CONN_WINDOW as a server's is; a stream's
+ * window is topped back up as messages are delivered, and a message whose
+ * prefix announces more than the window is granted the rest at once (as
+ * grpc-go), up to KVD_CL_MAX_MSG, out of a budget of KVD_CL_CONN_INPUT per
+ * connection (when nothing is granted, the next goes whatever its size).  Sending, DATA goes within the server's
+ * windows and frame size (h2_send_data).
+ *
+ * Lifetimes: the owner's handle (struct grpc_cl) lives until grpc_cl_close,
+ * even after its connection is gone (cl->h2 NULL); a call's handle lives
+ * until its last callback returns.  Calls end only from a frame handler,
+ * the flush hook (grpc_cl_flush: cancels, GOAWAY) or the connection's end
+ * (grpc_cl_gone); they are freed only by grpc_cl_reap, never inside a
+ * callback, so a callback may start, send on, half-close or cancel any
+ * call, and close its connection (the work is then done by the flush).
+ *
+ * Invariants:
+ *   3. A hostile server pins bounded memory: a call buffers at most one
+ *      message of at most KVD_CL_MAX_MSG bytes plus its window
+ *      (grpc_cl_data: a longer one, or DATA past the window, ends the
+ *      call and resets the stream), and the windows granted to large
+ *      messages on a connection stay within KVD_CL_CONN_INPUT, or are one
+ *      message's (grpc_cl_deliver); header blocks are section 29's.
+ *   4. Every call gets exactly one last callback, and nothing after it
+ *      (grpc_cl_end, grpc_cl_deliver); none runs inside another's.
+ *   5. Stream ids kvd opens are odd and increasing, and no more calls are
+ *      open at once than the server allows (grpc_cl_start).
+ */
+
+#ifndef KVD_CL_MAX_MSG /* @@ largest response message kvd takes as a client */
+#define KVD_CL_MAX_MSG (16 * 1024 * 1024)
+#endif
+#ifndef KVD_CL_CONN_INPUT /* @@ window granted at once to large response messages, per client connection */
+#define KVD_CL_CONN_INPUT (32 * 1024 * 1024)
+#endif
+#ifndef KVD_CL_STREAMS /* @@ calls kvd keeps open at once on one client connection */
+#define KVD_CL_STREAMS 100
+#endif
+
+/* One call kvd makes. */
+struct grpc_cl_stream {
+	struct grpc_cl *cl;          /* its connection's client state */
+	struct grpc_cl_stream *next; /* cl->st, oldest first */
+	char *path;
+	uint32_t id;                 /* 0 until its HEADERS go */
+	unsigned head_in : 1;        /* the response's HEADERS came */
+	unsigned remote_closed : 1;  /* the server's END_STREAM came */
+	unsigned half_close : 1;     /* the owner half-closed: END_STREAM once out is sent */
+	unsigned end_sent : 1;       /* kvd's END_STREAM went */
+	unsigned cancelled : 1;      /* the owner cancelled: the flush ends it */
+	unsigned ended : 1;          /* its last callback ran: grpc_cl_reap frees it */
+	unsigned in_cb : 1;          /* a callback of it runs */
+	unsigned want_grant : 1;     /* a large message waits for the connection's budget */
+	unsigned expired : 1;        /* its deadline passed: the flush ends it */
+	int64_t deadline;            /* monotonic ms (grpc_cl_deadline), 0: none */
+	size_t granted;              /* window granted to its large message: its share of cl->granted */
+	int64_t send_window, recv_window, stalled_since;
+	struct kvd_buf out;          /* request messages not yet sent, gRPC-framed */
+	struct kvd_buf in;           /* response bytes, not yet a whole message */
+	kvd_reply_fn *fn;
+	void *arg;
+};
+
+/* The client state of a connection kvd opened: the owner's handle. */
+struct grpc_cl {
+	struct kvd *k;
+	struct h2_conn *h2;          /* NULL once the connection is gone */
+	struct grpc_cl_stream *st;   /* its calls, oldest first */
+	uint32_t next_id, last_id;   /* the next stream id to give; the highest given */
+	unsigned open;               /* calls whose HEADERS went and that have not ended */
+	size_t granted;              /* window granted to large messages, all calls (KVD_CL_CONN_INPUT) */
+	unsigned goaway : 1;         /* the server said GOAWAY: no new calls go */
+	unsigned owned : 1;          /* the owner holds it (grpc_cl_close lets go) */
+	unsigned closing : 1;        /* grpc_cl_close asked: the flush ends it */
+	unsigned in_gone : 1;        /* grpc_cl_gone runs: it frees the handle, not grpc_cl_close */
+	char authority[80];
+};
+
+static struct grpc_cl_stream *grpc_cl_find(struct grpc_cl *cl, uint32_t sid)
+{
+	struct grpc_cl_stream *s;
+
+	for (s = cl->st; s; s = s->next)
+		if (s->id == sid && sid)
+			return s;
+	return NULL;
+}
+
+/* A callback, with the loop closed to it (see [§16.8]). */
+static void grpc_cl_cb(struct kvd *k, struct grpc_cl_stream *s, struct kvd_reply *r)
+{
+	/* [§30.4] nothing after the last callback, and none inside another */
+	if (KVD_NEVER(s->ended || s->in_cb))
+		return;
+	s->ended = r->last ? 1 : 0;
+	s->in_cb = 1;
+	k->depth++;
+	(void)s->fn(s->arg, r);
+	k->depth--;
+	s->in_cb = 0;
+}
+
+/* s's large message was delivered, or s ended: its grant goes back to the
+ * connection's budget, and the calls waiting for it look again (the
+ * flush). */
+static void grpc_cl_release(struct kvd *k, struct grpc_cl_stream *s)
+{
+	if (!s->granted)
+		return;
+	s->cl->granted -= s->granted;
+	s->granted = 0;
+	util_wake_by(k, k->now);
+}
+
+/* The call ends: its last callback, once (see [§30.4]). */
+static void grpc_cl_end(struct kvd *k, struct grpc_cl_stream *s, int code, const char *fmt, ...)
+{
+	struct kvd_reply r;
+	char text[1024];
+	va_list ap;
+
+	if (s->ended)
+		return;
+	va_start(ap, fmt);
+	vsnprintf(text, sizeof text, fmt, ap);
+	va_end(ap);
+	if (s->id && s->cl->open)
+		s->cl->open--;
+	grpc_cl_release(k, s);
+	s->want_grant = 0;
+	buf_free(k, &s->in);
+	buf_free(k, &s->out);
+	memset(&r, 0, sizeof r);
+	r.last = 1;
+	r.code = code;
+	r.text = text;
+	grpc_cl_cb(k, s, &r);
+	s->ended = 1;
+	util_wake_by(k, k->now); /* grpc_cl_reap frees it on the next flush */
+}
+
+/* End s for a fault of the server's: reset the stream (if it is open) with
+ * h2code, the call ends code. */
+static void grpc_cl_fault(struct kvd *k, struct grpc_cl_stream *s, enum h2_error h2code, int code, const char *why)
+{
+	struct h2_conn *h2 = s->cl->h2;
+
+	if (h2 && s->id && !s->remote_closed) {
+		h2_rst(h2, s->id, h2code);
+		h2_glitch(h2);
+	}
+	grpc_cl_end(k, s, code, "%s", why);
+}
+
+/* Free the calls that ended (never inside a callback: see [§30.4]). */
+static void grpc_cl_reap(struct kvd *k, struct grpc_cl *cl)
+{
+	struct grpc_cl_stream **pp = &cl->st, *s;
+
+	while ((s = *pp)) {
+		if (!s->ended || s->in_cb) {
+			pp = &s->next;
+			continue;
+		}
+		*pp = s->next;
+		buf_free(k, &s->in);
+		buf_free(k, &s->out);
+		kvd_free(k, s->path);
+		kvd_free(k, s);
+	}
+}
+
+/* kvd's client preface: the magic, SETTINGS (no push; kvd's header list
+ * cap), then a bigger connection window, as a server's (h2_send_preface).
+ * 0, or KVD_ENOMEM (the connection is then given up). */
+static int grpc_cl_preface(struct kvd *k, struct h2_conn *h2)
+{
+	uint8_t p[12];
+
+	put_be16(p, H2_SET_ENABLE_PUSH);
+	put_be32(p + 2, 0);
+	put_be16(p + 6, H2_SET_MAX_HEADER_LIST_SIZE);
+	put_be32(p + 8, KVD_MAX_HEADER_LIST);
+	if (buf_append(k, &h2->conn->out, H2_PREFACE, H2_PREFACE_LEN) || h2_frame(h2, H2_SETTINGS, 0, 0, p, sizeof p) ||
+	    h2_frame_u32(h2, H2_WINDOW_UPDATE, 0, KVD_CONN_WINDOW - H2_DEFAULT_WINDOW))
+		return KVD_ENOMEM;
+	h2->recv_window = KVD_CONN_WINDOW;
+	h2->preface_done = 1; /* a server sends no magic: its SETTINGS come first */
+	return 0;
+}
+
+/* The call's HEADERS, its stream id given now (see [§30.5]).  0, or
+ * KVD_ENOMEM with nothing queued (tried again on the next flush). */
+static int grpc_cl_start(struct kvd *k, struct grpc_cl *cl, struct grpc_cl_stream *s)
+{
+	struct h2_conn *h2 = cl->h2;
+	struct kvd_buf b = {0};
+	int r;
+
+	hp_put_int(k, &b, 0x80, 7, 3); /* :method POST */
+	hp_put_int(k, &b, 0x80, 7, 6); /* :scheme http */
+	hp_put_field(k, &b, 4, NULL, s->path, strlen(s->path));
+	hp_put_field(k, &b, 1, NULL, cl->authority, strlen(cl->authority));
+	hp_put_field(k, &b, 31, NULL, "application/grpc", 16);
+	hp_put_field(k, &b, 0, "te", "trailers", 8);
+	hp_put_field(k, &b, 58, NULL, "kvd/" KVD_ETCD_VERSION, strlen("kvd/" KVD_ETCD_VERSION));
+	if (s->deadline) { /* what is left of it, for the server (grpc-timeout: at most 8 digits) */
+		char t[16];
+		snprintf(t, sizeof t, "%lldm", (long long)KVD_MIN(KVD_MAX(s->deadline - k->now, 1), 99999999));
+		hp_put_field(k, &b, 0, "grpc-timeout", t, strlen(t));
+	}
+	/* [§30.5] odd, above every id before it, within the server's limit */
+	if (KVD_NEVER(!(cl->next_id & 1) || cl->next_id <= cl->last_id ||
+	              cl->open >= KVD_MIN(h2->peer_max_streams, (uint32_t)KVD_CL_STREAMS))) {
+		buf_free(k, &b);
+		return KVD_EINVAL;
+	}
+	r = h2_send_block(h2, cl->next_id, &b, 0);
+	buf_free(k, &b);
+	if (r)
+		return r;
+	s->id = cl->last_id = cl->next_id;
+	cl->next_id += 2;
+	cl->open++;
+	s->send_window = h2->peer_init_window;
+	s->recv_window = H2_DEFAULT_WINDOW;
+	return 0;
+}
+
+/* Messages of s that are whole, to its owner; the rest waits, its window
+ * opened for all of it (see [§30.3]). */
+static void grpc_cl_deliver(struct kvd *k, struct grpc_cl_stream *s)
+{
+	struct h2_conn *h2 = s->cl->h2;
+	struct kvd_reply r;
+	const uint8_t *p;
+	uint32_t len;
+	int64_t want;
+
+	while (!s->ended && !s->cancelled && BUF_LEN(&s->in) >= 5) {
+		p = BUF_DATA(&s->in);
+		len = get_be32(p + 1);
+		if (p[0] != 0) {
+			grpc_cl_fault(k, s, H2_CANCEL, GRPC_INTERNAL, "grpc: compressed message from the server (kvd asked for none)");
+			return;
+		}
+		if (len > KVD_CL_MAX_MSG) {
+			grpc_cl_fault(k, s, H2_CANCEL, GRPC_RESOURCE_EXHAUSTED, "grpc: received message larger than max");
+			return;
+		}
+		if (BUF_LEN(&s->in) < 5 + (size_t)len) { /* open the window for all of it at once, */
+			want = (int64_t)(5 + (size_t)len - BUF_LEN(&s->in)) - s->recv_window;
+			s->want_grant = 0;
+			if (want <= 0 || !h2 || s->remote_closed)
+				break;
+			if (s->cl->granted && s->cl->granted + (size_t)want > KVD_CL_CONN_INPUT) {
+				s->want_grant = 1; /* within the budget: it waits for another's to come back */
+				break;
+			}
+			if (h2_frame_u32(h2, H2_WINDOW_UPDATE, s->id, (uint32_t)want)) {
+				s->want_grant = 1; /* no memory: the flush tries again */
+				break;
+			}
+			s->recv_window += want;
+			s->granted += (size_t)want;
+			s->cl->granted += (size_t)want;
+			break;
+		}
+		memset(&r, 0, sizeof r);
+		r.data = p + 5;
+		r.len = len;
+		r.text = "";
+		grpc_cl_cb(k, s, &r);
+		buf_consume(&s->in, 5 + (size_t)len);
+		grpc_cl_release(k, s);
+	}
+	/* [§30.3] one message at most, and its window; grants within the budget, or one alone */
+	(void)KVD_ALWAYS(BUF_LEN(&s->in) <= 5 + (size_t)KVD_CL_MAX_MSG + H2_DEFAULT_WINDOW &&
+	                 (s->cl->granted <= KVD_CL_CONN_INPUT || !s->granted || s->cl->granted == s->granted));
+	buf_trim(k, &s->in, 0);
+	if (h2 && !s->ended && !s->remote_closed && H2_DEFAULT_WINDOW - s->recv_window >= H2_DEFAULT_WINDOW / 4 &&
+	    BUF_LEN(&s->in) < 5) { /* consumed: top the window back up (no memory: the flush tries again) */
+		if (h2_frame_u32(h2, H2_WINDOW_UPDATE, s->id, (uint32_t)(H2_DEFAULT_WINDOW - s->recv_window)))
+			s->want_grant = 1;
+		else
+			s->recv_window = H2_DEFAULT_WINDOW;
+	}
+}
+
+/* A frame for stream sid kvd never opened is the server's error; one for
+ * a call that ended was in flight: ignored.  The call, or NULL. */
+static struct grpc_cl_stream *grpc_cl_stream_of(struct h2_conn *h2, uint32_t sid, const char *what)
+{
+	struct grpc_cl_stream *s = grpc_cl_find(h2->cl, sid);
+
+	if (!s && (!sid || sid > h2->cl->last_id || !(sid & 1)))
+		h2_fail(h2, H2_PROTOCOL_ERROR, what);
+	return s && !s->ended ? s : NULL;
+}
+
+/* gRPC's http-grpc-status-mapping: a :status other than 200. */
+static int grpc_cl_http_code(unsigned status)
+{
+	switch (status) {
+	case 400: return GRPC_INTERNAL;
+	case 401: return GRPC_UNAUTHENTICATED;
+	case 403: return GRPC_PERMISSION_DENIED;
+	case 404: return GRPC_UNIMPLEMENTED;
+	case 429: case 502: case 503: case 504: return GRPC_UNAVAILABLE;
+	default: return GRPC_UNKNOWN;
+	}
+}
+
+static void grpc_cl_block(struct kvd *k, struct h2_conn *h2, uint32_t sid, unsigned flags, const struct hp_out *o)
+{
+	struct grpc_cl_stream *s = grpc_cl_stream_of(h2, sid, "HEADERS on a stream kvd did not open");
+	struct h2_req rq;
+	const struct hp_field *f;
+	const char *st = NULL, *msg = "";
+	char text[1024];
+	unsigned i, status, stlen = 0, mlen = 0;
+	int code, head = 0;
+
+	if (!s)
+		return;
+	if (s->remote_closed || o->over) {
+		grpc_cl_fault(k, s, s->remote_closed ? H2_STREAM_CLOSED : H2_CANCEL, GRPC_INTERNAL,
+		              o->over ? "response header list too large" : "HEADERS after the stream ended");
+		return;
+	}
+	if (!s->head_in) { /* the response's head (or Trailers-Only) */
+		s->head_in = head = 1;
+		if (h2_parse_head(o->f, o->nf, 1, &rq)) {
+			grpc_cl_fault(k, s, H2_PROTOCOL_ERROR, GRPC_INTERNAL, "malformed response header list");
+			return;
+		}
+		status = (unsigned)(rq.status.p[0] - '0') * 100 + (unsigned)(rq.status.p[1] - '0') * 10 +
+		         (unsigned)(rq.status.p[2] - '0');
+		if (status != 200) {
+			snprintf(text, sizeof text, "unexpected HTTP status code received from server: %u", status);
+			grpc_cl_fault(k, s, H2_CANCEL, grpc_cl_http_code(status), text);
+			return;
+		}
+		if (!(rq.ctype.n >= 16 && !memcmp(rq.ctype.p, "application/grpc", 16))) {
+			grpc_cl_fault(k, s, H2_CANCEL, GRPC_UNKNOWN, "malformed header: missing HTTP content-type");
+			return;
+		}
+		if (!(flags & H2_F_END_STREAM))
+			return;
+	} else if (!(flags & H2_F_END_STREAM)) {
+		grpc_cl_fault(k, s, H2_PROTOCOL_ERROR, GRPC_INTERNAL, "trailers without END_STREAM");
+		return;
+	}
+	s->remote_closed = 1;
+	for (i = 0, f = o->f; i < o->nf; i++, f++) {
+		if (!head && (!h2_field_ok(f) || h2_forbidden(f) || f->name[0] == ':')) { /* a head was checked whole */
+			grpc_cl_end(k, s, GRPC_INTERNAL, "malformed trailers");
+			return;
+		}
+		if (h2_is(f, "grpc-status"))
+			st = f->value, stlen = f->vlen;
+		else if (h2_is(f, "grpc-message"))
+			msg = f->value ? f->value : "", mlen = f->vlen;
+	}
+	if (!st) {
+		grpc_cl_end(k, s, GRPC_UNKNOWN, "server closed the stream without sending trailers");
+		return;
+	}
+	for (code = 0, i = 0; i < stlen && i < 3 && st[i] >= '0' && st[i] <= '9'; i++)
+		code = code * 10 + (st[i] - '0');
+	if (!stlen || i != stlen || code > GRPC_UNAUTHENTICATED)
+		code = GRPC_UNKNOWN;
+	if (!code && BUF_LEN(&s->in)) {
+		grpc_cl_end(k, s, GRPC_INTERNAL, "grpc: the stream ended inside a message");
+		return;
+	}
+	call_pct_decode(msg, mlen, text, sizeof text);
+	grpc_cl_end(k, s, code, "%s", text);
+}
+
+static void grpc_cl_data(struct kvd *k, struct h2_conn *h2, unsigned flags, uint32_t sid, const uint8_t *p, size_t n,
+                         size_t flen)
+{
+	struct grpc_cl_stream *s = grpc_cl_stream_of(h2, sid, "DATA on a stream kvd did not open");
+
+	if (!s)
+		return;
+	if (!s->head_in || s->remote_closed) {
+		grpc_cl_fault(k, s, s->remote_closed ? H2_STREAM_CLOSED : H2_PROTOCOL_ERROR, GRPC_INTERNAL,
+		              "DATA before the response's HEADERS or after its end");
+		return;
+	}
+	if ((int64_t)flen > s->recv_window) { /* see [§30.3] */
+		grpc_cl_fault(k, s, H2_FLOW_CONTROL_ERROR, GRPC_INTERNAL, "the server sent past the stream's window");
+		return;
+	}
+	s->recv_window -= (int64_t)flen;
+	if (buf_append(k, &s->in, p, n)) {
+		grpc_cl_fault(k, s, H2_CANCEL, GRPC_RESOURCE_EXHAUSTED, E_OOM);
+		return;
+	}
+	grpc_cl_deliver(k, s);
+	if ((flags & H2_F_END_STREAM) && !s->ended) {
+		s->remote_closed = 1;
+		grpc_cl_end(k, s, GRPC_INTERNAL, "server closed the stream without sending trailers");
+	}
+}
+
+/* RST_STREAM from the server, its code as grpc-go maps it. */
+static void grpc_cl_rst(struct kvd *k, struct h2_conn *h2, uint32_t sid, uint32_t code)
+{
+	struct grpc_cl_stream *s = grpc_cl_stream_of(h2, sid, "RST_STREAM on a stream kvd did not open");
+
+	if (!s)
+		return;
+	s->remote_closed = 1;
+	grpc_cl_end(k, s, code == H2_REFUSED_STREAM ? GRPC_UNAVAILABLE : code == H2_CANCEL ? GRPC_CANCELLED :
+	            code == H2_ENHANCE_YOUR_CALM ? GRPC_RESOURCE_EXHAUSTED :
+	            code == H2_INADEQUATE_SECURITY ? GRPC_PERMISSION_DENIED : GRPC_INTERNAL,
+	            "stream terminated by RST_STREAM with error code: %u", code);
+}
+
+/* A stream's WINDOW_UPDATE (sid), or, sid 0, SETTINGS' INITIAL_WINDOW_SIZE
+ * delta on every call that started: 1 when a window would overflow. */
+static int grpc_cl_window(struct h2_conn *h2, uint32_t sid, int64_t inc)
+{
+	struct grpc_cl_stream *s;
+
+	if (!sid) {
+		for (s = h2->cl->st; s; s = s->next)
+			if (s->id && (s->send_window += inc) > H2_MAX_WINDOW)
+				return 1;
+		return 0;
+	}
+	if (!(s = grpc_cl_stream_of(h2, sid, "WINDOW_UPDATE on a stream kvd did not open")))
+		return 0;
+	if (!inc || s->send_window + inc > H2_MAX_WINDOW)
+		grpc_cl_fault(h2->k, s, inc ? H2_FLOW_CONTROL_ERROR : H2_PROTOCOL_ERROR, GRPC_INTERNAL, "bad WINDOW_UPDATE");
+	else
+		s->send_window += inc;
+	return 0;
+}
+
+/* GOAWAY from the server: calls above its last stream id were not
+ * processed (UNAVAILABLE: safe to retry), and no new ones go. */
+static void grpc_cl_goaway(struct kvd *k, struct h2_conn *h2, const uint8_t *p)
+{
+	uint32_t last = get_be32(p) & 0x7fffffff;
+	struct grpc_cl_stream *s;
+
+	h2->cl->goaway = 1;
+	for (s = h2->cl->st; s; s = s->next)
+		if (!s->ended && (!s->id || s->id > last))
+			grpc_cl_end(k, s, GRPC_UNAVAILABLE, "the server sent GOAWAY (error code %u)", get_be32(p + 4));
+	util_wake_by(k, k->now);
+}
+
+/* The flush hook: cancels, new calls' HEADERS, request DATA within the
+ * server's windows, half-closes; then the ended calls are freed. */
+static void grpc_cl_flush(struct kvd *k, struct conn *c)
+{
+	struct h2_conn *h2 = c->ps;
+	struct grpc_cl *cl = h2->cl;
+	struct grpc_cl_stream *s;
+
+	for (s = cl->st; s && !c->is_closing; s = s->next) {
+		if (s->ended)
+			continue;
+		if (s->cancelled || s->expired || cl->closing) {
+			if (s->id && !(s->remote_closed && s->end_sent))
+				h2_rst(h2, s->id, H2_CANCEL);
+			if (s->expired && !s->cancelled && !cl->closing)
+				grpc_cl_end(k, s, GRPC_DEADLINE_EXCEEDED, "context deadline exceeded");
+			else
+				grpc_cl_end(k, s, GRPC_CANCELLED, "context canceled");
+			continue;
+		}
+		if (!s->id) {
+			if (cl->goaway)
+				grpc_cl_end(k, s, GRPC_UNAVAILABLE, "the server sent GOAWAY");
+			else if (cl->open >= KVD_MIN(h2->peer_max_streams, (uint32_t)KVD_CL_STREAMS) || !h2->settings_seen ||
+			         BUF_LEN(&c->out) >= KVD_MAX_OUTPUT || grpc_cl_start(k, cl, s))
+				continue; /* waits: for a slot, the server's SETTINGS, room, memory */
+		}
+		if (s->want_grant)
+			grpc_cl_deliver(k, s); /* a grant came back: its large message may go now */
+		if (!s->end_sent && BUF_LEN(&s->out))
+			h2_send_data(k, h2, s->id, &s->send_window, &s->stalled_since, &s->out, 0);
+		if (s->half_close && !s->end_sent && !BUF_LEN(&s->out) && !h2_frame(h2, H2_DATA, H2_F_END_STREAM, s->id, NULL, 0))
+			s->end_sent = 1;
+	}
+	grpc_cl_reap(k, cl);
+	if (cl->closing || (cl->goaway && !cl->st))
+		h2_fail(h2, H2_NO_ERROR, "client done");
+}
+
+/* The connection is gone: every call still open ends UNAVAILABLE; the
+ * handle stays the owner's until grpc_cl_close. */
+static void grpc_cl_gone(struct kvd *k, struct grpc_cl *cl, const char *why)
+{
+	struct grpc_cl_stream *s;
+
+	cl->in_gone = 1;
+	for (s = cl->st; s; s = s->next)
+		if (!s->ended) /* those that started and those that did not alike */
+			grpc_cl_end(k, s, GRPC_UNAVAILABLE, "%s", why);
+	cl->in_gone = 0;
+	grpc_cl_reap(k, cl);
+	cl->h2 = NULL;
+	cl->goaway = 1;
+	if (!cl->owned)
+		kvd_free(k, cl);
+}
+
+static void grpc_cl_input(struct kvd *k, struct conn *c) { h2_input(k, c->ps); }
+
+/* Its timers: the server's SETTINGS (after the connect) within
+ * KVD_PREFACE_TIMEOUT_MS; the calls' deadlines (ended by the flush, which
+ * follows in the same turn). */
+static int64_t grpc_cl_timers(struct kvd *k, struct conn *c)
+{
+	struct h2_conn *h2 = c->ps;
+	struct grpc_cl_stream *s;
+	int64_t next = INT64_MAX;
+
+	if (c->is_closing)
+		return INT64_MAX;
+	for (s = h2->cl->st; s; s = s->next)
+		if (s->deadline && !s->ended && !s->expired) {
+			if (k->now >= s->deadline) {
+				s->expired = 1;
+				util_wake_by(k, k->now);
+			} else {
+				next = KVD_MIN(next, s->deadline);
+			}
+		}
+	if (h2->settings_seen)
+		return next;
+	if (k->now - c->t_open >= KVD_PREFACE_TIMEOUT_MS) {
+		c->is_closing = 1;
+		return INT64_MAX;
+	}
+	return KVD_MIN(next, c->t_open + KVD_PREFACE_TIMEOUT_MS);
+}
+
+/* kvd stops: its own calls end, the connection closes. */
+static void grpc_cl_drain(struct kvd *k, struct conn *c)
+{
+	struct h2_conn *h2 = c->ps;
+	struct grpc_cl_stream *s;
+
+	for (s = h2->cl->st; s; s = s->next)
+		if (!s->ended)
+			grpc_cl_end(k, s, GRPC_UNAVAILABLE, "kvd is stopping");
+	h2_fail(h2, H2_NO_ERROR, "kvd is stopping");
+}
+
+static void grpc_cl_evict(struct kvd *k, struct conn *c)
+{
+	(void)k;
+	(void)c; /* never: it counts toward no limit */
+}
+
+static int grpc_cl_busy(const struct conn *c)
+{
+	const struct h2_conn *h2 = c->ps;
+
+	return h2->cl->st != NULL;
+}
+
+static int grpc_cl_shed(struct kvd *k, struct conn *c)
+{
+	(void)k;
+	(void)c;
+	return 0; /* it holds answers, not requests */
+}
+
+static void grpc_cl_free(struct kvd *k, struct conn *c)
+{
+	struct h2_conn *h2 = c->ps;
+
+	grpc_cl_gone(k, h2->cl, c->peer_closed ? "error reading from server: EOF" : "transport is closing");
+	h2->cl = NULL;
+	h2_conn_free(k, h2);
+	c->ps = NULL;
+}
+
+static const struct net_proto grpc_cl_proto = {
+	"h2-client", grpc_cl_input, grpc_cl_flush, grpc_cl_timers, grpc_cl_drain, grpc_cl_drain, grpc_cl_evict,
+	grpc_cl_busy, grpc_cl_shed, grpc_cl_free,
+};
+
+/* Connection c (a socket kvd opened, or a fuzzer's) speaks HTTP/2 as the
+ * client of cl (zeroed but for its authority): its preface is queued.  0,
+ * or KVD_ENOMEM (c is then left without a protocol, for its caller to
+ * drop). */
+static int grpc_cl_attach(struct kvd *k, struct conn *c, struct grpc_cl *cl)
+{
+	struct h2_conn *h2 = h2_conn_new(k, c);
+
+	if (!h2)
+		return KVD_ENOMEM;
+	cl->k = k;
+	cl->h2 = h2;
+	cl->next_id = 1;
+	cl->owned = 1;
+	h2->cl = cl;
+	h2->peer_max_streams = UINT32_MAX; /* until the server's SETTINGS say */
+	if (grpc_cl_preface(k, h2)) {
+		h2->cl = NULL;
+		h2_conn_free(k, h2);
+		return KVD_ENOMEM;
+	}
+	c->ps = h2;
+	c->proto = &grpc_cl_proto;
+	return 0;
+}
+
+/*
+ * Open a client connection to url (http://IP:PORT, http://localhost:PORT,
+ * unix://PATH): the connect starts now and finishes in the loop; calls may
+ * be started at once (they go once the server's SETTINGS came).  0 with
+ * *out, or KVD_EINVAL, KVD_EIO (err says), KVD_ENOMEM.
+ */
+KVD_UNUSED static int grpc_cl_open(struct kvd *k, const char *url, struct grpc_cl **out, char *err, size_t errlen)
+{
+	struct grpc_cl *cl;
+	struct conn *c;
+	int r;
+
+	*out = NULL;
+	if (!(cl = kvd_calloc(k, sizeof *cl))) {
+		snprintf(err, errlen, "out of memory");
+		return KVD_ENOMEM;
+	}
+	if ((r = net_connect(k, url, &c, cl->authority, sizeof cl->authority, err, errlen))) {
+		kvd_free(k, cl);
+		return r;
+	}
+	if ((r = grpc_cl_attach(k, c, cl))) {
+		c->dead = 1; /* reaped without a protocol */
+		kvd_free(k, cl);
+		snprintf(err, errlen, "out of memory");
+		return r;
+	}
+	*out = cl;
+	return 0;
+}
+
+/*
+ * Start a call of method path ("/etcdserverpb.KV/Range") on cl, its first
+ * request message p (n bytes; p NULL: none yet), fn hearing each response
+ * message and then its end.  0 with *out (valid until its last callback
+ * returns), KVD_EIO when the connection is gone or going (GOAWAY),
+ * KVD_ENOMEM.
+ */
+KVD_UNUSED static int grpc_cl_call(struct kvd *k, struct grpc_cl *cl, const char *path, const void *p, size_t n,
+                                   kvd_reply_fn *fn, void *arg, struct grpc_cl_stream **out)
+{
+	struct grpc_cl_stream *s, **pp;
+	uint8_t *d;
+
+	*out = NULL;
+	if (!cl->h2 || cl->goaway || cl->closing)
+		return KVD_EIO;
+	if (!(s = kvd_calloc(k, sizeof *s)) || !(s->path = kvd_strdup(k, path))) {
+		kvd_free(k, s);
+		return KVD_ENOMEM;
+	}
+	if (p && !(d = call_frame(k, &s->out, n))) {
+		kvd_free(k, s->path);
+		kvd_free(k, s);
+		return KVD_ENOMEM;
+	}
+	if (p && n)
+		memcpy(d, p, n);
+	s->cl = cl;
+	s->fn = fn;
+	s->arg = arg;
+	for (pp = &cl->st; *pp; pp = &(*pp)->next)
+		;
+	*pp = s;
+	*out = s;
+	util_wake_by(k, k->now); /* the flush sends it */
+	return 0;
+}
+
+/* One more request message on s (bidi).  0, KVD_EINVAL (it ended or was
+ * half-closed), KVD_ENOMEM. */
+KVD_UNUSED static int grpc_cl_send(struct kvd *k, struct grpc_cl_stream *s, const void *p, size_t n)
+{
+	uint8_t *d;
+
+	if (s->ended || s->half_close || s->cancelled)
+		return KVD_EINVAL;
+	if (!(d = call_frame(k, &s->out, n)))
+		return KVD_ENOMEM;
+	if (n)
+		memcpy(d, p, n);
+	util_wake_by(k, k->now);
+	return 0;
+}
+
+/* s ends DEADLINE_EXCEEDED ms from now unless it ended before; the server
+ * hears it too (grpc-timeout) when it is set before the call's HEADERS go,
+ * i.e. right after grpc_cl_call. */
+KVD_UNUSED static void grpc_cl_deadline(struct kvd *k, struct grpc_cl_stream *s, long ms)
+{
+	s->deadline = (k->now ? k->now : util_now_ms()) + (ms > 0 ? ms : 0);
+	util_wake_by(k, s->deadline);
+}
+
+/* Nothing more will be sent on s: END_STREAM once what is queued went. */
+KVD_UNUSED static void grpc_cl_half_close(struct kvd *k, struct grpc_cl_stream *s)
+{
+	s->half_close = 1;
+	util_wake_by(k, k->now);
+}
+
+/* Cancel s: RST_STREAM CANCEL, and its last callback (CANCELLED) from the
+ * loop's next flush, not from inside this call. */
+KVD_UNUSED static void grpc_cl_cancel(struct kvd *k, struct grpc_cl_stream *s)
+{
+	if (!s->ended)
+		s->cancelled = 1;
+	util_wake_by(k, k->now);
+}
+
+/* The owner lets go of cl: its calls end CANCELLED, the connection closes
+ * (GOAWAY NO_ERROR) on the loop's next flush, and the handle goes with it
+ * -- at once if the connection is gone already. */
+KVD_UNUSED static void grpc_cl_close(struct kvd *k, struct grpc_cl *cl)
+{
+	cl->owned = 0;
+	if (cl->h2) {
+		cl->closing = 1;
+		util_wake_by(k, k->now);
+	} else if (!cl->in_gone) {
+		kvd_free(k, cl);
+	}
+}
+
 #endif /* KVD_NO_NET: sections 28 to 30 */
 
 /* ===== 31. confd: Ganeti's UDP query protocol, keyspace mode (confd_) ==== */
@@ -26911,7 +27789,8 @@ static int http_h2_send(struct kvd *k, struct h2_conn *h2, struct h2_stream *s)
 		}
 		if (!s->hdrs_sent)
 			return 0;
-		if (!(end = h2_send_data(k, h2, s, &x->data, x->ended && !BUF_LEN(&x->trailer))))
+		if (!(end = h2_send_data(k, h2, s->id, &s->send_window, &s->stalled_since, &x->data,
+		                         x->ended && !BUF_LEN(&x->trailer))))
 			return 0;
 		if (end == 2)
 			goto ended;
@@ -27613,10 +28492,33 @@ static int64_t net_timers(struct kvd *k, struct conn *c)
 	return c->t_open + KVD_PREFACE_TIMEOUT_MS;
 }
 
+/* A connection kvd opened: has its connect finished?  1 yes, 0 not yet,
+ * KVD_EIO it failed (the connection is dead: its calls end, section 30). */
+static int net_connected(struct conn *c)
+{
+	struct pollfd p;
+	int err = 0;
+	socklen_t len = sizeof err;
+
+	p.fd = c->fd;
+	p.events = POLLOUT;
+	p.revents = 0;
+	if (poll(&p, 1, 0) <= 0 || !(p.revents & (POLLOUT | POLLERR | POLLHUP)))
+		return 0;
+	if (getsockopt(c->fd, SOL_SOCKET, SO_ERROR, &err, &len) || err || (p.revents & POLLERR)) {
+		c->dead = 1;
+		return KVD_EIO;
+	}
+	c->connecting = 0;
+	return 1;
+}
+
 static void net_write(struct kvd *k, struct conn *c)
 {
 	long n;
 
+	if (c->connecting && (c->dead || net_connected(c) <= 0))
+		return;
 	if (c->want_write && !c->dead) { /* a handshake waits to write */
 		c->want_write = 0;
 		if ((n = c->tr->send(c, NULL, 0)) < 0 && n != KVD_EAGAIN)
@@ -27771,6 +28673,88 @@ static int net_accept(struct kvd *k, struct net_listener *l)
 }
 
 /*
+ * A connection kvd opens as a client (section 30): to http://IP:PORT,
+ * http://localhost:PORT or unix://PATH -- numeric hosts only, as for
+ * listeners (no resolver) -- a non-blocking connect, finished in the loop
+ * (net_connected); the connection joins the tail of k->conns, counts
+ * toward no limit, and its caller gives it a protocol.  0 with *out and
+ * its authority (host:port), or KVD_EINVAL, KVD_EIO (err says), KVD_ENOMEM.
+ */
+static int net_connect(struct kvd *k, const char *url, struct conn **out, char *authority, size_t acap, char *err,
+                       size_t errlen)
+{
+	char host[64], port[8], path[108];
+	struct sockaddr_storage ss;
+	struct sockaddr_in *in4 = (struct sockaddr_in *)(void *)&ss;
+	struct sockaddr_in6 *in6 = (struct sockaddr_in6 *)(void *)&ss;
+	struct sockaddr_un *sun = (struct sockaddr_un *)(void *)&ss;
+	struct conn *c, **pp;
+	socklen_t sl;
+	int fd, r, tls = 0, one = 1;
+
+	*out = NULL;
+	memset(&ss, 0, sizeof ss);
+	if ((r = net_unix_path(url, 0, &tls, path, sizeof path, err, errlen)) < 0)
+		return r;
+	if (r) {
+		sun->sun_family = AF_UNIX;
+		memcpy(sun->sun_path, path, strlen(path) + 1);
+		sl = sizeof *sun;
+		snprintf(authority, acap, "localhost");
+	} else {
+		if ((r = net_split_url(url, &tls, host, sizeof host, port, sizeof port, err, errlen)))
+			return r;
+		snprintf(authority, acap, "%s:%s", host, port);
+		if (!strcmp(host, "localhost"))
+			snprintf(host, sizeof host, "127.0.0.1");
+		if (inet_pton(AF_INET, host, &in4->sin_addr) == 1) {
+			in4->sin_family = AF_INET;
+			in4->sin_port = htons((uint16_t)strtoul(port, NULL, 10));
+			sl = sizeof *in4;
+		} else if (inet_pton(AF_INET6, host, &in6->sin6_addr) == 1) {
+			in6->sin6_family = AF_INET6;
+			in6->sin6_port = htons((uint16_t)strtoul(port, NULL, 10));
+			sl = sizeof *in6;
+		} else {
+			snprintf(err, errlen, "%s: host must be an IP address or localhost", url);
+			return KVD_EINVAL;
+		}
+	}
+	if (tls) {
+		snprintf(err, errlen, "%s: TLS as a client is not done yet (http:// or unix:// only)", url);
+		return KVD_EINVAL;
+	}
+	fd = socket(ss.ss_family, SOCK_STREAM, 0);
+	if (fd < 0 || util_nonblock(fd)) {
+		snprintf(err, errlen, "connect %s: socket: %s", url, strerror(errno));
+		if (fd >= 0)
+			close(fd);
+		return KVD_EIO;
+	}
+	if (ss.ss_family != AF_UNIX)
+		setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+	r = connect(fd, (struct sockaddr *)&ss, sl);
+	if (r && errno != EINPROGRESS && errno != EINTR) {
+		snprintf(err, errlen, "connect %s: %s", url, strerror(errno));
+		close(fd);
+		return KVD_EIO;
+	}
+	if (!(c = net_conn_new(k, fd, &net_plain))) {
+		snprintf(err, errlen, "out of memory");
+		close(fd);
+		return KVD_ENOMEM;
+	}
+	c->connecting = r != 0;
+	c->uncounted = 1; /* kvd's own: not a client of its limits */
+	snprintf(c->peer, sizeof c->peer, "%s", url);
+	for (pp = &k->conns; *pp; pp = &(*pp)->next)
+		; /* the tail: net_reap may be walking the list when a callback opens one */
+	*pp = c;
+	*out = c;
+	return 0;
+}
+
+/*
  * Read what the transport has.  The common case runs the protocol straight
  * from k->rbuf, lent to c->in (a lent buffer cannot grow: buf_reserve
  * refuses it); only what is left over -- a partial frame, or input held back
@@ -27780,10 +28764,13 @@ static int net_accept(struct kvd *k, struct net_listener *l)
  */
 static int net_read(struct kvd *k, struct conn *c)
 {
-	long n = c->tr->recv(c, k->rbuf, sizeof k->rbuf);
+	long n;
 	struct kvd_buf own;
 	size_t left;
 
+	if (c->connecting && net_connected(c) <= 0)
+		return 0;
+	n = c->tr->recv(c, k->rbuf, sizeof k->rbuf);
 	if (n == KVD_EAGAIN)
 		return 0;
 	if (n < 0) {

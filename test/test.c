@@ -4,6 +4,7 @@
  *
  *   ./test/test            all tests
  *   ./test/test hpack      tests whose name contains "hpack"
+ *   ./test/test --h2c URL FILE   kvd's client role against URL (test/h2client.py)
  *
  * Last line: "N passed, N failed"; exit status 1 if anything failed.
  */
@@ -1283,7 +1284,7 @@ static void test_grpc_errors(void)
 		CHECK(h >= 0 && t_resp_field(k, &fs.f[h], "grpc-status", cases[i].status));
 		if (h >= 0 && strcmp(cases[i].msg, "")) {
 			char enc[600];
-			h2_pct_encode(cases[i].msg, enc, sizeof enc);
+			call_pct_encode(cases[i].msg, enc, sizeof enc);
 			CHECK(t_resp_field(k, &fs.f[h], "grpc-message", enc));
 		}
 		CHECK(c->nst == 0 && !c->conn->is_closing);
@@ -4891,9 +4892,9 @@ static void test_pct_encode(void)
 {
 	char out[64];
 
-	h2_pct_encode("a%b\nc\xc3\xa9", out, sizeof out);
+	call_pct_encode("a%b\nc\xc3\xa9", out, sizeof out);
 	CHECK(!strcmp(out, "a%25b%0Ac%C3%A9"));
-	h2_pct_encode("plain text: ok", out, sizeof out);
+	call_pct_encode("plain text: ok", out, sizeof out);
 	CHECK(!strcmp(out, "plain text: ok"));
 }
 
@@ -8556,6 +8557,567 @@ static void test_local_oom(void)
 	CHECK(system(cmd) == 0);
 }
 
+/* ---- kvd as a client (section 30) ------------------------------------------ */
+
+/* What a client call heard: its messages (concatenated, each one's size),
+ * its end. */
+struct t_cl {
+	int msgs, lasts, code, cancel_at; /* cancel_at: cancel from the n-th message's callback */
+	struct grpc_cl_stream *s;
+	char text[160];
+	uint8_t *data;
+	size_t len, cap, sizes[64];
+};
+
+static int t_cl_reply(void *arg, const struct kvd_reply *r)
+{
+	struct t_cl *t = arg;
+
+	CHECK(!r->stream && (r->last || r->data || !r->len));
+	if (r->last) {
+		t->lasts++;
+		t->code = r->code;
+		snprintf(t->text, sizeof t->text, "%s", r->text);
+		return 0;
+	}
+	if (t->len + r->len > t->cap) {
+		t->cap = (t->len + r->len) * 2;
+		t->data = realloc(t->data, t->cap);
+	}
+	if (r->len)
+		memcpy(t->data + t->len, r->data, r->len);
+	t->len += r->len;
+	if (t->msgs < 64)
+		t->sizes[t->msgs] = r->len;
+	if (++t->msgs == t->cancel_at && t->s)
+		grpc_cl_cancel(t->s->cl->k, t->s);
+	return 0;
+}
+
+static void t_cl_reset(struct t_cl *t)
+{
+	free(t->data);
+	memset(t, 0, sizeof *t);
+}
+
+/* Turn two instances' loops, polled together, until *until (n turns and
+ * 10 s at most: a stall fails the test, it does not hang it); kb may be
+ * NULL. */
+static void t_cl_turns(struct kvd *ka, struct kvd *kb, const int *until, int n)
+{
+	struct pollfd fds[128];
+	int i, ma, mb = 0, ta, tb = -1, t;
+	int64_t end = util_now_ms() + 10000;
+
+	for (i = 0; i < n && !(until && *until) && util_now_ms() < end; i++) {
+		if ((ma = kvd_pollfds(ka, fds, 64, &ta)) < 0 || ma > 64)
+			return;
+		if (kb && ((mb = kvd_pollfds(kb, fds + ma, 64, &tb)) < 0 || mb > 64))
+			kb = NULL, mb = 0, tb = -1; /* its loop stopped (KVD_ESTOPPED): the other goes on */
+		t = ta < 0 ? tb : tb < 0 ? ta : KVD_MIN(ta, tb);
+		if (poll(fds, (nfds_t)(ma + mb), t < 0 || t > 200 ? 200 : t) < 0)
+			return;
+		kvd_process(ka, fds, ma);
+		if (kb)
+			kvd_process(kb, fds + ma, mb);
+	}
+}
+
+/* Pack m and start it on cl; the test's record in t. */
+static int t_cl_call(struct kvd *k, struct grpc_cl *cl, const char *path, const ProtobufCMessage *m, struct t_cl *t)
+{
+	uint8_t buf[64] = {0}, *p = buf;
+	size_t n = m ? protobuf_c_message_get_packed_size(m) : 0;
+	int r;
+
+	if (n > sizeof buf)
+		p = malloc(n);
+	if (m)
+		protobuf_c_message_pack(m, p);
+	r = grpc_cl_call(k, cl, path, m ? p : NULL, n, t_cl_reply, t, &t->s);
+	if (p != buf)
+		free(p);
+	return r;
+}
+
+/*
+ * kvd as a gRPC client of another kvd over loopback, both loops in this
+ * process: unary Put and Range; an unknown method (UNIMPLEMENTED, gRPC's
+ * text percent-decoded); a 1 MiB value put and read back, through windows
+ * of 64 KiB both ways (the request within the server's windows, the answer
+ * granted by its prefix [§30.3]); a Snapshot stream of a store larger than
+ * the initial window, its bytes checked by the SHA-256 etcd appends; a
+ * Watch that hears a put made on the server, cancelled from its callback
+ * (one last callback, CANCELLED [§30.4]); a deadline that passes
+ * (DEADLINE_EXCEEDED) and one that does not; then two calls open when the
+ * server goes away end UNAVAILABLE, no new call starts, and a connect to a
+ * port nobody listens on ends its call UNAVAILABLE too.  Stream ids are odd
+ * and increasing, one per call [§30.5].
+ */
+static void test_h2c_loopback(void)
+{
+	struct kvd *ks = t_host_kvd("http://127.0.0.1:0"), *kc = t_host_kvd(NULL);
+	Etcdserverpb__PutRequest put = ETCDSERVERPB__PUT_REQUEST__INIT;
+	Etcdserverpb__RangeRequest rg = ETCDSERVERPB__RANGE_REQUEST__INIT;
+	Etcdserverpb__WatchRequest wr = ETCDSERVERPB__WATCH_REQUEST__INIT;
+	Etcdserverpb__WatchCreateRequest wc = ETCDSERVERPB__WATCH_CREATE_REQUEST__INIT;
+	Etcdserverpb__SnapshotRequest sr = ETCDSERVERPB__SNAPSHOT_REQUEST__INIT;
+	Etcdserverpb__PutResponse *pr;
+	Etcdserverpb__RangeResponse *rr;
+	Etcdserverpb__WatchResponse *wresp;
+	Etcdserverpb__SnapshotResponse *snap;
+	struct t_cl a = {0}, w = {0}, w2 = {0};
+	struct t_seen sp = {0};
+	struct grpc_cl *cl, *cl2;
+	struct grpc_cl_stream *dummy;
+	char url[128], err[KVD_ERRLEN];
+	uint8_t *big = malloc(1 << 20), digest[32], *blob;
+	size_t i, off, total;
+	mbedtls_sha256_context sha;
+
+	/* grpc-message as a server percent-encodes it, decoded; a bad escape stays */
+	call_pct_decode("a%25b%0Ac%C3%A9", 15, err, sizeof err);
+	CHECK(!strcmp(err, "a%b\nc\xc3\xa9"));
+	call_pct_decode("50%zz%4", 7, err, sizeof err);
+	CHECK(!strcmp(err, "50%zz%4"));
+	call_pct_decode("%41%42", 6, err, 2); /* a buffer of 2: one byte, then the NUL */
+	CHECK(!strcmp(err, "A"));
+
+	snprintf(url, sizeof url, "http://%s", ks->ls[0].name);
+	CHECK(grpc_cl_open(kc, "https://127.0.0.1:1", &cl, err, sizeof err) == KVD_EINVAL);
+	CHECK(grpc_cl_open(kc, url, &cl, err, sizeof err) == 0);
+
+	/* unary Put and Range */
+	put.key.data = (uint8_t *)"a", put.key.len = 1;
+	put.value.data = (uint8_t *)"1", put.value.len = 1;
+	CHECK(t_cl_call(kc, cl, "/etcdserverpb.KV/Put", &put.base, &a) == 0);
+	grpc_cl_half_close(kc, a.s);
+	t_cl_turns(kc, ks, &a.lasts, 500);
+	CHECK(a.lasts == 1 && a.code == 0 && a.msgs == 1 && !strcmp(a.text, ""));
+	pr = etcdserverpb__put_response__unpack(NULL, a.len, a.data);
+	CHECK(pr && pr->header && pr->header->revision == 2);
+	etcdserverpb__put_response__free_unpacked(pr, NULL);
+	t_cl_reset(&a);
+	rg.key.data = (uint8_t *)"a", rg.key.len = 1;
+	CHECK(t_cl_call(kc, cl, "/etcdserverpb.KV/Range", &rg.base, &a) == 0);
+	t_cl_turns(kc, ks, &a.lasts, 500);
+	rr = etcdserverpb__range_response__unpack(NULL, a.len, a.data);
+	CHECK(a.code == 0 && rr && rr->n_kvs == 1 && rr->kvs[0]->value.len == 1 && rr->kvs[0]->value.data[0] == '1');
+	etcdserverpb__range_response__free_unpacked(rr, NULL);
+	CHECK(a.s == NULL || 1);
+	CHECK(cl->last_id == 3 && cl->next_id == 5); /* [§30.5] one odd id per call, in order */
+	t_cl_reset(&a);
+
+	/* an unknown method */
+	CHECK(t_cl_call(kc, cl, "/etcdserverpb.KV/Nope", NULL, &a) == 0);
+	t_cl_turns(kc, ks, &a.lasts, 500);
+	CHECK(a.lasts == 1 && a.msgs == 0 && a.code == GRPC_UNIMPLEMENTED &&
+	      !strcmp(a.text, "unknown method Nope for service etcdserverpb.KV"));
+	t_cl_reset(&a);
+
+	/* 1 MiB through 64 KiB windows, both ways */
+	for (i = 0; i < (1u << 20); i++)
+		big[i] = (uint8_t)(i * 7 + (i >> 12));
+	put.key.data = (uint8_t *)"big", put.key.len = 3;
+	put.value.data = big, put.value.len = 1u << 20;
+	CHECK(t_cl_call(kc, cl, "/etcdserverpb.KV/Put", &put.base, &a) == 0);
+	t_cl_turns(kc, ks, &a.lasts, 2000);
+	CHECK(a.lasts == 1 && a.code == 0);
+	t_cl_reset(&a);
+	rg.key.data = (uint8_t *)"big", rg.key.len = 3;
+	CHECK(t_cl_call(kc, cl, "/etcdserverpb.KV/Range", &rg.base, &a) == 0);
+	t_cl_turns(kc, ks, &a.lasts, 2000);
+	rr = etcdserverpb__range_response__unpack(NULL, a.len, a.data);
+	CHECK(a.code == 0 && a.msgs == 1 && rr && rr->n_kvs == 1 && rr->kvs[0]->value.len == (1u << 20) &&
+	      !memcmp(rr->kvs[0]->value.data, big, 1u << 20));
+	if (rr)
+		etcdserverpb__range_response__free_unpacked(rr, NULL);
+	t_cl_reset(&a);
+	/* three at once: each large message granted within the connection's
+	 * budget, or waiting until another's comes back (see [§30.3]) */
+	{
+		struct t_cl three[3];
+		memset(three, 0, sizeof three);
+		for (i = 0; i < 3; i++)
+			CHECK(t_cl_call(kc, cl, "/etcdserverpb.KV/Range", &rg.base, &three[i]) == 0);
+		for (i = 0; i < 3; i++) {
+			t_cl_turns(kc, ks, &three[i].lasts, 2000);
+			CHECK(three[i].lasts == 1 && three[i].code == 0 && three[i].len > (1u << 20));
+			t_cl_reset(&three[i]);
+		}
+		CHECK(!cl->granted);
+	}
+
+	/* a Snapshot larger than the initial window: its chunks, then etcd's SHA-256 */
+	CHECK(t_cl_call(kc, cl, "/etcdserverpb.Maintenance/Snapshot", &sr.base, &a) == 0);
+	grpc_cl_half_close(kc, a.s);
+	t_cl_turns(kc, ks, &a.lasts, 4000);
+	CHECK(a.lasts == 1 && a.code == 0 && a.msgs > 2);
+	blob = malloc(a.len);
+	for (i = 0, off = total = 0; i < (size_t)a.msgs && i < 64; off += a.sizes[i++]) {
+		snap = etcdserverpb__snapshot_response__unpack(NULL, a.sizes[i], a.data + off);
+		CHECK(snap != NULL);
+		if (!snap)
+			break;
+		memcpy(blob + total, snap->blob.data, snap->blob.len);
+		total += snap->blob.len;
+		if (i + 1 == (size_t)a.msgs)
+			CHECK(snap->remaining_bytes == 0);
+		etcdserverpb__snapshot_response__free_unpacked(snap, NULL);
+	}
+	CHECK(a.msgs < 64 && total > (1u << 20) + 32);
+	mbedtls_sha256_init(&sha);
+	snap_sha256_starts(&sha, 0);
+	snap_sha256_update(&sha, blob, total - 32);
+	snap_sha256_finish(&sha, digest);
+	mbedtls_sha256_free(&sha);
+	CHECK(total > 32 && !memcmp(digest, blob + total - 32, 32));
+	free(blob);
+	t_cl_reset(&a);
+
+	/* a Watch hears a put made on the server; cancelled from its second message's callback */
+	wc.key.data = (uint8_t *)"w", wc.key.len = 1;
+	wr.request_union_case = ETCDSERVERPB__WATCH_REQUEST__REQUEST_UNION_CREATE_REQUEST;
+	wr.create_request = &wc;
+	w.cancel_at = 2;
+	CHECK(t_cl_call(kc, cl, "/etcdserverpb.Watch/Watch", &wr.base, &w) == 0);
+	t_cl_turns(kc, ks, &w.msgs, 500);
+	CHECK(w.msgs == 1 && !w.lasts); /* created */
+	sp.k = ks;
+	CHECK(kvd_put(ks, "w", 1, "x", 1, 0, t_seen_result, &sp) == 0);
+	t_cl_turns(kc, ks, &w.lasts, 500);
+	CHECK(w.msgs == 2 && w.lasts == 1 && w.code == GRPC_CANCELLED && !strcmp(w.text, "context canceled"));
+	wresp = etcdserverpb__watch_response__unpack(NULL, w.sizes[1], w.data + w.sizes[0]);
+	CHECK(wresp && wresp->n_events == 1 && wresp->events[0]->kv->key.len == 1 &&
+	      wresp->events[0]->kv->key.data[0] == 'w' && wresp->events[0]->kv->value.data[0] == 'x');
+	if (wresp)
+		etcdserverpb__watch_response__free_unpacked(wresp, NULL);
+	t_cl_reset(&w);
+
+	/* deadlines: a Watch's passes (DEADLINE_EXCEEDED), a Range's does not */
+	CHECK(t_cl_call(kc, cl, "/etcdserverpb.Watch/Watch", &wr.base, &w) == 0);
+	grpc_cl_deadline(kc, w.s, 100);
+	CHECK(t_cl_call(kc, cl, "/etcdserverpb.KV/Range", &rg.base, &a) == 0);
+	grpc_cl_deadline(kc, a.s, 10000);
+	t_cl_turns(kc, ks, &w.msgs, 500);
+	{ /* the server heard it: grpc-timeout gave its call a deadline */
+		struct call *sc;
+		int seen = 0;
+		for (sc = ks->calls; sc; sc = sc->next)
+			seen += sc->m && !strcmp(sc->m->path, "/etcdserverpb.Watch/Watch") && sc->deadline > 0;
+		CHECK(seen == 1);
+	}
+	t_cl_turns(kc, ks, &w.lasts, 500);
+	CHECK(w.lasts == 1 && w.msgs == 1 && w.code == GRPC_DEADLINE_EXCEEDED && !strcmp(w.text, "context deadline exceeded"));
+	t_cl_turns(kc, ks, &a.lasts, 500);
+	CHECK(a.lasts == 1 && a.code == 0);
+	t_cl_reset(&w);
+	t_cl_reset(&a);
+
+	/* the server goes away under two open calls: both UNAVAILABLE, nothing new starts */
+	CHECK(t_cl_call(kc, cl, "/etcdserverpb.Watch/Watch", &wr.base, &w) == 0);
+	CHECK(t_cl_call(kc, cl, "/etcdserverpb.Watch/Watch", &wr.base, &w2) == 0);
+	t_cl_turns(kc, ks, &w2.msgs, 500);
+	t_cl_turns(kc, ks, &w.msgs, 500);
+	CHECK(w.msgs == 1 && w2.msgs == 1);
+	CHECK(kvd_close(ks) == 0);
+	t_cl_turns(kc, NULL, &w2.lasts, 500);
+	CHECK(w.lasts == 1 && w2.lasts == 1 && w.code == GRPC_UNAVAILABLE && w2.code == GRPC_UNAVAILABLE);
+	CHECK(!strcmp(w.text, "error reading from server: EOF"));
+	CHECK(!cl->h2 && grpc_cl_call(kc, cl, "/etcdserverpb.KV/Range", NULL, 0, t_cl_reply, &a, &dummy) == KVD_EIO);
+	grpc_cl_close(kc, cl);
+	t_cl_reset(&w);
+	t_cl_reset(&w2);
+
+	/* nobody listens there now: the connect fails, the call ends UNAVAILABLE */
+	CHECK(grpc_cl_open(kc, url, &cl2, err, sizeof err) == 0);
+	CHECK(t_cl_call(kc, cl2, "/etcdserverpb.KV/Range", &rg.base, &a) == 0);
+	t_cl_turns(kc, NULL, &a.lasts, 500);
+	CHECK(a.lasts == 1 && a.code == GRPC_UNAVAILABLE);
+	grpc_cl_close(kc, cl2);
+	t_cl_reset(&a);
+
+	/* a server that never says SETTINGS: the call never goes, kvd's own timer ends it */
+	{
+		struct sockaddr_in sin;
+		socklen_t sl = sizeof sin;
+		int lfd = socket(AF_INET, SOCK_STREAM, 0);
+		memset(&sin, 0, sizeof sin);
+		sin.sin_family = AF_INET;
+		sin.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+		CHECK(!bind(lfd, (struct sockaddr *)&sin, sizeof sin) && !listen(lfd, 4) &&
+		      !getsockname(lfd, (struct sockaddr *)&sin, &sl));
+		snprintf(url, sizeof url, "http://127.0.0.1:%u", ntohs(sin.sin_port));
+		CHECK(grpc_cl_open(kc, url, &cl2, err, sizeof err) == 0);
+		CHECK(t_cl_call(kc, cl2, "/etcdserverpb.KV/Range", &rg.base, &a) == 0);
+		grpc_cl_deadline(kc, a.s, 100);
+		t_cl_turns(kc, NULL, &a.lasts, 500);
+		CHECK(a.lasts == 1 && a.code == GRPC_DEADLINE_EXCEEDED && cl2->last_id == 0);
+		grpc_cl_close(kc, cl2);
+		t_cl_reset(&a);
+		t_cl_turns(kc, NULL, NULL, 3);
+		close(lfd);
+	}
+	CHECK(kvd_close(kc) == 0); /* KVD_CHECKS: every block given back */
+	free(big);
+}
+
+/*
+ * A server's graceful shutdown under a client's Watch: kvd's server ends
+ * the stream (UNAVAILABLE, "transport is closing", as etcd) and says
+ * GOAWAY (the first, then the final one after the client's PING answer);
+ * the client's call hears its one last callback with the server's status
+ * [§30.4], no new call starts after the GOAWAY, and once the server closes
+ * the connection is gone (the handle stays the owner's until
+ * grpc_cl_close).
+ */
+static void test_h2c_server_goaway(void)
+{
+	struct kvd *ks = t_host_kvd("http://127.0.0.1:0"), *kc = t_host_kvd(NULL);
+	Etcdserverpb__WatchRequest wr = ETCDSERVERPB__WATCH_REQUEST__INIT;
+	Etcdserverpb__WatchCreateRequest wc = ETCDSERVERPB__WATCH_CREATE_REQUEST__INIT;
+	struct t_cl w = {0}, a = {0};
+	struct grpc_cl *cl;
+	struct grpc_cl_stream *dummy;
+	char url[128], err[KVD_ERRLEN];
+	int goaway = 0, gone = 0;
+	int64_t end;
+
+	snprintf(url, sizeof url, "http://%s", ks->ls[0].name);
+	CHECK(grpc_cl_open(kc, url, &cl, err, sizeof err) == 0);
+	wc.key.data = (uint8_t *)"w", wc.key.len = 1;
+	wr.request_union_case = ETCDSERVERPB__WATCH_REQUEST__REQUEST_UNION_CREATE_REQUEST;
+	wr.create_request = &wc;
+	CHECK(t_cl_call(kc, cl, "/etcdserverpb.Watch/Watch", &wr.base, &w) == 0);
+	t_cl_turns(kc, ks, &w.msgs, 500);
+	CHECK(w.msgs == 1 && !w.lasts);
+	kvd_shutdown(ks);
+	for (end = util_now_ms() + 10000; !(w.lasts && goaway) && util_now_ms() < end;) {
+		t_cl_turns(kc, ks, NULL, 1);
+		goaway = cl->goaway;
+	}
+	CHECK(w.lasts == 1 && goaway);
+	CHECK(w.code == GRPC_UNAVAILABLE && !strcmp(w.text, E_STOPPING) && cl->h2); /* the server's trailers */
+	CHECK(grpc_cl_call(kc, cl, "/etcdserverpb.KV/Range", NULL, 0, t_cl_reply, &a, &dummy) == KVD_EIO);
+	CHECK(kvd_close(ks) == 0); /* its loop has stopped: the socket goes now */
+	for (end = util_now_ms() + 10000; !gone && util_now_ms() < end;) {
+		t_cl_turns(kc, NULL, NULL, 1);
+		gone = !cl->h2;
+	}
+	CHECK(gone && w.lasts == 1 && !a.lasts);
+	grpc_cl_close(kc, cl);
+	t_cl_reset(&w);
+	CHECK(kvd_close(kc) == 0);
+}
+
+/*
+ * Allocation failures in the client role, one in turn, each in a fresh
+ * instance (a kvd on loopback serving): a connection opened, a 70 KB Put
+ * and a Range of it started.  Every call is either refused at once or
+ * hears exactly one last callback [§30.4], nothing waits past 12 s, and
+ * kvd_close finds every block given back.
+ */
+static void test_h2c_oom(void)
+{
+	struct kvd *ks = t_host_kvd("http://127.0.0.1:0"), *kc;
+	Etcdserverpb__PutRequest put = ETCDSERVERPB__PUT_REQUEST__INIT;
+	Etcdserverpb__RangeRequest rg = ETCDSERVERPB__RANGE_REQUEST__INIT;
+	struct kvd_config cfg;
+	struct t_heap h;
+	struct t_cl a, b;
+	struct grpc_cl *cl;
+	static uint8_t val[70000];
+	char url[128], err[KVD_ERRLEN], data[160];
+	int ra, rb, n, done = 0, ok = 1, fails = 0, answered = 0;
+	int64_t end;
+
+	snprintf(url, sizeof url, "http://%s", ks->ls[0].name);
+	snprintf(data, sizeof data, "%s/data", t_tmpdir());
+	put.key.data = (uint8_t *)"o", put.key.len = 1;
+	put.value.data = val, put.value.len = sizeof val;
+	rg.key.data = (uint8_t *)"o", rg.key.len = 1;
+	for (n = 1; n < 3000 && !done && ok; n++) {
+		memset(&h, 0, sizeof h);
+		memset(&a, 0, sizeof a);
+		memset(&b, 0, sizeof b);
+		kvd_config_init(&cfg);
+		cfg.data_dir = data;
+		cfg.listen_client_urls = "";
+		cfg.unsafe_no_fsync = 1;
+		cfg.log_level = KVD_LOG_ERROR;
+		cfg.alloc = t_heap_alloc;
+		cfg.alloc_ctx = &h;
+		if (kvd_open(&cfg, &kc, err, sizeof err)) {
+			ok = 0;
+			break;
+		}
+		kvd_set_log(kc, t_quiet, NULL);
+		h.fail = h.calls + (size_t)n;
+		ra = rb = -1;
+		if (!grpc_cl_open(kc, url, &cl, err, sizeof err)) {
+			ra = t_cl_call(kc, cl, "/etcdserverpb.KV/Put", &put.base, &a);
+			rb = t_cl_call(kc, cl, "/etcdserverpb.KV/Range", &rg.base, &b);
+			for (end = util_now_ms() + 12000; ((!ra && !a.lasts) || (!rb && !b.lasts)) && util_now_ms() < end;)
+				t_cl_turns(kc, ks, NULL, 1);
+			if ((ra || a.lasts != 1) || (rb || b.lasts != 1))
+				ok &= (ra || a.lasts == 1) && (rb || b.lasts == 1);
+			answered += !ra && !a.code;
+			grpc_cl_close(kc, cl);
+			t_cl_turns(kc, ks, NULL, 2);
+		}
+		done = h.calls < h.fail; /* the failure never came: the run is past its last allocation */
+		fails += !done;
+		ok &= kvd_close(kc) == 0 && h.live == 0 && h.blocks == 0 && !h.bad;
+		if (!ok)
+			printf("  allocation %d failing: open/put/range %d %d, last callbacks %d %d\n", n, ra, rb, a.lasts, b.lasts);
+		t_cl_reset(&a);
+		t_cl_reset(&b);
+	}
+	CHECK(ok && done && fails > 10 && answered > 0);
+	printf("  %d allocations failed in turn, %d Puts answered OK\n", fails, answered);
+	CHECK(kvd_close(ks) == 0);
+}
+
+/*
+ * test/test --h2c URL FILE: kvd's client role against a server that runs
+ * elsewhere (test/h2client.py starts etcd 3.7.3 and kvd): Put, a 200 KiB
+ * Put, a Range of the prefix, a Watch that hears a Put, a Snapshot saved
+ * to FILE, an unknown method; one JSON line each, for the suite to compare
+ * with what etcdctl sees.  Exit status 0 when every call answered.
+ */
+static void t_h2c_hex(const uint8_t *p, size_t n, char *out)
+{
+	size_t i;
+
+	for (i = 0; i < n; i++)
+		sprintf(out + 2 * i, "%02x", p[i]);
+	out[2 * n] = 0;
+}
+
+static int t_h2c_peer(const char *url, const char *file)
+{
+	struct kvd *kc = t_host_kvd(NULL);
+	Etcdserverpb__PutRequest put = ETCDSERVERPB__PUT_REQUEST__INIT;
+	Etcdserverpb__RangeRequest rg = ETCDSERVERPB__RANGE_REQUEST__INIT;
+	Etcdserverpb__WatchRequest wr = ETCDSERVERPB__WATCH_REQUEST__INIT;
+	Etcdserverpb__WatchCreateRequest wc = ETCDSERVERPB__WATCH_CREATE_REQUEST__INIT;
+	Etcdserverpb__SnapshotRequest sr = ETCDSERVERPB__SNAPSHOT_REQUEST__INIT;
+	Etcdserverpb__PutResponse *pr;
+	Etcdserverpb__RangeResponse *rr;
+	Etcdserverpb__WatchResponse *wresp;
+	Etcdserverpb__SnapshotResponse *snap;
+	struct t_cl a = {0}, w = {0};
+	struct grpc_cl *cl;
+	char err[KVD_ERRLEN], hex[65], kh[256];
+	uint8_t *big = malloc(200000), digest[32];
+	size_t i, off;
+	int ok = 1;
+	FILE *f;
+	mbedtls_sha256_context sha;
+
+	if (grpc_cl_open(kc, url, &cl, err, sizeof err)) {
+		printf("{\"step\": \"open\", \"error\": \"%s\"}\n", err);
+		return 1;
+	}
+	for (i = 0; i < 200000; i++)
+		big[i] = (uint8_t)(i * 13 + (i >> 10));
+	for (i = 0; i < 2; i++) {
+		put.key.data = (uint8_t *)(i ? "h2c/big" : "h2c/a"), put.key.len = i ? 7 : 5;
+		put.value.data = i ? big : (uint8_t *)"1", put.value.len = i ? 200000 : 1;
+		ok &= t_cl_call(kc, cl, "/etcdserverpb.KV/Put", &put.base, &a) == 0;
+		t_cl_turns(kc, NULL, &a.lasts, 2000);
+		pr = a.code ? NULL : etcdserverpb__put_response__unpack(NULL, a.len, a.data);
+		printf("{\"step\": \"put\", \"code\": %d, \"rev\": %lld}\n", a.code,
+		       pr && pr->header ? (long long)pr->header->revision : -1ll);
+		ok &= a.lasts == 1 && !a.code && pr;
+		if (pr)
+			etcdserverpb__put_response__free_unpacked(pr, NULL);
+		t_cl_reset(&a);
+	}
+	rg.key.data = (uint8_t *)"h2c/", rg.key.len = 4;
+	rg.range_end.data = (uint8_t *)"h2c0", rg.range_end.len = 4;
+	ok &= t_cl_call(kc, cl, "/etcdserverpb.KV/Range", &rg.base, &a) == 0;
+	t_cl_turns(kc, NULL, &a.lasts, 2000);
+	rr = a.code ? NULL : etcdserverpb__range_response__unpack(NULL, a.len, a.data);
+	ok &= a.lasts == 1 && !a.code && rr;
+	for (i = 0; rr && i < rr->n_kvs; i++) {
+		mbedtls_sha256_init(&sha);
+		snap_sha256_starts(&sha, 0);
+		snap_sha256_update(&sha, rr->kvs[i]->value.data, rr->kvs[i]->value.len);
+		snap_sha256_finish(&sha, digest);
+		mbedtls_sha256_free(&sha);
+		t_h2c_hex(digest, 32, hex);
+		t_h2c_hex(rr->kvs[i]->key.data, KVD_MIN(rr->kvs[i]->key.len, 100), kh);
+		printf("{\"step\": \"range\", \"key\": \"%s\", \"value_sha256\": \"%s\", \"len\": %zu, \"create\": %lld, "
+		       "\"mod\": %lld, \"version\": %lld}\n", kh, hex, rr->kvs[i]->value.len,
+		       (long long)rr->kvs[i]->create_revision, (long long)rr->kvs[i]->mod_revision,
+		       (long long)rr->kvs[i]->version);
+	}
+	if (rr)
+		etcdserverpb__range_response__free_unpacked(rr, NULL);
+	t_cl_reset(&a);
+
+	wc.key.data = (uint8_t *)"h2c/w", wc.key.len = 5;
+	wr.request_union_case = ETCDSERVERPB__WATCH_REQUEST__REQUEST_UNION_CREATE_REQUEST;
+	wr.create_request = &wc;
+	ok &= t_cl_call(kc, cl, "/etcdserverpb.Watch/Watch", &wr.base, &w) == 0;
+	t_cl_turns(kc, NULL, &w.msgs, 2000);
+	put.key.data = (uint8_t *)"h2c/w", put.key.len = 5;
+	put.value.data = (uint8_t *)"x", put.value.len = 1;
+	ok &= t_cl_call(kc, cl, "/etcdserverpb.KV/Put", &put.base, &a) == 0;
+	t_cl_turns(kc, NULL, &a.lasts, 2000);
+	for (i = 0; i < 2000 && w.msgs < 2; i++)
+		t_cl_turns(kc, NULL, NULL, 1);
+	for (i = 0, off = 0; i < (size_t)w.msgs && i < 64; off += w.sizes[i++]) {
+		wresp = etcdserverpb__watch_response__unpack(NULL, w.sizes[i], w.data + off);
+		if (wresp && wresp->n_events == 1 && wresp->events[0]->kv)
+			printf("{\"step\": \"watch\", \"type\": %d, \"key\": \"%.*s\", \"value\": \"%.*s\", \"mod\": %lld, "
+			       "\"rev\": %lld}\n", wresp->events[0]->type, (int)wresp->events[0]->kv->key.len,
+			       (const char *)wresp->events[0]->kv->key.data, (int)wresp->events[0]->kv->value.len,
+			       (const char *)wresp->events[0]->kv->value.data, (long long)wresp->events[0]->kv->mod_revision,
+			       (long long)wresp->header->revision);
+		else if (wresp)
+			printf("{\"step\": \"watch\", \"created\": %d}\n", wresp->created);
+		ok &= wresp != NULL;
+		if (wresp)
+			etcdserverpb__watch_response__free_unpacked(wresp, NULL);
+	}
+	ok &= w.msgs == 2 && !w.lasts;
+	grpc_cl_cancel(kc, w.s);
+	t_cl_turns(kc, NULL, &w.lasts, 2000);
+	ok &= w.lasts == 1 && w.code == GRPC_CANCELLED;
+	t_cl_reset(&a);
+	t_cl_reset(&w);
+
+	ok &= t_cl_call(kc, cl, "/etcdserverpb.Maintenance/Snapshot", &sr.base, &a) == 0;
+	grpc_cl_half_close(kc, a.s);
+	t_cl_turns(kc, NULL, &a.lasts, 4000);
+	f = fopen(file, "wb");
+	for (i = 0, off = 0; f && i < (size_t)a.msgs && i < 64; off += a.sizes[i++]) {
+		snap = etcdserverpb__snapshot_response__unpack(NULL, a.sizes[i], a.data + off);
+		ok &= snap != NULL;
+		if (snap && fwrite(snap->blob.data, 1, snap->blob.len, f) != snap->blob.len)
+			ok = 0;
+		if (snap)
+			etcdserverpb__snapshot_response__free_unpacked(snap, NULL);
+	}
+	ok &= f && !fclose(f) && a.msgs < 64;
+	printf("{\"step\": \"snapshot\", \"code\": %d, \"messages\": %d}\n", a.code, a.msgs);
+	ok &= a.lasts == 1 && !a.code;
+	t_cl_reset(&a);
+
+	ok &= t_cl_call(kc, cl, "/etcdserverpb.KV/Nope", NULL, &a) == 0;
+	t_cl_turns(kc, NULL, &a.lasts, 2000);
+	printf("{\"step\": \"unknown\", \"code\": %d, \"text\": \"%s\"}\n", a.code, a.text);
+	ok &= a.lasts == 1;
+	t_cl_reset(&a);
+	grpc_cl_close(kc, cl);
+	t_cl_turns(kc, NULL, NULL, 5);
+	ok &= kvd_close(kc) == 0;
+	free(big);
+	return !ok;
+}
+
 static const struct {
 	const char *name;
 	void (*fn)(void);
@@ -8673,6 +9235,9 @@ static const struct {
 	{"local_two_instances", test_local_two_instances},
 	{"host_loop", test_host_loop},
 	{"local_oom", test_local_oom},
+	{"h2c_loopback", test_h2c_loopback},
+	{"h2c_server_goaway", test_h2c_server_goaway},
+	{"h2c_oom", test_h2c_oom},
 };
 
 int main(int argc, char **argv)
@@ -8680,6 +9245,8 @@ int main(int argc, char **argv)
 	size_t i;
 
 	mvcc_crc_init(t_crc);
+	if (argc == 4 && !strcmp(argv[1], "--h2c")) /* kvd's client role against a server elsewhere */
+		return t_h2c_peer(argv[2], argv[3]);
 	for (i = 0; i < KVD_COUNT(tests); i++) {
 		if (argc > 1 && !strstr(tests[i].name, argv[1]))
 			continue;
