@@ -732,6 +732,7 @@ struct mvcc_txn {
 	int64_t rev;
 	size_t at, nops_at, undo_at;
 	uint32_t nops, nkeys;
+	uint64_t payload; /* keys and values its ops carry */
 };
 /* Leases (section 11): the registry kvd holds; a lease is defined there. */
 struct lease;
@@ -818,6 +819,7 @@ struct mvcc {
 	size_t extmask, next;
 	uint64_t size;                 /* durable log bytes */
 	struct kvd_buf w;              /* the batch: records not yet written */
+	uint64_t w_payload;            /* keys and values in the batch's sealed TXN records */
 	int64_t rev, rev_durable;      /* current revision (batch included), durable one */
 	int64_t compacted, compacted_durable, pending_compact;
 	struct { uint32_t hash; int64_t compact, rev; } hashes[10]; /* HashKVs taken at compactions (section 14) */
@@ -966,6 +968,10 @@ struct net_listener {
 #define KVD_COMMIT_BUCKETS 12 /* 1 .. 2048 replies released by one group commit */
 #define KVD_HANDLING_BUCKETS 12 /* grpc-prometheus' 5 ms .. 10 s, and past them */
 enum { YIELD_CONNS, YIELD_HANDSHAKES, YIELD_HASHES, YIELD_WATCHERS, YIELD_BYTES, YIELD_N }; /* fair shares given up */
+/* What kvd writes to its data dir, by writer (kvd_disk_written_bytes_total):
+ * the group commit's log records, the rewrite's new log, the reserve file
+ * (an import at start is not counted: it runs before serving). */
+enum { DISK_LOG, DISK_REWRITE, DISK_RESERVE, DISK_N };
 struct kvd_stats {
 	uint64_t conns_accepted, conns_refused, conns_refused_ip, conns_evicted, goaway_sent, rst_sent, calls;
 	uint64_t yields[YIELD_N];    /* units a largest holder gave up to a newcomer, by pool */
@@ -974,6 +980,8 @@ struct kvd_stats {
 	uint64_t http_requests;
 	uint64_t grpc_rx, grpc_tx;   /* gRPC message bytes from and to clients (etcd_network_client_grpc_*) */
 	uint64_t proposals_failed;   /* writes a failed log flush undid (etcd_server_proposals_failed_total) */
+	uint64_t disk_bytes[DISK_N], disk_syncs[DISK_N]; /* bytes written and fdatasyncs, by writer */
+	uint64_t log_payload;        /* keys and values in the TXN records flushed (kvd_log_payload_bytes_total) */
 	uint32_t handling[KVD_METRIC_METHODS][KVD_HANDLING_BUCKETS]; /* grpc_server_handling_seconds, by method */
 	double handling_sum[KVD_METRIC_METHODS];
 	uint64_t health_ok, health_failed; /* /health answers (etcd_server_health_*) */
@@ -6526,6 +6534,7 @@ static void mvcc_txn_end(struct kvd *k, struct mvcc_txn *t)
 	}
 	put_be32(m->w.p + t->nops_at, t->nops);
 	mvcc_seal(k->crc, m->w.p + t->at, m->w.len - t->at - MVCC_REC_HDR, MVCC_REC_TXN);
+	m->w_payload += t->payload;
 	/* a rewrite drops the record once compaction passes it: its framing (its
 	 * ops count where they are superseded) or, with lease ops only, all of it */
 	mvcc_dead(k, m, t->rev, t->nkeys ? t->nops_at + 4 - t->at : m->w.len - t->at);
@@ -6551,6 +6560,7 @@ static int mvcc_emit(struct kvd *k, struct mvcc_txn *t, int kind, uint64_t prev,
 	(void)KVD_ALWAYS(m->size + m->w.len - *off == mvcc_op_hdr(t->rev, create, ver, lease, klen, vlen) + klen + vlen);
 	t->nops++;
 	t->nkeys++;
+	t->payload += klen + vlen;
 	return 0;
 }
 
@@ -6788,6 +6798,7 @@ static void mvcc_rollback(struct kvd *k, struct mvcc *m)
 	m->compacted = m->compacted_durable;
 	m->pending_compact = 0;
 	m->w.len = 0;
+	m->w_payload = 0;
 }
 
 /* The batch is durable: free what compaction took out, forget the undo. */
@@ -7075,6 +7086,10 @@ KVD_RESIDENT static int mvcc_flush(struct kvd *k)
 		k->st.fsync_b[b]++;
 	k->st.fsync_n++;
 	k->st.fsync_sum += (double)us / 1e6;
+	k->st.disk_bytes[DISK_LOG] += m->w.len;
+	k->st.disk_syncs[DISK_LOG] += !m->no_fsync;
+	k->st.log_payload += m->w_payload;
+	m->w_payload = 0;
 	if (us >= 1000000) /* etcd's warning, which operators grep for (a worn SD card, a busy flash) */
 		kvd_log(k, KVD_LOG_WARN, "slow fdatasync: took %lld.%03llds, expected-duration 1s (%zu bytes)",
 		        (long long)(us / 1000000), (long long)(us / 1000 % 1000), m->w.len);
@@ -9202,7 +9217,9 @@ KVD_RESIDENT static void life_reserve_make(struct kvd *k)
 		if (w <= 0)
 			break;
 		left -= (uint64_t)w;
+		k->st.disk_bytes[DISK_RESERVE] += (uint64_t)w;
 	}
+	k->st.disk_syncs[DISK_RESERVE] += !k->db.no_fsync;
 	if (left || (!k->db.no_fsync && fsync(fd))) {
 		close(fd);
 		unlink(path);
@@ -9398,6 +9415,7 @@ static int life_rw_write(struct kvd *k, struct life_rw *rw, int sync)
 		p += w;
 		n -= (size_t)w;
 		rw->size += (uint64_t)w;
+		k->st.disk_bytes[DISK_REWRITE] += (uint64_t)w;
 	}
 	rw->out.len = 0;
 	if ((sync || rw->size - rw->synced >= LIFE_SYNC_EVERY) && rw->size > rw->synced) {
@@ -9405,6 +9423,7 @@ static int life_rw_write(struct kvd *k, struct life_rw *rw, int sync)
 			rw->werr = errno;
 			return KVD_EIO;
 		}
+		k->st.disk_syncs[DISK_REWRITE] += !k->db.no_fsync;
 		rw->synced = rw->size;
 	}
 	return 0;
@@ -27172,6 +27191,23 @@ static void http1_metrics(struct kvd *k, struct http_x *x, const struct http_req
 	             k->st.commit_b, KVD_COMMIT_BUCKETS, 1, k->st.commit_n, (double)k->st.commit_sum);
 	http1_m_one(&m, "kvd_log_rewrites_total", "counter", "Log rewrites (online defragmentation) completed.",
 	            (double)k->life.rewrites);
+	{
+		static const char *const writers[DISK_N] = {"log", "rewrite", "reserve"};
+		http1_m_head(&m, "kvd_disk_written_bytes_total", "counter", "Bytes kvd wrote to its data dir, by "
+		             "writer: the group commit's log records, the rewrite's new log, the reserve file.");
+		for (i = 0; i < DISK_N; i++) {
+			snprintf(lab, sizeof lab, "writer=\"%s\"", writers[i]);
+			http1_m_val(&m, "kvd_disk_written_bytes_total", lab, (double)k->st.disk_bytes[i]);
+		}
+		http1_m_head(&m, "kvd_disk_syncs_total", "counter", "fdatasync and fsync calls on the data dir's files, "
+		             "by writer.");
+		for (i = 0; i < DISK_N; i++) {
+			snprintf(lab, sizeof lab, "writer=\"%s\"", writers[i]);
+			http1_m_val(&m, "kvd_disk_syncs_total", lab, (double)k->st.disk_syncs[i]);
+		}
+	}
+	http1_m_one(&m, "kvd_log_payload_bytes_total", "counter", "Bytes of keys and values in the log records the "
+	            "group commit wrote (the rest of those bytes is framing).", (double)k->st.log_payload);
 	http1_m_one(&m, "kvd_memory_bytes", "gauge", "Bytes kvd has allocated (its own accounting).", (double)k->mem);
 	http1_m_one(&m, "kvd_connections", "gauge", "Client connections open.", (double)k->nconns);
 	http1_m_one(&m, "kvd_connections_accepted_total", "counter", "Client connections accepted.",

@@ -256,6 +256,72 @@ def automatic_rewrite_bounds_the_disk():
     subprocess.run(["rm", "-rf", d])
 
 
+def disk_counters(port):
+    """kvd_disk_written_bytes_total, kvd_disk_syncs_total (by writer) and
+    kvd_log_payload_bytes_total from /metrics, as plain numbers."""
+    import http.client
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    conn.request("GET", "/metrics")
+    body = conn.getresponse().read().decode()
+    conn.close()
+    out = {}
+    for m in re.finditer(r'^(kvd_disk_written_bytes_total|kvd_disk_syncs_total)\{writer="(\w+)"\} (\S+)$', body, re.M):
+        out[(m.group(1), m.group(2))] = int(float(m.group(3)))
+    m = re.search(r"^kvd_log_payload_bytes_total (\S+)$", body, re.M)
+    out["payload"] = int(float(m.group(1))) if m else None
+    return out
+
+
+@test
+def disk_writes_accounted():
+    """What kvd writes, by writer, on /metrics (issue 53's breakdown): the
+    log's bytes are exactly what kvd.log grew by, the payload exactly the
+    keys and values written (a delete's key; a txn's ops; an unchanged
+    txn nothing), one fdatasync per group commit at most; the reserve file
+    once at start; a Defragment's new log and its syncs under "rewrite",
+    and its bytes are the new kvd.log's size."""
+    d = tempfile.mkdtemp(prefix="kvd-disk-", dir=DISK)
+    k = Kvd(KVD, data_dir=d)
+    c = Client(k.endpoint())
+    log = os.path.join(d, "kvd.log")
+    c0, size0 = disk_counters(k.port), os.path.getsize(log)
+    check(c0[("kvd_disk_written_bytes_total", "reserve")] == 131072 and
+          c0[("kvd_disk_syncs_total", "reserve")] == 1, "the reserve, once: %r" % c0)
+    payload, calls = 0, 0
+    for i in range(20):
+        check(c.call("Put", R.PutRequest(key=b"wa%02d" % i, value=b"x" * (1000 + i)))[0] == "ok", "put")
+        payload += 4 + 1000 + i
+        calls += 1
+    t = R.TxnRequest()
+    for i in range(3):
+        t.success.add().request_put.CopyFrom(R.PutRequest(key=b"tx%d" % i, value=b"y" * 100))
+    check(c.call("Txn", t)[0] == "ok", "txn")
+    payload += 3 * (3 + 100)
+    check(c.call("DeleteRange", R.DeleteRangeRequest(key=b"wa00"))[0] == "ok", "delete")
+    payload += 4
+    check(c.call("DeleteRange", R.DeleteRangeRequest(key=b"nothing"))[0] == "ok", "a delete of nothing")
+    calls += 3
+    c1, size1 = disk_counters(k.port), os.path.getsize(log)
+    logged = c1[("kvd_disk_written_bytes_total", "log")] - c0[("kvd_disk_written_bytes_total", "log")]
+    syncs = c1[("kvd_disk_syncs_total", "log")] - c0[("kvd_disk_syncs_total", "log")]
+    print("  %d payload bytes, %d log bytes (%.3f), %d fdatasyncs for %d writes" %
+          (c1["payload"] - c0["payload"], logged, logged / max(payload, 1), syncs, calls))
+    check(c1["payload"] - c0["payload"] == payload, "payload %d, want %d" % (c1["payload"] - c0["payload"], payload))
+    check(logged == size1 - size0, "log bytes %d, kvd.log grew %d" % (logged, size1 - size0))
+    check(payload < logged < payload + 100 * calls, "framing bounded: %d for %d" % (logged, payload))
+    check(1 <= syncs <= calls, "syncs %d for %d writes" % (syncs, calls))
+    check(c1[("kvd_disk_written_bytes_total", "rewrite")] == 0, "no rewrite yet")
+    check(defrag(c)[0] == "ok", "Defragment")
+    c2 = disk_counters(k.port)
+    rw = c2[("kvd_disk_written_bytes_total", "rewrite")]
+    check(rw == os.path.getsize(log) and rw > payload - 1004, "rewrite bytes %d, the new log %d" %
+          (rw, os.path.getsize(log)))
+    check(c2[("kvd_disk_syncs_total", "rewrite")] >= 1, "the rewrite synced")
+    c.close()
+    k.stop()
+    subprocess.run(["rm", "-rf", d])
+
+
 @test
 def auto_compaction_periodic_and_revision():
     k = Kvd(KVD, args=["--auto-compaction-mode", "periodic", "--auto-compaction-retention", "2s",
