@@ -23219,7 +23219,7 @@ static int grpc_cl_start(struct kvd *k, struct grpc_cl *cl, struct grpc_cl_strea
 	hp_put_field(k, &b, 0, "te", "trailers", 8);
 	hp_put_field(k, &b, 58, NULL, "kvd/" KVD_ETCD_VERSION, strlen("kvd/" KVD_ETCD_VERSION));
 	if (s->deadline) { /* what is left of it, for the server (grpc-timeout: at most 8 digits) */
-		char t[16];
+		char t[24]; /* room for any long long: -O0's truncation check sees no range */
 		snprintf(t, sizeof t, "%lldm", (long long)KVD_MIN(KVD_MAX(s->deadline - k->now, 1), 99999999));
 		hp_put_field(k, &b, 0, "grpc-timeout", t, strlen(t));
 	}
