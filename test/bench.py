@@ -16,6 +16,8 @@ kvd/etcd ratios (the README records them).
   test/bench.py --only http1                 GET /health, /metrics, gateway Range and Put over HTTP/1.1 (h2load --h1)
   test/bench.py --only embed                 in-process calls (kvd.h) beside the same calls over loopback gRPC,
                                              one instance (test/embedbench); a watch callback's cost
+  test/bench.py --only flash                 write amplification (issue 53): 20000 updates of 2 KiB over 200 keys,
+                                             16 writers, compacted as kube-apiserver does; etcd 3.7.3 and kvd
   ... --plot FILE.svg                        also draw the table (kv3, k8s): kvd's ratio to each store per row
 
 The confd rows compare kvd with Debian's ganeti-confd 3.0.2 instead.
@@ -340,6 +342,118 @@ def life_rows(writes=1000000, nkeys=1000):
     print("A life of %d overwrites of %d keys (periodic compaction keeping 1 s on both):" % (writes, nkeys))
     row("  disk bytes written per byte put", out["etcd"][0], out["kvd"][0], "B", higher=False)
     row("  data dir at the end", out["etcd"][1], out["kvd"][1], "B", higher=False)
+
+
+def metric_sum(port, name, labels=""):
+    """One sample of /metrics on port (0 when absent)."""
+    import http.client
+    import re
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    conn.request("GET", "/metrics")
+    body = conn.getresponse().read().decode()
+    conn.close()
+    m = re.search(r"^%s%s (\S+)$" % (re.escape(name), re.escape(labels)), body, re.M)
+    return float(m.group(1)) if m else 0.0
+
+
+def flash_rows(updates=20000, nkeys=200, vsize=2048, writers=16, every=2000, keep=1000):
+    """Issue 53's write amplification: updates of vsize-byte values over
+    nkeys keys by concurrent writers, compacted every `every` revisions
+    keeping `keep` (as kube-apiserver compacts), on etcd 3.7.3 and kvd:
+    bytes handed to the block layer (/proc/PID/io write_bytes) per byte of
+    keys and values changed; fdatasyncs; the data file's largest size
+    against what readers can still see (Status' dbSizeInUse); kvd's own
+    breakdown from /metrics."""
+    from kvdtest import go_peer
+    e37 = go_peer("etcd")
+    if not e37:
+        print("SKIPPED: needs the etcd 3.7.3 peer (test/lib/deps.sh test)")
+        return
+    servers = [("etcd 3.7.3", EtcdDisk(binary=e37)),
+               ("kvd", Kvd(KVD, ["--name", "bench"], data_dir=tempfile.mkdtemp(prefix="kvd-bench-", dir=DISK)))]
+    out = {}
+    for name, srv in servers:
+        wait_for(lambda: Client(srv.endpoint()).call("Range", R.RangeRequest(key=b"x"))[0] == "ok", 60)
+        st = lambda c: c.call("Status", R.StatusRequest(), service="etcdserverpb.Maintenance", resp="StatusResponse")
+        sync_name = "etcd_disk_wal_fsync_duration_seconds_count"
+        m0 = metric_sum(srv.port, sync_name) + metric_sum(srv.port, "etcd_disk_backend_commit_duration_seconds_count")
+        k0 = {w: metric_sum(srv.port, "kvd_disk_written_bytes_total", '{writer="%s"}' % w)
+              for w in ("log", "rewrite", "reserve")}
+        p0 = metric_sum(srv.port, "kvd_log_payload_bytes_total")
+        s0 = {w: metric_sum(srv.port, "kvd_disk_syncs_total", '{writer="%s"}' % w) for w in ("log", "rewrite", "reserve")}
+        w0 = io_written(srv.p.pid)
+        left = [updates]
+        lock = threading.Lock()
+        payload = [0]
+        peak = [0.0, 0, 0]  # ratio, file bytes, in use
+        done = threading.Event()
+
+        def writer(i):
+            c = Client(srv.endpoint())
+            while True:
+                with lock:
+                    if left[0] <= 0:
+                        break
+                    left[0] -= 1
+                    n = left[0]
+                key = b"flash/%04d" % (n % nkeys)
+                val = (b"%08d" % n) * (vsize // 8)
+                r = c.call("Put", R.PutRequest(key=key, value=val), timeout=60)
+                if r[0] == "ok":
+                    with lock:
+                        payload[0] += len(key) + len(val)
+                    rev = r[1].header.revision
+                    if rev % every == 0:
+                        c.call("Compact", R.CompactionRequest(revision=rev - keep), timeout=60)
+            c.close()
+
+        def sampler():
+            c = Client(srv.endpoint())
+            while not done.is_set():
+                r = st(c)
+                if r[0] == "ok" and r[1].dbSizeInUse:
+                    ratio = r[1].dbSize / r[1].dbSizeInUse
+                    if ratio > peak[0]:
+                        peak[:] = [ratio, r[1].dbSize, r[1].dbSizeInUse]
+                time.sleep(0.05)
+            c.close()
+        sm = threading.Thread(target=sampler)
+        sm.start()
+        ths = [threading.Thread(target=writer, args=(i,)) for i in range(writers)]
+        t0 = time.time()
+        for t in ths:
+            t.start()
+        for t in ths:
+            t.join()
+        secs = time.time() - t0
+        time.sleep(2)  # a rewrite or a compaction's last writes
+        done.set()
+        sm.join()
+        wrote = io_written(srv.p.pid) - w0
+        syncs = metric_sum(srv.port, sync_name) + metric_sum(srv.port, "etcd_disk_backend_commit_duration_seconds_count") - m0
+        if name == "kvd":  # kvd's wal and backend counts are the same syncs: its own count, by writer
+            syncs = sum(metric_sum(srv.port, "kvd_disk_syncs_total", '{writer="%s"}' % w) - s0[w] for w in s0)
+        kb = {w: metric_sum(srv.port, "kvd_disk_written_bytes_total", '{writer="%s"}' % w) - k0[w] for w in k0}
+        kp = metric_sum(srv.port, "kvd_log_payload_bytes_total") - p0
+        out[name] = dict(wa=wrote / max(payload[0], 1), wrote=wrote, payload=payload[0], syncs=syncs, secs=secs,
+                         peak=peak, kb=kb, kp=kp)
+        srv.stop()
+    print("%d updates of %d B values over %d keys, %d writers, compacted every %d revisions keeping %d; data on %s" %
+          (updates, vsize, nkeys, writers, every, keep, DISK))
+    print("%-46s %14s %14s %8s" % ("", "etcd 3.7.3", "kvd", "kvd/etcd"))
+    e, k = out["etcd 3.7.3"], out["kvd"]
+    row("write amplification (block layer / changed)", e["wa"], k["wa"], "x", higher=False)
+    row("bytes written", e["wrote"], k["wrote"], "B", higher=False)
+    row("fdatasyncs (etcd: WAL + backend commits)", e["syncs"], k["syncs"], "", higher=False)
+    row("data file / in use, at its largest", e["peak"][0], k["peak"][0], "x", higher=False)
+    row("updates/s", updates / e["secs"], updates / k["secs"], "/s")
+    kb, kp = k["kb"], k["kp"]
+    print("kvd's bytes, per byte of keys and values changed (%d B):" % k["payload"])
+    for what, v in (("log: keys and values", kp), ("log: framing (record and op headers)", kb["log"] - kp),
+                    ("rewrite: live data copied", kb["rewrite"]), ("reserve file", kb["reserve"]),
+                    ("block layer beyond kvd's writes (pages written again, metadata)",
+                     k["wrote"] - kb["log"] - kb["rewrite"] - kb["reserve"])):
+        print("  %-62s %12d B %7.3f" % (what, v, v / max(k["payload"], 1)))
 
 
 def snapshot_rows(nkeys=200000):
@@ -1095,6 +1209,9 @@ def bench(argv):
         return 0
     if only == "embed":
         embed_rows(n)
+        return 0
+    if only == "flash":
+        flash_rows()
         return 0
     if only == "k8s":
         k8s_rows(float(argv[argv.index("--scale") + 1]) if "--scale" in argv else 1.0)
