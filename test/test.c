@@ -8059,7 +8059,7 @@ static void test_local_two_instances(void)
 	struct t_two pa, pb, ga, gb, ha, hb, sa, sb;
 	uint32_t hash[2][2];
 	int i, j;
-	char key[8], val[8];
+	char key[16], val[16];
 
 	for (i = 0; i < 3; i++) { /* the same writes on both */
 		snprintf(key, sizeof key, "k%d", i);
