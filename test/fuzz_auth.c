@@ -7,7 +7,7 @@
  * (base64url, the signature, then the claims) as it stands; 1, the rest is
  * "header JSON \0 claims JSON", which the target signs (HS256) before the
  * verifier sees it, so the claims parser is reached -- a token it accepts
- * must name a user and a revision; 2, the rest is a stored password hash
+ * must have a username claim (a string, "" too, as etcd) and a revision; 2, the rest is a stored password hash
  * for auth_bcrypt_parse.  Nothing may leak.
  */
 #define KVD_NO_MAIN
@@ -68,8 +68,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	if (b.err)
 		abort();
 	tok = (char *)b.p;
-	if (strlen(tok) == b.len - 1 && !auth_jwt_check(k, tok, &rev) && (!rev || !k->auth.jwt->name[0]))
-		abort(); /* taken: it names a user and a revision */
+	/* taken: its claims held a username (a string; "" is one, as etcd takes
+	 * it: a user nobody has) and a revision */
+	if (strlen(tok) == b.len - 1 && !auth_jwt_check(k, tok, &rev) &&
+	    (!rev || k->auth.jwt->nlen >= sizeof k->auth.jwt->name))
+		abort();
 	buf_free(k, &b);
 out:
 	auth_jwt_free(k);
