@@ -12036,9 +12036,28 @@ out:
  * --restore-snapshot: a new store in the data dir from an etcd snapshot
  * file, made by a scratch instance; refused if the data dir holds one.
  */
+static int snap_import_file(struct kvd *k0, const char *file, int skip_hash, char *err, size_t errlen);
+
 static int snap_restore(struct kvd *k0, char *err, size_t errlen)
 {
-	const char *file = k0->cfg.restore_snapshot, *dir = k0->cfg.data_dir;
+	char log[PATH_MAX];
+	struct stat st;
+
+	snprintf(log, sizeof log, "%s/kvd.log", k0->cfg.data_dir);
+	if (!stat(log, &st) && st.st_size > 0) {
+		snprintf(err, errlen, "%s already holds a store: --restore-snapshot makes a new one (move it away, or "
+		         "start without the flag)", k0->cfg.data_dir);
+		return KVD_EINVAL;
+	}
+	return snap_import_file(k0, k0->cfg.restore_snapshot, k0->cfg.skip_hash_check, err, errlen);
+}
+
+/* The snapshot in file made into <data-dir>/kvd.log by a scratch instance
+ * (through kvd.log.import, renamed over it once whole and durable).  0, or
+ * an error with err saying why and nothing imported. */
+static int snap_import_file(struct kvd *k0, const char *file, int skip_hash, char *err, size_t errlen)
+{
+	const char *dir = k0->cfg.data_dir;
 	char log[PATH_MAX], tmp[PATH_MAX], why[200] = "";
 	struct kvd *k = NULL;
 	struct stat st;
@@ -12047,11 +12066,6 @@ static int snap_restore(struct kvd *k0, char *err, size_t errlen)
 
 	snprintf(log, sizeof log, "%s/kvd.log", dir);
 	snprintf(tmp, sizeof tmp, "%s/kvd.log.import", dir);
-	if (!stat(log, &st) && st.st_size > 0) {
-		snprintf(err, errlen, "%s already holds a store: --restore-snapshot makes a new one (move it away, or "
-		         "start without the flag)", dir);
-		return KVD_EINVAL;
-	}
 	if ((fd = util_open_regular(file, 0, &st)) < 0) {
 		snprintf(err, errlen, "cannot open %s: %s", file, fd == -2 ? "not a regular file" : strerror(errno));
 		e = KVD_EINVAL;
@@ -12092,7 +12106,7 @@ static int snap_restore(struct kvd *k0, char *err, size_t errlen)
 		goto out;
 	}
 	e = snap_import_mem(k, copy ? copy : p == MAP_FAILED ? (const uint8_t *)"" : p, (uint64_t)st.st_size,
-	                    k0->cfg.skip_hash_check, out, why, sizeof why);
+	                    skip_hash, out, why, sizeof why);
 	if (close(out) && !e) {
 		snprintf(why, sizeof why, "cannot write the new log: %s", strerror(errno));
 		e = KVD_EIO;
@@ -12128,6 +12142,40 @@ out:
 static int snap_restore_check(const char *file, char *err, size_t errlen)
 {
 	return util_check_regular(file, "--restore-snapshot", err, errlen);
+}
+
+/*
+ * A running instance's empty store replaced by the snapshot in file (a
+ * replica's seed, section 36): imported as --restore-snapshot imports
+ * (snap_import_file, its SHA-256 trailer checked), then the new log
+ * replayed in place of the empty one.  The log's generation moves on, so
+ * a watcher finds its place again by revision.  0; KVD_EINVAL (the store
+ * is not empty, or the file is refused: err says why, the store as it
+ * was); or the replay's error, the store then broken (no write goes on).
+ */
+KVD_UNUSED static int snap_adopt(struct kvd *k, const char *file, char *err, size_t errlen)
+{
+	struct mvcc *m = &k->db;
+	uint32_t gen = m->gen;
+	unsigned no_fsync = m->no_fsync;
+	int r;
+
+	if (m->rev != 1 || m->nkeys || m->w.len || m->compacted != -1 || k->lease.n) {
+		snprintf(err, errlen, "the store is not empty (revision %lld)", (long long)m->rev);
+		return KVD_EINVAL;
+	}
+	if ((r = snap_import_file(k, file, 0, err, errlen)))
+		return r;
+	mvcc_close(k);
+	mvcc_init(m);
+	m->no_fsync = no_fsync;
+	r = mvcc_open(k, err, errlen);
+	m->gen = gen + 1;
+	if (r) {
+		m->broken = 1;
+		snprintf(m->why, sizeof m->why, "the adopted snapshot's log did not replay");
+	}
+	return r;
 }
 
 #else /* KVD_NO_SNAPSHOT: no snapshot file is read or written; asking for one is a configuration error */
@@ -27908,12 +27956,18 @@ static int http1_check_flags(const struct kvd *k, char *err, size_t errlen)
  * a replica (lease_timers does nothing while k->lease.followed): the
  * cluster's revokes and expiries arrive as DELETE events.
  *
- * A store that starts empty follows the cluster's whole history (from
- * revision 2); a store that holds revisions resumes from its own revision
- * + 1 -- no reseed (its start is logged: "resuming").  Seeding from a
- * snapshot is not done yet: a cluster compacted past the replica's
- * revision cancels the watch as compacted, and the replica then stops
- * following (state "must reseed", logged), as it does on any mismatch.
+ * A store that starts empty is seeded, watch first (etcd-replica.md
+ * 3.4): the watch opens at the cluster's current revision H (start 0,
+ * its created header), its events kept; then the Snapshot stream goes to
+ * <data-dir>/kvd.repl.snap on the same connection, and once whole it
+ * replaces the empty store (snap_adopt, section 15, which checks etcd's
+ * SHA-256 trailer and replays the imported log in place); the kept events
+ * above the snapshot's revision R (>= H: a member's revision never goes
+ * back) are applied, and the watch goes on.  A store that holds revisions
+ * resumes from its own revision + 1 -- no reseed (logged: "resuming").
+ * A cluster compacted past that revision cancels the watch as compacted,
+ * and the replica stops following (state "must reseed", logged), as on
+ * any mismatch: replacing a store that is not empty is not done yet.
  *
  * Invariants:
  *   1. One upstream revision is one local txn, or none: a run whose
@@ -27951,6 +28005,12 @@ struct repl {
 	Etcdserverpb__WatchResponse **frag; /* fragments of the response being received */
 	size_t nfrag, fragcap, fragbytes;
 	unsigned stale;              /* watches dropped whose last callback is still to come */
+	unsigned snap_stale;         /* the same, snapshot calls */
+	unsigned seeding : 1;        /* the store is empty: a snapshot first, the watch's events kept */
+	int64_t seed_from;           /* seeding: the watch's created revision (the snapshot must reach it) */
+	struct grpc_cl_stream *ss;   /* seeding: the Snapshot call */
+	int snap_fd;                 /* seeding: <data-dir>/kvd.repl.snap, -1 if none */
+	uint64_t snap_bytes;
 	uint64_t revs, events, resumes; /* revisions and events applied; watches (re)opened */
 	int64_t upstream_rev;        /* the last header revision heard */
 	char why[256];               /* why it must reseed */
@@ -27967,12 +28027,31 @@ static void repl_frag_free(struct kvd *k, struct repl *rp)
 	rp->nfrag = rp->fragbytes = 0;
 }
 
+/* The seed's snapshot file: closed, and removed. */
+static void repl_snap_done(struct kvd *k, struct repl *rp)
+{
+	char path[PATH_MAX];
+
+	if (rp->snap_fd < 0)
+		return;
+	close(rp->snap_fd);
+	rp->snap_fd = -1;
+	snprintf(path, sizeof path, "%s/kvd.repl.snap", k->cfg.data_dir);
+	unlink(path);
+}
+
 static void repl_drop(struct kvd *k, struct repl *rp)
 {
 	if (rp->ws) {
 		grpc_cl_cancel(k, rp->ws);
 		rp->stale++;
 	}
+	if (rp->ss) {
+		grpc_cl_cancel(k, rp->ss);
+		rp->snap_stale++;
+	}
+	rp->ss = NULL;
+	repl_snap_done(k, rp);
 	if (rp->cl)
 		grpc_cl_close(k, rp->cl);
 	rp->cl = NULL;
@@ -28078,10 +28157,12 @@ static int repl_apply(struct kvd *k, Mvccpb__Event *const *ev, size_t n, uint64_
 }
 
 static void repl_retry(struct kvd *k, struct repl *rp, const char *why);
+static void repl_snap_start(struct kvd *k, struct repl *rp);
 
-/* A whole response (the fragments kept, then this last one): its events
- * applied. */
-static void repl_response(struct kvd *k, struct repl *rp)
+/* A whole response (the fragments kept, then this last one) -- or, once a
+ * seed's snapshot is in, every response kept while it came: its events
+ * above revision above applied. */
+static void repl_response(struct kvd *k, struct repl *rp, int64_t above)
 {
 	Mvccpb__Event **ev;
 	size_t n = 0, i, j;
@@ -28092,13 +28173,18 @@ static void repl_response(struct kvd *k, struct repl *rp)
 		n += rp->frag[i]->n_events;
 	if (!n)
 		return;
+	if (n > SIZE_MAX / sizeof *ev) {
+		repl_retry(k, rp, E_OOM);
+		return;
+	}
 	if (!(ev = kvd_malloc(k, n * sizeof *ev))) {
 		repl_retry(k, rp, E_OOM);
 		return;
 	}
-	for (i = n = 0; i < rp->nfrag; i++)
+	for (i = n = 0; i < rp->nfrag; i++) /* a seed's snapshot holds those at or below above */
 		for (j = 0; j < rp->frag[i]->n_events; j++)
-			ev[n++] = rp->frag[i]->events[j];
+			if (!rp->frag[i]->events[j]->kv || rp->frag[i]->events[j]->kv->mod_revision > above)
+				ev[n++] = rp->frag[i]->events[j];
 	r = repl_apply(k, ev, n, &rp->revs, why, sizeof why);
 	rp->events += n;
 	kvd_free(k, ev);
@@ -28106,6 +28192,100 @@ static void repl_response(struct kvd *k, struct repl *rp)
 		repl_must_reseed(k, rp, why);
 	else if (r)
 		repl_retry(k, rp, r == KVD_ENOMEM ? E_OOM : k->db.broken ? k->db.why : "the store refused the write");
+}
+
+/*
+ * Seeding (an empty store): the watch is open from the cluster's revision
+ * H on, its events kept; the Snapshot stream goes to
+ * <data-dir>/kvd.repl.snap; once whole it replaces the empty store
+ * (snap_adopt, section 15: the SHA-256 trailer checked), and the kept
+ * events above the snapshot's revision are applied.  A snapshot below H
+ * would leave a gap: the store then resumes from its revision + 1 instead.
+ */
+static int repl_on_snap(void *arg, const struct kvd_reply *r)
+{
+	struct repl *rp = arg;
+	struct kvd *k = rp->k;
+	Etcdserverpb__SnapshotResponse *m;
+	char err[KVD_ERRLEN], path[PATH_MAX];
+	const uint8_t *p;
+	size_t left;
+	ssize_t n;
+	uint64_t seen;
+
+	if (r->last && rp->snap_stale) {
+		rp->snap_stale--;
+		return 0;
+	}
+	if (r->last) {
+		rp->ss = NULL;
+		if (r->code) {
+			snprintf(err, sizeof err, "the snapshot failed: %s (code %d)", r->text, r->code);
+			repl_retry(k, rp, err);
+			return 0;
+		}
+		snprintf(path, sizeof path, "%s/kvd.repl.snap", k->cfg.data_dir);
+		if (fsync(rp->snap_fd)) {
+			snprintf(err, sizeof err, "cannot write kvd.repl.snap: %s", strerror(errno));
+			repl_retry(k, rp, err);
+			return 0;
+		}
+		if (snap_adopt(k, path, err, sizeof err)) {
+			repl_retry(k, rp, err);
+			return 0;
+		}
+		repl_snap_done(k, rp);
+		rp->seeding = 0;
+		kvd_log(k, KVD_LOG_INFO, "replica: seeded from a snapshot of %s at revision %lld (%llu bytes); the watch "
+		        "from %lld on goes on", rp->urls[rp->at], (long long)k->db.rev, (unsigned long long)rp->snap_bytes,
+		        (long long)rp->seed_from + 1);
+		if (k->db.rev < rp->seed_from) {
+			repl_retry(k, rp, "the snapshot is older than the watch: resuming from its revision");
+			return 0;
+		}
+		seen = rp->revs;
+		repl_response(k, rp, k->db.rev);
+		repl_frag_free(k, rp);
+		kvd_log(k, KVD_LOG_INFO, "replica: %llu revisions the watch kept while seeding applied, to revision %lld",
+		        (unsigned long long)(rp->revs - seen), (long long)k->db.rev);
+		rp->backoff = REPL_BACKOFF_MIN;
+		return 0;
+	}
+	if (!(m = etcdserverpb__snapshot_response__unpack(&k->pba, r->len, r->data))) {
+		repl_retry(k, rp, "a snapshot message that does not parse");
+		return 0;
+	}
+	for (p = m->blob.data, left = m->blob.len; left; p += n, left -= (size_t)n)
+		if ((n = write(rp->snap_fd, p, left)) <= 0 && !(n < 0 && errno == EINTR)) {
+			snprintf(err, sizeof err, "cannot write %s/kvd.repl.snap: %s", k->cfg.data_dir,
+			         n < 0 ? strerror(errno) : "no progress");
+			etcdserverpb__snapshot_response__free_unpacked(m, &k->pba);
+			repl_retry(k, rp, err);
+			return 0;
+		} else if (n < 0) {
+			n = 0;
+		}
+	rp->snap_bytes += m->blob.len;
+	etcdserverpb__snapshot_response__free_unpacked(m, &k->pba);
+	return 0;
+}
+
+/* The seed's Snapshot call, into a new kvd.repl.snap. */
+static void repl_snap_start(struct kvd *k, struct repl *rp)
+{
+	char path[PATH_MAX], err[PATH_MAX + 64];
+
+	snprintf(path, sizeof path, "%s/kvd.repl.snap", k->cfg.data_dir);
+	if ((rp->snap_fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600)) < 0) {
+		snprintf(err, sizeof err, "cannot create %s: %s", path, strerror(errno));
+		repl_retry(k, rp, err);
+		return;
+	}
+	rp->snap_bytes = 0;
+	if (grpc_cl_call(k, rp->cl, "/etcdserverpb.Maintenance/Snapshot", "", 0, repl_on_snap, rp, &rp->ss))
+		repl_retry(k, rp, "cannot start the snapshot");
+	else
+		grpc_cl_half_close(k, rp->ss); /* grpc-go's server waits for the request's end */
 }
 
 /* One message of the replication watch, or its end. */
@@ -28148,6 +28328,14 @@ static int repl_on_watch(void *arg, const struct kvd_reply *r)
 		return 0;
 	}
 	if (w->created && !w->n_events) {
+		if (rp->seeding) {
+			kvd_log(k, KVD_LOG_INFO, "replica: watching %s from revision %lld, its events kept while a "
+			        "snapshot seeds the empty store", rp->urls[rp->at], (long long)rp->upstream_rev + 1);
+			rp->seed_from = rp->upstream_rev;
+			etcdserverpb__watch_response__free_unpacked(w, &k->pba);
+			repl_snap_start(k, rp);
+			return 0;
+		}
 		kvd_log(k, KVD_LOG_INFO, "replica: watching %s from revision %lld (the cluster is at %lld)", rp->urls[rp->at],
 		        (long long)k->db.rev + 1, (long long)rp->upstream_rev);
 		rp->backoff = REPL_BACKOFF_MIN;
@@ -28161,9 +28349,9 @@ static int repl_on_watch(void *arg, const struct kvd_reply *r)
 	}
 	rp->frag[rp->nfrag++] = w;
 	rp->fragbytes += r->len;
-	if (w->fragment)
-		return 0; /* the rest of the response follows */
-	repl_response(k, rp);
+	if (w->fragment || rp->seeding)
+		return 0; /* the rest of the response follows; or the seed's snapshot does */
+	repl_response(k, rp, 0);
 	repl_frag_free(k, rp);
 	return 0;
 }
@@ -28200,7 +28388,7 @@ static void repl_watch(struct kvd *k, struct repl *rp)
 
 	wc.key.data = &zero, wc.key.len = 1;
 	wc.range_end.data = &zero, wc.range_end.len = 1;
-	wc.start_revision = k->db.rev + 1;
+	wc.start_revision = rp->seeding ? 0 : k->db.rev + 1; /* seeding: from now on, the snapshot before it */
 	wc.progress_notify = 1;
 	wc.fragment = 1;
 	wr.request_union_case = ETCDSERVERPB__WATCH_REQUEST__REQUEST_UNION_CREATE_REQUEST;
@@ -28271,6 +28459,8 @@ static int repl_start(struct kvd *k, char **urls, unsigned n, char *err, size_t 
 		return KVD_EINVAL;
 	}
 	k->lease.followed = 1; /* the cluster's leases: none expires here */
+	rp->snap_fd = -1;
+	rp->seeding = k->db.rev <= 1 && !k->db.nkeys;
 	rp->backoff = REPL_BACKOFF_MIN;
 	rp->state = REPL_WAIT;
 	util_wake_by(k, 0);
@@ -28278,7 +28468,7 @@ static int repl_start(struct kvd *k, char **urls, unsigned n, char *err, size_t 
 		kvd_log(k, KVD_LOG_INFO, "replica of %s: resuming from the store's revision %lld (no reseed)",
 		        k->cfg.replicate_from, (long long)k->db.rev);
 	else
-		kvd_log(k, KVD_LOG_INFO, "replica of %s: the store is empty, following the cluster's whole history",
+		kvd_log(k, KVD_LOG_INFO, "replica of %s: the store is empty, seeding it from a snapshot",
 		        k->cfg.replicate_from);
 	return 0;
 }
@@ -28291,6 +28481,7 @@ static void repl_fini(struct kvd *k)
 	if (!rp)
 		return;
 	repl_frag_free(k, rp);
+	repl_snap_done(k, rp);
 	kvd_free(k, rp->frag);
 	if (rp->cl)
 		grpc_cl_close(k, rp->cl);

@@ -5,14 +5,18 @@ follows the cluster's Watch and keeps its numbers.  Every comparison is
 field by field against etcd itself, at a revision both have.
 
 - follows_etcd: etcd with history (puts, deletes, txns, a lease with
-  keys), then kvd --replicate-from it (an empty store follows the whole
-  history), then more writes through etcd: at the common revision HashKV
+  keys), then kvd --replicate-from it (an empty store is seeded from
+  etcd's snapshot, the watch opened first), then more writes through etcd: at the common revision HashKV
   is equal (hash and compact_revision) and Range over every key is equal
   field by field (key, value, create/mod revision, version, lease), at the
   newest revision and at past ones; a watcher on the replica and one on
   etcd from the same revision hear the same events, revision for
   revision; writes to the replica are refused (FAILED_PRECONDITION, the
   reason named).
+- seeds_from_compacted_etcd_under_writes: etcd compacted and a writer busy
+  while the replica seeds: the watch's events kept during the snapshot
+  and above its revision applied after it; equal state, and the
+  compaction point came with the snapshot.
 - resumes_after_kill9: kvd killed with SIGKILL, more writes on etcd, kvd
   started again on its data dir: it resumes from its own revision + 1 (its
   log says so, and that the store was not empty: no reseed), and the
@@ -128,7 +132,8 @@ def follows_etcd():
     kc = Client(k.endpoint())
     rev = caught_up(kc, ec)
     check(rev > 20, "the replica reached etcd's revision %d: at %d" % (revision(ec), revision(kc)))
-    check("the store is empty, following the cluster's whole history" in k.logtext(), "an empty store follows all")
+    check("the store is empty, seeding it from a snapshot" in k.logtext() and "replica: seeded from a snapshot" in
+          k.logtext(), "an empty store is seeded from a snapshot: %s" % k.logtext()[-1500:])
     same_state(kc, ec, rev, "seeded")
     # watchers from the same revision, on both, while etcd takes more writes
     wk, we = WatchStream(k.endpoint()), WatchStream(e.endpoint())
@@ -150,6 +155,51 @@ def follows_etcd():
     r = kc.call("LeaseGrant", rpc().LeaseGrantRequest(TTL=60), service="etcdserverpb.Lease", resp="LeaseGrantResponse")
     check(r[0] == "err" and r[1] == "FAILED_PRECONDITION", "a LeaseGrant to the replica: %s" % (r,))
     check(revision(kc) == rev2, "nothing was written")
+    k.stop()
+    e.stop()
+
+
+@test
+def seeds_from_compacted_etcd_under_writes():
+    """etcd compacted (a whole-history watch would be cancelled), and a
+    writer busy while the replica seeds: the snapshot, then the watch's
+    kept events above its revision, leave the replica equal to etcd."""
+    import threading
+    e = Etcd()
+    ec = Client(e.endpoint())
+    history(ec, b"a")
+    for i in range(24):  # a snapshot of some 24 MB: the writer goes on while it streams
+        put(ec, b"big/%d" % i, os.urandom(1 << 20))
+    crev = revision(ec) - 4
+    r = ec.call("Compact", rpc().CompactionRequest(revision=crev, physical=True))
+    check(r[0] == "ok", "etcd compacted at %d: %s" % (crev, r))
+    stop = threading.Event()
+    wc = Client(e.endpoint())
+
+    def writer():
+        i = 0
+        while not stop.is_set():
+            put(wc, b"w/%d" % (i % 50), b"%d" % i)
+            i += 1
+    t = threading.Thread(target=writer, daemon=True)
+    t.start()
+    k = replica(e)
+    kc = Client(k.endpoint())
+    wait_for(lambda: "replica: seeded from a snapshot" in k.logtext(), 30, 0.02)
+    wait_for(lambda: revision(kc) > crev + 50, 30, 0.02)
+    stop.set()
+    t.join(30)
+    rev = caught_up(kc, ec)
+    log = k.logtext()
+    check(rev > crev + 50, "caught up with the writer: %d; the replica's log:\n%s" %
+          (rev, "".join(x for x in k.log if "replica" in x)[-3000:]))
+    check("replica: seeded from a snapshot" in log and "must reseed" not in log, "seeded: %s" % log[-1500:])
+    import re
+    m = re.search(r"replica: (\d+) revisions the watch kept while seeding applied", log)
+    check(m is not None, "the kept revisions were applied: %s" % log[-1500:])
+    print("  %s revisions kept during the seed and applied after it" % (m.group(1) if m else "?"))
+    same_state(kc, ec, rev, "seeded under writes")
+    check(hashkv(kc, rev)[1] == crev, "the compaction came with the snapshot: %s" % (hashkv(kc, rev),))
     k.stop()
     e.stop()
 
