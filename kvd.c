@@ -28246,8 +28246,9 @@ static int repl_on_snap(void *arg, const struct kvd_reply *r)
 		seen = rp->revs;
 		repl_response(k, rp, k->db.rev);
 		repl_frag_free(k, rp);
-		kvd_log(k, KVD_LOG_INFO, "replica: %llu revisions the watch kept while seeding applied, to revision %lld",
-		        (unsigned long long)(rp->revs - seen), (long long)k->db.rev);
+		if (rp->state == REPL_WATCHING)
+			kvd_log(k, KVD_LOG_INFO, "replica: %llu revisions the watch kept while seeding applied, to revision %lld",
+			        (unsigned long long)(rp->revs - seen), (long long)k->db.rev);
 		rp->backoff = REPL_BACKOFF_MIN;
 		return 0;
 	}

@@ -21,6 +21,10 @@ field by field against etcd itself, at a revision both have.
   started again on its data dir: it resumes from its own revision + 1 (its
   log says so, and that the store was not empty: no reseed), and the
   hashes and ranges are equal again.
+- compacted_while_offline_must_reseed: etcd compacts past an offline
+  replica's revision; started again, the replica's watch is cancelled as
+  compacted and it logs "must reseed" with both revisions, applying
+  nothing (reseeding a non-empty store is not done yet).
 - lease_revoke_same_revision: a lease with keys revoked on etcd: the
   replica deletes them at the revision etcd's revoke took, in one
   revision, as etcd's watchers see it.
@@ -227,6 +231,37 @@ def resumes_after_kill9():
     check("watching %s from revision %d" % (e.url, rev + 1) in log, "its watch starts at %d" % (rev + 1))
     same_state(kc, ec, rev2, "resumed")
     check("must reseed" not in k.logtext(), "the replica never stopped: %s" % k.logtext()[-800:])
+    k.stop()
+    e.stop()
+
+
+@test
+def compacted_while_offline_must_reseed():
+    """The replica offline while etcd writes and compacts past its
+    revision: started again, its watch is cancelled as compacted, and it
+    says so -- "must reseed", a clear state -- applying nothing, serving
+    what it had (reseeding a store that is not empty is not done yet)."""
+    e = Etcd()
+    ec = Client(e.endpoint())
+    history(ec, b"a")
+    k = replica(e)
+    kc = Client(k.endpoint())
+    rev = caught_up(kc, ec)
+    before = kvs(kc)
+    d = k.dir
+    k.stop(sig=signal.SIGKILL)
+    kc.close()
+    history(ec, b"b")
+    crev = revision(ec) - 2
+    r = ec.call("Compact", rpc().CompactionRequest(revision=crev, physical=True))
+    check(r[0] == "ok", "etcd compacted at %d" % crev)
+    k = replica(e, data_dir=d)
+    kc = Client(k.endpoint())
+    said = wait_for(lambda: "must reseed" in k.logtext(), 30, 0.02)
+    line = [x for x in k.log if "must reseed" in x]
+    check(said and "compacted past revision %d (its compaction is at %d)" % (rev + 1, crev) in line[0],
+          "the compacted cancel is a clear state: %s" % (line or k.logtext()[-1500:]))
+    check(revision(kc) == rev and kvs(kc) == before, "nothing applied; the store served as it was")
     k.stop()
     e.stop()
 
