@@ -27968,6 +27968,8 @@ static int http1_check_flags(const struct kvd *k, char *err, size_t errlen)
  * A cluster compacted past that revision cancels the watch as compacted,
  * and the replica stops following (state "must reseed", logged), as on
  * any mismatch: replacing a store that is not empty is not done yet.
+ * The cluster's compactions make no event: a Range probe finds the
+ * point every REPL_PROBE_MS and the store compacts there (repl_probe).
  *
  * Invariants:
  *   1. One upstream revision is one local txn, or none: a run whose
@@ -27989,6 +27991,7 @@ static int http1_check_flags(const struct kvd *k, char *err, size_t errlen)
 #endif
 #define REPL_BACKOFF_MIN 100    /* ms before the watch is opened again; doubles each failure */
 #define REPL_BACKOFF_MAX 5000
+#define REPL_PROBE_MS 2000     /* how often the cluster's compaction point is looked for */
 #define REPL_LEASE_TTL LEASE_MAX_TTL /* a followed lease's: unknown here, and it never expires here */
 
 enum repl_state { REPL_WAIT, REPL_WATCHING, REPL_RESEED };
@@ -28011,6 +28014,11 @@ struct repl {
 	struct grpc_cl_stream *ss;   /* seeding: the Snapshot call */
 	int snap_fd;                 /* seeding: <data-dir>/kvd.repl.snap, -1 if none */
 	uint64_t snap_bytes;
+	struct grpc_cl_stream *ps;   /* the compaction probe in flight (a Range), NULL if none */
+	unsigned probe_stale;
+	int probe_ok;                /* its answer: 1 served, 0 compacted, -1 another error */
+	int64_t probe_lo, probe_hi;  /* the search: the cluster refuses lo (0: not known), serves hi */
+	int64_t probe_r, next_probe; /* the revision asked; when the next search starts (monotonic ms) */
 	uint64_t revs, events, resumes; /* revisions and events applied; watches (re)opened */
 	int64_t upstream_rev;        /* the last header revision heard */
 	char why[256];               /* why it must reseed */
@@ -28051,6 +28059,11 @@ static void repl_drop(struct kvd *k, struct repl *rp)
 		rp->snap_stale++;
 	}
 	rp->ss = NULL;
+	if (rp->ps) {
+		grpc_cl_cancel(k, rp->ps);
+		rp->probe_stale++;
+	}
+	rp->ps = NULL;
 	repl_snap_done(k, rp);
 	if (rp->cl)
 		grpc_cl_close(k, rp->cl);
@@ -28414,11 +28427,105 @@ static void repl_watch(struct kvd *k, struct repl *rp)
 	rp->resumes++;
 }
 
-/* The loop's timer: the watch opened again once its back-off passed. */
+/*
+ * Mirroring the cluster's compactions (etcd-replica.md 2.1, 2.2): a
+ * compaction makes no revision and no event, so the replica asks.  Every
+ * REPL_PROBE_MS, a serializable count-only Range at revision r: etcd
+ * refuses it (OUT_OF_RANGE, "compacted") iff r is below its compaction
+ * point C.  The first probe asks the store's own compaction point (or 1):
+ * served, nothing is new; refused, the store's revision is asked, then
+ * the revisions between, halving, until C is found -- and the store
+ * compacts there (mvcc_compact: etcd's survivors, a tombstone at C kept),
+ * once it holds C.  A C above the store's revision waits for the next
+ * search.
+ */
+static int repl_on_probe(void *arg, const struct kvd_reply *r);
+
+static void repl_probe_send(struct kvd *k, struct repl *rp, int64_t rev)
+{
+	Etcdserverpb__RangeRequest rq = ETCDSERVERPB__RANGE_REQUEST__INIT;
+	uint8_t zero = 0, buf[64];
+	size_t n;
+
+	rq.key.data = &zero, rq.key.len = 1;
+	rq.revision = rev;
+	rq.serializable = 1;
+	rq.count_only = 1;
+	n = protobuf_c_message_get_packed_size(&rq.base);
+	if (n > sizeof buf || !rp->cl)
+		return;
+	protobuf_c_message_pack(&rq.base, buf);
+	rp->probe_r = rev;
+	rp->probe_ok = -1;
+	if (grpc_cl_call(k, rp->cl, "/etcdserverpb.KV/Range", buf, n, repl_on_probe, rp, &rp->ps))
+		rp->ps = NULL;
+	else
+		grpc_cl_half_close(k, rp->ps);
+}
+
+static int repl_on_probe(void *arg, const struct kvd_reply *r)
+{
+	struct repl *rp = arg;
+	struct kvd *k = rp->k;
+	int64_t c;
+
+	if (r->last && rp->probe_stale) {
+		rp->probe_stale--;
+		return 0;
+	}
+	if (!r->last)
+		return 0; /* its answer: the code says all */
+	rp->ps = NULL;
+	rp->probe_ok = !r->code ? 1 : r->code == GRPC_OUT_OF_RANGE && strstr(r->text, "compacted") ? 0 : -1;
+	if (rp->probe_ok < 0 || rp->state != REPL_WATCHING) /* tried again at the next search */
+		return 0;
+	if (rp->probe_ok)
+		rp->probe_hi = rp->probe_r;
+	else
+		rp->probe_lo = rp->probe_r;
+	if (!rp->probe_lo) /* the store's own compaction point is served: nothing new */
+		return 0;
+	if (!rp->probe_hi) { /* the store's revision next: is C within what it holds? */
+		if (rp->probe_r < k->db.rev)
+			repl_probe_send(k, rp, k->db.rev);
+		return 0;
+	}
+	if (rp->probe_hi - rp->probe_lo > 1) {
+		repl_probe_send(k, rp, rp->probe_lo + (rp->probe_hi - rp->probe_lo) / 2);
+		return 0;
+	}
+	c = rp->probe_hi; /* the smallest revision served: the cluster's compaction point */
+	if (c <= k->db.compacted || c > k->db.rev || k->db.broken)
+		return 0;
+	if (mvcc_compact(k, c))
+		kvd_log(k, KVD_LOG_WARN, "replica: cannot compact at the cluster's revision %lld now: out of memory",
+		        (long long)c);
+	else
+		kvd_log(k, KVD_LOG_INFO, "replica: compacted at revision %lld, as the cluster", (long long)c);
+	return 0;
+}
+
+/* A search for the cluster's compaction point, when one is due. */
+static void repl_probe(struct kvd *k, struct repl *rp)
+{
+	if (rp->state != REPL_WATCHING || rp->seeding || rp->ps || !rp->cl || k->now < rp->next_probe) {
+		util_wake_by(k, rp->next_probe);
+		return;
+	}
+	rp->next_probe = k->now + REPL_PROBE_MS;
+	util_wake_by(k, rp->next_probe);
+	rp->probe_lo = rp->probe_hi = 0;
+	repl_probe_send(k, rp, KVD_MAX(k->db.compacted, 1));
+}
+
+/* The loop's timer: the watch opened again once its back-off passed; the
+ * compaction probe. */
 static void repl_timers(struct kvd *k)
 {
 	struct repl *rp = k->repl;
 
+	if (rp && rp->state == REPL_WATCHING && !k->stopping && !k->closing)
+		repl_probe(k, rp);
 	if (!rp || rp->state != REPL_WAIT || k->stopping || k->closing)
 		return;
 	if (k->now < rp->retry_at) {

@@ -21,6 +21,10 @@ field by field against etcd itself, at a revision both have.
   started again on its data dir: it resumes from its own revision + 1 (its
   log says so, and that the store was not empty: no reseed), and the
   hashes and ranges are equal again.
+- mirrors_compactions: etcd compacts (logical, then physical) while the
+  replica follows; the replica finds each point (a Range probe, halving)
+  and compacts there: Range below it refused as etcd refuses it, HashKV
+  (compact_revision too) and Range equal above it.
 - compacted_while_offline_must_reseed: etcd compacts past an offline
   replica's revision; started again, the replica's watch is cancelled as
   compacted and it logs "must reseed" with both revisions, applying
@@ -231,6 +235,36 @@ def resumes_after_kill9():
     check("watching %s from revision %d" % (e.url, rev + 1) in log, "its watch starts at %d" % (rev + 1))
     same_state(kc, ec, rev2, "resumed")
     check("must reseed" not in k.logtext(), "the replica never stopped: %s" % k.logtext()[-800:])
+    k.stop()
+    e.stop()
+
+
+@test
+def mirrors_compactions():
+    """etcd compacts (logically, then physically) while the replica
+    follows: the replica finds each compaction point and compacts there
+    (its log says so); Range below it is refused with etcd's error, and
+    HashKV (compact_revision included) and Range agree above it."""
+    e = Etcd()
+    ec = Client(e.endpoint())
+    history(ec, b"a")
+    k = replica(e)
+    kc = Client(k.endpoint())
+    caught_up(kc, ec)
+    for physical, tag in ((False, b"b"), (True, b"c")):
+        history(ec, tag)
+        crev = revision(ec) - 5
+        r = ec.call("Compact", rpc().CompactionRequest(revision=crev, physical=physical))
+        check(r[0] == "ok", "etcd compacted at %d: %s" % (crev, r))
+        put(ec, tag + b"/after", b"1")
+        rev = caught_up(kc, ec)
+        ok = wait_for(lambda: "replica: compacted at revision %d, as the cluster" % crev in k.logtext(), 20, 0.05)
+        check(ok, "the replica compacted at %d: %s" % (crev, k.logtext()[-1000:]))
+        a, b = kvs(kc, crev - 1), kvs(ec, crev - 1)
+        check(a == b and a[0] == "err" and a[1] == "OUT_OF_RANGE", "Range below the compaction: kvd %s, etcd %s" %
+              (a, b))
+        same_state(kc, ec, rev, "compacted at %d (physical %s)" % (crev, physical))
+    check("must reseed" not in k.logtext(), "the replica never stopped")
     k.stop()
     e.stop()
 

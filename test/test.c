@@ -9282,7 +9282,8 @@ static int t_repl_same(struct kvd *ks, struct kvd *kc)
  * writes, and opened again it resumes from its own revision + 1 (no
  * reseed: it applies only what it missed); a watch that fails for a reason
  * not the data's is opened again from the store's revision + 1, losing
- * nothing [§36.3].
+ * nothing [§36.3]; the server's compaction is found by the replica's probe
+ * and made there too, the hashes still alike.
  */
 static void test_replica_follows(void)
 {
@@ -9312,6 +9313,15 @@ static void test_replica_follows(void)
 	t_repl_writes(ks, 3);
 	CHECK(t_repl_caught_up(ks, kc) && t_repl_same(ks, kc) && kc->repl->resumes == 2);
 	CHECK(kc->repl->state == REPL_WATCHING);
+	/* the server compacts: the replica finds the point and compacts there too */
+	was = ks->db.rev - 3;
+	CHECK(mvcc_compact(ks, was) == 0);
+	{
+		int64_t end = util_now_ms() + 10000;
+		while (util_now_ms() < end && kc->db.compacted != was)
+			t_cl_turns(kc, ks, NULL, 1);
+	}
+	CHECK(kc->db.compacted == was && t_repl_caught_up(ks, kc) && t_repl_same(ks, kc));
 	CHECK(kvd_close(kc) == 0);
 	CHECK(kvd_close(ks) == 0);
 	{
