@@ -21,6 +21,8 @@ field by field against etcd itself, at a revision both have.
   started again on its data dir: it resumes from its own revision + 1 (its
   log says so, and that the store was not empty: no reseed), and the
   hashes and ranges are equal again.
+- next_url_when_one_fails: two URLs, nobody on the first: the replica logs
+  why, tries the next, seeds and follows from it.
 - mirrors_compactions: etcd compacts (logical, then physical) while the
   replica follows; the replica finds each point (a Range probe, halving)
   and compacts there: Range below it refused as etcd refuses it, HashKV
@@ -235,6 +237,26 @@ def resumes_after_kill9():
     check("watching %s from revision %d" % (e.url, rev + 1) in log, "its watch starts at %d" % (rev + 1))
     same_state(kc, ec, rev2, "resumed")
     check("must reseed" not in k.logtext(), "the replica never stopped: %s" % k.logtext()[-800:])
+    k.stop()
+    e.stop()
+
+
+@test
+def next_url_when_one_fails():
+    """--replicate-from with two URLs, the first where nobody listens: the
+    replica says why it failed, tries the next, seeds and follows."""
+    from kvdtest import free_port
+    e = Etcd()
+    ec = Client(e.endpoint())
+    history(ec, b"a")
+    dead = "http://127.0.0.1:%d" % free_port()
+    k = Kvd(KVD, args=["--replicate-from", "%s,%s" % (dead, e.url)])
+    kc = Client(k.endpoint())
+    rev = caught_up(kc, ec)
+    log = k.logtext()
+    check(rev > 0 and ("replica: %s:" % dead) in log and "replica: seeded from a snapshot of %s" % e.url in log,
+          "the dead URL failed, the next one served: %s" % log[-1500:])
+    same_state(kc, ec, rev, "from the second URL")
     k.stop()
     e.stop()
 
