@@ -231,9 +231,15 @@
  *   - a log rewrite: svc_defrag §22 > life_step §13 > life_rw_start §13 >
  *     life_rw_step §13 > life_rw_copy §13 > life_rw_write §13 > life_rw_switch §13
  *     > life_rw_end §13 (its answer: svc_defrag_answer §22)
- *   - a snapshot import: kvd_open §39 > snap_restore §15 > snap_import_mem §15 >
- *     snap_file_open §15 > snap_file_walk §15 > snap_imp_key §15 > snap_imp_apply §15
- *     > snap_imp_write §15
+ *   - a snapshot import: kvd_open §39 > snap_restore §15 > snap_import_file §15 >
+ *     snap_import_mem §15 > snap_file_open §15 > snap_file_walk §15 > snap_imp_key §15
+ *     > snap_imp_apply §15 > snap_imp_write §15
+ *   - a replicated revision: repl_on_watch §36 (a Watch response, kept until
+ *     its last fragment) > repl_response §36 > repl_apply §36 >
+ *     repl_apply_rev §36 (one txn, its numbers checked) > mvcc_put §10 >
+ *     mvcc_txn_end §10 > loop_log_flush §37 > watch_emit_live §25 (the
+ *     replica's own watchers); a seed: repl_snap_start §36 > repl_on_snap §36
+ *     > snap_adopt §15 > snap_import_file §15 > mvcc_open §10
  *   - a snapshot export: svc_snapshot_rpc §22 > svc_snapshot_produce §22 >
  *     svc_snapshot_send §22 > snap_chunk §14 > snap_plan §14 > snap_next_node §14 > call_send §16
  */
@@ -11250,7 +11256,8 @@ out:
 
 /*
  * A snapshot import, end to end: kvd_open (section 39) -> snap_restore
- * -> snap_import_mem (the SHA-256 trailer) -> snap_file_open (both metas,
+ * -> snap_import_file (a replica's seed: snap_adopt, then the log
+ * replayed in place) -> snap_import_mem (the SHA-256 trailer) -> snap_file_open (both metas,
  * snap_meta_ok) -> snap_file_walk (bounded) -> snap_imp_key (revisions
  * into BASE and TXN records) -> snap_imp_apply (mvcc_replay_record, section
  * 10) -> snap_imp_write (fdatasync), renamed to kvd.log.
@@ -11290,10 +11297,13 @@ out:
  *   2. Every record the import makes is replayed by the log's own code as
  *      it is made (snap_imp_apply -> mvcc_replay_record): it cannot write
  *      a log kvd would refuse to open.
- *   3. A live store is never touched: a data dir whose kvd.log holds
- *      anything is refused, and the new log, written as kvd.log.import and
- *      fdatasynced, becomes kvd.log by one rename only when whole; on any
- *      failure it is unlinked and nothing is imported (snap_restore).
+ *   3. A store with anything in it is never touched: --restore-snapshot
+ *      refuses a data dir whose kvd.log is not empty, and a replica's
+ *      seed (snap_adopt) a store with a revision, a key, a lease, a
+ *      compaction or an open batch; the new log, written as
+ *      kvd.log.import and fdatasynced, becomes kvd.log by one rename only
+ *      when whole; on any failure it is unlinked and nothing is imported
+ *      (snap_import_file).
  *   4. The SHA-256 trailer must match unless --skip-hash-check says
  *      otherwise (snap_import_mem); revisions above C run without a gap,
  *      sub-revisions in order (snap_imp_key).
