@@ -30727,6 +30727,7 @@ static const struct {
     {"kvd: storage and snapshots", "auto-rewrite auto-rewrite-percent auto-rewrite-min-bytes reserve-bytes "
                                    "restore-snapshot skip-hash-check snapshot-save salvage-log "},
     {"kvd: process", "daemon pid-file "},
+    {"kvd: replica (follows an etcd cluster)", "replicate-from "},
     {"kvd: confd (Ganeti's UDP protocol)", "confd-hmac-key-file confd-listen confd-ganeti-config-key "
                                            "confd-keyspace-prefix confd-user confd-max-clock-skew confd-rate-limit "
                                            "confd-global-rate-limit confd-replay-cache "},
