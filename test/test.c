@@ -9332,6 +9332,41 @@ static void test_replica_follows(void)
 }
 
 
+/* Ten thousand small revisions in bursts while the replica follows (its
+ * receive windows under a fast stream of small messages, the seed racing
+ * the first burst): it keeps up, to the same revision and hash. */
+static void test_replica_many_small(void)
+{
+	char sdir[160] = "", cdir[160] = "", url[128], key[32];
+	struct kvd *ks = t_repl_kvd("http://127.0.0.1:0", NULL, sdir, sizeof sdir), *kc;
+	struct t_two t = {0};
+	int i, j, ok = 1;
+	uint32_t ha = 0, hb = 1;
+
+	snprintf(url, sizeof url, "http://%s", ks->ls[0].name);
+	kc = t_repl_kvd(NULL, url, cdir, sizeof cdir);
+	ks->db.no_fsync = kc->db.no_fsync = 1; /* the windows are the point, not the disk */
+	CHECK(t_repl_caught_up(ks, kc));
+	for (i = 0; i < 10; i++) {
+		for (j = 0; j < 1000; j++) {
+			snprintf(key, sizeof key, "s/%d", (i * 1000 + j) % 500);
+			ok &= kvd_put(ks, key, strlen(key), "v", 1, 0, t_two_result, &t) == 0;
+		}
+		t_cl_turns(kc, ks, NULL, 2);
+	}
+	CHECK(ok && t_repl_caught_up(ks, kc) && kc->repl->state == REPL_WATCHING);
+	CHECK(ks->db.rev == 10001 && t.done == 10000 && kc->db.rev == ks->db.rev && kc->repl->revs > 5000);
+	CHECK(!snap_hashkv(ks, ks->db.rev, &ha) && !snap_hashkv(kc, kc->db.rev, &hb) && ha == hb);
+	CHECK(kvd_close(kc) == 0);
+	CHECK(kvd_close(ks) == 0);
+	{
+		char cmd[400];
+		snprintf(cmd, sizeof cmd, "rm -rf %s %s", sdir, cdir);
+		CHECK(system(cmd) == 0);
+	}
+}
+
+
 static const struct {
 	const char *name;
 	void (*fn)(void);
@@ -9454,6 +9489,7 @@ static const struct {
 	{"h2c_oom", test_h2c_oom},
 	{"replica_apply", test_replica_apply},
 	{"replica_follows", test_replica_follows},
+	{"replica_many_small", test_replica_many_small},
 };
 
 int main(int argc, char **argv)
