@@ -123,22 +123,23 @@
  *   35. HTTP endpoints: /health, /version, /metrics (http1_, http_)
  *          - the endpoints
  *          - the same requests on HTTP/2 streams
- *   36. Sockets and the poll loop (net_, loop_)
+ *   36. Replica: following an etcd cluster (repl_)
+ *   37. Sockets and the poll loop (net_, loop_)
  *          - transports: how a connection's bytes move
  *          - choosing a protocol from the first bytes
  *          - connections
  *          - systemd's notify protocol, without libsystemd
  *          - the loop
- *   37. Flags and configuration (cfg_)
+ *   38. Flags and configuration (cfg_)
  *          - values
  *          - etcd's flags that kvd takes: feature gates, cluster flags
  *          - the config file: etcd's YAML
  *          - environment variables and --help
  *          - the configuration's strings, ids, the data dir
- *   38. Public embedding API (kvd_)
+ *   39. Public embedding API (kvd_)
  *          - the host's loop, and in-process calls
  *          - the common calls, typed
- *   39. main()
+ *   40. main()
  *
  * Prefixes mark the section a static function belongs to; only kvd_* (and the
  * generated protobuf-c symbols) are exported.  Functions return 0 or a
@@ -159,8 +160,10 @@
  * its log, index and writer, leases, users and roles, lifecycle, etcd's
  * backend (8-15); the call (16); who may call (17); the services (18-25);
  * the method table (26); the carriers together: TLS, HPACK, HTTP/2, gRPC,
- * confd, HTTP and its gateway and endpoints (27-35); then sockets and the
- * loop (36), flags (37), the embedding API (38) and main (39).  A section
+ * confd, HTTP and its gateway and endpoints (27-35); the replica that
+ * follows an etcd cluster, a client of it through the carrier (36); then
+ * sockets and the loop (37), flags (38), the embedding API (39) and main
+ * (40).  A section
  * uses what comes before it.  Where it reaches forward, a prototype says
  * so, with the reason: in section 2, or where the types it needs stand
  * (auth's at the end of section 5, the method table's in section 16, the
@@ -168,14 +171,14 @@
  * a key record's numbers (8 -> 9); the log's records hold lease and auth
  * ops, so the writer and replay call into leases and auth (10 -> 11, 12),
  * and a compaction keeps a HashKV (10 -> 14); an import builds a store and
- * locks its data dir as kvd_open does (14, 15 -> 37, 38); a call is routed
+ * locks its data dir as kvd_open does (14, 15 -> 38, 39); a call is routed
  * through the method table (16 -> 26); the test stats call reports confd
  * (26 -> 32); HTTP/2 hands a stream to gRPC or HTTP (29 -> 30, 35), and
  * in the client role a response's frames to the client carrier (29 ->
- * 30), which opens its connection through the loop (30 -> 36); the
+ * 30), which opens its connection through the loop (30 -> 37); the
  * carriers ask the loop to flush the log or to shed and count held bytes
- * (29, 32, 34 -> 36); and the flags fill the API's struct kvd_config
- * (37 -> 38, declared by kvd.h).  Who is calling travels with the call
+ * (29, 32, 34 -> 37); and the flags fill the API's struct kvd_config
+ * (38 -> 39, declared by kvd.h).  Who is calling travels with the call
  * from its carrier (struct call): auth never reaches into TLS.
  *
  * WHERE IS ... the main paths, as the functions a reader follows (`make toc`
@@ -190,9 +193,9 @@
  *     call_finish §16 > call_message §16 (a request message to its handler)
  *     > svc_put_rpc §19 (Put) > h2_on_data §29 (its DATA frame) >
  *     h2_stream_send §29 (the reply, once released, as windows allow) >
- *     grpc_on_data §30 (gRPC's message prefix) > net_write §36 >
- *     loop_log_flush §36 (the flush, before the loop writes replies).  It
- *     runs the other way: the loop reads (section 36), HTTP/2 and gRPC
+ *     grpc_on_data §30 (gRPC's message prefix) > net_write §37 >
+ *     loop_log_flush §37 (the flush, before the loop writes replies).  It
+ *     runs the other way: the loop reads (section 37), HTTP/2 and gRPC
  *     unframe (29, 30), the call routes (16) to Put (19), which writes (10);
  *     the loop flushes, releases the reply and writes it.
  *   - a read, layer by layer: mvcc_pread §8 (a value, from the log) >
@@ -204,23 +207,23 @@
  *     mvcc_flush §10 (it is durable) > watch_emit_live §25 (an event queued
  *     on its watcher) > watch_match §25 (the watchers a key wakes) >
  *     watch_live_record §25 (one record's events) > watch_batch §25 (a
- *     durable batch's records) > h2_stream_send §29 > loop_log_flush §36
+ *     durable batch's records) > h2_stream_send §29 > loop_log_flush §37
  *   - a permission check: svc_range_rpc §19 > auth_who §17 (auth_tok_find §17,
  *     auth_jwt_check §17, or the CN h2_stream_new §29 read with tls_peer_cn §27)
  *     > auth_may §17 > auth_covers §17; for a
  *     Watch: watch_create §25 > auth_who §17 > auth_may §17 > auth_watch_reason §17
- *   - a TLS handshake: net_accept §36 > tls_accept §27 > net_read §36 > tls_recv §27
- *     > tls_step §27 > net_input §36 > net_sniff §36 > h2_conn_new §29
- *   - a gateway request: net_sniff §36 > http1_input_step §35 > http1_route §35 >
+ *   - a TLS handshake: net_accept §37 > tls_accept §27 > net_read §37 > tls_recv §27
+ *     > tls_step §27 > net_input §37 > net_sniff §37 > h2_conn_new §29
+ *   - a gateway request: net_sniff §37 > http1_input_step §35 > http1_route §35 >
  *     gw_begin §34 > gw_deliver §34 > json_pj_decode §7 > call_message §16 > the
  *     service > gw_flush §34 (gw_message_json §34)
- *   - an in-process call: kvd_put §38 (the typed layer) > kvd_call_msg §38 >
+ *   - an in-process call: kvd_put §39 (the typed layer) > kvd_call_msg §39 >
  *     call_local_new §16 > call_local_send §16 > call_message §16 > the
- *     service > loop_log_flush §36 > call_local_flush §16 >
- *     call_local_deliver §16 > kvd_typed_reply §38 (the host's callback)
- *   - a call kvd makes as a client: grpc_cl_open §30 > net_connect §36 >
+ *     service > loop_log_flush §37 > call_local_flush §16 >
+ *     call_local_deliver §16 > kvd_typed_reply §39 (the host's callback)
+ *   - a call kvd makes as a client: grpc_cl_open §30 > net_connect §37 >
  *     grpc_cl_call §30 > grpc_cl_flush §30 > grpc_cl_start §30 >
- *     h2_send_block §29 > h2_send_data §29 > net_write §36 > net_read §36 >
+ *     h2_send_block §29 > h2_send_data §29 > net_write §37 > net_read §37 >
  *     h2_input §29 > h2_on_block §29 > grpc_cl_block §30 > h2_on_data §29 >
  *     grpc_cl_data §30 > grpc_cl_deliver §30 (the owner's callback)
  *   - a confd query: confd_read §32 > confd_handle §32 > confd_hmac §31 >
@@ -228,9 +231,15 @@
  *   - a log rewrite: svc_defrag §22 > life_step §13 > life_rw_start §13 >
  *     life_rw_step §13 > life_rw_copy §13 > life_rw_write §13 > life_rw_switch §13
  *     > life_rw_end §13 (its answer: svc_defrag_answer §22)
- *   - a snapshot import: kvd_open §38 > snap_restore §15 > snap_import_mem §15 >
- *     snap_file_open §15 > snap_file_walk §15 > snap_imp_key §15 > snap_imp_apply §15
- *     > snap_imp_write §15
+ *   - a snapshot import: kvd_open §39 > snap_restore §15 > snap_import_file §15 >
+ *     snap_import_mem §15 > snap_file_open §15 > snap_file_walk §15 > snap_imp_key §15
+ *     > snap_imp_apply §15 > snap_imp_write §15
+ *   - a replicated revision: repl_on_watch §36 (a Watch response, kept until
+ *     its last fragment) > repl_response §36 > repl_apply §36 >
+ *     repl_apply_rev §36 (one txn, its numbers checked) > mvcc_put §10 >
+ *     mvcc_txn_end §10 > loop_log_flush §37 > watch_emit_live §25 (the
+ *     replica's own watchers); a seed: repl_snap_start §36 > repl_on_snap §36
+ *     > snap_adopt §15 > snap_import_file §15 > mvcc_open §10
  *   - a snapshot export: svc_snapshot_rpc §22 > svc_snapshot_produce §22 >
  *     svc_snapshot_send §22 > snap_chunk §14 > snap_plan §14 > snap_next_node §14 > call_send §16
  */
@@ -527,7 +536,7 @@
  *      kvd_buf owns p unless lent (buf_grow and buf_free refuse a loan); a
  *      call owns its rq, out, meta and status_msg (call_fini frees them); a
  *      conn is the loop's -- a protocol marks it is_closing or dead, and
- *      only section 36 frees it (net_conn_free).
+ *      only section 37 frees it (net_conn_free).
  *   3. Per key, RAM holds only its latest revision (struct mvcc_key, one
  *      allocation with its key bytes, never moved while it lives); values
  *      and older revisions stay in the log.
@@ -607,6 +616,8 @@ static const char *const grpc_code_names[] = {"OK", "Canceled", "Unknown", "Inva
 #define E_ROLE_EMPTY "etcdserver: role name is empty"
 #define E_NAME_NUL "kvd: a user or role name holding a NUL byte is not supported"
 #define E_OOM "kvd: out of memory" /* kvd's one word for every allocation that failed */
+#define E_REPLICA "kvd: a replica (--replicate-from) takes no writes of its own: write to the cluster " \
+                  "(forwarding is not done yet)"
 #define E_AUTH_FAILED "etcdserver: authentication failed, invalid user ID or password"
 #define E_AUTH_NO_PASSWORD "auth: authentication failed, password was given for no password user"
 #define E_PERM_NOT_GIVEN "etcdserver: permission not given"
@@ -745,7 +756,10 @@ struct lease_reg {
 	uint64_t idgen;               /* etcd's id generator: member bits | time | counter */
 	int64_t min_ttl;              /* seconds, from the election timeout as etcd */
 	int warned;                   /* a failed expiry was logged */
+	unsigned followed : 1;        /* a replica's (section 36): the cluster's leases, none expires here */
 };
+/* The replica's state (section 36). */
+struct repl;
 /* Watch (section 25): the registry kvd holds; watchers are defined there. */
 struct watch;
 struct watch_stream;
@@ -898,7 +912,7 @@ struct confd; /* section 31 */
 struct call;
 
 /*
- * One client connection (section 36): a socket, the transport that moves its
+ * One client connection (section 37): a socket, the transport that moves its
  * bytes (a plain socket, or TLS over it), and the protocol its first bytes
  * chose (HTTP/2; an HTTP/1.x request; a TLS ClientHello), whose state hangs
  * off ps.  The loop owns it; a protocol never closes or frees one itself.
@@ -1033,7 +1047,7 @@ struct kvd {
 	char **client_urls, **peer_urls;
 	unsigned nclient_urls, npeer_urls;
 	int lock_fd;
-	/* systemd's notify socket (section 36), -1 if none */
+	/* systemd's notify socket (section 37), -1 if none */
 	int sd_fd;
 	socklen_t sd_len;
 	struct sockaddr_un sd_addr;
@@ -1050,9 +1064,9 @@ struct kvd {
 	struct call *calls;          /* every live call, whatever its carrier */
 	struct kvd_stream *local, *local_tail; /* in-process calls, oldest first (section 16) */
 	char *caller;                /* whom in-process calls act as (kvd_set_caller), NULL: root */
-	int depth;                   /* > 0: inside a host's callback (section 16) or loop hook (36) */
+	int depth;                   /* > 0: inside a host's callback (section 16) or loop hook (37) */
 	unsigned closing : 1;        /* kvd_close runs: no new in-process call */
-	/* a host's loop (section 36): what it was told to watch, by fd */
+	/* a host's loop (section 37): what it was told to watch, by fd */
 	struct kvd_loop hl;          /* hl.io NULL: none (kvd_poll, or pull) */
 	struct loop_ann *ann;
 	size_t anncap;
@@ -1071,6 +1085,7 @@ struct kvd {
 	struct share_tab shares;     /* fair shares of the pools below (section 3) */
 	uint64_t in_held;            /* request bytes buffered in all (--max-request-buffer) */
 	struct kvd_stats st;
+	struct repl *repl;           /* --replicate-from (section 36), NULL: not a replica */
 };
 
 /*
@@ -1087,13 +1102,13 @@ static void lease_free(struct kvd *k, struct lease *l);
 static int lease_replay(struct kvd *k, int kind, int64_t id, int64_t ttl);
 static void lease_promote(struct kvd *k);
 /* a compaction keeps HashKV's answer for it (10 -> 14); an import builds a
- * store and locks its data dir as kvd_open does (14, 15 -> 37, 38): */
+ * store and locks its data dir as kvd_open does (14, 15 -> 38, 39): */
 static void snap_keep_hash(struct kvd *k, int64_t rev);
 static int kvd_init(const struct kvd_config *cfg, struct kvd **out, char *err, size_t errlen);
 static int cfg_lock(struct kvd *k, char *err, size_t errlen);
 /* the carriers ask the loop to flush the log before an answer leaves, and
  * to count and shed the request bytes they hold, and tell a host's loop
- * before they close a descriptor (29, 32, 34 -> 36); the test
+ * before they close a descriptor (29, 32, 34 -> 37); the test
  * stats call reports confd's counters (26 -> 32): */
 static void loop_log_flush(struct kvd *k);
 static void loop_forget(struct kvd *k, int fd);
@@ -1110,7 +1125,7 @@ static void grpc_cl_data(struct kvd *k, struct h2_conn *h2, unsigned flags, uint
 static void grpc_cl_rst(struct kvd *k, struct h2_conn *h2, uint32_t sid, uint32_t code);
 static int grpc_cl_window(struct h2_conn *h2, uint32_t sid, int64_t inc);
 static void grpc_cl_goaway(struct kvd *k, struct h2_conn *h2, const uint8_t *p);
-/* and the client carrier opens its connection through the loop (30 -> 36): */
+/* and the client carrier opens its connection through the loop (30 -> 37): */
 static int net_connect(struct kvd *k, const char *url, struct conn **out, char *authority, size_t acap, char *err,
                        size_t errlen);
 #endif
@@ -1972,7 +1987,7 @@ KVD_RESIDENT static int util_nonblock(int fd)
 }
 
 /* The loop sleeps no later than `when` (monotonic ms): every timer in every
- * section asks through this; the loop (section 36) starts afresh each turn. */
+ * section asks through this; the loop (section 37) starts afresh each turn. */
 static void util_wake_by(struct kvd *k, int64_t when)
 {
 	if (when < k->next_timer)
@@ -6238,7 +6253,7 @@ static void mvcc_free_key(struct kvd *k, struct mvcc_key *r)
  * A durable write, end to end: svc_put_rpc (section 19) -> mvcc_put
  * (here: the op appended, the index changed, an undo entry kept) ->
  * call_finish (section 16: while the batch is open the reply is held,
- * call_hold) -> loop_log_flush (section 36) -> mvcc_flush (here: one
+ * call_hold) -> loop_log_flush (section 37) -> mvcc_flush (here: one
  * pwrite, one fdatasync) -> the held replies released -> the carrier's
  * flush (h2_stream_send, gw_flush) moves them toward the socket.
  *
@@ -8004,7 +8019,7 @@ static void lease_timers(struct kvd *k)
 	struct lease *l, *next;
 	unsigned done = 0;
 
-	if (!g->wheel)
+	if (!g->wheel || g->followed) /* a replica's leases end as the cluster's deletes */
 		return;
 	if (!g->n) {
 		g->cursor = now_t + 1;
@@ -11259,8 +11274,9 @@ out:
 #ifndef KVD_NO_SNAPSHOT
 
 /*
- * A snapshot import, end to end: kvd_open (section 38) -> snap_restore
- * -> snap_import_mem (the SHA-256 trailer) -> snap_file_open (both metas,
+ * A snapshot import, end to end: kvd_open (section 39) -> snap_restore
+ * -> snap_import_file (a replica's seed: snap_adopt, then the log
+ * replayed in place) -> snap_import_mem (the SHA-256 trailer) -> snap_file_open (both metas,
  * snap_meta_ok) -> snap_file_walk (bounded) -> snap_imp_key (revisions
  * into BASE and TXN records) -> snap_imp_apply (mvcc_replay_record, section
  * 10) -> snap_imp_write (fdatasync), renamed to kvd.log.
@@ -11300,10 +11316,13 @@ out:
  *   2. Every record the import makes is replayed by the log's own code as
  *      it is made (snap_imp_apply -> mvcc_replay_record): it cannot write
  *      a log kvd would refuse to open.
- *   3. A live store is never touched: a data dir whose kvd.log holds
- *      anything is refused, and the new log, written as kvd.log.import and
- *      fdatasynced, becomes kvd.log by one rename only when whole; on any
- *      failure it is unlinked and nothing is imported (snap_restore).
+ *   3. A store with anything in it is never touched: --restore-snapshot
+ *      refuses a data dir whose kvd.log is not empty, and a replica's
+ *      seed (snap_adopt) a store with a revision, a key, a lease, a
+ *      compaction or an open batch; the new log, written as
+ *      kvd.log.import and fdatasynced, becomes kvd.log by one rename only
+ *      when whole; on any failure it is unlinked and nothing is imported
+ *      (snap_import_file).
  *   4. The SHA-256 trailer must match unless --skip-hash-check says
  *      otherwise (snap_import_mem); revisions above C run without a gap,
  *      sub-revisions in order (snap_imp_key).
@@ -12046,9 +12065,28 @@ out:
  * --restore-snapshot: a new store in the data dir from an etcd snapshot
  * file, made by a scratch instance; refused if the data dir holds one.
  */
+static int snap_import_file(struct kvd *k0, const char *file, int skip_hash, char *err, size_t errlen);
+
 static int snap_restore(struct kvd *k0, char *err, size_t errlen)
 {
-	const char *file = k0->cfg.restore_snapshot, *dir = k0->cfg.data_dir;
+	char log[PATH_MAX];
+	struct stat st;
+
+	snprintf(log, sizeof log, "%s/kvd.log", k0->cfg.data_dir);
+	if (!stat(log, &st) && st.st_size > 0) {
+		snprintf(err, errlen, "%s already holds a store: --restore-snapshot makes a new one (move it away, or "
+		         "start without the flag)", k0->cfg.data_dir);
+		return KVD_EINVAL;
+	}
+	return snap_import_file(k0, k0->cfg.restore_snapshot, k0->cfg.skip_hash_check, err, errlen);
+}
+
+/* The snapshot in file made into <data-dir>/kvd.log by a scratch instance
+ * (through kvd.log.import, renamed over it once whole and durable).  0, or
+ * an error with err saying why and nothing imported. */
+static int snap_import_file(struct kvd *k0, const char *file, int skip_hash, char *err, size_t errlen)
+{
+	const char *dir = k0->cfg.data_dir;
 	char log[PATH_MAX], tmp[PATH_MAX], why[200] = "";
 	struct kvd *k = NULL;
 	struct stat st;
@@ -12057,11 +12095,6 @@ static int snap_restore(struct kvd *k0, char *err, size_t errlen)
 
 	snprintf(log, sizeof log, "%s/kvd.log", dir);
 	snprintf(tmp, sizeof tmp, "%s/kvd.log.import", dir);
-	if (!stat(log, &st) && st.st_size > 0) {
-		snprintf(err, errlen, "%s already holds a store: --restore-snapshot makes a new one (move it away, or "
-		         "start without the flag)", dir);
-		return KVD_EINVAL;
-	}
 	if ((fd = util_open_regular(file, 0, &st)) < 0) {
 		snprintf(err, errlen, "cannot open %s: %s", file, fd == -2 ? "not a regular file" : strerror(errno));
 		e = KVD_EINVAL;
@@ -12102,7 +12135,7 @@ static int snap_restore(struct kvd *k0, char *err, size_t errlen)
 		goto out;
 	}
 	e = snap_import_mem(k, copy ? copy : p == MAP_FAILED ? (const uint8_t *)"" : p, (uint64_t)st.st_size,
-	                    k0->cfg.skip_hash_check, out, why, sizeof why);
+	                    skip_hash, out, why, sizeof why);
 	if (close(out) && !e) {
 		snprintf(why, sizeof why, "cannot write the new log: %s", strerror(errno));
 		e = KVD_EIO;
@@ -12138,6 +12171,40 @@ out:
 static int snap_restore_check(const char *file, char *err, size_t errlen)
 {
 	return util_check_regular(file, "--restore-snapshot", err, errlen);
+}
+
+/*
+ * A running instance's empty store replaced by the snapshot in file (a
+ * replica's seed, section 36): imported as --restore-snapshot imports
+ * (snap_import_file, its SHA-256 trailer checked), then the new log
+ * replayed in place of the empty one.  The log's generation moves on, so
+ * a watcher finds its place again by revision.  0; KVD_EINVAL (the store
+ * is not empty, or the file is refused: err says why, the store as it
+ * was); or the replay's error, the store then broken (no write goes on).
+ */
+KVD_UNUSED static int snap_adopt(struct kvd *k, const char *file, char *err, size_t errlen)
+{
+	struct mvcc *m = &k->db;
+	uint32_t gen = m->gen;
+	unsigned no_fsync = m->no_fsync;
+	int r;
+
+	if (m->rev != 1 || m->nkeys || m->w.len || m->compacted != -1 || k->lease.n) {
+		snprintf(err, errlen, "the store is not empty (revision %lld)", (long long)m->rev);
+		return KVD_EINVAL;
+	}
+	if ((r = snap_import_file(k, file, 0, err, errlen)))
+		return r;
+	mvcc_close(k);
+	mvcc_init(m);
+	m->no_fsync = no_fsync;
+	r = mvcc_open(k, err, errlen);
+	m->gen = gen + 1;
+	if (r) {
+		m->broken = 1;
+		snprintf(m->why, sizeof m->why, "the adopted snapshot's log did not replay");
+	}
+	return r;
 }
 
 #else /* KVD_NO_SNAPSHOT: no snapshot file is read or written; asking for one is a configuration error */
@@ -12692,7 +12759,7 @@ struct kvd_stream {
 	unsigned closed_send : 1;   /* half-closed: nothing more will be sent */
 	unsigned ended : 1;         /* its last callback ran: free it */
 	unsigned lost : 1;          /* a message it could not decode: its end is not OK */
-	/* the typed layer's (section 38): the host's own callback and argument */
+	/* the typed layer's (section 39): the host's own callback and argument */
 	kvd_result_fn *rfn;
 	kvd_watch_fn *wfn;
 	void *uarg;
@@ -15585,6 +15652,8 @@ static int svc_writable(struct kvd *k, struct svc_err *e, uint64_t cost)
 
 	if (k->db.broken)
 		return svc_fail(e, GRPC_UNAVAILABLE, "kvd: the log is unwritable after an I/O error; restart kvd");
+	if (k->repl) /* its writes are the cluster's, through the replication watch (section 36) */
+		return svc_fail(e, GRPC_FAILED_PRECONDITION, E_REPLICA);
 	if (k->db.rev >= INT64_MAX) /* a snapshot can bring it; the next txn would overflow */
 		return svc_fail(e, GRPC_OUT_OF_RANGE, E_NO_REVISION);
 	if (life_admit(k, cost, &code, &msg))
@@ -20856,7 +20925,7 @@ KVD_UNUSED static int tls_is(const struct conn *c)
 
 /* ===== 28. HPACK (hp_) =================================================== */
 
-#ifndef KVD_NO_NET /* @@ KVD_NO_NET: no network (make NET=0): no sockets, listeners, HPACK, HTTP/2, gRPC framing; implies KVD_NO_TLS, KVD_NO_CONFD, KVD_NO_HTTP (sections 28 to 30, and 36's sockets) */
+#ifndef KVD_NO_NET /* @@ KVD_NO_NET: no network (make NET=0): no sockets, listeners, HPACK, HTTP/2, gRPC framing; implies KVD_NO_TLS, KVD_NO_CONFD, KVD_NO_HTTP (sections 28 to 30, and 37's sockets) */
 
 /*
  * RFC 7541.  The decoder is complete (static and dynamic tables, Huffman,
@@ -21312,7 +21381,7 @@ static void hp_put_status(struct kvd *k, struct kvd_buf *b, int status)
  * RFC 9113 with prior knowledge (cleartext, or inside TLS, where ALPN offers
  * h2); server side, and client side for section 30 (h2->cl: a stream's frames
  * go there).  The loop hands a server's connection here once its first bytes
- * were the preface (section 36).  Input is parsed from h2->conn->in one whole
+ * were the preface (section 37).  Input is parsed from h2->conn->in one whole
  * frame at a time (at most 16 KiB + 9); output is appended to h2->conn->out,
  * which the loop writes.  Each stream carries one call (section 16).  Response
  * DATA is pulled from each stream's queue only as far as the peer's windows
@@ -21374,7 +21443,7 @@ struct h2_stream {
 };
 #define H2_STREAM_OF(cp) ((struct h2_stream *)(void *)(cp)) /* call is the first member */
 
-/* An HTTP/2 connection's state (its struct conn is section 36's). */
+/* An HTTP/2 connection's state (its struct conn is section 37's). */
 struct h2_conn {
 	struct kvd *k;
 	struct conn *conn;
@@ -22775,7 +22844,7 @@ static void h2_conn_free(struct kvd *k, struct h2_conn *h2)
 	kvd_free(k, h2);
 }
 
-/* HTTP/2 as one of the protocols a connection may speak (section 36). */
+/* HTTP/2 as one of the protocols a connection may speak (section 37). */
 static void h2_proto_input(struct kvd *k, struct conn *c) { h2_input(k, c->ps); }
 static void h2_proto_flush(struct kvd *k, struct conn *c) { h2_flush(k, c->ps); }
 static int64_t h2_proto_timers(struct kvd *k, struct conn *c) { return h2_timers(k, c->ps); }
@@ -22981,7 +23050,7 @@ static void grpc_on_remote_close(struct kvd *k, struct h2_stream *s)
  * (h2_input), writer (h2_frame, h2_send_block, h2_send_data), SETTINGS,
  * PING, CONTINUATION and window handling, HPACK's decoder and encoder
  * (section 28), the gRPC prefix's one writer (call_frame) -- and the same
- * loop: its socket is one of section 36's connections (net_connect: a
+ * loop: its socket is one of section 37's connections (net_connect: a
  * non-blocking connect, at the tail of k->conns), polled, read, flushed
  * and reaped like any other, its timers among theirs; its protocol hooks
  * are grpc_cl_proto.  What differs by role is where section 29 hands a
@@ -26854,7 +26923,7 @@ static void gw_flush(struct kvd *k, struct http_x *x)
 	int whole = x->body_done || x->bidi || x->s;
 
 	/* [§10.1] no reply that shows a write leaves before its fdatasync;
-	 * [§34.2] nothing of a held call is written; [§36.1] loop_flush ran the
+	 * [§34.2] nothing of a held call is written; [§37.1] loop_flush ran the
 	 * group commit before this flush hook (see loop_log_flush) */
 	if (!x->in_call || KVD_NEVER(cl->held))
 		return;
@@ -27900,7 +27969,700 @@ static int http1_check_flags(const struct kvd *k, char *err, size_t errlen)
 }
 #endif /* KVD_NO_HTTP */
 
-/* ===== 36. Sockets and the poll loop (net_, loop_) ======================= */
+/* ===== 36. Replica: following an etcd cluster (repl_) ==================== */
+
+/*
+ * --replicate-from URLS makes kvd a revision-exact replica of an etcd
+ * cluster: it follows one Watch on the cluster and applies each upstream
+ * revision as one local write txn of its own store, through the store's
+ * one writer (mvcc_txn_begin, mvcc_put, mvcc_del, mvcc_txn_end: section
+ * 10) and its group commit, so the log keeps one owner and the replica's
+ * own watchers hear the events from the store's usual path (section 25),
+ * with the cluster's revisions.  Reads and watches are served locally;
+ * writes from kvd's own clients are refused (svc_writable, E_REPLICA):
+ * forwarding them to the cluster comes later.
+ *
+ * The data: the replication watch is one Watch call (grpc_cl_call,
+ * section 30) on a client connection to the first URL (the others are
+ * tried in turn when it fails): key "\0", range_end "\0" (every key),
+ * start_revision = the store's revision + 1, progress_notify, fragment,
+ * no filters, no prev_kv.  A response's fragments (fragment=true) are kept
+ * until the last one (at most KVD_REPL_MAX_PENDING bytes of them); the
+ * whole response's events are then cut into runs of one mod_revision, and
+ * each run is one local txn (repl_apply_rev).  A response never splits a
+ * revision, so a txn never waits for a later response.
+ *
+ * The numbers are the store's own: a local store equal to the cluster's
+ * at revision R that applies R+1's events in order computes the same
+ * mod_revision (R+1), create_revision, version and sub-revision (an
+ * event's index in its run) as etcd did.  So nothing is copied: the store
+ * computes, and repl_apply_rev checks each event's numbers against what
+ * it computed.  A lease id the replica does not know is granted in the
+ * same txn as a 'followed' lease (its TTL unknown: REPL_LEASE_TTL); leases never expire on
+ * a replica (lease_timers does nothing while k->lease.followed): the
+ * cluster's revokes and expiries arrive as DELETE events.
+ *
+ * A store that starts empty is seeded, watch first (etcd-replica.md
+ * 3.4): the watch opens at the cluster's current revision H (start 0,
+ * its created header), its events kept; then the Snapshot stream goes to
+ * <data-dir>/kvd.repl.snap on the same connection, and once whole it
+ * replaces the empty store (snap_adopt, section 15, which checks etcd's
+ * SHA-256 trailer and replays the imported log in place); the kept events
+ * above the snapshot's revision R (>= H: a member's revision never goes
+ * back) are applied, and the watch goes on.  A store that holds revisions
+ * resumes from its own revision + 1 -- no reseed (logged: "resuming").
+ * A cluster compacted past that revision cancels the watch as compacted,
+ * and the replica stops following (state "must reseed", logged), as on
+ * any mismatch: replacing a store that is not empty is not done yet.
+ * The cluster's compactions make no event: a Range probe finds the
+ * point every REPL_PROBE_MS and the store compacts there (repl_probe).
+ *
+ * Invariants:
+ *   1. One upstream revision is one local txn, or none: a run whose
+ *      numbers do not match, or that does not follow the store's revision
+ *      by one, is aborted whole (mvcc_txn_abort) and the replica stops
+ *      following -- "must reseed", never silently (repl_apply_rev).
+ *   2. After a run is applied, the store's revision is the run's
+ *      mod_revision, and every event of it carries the create_revision,
+ *      version and lease the store computed (repl_apply_rev).
+ *   3. A failure that is not the data's (memory, the connection, the
+ *      watch ending) loses nothing: the watch is opened again, after a
+ *      back-off, from the store's revision + 1 (repl_retry).
+ */
+
+#if !defined(KVD_NO_NET) && !defined(KVD_NO_SNAPSHOT)
+
+#ifndef KVD_REPL_MAX_PENDING /* @@ bytes of a fragmented watch response kept until its last fragment */
+#define KVD_REPL_MAX_PENDING (64 * 1024 * 1024)
+#endif
+#define REPL_BACKOFF_MIN 100    /* ms before the watch is opened again; doubles each failure */
+#define REPL_BACKOFF_MAX 5000
+#define REPL_PROBE_MS 2000     /* how often the cluster's compaction point is looked for */
+#define REPL_LEASE_TTL LEASE_MAX_TTL /* a followed lease's: unknown here, and it never expires here */
+
+enum repl_state { REPL_WAIT, REPL_WATCHING, REPL_RESEED };
+
+/* The replica's state (k->repl). */
+struct repl {
+	struct kvd *k;
+	char **urls;                 /* --replicate-from, split */
+	unsigned nurls, at;          /* the URL in use */
+	enum repl_state state;
+	struct grpc_cl *cl;          /* the connection, NULL between tries */
+	struct grpc_cl_stream *ws;   /* the replication watch on it */
+	int64_t retry_at, backoff;   /* monotonic ms */
+	Etcdserverpb__WatchResponse **frag; /* fragments of the response being received */
+	size_t nfrag, fragcap, fragbytes;
+	unsigned stale;              /* watches dropped whose last callback is still to come */
+	unsigned snap_stale;         /* the same, snapshot calls */
+	unsigned seeding : 1;        /* the store is empty: a snapshot first, the watch's events kept */
+	int64_t seed_from;           /* seeding: the watch's created revision (the snapshot must reach it) */
+	struct grpc_cl_stream *ss;   /* seeding: the Snapshot call */
+	int snap_fd;                 /* seeding: <data-dir>/kvd.repl.snap, -1 if none */
+	uint64_t snap_bytes;
+	struct grpc_cl_stream *ps;   /* the compaction probe in flight (a Range), NULL if none */
+	unsigned probe_stale;
+	int probe_ok;                /* its answer: 1 served, 0 compacted, -1 another error */
+	int64_t probe_lo, probe_hi;  /* the search: the cluster refuses lo (0: not known), serves hi */
+	int64_t probe_r, next_probe; /* the revision asked; when the next search starts (monotonic ms) */
+	uint64_t revs, events, resumes; /* revisions and events applied; watches (re)opened */
+	int64_t upstream_rev;        /* the last header revision heard */
+	char why[256];               /* why it must reseed */
+};
+
+/* Stop following: the store and the cluster differ (or may), and only a
+ * reseed can join them again. */
+static void repl_frag_free(struct kvd *k, struct repl *rp)
+{
+	size_t i;
+
+	for (i = 0; i < rp->nfrag; i++)
+		etcdserverpb__watch_response__free_unpacked(rp->frag[i], &k->pba);
+	rp->nfrag = rp->fragbytes = 0;
+}
+
+/* The seed's snapshot file: closed, and removed. */
+static void repl_snap_done(struct kvd *k, struct repl *rp)
+{
+	char path[PATH_MAX];
+
+	if (rp->snap_fd < 0)
+		return;
+	close(rp->snap_fd);
+	rp->snap_fd = -1;
+	snprintf(path, sizeof path, "%s/kvd.repl.snap", k->cfg.data_dir);
+	unlink(path);
+}
+
+static void repl_drop(struct kvd *k, struct repl *rp)
+{
+	if (rp->ws) {
+		grpc_cl_cancel(k, rp->ws);
+		rp->stale++;
+	}
+	if (rp->ss) {
+		grpc_cl_cancel(k, rp->ss);
+		rp->snap_stale++;
+	}
+	rp->ss = NULL;
+	if (rp->ps) {
+		grpc_cl_cancel(k, rp->ps);
+		rp->probe_stale++;
+	}
+	rp->ps = NULL;
+	repl_snap_done(k, rp);
+	if (rp->cl)
+		grpc_cl_close(k, rp->cl);
+	rp->cl = NULL;
+	rp->ws = NULL;
+	repl_frag_free(k, rp);
+}
+
+static void repl_must_reseed(struct kvd *k, struct repl *rp, const char *why)
+{
+	rp->state = REPL_RESEED;
+	snprintf(rp->why, sizeof rp->why, "%s", why);
+	kvd_log(k, KVD_LOG_ERROR, "replica: must reseed (stopped following %s at revision %lld): %s",
+	        rp->urls[rp->at], (long long)k->db.rev, why);
+	repl_drop(k, rp);
+}
+
+/*
+ * Apply ev[0..n), one upstream revision (every event's mod_revision the
+ * same), as one local txn; see [§36.1] and [§36.2].  0; KVD_ECORRUPT (the
+ * numbers differ: why says how) or KVD_ENOMEM, KVD_EIO, KVD_ELIMIT (the
+ * store's), with nothing applied.
+ */
+static int repl_apply_rev(struct kvd *k, Mvccpb__Event *const *ev, size_t n, char *why, size_t cap)
+{
+	struct mvcc *m = &k->db;
+	struct mvcc_txn t;
+	struct mvcc_key *rec;
+	const Mvccpb__KeyValue *kv;
+	int64_t rev = ev[0]->kv ? ev[0]->kv->mod_revision : 0;
+	size_t i;
+	int r = 0, eq;
+
+	if (rev != m->rev + 1) {
+		snprintf(why, cap, "upstream revision %lld after the store's %lld: %s", (long long)rev, (long long)m->rev,
+		         rev <= m->rev ? "applied already" : "a gap");
+		return KVD_ECORRUPT;
+	}
+	if ((r = mvcc_txn_begin(k, &t)))
+		return r;
+	for (i = 0; i < n && !r; i++) {
+		kv = ev[i]->kv;
+		if (!kv || kv->mod_revision != rev) {
+			snprintf(why, cap, "event %zu of revision %lld has mod_revision %lld", i, (long long)rev,
+			         kv ? (long long)kv->mod_revision : -1ll);
+			r = KVD_ECORRUPT;
+			break;
+		}
+		rec = mvcc_at(m, mvcc_seek(m, kv->key.data, kv->key.len, &eq));
+		if (ev[i]->type == MVCCPB__EVENT__EVENT_TYPE__DELETE) {
+			if (!eq || !(rec->flags & MVCC_LIVE)) {
+				snprintf(why, cap, "revision %lld deletes a key the store does not hold", (long long)rev);
+				r = KVD_ECORRUPT;
+			} else {
+				r = mvcc_del(k, &t, rec);
+			}
+			continue;
+		}
+		if (kv->lease && !lease_find(k, kv->lease) && (r = lease_grant(k, &t, kv->lease, REPL_LEASE_TTL)))
+			break; /* a followed lease: the cluster's, granted here as it is first seen */
+		if ((r = mvcc_put(k, &t, kv->key.data, kv->key.len, kv->value.data, kv->value.len, kv->lease)))
+			break;
+		rec = mvcc_at(m, mvcc_seek(m, kv->key.data, kv->key.len, &eq));
+		/* the store computed the cluster's numbers: see [§36.2] */
+		if (!eq || mvcc_k_create(m, rec) != kv->create_revision || mvcc_k_ver(m, rec) != kv->version ||
+		    mvcc_k_lease(m, rec) != kv->lease) {
+			snprintf(why, cap, "revision %lld, event %zu: the store computed create_revision %lld, version %lld, "
+			         "lease %lld; the cluster sent %lld, %lld, %lld", (long long)rev, i,
+			         eq ? (long long)mvcc_k_create(m, rec) : -1ll, eq ? (long long)mvcc_k_ver(m, rec) : -1ll,
+			         eq ? (long long)mvcc_k_lease(m, rec) : -1ll, (long long)kv->create_revision,
+			         (long long)kv->version, (long long)kv->lease);
+			r = KVD_ECORRUPT;
+		}
+	}
+	if (r)
+		mvcc_txn_abort(k, &t);
+	mvcc_txn_end(k, &t);
+	/* [§36.1] all of it or none: a failed run leaves no record and takes no revision */
+	(void)KVD_ALWAYS(!r || (m->w.len == t.at && m->rev == t.rev - 1));
+	if (!r && !KVD_ALWAYS(m->rev == rev)) { /* [§36.2] the run is the store's revision */
+		snprintf(why, cap, "revision %lld applied, but the store is at %lld", (long long)rev, (long long)m->rev);
+		return KVD_ECORRUPT;
+	}
+	return r;
+}
+
+/* Apply a whole response's events ev[0..n), a txn per revision.  0, or
+ * repl_apply_rev's error for the run that failed (the runs before it
+ * stay applied). */
+static int repl_apply(struct kvd *k, Mvccpb__Event *const *ev, size_t n, uint64_t *revs, char *why, size_t cap)
+{
+	size_t i = 0, j;
+	int r;
+
+	while (i < n) {
+		for (j = i + 1; j < n && ev[j]->kv && ev[i]->kv && ev[j]->kv->mod_revision == ev[i]->kv->mod_revision; j++)
+			;
+		if ((r = repl_apply_rev(k, ev + i, j - i, why, cap)))
+			return r;
+		++*revs;
+		i = j;
+	}
+	return 0;
+}
+
+static void repl_retry(struct kvd *k, struct repl *rp, const char *why);
+static void repl_snap_start(struct kvd *k, struct repl *rp);
+
+/* A whole response (the fragments kept, then this last one) -- or, once a
+ * seed's snapshot is in, every response kept while it came: its events
+ * above revision above applied. */
+static void repl_response(struct kvd *k, struct repl *rp, int64_t above)
+{
+	Mvccpb__Event **ev;
+	size_t n = 0, i, j;
+	char why[256] = "";
+	int r;
+
+	for (i = 0; i < rp->nfrag; i++)
+		n += rp->frag[i]->n_events;
+	if (!n)
+		return;
+	if (n > SIZE_MAX / sizeof *ev) {
+		repl_retry(k, rp, E_OOM);
+		return;
+	}
+	if (!(ev = kvd_malloc(k, n * sizeof *ev))) {
+		repl_retry(k, rp, E_OOM);
+		return;
+	}
+	for (i = n = 0; i < rp->nfrag; i++) /* a seed's snapshot holds those at or below above */
+		for (j = 0; j < rp->frag[i]->n_events; j++)
+			if (!rp->frag[i]->events[j]->kv || rp->frag[i]->events[j]->kv->mod_revision > above)
+				ev[n++] = rp->frag[i]->events[j];
+	r = repl_apply(k, ev, n, &rp->revs, why, sizeof why);
+	rp->events += n;
+	kvd_free(k, ev);
+	if (r == KVD_ECORRUPT)
+		repl_must_reseed(k, rp, why);
+	else if (r)
+		repl_retry(k, rp, r == KVD_ENOMEM ? E_OOM : k->db.broken ? k->db.why : "the store refused the write");
+}
+
+/*
+ * Seeding (an empty store): the watch is open from the cluster's revision
+ * H on, its events kept; the Snapshot stream goes to
+ * <data-dir>/kvd.repl.snap; once whole it replaces the empty store
+ * (snap_adopt, section 15: the SHA-256 trailer checked), and the kept
+ * events above the snapshot's revision are applied.  A snapshot below H
+ * would leave a gap: the store then resumes from its revision + 1 instead.
+ */
+static int repl_on_snap(void *arg, const struct kvd_reply *r)
+{
+	struct repl *rp = arg;
+	struct kvd *k = rp->k;
+	Etcdserverpb__SnapshotResponse *m;
+	char err[KVD_ERRLEN], path[PATH_MAX];
+	const uint8_t *p;
+	size_t left;
+	ssize_t n;
+	uint64_t seen;
+
+	if (r->last && rp->snap_stale) {
+		rp->snap_stale--;
+		return 0;
+	}
+	if (r->last) {
+		rp->ss = NULL;
+		if (r->code) {
+			snprintf(err, sizeof err, "the snapshot failed: %s (code %d)", r->text, r->code);
+			repl_retry(k, rp, err);
+			return 0;
+		}
+		snprintf(path, sizeof path, "%s/kvd.repl.snap", k->cfg.data_dir);
+		if (fsync(rp->snap_fd)) {
+			snprintf(err, sizeof err, "cannot write kvd.repl.snap: %s", strerror(errno));
+			repl_retry(k, rp, err);
+			return 0;
+		}
+		if (snap_adopt(k, path, err, sizeof err)) {
+			repl_retry(k, rp, err);
+			return 0;
+		}
+		repl_snap_done(k, rp);
+		rp->seeding = 0;
+		kvd_log(k, KVD_LOG_INFO, "replica: seeded from a snapshot of %s at revision %lld (%llu bytes); the watch "
+		        "from %lld on goes on", rp->urls[rp->at], (long long)k->db.rev, (unsigned long long)rp->snap_bytes,
+		        (long long)rp->seed_from + 1);
+		if (k->db.rev < rp->seed_from) {
+			repl_retry(k, rp, "the snapshot is older than the watch: resuming from its revision");
+			return 0;
+		}
+		seen = rp->revs;
+		repl_response(k, rp, k->db.rev);
+		repl_frag_free(k, rp);
+		if (rp->state == REPL_WATCHING)
+			kvd_log(k, KVD_LOG_INFO, "replica: %llu revisions the watch kept while seeding applied, to revision %lld",
+			        (unsigned long long)(rp->revs - seen), (long long)k->db.rev);
+		rp->backoff = REPL_BACKOFF_MIN;
+		return 0;
+	}
+	if (!(m = etcdserverpb__snapshot_response__unpack(&k->pba, r->len, r->data))) {
+		repl_retry(k, rp, "a snapshot message that does not parse");
+		return 0;
+	}
+	for (p = m->blob.data, left = m->blob.len; left; p += n, left -= (size_t)n)
+		if ((n = write(rp->snap_fd, p, left)) <= 0 && !(n < 0 && errno == EINTR)) {
+			snprintf(err, sizeof err, "cannot write %s/kvd.repl.snap: %s", k->cfg.data_dir,
+			         n < 0 ? strerror(errno) : "no progress");
+			etcdserverpb__snapshot_response__free_unpacked(m, &k->pba);
+			repl_retry(k, rp, err);
+			return 0;
+		} else if (n < 0) {
+			n = 0;
+		}
+	rp->snap_bytes += m->blob.len;
+	etcdserverpb__snapshot_response__free_unpacked(m, &k->pba);
+	return 0;
+}
+
+/* The seed's Snapshot call, into a new kvd.repl.snap. */
+static void repl_snap_start(struct kvd *k, struct repl *rp)
+{
+	char path[PATH_MAX], err[PATH_MAX + 64];
+
+	snprintf(path, sizeof path, "%s/kvd.repl.snap", k->cfg.data_dir);
+	if ((rp->snap_fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600)) < 0) {
+		snprintf(err, sizeof err, "cannot create %s: %s", path, strerror(errno));
+		repl_retry(k, rp, err);
+		return;
+	}
+	rp->snap_bytes = 0;
+	if (grpc_cl_call(k, rp->cl, "/etcdserverpb.Maintenance/Snapshot", "", 0, repl_on_snap, rp, &rp->ss))
+		repl_retry(k, rp, "cannot start the snapshot");
+	else
+		grpc_cl_half_close(k, rp->ss); /* grpc-go's server waits for the request's end */
+}
+
+/* One message of the replication watch, or its end. */
+static int repl_on_watch(void *arg, const struct kvd_reply *r)
+{
+	struct repl *rp = arg;
+	struct kvd *k = rp->k;
+	Etcdserverpb__WatchResponse *w;
+	char why[300];
+
+	if (r->last) {
+		if (rp->stale) { /* a watch dropped before: its end changes nothing */
+			rp->stale--;
+			return 0;
+		}
+		rp->ws = NULL;
+		repl_frag_free(k, rp);
+		if (rp->state == REPL_WATCHING) {
+			snprintf(why, sizeof why, "the watch ended: %s (code %d)", r->text, r->code);
+			repl_retry(k, rp, why);
+		}
+		return 0;
+	}
+	if (rp->state != REPL_WATCHING)
+		return 0;
+	if (!(w = etcdserverpb__watch_response__unpack(&k->pba, r->len, r->data))) {
+		repl_retry(k, rp, "a watch response that does not parse");
+		return 0;
+	}
+	if (w->header)
+		rp->upstream_rev = w->header->revision;
+	if (w->canceled) {
+		if (w->compact_revision > 0)
+			snprintf(why, sizeof why, "the cluster compacted past revision %lld (its compaction is at %lld): "
+			         "a snapshot is needed", (long long)k->db.rev + 1, (long long)w->compact_revision);
+		else
+			snprintf(why, sizeof why, "the cluster cancelled the watch: %s", w->cancel_reason);
+		etcdserverpb__watch_response__free_unpacked(w, &k->pba);
+		repl_must_reseed(k, rp, why);
+		return 0;
+	}
+	if (w->created && !w->n_events) {
+		if (rp->seeding) {
+			kvd_log(k, KVD_LOG_INFO, "replica: watching %s from revision %lld, its events kept while a "
+			        "snapshot seeds the empty store", rp->urls[rp->at], (long long)rp->upstream_rev + 1);
+			rp->seed_from = rp->upstream_rev;
+			etcdserverpb__watch_response__free_unpacked(w, &k->pba);
+			repl_snap_start(k, rp);
+			return 0;
+		}
+		kvd_log(k, KVD_LOG_INFO, "replica: watching %s from revision %lld (the cluster is at %lld)", rp->urls[rp->at],
+		        (long long)k->db.rev + 1, (long long)rp->upstream_rev);
+		rp->backoff = REPL_BACKOFF_MIN;
+	}
+	if (rp->fragbytes + r->len > KVD_REPL_MAX_PENDING ||
+	    UTIL_GROW(k, rp->frag, rp->fragcap, rp->nfrag + 1, 8)) {
+		etcdserverpb__watch_response__free_unpacked(w, &k->pba);
+		repl_retry(k, rp, rp->fragbytes + r->len > KVD_REPL_MAX_PENDING ?
+		           "a fragmented response larger than KVD_REPL_MAX_PENDING" : E_OOM);
+		return 0;
+	}
+	rp->frag[rp->nfrag++] = w;
+	rp->fragbytes += r->len;
+	if (w->fragment || rp->seeding)
+		return 0; /* the rest of the response follows; or the seed's snapshot does */
+	repl_response(k, rp, 0);
+	repl_frag_free(k, rp);
+	return 0;
+}
+
+/* The watch failed for a reason not the data's: drop the connection, try
+ * the next URL after a back-off, from the store's revision + 1 (see
+ * see [§36.3]). */
+static void repl_retry(struct kvd *k, struct repl *rp, const char *why)
+{
+	if (rp->state == REPL_RESEED)
+		return;
+	repl_drop(k, rp);
+	rp->state = REPL_WAIT;
+	if (k->stopping || k->closing)
+		return;
+	kvd_log(k, KVD_LOG_WARN, "replica: %s: %s; watching again in %lld ms", rp->urls[rp->at], why,
+	        (long long)rp->backoff);
+	rp->at = (rp->at + 1) % rp->nurls;
+	rp->retry_at = k->now + rp->backoff;
+	rp->backoff = KVD_MIN(rp->backoff * 2, REPL_BACKOFF_MAX);
+	util_wake_by(k, rp->retry_at);
+}
+
+/* Open the connection and the replication watch, from the store's
+ * revision + 1. */
+static void repl_watch(struct kvd *k, struct repl *rp)
+{
+	Etcdserverpb__WatchRequest wr = ETCDSERVERPB__WATCH_REQUEST__INIT;
+	Etcdserverpb__WatchCreateRequest wc = ETCDSERVERPB__WATCH_CREATE_REQUEST__INIT;
+	uint8_t zero = 0, *p;
+	char err[KVD_ERRLEN];
+	size_t n;
+	int r;
+
+	wc.key.data = &zero, wc.key.len = 1;
+	wc.range_end.data = &zero, wc.range_end.len = 1;
+	wc.start_revision = rp->seeding ? 0 : k->db.rev + 1; /* seeding: from now on, the snapshot before it */
+	wc.progress_notify = 1;
+	wc.fragment = 1;
+	wr.request_union_case = ETCDSERVERPB__WATCH_REQUEST__REQUEST_UNION_CREATE_REQUEST;
+	wr.create_request = &wc;
+	n = protobuf_c_message_get_packed_size(&wr.base);
+	rp->state = REPL_WATCHING;
+	if ((r = grpc_cl_open(k, rp->urls[rp->at], &rp->cl, err, sizeof err))) {
+		repl_retry(k, rp, err);
+		return;
+	}
+	if (!(p = kvd_malloc(k, n))) {
+		repl_retry(k, rp, E_OOM);
+		return;
+	}
+	protobuf_c_message_pack(&wr.base, p);
+	r = grpc_cl_call(k, rp->cl, "/etcdserverpb.Watch/Watch", p, n, repl_on_watch, rp, &rp->ws);
+	kvd_free(k, p);
+	if (r) {
+		repl_retry(k, rp, r == KVD_ENOMEM ? E_OOM : "the connection is gone");
+		return;
+	}
+	rp->resumes++;
+}
+
+/*
+ * Mirroring the cluster's compactions (etcd-replica.md 2.1, 2.2): a
+ * compaction makes no revision and no event, so the replica asks.  Every
+ * REPL_PROBE_MS, a serializable count-only Range at revision r: etcd
+ * refuses it (OUT_OF_RANGE, "compacted") iff r is below its compaction
+ * point C.  The first probe asks the store's own compaction point (or 1):
+ * served, nothing is new; refused, the store's revision is asked, then
+ * the revisions between, halving, until C is found -- and the store
+ * compacts there (mvcc_compact: etcd's survivors, a tombstone at C kept),
+ * once it holds C.  A C above the store's revision waits for the next
+ * search.
+ */
+static int repl_on_probe(void *arg, const struct kvd_reply *r);
+
+static void repl_probe_send(struct kvd *k, struct repl *rp, int64_t rev)
+{
+	Etcdserverpb__RangeRequest rq = ETCDSERVERPB__RANGE_REQUEST__INIT;
+	uint8_t zero = 0, buf[64];
+	size_t n;
+
+	rq.key.data = &zero, rq.key.len = 1;
+	rq.revision = rev;
+	rq.serializable = 1;
+	rq.count_only = 1;
+	n = protobuf_c_message_get_packed_size(&rq.base);
+	if (n > sizeof buf || !rp->cl)
+		return;
+	protobuf_c_message_pack(&rq.base, buf);
+	rp->probe_r = rev;
+	rp->probe_ok = -1;
+	if (grpc_cl_call(k, rp->cl, "/etcdserverpb.KV/Range", buf, n, repl_on_probe, rp, &rp->ps))
+		rp->ps = NULL;
+	else
+		grpc_cl_half_close(k, rp->ps);
+}
+
+static int repl_on_probe(void *arg, const struct kvd_reply *r)
+{
+	struct repl *rp = arg;
+	struct kvd *k = rp->k;
+	int64_t c;
+
+	if (r->last && rp->probe_stale) {
+		rp->probe_stale--;
+		return 0;
+	}
+	if (!r->last)
+		return 0; /* its answer: the code says all */
+	rp->ps = NULL;
+	rp->probe_ok = !r->code ? 1 : r->code == GRPC_OUT_OF_RANGE && strstr(r->text, "compacted") ? 0 : -1;
+	if (rp->probe_ok < 0 || rp->state != REPL_WATCHING) /* tried again at the next search */
+		return 0;
+	if (rp->probe_ok)
+		rp->probe_hi = rp->probe_r;
+	else
+		rp->probe_lo = rp->probe_r;
+	if (!rp->probe_lo) /* the store's own compaction point is served: nothing new */
+		return 0;
+	if (!rp->probe_hi) { /* the store's revision next: is C within what it holds? */
+		if (rp->probe_r < k->db.rev)
+			repl_probe_send(k, rp, k->db.rev);
+		return 0;
+	}
+	if (rp->probe_hi - rp->probe_lo > 1) {
+		repl_probe_send(k, rp, rp->probe_lo + (rp->probe_hi - rp->probe_lo) / 2);
+		return 0;
+	}
+	c = rp->probe_hi; /* the smallest revision served: the cluster's compaction point */
+	if (c <= k->db.compacted || c > k->db.rev || k->db.broken)
+		return 0;
+	if (mvcc_compact(k, c))
+		kvd_log(k, KVD_LOG_WARN, "replica: cannot compact at the cluster's revision %lld now: out of memory",
+		        (long long)c);
+	else
+		kvd_log(k, KVD_LOG_INFO, "replica: compacted at revision %lld, as the cluster", (long long)c);
+	return 0;
+}
+
+/* A search for the cluster's compaction point, when one is due. */
+static void repl_probe(struct kvd *k, struct repl *rp)
+{
+	if (rp->state != REPL_WATCHING || rp->seeding || rp->ps || !rp->cl || k->now < rp->next_probe) {
+		util_wake_by(k, rp->next_probe);
+		return;
+	}
+	rp->next_probe = k->now + REPL_PROBE_MS;
+	util_wake_by(k, rp->next_probe);
+	rp->probe_lo = rp->probe_hi = 0;
+	repl_probe_send(k, rp, KVD_MAX(k->db.compacted, 1));
+}
+
+/* The loop's timer: the watch opened again once its back-off passed; the
+ * compaction probe. */
+static void repl_timers(struct kvd *k)
+{
+	struct repl *rp = k->repl;
+
+	if (rp && rp->state == REPL_WATCHING && !k->stopping && !k->closing)
+		repl_probe(k, rp);
+	if (!rp || rp->state != REPL_WAIT || k->stopping || k->closing)
+		return;
+	if (k->now < rp->retry_at) {
+		util_wake_by(k, rp->retry_at);
+		return;
+	}
+	repl_watch(k, rp);
+}
+
+/* --replicate-from: urls[0..n) (kvd's own: the replica keeps them, on
+ * failure too) checked; where the store starts from said; following
+ * starts in the loop's first turn.  0, KVD_EINVAL, KVD_ENOMEM. */
+static int repl_start(struct kvd *k, char **urls, unsigned n, char *err, size_t errlen)
+{
+	struct repl *rp;
+	unsigned i;
+
+	if (!(rp = kvd_calloc(k, sizeof *rp))) {
+		util_free_list(k, urls, n);
+		return KVD_ENOMEM;
+	}
+	k->repl = rp;
+	rp->k = k;
+	rp->urls = urls;
+	rp->nurls = n;
+	if (!n) {
+		snprintf(err, errlen, "--replicate-from names no URL");
+		return KVD_EINVAL;
+	}
+	for (i = 0; i < n; i++)
+		if (strncmp(urls[i], "http://", 7)) {
+			snprintf(err, errlen, "--replicate-from: %s: only http:// URLs for now", urls[i]);
+			return KVD_EINVAL;
+		}
+	if (k->cfg.auto_compaction_retention && strcmp(k->cfg.auto_compaction_retention, "0") &&
+	    *k->cfg.auto_compaction_retention) {
+		snprintf(err, errlen, "--replicate-from: the replica's compactions are the cluster's, so "
+		         "--auto-compaction-retention must be 0");
+		return KVD_EINVAL;
+	}
+	k->lease.followed = 1; /* the cluster's leases: none expires here */
+	rp->snap_fd = -1;
+	rp->seeding = k->db.rev <= 1 && !k->db.nkeys;
+	rp->backoff = REPL_BACKOFF_MIN;
+	rp->state = REPL_WAIT;
+	util_wake_by(k, 0);
+	if (k->db.rev > 1)
+		kvd_log(k, KVD_LOG_INFO, "replica of %s: resuming from the store's revision %lld (no reseed)",
+		        k->cfg.replicate_from, (long long)k->db.rev);
+	else
+		kvd_log(k, KVD_LOG_INFO, "replica of %s: the store is empty, seeding it from a snapshot",
+		        k->cfg.replicate_from);
+	return 0;
+}
+
+/* kvd closes: the connection is gone by now (kvd_close freed it). */
+static void repl_fini(struct kvd *k)
+{
+	struct repl *rp = k->repl;
+
+	if (!rp)
+		return;
+	repl_frag_free(k, rp);
+	repl_snap_done(k, rp);
+	kvd_free(k, rp->frag);
+	if (rp->cl)
+		grpc_cl_close(k, rp->cl);
+	util_free_list(k, rp->urls, rp->nurls);
+	kvd_free(k, rp);
+	k->repl = NULL;
+}
+
+#else /* KVD_NO_NET or KVD_NO_SNAPSHOT: no replica */
+static void repl_timers(struct kvd *k)
+{
+	(void)k;
+}
+static int repl_start(struct kvd *k, char **urls, unsigned n, char *err, size_t errlen)
+{
+	util_free_list(k, urls, n);
+	snprintf(err, errlen, "--replicate-from: this kvd is built without the network or snapshots "
+	         "(KVD_NO_NET, KVD_NO_SNAPSHOT)");
+	return KVD_EINVAL;
+}
+static void repl_fini(struct kvd *k)
+{
+	(void)k;
+}
+#endif /* !KVD_NO_NET && !KVD_NO_SNAPSHOT */
+
+/* ===== 37. Sockets and the poll loop (net_, loop_) ======================= */
 
 /*
  * One poll() loop, no threads.  Each kvd_poll() call (loop_run):
@@ -28486,7 +29248,7 @@ static void net_conn_free(struct kvd *k, struct conn *c)
 		c->proto->free(k, c);
 	if (c->tr->free)
 		c->tr->free(c);
-	if (!KVD_ALWAYS(!c->in_held)) /* [§36.5] each protocol gave back what it buffered */
+	if (!KVD_ALWAYS(!c->in_held)) /* [§37.5] each protocol gave back what it buffered */
 		k->in_held -= c->in_held;
 	share_put(k, c->share);
 	buf_free(k, &c->in);
@@ -28833,7 +29595,7 @@ static int net_read(struct kvd *k, struct conn *c)
 		c->in.lent = 1;
 		net_input(k, c);
 		left = BUF_LEN(&c->in);
-		if (!KVD_ALWAYS(c->in.lent && c->in.p == k->rbuf)) { /* [§36.4] nobody may swap the loan */
+		if (!KVD_ALWAYS(c->in.lent && c->in.p == k->rbuf)) { /* [§37.4] nobody may swap the loan */
 			c->dead = 1;
 			return 0;
 		}
@@ -29016,6 +29778,8 @@ static void loop_timers(struct kvd *k)
 	watch_timers(k);
 	lease_timers(k);
 	life_compactor(k);
+	if (k->repl) /* not a replica: its code stays out of an idle loop's pages (KVD_RESIDENT) */
+		repl_timers(k);
 }
 
 /*
@@ -29194,7 +29958,7 @@ KVD_RESIDENT static void loop_begin(struct kvd *k)
 }
 
 /* A graceful shutdown is over: no connection and no in-process call left. */
-static int loop_stopped(const struct kvd *k)
+KVD_RESIDENT static int loop_stopped(const struct kvd *k)
 {
 	return k->stopping && !k->conns && !k->local;
 }
@@ -29264,7 +30028,7 @@ static void loop_forget(struct kvd *k, int fd)
 	if (!k->hl.io || fd < 0 || (size_t)fd >= k->anncap || !(a = &k->ann[fd])->ev)
 		return;
 	k->depth++;
-	(void)k->hl.io(k->hl.host, fd, 0, &a->slot); /* before the close: see [§36.6] */
+	(void)k->hl.io(k->hl.host, fd, 0, &a->slot); /* before the close: see [§37.6] */
 	k->depth--;
 	memset(a, 0, sizeof *a);
 }
@@ -29306,7 +30070,7 @@ static void loop_announce(struct kvd *k)
 		a->obj = k->slot[i].obj;
 		if (a->ev == ev)
 			continue;
-		/* [§36.6] a descriptor announced is open: kvd forgets before it closes */
+		/* [§37.6] a descriptor announced is open: kvd forgets before it closes */
 		(void)KVD_ALWAYS(fcntl(fd, F_GETFD) >= 0);
 		if (k->hl.io(k->hl.host, fd, ev, &a->slot)) { /* the host could not watch it */
 			if (a->kind == LOOP_CONN)
@@ -29315,7 +30079,7 @@ static void loop_announce(struct kvd *k)
 			a->gen = 0;
 			continue;
 		}
-		/* [§36.7] KVD_OUT only with output queued (loop_pollset) */
+		/* [§37.7] KVD_OUT only with output queued (loop_pollset) */
 		(void)KVD_NEVER((ev & KVD_OUT) && a->kind == LOOP_CONN && !BUF_LEN(&((struct conn *)a->obj)->out) &&
 		                !((struct conn *)a->obj)->want_write);
 		a->ev = ev;
@@ -29395,12 +30159,12 @@ KVD_RESIDENT static int loop_run(struct kvd *k, int timeout_ms)
 	return loop_stopped(k) ? KVD_ESTOPPED : 0;
 }
 
-/* ===== 37. Flags and configuration (cfg_) ================================ */
+/* ===== 38. Flags and configuration (cfg_) ================================ */
 
 /*
  * The flags: one table (cfg_flags) that the command line, the ETCD_*
  * variables, --config-file's YAML (cfg_yaml_) and --help all read;
- * kvd_config_parse (section 38) walks it.  Then what the flags lead to at
+ * kvd_config_parse (section 39) walks it.  Then what the flags lead to at
  * start: the member and cluster ids, the data dir and its lock.
  *
  * etcd's flag syntax (Go's flag package): -flag or --flag, "=value" or the
@@ -29530,6 +30294,9 @@ static const struct cfg_flag cfg_flags[] = {
 	CFG_S("restore-snapshot", restore_snapshot, NULL,
 	      "kvd: make the store from this etcd snapshot file (etcdctl snapshot save), then serve; "
 	      "refused if the data dir holds one"),
+	CFG_S("replicate-from", replicate_from, "",
+	      "kvd: follow this etcd cluster (comma list of http:// client URLs) as a revision-exact replica: its "
+	      "revisions applied here as they are, reads and watches served here, writes refused"),
 	CFG_N("skip-hash-check", CFG_BOOL, skip_hash_check, 0, 0,
 	      "with --restore-snapshot: do not require the file's SHA-256 trailer to match"),
 	CFG_S("snapshot-save", snapshot_save, NULL,
@@ -29795,7 +30562,7 @@ static int cfg_yaml_bad(struct cfg_yaml *y, const char *why, const char *what)
 
 static int cfg_yaml_put(struct cfg_yaml *y, char c)
 {
-	if (KVD_NEVER(y->w >= y->wend)) /* [§37.3] the store holds the text: nothing unescapes longer */
+	if (KVD_NEVER(y->w >= y->wend)) /* [§38.3] the store holds the text: nothing unescapes longer */
 		return cfg_yaml_bad(y, "too long", NULL);
 	*y->w++ = c;
 	return 0;
@@ -29997,6 +30764,7 @@ static const struct {
     {"kvd: storage and snapshots", "auto-rewrite auto-rewrite-percent auto-rewrite-min-bytes reserve-bytes "
                                    "restore-snapshot skip-hash-check snapshot-save salvage-log "},
     {"kvd: process", "daemon pid-file "},
+    {"kvd: replica (follows an etcd cluster)", "replicate-from "},
     {"kvd: confd (Ganeti's UDP protocol)", "confd-hmac-key-file confd-listen confd-ganeti-config-key "
                                            "confd-keyspace-prefix confd-user confd-max-clock-skew confd-rate-limit "
                                            "confd-global-rate-limit confd-replay-cache "},
@@ -30269,7 +31037,7 @@ static int cfg_read_file(struct kvd_config *cfg, char **store, char *err, size_t
 	return kvd_config_yaml(cfg, text, got, text + got + 1, got + 1, err + n, errlen - (size_t)n);
 }
 
-/* ===== 38. Public embedding API (kvd_) =================================== */
+/* ===== 39. Public embedding API (kvd_) =================================== */
 
 /* A start that failed: its reason in every log output configured (a file,
  * syslog, an embedder's kvd_set_log) besides stderr, where kvd_main and an
@@ -30290,7 +31058,7 @@ static void kvd_open_failed(struct kvd *k, const char *err)
  * configuration (kvd_config_init, kvd_config_parse, kvd_config_yaml), an
  * instance's life (kvd_open, kvd_poll, kvd_reload, kvd_shutdown,
  * kvd_close), the host's loop (kvd_pollfds and kvd_process; kvd_set_loop,
- * kvd_io and kvd_timeout: section 36 does the work), in-process calls
+ * kvd_io and kvd_timeout: section 37 does the work), in-process calls
  * (kvd_call and kvd_stream_*: section 16's carrier) and the typed calls
  * built on them (kvd_get ... kvd_watch, kvd_snapshot: a request built
  * here, an adapter reading the decoded answer for the host's callback),
@@ -30500,7 +31268,7 @@ KVD_RESIDENT KVD_API int kvd_config_parse(struct kvd_config *cfg, int argc, char
 	return 0;
 }
 
-/* --config-file's text (the reader's grammar: section 37, cfg_yaml_). */
+/* --config-file's text (the reader's grammar: section 38, cfg_yaml_). */
 KVD_API int kvd_config_yaml(struct kvd_config *cfg, const char *text, size_t len, char *store, size_t cap, char *err,
                             size_t errlen)
 {
@@ -30783,6 +31551,16 @@ KVD_RESIDENT KVD_API int kvd_open(const struct kvd_config *cfg, struct kvd **out
 	    (k->cfg.restore_snapshot && k->cfg.restore_snapshot[0] && (r = snap_restore(k, err, errlen))) ||
 	    (r = mvcc_open(k, err, errlen)) || (r = life_init(k, err, errlen)) || (r = confd_bind(k, err, errlen)))
 		goto fail; /* confd first: "serving client requests" means everything serves */
+	if (k->cfg.replicate_from && *k->cfg.replicate_from) { /* the store is open: it says where to follow from */
+		char **urls;
+		unsigned nurls;
+		if ((r = cfg_split(k, k->cfg.replicate_from, &urls, &nurls))) {
+			util_free_list(k, urls, nurls);
+			goto fail;
+		}
+		if ((r = repl_start(k, urls, nurls, err, errlen)))
+			goto fail;
+	}
 	for (i = 0; i < k->nls; i++) /* once every listener listens: "serving" means ready */
 		kvd_log(k, KVD_LOG_INFO, "serving %s on %s (%s)", k->ls[i].metrics ? "/metrics and /health" : "client requests",
 		        k->ls[i].name, k->ls[i].metrics ? (k->ls[i].tls ? "HTTPS" : "HTTP") : k->ls[i].tls ? "gRPC over TLS" : "gRPC over h2c");
@@ -30881,6 +31659,7 @@ KVD_API int kvd_close(struct kvd *k)
 	mvcc_close(k);
 	watch_fini(k);
 	lease_fini(k);
+	repl_fini(k); /* its connection went with the others */
 	auth_free(k);
 	share_fini(k);
 	for (; k->nmembers; k->nmembers--)
@@ -31753,16 +32532,16 @@ KVD_RESIDENT KVD_API int kvd_main(int argc, char **argv)
 	return r == KVD_ESTOPPED ? KVD_EXIT_OK : KVD_EXIT_RUNTIME;
 }
 
-/* ===== 39. main() ======================================================== */
+/* ===== 40. main() ======================================================== */
 
 /*
- * The program: main() is kvd_main() (section 38) and nothing more, so an
+ * The program: main() is kvd_main() (section 39) and nothing more, so an
  * embedder gets the same program from the public API; KVD_NO_MAIN leaves
  * it out when kvd.c is #included (the tests and fuzzers).
  *
  * Invariants:
  *   1. main only calls kvd_main: flags, signals and the loop are kvd_main's,
- *      through section 38's API (kvd_config_parse, kvd_open, kvd_poll,
+ *      through section 39's API (kvd_config_parse, kvd_open, kvd_poll,
  *      kvd_close), and so is the exit status (KVD_EXIT_OK, _RUNTIME,
  *      _CONFIG).
  */

@@ -657,7 +657,7 @@ def garbage():
     """Not HTTP/2, not an HTTP/1.x request, not TLS: SETTINGS, then GOAWAY
     PROTOCOL_ERROR (h2spec 3.5/2), and the connection closes; a TLS
     ClientHello gets a TLS alert.  Each is closed by its handler and freed
-    by net_reap alone [§36.2]: freed inside its handler, the loop would
+    by net_reap alone [§37.2]: freed inside its handler, the loop would
     read it after (an ASan report here)."""
     for junk in (os.urandom(5000), b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + os.urandom(3000),
                  b"\x16\x03\x01" + os.urandom(300), b"INVALID CONNECTION PREFACE\r\n\r\n",

@@ -7,7 +7,7 @@ set -u
 cd "$(dirname "$0")/.." || exit 1
 PY=/usr/bin/python3
 fail=0
-for t in interop abuse malformed diff etcdctl crash enospc lifecycle snapshot etcd37 h2client tls auth http1 gateway lock init memory watchdiff watch leasediff lease confd embed robustness; do
+for t in interop abuse malformed diff etcdctl crash enospc lifecycle snapshot etcd37 h2client tls auth http1 gateway lock init memory watchdiff watch leasediff lease confd embed robustness replica; do
 	echo "== test/$t.py"
 	KVD=./kvd KVD_TEST=./test/kvd-test $PY test/$t.py || fail=1
 done

@@ -4527,7 +4527,7 @@ static int yaml_try(struct kvd_config *cfg, const char *text, char *store, char 
 	return kvd_config_yaml(cfg, text, strlen(text), store, strlen(text) + 1, err, KVD_ERRLEN);
 }
 
-/* The reader is bounded [§37.3]: a store smaller than the text (and its
+/* The reader is bounded [§38.3]: a store smaller than the text (and its
  * NUL) is refused, and so is a mapping nested in a block. */
 static void test_config_yaml(void)
 {
@@ -4594,10 +4594,10 @@ static void t_cfg_field(const struct kvd_config *cfg, const struct cfg_flag *f, 
 }
 
 /*
- * One table [§37.1]: each cfg_flags line is the flag -- its default is
+ * One table [§38.1]: each cfg_flags line is the flag -- its default is
  * kvd_config_init's, --help lists it, and the command line, its ETCD_*
  * variable and its config file key all set the same field to the same
- * value.  [§37.2] A bad value is refused where it is read, its error
+ * value.  [§38.2] A bad value is refused where it is read, its error
  * naming the flag: not a number, below the line's minimum, not a
  * duration, not a boolean; and a feature gate kvd does not know.
  */
@@ -4720,7 +4720,7 @@ static int t_nfds(void)
 }
 
 /*
- * kvd_init copies what it keeps [§37.4] [§38.3]: the caller's struct
+ * kvd_init copies what it keeps [§38.4] [§39.3]: the caller's struct
  * kvd_config and its strings may go (here: scribbled over and freed) once
  * it returns, every string field is the instance's own (NULL becomes ""),
  * and kvd_close gives them back -- it reports no byte still allocated.
@@ -4780,9 +4780,9 @@ static int t_file_has(const char *path, const char *s)
 }
 
 /*
- * kvd_open's failures and kvd_close.  [§38.2] A configuration error is
- * KVD_EINVAL and changes nothing: no data dir, no socket file.  [§37.5] A
- * second kvd on a data dir finds it locked (KVD_EBUSY).  [§38.5] Each
+ * kvd_open's failures and kvd_close.  [§39.2] A configuration error is
+ * KVD_EINVAL and changes nothing: no data dir, no socket file.  [§38.5] A
+ * second kvd on a data dir finds it locked (KVD_EBUSY).  [§39.5] Each
  * failure ends in kvd_close, which frees the half-built instance whole --
  * the log (a file here) says "cannot start" and never "still allocated" --
  * and kvd_close writes a batch still open: a Put never flushed is there
@@ -4849,7 +4849,7 @@ static void test_kvd_open_and_close(void)
 }
 
 /*
- * A signal only writes a byte to the wake pipe [§38.4]: kvd_on_signal
+ * A signal only writes a byte to the wake pipe [§39.4]: kvd_on_signal
  * (SIGHUP, then SIGTERM) leaves the instance as it was -- nothing logged,
  * not stopping -- and the next kvd_poll acts on both: the reload, then the
  * shutdown.
@@ -5975,7 +5975,7 @@ static void test_gw_http1(void)
 }
 
 /*
- * Backpressure [§36.3]: a connection whose output is at KVD_MAX_OUTPUT (its
+ * Backpressure [§37.3]: a connection whose output is at KVD_MAX_OUTPUT (its
  * peer does not read) is not polled for input -- unless it is closing, to
  * see the peer's EOF -- and loop_flush hands it none of the input it
  * holds; once its output drains, the held request is served.
@@ -8319,9 +8319,9 @@ static void t_host_turn(struct t_host *h)
 
 /*
  * A host's loop hears of every descriptor kvd watches while it is open,
- * and hears it gone before kvd closes it [§36.6]; it is asked for KVD_OUT
+ * and hears it gone before kvd closes it [§37.6]; it is asked for KVD_OUT
  * only while output is queued, and for a timeout of 0 only while work is
- * pending: an idle instance leaves the host asleep [§36.7].
+ * pending: an idle instance leaves the host asleep [§37.7].
  */
 static void test_host_loop(void)
 {
@@ -8555,6 +8555,108 @@ static void test_local_oom(void)
 	       (unsigned long long)(n - 2), refused, oom, fine);
 	snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
 	CHECK(system(cmd) == 0);
+}
+
+/* ---- the replica (section 36) ----------------------------------------------- */
+
+/* An instance with a data dir of its own (dir: NULL, a new one), listening
+ * on url (NULL: none), following from (NULL: not a replica). */
+static struct kvd *t_repl_kvd(const char *url, const char *from, char *dir, size_t cap)
+{
+	struct kvd_config cfg;
+	struct kvd *k;
+	char err[KVD_ERRLEN];
+
+	if (!dir[0])
+		snprintf(dir, cap, "%s", t_tmpdir());
+	kvd_config_init(&cfg);
+	cfg.data_dir = dir;
+	cfg.listen_client_urls = url ? url : "";
+	cfg.replicate_from = from ? from : "";
+	cfg.log_outputs = "stderr";
+	cfg.log_level = KVD_LOG_ERROR;
+	if (kvd_open(&cfg, &k, err, sizeof err)) {
+		printf("kvd_open: %s\n", err);
+		exit(1);
+	}
+	kvd_set_log(k, t_quiet, NULL);
+	return k;
+}
+
+/* An event for repl_apply_rev. */
+static Mvccpb__Event *t_ev(Mvccpb__Event *e, Mvccpb__KeyValue *kv, int del, const char *key, int64_t create,
+                           int64_t mod, int64_t ver, int64_t lease)
+{
+	mvccpb__event__init(e);
+	mvccpb__key_value__init(kv);
+	e->type = del ? MVCCPB__EVENT__EVENT_TYPE__DELETE : MVCCPB__EVENT__EVENT_TYPE__PUT;
+	e->kv = kv;
+	kv->key.data = (uint8_t *)key, kv->key.len = strlen(key);
+	kv->value.data = (uint8_t *)"v", kv->value.len = del ? 0 : 1;
+	kv->create_revision = create, kv->mod_revision = mod, kv->version = ver, kv->lease = lease;
+	return e;
+}
+
+/* Key key's numbers in k's index: 1 when they are these (live). */
+static int t_nums(struct kvd *k, const char *key, int64_t create, int64_t mod, int64_t ver, int64_t lease)
+{
+	int eq;
+	struct mvcc_key *r = mvcc_at(&k->db, mvcc_seek(&k->db, (const uint8_t *)key, strlen(key), &eq));
+
+	return eq && (r->flags & MVCC_LIVE) && mvcc_k_create(&k->db, r) == create && r->mod == mod &&
+	       mvcc_k_ver(&k->db, r) == ver && mvcc_k_lease(&k->db, r) == lease;
+}
+
+/*
+ * The apply, without a network: one upstream revision is one txn whose
+ * numbers the store computes and the apply checks [§36.2]; a wrong
+ * create_revision, a version off by one, a revision applied twice, a gap,
+ * a delete of a key the store does not hold are each refused whole --
+ * no record, no revision [§36.1]; an unknown lease is granted (followed)
+ * in the same txn and never expires here.  Writes of the replica's own
+ * clients are refused (E_REPLICA).
+ */
+static void test_replica_apply(void)
+{
+	char dir[160] = "", why[256];
+	struct kvd *k = t_repl_kvd(NULL, "http://127.0.0.1:1", dir, sizeof dir);
+	Mvccpb__Event e[4], *v[4];
+	Mvccpb__KeyValue kv[4];
+	struct t_two res = {0};
+	size_t wlen;
+
+	v[0] = t_ev(&e[0], &kv[0], 0, "a", 2, 2, 1, 0);
+	CHECK(repl_apply_rev(k, v, 1, why, sizeof why) == 0 && k->db.rev == 2 && t_nums(k, "a", 2, 2, 1, 0));
+	v[0] = t_ev(&e[0], &kv[0], 0, "a", 2, 3, 2, 0);
+	v[1] = t_ev(&e[1], &kv[1], 0, "b", 3, 3, 1, 0x77);
+	CHECK(repl_apply_rev(k, v, 2, why, sizeof why) == 0 && k->db.rev == 3);
+	CHECK(t_nums(k, "a", 2, 3, 2, 0) && t_nums(k, "b", 3, 3, 1, 0x77) && lease_find(k, 0x77));
+	wlen = k->db.w.len;
+	/* the numbers, refused whole: the first event would apply, the second not */
+	v[0] = t_ev(&e[0], &kv[0], 0, "c", 4, 4, 1, 0);
+	v[1] = t_ev(&e[1], &kv[1], 0, "a", 3, 4, 3, 0); /* create_revision 2, not 3 */
+	CHECK(repl_apply_rev(k, v, 2, why, sizeof why) == KVD_ECORRUPT && strstr(why, "create_revision 2"));
+	CHECK(k->db.rev == 3 && k->db.w.len == wlen && !t_nums(k, "c", 4, 4, 1, 0));
+	v[1] = t_ev(&e[1], &kv[1], 0, "a", 2, 4, 2, 0); /* version 3, not 2 */
+	CHECK(repl_apply_rev(k, v, 2, why, sizeof why) == KVD_ECORRUPT && k->db.rev == 3);
+	v[0] = t_ev(&e[0], &kv[0], 0, "a", 2, 3, 2, 0); /* applied twice */
+	CHECK(repl_apply_rev(k, v, 1, why, sizeof why) == KVD_ECORRUPT && strstr(why, "applied already"));
+	v[0] = t_ev(&e[0], &kv[0], 0, "a", 2, 5, 3, 0); /* a gap */
+	CHECK(repl_apply_rev(k, v, 1, why, sizeof why) == KVD_ECORRUPT && strstr(why, "a gap"));
+	v[0] = t_ev(&e[0], &kv[0], 1, "zz", 0, 4, 0, 0); /* a delete of what is not there */
+	CHECK(repl_apply_rev(k, v, 1, why, sizeof why) == KVD_ECORRUPT && k->db.rev == 3 && k->db.w.len == wlen);
+	v[0] = t_ev(&e[0], &kv[0], 1, "b", 0, 4, 0, 0);
+	CHECK(repl_apply_rev(k, v, 1, why, sizeof why) == 0 && k->db.rev == 4 && !t_nums(k, "b", 3, 3, 1, 0x77));
+	t_host_turns(k, NULL, 5);
+	CHECK(k->db.rev_durable == 4);
+	/* its own clients' writes are refused; its followed lease does not expire */
+	CHECK(kvd_put(k, "x", 1, "1", 1, 0, t_two_result, &res) == 0);
+	t_host_turns(k, &res.done, 50);
+	CHECK(res.done == 1 && res.code == GRPC_FAILED_PRECONDITION && k->db.rev == 4);
+	CHECK(k->lease.followed && lease_find(k, 0x77));
+	CHECK(kvd_close(k) == 0);
+	snprintf(why, sizeof why, "rm -rf %s", dir);
+	CHECK(system(why) == 0);
 }
 
 /* ---- kvd as a client (section 30) ------------------------------------------ */
@@ -9118,6 +9220,153 @@ static int t_h2c_peer(const char *url, const char *file)
 	return !ok;
 }
 
+/* Write n keys and one cas on ks, a lease with two keys, a delete. */
+static void t_repl_writes(struct kvd *ks, int round)
+{
+	struct t_two t = {0};
+	char key[32], val[32];
+	int i, n = 0;
+
+	for (i = 0; i < 5; i++, n++) {
+		snprintf(key, sizeof key, "k%d", i % 3);
+		snprintf(val, sizeof val, "r%d-%d", round, i);
+		CHECK(kvd_put(ks, key, strlen(key), val, strlen(val), 0, t_two_result, &t) == 0);
+	}
+	CHECK(kvd_cas(ks, "k0", 2, 0, "no", 2, t_two_result, &t) == 0 && ++n);
+	CHECK(kvd_lease_grant(ks, 600, 0x100 + round, t_two_result, &t) == 0 && ++n);
+	t_host_turns(ks, NULL, 20);
+	CHECK(kvd_put(ks, "l1", 2, "x", 1, 0x100 + round, t_two_result, &t) == 0 && ++n);
+	CHECK(kvd_put(ks, "l2", 2, "y", 1, 0x100 + round, t_two_result, &t) == 0 && ++n);
+	CHECK(kvd_delete(ks, "k1", 2, t_two_result, &t) == 0 && ++n);
+	t_host_turns(ks, &t.done, 0); /* none: the loop below waits for all */
+	for (i = 0; i < 500 && t.done < n; i++)
+		t_host_turns(ks, NULL, 1);
+	CHECK(t.done == n && t.code == 0);
+}
+
+/* Turn both until the replica is at the server's revision (10 s at most). */
+static int t_repl_caught_up(struct kvd *ks, struct kvd *kc)
+{
+	int64_t end = util_now_ms() + 10000;
+
+	while (util_now_ms() < end && (kc->db.rev != ks->db.rev || kc->db.rev_durable != kc->db.rev))
+		t_cl_turns(kc, ks, NULL, 1);
+	return kc->db.rev == ks->db.rev;
+}
+
+/* The two stores hash alike at every revision, and their keys' numbers match. */
+static int t_repl_same(struct kvd *ks, struct kvd *kc)
+{
+	uint32_t ha, hb;
+	int64_t r;
+	struct mvcc_it it = {0, 0};
+	struct mvcc_key *x, *y;
+	int eq, ok = ks->db.rev == kc->db.rev;
+
+	for (r = 1; ok && r <= ks->db.rev; r++)
+		ok = !snap_hashkv(ks, r, &ha) && !snap_hashkv(kc, r, &hb) && ha == hb;
+	for (; ok && (x = mvcc_at(&ks->db, it)); mvcc_next(&ks->db, &it)) {
+		y = mvcc_at(&kc->db, mvcc_seek(&kc->db, x->key, x->klen, &eq));
+		ok = eq && x->mod == y->mod && (x->flags & MVCC_LIVE) == (y->flags & MVCC_LIVE) &&
+		     mvcc_k_create(&ks->db, x) == mvcc_k_create(&kc->db, y) && mvcc_k_ver(&ks->db, x) == mvcc_k_ver(&kc->db, y) &&
+		     mvcc_k_lease(&ks->db, x) == mvcc_k_lease(&kc->db, y);
+	}
+	return ok && ks->db.nkeys == kc->db.nkeys;
+}
+
+/*
+ * A replica of another kvd over loopback (kvd serves etcd's Watch and
+ * Snapshot): an empty store is seeded from the server's snapshot (puts, a
+ * cas, a lease with keys, a delete), then follows it (the lease's revoke:
+ * its keys' deletes in one revision), and hashes alike at every revision; closed, it misses
+ * writes, and opened again it resumes from its own revision + 1 (no
+ * reseed: it applies only what it missed); a watch that fails for a reason
+ * not the data's is opened again from the store's revision + 1, losing
+ * nothing [§36.3]; the server's compaction is found by the replica's probe
+ * and made there too, the hashes still alike.
+ */
+static void test_replica_follows(void)
+{
+	char sdir[160] = "", cdir[160] = "", url[128];
+	struct kvd *ks = t_repl_kvd("http://127.0.0.1:0", NULL, sdir, sizeof sdir), *kc;
+	struct t_two t = {0};
+	int64_t was;
+
+	t_repl_writes(ks, 1);
+	snprintf(url, sizeof url, "http://%s", ks->ls[0].name);
+	kc = t_repl_kvd(NULL, url, cdir, sizeof cdir);
+	CHECK(t_repl_caught_up(ks, kc) && t_repl_same(ks, kc));
+	CHECK(kc->repl->state == REPL_WATCHING && !kc->repl->seeding && kc->repl->snap_bytes > 0 && kc->repl->snap_fd < 0);
+	CHECK(kvd_lease_revoke(ks, 0x101, t_two_result, &t) == 0);
+	CHECK(t_repl_caught_up(ks, kc) && t_repl_same(ks, kc) && !t_nums(kc, "l1", 0, 0, 0, 0) && t.done == 1);
+	CHECK(kvd_close(kc) == 0);
+	/* offline: more writes; then it resumes */
+	t_repl_writes(ks, 2);
+	kc = t_repl_kvd(NULL, url, cdir, sizeof cdir);
+	was = kc->db.rev;
+	CHECK(was > 1 && was < ks->db.rev);
+	CHECK(t_repl_caught_up(ks, kc) && t_repl_same(ks, kc));
+	CHECK(kc->repl->revs == (uint64_t)(ks->db.rev - was) && kc->repl->resumes == 1); /* only what it missed */
+	/* a failure not the data's: the watch again, from revision + 1 */
+	repl_retry(kc, kc->repl, "test: the watch dropped");
+	CHECK(kc->repl->state == REPL_WAIT);
+	t_repl_writes(ks, 3);
+	CHECK(t_repl_caught_up(ks, kc) && t_repl_same(ks, kc) && kc->repl->resumes == 2);
+	CHECK(kc->repl->state == REPL_WATCHING);
+	/* the server compacts: the replica finds the point and compacts there too */
+	was = ks->db.rev - 3;
+	CHECK(mvcc_compact(ks, was) == 0);
+	{
+		int64_t end = util_now_ms() + 10000;
+		while (util_now_ms() < end && kc->db.compacted != was)
+			t_cl_turns(kc, ks, NULL, 1);
+	}
+	CHECK(kc->db.compacted == was && t_repl_caught_up(ks, kc) && t_repl_same(ks, kc));
+	CHECK(kvd_close(kc) == 0);
+	CHECK(kvd_close(ks) == 0);
+	{
+		char cmd[400];
+		snprintf(cmd, sizeof cmd, "rm -rf %s %s", sdir, cdir);
+		CHECK(system(cmd) == 0);
+	}
+}
+
+
+/* Ten thousand small revisions in bursts while the replica follows (its
+ * receive windows under a fast stream of small messages, the seed racing
+ * the first burst): it keeps up, to the same revision and hash. */
+static void test_replica_many_small(void)
+{
+	char sdir[160] = "", cdir[160] = "", url[128], key[32];
+	struct kvd *ks = t_repl_kvd("http://127.0.0.1:0", NULL, sdir, sizeof sdir), *kc;
+	struct t_two t = {0};
+	int i, j, ok = 1;
+	uint32_t ha = 0, hb = 1;
+
+	snprintf(url, sizeof url, "http://%s", ks->ls[0].name);
+	kc = t_repl_kvd(NULL, url, cdir, sizeof cdir);
+	ks->db.no_fsync = kc->db.no_fsync = 1; /* the windows are the point, not the disk */
+	CHECK(t_repl_caught_up(ks, kc));
+	for (i = 0; i < 10; i++) {
+		for (j = 0; j < 1000; j++) {
+			snprintf(key, sizeof key, "s/%d", (i * 1000 + j) % 500);
+			ok &= kvd_put(ks, key, strlen(key), "v", 1, 0, t_two_result, &t) == 0;
+		}
+		t_cl_turns(kc, ks, NULL, 2);
+	}
+	CHECK(ok && t_repl_caught_up(ks, kc) && kc->repl->state == REPL_WATCHING);
+	CHECK(ks->db.rev == 10001 && t.done == 10000 && kc->db.rev == ks->db.rev && kc->repl->revs > 5000);
+	CHECK(!snap_hashkv(ks, ks->db.rev, &ha) && !snap_hashkv(kc, kc->db.rev, &hb) && ha == hb);
+	CHECK(kvd_close(kc) == 0);
+	CHECK(kvd_close(ks) == 0);
+	{
+		char cmd[400];
+		snprintf(cmd, sizeof cmd, "rm -rf %s %s", sdir, cdir);
+		CHECK(system(cmd) == 0);
+	}
+}
+
+
 static const struct {
 	const char *name;
 	void (*fn)(void);
@@ -9238,6 +9487,9 @@ static const struct {
 	{"h2c_loopback", test_h2c_loopback},
 	{"h2c_server_goaway", test_h2c_server_goaway},
 	{"h2c_oom", test_h2c_oom},
+	{"replica_apply", test_replica_apply},
+	{"replica_follows", test_replica_follows},
+	{"replica_many_small", test_replica_many_small},
 };
 
 int main(int argc, char **argv)

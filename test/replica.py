@@ -1,0 +1,354 @@
+#!/usr/bin/python3
+"""kvd --replicate-from an etcd 3.7.3 (test/peers; without Go >= 1.26 every
+test here says SKIPPED, a failure under KVD_REQUIRE_GO_PEERS): the replica
+follows the cluster's Watch and keeps its numbers.  Every comparison is
+field by field against etcd itself, at a revision both have.
+
+- follows_etcd: etcd with history (puts, deletes, txns, a lease with
+  keys), then kvd --replicate-from it (an empty store is seeded from
+  etcd's snapshot, the watch opened first), then more writes through etcd: at the common revision HashKV
+  is equal (hash and compact_revision) and Range over every key is equal
+  field by field (key, value, create/mod revision, version, lease), at the
+  newest revision and at past ones; a watcher on the replica and one on
+  etcd from the same revision hear the same events, revision for
+  revision; writes to the replica are refused (FAILED_PRECONDITION, the
+  reason named).
+- seeds_from_compacted_etcd_under_writes: etcd compacted and a writer busy
+  while the replica seeds: the watch's events kept during the snapshot
+  and above its revision applied after it; equal state, and the
+  compaction point came with the snapshot.
+- resumes_after_kill9: kvd killed with SIGKILL, more writes on etcd, kvd
+  started again on its data dir: it resumes from its own revision + 1 (its
+  log says so, and that the store was not empty: no reseed), and the
+  hashes and ranges are equal again.
+- next_url_when_one_fails: two URLs, nobody on the first: the replica logs
+  why, tries the next, seeds and follows from it.
+- mirrors_compactions: etcd compacts (logical, then physical) while the
+  replica follows; the replica finds each point (a Range probe, halving)
+  and compacts there: Range below it refused as etcd refuses it, HashKV
+  (compact_revision too) and Range equal above it.
+- compacted_while_offline_must_reseed: etcd compacts past an offline
+  replica's revision; started again, the replica's watch is cancelled as
+  compacted and it logs "must reseed" with both revisions, applying
+  nothing (reseeding a non-empty store is not done yet).
+- lease_revoke_same_revision: a lease with keys revoked on etcd: the
+  replica deletes them at the revision etcd's revoke took, in one
+  revision, as etcd's watchers see it.
+Last line: "N passed, N failed".
+"""
+import os
+import signal
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib"))  # test/lib: kvdtest
+from kvdtest import Client, Etcd, Kvd, WatchStream, check, pb, run_tests, test, wait_for
+
+KVD = os.environ.get("KVD") or None
+
+
+def rpc():
+    return pb()["rpc"]
+
+
+def put(c, key, val, lease=0):
+    r = c.call("Put", rpc().PutRequest(key=key, value=val, lease=lease))
+    assert r[0] == "ok", r
+    return r[1].header.revision
+
+
+def revision(c):
+    r = c.call("Range", rpc().RangeRequest(key=b"\0", count_only=True, serializable=True))
+    return r[1].header.revision if r[0] == "ok" else -1
+
+
+def history(c, tag):
+    """Puts, overwrites, deletes, a multi-op txn, a lease with keys."""
+    m = rpc()
+    for i in range(20):
+        put(c, b"%s/k%02d" % (tag, i % 7), b"v%d" % i)
+    c.call("DeleteRange", m.DeleteRangeRequest(key=b"%s/k03" % tag))
+    c.call("DeleteRange", m.DeleteRangeRequest(key=b"%s/k05" % tag, range_end=b"%s/k07" % tag))
+    t = m.TxnRequest()
+    t.compare.add(key=b"%s/k00" % tag, target=m.Compare.VERSION, result=m.Compare.GREATER, version=0)
+    t.success.add().request_put.CopyFrom(m.PutRequest(key=b"%s/t1" % tag, value=b"a"))
+    t.success.add().request_put.CopyFrom(m.PutRequest(key=b"%s/k00" % tag, value=b"txn"))
+    t.success.add().request_delete_range.CopyFrom(m.DeleteRangeRequest(key=b"%s/k01" % tag))
+    t.failure.add().request_put.CopyFrom(m.PutRequest(key=b"%s/never" % tag, value=b"x"))
+    r = c.call("Txn", t)
+    assert r[0] == "ok" and r[1].succeeded, r
+    r = c.call("LeaseGrant", m.LeaseGrantRequest(TTL=600), service="etcdserverpb.Lease", resp="LeaseGrantResponse")
+    assert r[0] == "ok", r
+    lid = r[1].ID
+    put(c, b"%s/l1" % tag, b"x", lid)
+    put(c, b"%s/l2" % tag, b"y", lid)
+    put(c, b"%s/l2" % tag, b"y2", lid)
+    return lid
+
+
+def caught_up(kc, ec, timeout=30):
+    """Wait until the replica is at etcd's revision; that revision, or -1."""
+    want = revision(ec)
+    ok = wait_for(lambda: revision(kc) == want, timeout, 0.02)
+    return want if ok else -1
+
+
+def hashkv(c, rev):
+    r = c.call("HashKV", rpc().HashKVRequest(revision=rev), service="etcdserverpb.Maintenance", resp="HashKVResponse")
+    return (r[1].hash, r[1].compact_revision, r[1].hash_revision) if r[0] == "ok" else r
+
+
+def kvs(c, rev=0):
+    r = c.call("Range", rpc().RangeRequest(key=b"\0", range_end=b"\0", revision=rev))
+    if r[0] != "ok":
+        return r
+    return [(kv.key, kv.value, kv.create_revision, kv.mod_revision, kv.version, kv.lease) for kv in r[1].kvs]
+
+
+def same_state(kc, ec, rev, what):
+    """HashKV and Range equal at rev and at a few revisions below it."""
+    hk, he = hashkv(kc, rev), hashkv(ec, rev)
+    ok = check(hk == he and len(he) == 3 and he[2] == rev, "%s: HashKV at %d: kvd %s, etcd %s" % (what, rev, hk, he))
+    for r in sorted({rev, max(1, rev - 1), max(1, rev // 2), 2}):
+        a, b = kvs(kc, r), kvs(ec, r)
+        ok = check(a == b and (r < 2 or bool(a)), "%s: Range at %d differs:\n kvd  %s\n etcd %s" % (what, r, a, b)) and ok
+    a, b = kvs(kc), kvs(ec)
+    ok = check(a == b, "%s: Range at the newest revision differs" % what) and ok
+    return ok
+
+
+def events(ws, upto):
+    """The watch's events up to revision upto, flattened, once it heard them."""
+    def flat():
+        out = []
+        for resp in ws.got:
+            for e in resp.events:
+                out.append((e.type, e.kv.key, e.kv.value, e.kv.create_revision, e.kv.mod_revision, e.kv.version,
+                            e.kv.lease))
+        return out
+    wait_for(lambda: any(x[4] >= upto for x in flat()), 20, 0.02)
+    return [x for x in flat() if x[4] <= upto]
+
+
+def replica(e, data_dir=None):
+    return Kvd(KVD, args=["--replicate-from", e.url], data_dir=data_dir)
+
+
+@test
+def follows_etcd():
+    e = Etcd()
+    ec = Client(e.endpoint())
+    history(ec, b"a")
+    k = replica(e)
+    kc = Client(k.endpoint())
+    rev = caught_up(kc, ec)
+    check(rev > 20, "the replica reached etcd's revision %d: at %d" % (revision(ec), revision(kc)))
+    check("the store is empty, seeding it from a snapshot" in k.logtext() and "replica: seeded from a snapshot" in
+          k.logtext(), "an empty store is seeded from a snapshot: %s" % k.logtext()[-1500:])
+    same_state(kc, ec, rev, "seeded")
+    # watchers from the same revision, on both, while etcd takes more writes
+    wk, we = WatchStream(k.endpoint()), WatchStream(e.endpoint())
+    for w in (wk, we):
+        w.create(key=b"\0", range_end=b"\0", start_revision=rev - 5)
+    history(ec, b"b")
+    rev2 = caught_up(kc, ec)
+    check(rev2 > rev, "the replica follows live writes: %d > %d" % (rev2, rev))
+    same_state(kc, ec, rev2, "live")
+    check("must reseed" not in k.logtext(), "the replica never stopped: %s" % k.logtext()[-800:])
+    a, b = events(wk, rev2), events(we, rev2)
+    check(a == b and len(a) > 20, "the same events from revision %d: kvd %d, etcd %d\n kvd  %s\n etcd %s" %
+          (rev - 5, len(a), len(b), a[:6], b[:6]))
+    wk.close()
+    we.close()
+    # the replica's own clients cannot write
+    r = kc.call("Put", rpc().PutRequest(key=b"x", value=b"y"))
+    check(r[0] == "err" and r[1] == "FAILED_PRECONDITION" and "replica" in r[2], "a Put to the replica: %s" % (r,))
+    r = kc.call("LeaseGrant", rpc().LeaseGrantRequest(TTL=60), service="etcdserverpb.Lease", resp="LeaseGrantResponse")
+    check(r[0] == "err" and r[1] == "FAILED_PRECONDITION", "a LeaseGrant to the replica: %s" % (r,))
+    check(revision(kc) == rev2, "nothing was written")
+    k.stop()
+    e.stop()
+
+
+@test
+def seeds_from_compacted_etcd_under_writes():
+    """etcd compacted (a whole-history watch would be cancelled), and a
+    writer busy while the replica seeds: the snapshot, then the watch's
+    kept events above its revision, leave the replica equal to etcd."""
+    import threading
+    e = Etcd()
+    ec = Client(e.endpoint())
+    history(ec, b"a")
+    for i in range(24):  # a snapshot of some 24 MB: the writer goes on while it streams
+        put(ec, b"big/%d" % i, os.urandom(1 << 20))
+    crev = revision(ec) - 4
+    r = ec.call("Compact", rpc().CompactionRequest(revision=crev, physical=True))
+    check(r[0] == "ok", "etcd compacted at %d: %s" % (crev, r))
+    stop = threading.Event()
+    wc = Client(e.endpoint())
+
+    def writer():
+        i = 0
+        while not stop.is_set():
+            put(wc, b"w/%d" % (i % 50), b"%d" % i)
+            i += 1
+    t = threading.Thread(target=writer, daemon=True)
+    t.start()
+    k = replica(e)
+    kc = Client(k.endpoint())
+    wait_for(lambda: "replica: seeded from a snapshot" in k.logtext(), 30, 0.02)
+    wait_for(lambda: revision(kc) > crev + 50, 30, 0.02)
+    stop.set()
+    t.join(30)
+    rev = caught_up(kc, ec)
+    log = k.logtext()
+    check(rev > crev + 50, "caught up with the writer: %d; the replica's log:\n%s" %
+          (rev, "".join(x for x in k.log if "replica" in x)[-3000:]))
+    check("replica: seeded from a snapshot" in log and "must reseed" not in log, "seeded: %s" % log[-1500:])
+    import re
+    m = re.search(r"replica: (\d+) revisions the watch kept while seeding applied", log)
+    check(m is not None, "the kept revisions were applied: %s" % log[-1500:])
+    print("  %s revisions kept during the seed and applied after it" % (m.group(1) if m else "?"))
+    same_state(kc, ec, rev, "seeded under writes")
+    check(hashkv(kc, rev)[1] == crev, "the compaction came with the snapshot: %s" % (hashkv(kc, rev),))
+    k.stop()
+    e.stop()
+
+
+@test
+def resumes_after_kill9():
+    e = Etcd()
+    ec = Client(e.endpoint())
+    history(ec, b"a")
+    k = replica(e)
+    kc = Client(k.endpoint())
+    rev = caught_up(kc, ec)
+    check(rev > 0, "caught up before the kill")
+    d = k.dir
+    k.stop(sig=signal.SIGKILL)
+    kc.close()
+    history(ec, b"b")
+    k = replica(e, data_dir=d)
+    kc = Client(k.endpoint())
+    rev2 = caught_up(kc, ec)
+    log = k.logtext()
+    check(rev2 > rev, "resumed to etcd's revision: %d" % rev2)
+    check("resuming from the store's revision %d (no reseed)" % rev in log and "the store is empty" not in log,
+          "the restart resumed from revision %d without a reseed: %s" % (rev, log[-1500:]))
+    check("watching %s from revision %d" % (e.url, rev + 1) in log, "its watch starts at %d" % (rev + 1))
+    same_state(kc, ec, rev2, "resumed")
+    check("must reseed" not in k.logtext(), "the replica never stopped: %s" % k.logtext()[-800:])
+    k.stop()
+    e.stop()
+
+
+@test
+def next_url_when_one_fails():
+    """--replicate-from with two URLs, the first where nobody listens: the
+    replica says why it failed, tries the next, seeds and follows."""
+    from kvdtest import free_port
+    e = Etcd()
+    ec = Client(e.endpoint())
+    history(ec, b"a")
+    dead = "http://127.0.0.1:%d" % free_port()
+    k = Kvd(KVD, args=["--replicate-from", "%s,%s" % (dead, e.url)])
+    kc = Client(k.endpoint())
+    rev = caught_up(kc, ec)
+    log = k.logtext()
+    check(rev > 0 and ("replica: %s:" % dead) in log and "replica: seeded from a snapshot of %s" % e.url in log,
+          "the dead URL failed, the next one served: %s" % log[-1500:])
+    same_state(kc, ec, rev, "from the second URL")
+    k.stop()
+    e.stop()
+
+
+@test
+def mirrors_compactions():
+    """etcd compacts (logically, then physically) while the replica
+    follows: the replica finds each compaction point and compacts there
+    (its log says so); Range below it is refused with etcd's error, and
+    HashKV (compact_revision included) and Range agree above it."""
+    e = Etcd()
+    ec = Client(e.endpoint())
+    history(ec, b"a")
+    k = replica(e)
+    kc = Client(k.endpoint())
+    caught_up(kc, ec)
+    for physical, tag in ((False, b"b"), (True, b"c")):
+        history(ec, tag)
+        crev = revision(ec) - 5
+        r = ec.call("Compact", rpc().CompactionRequest(revision=crev, physical=physical))
+        check(r[0] == "ok", "etcd compacted at %d: %s" % (crev, r))
+        put(ec, tag + b"/after", b"1")
+        rev = caught_up(kc, ec)
+        ok = wait_for(lambda: "replica: compacted at revision %d, as the cluster" % crev in k.logtext(), 20, 0.05)
+        check(ok, "the replica compacted at %d: %s" % (crev, k.logtext()[-1000:]))
+        a, b = kvs(kc, crev - 1), kvs(ec, crev - 1)
+        check(a == b and a[0] == "err" and a[1] == "OUT_OF_RANGE", "Range below the compaction: kvd %s, etcd %s" %
+              (a, b))
+        same_state(kc, ec, rev, "compacted at %d (physical %s)" % (crev, physical))
+    check("must reseed" not in k.logtext(), "the replica never stopped")
+    k.stop()
+    e.stop()
+
+
+@test
+def compacted_while_offline_must_reseed():
+    """The replica offline while etcd writes and compacts past its
+    revision: started again, its watch is cancelled as compacted, and it
+    says so -- "must reseed", a clear state -- applying nothing, serving
+    what it had (reseeding a store that is not empty is not done yet)."""
+    e = Etcd()
+    ec = Client(e.endpoint())
+    history(ec, b"a")
+    k = replica(e)
+    kc = Client(k.endpoint())
+    rev = caught_up(kc, ec)
+    before = kvs(kc)
+    d = k.dir
+    k.stop(sig=signal.SIGKILL)
+    kc.close()
+    history(ec, b"b")
+    crev = revision(ec) - 2
+    r = ec.call("Compact", rpc().CompactionRequest(revision=crev, physical=True))
+    check(r[0] == "ok", "etcd compacted at %d" % crev)
+    k = replica(e, data_dir=d)
+    kc = Client(k.endpoint())
+    said = wait_for(lambda: "must reseed" in k.logtext(), 30, 0.02)
+    line = [x for x in k.log if "must reseed" in x]
+    check(said and "compacted past revision %d (its compaction is at %d)" % (rev + 1, crev) in line[0],
+          "the compacted cancel is a clear state: %s" % (line or k.logtext()[-1500:]))
+    check(revision(kc) == rev and kvs(kc) == before, "nothing applied; the store served as it was")
+    k.stop()
+    e.stop()
+
+
+@test
+def lease_revoke_same_revision():
+    m = rpc()
+    e = Etcd()
+    ec = Client(e.endpoint())
+    lid = history(ec, b"a")
+    k = replica(e)
+    kc = Client(k.endpoint())
+    rev = caught_up(kc, ec)
+    wk, we = WatchStream(k.endpoint()), WatchStream(e.endpoint())
+    for w in (wk, we):
+        w.create(key=b"\0", range_end=b"\0", start_revision=rev + 1)
+    r = ec.call("LeaseRevoke", m.LeaseRevokeRequest(ID=lid), service="etcdserverpb.Lease", resp="LeaseRevokeResponse")
+    check(r[0] == "ok", "revoke on etcd: %s" % (r,))
+    rrev = r[1].header.revision
+    check(caught_up(kc, ec) == rrev, "the replica reached the revoke's revision %d" % rrev)
+    a, b = events(wk, rrev), events(we, rrev)
+    check(a == b and len(a) == 2 and all(x[0] == 1 and x[4] == rrev for x in a),
+          "the lease's keys deleted at revision %d on both: kvd %s, etcd %s" % (rrev, a, b))
+    check(kvs(kc) == kvs(ec) and not [x for x in kvs(kc) if x[5]], "no leased key left on the replica")
+    same_state(kc, ec, rrev, "revoked")
+    check("must reseed" not in k.logtext(), "the replica never stopped: %s" % k.logtext()[-800:])
+    wk.close()
+    we.close()
+    k.stop()
+    e.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(run_tests(sys.argv))
