@@ -240,6 +240,12 @@
  *     mvcc_txn_end §10 > loop_log_flush §37 > watch_emit_live §25 (the
  *     replica's own watchers); a seed: repl_snap_start §36 > repl_on_snap §36
  *     > snap_adopt §15 > snap_import_file §15 > mvcc_open §10
+ *   - a replica's write, forwarded: call_message §16 > repl_take §36 (the
+ *     call held) > grpc_cl_call §30 > ... > repl_on_fwd §36 (the cluster's
+ *     answer) > repl_wake §36 (once repl_response §36 applied its revision)
+ *     > repl_serve §36 > call_reply §16; a linearizable read: repl_take §36
+ *     > repl_lin_probe §36 > repl_on_lin §36 > repl_wake §36 > repl_serve
+ *     §36 > svc_range_rpc §19
  *   - a snapshot export: svc_snapshot_rpc §22 > svc_snapshot_produce §22 >
  *     svc_snapshot_send §22 > snap_chunk §14 > snap_plan §14 > snap_next_node §14 > call_send §16
  */
@@ -617,7 +623,8 @@ static const char *const grpc_code_names[] = {"OK", "Canceled", "Unknown", "Inva
 #define E_NAME_NUL "kvd: a user or role name holding a NUL byte is not supported"
 #define E_OOM "kvd: out of memory" /* kvd's one word for every allocation that failed */
 #define E_REPLICA "kvd: a replica (--replicate-from) takes no writes of its own: write to the cluster " \
-                  "(forwarding is not done yet)"
+                  "(it forwards Put, DeleteRange, Txn, Compact and lease grants and revokes unless " \
+                  "--replica-read-only or auth is on; not this one)"
 #define E_AUTH_FAILED "etcdserver: authentication failed, invalid user ID or password"
 #define E_AUTH_NO_PASSWORD "auth: authentication failed, password was given for no password user"
 #define E_PERM_NOT_GIVEN "etcdserver: permission not given"
@@ -1086,6 +1093,10 @@ struct kvd {
 	uint64_t in_held;            /* request bytes buffered in all (--max-request-buffer) */
 	struct kvd_stats st;
 	struct repl *repl;           /* --replicate-from (section 36), NULL: not a replica */
+	/* a replica's (section 36): takes a decoded call before its handler
+	 * runs -- a write to forward, a linearizable read to hold -- and then
+	 * owns call->rq; 1 if taken.  NULL: every call goes to its handler */
+	int (*call_take)(struct kvd *k, struct call *call);
 };
 
 /*
@@ -12334,6 +12345,11 @@ struct call {
 	size_t cnlen;
 	unsigned vouched : 1;       /* the carrier vouches for cn whatever --client-cert-auth says (in-process) */
 	int64_t at_rev;             /* the revision an answer shows where its messages do not say (Snapshot) */
+	/* a layer above holds the call for now (a replica's forwarded write or
+	 * linearizable read: k->call_take, section 36), and is told here when
+	 * the call goes before it answered; NULL: nobody holds it */
+	void (*parked)(struct kvd *k, struct call *call);
+	void *park;
 };
 
 /* A call is routed through the method table (16 -> 26): */
@@ -12379,6 +12395,8 @@ static void call_fini(struct kvd *k, struct call *call)
 			        (long long)(us % 1000), grpc_code_names[call->finished && call->status >= 0 && call->status < 17 ? call->status : GRPC_CANCELLED],
 			        (unsigned long)call->rq_bytes, (unsigned long)call->rs_bytes);
 	}
+	if (call->parked) /* whoever held it lets go */
+		call->parked(k, call);
 	if (call->m && call->m->on_close)
 		call->m->on_close(k, call);
 	if (call->held) /* its reply was waiting for the log flush */
@@ -12659,7 +12677,8 @@ static void call_message(struct kvd *k, struct call *call, const uint8_t *p, siz
 		return;
 	call->raw.p = p;
 	call->raw.n = n;
-	call->m->on_msg(k, call);
+	if (!k->call_take || !k->call_take(k, call)) /* a replica may take it: it then owns call->rq */
+		call->m->on_msg(k, call);
 	if (k->stopping) /* begun while kvd stops: a stream ends at once */
 		svc_stop_call(k, call);
 	pb_free(k, call->rq);
@@ -27978,9 +27997,10 @@ static int http1_check_flags(const struct kvd *k, char *err, size_t errlen)
  * one writer (mvcc_txn_begin, mvcc_put, mvcc_del, mvcc_txn_end: section
  * 10) and its group commit, so the log keeps one owner and the replica's
  * own watchers hear the events from the store's usual path (section 25),
- * with the cluster's revisions.  Reads and watches are served locally;
- * writes from kvd's own clients are refused (svc_writable, E_REPLICA):
- * forwarding them to the cluster comes later.
+ * with the cluster's revisions.  Serializable reads and watches are
+ * served locally; writes and linearizable reads are held while the cluster
+ * is asked (repl_take, below); what is not forwarded is refused
+ * (svc_writable, E_REPLICA).
  *
  * The data: the replication watch is one Watch call (grpc_cl_call,
  * section 30) on a client connection to the first URL (the others are
@@ -28028,6 +28048,10 @@ static int http1_check_flags(const struct kvd *k, char *err, size_t errlen)
  *   3. A failure that is not the data's (memory, the connection, the
  *      watch ending) loses nothing: the watch is opened again, after a
  *      back-off, from the store's revision + 1 (repl_retry).
+ *   4. A call the replica holds is answered once, and only when the store
+ *      holds the revision it waits for: a forwarded write's answer's own, a
+ *      linearizable read's probe's -- so what its client reads of the
+ *      replica next shows it (repl_serve); else it ends with an error.
  */
 
 #if !defined(KVD_NO_NET) && !defined(KVD_NO_SNAPSHOT)
@@ -28068,6 +28092,41 @@ struct repl {
 	uint64_t revs, events, resumes; /* revisions and events applied; watches (re)opened */
 	int64_t upstream_rev;        /* the last header revision heard */
 	char why[256];               /* why it must reseed */
+	struct repl_wait *waits, **wtail; /* calls held: forwarded writes, linearizable reads (arrival order) */
+	struct grpc_cl_stream *lp;   /* the linearizable reads' probe in flight, NULL if none */
+	unsigned lp_stale;
+	int64_t lp_rev;              /* its answer's header revision */
+	uint64_t forwarded, linear;  /* writes forwarded, linearizable reads served */
+};
+
+/*
+ * A call the replica holds (repl_take): a write forwarded to the cluster,
+ * answered with the cluster's answer once the store has applied the
+ * revision it shows; or a linearizable read, served by its own handler
+ * once the store has applied the revision a linearizable probe of the
+ * cluster showed.  Freed once nobody refers to it: the call answered or
+ * gone (call NULL) and the upstream call ended (up NULL) -- repl_sweep.
+ */
+enum repl_stage {
+	RW_QUEUED,  /* waits for the connection (a write) or for the next probe (a read) */
+	RW_SENT,    /* forwarded: the cluster's answer is awaited */
+	RW_PROBED,  /* a read the probe in flight covers */
+	RW_APPLY    /* the store's revision must reach need */
+};
+struct repl_wait {
+	struct repl_wait *next;
+	struct repl *rp;
+	struct call *call;           /* NULL once answered or gone */
+	struct grpc_cl_stream *up;   /* the forwarded call, until its last callback */
+	unsigned fwd : 1;            /* a write to forward (else a linearizable read) */
+	unsigned up_stale : 1;       /* up was cancelled: its last callback changes nothing */
+	enum repl_stage stage;
+	int64_t need;                /* RW_APPLY: the revision the store must reach */
+	int64_t deadline;            /* monotonic ms: etcd's request timeout */
+	ProtobufCMessage *rq;        /* the request, owned (the read's handler gets it back) */
+	uint8_t *raw;                /* its bytes, owned */
+	size_t nraw;
+	ProtobufCMessage *rs;        /* forwarded: the cluster's answer, owned */
 };
 
 /* Stop following: the store and the cluster differ (or may), and only a
@@ -28094,6 +28153,9 @@ static void repl_snap_done(struct kvd *k, struct repl *rp)
 	unlink(path);
 }
 
+static void repl_waits_dropped(struct kvd *k, struct repl *rp);
+static void repl_wake(struct kvd *k, struct repl *rp);
+
 static void repl_drop(struct kvd *k, struct repl *rp)
 {
 	if (rp->ws) {
@@ -28110,6 +28172,12 @@ static void repl_drop(struct kvd *k, struct repl *rp)
 		rp->probe_stale++;
 	}
 	rp->ps = NULL;
+	if (rp->lp) {
+		grpc_cl_cancel(k, rp->lp);
+		rp->lp_stale++;
+	}
+	rp->lp = NULL;
+	repl_waits_dropped(k, rp);
 	repl_snap_done(k, rp);
 	if (rp->cl)
 		grpc_cl_close(k, rp->cl);
@@ -28230,8 +28298,10 @@ static void repl_response(struct kvd *k, struct repl *rp, int64_t above)
 
 	for (i = 0; i < rp->nfrag; i++)
 		n += rp->frag[i]->n_events;
-	if (!n)
+	if (!n) {
+		repl_wake(k, rp); /* a seed's snapshot may hold what a held call waits for */
 		return;
+	}
 	if (n > SIZE_MAX / sizeof *ev) {
 		repl_retry(k, rp, E_OOM);
 		return;
@@ -28251,6 +28321,7 @@ static void repl_response(struct kvd *k, struct repl *rp, int64_t above)
 		repl_must_reseed(k, rp, why);
 	else if (r)
 		repl_retry(k, rp, r == KVD_ENOMEM ? E_OOM : k->db.broken ? k->db.why : "the store refused the write");
+	repl_wake(k, rp); /* held calls whose revision the store now holds */
 }
 
 /*
@@ -28564,12 +28635,355 @@ static void repl_probe(struct kvd *k, struct repl *rp)
 	repl_probe_send(k, rp, KVD_MAX(k->db.compacted, 1));
 }
 
+/*
+ * Writes and linearizable reads (etcd-replica.md 4.2).  A replica takes
+ * them before their handlers (k->call_take = repl_take, section 16's
+ * call_message):
+ *   - a write (Put, DeleteRange, Txn, Compact, LeaseGrant, LeaseRevoke,
+ *     LeaseTimeToLive: what needs the cluster's state or changes it) is
+ *     forwarded as its request bytes, on the replication connection, and
+ *     the cluster's answer goes back to the client once the store has
+ *     applied the revision that answer shows (its header's): a read of the
+ *     replica that follows sees the write (read-your-writes).  An error
+ *     goes back as the cluster said it, at once.
+ *   - a linearizable Range (serializable false) waits for a probe: a
+ *     linearizable count-only Range of one key on the cluster, whose
+ *     header revision R is at least every revision committed before the
+ *     probe was sent; the read is then served here by its own handler once
+ *     the store holds R.  One probe covers every read that came before it
+ *     was sent (read.go's batching); reads that come meanwhile wait for
+ *     the next.
+ * Either ends Unavailable "etcdserver: request timed out" after etcd's
+ * request timeout (REPL_REQ_TIMEOUT_MS) -- the cluster unreachable, the
+ * watch behind -- as a member cut off from its leader answers.  With
+ * --replica-read-only, with auth on, or in a replica that must reseed,
+ * nothing is taken: writes are refused by their handlers (svc_writable).
+ */
+#define REPL_REQ_TIMEOUT_MS 7000 /* etcd's ReqTimeout: 5 s + 2 x the election timeout (1 s) */
+#define E_REQ_TIMEOUT "etcdserver: request timed out"
+
+static const char *const repl_forwarded[] = {
+	"/etcdserverpb.KV/Put", "/etcdserverpb.KV/DeleteRange", "/etcdserverpb.KV/Txn", "/etcdserverpb.KV/Compact",
+	"/etcdserverpb.Lease/LeaseGrant", "/etcdserverpb.Lease/LeaseRevoke", "/etcdserverpb.Lease/LeaseTimeToLive",
+};
+
+/* The answer's header revision: field 1 of every etcd response is its
+ * ResponseHeader (revision: field 3).  0 if it has none. */
+static int64_t repl_header_rev(const ProtobufCMessage *rs)
+{
+	const ProtobufCFieldDescriptor *f = protobuf_c_message_descriptor_get_field(rs->descriptor, 1);
+	const Etcdserverpb__ResponseHeader *h;
+
+	if (!f || f->type != PROTOBUF_C_TYPE_MESSAGE || f->descriptor != &etcdserverpb__response_header__descriptor)
+		return 0;
+	memcpy(&h, (const char *)rs + f->offset, sizeof h);
+	return h ? h->revision : 0;
+}
+
+/* The held call ends with code and text (or was answered: code < 0); the
+ * wait is freed by the next sweep once its upstream call ended too. */
+static void repl_end(struct kvd *k, struct repl_wait *w, int code, const char *text)
+{
+	struct call *call = w->call;
+
+	if (!call)
+		return;
+	w->call = NULL;
+	call->parked = NULL;
+	call->park = NULL;
+	if (code >= 0)
+		call_finish(k, call, code, "%s", text);
+}
+
+/* Answer a wait whose revision the store holds: the cluster's answer
+ * (forwarded), or the read's own handler, run here as call_message runs it. */
+static void repl_serve(struct kvd *k, struct repl *rp, struct repl_wait *w)
+{
+	struct call *call = w->call;
+
+	(void)KVD_ALWAYS(w->stage == RW_APPLY && k->db.rev >= w->need); /* [§36.4] */
+	repl_end(k, w, -1, NULL);
+	if (w->fwd) {
+		rp->forwarded++;
+		call_reply(k, call, w->rs);
+		return;
+	}
+	rp->linear++;
+	call->rq = w->rq;
+	w->rq = NULL;
+	call->raw.p = w->raw;
+	call->raw.n = w->nraw;
+	call->m->on_msg(k, call);
+	pb_free(k, call->rq);
+	call->rq = NULL;
+	call->raw.n = 0;
+}
+
+/* Free the waits nobody refers to any more. */
+static void repl_sweep(struct kvd *k, struct repl *rp)
+{
+	struct repl_wait **pp = &rp->waits, *w;
+
+	while ((w = *pp))
+		if (!w->call && !w->up) {
+			*pp = w->next;
+			pb_free(k, w->rq);
+			pb_free(k, w->rs);
+			kvd_free(k, w->raw);
+			kvd_free(k, w);
+		} else {
+			pp = &w->next;
+		}
+	for (rp->wtail = &rp->waits; *rp->wtail; rp->wtail = &(*rp->wtail)->next)
+		;
+}
+
+/* The store's revision moved (or a probe answered): serve what it reached. */
+static void repl_wake(struct kvd *k, struct repl *rp)
+{
+	struct repl_wait *w;
+
+	for (w = rp->waits; w; w = w->next)
+		if (w->call && w->stage == RW_APPLY && k->db.rev >= w->need)
+			repl_serve(k, rp, w);
+	repl_sweep(k, rp);
+}
+
+/* A held call's client went before its answer (call_fini). */
+static void repl_gone(struct kvd *k, struct call *call)
+{
+	struct repl_wait *w = call->park;
+
+	w->call = NULL;
+	if (w->up && !w->up_stale) { /* the cluster need not answer it any more */
+		grpc_cl_cancel(k, w->up);
+		w->up_stale = 1;
+	}
+}
+
+/* The cluster's answer to a forwarded call, then its end. */
+static int repl_on_fwd(void *arg, const struct kvd_reply *r)
+{
+	struct repl_wait *w = arg;
+	struct repl *rp = w->rp;
+	struct kvd *k = rp->k;
+	int oom = 0;
+
+	if (!r->last) { /* a unary call's one answer */
+		if (w->call && !w->rs && !(w->rs = pb_unpack(k, w->call->m->resp, r->data, r->len, &oom)))
+			repl_end(k, w, oom ? GRPC_RESOURCE_EXHAUSTED : GRPC_INTERNAL,
+			         oom ? E_OOM : "kvd: the cluster's answer does not parse");
+		return 0;
+	}
+	w->up = NULL;
+	if (!w->call || w->up_stale)
+		repl_end(k, w, GRPC_UNAVAILABLE, E_REQ_TIMEOUT);
+	else if (r->code) /* the cluster's own error, as it said it */
+		repl_end(k, w, r->code, r->text);
+	else if (!w->rs)
+		repl_end(k, w, GRPC_INTERNAL, "kvd: the cluster answered without a message");
+	else {
+		w->stage = RW_APPLY;
+		w->need = repl_header_rev(w->rs);
+		if (!strcmp(w->call->m->path, "/etcdserverpb.KV/Compact"))
+			rp->next_probe = 0; /* find the compaction now, not in REPL_PROBE_MS */
+	}
+	repl_wake(k, rp);
+	return 0;
+}
+
+/* Forward a queued write on the connection, if there is one. */
+static void repl_fwd_send(struct kvd *k, struct repl *rp, struct repl_wait *w)
+{
+	if (!rp->cl || rp->state != REPL_WATCHING)
+		return; /* queued until the watch is open again, or the timeout */
+	if (grpc_cl_call(k, rp->cl, w->call->m->path, w->raw, w->nraw, repl_on_fwd, w, &w->up)) {
+		w->up = NULL;
+		return;
+	}
+	grpc_cl_half_close(k, w->up);
+	grpc_cl_deadline(k, w->up, (long)KVD_MAX(w->deadline - k->now, 1));
+	w->stage = RW_SENT;
+}
+
+/* The linearizable probe's answer (its header revision), then its end. */
+static int repl_on_lin(void *arg, const struct kvd_reply *r)
+{
+	struct repl *rp = arg;
+	struct kvd *k = rp->k;
+	Etcdserverpb__RangeResponse *m;
+	struct repl_wait *w;
+
+	if (r->last && rp->lp_stale) {
+		rp->lp_stale--;
+		return 0;
+	}
+	if (!r->last) {
+		if ((m = etcdserverpb__range_response__unpack(&k->pba, r->len, r->data))) {
+			rp->lp_rev = m->header ? m->header->revision : 0;
+			etcdserverpb__range_response__free_unpacked(m, &k->pba);
+		}
+		return 0;
+	}
+	rp->lp = NULL;
+	for (w = rp->waits; w; w = w->next) {
+		if (!w->call || w->stage != RW_PROBED)
+			continue;
+		if (!r->code && rp->lp_rev > 0) {
+			w->stage = RW_APPLY;
+			w->need = rp->lp_rev;
+		} else if (r->code == GRPC_UNAVAILABLE && strncmp(r->text, "etcdserver:", 11)) {
+			w->stage = RW_QUEUED; /* the connection went: the next probe, on the next one */
+		} else {
+			repl_end(k, w, r->code ? r->code : GRPC_INTERNAL, r->code ? r->text : "kvd: the cluster's probe answer has no revision");
+		}
+	}
+	repl_wake(k, rp);
+	util_wake_by(k, k->now); /* reads that came meanwhile: the next probe */
+	return 0;
+}
+
+/* Send the linearizable probe for every queued read, unless one is in
+ * flight (those reads wait for the next). */
+static void repl_lin_probe(struct kvd *k, struct repl *rp)
+{
+	Etcdserverpb__RangeRequest rq = ETCDSERVERPB__RANGE_REQUEST__INIT;
+	uint8_t zero = 0, buf[32];
+	struct repl_wait *w;
+	size_t n;
+	int any = 0;
+
+	if (rp->lp || !rp->cl || rp->state != REPL_WATCHING)
+		return;
+	for (w = rp->waits; w; w = w->next)
+		any |= w->call && !w->fwd && w->stage == RW_QUEUED;
+	if (!any)
+		return;
+	rq.key.data = &zero, rq.key.len = 1; /* one key (a range would be counted), linearizable */
+	rq.count_only = 1;
+	rq.limit = 1;
+	n = protobuf_c_message_pack(&rq.base, buf);
+	rp->lp_rev = 0;
+	if (grpc_cl_call(k, rp->cl, "/etcdserverpb.KV/Range", buf, n, repl_on_lin, rp, &rp->lp)) {
+		rp->lp = NULL;
+		return;
+	}
+	grpc_cl_half_close(k, rp->lp);
+	grpc_cl_deadline(k, rp->lp, REPL_REQ_TIMEOUT_MS);
+	for (w = rp->waits; w; w = w->next)
+		if (w->call && !w->fwd && w->stage == RW_QUEUED)
+			w->stage = RW_PROBED;
+}
+
+/* k->call_take: a write to forward or a linearizable read to hold; see the
+ * essay above.  1 if taken (the call's request is then the wait's). */
+static int repl_take(struct kvd *k, struct call *call)
+{
+	struct repl *rp = k->repl;
+	struct repl_wait *w;
+	size_t i;
+	int fwd = 0, lin;
+
+	if (call->m->kind != GRPC_UNARY || k->cfg.replica_read_only || k->auth.enabled || k->stopping)
+		return 0;
+	for (i = 0; i < KVD_COUNT(repl_forwarded); i++)
+		fwd |= !strcmp(call->m->path, repl_forwarded[i]);
+	lin = !strcmp(call->m->path, "/etcdserverpb.KV/Range") &&
+	      !((const Etcdserverpb__RangeRequest *)(const void *)call->rq)->serializable;
+	if (!fwd && !lin)
+		return 0;
+	if (rp->state == REPL_RESEED) {
+		call_finish(k, call, GRPC_UNAVAILABLE, "%s (kvd: this replica stopped following the cluster: %s)",
+		            E_REQ_TIMEOUT, rp->why);
+		return 1;
+	}
+	if (!(w = kvd_calloc(k, sizeof *w)) || !(w->raw = kvd_malloc(k, call->raw.n ? call->raw.n : 1))) {
+		kvd_free(k, w);
+		call_finish(k, call, GRPC_RESOURCE_EXHAUSTED, E_OOM);
+		return 1;
+	}
+	memcpy(w->raw, call->raw.p, call->raw.n);
+	w->nraw = call->raw.n;
+	w->rp = rp;
+	w->call = call;
+	w->fwd = (unsigned)fwd;
+	w->rq = call->rq;
+	call->rq = NULL;
+	w->deadline = k->now + REPL_REQ_TIMEOUT_MS;
+	call->parked = repl_gone;
+	call->park = w;
+	*rp->wtail = w;
+	rp->wtail = &w->next;
+	if (fwd)
+		repl_fwd_send(k, rp, w);
+	else
+		repl_lin_probe(k, rp);
+	util_wake_by(k, w->deadline);
+	return 1;
+}
+
+/* The connection went (repl_drop): a forwarded write in flight may or may
+ * not have been made -- its client hears etcd's words for that; a read the
+ * probe covered waits for the next probe; a replica that must reseed ends
+ * everything it holds. */
+static void repl_waits_dropped(struct kvd *k, struct repl *rp)
+{
+	struct repl_wait *w;
+
+	for (w = rp->waits; w; w = w->next) {
+		if (w->up && !w->up_stale) {
+			grpc_cl_cancel(k, w->up);
+			w->up_stale = 1;
+		}
+		if (!w->call)
+			continue;
+		if (rp->state == REPL_RESEED)
+			call_finish(k, w->call, GRPC_UNAVAILABLE, "%s (kvd: this replica stopped following the cluster: %s)",
+			            E_REQ_TIMEOUT, rp->why);
+		else if (w->stage == RW_SENT)
+			call_finish(k, w->call, GRPC_UNAVAILABLE, "%s", E_REQ_TIMEOUT ", possibly due to connection lost");
+		else if (w->stage == RW_PROBED)
+			w->stage = RW_QUEUED;
+		if (w->call->finished)
+			repl_end(k, w, -1, NULL);
+	}
+}
+
+/* Each turn: queued writes go once the watch is open, the next probe, the
+ * request timeout; all of it ends when kvd stops. */
+static void repl_waits(struct kvd *k, struct repl *rp)
+{
+	struct repl_wait *w;
+
+	for (w = rp->waits; w; w = w->next) {
+		if (!w->call)
+			continue;
+		if (k->stopping || k->closing)
+			repl_end(k, w, GRPC_UNAVAILABLE, "etcdserver: server stopped");
+		else if (k->now >= w->deadline)
+			repl_end(k, w, GRPC_UNAVAILABLE, E_REQ_TIMEOUT);
+		else if (w->fwd && w->stage == RW_QUEUED)
+			repl_fwd_send(k, rp, w);
+		if (w->call)
+			util_wake_by(k, w->deadline);
+		else if (w->up && !w->up_stale) {
+			grpc_cl_cancel(k, w->up);
+			w->up_stale = 1;
+		}
+	}
+	if (!k->stopping && !k->closing)
+		repl_lin_probe(k, rp);
+	repl_sweep(k, rp);
+}
+
 /* The loop's timer: the watch opened again once its back-off passed; the
- * compaction probe. */
+ * compaction probe; the held calls. */
 static void repl_timers(struct kvd *k)
 {
 	struct repl *rp = k->repl;
 
+	if (rp && rp->waits)
+		repl_waits(k, rp);
 	if (rp && rp->state == REPL_WATCHING && !k->stopping && !k->closing)
 		repl_probe(k, rp);
 	if (!rp || rp->state != REPL_WAIT || k->stopping || k->closing)
@@ -28613,6 +29027,8 @@ static int repl_start(struct kvd *k, char **urls, unsigned n, char *err, size_t 
 		return KVD_EINVAL;
 	}
 	k->lease.followed = 1; /* the cluster's leases: none expires here */
+	rp->wtail = &rp->waits;
+	k->call_take = repl_take;
 	rp->snap_fd = -1;
 	rp->seeding = k->db.rev <= 1 && !k->db.nkeys;
 	rp->backoff = REPL_BACKOFF_MIN;
@@ -28634,6 +29050,12 @@ static void repl_fini(struct kvd *k)
 
 	if (!rp)
 		return;
+	k->call_take = NULL;
+	while (rp->waits) { /* their calls went with the connections */
+		rp->waits->call = NULL;
+		rp->waits->up = NULL;
+		repl_sweep(k, rp);
+	}
 	repl_frag_free(k, rp);
 	repl_snap_done(k, rp);
 	kvd_free(k, rp->frag);
@@ -30296,7 +30718,9 @@ static const struct cfg_flag cfg_flags[] = {
 	      "refused if the data dir holds one"),
 	CFG_S("replicate-from", replicate_from, "",
 	      "kvd: follow this etcd cluster (comma list of http:// client URLs) as a revision-exact replica: its "
-	      "revisions applied here as they are, reads and watches served here, writes refused"),
+	      "revisions applied here as they are, reads and watches served here, writes forwarded to it"),
+	CFG_N("replica-read-only", CFG_BOOL, replica_read_only, 0, 0,
+	      "kvd: with --replicate-from, refuse writes instead of forwarding them to the cluster"),
 	CFG_N("skip-hash-check", CFG_BOOL, skip_hash_check, 0, 0,
 	      "with --restore-snapshot: do not require the file's SHA-256 trailer to match"),
 	CFG_S("snapshot-save", snapshot_save, NULL,
@@ -30764,7 +31188,7 @@ static const struct {
     {"kvd: storage and snapshots", "auto-rewrite auto-rewrite-percent auto-rewrite-min-bytes reserve-bytes "
                                    "restore-snapshot skip-hash-check snapshot-save salvage-log "},
     {"kvd: process", "daemon pid-file "},
-    {"kvd: replica (follows an etcd cluster)", "replicate-from "},
+    {"kvd: replica (follows an etcd cluster)", "replicate-from replica-read-only "},
     {"kvd: confd (Ganeti's UDP protocol)", "confd-hmac-key-file confd-listen confd-ganeti-config-key "
                                            "confd-keyspace-prefix confd-user confd-max-clock-skew confd-rate-limit "
                                            "confd-global-rate-limit confd-replay-cache "},

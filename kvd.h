@@ -127,6 +127,7 @@ struct kvd_config {
 	uint64_t reserve_bytes;                  /* --reserve-bytes, kept for a full disk (128 KiB) */
 	const char *restore_snapshot;            /* --restore-snapshot: an etcd snapshot to start from (NULL) */
 	const char *replicate_from;              /* --replicate-from: etcd client URLs to follow as a replica ("") */
+	int replica_read_only;                   /* --replica-read-only: a replica refuses writes, not forwards them (0) */
 	int skip_hash_check;                     /* --skip-hash-check: with it, no SHA-256 trailer needed (0) */
 	int salvage_log;                         /* --salvage-log: a log damaged mid-file keeps what precedes it (0) */
 	const char *snapshot_save;               /* --snapshot-save: kvd_main writes one and exits (NULL) */

@@ -11,8 +11,14 @@ field by field against etcd itself, at a revision both have.
   field by field (key, value, create/mod revision, version, lease), at the
   newest revision and at past ones; a watcher on the replica and one on
   etcd from the same revision hear the same events, revision for
-  revision; writes to the replica are refused (FAILED_PRECONDITION, the
-  reason named).
+  revision; with --replica-read-only, writes to the replica are refused
+  (FAILED_PRECONDITION, the reason named).
+- forwards_writes_and_linearizable_reads: Put, Txn, LeaseGrant, a leased
+  Put, LeaseTimeToLive, LeaseRevoke made on the replica are etcd's, each
+  seen on the replica when answered (read-your-writes); etcd's errors
+  come back as etcd's; a linearizable Range sees etcd's newest write; etcd
+  stopped, linearizable reads and writes end "etcdserver: request timed
+  out" while serializable reads are served.
 - seeds_from_compacted_etcd_under_writes: etcd compacted and a writer busy
   while the replica seeds: the watch's events kept during the snapshot
   and above its revision applied after it; equal state, and the
@@ -159,12 +165,97 @@ def follows_etcd():
           (rev - 5, len(a), len(b), a[:6], b[:6]))
     wk.close()
     we.close()
-    # the replica's own clients cannot write
+    k.stop()
+    # --replica-read-only: the replica's own clients cannot write
+    k = Kvd(KVD, args=["--replicate-from", e.url, "--replica-read-only"], data_dir=k.dir)
+    kc = Client(k.endpoint())
+    check(caught_up(kc, ec) == rev2, "the read-only replica resumed at %d" % rev2)
     r = kc.call("Put", rpc().PutRequest(key=b"x", value=b"y"))
     check(r[0] == "err" and r[1] == "FAILED_PRECONDITION" and "replica" in r[2], "a Put to the replica: %s" % (r,))
     r = kc.call("LeaseGrant", rpc().LeaseGrantRequest(TTL=60), service="etcdserverpb.Lease", resp="LeaseGrantResponse")
     check(r[0] == "err" and r[1] == "FAILED_PRECONDITION", "a LeaseGrant to the replica: %s" % (r,))
-    check(revision(kc) == rev2, "nothing was written")
+    check(revision(kc) == rev2 and revision(ec) == rev2, "nothing was written")
+    k.stop()
+    e.stop()
+
+
+@test
+def forwards_writes_and_linearizable_reads():
+    """Writes made on the replica go to etcd and are answered with etcd's
+    answer once the replica applied its revision: a serializable read of
+    the replica right after each answer sees the write (read-your-writes),
+    the answer's header revision is etcd's; etcd's errors come back as etcd
+    gives them to its own clients; a linearizable Range on the replica
+    sees a write made on etcd just before it, every time (a probe of
+    etcd, then the wait); etcd stopped (SIGSTOP), a linearizable Range and
+    a write end Unavailable "etcdserver: request timed out" while a
+    serializable Range is served."""
+    m = rpc()
+    e = Etcd()
+    ec = Client(e.endpoint())
+    history(ec, b"a")
+    k = replica(e)
+    kc = Client(k.endpoint())
+    caught_up(kc, ec)
+
+    def seen(key):
+        r = kc.call("Range", m.RangeRequest(key=key, serializable=True))
+        return r[1].kvs[0].value if r[0] == "ok" and r[1].kvs else None
+
+    bad = 0
+    for i in range(40):
+        key, val = b"f/k%d" % (i % 5), b"v%d" % i
+        r = kc.call("Put", m.PutRequest(key=key, value=val, prev_kv=True))
+        if not check(r[0] == "ok", "a Put through the replica: %s" % (r,)):
+            break
+        bad += seen(key) != val
+    check(bad == 0, "read-your-writes: %d of 40 forwarded Puts not seen on the replica when answered" % bad)
+    t = m.TxnRequest()
+    t.compare.add(key=b"f/k0", target=m.Compare.VALUE, result=m.Compare.EQUAL, value=b"v35")
+    t.success.add().request_put.CopyFrom(m.PutRequest(key=b"f/t", value=b"cas"))
+    t.success.add().request_delete_range.CopyFrom(m.DeleteRangeRequest(key=b"f/k1"))
+    r = kc.call("Txn", t)
+    check(r[0] == "ok" and r[1].succeeded and r[1].header.revision == revision(ec), "a cas through the replica: %s" % (r,))
+    check(seen(b"f/t") == b"cas" and seen(b"f/k1") is None, "the cas seen on the replica when answered")
+    r = kc.call("LeaseGrant", m.LeaseGrantRequest(TTL=600), service="etcdserverpb.Lease", resp="LeaseGrantResponse")
+    check(r[0] == "ok" and r[1].ID > 0, "a LeaseGrant through the replica: %s" % (r,))
+    lid = r[1].ID
+    r = kc.call("Put", m.PutRequest(key=b"f/l", value=b"x", lease=lid))
+    check(r[0] == "ok" and seen(b"f/l") == b"x", "a Put with the lease through the replica: %s" % (r,))
+    r = ec.call("LeaseTimeToLive", m.LeaseTimeToLiveRequest(ID=lid, keys=True), service="etcdserverpb.Lease",
+                resp="LeaseTimeToLiveResponse")
+    r2 = kc.call("LeaseTimeToLive", m.LeaseTimeToLiveRequest(ID=lid, keys=True), service="etcdserverpb.Lease",
+                 resp="LeaseTimeToLiveResponse")
+    check(r[0] == r2[0] == "ok" and r[1].ID == r2[1].ID and r[1].grantedTTL == r2[1].grantedTTL and
+          list(r[1].keys) == list(r2[1].keys) == [b"f/l"], "LeaseTimeToLive: etcd %s, the replica %s" % (r, r2))
+    r = kc.call("LeaseRevoke", m.LeaseRevokeRequest(ID=lid), service="etcdserverpb.Lease", resp="LeaseRevokeResponse")
+    check(r[0] == "ok" and seen(b"f/l") is None, "a LeaseRevoke through the replica, its key gone when answered: %s" % (r,))
+    # etcd's errors, as etcd gives them
+    for req in (m.PutRequest(key=b"f/x", value=b"x", lease=0x7777), m.PutRequest(key=b"", value=b"x")):
+        a, b = kc.call("Put", req), ec.call("Put", req)
+        check(a == b and a[0] == "err", "an error through the replica: %s, etcd's own %s" % (a, b))
+    rev = caught_up(kc, ec)
+    same_state(kc, ec, rev, "after the forwarded writes")
+    # a linearizable read sees etcd's newest write, every time
+    stale = 0
+    for i in range(60):
+        rv = put(ec, b"lin", b"%d" % i)
+        r = kc.call("Range", m.RangeRequest(key=b"lin"))
+        stale += not (r[0] == "ok" and r[1].kvs and r[1].kvs[0].value == b"%d" % i and r[1].header.revision >= rv)
+    check(stale == 0, "linearizable Range on the replica: %d of 60 did not see the write made just before" % stale)
+    # etcd unreachable: etcd's request timeout; serializable reads go on
+    e.p.send_signal(signal.SIGSTOP)
+    try:
+        r = kc.call("Range", m.RangeRequest(key=b"lin"), timeout=30)
+        check(r[0] == "err" and r[1] == "UNAVAILABLE" and r[2] == "etcdserver: request timed out",
+              "a linearizable Range, etcd stopped: %s" % (r,))
+        r = kc.call("Put", m.PutRequest(key=b"lin", value=b"x"), timeout=30)
+        check(r[0] == "err" and r[1] == "UNAVAILABLE" and r[2].startswith("etcdserver: request timed out"),
+              "a Put, etcd stopped: %s" % (r,))
+        check(seen(b"lin") == b"59", "a serializable Range, etcd stopped")
+    finally:
+        e.p.send_signal(signal.SIGCONT)
+    check(kc.call("Range", m.RangeRequest(key=b"lin"))[0] == "ok", "a linearizable Range once etcd runs again")
     k.stop()
     e.stop()
 

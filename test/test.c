@@ -8614,7 +8614,7 @@ static int t_nums(struct kvd *k, const char *key, int64_t create, int64_t mod, i
  * a delete of a key the store does not hold are each refused whole --
  * no record, no revision [§36.1]; an unknown lease is granted (followed)
  * in the same txn and never expires here.  Writes of the replica's own
- * clients are refused (E_REPLICA).
+ * clients are refused (E_REPLICA) under --replica-read-only.
  */
 static void test_replica_apply(void)
 {
@@ -8649,7 +8649,9 @@ static void test_replica_apply(void)
 	CHECK(repl_apply_rev(k, v, 1, why, sizeof why) == 0 && k->db.rev == 4 && !t_nums(k, "b", 3, 3, 1, 0x77));
 	t_host_turns(k, NULL, 5);
 	CHECK(k->db.rev_durable == 4);
-	/* its own clients' writes are refused; its followed lease does not expire */
+	/* its own clients' writes are refused (--replica-read-only: not
+	 * forwarded); its followed lease does not expire */
+	k->cfg.replica_read_only = 1;
 	CHECK(kvd_put(k, "x", 1, "1", 1, 0, t_two_result, &res) == 0);
 	t_host_turns(k, &res.done, 50);
 	CHECK(res.done == 1 && res.code == GRPC_FAILED_PRECONDITION && k->db.rev == 4);
@@ -9332,6 +9334,176 @@ static void test_replica_follows(void)
 }
 
 
+/* A forwarded call's answer, and what the replica held when it came. */
+struct t_fw {
+	struct kvd *kc;
+	const char *key;
+	int done, code, found, held; /* held: kc had the key (live) when the answer came */
+	int64_t rev, rev_at_cb, lease;
+	char val[16], text[128];
+};
+
+static void t_fw_result(void *arg, const struct kvd_result *r)
+{
+	struct t_fw *t = arg;
+	int eq;
+	struct mvcc_key *x;
+
+	t->done++;
+	t->code = r->code;
+	snprintf(t->text, sizeof t->text, "%s", r->text);
+	t->rev = r->revision;
+	t->lease = r->lease;
+	t->found = (int)r->count;
+	if (r->count)
+		snprintf(t->val, sizeof t->val, "%.*s", (int)r->kvs[0].value_len, (const char *)r->kvs[0].value);
+	t->rev_at_cb = t->kc->db.rev;
+	x = t->key ? mvcc_at(&t->kc->db, mvcc_seek(&t->kc->db, (const uint8_t *)t->key, strlen(t->key), &eq)) : NULL;
+	t->held = x && eq && (x->flags & MVCC_LIVE);
+}
+
+/* The replica keeps the watch's events instead of applying them (as while
+ * it seeds), so a held call must wait; t_fw_release applies them. */
+static void t_fw_hold(struct kvd *kc)
+{
+	kc->repl->seeding = 1;
+}
+
+static void t_fw_release(struct kvd *kc)
+{
+	kc->repl->seeding = 0;
+	repl_response(kc, kc->repl, 0);
+	repl_frag_free(kc, kc->repl);
+}
+
+static void t_fw_wait(struct kvd *kc, struct kvd *ks, struct t_fw *t)
+{
+	int64_t end = util_now_ms() + 12000;
+
+	while (!t->done && util_now_ms() < end)
+		t_cl_turns(kc, ks, &t->done, 1);
+}
+
+/*
+ * A replica's writes and linearizable reads go to the cluster
+ * (etcd-replica.md 4.2): a Put, a cas, a delete, a lease grant, a put
+ * with that lease and its revoke, made on the replica, are the server's
+ * (its revisions, its numbers: the stores hash alike) and each is
+ * answered only once the replica applied it -- read-your-writes: the key
+ * is there when the callback runs; the cluster's errors come back as it
+ * said them (a lease it does not know); a linearizable get on the
+ * replica sees a write made on the server just before, which a
+ * serializable one need not; with --replica-read-only a write is refused;
+ * the server gone, a write and a linearizable read end Unavailable
+ * "etcdserver: request timed out" (etcd's request timeout).  [§36.4]
+ */
+static void test_replica_forwards(void)
+{
+	char sdir[160] = "", cdir[160] = "", url[128];
+	struct kvd *ks = t_repl_kvd("http://127.0.0.1:0", NULL, sdir, sizeof sdir), *kc;
+	struct t_fw f;
+	struct t_two t = {0};
+	int64_t was;
+
+	snprintf(url, sizeof url, "http://%s", ks->ls[0].name);
+	kc = t_repl_kvd(NULL, url, cdir, sizeof cdir);
+	CHECK(kvd_put(ks, "seed", 4, "s", 1, 0, t_two_result, &t) == 0);
+	t_host_turns(ks, &t.done, 100);
+	CHECK(t_repl_caught_up(ks, kc));
+	/* a put through the replica: the server's revision, held until applied here */
+	memset(&f, 0, sizeof f), f.kc = kc, f.key = "fw";
+	was = ks->db.rev;
+	t_fw_hold(kc); /* the event kept: the answer must wait for it */
+	CHECK(kvd_put(kc, "fw", 2, "1", 1, 0, t_fw_result, &f) == 0);
+	{
+		int64_t end = util_now_ms() + 10000;
+		while (util_now_ms() < end && !(ks->db.rev == was + 1 && kc->repl->nfrag > 0 && kc->repl->waits &&
+		                                 kc->repl->waits->stage == RW_APPLY))
+			t_cl_turns(kc, ks, NULL, 1);
+	}
+	CHECK(ks->db.rev == was + 1 && kc->db.rev == was && kc->repl->nfrag > 0 && !f.done);
+	t_cl_turns(kc, ks, NULL, 5);
+	CHECK(!f.done && kc->db.rev == was); /* the cluster answered; the replica holds it */
+	t_fw_release(kc);
+	t_fw_wait(kc, ks, &f);
+	CHECK(f.done == 1 && f.code == 0 && f.rev == was + 1 && ks->db.rev == was + 1);
+	CHECK(f.held && f.rev_at_cb >= f.rev && kc->repl->forwarded == 1);
+	/* a cas that writes, one that does not; a delete */
+	memset(&f, 0, sizeof f), f.kc = kc, f.key = "fw";
+	CHECK(kvd_cas(kc, "fw", 2, ks->db.rev, "2", 1, t_fw_result, &f) == 0);
+	t_fw_wait(kc, ks, &f);
+	CHECK(f.done == 1 && f.code == 0 && f.rev == was + 2 && f.rev_at_cb >= was + 2);
+	memset(&f, 0, sizeof f), f.kc = kc;
+	CHECK(kvd_cas(kc, "fw", 2, 1, "3", 1, t_fw_result, &f) == 0);
+	t_fw_wait(kc, ks, &f);
+	CHECK(f.done == 1 && f.code == 0 && f.rev == was + 2 && ks->db.rev == was + 2);
+	memset(&f, 0, sizeof f), f.kc = kc, f.key = "fw";
+	CHECK(kvd_delete(kc, "fw", 2, t_fw_result, &f) == 0);
+	t_fw_wait(kc, ks, &f);
+	CHECK(f.done == 1 && f.code == 0 && f.rev == was + 3 && !f.held && f.rev_at_cb >= was + 3);
+	/* a lease: granted by the server, a key put with it, revoked */
+	memset(&f, 0, sizeof f), f.kc = kc;
+	CHECK(kvd_lease_grant(kc, 60, 0x4242, t_fw_result, &f) == 0);
+	t_fw_wait(kc, ks, &f);
+	CHECK(f.done == 1 && f.code == 0 && f.lease == 0x4242 && lease_find(ks, 0x4242));
+	memset(&f, 0, sizeof f), f.kc = kc, f.key = "leased";
+	CHECK(kvd_put(kc, "leased", 6, "l", 1, 0x4242, t_fw_result, &f) == 0);
+	t_fw_wait(kc, ks, &f);
+	CHECK(f.done == 1 && f.code == 0 && f.held && t_nums(kc, "leased", was + 4, was + 4, 1, 0x4242));
+	memset(&f, 0, sizeof f), f.kc = kc, f.key = "leased";
+	CHECK(kvd_lease_revoke(kc, 0x4242, t_fw_result, &f) == 0);
+	t_fw_wait(kc, ks, &f);
+	CHECK(f.done == 1 && f.code == 0 && !f.held && !lease_find(ks, 0x4242) && f.rev_at_cb == was + 5);
+	/* the cluster's error, as it said it */
+	memset(&f, 0, sizeof f), f.kc = kc;
+	CHECK(kvd_put(kc, "x", 1, "x", 1, 0x999, t_fw_result, &f) == 0);
+	t_fw_wait(kc, ks, &f);
+	CHECK(f.done == 1 && f.code == GRPC_NOT_FOUND && strstr(f.text, "requested lease not found"));
+	CHECK(t_repl_caught_up(ks, kc) && t_repl_same(ks, kc) && ks->db.rev == was + 5);
+	/* a linearizable read sees the server's newest write; it is held for a probe */
+	memset(&t, 0, sizeof t);
+	CHECK(kvd_put(ks, "lin", 3, "new", 3, 0, t_two_result, &t) == 0);
+	t_host_turns(ks, &t.done, 100);
+	CHECK(t.done == 1 && kc->db.rev == was + 5); /* kc has not turned: it has not heard of it */
+	memset(&f, 0, sizeof f), f.kc = kc, f.key = "lin";
+	t_fw_hold(kc); /* its event kept: the probe answers first */
+	CHECK(kvd_get(kc, "lin", 3, 0, t_fw_result, &f) == 0);
+	{
+		int64_t end = util_now_ms() + 10000;
+		while (util_now_ms() < end && !(kc->repl->nfrag > 0 && kc->repl->waits && kc->repl->waits->stage == RW_APPLY))
+			t_cl_turns(kc, ks, NULL, 1);
+	}
+	CHECK(!f.done && kc->repl->waits && kc->repl->waits->need == was + 6 && kc->db.rev == was + 5);
+	t_fw_release(kc);
+	t_fw_wait(kc, ks, &f);
+	CHECK(f.done == 1 && f.code == 0 && f.found == 1 && !strcmp(f.val, "new") && f.rev == was + 6);
+	CHECK(kc->repl->linear == 1);
+	/* --replica-read-only: refused, not forwarded */
+	kc->cfg.replica_read_only = 1;
+	memset(&f, 0, sizeof f), f.kc = kc;
+	CHECK(kvd_put(kc, "ro", 2, "x", 1, 0, t_fw_result, &f) == 0);
+	t_fw_wait(kc, ks, &f);
+	CHECK(f.done == 1 && f.code == GRPC_FAILED_PRECONDITION && ks->db.rev == was + 6);
+	kc->cfg.replica_read_only = 0;
+	/* the server gone: etcd's request timeout, for a write and a linearizable read */
+	CHECK(kvd_close(ks) == 0);
+	memset(&f, 0, sizeof f), f.kc = kc;
+	CHECK(kvd_put(kc, "gone", 4, "x", 1, 0, t_fw_result, &f) == 0);
+	t_fw_wait(kc, NULL, &f);
+	CHECK(f.done == 1 && f.code == GRPC_UNAVAILABLE && !strncmp(f.text, "etcdserver: request timed out", 29));
+	memset(&f, 0, sizeof f), f.kc = kc;
+	CHECK(kvd_get(kc, "lin", 3, 0, t_fw_result, &f) == 0);
+	t_fw_wait(kc, NULL, &f);
+	CHECK(f.done == 1 && f.code == GRPC_UNAVAILABLE && !strcmp(f.text, "etcdserver: request timed out"));
+	CHECK(kc->repl->waits == NULL || kc->repl->waits->call == NULL);
+	CHECK(kvd_close(kc) == 0);
+	{
+		char cmd[400];
+		snprintf(cmd, sizeof cmd, "rm -rf %s %s", sdir, cdir);
+		CHECK(system(cmd) == 0);
+	}
+}
+
 /* Ten thousand small revisions in bursts while the replica follows (its
  * receive windows under a fast stream of small messages, the seed racing
  * the first burst): it keeps up, to the same revision and hash. */
@@ -9489,6 +9661,7 @@ static const struct {
 	{"h2c_oom", test_h2c_oom},
 	{"replica_apply", test_replica_apply},
 	{"replica_follows", test_replica_follows},
+	{"replica_forwards", test_replica_forwards},
 	{"replica_many_small", test_replica_many_small},
 };
 
