@@ -1003,6 +1003,12 @@ struct kvd_stats {
 	uint64_t proposals_failed;   /* writes a failed log flush undid (etcd_server_proposals_failed_total) */
 	uint64_t disk_bytes[DISK_N], disk_syncs[DISK_N]; /* bytes written and fdatasyncs, by writer */
 	uint64_t log_payload;        /* keys and values in the TXN records flushed (kvd_log_payload_bytes_total) */
+	/* a replica's (section 36): revisions and events applied, watches
+	 * (re)opened, writes forwarded, linearizable reads served; the newest
+	 * revision the cluster's headers showed; its watch open (kvd_replica_*) */
+	uint64_t repl_revs, repl_events, repl_resumes, repl_forwarded, repl_linear;
+	int64_t repl_upstream_rev;
+	unsigned repl_up;
 	uint32_t handling[KVD_METRIC_METHODS][KVD_HANDLING_BUCKETS]; /* grpc_server_handling_seconds, by method */
 	double handling_sum[KVD_METRIC_METHODS];
 	uint64_t health_ok, health_failed; /* /health answers (etcd_server_health_*) */
@@ -27296,6 +27302,24 @@ static void http1_metrics(struct kvd *k, struct http_x *x, const struct http_req
 	}
 	http1_m_one(&m, "kvd_log_payload_bytes_total", "counter", "Bytes of keys and values in the log records the "
 	            "group commit wrote (the rest of those bytes is framing).", (double)k->st.log_payload);
+	if (k->repl) { /* a replica's (section 36) */
+		http1_m_one(&m, "kvd_replica_uplink_up", "gauge", "1 while the replica's watch on the cluster is open.",
+		            (double)k->st.repl_up);
+		http1_m_one(&m, "kvd_replica_upstream_revision", "gauge", "The newest revision the cluster's answers showed.",
+		            (double)k->st.repl_upstream_rev);
+		http1_m_one(&m, "kvd_replica_applied_revision", "gauge", "The store's revision: the cluster's revisions "
+		            "applied here.", (double)k->db.rev);
+		http1_m_one(&m, "kvd_replica_lag_revisions", "gauge", "Revisions the cluster showed that the store has not "
+		            "applied yet.", (double)KVD_MAX(k->st.repl_upstream_rev - k->db.rev, 0));
+		http1_m_one(&m, "kvd_replica_revisions_applied_total", "counter", "Upstream revisions applied, each as one "
+		            "local txn.", (double)k->st.repl_revs);
+		http1_m_one(&m, "kvd_replica_watches_opened_total", "counter", "Replication watches opened (the first, "
+		            "then one after each failure).", (double)k->st.repl_resumes);
+		http1_m_one(&m, "kvd_replica_forwarded_total", "counter", "Writes forwarded to the cluster and answered "
+		            "once applied here.", (double)k->st.repl_forwarded);
+		http1_m_one(&m, "kvd_replica_linearizable_reads_total", "counter", "Linearizable reads served after a "
+		            "probe of the cluster.", (double)k->st.repl_linear);
+	}
 	http1_m_one(&m, "kvd_memory_bytes", "gauge", "Bytes kvd has allocated (its own accounting).", (double)k->mem);
 	http1_m_one(&m, "kvd_connections", "gauge", "Client connections open.", (double)k->nconns);
 	http1_m_one(&m, "kvd_connections_accepted_total", "counter", "Client connections accepted.",
@@ -28089,14 +28113,11 @@ struct repl {
 	int probe_ok;                /* its answer: 1 served, 0 compacted, -1 another error */
 	int64_t probe_lo, probe_hi;  /* the search: the cluster refuses lo (0: not known), serves hi */
 	int64_t probe_r, next_probe; /* the revision asked; when the next search starts (monotonic ms) */
-	uint64_t revs, events, resumes; /* revisions and events applied; watches (re)opened */
-	int64_t upstream_rev;        /* the last header revision heard */
 	char why[256];               /* why it must reseed */
 	struct repl_wait *waits, **wtail; /* calls held: forwarded writes, linearizable reads (arrival order) */
 	struct grpc_cl_stream *lp;   /* the linearizable reads' probe in flight, NULL if none */
 	unsigned lp_stale;
 	int64_t lp_rev;              /* its answer's header revision */
-	uint64_t forwarded, linear;  /* writes forwarded, linearizable reads served */
 };
 
 /*
@@ -28178,6 +28199,7 @@ static void repl_drop(struct kvd *k, struct repl *rp)
 	}
 	rp->lp = NULL;
 	repl_waits_dropped(k, rp);
+	k->st.repl_up = 0;
 	repl_snap_done(k, rp);
 	if (rp->cl)
 		grpc_cl_close(k, rp->cl);
@@ -28314,8 +28336,8 @@ static void repl_response(struct kvd *k, struct repl *rp, int64_t above)
 		for (j = 0; j < rp->frag[i]->n_events; j++)
 			if (!rp->frag[i]->events[j]->kv || rp->frag[i]->events[j]->kv->mod_revision > above)
 				ev[n++] = rp->frag[i]->events[j];
-	r = repl_apply(k, ev, n, &rp->revs, why, sizeof why);
-	rp->events += n;
+	r = repl_apply(k, ev, n, &k->st.repl_revs, why, sizeof why);
+	k->st.repl_events += n;
 	kvd_free(k, ev);
 	if (r == KVD_ECORRUPT)
 		repl_must_reseed(k, rp, why);
@@ -28373,12 +28395,12 @@ static int repl_on_snap(void *arg, const struct kvd_reply *r)
 			repl_retry(k, rp, "the snapshot is older than the watch: resuming from its revision");
 			return 0;
 		}
-		seen = rp->revs;
+		seen = k->st.repl_revs;
 		repl_response(k, rp, k->db.rev);
 		repl_frag_free(k, rp);
 		if (rp->state == REPL_WATCHING)
 			kvd_log(k, KVD_LOG_INFO, "replica: %llu revisions the watch kept while seeding applied, to revision %lld",
-			        (unsigned long long)(rp->revs - seen), (long long)k->db.rev);
+			        (unsigned long long)(k->st.repl_revs - seen), (long long)k->db.rev);
 		rp->backoff = REPL_BACKOFF_MIN;
 		return 0;
 	}
@@ -28447,7 +28469,7 @@ static int repl_on_watch(void *arg, const struct kvd_reply *r)
 		return 0;
 	}
 	if (w->header)
-		rp->upstream_rev = w->header->revision;
+		k->st.repl_upstream_rev = w->header->revision;
 	if (w->canceled) {
 		if (w->compact_revision > 0)
 			snprintf(why, sizeof why, "the cluster compacted past revision %lld (its compaction is at %lld): "
@@ -28459,16 +28481,17 @@ static int repl_on_watch(void *arg, const struct kvd_reply *r)
 		return 0;
 	}
 	if (w->created && !w->n_events) {
+		k->st.repl_up = 1;
 		if (rp->seeding) {
 			kvd_log(k, KVD_LOG_INFO, "replica: watching %s from revision %lld, its events kept while a "
-			        "snapshot seeds the empty store", rp->urls[rp->at], (long long)rp->upstream_rev + 1);
-			rp->seed_from = rp->upstream_rev;
+			        "snapshot seeds the empty store", rp->urls[rp->at], (long long)k->st.repl_upstream_rev + 1);
+			rp->seed_from = k->st.repl_upstream_rev;
 			etcdserverpb__watch_response__free_unpacked(w, &k->pba);
 			repl_snap_start(k, rp);
 			return 0;
 		}
 		kvd_log(k, KVD_LOG_INFO, "replica: watching %s from revision %lld (the cluster is at %lld)", rp->urls[rp->at],
-		        (long long)k->db.rev + 1, (long long)rp->upstream_rev);
+		        (long long)k->db.rev + 1, (long long)k->st.repl_upstream_rev);
 		rp->backoff = REPL_BACKOFF_MIN;
 	}
 	if (rp->fragbytes + r->len > KVD_REPL_MAX_PENDING ||
@@ -28541,7 +28564,7 @@ static void repl_watch(struct kvd *k, struct repl *rp)
 		repl_retry(k, rp, r == KVD_ENOMEM ? E_OOM : "the connection is gone");
 		return;
 	}
-	rp->resumes++;
+	k->st.repl_resumes++;
 }
 
 /*
@@ -28697,18 +28720,18 @@ static void repl_end(struct kvd *k, struct repl_wait *w, int code, const char *t
 
 /* Answer a wait whose revision the store holds: the cluster's answer
  * (forwarded), or the read's own handler, run here as call_message runs it. */
-static void repl_serve(struct kvd *k, struct repl *rp, struct repl_wait *w)
+static void repl_serve(struct kvd *k, struct repl_wait *w)
 {
 	struct call *call = w->call;
 
 	(void)KVD_ALWAYS(w->stage == RW_APPLY && k->db.rev >= w->need); /* [§36.4] */
 	repl_end(k, w, -1, NULL);
 	if (w->fwd) {
-		rp->forwarded++;
+		k->st.repl_forwarded++;
 		call_reply(k, call, w->rs);
 		return;
 	}
-	rp->linear++;
+	k->st.repl_linear++;
 	call->rq = w->rq;
 	w->rq = NULL;
 	call->raw.p = w->raw;
@@ -28745,7 +28768,7 @@ static void repl_wake(struct kvd *k, struct repl *rp)
 
 	for (w = rp->waits; w; w = w->next)
 		if (w->call && w->stage == RW_APPLY && k->db.rev >= w->need)
-			repl_serve(k, rp, w);
+			repl_serve(k, w);
 	repl_sweep(k, rp);
 }
 

@@ -16,7 +16,8 @@ field by field against etcd itself, at a revision both have.
 - forwards_writes_and_linearizable_reads: Put, Txn, LeaseGrant, a leased
   Put, LeaseTimeToLive, LeaseRevoke made on the replica are etcd's, each
   seen on the replica when answered (read-your-writes); etcd's errors
-  come back as etcd's; a linearizable Range sees etcd's newest write; etcd
+  come back as etcd's; a linearizable Range sees etcd's newest write;
+  kvd_replica_* on /metrics; etcd
   stopped, linearizable reads and writes end "etcdserver: request timed
   out" while serializable reads are served.
 - seeds_from_compacted_etcd_under_writes: etcd compacted and a writer busy
@@ -135,6 +136,17 @@ def events(ws, upto):
     return [x for x in flat() if x[4] <= upto]
 
 
+def metrics(k):
+    """kvd's /metrics (on its client port): {name: value} of unlabelled samples."""
+    import urllib.request
+    out = {}
+    for line in urllib.request.urlopen("%s/metrics" % k.url, timeout=10).read().decode().splitlines():
+        if line and not line.startswith("#") and "{" not in line:
+            name, val = line.rsplit(" ", 1)
+            out[name] = float(val)
+    return out
+
+
 def replica(e, data_dir=None):
     return Kvd(KVD, args=["--replicate-from", e.url], data_dir=data_dir)
 
@@ -187,7 +199,8 @@ def forwards_writes_and_linearizable_reads():
     the answer's header revision is etcd's; etcd's errors come back as etcd
     gives them to its own clients; a linearizable Range on the replica
     sees a write made on etcd just before it, every time (a probe of
-    etcd, then the wait); etcd stopped (SIGSTOP), a linearizable Range and
+    etcd, then the wait); /metrics shows the uplink up, no lag, the writes
+    forwarded and the reads probed; etcd stopped (SIGSTOP), a linearizable Range and
     a write end Unavailable "etcdserver: request timed out" while a
     serializable Range is served."""
     m = rpc()
@@ -243,6 +256,11 @@ def forwards_writes_and_linearizable_reads():
         r = kc.call("Range", m.RangeRequest(key=b"lin"))
         stale += not (r[0] == "ok" and r[1].kvs and r[1].kvs[0].value == b"%d" % i and r[1].header.revision >= rv)
     check(stale == 0, "linearizable Range on the replica: %d of 60 did not see the write made just before" % stale)
+    mt = metrics(k)
+    check(mt.get("kvd_replica_uplink_up") == 1 and mt.get("kvd_replica_applied_revision") == revision(ec) and
+          mt.get("kvd_replica_lag_revisions") == 0 and mt.get("kvd_replica_forwarded_total") == 45 and
+          mt.get("kvd_replica_linearizable_reads_total", 0) >= 60,
+          "/metrics: %s" % {x: y for x, y in mt.items() if x.startswith("kvd_replica")})
     # etcd unreachable: etcd's request timeout; serializable reads go on
     e.p.send_signal(signal.SIGSTOP)
     try:

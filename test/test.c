@@ -9308,12 +9308,12 @@ static void test_replica_follows(void)
 	was = kc->db.rev;
 	CHECK(was > 1 && was < ks->db.rev);
 	CHECK(t_repl_caught_up(ks, kc) && t_repl_same(ks, kc));
-	CHECK(kc->repl->revs == (uint64_t)(ks->db.rev - was) && kc->repl->resumes == 1); /* only what it missed */
+	CHECK(kc->st.repl_revs == (uint64_t)(ks->db.rev - was) && kc->st.repl_resumes == 1); /* only what it missed */
 	/* a failure not the data's: the watch again, from revision + 1 */
 	repl_retry(kc, kc->repl, "test: the watch dropped");
 	CHECK(kc->repl->state == REPL_WAIT);
 	t_repl_writes(ks, 3);
-	CHECK(t_repl_caught_up(ks, kc) && t_repl_same(ks, kc) && kc->repl->resumes == 2);
+	CHECK(t_repl_caught_up(ks, kc) && t_repl_same(ks, kc) && kc->st.repl_resumes == 2);
 	CHECK(kc->repl->state == REPL_WATCHING);
 	/* the server compacts: the replica finds the point and compacts there too */
 	was = ks->db.rev - 3;
@@ -9427,7 +9427,7 @@ static void test_replica_forwards(void)
 	t_fw_release(kc);
 	t_fw_wait(kc, ks, &f);
 	CHECK(f.done == 1 && f.code == 0 && f.rev == was + 1 && ks->db.rev == was + 1);
-	CHECK(f.held && f.rev_at_cb >= f.rev && kc->repl->forwarded == 1);
+	CHECK(f.held && f.rev_at_cb >= f.rev && kc->st.repl_forwarded == 1);
 	/* a cas that writes, one that does not; a delete */
 	memset(&f, 0, sizeof f), f.kc = kc, f.key = "fw";
 	CHECK(kvd_cas(kc, "fw", 2, ks->db.rev, "2", 1, t_fw_result, &f) == 0);
@@ -9477,7 +9477,7 @@ static void test_replica_forwards(void)
 	t_fw_release(kc);
 	t_fw_wait(kc, ks, &f);
 	CHECK(f.done == 1 && f.code == 0 && f.found == 1 && !strcmp(f.val, "new") && f.rev == was + 6);
-	CHECK(kc->repl->linear == 1);
+	CHECK(kc->st.repl_linear == 1);
 	/* --replica-read-only: refused, not forwarded */
 	kc->cfg.replica_read_only = 1;
 	memset(&f, 0, sizeof f), f.kc = kc;
@@ -9527,7 +9527,7 @@ static void test_replica_many_small(void)
 		t_cl_turns(kc, ks, NULL, 2);
 	}
 	CHECK(ok && t_repl_caught_up(ks, kc) && kc->repl->state == REPL_WATCHING);
-	CHECK(ks->db.rev == 10001 && t.done == 10000 && kc->db.rev == ks->db.rev && kc->repl->revs > 5000);
+	CHECK(ks->db.rev == 10001 && t.done == 10000 && kc->db.rev == ks->db.rev && kc->st.repl_revs > 5000);
 	CHECK(!snap_hashkv(ks, ks->db.rev, &ha) && !snap_hashkv(kc, kc->db.rev, &hb) && ha == hb);
 	CHECK(kvd_close(kc) == 0);
 	CHECK(kvd_close(ks) == 0);
