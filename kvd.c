@@ -23091,7 +23091,10 @@ static void grpc_on_remote_close(struct kvd *k, struct h2_stream *s)
  * callback (last, code, text: grpc-status and the percent-decoded
  * grpc-message), as a kvd_stream's host does; reply->stream is NULL.  A
  * call may have a deadline (grpc_cl_deadline: sent as grpc-timeout, and
- * kept by kvd's own timer: DEADLINE_EXCEEDED).
+ * kept by kvd's own timer: DEADLINE_EXCEEDED).  A connection may keep
+ * alive (grpc_cl_keepalive, as grpc-go's client keepalive): a PING after
+ * a while with nothing heard, and, when nothing answers it in time, the
+ * connection's end -- a server that hangs without a reset is left.
  *
  * The data: a request is HEADERS (:method POST, :scheme, :path,
  * :authority, content-type application/grpc, te trailers, user-agent;
@@ -23181,6 +23184,9 @@ struct grpc_cl {
 	unsigned owned : 1;          /* the owner holds it (grpc_cl_close lets go) */
 	unsigned closing : 1;        /* grpc_cl_close asked: the flush ends it */
 	unsigned in_gone : 1;        /* grpc_cl_gone runs: it frees the handle, not grpc_cl_close */
+	unsigned ka_failed : 1;      /* the keepalive PING went unanswered: the connection is closed */
+	int64_t ka_ms, ka_timeout;   /* keepalive (grpc_cl_keepalive): PING after ka_ms heard nothing, 0: off */
+	int64_t heard, ping_at;      /* monotonic ms: the server's last bytes; the keepalive PING out (0: none) */
 	char authority[80];
 };
 
@@ -23620,7 +23626,41 @@ static void grpc_cl_gone(struct kvd *k, struct grpc_cl *cl, const char *why)
 		kvd_free(k, cl);
 }
 
-static void grpc_cl_input(struct kvd *k, struct conn *c) { h2_input(k, c->ps); }
+static void grpc_cl_input(struct kvd *k, struct conn *c)
+{
+	struct h2_conn *h2 = c->ps;
+
+	h2->cl->heard = k->now; /* anything from the server answers a keepalive PING */
+	h2_input(k, h2);
+}
+
+/* Keepalive (as grpc-go's client keepalive): a PING once nothing was heard
+ * for ka_ms; nothing heard ka_timeout after it, the connection is closed
+ * and its calls end UNAVAILABLE -- a server that hangs (stopped, cut off
+ * without a reset) is found.  Returns when it next needs a look. */
+static int64_t grpc_cl_keepalive_due(struct kvd *k, struct conn *c, struct grpc_cl *cl)
+{
+	static const uint8_t ping[8] = {'k', 'v', 'd', '-', 'k', 'p', 'a', 'l'};
+
+	if (!cl->ka_ms)
+		return INT64_MAX;
+	if (cl->ping_at && cl->heard >= cl->ping_at)
+		cl->ping_at = 0;
+	if (cl->ping_at) {
+		if (k->now - cl->ping_at < cl->ka_timeout)
+			return cl->ping_at + cl->ka_timeout;
+		cl->ka_failed = 1;
+		c->is_closing = 1;
+		util_wake_by(k, k->now);
+		return INT64_MAX;
+	}
+	if (k->now - cl->heard < cl->ka_ms)
+		return cl->heard + cl->ka_ms;
+	h2_frame(cl->h2, H2_PING, 0, 0, ping, 8);
+	cl->ping_at = k->now;
+	util_wake_by(k, k->now); /* the flush sends it */
+	return cl->ping_at + cl->ka_timeout;
+}
 
 /* Its timers: the server's SETTINGS (after the connect) within
  * KVD_PREFACE_TIMEOUT_MS; the calls' deadlines (ended by the flush, which
@@ -23643,7 +23683,7 @@ static int64_t grpc_cl_timers(struct kvd *k, struct conn *c)
 			}
 		}
 	if (h2->settings_seen)
-		return next;
+		return KVD_MIN(next, grpc_cl_keepalive_due(k, c, h2->cl));
 	if (k->now - c->t_open >= KVD_PREFACE_TIMEOUT_MS) {
 		c->is_closing = 1;
 		return INT64_MAX;
@@ -23687,7 +23727,8 @@ static void grpc_cl_free(struct kvd *k, struct conn *c)
 {
 	struct h2_conn *h2 = c->ps;
 
-	grpc_cl_gone(k, h2->cl, c->peer_closed ? "error reading from server: EOF" : "transport is closing");
+	grpc_cl_gone(k, h2->cl, h2->cl->ka_failed ? "keepalive ping failed to receive ACK within timeout" :
+	             c->peer_closed ? "error reading from server: EOF" : "transport is closing");
 	h2->cl = NULL;
 	h2_conn_free(k, h2);
 	c->ps = NULL;
@@ -23816,6 +23857,16 @@ KVD_UNUSED static void grpc_cl_deadline(struct kvd *k, struct grpc_cl_stream *s,
 {
 	s->deadline = (k->now ? k->now : util_now_ms()) + (ms > 0 ? ms : 0);
 	util_wake_by(k, s->deadline);
+}
+
+/* Keepalive on cl: a PING once nothing was heard for ms, the connection
+ * closed when nothing answers it within timeout_ms (0: off, the default). */
+KVD_UNUSED static void grpc_cl_keepalive(struct kvd *k, struct grpc_cl *cl, long ms, long timeout_ms)
+{
+	cl->ka_ms = ms > 0 ? ms : 0;
+	cl->ka_timeout = timeout_ms > 0 ? timeout_ms : ms;
+	cl->heard = k->now ? k->now : util_now_ms();
+	util_wake_by(k, k->now);
 }
 
 /* Nothing more will be sent on s: END_STREAM once what is queued went. */
@@ -28086,6 +28137,11 @@ static int http1_check_flags(const struct kvd *k, char *err, size_t errlen)
 #define REPL_BACKOFF_MIN 100    /* ms before the watch is opened again; doubles each failure */
 #define REPL_BACKOFF_MAX 5000
 #define REPL_PROBE_MS 2000     /* how often the cluster's compaction point is looked for */
+/* keepalive: a PING after this long without a byte from the member, and
+ * how long its answer may take (etcd's servers refuse PINGs closer than
+ * 5 s: --grpc-keepalive-min-time) */
+#define REPL_KEEPALIVE_MS 6000
+#define REPL_KEEPALIVE_TIMEOUT_MS 4000
 #define REPL_LEASE_TTL LEASE_MAX_TTL /* a followed lease's: unknown here, and it never expires here */
 
 enum repl_state { REPL_WAIT, REPL_WATCHING, REPL_RESEED };
@@ -28553,6 +28609,7 @@ static void repl_watch(struct kvd *k, struct repl *rp)
 		repl_retry(k, rp, err);
 		return;
 	}
+	grpc_cl_keepalive(k, rp->cl, REPL_KEEPALIVE_MS, REPL_KEEPALIVE_TIMEOUT_MS); /* a member that hangs is left */
 	if (!(p = kvd_malloc(k, n))) {
 		repl_retry(k, rp, E_OOM);
 		return;

@@ -41,10 +41,17 @@ field by field against etcd itself, at a revision both have.
 - lease_revoke_same_revision: a lease with keys revoked on etcd: the
   replica deletes them at the revision etcd's revoke took, in one
   revision, as etcd's watchers see it.
+- follows_a_three_member_cluster_through_faults: a 3-member etcd 3.7.3
+  cluster under a steady writer; the member the replica follows killed
+  and restarted, another stopped (the replica leaves it on an unanswered
+  keepalive PING), kvd killed and restarted: no reseed, HashKV, Range and
+  a whole-keyspace watch equal to the cluster's, every acknowledged
+  write's revision on the replica.
 Last line: "N passed, N failed".
 """
 import os
 import signal
+import subprocess
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib"))  # test/lib: kvdtest
@@ -457,6 +464,155 @@ def lease_revoke_same_revision():
     we.close()
     k.stop()
     e.stop()
+
+
+class Cluster:
+    """A 3-member etcd 3.7.3 cluster on loopback (data on tmpfs), each
+    member a process of its own, to kill, restart and stop."""
+
+    def __init__(self, n=3):
+        import tempfile
+        from kvdtest import free_port, oracle, spawn
+        self.spawn, self.bin = spawn, oracle()
+        base = "/dev/shm" if os.path.isdir("/dev/shm") else None
+        self.ports = [(free_port(), free_port()) for _ in range(n)]
+        self.dirs = [tempfile.mkdtemp(prefix="etcd-m%d-" % i, dir=base) for i in range(n)]
+        self.urls = ["http://127.0.0.1:%d" % c for c, _ in self.ports]
+        self.initial = ",".join("m%d=http://127.0.0.1:%d" % (i, p) for i, (_, p) in enumerate(self.ports))
+        self.p = [None] * n
+        for i in range(n):
+            self.start(i, "new")
+        check(wait_for(lambda: all(self.ready(i) for i in range(n)), 60, 0.1), "the cluster started")
+
+    def start(self, i, state="existing"):
+        c, p = self.ports[i]
+        self.p[i] = self.spawn([self.bin, "--name", "m%d" % i, "--data-dir", self.dirs[i],
+                                "--listen-client-urls", self.urls[i], "--advertise-client-urls", self.urls[i],
+                                "--listen-peer-urls", "http://127.0.0.1:%d" % p,
+                                "--initial-advertise-peer-urls", "http://127.0.0.1:%d" % p,
+                                "--initial-cluster", self.initial, "--initial-cluster-state", state,
+                                "--log-level", "error"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def ready(self, i):
+        try:
+            return Client(self.urls[i][7:]).call("Range", rpc().RangeRequest(key=b"ready"), timeout=2)[0] == "ok"
+        except Exception:
+            return False
+
+    def kill(self, i):
+        self.p[i].kill()
+        self.p[i].wait()
+
+    def stop(self):
+        for x in self.p:
+            if x.poll() is None:
+                x.send_signal(signal.SIGCONT)
+                x.terminate()
+                x.wait(60)
+        import shutil
+        for d in self.dirs:
+            shutil.rmtree(d, ignore_errors=True)
+
+
+@test
+def follows_a_three_member_cluster_through_faults():
+    """A 3-member etcd 3.7.3 cluster takes writes (puts, deletes, a lease
+    and its revoke) all along, through whichever member answers, while the
+    member the replica follows is killed (-9) and restarted, another is
+    stopped (SIGSTOP: its keepalive PING unanswered, the replica leaves it)
+    and continued, and kvd itself is killed (-9) and
+    started again: the replica goes on from the next URL each time and
+    from its own revision after its restart (no reseed); at the end its
+    HashKV equals the cluster's at every revision checked, its Range
+    equals the cluster's, and a watcher on the replica and one on the
+    cluster from the same revision heard the same events, none skipped or
+    repeated."""
+    import threading
+    import time
+    m = rpc()
+    cl = Cluster()
+    try:
+        clients = [Client(u[7:]) for u in cl.urls]
+        stop, acked, errors = threading.Event(), [], [0]
+
+        def writer():  # through one member until it fails, then the next
+            i = cur = 0
+            while not stop.is_set():
+                c = clients[cur % 3]
+                key = b"w/%d" % (i % 50)
+                if i % 97 == 5:
+                    r = c.call("DeleteRange", m.DeleteRangeRequest(key=b"w/1", range_end=b"w/2"), timeout=3)
+                else:
+                    r = c.call("Put", m.PutRequest(key=key, value=b"%d" % i), timeout=3)
+                if r[0] == "ok":
+                    acked.append(r[1].header.revision)
+                else:
+                    errors[0] += 1
+                    cur += 1
+                    time.sleep(0.05)
+                i += 1
+                time.sleep(0.004)
+        t = threading.Thread(target=writer, daemon=True)
+        t.start()
+        wait_for(lambda: len(acked) > 50, 30, 0.02)
+        k = Kvd(KVD, args=["--replicate-from", ",".join(cl.urls)])
+        kc = Client(k.endpoint())
+        check(wait_for(lambda: revision(kc) > 50, 30, 0.05), "the replica seeded and follows")
+        r0 = revision(kc)
+        wk, wc = WatchStream(k.endpoint()), WatchStream(cl.urls[2][7:])
+        for w in (wk, wc):
+            w.create(key=b"\0", range_end=b"\0", start_revision=r0)
+        lid = clients[2].call("LeaseGrant", m.LeaseGrantRequest(TTL=600), service="etcdserverpb.Lease",
+                              resp="LeaseGrantResponse")[1].ID
+        clients[2].call("Put", m.PutRequest(key=b"leased/a", value=b"x", lease=lid))
+        clients[2].call("Put", m.PutRequest(key=b"leased/b", value=b"y", lease=lid))
+
+        def advances(c, secs=30):
+            was = revision(c)
+            return wait_for(lambda: revision(c) > was + 20, secs, 0.05)
+        # the member the replica follows, killed and restarted
+        cl.kill(0)
+        check(advances(kc), "the replica went on from the next member after m0 was killed: %s" % k.logtext()[-600:])
+        cl.start(0)
+        check(wait_for(lambda: cl.ready(0), 60, 0.1), "m0 back")
+        # another member stopped, then continued
+        cl.p[1].send_signal(signal.SIGSTOP)
+        check(advances(kc), "the replica goes on while m1 is stopped: %s" % k.logtext()[-800:])
+        check("keepalive ping failed to receive ACK within timeout" in k.logtext(),
+              "the replica left the stopped member (keepalive): %s" % k.logtext()[-800:])
+        cl.p[1].send_signal(signal.SIGCONT)
+        clients[2].call("LeaseRevoke", m.LeaseRevokeRequest(ID=lid), service="etcdserverpb.Lease",
+                        resp="LeaseRevokeResponse")
+        # kvd killed, started again on its data dir: it resumes
+        k.stop(signal.SIGKILL)
+        wk.close()
+        k = Kvd(KVD, args=["--replicate-from", ",".join(cl.urls)], data_dir=k.dir)
+        kc = Client(k.endpoint())
+        check("resuming from the store's revision" in k.logtext(), "no reseed after kill -9: %s" % k.logtext()[-600:])
+        check(advances(kc), "the replica follows again after its restart")
+        stop.set()
+        t.join(10)
+        ec = clients[2]
+        rev = caught_up(kc, ec, 60)
+        check(rev > 0 and len(acked) > 300, "caught up at %d (%d writes acknowledged, %d refused during faults)" %
+              (rev, len(acked), errors[0]))
+        check(max(acked) <= rev, "every acknowledged write's revision is on the replica")
+        same_state(kc, ec, rev, "after the faults")
+        for r in (r0, (r0 + rev) // 2, rev - 1):
+            check(hashkv(kc, r) == hashkv(ec, r), "HashKV at %d: kvd %s, etcd %s" % (r, hashkv(kc, r), hashkv(ec, r)))
+        wk2 = WatchStream(k.endpoint())
+        wk2.create(key=b"\0", range_end=b"\0", start_revision=r0)
+        a, b = events(wk2, rev), events(wc, rev)
+        check(a == b and len(a) == rev - r0 + 1 + sum(1 for x in b if x[4] == b[0][4]) - 1 or a == b,
+              "the same events from %d to %d: kvd %d, the cluster %d" % (r0, rev, len(a), len(b)))
+        check(len(a) >= rev - r0 and len({x[4] for x in a}) == rev - r0 + 1, "no revision skipped: %d events" % len(a))
+        check("must reseed" not in k.logtext(), "never stopped following: %s" % k.logtext()[-600:])
+        print("  %d writes acknowledged, %d refused during the faults; the replica at %d" % (len(acked), errors[0], rev))
+        wk2.close()
+        wc.close()
+        k.stop()
+    finally:
+        cl.stop()
 
 
 if __name__ == "__main__":
