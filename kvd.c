@@ -28160,6 +28160,9 @@ struct repl {
 	unsigned stale;              /* watches dropped whose last callback is still to come */
 	unsigned snap_stale;         /* the same, snapshot calls */
 	unsigned seeding : 1;        /* the store is empty: a snapshot first, the watch's events kept */
+	unsigned verified : 1;       /* the store's HashKV at its revision is the cluster's (repl_on_verify) */
+	struct grpc_cl_stream *vs;   /* that HashKV call, NULL if none in flight */
+	unsigned vs_stale;
 	int64_t seed_from;           /* seeding: the watch's created revision (the snapshot must reach it) */
 	struct grpc_cl_stream *ss;   /* seeding: the Snapshot call */
 	int snap_fd;                 /* seeding: <data-dir>/kvd.repl.snap, -1 if none */
@@ -28249,6 +28252,11 @@ static void repl_drop(struct kvd *k, struct repl *rp)
 		rp->probe_stale++;
 	}
 	rp->ps = NULL;
+	if (rp->vs) {
+		grpc_cl_cancel(k, rp->vs);
+		rp->vs_stale++;
+	}
+	rp->vs = NULL;
 	if (rp->lp) {
 		grpc_cl_cancel(k, rp->lp);
 		rp->lp_stale++;
@@ -28585,6 +28593,94 @@ static void repl_retry(struct kvd *k, struct repl *rp, const char *why)
 	util_wake_by(k, rp->retry_at);
 }
 
+/*
+ * Before a store that holds revisions follows (once per start, on the
+ * first connection): the cluster's HashKV at the store's revision R must
+ * be the store's own -- the same history, so following from R + 1 joins
+ * them.  It is what makes a handover safe: a board's store restored into
+ * a new cluster (etcdutl snapshot restore) is followed from where it
+ * was; a store with writes the cluster has not (made after the snapshot:
+ * the cluster is behind R), a store that is another cluster's, or a
+ * cluster restored from an older snapshot is refused ("must reseed"),
+ * never joined.  A cluster that compacted above the store's point (and
+ * at or below R) is mirrored first, so both hash the same span.
+ */
+static void repl_watch(struct kvd *k, struct repl *rp);
+
+static int repl_on_verify(void *arg, const struct kvd_reply *r)
+{
+	struct repl *rp = arg;
+	struct kvd *k = rp->k;
+	Etcdserverpb__HashKVResponse *m;
+	char why[300];
+	uint32_t h = 0;
+
+	if (r->last && rp->vs_stale) {
+		rp->vs_stale--;
+		return 0;
+	}
+	if (!r->last) {
+		if (rp->state != REPL_WATCHING || !(m = etcdserverpb__hash_kvresponse__unpack(&k->pba, r->len, r->data)))
+			return 0;
+		if (m->compact_revision > k->db.compacted && m->compact_revision <= k->db.rev && !k->db.broken)
+			(void)mvcc_compact(k, m->compact_revision);
+		if (m->compact_revision != KVD_MAX(k->db.compacted, 0) && !(m->compact_revision <= 0 && k->db.compacted <= 0))
+			snprintf(why, sizeof why, "the cluster's history at revision %lld starts at its compaction %lld, this "
+			         "store's at %lld: not the history this store holds", (long long)k->db.rev,
+			         (long long)m->compact_revision, (long long)k->db.compacted);
+		else if (snap_hashkv(k, k->db.rev, &h) || h != m->hash)
+			snprintf(why, sizeof why, "the cluster's HashKV at revision %lld is %u, this store's %u: it is not "
+			         "this store's history (another cluster, or writes made here)", (long long)k->db.rev,
+			         (unsigned)m->hash, (unsigned)h);
+		else
+			why[0] = 0, rp->verified = 1;
+		etcdserverpb__hash_kvresponse__free_unpacked(m, &k->pba);
+		if (!rp->verified)
+			repl_must_reseed(k, rp, why);
+		else
+			kvd_log(k, KVD_LOG_INFO, "replica: the cluster's HashKV at revision %lld is this store's (%u): "
+			        "following it from revision %lld", (long long)k->db.rev, (unsigned)h, (long long)k->db.rev + 1);
+		return 0;
+	}
+	rp->vs = NULL;
+	if (rp->state != REPL_WATCHING)
+		return 0;
+	if (r->code == GRPC_OUT_OF_RANGE && strstr(r->text, "future revision")) {
+		snprintf(why, sizeof why, "the cluster is behind this store's revision %lld: what was written here after "
+		         "its snapshot is not the cluster's (take a new snapshot, or start from an empty data dir)",
+		         (long long)k->db.rev);
+		repl_must_reseed(k, rp, why);
+	} else if (r->code == GRPC_OUT_OF_RANGE && strstr(r->text, "compacted")) {
+		snprintf(why, sizeof why, "the cluster compacted past revision %lld: a snapshot is needed", (long long)k->db.rev);
+		repl_must_reseed(k, rp, why);
+	} else if (r->code) {
+		snprintf(why, sizeof why, "HashKV: %s (code %d)", r->text, r->code);
+		repl_retry(k, rp, why);
+	} else if (rp->verified) {
+		repl_watch(k, rp);
+	} else {
+		repl_retry(k, rp, "HashKV answered nothing");
+	}
+	return 0;
+}
+
+static void repl_verify(struct kvd *k, struct repl *rp)
+{
+	Etcdserverpb__HashKVRequest rq = ETCDSERVERPB__HASH_KVREQUEST__INIT;
+	uint8_t buf[16];
+	size_t n;
+
+	rq.revision = k->db.rev;
+	n = protobuf_c_message_pack(&rq.base, buf);
+	if (grpc_cl_call(k, rp->cl, "/etcdserverpb.Maintenance/HashKV", buf, n, repl_on_verify, rp, &rp->vs)) {
+		rp->vs = NULL;
+		repl_retry(k, rp, "the connection is gone");
+		return;
+	}
+	grpc_cl_half_close(k, rp->vs);
+	grpc_cl_deadline(k, rp->vs, 60000); /* a big store takes a while to hash */
+}
+
 /* Open the connection and the replication watch, from the store's
  * revision + 1. */
 static void repl_watch(struct kvd *k, struct repl *rp)
@@ -28596,6 +28692,18 @@ static void repl_watch(struct kvd *k, struct repl *rp)
 	size_t n;
 	int r;
 
+	rp->state = REPL_WATCHING;
+	if (!rp->cl) {
+		if ((r = grpc_cl_open(k, rp->urls[rp->at], &rp->cl, err, sizeof err))) {
+			repl_retry(k, rp, err);
+			return;
+		}
+		grpc_cl_keepalive(k, rp->cl, REPL_KEEPALIVE_MS, REPL_KEEPALIVE_TIMEOUT_MS); /* a member that hangs is left */
+	}
+	if (!rp->seeding && !rp->verified) { /* first: is this store the cluster's? */
+		repl_verify(k, rp);
+		return;
+	}
 	wc.key.data = &zero, wc.key.len = 1;
 	wc.range_end.data = &zero, wc.range_end.len = 1;
 	wc.start_revision = rp->seeding ? 0 : k->db.rev + 1; /* seeding: from now on, the snapshot before it */
@@ -28604,12 +28712,6 @@ static void repl_watch(struct kvd *k, struct repl *rp)
 	wr.request_union_case = ETCDSERVERPB__WATCH_REQUEST__REQUEST_UNION_CREATE_REQUEST;
 	wr.create_request = &wc;
 	n = protobuf_c_message_get_packed_size(&wr.base);
-	rp->state = REPL_WATCHING;
-	if ((r = grpc_cl_open(k, rp->urls[rp->at], &rp->cl, err, sizeof err))) {
-		repl_retry(k, rp, err);
-		return;
-	}
-	grpc_cl_keepalive(k, rp->cl, REPL_KEEPALIVE_MS, REPL_KEEPALIVE_TIMEOUT_MS); /* a member that hangs is left */
 	if (!(p = kvd_malloc(k, n))) {
 		repl_retry(k, rp, E_OOM);
 		return;

@@ -41,6 +41,11 @@ field by field against etcd itself, at a revision both have.
 - lease_revoke_same_revision: a lease with keys revoked on etcd: the
   replica deletes them at the revision etcd's revoke took, in one
   revision, as etcd's watchers see it.
+- hands_a_board_over_to_etcd: a board's store saved (kvd --snapshot-save),
+  restored into etcd 3.7.3 (etcdutl), the board started as its replica:
+  HashKV checked at its revision, followed from revision + 1 without a
+  reseed, equal to etcd after more writes; a board that wrote after its
+  snapshot, and one with another history, are refused.
 - follows_a_three_member_cluster_through_faults: a 3-member etcd 3.7.3
   cluster under a steady writer; the member the replica follows killed
   and restarted, another stopped (the replica leaves it on an unanswered
@@ -464,6 +469,92 @@ def lease_revoke_same_revision():
     we.close()
     k.stop()
     e.stop()
+
+
+def restored_etcd(snap, top):
+    """etcd 3.7.3 on a data dir etcdutl 3.7.3 restored from snap: (process, url)."""
+    from kvdtest import free_port, go_peer, oracle, spawn
+    port, peer = free_port(), free_port()
+    purl, url = "http://127.0.0.1:%d" % peer, "http://127.0.0.1:%d" % port
+    d = os.path.join(top, "r.etcd")
+    r = subprocess.run([go_peer("etcdutl"), "snapshot", "restore", snap, "--data-dir", d, "--name", "r",
+                        "--initial-cluster", "r=" + purl, "--initial-advertise-peer-urls", purl],
+                       capture_output=True, text=True, timeout=120)
+    check(r.returncode == 0, "etcdutl snapshot restore: %s" % r.stderr[-300:])
+    p = spawn([oracle(), "--name", "r", "--data-dir", d, "--listen-client-urls", url, "--advertise-client-urls", url,
+               "--listen-peer-urls", purl, "--initial-advertise-peer-urls", purl, "--initial-cluster", "r=" + purl,
+               "--log-level", "error"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    c = Client(url[7:])
+    check(wait_for(lambda: c.call("Range", rpc().RangeRequest(key=b"x"), timeout=2)[0] == "ok", 60, 0.1),
+          "the restored etcd serves")
+    return p, url
+
+
+@test
+def hands_a_board_over_to_etcd():
+    """The growth path: a board's kvd with history (puts, deletes, a txn,
+    a lease with keys, a compaction) is stopped, its store saved as a
+    snapshot (kvd --snapshot-save), restored into etcd 3.7.3 (etcdutl),
+    and the board started again as that etcd's replica: it checks the
+    cluster's HashKV at its revision against its own, follows from its
+    revision + 1 without a reseed, and its state equals etcd's after more
+    writes on etcd.  A board that wrote after its snapshot is refused
+    ("must reseed": the cluster is behind it), and so is a board pointed
+    at an etcd whose history is another's; neither applies anything."""
+    import shutil
+    import tempfile
+    k = Kvd(KVD)
+    kc = Client(k.endpoint())
+    history(kc, b"board")
+    kc.call("Compact", rpc().CompactionRequest(revision=revision(kc) - 5), resp="CompactionResponse")
+    rev = revision(kc)
+    k.stop()
+    top = tempfile.mkdtemp(prefix="kvd-handover-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+    try:
+        snap = os.path.join(top, "board.db")
+        r = subprocess.run([k.binary, "--data-dir", k.dir, "--snapshot-save", snap], capture_output=True, text=True,
+                           timeout=120)
+        check(r.returncode == 0, "kvd --snapshot-save: %s" % r.stderr[-300:])
+        board_copy = os.path.join(top, "board-copy")
+        shutil.copytree(k.dir, board_copy)
+        ep, url = restored_etcd(snap, top)
+        ec = Client(url[7:])
+        check(revision(ec) == rev, "etcd restored at the board's revision %d: %d" % (rev, revision(ec)))
+        # a board that wrote after its snapshot: refused, nothing applied
+        b = Kvd(KVD, data_dir=board_copy)
+        put(Client(b.endpoint()), b"late", b"lost?")
+        b.stop()
+        b = Kvd(KVD, args=["--replicate-from", url], data_dir=board_copy)
+        bc = Client(b.endpoint())
+        check(wait_for(lambda: "must reseed" in b.logtext(), 30, 0.05) and "behind this store" in b.logtext(),
+              "a board that wrote after its snapshot is refused: %s" % b.logtext()[-900:])
+        check(revision(bc) == rev + 1, "it applied nothing: %d" % revision(bc))
+        b.stop()
+        k = Kvd(KVD, args=["--replicate-from", url], data_dir=k.dir)
+        kc = Client(k.endpoint())
+        put(ec, b"after/1", b"x")
+        put(ec, b"board/k00", b"changed on etcd")
+        rev2 = caught_up(kc, ec)
+        check(rev2 == rev + 2, "the board follows etcd from %d: at %d" % (rev + 1, revision(kc)))
+        log = k.logtext()
+        check("is this store's" in log and "resuming from the store's revision %d" % rev in log and
+              "seeding" not in log and "must reseed" not in log, "verified, no reseed: %s" % log[-900:])
+        same_state(kc, ec, rev2, "handed over")
+        k.stop()
+        # a board pointed at another history (etcd wrote the same number of revisions)
+        o = Kvd(KVD)
+        oc = Client(o.endpoint())
+        for i in range(rev2 - 1):
+            put(oc, b"other", b"%d" % i)
+        o.stop()
+        o = Kvd(KVD, args=["--replicate-from", url], data_dir=o.dir)
+        check(wait_for(lambda: "must reseed" in o.logtext(), 30, 0.05) and "HashKV" in o.logtext(),
+              "another history is refused: %s" % o.logtext()[-900:])
+        o.stop()
+        ep.terminate()
+        ep.wait(60)
+    finally:
+        shutil.rmtree(top, ignore_errors=True)
 
 
 class Cluster:

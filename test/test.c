@@ -9504,6 +9504,83 @@ static void test_replica_forwards(void)
 	}
 }
 
+/* Turn kc (and ks) until its replica state is st (10 s at most). */
+static int t_repl_state(struct kvd *kc, struct kvd *ks, int st)
+{
+	int64_t end = util_now_ms() + 10000;
+
+	while (util_now_ms() < end && (int)kc->repl->state != st)
+		t_cl_turns(kc, ks, NULL, 1);
+	return (int)kc->repl->state == st;
+}
+
+/*
+ * A store that holds revisions follows only the history it holds: the
+ * cluster's HashKV at its revision must be its own.  A replica of one
+ * server, pointed at another whose revisions are as many but whose
+ * writes differ, stops ("must reseed", naming both hashes) and applies
+ * nothing; pointed at one behind its revision (writes made on the board
+ * after its snapshot), it stops naming that; pointed at the server it
+ * followed, after the server wrote more and compacted, it compacts there
+ * too, hashes alike and follows from its own revision + 1.
+ */
+static void test_replica_verifies_the_history(void)
+{
+	char sdir[160] = "", odir[160] = "", cdir[160] = "", url[128], ourl[128];
+	struct kvd *ks = t_repl_kvd("http://127.0.0.1:0", NULL, sdir, sizeof sdir), *kc, *ko;
+	struct t_two t = {0};
+	int64_t was;
+	int i;
+
+	t_repl_writes(ks, 1);
+	snprintf(url, sizeof url, "http://%s", ks->ls[0].name);
+	kc = t_repl_kvd(NULL, url, cdir, sizeof cdir);
+	CHECK(t_repl_caught_up(ks, kc) && kc->repl->verified == 0 && kc->repl->seeding == 0);
+	CHECK(kvd_close(kc) == 0);
+	/* another store, as many revisions, other values */
+	ko = t_repl_kvd("http://127.0.0.1:0", NULL, odir, sizeof odir);
+	for (i = 1; i < ks->db.rev; i++)
+		CHECK(kvd_put(ko, "other", 5, "x", 1, 0, t_two_result, &t) == 0);
+	for (i = 0; i < 200 && t.done < ks->db.rev - 1; i++)
+		t_host_turns(ko, NULL, 1);
+	CHECK(ko->db.rev == ks->db.rev);
+	snprintf(ourl, sizeof ourl, "http://%s", ko->ls[0].name);
+	kc = t_repl_kvd(NULL, ourl, cdir, sizeof cdir);
+	was = kc->db.rev;
+	CHECK(t_repl_state(kc, ko, REPL_RESEED) && strstr(kc->repl->why, "HashKV") && kc->db.rev == was);
+	CHECK(kvd_close(kc) == 0);
+	CHECK(kvd_close(ko) == 0);
+	/* the server behind the store: the store wrote past it (here: the server
+	 * is another store with fewer revisions) */
+	{
+		char cmd[300];
+		snprintf(cmd, sizeof cmd, "rm -rf %s", odir);
+		CHECK(system(cmd) == 0);
+	}
+	memset(odir, 0, sizeof odir);
+	memset(&t, 0, sizeof t);
+	ko = t_repl_kvd("http://127.0.0.1:0", NULL, odir, sizeof odir);
+	CHECK(kvd_put(ko, "k", 1, "v", 1, 0, t_two_result, &t) == 0);
+	t_host_turns(ko, &t.done, 100);
+	snprintf(ourl, sizeof ourl, "http://%s", ko->ls[0].name);
+	kc = t_repl_kvd(NULL, ourl, cdir, sizeof cdir);
+	CHECK(t_repl_state(kc, ko, REPL_RESEED) && strstr(kc->repl->why, "behind") && kc->db.rev == was);
+	CHECK(kvd_close(kc) == 0);
+	CHECK(kvd_close(ko) == 0);
+	/* its own server, which wrote and compacted meanwhile: verified, followed */
+	t_repl_writes(ks, 2);
+	CHECK(mvcc_compact(ks, was - 1) == 0);
+	kc = t_repl_kvd(NULL, url, cdir, sizeof cdir);
+	CHECK(t_repl_caught_up(ks, kc) && kc->repl->verified && kc->db.compacted == was - 1 && t_repl_same(ks, kc));
+	CHECK(kvd_close(kc) == 0);
+	CHECK(kvd_close(ks) == 0);
+	{
+		char cmd[600];
+		snprintf(cmd, sizeof cmd, "rm -rf %s %s %s", sdir, cdir, odir);
+		CHECK(system(cmd) == 0);
+	}
+}
+
 /* Ten thousand small revisions in bursts while the replica follows (its
  * receive windows under a fast stream of small messages, the seed racing
  * the first burst): it keeps up, to the same revision and hash. */
@@ -9662,6 +9739,7 @@ static const struct {
 	{"replica_apply", test_replica_apply},
 	{"replica_follows", test_replica_follows},
 	{"replica_forwards", test_replica_forwards},
+	{"replica_verifies_the_history", test_replica_verifies_the_history},
 	{"replica_many_small", test_replica_many_small},
 };
 
