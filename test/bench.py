@@ -18,6 +18,10 @@ kvd/etcd ratios (the README records them).
                                              one instance (test/embedbench); a watch callback's cost
   test/bench.py --only flash                 write amplification (issue 53): 20000 updates of 2 KiB over 200 keys,
                                              16 writers, compacted as kube-apiserver does; etcd 3.7.3 and kvd
+  test/bench.py --only replica [--n N]      kvd --replicate-from etcd 3.7.3: replication lag at 1000 Puts/s and
+                                             unpaced, serializable Range, the cluster's CPU with 1000 watchers
+                                             on etcd or on the replica, RSS and disk bytes per revision,
+                                             catch-up after N (20000) writes made while it was down
   ... --plot FILE.svg                        also draw the table (kv3, k8s): kvd's ratio to each store per row
 
 The confd rows compare kvd with Debian's ganeti-confd 3.0.2 instead.
@@ -454,6 +458,305 @@ def flash_rows(updates=20000, nkeys=200, vsize=2048, writers=16, every=2000, kee
                     ("block layer beyond kvd's writes (pages written again, metadata)",
                      k["wrote"] - kb["log"] - kb["rewrite"] - kb["reserve"])):
         print("  %-62s %12d B %7.3f" % (what, v, v / max(k["payload"], 1)))
+
+
+def paced_writer(argv):
+    """bench.py --writer ENDPOINT RATE SECS COUNT INFLIGHT (internal): Puts of
+    small values to keys wk/0000..wk/0999 round-robin, RATE a second (0: as
+    fast as INFLIGHT calls in flight allow) until SECS pass or COUNT are
+    answered (0: no limit).  A process of its own, so that the bench's
+    watchers do not share its interpreter.  Prints "puts N secs S rev R"
+    (R: the highest revision answered)."""
+    import collections
+    import grpc
+    endpoint, rate, secs, count, inflight = argv[0], float(argv[1]), float(argv[2]), int(argv[3]), int(argv[4])
+    ch = grpc.insecure_channel(endpoint)
+    f = ch.unary_unary("/etcdserverpb.KV/Put", request_serializer=lambda m: m.SerializeToString(),
+                       response_deserializer=R.PutResponse.FromString)
+    out = collections.deque()
+    done, rev, i = 0, 0, 0
+    t0 = time.monotonic()
+    while (not secs or time.monotonic() - t0 < secs) and (not count or i < count):
+        if rate:
+            due = t0 + i / rate
+            if due > time.monotonic():
+                time.sleep(max(0.0, due - time.monotonic()))
+        out.append(f.future(R.PutRequest(key=b"wk/%04d" % (i % 1000), value=b"v%08d" % i), timeout=60))
+        i += 1
+        while len(out) >= inflight or (out and out[0].done()):
+            rev = max(rev, out.popleft().result().header.revision)
+            done += 1
+    while out:
+        rev = max(rev, out.popleft().result().header.revision)
+        done += 1
+    print("puts %d secs %.6f rev %d" % (done, time.monotonic() - t0, rev), flush=True)
+    ch.close()
+    return 0
+
+
+def write_load(endpoint, rate, secs, count=0, inflight=64):
+    """paced_writer in a process of its own: (puts, seconds, last revision)."""
+    r = subprocess.run([sys.executable, os.path.abspath(__file__), "--writer", endpoint, str(rate), str(secs),
+                        str(count), str(inflight)], capture_output=True, text=True, timeout=600)
+    w = r.stdout.split()
+    if r.returncode or len(w) < 6:
+        raise RuntimeError("writer: %s %s" % (r.stdout.strip(), r.stderr.strip()[-300:]))
+    return int(w[1]), float(w[3]), int(w[5])
+
+
+class StampedWatches:
+    """Watches of keys wk/ from one revision, one raw HTTP/2 connection each
+    (kvdtest.H2), read by one thread that stamps each revision's first
+    event with time.monotonic() as its bytes are read: no grpc threads
+    between the socket and the clock.  .at[i]: revision -> time, watch i."""
+
+    def __init__(self, ports, start):
+        import struct
+        from kvdtest import H2, frame, DATA, HEADERS, WINDOW_UPDATE
+        self.conns = []
+        for port in ports:
+            h = H2(port, init_window=(1 << 31) - 1)
+            req = R.WatchRequest(create_request=R.WatchCreateRequest(key=b"wk/", range_end=b"wk0",
+                                                                      start_revision=start))
+            h.send(frame(WINDOW_UPDATE, 0, 0, struct.pack(">I", (1 << 31) - 1 - 65535)) +
+                   frame(HEADERS, 4, 1, h.block("/etcdserverpb.Watch/Watch")) +
+                   frame(DATA, 0, 1, grpc_frame(req.SerializeToString())))
+            h.s.setblocking(False)
+            self.conns.append(h)
+        self.at = [{} for _ in ports]
+        self.created = [False] * len(ports)
+        self.stop = threading.Event()
+        self.th = threading.Thread(target=self.run, daemon=True)
+        self.th.start()
+
+    def run(self):
+        import select
+        import struct
+        from kvdtest import frame, DATA, SETTINGS, PING
+        msgs = [b""] * len(self.conns)
+        bufs = [b""] * len(self.conns)
+        while not self.stop.is_set():
+            ready, _, _ = select.select([h.s for h in self.conns], [], [], 0.05)
+            for i, h in enumerate(self.conns):
+                if h.s not in ready:
+                    continue
+                now = time.monotonic()
+                try:
+                    d = h.s.recv(1 << 20)
+                except BlockingIOError:
+                    continue
+                if not d:
+                    self.stop.set()
+                    break
+                b, at, data = bufs[i] + d, 0, []
+                while len(b) - at >= 9:
+                    ln = int.from_bytes(b[at:at + 3], "big")
+                    if len(b) - at < 9 + ln:
+                        break
+                    ftype, flags = b[at + 3], b[at + 4]
+                    sid = struct.unpack(">I", b[at + 5:at + 9])[0] & 0x7FFFFFFF
+                    payload, at = b[at + 9:at + 9 + ln], at + 9 + ln
+                    if ftype == DATA and sid == 1:
+                        data.append(payload)
+                    elif ftype == SETTINGS and not flags & 1:
+                        h.s.sendall(frame(SETTINGS, 1, 0))
+                    elif ftype == PING and not flags & 1:
+                        h.s.sendall(frame(PING, 1, 0, payload))
+                bufs[i] = b[at:]
+                m, at = msgs[i] + b"".join(data), 0
+                while len(m) - at >= 5 and len(m) - at >= 5 + int.from_bytes(m[at + 1:at + 5], "big"):
+                    ln = int.from_bytes(m[at + 1:at + 5], "big")
+                    r = R.WatchResponse.FromString(m[at + 5:at + 5 + ln])
+                    at += 5 + ln
+                    self.created[i] = self.created[i] or r.created
+                    for ev in r.events:
+                        self.at[i].setdefault(ev.kv.mod_revision, now)
+                msgs[i] = m[at:]
+
+    def seen(self, i):
+        return max(self.at[i]) if self.at[i] else 0
+
+    def close(self):
+        self.stop.set()
+        self.th.join()
+        for h in self.conns:
+            h.close()
+
+
+def replica_rows(ncatch=20000, n=100000):
+    """Issue 52's replica figures in one run: etcd 3.7.3 (test/peers) and kvd
+    --replicate-from it, data on the same disk.  Replication lag (a watcher
+    on each, both from the same revision, in this process: the replica's
+    arrival time of each revision less etcd's) under a paced writer at 1000
+    Puts/s and an unpaced one; serializable and linearizable Range, h2load
+    on both; the cluster's CPU with 1000 watchers (test/watchbench, one
+    per key, each Put one event) on etcd, then on the replica; the replica's
+    RSS and disk bytes per upstream revision; catch-up after ncatch writes
+    made while it was stopped, against the time etcd took to take them and
+    the time etcd takes to send them to a fresh watcher from the same
+    revision (etcd sends an unsynced watcher 1000 revisions a cycle, one
+    cycle every 100 ms or so: no follower of etcd catches up faster).
+    Noise: a second watcher on etcd beside the first says what the
+    measurement itself adds to the lag (the same one thread stamps all)."""
+    from kvdtest import go_peer
+    e37 = go_peer("etcd")
+    if not e37:
+        print("SKIPPED: needs the etcd 3.7.3 peer (test/lib/deps.sh test)")
+        return
+    subprocess.run(["make", "-s", "-C", ROOT, "test/watchbench"], check=True)
+    e = EtcdDisk(binary=e37)
+    try:
+        replica_figures(e, ncatch, n)
+    finally:
+        if e.p.poll() is None:
+            e.stop()
+        os.system("rm -rf %s" % e.dir)
+
+
+def replica_figures(e, ncatch, n):
+    """replica_rows' figures, etcd e started."""
+    hz = os.sysconf("SC_CLK_TCK")
+    ec = Client(e.endpoint())
+    wait_for(lambda: ec.call("Range", R.RangeRequest(key=b"x"))[0] == "ok", 60)
+    ec.call("Put", R.PutRequest(key=b"x", value=b"y"))
+    kvd_dir = tempfile.mkdtemp(prefix="kvd-bench-", dir=DISK)
+    kargs = ["--name", "bench", "--replicate-from", e.url]
+    k = Kvd(KVD, kargs, data_dir=kvd_dir)
+    kc = Client(k.endpoint())
+
+    def revision(c):
+        r = c.call("Range", R.RangeRequest(key=b"\0", count_only=True, serializable=True))
+        return r[1].header.revision if r[0] == "ok" else -1
+
+    def caught_up(timeout=60):
+        want = revision(ec)
+        if not wait_for(lambda: revision(kc) == want, timeout, 0.005):
+            raise RuntimeError("the replica is at %d, etcd at %d" % (revision(kc), want))
+        return want
+    caught_up()
+    print("kvd --replicate-from etcd 3.7.3 (test/peers), %d CPUs, data on %s; writers: Puts of 9 B over 1000 keys" %
+          (os.cpu_count(), DISK))
+
+    def lag(rate, secs, inflight):
+        start = caught_up() + 1
+        ws = StampedWatches([e.port, e.port, k.port], start)  # the second on etcd: the measurement's own noise
+        if not wait_for(lambda: all(ws.created), 30, 0.005):
+            raise RuntimeError("a watch was not created")
+        puts, took, last = write_load(e.endpoint(), rate, secs, inflight=inflight)
+        if not wait_for(lambda: all(ws.seen(i) >= last for i in range(3)), 60, 0.01):
+            raise RuntimeError("watchers at %s, want %d" % ([ws.seen(i) for i in range(3)], last))
+        ws.close()
+        at = ws.at
+        lags = [at[2][r] - at[0][r] for r in range(start, last + 1) if r in at[0] and r in at[2]]
+        noise = [at[1][r] - at[0][r] for r in range(start, last + 1) if r in at[0] and r in at[1]]
+        missing = (last + 1 - start) - len(lags)
+        return puts / took, pcts(lags), pcts(noise), missing
+
+    def disk(srv):
+        return io_written(srv.p.pid)
+
+    def kvd_metric(name):
+        return sum(metric_sum(k.port, name, '{writer="%s"}' % w) for w in ("log", "rewrite", "reserve"))
+
+    def lag_rows(what, run):
+        rate, (p50, p99, mx), noise, missing = run
+        print("%-46s %14s %14s %14s" % (what % rate, "%.2f ms" % p50, "%.2f ms" % p99, "%.2f ms" % mx) +
+              ("  %d revisions unseen" % missing if missing else ""))
+        print("%-46s %14s %14s %14s" % ("    two watchers on etcd (this process's noise)", "%.2f ms" % noise[0],
+                                        "%.2f ms" % noise[1], "%.2f ms" % noise[2]), flush=True)
+        return rate, p99
+    print("%-46s %14s %14s %14s" % ("replication lag (replica - etcd, per revision)", "p50", "p99", "max"))
+    r0, w0, s0, we0, wk0 = revision(kc), kvd_metric("kvd_disk_written_bytes_total"), \
+        kvd_metric("kvd_disk_syncs_total"), disk(e), disk(k)
+    rate, p99 = lag_rows("  at %.0f writes/s (paced 1000/s, 10 s)", lag(1000, 10, 64))
+    revs = max(revision(kc) - r0, 1)
+    per = ((kvd_metric("kvd_disk_written_bytes_total") - w0) / revs, (disk(e) - we0) / revs, (disk(k) - wk0) / revs,
+           (kvd_metric("kvd_disk_syncs_total") - s0) / revs)
+    print("  goal p99 < 10 ms at 1000 writes/s: %s" % ("met" if p99 < 10 and rate > 950 else "NOT met"))
+    lag_rows("  at %.0f writes/s (unpaced, 32 in flight, 5 s)", lag(0, 5, 32))
+    print("%-46s %14s %14s %8s" % ("", "etcd", "replica", "kvd/etcd"))
+    srng = grpc_frame(R.RangeRequest(key=b"wk/0001", serializable=True).SerializeToString())
+    rng = grpc_frame(R.RangeRequest(key=b"wk/0001").SerializeToString())
+    for name, body in (("Range serializable", srng), ("Range linearizable", rng)):
+        row("%s -c 16 -m 8" % name, h2load(e.port, "/etcdserverpb.KV/Range", body, n, 16, 8),
+            h2load(k.port, "/etcdserverpb.KV/Range", body, n, 16, 8))
+    row("RSS following 1000 keys", proc(e.p.pid, "VmRSS"), proc(k.p.pid, "VmRSS"), "KiB", higher=False)
+    row("disk bytes per revision at 1000/s (block layer)", per[1], per[2], "B", higher=False)
+    print("%-46s %14s %14s" % ("  kvd's own writes per revision (/metrics)", "", "%.0f B" % per[0]))
+    print("%-46s %14s %14s" % ("  kvd's fdatasyncs per revision (/metrics)", "", "%.2f" % per[3]), flush=True)
+
+    def cpu_run(where):
+        """1000 watchers (watchbench: 10 streams x 100, one key each) on
+        where, 10 s of 1000 Puts/s on etcd: CPU seconds of etcd and kvd."""
+        if where:
+            wb = subprocess.Popen([WATCHBENCH, str(where.port), "10", "100", "1000", "120", "0"],
+                                  stdout=subprocess.PIPE, text=True)
+            line = wb.stdout.readline()
+            if not line.startswith("created"):
+                raise RuntimeError("watchbench: %r" % line)
+        alive = k.alive()
+        te, tk = cpu_ticks(e.p.pid), cpu_ticks(k.p.pid) if alive else 0
+        write_load(e.endpoint(), 1000, 10, inflight=64)
+        if alive:
+            caught_up()  # the replica's watchers have what the writer wrote
+        out = ((cpu_ticks(e.p.pid) - te) / hz, (cpu_ticks(k.p.pid) - tk) / hz if alive else None)
+        if where:
+            wb.kill()
+            wb.wait()
+        return out
+    eb, kb = cpu_run(k)
+    # catch-up: the replica stopped where it was (etcd's revision), ncatch Puts, then it starts on its store
+    base = caught_up()
+    k.stop()
+    puts, took, last = write_load(e.endpoint(), 0, 0, count=ncatch, inflight=32)
+    t0 = time.monotonic()  # etcd's own pace serving an old start revision: a fresh watcher's catch-up
+    ws = StampedWatches([e.port], base + 1)
+    fresh = wait_for(lambda: ws.seen(0) >= last, 120, 0.002)
+    fresh = ws.seen(0) >= last and time.monotonic() - t0
+    ws.close()
+    t0 = time.time()
+    k = Kvd(KVD, kargs, data_dir=kvd_dir, port=k.port, wait=False)
+
+    def listening():
+        try:
+            socket.create_connection(("127.0.0.1", k.port), timeout=0.2).close()
+            return True
+        except OSError:
+            return not k.alive()
+    wait_for(listening, 60, 0.002)  # a channel made before would sit in grpc's reconnect backoff
+    t1 = time.time()
+    kc.close()
+    kc = Client(k.endpoint())
+    ok = wait_for(lambda: revision(kc) >= last or not k.alive(), 120, 0.002) and k.alive()
+    secs = time.time() - t0
+    syncs = kvd_metric("kvd_disk_syncs_total")  # kvd's counters start again at 0
+    kcpu = cpu_ticks(k.p.pid) / hz
+    resumed = "resuming from the store's revision %d" % base in k.logtext()
+    kc.close()
+    k.stop()
+    # the same writes and watchers without the replica: on etcd, then none
+    ea, _ = cpu_run(e)
+    e0, _ = cpu_run(None)
+    print("%-46s %14s %14s %8s" % ("CPU, 1000 watchers, 10 s of 1000 Puts/s", "on etcd", "on replica", "ratio"))
+    row("  etcd", ea, eb, "s", higher=False)
+    row("  kvd (the replica)", None, kb, "s", higher=False)
+    row("  both", ea, eb + kb, "s", higher=False)
+    print("%-46s %14s" % ("  etcd, the same Puts, no watchers, no replica", "%.2f s" % e0))
+    print("  (test/watchbench: 10 streams x 100 watchers, one key each, so each Put is one event)", flush=True)
+    print("catch-up: %d revisions (%d -> %d) written while the replica was down" % (last - base, base, last))
+    row("  etcd taking them (32 in flight) / the replica", took * 1000, secs * 1000 if ok else -1, "ms",
+        higher=False)
+    print("  goal: the replica catches up faster than the cluster wrote: %s" % ("met" if ok and secs < took else
+                                                                               "NOT met"))
+    print("  a fresh watcher on etcd from revision %d: all of them in %s" %
+          (base + 1, "%.0f ms" % (fresh * 1000) if fresh else "ERR (not within 120 s)"))
+    print("  the replica: %.0f ms from exec to listening, then %.0f revisions/s; %.2f fdatasyncs per revision; "
+          "%.2f s CPU" % ((t1 - t0) * 1000, (last - base) / max(secs - (t1 - t0), 1e-9), syncs / max(last - base, 1),
+                          kcpu), flush=True)
+    if not resumed:
+        print("  (the replica's log does not say it resumed from %d: %s)" % (base, k.logtext()[-300:]))
+    ec.close()
+    os.system("rm -rf %s" % kvd_dir)
 
 
 def snapshot_rows(nkeys=200000):
@@ -1212,6 +1515,11 @@ def bench(argv):
         return 0
     if only == "flash":
         flash_rows()
+        return 0
+    if "--writer" in argv:  # replica_rows' writer, a process of its own
+        return paced_writer(argv[argv.index("--writer") + 1:])
+    if only == "replica":
+        replica_rows(int(argv[argv.index("--n") + 1]) if "--n" in argv else 20000)
         return 0
     if only == "k8s":
         k8s_rows(float(argv[argv.index("--scale") + 1]) if "--scale" in argv else 1.0)
