@@ -27266,7 +27266,8 @@ static void http1_metrics(struct kvd *k, struct http_x *x, const struct http_req
 
 	for (cl = k->calls; cl; cl = cl->next)
 		streams += cl->m && cl->m->on_msg == watch_on_msg;
-	http1_m_one(&m, "etcd_server_has_leader", "gauge", "Whether or not a leader exists. 1 is existence, 0 is not.", 1);
+	http1_m_one(&m, "etcd_server_has_leader", "gauge", "Whether or not a leader exists. 1 is existence, 0 is not.",
+	            k->repl ? k->st.repl_up : 1); /* a replica: while its watch on the cluster is open */
 	http1_m_one(&m, "etcd_server_is_leader", "gauge", "Whether or not this member is a leader. 1 if is, 0 otherwise.", 1);
 	http1_m_one(&m, "etcd_server_leader_changes_seen_total", "counter", "The number of leader changes seen.", 1);
 	http1_m_one(&m, "etcd_server_health_success", "counter", "The total number of successful health checks",
@@ -27494,8 +27495,9 @@ static int http1_query_has(const char *q, size_t n, const char *name, const char
 /*
  * /health as etcd 3.7 answers it: the alarms (each skipped when its name is
  * in ?exclude=), the leader (skipped with ?serializable=true; kvd always is
- * one, so that flag changes nothing here), then a keys-only Range, which kvd
- * cannot fail but while it stops.  The first failure is the reason.
+ * one, but a replica whose watch on its cluster is not open answers as a
+ * member that lost its leader: RAFT NO LEADER), then a keys-only Range,
+ * which kvd cannot fail but while it stops.  The first failure is the reason.
  */
 static void http1_health(struct kvd *k, struct http_x *x, const struct http_req *r, const char *q, size_t qlen)
 {
@@ -27512,6 +27514,8 @@ static void http1_health(struct kvd *k, struct http_x *x, const struct http_req 
 			snprintf(reason, sizeof reason, "ALARM %s", t == ALARM_NOSPACE || t == ALARM_CORRUPT
 			         ? life_alarm_name(t) : "UNKNOWN");
 	}
+	if (!reason[0] && k->repl && !k->st.repl_up && !http1_query_has(q, qlen, "serializable", "true"))
+		snprintf(reason, sizeof reason, "RAFT NO LEADER");
 	if (!reason[0] && k->stopping)
 		snprintf(reason, sizeof reason, "RANGE ERROR:%s", "etcdserver: server stopped");
 	if (!reason[0]) { /* w.Write without a Content-Type: Go sniffs one */
@@ -27570,6 +27574,8 @@ static const char *http1_check(const struct kvd *k, size_t i)
 {
 	if (i == 0) /* data_corruption */
 		return life_alarm_on(k, ALARM_CORRUPT) ? "alarm activated: CORRUPT" : NULL;
+	if (i == 2 && k->repl && !k->st.repl_up) /* a replica's linearizable read needs its cluster */
+		return "etcdserver: request timed out";
 	if (i == 1 || i == 2) /* the reads, as root: they fail only while kvd stops */
 		return k->stopping ? "etcdserver: server stopped" : NULL;
 	return NULL; /* non_learner: kvd is never a learner */

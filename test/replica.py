@@ -214,7 +214,9 @@ def forwards_writes_and_linearizable_reads():
     etcd, then the wait); /metrics shows the uplink up, no lag, the writes
     forwarded and the reads probed; etcd stopped (SIGSTOP), a linearizable Range and
     a write end Unavailable "etcdserver: request timed out" while a
-    serializable Range is served."""
+    serializable Range is served; once the keepalive finds etcd stopped,
+    /health says RAFT NO LEADER (200 with ?serializable=true), /readyz
+    fails, /livez passes, kvd_replica_uplink_up is 0."""
     m = rpc()
     e = Etcd()
     ec = Client(e.endpoint())
@@ -274,6 +276,15 @@ def forwards_writes_and_linearizable_reads():
           mt.get("kvd_replica_linearizable_reads_total", 0) >= 60,
           "/metrics: %s" % {x: y for x, y in mt.items() if x.startswith("kvd_replica")})
     # etcd unreachable: etcd's request timeout; serializable reads go on
+    import urllib.error
+    import urllib.request
+
+    def get(path):
+        try:
+            with urllib.request.urlopen(k.url + path, timeout=10) as f:
+                return f.status, f.read().decode()
+        except urllib.error.HTTPError as x:
+            return x.code, x.read().decode()
     e.p.send_signal(signal.SIGSTOP)
     try:
         r = kc.call("Range", m.RangeRequest(key=b"lin"), timeout=30)
@@ -283,9 +294,19 @@ def forwards_writes_and_linearizable_reads():
         check(r[0] == "err" and r[1] == "UNAVAILABLE" and r[2].startswith("etcdserver: request timed out"),
               "a Put, etcd stopped: %s" % (r,))
         check(seen(b"lin") == b"59", "a serializable Range, etcd stopped")
+        # the keepalive finds etcd stopped: the uplink is down, /health says so as etcd without a leader
+        check(wait_for(lambda: get("/health")[0] == 503, 30, 0.1), "/health, the uplink down: %s" % (get("/health"),))
+        check(get("/health") == (503, '{"health":"false","reason":"RAFT NO LEADER"}\n') and
+              get("/health?serializable=true")[0] == 200 and get("/readyz")[0] == 503 and get("/livez")[0] == 200,
+              "/health %s, ?serializable=true %s, /readyz %s, /livez %s" %
+              (get("/health"), get("/health?serializable=true"), get("/readyz"), get("/livez")))
+        check(metrics(k).get("kvd_replica_uplink_up") == 0 and metrics(k).get("etcd_server_has_leader") == 0,
+              "kvd_replica_uplink_up and etcd_server_has_leader 0")
     finally:
         e.p.send_signal(signal.SIGCONT)
-    check(kc.call("Range", m.RangeRequest(key=b"lin"))[0] == "ok", "a linearizable Range once etcd runs again")
+    check(wait_for(lambda: kc.call("Range", m.RangeRequest(key=b"lin"))[0] == "ok", 30, 0.1),
+          "a linearizable Range once etcd runs again")
+    check(wait_for(lambda: get("/health")[0] == 200, 30, 0.1), "/health once etcd runs again")
     k.stop()
     e.stop()
 
