@@ -28657,7 +28657,8 @@ static int repl_on_verify(void *arg, const struct kvd_reply *r)
 		         (long long)k->db.rev);
 		repl_must_reseed(k, rp, why);
 	} else if (r->code == GRPC_OUT_OF_RANGE && strstr(r->text, "compacted")) {
-		snprintf(why, sizeof why, "the cluster compacted past revision %lld: a snapshot is needed", (long long)k->db.rev);
+		snprintf(why, sizeof why, "the cluster compacted past revision %lld (HashKV at %lld: compacted): a snapshot "
+		         "is needed", (long long)k->db.rev + 1, (long long)k->db.rev);
 		repl_must_reseed(k, rp, why);
 	} else if (r->code) {
 		snprintf(why, sizeof why, "HashKV: %s (code %d)", r->text, r->code);

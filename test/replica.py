@@ -35,9 +35,10 @@ field by field against etcd itself, at a revision both have.
   and compacts there: Range below it refused as etcd refuses it, HashKV
   (compact_revision too) and Range equal above it.
 - compacted_while_offline_must_reseed: etcd compacts past an offline
-  replica's revision; started again, the replica's watch is cancelled as
-  compacted and it logs "must reseed" with both revisions, applying
-  nothing (reseeding a non-empty store is not done yet).
+  replica's revision; started again, the cluster's HashKV at the
+  replica's revision is refused as compacted and the replica logs "must
+  reseed", applying nothing, serializable reads served, linearizable ones
+  refused naming why (reseeding a non-empty store is not done yet).
 - lease_revoke_same_revision: a lease with keys revoked on etcd: the
   replica deletes them at the revision etcd's revoke took, in one
   revision, as etcd's watchers see it.
@@ -116,8 +117,8 @@ def hashkv(c, rev):
     return (r[1].hash, r[1].compact_revision, r[1].hash_revision) if r[0] == "ok" else r
 
 
-def kvs(c, rev=0):
-    r = c.call("Range", rpc().RangeRequest(key=b"\0", range_end=b"\0", revision=rev))
+def kvs(c, rev=0, serializable=False):
+    r = c.call("Range", rpc().RangeRequest(key=b"\0", range_end=b"\0", revision=rev, serializable=serializable))
     if r[0] != "ok":
         return r
     return [(kv.key, kv.value, kv.create_revision, kv.mod_revision, kv.version, kv.lease) for kv in r[1].kvs]
@@ -436,9 +437,11 @@ def mirrors_compactions():
 @test
 def compacted_while_offline_must_reseed():
     """The replica offline while etcd writes and compacts past its
-    revision: started again, its watch is cancelled as compacted, and it
-    says so -- "must reseed", a clear state -- applying nothing, serving
-    what it had (reseeding a store that is not empty is not done yet)."""
+    revision: started again, the cluster's HashKV at its revision is
+    refused as compacted, and it says so -- "must reseed", a clear state --
+    applying nothing, serving what it had to serializable reads (a
+    linearizable one fails, naming why); reseeding a store that is not
+    empty is not done yet."""
     e = Etcd()
     ec = Client(e.endpoint())
     history(ec, b"a")
@@ -457,9 +460,12 @@ def compacted_while_offline_must_reseed():
     kc = Client(k.endpoint())
     said = wait_for(lambda: "must reseed" in k.logtext(), 30, 0.02)
     line = [x for x in k.log if "must reseed" in x]
-    check(said and "compacted past revision %d (its compaction is at %d)" % (rev + 1, crev) in line[0],
-          "the compacted cancel is a clear state: %s" % (line or k.logtext()[-1500:]))
-    check(revision(kc) == rev and kvs(kc) == before, "nothing applied; the store served as it was")
+    check(said and "compacted past revision %d" % (rev + 1) in line[0],
+          "the compacted history is a clear state: %s" % (line or k.logtext()[-1500:]))
+    check(revision(kc) == rev and kvs(kc, serializable=True) == before, "nothing applied; the store served as it was")
+    r = kc.call("Range", rpc().RangeRequest(key=b"a/k00"))
+    check(r[0] == "err" and r[1] == "UNAVAILABLE" and "stopped following" in r[2],
+          "a linearizable read of a replica that stopped: %s" % (r,))
     k.stop()
     e.stop()
 
