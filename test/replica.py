@@ -1,8 +1,9 @@
 #!/usr/bin/python3
-"""kvd --replicate-from an etcd 3.7.3 (test/peers; without Go >= 1.26 every
-test here says SKIPPED, a failure under KVD_REQUIRE_GO_PEERS): the replica
-follows the cluster's Watch and keeps its numbers.  Every comparison is
-field by field against etcd itself, at a revision both have.
+"""kvd --replicate-from an etcd 3.7.3 (test/peers; without Go >= 1.26 the
+tests on it say SKIPPED, a failure under KVD_REQUIRE_GO_PEERS), Debian's
+etcd 3.4.23, or another kvd: the replica follows the cluster's Watch and
+keeps its numbers.  Every comparison is field by field against the
+upstream itself, at a revision both have.
 
 - follows_etcd: etcd with history (puts, deletes, txns, a lease with
   keys), then kvd --replicate-from it (an empty store is seeded from
@@ -53,6 +54,21 @@ field by field against etcd itself, at a revision both have.
   keepalive PING), kvd killed and restarted: no reseed, HashKV, Range and
   a whole-keyspace watch equal to the cluster's, every acknowledged
   write's revision on the replica.
+- follows_a_debian_etcd_34_cluster: the same under a steady writer with a
+  3-member cluster of Debian's etcd 3.4.23 (/usr/bin/etcd): seeded from
+  its snapshot, the member followed killed and restarted, kvd killed and
+  restarted (no reseed), a compaction mirrored (a Range below it refused
+  alike), a forwarded Put seen when answered; HashKV (hash and
+  compact_revision: 3.4 gives no hash_revision), Range and a
+  whole-keyspace watch equal.  (A known kvd bug, checked only with
+  KVD_CHECK_KNOWN_BUGS=1: a replica stopped at the revision 3.4 then
+  compacts at says "must reseed" when started again.)
+- follows_another_kvd: a plain kvd as the upstream, a replica of it, and
+  a replica of that replica (a chain): seeded, live writes, a Put on the
+  chain's end reaches the upstream and is seen on both replicas when
+  answered, a linearizable Range on the chain's end, a compaction made
+  down the chain, the middle replica killed (-9) and restarted (no
+  reseed); HashKV, Range and the watch's events equal on all three.
 Last line: "N passed, N failed".
 """
 import os
@@ -124,10 +140,20 @@ def kvs(c, rev=0, serializable=False):
     return [(kv.key, kv.value, kv.create_revision, kv.mod_revision, kv.version, kv.lease) for kv in r[1].kvs]
 
 
+def same_hashkv(hk, he, rev):
+    """HashKV tuples equal: hash and compact_revision always; hash_revision
+    when the upstream gives one (etcd 3.4's HashKVResponse has none: 0)."""
+    if not (isinstance(hk, tuple) and isinstance(he, tuple)):
+        return False
+    if he[2] == 0:
+        return hk[:2] == he[:2] and hk[2] == rev
+    return hk == he and he[2] == rev
+
+
 def same_state(kc, ec, rev, what):
     """HashKV and Range equal at rev and at a few revisions below it."""
     hk, he = hashkv(kc, rev), hashkv(ec, rev)
-    ok = check(hk == he and len(he) == 3 and he[2] == rev, "%s: HashKV at %d: kvd %s, etcd %s" % (what, rev, hk, he))
+    ok = check(same_hashkv(hk, he, rev), "%s: HashKV at %d: kvd %s, etcd %s" % (what, rev, hk, he))
     for r in sorted({rev, max(1, rev - 1), max(1, rev // 2), 2}):
         a, b = kvs(kc, r), kvs(ec, r)
         ok = check(a == b and (r < 2 or bool(a)), "%s: Range at %d differs:\n kvd  %s\n etcd %s" % (what, r, a, b)) and ok
@@ -585,13 +611,14 @@ def hands_a_board_over_to_etcd():
 
 
 class Cluster:
-    """A 3-member etcd 3.7.3 cluster on loopback (data on tmpfs), each
-    member a process of its own, to kill, restart and stop."""
+    """A 3-member etcd cluster on loopback (data on tmpfs), each member a
+    process of its own, to kill, restart and stop: etcd 3.7.3 (oracle()),
+    or binary= ("etcd" is Debian's 3.4.23; the same flags)."""
 
-    def __init__(self, n=3):
+    def __init__(self, n=3, binary=None):
         import tempfile
         from kvdtest import free_port, oracle, spawn
-        self.spawn, self.bin = spawn, oracle()
+        self.spawn, self.bin = spawn, binary or oracle()
         base = "/dev/shm" if os.path.isdir("/dev/shm") else None
         self.ports = [(free_port(), free_port()) for _ in range(n)]
         self.dirs = [tempfile.mkdtemp(prefix="etcd-m%d-" % i, dir=base) for i in range(n)]
@@ -600,16 +627,28 @@ class Cluster:
         self.p = [None] * n
         for i in range(n):
             self.start(i, "new")
-        check(wait_for(lambda: all(self.ready(i) for i in range(n)), 60, 0.1), "the cluster started")
+        if not check(wait_for(lambda: all(self.ready(i) for i in range(n)), 60, 0.1), "the cluster started"):
+            for i in range(n):  # why: each member's exit status and the end of its log
+                print("  m%d (%s): exit %s, ready %s: %s" % (i, self.urls[i], self.p[i].poll(), self.ready(i),
+                                                         self.logtail(i)), flush=True)
 
     def start(self, i, state="existing"):
         c, p = self.ports[i]
-        self.p[i] = self.spawn([self.bin, "--name", "m%d" % i, "--data-dir", self.dirs[i],
-                                "--listen-client-urls", self.urls[i], "--advertise-client-urls", self.urls[i],
-                                "--listen-peer-urls", "http://127.0.0.1:%d" % p,
-                                "--initial-advertise-peer-urls", "http://127.0.0.1:%d" % p,
-                                "--initial-cluster", self.initial, "--initial-cluster-state", state,
-                                "--log-level", "error"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        with open(self.dirs[i] + ".log", "ab") as log:  # the member's errors, for logtail()
+            self.p[i] = self.spawn([self.bin, "--name", "m%d" % i, "--data-dir", self.dirs[i],
+                                    "--listen-client-urls", self.urls[i], "--advertise-client-urls", self.urls[i],
+                                    "--listen-peer-urls", "http://127.0.0.1:%d" % p,
+                                    "--initial-advertise-peer-urls", "http://127.0.0.1:%d" % p,
+                                    "--initial-cluster", self.initial, "--initial-cluster-state", state,
+                                    "--log-level", "error"], stdout=subprocess.DEVNULL, stderr=log)
+
+    def logtail(self, i, n=600):
+        """The end of member i's log (its errors: --log-level error)."""
+        try:
+            with open(self.dirs[i] + ".log", "rb") as f:
+                return f.read()[-n:].decode(errors="replace")
+        except OSError as e:
+            return str(e)
 
     def ready(self, i):
         try:
@@ -630,6 +669,8 @@ class Cluster:
         import shutil
         for d in self.dirs:
             shutil.rmtree(d, ignore_errors=True)
+            if os.path.exists(d + ".log"):
+                os.unlink(d + ".log")
 
 
 @test
@@ -731,6 +772,239 @@ def follows_a_three_member_cluster_through_faults():
         k.stop()
     finally:
         cl.stop()
+
+
+def steady_writer(clients):
+    """A thread writing (Puts over 50 keys, a range delete now and then)
+    through clients[0] until a call fails, then the next: (thread, stop
+    event, the acknowledged revisions, [refused])."""
+    import threading
+    import time
+    m = rpc()
+    stop, acked, errors = threading.Event(), [], [0]
+
+    def writer():
+        i = cur = 0
+        while not stop.is_set():
+            c = clients[cur % len(clients)]
+            if i % 97 == 5:
+                r = c.call("DeleteRange", m.DeleteRangeRequest(key=b"w/1", range_end=b"w/2"), timeout=3)
+            else:
+                r = c.call("Put", m.PutRequest(key=b"w/%d" % (i % 50), value=b"%d" % i), timeout=3)
+            if r[0] == "ok":
+                acked.append(r[1].header.revision)
+            else:
+                errors[0] += 1
+                cur += 1
+                time.sleep(0.05)
+            i += 1
+            time.sleep(0.004)
+    t = threading.Thread(target=writer, daemon=True)
+    t.start()
+    return t, stop, acked, errors
+
+
+def advances(c, by=20, secs=30):
+    was = revision(c)
+    return wait_for(lambda: revision(c) > was + by, secs, 0.05)
+
+
+@test
+def follows_a_debian_etcd_34_cluster():
+    """A 3-member cluster of Debian's etcd 3.4.23 (/usr/bin/etcd) under a
+    steady writer: the replica seeds from its snapshot and follows; the
+    member it follows is killed (-9) and restarted; kvd is killed (-9) and
+    started again on its data dir (it resumes, no reseed); the cluster
+    compacts and the replica compacts at the same revision (a Range below
+    it refused on both alike); a Put made through the replica is seen on
+    it when answered; at the end HashKV (hash and compact_revision: 3.4's
+    HashKVResponse has no hash_revision), Range field by field and a
+    whole-keyspace watch from the same revision are equal to the
+    cluster's, and every acknowledged write's revision is on the replica."""
+    m = rpc()
+    cl = Cluster(binary="etcd")
+    try:
+        clients = [Client(u[7:]) for u in cl.urls]
+        ec = clients[2]
+        history(ec, b"h")
+        t, stop, acked, errors = steady_writer(clients)
+        wait_for(lambda: len(acked) > 50, 30, 0.02)
+        urls = ",".join(cl.urls)
+        k = Kvd(KVD, args=["--replicate-from", urls])
+        kc = Client(k.endpoint())
+        check(wait_for(lambda: revision(kc) > 80, 30, 0.05), "the replica seeded and follows: %s" % k.logtext()[-800:])
+        check("replica: seeded from a snapshot of %s" % cl.urls[0] in k.logtext(),
+              "seeded from etcd 3.4's snapshot: %s" % k.logtext()[-800:])
+        # the member the replica follows, killed and restarted
+        cl.kill(0)
+        check(advances(kc), "the replica went on from the next member after m0 was killed: %s" % k.logtext()[-600:])
+        cl.start(0)
+        check(wait_for(lambda: cl.ready(0), 60, 0.1), "m0 back")
+        # kvd killed, started again on its data dir: it resumes
+        k.stop(signal.SIGKILL)
+        kc.close()
+        k = Kvd(KVD, args=["--replicate-from", urls], data_dir=k.dir)
+        kc = Client(k.endpoint())
+        log = k.logtext()
+        check("resuming from the store's revision" in log and "the store is empty" not in log,
+              "no reseed after kill -9: %s" % log[-600:])
+        r1 = revision(kc)
+        wk, wc = WatchStream(k.endpoint()), WatchStream(cl.urls[2][7:])
+        for w in (wk, wc):
+            w.create(key=b"\0", range_end=b"\0", start_revision=r1)
+        check(advances(kc), "the replica follows again after its restart: %s" % k.logtext()[-600:])
+        check("is this store's" in k.logtext(), "the cluster's HashKV verified the store: %s" % k.logtext()[-600:])
+        # a compaction on the cluster, mirrored
+        crev = revision(ec) - 5
+        r = ec.call("Compact", m.CompactionRequest(revision=crev, physical=True))
+        check(r[0] == "ok", "the cluster compacted at %d: %s" % (crev, r))
+        check(wait_for(lambda: "replica: compacted at revision %d, as the cluster" % crev in k.logtext(), 20, 0.05),
+              "the replica compacted at %d: %s" % (crev, k.logtext()[-800:]))
+        a, b = kvs(kc, crev - 1), kvs(ec, crev - 1)
+        check(a == b and a[0] == "err" and a[1] == "OUT_OF_RANGE", "Range below the compaction: kvd %s, etcd %s" %
+              (a, b))
+        # a Put through the replica: etcd 3.4's answer, seen on the replica when answered
+        r = kc.call("Put", m.PutRequest(key=b"fwd", value=b"through the replica"))
+        rv = r[1].header.revision if r[0] == "ok" else -1
+        g = kc.call("Range", m.RangeRequest(key=b"fwd", serializable=True))
+        check(r[0] == "ok" and g[0] == "ok" and [(x.value, x.mod_revision) for x in g[1].kvs] ==
+              [(b"through the replica", rv)], "a forwarded Put seen on the replica when answered: %s, %s" % (r, g))
+        stop.set()
+        t.join(10)
+        rev = caught_up(kc, ec, 60)
+        check(rev > 0 and len(acked) > 300, "caught up at %d (%d writes acknowledged, %d refused during faults)" %
+              (rev, len(acked), errors[0]))
+        check(max(acked) <= rev and rv <= rev, "every acknowledged write's revision is on the replica")
+        same_state(kc, ec, rev, "etcd 3.4 after the faults")
+        check(hashkv(kc, rev)[1] == crev, "the compaction point: %s" % (hashkv(kc, rev),))
+        # not at crev itself: etcd 3.4 refuses HashKV at its compaction revision as compacted, while 3.5+
+        # (3.7.3, and kvd, which answers as 3.7.3) hash it with compact_revision -1
+        for x in (crev + 1, (crev + rev) // 2, rev - 1):
+            hk, he = hashkv(kc, x), hashkv(ec, x)
+            check(same_hashkv(hk, he, x), "HashKV at %d: kvd %s, etcd %s" % (x, hk, he))
+        a, b = events(wk, rev), events(wc, rev)
+        check(a == b and len({x[4] for x in a}) == rev - r1 + 1,
+              "the same events from %d to %d: kvd %d, the cluster %d" % (r1, rev, len(a), len(b)))
+        check("must reseed" not in k.logtext(), "never stopped following: %s" % k.logtext()[-600:])
+        print("  %d writes acknowledged, %d refused during the faults; the replica at %d, compacted at %d" %
+              (len(acked), errors[0], rev, crev))
+        wk.close()
+        wc.close()
+        # kvd bug: etcd 3.4 refuses HashKV at its compaction revision (3.5+ answers it), and the replica's
+        # resume check takes that refusal for "the cluster compacted past this store": a replica stopped
+        # at revision N, the cluster compacted at exactly N, says "must reseed" when started again
+        # ("the cluster compacted past revision N+1 (HashKV at N: compacted)") though a watch from N+1
+        # serves; against 3.7.3 the same resumes.  Checked only with KVD_CHECK_KNOWN_BUGS=1 until
+        # kvd.c's resume verification handles it.
+        if os.environ.get("KVD_CHECK_KNOWN_BUGS"):
+            k.stop(signal.SIGKILL)
+            kc.close()
+            r = ec.call("Compact", m.CompactionRequest(revision=rev))
+            check(r[0] == "ok", "the cluster compacted at the replica's revision %d: %s" % (rev, r))
+            put(ec, b"after", b"1")
+            k = Kvd(KVD, args=["--replicate-from", urls], data_dir=k.dir)
+            kc = Client(k.endpoint())
+            check(caught_up(kc, ec, 15) == rev + 1 and "must reseed" not in k.logtext(),
+                  "kvd bug: resumed at the cluster's compaction revision %d: %s" % (rev, k.logtext()[-600:]))
+        k.stop()
+    finally:
+        cl.stop()
+
+
+@test
+def follows_another_kvd():
+    """The board's hot standby: a plain kvd as the upstream, a kvd
+    replica following it, and a second-level replica following the first
+    (a chain).  Both seed from a snapshot and follow live writes; a Put
+    made on the chain's end reaches the upstream and is seen on both
+    replicas when answered; a linearizable Range on the chain's end sees
+    a write made on the upstream just before; the upstream's compaction is
+    made down the chain (a Range below it refused alike on all three); the
+    middle replica killed (-9) and started again on its port resumes
+    without a reseed and the chain's end follows it again; HashKV, Range
+    and a whole-keyspace watch equal on all three."""
+    m = rpc()
+    u = Kvd(KVD)
+    uc = Client(u.endpoint())
+    history(uc, b"a")
+    r1 = Kvd(KVD, args=["--replicate-from", "http://" + u.endpoint()])
+    r1c = Client(r1.endpoint())
+    r2 = Kvd(KVD, args=["--replicate-from", r1.url])
+    r2c = Client(r2.endpoint())
+    rev = caught_up(r2c, uc)
+    check(rev > 20 and revision(r1c) == rev, "the chain reached the upstream's revision %d: %d, %d" %
+          (revision(uc), revision(r1c), revision(r2c)))
+    for x, up in ((r1, u.url), (r2, r1.url)):
+        check("replica: seeded from a snapshot of %s" % up in x.logtext(), "seeded from %s: %s" %
+              (up, x.logtext()[-800:]))
+    same_state(r1c, uc, rev, "the first replica seeded")
+    same_state(r2c, uc, rev, "the chain's end seeded")
+    w = [WatchStream(x.endpoint()) for x in (u, r2)]
+    for x in w:
+        x.create(key=b"\0", range_end=b"\0", start_revision=rev - 5)
+    history(uc, b"b")
+    rev2 = caught_up(r2c, uc)
+    check(rev2 > rev and revision(r1c) == rev2, "live writes down the chain: %d" % rev2)
+    same_state(r2c, uc, rev2, "live")
+    # a Put on the chain's end goes up to the upstream, seen on both replicas when answered
+    bad = 0
+    for i in range(20):
+        r = r2c.call("Put", m.PutRequest(key=b"f/%d" % (i % 3), value=b"v%d" % i))
+        if not check(r[0] == "ok", "a Put through the chain: %s" % (r,)):
+            break
+        rv = r[1].header.revision
+        for c in (uc, r1c, r2c):
+            g = c.call("Range", m.RangeRequest(key=b"f/%d" % (i % 3), serializable=True))
+            bad += not (g[0] == "ok" and [(x.value, x.mod_revision) for x in g[1].kvs] == [(b"v%d" % i, rv)])
+    check(bad == 0, "read-your-writes down the chain: %d of 60 reads did not see the Put when answered" % bad)
+    # a linearizable Range on the chain's end sees the upstream's newest write
+    stale = 0
+    for i in range(30):
+        rv = put(uc, b"lin", b"%d" % i)
+        r = r2c.call("Range", m.RangeRequest(key=b"lin"))
+        stale += not (r[0] == "ok" and r[1].kvs and r[1].kvs[0].value == b"%d" % i and r[1].header.revision >= rv)
+    check(stale == 0, "linearizable Range on the chain's end: %d of 30 did not see the write made just before" % stale)
+    # the upstream compacts: down the chain
+    history(uc, b"c")
+    crev = revision(uc) - 5
+    r = uc.call("Compact", m.CompactionRequest(revision=crev, physical=True))
+    check(r[0] == "ok", "the upstream compacted at %d: %s" % (crev, r))
+    put(uc, b"c/after", b"1")
+    for x in (r1, r2):
+        check(wait_for(lambda: "replica: compacted at revision %d, as the cluster" % crev in x.logtext(), 20, 0.05),
+              "the replica compacted at %d: %s" % (crev, x.logtext()[-800:]))
+    a = [kvs(c, crev - 1) for c in (uc, r1c, r2c)]
+    check(a[0] == a[1] == a[2] and a[0][0] == "err" and a[0][1] == "OUT_OF_RANGE",
+          "Range below the compaction: %s" % (a,))
+    # the middle replica killed, started again on its port and data dir: resumes, and the end follows it again
+    rev3 = caught_up(r2c, uc)
+    r1.stop(signal.SIGKILL)
+    r1c.close()
+    history(uc, b"d")
+    r1 = Kvd(KVD, args=["--replicate-from", "http://" + u.endpoint()], data_dir=r1.dir, port=r1.port)
+    r1c = Client(r1.endpoint())
+    rev4 = caught_up(r2c, uc)
+    log = r1.logtext()
+    check(rev4 > rev3 and revision(r1c) == rev4, "the chain follows again: %d > %d" % (rev4, rev3))
+    check("resuming from the store's revision %d (no reseed)" % rev3 in log and "the store is empty" not in log and
+          "is this store's" in log, "the middle replica resumed from %d: %s" % (rev3, log[-800:]))
+    for x, seeds in ((r1, 0), (r2, 1)):  # r1 is a new process: its seed was in the one killed
+        check("must reseed" not in x.logtext() and x.logtext().count("seeded from a snapshot") == seeds,
+              "%d seed(s), never stopped: %s" % (seeds, x.logtext()[-800:]))
+    for c, what in ((r1c, "the middle replica"), (r2c, "the chain's end")):
+        same_state(c, uc, rev4, what)
+        check(hashkv(c, rev4)[1] == crev, "%s's compaction point: %s" % (what, hashkv(c, rev4)))
+    w.append(WatchStream(r1.endpoint()))
+    w[2].create(key=b"\0", range_end=b"\0", start_revision=crev)
+    a, b = events(w[0], rev4), events(w[1], rev4)
+    check(a == b and len({x[4] for x in a}) == rev4 - rev + 6,
+          "the same events from %d to %d: the upstream %d, the chain's end %d" % (rev - 5, rev4, len(a), len(b)))
+    c = events(w[2], rev4)
+    check(c == [x for x in a if x[4] >= crev] and c, "the middle replica's events from %d: %d" % (crev, len(c)))
+    for x in w:
+        x.close()
+    for x in (r2, r1, u):
+        x.stop()
 
 
 if __name__ == "__main__":
