@@ -965,6 +965,8 @@ struct conn {
 	unsigned dead : 1;           /* socket error: close now */
 	unsigned shut_wr : 1;        /* output done, lingering for the peer's close */
 	unsigned want_write : 1;     /* the transport waits to write (a TLS handshake): POLLOUT */
+	unsigned read_first : 1;     /* the transport must read before c->out can move (a client's TLS handshake
+	                                waiting for the server): no POLLOUT for c->out meanwhile */
 	unsigned metrics_only : 1;   /* from a --listen-metrics-urls listener: HTTP/1.x: /metrics, /health, /livez, /readyz */
 	unsigned refusing : 1;       /* over the limits: its first bytes get a refusal in its protocol */
 	unsigned connecting : 1;     /* kvd opened it (net_connect): the connect is under way */
@@ -19941,6 +19943,18 @@ static void svc_shutdown(struct kvd *k)
  * connection, every byte of it (with --client-cert-auth etcd takes it as the
  * user name when auth is on and no token is sent: "root\0.x" is no user).
  *
+ * The client role (kvd opens the connection: the replica's https://
+ * upstream, section 30's calls over it) uses the same transport with a
+ * configuration of its own, made at start (tls_cl_init, the
+ * --replicate-cacert/-cert/-key flags: etcdctl's --cacert/--cert/--key):
+ * the server's chain must reach those CAs and its leaf must name the
+ * URL's host as Go's VerifyHostname would (tls_cl_verified: tls_names, so
+ * an IP URL needs an iPAddress SAN, which mbedtls 2.28's own check does not
+ * know), ALPN offers h2 alone, and a client certificate goes when the
+ * server asks.  The ClientHello goes once the connect is done; until the
+ * server's first flight comes the requests queued above (the HTTP/2
+ * preface, the first calls) wait without POLLOUT (conn.read_first).
+ *
  * Certificates, key, CA and CRL are one generation (struct tls_cfg),
  * counted by the connections made with it.  SIGHUP reads them again: a good
  * set serves new connections at once while old ones finish on theirs; a bad
@@ -19960,9 +19974,13 @@ static void svc_shutdown(struct kvd *k)
  *      bytes and a length (tls_peer_cn), never to be compared as a C
  *      string.
  *   4. A certificate generation lives while anything uses it: a ref for
- *      kvd's current one and one per connection (tls_accept), given back
- *      by tls_free and tls_reload (tls_cfg_unref); a reload that fails
- *      keeps the one in use.
+ *      kvd's current one and one per connection (tls_accept, tls_connect),
+ *      given back by tls_free and tls_reload (tls_cfg_unref); a reload that
+ *      fails keeps the one in use.
+ *   5. A client's connection waiting for the server's handshake bytes asks
+ *      for no POLLOUT (tls_step sets conn.read_first on WANT_READ, the
+ *      pollset honours it): the loop sleeps in poll instead of spinning on
+ *      a writable socket it cannot yet write.
  */
 
 /* --tls-min-version / --tls-max-version, checked as etcd 3.7 checks them
@@ -20036,7 +20054,8 @@ struct tls_crl {
 };
 
 struct tls_state {
-	struct tls_cfg *cfg;            /* new connections use this one */
+	struct tls_cfg *cfg;            /* new connections use this one (NULL: no https:// listener) */
+	struct tls_cfg *client;         /* connections kvd opens to https:// peers (NULL: none to make) */
 	struct tls_crl crl;             /* --client-crl-file's revoked serials */
 	mbedtls_entropy_context entropy;
 	mbedtls_ctr_drbg_context drbg;
@@ -20052,6 +20071,8 @@ struct tls_conn {
 	unsigned done : 1;              /* the handshake is over */
 	unsigned looked : 1;            /* its first bytes were looked at (tls_not_tls) */
 	unsigned cert : 1;              /* the client sent a certificate (verified) */
+	unsigned client : 1;            /* kvd opened it (tls_connect): kvd is the TLS client */
+	char host[64];                  /* a client's: the name or address the server's certificate must carry */
 	char *cn;                       /* the client certificate's CN, its exact bytes (NUL added); NULL if none */
 	size_t cnlen;
 };
@@ -20429,6 +20450,136 @@ fail:
 	return KVD_EINVAL;
 }
 
+/* k->tls and its random generator, once, for the server role or the client
+ * role, whichever needs them first.  0, KVD_ENOMEM or KVD_EIO (err says). */
+static int tls_state(struct kvd *k, char *err, size_t errlen)
+{
+	int r;
+
+	if (k->tls)
+		return 0;
+	if (!(k->tls = kvd_calloc(k, sizeof *k->tls))) {
+		snprintf(err, errlen, "out of memory");
+		return KVD_ENOMEM;
+	}
+	mbedtls_entropy_init(&k->tls->entropy);
+	mbedtls_ctr_drbg_init(&k->tls->drbg);
+	if ((r = mbedtls_ctr_drbg_seed(&k->tls->drbg, mbedtls_entropy_func, &k->tls->entropy,
+	                               (const unsigned char *)"kvd", 3))) {
+		tls_why(r, "TLS", "random generator", err, errlen);
+		return KVD_EIO;
+	}
+#if defined(MBEDTLS_SSL_PROTO_TLS1_3)
+	/* once per process, and never stopped: another kvd in it may use it */
+	if (psa_crypto_init() != PSA_SUCCESS) {
+		snprintf(err, errlen, "TLS: PSA crypto did not start");
+		return KVD_EIO;
+	}
+#endif
+	return 0;
+}
+
+/*
+ * The client role's one configuration, made at start when a peer kvd will
+ * call is https:// (the replica's --replicate-from): the server's chain
+ * must reach --replicate-cacert's CAs (else the system's bundle) and its
+ * leaf name the URL's host (tls_cl_verified), unless
+ * --replicate-insecure-skip-tls-verify; --replicate-cert and
+ * --replicate-key are presented when the server asks for a certificate (an
+ * etcd with --client-cert-auth); ALPN offers h2 alone (gRPC); TLS 1.2 and
+ * 1.3 as the build has them, mbedtls' default suites.  0, or KVD_EINVAL
+ * (err says which flag and file).
+ */
+static int tls_cl_init(struct kvd *k, char *err, size_t errlen)
+{
+	static const char *const h2[] = {"h2", NULL};
+	const struct kvd_config *cfg = &k->cfg;
+	const char *ca = cfg->replicate_cacert && cfg->replicate_cacert[0] ? cfg->replicate_cacert
+	                 : "/etc/ssl/certs/ca-certificates.crt";
+	int has_cert = cfg->replicate_cert && cfg->replicate_cert[0], has_key = cfg->replicate_key && cfg->replicate_key[0];
+	int skip = cfg->replicate_insecure_skip_tls_verify;
+	struct tls_cfg *t;
+	int r;
+
+	if (k->tls && k->tls->client)
+		return 0;
+	if (has_cert != has_key) {
+		snprintf(err, errlen, "--replicate-cert and --replicate-key go together");
+		return KVD_EINVAL;
+	}
+	if ((r = tls_state(k, err, errlen)))
+		return r;
+	if (!(t = kvd_calloc(k, sizeof *t))) {
+		snprintf(err, errlen, "out of memory");
+		return KVD_ENOMEM;
+	}
+	t->refs = 1;
+	mbedtls_ssl_config_init(&t->conf);
+	mbedtls_x509_crt_init(&t->cert);
+	mbedtls_x509_crt_init(&t->ca);
+	mbedtls_pk_init(&t->key);
+	if (!skip && !(cfg->replicate_cacert && cfg->replicate_cacert[0]) && access(ca, R_OK)) {
+		snprintf(err, errlen, "--replicate-from names an https:// URL: --replicate-cacert is needed (%s: %s)", ca,
+		         strerror(errno));
+		goto fail;
+	}
+	if (!skip && (util_check_regular(ca, "--replicate-cacert", err, errlen) ||
+	              (r = mbedtls_x509_crt_parse_file(&t->ca, ca)) < 0)) {
+		if (r < 0)
+			tls_why(r, "--replicate-cacert", ca, err, errlen);
+		goto fail;
+	}
+	if (has_cert) {
+		if (util_check_regular(cfg->replicate_cert, "--replicate-cert", err, errlen) ||
+		    util_check_regular(cfg->replicate_key, "--replicate-key", err, errlen))
+			goto fail;
+		if ((r = mbedtls_x509_crt_parse_file(&t->cert, cfg->replicate_cert))) {
+			tls_why(r, "--replicate-cert", cfg->replicate_cert, err, errlen);
+			goto fail;
+		}
+#if MBEDTLS_VERSION_MAJOR >= 3
+		r = mbedtls_pk_parse_keyfile(&t->key, cfg->replicate_key, NULL, mbedtls_ctr_drbg_random, &k->tls->drbg);
+		if (!r)
+			r = mbedtls_pk_check_pair(&t->cert.pk, &t->key, mbedtls_ctr_drbg_random, &k->tls->drbg) ? -1 : 0;
+#else
+		r = mbedtls_pk_parse_keyfile(&t->key, cfg->replicate_key, NULL);
+		if (!r)
+			r = mbedtls_pk_check_pair(&t->cert.pk, &t->key) ? -1 : 0;
+#endif
+		if (r == -1)
+			snprintf(err, errlen, "--replicate-key %.200s does not match --replicate-cert %.200s",
+			         cfg->replicate_key, cfg->replicate_cert);
+		else if (r)
+			tls_why(r, "--replicate-key", cfg->replicate_key, err, errlen);
+		if (r)
+			goto fail;
+	}
+	if ((r = mbedtls_ssl_config_defaults(&t->conf, MBEDTLS_SSL_IS_CLIENT, MBEDTLS_SSL_TRANSPORT_STREAM,
+	                                     MBEDTLS_SSL_PRESET_DEFAULT)) ||
+	    (has_cert && (r = mbedtls_ssl_conf_own_cert(&t->conf, &t->cert, &t->key))) ||
+	    (r = mbedtls_ssl_conf_alpn_protocols(&t->conf, (const char **)(uintptr_t)h2))) {
+		tls_why(r, "TLS", "client configuration", err, errlen);
+		goto fail;
+	}
+	mbedtls_ssl_conf_rng(&t->conf, mbedtls_ctr_drbg_random, &k->tls->drbg);
+#if MBEDTLS_VERSION_MAJOR >= 3
+	mbedtls_ssl_conf_min_tls_version(&t->conf, MBEDTLS_SSL_VERSION_TLS1_2);
+#else
+	mbedtls_ssl_conf_min_version(&t->conf, MBEDTLS_SSL_MAJOR_VERSION_3, MBEDTLS_SSL_MINOR_VERSION_3);
+#endif
+#ifdef MBEDTLS_SSL_RENEGOTIATION
+	mbedtls_ssl_conf_renegotiation(&t->conf, MBEDTLS_SSL_RENEGOTIATION_DISABLED);
+#endif
+	if (!skip)
+		mbedtls_ssl_conf_ca_chain(&t->conf, &t->ca, NULL);
+	mbedtls_ssl_conf_authmode(&t->conf, skip ? MBEDTLS_SSL_VERIFY_NONE : MBEDTLS_SSL_VERIFY_REQUIRED);
+	k->tls->client = t;
+	return 0;
+fail:
+	tls_cfg_unref(k, t);
+	return KVD_EINVAL;
+}
+
 /*
  * TLS at start-up, before the data dir is touched: refuses inconsistent or
  * unreadable settings with one line.  Nothing to do without https:// URLs.
@@ -20457,25 +20608,7 @@ static int tls_init(struct kvd *k, int wanted, char *err, size_t errlen)
 		snprintf(err, errlen, "--client-cert-auth needs --trusted-ca-file");
 		return KVD_EINVAL;
 	}
-	if (!(k->tls = kvd_calloc(k, sizeof *k->tls))) {
-		snprintf(err, errlen, "out of memory");
-		return KVD_ENOMEM;
-	}
-	mbedtls_entropy_init(&k->tls->entropy);
-	mbedtls_ctr_drbg_init(&k->tls->drbg);
-	if ((r = mbedtls_ctr_drbg_seed(&k->tls->drbg, mbedtls_entropy_func, &k->tls->entropy,
-	                               (const unsigned char *)"kvd", 3))) {
-		tls_why(r, "TLS", "random generator", err, errlen);
-		return KVD_EIO;
-	}
-#if defined(MBEDTLS_SSL_PROTO_TLS1_3)
-	/* once per process, and never stopped: another kvd in it may use it */
-	if (psa_crypto_init() != PSA_SUCCESS) {
-		snprintf(err, errlen, "TLS: PSA crypto did not start");
-		return KVD_EIO;
-	}
-#endif
-	return tls_cfg_load(k, &k->tls->cfg, err, errlen);
+	return (r = tls_state(k, err, errlen)) ? r : tls_cfg_load(k, &k->tls->cfg, err, errlen);
 }
 
 /* SIGHUP: read the certificates again; a bad set keeps the old one. */
@@ -20484,7 +20617,7 @@ static void tls_reload(struct kvd *k)
 	struct tls_cfg *t;
 	char err[KVD_ERRLEN];
 
-	if (!k->tls || tls_auto(&k->cfg)) /* a self-signed one is kept as it is */
+	if (!k->tls || !k->tls->cfg || tls_auto(&k->cfg)) /* a self-signed one is kept as it is */
 		return;
 	if (tls_cfg_load(k, &t, err, sizeof err)) {
 		kvd_log(k, KVD_LOG_WARN, "TLS reload: %s; keeping the certificates in use", err);
@@ -20504,6 +20637,7 @@ static void tls_fini(struct kvd *k)
 		        (unsigned long long)k->tls->handshakes, (unsigned long long)k->tls->failures,
 		        (unsigned long long)k->tls->displaced);
 	tls_cfg_unref(k, k->tls->cfg);
+	tls_cfg_unref(k, k->tls->client);
 	if (k->tls->crl.loaded)
 		mbedtls_x509_crl_free(&k->tls->crl.crl);
 	mbedtls_ctr_drbg_free(&k->tls->drbg);
@@ -20726,6 +20860,58 @@ static int tls_not_tls(struct conn *c, struct tls_conn *t)
 	return 1;
 }
 
+/* A client's handshake is over: the server's leaf must name the host its
+ * URL names, as Go's VerifyHostname (tls_names: an address an iPAddress
+ * SAN, a name a dNSName), whatever mbedtls' own name check did or did not
+ * (2.28 knows no iPAddress SAN).  0, or KVD_EIO (said, an alert sent). */
+static int tls_cl_verified(struct conn *c, struct tls_conn *t)
+{
+	const mbedtls_x509_crt *peer = mbedtls_ssl_get_peer_cert(&t->ssl);
+	struct kvd *k = c->k;
+
+	k->tls->handshakes++;
+	if (!k->cfg.replicate_insecure_skip_tls_verify && (!peer || !tls_names(peer, t->host, strlen(t->host)))) {
+		kvd_log(k, KVD_LOG_WARN, "%s: TLS handshake failed: the server's certificate is not valid for %s", c->peer,
+		        t->host);
+		mbedtls_ssl_send_alert_message(&t->ssl, MBEDTLS_SSL_ALERT_LEVEL_FATAL, MBEDTLS_SSL_ALERT_MSG_BAD_CERT);
+		k->tls->failures++;
+		return KVD_EIO;
+	}
+	kvd_log(k, KVD_LOG_DEBUG, "%s: TLS %s %s, ALPN %s", c->peer, mbedtls_ssl_get_version(&t->ssl),
+	        mbedtls_ssl_get_ciphersuite(&t->ssl),
+	        mbedtls_ssl_get_alpn_protocol(&t->ssl) ? mbedtls_ssl_get_alpn_protocol(&t->ssl) : "-");
+	return 0;
+}
+
+/* What a refusal may mean when kvd sent no certificate. */
+#define TLS_CL_HINT(k) \
+	((k)->cfg.replicate_cert && (k)->cfg.replicate_cert[0] ? "" \
+	 : " (kvd sent no client certificate: --replicate-cert, --replicate-key)")
+
+/* A client's handshake failed writing: the server may have refused it
+ * with an alert and closed (Go's, on a client certificate it will not
+ * take), the alert still unread in the socket -- a plaintext record in TLS
+ * 1.2's handshake.  1 with why naming it, else 0. */
+static int tls_cl_alert(struct conn *c, char *why, size_t cap)
+{
+	static const struct {
+		uint8_t code;
+		const char *name;
+	} names[] = {{40, "handshake_failure"}, {42, "bad_certificate"}, {44, "certificate_revoked"},
+	             {45, "certificate_expired"}, {46, "certificate_unknown"}, {48, "unknown_ca"},
+	             {116, "certificate_required"}};
+	uint8_t b[7];
+	size_t i;
+
+	if (recv(c->fd, b, sizeof b, MSG_PEEK | MSG_DONTWAIT) != (ssize_t)sizeof b || b[0] != 0x15 || b[3] || b[4] != 2)
+		return 0;
+	for (i = 0; i < KVD_COUNT(names) && names[i].code != b[6]; i++)
+		;
+	snprintf(why, cap, "the server sent a fatal alert, %s (%u)%s", i < KVD_COUNT(names) ? names[i].name : "",
+	         (unsigned)b[6], TLS_CL_HINT(c->k));
+	return 1;
+}
+
 /* The handshake's next step: 0 once it is over, KVD_EAGAIN, or KVD_EIO. */
 static int tls_step(struct conn *c)
 {
@@ -20743,20 +20929,28 @@ static int tls_step(struct conn *c)
 		return KVD_EAGAIN;
 	}
 	k->tls->steps++;
-	if (!t->looked && tls_not_tls(c, t)) {
+	if (!t->client && !t->looked && tls_not_tls(c, t)) {
 		k->tls->failures++;
 		return KVD_EIO;
 	}
 	r = mbedtls_ssl_handshake(&t->ssl);
+	c->read_first = t->client && r == MBEDTLS_ERR_SSL_WANT_READ; /* no POLLOUT meanwhile: see [§27.5] */
 	if (r == MBEDTLS_ERR_SSL_WANT_READ || r == MBEDTLS_ERR_SSL_WANT_WRITE)
 		return KVD_EAGAIN;
 	if (r) {
-		mbedtls_strerror(r, why, sizeof why);
-		kvd_log(k, KVD_LOG_INFO, "%s: TLS handshake failed: %s", c->peer, why);
+		uint32_t flags = t->client ? mbedtls_ssl_get_verify_result(&t->ssl) : 0;
+		if (t->client && flags && flags != (uint32_t)-1) /* the certificate's own words: "not trusted", "expired" */
+			mbedtls_x509_crt_verify_info(why, sizeof why, "", flags);
+		else if (!t->client || !tls_cl_alert(c, why, sizeof why))
+			mbedtls_strerror(r, why, sizeof why);
+		why[strcspn(why, "\n")] = 0;
+		kvd_log(k, t->client ? KVD_LOG_WARN : KVD_LOG_INFO, "%s: TLS handshake failed: %s", c->peer, why);
 		k->tls->failures++;
 		return KVD_EIO;
 	}
 	t->done = 1;
+	if (t->client)
+		return tls_cl_verified(c, t);
 	tls_hs_end(c);
 	k->tls->handshakes++;
 	if ((peer = mbedtls_ssl_get_peer_cert(&t->ssl))) {
@@ -20811,6 +21005,12 @@ static long tls_recv(struct conn *c, void *p, size_t n)
 		return 0;
 	if (r == MBEDTLS_ERR_SSL_WANT_READ || r == MBEDTLS_ERR_SSL_WANT_WRITE)
 		return KVD_EAGAIN;
+	if (t->client) { /* TLS 1.3: a server refuses our certificate (or its absence) after our handshake ended */
+		char why[128];
+		mbedtls_strerror(r, why, sizeof why);
+		kvd_log(c->k, KVD_LOG_WARN, "%s: TLS connection failed: %s%s", c->peer, why,
+		        r == MBEDTLS_ERR_SSL_FATAL_ALERT_MESSAGE ? TLS_CL_HINT(c->k) : "");
+	}
 	return KVD_EIO;
 }
 
@@ -20856,7 +21056,7 @@ static void tls_free(struct conn *c)
 
 	if (!t)
 		return;
-	if (!t->done)
+	if (!t->done && !t->client)
 		tls_hs_end(c);
 	mbedtls_ssl_free(&t->ssl);
 	tls_cfg_unref(c->k, t->cfg);
@@ -20913,6 +21113,43 @@ static int tls_accept(struct kvd *k, struct conn *c)
 	return 0;
 }
 
+/* Connection c, which kvd opened to host (a URL's, as written: the name
+ * its certificate must carry), speaks TLS as the client (tls_cl_init's
+ * configuration): its ClientHello goes once the connect is done.  0,
+ * KVD_EINVAL (no client configuration: no https:// peer was named at
+ * start) or KVD_ENOMEM, err saying which. */
+static int tls_connect(struct kvd *k, struct conn *c, const char *host, char *err, size_t errlen)
+{
+	struct tls_conn *t;
+	uint8_t ip[16];
+	int named;
+
+	snprintf(err, errlen, "%s", !k->tls || !k->tls->client ? "no TLS client configuration (tls_cl_init)"
+	                                                     : "out of memory");
+	if (!k->tls || !k->tls->client)
+		return KVD_EINVAL;
+	if (!(t = kvd_calloc(k, sizeof *t)))
+		return KVD_ENOMEM;
+	mbedtls_ssl_init(&t->ssl);
+	snprintf(t->host, sizeof t->host, "%s", host);
+	/* SNI and mbedtls' own check for a name; an address is checked by
+	 * tls_cl_verified alone (NULL: said so, as mbedtls 3.6 asks) */
+	named = inet_pton(AF_INET, host, ip) != 1 && inet_pton(AF_INET6, host, ip) != 1;
+	if (mbedtls_ssl_setup(&t->ssl, &k->tls->client->conf) ||
+	    mbedtls_ssl_set_hostname(&t->ssl, named && !k->cfg.replicate_insecure_skip_tls_verify ? host : NULL)) {
+		mbedtls_ssl_free(&t->ssl);
+		kvd_free(k, t);
+		return KVD_ENOMEM;
+	}
+	mbedtls_ssl_set_bio(&t->ssl, c, tls_bio_send, tls_bio_recv, NULL);
+	t->cfg = k->tls->client;
+	t->cfg->refs++;
+	t->client = 1;
+	c->ts = t;
+	c->tr = &tls_transport;
+	return 0;
+}
+
 /* The verified client certificate's CN: who a call without a token is, with
  * --client-cert-auth (section 17).  NULL if the client sent no certificate,
  * "" if its certificate has no CN or an empty one (etcd: that user "", who
@@ -20945,6 +21182,13 @@ KVD_UNUSED static int tls_is(const struct conn *c)
 {
 	(void)c;
 	return 0;
+}
+
+static KVD_UNUSED int tls_connect(struct kvd *k, struct conn *c, const char *host, char *err, size_t errlen)
+{
+	(void)k, (void)c, (void)host;
+	snprintf(err, errlen, "this kvd is built without TLS (KVD_NO_TLS)");
+	return KVD_EINVAL;
 }
 #endif /* KVD_NO_TLS */
 
@@ -23083,8 +23327,8 @@ static void grpc_on_remote_close(struct kvd *k, struct h2_stream *s)
  * WINDOW_UPDATE, GOAWAY, and the INITIAL_WINDOW_SIZE delta come here.
  *
  * The shape mirrors the in-process carrier (section 16): the owner opens a
- * connection to a URL (grpc_cl_open: http:// or unix://; https:// is not
- * done yet), starts a call on it by method path with an encoded request
+ * connection to a URL (grpc_cl_open: http://, https://, unix:// or
+ * unixs://; TLS as section 27's client role), starts a call on it by method path with an encoded request
  * (grpc_cl_call), sends more messages (grpc_cl_send: bidi), half-closes
  * (grpc_cl_half_close) or cancels (grpc_cl_cancel) it, and hears a
  * kvd_reply_fn callback per response message (data, len) and one last
@@ -23185,6 +23429,7 @@ struct grpc_cl {
 	unsigned closing : 1;        /* grpc_cl_close asked: the flush ends it */
 	unsigned in_gone : 1;        /* grpc_cl_gone runs: it frees the handle, not grpc_cl_close */
 	unsigned ka_failed : 1;      /* the keepalive PING went unanswered: the connection is closed */
+	unsigned tls : 1;            /* over TLS (an https:// URL) */
 	int64_t ka_ms, ka_timeout;   /* keepalive (grpc_cl_keepalive): PING after ka_ms heard nothing, 0: off */
 	int64_t heard, ping_at;      /* monotonic ms: the server's last bytes; the keepalive PING out (0: none) */
 	char authority[80];
@@ -23312,7 +23557,7 @@ static int grpc_cl_start(struct kvd *k, struct grpc_cl *cl, struct grpc_cl_strea
 	int r;
 
 	hp_put_int(k, &b, 0x80, 7, 3); /* :method POST */
-	hp_put_int(k, &b, 0x80, 7, 6); /* :scheme http */
+	hp_put_int(k, &b, 0x80, 7, cl->tls ? 7 : 6); /* :scheme https or http */
 	hp_put_field(k, &b, 4, NULL, s->path, strlen(s->path));
 	hp_put_field(k, &b, 1, NULL, cl->authority, strlen(cl->authority));
 	hp_put_field(k, &b, 31, NULL, "application/grpc", 16);
@@ -23792,6 +24037,7 @@ KVD_UNUSED static int grpc_cl_open(struct kvd *k, const char *url, struct grpc_c
 		snprintf(err, errlen, "out of memory");
 		return r;
 	}
+	cl->tls = tls_is(c);
 	*out = cl;
 	return 0;
 }
@@ -28085,7 +28331,8 @@ static int http1_check_flags(const struct kvd *k, char *err, size_t errlen)
  *
  * The data: the replication watch is one Watch call (grpc_cl_call,
  * section 30) on a client connection to the first URL (the others are
- * tried in turn when it fails): key "\0", range_end "\0" (every key),
+ * tried in turn when it fails; an https:// one over section 27's client
+ * role, --replicate-cacert/-cert/-key): key "\0", range_end "\0" (every key),
  * start_revision = the store's revision + 1, progress_notify, fragment,
  * no filters, no prev_kv.  A response's fragments (fragment=true) are kept
  * until the last one (at most KVD_REPL_MAX_PENDING bytes of them); the
@@ -28111,7 +28358,10 @@ static int http1_check_flags(const struct kvd *k, char *err, size_t errlen)
  * SHA-256 trailer and replays the imported log in place); the kept events
  * above the snapshot's revision R (>= H: a member's revision never goes
  * back) are applied, and the watch goes on.  A store that holds revisions
- * resumes from its own revision + 1 -- no reseed (logged: "resuming").
+ * resumes from its own revision + 1 -- no reseed (logged: "resuming") --
+ * once the cluster's HashKV at its revision R is its own (repl_verify;
+ * etcd 3.4, which has no HashKV at its compaction revision, is compared
+ * by its keys at R instead: repl_verify_range).
  * A cluster compacted past that revision cancels the watch as compacted,
  * and the replica stops following (state "must reseed", logged), as on
  * any mismatch: replacing a store that is not empty is not done yet.
@@ -28167,8 +28417,13 @@ struct repl {
 	unsigned snap_stale;         /* the same, snapshot calls */
 	unsigned seeding : 1;        /* the store is empty: a snapshot first, the watch's events kept */
 	unsigned verified : 1;       /* the store's HashKV at its revision is the cluster's (repl_on_verify) */
-	struct grpc_cl_stream *vs;   /* that HashKV call, NULL if none in flight */
+	struct grpc_cl_stream *vs;   /* that HashKV call (or a page of repl_verify_range's), NULL if none in flight */
 	unsigned vs_stale;
+	uint8_t *vkey;               /* repl_verify_range: the next page's first key */
+	size_t vklen;
+	int64_t vkeys;               /* keys compared so far */
+	unsigned vpage : 1;          /* this page's answer came (its end then asks the next) */
+	unsigned vmore : 1;          /* the cluster has keys past this page */
 	int64_t seed_from;           /* seeding: the watch's created revision (the snapshot must reach it) */
 	struct grpc_cl_stream *ss;   /* seeding: the Snapshot call */
 	int snap_fd;                 /* seeding: <data-dir>/kvd.repl.snap, -1 if none */
@@ -28612,6 +28867,7 @@ static void repl_retry(struct kvd *k, struct repl *rp, const char *why)
  * at or below R) is mirrored first, so both hash the same span.
  */
 static void repl_watch(struct kvd *k, struct repl *rp);
+static void repl_verify_range(struct kvd *k, struct repl *rp);
 
 static int repl_on_verify(void *arg, const struct kvd_reply *r)
 {
@@ -28657,9 +28913,10 @@ static int repl_on_verify(void *arg, const struct kvd_reply *r)
 		         (long long)k->db.rev);
 		repl_must_reseed(k, rp, why);
 	} else if (r->code == GRPC_OUT_OF_RANGE && strstr(r->text, "compacted")) {
-		snprintf(why, sizeof why, "the cluster compacted past revision %lld (HashKV at %lld: compacted): a snapshot "
-		         "is needed", (long long)k->db.rev + 1, (long long)k->db.rev);
-		repl_must_reseed(k, rp, why);
+		kvd_free(k, rp->vkey); /* at R exactly (etcd 3.4), or past it: the keys at R tell (repl_on_vrange) */
+		rp->vkey = NULL;
+		rp->vkeys = 0;
+		repl_verify_range(k, rp);
 	} else if (r->code) {
 		snprintf(why, sizeof why, "HashKV: %s (code %d)", r->text, r->code);
 		repl_retry(k, rp, why);
@@ -28669,6 +28926,141 @@ static int repl_on_verify(void *arg, const struct kvd_reply *r)
 		repl_retry(k, rp, "HashKV answered nothing");
 	}
 	return 0;
+}
+
+/*
+ * etcd 3.4 refuses HashKV at its compaction revision itself (3.5 and kvd
+ * answer it), so a store at R that a 3.4 cluster compacted at exactly R --
+ * a replica that mirrored the compaction, then restarted -- is compared
+ * another way: the cluster's keys at R, a Range of them a page at a time
+ * (RANGE_PAGE keys, in key order), each key's value, create and mod
+ * revision, version and lease equal to the store's at R, and no key more
+ * or less.  A Range at R refused as compacted means the cluster compacted
+ * past R: a snapshot is needed.  The comparison of R's state is what
+ * joining at R + 1 needs; the history below R is gone on both sides.
+ */
+#define REPL_RANGE_PAGE 1000
+
+static int repl_on_vrange(void *arg, const struct kvd_reply *r)
+{
+	struct repl *rp = arg;
+	struct kvd *k = rp->k;
+	Etcdserverpb__RangeResponse *m;
+	Etcdserverpb__RangeRequest rq = ETCDSERVERPB__RANGE_REQUEST__INIT;
+	struct svc_range rr;
+	struct svc_err e;
+	uint8_t zero = 0, *v = NULL;
+	char why[300];
+	size_t i;
+
+	if (r->last && rp->vs_stale) {
+		rp->vs_stale--;
+		return 0;
+	}
+	if (!r->last) {
+		if (rp->state != REPL_WATCHING || !(m = etcdserverpb__range_response__unpack(&k->pba, r->len, r->data)))
+			return 0;
+		why[0] = 0;
+		rq.key.data = rp->vkey ? rp->vkey : &zero; /* the store's keys from the page's first, at R: one more */
+		rq.key.len = rp->vkey ? rp->vklen : 1;
+		rq.range_end.data = &zero;
+		rq.range_end.len = 1;
+		rq.revision = k->db.rev;
+		rq.limit = (int64_t)m->n_kvs + 1;
+		if (svc_range(k, &rq, k->db.rev, &rr, &e))
+			snprintf(why, sizeof why, "this store's keys at %lld: %s", (long long)k->db.rev, e.msg);
+		for (i = 0; !why[0] && i < m->n_kvs; i++) {
+			const Mvccpb__KeyValue *c = m->kvs[i];
+			const struct mvcc_kv *l = i < rr.n ? &rr.kv[i] : NULL;
+			int same = l && l->r->klen == c->key.len && !memcmp(l->r->key, c->key.data, c->key.len) &&
+			           l->mod == c->mod_revision && l->create == c->create_revision && l->ver == c->version &&
+			           l->lease == c->lease && l->vlen == c->value.len;
+			if (same && l->vlen && (!(v = kvd_malloc(k, l->vlen)) || mvcc_pread(&k->db, v, l->vlen, l->voff) ||
+			                        memcmp(v, c->value.data, l->vlen)))
+				same = 0;
+			kvd_free(k, v);
+			v = NULL;
+			if (!same)
+				snprintf(why, sizeof why, "the cluster's key %.*s at revision %lld (mod %lld) is not this store's: "
+				         "not the history this store holds", (int)KVD_MIN(c->key.len, 64), (const char *)c->key.data,
+				         (long long)k->db.rev, (long long)c->mod_revision);
+		}
+		if (!why[0] && !m->more && rr.n > m->n_kvs) /* [start, end of keys) here holds one the cluster has not */
+			snprintf(why, sizeof why, "this store has keys at revision %lld the cluster has not", (long long)k->db.rev);
+		kvd_free(k, rr.kv);
+		rp->vkeys += (int64_t)m->n_kvs;
+		rp->vmore = m->more && m->n_kvs;
+		if (!why[0] && rp->vmore) { /* the next page starts past this one's last key */
+			const ProtobufCBinaryData *last = &m->kvs[m->n_kvs - 1]->key;
+			uint8_t *nk = kvd_realloc(k, rp->vkey, last->len + 1);
+			if (!nk) {
+				snprintf(why, sizeof why, "out of memory");
+			} else {
+				memcpy(nk, last->data, last->len);
+				nk[last->len] = 0;
+				rp->vkey = nk;
+				rp->vklen = last->len + 1;
+			}
+		}
+		etcdserverpb__range_response__free_unpacked(m, &k->pba);
+		rp->vpage = 1;
+		if (why[0])
+			repl_must_reseed(k, rp, why);
+		return 0;
+	}
+	rp->vs = NULL;
+	if (rp->state != REPL_WATCHING)
+		return 0;
+	if (r->code == GRPC_OUT_OF_RANGE && strstr(r->text, "compacted")) {
+		snprintf(why, sizeof why, "the cluster compacted past revision %lld (HashKV and Range at %lld: compacted): "
+		         "a snapshot is needed", (long long)k->db.rev + 1, (long long)k->db.rev);
+		repl_must_reseed(k, rp, why);
+	} else if (r->code || !rp->vpage) {
+		snprintf(why, sizeof why, "Range at %lld: %s (code %d)", (long long)k->db.rev, r->code ? r->text : "no answer",
+		         r->code);
+		repl_retry(k, rp, why);
+	} else if (rp->vmore) {
+		repl_verify_range(k, rp);
+	} else {
+		rp->verified = 1;
+		kvd_log(k, KVD_LOG_INFO, "replica: the cluster compacted at this store's revision %lld, where it has no "
+		        "HashKV (etcd 3.4): its %lld keys there are this store's: following it from revision %lld",
+		        (long long)k->db.rev, (long long)rp->vkeys, (long long)k->db.rev + 1);
+		repl_watch(k, rp);
+	}
+	return 0;
+}
+
+/* The next page of the cluster's keys at the store's revision. */
+static void repl_verify_range(struct kvd *k, struct repl *rp)
+{
+	Etcdserverpb__RangeRequest rq = ETCDSERVERPB__RANGE_REQUEST__INIT;
+	uint8_t zero = 0, *buf;
+	size_t n;
+
+	rq.key.data = rp->vkey ? rp->vkey : &zero;
+	rq.key.len = rp->vkey ? rp->vklen : 1;
+	rq.range_end.data = &zero;
+	rq.range_end.len = 1;
+	rq.revision = k->db.rev;
+	rq.limit = REPL_RANGE_PAGE;
+	rq.serializable = 1; /* the revision is fixed: any member's answer is the same */
+	rp->vpage = 0;
+	n = protobuf_c_message_get_packed_size(&rq.base);
+	if (!(buf = kvd_malloc(k, n))) {
+		repl_retry(k, rp, "out of memory");
+		return;
+	}
+	protobuf_c_message_pack(&rq.base, buf);
+	if (grpc_cl_call(k, rp->cl, "/etcdserverpb.KV/Range", buf, n, repl_on_vrange, rp, &rp->vs)) {
+		rp->vs = NULL;
+		kvd_free(k, buf);
+		repl_retry(k, rp, "the connection is gone");
+		return;
+	}
+	kvd_free(k, buf);
+	grpc_cl_half_close(k, rp->vs);
+	grpc_cl_deadline(k, rp->vs, 60000);
 }
 
 static void repl_verify(struct kvd *k, struct repl *rp)
@@ -28814,7 +29206,9 @@ static int repl_on_probe(void *arg, const struct kvd_reply *r)
 /* A search for the cluster's compaction point, when one is due. */
 static void repl_probe(struct kvd *k, struct repl *rp)
 {
-	if (rp->state != REPL_WATCHING || rp->seeding || rp->ps || !rp->cl || k->now < rp->next_probe) {
+	if (rp->state != REPL_WATCHING || rp->seeding || rp->ps || !rp->cl)
+		return; /* the seed, the probe's answer or the watch itself come first: no timer (a 0 one spins) */
+	if (k->now < rp->next_probe) {
 		util_wake_by(k, rp->next_probe);
 		return;
 	}
@@ -29205,8 +29599,8 @@ static int repl_start(struct kvd *k, char **urls, unsigned n, char *err, size_t 
 		return KVD_EINVAL;
 	}
 	for (i = 0; i < n; i++)
-		if (strncmp(urls[i], "http://", 7)) {
-			snprintf(err, errlen, "--replicate-from: %s: only http:// URLs for now", urls[i]);
+		if (strncmp(urls[i], "http://", 7) && strncmp(urls[i], "https://", 8)) {
+			snprintf(err, errlen, "--replicate-from: %s: an http:// or https:// URL is needed", urls[i]);
 			return KVD_EINVAL;
 		}
 	if (k->cfg.auto_compaction_retention && strcmp(k->cfg.auto_compaction_retention, "0") &&
@@ -29248,6 +29642,7 @@ static void repl_fini(struct kvd *k)
 	repl_frag_free(k, rp);
 	repl_snap_done(k, rp);
 	kvd_free(k, rp->frag);
+	kvd_free(k, rp->vkey);
 	if (rp->cl)
 		grpc_cl_close(k, rp->cl);
 	util_free_list(k, rp->urls, rp->nurls);
@@ -30092,7 +30487,7 @@ static int net_accept(struct kvd *k, struct net_listener *l)
 static int net_connect(struct kvd *k, const char *url, struct conn **out, char *authority, size_t acap, char *err,
                        size_t errlen)
 {
-	char host[64], port[8], path[108];
+	char host[64], port[8], path[108], named[64];
 	struct sockaddr_storage ss;
 	struct sockaddr_in *in4 = (struct sockaddr_in *)(void *)&ss;
 	struct sockaddr_in6 *in6 = (struct sockaddr_in6 *)(void *)&ss;
@@ -30114,6 +30509,7 @@ static int net_connect(struct kvd *k, const char *url, struct conn **out, char *
 		if ((r = net_split_url(url, &tls, host, sizeof host, port, sizeof port, err, errlen)))
 			return r;
 		snprintf(authority, acap, "%s:%s", host, port);
+		snprintf(named, sizeof named, "%s", host); /* what a server's certificate must name */
 		if (!strcmp(host, "localhost"))
 			snprintf(host, sizeof host, "127.0.0.1");
 		if (inet_pton(AF_INET, host, &in4->sin_addr) == 1) {
@@ -30128,10 +30524,6 @@ static int net_connect(struct kvd *k, const char *url, struct conn **out, char *
 			snprintf(err, errlen, "%s: host must be an IP address or localhost", url);
 			return KVD_EINVAL;
 		}
-	}
-	if (tls) {
-		snprintf(err, errlen, "%s: TLS as a client is not done yet (http:// or unix:// only)", url);
-		return KVD_EINVAL;
 	}
 	fd = socket(ss.ss_family, SOCK_STREAM, 0);
 	if (fd < 0 || util_nonblock(fd)) {
@@ -30155,6 +30547,11 @@ static int net_connect(struct kvd *k, const char *url, struct conn **out, char *
 	}
 	c->connecting = r != 0;
 	c->uncounted = 1; /* kvd's own: not a client of its limits */
+	if (tls && (r = tls_connect(k, c, ss.ss_family == AF_UNIX ? "localhost" : named, err, errlen))) {
+		net_conn_free(k, c);
+		close(fd);
+		return r;
+	}
 	snprintf(c->peer, sizeof c->peer, "%s", url);
 	for (pp = &k->conns; *pp; pp = &(*pp)->next)
 		; /* the tail: net_reap may be walking the list when a callback opens one */
@@ -30536,7 +30933,7 @@ KVD_RESIDENT static int loop_pollset(struct kvd *k)
 		LOOP_ADD(k->confd->fds[i], POLLIN, LOOP_CONFD, NULL);
 	for (c = k->conns; c && n < k->pcap; c = c->next) /* closing: POLLIN watches for the peer's EOF */
 		LOOP_ADD(c->fd, (c->is_closing || BUF_LEN(&c->out) < KVD_MAX_OUTPUT ? POLLIN : 0) |
-		                    (BUF_LEN(&c->out) || c->want_write ? POLLOUT : 0), LOOP_CONN, c);
+		                    ((BUF_LEN(&c->out) && !c->read_first) || c->want_write ? POLLOUT : 0), LOOP_CONN, c);
 #undef LOOP_ADD
 	k->npfd = (unsigned)n;
 	return (int)n;
@@ -30906,10 +31303,19 @@ static const struct cfg_flag cfg_flags[] = {
 	      "kvd: make the store from this etcd snapshot file (etcdctl snapshot save), then serve; "
 	      "refused if the data dir holds one"),
 	CFG_S("replicate-from", replicate_from, "",
-	      "kvd: follow this etcd cluster (comma list of http:// client URLs) as a revision-exact replica: its "
+	      "kvd: follow this etcd cluster (comma list of http:// or https:// client URLs) as a revision-exact replica: its "
 	      "revisions applied here as they are, reads and watches served here, writes forwarded to it"),
 	CFG_N("replica-read-only", CFG_BOOL, replica_read_only, 0, 0,
 	      "kvd: with --replicate-from, refuse writes instead of forwarding them to the cluster"),
+	CFG_S("replicate-cacert", replicate_cacert, NULL,
+	      "kvd: CA bundle an https:// --replicate-from member's certificate must chain to (as etcdctl --cacert; "
+	      "default /etc/ssl/certs/ca-certificates.crt)"),
+	CFG_S("replicate-cert", replicate_cert, NULL,
+	      "kvd: client certificate kvd presents to an https:// --replicate-from cluster (as etcdctl --cert)"),
+	CFG_S("replicate-key", replicate_key, NULL, "kvd: the private key of --replicate-cert (as etcdctl --key)"),
+	CFG_N("replicate-insecure-skip-tls-verify", CFG_BOOL, replicate_insecure_skip_tls_verify, 0, 0,
+	      "kvd: accept any certificate from an https:// --replicate-from member (as etcdctl "
+	      "--insecure-skip-tls-verify)"),
 	CFG_N("skip-hash-check", CFG_BOOL, skip_hash_check, 0, 0,
 	      "with --restore-snapshot: do not require the file's SHA-256 trailer to match"),
 	CFG_S("snapshot-save", snapshot_save, NULL,
@@ -31377,7 +31783,8 @@ static const struct {
     {"kvd: storage and snapshots", "auto-rewrite auto-rewrite-percent auto-rewrite-min-bytes reserve-bytes "
                                    "restore-snapshot skip-hash-check snapshot-save salvage-log "},
     {"kvd: process", "daemon pid-file "},
-    {"kvd: replica (follows an etcd cluster)", "replicate-from replica-read-only "},
+    {"kvd: replica (follows an etcd cluster)", "replicate-from replica-read-only replicate-cacert replicate-cert "
+                                                "replicate-key replicate-insecure-skip-tls-verify "},
     {"kvd: confd (Ganeti's UDP protocol)", "confd-hmac-key-file confd-listen confd-ganeti-config-key "
                                            "confd-keyspace-prefix confd-user confd-max-clock-skew confd-rate-limit "
                                            "confd-global-rate-limit confd-replay-cache "},
@@ -32109,6 +32516,8 @@ KVD_RESIDENT KVD_API int kvd_open(const struct kvd_config *cfg, struct kvd **out
 #ifndef KVD_NO_TLS
 	if (!r)
 		r = tls_init(k, tls, err, errlen);
+	if (!r && k->cfg.replicate_from && strstr(k->cfg.replicate_from, "https://")) /* its files, before the data dir */
+		r = tls_cl_init(k, err, errlen);
 #endif
 	if (!r)
 		r = auth_open(k, err, errlen); /* jwt keys */

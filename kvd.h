@@ -128,6 +128,11 @@ struct kvd_config {
 	const char *restore_snapshot;            /* --restore-snapshot: an etcd snapshot to start from (NULL) */
 	const char *replicate_from;              /* --replicate-from: etcd client URLs to follow as a replica ("") */
 	int replica_read_only;                   /* --replica-read-only: a replica refuses writes, not forwards them (0) */
+	const char *replicate_cacert;            /* --replicate-cacert: CAs an https:// upstream's certificate must chain to
+	                                            (NULL: /etc/ssl/certs/ca-certificates.crt) */
+	const char *replicate_cert;              /* --replicate-cert: kvd's client certificate for the upstream (NULL) */
+	const char *replicate_key;               /* --replicate-key: its private key (NULL) */
+	int replicate_insecure_skip_tls_verify;  /* --replicate-insecure-skip-tls-verify: any upstream certificate (0) */
 	int skip_hash_check;                     /* --skip-hash-check: with it, no SHA-256 trailer needed (0) */
 	int salvage_log;                         /* --salvage-log: a log damaged mid-file keeps what precedes it (0) */
 	const char *snapshot_save;               /* --snapshot-save: kvd_main writes one and exits (NULL) */

@@ -60,15 +60,25 @@ upstream itself, at a revision both have.
   restarted (no reseed), a compaction mirrored (a Range below it refused
   alike), a forwarded Put seen when answered; HashKV (hash and
   compact_revision: 3.4 gives no hash_revision), Range and a
-  whole-keyspace watch equal.  (A known kvd bug, checked only with
-  KVD_CHECK_KNOWN_BUGS=1: a replica stopped at the revision 3.4 then
-  compacts at says "must reseed" when started again.)
+  whole-keyspace watch equal; then the replica stopped at revision N
+  and the cluster compacted at exactly N (3.4 has no HashKV there): it
+  compares the cluster's keys at N with its own and resumes.
 - follows_another_kvd: a plain kvd as the upstream, a replica of it, and
   a replica of that replica (a chain): seeded, live writes, a Put on the
   chain's end reaches the upstream and is seen on both replicas when
   answered, a linearizable Range on the chain's end, a compaction made
   down the chain, the middle replica killed (-9) and restarted (no
   reseed); HashKV, Range and the watch's events equal on all three.
+- follows_an_https_cluster_with_client_certificates: etcd 3.7.3 on
+  https:// with --client-cert-auth; the replica with --replicate-cacert,
+  --replicate-cert and --replicate-key seeds, follows (HashKV equal) and
+  forwards a write; no client certificate, another CA, and an upstream
+  whose certificate names another host are refused at the handshake, the
+  reason logged, nothing applied.
+- a_silent_upstream_costs_no_cpu: a member that takes the connection and
+  never answers (http:// and https://): the replica's CPU while it waits
+  stays a small part of the time (a 0 timer or POLLOUT behind a handshake
+  would spin a core).
 Last line: "N passed, N failed".
 """
 import os
@@ -78,6 +88,9 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib"))  # test/lib: kvdtest
 from kvdtest import Client, Etcd, Kvd, WatchStream, check, pb, run_tests, test, wait_for
+import kvdtest  # noqa: E402
+import tls as T  # noqa: E402  test/tls.py: its CA and certificates (openssl), etcdctl over TLS
+del kvdtest._tests[:]  # its tests are its own to run
 
 KVD = os.environ.get("KVD") or None
 
@@ -890,22 +903,32 @@ def follows_a_debian_etcd_34_cluster():
               (len(acked), errors[0], rev, crev))
         wk.close()
         wc.close()
-        # kvd bug: etcd 3.4 refuses HashKV at its compaction revision (3.5+ answers it), and the replica's
-        # resume check takes that refusal for "the cluster compacted past this store": a replica stopped
-        # at revision N, the cluster compacted at exactly N, says "must reseed" when started again
-        # ("the cluster compacted past revision N+1 (HashKV at N: compacted)") though a watch from N+1
-        # serves; against 3.7.3 the same resumes.  Checked only with KVD_CHECK_KNOWN_BUGS=1 until
-        # kvd.c's resume verification handles it.
-        if os.environ.get("KVD_CHECK_KNOWN_BUGS"):
-            k.stop(signal.SIGKILL)
-            kc.close()
-            r = ec.call("Compact", m.CompactionRequest(revision=rev))
-            check(r[0] == "ok", "the cluster compacted at the replica's revision %d: %s" % (rev, r))
-            put(ec, b"after", b"1")
-            k = Kvd(KVD, args=["--replicate-from", urls], data_dir=k.dir)
-            kc = Client(k.endpoint())
-            check(caught_up(kc, ec, 15) == rev + 1 and "must reseed" not in k.logtext(),
-                  "kvd bug: resumed at the cluster's compaction revision %d: %s" % (rev, k.logtext()[-600:]))
+        # etcd 3.4 refuses HashKV at its compaction revision (3.5+ answers it): a replica stopped at
+        # revision N, the cluster compacted at exactly N, compares the cluster's keys at N instead
+        # (a Range at N, which 3.4 serves) and resumes; a Range at N refused would mean "past N"
+        k.stop(signal.SIGKILL)
+        kc.close()
+        r = ec.call("Compact", m.CompactionRequest(revision=rev))
+        check(r[0] == "ok", "the cluster compacted at the replica's revision %d: %s" % (rev, r))
+        put(ec, b"after", b"1")
+        k = Kvd(KVD, args=["--replicate-from", urls], data_dir=k.dir)
+        kc = Client(k.endpoint())
+        check(caught_up(kc, ec, 15) == rev + 1 and "must reseed" not in k.logtext() and
+              "its %d keys there are this store's" % len(kvs(ec, rev)) in k.logtext(),
+              "resumed at the cluster's compaction revision %d, its keys there compared: %s" %
+              (rev, k.logtext()[-600:]))
+        # and a store of another history at the same revision N is refused, the key that differs named
+        k.stop()
+        kc.close()
+        o = Kvd(KVD)
+        oc = Client(o.endpoint())
+        while revision(oc) < rev:
+            put(oc, b"w/1", b"another history")
+        o.stop()
+        k = Kvd(KVD, args=["--replicate-from", urls], data_dir=o.dir)
+        check(wait_for(lambda: "must reseed" in k.logtext(), 20, 0.05) and "is not this store's" in k.logtext() and
+              revision(Client(k.endpoint())) == rev, "another store at revision %d is refused: %s" %
+              (rev, k.logtext()[-600:]))
         k.stop()
     finally:
         cl.stop()
@@ -1005,6 +1028,98 @@ def follows_another_kvd():
         x.close()
     for x in (r2, r1, u):
         x.stop()
+
+@test
+def follows_an_https_cluster_with_client_certificates():
+    """etcd 3.7.3 serving https:// with --client-cert-auth (as kubeadm runs
+    it): the replica connects with --replicate-cacert, --replicate-cert and
+    --replicate-key, seeds and follows (HashKV equal), and a write made on
+    the replica reaches etcd; no client certificate, a CA that did not sign
+    etcd's, and an upstream whose certificate names another host are each
+    refused at the handshake, the reason in kvd's log, nothing applied."""
+    import json
+    from kvdtest import oracle
+    T.make_ca("rca")
+    T.make_ca("rca2")
+    T.make_cert("rca", "rserver", "etcd-server", "IP:127.0.0.1,DNS:localhost")
+    T.make_cert("rca", "relsewhere", "elsewhere", "DNS:elsewhere.example")
+    T.make_cert("rca", "rboard", "board", usage="clientAuth")
+    mtls = ["--client-cert-auth", "--trusted-ca-file", T.p("rca.pem")]
+    e = T.EtcdTLS(T.server_args("rserver", mtls), binary=oracle(), probe=None)
+    ctl = lambda *a: T.ctl(e, "rca", "rboard", *a)  # noqa: E731
+
+    def erev():
+        r = ctl("get", "nothing", "-w", "json")
+        return json.loads(r[1])["header"]["revision"] if r[0] == 0 else -1
+    check(wait_for(lambda: erev() > 0, 60, 0.2), "etcd serves https:// to the board's certificate")
+    for i in range(30):
+        ctl("put", "k%02d" % (i % 9), "v%d" % i)
+    ctl("del", "k03")
+    url = "https://127.0.0.1:%d" % e.port
+    cert = ["--replicate-cacert", T.p("rca.pem"), "--replicate-cert", T.p("rboard.pem"),
+            "--replicate-key", T.p("rboard.key")]
+    k = Kvd(KVD, args=["--replicate-from", url] + cert)
+    kc = Client(k.endpoint())
+    check(wait_for(lambda: revision(kc) == erev(), 30, 0.05), "the replica reached etcd's revision %d over TLS: %d\n%s" %
+          (erev(), revision(kc), k.logtext()[-800:]))
+    rev = revision(kc)
+    r = ctl("endpoint", "hashkv", "--rev=%d" % rev, "-w", "json")
+    eh = json.loads(r[1])[0]["HashKV"]["hash"] if r[0] == 0 else None
+    check(hashkv(kc, rev)[0] == eh, "HashKV at %d: kvd %s, etcd %s" % (rev, hashkv(kc, rev), eh))
+    w = put(kc, b"from-board", b"1")
+    r = ctl("get", "from-board", "-w", "json")
+    check(r[0] == 0 and json.loads(r[1])["kvs"][0]["mod_revision"] == w, "a write on the replica is etcd's: %s" % (r,))
+    ctl("put", "later", "x")
+    check(wait_for(lambda: revision(kc) == erev(), 30, 0.05), "live writes follow over TLS")
+    k.stop()
+
+    def refused(args, why, upstream=url):
+        x = Kvd(KVD, args=["--replicate-from", upstream] + args)
+        ok = wait_for(lambda: why in x.logtext(), 30, 0.05)
+        check(ok and revision(Client(x.endpoint())) <= 1, "%s: %s" % (why, x.logtext()[-700:]))
+        x.stop()
+    # no client certificate: etcd's alert, in the handshake (TLS 1.2) or just after it (1.3: mbedtls 3.6)
+    refused(["--replicate-cacert", T.p("rca.pem")], "fatal alert")
+    refused(["--replicate-cacert", T.p("rca2.pem"), "--replicate-cert", T.p("rboard.pem"), "--replicate-key",
+             T.p("rboard.key")], "TLS handshake failed: The certificate is not correctly signed by the trusted CA")
+    # an upstream whose certificate (rca's, trusted) names another host
+    u = T.kvd_tls(T.server_args("relsewhere"))
+    refused(cert, "the server's certificate is not valid for 127.0.0.1", "https://127.0.0.1:%d" % u.tport)
+    u.stop()
+    e.stop()
+
+
+@test
+def a_silent_upstream_costs_no_cpu():
+    """A member that takes the TCP connection and never answers (http://:
+    no SETTINGS; https://: no ServerHello): the replica waits in poll, its
+    CPU time over a few seconds a small part of them (a timer due at 0, or
+    POLLOUT for a request queued behind a handshake, spins a core), then
+    leaves the connection and tries again.  Keeps [§27.5]."""
+    import socket
+    import time
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen(16)
+    held = []
+    for scheme in ("http", "https"):
+        args = ["--replicate-from", "%s://127.0.0.1:%d" % (scheme, s.getsockname()[1])]
+        k = Kvd(KVD, args=args + (["--replicate-insecure-skip-tls-verify"] if scheme == "https" else []))
+        s.settimeout(20)
+        held.append(s.accept()[0])
+
+        def cpu():
+            f = open("/proc/%d/stat" % k.p.pid).read().rsplit(")", 1)[1].split()
+            return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
+        c0, t0 = cpu(), time.monotonic()
+        wait_for(lambda: time.monotonic() - t0 > 3, 10, 0.2)
+        used, spent = cpu() - c0, time.monotonic() - t0
+        check(used < 0.25 * spent, "%s: the replica used %.2f s of CPU in %.1f s waiting for a silent member" %
+              (scheme, used, spent))
+        k.stop()
+    for c in held:
+        c.close()
+    s.close()
 
 
 if __name__ == "__main__":
