@@ -643,6 +643,7 @@ static const char *const grpc_code_names[] = {"OK", "Canceled", "Unknown", "Inva
 #define E_TOO_MANY_REQUESTS "etcdserver: too many requests"
 #define E_AUTH_OLD_REV "etcdserver: revision of auth store is old"
 #define E_STOPPING "transport is closing" /* what etcd's clients and its gateway see as it stops */
+#define E_NO_LEADER "etcdserver: no leader" /* a replica whose cluster cannot be reached, as a member without one */
 /* kvd's own words, where etcd has none: writes that would take a number
  * past 2^63-1 (etcd would wrap), a full --max-request-buffer */
 #define E_NO_REVISION "kvd: mvcc: no revision left (the store is at revision 9223372036854775807)"
@@ -12329,6 +12330,7 @@ struct call {
 	struct call *prev, *next;   /* k->calls: every live call */
 	unsigned finished : 1;      /* the service set a final status */
 	unsigned got_msg : 1;       /* a unary call has its request */
+	unsigned first_msg : 1;     /* the message being handled is the call's first */
 	int64_t t_routed;           /* monotonic us: routed to its method (grpc_server_handling_seconds) */
 	uint32_t rq_bytes, rs_bytes; /* message bytes in and out ("request stats", call_fini) */
 	unsigned wrote : 1;         /* the call wrote to the store */
@@ -12617,6 +12619,22 @@ static KVD_UNUSED const char *call_meta(const struct call *call, const char *nam
 	return NULL;
 }
 
+/* Did the client ask for a leader (metadata hasleader: true, clientv3's
+ * WithRequireLeader: etcdctl watch and kube-apiserver's watches send it)? */
+static KVD_UNUSED int call_wants_leader(const struct call *call)
+{
+	const char *v = call_meta(call, "hasleader");
+
+	return v && !strcmp(v, "true");
+}
+
+/* Is kvd a member without a leader?  Only a replica whose watch on its
+ * cluster is not open (section 36) -- a lone kvd is always its own. */
+static int call_no_leader(const struct kvd *k)
+{
+	return k->repl && !k->st.repl_up;
+}
+
 /*
  * Decode a request message for the call's method into call->rq, or end the call as
  * etcd does: its decoder's text for malformed bytes (pb_check), its txn
@@ -12678,6 +12696,7 @@ static void call_message(struct kvd *k, struct call *call, const uint8_t *p, siz
 	call->rq_bytes += (uint32_t)KVD_MIN(n, UINT32_MAX - call->rq_bytes);
 	if (call->m->kind != GRPC_BIDI && call->got_msg)
 		return;
+	call->first_msg = !call->got_msg;
 	call->got_msg = 1;
 	call->out_mark = call->out.len;
 	(void)KVD_ALWAYS(!call->rq && !call->raw.n); /* [§16.5] the last request went with its handler */
@@ -12685,7 +12704,9 @@ static void call_message(struct kvd *k, struct call *call, const uint8_t *p, siz
 		return;
 	call->raw.p = p;
 	call->raw.n = n;
-	if (!k->call_take || !k->call_take(k, call)) /* a replica may take it: it then owns call->rq */
+	if (call->first_msg && call->m->kind != GRPC_UNARY && call_no_leader(k) && call_wants_leader(call))
+		call_finish(k, call, GRPC_UNAVAILABLE, "%s", E_NO_LEADER); /* as etcd's stream interceptor */
+	else if (!k->call_take || !k->call_take(k, call)) /* a replica may take it: it then owns call->rq */
 		call->m->on_msg(k, call);
 	if (k->stopping) /* begun while kvd stops: a stream ends at once */
 		svc_stop_call(k, call);
@@ -17185,13 +17206,15 @@ static void svc_downgrade(struct kvd *k, struct call *call)
 
 /* Maintenance/Status, with the fields etcd 3.7 sets (leader = self; the
  * downgrade info always present, if empty); errors are the alarms, as
- * etcd's AlarmMember prints itself (3.7's prototext: no trailing space). */
+ * etcd's AlarmMember prints itself (3.7's prototext: no trailing space),
+ * after "etcdserver: no leader" for a replica cut from its cluster (leader
+ * 0 then, as etcd's). */
 static void svc_status(struct kvd *k, struct call *call)
 {
 	Etcdserverpb__StatusResponse rs = ETCDSERVERPB__STATUS_RESPONSE__INIT;
 	Etcdserverpb__DowngradeInfo di = ETCDSERVERPB__DOWNGRADE_INFO__INIT;
 	Etcdserverpb__ResponseHeader h;
-	char text[MVCC_MAX_ALARMS][64], *errs[MVCC_MAX_ALARMS];
+	char text[MVCC_MAX_ALARMS][64], *errs[MVCC_MAX_ALARMS + 1];
 	struct svc_err e = {0, NULL};
 	struct auth_who who;
 	unsigned i;
@@ -17207,13 +17230,20 @@ static void svc_status(struct kvd *k, struct call *call)
 	}
 	rs.n_errors = k->db.nalarms;
 	rs.errors = errs;
+	if (call_no_leader(k)) { /* etcd's first error, before the alarms */
+		memmove(errs + 1, errs, k->db.nalarms * sizeof *errs);
+		errs[0] = (char *)E_NO_LEADER;
+		rs.n_errors++;
+	}
 	svc_header(k, &h, 1);
 	rs.header = &h;
 	rs.version = (char *)KVD_ETCD_VERSION;
 	rs.dbsize = (int64_t)k->db.size;
 	rs.dbsizeinuse = (int64_t)(k->db.size - KVD_MIN(k->db.reclaimable, k->db.size));
-	rs.leader = k->member_id;
-	rs.raftindex = (uint64_t)k->db.rev;
+	rs.leader = call_no_leader(k) ? 0 : k->member_id;
+	/* a replica: the cluster's revision as the committed index, the store's
+	 * as the applied one -- etcdctl endpoint status shows the lag */
+	rs.raftindex = (uint64_t)(k->repl ? KVD_MAX(k->st.repl_upstream_rev, k->db.rev) : k->db.rev);
 	rs.raftappliedindex = (uint64_t)k->db.rev;
 	rs.raftterm = SVC_RAFT_TERM;
 	rs.storageversion = (char *)svc_cluster_version(k);
@@ -23407,6 +23437,7 @@ struct grpc_cl_stream {
 	unsigned in_cb : 1;          /* a callback of it runs */
 	unsigned want_grant : 1;     /* a large message waits for the connection's budget */
 	unsigned expired : 1;        /* its deadline passed: the flush ends it */
+	unsigned hasleader : 1;      /* sent with hasleader: true (grpc_cl_require_leader) */
 	int64_t deadline;            /* monotonic ms (grpc_cl_deadline), 0: none */
 	size_t granted;              /* window granted to its large message: its share of cl->granted */
 	int64_t send_window, recv_window, stalled_since;
@@ -23568,6 +23599,8 @@ static int grpc_cl_start(struct kvd *k, struct grpc_cl *cl, struct grpc_cl_strea
 		snprintf(t, sizeof t, "%lldm", (long long)KVD_MIN(KVD_MAX(s->deadline - k->now, 1), 99999999));
 		hp_put_field(k, &b, 0, "grpc-timeout", t, strlen(t));
 	}
+	if (s->hasleader)
+		hp_put_field(k, &b, 0, "hasleader", "true", 4);
 	/* [§30.5] odd, above every id before it, within the server's limit */
 	if (KVD_NEVER(!(cl->next_id & 1) || cl->next_id <= cl->last_id ||
 	              cl->open >= KVD_MIN(h2->peer_max_streams, (uint32_t)KVD_CL_STREAMS))) {
@@ -24103,6 +24136,15 @@ KVD_UNUSED static void grpc_cl_deadline(struct kvd *k, struct grpc_cl_stream *s,
 {
 	s->deadline = (k->now ? k->now : util_now_ms()) + (ms > 0 ? ms : 0);
 	util_wake_by(k, s->deadline);
+}
+
+/* s asks the server for a leader (metadata hasleader: true, clientv3's
+ * WithRequireLeader): an etcd member without one refuses it, or ends it a
+ * few election timeouts after losing its leader, "etcdserver: no leader".
+ * Before its HEADERS go, i.e. right after grpc_cl_call. */
+KVD_UNUSED static void grpc_cl_require_leader(struct grpc_cl_stream *s)
+{
+	s->hasleader = 1;
 }
 
 /* Keepalive on cl: a PING once nothing was heard for ms, the connection
@@ -28334,7 +28376,9 @@ static int http1_check_flags(const struct kvd *k, char *err, size_t errlen)
  * tried in turn when it fails; an https:// one over section 27's client
  * role, --replicate-cacert/-cert/-key): key "\0", range_end "\0" (every key),
  * start_revision = the store's revision + 1, progress_notify, fragment,
- * no filters, no prev_kv.  A response's fragments (fragment=true) are kept
+ * no filters, no prev_kv, metadata hasleader: true (a member that lost its
+ * leader -- cut from its quorum -- ends it, and the next URL is tried,
+ * rather than serve a frozen revision).  A response's fragments (fragment=true) are kept
  * until the last one (at most KVD_REPL_MAX_PENDING bytes of them); the
  * whole response's events are then cut into runs of one mod_revision, and
  * each run is one local txn (repl_apply_rev).  A response never splits a
@@ -28399,6 +28443,9 @@ static int http1_check_flags(const struct kvd *k, char *err, size_t errlen)
 #define REPL_KEEPALIVE_MS 6000
 #define REPL_KEEPALIVE_TIMEOUT_MS 4000
 #define REPL_LEASE_TTL LEASE_MAX_TTL /* a followed lease's: unknown here, and it never expires here */
+/* how long without the cluster before streams that want a leader end: etcd's
+ * monitorLeader ends them after 3 election timeouts (1 s each by default) */
+#define REPL_NO_LEADER_MS 3000
 
 enum repl_state { REPL_WAIT, REPL_WATCHING, REPL_RESEED };
 
@@ -28437,6 +28484,8 @@ struct repl {
 	struct repl_wait *waits, **wtail; /* calls held: forwarded writes, linearizable reads (arrival order) */
 	struct grpc_cl_stream *lp;   /* the linearizable reads' probe in flight, NULL if none */
 	unsigned lp_stale;
+	int64_t down_since;          /* monotonic ms: the watch on the cluster was lost (or never open) */
+	unsigned swept : 1;          /* this loss's hasleader streams were ended (repl_no_leader) */
 	int64_t lp_rev;              /* its answer's header revision */
 };
 
@@ -28524,6 +28573,10 @@ static void repl_drop(struct kvd *k, struct repl *rp)
 	}
 	rp->lp = NULL;
 	repl_waits_dropped(k, rp);
+	if (k->st.repl_up) { /* leaderless from now: hasleader streams end REPL_NO_LEADER_MS on */
+		rp->down_since = k->now;
+		rp->swept = 0;
+	}
 	k->st.repl_up = 0;
 	repl_snap_done(k, rp);
 	if (rp->cl)
@@ -29122,6 +29175,7 @@ static void repl_watch(struct kvd *k, struct repl *rp)
 		repl_retry(k, rp, r == KVD_ENOMEM ? E_OOM : "the connection is gone");
 		return;
 	}
+	grpc_cl_require_leader(rp->ws); /* a member cut from its cluster's quorum ends it: the next URL is tried */
 	k->st.repl_resumes++;
 }
 
@@ -29559,14 +29613,37 @@ static void repl_waits(struct kvd *k, struct repl *rp)
 	repl_sweep(k, rp);
 }
 
+/* Without its cluster for REPL_NO_LEADER_MS, the replica ends the streams
+ * that asked for a leader (hasleader: true) as etcd's monitorLeader ends
+ * them on a member that lost its leader: Unavailable "etcdserver: no
+ * leader"; new ones are refused at once (call_message).  Others go on,
+ * served from the store. */
+static void repl_no_leader(struct kvd *k, struct repl *rp)
+{
+	struct call *call;
+
+	if (k->st.repl_up || rp->swept)
+		return;
+	if (k->now < rp->down_since + REPL_NO_LEADER_MS) {
+		util_wake_by(k, rp->down_since + REPL_NO_LEADER_MS);
+		return;
+	}
+	rp->swept = 1;
+	for (call = k->calls; call; call = call->next)
+		if (call->m && call->m->kind != GRPC_UNARY && !call->finished && call_wants_leader(call))
+			call_finish(k, call, GRPC_UNAVAILABLE, "%s", E_NO_LEADER);
+}
+
 /* The loop's timer: the watch opened again once its back-off passed; the
- * compaction probe; the held calls. */
+ * compaction probe; the held calls; streams that want a leader. */
 static void repl_timers(struct kvd *k)
 {
 	struct repl *rp = k->repl;
 
 	if (rp && rp->waits)
 		repl_waits(k, rp);
+	if (rp && !k->stopping && !k->closing)
+		repl_no_leader(k, rp);
 	if (rp && rp->state == REPL_WATCHING && !k->stopping && !k->closing)
 		repl_probe(k, rp);
 	if (!rp || rp->state != REPL_WAIT || k->stopping || k->closing)
@@ -29616,6 +29693,7 @@ static int repl_start(struct kvd *k, char **urls, unsigned n, char *err, size_t 
 	rp->seeding = k->db.rev <= 1 && !k->db.nkeys;
 	rp->backoff = REPL_BACKOFF_MIN;
 	rp->state = REPL_WAIT;
+	rp->down_since = util_now_ms(); /* no leader until the watch is open */
 	util_wake_by(k, 0);
 	if (k->db.rev > 1)
 		kvd_log(k, KVD_LOG_INFO, "replica of %s: resuming from the store's revision %lld (no reseed)",

@@ -79,6 +79,11 @@ upstream itself, at a revision both have.
   never answers (http:// and https://): the replica's CPU while it waits
   stays a small part of the time (a 0 timer or POLLOUT behind a handshake
   would spin a core).
+- no_leader_as_an_etcd_member: the member the replica follows cut from
+  its quorum (the two others stopped): hasleader watches on the replica
+  and on that member end alike ("etcdserver: no leader"), new ones are
+  refused, Status says so (leader 0); others go on; then it follows
+  again, Status clean, raftIndex = raftAppliedIndex.
 Last line: "N passed, N failed".
 """
 import os
@@ -1120,6 +1125,78 @@ def a_silent_upstream_costs_no_cpu():
     for c in held:
         c.close()
     s.close()
+
+
+@test
+def no_leader_as_an_etcd_member():
+    """The replica's one member is cut from its quorum (the two others
+    SIGSTOPped): etcd ends that member's hasleader streams "etcdserver: no
+    leader", the replica's replication watch among them, so the replica
+    has no leader either and says so as etcd's member does, side by side:
+    a hasleader watch (etcdctl's, kube-apiserver's) open on each ends
+    Unavailable "etcdserver: no leader", a new one is refused at once,
+    Status has that error first and leader 0; a watch without hasleader
+    goes on and serializable reads are served.  The two continued, the
+    replica follows again, Status clean, raftIndex (the cluster's
+    revision) and raftAppliedIndex (the replica's) equal once caught up."""
+    import grpc
+    m = rpc()
+    cl = Cluster()
+    try:
+        ec = Client(cl.urls[0][7:])
+        put(ec, b"a", b"1")
+        k = Kvd(KVD, args=["--replicate-from", cl.urls[0]])
+        kc = Client(k.endpoint())
+        rev = caught_up(kc, ec)
+        hl = [("hasleader", "true")]
+
+        def status(c):
+            r = c.call("Status", m.StatusRequest(), service="etcdserverpb.Maintenance", resp="StatusResponse")
+            return r[1] if r[0] == "ok" else None
+        check(not status(kc).errors and status(kc).leader != 0, "Status before: %s" % status(kc))
+        wk, we, wplain = WatchStream(k.endpoint(), hl), WatchStream(cl.urls[0][7:], hl), WatchStream(k.endpoint())
+        for w in (wk, we, wplain):
+            w.create(key=b"a")
+
+        def ended(w):
+            return (w.error.code() if w.error else None, w.error.details() if w.error else None)
+        for i in (1, 2):
+            cl.p[i].send_signal(signal.SIGSTOP)
+        check(wait_for(lambda: wk.done.is_set() and we.done.is_set(), 40, 0.1),
+              "hasleader watches ended: replica %s, etcd %s\n%s" % (ended(wk), ended(we), k.logtext()[-800:]))
+        want = (grpc.StatusCode.UNAVAILABLE, "etcdserver: no leader")
+        check(ended(wk) == want and ended(we) == want, "as etcd's: replica %s, etcd %s" % (ended(wk), ended(we)))
+        check("etcdserver: no leader" in k.logtext(), "the replication watch was ended by the leaderless member: %s" %
+              k.logtext()[-800:])
+        check(not wplain.done.is_set(), "a watch without hasleader goes on: %s" % (ended(wplain),))
+        w2k, w2e = WatchStream(k.endpoint(), hl), WatchStream(cl.urls[0][7:], hl)
+        for w in (w2k, w2e):
+            w.create(key=b"a")
+        check(wait_for(lambda: w2k.done.is_set() and w2e.done.is_set(), 10, 0.05) and ended(w2k) == want and
+              ended(w2e) == want, "a new hasleader watch refused at once: replica %s, etcd %s" % (ended(w2k), ended(w2e)))
+        sk, se = status(kc), status(ec)
+        check(sk and se and list(sk.errors[:1]) == list(se.errors[:1]) == ["etcdserver: no leader"] and
+              sk.leader == se.leader == 0, "Status without a leader: replica %s / %s, etcd %s / %s" %
+              (sk and list(sk.errors), sk and sk.leader, se and list(se.errors), se and se.leader))
+        check(revision(kc) == rev, "serializable reads go on at %d" % rev)
+        for i in (1, 2):
+            cl.p[i].send_signal(signal.SIGCONT)
+        put(Client(cl.urls[1][7:]), b"a", b"2") if wait_for(lambda: cl.ready(1), 30, 0.1) else None
+        r2 = caught_up(kc, Client(cl.urls[1][7:]), 60)
+        check(r2 > rev, "the replica follows again: %d" % r2)
+        check(wait_for(lambda: not status(kc).errors, 30, 0.1), "Status clean again: %s" % status(kc))
+        sk = status(kc)
+        check(sk.raftIndex == sk.raftAppliedIndex == r2 and sk.leader != 0,
+              "raftIndex %d (the cluster's), raftAppliedIndex %d (the replica's), at %d" %
+              (sk.raftIndex, sk.raftAppliedIndex, r2))
+        w3 = WatchStream(k.endpoint(), hl)
+        w3.create(key=b"a", start_revision=r2)
+        check(wait_for(lambda: any(r.events for r in w3.got), 10, 0.05), "a hasleader watch is served again")
+        for w in (wplain, w3):
+            w.close()
+        k.stop()
+    finally:
+        cl.stop()
 
 
 if __name__ == "__main__":
