@@ -240,7 +240,7 @@ test/kvd-nojwt: $(SRC)
 	$(CC) $(CPPFLAGS) $(TEST_CFLAGS) $(KVD_CFLAGS) -DKVD_NO_JWT -o $@ kvd.c $(LDFLAGS) $(LDLIBS) $(KVD_LIBS)
 
 # Fuzz targets replayed over their corpus without libFuzzer (any compiler).
-FUZZERS = h2 hpack log json confd pb bolt auth http1 config embed
+FUZZERS = h2 hpack log json confd pb bolt auth http1 config embed repl
 test/replay-%: test/fuzz_%.c test/lib/fuzz_replay.c test/lib/fuzz.h $(SRC)
 	$(CC) $(CPPFLAGS) $(TEST_CFLAGS) $(SAN) $(KVD_CFLAGS) -DKVD_CHECKS=1 -o $@ test/fuzz_$*.c test/lib/fuzz_replay.c $(LDFLAGS) $(LDLIBS) $(KVD_LIBS)
 
