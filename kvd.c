@@ -624,7 +624,7 @@ static const char *const grpc_code_names[] = {"OK", "Canceled", "Unknown", "Inva
 #define E_OOM "kvd: out of memory" /* kvd's one word for every allocation that failed */
 #define E_REPLICA "kvd: a replica (--replicate-from) takes no writes of its own: write to the cluster " \
                   "(it forwards Put, DeleteRange, Txn, Compact and lease grants and revokes unless " \
-                  "--replica-read-only or auth is on; not this one)"
+                  "--replica-read-only, --replicate-user or auth is on; not this one)"
 #define E_AUTH_FAILED "etcdserver: authentication failed, invalid user ID or password"
 #define E_AUTH_NO_PASSWORD "auth: authentication failed, password was given for no password user"
 #define E_PERM_NOT_GIVEN "etcdserver: permission not given"
@@ -23461,6 +23461,7 @@ struct grpc_cl {
 	unsigned in_gone : 1;        /* grpc_cl_gone runs: it frees the handle, not grpc_cl_close */
 	unsigned ka_failed : 1;      /* the keepalive PING went unanswered: the connection is closed */
 	unsigned tls : 1;            /* over TLS (an https:// URL) */
+	char token[1024];            /* sent as metadata "token" with every call when set (the owner's, e.g. Authenticate's) */
 	int64_t ka_ms, ka_timeout;   /* keepalive (grpc_cl_keepalive): PING after ka_ms heard nothing, 0: off */
 	int64_t heard, ping_at;      /* monotonic ms: the server's last bytes; the keepalive PING out (0: none) */
 	char authority[80];
@@ -23601,6 +23602,8 @@ static int grpc_cl_start(struct kvd *k, struct grpc_cl *cl, struct grpc_cl_strea
 	}
 	if (s->hasleader)
 		hp_put_field(k, &b, 0, "hasleader", "true", 4);
+	if (cl->token[0])
+		hp_put_field(k, &b, 0, "token", cl->token, strlen(cl->token));
 	/* [§30.5] odd, above every id before it, within the server's limit */
 	if (KVD_NEVER(!(cl->next_id & 1) || cl->next_id <= cl->last_id ||
 	              cl->open >= KVD_MIN(h2->peer_max_streams, (uint32_t)KVD_CL_STREAMS))) {
@@ -28849,13 +28852,18 @@ static int repl_on_watch(void *arg, const struct kvd_reply *r)
 	if (w->header)
 		k->st.repl_upstream_rev = w->header->revision;
 	if (w->canceled) {
-		if (w->compact_revision > 0)
+		int compacted = w->compact_revision > 0;
+		if (compacted)
 			snprintf(why, sizeof why, "the cluster compacted past revision %lld (its compaction is at %lld): "
 			         "a snapshot is needed", (long long)k->db.rev + 1, (long long)w->compact_revision);
-		else
-			snprintf(why, sizeof why, "the cluster cancelled the watch: %s", w->cancel_reason);
+		else /* not the data's: auth (no user, a token gone stale, no permission) -- tried again */
+			snprintf(why, sizeof why, "the cluster cancelled the watch: %s%s", w->cancel_reason,
+			         k->cfg.replicate_user && *k->cfg.replicate_user ? "" : " (a cluster with auth on: --replicate-user)");
 		etcdserverpb__watch_response__free_unpacked(w, &k->pba);
-		repl_must_reseed(k, rp, why);
+		if (compacted)
+			repl_must_reseed(k, rp, why);
+		else
+			repl_retry(k, rp, why);
 		return 0;
 	}
 	if (w->created && !w->n_events) {
@@ -28920,6 +28928,7 @@ static void repl_retry(struct kvd *k, struct repl *rp, const char *why)
  * at or below R) is mirrored first, so both hash the same span.
  */
 static void repl_watch(struct kvd *k, struct repl *rp);
+static void repl_auth(struct kvd *k, struct repl *rp);
 static void repl_verify_range(struct kvd *k, struct repl *rp);
 
 static int repl_on_verify(void *arg, const struct kvd_reply *r)
@@ -29116,6 +29125,76 @@ static void repl_verify_range(struct kvd *k, struct repl *rp)
 	grpc_cl_deadline(k, rp->vs, 60000);
 }
 
+/*
+ * A cluster with auth on: each new connection first authenticates as
+ * --replicate-user (name:password, as etcdctl --user) and every call on it
+ * carries the token (grpc_cl.token); a call refused for its token ("invalid
+ * auth token": a simple token unused for its TTL) ends the watch, and the
+ * next connection authenticates again.
+ */
+static int repl_on_auth(void *arg, const struct kvd_reply *r)
+{
+	struct repl *rp = arg;
+	struct kvd *k = rp->k;
+	Etcdserverpb__AuthenticateResponse *m;
+	char why[300];
+
+	if (r->last && rp->vs_stale) {
+		rp->vs_stale--;
+		return 0;
+	}
+	if (!r->last) {
+		if (rp->state == REPL_WATCHING && rp->cl &&
+		    (m = etcdserverpb__authenticate_response__unpack(&k->pba, r->len, r->data))) {
+			if (m->token && strlen(m->token) < sizeof rp->cl->token)
+				snprintf(rp->cl->token, sizeof rp->cl->token, "%s", m->token);
+			etcdserverpb__authenticate_response__free_unpacked(m, &k->pba);
+		}
+		return 0;
+	}
+	rp->vs = NULL;
+	if (rp->state != REPL_WATCHING)
+		return 0;
+	if (r->code) {
+		snprintf(why, sizeof why, "Authenticate as %.*s: %s (code %d)",
+		         (int)strcspn(k->cfg.replicate_user, ":"), k->cfg.replicate_user, r->text, r->code);
+		repl_retry(k, rp, why);
+	} else if (!rp->cl || !rp->cl->token[0]) {
+		repl_retry(k, rp, "Authenticate answered no token (or one too long)");
+	} else {
+		repl_watch(k, rp);
+	}
+	return 0;
+}
+
+static void repl_auth(struct kvd *k, struct repl *rp)
+{
+	Etcdserverpb__AuthenticateRequest rq = ETCDSERVERPB__AUTHENTICATE_REQUEST__INIT;
+	const char *u = k->cfg.replicate_user, *colon = strchr(u, ':');
+	char name[256];
+	uint8_t *buf;
+	size_t n;
+
+	snprintf(name, sizeof name, "%.*s", (int)(colon ? (size_t)(colon - u) : strlen(u)), u);
+	rq.name = name;
+	rq.password = (char *)(colon ? colon + 1 : "");
+	n = protobuf_c_message_get_packed_size(&rq.base);
+	if (!(buf = kvd_malloc(k, n))) {
+		repl_retry(k, rp, E_OOM);
+		return;
+	}
+	protobuf_c_message_pack(&rq.base, buf);
+	if (grpc_cl_call(k, rp->cl, "/etcdserverpb.Auth/Authenticate", buf, n, repl_on_auth, rp, &rp->vs)) {
+		rp->vs = NULL;
+		kvd_free(k, buf);
+		repl_retry(k, rp, "the connection is gone");
+		return;
+	}
+	kvd_free(k, buf);
+	grpc_cl_half_close(k, rp->vs);
+	grpc_cl_deadline(k, rp->vs, 30000); /* a bcrypt on the member */
+}
+
 static void repl_verify(struct kvd *k, struct repl *rp)
 {
 	Etcdserverpb__HashKVRequest rq = ETCDSERVERPB__HASH_KVREQUEST__INIT;
@@ -29152,7 +29231,11 @@ static void repl_watch(struct kvd *k, struct repl *rp)
 		}
 		grpc_cl_keepalive(k, rp->cl, REPL_KEEPALIVE_MS, REPL_KEEPALIVE_TIMEOUT_MS); /* a member that hangs is left */
 	}
-	if (!rp->seeding && !rp->verified) { /* first: is this store the cluster's? */
+	if (k->cfg.replicate_user && *k->cfg.replicate_user && !rp->cl->token[0]) { /* first: who the replica is */
+		repl_auth(k, rp);
+		return;
+	}
+	if (!rp->seeding && !rp->verified) { /* then: is this store the cluster's? */
 		repl_verify(k, rp);
 		return;
 	}
@@ -29521,7 +29604,8 @@ static int repl_take(struct kvd *k, struct call *call)
 	size_t i;
 	int fwd = 0, lin;
 
-	if (call->m->kind != GRPC_UNARY || k->cfg.replica_read_only || k->auth.enabled || k->stopping)
+	if (call->m->kind != GRPC_UNARY || k->cfg.replica_read_only || k->auth.enabled || k->stopping ||
+	    (k->cfg.replicate_user && *k->cfg.replicate_user)) /* its credentials are not lent to its clients */
 		return 0;
 	for (i = 0; i < KVD_COUNT(repl_forwarded); i++)
 		fwd |= !strcmp(call->m->path, repl_forwarded[i]);
@@ -31391,6 +31475,9 @@ static const struct cfg_flag cfg_flags[] = {
 	CFG_S("replicate-cert", replicate_cert, NULL,
 	      "kvd: client certificate kvd presents to an https:// --replicate-from cluster (as etcdctl --cert)"),
 	CFG_S("replicate-key", replicate_key, NULL, "kvd: the private key of --replicate-cert (as etcdctl --key)"),
+	CFG_S("replicate-user", replicate_user, NULL,
+	      "kvd: name:password the replica authenticates with on a cluster with auth on (as etcdctl --user; root, "
+	      "to seed from a snapshot); writes made on the replica are then refused, never made as this user"),
 	CFG_N("replicate-insecure-skip-tls-verify", CFG_BOOL, replicate_insecure_skip_tls_verify, 0, 0,
 	      "kvd: accept any certificate from an https:// --replicate-from member (as etcdctl "
 	      "--insecure-skip-tls-verify)"),
@@ -31862,7 +31949,7 @@ static const struct {
                                    "restore-snapshot skip-hash-check snapshot-save salvage-log "},
     {"kvd: process", "daemon pid-file "},
     {"kvd: replica (follows an etcd cluster)", "replicate-from replica-read-only replicate-cacert replicate-cert "
-                                                "replicate-key replicate-insecure-skip-tls-verify "},
+                                                "replicate-key replicate-insecure-skip-tls-verify replicate-user "},
     {"kvd: confd (Ganeti's UDP protocol)", "confd-hmac-key-file confd-listen confd-ganeti-config-key "
                                            "confd-keyspace-prefix confd-user confd-max-clock-skew confd-rate-limit "
                                            "confd-global-rate-limit confd-replay-cache "},

@@ -133,6 +133,7 @@ struct kvd_config {
 	const char *replicate_cert;              /* --replicate-cert: kvd's client certificate for the upstream (NULL) */
 	const char *replicate_key;               /* --replicate-key: its private key (NULL) */
 	int replicate_insecure_skip_tls_verify;  /* --replicate-insecure-skip-tls-verify: any upstream certificate (0) */
+	const char *replicate_user;              /* --replicate-user: name:password on a cluster with auth on (NULL) */
 	int skip_hash_check;                     /* --skip-hash-check: with it, no SHA-256 trailer needed (0) */
 	int salvage_log;                         /* --salvage-log: a log damaged mid-file keeps what precedes it (0) */
 	const char *snapshot_save;               /* --snapshot-save: kvd_main writes one and exits (NULL) */

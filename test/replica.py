@@ -84,6 +84,11 @@ upstream itself, at a revision both have.
   and on that member end alike ("etcdserver: no leader"), new ones are
   refused, Status says so (leader 0); others go on; then it follows
   again, Status clean, raftIndex = raftAppliedIndex.
+- follows_a_cluster_with_auth_on: etcd 3.7.3 with auth on; the replica
+  with --replicate-user root:pw seeds (the cluster's users with it: alice
+  refused alike on both), follows (HashKV equal), resumes after kill -9;
+  writes on it refused naming --replicate-user; a wrong password and no
+  user at all logged with the reason and retried.
 Last line: "N passed, N failed".
 """
 import os
@@ -1197,6 +1202,67 @@ def no_leader_as_an_etcd_member():
         k.stop()
     finally:
         cl.stop()
+
+
+@test
+def follows_a_cluster_with_auth_on():
+    """etcd 3.7.3 with auth on (root, and alice without a role): the replica
+    with --replicate-user root:pw authenticates on each connection and
+    sends the token on every call; seeded (the cluster's users come with
+    the snapshot: a client of the replica logs in with the cluster's
+    passwords, and alice is refused what etcd refuses her), followed
+    (HashKV equal), resumed after kill -9 (the history checked as root);
+    writes on the replica are refused naming --replicate-user (its
+    credentials are not lent to its clients); a wrong password and no
+    user at all are each logged with the reason and retried, nothing
+    applied."""
+    import json
+    e = Etcd()
+    ep = e.endpoint()
+
+    def ctl(endpoint, *a, user="root:pw"):
+        r = subprocess.run(["etcdctl", "--endpoints", endpoint, "--command-timeout", "10s"] +
+                           (["--user", user] if user else []) + list(a), capture_output=True, text=True,
+                           env=dict(os.environ, ETCDCTL_API="3"), timeout=60)
+        return r.returncode, r.stdout, r.stderr
+
+    def rev(endpoint):
+        r = ctl(endpoint, "get", "x", "-w", "json", "--consistency=s")
+        return json.loads(r[1])["header"]["revision"] if r[0] == 0 else -1
+
+    def hk(endpoint, at):
+        r = ctl(endpoint, "endpoint", "hashkv", "--rev=%d" % at, "-w", "json")
+        return json.loads(r[1])[0]["HashKV"]["hash"] if r[0] == 0 else r[2][-200:]
+    for a in (("user", "add", "root:pw"), ("user", "grant-role", "root", "root"), ("user", "add", "alice:apw"),
+              ("auth", "enable")):
+        check(ctl(ep, *a, user=None)[0] == 0, "etcd: %s" % " ".join(a))
+    for i in range(20):
+        ctl(ep, "put", "k%d" % (i % 7), "v%d" % i)
+    k = Kvd(KVD, args=["--replicate-from", e.url, "--replicate-user", "root:pw"])
+    check(wait_for(lambda: rev(k.endpoint()) == rev(ep), 30, 0.2), "the replica caught up as root: %d vs %d\n%s" %
+          (rev(k.endpoint()), rev(ep), k.logtext()[-600:]))
+    at = rev(ep)
+    check(hk(k.endpoint(), at) == hk(ep, at), "HashKV at %d: %s vs %s" % (at, hk(k.endpoint(), at), hk(ep, at)))
+    a, b = ctl(k.endpoint(), "get", "k1", user="alice:apw"), ctl(ep, "get", "k1", user="alice:apw")
+    check(a[0] == b[0] != 0 and "permission denied" in a[2] and "permission denied" in b[2],
+          "alice, the cluster's user, is refused alike: %s / %s" % (a[2][-120:], b[2][-120:]))
+    r = ctl(k.endpoint(), "put", "from-board", "1")
+    check(r[0] != 0 and "--replicate-user" in r[2], "a write on the replica is refused naming why: %s" % r[2][-300:])
+    k.stop(signal.SIGKILL)
+    for i in range(5):
+        ctl(ep, "put", "later%d" % i, "x")
+    k = Kvd(KVD, args=["--replicate-from", e.url, "--replicate-user", "root:pw"], data_dir=k.dir)
+    check(wait_for(lambda: rev(k.endpoint()) == rev(ep), 30, 0.2) and "is this store's" in k.logtext(),
+          "resumed after kill -9, its history checked as root: %s" % k.logtext()[-600:])
+    k.stop()
+    for args, why in ((["--replicate-user", "root:wrong"], "Authenticate as root: etcdserver: authentication failed"),
+                      ([], "user name is empty (a cluster with auth on: --replicate-user)")):
+        x = Kvd(KVD, args=["--replicate-from", e.url] + args)
+        check(wait_for(lambda: why in x.logtext(), 20, 0.05) and "must reseed" not in x.logtext(),
+              "%s: %s" % (why, x.logtext()[-500:]))
+        check(revision(Client(x.endpoint())) <= 1, "nothing applied")
+        x.stop()
+    e.stop()
 
 
 if __name__ == "__main__":
