@@ -17,7 +17,9 @@
  *
  * The first byte picks the store the replica starts with: empty (it seeds
  * from a snapshot), three revisions of its own (it asks HashKV first), or
- * the same taken as verified (it follows at once).
+ * the same taken as verified (it follows at once), or that with
+ * --replicate-user (it authenticates first: the token then goes with every
+ * call).
  *
  * What must hold: no crash, no sanitizer report, no KVD_ALWAYS/KVD_NEVER
  * (the replay build has KVD_CHECKS), the store's revision never goes back,
@@ -62,7 +64,7 @@ static void fz_clean(const char *dir)
 		closedir(d);
 }
 
-static struct kvd *fz_open(const char *dir, const char *from)
+static struct kvd *fz_open(const char *dir, const char *from, const char *user)
 {
 	struct kvd_config cfg;
 	struct kvd *k;
@@ -74,6 +76,7 @@ static struct kvd *fz_open(const char *dir, const char *from)
 	cfg.log_level = KVD_LOG_ERROR + 1;
 	cfg.unsafe_no_fsync = 1;
 	cfg.replicate_from = from;
+	cfg.replicate_user = user;
 	if (kvd_open(&cfg, &k, err, sizeof err)) {
 		fprintf(stderr, "kvd_open: %s\n", err);
 		abort();
@@ -152,9 +155,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	fz_clean(dir);
 	memset(fz_headed, 0, sizeof fz_headed);
 	fz_calls = fz_lasts = 0;
-	mode = size ? data[at++] % 3 : 0;
+	mode = size ? data[at++] % 4 : 0;
 	if (mode) { /* a store of its own first: three revisions */
-		k = fz_open(dir, NULL);
+		k = fz_open(dir, NULL, NULL);
 		FZ_CHECK(!kvd_put(k, "a", 1, "1", 1, 0, fz_done, NULL) && !kvd_put(k, "b", 1, "2", 1, 0, fz_done, NULL) &&
 		         !kvd_put(k, "a", 1, "3", 1, 0, fz_done, NULL));
 		while (fz_lasts < 3)
@@ -162,7 +165,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		FZ_CHECK(kvd_close(k) == 0);
 		fz_lasts = 0;
 	}
-	k = fz_open(dir, "http://127.0.0.1:9");
+	k = fz_open(dir, "http://127.0.0.1:9", mode == 3 ? "root:pw" : NULL);
 	rp = k->repl;
 	FZ_CHECK(rp && rp->state == REPL_WAIT);
 	k->now = util_now_ms();
@@ -174,7 +177,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	snprintf(cl->authority, sizeof cl->authority, "127.0.0.1:9");
 	FZ_CHECK(grpc_cl_attach(k, c, cl) == 0);
 	rp->cl = cl;
-	if (mode == 2)
+	if (mode >= 2)
 		rp->verified = 1;
 	repl_watch(k, rp);
 	fz_frame(k, c, 4, 0, 0, NULL, 0); /* the server's SETTINGS */

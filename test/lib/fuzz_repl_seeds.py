@@ -2,7 +2,7 @@
 """Seeds for test/fuzz_repl.c (written to test/corpus/repl/): what a real
 member would send the replica, in the harness's op language (see
 fuzz_repl.c): the first byte the store (0 empty, 1 three revisions to
-verify, 2 the same, verified), then ops (sel << 3 | kind): 0 a message
+verify, 2 the same, verified, 3 that with --replicate-user), then ops (sel << 3 | kind): 0 a message
 (2 bytes of length, the bytes), 1 trailers (status, length, text), 2
 RST_STREAM, 3 GOAWAY, 4 time passes, 5 the group commit, 6 raw bytes, 7 a
 client's Put (sel odd) or linearizable Get.  The harness's own store holds
@@ -113,6 +113,20 @@ def hashkv():
     return out
 
 
+def auth():
+    """Mode 3: Authenticate answered with a token, then the follow."""
+    out = bytes([3])
+    out += msg(0, R.AuthenticateResponse(header=R.ResponseHeader(revision=4), token="AbCdEfGhIjKlMnOp.7"))
+    out += trailers(0, 0)
+    out += COMMIT
+    out += msg(0, R.WatchResponse(header=R.ResponseHeader(revision=4), created=True))
+    out += msg(0, events(5, (K.Event.PUT, kv(b"a", b"5", 2, 5, 3))))
+    out += COMMIT + PUT + COMMIT
+    out += msg(0, R.WatchResponse(header=R.ResponseHeader(revision=5), canceled=True,
+                                  cancel_reason="etcdserver: invalid auth token"))
+    return out
+
+
 def seed():
     """Mode 0: the empty store seeds: created at 3, a real snapshot of a
     small store (kvd --snapshot-save) in two blobs, then events."""
@@ -148,7 +162,7 @@ def seed():
 def main():
     out = sys.argv[1] if len(sys.argv) > 1 else os.path.join(ROOT, "test", "corpus", "repl")
     os.makedirs(out, exist_ok=True)
-    for name, f in (("follow", follow), ("verify", verify), ("verify-paged", verify_paged), ("hashkv", hashkv),
+    for name, f in (("follow", follow), ("verify", verify), ("verify-paged", verify_paged), ("hashkv", hashkv), ("auth", auth),
                     ("seed", seed)):
         open(os.path.join(out, "seed-" + name), "wb").write(f())
 
