@@ -89,6 +89,8 @@ upstream itself, at a revision both have.
   refused alike on both), follows (HashKV equal), resumes after kill -9;
   writes on it refused naming --replicate-user; a wrong password and no
   user at all logged with the reason and retried.
+- a_thousand_local_watchers_cost_the_cluster_one: 1000 watchers on the
+  replica; etcd's own watcher and stream gauges show one each.
 Last line: "N passed, N failed".
 """
 import os
@@ -1262,6 +1264,45 @@ def follows_a_cluster_with_auth_on():
               "%s: %s" % (why, x.logtext()[-500:]))
         check(revision(Client(x.endpoint())) <= 1, "nothing applied")
         x.stop()
+    e.stop()
+
+
+@test
+def a_thousand_local_watchers_cost_the_cluster_one():
+    """1000 watchers on the replica (10 streams of 100): etcd's own gauges
+    (etcd_debugging_mvcc_watcher_total, _watch_stream_total) show one
+    watcher and one stream, the replica's, before and after; the local
+    watchers hear etcd's writes."""
+    import urllib.request
+    e = Etcd()
+    ec = Client(e.endpoint())
+    put(ec, b"k0", b"1")
+
+    def gauges():
+        t = urllib.request.urlopen("%s/metrics" % e.url, timeout=10).read().decode()
+        return {ln.split()[0]: float(ln.split()[1]) for ln in t.splitlines()
+                if ln.startswith(("etcd_debugging_mvcc_watcher_total ", "etcd_debugging_mvcc_watch_stream_total "))}
+    k = replica(e)
+    kc = Client(k.endpoint())
+    caught_up(kc, ec)
+    one = {"etcd_debugging_mvcc_watcher_total": 1.0, "etcd_debugging_mvcc_watch_stream_total": 1.0}
+    check(gauges() == one, "the replica's one watch on etcd: %s" % gauges())
+    ws = []
+    for j in range(10):
+        w = WatchStream(k.endpoint())
+        for i in range(100):
+            w.create(key=b"k%d" % (j * 100 + i))
+        ws.append(w)
+    check(wait_for(lambda: sum(len(w.got) for w in ws) >= 1000, 30, 0.05), "1000 watchers created on the replica")
+    for i in range(0, 1000, 100):
+        put(ec, b"k%d" % i, b"x")
+    caught_up(kc, ec)
+    check(wait_for(lambda: sum(1 for w in ws for r in w.got if r.events) >= 10, 20, 0.05),
+          "the local watchers heard etcd's writes")
+    check(gauges() == one, "with 1000 local watchers etcd still has one: %s" % gauges())
+    for w in ws:
+        w.close()
+    k.stop()
     e.stop()
 
 
