@@ -29759,11 +29759,18 @@ static int repl_start(struct kvd *k, char **urls, unsigned n, char *err, size_t 
 		snprintf(err, errlen, "--replicate-from names no URL");
 		return KVD_EINVAL;
 	}
-	for (i = 0; i < n; i++)
+	for (i = 0; i < n; i++) {
 		if (strncmp(urls[i], "http://", 7) && strncmp(urls[i], "https://", 8)) {
 			snprintf(err, errlen, "--replicate-from: %s: an http:// or https:// URL is needed", urls[i]);
 			return KVD_EINVAL;
 		}
+#ifdef KVD_NO_TLS
+		if (!strncmp(urls[i], "https://", 8)) {
+			snprintf(err, errlen, "--replicate-from: %s: this kvd is built without TLS (KVD_NO_TLS)", urls[i]);
+			return KVD_EINVAL;
+		}
+#endif
+	}
 	if (k->cfg.auto_compaction_retention && strcmp(k->cfg.auto_compaction_retention, "0") &&
 	    *k->cfg.auto_compaction_retention) {
 		snprintf(err, errlen, "--replicate-from: the replica's compactions are the cluster's, so "
