@@ -19986,9 +19986,9 @@ static void svc_shutdown(struct kvd *k)
  * preface, the first calls) wait without POLLOUT (conn.read_first).
  *
  * Certificates, key, CA and CRL are one generation (struct tls_cfg),
- * counted by the connections made with it.  SIGHUP reads them again: a good
- * set serves new connections at once while old ones finish on theirs; a bad
- * one is logged and the old set stays.
+ * counted by the connections made with it.  SIGHUP reads them again (the
+ * client role's too): a good set serves new connections at once while old
+ * ones finish on theirs; a bad one is logged and the old set stays.
  *
  * Invariants:
  *   1. Nothing blocks: the BIO callbacks turn EAGAIN into WANT_READ or
@@ -20647,6 +20647,17 @@ static void tls_reload(struct kvd *k)
 	struct tls_cfg *t;
 	char err[KVD_ERRLEN];
 
+	if (k->tls && k->tls->client) { /* the client role's (--replicate-cert): the next connection uses it */
+		t = k->tls->client;
+		k->tls->client = NULL;
+		if (tls_cl_init(k, err, sizeof err)) {
+			k->tls->client = t;
+			kvd_log(k, KVD_LOG_WARN, "TLS reload: %s; keeping the client certificates in use", err);
+		} else {
+			tls_cfg_unref(k, t);
+			kvd_log(k, KVD_LOG_INFO, "TLS reload: client certificates read again (new connections use them)");
+		}
+	}
 	if (!k->tls || !k->tls->cfg || tls_auto(&k->cfg)) /* a self-signed one is kept as it is */
 		return;
 	if (tls_cfg_load(k, &t, err, sizeof err)) {

@@ -1083,6 +1083,11 @@ def follows_an_https_cluster_with_client_certificates():
     check(r[0] == 0 and json.loads(r[1])["kvs"][0]["mod_revision"] == w, "a write on the replica is etcd's: %s" % (r,))
     ctl("put", "later", "x")
     check(wait_for(lambda: revision(kc) == erev(), 30, 0.05), "live writes follow over TLS")
+    k.p.send_signal(signal.SIGHUP)  # a board's rotated client certificate: read again
+    check(wait_for(lambda: "client certificates read again" in k.logtext(), 10, 0.05),
+          "SIGHUP reads the client certificates again: %s" % k.logtext()[-300:])
+    ctl("put", "after-hup", "x")
+    check(wait_for(lambda: revision(kc) == erev(), 30, 0.05), "still following after SIGHUP")
     k.stop()
 
     def refused(args, why, upstream=url):
