@@ -26,7 +26,7 @@
  */
 #define KVD_NO_MAIN
 #include "../kvd.c"
-#include <dirent.h>
+#include "lib/fuzz.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
@@ -460,24 +460,6 @@ static void fz_check_watch(struct fz_op *o)
 	}
 }
 
-/* Remove what a run left in dir (files only: kvd keeps no subdirectory). */
-static void fz_clean(const char *dir)
-{
-	DIR *d = opendir(dir);
-	struct dirent *e;
-	char path[512];
-
-	while (d && (e = readdir(d))) {
-		if (e->d_name[0] == '.' && (!e->d_name[1] || (e->d_name[1] == '.' && !e->d_name[2])))
-			continue;
-		snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
-		if (unlink(path))
-			fz_fail("a subdirectory in the data dir", __LINE__);
-	}
-	if (d)
-		closedir(d);
-}
-
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
 	static char dir[64];
@@ -492,7 +474,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		if (!mkdtemp(dir))
 			abort();
 	}
-	fz_clean(dir);
+	if (fz_clean(dir))
+		fz_fail("a subdirectory in the data dir", __LINE__);
 	memset(&M, 0, sizeof M);
 	kvd_config_init(&cfg);
 	cfg.data_dir = dir;

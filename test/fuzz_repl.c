@@ -28,7 +28,7 @@
  */
 #define KVD_NO_MAIN
 #include "../kvd.c"
-#include <dirent.h>
+#include "lib/fuzz.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
@@ -47,22 +47,6 @@ static void fz_done(void *arg, const struct kvd_result *r)
 	fz_lasts++;
 }
 
-static void fz_clean(const char *dir)
-{
-	DIR *d = opendir(dir);
-	struct dirent *e;
-	char path[512];
-
-	while (d && (e = readdir(d))) {
-		if (e->d_name[0] == '.' && (!e->d_name[1] || (e->d_name[1] == '.' && !e->d_name[2])))
-			continue;
-		snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
-		if (unlink(path))
-			fz_fail("a subdirectory in the data dir", __LINE__);
-	}
-	if (d)
-		closedir(d);
-}
 
 static struct kvd *fz_open(const char *dir, const char *from, const char *user)
 {
@@ -152,7 +136,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		if (!mkdtemp(dir))
 			abort();
 	}
-	fz_clean(dir);
+	if (fz_clean(dir))
+		fz_fail("a subdirectory in the data dir", __LINE__);
 	memset(fz_headed, 0, sizeof fz_headed);
 	fz_calls = fz_lasts = 0;
 	mode = size ? data[at++] % 4 : 0;
