@@ -124,22 +124,22 @@
  *          - the endpoints
  *          - the same requests on HTTP/2 streams
  *   36. Replica: following an etcd cluster (repl_)
- *   37. Sockets and the poll loop (net_, loop_)
+ *   37. Sockets (net_)
  *          - transports: how a connection's bytes move
  *          - choosing a protocol from the first bytes
  *          - connections
  *          - systemd's notify protocol, without libsystemd
- *          - the loop
- *   38. Flags and configuration (cfg_)
+ *   38. The poll loop (loop_)
+ *   39. Flags and configuration (cfg_)
  *          - values
  *          - etcd's flags that kvd takes: feature gates, cluster flags
  *          - the config file: etcd's YAML
  *          - environment variables and --help
  *          - the configuration's strings, ids, the data dir
- *   39. Public embedding API (kvd_)
+ *   40. Public embedding API (kvd_)
  *          - the host's loop, and in-process calls
  *          - the common calls, typed
- *   40. main()
+ *   41. main()
  *
  * Prefixes mark the section a static function belongs to; only kvd_* (and the
  * generated protobuf-c symbols) are exported.  Functions return 0 or a
@@ -194,8 +194,8 @@
  *     > svc_put_rpc §19 (Put) > h2_on_data §29 (its DATA frame) >
  *     h2_stream_send §29 (the reply, once released, as windows allow) >
  *     grpc_on_data §30 (gRPC's message prefix) > net_write §37 >
- *     loop_log_flush §37 (the flush, before the loop writes replies).  It
- *     runs the other way: the loop reads (section 37), HTTP/2 and gRPC
+ *     loop_log_flush §38 (the flush, before the loop writes replies).  It
+ *     runs the other way: the loop reads (sections 38, 37), HTTP/2 and gRPC
  *     unframe (29, 30), the call routes (16) to Put (19), which writes (10);
  *     the loop flushes, releases the reply and writes it.
  *   - a read, layer by layer: mvcc_pread §8 (a value, from the log) >
@@ -207,7 +207,7 @@
  *     mvcc_flush §10 (it is durable) > watch_emit_live §25 (an event queued
  *     on its watcher) > watch_match §25 (the watchers a key wakes) >
  *     watch_live_record §25 (one record's events) > watch_batch §25 (a
- *     durable batch's records) > h2_stream_send §29 > loop_log_flush §37
+ *     durable batch's records) > h2_stream_send §29 > loop_log_flush §38
  *   - a permission check: svc_range_rpc §19 > auth_who §17 (auth_tok_find §17,
  *     auth_jwt_check §17, or the CN h2_stream_new §29 read with tls_peer_cn §27)
  *     > auth_may §17 > auth_covers §17; for a
@@ -217,10 +217,10 @@
  *   - a gateway request: net_sniff §37 > http1_input_step §35 > http1_route §35 >
  *     gw_begin §34 > gw_deliver §34 > json_pj_decode §7 > call_message §16 > the
  *     service > gw_flush §34 (gw_message_json §34)
- *   - an in-process call: kvd_put §39 (the typed layer) > kvd_call_msg §39 >
+ *   - an in-process call: kvd_put §40 (the typed layer) > kvd_call_msg §40 >
  *     call_local_new §16 > call_local_send §16 > call_message §16 > the
- *     service > loop_log_flush §37 > call_local_flush §16 >
- *     call_local_deliver §16 > kvd_typed_reply §39 (the host's callback)
+ *     service > loop_log_flush §38 > call_local_flush §16 >
+ *     call_local_deliver §16 > kvd_typed_reply §40 (the host's callback)
  *   - a call kvd makes as a client: grpc_cl_open §30 > net_connect §37 >
  *     grpc_cl_call §30 > grpc_cl_flush §30 > grpc_cl_start §30 >
  *     h2_send_block §29 > h2_send_data §29 > net_write §37 > net_read §37 >
@@ -231,13 +231,13 @@
  *   - a log rewrite: svc_defrag §22 > life_step §13 > life_rw_start §13 >
  *     life_rw_step §13 > life_rw_copy §13 > life_rw_write §13 > life_rw_switch §13
  *     > life_rw_end §13 (its answer: svc_defrag_answer §22)
- *   - a snapshot import: kvd_open §39 > snap_restore §15 > snap_import_file §15 >
+ *   - a snapshot import: kvd_open §40 > snap_restore §15 > snap_import_file §15 >
  *     snap_import_mem §15 > snap_file_open §15 > snap_file_walk §15 > snap_imp_key §15
  *     > snap_imp_apply §15 > snap_imp_write §15
  *   - a replicated revision: repl_on_watch §36 (a Watch response, kept until
  *     its last fragment) > repl_response §36 > repl_apply §36 >
  *     repl_apply_rev §36 (one txn, its numbers checked) > mvcc_put §10 >
- *     mvcc_txn_end §10 > loop_log_flush §37 > watch_emit_live §25 (the
+ *     mvcc_txn_end §10 > loop_log_flush §38 > watch_emit_live §25 (the
  *     replica's own watchers); a seed: repl_snap_start §36 > repl_on_snap §36
  *     > snap_adopt §15 > snap_import_file §15 > mvcc_open §10
  *   - a replica's write, forwarded: call_message §16 > repl_take §36 (the
@@ -974,6 +974,8 @@ struct conn {
 	/* times, monotonic ms */
 	int64_t t_open, t_close;
 	int64_t t_active;            /* last progress: a call opened, request data, a call ended */
+	int64_t t_read;              /* the last read that gave bytes */
+	int64_t t_sent;              /* the earliest the bytes being read can have been sent (net_read) */
 };
 
 /* A listening socket. */
@@ -1031,6 +1033,8 @@ struct share_tab {
 struct kvd {
 	struct kvd_config cfg;       /* a copy; its strings are kvd's own (cfg_own) */
 	int64_t now;                 /* monotonic ms, read once per iteration */
+	int64_t t_turn;              /* when this turn began (kvd stopped reading), 0 between turns */
+	int64_t stall_from, stall_to; /* the last turn of KVD_RST_YOUNG_MS or more: kvd read nothing then */
 	int64_t next_timer;          /* earliest connection/stream timer */
 	kvd_log_fn *log_fn;
 	void *log_arg;
@@ -1082,7 +1086,7 @@ struct kvd {
 	char *caller;                /* whom in-process calls act as (kvd_set_caller), NULL: root */
 	int depth;                   /* > 0: inside a host's callback (section 16) or loop hook (37) */
 	unsigned closing : 1;        /* kvd_close runs: no new in-process call */
-	/* a host's loop (section 37): what it was told to watch, by fd */
+	/* a host's loop (section 38): what it was told to watch, by fd */
 	struct kvd_loop hl;          /* hl.io NULL: none (kvd_poll, or pull) */
 	struct loop_ann *ann;
 	size_t anncap;
@@ -2007,7 +2011,7 @@ KVD_RESIDENT static int util_nonblock(int fd)
 }
 
 /* The loop sleeps no later than `when` (monotonic ms): every timer in every
- * section asks through this; the loop (section 37) starts afresh each turn. */
+ * section asks through this; the loop (section 38) starts afresh each turn. */
 static void util_wake_by(struct kvd *k, int64_t when)
 {
 	if (when < k->next_timer)
@@ -6273,7 +6277,7 @@ static void mvcc_free_key(struct kvd *k, struct mvcc_key *r)
  * A durable write, end to end: svc_put_rpc (section 19) -> mvcc_put
  * (here: the op appended, the index changed, an undo entry kept) ->
  * call_finish (section 16: while the batch is open the reply is held,
- * call_hold) -> loop_log_flush (section 37) -> mvcc_flush (here: one
+ * call_hold) -> loop_log_flush (section 38) -> mvcc_flush (here: one
  * pwrite, one fdatasync) -> the held replies released -> the carrier's
  * flush (h2_stream_send, gw_flush) moves them toward the socket.
  *
@@ -11294,7 +11298,7 @@ out:
 #ifndef KVD_NO_SNAPSHOT
 
 /*
- * A snapshot import, end to end: kvd_open (section 39) -> snap_restore
+ * A snapshot import, end to end: kvd_open (section 40) -> snap_restore
  * -> snap_import_file (a replica's seed: snap_adopt, then the log
  * replayed in place) -> snap_import_mem (the SHA-256 trailer) -> snap_file_open (both metas,
  * snap_meta_ok) -> snap_file_walk (bounded) -> snap_imp_key (revisions
@@ -12807,7 +12811,7 @@ struct kvd_stream {
 	unsigned closed_send : 1;   /* half-closed: nothing more will be sent */
 	unsigned ended : 1;         /* its last callback ran: free it */
 	unsigned lost : 1;          /* a message it could not decode: its end is not OK */
-	/* the typed layer's (section 39): the host's own callback and argument */
+	/* the typed layer's (section 40): the host's own callback and argument */
 	kvd_result_fn *rfn;
 	kvd_watch_fn *wfn;
 	void *uarg;
@@ -21929,7 +21933,7 @@ static struct h2_stream *h2_stream_new(struct h2_conn *h2, uint32_t sid)
 	s->send_window = h2->peer_init_window;
 	s->recv_window = KVD_STREAM_WINDOW;
 	s->http_status = 200;
-	s->opened = k->now;
+	s->opened = h2->conn->t_sent ? h2->conn->t_sent : k->now; /* see [§38.5] */
 	h2->st[h2->nst++] = s;
 	return s;
 }
@@ -22546,7 +22550,8 @@ static void h2_on_rst(struct h2_conn *h2, uint32_t sid, const uint8_t *p, size_t
 	 * stream the client waited on (older than KVD_RST_YOUNG_MS: a deadline
 	 * that expired, a watch it closed) is an honest cancel, and one kvd has
 	 * closed already cost nothing: neither counts, so a storm of expiring
-	 * deadlines never takes the connection's other calls with it. */
+	 * deadlines never takes the connection's other calls with it.  Ages
+	 * count from when HEADERS may have been sent: see [§38.5]. */
 	s = h2_stream_find(h2, sid);
 	if (s && h2->k->now - s->opened < KVD_RST_YOUNG_MS &&
 	    !bucket_take(&h2->rst, h2->k->now, KVD_RST_RATE, KVD_RST_RATE * 2)) {
@@ -27301,7 +27306,7 @@ static void gw_flush(struct kvd *k, struct http_x *x)
 	int whole = x->body_done || x->bidi || x->s;
 
 	/* [§10.1] no reply that shows a write leaves before its fdatasync;
-	 * [§34.2] nothing of a held call is written; [§37.1] loop_flush ran the
+	 * [§34.2] nothing of a held call is written; [§38.1] loop_flush ran the
 	 * group commit before this flush hook (see loop_log_flush) */
 	if (!x->in_call || KVD_NEVER(cl->held))
 		return;
@@ -29848,63 +29853,40 @@ static void repl_fini(struct kvd *k)
 }
 #endif /* !KVD_NO_NET && !KVD_NO_SNAPSHOT */
 
-/* ===== 37. Sockets and the poll loop (net_, loop_) ======================= */
+/* ===== 37. Sockets (net_) ================================================= */
 
 /*
- * One poll() loop, no threads.  Each kvd_poll() call (loop_run):
- *   1. reads the monotonic clock (and again when poll returns);
- *   2. runs due timers (first bytes, idle, stall, grpc-timeout, drain,
- *      watch progress, lease expiry, auto-compaction, systemd's watchdog);
- *   3. the group commit, then every connection's output into its socket,
- *      the reaping, a slice of a log rewrite and of password hashing
- *      (loop_flush);
- *   4. polls, with a timeout that ends at the next timer;
- *   5. dispatches by what each pollfd belongs to (a typed slot: the wake
- *      pipe, a listener, a confd socket, a connection): accept, read ->
- *      protocol -> calls -> services, write;
- *   6. loop_flush again: the group commit, the output, then the reaping of
- *      closed connections -- never inside their own handlers.
- * A host with a loop of its own drives the same steps (kvd.h): pull mode
- * cuts kvd_poll in two at the poll (kvd_pollfds: steps 1-3 and the set;
- * kvd_process: 5 and 6), and registration mode tells the host only what
- * changed in the set (loop_announce) and runs 5 for the one descriptor the
- * host reports (kvd_io), steps 1-3 and 6 on the host's next turn, a
- * timeout of 0 away (kvd_timeout -> loop_host_turn) -- so one group commit
- * covers all that turn brought.  An edge-triggered host's descriptors are
- * read again on each turn until a read finds them empty (loop_ann.hot).
- * In-process calls' answers go to their hosts from loop_flush, after the
- * group commit, as a connection's go to its socket (call_local_flush).
- * A connection is a socket, a transport (plain TCP, or TLS) and the
- * protocol its first bytes chose (net_sniff): the HTTP/2 preface, an HTTP/1.x
- * request line, a TLS ClientHello, or garbage -- each answered on the same
- * port.  A protocol is a table of hooks (struct net_proto); the loop knows
- * no more of HTTP/2 than that.  A connection whose output is over
- * KVD_MAX_OUTPUT is not read (POLLIN off): that is the backpressure against
- * peers that do not read.
+ * Every socket kvd reads or writes but confd's: the listeners (client and
+ * metrics URLs, TCP or unix), the connections they accept, the ones kvd
+ * opens as a client (net_connect: a replica's cluster), and systemd's
+ * notify socket.  A connection is a socket, a transport (plain TCP, or TLS:
+ * section 27) and the protocol its first bytes chose (net_sniff): the
+ * HTTP/2 preface, an HTTP/1.x request line, a TLS ClientHello, or garbage
+ * -- each answered on the same port.  A protocol is a table of hooks
+ * (struct net_proto); this section knows no more of HTTP/2 than that.  The
+ * loop (section 38) says when: net_read when a socket is readable,
+ * net_write when it is writable or output is queued, net_reap at the end
+ * of each turn.  Limits are kept here: --max-connections and per-address
+ * shares (net_accept, net_evict), the idle and first-bytes timers
+ * (net_timers), and the backpressure of a connection whose output is over
+ * KVD_MAX_OUTPUT (net_held: its input is not read meanwhile).
  *
  * Invariants:
- *   1. The durability contract, by order: loop_flush runs the group commit
- *      (loop_log_flush) before any protocol's flush hook and before
- *      net_write -- the hooks are where answers move toward the socket.
- *   2. A connection on k->conns is freed only by net_reap (from
+ *   1. A connection on k->conns is freed only by net_reap (from
  *      loop_flush) or kvd_close, never inside its own handlers: they mark
  *      it dead or is_closing, and the dispatch may still look at it
  *      (loop_run).  One whose TLS set-up fails is freed by net_accept
  *      before it joins the list.
- *   3. Backpressure: a connection whose output is at KVD_MAX_OUTPUT is
- *      neither polled for input (loop_pollset; a closing one is, for the
- *      peer's EOF) nor handed what it holds (loop_flush).
- *   4. k->rbuf is lent to c->in for one net_input only; what is left is
+ *   2. k->rbuf is lent to c->in for one net_input only; what is left is
  *      copied out, and a swapped loan kills the connection (net_read's
  *      KVD_ALWAYS).
- *   5. Counts balance: a connection leaves k->nconns and its share's count
+ *   3. Counts balance: a connection leaves k->nconns and its share's count
  *      once (net_uncount: c->uncounted), and has given back every request
  *      byte it buffered before it is freed (net_conn_free's
  *      KVD_ALWAYS(!c->in_held)).
  *
  * KVD_NO_NET leaves every socket out -- listeners, connections, systemd's
- * notify socket -- and keeps the loop: the wake pipe, the timers, the group
- * commit, the log rewrite and password hashing.
+ * notify socket -- and its calls do nothing; the loop stays.
  */
 
 #ifndef KVD_NO_NET
@@ -30434,7 +30416,7 @@ static void net_conn_free(struct kvd *k, struct conn *c)
 		c->proto->free(k, c);
 	if (c->tr->free)
 		c->tr->free(c);
-	if (!KVD_ALWAYS(!c->in_held)) /* [§37.5] each protocol gave back what it buffered */
+	if (!KVD_ALWAYS(!c->in_held)) /* [§37.3] each protocol gave back what it buffered */
 		k->in_held -= c->in_held;
 	share_put(k, c->share);
 	buf_free(k, &c->in);
@@ -30769,6 +30751,10 @@ static int net_read(struct kvd *k, struct conn *c)
 	}
 	if (c->is_closing) /* lingering: drain and drop */
 		return 1;
+	/* Bytes a turn could not read (kvd stalled: a slow fsync) may have
+	 * been sent as early as the stall began; else they are new: see [§38.5]. */
+	c->t_sent = k->stall_to > c->t_read ? KVD_MAX(KVD_MAX(c->t_read, c->t_open), k->stall_from) : k->now;
+	c->t_read = k->now;
 	if (BUF_LEN(&c->in)) {
 		if (buf_append(k, &c->in, k->rbuf, (size_t)n)) {
 			c->dead = 1;
@@ -30783,7 +30769,7 @@ static int net_read(struct kvd *k, struct conn *c)
 		c->in.lent = 1;
 		net_input(k, c);
 		left = BUF_LEN(&c->in);
-		if (!KVD_ALWAYS(c->in.lent && c->in.p == k->rbuf)) { /* [§37.4] nobody may swap the loan */
+		if (!KVD_ALWAYS(c->in.lent && c->in.p == k->rbuf)) { /* [§37.2] nobody may swap the loan */
 			c->dead = 1;
 			return 0;
 		}
@@ -30817,7 +30803,9 @@ static void net_reap(struct kvd *k)
 			util_wake_by(k, k->now + linger);
 		}
 		if (c->dead || (c->shut_wr && (c->peer_closed || k->now - c->t_close >= linger)) ||
-		    (c->t_close && k->now - c->t_close >= 5000)) {
+		    (c->t_close && k->now - c->t_close >= 5000) ||
+		    (c->is_closing && (c->connecting || c->read_first))) { /* kvd's own, its output waiting on a
+		                                                               server that never answered: nothing to say */
 			*pp = c->next;
 			loop_forget(k, c->fd);
 			close(c->fd);
@@ -30839,13 +30827,13 @@ static void net_reap(struct kvd *k)
  * pinging and gets restarted.  STATUS= lines say what kvd is doing.  One
  * sendto each, never waited on: a supervisor that is gone costs nothing.
  */
-KVD_RESIDENT static void loop_notify(struct kvd *k, const char *msg)
+KVD_RESIDENT static void net_notify(struct kvd *k, const char *msg)
 {
 	if (k->sd_fd >= 0)
 		sendto(k->sd_fd, msg, strlen(msg), MSG_NOSIGNAL | MSG_DONTWAIT, (struct sockaddr *)&k->sd_addr, k->sd_len);
 }
 
-static void loop_notify_open(struct kvd *k)
+static void net_notify_open(struct kvd *k)
 {
 	const char *path = getenv("NOTIFY_SOCKET"), *us = getenv("WATCHDOG_USEC"), *pid = getenv("WATCHDOG_PID");
 	size_t n = path ? strlen(path) : 0;
@@ -30882,23 +30870,62 @@ static void net_write(struct kvd *k, struct conn *c) { (void)k, (void)c; }
 static int64_t net_timers(struct kvd *k, struct conn *c) { (void)k, (void)c; return INT64_MAX; }
 static void net_conn_free(struct kvd *k, struct conn *c) { (void)k, (void)c; }
 static void net_reap(struct kvd *k) { (void)k; }
-static void loop_notify(struct kvd *k, const char *msg) { (void)k, (void)msg; }
-static void loop_notify_open(struct kvd *k) { (void)k; }
+static void net_notify(struct kvd *k, const char *msg) { (void)k, (void)msg; }
+static void net_notify_open(struct kvd *k) { (void)k; }
 #endif /* KVD_NO_NET */
 
-/* ---- the loop ---------------------------------------------------------------- */
+/* ===== 38. The poll loop (loop_) ========================================== */
+
+/*
+ * One poll() loop, no threads.  Each kvd_poll() call (loop_run):
+ *   1. reads the monotonic clock (and again when poll returns);
+ *   2. runs due timers (first bytes, idle, stall, grpc-timeout, drain,
+ *      watch progress, lease expiry, auto-compaction, systemd's watchdog);
+ *   3. the group commit, then every connection's output into its socket,
+ *      the reaping, a slice of a log rewrite and of password hashing
+ *      (loop_flush);
+ *   4. polls, with a timeout that ends at the next timer;
+ *   5. dispatches by what each pollfd belongs to (a typed slot: the wake
+ *      pipe, a listener, a confd socket, a connection): accept, read ->
+ *      protocol -> calls -> services, write;
+ *   6. loop_flush again: the group commit, the output, then the reaping of
+ *      closed connections -- never inside their own handlers.
+ * A host with a loop of its own drives the same steps (kvd.h): pull mode
+ * cuts kvd_poll in two at the poll (kvd_pollfds: steps 1-3 and the set;
+ * kvd_process: 5 and 6), and registration mode tells the host only what
+ * changed in the set (loop_announce) and runs 5 for the one descriptor the
+ * host reports (kvd_io), steps 1-3 and 6 on the host's next turn, a
+ * timeout of 0 away (kvd_timeout -> loop_host_turn) -- so one group commit
+ * covers all that turn brought.  An edge-triggered host's descriptors are
+ * read again on each turn until a read finds them empty (loop_ann.hot).
+ * In-process calls' answers go to their hosts from loop_flush, after the
+ * group commit, as a connection's go to its socket (call_local_flush).
+ * A connection whose output is over KVD_MAX_OUTPUT is not read (POLLIN
+ * off): that is the backpressure against peers that do not read.
+ *
+ * Invariants:
+ *   1. The durability contract, by order: loop_flush runs the group commit
+ *      (loop_log_flush) before any protocol's flush hook and before
+ *      net_write -- the hooks are where answers move toward the socket.
+ *   2. Backpressure: a connection whose output is at KVD_MAX_OUTPUT is
+ *      neither polled for input (loop_pollset; a closing one is, for the
+ *      peer's EOF) nor handed what it holds (loop_flush).
+ *
+ * KVD_NO_NET keeps the loop: the wake pipe, the timers, the group commit,
+ * the log rewrite and password hashing.
+ */
 
 /* SIGHUP (kvd_reload): the files that may change under a running kvd are
  * read again; a bad one is refused and the old one kept (each says so). */
 static void loop_reload(struct kvd *k)
 {
-	loop_notify(k, "RELOADING=1");
+	net_notify(k, "RELOADING=1");
 	kvd_log(k, KVD_LOG_INFO, "SIGHUP: reading the confd key and the TLS files again");
 	confd_reload(k);
 #ifndef KVD_NO_TLS
 	tls_reload(k);
 #endif
-	loop_notify(k, "READY=1");
+	net_notify(k, "READY=1");
 }
 
 /* SIGTERM/SIGINT (kvd_shutdown): stop accepting, end every stream, let the
@@ -30925,7 +30952,7 @@ static void loop_stop(struct kvd *k)
 			c->is_closing = 1;
 	util_wake_by(k, k->now + KVD_STOP_LINGER_MS); /* lingering connections go sooner now */
 	kvd_log(k, KVD_LOG_INFO, "shutting down: draining %u connection(s)", k->nconns);
-	loop_notify(k, "STOPPING=1\nSTATUS=shutting down");
+	net_notify(k, "STOPPING=1\nSTATUS=shutting down");
 }
 
 static void loop_timers(struct kvd *k)
@@ -30938,7 +30965,7 @@ static void loop_timers(struct kvd *k)
 	k->next_timer = INT64_MAX;
 	if (k->sd_wd_ms) { /* systemd's watchdog: the loop is alive */
 		if (k->now >= k->sd_wd_next) {
-			loop_notify(k, "WATCHDOG=1");
+			net_notify(k, "WATCHDOG=1");
 			k->sd_wd_next = k->now + k->sd_wd_ms;
 		}
 		util_wake_by(k, k->sd_wd_next);
@@ -31131,11 +31158,32 @@ KVD_RESIDENT static void loop_oom_retry(struct kvd *k)
 	}
 }
 
+/* kvd reads again (poll returned, or the host entered): a turn begins. */
+static void loop_turn_in(struct kvd *k)
+{
+	k->now = k->t_turn = util_now_ms();
+}
+
+/* kvd waits again (poll, or back to the host): a turn of KVD_RST_YOUNG_MS or
+ * more was a stall, when no socket was read: see [§38.5]. */
+static void loop_turn_out(struct kvd *k)
+{
+	int64_t t = util_now_ms();
+
+	if (k->t_turn && t - k->t_turn >= KVD_RST_YOUNG_MS) {
+		k->stall_from = k->t_turn;
+		k->stall_to = t;
+	}
+	k->t_turn = 0;
+}
+
 /* A turn begins: the clock, what is due (timers), and the flush of what
  * is pending -- group commit, replies, callbacks. */
 KVD_RESIDENT static void loop_begin(struct kvd *k)
 {
 	k->now = util_now_ms();
+	if (!k->t_turn)
+		k->t_turn = k->now;
 #ifndef KVD_NO_TLS
 	if (k->tls)
 		k->tls->steps = 0;
@@ -31200,14 +31248,21 @@ KVD_RESIDENT static int loop_dispatch(struct kvd *k, int kind, void *obj, int fd
  * is pending, so the host's next turn runs it (kvd_timeout).
  *
  * Invariants:
- *   6. A host hears events 0 for a descriptor before kvd closes it, and
+ *   3. A host hears events 0 for a descriptor before kvd closes it, and
  *      never hears of one after: every close of a watched descriptor comes
  *      after loop_forget (net_reap, net_close_listener, confd_close,
  *      kvd_close); so a number the kernel hands out again is never
  *      mistaken for the old one.
- *   7. KVD_OUT is asked for only while output is queued, and a timeout of
+ *   4. KVD_OUT is asked for only while output is queued, and a timeout of
  *      0 only while work is pending (util_wake_by with now): a
  *      level-triggered host never spins on kvd.
+ *   5. kvd's own stalls are never held against a client: every turn is
+ *      timed (loop_turn_in .. loop_turn_out, in each driving mode), one of
+ *      KVD_RST_YOUNG_MS or more is kept as k->stall_from..stall_to, and
+ *      bytes a connection reads first after it may have been sent when it
+ *      began (net_read: c->t_sent) -- so a stream read after a slow fsync
+ *      is as old as its client's wait, and its cancel is no Rapid Reset
+ *      (h2_on_rst; test/abuse.py honest_cancel_storm_over_a_slow_disk).
  */
 static void loop_forget(struct kvd *k, int fd)
 {
@@ -31216,7 +31271,7 @@ static void loop_forget(struct kvd *k, int fd)
 	if (!k->hl.io || fd < 0 || (size_t)fd >= k->anncap || !(a = &k->ann[fd])->ev)
 		return;
 	k->depth++;
-	(void)k->hl.io(k->hl.host, fd, 0, &a->slot); /* before the close: see [§37.6] */
+	(void)k->hl.io(k->hl.host, fd, 0, &a->slot); /* before the close: see [§38.3] */
 	k->depth--;
 	memset(a, 0, sizeof *a);
 }
@@ -31258,7 +31313,7 @@ static void loop_announce(struct kvd *k)
 		a->obj = k->slot[i].obj;
 		if (a->ev == ev)
 			continue;
-		/* [§37.6] a descriptor announced is open: kvd forgets before it closes */
+		/* [§38.3] a descriptor announced is open: kvd forgets before it closes */
 		(void)KVD_ALWAYS(fcntl(fd, F_GETFD) >= 0);
 		if (k->hl.io(k->hl.host, fd, ev, &a->slot)) { /* the host could not watch it */
 			if (a->kind == LOOP_CONN)
@@ -31267,7 +31322,7 @@ static void loop_announce(struct kvd *k)
 			a->gen = 0;
 			continue;
 		}
-		/* [§37.7] KVD_OUT only with output queued (loop_pollset) */
+		/* [§38.4] KVD_OUT only with output queued (loop_pollset) */
 		(void)KVD_NEVER((ev & KVD_OUT) && a->kind == LOOP_CONN && !BUF_LEN(&((struct conn *)a->obj)->out) &&
 		                !((struct conn *)a->obj)->want_write);
 		a->ev = ev;
@@ -31309,6 +31364,7 @@ static int loop_host_turn(struct kvd *k)
 		}
 	loop_flush(k);
 	loop_oom_retry(k);
+	loop_turn_out(k);
 	if (loop_stopped(k))
 		return KVD_ESTOPPED;
 	loop_announce(k);
@@ -31334,11 +31390,11 @@ KVD_RESIDENT static int loop_run(struct kvd *k, int timeout_ms)
 		if (ms < 0 || wait < ms)
 			ms = (int)wait;
 	}
-	if (poll(k->pfd, (nfds_t)n, ms) <= 0) {
-		k->now = util_now_ms();
+	loop_turn_out(k);
+	ms = poll(k->pfd, (nfds_t)n, ms);
+	loop_turn_in(k);
+	if (ms <= 0)
 		return 0;
-	}
-	k->now = util_now_ms();
 	for (i = 0; i < n; i++)
 		if (k->pfd[i].revents)
 			loop_dispatch(k, k->slot[i].kind, k->slot[i].obj, k->pfd[i].fd, k->pfd[i].revents);
@@ -31347,12 +31403,12 @@ KVD_RESIDENT static int loop_run(struct kvd *k, int timeout_ms)
 	return loop_stopped(k) ? KVD_ESTOPPED : 0;
 }
 
-/* ===== 38. Flags and configuration (cfg_) ================================ */
+/* ===== 39. Flags and configuration (cfg_) ================================ */
 
 /*
  * The flags: one table (cfg_flags) that the command line, the ETCD_*
  * variables, --config-file's YAML (cfg_yaml_) and --help all read;
- * kvd_config_parse (section 39) walks it.  Then what the flags lead to at
+ * kvd_config_parse (section 40) walks it.  Then what the flags lead to at
  * start: the member and cluster ids, the data dir and its lock.
  *
  * etcd's flag syntax (Go's flag package): -flag or --flag, "=value" or the
@@ -31764,7 +31820,7 @@ static int cfg_yaml_bad(struct cfg_yaml *y, const char *why, const char *what)
 
 static int cfg_yaml_put(struct cfg_yaml *y, char c)
 {
-	if (KVD_NEVER(y->w >= y->wend)) /* [§38.3] the store holds the text: nothing unescapes longer */
+	if (KVD_NEVER(y->w >= y->wend)) /* [§39.3] the store holds the text: nothing unescapes longer */
 		return cfg_yaml_bad(y, "too long", NULL);
 	*y->w++ = c;
 	return 0;
@@ -32240,7 +32296,7 @@ static int cfg_read_file(struct kvd_config *cfg, char **store, char *err, size_t
 	return kvd_config_yaml(cfg, text, got, text + got + 1, got + 1, err + n, errlen - (size_t)n);
 }
 
-/* ===== 39. Public embedding API (kvd_) =================================== */
+/* ===== 40. Public embedding API (kvd_) =================================== */
 
 /* A start that failed: its reason in every log output configured (a file,
  * syslog, an embedder's kvd_set_log) besides stderr, where kvd_main and an
@@ -32261,7 +32317,7 @@ static void kvd_open_failed(struct kvd *k, const char *err)
  * configuration (kvd_config_init, kvd_config_parse, kvd_config_yaml), an
  * instance's life (kvd_open, kvd_poll, kvd_reload, kvd_shutdown,
  * kvd_close), the host's loop (kvd_pollfds and kvd_process; kvd_set_loop,
- * kvd_io and kvd_timeout: section 37 does the work), in-process calls
+ * kvd_io and kvd_timeout: section 38 does the work), in-process calls
  * (kvd_call and kvd_stream_*: section 16's carrier) and the typed calls
  * built on them (kvd_get ... kvd_watch, kvd_snapshot: a request built
  * here, an adapter reading the decoded answer for the host's callback),
@@ -32471,7 +32527,7 @@ KVD_RESIDENT KVD_API int kvd_config_parse(struct kvd_config *cfg, int argc, char
 	return 0;
 }
 
-/* --config-file's text (the reader's grammar: section 38, cfg_yaml_). */
+/* --config-file's text (the reader's grammar: section 39, cfg_yaml_). */
 KVD_API int kvd_config_yaml(struct kvd_config *cfg, const char *text, size_t len, char *store, size_t cap, char *err,
                             size_t errlen)
 {
@@ -32915,6 +32971,7 @@ KVD_API int kvd_pollfds(struct kvd *k, struct pollfd *fds, int cap, int *timeout
 		return KVD_ESTOPPED;
 	if ((n = loop_pollset(k)) < 0)
 		return n;
+	loop_turn_out(k);
 	if (n <= cap && fds)
 		memcpy(fds, k->pfd, (size_t)n * sizeof *fds);
 	wait = k->next_timer == INT64_MAX ? -1 : KVD_MAX(k->next_timer - k->now, 0);
@@ -32929,7 +32986,7 @@ KVD_API int kvd_process(struct kvd *k, const struct pollfd *fds, int n)
 
 	if (k->depth)
 		return KVD_EBUSY;
-	k->now = util_now_ms();
+	loop_turn_in(k); /* until kvd_pollfds: see [§38.5] */
 	/* the entries kvd_pollfds gave, in its order: else a stale set (its
 	 * revents are dropped; level-triggered readiness is told again) */
 	for (i = 0; fds && n == (int)k->npfd && i < n && fds[i].fd == k->pfd[i].fd; i++)
@@ -32964,11 +33021,12 @@ KVD_API int kvd_io(struct kvd *k, int fd, unsigned revents)
 		return KVD_EBUSY;
 	if (!k->hl.io || fd < 0 || (size_t)fd >= k->anncap || !(a = &k->ann[fd])->ev)
 		return KVD_EINVAL; /* not one kvd asked for (or no longer) */
-	k->now = util_now_ms();
+	loop_turn_in(k);
 	if (loop_dispatch(k, a->kind, a->obj, fd, re) && (k->hl.flags & KVD_LOOP_EDGE))
 		a->hot = 1;
 	util_wake_by(k, k->now); /* the flush, on the host's next turn: one group commit for all it brought */
 	loop_announce(k);
+	loop_turn_out(k);
 	return 0;
 }
 
@@ -33717,12 +33775,12 @@ KVD_RESIDENT KVD_API int kvd_main(int argc, char **argv)
 	sigaction(SIGUSR2, &sa, NULL);
 #endif
 	sigprocmask(SIG_SETMASK, &old_mask, NULL); /* one that came meanwhile is handled now */
-	loop_notify_open(k); /* systemd (Type=notify): ready now */
+	net_notify_open(k); /* systemd (Type=notify): ready now */
 	{
 		char st[160];
 		snprintf(st, sizeof st, "READY=1\nSTATUS=serving %u listener(s) at revision %lld\nMAINPID=%ld", k->nls,
 		         (long long)k->db.rev, (long)getpid());
-		loop_notify(k, st);
+		net_notify(k, st);
 	}
 	while ((r = kvd_poll(k, -1)) == 0 || r == KVD_ENOMEM)
 		;
@@ -33737,16 +33795,16 @@ KVD_RESIDENT KVD_API int kvd_main(int argc, char **argv)
 	return r == KVD_ESTOPPED ? KVD_EXIT_OK : KVD_EXIT_RUNTIME;
 }
 
-/* ===== 40. main() ======================================================== */
+/* ===== 41. main() ======================================================== */
 
 /*
- * The program: main() is kvd_main() (section 39) and nothing more, so an
+ * The program: main() is kvd_main() (section 40) and nothing more, so an
  * embedder gets the same program from the public API; KVD_NO_MAIN leaves
  * it out when kvd.c is #included (the tests and fuzzers).
  *
  * Invariants:
  *   1. main only calls kvd_main: flags, signals and the loop are kvd_main's,
- *      through section 39's API (kvd_config_parse, kvd_open, kvd_poll,
+ *      through section 40's API (kvd_config_parse, kvd_open, kvd_poll,
  *      kvd_close), and so is the exit status (KVD_EXIT_OK, _RUNTIME,
  *      _CONFIG).
  */

@@ -186,7 +186,7 @@ def etcd_cluster_flags_as_kubeadm_passes_them():
 
 @test
 def configuration_errors_exit_2_before_the_data_dir():
-    """A configuration error changes nothing [§39.2]: bad flags, variables,
+    """A configuration error changes nothing [§40.2]: bad flags, variables,
     URLs, files (certificates, keys, the confd key, a snapshot, a log
     output, the config file) and values each exit 2 with one line, and the
     data dir is not made."""
@@ -353,7 +353,7 @@ def unix_sockets_as_etcd():
 
 @test
 def runtime_failures_exit_1_and_a_clean_stop_0():
-    """One kvd per data dir [§38.5]: a second on a served dir exits 1 (its
+    """One kvd per data dir [§39.5]: a second on a served dir exits 1 (its
     lock is taken); a port in use exits 1 and, the sockets bound first,
     leaves no data dir; SIGTERM and SIGINT stop with 0; an unusable data
     dir is refused."""
@@ -2131,10 +2131,10 @@ def main_is_kvd_main(src):
 
 @test
 def the_program_is_kvd_main_and_exports_kvd_only():
-    """main only calls kvd_main [§40.1]: kvd.c's one main() is `return
+    """main only calls kvd_main [§41.1]: kvd.c's one main() is `return
     kvd_main(argc, argv);`, so flags, signals, the loop and the exit status
     are kvd_main's.  Only kvd_* functions, main and the generated
-    protobuf-c symbols are exported [§39.1]: every function kvd.c defines
+    protobuf-c symbols are exported [§40.1]: every function kvd.c defines
     at file scope is static or KVD_API (and then named kvd_), and the kvd
     binary's defined global symbols keep make symcheck's rule.  Each rule
     catches a planted fault."""

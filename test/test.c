@@ -4527,7 +4527,7 @@ static int yaml_try(struct kvd_config *cfg, const char *text, char *store, char 
 	return kvd_config_yaml(cfg, text, strlen(text), store, strlen(text) + 1, err, KVD_ERRLEN);
 }
 
-/* The reader is bounded [§38.3]: a store smaller than the text (and its
+/* The reader is bounded [§39.3]: a store smaller than the text (and its
  * NUL) is refused, and so is a mapping nested in a block. */
 static void test_config_yaml(void)
 {
@@ -4594,10 +4594,10 @@ static void t_cfg_field(const struct kvd_config *cfg, const struct cfg_flag *f, 
 }
 
 /*
- * One table [§38.1]: each cfg_flags line is the flag -- its default is
+ * One table [§39.1]: each cfg_flags line is the flag -- its default is
  * kvd_config_init's, --help lists it, and the command line, its ETCD_*
  * variable and its config file key all set the same field to the same
- * value.  [§38.2] A bad value is refused where it is read, its error
+ * value.  [§39.2] A bad value is refused where it is read, its error
  * naming the flag: not a number, below the line's minimum, not a
  * duration, not a boolean; and a feature gate kvd does not know.
  */
@@ -4720,7 +4720,7 @@ static int t_nfds(void)
 }
 
 /*
- * kvd_init copies what it keeps [§38.4] [§39.3]: the caller's struct
+ * kvd_init copies what it keeps [§39.4] [§40.3]: the caller's struct
  * kvd_config and its strings may go (here: scribbled over and freed) once
  * it returns, every string field is the instance's own (NULL becomes ""),
  * and kvd_close gives them back -- it reports no byte still allocated.
@@ -4780,9 +4780,9 @@ static int t_file_has(const char *path, const char *s)
 }
 
 /*
- * kvd_open's failures and kvd_close.  [§39.2] A configuration error is
- * KVD_EINVAL and changes nothing: no data dir, no socket file.  [§38.5] A
- * second kvd on a data dir finds it locked (KVD_EBUSY).  [§39.5] Each
+ * kvd_open's failures and kvd_close.  [§40.2] A configuration error is
+ * KVD_EINVAL and changes nothing: no data dir, no socket file.  [§39.5] A
+ * second kvd on a data dir finds it locked (KVD_EBUSY).  [§40.5] Each
  * failure ends in kvd_close, which frees the half-built instance whole --
  * the log (a file here) says "cannot start" and never "still allocated" --
  * and kvd_close writes a batch still open: a Put never flushed is there
@@ -4849,7 +4849,7 @@ static void test_kvd_open_and_close(void)
 }
 
 /*
- * A signal only writes a byte to the wake pipe [§39.4]: kvd_on_signal
+ * A signal only writes a byte to the wake pipe [§40.4]: kvd_on_signal
  * (SIGHUP, then SIGTERM) leaves the instance as it was -- nothing logged,
  * not stopping -- and the next kvd_poll acts on both: the reload, then the
  * shutdown.
@@ -5975,7 +5975,7 @@ static void test_gw_http1(void)
 }
 
 /*
- * Backpressure [§37.3]: a connection whose output is at KVD_MAX_OUTPUT (its
+ * Backpressure [§38.2]: a connection whose output is at KVD_MAX_OUTPUT (its
  * peer does not read) is not polled for input -- unless it is closing, to
  * see the peer's EOF -- and loop_flush hands it none of the input it
  * holds; once its output drains, the held request is served.
@@ -8319,9 +8319,9 @@ static void t_host_turn(struct t_host *h)
 
 /*
  * A host's loop hears of every descriptor kvd watches while it is open,
- * and hears it gone before kvd closes it [§37.6]; it is asked for KVD_OUT
+ * and hears it gone before kvd closes it [§38.3]; it is asked for KVD_OUT
  * only while output is queued, and for a timeout of 0 only while work is
- * pending: an idle instance leaves the host asleep [§37.7].
+ * pending: an idle instance leaves the host asleep [§38.4].
  */
 static void test_host_loop(void)
 {
